@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what tern needs on Debian 12, idempotently: Debian packages via
+# apt-get (only those missing) and Python packages into .venv (Debian 12
+# refuses system-wide pip installs). Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libzstd-dev zstd libxxhash-dev libssl-dev openssl
+  libucx-dev ucx-utils libibverbs-dev
+  python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
+  xdelta3 iperf3 iproute2 iputils-ping procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python: a venv that sees Debian's torch/numpy (system site packages) plus
+# PyPI-only references (ml_dtypes) for the cast tests.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv --system-site-packages .venv
+fi
+if ! .venv/bin/python -c 'import ml_dtypes' 2>/dev/null; then
+  .venv/bin/pip install -q ml_dtypes
+fi

@@ -1,0 +1,44 @@
+// `tern`: one binary, one subcommand per job. main() is the only place that
+// builds the process-wide dependencies (thread pool size, file system).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace tern::cli {
+
+namespace {
+int RunVersionImpl(int, char**) {
+  std::printf("tern 0.1.0\n");
+  return 0;
+}
+
+const Command kCommands[] = {
+    {"version", "print the version", RunVersionImpl},
+};
+
+void Usage(FILE* out) {
+  std::fprintf(out, "usage: tern COMMAND [args]   (tern COMMAND --help for details)\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+}
+}  // namespace
+}  // namespace tern::cli
+
+int main(int argc, char** argv) {
+  using namespace tern::cli;
+  if (argc < 2) {
+    Usage(stderr);
+    return 2;
+  }
+  const std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    Usage(stdout);
+    return 0;
+  }
+  for (const Command& c : kCommands)
+    if (name == c.name) return c.run(argc - 1, argv + 1);
+  std::fprintf(stderr, "tern: unknown command '%s'\n", name.c_str());
+  Usage(stderr);
+  return 2;
+}
