@@ -1,0 +1,80 @@
+// A serve view in memory: named tensors, each a dtype, a shape and its bytes.
+//
+// This is the common currency of the codec, checkpoint I/O, digests and the
+// GPU path. A view does not own tensor bytes: they live in an mmapped
+// checkpoint, a host buffer or (later) registered GPU memory, and must outlive
+// the view. Tensors are kept sorted by name (byte-wise), which is the order
+// digests and patches use.
+//
+// Thread safety: a const ServeView may be read from many threads; writers of
+// a MutableServeView's bytes must not overlap.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tern/dtype.h"
+#include "tern/export.h"
+#include "tern/status.h"
+
+namespace tern {
+
+struct TensorDesc {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+
+  // Product of shape (1 for a scalar); callers validate overflow on untrusted
+  // shapes with CheckedElements first.
+  uint64_t elements() const;
+  uint64_t bytes() const { return DTypeBytes(dtype, elements()); }
+  bool SameLayout(const TensorDesc& other) const {
+    return name == other.name && dtype == other.dtype && shape == other.shape;
+  }
+};
+
+// Elements of a shape, or kOutOfRange when the product overflows 2^63 or a
+// byte count would.
+TERN_EXPORT Result<uint64_t> CheckedElements(DType dtype, std::span<const uint64_t> shape);
+
+template <class Byte>
+struct BasicTensorRef {
+  const TensorDesc* desc = nullptr;
+  Byte* data = nullptr;  // desc->bytes() bytes
+};
+using TensorRef = BasicTensorRef<const uint8_t>;
+using MutableTensorRef = BasicTensorRef<uint8_t>;
+
+template <class Byte>
+class BasicServeView {
+ public:
+  // Tensors must be sorted by name without duplicates (see SortAndCheck).
+  std::vector<BasicTensorRef<Byte>> tensors;
+
+  const BasicTensorRef<Byte>* Find(std::string_view name) const {
+    for (const auto& t : tensors)  // TODO(perf): binary search; views hold ~1e3 tensors
+      if (t.desc->name == name) return &t;
+    return nullptr;
+  }
+  uint64_t total_bytes() const {
+    uint64_t n = 0;
+    for (const auto& t : tensors) n += t.desc->bytes();
+    return n;
+  }
+  uint64_t total_elements() const {
+    uint64_t n = 0;
+    for (const auto& t : tensors) n += t.desc->elements();
+    return n;
+  }
+};
+using ServeView = BasicServeView<const uint8_t>;
+using MutableServeView = BasicServeView<uint8_t>;
+
+// Sorts tensors by name and rejects duplicates (kInvalidArgument).
+TERN_EXPORT Status SortAndCheck(ServeView& view);
+TERN_EXPORT Status SortAndCheck(MutableServeView& view);
+TERN_EXPORT ServeView AsConst(const MutableServeView& view);
+
+}  // namespace tern
