@@ -1,0 +1,140 @@
+// The tern patch codec: lossless, bit-exact patches between two serve views.
+// Format: docs/format/patch.md ("tern patch format 1").
+//
+// A patch holds, per tensor, segments (contiguous element ranges) of changes
+// in bit-pattern space: delta = (new - old) mod 2^w on each element's raw
+// w-bit pattern. The codec never does float math. Segments decode
+// independently, so diff and apply run in parallel over a ThreadPool and
+// trainer ranks can publish disjoint segments (EncodeSegment + PatchBuilder).
+//
+// Untrusted patch bytes are fully validated (checksums, bounds, canonical
+// streams); bad input returns kCorrupt (damaged), kMismatch (well-formed but
+// for another base/layout) or kUnsupported (newer format), never crashes.
+//
+// Thread safety: all functions are reentrant; a ThreadPool is used by one call
+// at a time (see ThreadPool). PatchBuilder is not synchronized.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tern/digest.h"
+#include "tern/export.h"
+#include "tern/status.h"
+#include "tern/view.h"
+
+namespace tern {
+
+class ThreadPool;
+
+struct DiffOptions {
+  // Elements per segment (the unit of parallelism and verification).
+  // 1 .. 1<<24; for F4 tensors it must be even.
+  uint64_t segment_elements = uint64_t{1} << 20;
+  uint64_t base_version = 0;
+  uint64_t target_version = 0;
+};
+
+// old/new views must have identical tensor sets and layouts (kMismatch naming
+// the tensor otherwise). base_digest: the old view's digest if known (trainers
+// carry it forward), else computed here.
+TERN_EXPORT Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& new_view,
+                                              const DiffOptions& options, ThreadPool& pool,
+                                              const ViewDigest* base_digest = nullptr);
+
+// ---- Multi-rank publishing -------------------------------------------------
+
+// One encoded segment record plus what the builder needs to know about it.
+struct SegmentRecord {
+  std::vector<uint8_t> bytes;   // empty when the segment has no change
+  uint32_t tensor_index = 0;    // index in the (name-sorted) view
+  uint64_t first_element = 0;
+  uint64_t element_count = 0;
+  ViewDigest digest_delta;      // D(target) - D(base) contributed by this segment
+};
+
+// Encodes the changes of elements [first_element, first_element+element_count)
+// of tensor `tensor_index` (same index in both views). Bounds as DiffOptions.
+TERN_EXPORT Result<SegmentRecord> EncodeSegment(const ServeView& old_view, const ServeView& new_view,
+                                                uint32_t tensor_index, uint64_t first_element,
+                                                uint64_t element_count);
+
+// Assembles a patch from records produced anywhere (e.g. one per trainer
+// rank). Records must be for disjoint ranges; they may arrive in any order.
+// The target digest is the base digest plus every record's digest_delta.
+class TERN_EXPORT PatchBuilder {
+ public:
+  // `layout`: the tensor table (names, dtypes, shapes); only descs are read.
+  PatchBuilder(const ServeView& layout, uint64_t base_version, uint64_t target_version,
+               const ViewDigest& base_digest);
+  Status Add(SegmentRecord record);
+  // Sorts records, rejects overlaps (kInvalidArgument), writes the patch.
+  Result<std::vector<uint8_t>> Finish();
+
+ private:
+  std::vector<TensorDesc> descs_;
+  uint64_t base_version_, target_version_;
+  ViewDigest base_digest_, target_digest_;
+  std::vector<SegmentRecord> records_;
+};
+
+// ---- Inspection, apply, squash --------------------------------------------
+
+struct TensorPatchInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+  uint64_t elements = 0;
+  uint64_t changed_elements = 0;  // non-zero deltas
+  uint64_t segments = 0;          // records in the patch (0: unchanged tensor)
+  uint64_t sparse_segments = 0, dense_segments = 0, raw_segments = 0;
+  uint64_t position_bytes = 0;    // positions streams
+  uint64_t value_bytes = 0;       // values streams (+ RAW payloads)
+  uint64_t header_bytes = 0;      // record headers, code tables, checksums
+  uint64_t total_bytes() const { return position_bytes + value_bytes + header_bytes; }
+  double bits_per_changed() const {
+    return changed_elements ? 8.0 * static_cast<double>(total_bytes()) / changed_elements : 0.0;
+  }
+};
+
+struct PatchInfo {
+  uint16_t format_version = 0;
+  uint64_t base_version = 0, target_version = 0;
+  ViewDigest base_digest, target_digest;
+  std::vector<TensorPatchInfo> tensors;  // manifest order (sorted by name)
+  uint64_t container_bytes = 0;          // file header + manifest + trailer
+  uint64_t patch_bytes = 0;              // the whole patch
+  // Totals over tensors.
+  uint64_t elements = 0, changed_elements = 0, segments = 0;
+  uint64_t position_bytes = 0, value_bytes = 0, header_bytes = 0;
+  double bits_per_changed() const {
+    return changed_elements ? 8.0 * static_cast<double>(patch_bytes) / changed_elements : 0.0;
+  }
+};
+
+// Validates the whole patch (checksums, every stream) without a view.
+TERN_EXPORT Result<PatchInfo> Inspect(std::span<const uint8_t> patch);
+
+// Verifies current_digest == the patch's base digest (kMismatch), the view's
+// layout against the manifest (kMismatch naming the tensor), decodes every
+// segment and verifies the target digest from the changes alone, and only then
+// writes the new values. On any error the view is untouched. `new_digest`
+// (optional) receives the target digest.
+TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
+                         const ViewDigest& current_digest, ThreadPool& pool,
+                         ViewDigest* new_digest = nullptr);
+
+// a->b, b->c, ... => a->z, exactly (deltas add mod 2^w), without the base.
+// Layouts must match and digests chain (kMismatch otherwise).
+TERN_EXPORT Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches,
+                                                ThreadPool& pool);
+
+// For cut-through forwarding: the length of the longest prefix of `prefix`
+// made of complete, checksum-verified units (file header, manifest, records,
+// trailer). Forwarding only that much never passes on damaged bytes. Errors
+// (kCorrupt) as soon as a complete unit fails its checks.
+TERN_EXPORT Result<uint64_t> VerifiedPrefixBytes(std::span<const uint8_t> prefix);
+
+}  // namespace tern
