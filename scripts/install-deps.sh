@@ -27,9 +27,13 @@ fi
 
 # Python: a venv that sees Debian's torch/numpy (system site packages) plus
 # PyPI-only references (ml_dtypes) for the cast tests.
+# Debian's interpreter explicitly: a pyenv/conda python3 earlier on PATH
+# would not see python3-torch. numpy stays below 2 because Debian's torch
+# 1.13 is built against numpy 1.x (ml_dtypes would otherwise pull numpy 2
+# into the venv and break torch.from_numpy).
 if [ ! -x .venv/bin/python ]; then
-  python3 -m venv --system-site-packages .venv
+  /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-if ! .venv/bin/python -c 'import ml_dtypes' 2>/dev/null; then
-  .venv/bin/pip install -q ml_dtypes
+if ! .venv/bin/python -c 'import ml_dtypes, torch; torch.zeros(1).numpy()' 2>/dev/null; then
+  .venv/bin/pip install -q ml_dtypes 'numpy<2'
 fi
