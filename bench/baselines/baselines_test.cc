@@ -89,6 +89,30 @@ TEST(EntropyBound, WideElementsUseTheOverflowTable) {
   EXPECT_NEAR(c.Bound().value_bits, 10 * std::log2(10.0), 1e-9);
 }
 
+TEST(EntropyBound, ExponentContextSeparatesClasses) {
+  // 1000 BF16 elements near 2^-7 and 1000 near 1.0; 100 of the small ones
+  // move by +1 ulp, none of the large ones.
+  std::vector<uint16_t> a(2000), b;
+  for (size_t i = 0; i < 2000; ++i) a[i] = i % 2 ? uint16_t(0x3C00 + i % 64) : uint16_t(0x3F80 + i % 64);
+  b = a;
+  for (size_t j = 0; j < 100; ++j) b[j * 20 + 1] += 1;
+  ExponentContextCounter ctx;
+  ASSERT_TRUE(ctx.Add(Bytes(a), Bytes(b), DType::kBF16).ok());
+  const EntropyBound c = ctx.Bound();
+  EXPECT_EQ(c.elements, 2000u);
+  EXPECT_EQ(c.changed, 100u);
+  EXPECT_NEAR(c.position_bits, 1000 * BinaryEntropyBits(0.1), 1e-6);
+  EXPECT_NEAR(c.value_bits, 0.0, 1e-9);
+  EntropyCounter plain;
+  ASSERT_TRUE(plain.Add(Bytes(a), Bytes(b), 16).ok());
+  EXPECT_NEAR(plain.Bound().position_bits, 2000 * BinaryEntropyBits(0.05), 1e-6);
+  EXPECT_LT(c.total_bits(), plain.Bound().total_bits());
+  // Without an exponent field (U16) it is the plain bound.
+  ExponentContextCounter flat;
+  ASSERT_TRUE(flat.Add(Bytes(a), Bytes(b), DType::kU16).ok());
+  EXPECT_NEAR(flat.Bound().total_bits(), plain.Bound().total_bits(), 1e-6);
+}
+
 TEST(Synth, ExactDensityAndSmallDeltas) {
   ThreadPool pool(2);
   SynthOptions o;

@@ -125,4 +125,77 @@ EntropyBound EntropyCounter::Bound() const {
   return b;
 }
 
+namespace {
+// Exponent field of an element's bits, or 0 for dtypes without one.
+inline uint64_t ExponentOf(DType dtype, uint64_t bits) {
+  switch (dtype) {
+    case DType::kBF16:
+      return (bits >> 7) & 0xFF;
+    case DType::kF16:
+      return (bits >> 10) & 0x1F;
+    case DType::kF32:
+      return (bits >> 23) & 0xFF;
+    default:
+      return 0;
+  }
+}
+}  // namespace
+
+Status ExponentContextCounter::Add(std::span<const uint8_t> old_bytes,
+                                   std::span<const uint8_t> new_bytes, DType dtype) {
+  const int bits = ElementBits(dtype);
+  TERN_REQUIRE(bits == 8 || bits == 16 || bits == 32 || bits == 64, kUnsupported,
+               "entropy bound: element width ", bits, " bits is not byte-aligned");
+  TERN_REQUIRE(old_bytes.size() == new_bytes.size(), kMismatch, "entropy bound: old has ",
+               old_bytes.size(), " bytes, new ", new_bytes.size());
+  const uint64_t width = uint64_t(bits) / 8;
+  TERN_REQUIRE(old_bytes.size() % width == 0, kInvalidArgument, "entropy bound: ",
+               old_bytes.size(), " bytes is not a whole number of ", bits, "-bit elements");
+  const uint64_t n = old_bytes.size() / width;
+  const uint64_t key_base = uint64_t(dtype) << 16;
+  // Per-class element counts first, in a flat table (the exponent has at most
+  // 8 bits), then changes.
+  std::vector<uint64_t> counts(256, 0);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t a = 0, b = 0;
+    std::memcpy(&a, old_bytes.data() + i * width, width);
+    std::memcpy(&b, new_bytes.data() + i * width, width);
+    const uint64_t e = ExponentOf(dtype, a);
+    ++counts[e];
+    if (a == b) continue;
+    Class& c = classes_[key_base | e];
+    ++c.changed;
+    ++c.values[ZigzagDelta(a, b, bits)];
+  }
+  for (uint64_t e = 0; e < 256; ++e)
+    if (counts[e]) classes_[key_base | e].elements += counts[e];
+  return Status::Ok();
+}
+
+Status ExponentContextCounter::AddViews(const ServeView& old_view, const ServeView& new_view) {
+  TERN_REQUIRE(old_view.tensors.size() == new_view.tensors.size(), kMismatch,
+               "entropy bound: views hold ", old_view.tensors.size(), " and ",
+               new_view.tensors.size(), " tensors");
+  for (size_t t = 0; t < old_view.tensors.size(); ++t) {
+    const TensorDesc& a = *old_view.tensors[t].desc;
+    TERN_REQUIRE(a.SameLayout(*new_view.tensors[t].desc), kMismatch, "entropy bound: tensor '",
+                 a.name, "' differs in name, dtype or shape");
+    TERN_RETURN_IF_ERROR(
+        Add({old_view.tensors[t].data, a.bytes()}, {new_view.tensors[t].data, a.bytes()}, a.dtype)
+            .WithContext(a.name));
+  }
+  return Status::Ok();
+}
+
+EntropyBound ExponentContextCounter::Bound() const {
+  EntropyBound b;
+  for (const auto& [key, c] : classes_) {
+    b.elements += c.elements;
+    b.changed += c.changed;
+    if (c.elements) b.position_bits += double(c.elements) * BinaryEntropyBits(double(c.changed) / double(c.elements));
+    for (const auto& [z, count] : c.values) b.value_bits += double(count) * std::log2(double(c.changed) / double(count));
+  }
+  return b;
+}
+
 }  // namespace tern::bench

@@ -66,4 +66,31 @@ class EntropyCounter {
   std::unordered_map<uint64_t, uint64_t> large_;
 };
 
+// The same bound conditioned on the base element's exponent: elements are
+// split into classes by the exponent field of their *old* value (known to the
+// receiver, which holds the base), and each class pays n_e * H(p_e) for its
+// positions plus c_e * H(D | e) for its values. Adam moves every weight by
+// about the learning rate while the rounding step grows with |w|, so small
+// weights flip far more often than large ones; a codec that models this can
+// go below the unconditioned bound, and this says how far.
+// Exponent fields: BF16 bits 7..14, F16 bits 10..14, F32 bits 23..30; other
+// dtypes form one class (the plain bound).
+class ExponentContextCounter {
+ public:
+  Status Add(std::span<const uint8_t> old_bytes, std::span<const uint8_t> new_bytes, DType dtype);
+  Status AddViews(const ServeView& old_view, const ServeView& new_view);
+  // Sum over classes; elements/changed are totals, position_bits and
+  // value_bits the conditioned sums.
+  EntropyBound Bound() const;
+
+ private:
+  struct Class {
+    uint64_t elements = 0;
+    uint64_t changed = 0;
+    std::unordered_map<uint64_t, uint64_t> values;
+  };
+  // Key: dtype code << 16 | exponent.
+  std::unordered_map<uint64_t, Class> classes_;
+};
+
 }  // namespace tern::bench
