@@ -1,0 +1,208 @@
+// Decoding side: Inspect, Apply (verify-then-write), Squash.
+#include <algorithm>
+#include <atomic>
+
+#include "common/thread_pool.h"
+#include "patch/container.h"
+#include "patch/digest_mix.h"
+#include "patch/element_access.h"
+#include "tern/patch.h"
+
+namespace tern {
+namespace {
+
+using patchfmt::ParsedPatch;
+using patchfmt::RecordView;
+
+Status RecordContext(const Status& s, const ParsedPatch& p, const RecordView& r) {
+  return s.WithContext("tensor '" + p.tensors[r.h.tensor_index].desc.name + "' segment at element " +
+                       std::to_string(r.h.first_element));
+}
+
+// Runs fn(k) over records in parallel; returns the error of the lowest
+// failing record, so the message does not depend on thread timing.
+template <class Fn>
+Status ForEachRecord(const ParsedPatch& p, ThreadPool& pool, Fn&& fn) {
+  std::vector<Status> errors(p.records.size());
+  std::atomic<bool> failed{false};
+  pool.ParallelFor(p.records.size(), [&](uint64_t k) {
+    errors[k] = fn(k);
+    if (!errors[k].ok()) failed.store(true, std::memory_order_relaxed);
+  });
+  if (failed.load())
+    for (size_t k = 0; k < errors.size(); ++k)
+      if (!errors[k].ok()) return RecordContext(errors[k], p, p.records[k]);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
+  PatchInfo info;
+  info.format_version = p.format_version;
+  info.base_version = p.base_version;
+  info.target_version = p.target_version;
+  info.base_digest = p.base_digest;
+  info.target_digest = p.target_digest;
+  info.container_bytes = p.container_bytes;
+  info.patch_bytes = p.total_bytes;
+  for (const auto& mt : p.tensors) {
+    TensorPatchInfo t;
+    t.name = mt.desc.name;
+    t.dtype = mt.desc.dtype;
+    t.shape = mt.desc.shape;
+    t.elements = mt.elements;
+    info.tensors.push_back(std::move(t));
+  }
+  for (const RecordView& r : p.records) {
+    Status s = patchfmt::DecodeRecord(r, p.tensors[r.h.tensor_index].width_bits, [](uint64_t, uint64_t) {});
+    if (!s.ok()) return RecordContext(s, p, r);
+    TensorPatchInfo& t = info.tensors[r.h.tensor_index];
+    t.changed_elements += r.h.changed_count;
+    t.segments++;
+    t.sparse_segments += r.h.encoding == patchfmt::kSparse;
+    t.dense_segments += r.h.encoding == patchfmt::kDense;
+    t.raw_segments += r.h.encoding == patchfmt::kRaw;
+    t.position_bytes += r.h.position_bytes;
+    t.value_bytes += r.h.value_bytes;
+    t.header_bytes += sizeof(patchfmt::RecordHeader) + r.h.table_bytes + patchfmt::kChecksumBytes;
+  }
+  for (const TensorPatchInfo& t : info.tensors) {
+    info.elements += t.elements;
+    info.changed_elements += t.changed_elements;
+    info.segments += t.segments;
+    info.position_bytes += t.position_bytes;
+    info.value_bytes += t.value_bytes;
+    info.header_bytes += t.header_bytes;
+  }
+  return info;
+}
+
+Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
+             ThreadPool& pool, ViewDigest* new_digest) {
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
+  std::vector<const TensorDesc*> descs;
+  for (const auto& t : view.tensors) descs.push_back(t.desc);
+  TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
+  TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
+               ", the patch applies to ", p.base_digest.ToString());
+  std::vector<uint64_t> seeds(p.tensors.size());
+  for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(p.tensors[t].desc);
+
+  // Pass 1: decode everything and compute the target digest from the changes
+  // alone. Nothing is written until it matches.
+  std::vector<ViewDigest> partial(p.records.size());
+  TERN_RETURN_IF_ERROR(ForEachRecord(p, pool, [&](uint64_t k) {
+    const RecordView& r = p.records[k];
+    const uint8_t* data = view.tensors[r.h.tensor_index].data;
+    const uint64_t seed = seeds[r.h.tensor_index];
+    const uint64_t first = r.h.first_element;
+    uint64_t* acc = partial[k].lanes.data();
+    return patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      return patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+        const uint64_t old_value = patchfmt::LoadElement<W>(data, first + pos);
+        patchfmt::AddElementChange(seed, first + pos, old_value, (old_value + delta) & kMask, acc);
+      });
+    });
+  }));
+  ViewDigest target = p.base_digest;
+  for (const ViewDigest& d : partial) target += d;
+  TERN_REQUIRE(target == p.target_digest, kCorrupt, "patch does not produce its target digest (",
+               target.ToString(), " instead of ", p.target_digest.ToString(), "); view left unchanged");
+
+  // Pass 2: the same, already validated, bytes again; now write.
+  Status written = ForEachRecord(p, pool, [&](uint64_t k) {
+    const RecordView& r = p.records[k];
+    uint8_t* data = view.tensors[r.h.tensor_index].data;
+    const uint64_t first = r.h.first_element;
+    return patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      return patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+        const uint64_t i = first + pos;
+        patchfmt::StoreElement<W>(data, i, (patchfmt::LoadElement<W>(data, i) + delta) & kMask);
+      });
+    });
+  });
+  TERN_ASSERT(written.ok(), "validated patch failed to decode on the write pass: ", written.ToString());
+  if (new_digest) *new_digest = target;
+  return Status::Ok();
+}
+
+Result<uint64_t> VerifiedPrefixBytes(std::span<const uint8_t> prefix) { return patchfmt::ParsePrefix(prefix); }
+
+Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches, ThreadPool& pool) {
+  TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
+  std::vector<ParsedPatch> parsed;
+  for (size_t i = 0; i < patches.size(); ++i) {
+    auto p = patchfmt::ParsePatch(patches[i]);
+    if (!p.ok()) return p.status().WithContext("patch " + std::to_string(i + 1));
+    parsed.push_back(std::move(p).value());
+  }
+  const ParsedPatch& first = parsed.front();
+  std::vector<const TensorDesc*> descs;
+  for (const auto& t : first.tensors) descs.push_back(&t.desc);
+  for (size_t i = 1; i < parsed.size(); ++i) {
+    Status s = patchfmt::CheckLayout(parsed[i].tensors, descs);
+    if (!s.ok()) return s.WithContext("patch " + std::to_string(i + 1) + " vs patch 1");
+    TERN_REQUIRE(parsed[i - 1].target_digest == parsed[i].base_digest, kMismatch, "patch ", i + 1,
+                 " does not start where patch ", i, " ends (digests do not chain)");
+  }
+  // Per tensor: every patch's changes as (element, delta), summed mod 2^w.
+  const size_t tensors = first.tensors.size();
+  std::vector<std::vector<std::vector<uint8_t>>> out_records(tensors);
+  std::vector<Status> errors(tensors);
+  std::vector<std::vector<const RecordView*>> by_tensor(tensors);
+  for (const auto& p : parsed)
+    for (const RecordView& r : p.records) by_tensor[r.h.tensor_index].push_back(&r);
+  pool.ParallelFor(tensors, [&](uint64_t t) {
+    const int w = first.tensors[t].width_bits;
+    const uint64_t mask = patchfmt::WidthMask(w);
+    std::vector<std::pair<uint64_t, uint64_t>> changes;
+    for (const RecordView* r : by_tensor[t]) {
+      const uint64_t base = r->h.first_element;
+      Status s = patchfmt::DecodeRecord(*r, w, [&](uint64_t pos, uint64_t d) { changes.emplace_back(base + pos, d); });
+      if (!s.ok()) {
+        errors[t] = s.WithContext("tensor '" + first.tensors[t].desc.name + "'");
+        return;
+      }
+    }
+    std::sort(changes.begin(), changes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t n = 0;  // combine equal positions in place, dropping cancelled deltas
+    for (size_t i = 0; i < changes.size();) {
+      uint64_t sum = 0;
+      size_t j = i;
+      for (; j < changes.size() && changes[j].first == changes[i].first; ++j) sum = (sum + changes[j].second) & mask;
+      if (sum != 0) changes[n++] = {changes[i].first, sum};
+      i = j;
+    }
+    changes.resize(n);
+    const uint64_t seg = uint64_t{1} << 20;  // even, so packed 4-bit segments stay byte aligned
+    const uint64_t elements = first.tensors[t].elements;
+    std::vector<uint64_t> pos, delta;
+    for (size_t i = 0; i < n;) {
+      const uint64_t seg_first = changes[i].first / seg * seg;
+      const uint64_t count = std::min(seg, elements - seg_first);
+      pos.clear();
+      delta.clear();
+      for (; i < n && changes[i].first < seg_first + count; ++i) {
+        pos.push_back(changes[i].first - seg_first);
+        delta.push_back(changes[i].second);
+      }
+      out_records[t].emplace_back();
+      patchfmt::EncodeRecord(pos.data(), delta.data(), pos.size(), w, static_cast<uint32_t>(t), seg_first, count,
+                             &out_records[t].back());
+    }
+  });
+  for (const Status& s : errors) TERN_RETURN_IF_ERROR(s);
+  std::vector<std::span<const uint8_t>> spans;
+  for (const auto& recs : out_records)
+    for (const auto& r : recs) spans.emplace_back(r);
+  std::vector<TensorDesc> out_descs;
+  for (const auto& t : first.tensors) out_descs.push_back(t.desc);
+  return patchfmt::WritePatch(out_descs, first.base_version, parsed.back().target_version, first.base_digest,
+                              parsed.back().target_digest, spans);
+}
+
+}  // namespace tern

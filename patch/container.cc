@@ -1,0 +1,269 @@
+#include "patch/container.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace tern::patchfmt {
+namespace {
+
+template <class T>
+T LoadLe(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <class T>
+void AppendLe(std::vector<uint8_t>* out, T v) {
+  const size_t at = out->size();
+  out->resize(at + sizeof(T));
+  std::memcpy(out->data() + at, &v, sizeof(T));
+}
+
+uint64_t TrailerChecksum(uint64_t record_count, uint64_t manifest_checksum,
+                         const std::vector<uint64_t>& record_checksums) {
+  std::vector<uint8_t> buf(kTrailerMagic, kTrailerMagic + 8);
+  AppendLe(&buf, record_count);
+  AppendLe(&buf, manifest_checksum);
+  for (uint64_t c : record_checksums) AppendLe(&buf, c);
+  return XXH3_64bits(buf.data(), buf.size());
+}
+
+Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
+  TERN_REQUIRE(n >= sizeof(ManifestFixed), kCorrupt, "manifest too short");
+  ManifestFixed m;
+  std::memcpy(&m, p, sizeof(m));
+  TERN_REQUIRE(m.reserved == 0, kCorrupt, "manifest: reserved field not zero");
+  TERN_REQUIRE(m.tensor_count <= kMaxTensors, kCorrupt, "manifest: ", m.tensor_count, " tensors exceeds limit");
+  TERN_REQUIRE(m.tensor_count <= (n - sizeof(ManifestFixed)) / (kTensorEntryFixedBytes + 17), kCorrupt,
+               "manifest: tensor count ", m.tensor_count, " does not fit its size");
+  out->base_version = m.base_version;
+  out->target_version = m.target_version;
+  out->base_digest = ViewDigest::FromBytes(m.base_digest);
+  out->target_digest = ViewDigest::FromBytes(m.target_digest);
+  out->tensors.reserve(m.tensor_count);
+  uint64_t at = sizeof(ManifestFixed);
+  for (uint32_t t = 0; t < m.tensor_count; ++t) {
+    TERN_REQUIRE(n - at >= kTensorEntryFixedBytes, kCorrupt, "manifest: truncated tensor entry ", t);
+    const uint16_t name_bytes = LoadLe<uint16_t>(p + at);
+    const uint8_t dtype = p[at + 2], rank = p[at + 3];
+    TERN_REQUIRE(LoadLe<uint32_t>(p + at + 4) == 0, kCorrupt, "manifest: tensor ", t, " reserved field not zero");
+    TERN_REQUIRE(name_bytes >= 1 && name_bytes <= kMaxNameBytes, kCorrupt, "manifest: tensor ", t,
+                 " name length ", name_bytes);
+    TERN_REQUIRE(DTypeValid(dtype), kCorrupt, "manifest: tensor ", t, " unknown dtype code ", int{dtype});
+    TERN_REQUIRE(rank <= kMaxRank, kCorrupt, "manifest: tensor ", t, " rank ", int{rank}, " exceeds limit");
+    at += kTensorEntryFixedBytes;
+    const uint64_t need = uint64_t{name_bytes} + 8ull * rank + 16;
+    TERN_REQUIRE(n - at >= need, kCorrupt, "manifest: truncated tensor entry ", t);
+    ManifestTensor mt;
+    mt.desc.name.assign(reinterpret_cast<const char*>(p + at), name_bytes);
+    mt.desc.dtype = static_cast<DType>(dtype);
+    at += name_bytes;
+    for (int r = 0; r < rank; ++r, at += 8) mt.desc.shape.push_back(LoadLe<uint64_t>(p + at));
+    mt.elements = LoadLe<uint64_t>(p + at);
+    mt.segment_count = LoadLe<uint64_t>(p + at + 8);
+    at += 16;
+    auto checked = CheckedElements(mt.desc.dtype, mt.desc.shape);
+    TERN_REQUIRE(checked.ok() && *checked == mt.elements, kCorrupt, "manifest: tensor '", mt.desc.name,
+                 "' element count does not match its shape");
+    TERN_REQUIRE(mt.segment_count <= mt.elements, kCorrupt, "manifest: tensor '", mt.desc.name,
+                 "' has more segments than elements");
+    TERN_REQUIRE(out->tensors.empty() || out->tensors.back().desc.name < mt.desc.name, kCorrupt,
+                 "manifest: tensor names not strictly sorted at '", mt.desc.name, "'");
+    mt.width_bits = ElementBits(mt.desc.dtype);
+    out->tensors.push_back(std::move(mt));
+  }
+  TERN_REQUIRE(at == n, kCorrupt, "manifest: ", n - at, " trailing bytes");
+  return Status::Ok();
+}
+
+// Walks the units; with `prefix` set, an incomplete unit ends the walk
+// successfully and *verified says how far it got.
+Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
+  const bool prefix = verified != nullptr;
+  const uint8_t* p = in.data();
+  const uint64_t size = in.size();
+  auto stop = [&](uint64_t at) {
+    *verified = at;
+    return Status::Ok();
+  };
+  if (size < sizeof(FileHeader)) {
+    if (prefix) return stop(0);
+    return TERN_ERROR(kCorrupt, "truncated patch: ", size, " bytes, no file header");
+  }
+  FileHeader fh;
+  std::memcpy(&fh, p, sizeof(fh));
+  TERN_REQUIRE(std::memcmp(fh.magic, kMagic, 8) == 0, kCorrupt, "not a tern patch (bad magic)");
+  TERN_REQUIRE(XXH3_64bits(p, 24) == fh.checksum, kCorrupt, "patch file header checksum mismatch");
+  TERN_REQUIRE(fh.version == kFormatVersion, kUnsupported, "patch format version ", fh.version,
+               " (this build reads version ", kFormatVersion, ")");
+  TERN_REQUIRE(fh.flags == 0 && fh.reserved == 0, kCorrupt, "patch header: reserved bits not zero");
+  TERN_REQUIRE(fh.manifest_bytes >= sizeof(ManifestFixed) && fh.manifest_bytes <= kMaxManifestBytes, kCorrupt,
+               "patch header: manifest size ", fh.manifest_bytes, " out of range");
+  out->format_version = fh.version;
+  uint64_t at = sizeof(FileHeader);
+  if (size - at < fh.manifest_bytes + kChecksumBytes) {
+    if (prefix) return stop(at);
+    return TERN_ERROR(kCorrupt, "truncated patch: manifest needs ", fh.manifest_bytes, " bytes");
+  }
+  const uint64_t manifest_sum = LoadLe<uint64_t>(p + at + fh.manifest_bytes);
+  TERN_REQUIRE(XXH3_64bits(p + at, fh.manifest_bytes) == manifest_sum, kCorrupt, "manifest checksum mismatch");
+  TERN_RETURN_IF_ERROR(ParseManifest(p + at, fh.manifest_bytes, out));
+  at += fh.manifest_bytes + kChecksumBytes;
+
+  uint64_t record_total = 0;
+  for (const auto& t : out->tensors) {
+    record_total += t.segment_count;
+    // Each record takes at least header + checksum bytes: bounds the
+    // reservation below by the input size. (A prefix walk only advances over
+    // bytes present, so it needs no such bound: it stops at the first
+    // incomplete record long before any huge count matters.)
+    TERN_REQUIRE(prefix || record_total <= size / (sizeof(RecordHeader) + kChecksumBytes), kCorrupt,
+                 "manifest: segment counts exceed what the patch could hold");
+  }
+  if (!prefix) out->records.reserve(record_total);
+  std::vector<uint64_t> sums;
+  sums.reserve(prefix ? 0 : record_total);
+  for (uint32_t t = 0; t < out->tensors.size(); ++t) {
+    const ManifestTensor& mt = out->tensors[t];
+    uint64_t next_free = 0;
+    for (uint64_t s = 0; s < mt.segment_count; ++s) {
+      uint64_t need = 0;
+      if (prefix && size - at < sizeof(RecordHeader)) return stop(at);
+      auto rec = ParseRecord(p + at, size - at, mt.width_bits, &need);
+      if (!rec.ok()) {
+        if (prefix && need > size - at) return stop(at);
+        return rec.status().WithContext("tensor '" + mt.desc.name + "'");
+      }
+      const RecordHeader& h = rec->h;
+      TERN_REQUIRE(h.tensor_index == t, kCorrupt, "segment record out of order: tensor index ", h.tensor_index,
+                   " where ", t, " ('", mt.desc.name, "') was expected");
+      TERN_REQUIRE(h.first_element >= next_free && h.element_count <= mt.elements &&
+                       h.first_element <= mt.elements - h.element_count,
+                   kCorrupt, "tensor '", mt.desc.name, "': segment at element ", h.first_element,
+                   " overlaps or exceeds the tensor");
+      if (mt.width_bits == 4)
+        TERN_REQUIRE(h.first_element % 2 == 0 &&
+                         (h.element_count % 2 == 0 || h.first_element + h.element_count == mt.elements),
+                     kCorrupt, "tensor '", mt.desc.name, "': packed 4-bit segment not byte aligned");
+      next_free = h.first_element + h.element_count;
+      at += rec->total_bytes;
+      sums.push_back(rec->checksum);
+      if (!prefix) out->records.push_back(*rec);
+    }
+  }
+  if (size - at < sizeof(Trailer)) {
+    if (prefix) return stop(at);
+    return TERN_ERROR(kCorrupt, "truncated patch: trailer missing");
+  }
+  Trailer tr;
+  std::memcpy(&tr, p + at, sizeof(tr));
+  TERN_REQUIRE(std::memcmp(tr.magic, kTrailerMagic, 8) == 0, kCorrupt, "patch trailer: bad magic");
+  TERN_REQUIRE(tr.record_count == record_total, kCorrupt, "patch trailer: record count mismatch");
+  TERN_REQUIRE(tr.checksum == TrailerChecksum(record_total, manifest_sum, sums), kCorrupt,
+               "patch trailer checksum mismatch");
+  at += sizeof(Trailer);
+  TERN_REQUIRE(at == size, kCorrupt, "patch: ", size - at, " bytes after the trailer");
+  out->container_bytes = sizeof(FileHeader) + fh.manifest_bytes + kChecksumBytes + sizeof(Trailer);
+  out->total_bytes = size;
+  if (prefix) *verified = at;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ParsedPatch> ParsePatch(std::span<const uint8_t> patch) {
+  ParsedPatch out;
+  TERN_RETURN_IF_ERROR(Walk(patch, &out, nullptr));
+  return out;
+}
+
+Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix) {
+  ParsedPatch out;
+  uint64_t verified = 0;
+  TERN_RETURN_IF_ERROR(Walk(prefix, &out, &verified));
+  return verified;
+}
+
+std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,
+                                uint64_t target_version, const ViewDigest& base_digest,
+                                const ViewDigest& target_digest,
+                                const std::vector<std::span<const uint8_t>>& records) {
+  std::vector<uint64_t> segments(descs.size(), 0);
+  for (const auto& r : records) {
+    RecordHeader h;
+    std::memcpy(&h, r.data(), sizeof(h));
+    TERN_ASSERT(h.tensor_index < descs.size());
+    segments[h.tensor_index]++;
+  }
+  std::vector<uint8_t> manifest;
+  ManifestFixed m{};
+  m.base_version = base_version;
+  m.target_version = target_version;
+  std::memcpy(m.base_digest, base_digest.Bytes().data(), 32);
+  std::memcpy(m.target_digest, target_digest.Bytes().data(), 32);
+  m.tensor_count = static_cast<uint32_t>(descs.size());
+  manifest.resize(sizeof(m));
+  std::memcpy(manifest.data(), &m, sizeof(m));
+  for (size_t t = 0; t < descs.size(); ++t) {
+    const TensorDesc& d = descs[t];
+    AppendLe<uint16_t>(&manifest, static_cast<uint16_t>(d.name.size()));
+    manifest.push_back(static_cast<uint8_t>(d.dtype));
+    manifest.push_back(static_cast<uint8_t>(d.shape.size()));
+    AppendLe<uint32_t>(&manifest, 0);
+    manifest.insert(manifest.end(), d.name.begin(), d.name.end());
+    for (uint64_t x : d.shape) AppendLe(&manifest, x);
+    AppendLe(&manifest, d.elements());
+    AppendLe(&manifest, segments[t]);
+  }
+  uint64_t total = sizeof(FileHeader) + manifest.size() + kChecksumBytes + sizeof(Trailer);
+  for (const auto& r : records) total += r.size();
+  std::vector<uint8_t> out;
+  out.reserve(total);
+  FileHeader fh{};
+  std::memcpy(fh.magic, kMagic, 8);
+  fh.version = kFormatVersion;
+  fh.manifest_bytes = manifest.size();
+  fh.checksum = XXH3_64bits(&fh, 24);
+  out.resize(sizeof(fh));
+  std::memcpy(out.data(), &fh, sizeof(fh));
+  out.insert(out.end(), manifest.begin(), manifest.end());
+  const uint64_t manifest_sum = XXH3_64bits(manifest.data(), manifest.size());
+  AppendLe(&out, manifest_sum);
+  std::vector<uint64_t> sums;
+  sums.reserve(records.size());
+  for (const auto& r : records) {
+    out.insert(out.end(), r.begin(), r.end());
+    sums.push_back(LoadLe<uint64_t>(r.data() + r.size() - kChecksumBytes));
+  }
+  Trailer tr{};
+  std::memcpy(tr.magic, kTrailerMagic, 8);
+  tr.record_count = records.size();
+  tr.checksum = TrailerChecksum(records.size(), manifest_sum, sums);
+  const size_t at = out.size();
+  out.resize(at + sizeof(tr));
+  std::memcpy(out.data() + at, &tr, sizeof(tr));
+  return out;
+}
+
+Status CheckLayout(const std::vector<ManifestTensor>& tensors, const std::vector<const TensorDesc*>& view) {
+  for (size_t i = 0; i < tensors.size() || i < view.size(); ++i) {
+    if (i >= view.size())
+      return TERN_ERROR(kMismatch, "tensor '", tensors[i].desc.name, "' is in the patch but not in the view");
+    if (i >= tensors.size())
+      return TERN_ERROR(kMismatch, "tensor '", view[i]->name, "' is in the view but not in the patch");
+    const TensorDesc& p = tensors[i].desc;
+    const TensorDesc& v = *view[i];
+    if (p.name != v.name) {
+      const std::string& missing = p.name < v.name ? p.name : v.name;
+      return TERN_ERROR(kMismatch, "tensor '", missing, "' is in ", p.name < v.name ? "the patch" : "the view",
+                        " only");
+    }
+    TERN_REQUIRE(p.dtype == v.dtype, kMismatch, "tensor '", p.name, "': patch dtype ", DTypeName(p.dtype),
+                 ", view dtype ", DTypeName(v.dtype));
+    TERN_REQUIRE(p.shape == v.shape, kMismatch, "tensor '", p.name, "': shape differs from the patch");
+  }
+  return Status::Ok();
+}
+
+}  // namespace tern::patchfmt

@@ -1,0 +1,49 @@
+// The patch container: file header, manifest, records, trailer (spec
+// "Container"). Parsing validates framing and every checksum but does not
+// decode segment streams (segment_codec.h does, per record, in parallel).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "patch/segment_codec.h"
+#include "tern/digest.h"
+#include "tern/status.h"
+#include "tern/view.h"
+
+namespace tern::patchfmt {
+
+struct ManifestTensor {
+  TensorDesc desc;
+  uint64_t elements = 0;
+  uint64_t segment_count = 0;
+  int width_bits = 0;
+};
+
+struct ParsedPatch {
+  uint16_t format_version = 0;
+  uint64_t base_version = 0, target_version = 0;
+  ViewDigest base_digest, target_digest;
+  std::vector<ManifestTensor> tensors;
+  std::vector<RecordView> records;  // tensor/element order
+  uint64_t container_bytes = 0;     // header + manifest (+checksum) + trailer
+  uint64_t total_bytes = 0;
+};
+
+// Whole patch: every unit present and valid, nothing after the trailer.
+Result<ParsedPatch> ParsePatch(std::span<const uint8_t> patch);
+// Longest prefix of complete, valid units (for cut-through forwarding).
+Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix);
+
+// Writes a patch; `records` are complete records sorted by (tensor, first
+// element) with disjoint ranges (our invariant: asserted).
+std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,
+                                uint64_t target_version, const ViewDigest& base_digest,
+                                const ViewDigest& target_digest,
+                                const std::vector<std::span<const uint8_t>>& records);
+
+// kMismatch naming the first tensor whose name, dtype or shape differs.
+Status CheckLayout(const std::vector<ManifestTensor>& tensors, const std::vector<const TensorDesc*>& view);
+
+}  // namespace tern::patchfmt

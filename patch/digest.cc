@@ -1,0 +1,144 @@
+// The additive view digest (spec: docs/format/patch.md, "Digest").
+#include "tern/digest.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "common/thread_pool.h"
+#include "patch/digest_mix.h"
+#include "patch/element_access.h"
+
+namespace tern {
+namespace {
+
+using patchfmt::Lane;
+using patchfmt::Mix64;
+using patchfmt::kLaneAdd;
+
+// Elements per parallel work item: large enough to amortize scheduling.
+constexpr uint64_t kChunkElements = uint64_t{1} << 20;
+
+template <int W>
+void AccumulateRange(const uint8_t* data, uint64_t seed, uint64_t begin, uint64_t end, uint64_t acc[4]) {
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (uint64_t i = begin; i < end; ++i) {
+    const uint64_t v = patchfmt::LoadElement<W>(data, i);
+    const uint64_t u = Mix64(i ^ seed);
+    a0 += Lane(0, u, v);
+    a1 += Lane(1, u, v);
+    a2 += Lane(2, u, v);
+    a3 += Lane(3, u, v);
+  }
+  acc[0] += a0, acc[1] += a1, acc[2] += a2, acc[3] += a3;
+}
+
+void AccumulateAny(const TensorRef& t, uint64_t seed, uint64_t begin, uint64_t end, uint64_t acc[4]) {
+  switch (ElementBits(t.desc->dtype)) {
+    case 4: return AccumulateRange<4>(t.data, seed, begin, end, acc);
+    case 8: return AccumulateRange<8>(t.data, seed, begin, end, acc);
+    case 16: return AccumulateRange<16>(t.data, seed, begin, end, acc);
+    case 32: return AccumulateRange<32>(t.data, seed, begin, end, acc);
+    default: return AccumulateRange<64>(t.data, seed, begin, end, acc);
+  }
+}
+
+}  // namespace
+
+std::array<uint8_t, 32> ViewDigest::Bytes() const {
+  std::array<uint8_t, 32> out;
+  std::memcpy(out.data(), lanes.data(), 32);  // little-endian host (patch/format.h)
+  return out;
+}
+
+ViewDigest ViewDigest::FromBytes(const uint8_t* bytes32) {
+  ViewDigest d;
+  std::memcpy(d.lanes.data(), bytes32, 32);
+  return d;
+}
+
+std::string ViewDigest::ToString() const {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s = "tern1:";
+  for (uint8_t b : Bytes()) {
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+Result<ViewDigest> ViewDigest::Parse(std::string_view text) {
+  TERN_REQUIRE(text.size() == 6 + 64 && text.substr(0, 6) == "tern1:", kInvalidArgument,
+               "digest must be 'tern1:' followed by 64 hex digits");
+  uint8_t bytes[32];
+  for (int i = 0; i < 32; ++i) {
+    int v = 0;
+    for (int j = 0; j < 2; ++j) {
+      const char c = text[6 + 2 * i + j];
+      int x;
+      if (c >= '0' && c <= '9') x = c - '0';
+      else if (c >= 'a' && c <= 'f') x = c - 'a' + 10;
+      else return TERN_ERROR(kInvalidArgument, "digest: bad hex digit '", c, "'");
+      v = v * 16 + x;
+    }
+    bytes[i] = static_cast<uint8_t>(v);
+  }
+  return FromBytes(bytes);
+}
+
+uint64_t TensorSeed(const TensorDesc& desc) {
+  std::vector<uint8_t> buf(desc.name.begin(), desc.name.end());
+  buf.push_back(static_cast<uint8_t>(desc.dtype));
+  buf.push_back(static_cast<uint8_t>(desc.shape.size()));
+  for (uint64_t d : desc.shape) {
+    uint8_t le[8];
+    std::memcpy(le, &d, 8);
+    buf.insert(buf.end(), le, le + 8);
+  }
+  return XXH3_64bits(buf.data(), buf.size());
+}
+
+ViewDigest ElementHash(uint64_t seed, uint64_t index, uint64_t value) {
+  const uint64_t u = Mix64(index ^ seed);
+  ViewDigest d;
+  for (int l = 0; l < 4; ++l) d.lanes[l] = Lane(l, u, value);
+  return d;
+}
+
+ViewDigest TensorTerm(uint64_t seed) {
+  ViewDigest d;
+  for (int l = 0; l < 4; ++l) d.lanes[l] = Mix64(seed + kLaneAdd[l]);
+  return d;
+}
+
+ViewDigest ComputeTensorDigest(const TensorRef& tensor) {
+  const uint64_t seed = TensorSeed(*tensor.desc);
+  ViewDigest d = TensorTerm(seed);
+  AccumulateAny(tensor, seed, 0, tensor.desc->elements(), d.lanes.data());
+  return d;
+}
+
+ViewDigest ComputeDigest(const ServeView& view, ThreadPool& pool) {
+  struct Item {
+    size_t tensor;
+    uint64_t begin, end;
+  };
+  std::vector<Item> items;
+  std::vector<uint64_t> seeds(view.tensors.size());
+  ViewDigest total;
+  for (size_t t = 0; t < view.tensors.size(); ++t) {
+    seeds[t] = TensorSeed(*view.tensors[t].desc);
+    total += TensorTerm(seeds[t]);
+    const uint64_t n = view.tensors[t].desc->elements();
+    for (uint64_t b = 0; b < n; b += kChunkElements) items.push_back({t, b, std::min(n, b + kChunkElements)});
+  }
+  std::vector<ViewDigest> partial(items.size());
+  pool.ParallelFor(items.size(), [&](uint64_t k) {
+    const Item& it = items[k];
+    AccumulateAny(view.tensors[it.tensor], seeds[it.tensor], it.begin, it.end, partial[k].lanes.data());
+  });
+  for (const ViewDigest& p : partial) total += p;
+  return total;
+}
+
+}  // namespace tern

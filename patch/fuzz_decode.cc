@@ -1,0 +1,32 @@
+// Fuzzer: arbitrary bytes as a patch. Every decoder entry point must return
+// an error or a consistent result, never crash or hang.
+#include <cstddef>
+#include <cstdint>
+
+#include "common/thread_pool.h"
+#include "patch/reference_decoder.h"
+#include "patch/test_util.h"
+#include "tern/patch.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace tern;
+  std::span<const uint8_t> in(data, size);
+  auto info = Inspect(in);
+  auto ref = patchfmt::ReferenceDecode(in);
+  TERN_ASSERT(info.ok() == ref.ok(), "fast and reference decoders disagree on validity");
+  auto prefix = VerifiedPrefixBytes(in);
+  if (prefix.ok()) TERN_ASSERT(*prefix <= size);
+  if (info.ok()) {
+    // Apply to a zero view of the patch's layout with the claimed base digest:
+    // must verify or fail cleanly (the digest will usually not match).
+    testing::OwnedView v;
+    uint64_t bytes = 0;
+    for (const auto& t : info->tensors) bytes += DTypeBytes(t.dtype, t.elements);
+    if (bytes > (uint64_t{1} << 24)) return 0;
+    for (const auto& t : info->tensors) v.Add(t.name, t.dtype, t.shape);
+    MutableServeView mv = v.Mutable();
+    ThreadPool pool(1);
+    Apply(mv, in, info->base_digest, pool).IgnoreError();
+  }
+  return 0;
+}

@@ -1,0 +1,38 @@
+// Fuzzer: diff -> apply round trip on views derived from the input bytes.
+// Layout: byte 0 picks the dtype, byte 1 the segment size; the rest is split
+// into old and new tensor bytes.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "common/thread_pool.h"
+#include "patch/reference_decoder.h"
+#include "patch/test_util.h"
+#include "tern/patch.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace tern;
+  if (size < 2) return 0;
+  static constexpr DType kTypes[] = {DType::kF4, DType::kU8, DType::kBF16, DType::kF32, DType::kF64};
+  const DType dt = kTypes[data[0] % 5];
+  const uint64_t seg = 1 + data[1] % 64;
+  const uint64_t half = (size - 2) / 2;
+  const uint64_t elem_bytes = ElementBits(dt) >= 8 ? ElementBits(dt) / 8 : 1;
+  const uint64_t n = (half / elem_bytes) * (ElementBits(dt) == 4 ? 2 : 1);
+  testing::OwnedView a;
+  a.Add("t", dt, {n});
+  std::memcpy(a.data[0].data(), data + 2, a.data[0].size());
+  testing::OwnedView b = a;
+  std::memcpy(b.data[0].data(), data + 2 + half, b.data[0].size());
+  ThreadPool pool(1);
+  DiffOptions opt;
+  opt.segment_elements = seg;
+  auto patch = Diff(a.View(), b.View(), opt, pool);
+  TERN_ASSERT(patch.ok(), patch.status().ToString());
+  MutableServeView mv = a.Mutable();
+  Status s = Apply(mv, *patch, ComputeDigest(a.View(), pool), pool);
+  TERN_ASSERT(s.ok(), s.ToString());
+  TERN_ASSERT(a.data[0] == b.data[0], "round trip not bitwise");
+  TERN_ASSERT(patchfmt::ReferenceDecode(*patch).ok(), "reference decoder rejects a fresh patch");
+  return 0;
+}

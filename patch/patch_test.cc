@@ -1,0 +1,323 @@
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "common/thread_pool.h"
+#include "patch/container.h"
+#include "patch/reference_decoder.h"
+#include "patch/test_util.h"
+#include "tern/patch.h"
+
+namespace tern {
+namespace {
+
+using testing::OwnedView;
+
+constexpr DType kWidthTypes[] = {DType::kF64, DType::kF32, DType::kBF16, DType::kU8, DType::kF4};
+
+// The fast decoder's change list, for comparison with the reference decoder.
+std::vector<patchfmt::RefChange> FastChanges(std::span<const uint8_t> patch) {
+  auto p = patchfmt::ParsePatch(patch);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  std::vector<patchfmt::RefChange> out;
+  if (!p.ok()) return out;
+  for (const auto& r : p->records) {
+    Status s = patchfmt::DecodeRecord(r, p->tensors[r.h.tensor_index].width_bits, [&](uint64_t pos, uint64_t d) {
+      out.push_back({r.h.tensor_index, r.h.first_element + pos, d});
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return out;
+}
+
+// Diff old->new, then check: Apply reproduces new bitwise with the right
+// digest, the reference decoder agrees with the fast one, and applying the
+// reference decoder's changes also reproduces new.
+std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& new_view, uint64_t segment_elements,
+                                    ThreadPool& pool) {
+  DiffOptions opt;
+  opt.segment_elements = segment_elements;
+  opt.base_version = 7;
+  opt.target_version = 8;
+  auto patch = Diff(old_view.View(), new_view.View(), opt, pool);
+  EXPECT_TRUE(patch.ok()) << patch.status().ToString();
+  if (!patch.ok()) return {};
+  OwnedView work = old_view;
+  MutableServeView mv = work.Mutable();
+  ViewDigest got;
+  Status s = Apply(mv, *patch, ComputeDigest(old_view.View(), pool), pool, &got);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(work.data, new_view.data);
+  EXPECT_EQ(got, ComputeDigest(new_view.View(), pool));
+
+  auto ref = patchfmt::ReferenceDecode(*patch);
+  EXPECT_TRUE(ref.ok()) << ref.status().ToString();
+  if (ref.ok()) {
+    EXPECT_EQ(*ref, FastChanges(*patch));
+    OwnedView by_ref = old_view;
+    for (const auto& c : *ref) {
+      const int w = ElementBits(by_ref.descs[c.tensor].dtype);
+      auto& d = by_ref.data[c.tensor];
+      testing::Set(d, w, c.element, (testing::Get(d, w, c.element) + c.delta) & patchfmt::WidthMask(w));
+    }
+    EXPECT_EQ(by_ref.data, new_view.data);
+  }
+  auto info = Inspect(*patch);
+  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  if (info.ok()) {
+    uint64_t changed = 0;
+    for (size_t t = 0; t < old_view.descs.size(); ++t) {
+      const int w = ElementBits(old_view.descs[t].dtype);
+      for (uint64_t i = 0; i < old_view.descs[t].elements(); ++i)
+        changed += testing::Get(old_view.data[t], w, i) != testing::Get(new_view.data[t], w, i);
+    }
+    EXPECT_EQ(info->changed_elements, changed);
+    EXPECT_EQ(info->base_version, 7u);
+    EXPECT_EQ(info->patch_bytes, patch->size());
+    EXPECT_EQ(info->container_bytes + info->position_bytes + info->value_bytes + info->header_bytes, patch->size());
+  }
+  return std::move(patch).value();
+}
+
+TEST(PatchTest, RoundTripEveryWidthAndDensity) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(11);
+  for (DType dt : kWidthTypes) {
+    for (double density : {0.0, 1e-4, 0.01, 0.3, 1.0}) {
+      OwnedView a;
+      a.Add("t.big", dt, {10007});  // not a multiple of the segment size
+      a.Add("t.empty", dt, {0, 5});
+      a.Add("t.odd", dt, {3, 3});
+      a.Add("t.scalar", dt, {});
+      for (auto& d : a.data) testing::FillRandom(d, rng);
+      OwnedView b = a;
+      for (size_t t = 0; t < b.descs.size(); ++t)
+        testing::Mutate(b.data[t], ElementBits(dt), b.descs[t].elements(), density, rng);
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " density " + std::to_string(density));
+      CheckRoundTrip(a, b, 4096, pool);
+      CheckRoundTrip(a, b, 1 << 20, pool);
+      CheckRoundTrip(a, b, 3, pool);  // odd: F4 rounds up to stay byte aligned
+    }
+  }
+}
+
+TEST(PatchTest, AdversarialPatterns) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(12);
+  for (DType dt : kWidthTypes) {
+    const int w = ElementBits(dt);
+    const uint64_t n = 9001, mask = patchfmt::WidthMask(w);
+    OwnedView a;
+    a.Add("w", dt, {n});
+    testing::FillRandom(a.data[0], rng);
+    auto variant = [&](auto&& change) {
+      OwnedView b = a;
+      for (uint64_t i = 0; i < n; ++i)
+        if (uint64_t d = change(i); d) testing::Set(b.data[0], w, i, (testing::Get(b.data[0], w, i) + d) & mask);
+      CheckRoundTrip(a, b, 1000, pool);
+    };
+    SCOPED_TRACE(DTypeName(dt));
+    variant([&](uint64_t i) { return i == 0 || i == n - 1 ? uint64_t{1} : 0; });  // first and last only
+    variant([&](uint64_t i) { return i % 1000 == 999 || i % 1000 == 0 ? mask : 0; });  // segment edges
+    variant([&](uint64_t i) { return i >= 4000 && i < 4500 ? uint64_t{1} : 0; });  // a run
+    variant([&](uint64_t i) { return uint64_t{1}; });  // every element, same delta
+    variant([&](uint64_t i) { return i % 2 ? uint64_t{1} << (w - 1) : 0; });  // sign flips, alternating
+    variant([&](uint64_t i) { return (rng() & mask) | 1; });  // every element, random
+  }
+}
+
+TEST(PatchTest, SquashEqualsDirectAndCancels) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(13);
+  for (DType dt : kWidthTypes) {
+    OwnedView a;
+    a.Add("x", dt, {20000});
+    a.Add("y", dt, {333});
+    for (auto& d : a.data) testing::FillRandom(d, rng);
+    OwnedView b = a, c;
+    for (size_t t = 0; t < 2; ++t) testing::Mutate(b.data[t], ElementBits(dt), b.descs[t].elements(), 0.02, rng);
+    c = b;
+    for (size_t t = 0; t < 2; ++t) testing::Mutate(c.data[t], ElementBits(dt), c.descs[t].elements(), 0.02, rng);
+    DiffOptions o1, o2;
+    o1.base_version = 1, o1.target_version = 2, o2.base_version = 2, o2.target_version = 3;
+    o2.segment_elements = 777;  // segmentation may differ between the inputs
+    auto ab = Diff(a.View(), b.View(), o1, pool), bc = Diff(b.View(), c.View(), o2, pool);
+    ASSERT_TRUE(ab.ok() && bc.ok());
+    std::vector<std::span<const uint8_t>> chain = {*ab, *bc};
+    auto ac = Squash(chain, pool);
+    ASSERT_TRUE(ac.ok()) << ac.status().ToString();
+    OwnedView work = a;
+    MutableServeView mv = work.Mutable();
+    ASSERT_TRUE(Apply(mv, *ac, ComputeDigest(a.View(), pool), pool).ok());
+    EXPECT_EQ(work.data, c.data);
+    auto info = Inspect(*ac);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->base_version, 1u);
+    EXPECT_EQ(info->target_version, 3u);
+
+    // a->b then b->a cancels to an empty patch that still verifies.
+    auto ba = Diff(b.View(), a.View(), o2, pool);
+    ASSERT_TRUE(ba.ok());
+    std::vector<std::span<const uint8_t>> back = {*ab, *ba};
+    auto aa = Squash(back, pool);
+    ASSERT_TRUE(aa.ok()) << aa.status().ToString();
+    auto aa_info = Inspect(*aa);
+    ASSERT_TRUE(aa_info.ok());
+    EXPECT_EQ(aa_info->changed_elements, 0u);
+    EXPECT_EQ(aa_info->segments, 0u);
+    work = a;
+    mv = work.Mutable();
+    ASSERT_TRUE(Apply(mv, *aa, ComputeDigest(a.View(), pool), pool).ok());
+    EXPECT_EQ(work.data, a.data);
+
+    // Out of order: digests do not chain.
+    std::vector<std::span<const uint8_t>> wrong = {*bc, *ab};
+    EXPECT_EQ(Squash(wrong, pool).status().code(), Code::kMismatch);
+  }
+}
+
+struct SmallCase {
+  OwnedView a, b;
+  std::vector<uint8_t> patch;
+  ViewDigest base;
+};
+
+SmallCase MakeSmallCase(ThreadPool& pool) {
+  SmallCase c;
+  c.a.Add("a", DType::kBF16, {64});
+  c.a.Add("b", DType::kF4, {31});
+  c.a.Add("c", DType::kF32, {16});
+  std::mt19937_64 rng(14);
+  for (auto& d : c.a.data) testing::FillRandom(d, rng);
+  c.b = c.a;
+  testing::Mutate(c.b.data[0], 16, 64, 0.1, rng);
+  testing::Mutate(c.b.data[1], 4, 31, 1.0, rng);
+  testing::Mutate(c.b.data[2], 32, 16, 0.5, rng);
+  DiffOptions opt;
+  opt.segment_elements = 16;
+  c.patch = Diff(c.a.View(), c.b.View(), opt, pool).value();
+  c.base = ComputeDigest(c.a.View(), pool);
+  return c;
+}
+
+TEST(PatchTest, WrongBaseDigestLeavesViewUntouched) {
+  ThreadPool pool(1);
+  SmallCase c = MakeSmallCase(pool);
+  OwnedView work = c.a;
+  MutableServeView mv = work.Mutable();
+  ViewDigest wrong = c.base;
+  wrong.lanes[2] ^= 1;
+  Status s = Apply(mv, c.patch, wrong, pool);
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  EXPECT_EQ(work.data, c.a.data);
+  // The right digest but other bytes (a stale caller) at an element the patch
+  // changes: the target check fails. (Stale elements the patch does not touch
+  // are invisible to an O(changes) check; that is the caller's digest's job.)
+  uint64_t i = 0;
+  while (testing::Get(c.a.data[2], 32, i) == testing::Get(c.b.data[2], 32, i)) ++i;
+  testing::Set(work.data[2], 32, i, testing::Get(work.data[2], 32, i) ^ 0x100);
+  const auto stale = work.data;
+  s = Apply(mv, c.patch, c.base, pool);
+  EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+  EXPECT_EQ(work.data, stale);
+}
+
+TEST(PatchTest, EveryBitFlipAndTruncationIsRejected) {
+  ThreadPool pool(1);
+  SmallCase c = MakeSmallCase(pool);
+  ASSERT_LT(c.patch.size(), 2000u);
+  OwnedView work = c.a;
+  MutableServeView mv = work.Mutable();
+  for (size_t bit = 0; bit < c.patch.size() * 8; ++bit) {
+    std::vector<uint8_t> bad = c.patch;
+    bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
+    Status s = Apply(mv, bad, c.base, pool);
+    ASSERT_FALSE(s.ok()) << "bit " << bit;
+    EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
+    ASSERT_EQ(work.data, c.a.data) << "bit " << bit;
+    EXPECT_FALSE(Inspect(bad).ok());
+  }
+  for (size_t cut = 0; cut < c.patch.size(); ++cut) {
+    std::span<const uint8_t> prefix(c.patch.data(), cut);
+    EXPECT_EQ(Apply(mv, prefix, c.base, pool).code(), Code::kCorrupt) << "cut " << cut;
+    ASSERT_EQ(work.data, c.a.data);
+    auto verified = VerifiedPrefixBytes(prefix);
+    ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+    EXPECT_LE(*verified, cut);
+  }
+  EXPECT_EQ(*VerifiedPrefixBytes(c.patch), c.patch.size());
+  std::vector<uint8_t> longer = c.patch;
+  longer.push_back(0);
+  EXPECT_FALSE(Apply(mv, longer, c.base, pool).ok());
+  ASSERT_TRUE(Apply(mv, c.patch, c.base, pool).ok());
+  EXPECT_EQ(work.data, c.b.data);
+}
+
+TEST(PatchTest, LayoutMismatchNamesTheTensor) {
+  ThreadPool pool(1);
+  SmallCase c = MakeSmallCase(pool);
+  auto expect_mismatch = [&](OwnedView v, const std::string& name) {
+    MutableServeView mv = v.Mutable();
+    const auto before = v.data;
+    Status s = Apply(mv, c.patch, ComputeDigest(v.View(), pool), pool);
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("'" + name + "'"), std::string::npos) << s.ToString();
+    EXPECT_EQ(v.data, before);
+  };
+  OwnedView shape = c.a;
+  shape.descs[2].shape = {4, 4};
+  expect_mismatch(shape, "c");
+  OwnedView dtype = c.a;
+  dtype.descs[0].dtype = DType::kF16;
+  expect_mismatch(dtype, "a");
+  OwnedView missing;
+  missing.Add("a", DType::kBF16, {64});
+  missing.Add("c", DType::kF32, {16});
+  expect_mismatch(missing, "b");
+  OwnedView extra = c.a;
+  extra.Add("d", DType::kU8, {1});
+  expect_mismatch(extra, "d");
+  // Diff of differently laid out views.
+  EXPECT_EQ(Diff(c.a.View(), shape.View(), DiffOptions{}, pool).status().code(), Code::kMismatch);
+}
+
+TEST(PatchTest, BuilderAssemblesRanksSegmentsLikeDiff) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(15);
+  OwnedView a;
+  a.Add("p", DType::kBF16, {5000});
+  a.Add("q", DType::kF4, {998});
+  for (auto& d : a.data) testing::FillRandom(d, rng);
+  OwnedView b = a;
+  testing::Mutate(b.data[0], 16, 5000, 0.05, rng);
+  testing::Mutate(b.data[1], 4, 998, 0.05, rng);
+  const ServeView av = a.View(), bv = b.View();
+  const ViewDigest base = ComputeDigest(av, pool);
+  PatchBuilder builder(av, 4, 5, base);
+  // Two "ranks", records added out of order.
+  for (uint64_t first : {4096, 0, 1024, 3072, 2048}) {
+    auto rec = EncodeSegment(av, bv, 0, first, std::min<uint64_t>(1024, 5000 - first));
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    ASSERT_TRUE(builder.Add(std::move(rec).value()).ok());
+  }
+  auto q = EncodeSegment(av, bv, 1, 0, 998);
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(builder.Add(std::move(q).value()).ok());
+  auto built = builder.Finish();
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  DiffOptions opt;
+  opt.segment_elements = 1024;
+  opt.base_version = 4, opt.target_version = 5;
+  auto direct = Diff(av, bv, opt, pool);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(*built, *direct);
+
+  EXPECT_FALSE(EncodeSegment(av, bv, 1, 1, 10).ok());  // F4 segment not byte aligned
+  PatchBuilder overlap(av, 0, 1, base);
+  ASSERT_TRUE(overlap.Add(EncodeSegment(av, bv, 0, 0, 100).value()).ok());
+  ASSERT_TRUE(overlap.Add(EncodeSegment(av, bv, 0, 50, 100).value()).ok());
+  EXPECT_EQ(overlap.Finish().status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tern

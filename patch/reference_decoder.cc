@@ -1,0 +1,145 @@
+#include "patch/reference_decoder.h"
+
+#include <algorithm>
+
+#include "patch/container.h"
+
+namespace tern::patchfmt {
+namespace {
+
+// Bit i of a stream is bit (i mod 8) of byte i / 8.
+struct Bits {
+  const uint8_t* data;
+  uint64_t bytes;
+  uint64_t pos = 0;
+  bool ok = true;
+  int Bit() {
+    if (pos >= bytes * 8) {
+      ok = false;
+      return 0;
+    }
+    const int b = (data[pos / 8] >> (pos % 8)) & 1;
+    ++pos;
+    return b;
+  }
+  uint64_t Number(int n) {  // n bits, first bit is the least significant
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(Bit()) << i;
+    return v;
+  }
+  bool Clean() const {
+    if (!ok || (pos + 7) / 8 != bytes) return false;
+    for (uint64_t i = pos; i < bytes * 8; ++i)
+      if ((data[i / 8] >> (i % 8)) & 1) return false;
+    return true;
+  }
+};
+
+struct Code {
+  int length;
+  uint32_t code;  // most significant bit is sent first
+  int symbol;
+};
+
+// Canonical code: symbols sorted by (length, symbol) get consecutive codes,
+// shifting left whenever the length grows.
+std::vector<Code> CanonicalCode(const uint8_t lengths[kSymbols]) {
+  std::vector<Code> codes;
+  for (int s = 0; s < kSymbols; ++s)
+    if (lengths[s]) codes.push_back({lengths[s], 0, s});
+  std::sort(codes.begin(), codes.end(), [](const Code& a, const Code& b) {
+    return a.length != b.length ? a.length < b.length : a.symbol < b.symbol;
+  });
+  uint32_t code = 0;
+  int length = codes.empty() ? 0 : codes[0].length;
+  for (size_t i = 0; i < codes.size(); ++i) {
+    if (i > 0) ++code;
+    code <<= (codes[i].length - length);
+    length = codes[i].length;
+    codes[i].code = code;
+  }
+  return codes;
+}
+
+bool ReadValue(Bits& in, const std::vector<Code>& codes, int w, uint64_t* z) {
+  uint32_t code = 0;
+  for (int length = 1; length <= kMaxCodeBits; ++length) {
+    code = (code << 1) | static_cast<uint32_t>(in.Bit());
+    for (const Code& c : codes) {
+      if (c.length != length || c.code != code) continue;
+      if (c.symbol < kLiteralSymbols) {
+        *z = static_cast<uint64_t>(c.symbol);
+        return in.ok;
+      }
+      const int bit_length = c.symbol - kLiteralSymbols + 5;
+      if (bit_length > w) return false;
+      *z = (uint64_t{1} << (bit_length - 1)) | in.Number(bit_length - 1);
+      return in.ok;
+    }
+  }
+  return false;
+}
+
+uint64_t Unzigzag(uint64_t z, int w) {
+  const uint64_t magnitude = z / 2;
+  const uint64_t value = (z % 2) ? ~magnitude : magnitude;
+  return w == 64 ? value : value % (uint64_t{1} << w);
+}
+
+}  // namespace
+
+Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch) {
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, ParsePatch(patch));
+  std::vector<RefChange> out;
+  for (const RecordView& r : p.records) {
+    const RecordHeader& h = r.h;
+    const int w = p.tensors[h.tensor_index].width_bits;
+    auto emit = [&](uint64_t pos, uint64_t delta) { out.push_back({h.tensor_index, h.first_element + pos, delta}); };
+    uint64_t changed = 0;
+    if (h.encoding == kRaw) {
+      Bits v{r.values, h.value_bytes};
+      for (uint64_t i = 0; i < h.element_count; ++i) {
+        const uint64_t d = v.Number(w);
+        if (d) emit(i, d), ++changed;
+      }
+      TERN_REQUIRE(v.Clean() && changed == h.changed_count, kCorrupt, "reference: bad RAW segment");
+      continue;
+    }
+    uint8_t lengths[kSymbols];
+    TERN_RETURN_IF_ERROR(ParseCodeLengths(r.table, h.table_bytes, lengths));
+    const std::vector<Code> codes = CanonicalCode(lengths);
+    Bits v{r.values, h.value_bytes};
+    if (h.encoding == kDense) {
+      for (uint64_t i = 0; i < h.element_count; ++i) {
+        uint64_t z;
+        TERN_REQUIRE(ReadValue(v, codes, w, &z), kCorrupt, "reference: bad DENSE value");
+        if (z) emit(i, Unzigzag(z, w)), ++changed;
+      }
+      TERN_REQUIRE(v.Clean() && changed == h.changed_count, kCorrupt, "reference: bad DENSE segment");
+      continue;
+    }
+    Bits ps{r.positions, h.position_bytes};
+    uint64_t pos = 0;
+    for (uint64_t j = 0; j < h.changed_count; ++j) {
+      uint64_t q = 0;
+      while (ps.Bit() == 0) {
+        TERN_REQUIRE(ps.ok && q < h.element_count, kCorrupt, "reference: runaway unary code");
+        ++q;
+      }
+      TERN_REQUIRE(ps.ok && (h.rice_k >= 64 || q < (h.element_count >> h.rice_k) + 1), kCorrupt,
+                   "reference: position out of range");
+      const uint64_t gap = (q << h.rice_k) + ps.Number(h.rice_k);
+      if (j > 0) pos += 1;
+      TERN_REQUIRE(ps.ok && gap < h.element_count && pos + gap < h.element_count, kCorrupt,
+                   "reference: position out of range");
+      pos += gap;
+      uint64_t z;
+      TERN_REQUIRE(ReadValue(v, codes, w, &z) && z != 0, kCorrupt, "reference: bad SPARSE value");
+      emit(pos, Unzigzag(z, w));
+    }
+    TERN_REQUIRE(ps.Clean() && v.Clean(), kCorrupt, "reference: SPARSE streams not cleanly consumed");
+  }
+  return out;
+}
+
+}  // namespace tern::patchfmt

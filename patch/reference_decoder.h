@@ -1,0 +1,24 @@
+// A plain, slow decoder of segment streams: one bit at a time, no tables.
+// It is the test oracle for the fast path (segment_codec.h) and a readable
+// companion to docs/format/patch.md. Framing (header, manifest, checksums)
+// is shared with the fast path via ParsePatch.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tern/status.h"
+
+namespace tern::patchfmt {
+
+struct RefChange {
+  uint32_t tensor;
+  uint64_t element;  // absolute element index in the tensor
+  uint64_t delta;    // (new - old) mod 2^w, non-zero
+  bool operator==(const RefChange&) const = default;
+};
+
+Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch);
+
+}  // namespace tern::patchfmt
