@@ -1,0 +1,147 @@
+// `tern datagen` end to end: the binary writes version directories that sort
+// in version order, hold exactly the generator's views, and refuses what it
+// should.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "tern/checkpoint.h"
+#include "tern/trace.h"
+
+namespace tern {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+class DatagenCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "tern-datagen-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  RunResult Run(const std::string& args) {
+    const std::string log = (root_ / "log.txt").string();
+    const std::string cmd = std::string(TERN_CLI_PATH) + " datagen " + args + " >" + log + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    r.output = text.str();
+    return r;
+  }
+
+  std::vector<std::string> Entries(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(DatagenCliTest, WritesVersionsThatSortInOrderAndMatchTheGenerator) {
+  const fs::path out = root_ / "trace";
+  RunResult r = Run("--out " + out.string() + " --params 200K --steps 2 --seed 3 --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("values changed (bf16)"), std::string::npos) << r.output;
+
+  const std::vector<std::string> names = Entries(out);
+  ASSERT_EQ(names, (std::vector<std::string>{"step-000000", "step-000001", "step-000002"}));
+
+  TraceConfig config;
+  config.shape = *ChooseModelShape(200'000);
+  config.seed = 3;
+  ThreadPool pool(1);
+  auto gen = TraceGenerator::Create(config, pool);
+  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+  for (size_t version = 0; version < names.size(); ++version) {
+    if (version > 0) {
+      ASSERT_TRUE((*gen)->Step().ok());
+    }
+    const fs::path dir = out / names[version];
+    auto ckpt = Checkpoint::Open(dir.string());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    // The name order is the version order.
+    const auto& files = (*ckpt)->files();
+    ASSERT_FALSE(files.empty());
+    const auto& metadata = (*ckpt)->metadata(files[0]);
+    ASSERT_TRUE(metadata.count("tern.trace.step"));
+    EXPECT_EQ(metadata.at("tern.trace.step"), std::to_string(version));
+    EXPECT_EQ(metadata.at("format"), "pt");
+
+    const ServeView& want = (*gen)->view();
+    const ServeView& got = (*ckpt)->view();
+    ASSERT_EQ(got.tensors.size(), want.tensors.size());
+    for (size_t i = 0; i < want.tensors.size(); ++i) {
+      ASSERT_TRUE(got.tensors[i].desc->SameLayout(*want.tensors[i].desc))
+          << got.tensors[i].desc->name;
+      EXPECT_EQ(0, std::memcmp(got.tensors[i].data, want.tensors[i].data,
+                               want.tensors[i].desc->bytes()))
+          << names[version] << " " << want.tensors[i].desc->name;
+    }
+    std::ifstream config_json(dir / "config.json");
+    std::stringstream text;
+    text << config_json.rdbuf();
+    EXPECT_NE(text.str().find("\"hidden_size\": " + std::to_string(config.shape.hidden_size)),
+              std::string::npos);
+  }
+}
+
+TEST_F(DatagenCliTest, RefusesANonEmptyDirectoryUnlessForced) {
+  const fs::path out = root_ / "trace";
+  const std::string base = "--out " + out.string() + " --params 200K --threads 1";
+  ASSERT_EQ(Run(base + " --steps 2").exit_code, 0);
+  std::ofstream(out / "notes.txt") << "keep me";
+
+  RunResult again = Run(base + " --steps 1");
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find("not empty"), std::string::npos) << again.output;
+  EXPECT_EQ(Entries(out).size(), 4u);
+
+  RunResult forced = Run(base + " --steps 1 --force");
+  ASSERT_EQ(forced.exit_code, 0) << forced.output;
+  // The old trace's versions are replaced, foreign files are left alone.
+  EXPECT_EQ(Entries(out), (std::vector<std::string>{"notes.txt", "step-000000", "step-000001"}));
+}
+
+TEST_F(DatagenCliTest, BadUsageIsAOneLineErrorWithExitStatus2) {
+  const std::string out = "--out " + (root_ / "x").string();
+  for (const std::string& args :
+       {out + " --params lots", out + " --dtype fp8", out + " --lr -1", out + " --params 10",
+        std::string("--params 1M"), out + " --beta2 1"}) {
+    RunResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("tern datagen: "), std::string::npos) << args << "\n" << r.output;
+  }
+  EXPECT_FALSE(fs::exists(root_ / "x"));
+  RunResult help = Run("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("--weight-decay"), std::string::npos) << help.output;
+}
+
+}  // namespace
+}  // namespace tern
