@@ -98,8 +98,15 @@ cmd_up() {
   [ -e "$state" ] && die "testbed $prefix exists (wan.sh down $prefix)"
   mkdir -p "$state"
   cp "$config" "$state/config"
+  # A namespace may only default to congestion controls the host allows.
+  if [ "$CC" != "$(sysctl -n net.ipv4.tcp_congestion_control)" ] &&
+     ! grep -qw "$CC" /proc/sys/net/ipv4/tcp_allowed_congestion_control; then
+    rm -rf "$state"
+    die "cc $CC: not in net.ipv4.tcp_allowed_congestion_control ($(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)); add it there first"
+  fi
   # From here on a failure or a signal removes whatever was built.
-  trap "cmd_down $prefix >/dev/null 2>&1; exit 1" ERR INT TERM
+  trap "cmd_down $prefix >/dev/null 2>&1" EXIT
+  trap "exit 1" INT TERM
 
   local rt=$prefix-rt
   ip netns add "$rt"
@@ -152,7 +159,7 @@ cmd_up() {
     sleep 0.1
   done
   grep -q "forwarding on" "$state/fwd.log" || { cat "$state/fwd.log" >&2; false; }
-  trap - ERR INT TERM
+  trap - EXIT INT TERM
   echo "$prefix"
 }
 
