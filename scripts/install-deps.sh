@@ -37,3 +37,8 @@ fi
 if ! .venv/bin/python -c 'import ml_dtypes, torch; torch.zeros(1).numpy()' 2>/dev/null; then
   .venv/bin/pip install -q ml_dtypes 'numpy<2'
 fi
+# safetensors: the reference reader/writer for the checkpoint interop test
+# (it needs no numpy of its own; the venv's numpy<2 above serves it).
+if ! .venv/bin/python -c 'import safetensors, numpy' 2>/dev/null; then
+  .venv/bin/pip install -q safetensors
+fi

@@ -1,0 +1,82 @@
+// A tensor of more than 4 GiB and 2^31 elements, in sparse files: only a few
+// pages are ever written, so it costs neither disk nor much time.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "tern/checkpoint.h"
+
+namespace tern {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint64_t AllocatedBytes(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return UINT64_MAX;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+TEST(CheckpointLarge, TensorBeyond4GiBRoundTripsAndClones) {
+  std::string tmpl = (fs::path(::testing::TempDir()) / "tern_big_XXXXXX").string();
+  const std::string dir = ::mkdtemp(tmpl.data());
+  const std::string path = dir + "/big.safetensors";
+  const uint64_t elements = (uint64_t{1} << 31) + 3;  // > 2^31 elements, > 4 GiB of BF16
+  std::vector<TensorDesc> tensors = {{"big", DType::kBF16, {elements}}, {"tail", DType::kU8, {5}}};
+  {
+    auto w = WritableCheckpoint::Create(path, tensors, {{"note", "sparse"}});
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto& big = (*w)->view().tensors[0];
+    ASSERT_EQ(big.desc->name, "big");
+    ASSERT_EQ(big.desc->bytes(), elements * 2);
+    const uint64_t last = big.desc->bytes() - 2;
+    big.data[0] = 0x11;
+    big.data[1] = 0x22;
+    big.data[last] = 0x33;
+    big.data[last + 1] = 0x44;
+    auto& tail = (*w)->view().tensors[1];
+    for (int i = 0; i < 5; ++i) tail.data[i] = static_cast<uint8_t>(i + 1);
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  EXPECT_LT(AllocatedBytes(path), uint64_t{64} << 20);
+
+  auto c = Checkpoint::Open(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const TensorRef* big = (*c)->view().Find("big");
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(big->desc->elements(), elements);
+  const uint64_t last = big->desc->bytes() - 2;
+  EXPECT_EQ(big->data[0], 0x11);
+  EXPECT_EQ(big->data[1], 0x22);
+  EXPECT_EQ(big->data[last], 0x33);
+  EXPECT_EQ(big->data[last + 1], 0x44);
+  EXPECT_EQ(big->data[uint64_t{1} << 32], 0);  // a hole reads as zeros
+  auto tail = (*c)->Locate("tail");
+  ASSERT_TRUE(tail.ok());
+  EXPECT_GT(tail->offset_bytes, uint64_t{1} << 32);
+  EXPECT_EQ((*c)->view().Find("tail")->data[4], 5);
+
+  // Cloning copies data extents only: the clone stays sparse.
+  const std::string clone_path = dir + "/clone.safetensors";
+  auto clone = WritableCheckpoint::CloneForWrite(**c, clone_path);
+  ASSERT_TRUE(clone.ok()) << clone.status().ToString();
+  (*clone)->view().tensors[0].data[last] = 0x55;
+  ASSERT_TRUE((*clone)->Commit().ok());
+  EXPECT_LT(AllocatedBytes(clone_path), uint64_t{64} << 20);
+  auto reopened = Checkpoint::Open(clone_path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  const TensorRef* big2 = (*reopened)->view().Find("big");
+  EXPECT_EQ(big2->data[0], 0x11);
+  EXPECT_EQ(big2->data[last], 0x55);
+  EXPECT_EQ(big2->data[last + 1], 0x44);
+  EXPECT_EQ((*reopened)->view().Find("tail")->data[0], 1);
+  EXPECT_EQ((*reopened)->metadata("clone.safetensors").at("note"), "sparse");
+  c->reset();
+  reopened->reset();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tern
