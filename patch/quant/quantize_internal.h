@@ -38,6 +38,16 @@ inline float ChooseScale(float fresh, const float* prev, const ScalePolicy& poli
   return fresh * policy.headroom;
 }
 
+// The keep half of ChooseScale, for formats whose stored scale is not the
+// FP32 scale itself (they re-derive it from amax * RescaleFactor()).
+inline bool KeepPrevious(float fresh, float prev, const ScalePolicy& policy) {
+  return policy.kind == ScalePolicy::Kind::kBand && prev > 0.0f && fresh <= prev &&
+         fresh >= policy.band_low * prev;
+}
+inline float RescaleFactor(const ScalePolicy& policy) {
+  return policy.kind == ScalePolicy::Kind::kBand ? policy.headroom : 1.0f;
+}
+
 QuantTensor NewTensor(std::string_view suffix, DType dtype, std::vector<uint64_t> shape);
 
 // The tensor `suffix` of the previous state, checked against the expected

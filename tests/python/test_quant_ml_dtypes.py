@@ -133,12 +133,90 @@ def check_fp8_quantizers(tool, rng) -> int:
     return failures
 
 
+def e2m1(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float32).astype(md.float4_e2m1fn).view(np.uint8) & 0xF
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    flat = codes.reshape(-1)
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def reference_nvfp4(w: np.ndarray, ct: bool):
+    """ModelOpt / compressed-tensors NVFP4 arithmetic in float32 numpy."""
+    f = np.float32
+    amax = np.abs(w).max()
+    blocks = w.reshape(-1, 16)
+    bmax = np.abs(blocks).max(axis=1)
+    if ct:
+        g = f(6 * 448) / amax
+        want = g * (bmax / f(6))
+    else:
+        g = amax / f(6 * 448)
+        want = (bmax / f(6)) / g
+    scale = want.astype(np.float32).astype(md.float8_e4m3fn)
+    s32 = scale.astype(np.float32)
+    eff = s32 / g if ct else s32 * g
+    codes = e2m1(blocks / eff[:, None])
+    return pack_nibbles(codes), scale.view(np.uint8), np.array([g], dtype=np.float32)
+
+
+def reference_mxfp4(w: np.ndarray):
+    """OCP MX v1.0: X = 2^(floor(log2(amax)) - emax_elem), emax_elem = 2."""
+    blocks = w.reshape(-1, 32)
+    bmax = np.abs(blocks).max(axis=1)
+    _, e = np.frexp(bmax)
+    exp = (e - 1 - 2).astype(np.int32)
+    codes = e2m1(blocks / np.ldexp(np.float32(1), exp)[:, None].astype(np.float32))
+    return pack_nibbles(codes), (exp + 127).astype(np.uint8)
+
+
+def check_fp4_quantizers(tool, rng) -> int:
+    failures = 0
+    for shape in ((64, 256), (3, 96, 64), (1, 32)):
+        w = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        w.reshape(-1)[5] = 0.7  # an outlier block
+        w2 = w.reshape(-1, shape[-1])
+        for fmt in ("nvfp4", "nvfp4-ct"):
+            ct = fmt == "nvfp4-ct"
+            t = parse_tensors(run_ref(tool, ["quantize", fmt, *map(str, shape)], w.tobytes()))
+            codes, scales, g = reference_nvfp4(w2, ct)
+            names = (".weight_packed", ".weight_scale", ".weight_global_scale") if ct else \
+                (".weight", ".weight_scale", ".weight_scale_2")
+            ok = (t[names[0]][0] == "U8" and t[names[0]][1] == (*shape[:-1], shape[-1] // 2)
+                  and t[names[1]][0] == "F8_E4M3" and t[names[1]][1] == (*shape[:-1], shape[-1] // 16)
+                  and t[names[2]][1] == (1,)
+                  and np.array_equal(np.frombuffer(t[names[0]][2], np.uint8), codes)
+                  and np.array_equal(np.frombuffer(t[names[1]][2], np.uint8), scales)
+                  and np.array_equal(np.frombuffer(t[names[2]][2], np.uint32), g.view(np.uint32)))
+            if not ct:
+                ok = ok and t[".input_scale"][1] == (1,)
+            if not ok:
+                got = np.frombuffer(t[names[0]][2], np.uint8)
+                print(f"{fmt} {shape}: layout/values differ; "
+                      f"{int((got != codes).sum()) if got.size == codes.size else 'size'} code bytes")
+            failures += int(not ok)
+        t = parse_tensors(run_ref(tool, ["quantize", "mxfp4", *map(str, shape)], w.tobytes()))
+        codes, scales = reference_mxfp4(w2)
+        ok = (t["_blocks"][1] == (*shape[:-1], shape[-1] // 32, 16)
+              and t["_scales"][1] == (*shape[:-1], shape[-1] // 32)
+              and np.array_equal(np.frombuffer(t["_blocks"][2], np.uint8), codes)
+              and np.array_equal(np.frombuffer(t["_scales"][2], np.uint8), scales))
+        if not ok:
+            print(f"mxfp4 {shape}: layout/values differ")
+        failures += int(not ok)
+    print("nvfp4, nvfp4-ct, mxfp4: codes and scales match the reference arithmetic"
+          if not failures else "fp4 quantizers differ")
+    return failures
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         sys.exit("usage: test_quant_ml_dtypes.py PATH/TO/tern_quant_ref")
     tool = sys.argv[1]
     rng = np.random.default_rng(20261129)
     failures = check_casts(tool, rng) + check_fp8_quantizers(tool, rng)
+    failures += check_fp4_quantizers(tool, rng)
     print("FAILED" if failures else f"OK: bit-identical to ml_dtypes {md.__version__}")
     return 1 if failures else 0
 
