@@ -210,13 +210,78 @@ def check_fp4_quantizers(tool, rng) -> int:
     return failures
 
 
+def pack8(nibbles: np.ndarray, axis: int) -> np.ndarray:
+    """Eight 4-bit values per uint32 along `axis`, element j at bits 4*(j%8)."""
+    n = np.moveaxis(nibbles.astype(np.uint32), axis, -1)
+    n = n.reshape(*n.shape[:-1], -1, 8)
+    words = np.zeros(n.shape[:-1], dtype=np.uint32)
+    for j in range(8):
+        words |= n[..., j] << np.uint32(4 * j)
+    return np.moveaxis(words, -1, axis)
+
+
+def reference_int4(w: np.ndarray, group: int, sym: bool, gptq: bool):
+    """compressed-tensors / GPTQ arithmetic in float32 numpy."""
+    f = np.float32
+    out_dim, in_dim = w.shape
+    grp = w.reshape(out_dim, in_dim // group, group)
+    lo = np.minimum(grp.min(axis=2), 0).astype(f)
+    hi = np.maximum(grp.max(axis=2), 0).astype(f)
+    if sym:
+        s = np.maximum(-lo, hi) / f(7.5)
+        if not gptq:
+            s = np.maximum(s, np.finfo(f).eps)
+    else:
+        s = np.maximum((hi - lo) / f(15), np.finfo(f).eps)
+    s = s.astype(np.float16 if gptq else md.bfloat16)
+    s32 = s.astype(f)
+    zp = np.zeros_like(s32) if sym else np.clip(f(-8) - np.round(lo / s32), -8, 7)
+    q = np.clip(np.round(grp / s32[:, :, None]) + zp[:, :, None], -8, 7).reshape(out_dim, in_dim)
+    nib = (q + 8).astype(np.uint32)
+    if gptq:
+        return {".qweight": pack8(nib.T, 0), ".scales": np.ascontiguousarray(s.T).view(np.uint16),
+                ".qzeros": np.full((in_dim // group, out_dim // 8), 0x77777777, dtype=np.uint32),
+                ".g_idx": (np.arange(in_dim) // group).astype(np.int32)}
+    res = {".weight_packed": pack8(nib, 1), ".weight_scale": s.view(np.uint16),
+           ".weight_shape": np.array([out_dim, in_dim], dtype=np.int64)}
+    if not sym:
+        zp_nib = (zp + 8).astype(np.uint32)
+        pad = (-out_dim) % 8
+        zp_nib = np.pad(zp_nib, ((0, pad), (0, 0)))
+        res[".weight_zero_point"] = pack8(zp_nib, 0)
+    return res
+
+
+def check_int4_quantizers(tool, rng) -> int:
+    failures = 0
+    for fmt, group, sym, gptq in (("int4-g128", 128, True, False), ("int4-g32-asym", 32, False, False),
+                                  ("int4-g64", 64, True, False), ("int4-g128-asym", 128, False, False),
+                                  ("gptq-int4-g128", 128, True, True), ("gptq-int4-g32", 32, True, True)):
+        for shape in ((24, 256), (13, 384)):
+            if gptq and shape[0] % 8:
+                continue
+            w = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+            w[1, :group] += 0.05  # a group that is all positive (asymmetric zero point)
+            t = parse_tensors(run_ref(tool, ["quantize", fmt, *map(str, shape)], w.tobytes()))
+            want = reference_int4(w, group, sym, gptq)
+            for name, arr in want.items():
+                got = np.frombuffer(t[name][2], dtype=arr.dtype) if name in t else None
+                if got is None or t[name][1] != arr.shape or not np.array_equal(got, arr.reshape(-1)):
+                    print(f"{fmt} {shape}: tensor {name} differs "
+                          f"(shape {t[name][1] if name in t else None} vs {arr.shape})")
+                    failures += 1
+    print("int4 (compressed-tensors, GPTQ): packed codes, scales and zeros match the reference"
+          if not failures else "int4 quantizers differ")
+    return failures
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         sys.exit("usage: test_quant_ml_dtypes.py PATH/TO/tern_quant_ref")
     tool = sys.argv[1]
     rng = np.random.default_rng(20261129)
     failures = check_casts(tool, rng) + check_fp8_quantizers(tool, rng)
-    failures += check_fp4_quantizers(tool, rng)
+    failures += check_fp4_quantizers(tool, rng) + check_int4_quantizers(tool, rng)
     print("FAILED" if failures else f"OK: bit-identical to ml_dtypes {md.__version__}")
     return 1 if failures else 0
 
