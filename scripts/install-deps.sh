@@ -11,7 +11,7 @@ PACKAGES=(
   libzstd-dev zstd libxxhash-dev libssl-dev openssl
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
-  xdelta3 iperf3 iproute2 iputils-ping procps
+  xdelta3 iperf3 iproute2 iputils-ping procps ethtool
 )
 
 missing=()

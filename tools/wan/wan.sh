@@ -33,7 +33,7 @@ find_fwd() {
 # ("r1 r2 delay rate loss queue"), MTU, CC, SEED; rejects anything unknown.
 parse_config() {
   local file=$1 line kw n=0
-  REGIONS=(); HOSTS=(); LINKS=(); MTU=1500; CC=bbr; SEED=1
+  REGIONS=(); HOSTS=(); LINKS=(); MTU=1500; CC=bbr; SEED=1; OFFLOAD=on
   [ -r "$file" ] || die "cannot read config $file"
   while IFS= read -r line || [ -n "$line" ]; do
     n=$((n + 1))
@@ -45,6 +45,7 @@ parse_config() {
       mtu) [[ ${w[1]:-} =~ ^[0-9]+$ ]] && ((w[1] >= 576 && w[1] <= 65000)) || die "$file:$n: mtu 576..65000"; MTU=${w[1]} ;;
       cc) [[ ${w[1]:-} =~ ^(bbr|cubic|reno)$ ]] || die "$file:$n: cc bbr|cubic|reno"; CC=${w[1]} ;;
       seed) [[ ${w[1]:-} =~ ^[0-9]+$ ]] || die "$file:$n: seed is an integer"; SEED=${w[1]} ;;
+      offload) [[ ${w[1]:-} =~ ^(on|off)$ ]] || die "$file:$n: offload on|off"; OFFLOAD=${w[1]} ;;
       region)
         [[ ${w[1]:-} =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "$file:$n: region name: a-z0-9, at most 8"
         [[ ${w[2]:-} =~ ^hosts=([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= 250)) ||
@@ -65,7 +66,7 @@ parse_config() {
           esac
         done
         LINKS+=("$a $b $d $r $l $q") ;;
-      *) die "$file:$n: unknown keyword '$kw' (mtu, cc, seed, region, link)" ;;
+      *) die "$file:$n: unknown keyword '$kw' (mtu, cc, seed, offload, region, link)" ;;
     esac
   done <"$file"
   ((${#REGIONS[@]} >= 1)) || die "$file: no regions"
@@ -137,6 +138,8 @@ cmd_up() {
       ip -n "$ns" link set lo up
       ip -n "$ns" addr add "$addr/24" dev eth0
       ip -n "$ns" link set eth0 mtu "$MTU" up
+      # GRO, as on a real NIC: the receiver handles merged segments.
+      nsx "$ns" ethtool -K eth0 gro on >/dev/null 2>&1 || true
       ip -n "$ns" route add default via "10.$((r + 1)).$i.1"
       echo "$name $ns $addr" >>"$state/hosts"
     done
@@ -149,7 +152,9 @@ cmd_up() {
     [ "$a" != "$b" ] && specs+=("$b,$a,$d,$rate,$l,$q")
   done
   # Higher priority: on a busy machine a late wake-up is added to every delay.
-  ip netns exec "$rt" nice -n -10 "$fwd" --tun tw0 --seed "$SEED" -- "${specs[@]}" \
+  : >"$state/fwd.log"
+  ip netns exec "$rt" nice -n -10 "$fwd" --tun tw0 --seed "$SEED" \
+    $([ "$OFFLOAD" = off ] && echo --no_offload) -- "${specs[@]}" \
     >"$state/fwd.log" 2>&1 </dev/null &
   echo $! >"$state/fwd.pid"
   local t
