@@ -8,6 +8,14 @@
 
 namespace tern::cli {
 
+int RunDatagen(int argc, char** argv);
+int RunDiff(int argc, char** argv);
+int RunApply(int argc, char** argv);
+int RunSquash(int argc, char** argv);
+int RunInspect(int argc, char** argv);
+int RunDigest(int argc, char** argv);
+int RunDemo(int argc, char** argv);
+
 namespace {
 int RunVersionImpl(int, char**) {
   std::printf("tern 0.1.0\n");
@@ -16,6 +24,13 @@ int RunVersionImpl(int, char**) {
 
 const Command kCommands[] = {
     {"version", "print the version", RunVersionImpl},
+    {"demo", "run the codec end to end on a simulated RL run", RunDemo},
+    {"datagen", "write an RL trace of serve-view checkpoints", RunDatagen},
+    {"diff", "make a patch between two checkpoints", RunDiff},
+    {"apply", "apply a patch to a checkpoint (staged, verified)", RunApply},
+    {"squash", "join consecutive patches into one", RunSquash},
+    {"inspect", "show what a patch holds", RunInspect},
+    {"digest", "print a checkpoint's view digest", RunDigest},
 };
 
 void Usage(FILE* out) {
