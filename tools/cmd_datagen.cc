@@ -1,0 +1,248 @@
+// `tern datagen`: writes an RL trace, one safetensors checkpoint directory per
+// version (DIR/step-000000, step-000001, ...), from TraceGenerator.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <system_error>
+
+#include "common/thread_pool.h"
+#include "tern/checkpoint.h"
+#include "tern/trace.h"
+#include "tools/flags.h"
+
+namespace tern::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Version directory names sort in version order: zero-padded to a width
+// fixed for the whole trace.
+std::string VersionName(uint64_t step, int width) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step-%0*llu", width, static_cast<unsigned long long>(step));
+  return buf;
+}
+
+bool IsVersionEntry(const std::string& name) {
+  // step-<digits>, or a staging leftover step-<digits>.tmp-...
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return false;
+  size_t i = 5;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+  return i > 5 && (i == name.size() || name.compare(i, 5, ".tmp-") == 0);
+}
+
+// An empty or absent DIR is fine. A non-empty one is refused unless --force,
+// which removes only earlier trace versions and leaves anything else alone.
+Status PrepareOutput(const std::string& dir, bool force) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fs::create_directories(dir, ec);
+    TERN_REQUIRE(!ec, kIo, "cannot create ", dir, ": ", ec.message());
+    return Status::Ok();
+  }
+  TERN_REQUIRE(fs::is_directory(dir, ec), kAlreadyExists, dir, " exists and is not a directory");
+  bool empty = true;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    empty = false;
+    if (!force) break;
+    if (IsVersionEntry(entry.path().filename().string())) {
+      fs::remove_all(entry.path(), ec);
+      TERN_REQUIRE(!ec, kIo, "cannot remove ", entry.path().string(), ": ", ec.message());
+    }
+  }
+  TERN_REQUIRE(!ec, kIo, "cannot list ", dir, ": ", ec.message());
+  TERN_REQUIRE(empty || force, kAlreadyExists, dir, " is not empty (use --force to replace a trace)");
+  return Status::Ok();
+}
+
+Status WriteVersion(const TraceGenerator& gen, const std::string& path,
+                    const std::map<std::string, std::string>& base_metadata,
+                    const CreateOptions& options, ThreadPool& pool) {
+  const ServeView& view = gen.view();
+  std::vector<TensorDesc> descs;
+  descs.reserve(view.tensors.size());
+  for (const auto& t : view.tensors) descs.push_back(*t.desc);
+  SortLikeReferenceWriter(descs);
+  std::map<std::string, std::string> metadata = base_metadata;
+  metadata["tern.trace.step"] = std::to_string(gen.step());
+  TERN_ASSIGN_OR_RETURN(auto ckpt, WritableCheckpoint::Create(path, std::move(descs), metadata, options));
+  MutableServeView& out = ckpt->view();
+  TERN_REQUIRE(out.tensors.size() == view.tensors.size(), kInternal, "checkpoint has ",
+               out.tensors.size(), " tensors, the view ", view.tensors.size());
+  // Copy in 16 MiB pieces so a few huge tensors still spread over the pool.
+  constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
+  struct Piece {
+    const uint8_t* from;
+    uint8_t* to;
+    uint64_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < view.tensors.size(); ++i) {
+    const TensorRef& src = view.tensors[i];
+    const MutableTensorRef& dst = out.tensors[i];
+    TERN_REQUIRE(src.desc->SameLayout(*dst.desc), kInternal, "checkpoint tensor ",
+                 dst.desc->name, " does not match the view's ", src.desc->name);
+    const uint64_t bytes = src.desc->bytes();
+    for (uint64_t at = 0; at < bytes; at += kPieceBytes)
+      pieces.push_back(Piece{src.data + at, dst.data + at, std::min(kPieceBytes, bytes - at)});
+  }
+  pool.ParallelFor(pieces.size(), [&](uint64_t i) {
+    std::memcpy(pieces[i].to, pieces[i].from, pieces[i].bytes);
+  });
+  const std::string config = ModelConfigJson(gen.config().shape, ServeDType(gen.config().format));
+  TERN_RETURN_IF_ERROR(ckpt->AddFile(
+      "config.json", {reinterpret_cast<const uint8_t*>(config.data()), config.size()}));
+  return ckpt->Commit();
+}
+
+Status CheckMemory(uint64_t bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return Status::Ok();  // unknown: let the allocator decide
+  const double physical = static_cast<double>(pages) * static_cast<double>(page_bytes);
+  TERN_REQUIRE(static_cast<double>(bytes) <= 0.9 * physical, kResourceExhausted, "the trace needs ",
+               static_cast<double>(bytes) / 1e9, " GB (12 bytes per parameter plus the view), ",
+               "this machine has ", physical / 1e9, " GB");
+  return Status::Ok();
+}
+
+Status Run(int argc, char** argv) {
+  Flags flags("datagen",
+              "write an RL trace: consecutive serve-view checkpoints of a transformer whose FP32 "
+              "master weights follow Adam at RL learning rates");
+  flags.Add("out", "output directory; versions go to OUT/step-NNNNNN/ (required unless --stats-only)");
+  flags.Add("params", "model size in parameters (10M, 1G, ...)", "10M");
+  flags.Add("steps", "optimizer steps; writes versions 0 (initial) .. STEPS", "3");
+  flags.Add("lr", "Adam learning rate", "1e-6");
+  flags.Add("seed", "random seed; the trace is a pure function of the flags", "0");
+  flags.Add("dtype", "serve dtype: bf16 or fp16", "bf16");
+  flags.Add("beta1", "Adam beta1", "0.9");
+  flags.Add("beta2", "Adam beta2", "0.999");
+  flags.Add("eps", "Adam epsilon", "1e-8");
+  flags.Add("weight-decay", "decoupled weight decay (AdamW); 0 = plain Adam", "0");
+  flags.Add("signal", "gradient signal-to-noise ratio (fixed direction vs fresh noise)", "1");
+  flags.Add("shard-bytes", "start a new safetensors shard past this many bytes (0 = one file)", "0");
+  flags.Add("threads", "worker threads (0 = all cores)", "0");
+  flags.AddSwitch("force", "replace the step-* versions of an earlier trace in OUT");
+  flags.AddSwitch("stats-only", "print the per-step changed fraction, write nothing");
+  flags.SetEpilog(
+      "Each version is a Hugging Face checkpoint directory (model.safetensors or shards, plus\n"
+      "config.json of a LlamaForCausalLM). Output is identical for any --threads and machine.\n"
+      "Memory: ~14 bytes per parameter (FP32 weights and Adam moments, plus the view).");
+  TERN_RETURN_IF_ERROR(flags.Parse(argc, argv));
+
+  const bool stats_only = flags.Switch("stats-only");
+  const std::string out = flags.Get("out");
+  TERN_REQUIRE(stats_only || !out.empty(), kInvalidArgument, "--out is required");
+  TraceConfig config;
+  TERN_ASSIGN_OR_RETURN(const uint64_t params, flags.GetU64("params"));
+  TERN_ASSIGN_OR_RETURN(const uint64_t steps, flags.GetU64("steps"));
+  TERN_REQUIRE(steps <= 100'000'000, kInvalidArgument, "--steps ", steps, " is too many");
+  TERN_ASSIGN_OR_RETURN(config.adam.lr, flags.GetDouble("lr"));
+  TERN_ASSIGN_OR_RETURN(config.seed, flags.GetU64("seed"));
+  TERN_ASSIGN_OR_RETURN(config.adam.beta1, flags.GetDouble("beta1"));
+  TERN_ASSIGN_OR_RETURN(config.adam.beta2, flags.GetDouble("beta2"));
+  TERN_ASSIGN_OR_RETURN(config.adam.eps, flags.GetDouble("eps"));
+  TERN_ASSIGN_OR_RETURN(config.adam.weight_decay, flags.GetDouble("weight-decay"));
+  TERN_ASSIGN_OR_RETURN(config.signal_to_noise, flags.GetDouble("signal"));
+  TERN_ASSIGN_OR_RETURN(const uint64_t shard_bytes, flags.GetU64("shard-bytes"));
+  TERN_ASSIGN_OR_RETURN(const uint64_t threads, flags.GetU64("threads"));
+  TERN_REQUIRE(threads <= 4096, kInvalidArgument, "--threads ", threads, " is too many");
+  auto format = ServeFormatFromName(flags.Get("dtype"));
+  TERN_REQUIRE(format.ok(), kInvalidArgument, "--dtype: ", format.status().message());
+  config.format = *format;
+  auto shape = ChooseModelShape(params);
+  TERN_REQUIRE(shape.ok(), kInvalidArgument, "--params: ", shape.status().message());
+  config.shape = *shape;
+  TERN_RETURN_IF_ERROR(config.Validate());
+
+  const ModelShape& s = config.shape;
+  const uint64_t memory_bytes = TraceGenerator::MemoryBytesFor(s, config.format);
+  TERN_RETURN_IF_ERROR(CheckMemory(memory_bytes));
+  if (!stats_only) TERN_RETURN_IF_ERROR(PrepareOutput(out, flags.Switch("force")));
+  std::printf(
+      "model: hidden %llu, intermediate %llu, layers %llu, heads %llu (kv %llu), head_dim %llu, "
+      "vocab %llu: %llu parameters, %.2f GB in memory\n",
+      static_cast<unsigned long long>(s.hidden_size),
+      static_cast<unsigned long long>(s.intermediate_size),
+      static_cast<unsigned long long>(s.num_hidden_layers),
+      static_cast<unsigned long long>(s.num_attention_heads),
+      static_cast<unsigned long long>(s.num_key_value_heads),
+      static_cast<unsigned long long>(s.head_dim), static_cast<unsigned long long>(s.vocab_size),
+      static_cast<unsigned long long>(s.parameters()), static_cast<double>(memory_bytes) / 1e9);
+  std::printf("adam: lr %g, beta1 %g, beta2 %g, eps %g, weight decay %g, signal %g, seed %llu\n",
+              config.adam.lr, config.adam.beta1, config.adam.beta2, config.adam.eps,
+              config.adam.weight_decay, config.signal_to_noise,
+              static_cast<unsigned long long>(config.seed));
+  std::fflush(stdout);
+
+  ThreadPool pool(static_cast<unsigned>(threads));
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"tern.trace.seed", std::to_string(config.seed)},
+      {"tern.trace.lr", flags.Get("lr")},
+      {"tern.trace.dtype", std::string(ServeFormatName(config.format))},
+  };
+  CreateOptions create_options;
+  create_options.shard_bytes_max = shard_bytes;
+  int width = 6;
+  for (uint64_t n = steps; n >= 1'000'000; n /= 10) ++width;
+
+  std::printf("initializing %s with %u threads ...\n", stats_only ? "(stats only)" : out.c_str(),
+              pool.size());
+  std::fflush(stdout);
+  const auto start = Clock::now();
+  auto t0 = Clock::now();
+  TERN_ASSIGN_OR_RETURN(auto gen, TraceGenerator::Create(config, pool));
+  double compute_s = SecondsSince(t0);
+  const char* dtype = ServeFormatName(config.format).data();
+  for (uint64_t step = 0;; ++step) {
+    double write_s = 0;
+    if (!stats_only) {
+      t0 = Clock::now();
+      const std::string path = (fs::path(out) / VersionName(step, width)).string();
+      Status st = WriteVersion(*gen, path, metadata, create_options, pool);
+      TERN_RETURN_IF_ERROR(st.WithContext("writing " + path));
+      write_s = SecondsSince(t0);
+    }
+    const StepStats& stats = gen->last_stats();
+    const double elapsed = SecondsSince(start);
+    const double eta = step == 0 ? 0.0 : elapsed / static_cast<double>(step + 1) *
+                                             static_cast<double>(steps - step);
+    if (step == 0)
+      std::printf("step 0: initial view, %.4g values (%s)  [init %.2f s, write %.2f s]\n",
+                  static_cast<double>(stats.elements), dtype, compute_s, write_s);
+    else
+      std::printf("step %llu: %.2f%% of %.4g values changed (%s)  [step %.2f s, write %.2f s, "
+                  "%llu/%llu, eta %.0f s]\n",
+                  static_cast<unsigned long long>(step), 100.0 * stats.changed_fraction(),
+                  static_cast<double>(stats.elements), dtype, compute_s, write_s,
+                  static_cast<unsigned long long>(step), static_cast<unsigned long long>(steps),
+                  eta);
+    std::fflush(stdout);
+    if (step == steps) break;
+    t0 = Clock::now();
+    TERN_RETURN_IF_ERROR(gen->Step());
+    compute_s = SecondsSince(t0);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunDatagen(int argc, char** argv) { return Report("datagen", Run(argc, argv)); }
+
+}  // namespace tern::cli
