@@ -35,6 +35,38 @@ Status ForEachRecord(const ParsedPatch& p, ThreadPool& pool, Fn&& fn) {
   return Status::Ok();
 }
 
+// Decoded changes are handled in batches so the view's cache lines can be
+// prefetched ahead: at 1% density every change touches a new line, and
+// without prefetch the loop runs at memory latency, not bandwidth.
+class ChangeBatch {
+ public:
+  static constexpr int kSize = 256;
+  static constexpr int kAhead = 16;
+  template <class Addr, class Fn>
+  void Flush(Addr&& address_of, Fn&& fn, bool for_write) {
+    for (int i = 0; i < n_ && i < kAhead; ++i) Prefetch(address_of(pos_[i]), for_write);
+    for (int i = 0; i < n_; ++i) {
+      if (i + kAhead < n_) Prefetch(address_of(pos_[i + kAhead]), for_write);
+      fn(pos_[i], delta_[i]);
+    }
+    n_ = 0;
+  }
+  bool Push(uint64_t pos, uint64_t delta) {
+    pos_[n_] = pos;
+    delta_[n_] = delta;
+    return ++n_ == kSize;
+  }
+
+ private:
+  static void Prefetch(const void* p, bool for_write) {
+    if (for_write) __builtin_prefetch(p, 1);
+    else __builtin_prefetch(p, 0);
+  }
+  uint64_t pos_[kSize];
+  uint64_t delta_[kSize];
+  int n_ = 0;
+};
+
 }  // namespace
 
 Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
@@ -101,10 +133,19 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
     uint64_t* acc = partial[k].lanes.data();
     return patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
-      return patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+      uint64_t sum[4] = {};
+      ChangeBatch batch;
+      auto address = [&](uint64_t pos) { return data + (first + pos) * W / 8; };
+      auto add = [&](uint64_t pos, uint64_t delta) {
         const uint64_t old_value = patchfmt::LoadElement<W>(data, first + pos);
-        patchfmt::AddElementChange(seed, first + pos, old_value, (old_value + delta) & kMask, acc);
+        patchfmt::AddElementChange(seed, first + pos, old_value, (old_value + delta) & kMask, sum);
+      };
+      Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+        if (batch.Push(pos, delta)) batch.Flush(address, add, false);
       });
+      batch.Flush(address, add, false);
+      for (int l = 0; l < 4; ++l) acc[l] = sum[l];
+      return s;
     });
   }));
   ViewDigest target = p.base_digest;
@@ -119,10 +160,17 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
     const uint64_t first = r.h.first_element;
     return patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
-      return patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+      ChangeBatch batch;
+      auto address = [&](uint64_t pos) { return data + (first + pos) * W / 8; };
+      auto write = [&](uint64_t pos, uint64_t delta) {
         const uint64_t i = first + pos;
         patchfmt::StoreElement<W>(data, i, (patchfmt::LoadElement<W>(data, i) + delta) & kMask);
+      };
+      Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+        if (batch.Push(pos, delta)) batch.Flush(address, write, true);
       });
+      batch.Flush(address, write, true);
+      return s;
     });
   });
   TERN_ASSERT(written.ok(), "validated patch failed to decode on the write pass: ", written.ToString());

@@ -31,7 +31,8 @@ class ThreadPool;
 
 struct DiffOptions {
   // Elements per segment (the unit of parallelism and verification).
-  // 1 .. 1<<24; for F4 tensors it must be even.
+  // 1 .. 2^24 - 1; packed 4-bit tensors round an odd value up (byte-aligned
+  // segments never share a byte, so parallel writers never race).
   uint64_t segment_elements = uint64_t{1} << 20;
   uint64_t base_version = 0;
   uint64_t target_version = 0;
