@@ -87,10 +87,12 @@ tern_get() {
   for ((t = 0; t < 50; t++)); do
     "$WAN" exec "$prefix" eu-1 ss -ltn 2>/dev/null | grep -q ':7400 ' && break; sleep 0.1
   done
+  sleep 0.2
   local t0 t1 line
   t0=$(date +%s.%N)
   line=$("$WAN" exec "$prefix" us-1 "$tern" xfer get 10.2.1.2:7400 blob -o "$work/out" \
-    --streams "$n" "${tls_client[@]}" 2>&1 | tail -n 1) || { echo "tern xfer get failed: $line" >&2; line=""; }
+    --streams "$n" "${tls_client[@]}" 2>&1 | tail -n 1) ||
+    { echo "tern xfer get failed: $line; server: $(tail -n 2 "$work/serve.log")" >&2; line=""; }
   t1=$(date +%s.%N)
   kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
   if [ -z "$line" ] || ! cmp -s "$work/srv/blob" "$work/out"; then echo "fail"; return; fi
