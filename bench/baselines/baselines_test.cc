@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -232,7 +233,12 @@ TEST_P(PulseRoundTrip, AppliesBitExactly) {
 INSTANTIATE_TEST_SUITE_P(Layouts, PulseRoundTrip,
                          ::testing::Combine(::testing::Values(PulseIndexLayout::kFlatGaps,
                                                               PulseIndexLayout::kCooRowCol),
-                                            ::testing::Values(0.0, 0.001, 0.01, 0.3, 1.0)));
+                                            ::testing::Values(0.0, 0.001, 0.01, 0.3, 1.0)),
+                         [](const auto& info) {
+                           const bool flat = std::get<0>(info.param) == PulseIndexLayout::kFlatGaps;
+                           return std::string(flat ? "flat_" : "coo_") + "permille_" +
+                                  std::to_string(int(std::get<1>(info.param) * 1000));
+                         });
 
 TEST(Pulse, IndexWidthIsTheSmallestThatFits) {
   EXPECT_EQ(PulseIndexWidthBytes(0), 1);
