@@ -1,0 +1,81 @@
+// The file service behind `tern xfer`: a bulk copier over any Transport
+// (like bbcp/gridftp), and the way the transport is measured.
+//
+// Protocol (messages on one connection; docs/format/wire.md "xfer"): GET name
+// -> INFO size + XXH3-64 of the file; the client opens a window over its
+// partial file and sends WANT with the bitmap of chunks it still needs; the
+// server streams those chunks (SendChunks) and sends DONE. A broken
+// connection is retried with backoff and resumes from the acknowledged
+// chunks, also across process restarts (a LOCAL.tern-part.state file beside
+// the partial LOCAL.tern-part). The result is renamed to LOCAL only after its
+// whole-file checksum matched.
+//
+// Thread safety: FileServer is thread-safe; FetchFile blocks its caller.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tern/export.h"
+#include "tern/status.h"
+#include "tern/transfer.h"
+#include "tern/transport.h"
+
+namespace tern {
+
+struct FileServerOptions {
+  uint32_t max_sessions = 64;  // concurrent client connections served
+  SendOptions send;
+  LogFn log;  // null: stderr
+};
+
+class FileServer {
+ public:
+  // Serves `root`: a directory (names are relative paths inside it; paths
+  // escaping it, also through symlinks, are refused) or a single file (served
+  // under its base name).
+  TERN_EXPORT static Result<std::unique_ptr<FileServer>> Start(Transport& transport,
+                                                              const std::string& listen_address,
+                                                              const std::string& root,
+                                                              FileServerOptions options,
+                                                              Clock& clock = SteadyClock());
+  virtual ~FileServer() = default;
+  virtual std::string address() const = 0;
+};
+
+struct FetchProgress {
+  uint64_t total_bytes = 0;
+  uint64_t done_bytes = 0;     // acknowledged, including resumed
+  uint64_t resumed_bytes = 0;  // already present when this run started
+  double seconds = 0;          // since this run started
+};
+
+struct FetchOptions {
+  uint64_t chunk_bytes = 4ull << 20;
+  uint64_t connect_timeout_ms = 10000;
+  uint64_t stall_timeout_ms = 60000;  // no chunk landing for this long: reconnect
+  RetryPolicy retry;                  // reconnects after a broken connection
+  bool resume = true;                 // use and keep LOCAL.tern-part.state
+  std::function<void(const FetchProgress&)> on_progress;  // about every 250 ms
+};
+
+struct FetchResult {
+  uint64_t bytes = 0;
+  uint64_t resumed_bytes = 0;
+  double seconds = 0;
+  uint64_t xxh3 = 0;
+  uint32_t reconnects = 0;
+  std::string link;  // Connection::Describe() of the last connection
+};
+
+TERN_EXPORT Result<FetchResult> FetchFile(Transport& transport, const std::string& address,
+                                          const std::string& remote_name,
+                                          const std::string& local_path, const FetchOptions& options,
+                                          Clock& clock = SteadyClock());
+
+// XXH3-64 of a file's bytes (streamed, bounded memory).
+TERN_EXPORT Result<uint64_t> HashFile(const std::string& path);
+
+}  // namespace tern

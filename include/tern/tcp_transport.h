@@ -1,0 +1,73 @@
+// The TCP backend: N parallel streams per connection with chunks striped over
+// them, large socket buffers, BBR when the kernel has it, an XXH3-64 checksum
+// and an acknowledgement per chunk, and optional TLS 1.3 with mutual
+// authentication. Wire format: docs/format/wire.md.
+//
+// Each stream has one I/O thread (non-blocking socket + poll), so threads are
+// bounded by streams x connections, and both are capped (max_streams,
+// max_connections). Every wait is bounded: connect, handshake, header and
+// idle timeouts.
+//
+// Thread safety: as transport.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tern/export.h"
+#include "tern/transport.h"
+
+namespace tern {
+
+struct TlsConfig {
+  bool enabled = false;
+  // PEM files: this side's certificate chain and key, and the CA that must
+  // have signed the peer's certificate (both sides verify: mutual TLS).
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+};
+
+struct TcpOptions {
+  // Parallel streams per connection (1..max_streams). 0 = choose: from the
+  // bandwidth-delay product when rate_bps_hint and rtt_us_hint are given,
+  // else 8.
+  uint32_t streams = 0;
+  uint64_t rate_bps_hint = 0;
+  uint64_t rtt_us_hint = 0;
+  uint32_t max_streams = 64;
+  // SO_SNDBUF/SO_RCVBUF per stream; 0 = leave the kernel's autotuning.
+  uint64_t socket_buffer_bytes = 8ull << 20;
+  // TCP_CONGESTION; when the kernel refuses it the default stays and
+  // Connection::Describe() says which one is in use.
+  std::string congestion = "bbr";
+  TlsConfig tls;
+
+  uint64_t connect_timeout_ms = 10000;
+  // A peer must complete its hello (and TLS handshake) within this.
+  uint64_t handshake_timeout_ms = 10000;
+  // Once the first byte of a frame header arrived, the rest must follow
+  // within this (slowloris).
+  uint64_t header_timeout_ms = 10000;
+  // No complete frame for this long closes the connection; live peers send
+  // keepalives at a third of it.
+  uint64_t idle_timeout_ms = 30000;
+  // Accepted connections open at once (incl. half-formed ones), per listener.
+  uint32_t max_connections = 256;
+  // Frames queued for sending per connection before SendMessage/SendChunk
+  // fail with kResourceExhausted.
+  uint32_t max_queued_frames = 4096;
+
+  LogFn log;  // null: stderr
+};
+
+// Streams chosen for a link: ceil(BDP / per-stream window), clamped to
+// [1, max_streams]; 8 without hints.
+TERN_EXPORT uint32_t ChooseTcpStreams(const TcpOptions& options);
+
+// Fails (kInvalidArgument / kIo) when TLS is enabled and the files do not load.
+TERN_EXPORT Result<std::unique_ptr<Transport>> NewTcpTransport(TcpOptions options,
+                                                              Clock& clock = SteadyClock());
+
+}  // namespace tern

@@ -1,0 +1,412 @@
+// The transport conformance suite: every backend available here must pass
+// it. Adding a backend is one entry in Backends() below.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tern/fault_transport.h"
+#include "tern/file_transfer.h"
+#include "tern/loopback_transport.h"
+#include "tern/tcp_transport.h"
+#include "tern/transfer.h"
+#include "transport/test_certs.h"
+
+namespace tern {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A server and a client transport of one backend kind.
+struct Pair {
+  std::unique_ptr<LoopbackNetwork> net;
+  std::unique_ptr<Transport> server;
+  std::unique_ptr<Transport> client;
+  std::string listen_address;
+};
+
+struct Backend {
+  std::string name;
+  std::function<Result<Pair>(const TlsConfig* client_tls)> make;
+};
+
+Result<Pair> MakeTcp(bool tls, const TlsConfig* client_tls) {
+  Pair p;
+  TcpOptions o;
+  o.streams = 4;
+  o.log = [](std::string_view) {};
+  TcpOptions c = o;
+  if (tls) {
+    const auto& pki = testing::TestCerts();
+    TERN_REQUIRE(pki.ok, kUnavailable, pki.error);
+    o.tls = pki.server;
+    c.tls = client_tls ? *client_tls : pki.client;
+  }
+  TERN_ASSIGN_OR_RETURN(p.server, NewTcpTransport(o));
+  TERN_ASSIGN_OR_RETURN(p.client, NewTcpTransport(c));
+  p.listen_address = "127.0.0.1:0";
+  return p;
+}
+
+std::vector<Backend> Backends() {
+  return {
+      {"loopback",
+       [](const TlsConfig*) -> Result<Pair> {
+         Pair p;
+         p.net = std::make_unique<LoopbackNetwork>();
+         p.server = NewLoopbackTransport(*p.net);
+         p.client = NewLoopbackTransport(*p.net);
+         p.listen_address = "conformance";
+         return p;
+       }},
+      {"tcp", [](const TlsConfig* t) { return MakeTcp(false, t); }},
+      {"tcp_tls", [](const TlsConfig* t) { return MakeTcp(true, t); }},
+  };
+}
+
+// Collects what a server-side connection receives.
+struct Sink {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> messages;
+  std::vector<std::shared_ptr<Connection>> conns;
+  int closed = 0;
+
+  AcceptHandler Handler() {
+    return [this](std::shared_ptr<Connection> c) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        conns.push_back(c);
+        cv.notify_all();
+      }
+      ConnectionHandlers h;
+      h.on_message = [this](std::string m) {
+        std::lock_guard<std::mutex> lock(mu);
+        messages.push_back(std::move(m));
+        cv.notify_all();
+      };
+      h.on_closed = [this](Status) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++closed;
+        cv.notify_all();
+      };
+      return h;
+    };
+  }
+  template <class Pred>
+  bool WaitFor(Pred pred, std::chrono::milliseconds timeout = 20s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, timeout, pred);
+  }
+};
+
+std::vector<uint8_t> Pattern(uint64_t size, uint64_t seed) {
+  std::vector<uint8_t> v(size);
+  std::mt19937_64 rng(seed);
+  for (uint64_t i = 0; i + 8 <= size; i += 8) {
+    const uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  return v;
+}
+
+class Conformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    auto p = GetParam().make(nullptr);
+    if (!p.ok() && p.status().code() == Code::kUnavailable) GTEST_SKIP() << p.status().ToString();
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    pair_ = std::move(p).value();
+    auto l = pair_.server->Listen(pair_.listen_address, sink_.Handler());
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    listener_ = std::move(l).value();
+  }
+  void TearDown() override {
+    if (listener_) listener_->Close();
+  }
+
+  std::shared_ptr<Connection> Dial(Transport& t, ConnectionHandlers h = {}) {
+    auto c = ConnectWait(t, listener_->address(), std::move(h), 10000, RetryPolicy{1, 10, 10});
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? *c : nullptr;
+  }
+
+  // Server connection number i, once accepted.
+  std::shared_ptr<Connection> Accepted(size_t i) {
+    EXPECT_TRUE(sink_.WaitFor([&] { return sink_.conns.size() > i; }));
+    std::lock_guard<std::mutex> lock(sink_.mu);
+    return sink_.conns.size() > i ? sink_.conns[i] : nullptr;
+  }
+
+  // Sends `src` to a window over `dst` on the accepted side through `conn`.
+  Status Move(Connection& conn, Connection& accepted, Transport& client_t, std::vector<uint8_t>& src,
+              std::vector<uint8_t>& dst, uint64_t transfer_id, ChunkMap& map,
+              const SendOptions& so = {}) {
+    TERN_ASSIGN_OR_RETURN(MemoryRegion s, client_t.RegisterMemory(src.data(), src.size(), MemoryKind::kHost));
+    TERN_ASSIGN_OR_RETURN(MemoryRegion d,
+                          pair_.server->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost));
+    TERN_RETURN_IF_ERROR(accepted.PostReceive(transfer_id, d, 0, dst.size(), nullptr));
+    Status st = SendChunks(conn, s, 0, transfer_id, map, so, SteadyClock());
+    accepted.CancelReceive(transfer_id);
+    return st;
+  }
+
+  Pair pair_;
+  Sink sink_;
+  std::unique_ptr<Listener> listener_;
+};
+
+#ifndef TERN_CONFORMANCE_BIG
+
+TEST_P(Conformance, ManySmallMessagesArriveInOrder) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  constexpr int kCount = 3000;
+  for (int i = 0; i < kCount; ++i) conn->SendMessage("m" + std::to_string(i), nullptr);
+  conn->SendMessage(std::string(100000, 'x'), nullptr);
+  ASSERT_TRUE(sink_.WaitFor([&] { return sink_.messages.size() == kCount + 1; }))
+      << sink_.messages.size();
+  for (int i = 0; i < kCount; ++i) ASSERT_EQ(sink_.messages[i], "m" + std::to_string(i));
+  EXPECT_EQ(sink_.messages.back(), std::string(100000, 'x'));
+}
+
+TEST_P(Conformance, OversizedMessageRefusedLocally) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  std::promise<Status> done;
+  conn->SendMessage(std::string(kMaxMessageBytes + 1, 'x'), [&](Status s) { done.set_value(s); });
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), Code::kOutOfRange);
+}
+
+TEST_P(Conformance, BulkTransferLandsBitExact) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  auto src = Pattern(48 << 20, 1);
+  std::vector<uint8_t> dst(src.size() + 1000);  // an odd-sized last chunk
+  src.resize(dst.size(), 7);
+  auto map = ChunkMap::Make(src.size(), 1 << 20);
+  ASSERT_TRUE(map.ok());
+  ASSERT_TRUE(Move(*conn, *accepted, *pair_.client, src, dst, 1, *map).ok());
+  EXPECT_TRUE(map->complete());
+  EXPECT_EQ(src, dst);
+}
+
+TEST_P(Conformance, ChunkForUnknownWindowIsRefusedAndLinkSurvives) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  std::vector<uint8_t> buf(4096, 1);
+  auto r = pair_.client->RegisterMemory(buf.data(), buf.size(), MemoryKind::kHost);
+  ASSERT_TRUE(r.ok());
+  std::promise<Status> done;
+  ChunkSend c{*r, 0, buf.size(), 99, 0, std::nullopt};
+  conn->SendChunk(c, [&](Status s) { done.set_value(s); });
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), Code::kNotFound);
+  conn->SendMessage("still here", nullptr);
+  ASSERT_TRUE(sink_.WaitFor([&] { return !sink_.messages.empty(); }));
+  EXPECT_EQ(sink_.messages[0], "still here");
+}
+
+TEST_P(Conformance, ManyConcurrentPeers) {
+  constexpr int kPeers = 12;
+  auto src = Pattern(2 << 20, 2);
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (int i = 0; i < kPeers; ++i) {
+    conns.push_back(Dial(*pair_.client));
+    ASSERT_TRUE(conns.back());
+  }
+  ASSERT_TRUE(sink_.WaitFor([&] { return sink_.conns.size() == kPeers; }));
+  // Peer i sends to window 100 + i, which every accepted connection maps
+  // onto dsts[i]: whichever connection is peer i, its bytes land there.
+  std::vector<std::vector<uint8_t>> dsts(kPeers, std::vector<uint8_t>(src.size()));
+  auto srcs = std::vector<std::vector<uint8_t>>(kPeers, src);
+  for (int i = 0; i < kPeers; ++i) srcs[i][0] = static_cast<uint8_t>(i);
+  for (int c = 0; c < kPeers; ++c) {
+    for (int i = 0; i < kPeers; ++i) {
+      auto d = pair_.server->RegisterMemory(dsts[i].data(), src.size(), MemoryKind::kHost);
+      ASSERT_TRUE(d.ok());
+      ASSERT_TRUE(sink_.conns[c]->PostReceive(100 + i, *d, 0, src.size(), nullptr).ok());
+    }
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kPeers; ++i) {
+    threads.emplace_back([&, i] {
+      auto map = ChunkMap::Make(src.size(), 256 << 10);
+      auto s = pair_.client->RegisterMemory(srcs[i].data(), src.size(), MemoryKind::kHost);
+      if (map.ok() && s.ok() && SendChunks(*conns[i], *s, 0, 100 + i, *map, {}, SteadyClock()).ok()) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kPeers);
+  for (int i = 0; i < kPeers; ++i) EXPECT_EQ(dsts[i], srcs[i]) << "peer " << i;
+}
+
+TEST_P(Conformance, PeerDyingMidTransferSurfacesAnErrorWithoutHanging) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  auto src = Pattern(64 << 20, 3);
+  std::vector<uint8_t> dst(src.size());
+  auto s = pair_.client->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
+  auto d = pair_.server->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
+  ASSERT_TRUE(s.ok() && d.ok());
+  std::atomic<int> landed{0};
+  ASSERT_TRUE(accepted->PostReceive(1, *d, 0, dst.size(), [&](uint64_t, uint64_t) {
+    if (++landed == 2) accepted->Close();  // the receiver dies mid-transfer
+  }).ok());
+  auto map = ChunkMap::Make(src.size(), 1 << 20);
+  SendOptions so;
+  so.window_chunks = 4;
+  so.stall_timeout_ms = 5000;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = SendChunks(*conn, *s, 0, 1, *map, so, SteadyClock());
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.code() == Code::kUnavailable || st.code() == Code::kCancelled ||
+              st.code() == Code::kTimeout)
+      << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_GE(map->done_chunks(), 1u);
+  EXPECT_LT(map->done_chunks(), map->chunks());
+}
+
+TEST_P(Conformance, ResumesFromAcknowledgedChunksAfterADroppedConnection) {
+  FaultPolicy fp;
+  fp.drop_after_bytes = 20 << 20;
+  auto faulty = NewFaultTransport(*pair_.client, fp);
+  auto conn = Dial(*faulty);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  auto src = Pattern(48 << 20, 4);
+  std::vector<uint8_t> dst(src.size());
+  auto map = ChunkMap::Make(src.size(), 1 << 20);
+  SendOptions so;
+  so.window_chunks = 8;
+  Status st = Move(*conn, *accepted, *faulty, src, dst, 1, *map, so);
+  ASSERT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_EQ(faulty->stats().dropped, 1u);
+  const uint64_t first = map->done_chunks();
+  EXPECT_GT(first, 0u);
+  EXPECT_LE(map->done_bytes(), uint64_t{20} << 20);
+
+  auto conn2 = Dial(*faulty);  // the fault applies to the first connection only
+  ASSERT_TRUE(conn2);
+  auto accepted2 = Accepted(1);
+  ASSERT_TRUE(accepted2);
+  uint64_t resent = 0;
+  so.on_progress = [&](uint64_t done) { resent = done; };
+  ASSERT_TRUE(Move(*conn2, *accepted2, *faulty, src, dst, 2, *map, so).ok());
+  EXPECT_TRUE(map->complete());
+  EXPECT_EQ(src, dst);
+}
+
+TEST_P(Conformance, CorruptionIsDetectedAndRetried) {
+  FaultPolicy fp;
+  fp.corrupt_at_byte = (5 << 20) + 12345;
+  auto faulty = NewFaultTransport(*pair_.client, fp);
+  auto conn = Dial(*faulty);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  auto src = Pattern(16 << 20, 5);
+  std::vector<uint8_t> dst(src.size());
+  auto map = ChunkMap::Make(src.size(), 1 << 20);
+  SendOptions no_retry;
+  no_retry.max_chunk_retries = 0;
+  Status st = Move(*conn, *accepted, *faulty, src, dst, 1, *map, no_retry);
+  EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
+  EXPECT_EQ(faulty->stats().corrupted, 1u);
+  EXPECT_FALSE(map->done(5));
+  // Retrying the bad chunk on the same (still healthy) connection repairs it.
+  ASSERT_TRUE(Move(*conn, *accepted, *faulty, src, dst, 2, *map).ok());
+  EXPECT_EQ(src, dst);
+}
+
+TEST_P(Conformance, FileFetchSurvivesDropsAndVerifies) {
+  listener_->Close();
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tern-conf-" + GetParam().name + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "root");
+  auto data = Pattern((20 << 20) + 333, 6);
+  std::ofstream(dir / "root" / "w.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(data.data()), data.size());
+  FileServerOptions so;
+  so.log = [](std::string_view) {};
+  auto server = FileServer::Start(*pair_.server, pair_.listen_address == "conformance" ? "files" : "127.0.0.1:0",
+                                  (dir / "root").string(), so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  FaultPolicy fp;
+  fp.drop_after_bytes = 8 << 20;
+  fp.drop_connections = 2;
+  fp.refuse_connects = 1;
+  auto faulty = NewFaultTransport(*pair_.client, fp);
+  FetchOptions fo;
+  fo.chunk_bytes = 1 << 20;
+  fo.retry = RetryPolicy{6, 10, 50};
+  auto r = FetchFile(*faulty, (*server)->address(), "w.bin", (dir / "out.bin").string(), fo);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->bytes, data.size());
+  EXPECT_GE(r->reconnects, 2u);
+  std::ifstream in(dir / "out.bin", std::ios::binary);
+  std::vector<uint8_t> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, data);
+  EXPECT_FALSE(std::filesystem::exists(dir / "out.bin.tern-part"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_P(Conformance, WrongCertificateIsRefused) {
+  if (GetParam().name != "tcp_tls") GTEST_SKIP() << "backend without authentication";
+  auto rogue = GetParam().make(&testing::TestCerts().rogue_client);
+  ASSERT_TRUE(rogue.ok());
+  auto c = ConnectWait(*rogue->client, listener_->address(), {}, 5000, RetryPolicy{1, 10, 10});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAuth) << c.status().ToString();
+  // The server keeps serving good peers.
+  auto good = Dial(*pair_.client);
+  ASSERT_TRUE(good);
+  good->SendMessage("hi", nullptr);
+  ASSERT_TRUE(sink_.WaitFor([&] { return !sink_.messages.empty(); }));
+  EXPECT_TRUE(good->capabilities() & kCapEncrypted);
+}
+
+#else  // TERN_CONFORMANCE_BIG: the >= 1 GiB case, labelled slow.
+
+TEST_P(Conformance, OneGibibyteTransfer) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  // Bounded memory: a 64 MiB source sent 16 times into a 64 MiB window.
+  auto src = Pattern(64 << 20, 7);
+  std::vector<uint8_t> dst(src.size());
+  for (int round = 0; round < 16; ++round) {
+    src[round] ^= 0x5A;  // every round carries different bytes
+    auto map = ChunkMap::Make(src.size(), 4 << 20);
+    ASSERT_TRUE(Move(*conn, *accepted, *pair_.client, src, dst, 100 + round, *map).ok());
+    ASSERT_EQ(src, dst) << "round " << round;
+  }
+}
+
+#endif
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(Backends()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,249 @@
+// The fault-injecting decorator. Faults are applied on the sending side of
+// connections made or accepted through it, so one wrapped end is enough to
+// make a link misbehave in both directions' observable ways.
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tern/fault_transport.h"
+#include "transport/internal.h"
+
+namespace tern {
+
+using transport_internal::Complete;
+using transport_internal::Xxh3;
+
+namespace {
+
+struct Shared {
+  explicit Shared(const FaultPolicy& p) : policy(p), rng(p.seed) {}
+  const FaultPolicy policy;
+  std::mutex mu;
+  std::mt19937_64 rng;
+  uint32_t connects = 0;
+  uint32_t connections = 0;
+  uint64_t chunk_bytes = 0;
+  bool corrupted = false;
+  FaultStats stats;
+};
+
+struct ConnState {
+  std::atomic<bool> dropped{false};
+  uint64_t drop_after = 0;  // 0: never
+  std::atomic<uint64_t> bytes{0};  // sent and received
+  std::mutex mu;
+  std::weak_ptr<Connection> inner;  // guarded by mu
+  std::shared_ptr<Shared> shared;
+};
+
+// Counts bytes against the drop budget; false once the connection is dropped.
+bool Count(ConnState& state, uint64_t bytes) {
+  if (state.dropped) return false;
+  const uint64_t total = state.bytes.fetch_add(bytes) + bytes;
+  if (state.drop_after == 0 || total <= state.drop_after) return true;
+  if (!state.dropped.exchange(true)) {
+    {
+      std::lock_guard<std::mutex> lock(state.shared->mu);
+      ++state.shared->stats.dropped;
+    }
+    std::shared_ptr<Connection> inner;
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      inner = state.inner.lock();
+    }
+    if (inner) inner->Close();
+  }
+  return false;
+}
+
+Status Dropped() { return TERN_ERROR(kUnavailable, "fault: connection dropped in flight"); }
+
+class FaultConnection final : public Connection {
+ public:
+  FaultConnection(std::shared_ptr<Connection> inner, std::shared_ptr<Shared> shared,
+                  std::shared_ptr<ConnState> state, Transport& inner_transport)
+      : inner_(std::move(inner)), shared_(std::move(shared)), state_(std::move(state)),
+        inner_transport_(inner_transport) {}
+
+  std::string peer_address() const override { return inner_->peer_address(); }
+  uint32_t capabilities() const override { return inner_->capabilities(); }
+  std::string Describe() const override { return "fault(" + inner_->Describe() + ")"; }
+
+  void SendMessage(std::string payload, Completion done) override {
+    if (!Admit(payload.size())) return Complete(done, Dropped());
+    inner_->SendMessage(std::move(payload), Wrap(std::move(done)));
+  }
+
+  void SendChunk(const ChunkSend& chunk, Completion done) override {
+    if (!Admit(chunk.length)) return Complete(done, Dropped());
+    uint64_t flip_at = UINT64_MAX;
+    uint8_t mask = 0;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      const uint64_t start = shared_->chunk_bytes;
+      shared_->chunk_bytes += chunk.length;
+      const uint64_t target = shared_->policy.corrupt_at_byte;
+      if (!shared_->corrupted && target >= start && target - start < chunk.length) {
+        shared_->corrupted = true;
+        ++shared_->stats.corrupted;
+        flip_at = target - start;
+        mask = static_cast<uint8_t>(1u << (shared_->rng() % 8));
+      }
+    }
+    if (flip_at == UINT64_MAX || chunk.src.base == nullptr || chunk.src_offset > chunk.src.size_bytes ||
+        chunk.length > chunk.src.size_bytes - chunk.src_offset) {
+      return inner_->SendChunk(chunk, Wrap(std::move(done)));
+    }
+    // Corrupt a private copy, keeping the original's checksum, so the bytes
+    // go bad "on the wire" below the checksum the receiver verifies.
+    const uint8_t* src = static_cast<const uint8_t*>(chunk.src.base) + chunk.src_offset;
+    auto copy = std::make_shared<std::vector<uint8_t>>(src, src + chunk.length);
+    (*copy)[flip_at] ^= mask;
+    auto region = inner_transport_.RegisterMemory(copy->data(), copy->size(), MemoryKind::kHost);
+    if (!region.ok()) return Complete(done, region.status());
+    ChunkSend bad = chunk;
+    bad.src = *region;
+    bad.src_offset = 0;
+    bad.xxh3 = chunk.xxh3 ? *chunk.xxh3 : Xxh3(src, chunk.length);
+    Transport* t = &inner_transport_;
+    MemoryRegion r = *region;
+    inner_->SendChunk(bad, Wrap([copy, t, r, done = std::move(done)](Status st) {
+      t->DeregisterMemory(r).IgnoreError();
+      Complete(done, std::move(st));
+    }));
+  }
+
+  Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
+                     uint64_t length_bytes, ChunkLanded on_landed) override {
+    return inner_->PostReceive(transfer_id, dst, dst_offset, length_bytes,
+                               [state = state_, on_landed = std::move(on_landed)](uint64_t off, uint64_t len) {
+                                 if (Count(*state, len) && on_landed) on_landed(off, len);
+                               });
+  }
+  void CancelReceive(uint64_t transfer_id) override { inner_->CancelReceive(transfer_id); }
+  Result<std::string> ExportRegion(const MemoryRegion& region) override {
+    return inner_->ExportRegion(region);
+  }
+  void Write(const MemoryRegion& src, uint64_t src_offset, std::string_view key, uint64_t dst_offset,
+             uint64_t length, Completion done) override {
+    if (!Admit(length)) return Complete(done, Dropped());
+    inner_->Write(src, src_offset, key, dst_offset, length, Wrap(std::move(done)));
+  }
+  void Close() override { inner_->Close(); }
+
+ private:
+  // Applies delay and the drop budget; false when the connection is dropped.
+  bool Admit(uint64_t bytes) {
+    if (shared_->policy.delay_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(shared_->policy.delay_us));
+    }
+    return Count(*state_, bytes);
+  }
+
+  Completion Wrap(Completion done) {
+    return [state = state_, done = std::move(done)](Status st) {
+      if (!st.ok() && state->dropped) st = Dropped();
+      Complete(done, std::move(st));
+    };
+  }
+
+  std::shared_ptr<Connection> inner_;
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<ConnState> state_;
+  Transport& inner_transport_;
+};
+
+class FaultTransportImpl final : public FaultTransport {
+ public:
+  FaultTransportImpl(Transport& inner, FaultPolicy policy)
+      : inner_(inner), shared_(std::make_shared<Shared>(policy)) {}
+
+  std::string name() const override { return "fault(" + inner_.name() + ")"; }
+  uint32_t capabilities() const override { return inner_.capabilities(); }
+  FaultStats stats() const override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    return shared_->stats;
+  }
+
+  Result<MemoryRegion> RegisterMemory(void* base, uint64_t size_bytes, MemoryKind kind) override {
+    return inner_.RegisterMemory(base, size_bytes, kind);
+  }
+  Status DeregisterMemory(const MemoryRegion& region) override {
+    return inner_.DeregisterMemory(region);
+  }
+
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address, AcceptHandler on_accept) override {
+    auto shared = shared_;
+    Transport* inner = &inner_;
+    return inner_.Listen(address, [shared, inner, on_accept](std::shared_ptr<Connection> c) {
+      auto state = NewState(shared);
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->inner = c;
+      }
+      auto fc = std::make_shared<FaultConnection>(std::move(c), shared, state, *inner);
+      return WrapHandlers(on_accept(fc), state);
+    });
+  }
+
+  void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      if (shared_->connects++ < shared_->policy.refuse_connects) {
+        ++shared_->stats.refused;
+        done(TERN_ERROR(kUnavailable, "fault: connection to ", address, " refused"));
+        return;
+      }
+    }
+    auto state = NewState(shared_);
+    auto shared = shared_;
+    Transport* inner = &inner_;
+    inner_.Connect(address, WrapHandlers(std::move(handlers), state),
+                   [shared, state, inner, done = std::move(done)](Result<std::shared_ptr<Connection>> r) {
+                     if (!r.ok()) return done(std::move(r).take_status());
+                     {
+                       std::lock_guard<std::mutex> lock(state->mu);
+                       state->inner = *r;
+                     }
+                     done(std::shared_ptr<Connection>(
+                         std::make_shared<FaultConnection>(*r, shared, state, *inner)));
+                   });
+  }
+
+ private:
+  static std::shared_ptr<ConnState> NewState(const std::shared_ptr<Shared>& shared) {
+    auto state = std::make_shared<ConnState>();
+    state->shared = shared;
+    std::lock_guard<std::mutex> lock(shared->mu);
+    if (shared->connections++ < shared->policy.drop_connections) {
+      state->drop_after = shared->policy.drop_after_bytes;
+    }
+    return state;
+  }
+
+  static ConnectionHandlers WrapHandlers(ConnectionHandlers h, std::shared_ptr<ConnState> state) {
+    ConnectionHandlers out;
+    out.on_message = [state, on_message = std::move(h.on_message)](std::string m) {
+      if (Count(*state, m.size()) && on_message) on_message(std::move(m));
+    };
+    out.on_closed = [state, on_closed = std::move(h.on_closed)](Status why) {
+      if (state->dropped) why = Dropped();
+      if (on_closed) on_closed(std::move(why));
+    };
+    return out;
+  }
+
+  Transport& inner_;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace
+
+std::unique_ptr<FaultTransport> NewFaultTransport(Transport& inner, FaultPolicy policy) {
+  return std::make_unique<FaultTransportImpl>(inner, policy);
+}
+
+}  // namespace tern

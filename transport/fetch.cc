@@ -1,0 +1,342 @@
+// The `tern xfer get` side of the file service: resumable, retried pulls.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include <xxhash.h>
+
+#include "tern/file_transfer.h"
+
+namespace tern {
+
+namespace {
+
+// The same little-endian encoding as file_service.cc (kept tiny on purpose;
+// the layout is specified in docs/format/wire.md).
+void Put(std::string& s, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
+}
+Result<uint64_t> Get(std::string_view s, size_t& pos, int n) {
+  TERN_REQUIRE(pos + n <= s.size(), kCorrupt, "xfer reply truncated");
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(s[pos + i])} << (8 * i);
+  pos += n;
+  return v;
+}
+Status ParseStatusReply(std::string_view m) {
+  size_t pos = 1;
+  TERN_ASSIGN_OR_RETURN(uint64_t code, Get(m, pos, 2));
+  TERN_ASSIGN_OR_RETURN(uint64_t len, Get(m, pos, 4));
+  TERN_REQUIRE(len <= 4096 && pos + len == m.size(), kCorrupt, "bad xfer status reply");
+  if (code == 0) return Status::Ok();
+  return Status(code <= 15 ? static_cast<Code>(code) : Code::kInternal,
+                "server: " + std::string(m.substr(pos, len)));
+}
+
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> messages;
+  bool closed = false;
+  Status why;
+};
+
+struct PartState {
+  uint64_t size = 0, xxh3 = 0, chunk_bytes = 0;
+  std::string bits;
+};
+
+// "tern-part 1 SIZE XXH3 CHUNK_BYTES HEXBITS"
+Result<PartState> LoadState(const std::string& path) {
+  std::ifstream in(path);
+  TERN_REQUIRE(in.good(), kNotFound, "no resume state");
+  std::string magic, hex;
+  int version = 0;
+  PartState st;
+  in >> magic >> version >> st.size >> std::hex >> st.xxh3 >> std::dec >> st.chunk_bytes >> hex;
+  TERN_REQUIRE(in && magic == "tern-part" && version == 1 && hex.size() % 2 == 0 &&
+                   hex.size() <= (uint64_t{1} << 26),
+               kCorrupt, "unreadable resume state ", path);
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    st.bits.push_back(static_cast<char>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  }
+  return st;
+}
+
+void SaveState(const std::string& path, const PartState& st) {
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(st.bits.size() * 2);
+  for (char c : st.bits) {
+    hex.push_back(kHex[(static_cast<uint8_t>(c) >> 4) & 15]);
+    hex.push_back(kHex[static_cast<uint8_t>(c) & 15]);
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "tern-part 1 " << st.size << " " << std::hex << st.xxh3 << std::dec << " "
+        << st.chunk_bytes << " " << (hex.empty() ? "00" : hex) << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+class Fetch {
+ public:
+  Fetch(Transport& t, const std::string& address, const std::string& name, const std::string& local,
+        const FetchOptions& o, Clock& clock)
+      : t_(t), address_(address), name_(name), local_(local), part_(local + ".tern-part"),
+        state_path_(part_ + ".state"), o_(o), clock_(clock) {}
+
+  ~Fetch() { Unmap(); }
+
+  Result<FetchResult> Run() {
+    start_us_ = clock_.NowUs();
+    Status last;
+    uint64_t backoff_ms = o_.retry.backoff_ms;
+    for (uint32_t attempt = 0;; ++attempt) {
+      Status st = Attempt();
+      if (st.ok()) break;
+      last = st;
+      const bool retryable = st.code() == Code::kUnavailable || st.code() == Code::kTimeout ||
+                             st.code() == Code::kCorrupt;
+      SaveProgress();
+      if (!retryable || attempt + 1 >= std::max<uint32_t>(1, o_.retry.attempts)) return last;
+      ++result_.reconnects;
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      backoff_ms = std::min(o_.retry.backoff_ms_max, backoff_ms * 2);
+    }
+    return Finish();
+  }
+
+ private:
+  // One connection's worth of work; returns OK when every chunk landed.
+  Status Attempt() {
+    auto inbox = std::make_shared<Inbox>();
+    ConnectionHandlers h;
+    h.on_message = [inbox](std::string m) {
+      std::lock_guard<std::mutex> lock(inbox->mu);
+      if (inbox->messages.size() < 64) inbox->messages.push_back(std::move(m));
+      inbox->cv.notify_all();
+    };
+    h.on_closed = [inbox](Status why) {
+      std::lock_guard<std::mutex> lock(inbox->mu);
+      inbox->closed = true;
+      inbox->why = why.ok() ? TERN_ERROR(kUnavailable, "server closed the connection") : why;
+      inbox->cv.notify_all();
+    };
+    RetryPolicy connect_retry = o_.retry;
+    TERN_ASSIGN_OR_RETURN(auto conn, ConnectWait(t_, address_, h, o_.connect_timeout_ms, connect_retry));
+    result_.link = conn->Describe();
+    struct Closer {
+      std::shared_ptr<Connection> c;
+      uint64_t id = 0;
+      ~Closer() {
+        if (id) c->CancelReceive(id);
+        c->Close();
+      }
+    } closer{conn};
+
+    std::string get(1, 'G');
+    Put(get, 1, 4);
+    Put(get, o_.chunk_bytes, 8);
+    Put(get, name_.size(), 4);
+    get += name_;
+    conn->SendMessage(std::move(get), nullptr);
+    TERN_ASSIGN_OR_RETURN(std::string info, Next(*inbox, o_.connect_timeout_ms));
+    if (!info.empty() && info[0] == 'E') {
+      Status st = ParseStatusReply(info);
+      return st.ok() ? TERN_ERROR(kProtocol, "server sent an empty error") : st;
+    }
+    TERN_REQUIRE(info.size() == 25 && info[0] == 'I', kProtocol, "unexpected reply to GET");
+    size_t pos = 1;
+    const uint64_t size = *Get(info, pos, 8);
+    const uint64_t xxh3 = *Get(info, pos, 8);
+    const uint64_t transfer_id = *Get(info, pos, 8);
+    TERN_RETURN_IF_ERROR(Prepare(size, xxh3));
+    if (size == 0) return Status::Ok();
+
+    TERN_RETURN_IF_ERROR(conn->PostReceive(transfer_id, region_, 0, size,
+                                           [this](uint64_t offset, uint64_t) {
+                                             std::lock_guard<std::mutex> lock(mu_);
+                                             const uint64_t i = map_.ChunkAt(offset);
+                                             if (i < map_.chunks()) map_.MarkDone(i);
+                                             landed_us_ = clock_.NowUs();
+                                           }));
+    closer.id = transfer_id;
+    std::string want(1, 'W');
+    Put(want, transfer_id, 8);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Put(want, map_.bits().size(), 4);
+      want.append(map_.bits().begin(), map_.bits().end());
+      landed_us_ = clock_.NowUs();
+    }
+    conn->SendMessage(std::move(want), nullptr);
+
+    uint64_t last_save_us = clock_.NowUs(), last_report_us = 0;
+    for (;;) {
+      std::string done;
+      {
+        std::unique_lock<std::mutex> lock(inbox->mu);
+        inbox->cv.wait_for(lock, std::chrono::milliseconds(100),
+                           [&] { return inbox->closed || !inbox->messages.empty(); });
+        if (!inbox->messages.empty()) {
+          done = std::move(inbox->messages.front());
+          inbox->messages.pop_front();
+        } else if (inbox->closed) {
+          return inbox->why;
+        }
+      }
+      const uint64_t now = clock_.NowUs();
+      if (now - last_report_us > 250000) {
+        Report();
+        last_report_us = now;
+      }
+      if (now - last_save_us > 1000000) {
+        SaveProgress();
+        last_save_us = now;
+      }
+      if (!done.empty()) {
+        TERN_REQUIRE(done[0] == 'D', kProtocol, "unexpected message during transfer");
+        TERN_RETURN_IF_ERROR(ParseStatusReply(done));
+        std::lock_guard<std::mutex> lock(mu_);
+        TERN_REQUIRE(map_.complete(), kProtocol, "server finished with chunks missing");
+        return Status::Ok();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      TERN_REQUIRE(now - landed_us_ <= o_.stall_timeout_ms * 1000, kTimeout, "no chunk landed for ",
+                   o_.stall_timeout_ms, " ms");
+    }
+  }
+
+  Result<std::string> Next(Inbox& inbox, uint64_t timeout_ms) {
+    std::unique_lock<std::mutex> lock(inbox.mu);
+    inbox.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                      [&] { return inbox.closed || !inbox.messages.empty(); });
+    if (!inbox.messages.empty()) {
+      std::string m = std::move(inbox.messages.front());
+      inbox.messages.pop_front();
+      return m;
+    }
+    if (inbox.closed) return inbox.why;
+    return TERN_ERROR(kTimeout, "server did not answer within ", timeout_ms, " ms");
+  }
+
+  // Maps the partial file and loads or resets the chunk map for (size, xxh3).
+  Status Prepare(uint64_t size, uint64_t xxh3) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (mapped_ && size == size_ && xxh3 == xxh3_) return Status::Ok();  // same file: keep progress
+    Unmap();
+    size_ = size;
+    xxh3_ = xxh3;
+    TERN_ASSIGN_OR_RETURN(map_, ChunkMap::Make(size, o_.chunk_bytes));
+    if (o_.resume) {
+      auto st = LoadState(state_path_);
+      if (st.ok() && st->size == size && st->xxh3 == xxh3 && st->chunk_bytes == o_.chunk_bytes &&
+          ::access(part_.c_str(), F_OK) == 0) {
+        if (map_.SetBits(st->bits).ok()) result_.resumed_bytes = map_.done_bytes();
+      }
+    }
+    fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return TERN_ERRNO("open ", part_);
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return TERN_ERRNO("resize ", part_);
+    if (size > 0) {
+      void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+      if (base == MAP_FAILED) return TERN_ERRNO("mmap ", part_);
+      base_ = base;
+      TERN_ASSIGN_OR_RETURN(region_, t_.RegisterMemory(base_, size, MemoryKind::kHost));
+    }
+    mapped_ = true;
+    return Status::Ok();
+  }
+
+  void Unmap() {
+    if (region_.handle != 0) t_.DeregisterMemory(region_).IgnoreError();
+    region_ = {};
+    if (base_ != nullptr) ::munmap(base_, size_);
+    base_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    mapped_ = false;
+  }
+
+  void SaveProgress() {
+    if (!o_.resume) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!mapped_) return;
+    if (base_ != nullptr) ::msync(base_, size_, MS_ASYNC);
+    SaveState(state_path_, PartState{size_, xxh3_, o_.chunk_bytes,
+                                     std::string(map_.bits().begin(), map_.bits().end())});
+  }
+
+  void Report() {
+    if (!o_.on_progress) return;
+    FetchProgress p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      p.total_bytes = size_;
+      p.done_bytes = map_.done_bytes();
+    }
+    p.resumed_bytes = result_.resumed_bytes;
+    p.seconds = (clock_.NowUs() - start_us_) / 1e6;
+    o_.on_progress(p);
+  }
+
+  Result<FetchResult> Finish() {
+    Report();
+    if (base_ != nullptr) ::msync(base_, size_, MS_SYNC);
+    const uint64_t got = XXH3_64bits(base_, size_);
+    const uint64_t size = size_;
+    const uint64_t want = xxh3_;
+    Unmap();
+    if (got != want) {
+      ::unlink(state_path_.c_str());
+      ::unlink(part_.c_str());
+      return TERN_ERROR(kCorrupt, "whole-file checksum mismatch for '", name_, "' (", std::hex, got,
+                        " != ", want, "); partial file discarded");
+    }
+    if (std::rename(part_.c_str(), local_.c_str()) != 0) return TERN_ERRNO("rename to ", local_);
+    ::unlink(state_path_.c_str());
+    result_.bytes = size;
+    result_.xxh3 = got;
+    result_.seconds = (clock_.NowUs() - start_us_) / 1e6;
+    return result_;
+  }
+
+  Transport& t_;
+  const std::string address_, name_, local_, part_, state_path_;
+  const FetchOptions& o_;
+  Clock& clock_;
+  uint64_t start_us_ = 0;
+  FetchResult result_;
+
+  std::mutex mu_;  // guards map_ and landed_us_ against the landing callbacks
+  ChunkMap map_;
+  uint64_t landed_us_ = 0;
+  uint64_t size_ = 0, xxh3_ = 0;
+  bool mapped_ = false;
+  int fd_ = -1;
+  void* base_ = nullptr;
+  MemoryRegion region_;
+};
+
+}  // namespace
+
+Result<FetchResult> FetchFile(Transport& transport, const std::string& address,
+                              const std::string& remote_name, const std::string& local_path,
+                              const FetchOptions& options, Clock& clock) {
+  TERN_REQUIRE(options.chunk_bytes >= 4096 && options.chunk_bytes <= kMaxChunkBytes, kInvalidArgument,
+               "chunk size ", options.chunk_bytes, " outside [4096, ", kMaxChunkBytes, "]");
+  Fetch fetch(transport, address, remote_name, local_path, options, clock);
+  return fetch.Run();
+}
+
+}  // namespace tern

@@ -1,0 +1,55 @@
+// Helpers shared by the backends; not part of the public API.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string_view>
+#include <thread>
+
+#include "tern/transport.h"
+
+namespace tern::transport_internal {
+
+uint64_t Xxh3(const void* data, uint64_t size_bytes);
+
+// Backend threads run detached (a connection may be released from its own
+// callback, where a join would deadlock); the owner waits for all of them in
+// its destructor instead. The function must not touch the owner after it
+// returns: the count drops after it.
+class ThreadTracker {
+ public:
+  ~ThreadTracker() { WaitAll(); }
+  void Spawn(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++live_;
+    }
+    std::thread([this, fn = std::move(fn)]() mutable {
+      fn();
+      fn = nullptr;  // release captures before we signal
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--live_ == 0) cv_.notify_all();
+    }).detach();
+  }
+  void WaitAll() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return live_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t live_ = 0;
+};
+
+// Calls a completion if set; completions are optional for callers.
+inline void Complete(const Completion& done, Status status) {
+  if (done) done(std::move(status));
+}
+
+// Default logger: one line on stderr.
+void LogLine(const LogFn& log, std::string_view line);
+
+}  // namespace tern::transport_internal

@@ -1,0 +1,411 @@
+// The in-process loopback backend. Each connection end has an inbox and one
+// delivery thread, so callbacks never run on the caller's stack (no
+// re-entrancy) and are serialized per connection end, as on a real wire.
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "tern/loopback_transport.h"
+#include "transport/internal.h"
+
+namespace tern {
+
+using transport_internal::Complete;
+using transport_internal::ThreadTracker;
+using transport_internal::Xxh3;
+
+namespace {
+
+constexpr size_t kMaxInbox = 4096;
+
+class LoopTransport;
+
+struct Item {
+  enum Kind { kMessage, kChunk, kAck, kPeerClosed, kShutdown };
+  explicit Item(Kind k) : kind(k) {}
+  Kind kind;
+  std::string payload;
+  ChunkSend chunk;
+  uint64_t xxh3 = 0;
+  uint64_t op = 0;
+  Status status;
+};
+
+class Endpoint final : public Connection, public std::enable_shared_from_this<Endpoint> {
+ public:
+  explicit Endpoint(std::string peer_name) : peer_name_(std::move(peer_name)) {}
+
+  std::string peer_address() const override { return peer_name_; }
+  uint32_t capabilities() const override { return kCapChunkChecksum; }
+  std::string Describe() const override { return "loopback"; }
+
+  void SendMessage(std::string payload, Completion done) override {
+    if (payload.size() > kMaxMessageBytes) {
+      return Complete(done, TERN_ERROR(kOutOfRange, "message of ", payload.size(), " bytes exceeds ",
+                                       kMaxMessageBytes));
+    }
+    Item item(Item::kMessage);
+    item.payload = std::move(payload);
+    Complete(done, PushToPeer(std::move(item)));
+  }
+
+  void SendChunk(const ChunkSend& chunk, Completion done) override {
+    if (chunk.length == 0 || chunk.length > kMaxChunkBytes || chunk.src.base == nullptr ||
+        chunk.src.handle == 0 || chunk.src_offset > chunk.src.size_bytes ||
+        chunk.length > chunk.src.size_bytes - chunk.src_offset) {
+      return Complete(done, TERN_ERROR(kInvalidArgument, "chunk outside its registered source"));
+    }
+    Item item(Item::kChunk);
+    item.chunk = chunk;
+    item.xxh3 = chunk.xxh3 ? *chunk.xxh3
+                           : Xxh3(static_cast<const uint8_t*>(chunk.src.base) + chunk.src_offset,
+                                  chunk.length);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return Complete(done, TERN_ERROR(kUnavailable, "connection closed"));
+      item.op = next_op_++;
+      pending_[item.op] = std::move(done);
+    }
+    Status st = PushToPeer(std::move(item));
+    if (!st.ok()) FinishOp(item.op, st);
+  }
+
+  Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
+                     uint64_t length_bytes, ChunkLanded on_landed) override {
+    TERN_REQUIRE(dst.base != nullptr && dst.handle != 0, kInvalidArgument, "window memory not registered");
+    TERN_REQUIRE(dst_offset <= dst.size_bytes && length_bytes <= dst.size_bytes - dst_offset,
+                 kInvalidArgument, "window outside its registered memory");
+    std::lock_guard<std::mutex> lock(mu_);
+    TERN_REQUIRE(!windows_.count(transfer_id), kAlreadyExists, "window ", transfer_id, " already open");
+    windows_[transfer_id] = Window{static_cast<uint8_t*>(dst.base) + dst_offset, length_bytes,
+                                   std::move(on_landed)};
+    return Status::Ok();
+  }
+
+  void CancelReceive(uint64_t transfer_id) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    windows_.erase(transfer_id);
+    if (std::this_thread::get_id() != thread_id_) {
+      cv_.wait(lock, [&] { return copying_ != transfer_id; });
+    }
+  }
+
+  void Close() override {
+    std::shared_ptr<Endpoint> peer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      inbox_.push_back(Item(Item::kShutdown));
+      peer = peer_.lock();
+      cv_.notify_all();
+    }
+    if (peer) peer->Push(Item(Item::kPeerClosed), /*force=*/true).IgnoreError();
+  }
+
+  void Bind(std::weak_ptr<Endpoint> peer, ConnectionHandlers handlers) {
+    peer_ = std::move(peer);
+    handlers_ = std::move(handlers);
+  }
+
+  // The delivery loop; runs on this end's thread until shutdown.
+  void Run() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      thread_id_ = std::this_thread::get_id();
+    }
+    for (;;) {
+      Item item(Item::kShutdown);
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !inbox_.empty(); });
+        item = std::move(inbox_.front());
+        inbox_.pop_front();
+        cv_.notify_all();
+      }
+      switch (item.kind) {
+        case Item::kMessage:
+          if (handlers_.on_message && !IsClosed()) handlers_.on_message(std::move(item.payload));
+          break;
+        case Item::kChunk:
+          Land(item);
+          break;
+        case Item::kAck:
+          FinishOp(item.op, std::move(item.status));
+          break;
+        case Item::kPeerClosed:
+        case Item::kShutdown: {
+          const bool by_peer = item.kind == Item::kPeerClosed;
+          std::map<uint64_t, Completion> pending;
+          {
+            std::unique_lock<std::mutex> lock(mu_);
+            closed_ = true;
+            pending.swap(pending_);
+            windows_.clear();
+            inbox_.clear();
+            // The peer may be copying out of our memory for an op we are
+            // about to fail; the caller may free it once the op completes.
+            cv_.wait(lock, [&] { return active_copies_ == 0; });
+          }
+          if (by_peer) {
+            if (auto peer = peer_.lock()) peer->Push(Item(Item::kPeerClosed), true).IgnoreError();
+          }
+          for (auto& [op, done] : pending) {
+            Complete(done, by_peer ? TERN_ERROR(kUnavailable, "peer closed the connection")
+                                   : TERN_ERROR(kCancelled, "connection closed"));
+          }
+          if (handlers_.on_closed) handlers_.on_closed(Status::Ok());
+          handlers_ = {};
+          peer_.reset();
+          return;
+        }
+      }
+    }
+  }
+
+  // The receiver brackets every copy out of our memory with these; false
+  // when the op already completed (its memory may be gone).
+  bool BeginCopy(uint64_t op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pending_.count(op)) return false;
+    ++active_copies_;
+    return true;
+  }
+  void EndCopy() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --active_copies_;
+    cv_.notify_all();
+  }
+
+  Status Push(Item item, bool force = false) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ && !force) return TERN_ERROR(kUnavailable, "connection closed");
+    if (closed_ && item.kind == Item::kPeerClosed) return Status::Ok();  // already shutting down
+    TERN_REQUIRE(force || inbox_.size() < kMaxInbox, kResourceExhausted, "peer inbox full (",
+                 kMaxInbox, " frames)");
+    inbox_.push_back(std::move(item));
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+ private:
+  struct Window {
+    uint8_t* base;
+    uint64_t length;
+    ChunkLanded on_landed;
+  };
+
+  bool IsClosed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_;
+  }
+
+  Status PushToPeer(Item item) {
+    auto peer = peer_.lock();
+    if (!peer || IsClosed()) return TERN_ERROR(kUnavailable, "connection closed");
+    return peer->Push(std::move(item));
+  }
+
+  void FinishOp(uint64_t op, Status status) {
+    Completion done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(op);
+      if (it == pending_.end()) return;
+      done = std::move(it->second);
+      pending_.erase(it);
+    }
+    Complete(done, std::move(status));
+  }
+
+  // Places a chunk from the peer into our window and acknowledges it.
+  void Land(const Item& item) {
+    const ChunkSend& c = item.chunk;
+    Status result;
+    ChunkLanded landed;
+    uint8_t* dst = nullptr;
+    std::shared_ptr<Endpoint> sender = peer_.lock();
+    if (!sender || !sender->BeginCopy(item.op)) return;  // the sender gave up on it
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = windows_.find(c.transfer_id);
+      if (closed_) {
+        result = TERN_ERROR(kUnavailable, "connection closed");
+      } else if (it == windows_.end()) {
+        result = TERN_ERROR(kNotFound, "no receive window ", c.transfer_id);
+      } else if (c.dst_offset > it->second.length || c.length > it->second.length - c.dst_offset) {
+        result = TERN_ERROR(kOutOfRange, "chunk [", c.dst_offset, ", +", c.length,
+                            ") outside window of ", it->second.length, " bytes");
+      } else {
+        dst = it->second.base + c.dst_offset;
+        landed = it->second.on_landed;
+        copying_ = c.transfer_id;
+      }
+    }
+    if (dst != nullptr) {
+      std::memcpy(dst, static_cast<const uint8_t*>(c.src.base) + c.src_offset, c.length);
+      if (Xxh3(dst, c.length) != item.xxh3) {
+        result = TERN_ERROR(kCorrupt, "chunk at ", c.dst_offset, " of transfer ", c.transfer_id,
+                            " failed its checksum");
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        copying_ = UINT64_MAX;
+        if (!windows_.count(c.transfer_id)) landed = nullptr;  // cancelled meanwhile
+        cv_.notify_all();
+      }
+      sender->EndCopy();
+      if (result.ok() && landed) landed(c.dst_offset, c.length);
+    } else {
+      sender->EndCopy();
+    }
+    Item ack(Item::kAck);
+    ack.op = item.op;
+    ack.status = std::move(result);
+    PushToPeer(std::move(ack)).IgnoreError();  // a closed sender fails its op itself
+  }
+
+  const std::string peer_name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> inbox_;
+  bool closed_ = false;
+  std::weak_ptr<Endpoint> peer_;
+  ConnectionHandlers handlers_;  // used by the delivery thread only after Bind
+  std::map<uint64_t, Window> windows_;
+  std::map<uint64_t, Completion> pending_;
+  uint64_t next_op_ = 1;
+  uint64_t copying_ = UINT64_MAX;
+  uint32_t active_copies_ = 0;  // peers copying out of our chunks now
+  std::thread::id thread_id_;
+};
+
+}  // namespace
+
+struct LoopbackNetwork::Impl {
+  struct Entry {
+    LoopTransport* owner;
+    std::shared_ptr<AcceptHandler> on_accept;
+  };
+  std::mutex mu;
+  std::map<std::string, Entry> listeners;
+};
+
+LoopbackNetwork::LoopbackNetwork() : impl_(std::make_unique<Impl>()) {}
+LoopbackNetwork::~LoopbackNetwork() = default;
+
+namespace {
+
+class LoopTransport final : public Transport {
+ public:
+  explicit LoopTransport(LoopbackNetwork::Impl* net) : net_(net) {}
+  ~LoopTransport() override {
+    {
+      std::lock_guard<std::mutex> lock(net_->mu);
+      for (auto it = net_->listeners.begin(); it != net_->listeners.end();) {
+        it = it->second.owner == this ? net_->listeners.erase(it) : std::next(it);
+      }
+    }
+    std::vector<std::weak_ptr<Endpoint>> ends;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ends.swap(ends_);
+    }
+    for (auto& weak : ends) {
+      if (auto e = weak.lock()) e->Close();
+    }
+    threads_.WaitAll();
+  }
+
+  std::string name() const override { return "loopback"; }
+  uint32_t capabilities() const override { return kCapChunkChecksum; }
+
+  Result<MemoryRegion> RegisterMemory(void* base, uint64_t size_bytes, MemoryKind kind) override {
+    TERN_REQUIRE(kind == MemoryKind::kHost, kUnsupported, "loopback registers host memory only");
+    TERN_REQUIRE(base != nullptr || size_bytes == 0, kInvalidArgument, "null memory");
+    return MemoryRegion{base, size_bytes, kind, next_handle_.fetch_add(1)};
+  }
+  Status DeregisterMemory(const MemoryRegion&) override { return Status::Ok(); }
+
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address, AcceptHandler on_accept) override;
+  void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override;
+
+  void Start(const std::shared_ptr<Endpoint>& end) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ends_.erase(std::remove_if(ends_.begin(), ends_.end(), [](auto& w) { return w.expired(); }),
+                  ends_.end());
+      ends_.push_back(end);
+    }
+    threads_.Spawn([end] { end->Run(); });
+  }
+
+  LoopbackNetwork::Impl* net() { return net_; }
+
+ private:
+  LoopbackNetwork::Impl* net_;
+  std::atomic<uint64_t> next_handle_{1};
+  std::mutex mu_;
+  std::vector<std::weak_ptr<Endpoint>> ends_;
+  std::atomic<uint64_t> next_client_{1};
+  ThreadTracker threads_;  // last: waited for in the destructor body
+};
+
+class LoopListener final : public Listener {
+ public:
+  LoopListener(LoopbackNetwork::Impl* net, std::string name) : net_(net), name_(std::move(name)) {}
+  ~LoopListener() override { Close(); }
+  std::string address() const override { return name_; }
+  void Close() override {
+    std::lock_guard<std::mutex> lock(net_->mu);
+    if (!closed_) net_->listeners.erase(name_);
+    closed_ = true;
+  }
+
+ private:
+  LoopbackNetwork::Impl* net_;
+  std::string name_;
+  bool closed_ = false;
+};
+
+Result<std::unique_ptr<Listener>> LoopTransport::Listen(const std::string& address,
+                                                        AcceptHandler on_accept) {
+  TERN_REQUIRE(!address.empty(), kInvalidArgument, "empty loopback address");
+  std::lock_guard<std::mutex> lock(net_->mu);
+  TERN_REQUIRE(!net_->listeners.count(address), kAlreadyExists, "loopback address '", address,
+               "' in use");
+  net_->listeners[address] = {this, std::make_shared<AcceptHandler>(std::move(on_accept))};
+  return std::unique_ptr<Listener>(std::make_unique<LoopListener>(net_, address));
+}
+
+void LoopTransport::Connect(const std::string& address, ConnectionHandlers handlers,
+                            ConnectDone done) {
+  LoopbackNetwork::Impl::Entry entry{};
+  {
+    std::lock_guard<std::mutex> lock(net_->mu);
+    auto it = net_->listeners.find(address);
+    if (it != net_->listeners.end()) entry = it->second;
+  }
+  if (!entry.owner) {
+    done(TERN_ERROR(kUnavailable, "no loopback listener named '", address, "'"));
+    return;
+  }
+  auto client = std::make_shared<Endpoint>(address);
+  auto server = std::make_shared<Endpoint>("loop-client-" + std::to_string(next_client_++));
+  server->Bind(client, (*entry.on_accept)(server));
+  client->Bind(server, std::move(handlers));
+  entry.owner->Start(server);
+  done(std::shared_ptr<Connection>(client));
+  Start(client);
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> NewLoopbackTransport(LoopbackNetwork& network) {
+  return std::make_unique<LoopTransport>(network.impl());
+}
+
+}  // namespace tern

@@ -1,0 +1,254 @@
+// Hostile peers against a serving TCP endpoint on 127.0.0.1: garbage,
+// oversized frames, another protocol version, slowloris, wrong TLS
+// credentials. Each must be rejected with a logged reason while the server
+// keeps serving a well-behaved client.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "tern/tcp_transport.h"
+#include "tern/transfer.h"
+#include "transport/tcp/frame.h"
+#include "transport/test_certs.h"
+
+namespace tern::tcp {
+namespace {
+
+using namespace std::chrono_literals;
+
+class BadInput : public ::testing::Test {
+ protected:
+  void Serve(bool tls) {
+    TcpOptions o;
+    o.streams = 2;
+    o.handshake_timeout_ms = 500;
+    o.header_timeout_ms = 300;
+    o.idle_timeout_ms = 3000;
+    o.log = [this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_ += std::string(line) + "\n";
+      cv_.notify_all();
+    };
+    client_options_ = o;
+    client_options_.log = [](std::string_view) {};
+    if (tls) {
+      const auto& pki = testing::TestCerts();
+      ASSERT_TRUE(pki.ok) << pki.error;
+      o.tls = pki.server;
+      client_options_.tls = pki.client;
+    }
+    auto t = NewTcpTransport(o);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    server_ = std::move(t).value();
+    auto l = server_->Listen("127.0.0.1:0", [this](std::shared_ptr<Connection> c) {
+      ConnectionHandlers h;
+      h.on_message = [this, c](std::string m) {
+        std::lock_guard<std::mutex> lock(mu_);
+        messages_.push_back(m);
+        cv_.notify_all();
+      };
+      return h;
+    });
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    listener_ = std::move(l).value();
+    port_ = std::stoi(listener_->address().substr(listener_->address().rfind(':') + 1));
+  }
+
+  int Raw() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    return fd;
+  }
+
+  // True when the server closes fd within the timeout (reads drain to EOF).
+  static bool ClosedByServer(int fd, std::chrono::milliseconds timeout, std::string* got = nullptr) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return true;
+      if (got) got->append(buf, n);
+    }
+    return false;
+  }
+
+  bool LogHas(const std::string& needle) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 5s, [&] { return log_.find(needle) != std::string::npos; });
+  }
+
+  // A well-behaved client still gets through.
+  void ExpectStillServing() {
+    auto t = NewTcpTransport(client_options_);
+    ASSERT_TRUE(t.ok());
+    auto c = ConnectWait(**t, listener_->address(), {}, 5000, RetryPolicy{1, 10, 10});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    (*c)->SendMessage("good", nullptr);
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 5s, [&] {
+      return std::find(messages_.begin(), messages_.end(), "good") != messages_.end();
+    }));
+  }
+
+  static std::string Header(FrameType type, uint32_t payload, uint64_t a0 = 0, uint64_t a1 = 0,
+                            uint8_t version = kVersion) {
+    FrameHeader h;
+    h.version = version;
+    h.type = type;
+    h.payload_bytes = payload;
+    h.arg[0] = a0;
+    h.arg[1] = a1;
+    uint8_t raw[kHeaderBytes];
+    EncodeHeader(h, raw);
+    return std::string(reinterpret_cast<char*>(raw), kHeaderBytes);
+  }
+  static void Send(int fd, const std::string& s) {
+    ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
+  }
+
+  std::unique_ptr<Transport> server_;
+  std::unique_ptr<Listener> listener_;
+  TcpOptions client_options_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string log_;
+  std::vector<std::string> messages_;
+};
+
+TEST_F(BadInput, GarbageIsRejected) {
+  Serve(false);
+  int fd = Raw();
+  Send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(64, 'z'));
+  EXPECT_TRUE(ClosedByServer(fd, 3s));
+  EXPECT_TRUE(LogHas("bad frame magic")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(BadInput, OtherProtocolVersionIsToldAndRejected) {
+  Serve(false);
+  int fd = Raw();
+  Send(fd, Header(FrameType::kHello, 0, 1, PackStream(0, 1), /*version=*/9));
+  std::string reply;
+  EXPECT_TRUE(ClosedByServer(fd, 3s, &reply));
+  ASSERT_GE(reply.size(), kHeaderBytes);
+  FrameHeader h;
+  ASSERT_TRUE(DecodeHeader(reinterpret_cast<const uint8_t*>(reply.data()), &h).ok());
+  EXPECT_EQ(h.type, FrameType::kHelloAck);
+  EXPECT_EQ(h.arg[1], static_cast<uint64_t>(Code::kProtocol));
+  EXPECT_NE(reply.find("version 9"), std::string::npos);
+  EXPECT_TRUE(LogHas("version 9")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(BadInput, SlowlorisAndSilentPeersAreCutOff) {
+  Serve(false);
+  int silent = Raw();
+  int slow = Raw();
+  Send(slow, Header(FrameType::kHello, 0, 5, PackStream(0, 1)).substr(0, 10));
+  EXPECT_TRUE(ClosedByServer(silent, 3s));
+  EXPECT_TRUE(ClosedByServer(slow, 3s));
+  EXPECT_TRUE(LogHas("waiting for hello")) << log_;
+  ::close(silent);
+  ::close(slow);
+  ExpectStillServing();
+}
+
+TEST_F(BadInput, HalfOpenMultiStreamConnectionExpires) {
+  Serve(false);
+  int fd = Raw();
+  Send(fd, Header(FrameType::kHello, 0, 77, PackStream(0, 4)));  // 3 streams never come
+  EXPECT_TRUE(LogHas("1 of 4 streams")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+class Established : public BadInput {
+ protected:
+  // A raw socket that completed the one-stream handshake.
+  int Handshaken() {
+    int fd = Raw();
+    Send(fd, Header(FrameType::kHello, 0, 1234, PackStream(0, 1)));
+    char buf[kHeaderBytes];
+    size_t got = 0;
+    while (got < kHeaderBytes) {
+      ssize_t n = ::recv(fd, buf + got, kHeaderBytes - got, 0);
+      if (n <= 0) break;
+      got += n;
+    }
+    EXPECT_EQ(got, kHeaderBytes);
+    return fd;
+  }
+};
+
+TEST_F(Established, OversizedFrameIsRejectedBeforeAllocation) {
+  Serve(false);
+  int fd = Handshaken();
+  Send(fd, Header(FrameType::kMessage, 0xFFFFFFF0u));
+  EXPECT_TRUE(ClosedByServer(fd, 3s));
+  EXPECT_TRUE(LogHas("payload bytes")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(Established, GarbageAfterHandshakeIsRejected) {
+  Serve(false);
+  int fd = Handshaken();
+  Send(fd, std::string(kHeaderBytes, '\xAB'));
+  EXPECT_TRUE(ClosedByServer(fd, 3s));
+  EXPECT_TRUE(LogHas("dropping connection")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(Established, PartialHeaderTimesOut) {
+  Serve(false);
+  int fd = Handshaken();
+  Send(fd, Header(FrameType::kPing, 0).substr(0, 20));
+  EXPECT_TRUE(ClosedByServer(fd, 3s));
+  EXPECT_TRUE(LogHas("partial frame header")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(BadInput, PlaintextPeerOnATlsEndpointIsRejected) {
+  Serve(true);
+  int fd = Raw();
+  Send(fd, Header(FrameType::kHello, 0, 1, PackStream(0, 1)));
+  EXPECT_TRUE(ClosedByServer(fd, 3s));
+  EXPECT_TRUE(LogHas("TLS handshake failed")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(BadInput, WrongTlsCredentialsAreRejected) {
+  Serve(true);
+  TcpOptions rogue = client_options_;
+  rogue.tls = testing::TestCerts().rogue_client;
+  auto t = NewTcpTransport(rogue);
+  ASSERT_TRUE(t.ok());
+  auto c = ConnectWait(**t, listener_->address(), {}, 5000, RetryPolicy{1, 10, 10});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAuth) << c.status().ToString();
+  EXPECT_TRUE(LogHas("TLS handshake failed")) << log_;
+  ExpectStillServing();
+}
+
+}  // namespace
+}  // namespace tern::tcp

@@ -1,0 +1,48 @@
+// The TCP wire protocol's frame header (docs/format/wire.md, version 1).
+// Every frame starts with this fixed 48-byte little-endian header; payloads
+// follow it directly. Decoding validates everything a peer controls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tern/status.h"
+
+namespace tern::tcp {
+
+inline constexpr uint32_t kMagic = 0x4E524554;  // bytes "TERN"
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 48;
+inline constexpr uint32_t kMaxReasonBytes = 1024;  // HELLO_ACK error text
+
+enum class FrameType : uint8_t {
+  kHello = 1,     // client -> server, first frame of every stream
+  kHelloAck = 2,  // server -> client, answer to kHello
+  kMessage = 3,   // stream 0 only
+  kChunk = 4,
+  kAck = 5,       // answer to kChunk, on the stream that carried it
+  kPing = 6,      // keepalive
+};
+
+struct FrameHeader {
+  uint8_t version = kVersion;
+  FrameType type = FrameType::kPing;
+  uint16_t flags = 0;  // reserved, must be zero
+  uint32_t payload_bytes = 0;
+  uint64_t arg[4] = {0, 0, 0, 0};
+};
+
+// Writes magic, version, type, flags, length, args and the header check.
+void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]);
+
+// Validates magic, version (kProtocol names the peer's), type, reserved
+// flags, header check and the payload bound of the type.
+Status DecodeHeader(const uint8_t in[kHeaderBytes], FrameHeader* out);
+
+// HELLO arg1 packs the stream index (low 32 bits) and count (high 32 bits).
+inline uint64_t PackStream(uint32_t index, uint32_t count) {
+  return uint64_t{index} | (uint64_t{count} << 32);
+}
+
+}  // namespace tern::tcp

@@ -1,0 +1,186 @@
+// The transfer layer and file service over the loopback backend, and the
+// peer-selection policy.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "tern/fault_transport.h"
+#include "tern/file_transfer.h"
+#include "tern/loopback_transport.h"
+#include "tern/peer_policy.h"
+#include "tern/tcp_transport.h"
+#include "tern/transfer.h"
+
+namespace tern {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(ChunkMap, CountsChunksAndBytes) {
+  auto m = ChunkMap::Make(10, 4);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->chunks(), 3u);
+  EXPECT_EQ(m->ChunkLength(2), 2u);
+  EXPECT_EQ(m->ChunkAt(8), 2u);
+  EXPECT_EQ(m->ChunkAt(5), 3u);  // not a chunk start
+  m->MarkDone(2);
+  m->MarkDone(2);
+  EXPECT_EQ(m->done_bytes(), 2u);
+  EXPECT_FALSE(m->complete());
+  m->MarkDone(0);
+  m->MarkDone(1);
+  EXPECT_TRUE(m->complete());
+  EXPECT_FALSE(ChunkMap::Make(10, 0).ok());
+  EXPECT_FALSE(ChunkMap::Make(10, kMaxChunkBytes + 1).ok());
+}
+
+TEST(ChunkMap, BitmapRoundTripsAndRejectsMisfits) {
+  auto m = ChunkMap::Make(100, 10);
+  ASSERT_TRUE(m.ok());
+  m->MarkDone(3);
+  m->MarkDone(9);
+  auto copy = ChunkMap::Make(100, 10);
+  const std::string bits(m->bits().begin(), m->bits().end());
+  ASSERT_TRUE(copy->SetBits(bits).ok());
+  EXPECT_TRUE(copy->done(3) && copy->done(9) && !copy->done(4));
+  EXPECT_EQ(copy->done_bytes(), 20u);
+  EXPECT_EQ(copy->SetBits("x").code(), Code::kCorrupt);
+  std::string spare = bits;
+  spare[1] = static_cast<char>(spare[1] | 0x80);  // chunk 15 does not exist
+  EXPECT_EQ(copy->SetBits(spare).code(), Code::kCorrupt);
+}
+
+TEST(PeerPolicy, RdmaInsideTcpWithTlsAcross) {
+  PeerPolicyConfig c;
+  PeerLocation a{"a", "us", "c1"}, b{"b", "us", "c1"}, far{"f", "eu", "c9"};
+  auto in = ChoosePeerBackend(c, a, b, {"tcp", "ucx"});
+  ASSERT_TRUE(in.ok());
+  EXPECT_EQ(in->backend, "ucx");
+  EXPECT_FALSE(in->tls);
+  auto out = ChoosePeerBackend(c, a, far, {"tcp", "ucx"});
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->backend, "tcp");
+  EXPECT_TRUE(out->tls);
+  EXPECT_EQ(ChoosePeerBackend(c, a, b, {"tcp"})->backend, "tcp");
+  c.overrides["f"] = "ucx";
+  EXPECT_EQ(ChoosePeerBackend(c, a, far, {"tcp", "ucx"})->backend, "ucx");
+  EXPECT_EQ(ChoosePeerBackend(c, a, far, {"tcp"}).status().code(), Code::kInvalidArgument);
+  c.overrides.clear();
+  EXPECT_EQ(ChoosePeerBackend(c, a, far, {}).status().code(), Code::kUnavailable);
+}
+
+TEST(ChooseTcpStreams, FollowsTheBandwidthDelayProduct) {
+  TcpOptions o;
+  EXPECT_EQ(ChooseTcpStreams(o), 8u);
+  o.rate_bps_hint = 1'000'000'000;
+  o.rtt_us_hint = 100'000;  // 12.5 MB in flight
+  EXPECT_EQ(ChooseTcpStreams(o), 6u);
+  o.rtt_us_hint = 1000;
+  EXPECT_EQ(ChooseTcpStreams(o), 2u);
+  o.rate_bps_hint = 400'000'000'000;
+  o.rtt_us_hint = 200'000;
+  EXPECT_EQ(ChooseTcpStreams(o), o.max_streams);
+  o.streams = 3;
+  EXPECT_EQ(ChooseTcpStreams(o), 3u);
+}
+
+class FileServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tern-xfer-test-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "root" / "sub");
+    data_.resize((3 << 20) + 17);
+    for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<char>(i * 131 + (i >> 13));
+    std::ofstream(dir_ / "root" / "sub" / "f.bin", std::ios::binary).write(data_.data(), data_.size());
+    std::ofstream(dir_ / "secret.txt") << "outside the root";
+    std::ofstream(dir_ / "root" / "empty");
+    fs::create_symlink(dir_ / "secret.txt", dir_ / "root" / "link");
+    server_t_ = NewLoopbackTransport(net_);
+    client_t_ = NewLoopbackTransport(net_);
+    FileServerOptions so;
+    so.log = [this](std::string_view l) {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_ += std::string(l) + "\n";
+    };
+    auto s = FileServer::Start(*server_t_, "files", (dir_ / "root").string(), so);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    fo_.chunk_bytes = 64 << 10;
+    fo_.retry = RetryPolicy{3, 5, 20};
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+  std::string Read(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+  LoopbackNetwork net_;
+  std::unique_ptr<Transport> server_t_, client_t_;
+  std::unique_ptr<FileServer> server_;
+  fs::path dir_;
+  std::string data_;
+  FetchOptions fo_;
+  std::mutex mu_;
+  std::string log_;
+};
+
+TEST_F(FileServiceTest, FetchesAndVerifies) {
+  auto r = FetchFile(*client_t_, "files", "sub/f.bin", (dir_ / "out").string(), fo_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->bytes, data_.size());
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+  auto h = HashFile((dir_ / "out").string());
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(*h, r->xxh3);
+  auto e = FetchFile(*client_t_, "files", "empty", (dir_ / "empty-out").string(), fo_);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(fs::file_size(dir_ / "empty-out"), 0u);
+}
+
+TEST_F(FileServiceTest, RefusesPathsEscapingTheRoot) {
+  for (const char* name : {"../secret.txt", "/etc/passwd", "sub/../../secret.txt", "link", "nope"}) {
+    auto r = FetchFile(*client_t_, "files", name, (dir_ / "out").string(), fo_);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_TRUE(r.status().code() == Code::kInvalidArgument || r.status().code() == Code::kNotFound)
+        << name << ": " << r.status().ToString();
+    EXPECT_FALSE(fs::exists(dir_ / "out"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  EXPECT_NE(log_.find("escapes the served root"), std::string::npos) << log_;
+}
+
+TEST_F(FileServiceTest, ResumesAcrossRunsFromTheStateFile) {
+  FaultPolicy fp;
+  fp.drop_after_bytes = 1 << 20;
+  auto faulty = NewFaultTransport(*client_t_, fp);
+  FetchOptions once = fo_;
+  once.retry.attempts = 1;  // the first "run" dies with the connection
+  auto r1 = FetchFile(*faulty, "files", "sub/f.bin", (dir_ / "out").string(), once);
+  ASSERT_FALSE(r1.ok());
+  ASSERT_TRUE(fs::exists(dir_ / "out.tern-part.state"));
+  auto r2 = FetchFile(*client_t_, "files", "sub/f.bin", (dir_ / "out").string(), fo_);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_GT(r2->resumed_bytes, 0u);
+  EXPECT_LT(r2->resumed_bytes, data_.size());
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+  EXPECT_FALSE(fs::exists(dir_ / "out.tern-part.state"));
+}
+
+TEST_F(FileServiceTest, StaleStateForAChangedFileIsIgnored) {
+  std::ofstream(dir_ / "out.tern-part.state") << "tern-part 1 5 abc 65536 01\n";
+  std::ofstream(dir_ / "out.tern-part") << "junk!";
+  auto r = FetchFile(*client_t_, "files", "sub/f.bin", (dir_ / "out").string(), fo_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->resumed_bytes, 0u);
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+}
+
+}  // namespace
+}  // namespace tern

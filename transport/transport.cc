@@ -1,0 +1,51 @@
+// Defaults shared by every backend.
+#include <chrono>
+#include <cstdio>
+
+#include <xxhash.h>
+
+#include "tern/transport.h"
+#include "transport/internal.h"
+
+namespace tern {
+
+namespace {
+class SteadyClockImpl final : public Clock {
+ public:
+  uint64_t NowUs() const override {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  }
+};
+}  // namespace
+
+Clock& SteadyClock() {
+  // Stateless, so sharing one instance is not a hidden dependency.
+  static SteadyClockImpl clock;
+  return clock;
+}
+
+Result<std::string> Connection::ExportRegion(const MemoryRegion&) {
+  return TERN_ERROR(kUnsupported, "this transport has no one-sided writes");
+}
+
+void Connection::Write(const MemoryRegion&, uint64_t, std::string_view, uint64_t, uint64_t,
+                       Completion done) {
+  transport_internal::Complete(done, TERN_ERROR(kUnsupported, "this transport has no one-sided writes"));
+}
+
+namespace transport_internal {
+uint64_t Xxh3(const void* data, uint64_t size_bytes) {
+  return XXH3_64bits(data, static_cast<size_t>(size_bytes));
+}
+void LogLine(const LogFn& log, std::string_view line) {
+  if (log) {
+    log(line);
+  } else {
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  }
+}
+}  // namespace transport_internal
+
+}  // namespace tern
