@@ -1,0 +1,163 @@
+#include "transport/ucx/wire.h"
+
+#include <charconv>
+
+#include "tern/transport.h"
+
+namespace tern::ucx {
+
+namespace {
+
+void Put(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+uint64_t Get(std::string_view in, size_t at, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
+  return value;
+}
+
+constexpr uint32_t kKeyMagic = 0x594B5554;  // bytes "TUKY"
+constexpr size_t kKeyFixedBytes = 4 + 2 + 2 + 8 + 8 + 4;
+constexpr uint16_t kMaxCode = 15;  // Code::kAuth, the last registered code
+
+}  // namespace
+
+std::string EncodeHello(const Hello& hello) {
+  std::string out;
+  Put(out, hello.magic, 4);
+  Put(out, hello.version, 2);
+  Put(out, 0, 2);
+  return out;
+}
+
+Status DecodeHello(std::string_view bytes, Hello* out) {
+  TERN_REQUIRE(bytes.size() == kHelloBytes, kProtocol, "ucx hello of ", bytes.size(),
+               " bytes, expected ", kHelloBytes);
+  out->magic = static_cast<uint32_t>(Get(bytes, 0, 4));
+  out->version = static_cast<uint16_t>(Get(bytes, 4, 2));
+  TERN_REQUIRE(out->magic == kMagic, kProtocol, "ucx hello with bad magic 0x", std::hex, out->magic);
+  TERN_REQUIRE(out->version == kVersion, kProtocol, "peer speaks tern ucx protocol v", out->version,
+               ", this side v", kVersion);
+  TERN_REQUIRE(Get(bytes, 6, 2) == 0, kProtocol, "ucx hello with reserved flags set");
+  return Status::Ok();
+}
+
+std::string EncodeStatus(const StatusHeader& header) {
+  std::string out;
+  Put(out, header.op, 8);
+  Put(out, header.code, 2);
+  Put(out, 0, 2);
+  Put(out, 0, 4);
+  return out;
+}
+
+Status DecodeStatus(std::string_view bytes, StatusHeader* out) {
+  TERN_REQUIRE(bytes.size() == kStatusBytes, kProtocol, "ucx status header of ", bytes.size(),
+               " bytes, expected ", kStatusBytes);
+  out->op = Get(bytes, 0, 8);
+  out->code = static_cast<uint16_t>(Get(bytes, 8, 2));
+  TERN_REQUIRE(out->code <= kMaxCode, kProtocol, "ucx status with unknown code ", out->code);
+  TERN_REQUIRE(Get(bytes, 10, 2) == 0 && Get(bytes, 12, 4) == 0, kProtocol,
+               "ucx status with reserved bytes set");
+  return Status::Ok();
+}
+
+std::string EncodeMessage(uint64_t seq) {
+  std::string out;
+  Put(out, seq, 8);
+  return out;
+}
+
+Status DecodeMessage(std::string_view bytes, uint64_t* seq) {
+  TERN_REQUIRE(bytes.size() == kMessageBytes, kProtocol, "ucx message header of ", bytes.size(),
+               " bytes, expected ", kMessageBytes);
+  *seq = Get(bytes, 0, 8);
+  return Status::Ok();
+}
+
+std::string EncodeChunk(const ChunkHeader& header) {
+  std::string out;
+  Put(out, header.op, 8);
+  Put(out, header.transfer_id, 8);
+  Put(out, header.dst_offset, 8);
+  Put(out, header.length, 8);
+  Put(out, header.xxh3, 8);
+  return out;
+}
+
+Status DecodeChunk(std::string_view bytes, uint64_t data_bytes, ChunkHeader* out) {
+  TERN_REQUIRE(bytes.size() == kChunkBytes, kProtocol, "ucx chunk header of ", bytes.size(),
+               " bytes, expected ", kChunkBytes);
+  out->op = Get(bytes, 0, 8);
+  out->transfer_id = Get(bytes, 8, 8);
+  out->dst_offset = Get(bytes, 16, 8);
+  out->length = Get(bytes, 24, 8);
+  out->xxh3 = Get(bytes, 32, 8);
+  TERN_REQUIRE(out->length >= 1 && out->length <= kMaxChunkBytes, kProtocol, "ucx chunk of ",
+               out->length, " bytes outside [1, ", kMaxChunkBytes, "]");
+  TERN_REQUIRE(out->length == data_bytes, kProtocol, "ucx chunk header says ", out->length,
+               " bytes but ", data_bytes, " arrived");
+  return Status::Ok();
+}
+
+std::string EncodeRemoteKey(const RemoteKey& key) {
+  std::string out;
+  Put(out, kKeyMagic, 4);
+  Put(out, kVersion, 2);
+  Put(out, 0, 2);
+  Put(out, key.base, 8);
+  Put(out, key.size_bytes, 8);
+  Put(out, key.rkey.size(), 4);
+  out += key.rkey;
+  return out;
+}
+
+Status DecodeRemoteKey(std::string_view bytes, RemoteKey* out) {
+  TERN_REQUIRE(bytes.size() >= kKeyFixedBytes, kCorrupt, "ucx remote key of ", bytes.size(),
+               " bytes is truncated");
+  TERN_REQUIRE(Get(bytes, 0, 4) == kKeyMagic, kCorrupt, "not a ucx remote key (bad magic)");
+  TERN_REQUIRE(Get(bytes, 4, 2) == kVersion, kProtocol, "ucx remote key version ", Get(bytes, 4, 2),
+               ", this side v", kVersion);
+  TERN_REQUIRE(Get(bytes, 6, 2) == 0, kCorrupt, "ucx remote key with reserved bytes set");
+  out->base = Get(bytes, 8, 8);
+  out->size_bytes = Get(bytes, 16, 8);
+  const uint64_t rkey_bytes = Get(bytes, 24, 4);
+  TERN_REQUIRE(rkey_bytes >= 1 && rkey_bytes <= kMaxRkeyBytes, kCorrupt, "ucx rkey of ", rkey_bytes,
+               " bytes outside [1, ", kMaxRkeyBytes, "]");
+  TERN_REQUIRE(bytes.size() == kKeyFixedBytes + rkey_bytes, kCorrupt, "ucx remote key of ",
+               bytes.size(), " bytes, its header says ", kKeyFixedBytes + rkey_bytes);
+  TERN_REQUIRE(out->base + out->size_bytes >= out->base, kCorrupt,
+               "ucx remote key region wraps the address space");
+  out->rkey.assign(bytes.substr(kKeyFixedBytes));
+  return Status::Ok();
+}
+
+Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port) {
+  size_t colon;
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    TERN_REQUIRE(close != std::string_view::npos && close + 1 < address.size() &&
+                     address[close + 1] == ':',
+                 kInvalidArgument, "address '", address, "' is not [V6]:PORT");
+    *host = std::string(address.substr(1, close - 1));
+    colon = close + 1;
+  } else {
+    colon = address.rfind(':');
+    TERN_REQUIRE(colon != std::string_view::npos && colon > 0, kInvalidArgument, "address '",
+                 address, "' is not HOST:PORT");
+    *host = std::string(address.substr(0, colon));
+    TERN_REQUIRE(host->find(':') == std::string::npos, kInvalidArgument, "IPv6 address '", address,
+                 "' needs brackets: [V6]:PORT");
+  }
+  const std::string_view digits = address.substr(colon + 1);
+  unsigned value = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  TERN_REQUIRE(!digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
+                   value <= 65535,
+               kInvalidArgument, "bad port in address '", address, "'");
+  *port = static_cast<uint16_t>(value);
+  return Status::Ok();
+}
+
+}  // namespace tern::ucx
