@@ -187,10 +187,11 @@ TEST(CastTest, WideningIsExactAndRoundTrips) {
 // Results must not depend on the thread's FTZ/DAZ state (a caller's BLAS or
 // the trainer may have set it).
 TEST(CastTest, IgnoresFlushToZeroMode) {
-  const unsigned saved = _mm_getcsr();
-  _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
+  // Inputs first: ldexp itself would flush under FTZ.
   std::vector<float> in(16, std::ldexp(3.0f, -24));
   in[3] = std::ldexp(1.0f, -130);  // FP32 subnormal
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
   std::vector<uint16_t> h(16), bf(16);
   CastF32ToF16(in.data(), h.data(), in.size());
   CastF32ToBF16(in.data(), bf.data(), in.size());

@@ -130,7 +130,11 @@ Result<Quantized> QuantizeInt4(const QuantSpec& spec, const float* master,
         }
       }
       if (!kept) {
-        sbits = EncodeScale(fresh_or_unit * RescaleFactor(policy), l.gptq);
+        const float target = fresh_or_unit * RescaleFactor(policy);
+        sbits = EncodeScale(target, l.gptq);
+        // kBand rounds the stored scale up (see ScalePolicy); positive
+        // BF16/F16 patterns are monotonic, so +1 is the next value up.
+        if (policy.kind == ScalePolicy::Kind::kBand && DecodeScale(sbits, l.gptq) < target) ++sbits;
         if (!std::isfinite(DecodeScale(sbits, l.gptq))) {
           return TERN_ERROR(kOutOfRange, "row ", o, " group ", k, ": scale ", fresh_or_unit,
                             " does not fit ", DTypeName(scale_dtype));
