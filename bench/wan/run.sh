@@ -72,7 +72,8 @@ iperf() {
 }
 
 # tern_get BYTES STREAMS TLS(0/1): prints Mb/s (tern's own summary when it
-# has one, else bytes over wall time).
+# has one, else bytes over wall time). tern asks for BBR by default; here it
+# uses the row's congestion control ($cc), like iperf3 beside it.
 tern_get() {
   local bytes=$1 n=$2 tls=$3 tls_server=(--no-tls) tls_client=(--no-tls)
   if ((tls)); then
@@ -82,7 +83,7 @@ tern_get() {
   rm -rf "$work/srv" "$work/out"; mkdir -p "$work/srv"
   head -c "$bytes" "$work/pool" >"$work/srv/blob"
   "$WAN" exec "$prefix" eu-1 "$tern" xfer serve --listen 10.2.1.2:7400 "${tls_server[@]}" \
-    "$work/srv" >"$work/serve.log" 2>&1 &
+    --congestion "$cc" "$work/srv" >"$work/serve.log" 2>&1 &
   local spid=$! t
   for ((t = 0; t < 50; t++)); do
     "$WAN" exec "$prefix" eu-1 ss -ltn 2>/dev/null | grep -q ':7400 ' && break; sleep 0.1
@@ -91,7 +92,7 @@ tern_get() {
   local t0 t1 line
   t0=$(date +%s.%N)
   line=$("$WAN" exec "$prefix" us-1 "$tern" xfer get 10.2.1.2:7400 blob -o "$work/out" \
-    --streams "$n" "${tls_client[@]}" 2>&1 | tail -n 1) ||
+    --streams "$n" --quiet --congestion "$cc" "${tls_client[@]}" 2>&1 | grep -E 'bytes=|Gb/s' | tail -n 1) ||
     { echo "tern xfer get failed: $line; server: $(tail -n 2 "$work/serve.log")" >&2; line=""; }
   t1=$(date +%s.%N)
   kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
@@ -99,7 +100,7 @@ tern_get() {
   python3 - "$line" "$bytes" "$t0" "$t1" <<'PY'
 import re, sys
 line, size, t0, t1 = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-m = re.search(r'([0-9.]+)\s*Gb/s', line)
+m = re.search(r'gbps=([0-9.]+)', line) or re.search(r'([0-9.]+)\s*Gb/s', line)
 print('%.1f' % (float(m.group(1)) * 1000 if m else size * 8 / (t1 - t0) / 1e6))
 PY
 }
