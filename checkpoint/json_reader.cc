@@ -223,8 +223,13 @@ Status Reader::ParseString(std::string* out) {
       continue;
     }
     if (c != '\\') {
-      out->push_back(static_cast<char>(c));
-      ++pos_;
+      // Plain ASCII runs are the common case: append them in one go.
+      size_t end = pos_ + 1;
+      while (end < text_.size() && p[end] >= 0x20 && p[end] < 0x80 && p[end] != '"' &&
+             p[end] != '\\')
+        ++end;
+      out->append(text_.substr(pos_, end - pos_));
+      pos_ = end;
       continue;
     }
     if (pos_ + 1 >= text_.size()) return Error("unterminated escape");

@@ -105,16 +105,17 @@ Status CheckLayout(ParsedHeader& header, uint64_t data_bytes) {
                  "duplicate tensor ", Quoted(by_name[i]->desc.name));
 
   for (const auto& t : tensors) {
-    const std::string name = Quoted(t.desc.name);
-    TERN_REQUIRE(t.begin_bytes <= t.end_bytes, kCorrupt, "tensor ", name, ": data_offsets [",
+    // Only quoted on the error path: this loop runs once per tensor.
+    auto name = [&t] { return Quoted(t.desc.name); };
+    TERN_REQUIRE(t.begin_bytes <= t.end_bytes, kCorrupt, "tensor ", name(), ": data_offsets [",
                  t.begin_bytes, ", ", t.end_bytes, "] end before they begin");
     Result<uint64_t> elements = CheckedElements(t.desc.dtype, t.desc.shape);
-    TERN_REQUIRE(elements.ok(), kCorrupt, "tensor ", name, ": ", elements.status().message());
+    TERN_REQUIRE(elements.ok(), kCorrupt, "tensor ", name(), ": ", elements.status().message());
     TERN_REQUIRE(ElementBits(t.desc.dtype) % 8 == 0 || *elements % 2 == 0, kCorrupt, "tensor ",
-                 name, ": ", DTypeName(t.desc.dtype), " with an odd element count (", *elements,
+                 name(), ": ", DTypeName(t.desc.dtype), " with an odd element count (", *elements,
                  ") does not fill whole bytes");
     const uint64_t bytes = DTypeBytes(t.desc.dtype, *elements);
-    TERN_REQUIRE(t.end_bytes - t.begin_bytes == bytes, kCorrupt, "tensor ", name, ": ",
+    TERN_REQUIRE(t.end_bytes - t.begin_bytes == bytes, kCorrupt, "tensor ", name(), ": ",
                  DTypeName(t.desc.dtype), " shape needs ", bytes, " bytes but data_offsets span ",
                  t.end_bytes - t.begin_bytes);
   }
