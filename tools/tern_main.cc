@@ -15,6 +15,7 @@ int RunSquash(int argc, char** argv);
 int RunInspect(int argc, char** argv);
 int RunDigest(int argc, char** argv);
 int RunDemo(int argc, char** argv);
+int RunXfer(int argc, char** argv);
 
 namespace {
 int RunVersionImpl(int, char**) {
@@ -31,6 +32,7 @@ const Command kCommands[] = {
     {"squash", "join consecutive patches into one", RunSquash},
     {"inspect", "show what a patch holds", RunInspect},
     {"digest", "print a checkpoint's view digest", RunDigest},
+    {"xfer", "copy a file over multi-stream TCP/TLS with resume (serve | get)", RunXfer},
 };
 
 void Usage(FILE* out) {

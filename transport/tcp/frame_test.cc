@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "tern/transport.h"
 
 namespace tern::tcp {
@@ -72,6 +74,27 @@ TEST(Frame, PayloadBoundsPerType) {
   EXPECT_FALSE(check(FrameType::kAck, 1));
   EXPECT_FALSE(check(FrameType::kPing, 8));
   EXPECT_FALSE(check(FrameType::kHello, 1));
+}
+
+}  // namespace
+}  // namespace tern::tcp
+
+namespace tern::tcp {
+namespace {
+
+// The worked example in docs/format/wire.md §4.
+TEST(Frame, MatchesTheSpecExample) {
+  FrameHeader h;
+  h.type = FrameType::kHello;
+  h.arg[0] = 0x0123456789abcdefull;
+  h.arg[1] = PackStream(2, 8);
+  uint8_t raw[kHeaderBytes];
+  EncodeHeader(h, raw);
+  const uint8_t spec[kHeaderBytes] = {
+      0x54, 0x45, 0x52, 0x4e, 0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x5d, 0x91, 0x35, 0xce,
+      0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, 0x02, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  EXPECT_EQ(std::memcmp(raw, spec, kHeaderBytes), 0);
 }
 
 }  // namespace
