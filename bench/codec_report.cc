@@ -41,7 +41,7 @@ struct SizeRow {
   uint64_t elements = 0, changed = 0, view_bytes = 0;
   uint64_t tern = 0, pulse_flat = 0, pulse_coo = 0, zstd_xor = 0, naive = 0;
   int64_t xdelta = -1;
-  double bound = 0, bound_per_tensor = 0, value_bits_per_change = 0;
+  double bound = 0, bound_per_tensor = 0, bound_exponent = 0, value_bits_per_change = 0;
   uint64_t position_bytes = 0, value_bytes = 0, header_bytes = 0;
 };
 
@@ -104,6 +104,9 @@ Status Measure(const StepPair& p, const std::string& label, const Options& o, Th
   s.bound = eb.total_bytes();
   s.bound_per_tensor = per_tensor;
   s.value_bits_per_change = eb.value_bits_per_change();
+  ExponentContextCounter ctx;
+  TERN_RETURN_IF_ERROR(ctx.AddViews(p.old_view, p.new_view));
+  s.bound_exponent = ctx.Bound().total_bytes();
 
   TERN_ASSIGN_OR_RETURN(auto pulse, PulseEncode(p.old_view, p.new_view, {PulseIndexLayout::kFlatGaps, 1}));
   TERN_ASSIGN_OR_RETURN(auto pulse_coo,
@@ -194,13 +197,16 @@ void PrintSizes(const std::vector<SizeRow>& rows) {
   }
   std::printf(
       "\n| workload | view MB | elements | tern positions MB | values MB | headers MB | "
-      "value entropy bits/chg | PULSE flat MB | PULSE COO MB |\n|---|---|---|---|---|---|---|---|---|\n");
+      "value entropy bits/chg | PULSE flat MB | PULSE COO MB | bound given base exponent MB | "
+      "tern/that | XOR/that |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const SizeRow& r : rows)
-    std::printf("| %s | %s | %llu | %s | %s | %s | %s | %s | %s |\n", r.label.c_str(),
+    std::printf("| %s | %s | %llu | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.label.c_str(),
                 Mb(double(r.view_bytes)).c_str(), static_cast<unsigned long long>(r.elements),
                 Mb(double(r.position_bytes)).c_str(), Mb(double(r.value_bytes)).c_str(),
                 Mb(double(r.header_bytes)).c_str(), Fx(r.value_bits_per_change, "%.3f").c_str(),
-                Mb(double(r.pulse_flat)).c_str(), Mb(double(r.pulse_coo)).c_str());
+                Mb(double(r.pulse_flat)).c_str(), Mb(double(r.pulse_coo)).c_str(),
+                Mb(r.bound_exponent).c_str(), Fx(double(r.tern) / r.bound_exponent).c_str(),
+                Fx(double(r.zstd_xor) / r.bound_exponent).c_str());
 }
 
 void PrintSpeeds(const std::vector<SpeedRow>& rows) {
