@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "common/thread_pool.h"
+#include "patch/apply_internal.h"
 #include "patch/container.h"
 #include "patch/digest_mix.h"
 #include "patch/element_access.h"
@@ -113,6 +114,13 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
 
 Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
              ThreadPool& pool, ViewDigest* new_digest) {
+  return patchfmt::ApplyWithStaging(view, patch, current_digest, pool, new_digest, patchfmt::kApplyStagingBytes);
+}
+
+namespace patchfmt {
+
+Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
+                        ThreadPool& pool, ViewDigest* new_digest, uint64_t staging_bytes_max) {
   TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
   std::vector<const TensorDesc*> descs;
   for (const auto& t : view.tensors) descs.push_back(t.desc);
@@ -123,7 +131,17 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
   for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(p.tensors[t].desc);
 
   // Pass 1: decode everything and compute the target digest from the changes
-  // alone. Nothing is written until it matches.
+  // alone. Nothing is written until it matches. When the decoded changes fit
+  // the staging budget they are kept (position, new value), so pass 2 only
+  // stores; otherwise pass 2 decodes again (memory stays O(1) per thread).
+  uint64_t staged_changes = 0;
+  for (const RecordView& r : p.records) staged_changes += r.h.changed_count;  // each <= 2^24
+  const bool staging = staged_changes <= staging_bytes_max / kStagedChangeBytes;
+  struct Staged {
+    std::vector<uint32_t> pos;  // relative to the segment: < 2^24
+    std::vector<uint64_t> value;
+  };
+  std::vector<Staged> staged(staging ? p.records.size() : 0);
   std::vector<ViewDigest> partial(p.records.size());
   TERN_RETURN_IF_ERROR(ForEachRecord(p, pool, [&](uint64_t k) {
     const RecordView& r = p.records[k];
@@ -136,9 +154,19 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
       uint64_t sum[4] = {};
       ChangeBatch batch;
       auto address = [&](uint64_t pos) { return data + (first + pos) * W / 8; };
+      Staged* stage = staging ? &staged[k] : nullptr;
+      if (stage) {
+        stage->pos.reserve(r.h.changed_count);
+        stage->value.reserve(r.h.changed_count);
+      }
       auto add = [&](uint64_t pos, uint64_t delta) {
         const uint64_t old_value = patchfmt::LoadElement<W>(data, first + pos);
-        patchfmt::AddElementChange(seed, first + pos, old_value, (old_value + delta) & kMask, sum);
+        const uint64_t new_value = (old_value + delta) & kMask;
+        patchfmt::AddElementChange(seed, first + pos, old_value, new_value, sum);
+        if (stage) {
+          stage->pos.push_back(static_cast<uint32_t>(pos));
+          stage->value.push_back(new_value);
+        }
       };
       Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
         if (batch.Push(pos, delta)) batch.Flush(address, add, false);
@@ -152,6 +180,25 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
   for (const ViewDigest& d : partial) target += d;
   TERN_REQUIRE(target == p.target_digest, kCorrupt, "patch does not produce its target digest (",
                target.ToString(), " instead of ", p.target_digest.ToString(), "); view left unchanged");
+
+  if (staging) {
+    pool.ParallelFor(p.records.size(), [&](uint64_t k) {
+      const RecordView& r = p.records[k];
+      uint8_t* data = view.tensors[r.h.tensor_index].data;
+      const uint64_t first = r.h.first_element;
+      const Staged& st = staged[k];
+      patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+        constexpr size_t kAhead = 16;
+        const size_t n = st.pos.size();
+        for (size_t j = 0; j < n; ++j) {
+          if (j + kAhead < n) __builtin_prefetch(data + (first + st.pos[j + kAhead]) * W / 8, 1);
+          patchfmt::StoreElement<W>(data, first + st.pos[j], st.value[j]);
+        }
+      });
+    });
+    if (new_digest) *new_digest = target;
+    return Status::Ok();
+  }
 
   // Pass 2: the same, already validated, bytes again; now write.
   Status written = ForEachRecord(p, pool, [&](uint64_t k) {
@@ -177,6 +224,8 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
   if (new_digest) *new_digest = target;
   return Status::Ok();
 }
+
+}  // namespace patchfmt
 
 Result<uint64_t> VerifiedPrefixBytes(std::span<const uint8_t> prefix) { return patchfmt::ParsePrefix(prefix); }
 

@@ -3,6 +3,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/thread_pool.h"
@@ -19,18 +20,30 @@ using patchfmt::kLaneAdd;
 // Elements per parallel work item: large enough to amortize scheduling.
 constexpr uint64_t kChunkElements = uint64_t{1} << 20;
 
+// Blocked so each loop is a simple map or reduction over arrays, which the
+// compiler vectorizes (AVX2 emulates the 64-bit multiplies): several times
+// faster than one element at a time with all four lanes interleaved.
 template <int W>
 void AccumulateRange(const uint8_t* data, uint64_t seed, uint64_t begin, uint64_t end, uint64_t acc[4]) {
-  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  for (uint64_t i = begin; i < end; ++i) {
-    const uint64_t v = patchfmt::LoadElement<W>(data, i);
-    const uint64_t u = Mix64(i ^ seed);
-    a0 += Lane(0, u, v);
-    a1 += Lane(1, u, v);
-    a2 += Lane(2, u, v);
-    a3 += Lane(3, u, v);
+  constexpr uint64_t kBlock = 256;
+  alignas(32) uint64_t u[kBlock];
+  alignas(32) uint64_t v[kBlock];
+  for (uint64_t b = begin; b < end; b += kBlock) {
+    const uint64_t n = std::min(kBlock, end - b);
+    for (uint64_t j = 0; j < n; ++j) {
+      v[j] = patchfmt::LoadElement<W>(data, b + j);
+      u[j] = Mix64((b + j) ^ seed);
+    }
+    for (int l = 0; l < 4; ++l) {
+      const uint64_t add = patchfmt::kLaneAdd[l], mul = patchfmt::kLaneMul[l];
+      uint64_t sum = 0;
+      for (uint64_t j = 0; j < n; ++j) {
+        const uint64_t t = (v[j] ^ (u[j] + add)) * mul;
+        sum += t ^ (t >> 29);
+      }
+      acc[l] += sum;
+    }
   }
-  acc[0] += a0, acc[1] += a1, acc[2] += a2, acc[3] += a3;
 }
 
 void AccumulateAny(const TensorRef& t, uint64_t seed, uint64_t begin, uint64_t end, uint64_t acc[4]) {

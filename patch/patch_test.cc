@@ -3,6 +3,7 @@
 #include <random>
 
 #include "common/thread_pool.h"
+#include "patch/apply_internal.h"
 #include "patch/container.h"
 #include "patch/reference_decoder.h"
 #include "patch/test_util.h"
@@ -49,6 +50,12 @@ std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& 
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(work.data, new_view.data);
   EXPECT_EQ(got, ComputeDigest(new_view.View(), pool));
+  // Same through the unstaged path (decode twice, O(1) memory).
+  OwnedView unstaged = old_view;
+  MutableServeView uv = unstaged.Mutable();
+  s = patchfmt::ApplyWithStaging(uv, *patch, ComputeDigest(old_view.View(), pool), pool, nullptr, 0);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(unstaged.data, new_view.data);
 
   auto ref = patchfmt::ReferenceDecode(*patch);
   EXPECT_TRUE(ref.ok()) << ref.status().ToString();
@@ -231,7 +238,7 @@ TEST(PatchTest, EveryBitFlipAndTruncationIsRejected) {
   for (size_t bit = 0; bit < c.patch.size() * 8; ++bit) {
     std::vector<uint8_t> bad = c.patch;
     bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
-    Status s = Apply(mv, bad, c.base, pool);
+    Status s = patchfmt::ApplyWithStaging(mv, bad, c.base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
     ASSERT_FALSE(s.ok()) << "bit " << bit;
     EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
     ASSERT_EQ(work.data, c.a.data) << "bit " << bit;
