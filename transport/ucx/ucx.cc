@@ -69,6 +69,7 @@ void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   if (UcxConn* conn = t->Find(ep)) {
     auto self = conn->shared_from_this();
     t->Defer([self, status] {
+      if (self->lingering()) return self->FinishLinger();
       self->Shutdown(FromUcs(status, "peer " + self->peer_address()), Code::kUnavailable, false);
     });
   }
@@ -126,7 +127,9 @@ ucs_status_t AmBye(void* arg, const void*, size_t, void*, size_t, const ucp_am_r
   if (c == nullptr) return UCS_OK;
   auto self = c->shared_from_this();
   static_cast<UcxTransport*>(arg)->Defer([self] {
-    self->Shutdown(Status::Ok(), Code::kUnavailable, /*bye=*/false);
+    if (self->lingering()) return self->FinishLinger();  // the answer to our bye
+    // Answer with our own bye, so the peer may close its endpoint.
+    self->Shutdown(Status::Ok(), Code::kUnavailable, /*bye=*/true);
   });
   return UCS_OK;
 }
@@ -241,6 +244,7 @@ UcxTransport::~UcxTransport() {
       for (auto& [ep, conn] : eps_) conns.push_back(conn);
       for (auto& conn : conns) {
         conn->Shutdown(TERN_ERROR(kCancelled, "ucx transport destroyed"), Code::kCancelled, true);
+        conn->FinishLinger();  // no time to wait for answers
       }
       for (auto& state : listens_) {
         state->closed = true;
@@ -336,7 +340,7 @@ void UcxTransport::Run() {
 }
 
 uint32_t UcxTransport::capabilities() const {
-  return kCapChunkChecksum | kCapOneSidedWrite | kCapCrossHost | (cuda_ ? kCapGpuMemory : 0);
+  return kCapChunkChecksum | kCapOneSidedWrite | kCapCrossHost | (cuda_ ? uint32_t{kCapGpuMemory} : 0u);
 }
 
 Result<MemoryRegion> UcxTransport::RegisterMemory(void* base, uint64_t size_bytes, MemoryKind kind) {
@@ -406,7 +410,7 @@ void UcxTransport::CloseEp(ucp_ep_h ep, bool flush) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
                        UCP_OP_ATTR_FIELD_USER_DATA;
   // A forced close is only defined when both sides detect peer failure.
-  param.flags = flush || !options_.detect_peer_failure ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+  param.flags = flush || !options_.detect_peer_failure ? 0u : uint32_t{UCP_EP_CLOSE_FLAG_FORCE};
   param.cb.send = OnEpClosed;
   param.user_data = &closing_eps_;
   void* req = ucp_ep_close_nbx(ep, &param);

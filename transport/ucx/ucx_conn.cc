@@ -17,6 +17,8 @@ namespace {
 // A message seq may run this far ahead of the next one due before the peer
 // is treated as broken (bounds the reorder buffer's key space).
 constexpr uint64_t kMaxSeqGap = 1 << 16;
+// How long a closed connection waits for the peer's bye.
+constexpr uint64_t kLingerUs = 1'000'000;
 
 struct SendCtx {
   std::shared_ptr<void> keep;
@@ -307,6 +309,7 @@ void UcxConn::Close() {
 // ---- progress thread ----
 
 void UcxConn::ProtocolError(const Status& why) {
+  if (state == State::kClosed) return;  // traffic racing our close
   t_->Log("ucx: closing " + peer_ + ": " + why.ToString());
   auto self = shared_from_this();
   t_->Defer([self, why] { self->Shutdown(why, Code::kUnavailable, /*bye=*/false); });
@@ -437,7 +440,7 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
                           ") outside window of ", it->second.length, " bytes");
     } else {
       *landing = Landing{shared_from_this(), h.op, h.transfer_id, it->second.generation,
-                         h.dst_offset, h.length, h.xxh3, it->second.base + h.dst_offset};
+                         h.dst_offset, h.length, h.xxh3, it->second.base + h.dst_offset, 0, {}};
       memh = it->second.memh;
       landing_generations_.insert(it->second.generation);
     }
@@ -509,6 +512,10 @@ void UcxConn::OnAck(std::string_view header, std::string_view reason) {
 }
 
 void UcxConn::CheckDeadlines(uint64_t now_us) {
+  if (lingering_) {
+    if (now_us >= deadline_us_) FinishLinger();
+    return;
+  }
   if (state == State::kConnecting || state == State::kAwaitHello) {
     if (now_us < deadline_us_) return;
     Shutdown(TERN_ERROR(kTimeout, "ucx: ", state == State::kConnecting ? "connect to " : "hello from ",
@@ -528,8 +535,15 @@ void UcxConn::CheckDeadlines(uint64_t now_us) {
   }
 }
 
+void UcxConn::FinishLinger() {
+  if (!lingering_) return;
+  lingering_ = false;
+  t_->CloseEp(ep, /*flush=*/true);
+  ep = nullptr;
+}
+
 void UcxConn::Shutdown(Status why, Code pending_code, bool bye, bool flush) {
-  if (ep == nullptr) return;  // already shut down
+  if (ep == nullptr || lingering_) return;  // already shut down
   const State prev = state;
   state = State::kClosed;
   std::map<uint64_t, PendingOp> pending;
@@ -542,9 +556,12 @@ void UcxConn::Shutdown(Status why, Code pending_code, bool bye, bool flush) {
   }
   if (bye && prev == State::kOpen) {
     SendAm(kAmBye, {}, nullptr, 0, nullptr, nullptr, nullptr);
+    lingering_ = true;
+    deadline_us_ = t_->NowUs() + kLingerUs;
+  } else {
+    t_->CloseEp(ep, /*flush=*/bye || flush);
+    ep = nullptr;
   }
-  t_->CloseEp(ep, /*flush=*/bye || flush);
-  ep = nullptr;
   const Status pending_status =
       pending_code == Code::kCancelled
           ? TERN_ERROR(kCancelled, "ucx: connection closed")

@@ -70,6 +70,11 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   // closes (implied by bye).
   void Shutdown(Status why, Code pending_code, bool bye, bool flush = false);
   void CheckDeadlines(uint64_t now_us);
+  // After a bye we keep the endpoint until the peer's bye (or its
+  // disconnect, or a bounded linger) so our bye is not overtaken by the
+  // disconnect travelling another lane; then the endpoint closes.
+  bool lingering() const { return lingering_; }
+  void FinishLinger();
   void SendHello();
   // Records which UCX transports (lanes) this endpoint ended up using.
   void RecordLanes();
@@ -106,7 +111,8 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
 
   UcxTransport* const t_;
   const std::string peer_;
-  uint64_t deadline_us_;  // handshake / connect deadline (progress thread)
+  uint64_t deadline_us_;  // handshake / connect / linger deadline (progress thread)
+  bool lingering_ = false;
   uint64_t next_send_seq_ = 0;
   uint64_t next_recv_seq_ = 0;
   std::map<uint64_t, std::string> reorder_;

@@ -1,0 +1,65 @@
+// Run-time probes: verbs (dlopen + device/port listing) and the summary of
+// every backend. No #ifdef decides what exists; the probes ask the machine.
+#include "transport/verbs/probe.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "transport/verbs/ibv_api.h"
+
+namespace tern {
+
+namespace verbs {
+
+BackendProbe ProbeVerbsLibrary(const std::string& soname) {
+  BackendProbe probe{"verbs", false, ""};
+  auto api = IbvApi::Load(soname);
+  if (!api.ok()) {
+    probe.detail = api.status().message();
+    return probe;
+  }
+  auto ports = ListPorts(**api);
+  if (!ports.ok()) {
+    probe.detail = soname + " loaded; " + ports.status().message();
+    return probe;
+  }
+  int active = 0;
+  std::ostringstream out;
+  out << soname << " loaded, ";
+  std::string last_device;
+  int devices = 0;
+  for (const PortInfo& p : *ports) devices += p.device != last_device, last_device = p.device;
+  out << devices << (devices == 1 ? " device" : " devices");
+  for (const PortInfo& p : *ports) {
+    active += p.active;
+    out << (&p == &ports->front() ? ": " : ", ") << p.device << ":" << int{p.port} << " "
+        << (p.active ? "active" : "down") << " " << (p.ethernet ? "RoCE" : "IB") << " mtu "
+        << p.active_mtu_bytes;
+  }
+  // The queue-pair data path is not wired into a Transport yet; the probe
+  // says so rather than promising a backend.
+  if (active > 0) out << "; the verbs data path is not implemented in this build (use ucx)";
+  probe.detail = out.str();
+  return probe;
+}
+
+}  // namespace verbs
+
+BackendProbe ProbeVerbs() { return verbs::ProbeVerbsLibrary("libibverbs.so.1"); }
+
+std::vector<BackendProbe> ProbeTransports() {
+  std::vector<BackendProbe> out;
+  out.push_back(ProbeVerbs());
+  out.push_back(ProbeUcx());
+  std::string cc;
+  std::ifstream in("/proc/sys/net/ipv4/tcp_available_congestion_control");
+  std::getline(in, cc);
+  out.push_back({"tcp", true,
+                 cc.empty() ? "congestion control unknown"
+                            : "congestion control available: " + cc +
+                                  (cc.find("bbr") == std::string::npos ? " (no bbr)" : "")});
+  out.push_back({"loopback", true, "in-process"});
+  return out;
+}
+
+}  // namespace tern

@@ -1,0 +1,307 @@
+// The verbs backend's device-free pieces: the dlopen loader and probe, the
+// side-channel endpoint codec, immediates and chunk slots, control headers,
+// message reassembly, QP transitions and the link state machine. Tests that
+// need an RDMA device skip with the probe's reason.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tern/transport.h"
+#include "tern/transport_probe.h"
+#include "transport/verbs/ibv_api.h"
+#include "transport/verbs/probe.h"
+#include "transport/verbs/qp.h"
+#include "transport/verbs/wire.h"
+
+namespace tern::verbs {
+namespace {
+
+TEST(VerbsLoader, MissingLibraryFailsCleanly) {
+  auto api = IbvApi::Load("libtern-no-such-ibverbs.so.1");
+  ASSERT_FALSE(api.ok());
+  EXPECT_EQ(api.status().code(), Code::kUnavailable);
+  EXPECT_NE(api.status().message().find("libtern-no-such-ibverbs.so.1"), std::string::npos);
+  BackendProbe probe = ProbeVerbsLibrary("libtern-no-such-ibverbs.so.1");
+  EXPECT_FALSE(probe.available);
+  EXPECT_NE(probe.detail.find("cannot load"), std::string::npos) << probe.detail;
+}
+
+TEST(VerbsLoader, LibraryWithoutVerbsSymbolsFailsCleanly) {
+  // libc loads but is not libibverbs: the first missing symbol is named.
+  auto api = IbvApi::Load("libc.so.6");
+  ASSERT_FALSE(api.ok());
+  EXPECT_EQ(api.status().code(), Code::kUnavailable);
+  EXPECT_NE(api.status().message().find("lacks ibv_get_device_list"), std::string::npos)
+      << api.status().ToString();
+}
+
+TEST(VerbsLoader, RealLibraryListsPortsOrSkips) {
+  auto api = IbvApi::Load();
+  if (!api.ok()) GTEST_SKIP() << "no libibverbs here: " << api.status().message();
+  auto ports = ListPorts(**api);
+  ASSERT_TRUE(ports.ok()) << ports.status().ToString();
+  BackendProbe probe = ProbeVerbs();
+  EXPECT_NE(probe.detail.find("libibverbs.so.1 loaded"), std::string::npos) << probe.detail;
+  if (ports->empty()) {
+    EXPECT_NE(probe.detail.find("0 devices"), std::string::npos) << probe.detail;
+    GTEST_SKIP() << "no RDMA device: " << probe.detail;
+  }
+  for (const PortInfo& p : *ports) {
+    EXPECT_FALSE(p.device.empty());
+    EXPECT_GE(p.port, 1);
+    if (p.active) {
+      EXPECT_NE(p.active_mtu_bytes, 0u) << p.device;
+    }
+  }
+}
+
+TEST(VerbsProbe, SummaryNamesEveryBackendWithAReason) {
+  std::vector<BackendProbe> all = ProbeTransports();
+  std::vector<std::string> names;
+  for (const auto& p : all) {
+    names.push_back(p.backend);
+    EXPECT_FALSE(p.detail.empty()) << p.backend;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"verbs", "ucx", "tcp", "loopback"}));
+}
+
+TEST(VerbsWire, EndpointRoundTrip) {
+  QpEndpoint ep;
+  ep.qpn = 0x123456;
+  ep.psn = 0xabcdef;
+  ep.lid = 0;
+  ep.mtu_bytes = 1024;
+  ep.port = 2;
+  ep.gid_index = 3;
+  ep.ethernet = true;
+  for (int i = 0; i < 16; ++i) ep.gid[i] = static_cast<uint8_t>(i * 17);
+  ep.credits = 512;
+  const std::string bytes = EncodeEndpoint(ep);
+  ASSERT_EQ(bytes.size(), kEndpointBytes);
+  QpEndpoint out;
+  ASSERT_TRUE(DecodeEndpoint(bytes, &out).ok());
+  EXPECT_EQ(out.qpn, ep.qpn);
+  EXPECT_EQ(out.psn, ep.psn);
+  EXPECT_EQ(out.mtu_bytes, 1024u);
+  EXPECT_EQ(out.port, 2);
+  EXPECT_EQ(out.gid_index, 3);
+  EXPECT_TRUE(out.ethernet);
+  EXPECT_EQ(std::memcmp(out.gid, ep.gid, 16), 0);
+  EXPECT_EQ(out.credits, 512u);
+}
+
+TEST(VerbsWire, EndpointRejectsWhatAPeerCanGetWrong) {
+  QpEndpoint good;
+  good.qpn = 7;
+  good.lid = 3;
+  good.credits = 1;
+  QpEndpoint out;
+  ASSERT_TRUE(DecodeEndpoint(EncodeEndpoint(good), &out).ok());
+  auto bad = [&](auto mutate) {
+    QpEndpoint e = good;
+    mutate(e);
+    return DecodeEndpoint(EncodeEndpoint(e), &out).code();
+  };
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.qpn = 0; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.qpn = 1u << 24; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.psn = 1u << 24; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.mtu_bytes = 1500; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.port = 0; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.credits = 0; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.credits = kMaxCredits + 1; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.lid = 0; }), Code::kProtocol);  // IB needs a LID
+  std::string bytes = EncodeEndpoint(good);
+  EXPECT_EQ(DecodeEndpoint(bytes.substr(1), &out).code(), Code::kProtocol);
+  std::string version = bytes;
+  version[4] = 2;
+  Status st = DecodeEndpoint(version, &out);
+  EXPECT_EQ(st.code(), Code::kProtocol);
+  EXPECT_NE(st.message().find("v2"), std::string::npos);
+  std::string reserved = bytes;
+  reserved[45] = 1;
+  EXPECT_EQ(DecodeEndpoint(reserved, &out).code(), Code::kProtocol);
+  std::string flags = bytes;
+  flags[6] = 2;
+  EXPECT_EQ(DecodeEndpoint(flags, &out).code(), Code::kProtocol);
+}
+
+TEST(VerbsWire, ImmediatesCarrySlotAndGeneration) {
+  const uint32_t imm = EncodeImm(0x1234, 0xbeef);
+  EXPECT_EQ(ImmSlot(imm), 0x1234);
+  EXPECT_EQ(ImmGeneration(imm), 0xbeef);
+}
+
+TEST(VerbsWire, SlotsStayInStepBetweenSenderAndReceiver) {
+  ImmSlots sender(2), receiver(2);
+  auto a = sender.Allocate();
+  auto b = sender.Allocate();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(ImmSlot(*a), ImmSlot(*b));
+  EXPECT_EQ(sender.Allocate().status().code(), Code::kResourceExhausted);  // bounded
+
+  ImmSlots::Chunk chunk{1, 2, 3, 4, 5};
+  ASSERT_TRUE(receiver.Claim(*a, chunk).ok());
+  EXPECT_EQ(receiver.Claim(*a, chunk).code(), Code::kProtocol);  // already in flight
+  auto taken = receiver.Take(*a);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(taken->transfer_id, 2u);
+  EXPECT_EQ(receiver.Take(*a).status().code(), Code::kProtocol);  // stale completion
+  sender.Free(*a);
+  sender.Free(*a);  // a second free of the same imm is ignored
+  auto again = sender.Allocate();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(ImmSlot(*again), ImmSlot(*a));
+  EXPECT_NE(ImmGeneration(*again), ImmGeneration(*a));
+  // The receiver expects exactly the sender's next generation.
+  EXPECT_EQ(receiver.Claim(*a, chunk).code(), Code::kProtocol);
+  EXPECT_TRUE(receiver.Claim(*again, chunk).ok());
+  EXPECT_EQ(receiver.Claim(EncodeImm(9, 0), chunk).code(), Code::kProtocol);  // out of range
+  EXPECT_EQ(receiver.live(), 1);
+}
+
+TEST(VerbsWire, ControlHeaderRoundTripAndBounds) {
+  ControlHeader chunk;
+  chunk.type = ControlType::kChunk;
+  chunk.a[0] = 1;
+  chunk.a[1] = 2;
+  chunk.a[2] = 3;
+  chunk.a[3] = 4096;
+  chunk.a[4] = 0x1122334455667788ull;
+  chunk.a[5] = EncodeImm(1, 1);
+  ControlHeader out;
+  ASSERT_TRUE(DecodeControl(EncodeControl(chunk), &out).ok());
+  EXPECT_EQ(out.type, ControlType::kChunk);
+  EXPECT_EQ(out.a[4], chunk.a[4]);
+
+  auto code = [&](ControlHeader h) { return DecodeControl(EncodeControl(h), &out).code(); };
+  ControlHeader c = chunk;
+  c.a[3] = 0;
+  EXPECT_EQ(code(c), Code::kProtocol);
+  c.a[3] = kMaxChunkBytes + 1;
+  EXPECT_EQ(code(c), Code::kProtocol);
+  c = chunk;
+  c.a[5] = 1ull << 32;
+  EXPECT_EQ(code(c), Code::kProtocol);
+  ControlHeader ack;
+  ack.type = ControlType::kAck;
+  ack.a[1] = 99;
+  EXPECT_EQ(code(ack), Code::kProtocol);
+  ControlHeader msg;
+  msg.type = ControlType::kMessage;
+  msg.a[1] = kMaxMessageBytes + 1;
+  EXPECT_EQ(code(msg), Code::kProtocol);
+  msg.a[1] = 10;
+  msg.a[2] = 8;
+  msg.payload_bytes = 3;
+  EXPECT_EQ(code(msg), Code::kProtocol);  // fragment past the end
+  msg.payload_bytes = kMaxControlPayload + 1;
+  EXPECT_EQ(code(msg), Code::kProtocol);
+  std::string bytes = EncodeControl(chunk);
+  bytes[0] = 42;
+  EXPECT_EQ(DecodeControl(bytes, &out).code(), Code::kProtocol);
+  bytes = EncodeControl(chunk);
+  bytes[2] = 1;
+  EXPECT_EQ(DecodeControl(bytes, &out).code(), Code::kProtocol);
+  EXPECT_EQ(DecodeControl(bytes.substr(0, 20), &out).code(), Code::kProtocol);
+}
+
+ControlHeader Fragment(uint64_t seq, uint64_t total, uint64_t offset, size_t size) {
+  ControlHeader h;
+  h.type = ControlType::kMessage;
+  h.a[0] = seq;
+  h.a[1] = total;
+  h.a[2] = offset;
+  h.payload_bytes = static_cast<uint32_t>(size);
+  return h;
+}
+
+TEST(VerbsWire, MessagesReassembleInOrderOnly) {
+  MessageAssembler m;
+  auto r = m.Add(Fragment(0, 6, 0, 4), "abcd");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(*r);
+  r = m.Add(Fragment(0, 6, 4, 2), "ef");
+  ASSERT_TRUE(r.ok() && *r);
+  EXPECT_EQ(m.take(), "abcdef");
+  r = m.Add(Fragment(1, 0, 0, 0), "");
+  ASSERT_TRUE(r.ok() && *r);  // an empty message is one empty fragment
+  EXPECT_EQ(m.take(), "");
+
+  EXPECT_EQ(m.Add(Fragment(5, 4, 0, 2), "ab").status().code(), Code::kProtocol);  // wrong seq
+  MessageAssembler gap;
+  ASSERT_TRUE(gap.Add(Fragment(0, 6, 0, 2), "ab").ok());
+  EXPECT_EQ(gap.Add(Fragment(0, 6, 4, 2), "ef").status().code(), Code::kProtocol);  // hole
+  MessageAssembler lying;
+  EXPECT_EQ(lying.Add(Fragment(0, 6, 0, 4), "ab").status().code(), Code::kProtocol);
+}
+
+TEST(VerbsQp, TransitionsCarryThePeersAddress) {
+  QpTransition init = InitTransition(1);
+  EXPECT_EQ(init.attr.qp_state, IBV_QPS_INIT);
+  EXPECT_TRUE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE);
+  EXPECT_EQ(init.mask & IBV_QP_ACCESS_FLAGS, IBV_QP_ACCESS_FLAGS);
+
+  QpEndpoint local, remote;
+  local.qpn = 10, local.psn = 100, local.lid = 1, local.mtu_bytes = 4096, local.credits = 1;
+  remote.qpn = 20, remote.psn = 200, remote.lid = 2, remote.mtu_bytes = 2048, remote.credits = 1;
+  auto rtr = ReadyToReceiveTransition(local, remote);
+  ASSERT_TRUE(rtr.ok());
+  EXPECT_EQ(rtr->attr.dest_qp_num, 20u);
+  EXPECT_EQ(rtr->attr.rq_psn, 200u);
+  EXPECT_EQ(rtr->attr.path_mtu, IBV_MTU_2048);  // the smaller side wins
+  EXPECT_EQ(rtr->attr.ah_attr.dlid, 2);
+  EXPECT_EQ(rtr->attr.ah_attr.is_global, 0);
+
+  local.ethernet = remote.ethernet = true;
+  remote.gid[15] = 0x42;
+  local.gid_index = 3;
+  rtr = ReadyToReceiveTransition(local, remote);
+  ASSERT_TRUE(rtr.ok());
+  EXPECT_EQ(rtr->attr.ah_attr.is_global, 1);
+  EXPECT_EQ(rtr->attr.ah_attr.grh.dgid.raw[15], 0x42);
+  EXPECT_EQ(rtr->attr.ah_attr.grh.sgid_index, 3);
+
+  remote.ethernet = false;
+  EXPECT_EQ(ReadyToReceiveTransition(local, remote).status().code(), Code::kMismatch);
+
+  QpTransition rts = ReadyToSendTransition(local);
+  EXPECT_EQ(rts.attr.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(rts.attr.sq_psn, 100u);
+  EXPECT_LT(rts.attr.retry_cnt, 8);  // bounded retries: a dead peer errors out
+}
+
+TEST(VerbsQp, LinkStateMachine) {
+  LinkState s = LinkState::kIdle;
+  for (LinkEvent e : {LinkEvent::kQpInit, LinkEvent::kQpRtr, LinkEvent::kQpRts, LinkEvent::kHelloDone}) {
+    auto next = Step(s, e);
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    s = *next;
+  }
+  EXPECT_EQ(s, LinkState::kOpen);
+  EXPECT_EQ(*Step(s, LinkEvent::kBye), LinkState::kDraining);
+  EXPECT_EQ(*Step(LinkState::kDraining, LinkEvent::kDrained), LinkState::kClosed);
+  // Skipping a step, or traffic after close, is refused.
+  EXPECT_EQ(Step(LinkState::kIdle, LinkEvent::kQpRts).status().code(), Code::kInternal);
+  EXPECT_EQ(Step(LinkState::kInit, LinkEvent::kHelloDone).status().code(), Code::kInternal);
+  EXPECT_EQ(Step(LinkState::kClosed, LinkEvent::kBye).status().code(), Code::kInternal);
+  EXPECT_EQ(Step(LinkState::kClosed, LinkEvent::kFailure).status().code(), Code::kInternal);
+  // Any live state can fail, and a failed link only closes.
+  for (LinkState from : {LinkState::kIdle, LinkState::kInit, LinkState::kReadyToReceive,
+                         LinkState::kReadyToSend, LinkState::kOpen, LinkState::kDraining}) {
+    EXPECT_EQ(*Step(from, LinkEvent::kFailure), LinkState::kError) << LinkStateName(from);
+  }
+  EXPECT_EQ(*Step(LinkState::kError, LinkEvent::kDrained), LinkState::kClosed);
+  EXPECT_EQ(Step(LinkState::kError, LinkEvent::kHelloDone).status().code(), Code::kInternal);
+}
+
+TEST(VerbsMtu, BytesAndEnumAgree) {
+  for (uint32_t bytes : {256u, 512u, 1024u, 2048u, 4096u}) {
+    auto mtu = MtuFromBytes(bytes);
+    ASSERT_TRUE(mtu.ok());
+    EXPECT_EQ(MtuBytes(*mtu), bytes);
+  }
+  EXPECT_EQ(MtuFromBytes(1500).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tern::verbs
