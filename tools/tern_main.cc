@@ -16,6 +16,7 @@ int RunInspect(int argc, char** argv);
 int RunDigest(int argc, char** argv);
 int RunDemo(int argc, char** argv);
 int RunXfer(int argc, char** argv);
+int RunTransports(int argc, char** argv);
 
 namespace {
 int RunVersionImpl(int, char**) {
@@ -33,6 +34,7 @@ const Command kCommands[] = {
     {"inspect", "show what a patch holds", RunInspect},
     {"digest", "print a checkpoint's view digest", RunDigest},
     {"xfer", "copy a file over multi-stream TCP/TLS with resume (serve | get)", RunXfer},
+    {"transports", "probe which transport backends (verbs, ucx, tcp) work here", RunTransports},
 };
 
 void Usage(FILE* out) {
