@@ -15,6 +15,7 @@ int RunSquash(int argc, char** argv);
 int RunInspect(int argc, char** argv);
 int RunDigest(int argc, char** argv);
 int RunDemo(int argc, char** argv);
+int RunCast(int argc, char** argv);
 int RunXfer(int argc, char** argv);
 int RunTransports(int argc, char** argv);
 
@@ -33,6 +34,7 @@ const Command kCommands[] = {
     {"squash", "join consecutive patches into one", RunSquash},
     {"inspect", "show what a patch holds", RunInspect},
     {"digest", "print a checkpoint's view digest", RunDigest},
+    {"cast", "quantize a checkpoint into a serve layout (fp8, nvfp4, mxfp4, int4)", RunCast},
     {"xfer", "copy a file over multi-stream TCP/TLS with resume (serve | get)", RunXfer},
     {"transports", "probe which transport backends (verbs, ucx, tcp) work here", RunTransports},
 };
