@@ -107,8 +107,9 @@ Status TraceConfig::Validate() const {
                " outside [0, 1)");
   TERN_REQUIRE(a.beta2 >= 0 && a.beta2 < 1, kInvalidArgument, "beta2 ", a.beta2,
                " outside [0, 1)");
-  TERN_REQUIRE(std::isfinite(a.eps) && a.eps > 0, kInvalidArgument, "eps ", a.eps,
-               " must be positive");
+  // eps must survive the cast to float: with eps 0 a zero gradient gives 0/0.
+  TERN_REQUIRE(std::isfinite(a.eps) && a.eps >= 1e-30 && a.eps <= 1, kInvalidArgument, "eps ",
+               a.eps, " outside [1e-30, 1]");
   TERN_REQUIRE(std::isfinite(a.weight_decay) && a.weight_decay >= 0 && a.lr * a.weight_decay < 1,
                kInvalidArgument, "weight decay ", a.weight_decay, " must be >= 0 with lr*wd < 1");
   TERN_REQUIRE(std::isfinite(c.signal_to_noise) && c.signal_to_noise >= 0 &&

@@ -274,6 +274,8 @@ TEST(TraceGeneratorTest, RejectsBadSettings) {
   c = Config(200'000);
   c.adam.eps = -1;
   expect_invalid(c);
+  c.adam.eps = 0;  // 0/0 for a zero gradient
+  expect_invalid(c);
   c = Config(200'000);
   c.adam.weight_decay = -0.1;
   expect_invalid(c);
