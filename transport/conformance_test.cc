@@ -20,6 +20,7 @@
 #include "tern/tcp_transport.h"
 #include "tern/transfer.h"
 #include "transport/test_certs.h"
+#include "transport/ucx/test_pair.h"
 
 namespace tern {
 namespace {
@@ -38,6 +39,8 @@ struct Backend {
   std::string name;
   std::function<Result<Pair>(const TlsConfig* client_tls)> make;
 };
+
+void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
 
 Result<Pair> MakeTcp(bool tls, const TlsConfig* client_tls) {
   Pair p;
@@ -70,6 +73,7 @@ std::vector<Backend> Backends() {
        }},
       {"tcp", [](const TlsConfig* t) { return MakeTcp(false, t); }},
       {"tcp_tls", [](const TlsConfig* t) { return MakeTcp(true, t); }},
+      {"ucx", [](const TlsConfig*) -> Result<Pair> { TERN_ASSIGN_OR_RETURN(auto t, ucx::NewLoopbackPairForTests()); return Pair{nullptr, std::move(t.first), std::move(t.second), "127.0.0.1:0"}; }},
   };
 }
 
