@@ -20,6 +20,13 @@
 // Write, while chunks must come from and land in host memory (the checksum is
 // computed on the host).
 //
+// CancelReceive from another thread waits (bounded by op_timeout_ms) for a
+// chunk landing in that window. Called from one of this transport's
+// callbacks it cannot wait: a rendezvous chunk already landing may still
+// write its bytes into the window after return (on_landed is not called and
+// the sender gets kNotFound), so keep the memory until on_closed or a later
+// callback.
+//
 // Every wait is bounded: connect, handshake and per-operation timeouts; a
 // connection whose peer stops answering ends with kTimeout.
 //
