@@ -138,7 +138,9 @@ class Connection {
                      uint64_t dst_offset, uint64_t length, Completion done);
 
   // Ends the connection; pending operations complete with kCancelled and
-  // on_closed fires (once). Idempotent.
+  // on_closed fires (once). When Close returns (called from outside a
+  // callback of this connection) the backend no longer reads chunk sources
+  // or writes windows of this connection. Idempotent.
   virtual void Close() = 0;
 };
 

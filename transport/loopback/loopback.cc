@@ -96,12 +96,17 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   void Close() override {
     std::shared_ptr<Endpoint> peer;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       if (closed_) return;
       closed_ = true;
       inbox_.push_back(Item(Item::kShutdown));
       peer = peer_.lock();
       cv_.notify_all();
+      // A copy into one of our windows may be under way; Close() promises
+      // the memory is ours again when it returns.
+      if (std::this_thread::get_id() != thread_id_) {
+        cv_.wait(lock, [&] { return copying_ == UINT64_MAX; });
+      }
     }
     if (peer) peer->Push(Item(Item::kPeerClosed), /*force=*/true).IgnoreError();
   }

@@ -180,9 +180,9 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
     if (server) {
       // Linger briefly so our alert reaches the client before a reset
       // (bytes it sent after its Finished would otherwise trigger an RST
-      // that discards the alert), then close. Bounded: 200 ms.
+      // that discards the alert), then close. Bounded: 1 s.
       ::shutdown(fd, SHUT_WR);
-      const uint64_t until = std::min(deadline_us, clock.NowUs() + 200000);
+      const uint64_t until = std::min(deadline_us, clock.NowUs() + 1000000);
       char sink[4096];
       while (WaitFd(fd, false, until, clock).ok() && ::recv(fd, sink, sizeof sink, 0) > 0) {
       }

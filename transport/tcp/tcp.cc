@@ -104,9 +104,10 @@ struct Stream {
   std::mutex mu;
   std::deque<OutFrame> control;  // guarded by mu: acks, pings, messages
   std::atomic<bool> stop{false};
-  // Held by the stream thread around each socket write; Fail() passes it
-  // once after setting stop, so no write reads chunk memory after the
-  // chunk's op has failed (its owner may free it then).
+  // Held by the stream thread around each socket read and write; Fail()
+  // passes it once after setting stop, so once a connection has failed no
+  // I/O touches registered memory (chunk sources, receive windows) again:
+  // their owners may free it when the ops complete or Close() returns.
   std::mutex io_mu;
   ~Stream() {
     if (wake_fd >= 0) ::close(wake_fd);
@@ -400,8 +401,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     *more = false;
     for (int round = 0; round < 64; ++round) {
       tcp::IoResult io;
+      std::unique_lock<std::mutex> io_lock(s.io_mu);
+      if (s.stop) return false;
       if (!r.in_payload) {
         io = s.pipe->Read(r.header + r.header_got, kHeaderBytes - r.header_got);
+        io_lock.unlock();
         if (io.io == Io::kOk && io.bytes > 0) {
           if (r.header_got == 0) r.header_start_us = clock_.NowUs();
           r.header_got += io.bytes;
@@ -423,6 +427,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
         } else {
           io = s.pipe->Read(r.scratch, std::min<uint64_t>(left, sizeof r.scratch));
         }
+        io_lock.unlock();
         if (io.io == Io::kOk && io.bytes > 0) {
           r.got += io.bytes;
           *last_progress_us = clock_.NowUs();
@@ -722,6 +727,13 @@ class TcpTransport final : public Transport {
     for (auto& pipe : pipes) {
       uint8_t raw[kHeaderBytes];
       Status st = tcp::ReadFull(*pipe, raw, kHeaderBytes, deadline, clock_);
+      if (!st.ok() && tls_ && st.code() == Code::kUnavailable) {
+        // In TLS 1.3 the server judges our certificate after our side of the
+        // handshake is done; a hang-up here is almost always that verdict
+        // (its alert can be lost to a reset).
+        return TERN_ERROR(kAuth, "server closed the TLS connection before accepting it "
+                                 "(our certificate refused?): ", st.message());
+      }
       if (!st.ok()) return st.WithContext("waiting for the server's hello");
       FrameHeader h;
       TERN_RETURN_IF_ERROR(tcp::DecodeHeader(raw, &h));
