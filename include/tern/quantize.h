@@ -92,16 +92,16 @@ struct Quantized {
 // scale s_new satisfies  band_low * s_prev <= s_new <= s_prev  (the group
 // still fits without clipping and uses at least band_low of the range; for
 // scales stored in a narrow dtype s_prev is the stored, decoded value). A group
-// outside the band, or without a previous state, gets s_new * headroom (rounded
-// up where the scale is stored in a narrow dtype), so that the small upward
-// drift of an RL step does not force a re-scale next time.
+// outside the band, or without a previous state, gets s_new * headroom (INT4's
+// BF16/F16 scales round up, NVFP4's E4M3 ones to nearest), so that the small
+// upward drift of an RL step does not force a re-scale next time.
 struct ScalePolicy {
   enum class Kind : uint8_t { kFresh, kBand };
   Kind kind = Kind::kBand;
-  // Defaults: the measured sweet spot (docs/benchmarks.md): near-free for
-  // FP8, -14..-65% patch bytes for 4-bit formats at +2..3% RMSE.
-  float band_low = 0.8f;   // in (0, 1]
-  float headroom = 1.03f;  // in [1, 2]
+  // Defaults: the measured sweet spot (docs/benchmarks.md, "Quantized serve
+  // views"): free for FP8; for INT4 -30..-60% patch bytes at +1% RMSE.
+  float band_low = 0.9f;   // in (0, 1]
+  float headroom = 1.01f;  // in [1, 2]
 };
 
 // Quantizes `master` (FP32, `shape` = [lead..., out, in]). `previous` is the

@@ -3,7 +3,8 @@
 // fraction and patch bytes (the real codec, tern::Diff) vs the quantization
 // error relative to fresh re-quantization. Results: docs/benchmarks.md.
 //
-//   tern_quant_bench [--casts-only] [--rows N] [--cols N] [--steps S]
+//   tern_quant_bench [--casts-only] [--rows N] [--cols N] [--steps S] [--formats a,b]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -108,7 +109,7 @@ Stats Trajectory(const QuantSpec& spec, const ScalePolicy& policy, float lr, uin
   return st;
 }
 
-void BenchPolicies(uint64_t rows, uint64_t cols, int steps) {
+void BenchPolicies(uint64_t rows, uint64_t cols, int steps, const std::vector<std::string>& formats) {
   ThreadPool pool(1);
   struct P {
     const char* name;
@@ -116,18 +117,22 @@ void BenchPolicies(uint64_t rows, uint64_t cols, int steps) {
   };
   const P policies[] = {{"fresh", {ScalePolicy::Kind::kFresh, 0.5f, 1.0f}},
                         {"band 0.5 x1.125", {ScalePolicy::Kind::kBand, 0.5f, 1.125f}},
-                        {"band 0.8 x1.03 (default)", {ScalePolicy::Kind::kBand, 0.8f, 1.03f}},
-                        {"band 0.9 x1.01", {ScalePolicy::Kind::kBand, 0.9f, 1.01f}}};
+                        {"band 0.8 x1.03", {ScalePolicy::Kind::kBand, 0.8f, 1.03f}},
+                        {"band 0.9 x1.01 (default)", {ScalePolicy::Kind::kBand, 0.9f, 1.01f}}};
   printf("\nscale policies: [%llu x %llu] N(0, 0.02) master, %d steps of w += lr * N(0,1);\n"
          "means per step: changed codes, patch bytes (tern codec), groups re-scaled,\n"
          "RMSE vs master relative to fresh re-quantization's RMSE\n",
          static_cast<unsigned long long>(rows), static_cast<unsigned long long>(cols), steps);
   printf("| format | lr | policy | changed codes | patch bytes | re-scaled groups | error vs fresh |\n");
   printf("|---|---|---|---|---|---|---|\n");
-  for (const char* fmt : {"bf16", "fp16", "fp8-e4m3-tensor", "fp8-e4m3-channel", "fp8-e4m3-block128",
-                          "fp8-e5m2-tensor", "nvfp4", "nvfp4-ct", "mxfp4", "int4-g128",
-                          "int4-g128-asym", "gptq-int4-g128"}) {
-    const QuantSpec spec = *ParseQuantFormat(fmt);
+  for (const std::string& name : formats) {
+    const char* fmt = name.c_str();
+    auto parsed = ParseQuantFormat(name);
+    if (!parsed.ok()) {
+      fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+      return;
+    }
+    const QuantSpec spec = *parsed;
     for (float lr : {1e-6f, 1e-5f}) {
       const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
       for (const P& p : policies) {
@@ -148,18 +153,30 @@ int main(int argc, char** argv) {
   uint64_t rows = 1024, cols = 1024;
   int steps = 4;
   bool casts_only = false;
+  std::vector<std::string> formats = {"bf16", "fp16", "fp8-e4m3-tensor", "fp8-e4m3-channel",
+                                      "fp8-e4m3-block128", "fp8-e5m2-tensor", "nvfp4", "nvfp4-ct",
+                                      "mxfp4", "int4-g128", "int4-g128-asym", "gptq-int4-g128"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--casts-only") casts_only = true;
     else if (a == "--rows" && i + 1 < argc) rows = std::stoull(argv[++i]);
     else if (a == "--cols" && i + 1 < argc) cols = std::stoull(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
+    else if (a == "--formats" && i + 1 < argc) {
+      formats.clear();
+      std::string list = argv[++i];
+      for (size_t p = 0; p <= list.size();) {
+        const size_t c = std::min(list.find(',', p), list.size());
+        if (c > p) formats.push_back(list.substr(p, c - p));
+        p = c + 1;
+      }
+    }
     else {
-      fprintf(stderr, "usage: tern_quant_bench [--casts-only] [--rows N] [--cols N] [--steps S]\n");
+      fprintf(stderr, "usage: tern_quant_bench [--casts-only] [--rows N] [--cols N] [--steps S] [--formats a,b]\n");
       return 2;
     }
   }
   tern::BenchCasts();
-  if (!casts_only) tern::BenchPolicies(rows, cols, steps);
+  if (!casts_only) tern::BenchPolicies(rows, cols, steps, formats);
   return 0;
 }

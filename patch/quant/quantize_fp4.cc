@@ -154,16 +154,9 @@ Result<Quantized> QuantizeFp4(const QuantSpec& spec, const float* master,
           kept = true;
         }
       }
-      if (!kept) {
-        const float target = want * RescaleFactor(policy);
-        code = EncodeMini(target, kE4M3, /*saturate=*/true);
-        // kBand rounds the stored scale up so the next step's fresh scale
-        // (about `want`) lands inside the band instead of just above it.
-        if (policy.kind == ScalePolicy::Kind::kBand && DecodeMini(code, kE4M3) < target &&
-            (code & 0x7F) < kE4M3.max_code) {
-          ++code;
-        }
-      }
+      // Nearest, not rounded up as INT4's scales are: an E4M3 step is 6-12%,
+      // and rounding up cost +12% RMSE for 4% fewer patch bytes (benchmarks).
+      if (!kept) code = EncodeMini(want * RescaleFactor(policy), kE4M3, /*saturate=*/true);
       scales.data[b] = code;
       const float block_scale = DecodeMini(code, kE4M3);
       eff = ct ? block_scale / global_ct : block_scale * scale_2;
