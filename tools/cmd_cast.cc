@@ -104,8 +104,9 @@ Status Cast(const Flags& flags) {
   for (const std::string& k : SplitCommas(flags.Get("keep"))) keep.push_back(k);
   const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
 
-  // Plan every output tensor first (shapes from a dry run on zeros would be
-  // costly; the layouts are known from the spec, so quantize a 1-row probe).
+  // Plan every output tensor first: the checkpoint is created with its final
+  // table. Layouts come from quantizing zeros of the same shape.
+  // TODO(perf): derive shapes from the spec instead of a full-size dry run.
   std::vector<Plan> plans;
   for (const TensorRef& t : in->view().tensors) {
     Plan p;
