@@ -30,7 +30,7 @@ link us sa delay_ms=5 loss_pct=1
 CONF
 
 # A failed `up` must leave nothing behind.
-if TERN_WAN_FWD=/nonexistent "$WAN" up "$work/wan.conf" --prefix "$prefix" 2>/dev/null; then
+if "$WAN" up "$work/wan.conf" --prefix "$prefix" --fwd /bin/false 2>/dev/null; then
   fail "up with a missing forwarder succeeded"
 fi
 [ -z "$(ip netns list | grep "^$prefix-" || true)" ] || fail "failed up left namespaces"

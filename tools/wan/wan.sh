@@ -23,7 +23,11 @@ die() { echo "wan.sh: $*" >&2; exit 1; }
 
 find_fwd() {
   local here; here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-  for f in "${TERN_WAN_FWD:-}" "$here"/build*/tools/wan/tern-wan-fwd "$here"/build/*/tools/wan/tern-wan-fwd; do
+  if [ -n "${TERN_WAN_FWD:-}" ]; then
+    [ -x "$TERN_WAN_FWD" ] || die "TERN_WAN_FWD=$TERN_WAN_FWD is not an executable"
+    echo "$TERN_WAN_FWD"; return
+  fi
+  for f in "$here"/build*/tools/wan/tern-wan-fwd "$here"/build/*/tools/wan/tern-wan-fwd; do
     [ -n "$f" ] && [ -x "$f" ] && { echo "$f"; return; }
   done
   die "tern-wan-fwd not found: build it or pass --fwd / set TERN_WAN_FWD"
@@ -95,6 +99,7 @@ cmd_up() {
   [ -n "$prefix" ] || prefix=tw-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
   [[ $prefix =~ ^tw-[a-z0-9]{1,12}$ ]] || die "prefix must look like tw-[a-z0-9]{1,12}"
   [ -n "$fwd" ] || fwd=$(find_fwd)
+  [ -x "$fwd" ] || die "forwarder $fwd is not an executable"
   local state=$STATE_ROOT/$prefix
   [ -e "$state" ] && die "testbed $prefix exists (wan.sh down $prefix)"
   mkdir -p "$state"
