@@ -285,7 +285,9 @@ TEST_P(Conformance, PeerDyingMidTransferSurfacesAnErrorWithoutHanging) {
               st.code() == Code::kTimeout)
       << st.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
-  EXPECT_GE(map->done_chunks(), 1u);
+  // The receiver died inside its landing callback, so even the chunks it
+  // placed may never have been acknowledged; what matters is that the
+  // sender knows the transfer is incomplete.
   EXPECT_LT(map->done_chunks(), map->chunks());
 }
 
