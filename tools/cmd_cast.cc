@@ -14,6 +14,7 @@
 #include "common/thread_pool.h"
 #include "tern/checkpoint.h"
 #include "tern/quant.h"
+#include "tern/quant_plan.h"
 #include "tern/quantize.h"
 #include "tools/cli_util.h"
 #include "tools/flags.h"
@@ -23,15 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Tensors engines keep in high precision: norms, embeddings, lm_head and MoE
-// routers ("mlp.gate.weight", not "gate_proj").
-const char* const kKeepDefault[] = {"norm", "embed", "lm_head", "mlp.gate.weight", "router"};
-
 struct Plan {
   const TensorDesc* in = nullptr;
-  bool quantize = false;
-  std::string prefix;  // output name = prefix + suffix
-  std::vector<TensorDesc> outs;
+  QuantTensorPlan q;
 };
 
 std::vector<std::string> SplitCommas(const std::string& s) {
@@ -100,47 +95,20 @@ Status Cast(const Flags& flags) {
   if (!flags.Get("previous").empty()) {
     TERN_ASSIGN_OR_RETURN(prev, Checkpoint::Open(flags.Get("previous")));
   }
-  std::vector<std::string> keep(std::begin(kKeepDefault), std::end(kKeepDefault));
+  std::vector<std::string> keep = DefaultQuantKeep();
   for (const std::string& k : SplitCommas(flags.Get("keep"))) keep.push_back(k);
-  const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
 
   // Plan every output tensor first: the checkpoint is created with its final
-  // table. Layouts come from quantizing zeros of the same shape.
-  // TODO(perf): derive shapes from the spec instead of a full-size dry run.
+  // table.
   std::vector<Plan> plans;
   for (const TensorRef& t : in->view().tensors) {
-    Plan p;
-    p.in = t.desc;
-    const TensorDesc& d = *t.desc;
-    const bool floaty = d.dtype == DType::kF32 || d.dtype == DType::kBF16 || d.dtype == DType::kF16;
-    bool kept = false;
-    for (const std::string& k : keep) kept |= d.name.find(k) != std::string::npos;
-    p.quantize = !plain && floaty && d.shape.size() >= 2 && EndsWith(d.name, ".weight") && !kept;
-    if (p.quantize) {
-      p.prefix = d.name.substr(0, d.name.size() - 7);
-      std::vector<float> zeros(d.elements(), 0.0f);
-      auto probe = Quantize(spec, zeros.data(), d.shape, nullptr, policy);
-      if (!probe.ok()) {
-        if (probe.status().code() != Code::kInvalidArgument) return probe.status();
-        fprintf(stderr, "tern cast: keeping %s unquantized: %s\n", d.name.c_str(),
-                probe.status().message().c_str());
-        p.quantize = false;
-      } else {
-        for (const QuantTensor& qt : probe->tensors)
-          p.outs.push_back({p.prefix + qt.suffix, qt.dtype, qt.shape});
-      }
-    }
-    if (!p.quantize) {
-      const DType to = !floaty ? d.dtype
-                       : spec.scheme == QuantScheme::kF16 ? DType::kF16
-                       : d.dtype == DType::kF32 ? DType::kBF16
-                                                : d.dtype;
-      p.outs.push_back({d.name, to, d.shape});
-    }
-    plans.push_back(std::move(p));
+    TERN_ASSIGN_OR_RETURN(QuantTensorPlan q, PlanQuantTensor(spec, *t.desc, keep));
+    if (!q.note.empty())
+      fprintf(stderr, "tern cast: keeping %s unquantized: %s\n", t.desc->name.c_str(), q.note.c_str());
+    plans.push_back(Plan{t.desc, std::move(q)});
   }
   std::vector<TensorDesc> descs;
-  for (const Plan& p : plans) descs.insert(descs.end(), p.outs.begin(), p.outs.end());
+  for (const Plan& p : plans) descs.insert(descs.end(), p.q.outs.begin(), p.q.outs.end());
   SortLikeReferenceWriter(descs);
   CreateOptions create;
   create.overwrite = flags.Switch("overwrite");
@@ -152,16 +120,17 @@ Status Cast(const Flags& flags) {
   Status first_error;
   std::atomic<uint64_t> rescaled{0}, groups{0};
   pool.ParallelFor(plans.size(), [&](uint64_t i) {
-    const Plan& p = plans[i];
+    const Plan& plan = plans[i];
+    const QuantTensorPlan& p = plan.q;
     auto fail = [&](Status s) {
       std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = s.WithContext(p.in->name);
+      if (first_error.ok()) first_error = s.WithContext(plan.in->name);
     };
-    const TensorRef* src = in->view().Find(p.in->name);
+    const TensorRef* src = in->view().Find(plan.in->name);
     if (!p.quantize) {
       auto* dst = out->view().Find(p.outs[0].name);
-      if (p.outs[0].dtype == p.in->dtype) {
-        std::memcpy(dst->data, src->data, p.in->bytes());
+      if (p.outs[0].dtype == plan.in->dtype) {
+        std::memcpy(dst->data, src->data, plan.in->bytes());
         return;
       }
       auto f = ToF32(*src);
@@ -187,7 +156,7 @@ Status Cast(const Flags& flags) {
                                     std::vector<uint8_t>(pt->data, pt->data + od.bytes())});
       }
     }
-    auto q = Quantize(spec, master->data(), p.in->shape, prev ? &previous : nullptr, policy);
+    auto q = Quantize(spec, master->data(), plan.in->shape, prev ? &previous : nullptr, policy);
     if (!q.ok()) return fail(q.status());
     rescaled += q->rescaled_groups;
     groups += q->scale_groups;

@@ -13,6 +13,8 @@
 
 #include "common/thread_pool.h"
 #include "tern/checkpoint.h"
+#include "tern/quant_plan.h"
+#include "tern/quantize.h"
 #include "tern/trace.h"
 #include "tools/flags.h"
 
@@ -102,7 +104,7 @@ Status WriteVersion(const TraceGenerator& gen, const std::string& path,
   pool.ParallelFor(pieces.size(), [&](uint64_t i) {
     std::memcpy(pieces[i].to, pieces[i].from, pieces[i].bytes);
   });
-  const std::string config = ModelConfigJson(gen.config().shape, ServeDType(gen.config().format));
+  const std::string config = gen.config_json();
   TERN_RETURN_IF_ERROR(ckpt->AddFile(
       "config.json", {reinterpret_cast<const uint8_t*>(config.data()), config.size()}));
   return ckpt->Commit();
@@ -128,7 +130,12 @@ Status Run(int argc, char** argv) {
   flags.Add("steps", "optimizer steps; writes versions 0 (initial) .. STEPS", "3");
   flags.Add("lr", "Adam learning rate", "1e-6");
   flags.Add("seed", "random seed; the trace is a pure function of the flags", "0");
-  flags.Add("dtype", "serve dtype: bf16 or fp16", "bf16");
+  std::string formats;
+  for (const std::string& n : QuantFormatNames()) formats += (formats.empty() ? "" : "|") + n;
+  flags.Add("format", "serve layout (as `tern cast` writes it): " + formats, "bf16");
+  flags.Add("scale-policy", "band (keep the previous step's scales within a band: sparse "
+                            "patches) or fresh (re-quantize from scratch)", "band");
+  flags.Add("dtype", "alias of --format for bf16 / fp16");
   flags.Add("beta1", "Adam beta1", "0.9");
   flags.Add("beta2", "Adam beta2", "0.999");
   flags.Add("eps", "Adam epsilon", "1e-8");
@@ -161,9 +168,30 @@ Status Run(int argc, char** argv) {
   TERN_ASSIGN_OR_RETURN(const uint64_t shard_bytes, flags.GetU64("shard-bytes"));
   TERN_ASSIGN_OR_RETURN(const uint64_t threads, flags.GetU64("threads"));
   TERN_REQUIRE(threads <= 4096, kInvalidArgument, "--threads ", threads, " is too many");
-  auto format = ServeFormatFromName(flags.Get("dtype"));
-  TERN_REQUIRE(format.ok(), kInvalidArgument, "--dtype: ", format.status().message());
-  config.format = *format;
+  std::string format_name = flags.Get("format");
+  if (!flags.Get("dtype").empty()) {
+    auto alias = ServeFormatFromName(flags.Get("dtype"));
+    TERN_REQUIRE(alias.ok(), kInvalidArgument, "--dtype: ", alias.status().message());
+    TERN_REQUIRE(format_name == "bf16" || format_name == ServeFormatName(*alias), kInvalidArgument,
+                 "--dtype ", flags.Get("dtype"), " contradicts --format ", format_name);
+    format_name = std::string(ServeFormatName(*alias));
+  }
+  auto spec = ParseQuantFormat(format_name);
+  TERN_REQUIRE(spec.ok(), kInvalidArgument, "--format: ", spec.status().message());
+  if (spec->scheme == QuantScheme::kBF16) {
+    config.format = ServeFormat::kBF16;
+  } else if (spec->scheme == QuantScheme::kF16) {
+    config.format = ServeFormat::kF16;
+  } else {
+    config.format = ServeFormat::kQuantized;
+    config.quant = *spec;
+  }
+  const std::string policy_name = flags.Get("scale-policy");
+  if (policy_name == "fresh") {
+    config.scale_policy.kind = ScalePolicy::Kind::kFresh;
+  } else {
+    TERN_REQUIRE(policy_name == "band", kInvalidArgument, "--scale-policy must be band or fresh");
+  }
   auto shape = ChooseModelShape(params);
   TERN_REQUIRE(shape.ok(), kInvalidArgument, "--params: ", shape.status().message());
   config.shape = *shape;
@@ -189,13 +217,32 @@ Status Run(int argc, char** argv) {
               static_cast<unsigned long long>(config.seed));
   std::fflush(stdout);
 
+  if (config.format == ServeFormat::kQuantized) {
+    // The generator serves these as BF16, as `tern cast` would; say so.
+    uint64_t candidates = 0, refused = 0;
+    std::string why;
+    for (const TensorDesc& d : ModelTensors(s, DType::kF32)) {
+      TERN_ASSIGN_OR_RETURN(QuantTensorPlan plan, PlanQuantTensor(*spec, d, DefaultQuantKeep()));
+      candidates += plan.quantize || !plan.note.empty();
+      if (!plan.note.empty()) {
+        ++refused;
+        if (why.empty()) why = d.name + ": " + plan.note;
+      }
+    }
+    if (refused > 0)
+      std::fprintf(stderr, "tern datagen: %llu of %llu projection tensors kept unquantized (BF16), "
+                   "e.g. %s\n", static_cast<unsigned long long>(refused),
+                   static_cast<unsigned long long>(candidates), why.c_str());
+  }
+
   ThreadPool pool(static_cast<unsigned>(threads));
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"tern.trace.seed", std::to_string(config.seed)},
       {"tern.trace.lr", flags.Get("lr")},
-      {"tern.trace.dtype", std::string(ServeFormatName(config.format))},
+      {"tern.trace.dtype", spec->name},
   };
+  if (config.format == ServeFormat::kQuantized) metadata["tern.trace.scale_policy"] = policy_name;
   CreateOptions create_options;
   create_options.shard_bytes_max = shard_bytes;
   int width = 6;
@@ -208,7 +255,7 @@ Status Run(int argc, char** argv) {
   auto t0 = Clock::now();
   TERN_ASSIGN_OR_RETURN(auto gen, TraceGenerator::Create(config, pool));
   double compute_s = SecondsSince(t0);
-  const char* dtype = ServeFormatName(config.format).data();
+  const char* dtype = spec->name.c_str();
   for (uint64_t step = 0;; ++step) {
     double write_s = 0;
     if (!stats_only) {
@@ -225,6 +272,15 @@ Status Run(int argc, char** argv) {
     if (step == 0)
       std::printf("step 0: initial view, %.4g values (%s)  [init %.2f s, write %.2f s]\n",
                   static_cast<double>(stats.elements), dtype, compute_s, write_s);
+    else if (stats.scale_groups > 0)
+      std::printf("step %llu: %.2f%% of %.4g values changed (%s), %.2f%% of %.4g scale groups "
+                  "re-scaled  [step %.2f s, write %.2f s, %llu/%llu]\n",
+                  static_cast<unsigned long long>(step), 100.0 * stats.changed_fraction(),
+                  static_cast<double>(stats.elements), dtype,
+                  100.0 * static_cast<double>(stats.rescaled_groups) /
+                      static_cast<double>(stats.scale_groups),
+                  static_cast<double>(stats.scale_groups), compute_s, write_s,
+                  static_cast<unsigned long long>(step), static_cast<unsigned long long>(steps));
     else
       std::printf("step %llu: %.2f%% of %.4g values changed (%s)  [step %.2f s, write %.2f s, "
                   "%llu/%llu, eta %.0f s]\n",

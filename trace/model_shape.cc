@@ -200,6 +200,8 @@ std::string_view ServeFormatName(ServeFormat format) {
       return "bf16";
     case ServeFormat::kF16:
       return "fp16";
+    case ServeFormat::kQuantized:
+      return "quantized";
   }
   return "?";
 }

@@ -12,10 +12,12 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/thread_pool.h"
 #include "tern/quant.h"
+#include "tern/quant_plan.h"
 #include "tern/trace.h"
 
 namespace tern {
@@ -86,6 +88,8 @@ void CastTile(ServeFormat format, const float* in, uint16_t* out, uint64_t n) {
     case ServeFormat::kF16:
       CastF32ToF16(in, out, n);
       return;
+    case ServeFormat::kQuantized:
+      break;  // whole tensors at once: Impl::ServeQuantized
   }
   TERN_ASSERT(false, "unhandled serve format");
 }
@@ -115,6 +119,15 @@ Status TraceConfig::Validate() const {
   TERN_REQUIRE(std::isfinite(c.signal_to_noise) && c.signal_to_noise >= 0 &&
                    c.signal_to_noise <= 1e6,
                kInvalidArgument, "signal_to_noise ", c.signal_to_noise, " outside [0, 1e6]");
+  if (c.format == ServeFormat::kQuantized) {
+    TERN_REQUIRE(c.quant.scheme != QuantScheme::kBF16 && c.quant.scheme != QuantScheme::kF16,
+                 kInvalidArgument, "quantized serve format needs a quantized scheme, not ",
+                 c.quant.name, " (use ServeFormat::kBF16 / kF16)");
+    const ScalePolicy& p = c.scale_policy;
+    TERN_REQUIRE(p.band_low > 0 && p.band_low <= 1 && p.headroom >= 1 && p.headroom <= 2,
+                 kInvalidArgument, "scale policy band ", p.band_low, " / headroom ", p.headroom,
+                 " outside (0, 1] / [1, 2]");
+  }
   return Status::Ok();
 }
 
@@ -149,8 +162,20 @@ struct TraceGenerator::Impl {
   double beta1_power = 1;  // beta^t by repeated products: exact and libm-free
   double beta2_power = 1;
 
-  void Init();
-  void Advance();
+  // kQuantized: what each master tensor serves as (descs order), its last
+  // output (codes and scales, or a BF16 cast for kept tensors), and where
+  // each view tensor lives in it.
+  bool quantized = false;
+  std::vector<QuantTensorPlan> plans;
+  std::vector<Quantized> served;
+  std::vector<TensorDesc> out_descs;  // sorted by name
+  std::vector<std::pair<uint32_t, uint32_t>> out_source;  // (tensor, QuantTensor) per out_descs
+
+  Status Init();
+  Status Advance();
+  Status PlanQuantized();
+  // Re-serves every tensor from the master; counts changes when `count`.
+  Status ServeQuantized(bool count);
   // Casts master elements [begin, end) of t into the view; returns how many
   // view elements changed (all of them when !count).
   uint64_t CastRange(const Tensor& t, uint64_t begin, uint64_t end, bool count);
@@ -159,6 +184,7 @@ struct TraceGenerator::Impl {
 
 uint64_t TraceGenerator::Impl::CastRange(const Tensor& t, uint64_t begin, uint64_t end,
                                          bool count) {
+  if (quantized) return 0;  // served per tensor after the master pass
   uint16_t tile[kTileElements];
   uint64_t changed = 0;
   for (uint64_t i = begin; i < end; i += kTileElements) {
@@ -183,7 +209,113 @@ void TraceGenerator::Impl::Tally(const std::vector<uint64_t>& block_changed) {
   }
 }
 
-void TraceGenerator::Impl::Init() {
+Status TraceGenerator::Impl::PlanQuantized() {
+  const std::vector<std::string> keep = DefaultQuantKeep();
+  std::vector<std::tuple<std::string, uint32_t, uint32_t>> outs;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    TensorDesc master_desc = descs[i];
+    master_desc.dtype = DType::kF32;
+    TERN_ASSIGN_OR_RETURN(QuantTensorPlan plan, PlanQuantTensor(config.quant, master_desc, keep));
+    Quantized q;
+    for (size_t j = 0; j < plan.outs.size(); ++j) {
+      const TensorDesc& o = plan.outs[j];
+      q.tensors.push_back({o.name.substr(plan.prefix.size()), o.dtype, o.shape,
+                           std::vector<uint8_t>(o.bytes())});
+      outs.emplace_back(o.name, static_cast<uint32_t>(i), static_cast<uint32_t>(j));
+    }
+    plans.push_back(std::move(plan));
+    served.push_back(std::move(q));
+  }
+  std::sort(outs.begin(), outs.end());
+  for (const auto& [name, i, j] : outs) {
+    TERN_REQUIRE(out_descs.empty() || out_descs.back().name != name, kInternal,
+                 "two serve tensors named ", name);
+    out_descs.push_back(plans[i].outs[j]);
+    out_source.emplace_back(i, j);
+  }
+  return Status::Ok();
+}
+
+Status TraceGenerator::Impl::ServeQuantized(bool count) {
+  std::vector<Status> errors(tensors.size());
+  std::vector<uint64_t> rescaled(tensors.size()), groups(tensors.size());
+  // Per (tensor, output) changed elements, summed into view order below.
+  std::vector<std::vector<uint64_t>> changed(tensors.size());
+  pool->ParallelFor(tensors.size(), [&](uint64_t i) {
+    const Tensor& t = tensors[i];
+    const float* w = master.get() + t.offset;
+    Quantized next;
+    if (plans[i].quantize) {
+      const Quantized* previous = step == 0 ? nullptr : &served[i];
+      auto q = Quantize(config.quant, w, descs[i].shape, previous, config.scale_policy);
+      if (!q.ok()) {
+        errors[i] = q.status().WithContext(descs[i].name);
+        return;
+      }
+      next = std::move(q).value();
+    } else {
+      const TensorDesc& o = plans[i].outs[0];
+      QuantTensor qt{"", o.dtype, o.shape, std::vector<uint8_t>(o.bytes())};
+      auto* bits = reinterpret_cast<uint16_t*>(qt.data.data());
+      if (o.dtype == DType::kF16) {
+        CastF32ToF16(w, bits, t.elements);
+      } else {
+        CastF32ToBF16(w, bits, t.elements);
+      }
+      next.tensors.push_back(std::move(qt));
+    }
+    Quantized& prev = served[i];
+    if (next.tensors.size() != prev.tensors.size()) {
+      errors[i] = TERN_ERROR(kInternal, descs[i].name, ": quantizer changed the layout");
+      return;
+    }
+    changed[i].assign(next.tensors.size(), 0);
+    for (size_t j = 0; j < next.tensors.size(); ++j) {
+      const QuantTensor& a = prev.tensors[j];
+      const QuantTensor& b = next.tensors[j];
+      const TensorDesc& o = plans[i].outs[j];
+      if (b.dtype != o.dtype || b.shape != o.shape || b.data.size() != a.data.size()) {
+        errors[i] = TERN_ERROR(kInternal, o.name, ": quantizer changed the layout");
+        return;
+      }
+      const uint64_t elements = o.elements();
+      if (!count || elements == 0) {
+        changed[i][j] = elements;
+        continue;
+      }
+      const uint64_t width = b.data.size() / elements;  // whole bytes per element
+      uint64_t n = 0;
+      for (uint64_t e = 0; e < elements; ++e)
+        n += std::memcmp(a.data.data() + e * width, b.data.data() + e * width, width) != 0;
+      changed[i][j] = n;
+    }
+    rescaled[i] = next.rescaled_groups;
+    groups[i] = next.scale_groups;
+    prev = std::move(next);
+  });
+  for (const Status& s : errors) TERN_RETURN_IF_ERROR(s);
+  stats.step = step;
+  stats.elements = 0;
+  stats.changed = 0;
+  stats.rescaled_groups = 0;
+  stats.scale_groups = 0;
+  stats.changed_per_tensor.assign(out_descs.size(), 0);
+  view.tensors.clear();
+  for (size_t k = 0; k < out_descs.size(); ++k) {
+    const auto [i, j] = out_source[k];
+    stats.changed_per_tensor[k] = changed[i][j];
+    stats.changed += changed[i][j];
+    stats.elements += out_descs[k].elements();
+    view.tensors.push_back(TensorRef{&out_descs[k], served[i].tensors[j].data.data()});
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    stats.rescaled_groups += rescaled[i];
+    stats.scale_groups += groups[i];
+  }
+  return Status::Ok();
+}
+
+Status TraceGenerator::Impl::Init() {
   std::vector<uint64_t> block_changed(blocks.size());
   pool->ParallelFor(blocks.size(), [&](uint64_t bi) {
     const Block& b = blocks[bi];
@@ -196,10 +328,12 @@ void TraceGenerator::Impl::Init() {
     std::fill(moment2.get() + t.offset + b.begin, moment2.get() + t.offset + b.end, 0.0f);
     block_changed[bi] = CastRange(t, b.begin, b.end, /*count=*/false);
   });
+  if (quantized) return ServeQuantized(/*count=*/false);
   Tally(block_changed);
+  return Status::Ok();
 }
 
-void TraceGenerator::Impl::Advance() {
+Status TraceGenerator::Impl::Advance() {
   ++step;
   const AdamConfig& a = config.adam;
   beta1_power *= a.beta1;
@@ -248,7 +382,9 @@ void TraceGenerator::Impl::Advance() {
     }
     block_changed[bi] = changed;
   });
+  if (quantized) return ServeQuantized(/*count=*/true);
   Tally(block_changed);
+  return Status::Ok();
 }
 
 TraceGenerator::TraceGenerator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -256,7 +392,12 @@ TraceGenerator::~TraceGenerator() = default;
 
 uint64_t TraceGenerator::MemoryBytesFor(const ModelShape& shape, ServeFormat format) {
   const uint64_t n = shape.parameters();
-  return 3 * n * sizeof(float) + DTypeBytes(ServeDType(format), n);
+  // Quantized layouts are at most BF16-sized plus small scale tensors; the
+  // quantizer's working copies are per tensor.
+  const uint64_t view_bytes = format == ServeFormat::kQuantized
+                                  ? DTypeBytes(DType::kBF16, n) + n / 8
+                                  : DTypeBytes(ServeDType(format), n);
+  return 3 * n * sizeof(float) + view_bytes;
 }
 
 Result<std::unique_ptr<TraceGenerator>> TraceGenerator::Create(const TraceConfig& config,
@@ -265,6 +406,7 @@ Result<std::unique_ptr<TraceGenerator>> TraceGenerator::Create(const TraceConfig
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->pool = &pool;
+  impl->quantized = config.format == ServeFormat::kQuantized;
   impl->descs = ModelTensors(config.shape, ServeDType(config.format));
   std::sort(impl->descs.begin(), impl->descs.end(),
             [](const TensorDesc& a, const TensorDesc& b) { return a.name < b.name; });
@@ -305,22 +447,44 @@ Result<std::unique_ptr<TraceGenerator>> TraceGenerator::Create(const TraceConfig
   impl->master = Allocate<float>(offset);
   impl->moment1 = Allocate<float>(offset);
   impl->moment2 = Allocate<float>(offset);
-  impl->view_bits = Allocate<uint16_t>(offset);
-  if (!impl->master || !impl->moment1 || !impl->moment2 || !impl->view_bits)
+  if (!impl->quantized) impl->view_bits = Allocate<uint16_t>(offset);
+  if (!impl->master || !impl->moment1 || !impl->moment2 ||
+      (!impl->quantized && !impl->view_bits))
     return TERN_ERROR(kResourceExhausted, "cannot allocate ",
                       MemoryBytesFor(config.shape, config.format), " bytes for a ", offset,
                       "-parameter trace");
-  for (size_t i = 0; i < impl->descs.size(); ++i)
-    impl->view.tensors.push_back(TensorRef{
-        &impl->descs[i],
-        reinterpret_cast<const uint8_t*>(impl->view_bits.get() + impl->tensors[i].offset)});
-  impl->Init();
+  if (impl->quantized) {
+    TERN_RETURN_IF_ERROR(impl->PlanQuantized());
+  } else {
+    for (size_t i = 0; i < impl->descs.size(); ++i)
+      impl->view.tensors.push_back(TensorRef{
+          &impl->descs[i],
+          reinterpret_cast<const uint8_t*>(impl->view_bits.get() + impl->tensors[i].offset)});
+  }
+  TERN_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<TraceGenerator>(new TraceGenerator(std::move(impl)));
 }
 
 Status TraceGenerator::Step() {
-  impl_->Advance();
-  return Status::Ok();
+  return impl_->Advance();
+}
+
+Result<std::span<const float>> TraceGenerator::master(std::string_view name) const {
+  for (size_t i = 0; i < impl_->descs.size(); ++i)
+    if (impl_->descs[i].name == name)
+      return std::span<const float>(impl_->master.get() + impl_->tensors[i].offset,
+                                    impl_->tensors[i].elements);
+  return TERN_ERROR(kNotFound, "no model tensor ", name);
+}
+
+std::string TraceGenerator::config_json() const {
+  const TraceConfig& c = impl_->config;
+  std::string json = ModelConfigJson(c.shape, ServeDType(c.format));
+  if (c.format != ServeFormat::kQuantized) return json;
+  const std::string q = QuantizationConfigJson(c.quant);
+  const size_t end = json.rfind('}');
+  const size_t last = json.find_last_not_of(" \n", end - 1);
+  return json.substr(0, last + 1) + ",\n  \"quantization_config\": " + q + "\n}\n";
 }
 
 uint64_t TraceGenerator::step() const { return impl_->step; }

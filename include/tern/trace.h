@@ -22,12 +22,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tern/dtype.h"
 #include "tern/export.h"
+#include "tern/quantize.h"
 #include "tern/status.h"
 #include "tern/view.h"
 
@@ -73,9 +75,17 @@ TERN_EXPORT std::string ModelConfigJson(const ModelShape& shape, DType dtype);
 enum class ServeFormat : uint8_t {
   kBF16 = 0,  // round-to-nearest-even, as torch .to(torch.bfloat16)
   kF16 = 1,   // round-to-nearest-even, as torch .to(torch.float16)
+  // TraceConfig::quant, laid out as `tern cast` writes it (PlanQuantTensor:
+  // codes + scales under the cast's names; norms, embeddings and lm_head
+  // BF16). Each step quantizes with the previous step's output as `previous`,
+  // so TraceConfig::scale_policy applies across steps.
+  kQuantized = 2,
 };
 TERN_EXPORT std::string_view ServeFormatName(ServeFormat format);  // "bf16"
+// bf16 or fp16 (kQuantized needs a QuantSpec: see ParseQuantFormat).
 TERN_EXPORT Result<ServeFormat> ServeFormatFromName(std::string_view name);
+// The dtype of the view's float tensors (BF16 for kQuantized: the unquantized
+// tensors and config.json's torch_dtype).
 TERN_EXPORT DType ServeDType(ServeFormat format);
 
 // Adam with decoupled weight decay (AdamW when weight_decay > 0), PyTorch's
@@ -98,6 +108,8 @@ struct TraceConfig {
   // 0 makes the master a random walk with shrinking steps.
   double signal_to_noise = 1.0;
   ServeFormat format = ServeFormat::kBF16;
+  QuantSpec quant;           // kQuantized only; a plain bf16/fp16 spec is refused
+  ScalePolicy scale_policy;  // kQuantized only
 
   // kInvalidArgument for a bad shape or optimizer setting (what Create checks).
   TERN_EXPORT Status Validate() const;
@@ -108,6 +120,10 @@ struct StepStats {
   uint64_t changed = 0;   // elements whose bits differ from the previous view
   uint64_t elements = 0;  // elements in the view
   std::vector<uint64_t> changed_per_tensor;  // in view().tensors order
+  // kQuantized: scale groups re-scaled by this step's Quantize calls, out of
+  // all (Quantized::rescaled_groups / scale_groups summed); 0 otherwise.
+  uint64_t rescaled_groups = 0;
+  uint64_t scale_groups = 0;
   double changed_fraction() const {
     return elements ? static_cast<double>(changed) / static_cast<double>(elements) : 0.0;
   }
@@ -126,13 +142,22 @@ class TERN_EXPORT TraceGenerator {
   TraceGenerator& operator=(const TraceGenerator&) = delete;
 
   // One optimizer step: new gradients, Adam, recast the view; last_stats()
-  // then counts the elements that changed against the previous view.
+  // then counts the elements that changed against the previous view. The
+  // master trajectory does not depend on the serve format. An error
+  // (a quantizer refusing the master) leaves the generator unusable.
   Status Step();
 
   uint64_t step() const;
   const ServeView& view() const;  // sorted by name
   const StepStats& last_stats() const;
   const TraceConfig& config() const;
+  // The FP32 master weights of a model tensor (ModelTensors name), valid
+  // until the next Step(); kNotFound for another name. For tests and error
+  // measurements.
+  Result<std::span<const float>> master(std::string_view name) const;
+  // config.json for the view: ModelConfigJson plus, for kQuantized, the
+  // quantization_config.
+  std::string config_json() const;
   // Bytes held: master, moments and view.
   uint64_t memory_bytes() const;
   // What Create would hold for `shape` and `format`, to check before allocating.

@@ -1,0 +1,352 @@
+// quant_trace_report: per-step patch statistics of quantized datagen traces
+// next to BF16 (docs/benchmarks.md, "Quantized traces").
+//
+// For every (lr, format, scale policy) it runs the trace generator for
+// --steps steps and, per step, measures on the serve view: the changed
+// fraction of code values (one per FP8 byte / FP4 or INT4 nibble / BF16
+// element) of the quantized tensors, the changed fraction of their scale
+// tensors, tern's patch bytes (Diff) against the full view, the fraction of
+// scale groups whose scale changed, the fraction of changed code values that
+// sit in such groups, and how much of a re-scaled group is rewritten. For
+// BF16/FP16 the "code" tensors are the ones the quantized formats quantize
+// (the same projections), so the columns compare like with like.
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "tern/patch.h"
+#include "tern/quant_plan.h"
+#include "tern/quantize.h"
+#include "tern/trace.h"
+#include "tools/flags.h"
+
+namespace tern {
+namespace {
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct OwnedView {
+  std::vector<TensorDesc> descs;
+  std::vector<std::vector<uint8_t>> bytes;
+  explicit OwnedView(const ServeView& v) {
+    for (const auto& t : v.tensors) {
+      descs.push_back(*t.desc);
+      bytes.emplace_back(t.data, t.data + t.desc->bytes());
+    }
+  }
+  ServeView View() const {
+    ServeView v;
+    for (size_t i = 0; i < descs.size(); ++i) v.tensors.push_back({&descs[i], bytes[i].data()});
+    return v;
+  }
+};
+
+// Code values per stored element, and the value at index k of an element.
+unsigned ValuesPerElement(DType d, bool quantized) {
+  if (!quantized) return 1;
+  if (d == DType::kU8) return 2;    // packed E2M1
+  if (d == DType::kI32) return 8;   // packed INT4
+  return 1;                         // FP8
+}
+
+// Which group (index into the primary scale tensor) holds code value v of a
+// quantized [out, in] weight.
+uint64_t GroupOf(const QuantSpec& spec, uint64_t out, uint64_t in, uint64_t v) {
+  switch (spec.scheme) {
+    case QuantScheme::kFp8Tensor:
+      return 0;
+    case QuantScheme::kFp8Channel:
+      return v / in;
+    case QuantScheme::kFp8Block128: {
+      const uint64_t r = v / in, c = v % in;
+      return (r / 128) * ((in + 127) / 128) + c / 128;
+    }
+    case QuantScheme::kNvfp4:
+    case QuantScheme::kNvfp4Ct:
+      return v / 16;  // row-major, 16 values per scale, in % 16 == 0
+    case QuantScheme::kMxfp4:
+      return v / 32;
+    case QuantScheme::kInt4Pack:
+      return v / spec.group;
+    case QuantScheme::kGptqInt4: {
+      // qweight [in/8, out]: word (w, r) holds rows 8w..8w+7 of column r.
+      const uint64_t word = v / 8, w = word / out, r = word % out;
+      return (w * 8 / spec.group) * out + r;
+    }
+    default:
+      return 0;
+  }
+}
+
+struct StepRow {
+  double code_changed = 0, scale_changed = 0, kept_changed = 0;
+  double groups_rescaled = 0, changed_in_rescaled = 0, rewrite = 0;
+  double patch_bytes = 0, view_bytes = 0;
+  double patch_q_bytes = 0, view_q_bytes = 0;  // quantized tensors only
+};
+
+struct Tally {
+  uint64_t code_values = 0, code_changed = 0;
+  uint64_t scale_elems = 0, scale_changed = 0;
+  uint64_t kept_elems = 0, kept_changed = 0;
+  uint64_t groups = 0, groups_changed = 0;
+  uint64_t changed_in_rescaled = 0, values_in_rescaled = 0;
+};
+
+Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps, ThreadPool& pool,
+               std::vector<StepRow>& rows, double& rel_rmse) {
+  TERN_ASSIGN_OR_RETURN(auto gen, TraceGenerator::Create(config, pool));
+  const bool quantized = config.format == ServeFormat::kQuantized;
+  // Classify view tensors by the cast plan of each master tensor.
+  struct Role {
+    int kind = 0;  // 0 kept, 1 codes, 2 scale (incl. zero points), 3 static metadata
+    const QuantSpec* spec = nullptr;
+    uint64_t out = 0, in = 0;
+    std::string scale_name;  // codes: the primary scale tensor (quantized)
+  };
+  std::vector<Role> roles(gen->view().tensors.size());
+  const std::vector<std::string> keep = DefaultQuantKeep();
+  const QuantSpec any_spec = *ParseQuantFormat("fp8-e4m3-tensor");
+  for (TensorDesc d : ModelTensors(config.shape, DType::kF32)) {
+    TERN_ASSIGN_OR_RETURN(QuantTensorPlan plan, PlanQuantTensor(quantized ? spec : any_spec, d, keep));
+    for (size_t j = 0; j < (quantized ? plan.outs.size() : 1); ++j) {
+      const std::string name = quantized ? plan.outs[j].name : d.name;
+      const std::string suffix = name.substr(plan.quantize ? plan.prefix.size() : name.size());
+      Role r;
+      r.kind = !plan.quantize                                               ? 0
+               : j == 0                                                     ? 1
+               : suffix.find("scale") != std::string::npos ||
+                       suffix.find("zero") != std::string::npos
+                   ? (suffix == ".input_scale" ? 3 : 2)
+                   : 3;
+      r.spec = &spec;
+      r.out = d.shape[0];
+      r.in = d.shape[1];
+      if (plan.quantize && quantized) r.scale_name = plan.outs[1].name;
+      bool found = false;
+      for (size_t k = 0; k < gen->view().tensors.size(); ++k)
+        if (gen->view().tensors[k].desc->name == name) {
+          roles[k] = r;
+          found = true;
+        }
+      TERN_REQUIRE(found, kInternal, "no view tensor ", name);
+    }
+  }
+  for (uint64_t step = 1; step <= steps; ++step) {
+    const OwnedView base(gen->view());
+    TERN_RETURN_IF_ERROR(gen->Step());
+    const ServeView& now = gen->view();
+    DiffOptions options;
+    options.base_version = step - 1;
+    options.target_version = step;
+    TERN_ASSIGN_OR_RETURN(auto patch, Diff(base.View(), now, options, pool));
+    // The same step restricted to the quantized tensors (the projections).
+    ServeView base_q, now_q;
+    for (size_t k = 0; k < now.tensors.size(); ++k)
+      if (roles[k].kind != 0) {
+        base_q.tensors.push_back(base.View().tensors[k]);
+        now_q.tensors.push_back(now.tensors[k]);
+      }
+    TERN_ASSIGN_OR_RETURN(auto patch_q, Diff(base_q, now_q, options, pool));
+    Tally t;
+    for (size_t k = 0; k < now.tensors.size(); ++k) {
+      const TensorDesc& d = base.descs[k];
+      const uint8_t* a = base.bytes[k].data();
+      const uint8_t* b = now.tensors[k].data;
+      const uint64_t n = d.elements();
+      const uint64_t w = n ? base.bytes[k].size() / n : 1;
+      const Role& r = roles[k];
+      if (r.kind == 0) {
+        for (uint64_t e = 0; e < n; ++e) t.kept_changed += std::memcmp(a + e * w, b + e * w, w) != 0;
+        t.kept_elems += n;
+      } else if (r.kind == 1 && !quantized) {
+        for (uint64_t e = 0; e < n; ++e) t.code_changed += std::memcmp(a + e * w, b + e * w, w) != 0;
+        t.code_values += n;
+      } else if (r.kind == 2) {
+        for (uint64_t e = 0; e < n; ++e) t.scale_changed += std::memcmp(a + e * w, b + e * w, w) != 0;
+        t.scale_elems += n;
+      } else if (r.kind == 1) {
+        // Per code value, with its group's scale changed or not.
+        const size_t si = [&] {
+          for (size_t m = 0; m < now.tensors.size(); ++m)
+            if (base.descs[m].name == r.scale_name) return m;
+          return size_t{0};
+        }();
+        const uint64_t sw = base.bytes[si].size() / base.descs[si].elements();
+        const uint64_t groups = base.descs[si].elements();
+        std::vector<uint8_t> rescaled(groups);
+        for (uint64_t g = 0; g < groups; ++g)
+          rescaled[g] = std::memcmp(base.bytes[si].data() + g * sw, now.tensors[si].data + g * sw, sw) != 0;
+        t.groups += groups;
+        for (uint8_t x : rescaled) t.groups_changed += x;
+        const unsigned per = ValuesPerElement(d.dtype, true);
+        const unsigned bits = per == 1 ? 0 : 4;
+        for (uint64_t e = 0; e < n; ++e) {
+          uint64_t va = 0, vb = 0;
+          std::memcpy(&va, a + e * w, w);
+          std::memcpy(&vb, b + e * w, w);
+          for (unsigned k2 = 0; k2 < per; ++k2) {
+            const bool changed = bits ? ((va >> (bits * k2)) & 15) != ((vb >> (bits * k2)) & 15) : va != vb;
+            const uint64_t g = GroupOf(*r.spec, r.out, r.in, e * per + k2);
+            t.code_changed += changed;
+            if (rescaled[g]) {
+              t.changed_in_rescaled += changed;
+              ++t.values_in_rescaled;
+            }
+          }
+        }
+        t.code_values += n * per;
+      }
+    }
+    auto frac = [](uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+    StepRow row;
+    row.code_changed = frac(t.code_changed, t.code_values);
+    row.scale_changed = frac(t.scale_changed, t.scale_elems);
+    row.kept_changed = frac(t.kept_changed, t.kept_elems);
+    row.groups_rescaled = frac(t.groups_changed, t.groups);
+    row.changed_in_rescaled = frac(t.changed_in_rescaled, t.code_changed);
+    row.rewrite = frac(t.changed_in_rescaled, t.values_in_rescaled);
+    row.patch_bytes = static_cast<double>(patch.size());
+    row.view_bytes = static_cast<double>(now.total_bytes());
+    row.patch_q_bytes = static_cast<double>(patch_q.size());
+    row.view_q_bytes = static_cast<double>(now_q.total_bytes());
+    rows.push_back(row);
+  }
+  // Quantization error of the last view against the master, over the
+  // quantized tensors: ||deq - master|| / ||master||.
+  rel_rmse = 0;
+  if (quantized) {
+    double err = 0, norm = 0;
+    for (TensorDesc d : ModelTensors(config.shape, DType::kF32)) {
+      TERN_ASSIGN_OR_RETURN(QuantTensorPlan plan, PlanQuantTensor(spec, d, keep));
+      if (!plan.quantize) continue;
+      Quantized q;
+      for (const TensorDesc& o : plan.outs) {
+        const TensorRef* ref = gen->view().Find(o.name);
+        q.tensors.push_back({o.name.substr(plan.prefix.size()), o.dtype, o.shape,
+                             std::vector<uint8_t>(ref->data, ref->data + o.bytes())});
+      }
+      TERN_ASSIGN_OR_RETURN(std::vector<float> deq, Dequantize(spec, q, d.shape));
+      TERN_ASSIGN_OR_RETURN(auto master, gen->master(d.name));
+      for (size_t e = 0; e < deq.size(); ++e) {
+        const double x = master[e], y = deq[e];
+        err += (x - y) * (x - y);
+        norm += x * x;
+      }
+    }
+    rel_rmse = norm > 0 ? std::sqrt(err / norm) : 0;
+  }
+  return Status::Ok();
+}
+
+Status Run(int argc, char** argv) {
+  cli::Flags flags("quant_trace_report", "patch statistics of quantized datagen traces");
+  flags.Add("params", "model size", "20M");
+  flags.Add("steps", "optimizer steps per trace", "3");
+  flags.Add("lrs", "comma-separated learning rates", "1e-6,1e-5");
+  std::string all;
+  for (const char* f : {"bf16", "fp16", "fp8-e4m3-tensor", "fp8-e4m3-channel", "fp8-e4m3-block128",
+                        "fp8-e5m2-tensor", "nvfp4", "nvfp4-ct", "mxfp4", "int4-g128",
+                        "int4-g128-asym", "gptq-int4-g128"})
+    all += (all.empty() ? "" : ",") + std::string(f);
+  flags.Add("formats", "comma-separated formats", all);
+  flags.Add("policies", "scale policies for quantized formats", "band,fresh");
+  flags.Add("seed", "trace seed", "0");
+  flags.Add("threads", "worker threads", "2");
+  TERN_RETURN_IF_ERROR(flags.Parse(argc, argv));
+  TERN_ASSIGN_OR_RETURN(const uint64_t params, flags.GetU64("params"));
+  TERN_ASSIGN_OR_RETURN(const uint64_t steps, flags.GetU64("steps"));
+  TERN_ASSIGN_OR_RETURN(const uint64_t seed, flags.GetU64("seed"));
+  TERN_ASSIGN_OR_RETURN(const uint64_t threads, flags.GetU64("threads"));
+  TERN_REQUIRE(threads >= 1 && threads <= 256 && steps >= 1 && steps <= 1000, kInvalidArgument,
+               "bad --threads or --steps");
+  TERN_ASSIGN_OR_RETURN(const ModelShape shape, ChooseModelShape(params));
+  ThreadPool pool(static_cast<unsigned>(threads));
+  std::printf("model: %" PRIu64 " parameters (hidden %" PRIu64 ", intermediate %" PRIu64
+              ", layers %" PRIu64 ", vocab %" PRIu64 "), %" PRIu64 " steps, seed %" PRIu64 "\n\n",
+              shape.parameters(), shape.hidden_size, shape.intermediate_size,
+              shape.num_hidden_layers, shape.vocab_size, steps, seed);
+  std::printf("| lr | format | policy | codes changed | scales changed | kept BF16 changed | "
+              "groups whose scale changed | changed codes in those groups | codes rewritten in those groups | "
+              "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE |\n");
+  std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const std::string& lr_text : Split(flags.Get("lrs"))) {
+    for (const std::string& format : Split(flags.Get("formats"))) {
+      TERN_ASSIGN_OR_RETURN(const QuantSpec spec, ParseQuantFormat(format));
+      const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
+      for (const std::string& policy : Split(flags.Get("policies"))) {
+        if (plain && policy != "band") continue;
+        TraceConfig config;
+        config.shape = shape;
+        config.seed = seed;
+        config.adam.lr = std::stod(lr_text);
+        config.format = spec.scheme == QuantScheme::kBF16  ? ServeFormat::kBF16
+                        : spec.scheme == QuantScheme::kF16 ? ServeFormat::kF16
+                                                           : ServeFormat::kQuantized;
+        if (!plain) config.quant = spec;
+        if (policy == "fresh") config.scale_policy.kind = ScalePolicy::Kind::kFresh;
+        std::vector<StepRow> rows;
+        double rmse = 0;
+        TERN_RETURN_IF_ERROR(Measure(config, spec, steps, pool, rows, rmse).WithContext(format));
+        StepRow m;
+        for (const StepRow& r : rows) {
+          m.code_changed += r.code_changed / rows.size();
+          m.scale_changed += r.scale_changed / rows.size();
+          m.kept_changed += r.kept_changed / rows.size();
+          m.groups_rescaled += r.groups_rescaled / rows.size();
+          m.changed_in_rescaled += r.changed_in_rescaled / rows.size();
+          m.rewrite += r.rewrite / rows.size();
+          m.patch_bytes += r.patch_bytes / rows.size();
+          m.view_bytes = r.view_bytes;
+          m.patch_q_bytes += r.patch_q_bytes / rows.size();
+          m.view_q_bytes = r.view_q_bytes;
+        }
+        auto pct = [](double x) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.3g%%", 100 * x);
+          return std::string(buf);
+        };
+        std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s | %s |\n",
+                    lr_text.c_str(), format.c_str(), plain ? "-" : policy.c_str(),
+                    pct(m.code_changed).c_str(), plain ? "-" : pct(m.scale_changed).c_str(),
+                    pct(m.kept_changed).c_str(), plain ? "-" : pct(m.groups_rescaled).c_str(),
+                    plain ? "-" : pct(m.changed_in_rescaled).c_str(),
+                    plain ? "-" : pct(m.rewrite).c_str(), m.patch_bytes / 1e6, m.view_bytes / 1e6,
+                    pct(m.patch_bytes / m.view_bytes).c_str(),
+                    pct(m.patch_q_bytes / m.view_q_bytes).c_str(), plain ? "-" : pct(rmse).c_str());
+        std::fflush(stdout);
+        // Per-step detail on stderr, for the record.
+        for (size_t s = 0; s < rows.size(); ++s)
+          std::fprintf(stderr, "%s %s %s step %zu: codes %.4g scales %.4g patch %.0f B\n",
+                       lr_text.c_str(), format.c_str(), policy.c_str(), s + 1, rows[s].code_changed,
+                       rows[s].scale_changed, rows[s].patch_bytes);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace tern
+
+int main(int argc, char** argv) {
+  tern::Status st = tern::Run(argc, argv);
+  if (st.code() == tern::Code::kCancelled) return 0;
+  if (!st.ok()) {
+    std::fprintf(stderr, "quant_trace_report: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  return 0;
+}

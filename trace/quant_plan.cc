@@ -1,0 +1,54 @@
+// PlanQuantTensor: the keep rules and output layouts of `tern cast`, shared
+// with the trace generator (include/tern/quant_plan.h).
+#include "tern/quant_plan.h"
+
+namespace tern {
+
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+std::vector<std::string> DefaultQuantKeep() {
+  return {"norm", "embed", "lm_head", "mlp.gate.weight", "router"};
+}
+
+Result<QuantTensorPlan> PlanQuantTensor(const QuantSpec& spec, const TensorDesc& d,
+                                        const std::vector<std::string>& keep) {
+  QuantTensorPlan p;
+  const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
+  const bool floaty = d.dtype == DType::kF32 || d.dtype == DType::kBF16 || d.dtype == DType::kF16;
+  bool kept = false;
+  for (const std::string& k : keep) kept |= d.name.find(k) != std::string::npos;
+  p.quantize = !plain && floaty && d.shape.size() >= 2 && EndsWith(d.name, ".weight") && !kept;
+  if (p.quantize) {
+    p.prefix = d.name.substr(0, d.name.size() - 7);
+    // Layouts come from quantizing zeros of the same shape.
+    // TODO(perf): derive shapes from the spec instead of a full-size dry run.
+    std::vector<float> zeros(d.elements(), 0.0f);
+    auto probe = Quantize(spec, zeros.data(), d.shape, nullptr, ScalePolicy{});
+    if (!probe.ok()) {
+      if (probe.status().code() != Code::kInvalidArgument) return probe.status();
+      p.note = probe.status().message();
+      p.quantize = false;
+      p.prefix.clear();
+    } else {
+      for (const QuantTensor& qt : probe->tensors)
+        p.outs.push_back({p.prefix + qt.suffix, qt.dtype, qt.shape});
+    }
+  }
+  if (!p.quantize) {
+    const DType to = !floaty ? d.dtype
+                     : spec.scheme == QuantScheme::kF16 ? DType::kF16
+                     : d.dtype == DType::kF32 ? DType::kBF16
+                                              : d.dtype;
+    p.prefix = d.name;
+    p.outs.push_back({d.name, to, d.shape});
+  }
+  return p;
+}
+
+}  // namespace tern
