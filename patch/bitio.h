@@ -65,7 +65,7 @@ class BitReader {
   BitReader(const uint8_t* data, uint64_t bytes) : data_(data), bytes_(bytes), bits_(bytes * 8) {}
 
   // Next n <= 56 bits without consuming them.
-  uint64_t Peek(int n) const {
+  [[gnu::always_inline]] uint64_t Peek(int n) const {
     const uint64_t byte = pos_ >> 3;
     uint64_t w = 0;
     if (byte + 8 <= bytes_) {
@@ -77,11 +77,10 @@ class BitReader {
     return n == 0 ? 0 : (w & (~uint64_t{0} >> (64 - n)));
   }
   void Skip(int n) { pos_ += static_cast<uint64_t>(n); }
-  uint64_t Read(int n) {  // n <= 64
-    if (n > 56) {
-      const uint64_t lo = Read(32);
-      return lo | (Read(n - 32) << 32);
-    }
+  // Forced inline (as ReadUnary): the decode loops call these once or twice
+  // per change, and out-of-line calls cost as much as the work.
+  [[gnu::always_inline]] uint64_t Read(int n) {  // n <= 64
+    if (n > 56) [[unlikely]] return ReadLong(n);
     const uint64_t v = Peek(n);
     pos_ += static_cast<uint64_t>(n);
     return v;
@@ -89,7 +88,7 @@ class BitReader {
   // Counts zero bits up to the next one bit (consumed). Returns false when
   // the stream ends first or the count exceeds `max_q` (bounded work on
   // hostile input: at most max_q/56 + 2 loads).
-  bool ReadUnary(uint64_t max_q, uint64_t* q) {
+  [[gnu::always_inline]] bool ReadUnary(uint64_t max_q, uint64_t* q) {
     uint64_t n = 0;
     for (;;) {
       if (pos_ >= bits_) return false;
@@ -118,6 +117,10 @@ class BitReader {
   uint64_t position_bits() const { return pos_; }
 
  private:
+  [[gnu::noinline]] uint64_t ReadLong(int n) {
+    const uint64_t lo = Read(32);
+    return lo | (Read(n - 32) << 32);
+  }
   const uint8_t* data_;
   uint64_t bytes_;
   uint64_t bits_;

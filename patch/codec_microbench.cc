@@ -2,7 +2,7 @@
 // bench/): one BF16 tensor of 2^26 N(0,0.02) values, changes of +-1/+-2 ulp
 // at geometric gaps with the given density. Times are CPU time of the calling
 // thread (min of repeats), so they hold up on a shared, loaded machine.
-// Usage: patch_microbench [density]
+// Usage: patch_microbench [density] [apply_repeats]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +18,7 @@ static double Now() { timespec ts; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts); 
 int main(int argc, char** argv) {
   const uint64_t n = uint64_t{1} << 26;
   const double density = argc > 1 ? atof(argv[1]) : 0.01;
+  const int apply_reps = argc > 2 ? std::max(1, atoi(argv[2])) : 5;
   testing::OwnedView a;
   a.Add("w", DType::kBF16, {n});
   std::mt19937_64 rng(1);
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> orig = a.data[0];
   MutableServeView mv = a.Mutable();
   double t_apply = 1e9; Status s;
-  for (int rep = 0; rep < 5; ++rep) { memcpy(a.data[0].data(), orig.data(), orig.size()); t0 = Now(); s = Apply(mv, *p, base, pool); t_apply = std::min(t_apply, Now() - t0); }
+  for (int rep = 0; rep < apply_reps; ++rep) { memcpy(a.data[0].data(), orig.data(), orig.size()); t0 = Now(); s = Apply(mv, *p, base, pool); t_apply = std::min(t_apply, Now() - t0); }
   for (int rep = 0; rep < 3; ++rep) { t0 = Now(); memcpy(dst.data(), b.data[0].data(), dst.size()); t_memcpy = std::min(t_memcpy, Now() - t0); }
   for (int rep = 0; rep < 2; ++rep) { t0 = Now(); ComputeDigest(a.View(), pool); t_digest = std::min(t_digest, Now() - t0); }
   if (!s.ok() || a.data[0] != b.data[0]) { printf("FAIL %s\n", s.ToString().c_str()); return 1; }

@@ -67,8 +67,9 @@ struct HuffmanDecoder {
 };
 void BuildDecoder(const uint8_t lengths[kSymbols], HuffmanDecoder* dec);
 
-// Reads one value (returns zigzag value) or fails.
-inline bool DecodeValue(BitReader& in, const HuffmanDecoder& dec, int w, uint64_t* z) {
+// Reads one value (returns zigzag value) or fails. Forced inline: it runs
+// once per change in every decode loop.
+[[gnu::always_inline]] inline bool DecodeValue(BitReader& in, const HuffmanDecoder& dec, int w, uint64_t* z) {
   const uint16_t e = dec.table[in.Peek(dec.max_bits)];
   if (e == 0) return false;
   in.Skip(e & 15);
