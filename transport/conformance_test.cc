@@ -261,10 +261,6 @@ TEST_P(Conformance, ManyConcurrentPeers) {
 }
 
 TEST_P(Conformance, PeerDyingMidTransferSurfacesAnErrorWithoutHanging) {
-  if (GetParam().name == "ucx") {
-    GTEST_SKIP() << "UCX Close() is asynchronous: see transport/ucx/ucx_conn.cc TODO(close) "
-                    "(a landing may still touch the freed window; segfaults ~1 run in 4)";
-  }
   auto conn = Dial(*pair_.client);
   ASSERT_TRUE(conn);
   auto accepted = Accepted(0);

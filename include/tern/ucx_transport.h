@@ -20,6 +20,16 @@
 // Write, while chunks must come from and land in host memory (the checksum is
 // computed on the host).
 //
+// Close() from outside this transport's callbacks is synchronous, as
+// transport.h asks: it sends a bye, waits for the peer's answer (or its
+// disconnect), lets rendezvous receives in flight finish, and returns once
+// UCX has closed the endpoint; pending work has completed and on_closed has
+// fired by then. Each stage is bounded (about 2 s in all); past that Close
+// logs and returns. Called from a callback on the progress thread it cannot
+// wait, and the close finishes behind it. Completions of pending work are
+// held until UCX has let go of the endpoint, so a failed chunk's source may
+// be freed as soon as its completion fires.
+//
 // CancelReceive from another thread waits (bounded by op_timeout_ms) for a
 // chunk landing in that window. Called from one of this transport's
 // callbacks it cannot wait: a rendezvous chunk already landing may still

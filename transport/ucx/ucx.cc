@@ -59,9 +59,15 @@ Status Resolve(const std::string& address, bool passive, sockaddr_storage* out, 
   return Status::Ok();
 }
 
+struct EpCloseCtx {
+  UcxTransport* t;
+  std::shared_ptr<UcxConn> conn;
+};
+
 void OnEpClosed(void* request, ucs_status_t, void* user_data) {
-  ucp_request_free(request);
-  --*static_cast<uint64_t*>(user_data);
+  std::unique_ptr<EpCloseCtx> ctx(static_cast<EpCloseCtx*>(user_data));
+  if (request != nullptr) ucp_request_free(request);
+  ctx->t->Defer([t = ctx->t, conn = std::move(ctx->conn)] { t->EpClosed(conn); });
 }
 
 void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -69,8 +75,9 @@ void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   if (UcxConn* conn = t->Find(ep)) {
     auto self = conn->shared_from_this();
     t->Defer([self, status] {
-      if (self->lingering()) return self->FinishLinger();
-      self->Shutdown(FromUcs(status, "peer " + self->peer_address()), Code::kUnavailable, false);
+      if (self->closing()) return self->ByeAnswered();
+      self->Shutdown(FromUcs(status, "peer " + self->peer_address()), Code::kUnavailable,
+                     UcxConn::Bye::kNone);
     });
   }
 }
@@ -127,9 +134,9 @@ ucs_status_t AmBye(void* arg, const void*, size_t, void*, size_t, const ucp_am_r
   if (c == nullptr) return UCS_OK;
   auto self = c->shared_from_this();
   static_cast<UcxTransport*>(arg)->Defer([self] {
-    if (self->lingering()) return self->FinishLinger();  // the answer to our bye
+    if (self->closing()) return self->ByeAnswered();  // the answer to our bye
     // Answer with our own bye, so the peer may close its endpoint.
-    self->Shutdown(Status::Ok(), Code::kUnavailable, /*bye=*/true);
+    self->Shutdown(Status::Ok(), Code::kUnavailable, UcxConn::Bye::kAnswer);
   });
   return UCS_OK;
 }
@@ -243,8 +250,10 @@ UcxTransport::~UcxTransport() {
       std::vector<std::shared_ptr<UcxConn>> conns;
       for (auto& [ep, conn] : eps_) conns.push_back(conn);
       for (auto& conn : conns) {
-        conn->Shutdown(TERN_ERROR(kCancelled, "ucx transport destroyed"), Code::kCancelled, true);
-        conn->FinishLinger();  // no time to wait for answers
+        // No time to wait for answers: bye, flush, close.
+        conn->Shutdown(TERN_ERROR(kCancelled, "ucx transport destroyed"), Code::kCancelled,
+                       UcxConn::Bye::kAnswer);
+        conn->Abandon();
       }
       for (auto& state : listens_) {
         state->closed = true;
@@ -255,6 +264,12 @@ UcxTransport::~UcxTransport() {
       stop_ = true;
     });
     thread_.join();
+    // Closes that did not finish within kCloseDrainUs: complete their work
+    // anyway (bounded; UCX is torn down below).
+    for (const auto& conn : std::vector<std::shared_ptr<UcxConn>>(releasing_.begin(), releasing_.end())) {
+      conn->Released();
+    }
+    releasing_.clear();
   }
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -318,13 +333,14 @@ void UcxTransport::Run() {
       next_check_us = now + kDeadlineCheckUs;
       std::vector<std::shared_ptr<UcxConn>> conns;
       for (auto& [ep, conn] : eps_) conns.push_back(conn);
+      conns.insert(conns.end(), releasing_.begin(), releasing_.end());
       for (auto& conn : conns) conn->CheckDeadlines(now);
     }
     {
       std::lock_guard<std::mutex> lock(cmd_mu_);
       if (stop_) {
         if (drain_until_us == 0) drain_until_us = now + kCloseDrainUs;
-        if (closing_eps_ == 0 || now >= drain_until_us) return;
+        if (releasing_.empty() || now >= drain_until_us) return;
         continue;  // keep progressing until endpoints finished closing
       }
       if (!commands_.empty()) continue;
@@ -404,17 +420,26 @@ UcxConn* UcxTransport::Find(ucp_ep_h ep) {
   return it == eps_.end() ? nullptr : it->second.get();
 }
 
-void UcxTransport::CloseEp(ucp_ep_h ep, bool flush) {
+void UcxTransport::CloseEp(const std::shared_ptr<UcxConn>& conn, ucp_ep_h ep, bool flush) {
   eps_.erase(ep);
+  releasing_.insert(conn);
+  auto* ctx = new EpCloseCtx{this, conn};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
                        UCP_OP_ATTR_FIELD_USER_DATA;
-  // A forced close is only defined when both sides detect peer failure.
+  // A forced close is only defined when both sides detect peer failure. It
+  // fails the endpoint's outstanding requests, so UCX stops touching their
+  // buffers once it completes.
   param.flags = flush || !options_.detect_peer_failure ? 0u : uint32_t{UCP_EP_CLOSE_FLAG_FORCE};
   param.cb.send = OnEpClosed;
-  param.user_data = &closing_eps_;
+  param.user_data = ctx;
   void* req = ucp_ep_close_nbx(ep, &param);
-  if (UCS_PTR_IS_PTR(req)) ++closing_eps_;
+  if (!UCS_PTR_IS_PTR(req)) OnEpClosed(nullptr, UCS_PTR_STATUS(req), ctx);  // done (or failed) at once
+}
+
+void UcxTransport::EpClosed(const std::shared_ptr<UcxConn>& conn) {
+  releasing_.erase(conn);
+  conn->Released();
 }
 
 void UcxTransport::Accept(ListenState* state, ucp_conn_request_h request) {

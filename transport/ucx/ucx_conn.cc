@@ -17,8 +17,15 @@ namespace {
 // A message seq may run this far ahead of the next one due before the peer
 // is treated as broken (bounds the reorder buffer's key space).
 constexpr uint64_t kMaxSeqGap = 1 << 16;
-// How long a closed connection waits for the peer's bye.
-constexpr uint64_t kLingerUs = 1'000'000;
+// How long a closing connection waits for the peer's answering bye before
+// it closes its endpoint anyway.
+constexpr uint64_t kByeWaitUs = 500'000;
+// How long a closing endpoint waits for its rendezvous receives in flight.
+constexpr uint64_t kDrainUs = 500'000;
+// How long an endpoint close may take before we stop waiting for UCX.
+constexpr uint64_t kReleaseUs = 750'000;
+// Close() waits at most this (the three above plus deadline pacing).
+constexpr auto kCloseWait = std::chrono::milliseconds(2000);
 
 struct SendCtx {
   std::shared_ptr<void> keep;
@@ -60,6 +67,7 @@ struct UcxConn::Landing {
   // Messages: the buffer a rendezvous message lands in.
   uint64_t seq = 0;
   std::string message;
+  bool counted = false;  // in rndv_in_flight_
 };
 
 UcxConn::UcxConn(UcxTransport* transport, std::string peer, State s, uint64_t deadline_us)
@@ -297,19 +305,21 @@ void UcxConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_vi
   });
 }
 
-// TODO(close): Close() only queues the shutdown; after the bye the endpoint
-// lingers up to kLingerUs, so UCX may still read chunk sources and write
-// windows after Close() returns (transport.h forbids it), and a landing that
-// completes late checksums a window the caller already freed (segfault in
-// Conformance.PeerDyingMidTransferSurfacesAnErrorWithoutHanging/ucx, skipped
-// until this is synchronous and bounded).
+// Synchronous (transport.h): waits until the endpoint is closed, so UCX no
+// longer reads our chunk sources or writes our windows. From a callback on
+// the progress thread it cannot wait; the close then finishes behind it.
 void UcxConn::Close() {
   auto self = shared_from_this();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
+    if (released_) return;
   }
-  t_->Post([self] { self->Shutdown(Status::Ok(), Code::kCancelled, /*bye=*/true); });
+  t_->Post([self] { self->Shutdown(Status::Ok(), Code::kCancelled, Bye::kSend); });
+  if (t_->OnProgressThread()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, kCloseWait, [&] { return released_; })) {
+    t_->Log("ucx: close of " + peer_ + " did not finish in time");
+  }
 }
 
 // ---- progress thread ----
@@ -318,7 +328,7 @@ void UcxConn::ProtocolError(const Status& why) {
   if (state == State::kClosed) return;  // traffic racing our close
   t_->Log("ucx: closing " + peer_ + ": " + why.ToString());
   auto self = shared_from_this();
-  t_->Defer([self, why] { self->Shutdown(why, Code::kUnavailable, /*bye=*/false); });
+  t_->Defer([self, why] { self->Shutdown(why, Code::kUnavailable, Bye::kNone); });
 }
 
 void UcxConn::OnHello(std::string_view header) {
@@ -333,7 +343,7 @@ void UcxConn::OnHello(std::string_view header) {
         st.message().substr(0, kMaxReasonBytes));
     SendAm(kAmHelloAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
     // Flushed, so the hello-ack with the reason reaches the peer first.
-    t_->Defer([self, st] { self->Shutdown(st, Code::kUnavailable, /*bye=*/false, /*flush=*/true); });
+    t_->Defer([self, st] { self->Shutdown(st, Code::kUnavailable, Bye::kNoneFlush); });
     state = State::kClosed;  // nothing more is accepted from it
     return;
   }
@@ -355,12 +365,12 @@ void UcxConn::OnHelloAck(std::string_view header, std::string_view reason) {
   if (st.ok()) st = StatusFromWire(h.code, reason);
   auto self = shared_from_this();
   if (!st.ok()) {
-    t_->Defer([self, st] { self->Shutdown(st, Code::kUnavailable, /*bye=*/false); });
+    t_->Defer([self, st] { self->Shutdown(st, Code::kUnavailable, Bye::kNone); });
     return;
   }
   state = State::kOpen;
   t_->Defer([self] {
-    self->RecordLanes();
+    if (self->ep != nullptr) self->RecordLanes();
     ConnectDone done = std::move(self->connect_done);
     self->connect_done = nullptr;
     if (done) done(std::shared_ptr<Connection>(self));
@@ -397,6 +407,7 @@ ucs_status_t UcxConn::OnMessage(std::string_view header, void* data, size_t leng
     std::unique_ptr<Landing> l(static_cast<Landing*>(user_data));
     if (request != nullptr) ucp_request_free(request);
     auto* conn = l->conn.get();
+    if (l->counted) conn->RndvDone();
     conn->t_->Defer([l = std::shared_ptr<Landing>(std::move(l)), status] {
       UcxConn* c = l->conn.get();
       if (status != UCS_OK) return c->ProtocolError(FromUcs(status, "receiving a message"));
@@ -407,6 +418,9 @@ ucs_status_t UcxConn::OnMessage(std::string_view header, void* data, size_t leng
   void* req = ucp_am_recv_data_nbx(t_->worker(), data, landing->message.data(), length, &param);
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {
     param.cb.recv_am(nullptr, req == nullptr ? UCS_OK : UCS_PTR_STATUS(req), length, landing);
+  } else {
+    landing->counted = true;
+    ++rndv_in_flight_;
   }
   return UCS_INPROGRESS;
 }
@@ -469,6 +483,7 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
   param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
     std::shared_ptr<Landing> l(static_cast<Landing*>(user_data));
     if (request != nullptr) ucp_request_free(request);
+    if (l->counted) l->conn->RndvDone();
     Status s = status == UCS_OK ? Status::Ok() : FromUcs(status, "receiving a chunk");
     l->conn->t_->Defer([l, s]() mutable {
       l->conn->FinishLanding(std::make_unique<Landing>(std::move(*l)), std::move(s));
@@ -479,22 +494,30 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
   void* req = ucp_am_recv_data_nbx(t_->worker(), data, raw->dst, h.length, &param);
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {
     param.cb.recv_am(nullptr, req == nullptr ? UCS_OK : UCS_PTR_STATUS(req), h.length, raw);
+  } else {
+    raw->counted = true;
+    ++rndv_in_flight_;
   }
   return UCS_INPROGRESS;
 }
 
 void UcxConn::FinishLanding(std::unique_ptr<Landing> l, Status status) {
-  if (status.ok() && Xxh3(l->dst, l->length) != l->xxh3) {
-    status = TERN_ERROR(kCorrupt, "chunk at ", l->dst_offset, " of transfer ", l->transfer_id,
-                        " failed its checksum");
-  }
   ChunkLanded landed;
+  bool open = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = windows_.find(l->transfer_id);
-    const bool open = it != windows_.end() && it->second.generation == l->generation;
+    open = it != windows_.end() && it->second.generation == l->generation;
     if (status.ok() && open) landed = it->second.on_landed;
     if (status.ok() && !open) status = TERN_ERROR(kNotFound, "receive window ", l->transfer_id, " was cancelled");
+  }
+  // Only an open window is read: a cancelled or closed one may be freed
+  // already. It stays open meanwhile (Shutdown runs on this thread, and
+  // CancelReceive waits for our generation).
+  if (status.ok() && open && Xxh3(l->dst, l->length) != l->xxh3) {
+    landed = nullptr;
+    status = TERN_ERROR(kCorrupt, "chunk at ", l->dst_offset, " of transfer ", l->transfer_id,
+                        " failed its checksum");
   }
   // on_landed runs before the generation is released, so CancelReceive
   // cannot return while it is running.
@@ -518,15 +541,26 @@ void UcxConn::OnAck(std::string_view header, std::string_view reason) {
 }
 
 void UcxConn::CheckDeadlines(uint64_t now_us) {
-  if (lingering_) {
-    if (now_us >= deadline_us_) FinishLinger();
+  if (closing_) {
+    if (now_us >= deadline_us_) ByeAnswered();  // no answer: close anyway
+    return;
+  }
+  if (draining_) {
+    if (now_us >= deadline_us_) CloseEndpointNow(/*flush=*/true);
+    return;
+  }
+  if (shut_) {
+    if (now_us >= deadline_us_ && finish_) {
+      t_->Log("ucx: closing the endpoint to " + peer_ + " did not finish in time");
+      Released();
+    }
     return;
   }
   if (state == State::kConnecting || state == State::kAwaitHello) {
     if (now_us < deadline_us_) return;
     Shutdown(TERN_ERROR(kTimeout, "ucx: ", state == State::kConnecting ? "connect to " : "hello from ",
                         peer_, " timed out"),
-             Code::kTimeout, false);
+             Code::kTimeout, Bye::kNone);
     return;
   }
   bool expired = false;
@@ -537,19 +571,65 @@ void UcxConn::CheckDeadlines(uint64_t now_us) {
   if (expired) {
     Shutdown(TERN_ERROR(kTimeout, "ucx: ", peer_, " did not acknowledge within ",
                         t_->options().op_timeout_ms, " ms"),
-             Code::kTimeout, false);
+             Code::kTimeout, Bye::kNone);
   }
 }
 
-void UcxConn::FinishLinger() {
-  if (!lingering_) return;
-  lingering_ = false;
-  t_->CloseEp(ep, /*flush=*/true);
-  ep = nullptr;
+void UcxConn::ByeAnswered() {
+  if (!closing_) return;
+  closing_ = false;
+  // Flush mode: requests still in flight finish first (Close waits, bounded
+  // by kReleaseUs). A forced close is no shortcut here: UCX 1.13 aborts
+  // (ucp_ep_destroy_base: proto_reqs not empty) when it meets a rendezvous
+  // receive still in flight on a healthy endpoint.
+  CloseEndpoint(/*flush=*/true);
 }
 
-void UcxConn::Shutdown(Status why, Code pending_code, bool bye, bool flush) {
-  if (ep == nullptr || lingering_) return;  // already shut down
+void UcxConn::Abandon() {
+  closing_ = false;
+  if (ep != nullptr) CloseEndpointNow(/*flush=*/true);
+}
+
+void UcxConn::CloseEndpoint(bool flush) {
+  if (ep != nullptr && flush && rndv_in_flight_ > 0) {
+    draining_ = true;  // RndvDone or CheckDeadlines closes it
+    deadline_us_ = t_->NowUs() + kDrainUs;
+    return;
+  }
+  CloseEndpointNow(flush);
+}
+
+void UcxConn::RndvDone() {
+  --rndv_in_flight_;
+  if (rndv_in_flight_ > 0 || !draining_) return;
+  // Called inside UCX: close after this progress call returns.
+  auto self = shared_from_this();
+  t_->Defer([self] {
+    if (self->draining_) self->CloseEndpointNow(/*flush=*/true);
+  });
+}
+
+void UcxConn::CloseEndpointNow(bool flush) {
+  draining_ = false;
+  deadline_us_ = t_->NowUs() + kReleaseUs;
+  if (ep == nullptr) return Released();
+  ucp_ep_h closing = ep;
+  ep = nullptr;
+  t_->CloseEp(shared_from_this(), closing, flush);
+}
+
+void UcxConn::Released() {
+  std::function<void()> finish = std::move(finish_);
+  finish_ = nullptr;
+  if (finish) finish();
+  std::lock_guard<std::mutex> lock(mu_);
+  released_ = true;
+  cv_.notify_all();
+}
+
+void UcxConn::Shutdown(Status why, Code pending_code, Bye bye) {
+  if (shut_) return;
+  shut_ = true;
   const State prev = state;
   state = State::kClosed;
   std::map<uint64_t, PendingOp> pending;
@@ -558,32 +638,35 @@ void UcxConn::Shutdown(Status why, Code pending_code, bool bye, bool flush) {
     closed_ = true;
     pending.swap(pending_);
     in_flight_ -= static_cast<uint32_t>(pending.size());
-    windows_.clear();
+    windows_.clear();  // nothing lands from here on; landings in flight end with the endpoint
   }
-  if (bye && prev == State::kOpen) {
-    SendAm(kAmBye, {}, nullptr, 0, nullptr, nullptr, nullptr);
-    lingering_ = true;
-    deadline_us_ = t_->NowUs() + kLingerUs;
-  } else {
-    t_->CloseEp(ep, /*flush=*/bye || flush);
-    ep = nullptr;
-  }
+  // Completions wait for Released: a pending chunk's source stays in use
+  // until UCX has let go of the endpoint's requests.
   const Status pending_status =
       pending_code == Code::kCancelled
           ? TERN_ERROR(kCancelled, "ucx: connection closed")
           : Status(pending_code, why.ok() ? "ucx: peer closed the connection" : why.message());
-  for (auto& [op, p] : pending) Complete(p.done, pending_status);
-  if (prev == State::kConnecting) {
-    ConnectDone done = std::move(connect_done);
-    connect_done = nullptr;
-    if (done) done(why.ok() ? TERN_ERROR(kUnavailable, "ucx: connect to ", peer_, " closed") : why);
-  } else if (prev == State::kOpen && !on_accept) {
-    auto on_closed = std::move(handlers.on_closed);
-    handlers = {};
-    if (on_closed) on_closed(why);
-  }
+  ConnectDone connect = prev == State::kConnecting ? std::move(connect_done) : nullptr;
+  std::function<void(Status)> on_closed;
+  if (prev == State::kOpen && !on_accept) on_closed = std::move(handlers.on_closed);
+  handlers = {};
   on_accept.reset();
   connect_done = nullptr;
+  finish_ = [this, pending = std::move(pending), pending_status, connect = std::move(connect),
+             on_closed = std::move(on_closed), why]() mutable {
+    for (auto& [op, p] : pending) Complete(p.done, pending_status);
+    if (connect) connect(why.ok() ? TERN_ERROR(kUnavailable, "ucx: connect to ", peer_, " closed") : why);
+    if (on_closed) on_closed(why);
+  };
+  const bool open = prev == State::kOpen && ep != nullptr;
+  if (open && bye == Bye::kSend) {
+    SendAm(kAmBye, {}, nullptr, 0, nullptr, nullptr, nullptr);
+    closing_ = true;
+    deadline_us_ = t_->NowUs() + kByeWaitUs;
+    return;
+  }
+  if (open && bye == Bye::kAnswer) SendAm(kAmBye, {}, nullptr, 0, nullptr, nullptr, nullptr);
+  CloseEndpoint(/*flush=*/bye != Bye::kNone);
 }
 
 }  // namespace tern::ucx

@@ -64,17 +64,31 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   ucs_status_t OnMessage(std::string_view header, void* data, size_t length, bool rndv);
   ucs_status_t OnChunk(std::string_view header, void* data, size_t length, bool rndv);
   void OnAck(std::string_view header, std::string_view reason);
-  // Ends the connection once: fails pending work with `pending_code`, tells
-  // the peer (bye) when `bye`, reports `why` to on_closed / ConnectDone.
-  // `flush` lets messages already queued reach the peer before the endpoint
-  // closes (implied by bye).
-  void Shutdown(Status why, Code pending_code, bool bye, bool flush = false);
+  // How Shutdown leaves the peer.
+  enum class Bye {
+    kNone,       // just close (force where the error mode allows)
+    kNoneFlush,  // close after what is queued reached the peer
+    kSend,       // we close: bye, then wait (bounded) for the peer's answer
+    kAnswer,     // the peer closed: answer with a bye, flush, close
+  };
+  // Ends the connection once: no window is written and no new operation
+  // starts from here on; the endpoint closes (after the bye exchange for
+  // kSend), and once UCX has released it (or a bounded wait gave up),
+  // pending work fails with `pending_code` and `why` goes to on_closed /
+  // ConnectDone, so a completion means UCX is done with that memory.
+  void Shutdown(Status why, Code pending_code, Bye bye);
   void CheckDeadlines(uint64_t now_us);
-  // After a bye we keep the endpoint until the peer's bye (or its
-  // disconnect, or a bounded linger) so our bye is not overtaken by the
+  // After our bye we keep the endpoint until the peer's bye (or its
+  // disconnect, or a bounded wait) so our bye is not overtaken by the
   // disconnect travelling another lane; then the endpoint closes.
-  bool lingering() const { return lingering_; }
-  void FinishLinger();
+  bool closing() const { return closing_; }
+  void ByeAnswered();
+  // Transport teardown: closes the endpoint now, without waiting for a bye
+  // answer or a drain.
+  void Abandon();
+  // The endpoint is closed (UCX released it) or we gave up waiting: runs
+  // the completions Shutdown held back and wakes Close(). Idempotent.
+  void Released();
   void SendHello();
   // Records which UCX transports (lanes) this endpoint ended up using.
   void RecordLanes();
@@ -104,6 +118,11 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   void Deliver(uint64_t seq, std::string payload);
   void FinishLanding(std::unique_ptr<Landing> landing, Status status);
   void ProtocolError(const Status& why);
+  void CloseEndpoint(bool flush);
+  // Closes the endpoint now (after any drain).
+  void CloseEndpointNow(bool flush);
+  // A rendezvous receive of this endpoint finished (counted ones only).
+  void RndvDone();
   // Sends one active message; `keep` (header/payload owner) lives until UCX is
   // done with the buffers; on_sent(status) runs deferred.
   void SendAm(unsigned id, std::string_view header, const void* data, size_t length,
@@ -111,8 +130,14 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
 
   UcxTransport* const t_;
   const std::string peer_;
-  uint64_t deadline_us_;  // handshake / connect / linger deadline (progress thread)
-  bool lingering_ = false;
+  uint64_t deadline_us_;  // handshake / connect / bye-answer / release deadline (progress thread)
+  bool shut_ = false;     // Shutdown ran (progress thread)
+  bool closing_ = false;  // our bye is out, the endpoint still open (progress thread)
+  // Rendezvous receives in flight; a flush close waits (bounded) for them,
+  // since UCX 1.13 aborts when it destroys an endpoint that still has one.
+  uint64_t rndv_in_flight_ = 0;
+  bool draining_ = false;
+  std::function<void()> finish_;  // completions held until Released (progress thread)
   uint64_t next_send_seq_ = 0;
   uint64_t next_recv_seq_ = 0;
   std::map<uint64_t, std::string> reorder_;
@@ -122,6 +147,7 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   std::condition_variable cv_;
   std::string lanes_;  // "tcp/lo posix/memory", set once open
   bool closed_ = false;
+  bool released_ = false;  // the endpoint is gone; Close() waits for this
   uint32_t in_flight_ = 0;
   uint64_t next_op_ = 1;
   uint64_t next_generation_ = 1;
@@ -170,7 +196,10 @@ class UcxTransport final : public Transport {
   ucp_worker_h worker() const { return worker_; }
   // Progress thread.
   void Forget(ucp_ep_h ep) { eps_.erase(ep); }
-  void CloseEp(ucp_ep_h ep, bool flush);
+  // Closes conn's endpoint (flush mode, or force where the error mode allows
+  // it); conn->Released() runs once UCX has finished the close.
+  void CloseEp(const std::shared_ptr<UcxConn>& conn, ucp_ep_h ep, bool flush);
+  void EpClosed(const std::shared_ptr<UcxConn>& conn);
   void Accept(ListenState* state, ucp_conn_request_h request);
   UcxConn* Find(ucp_ep_h ep);
   ucp_err_handling_mode_t ErrMode() const {
@@ -208,7 +237,7 @@ class UcxTransport final : public Transport {
   std::vector<std::function<void()>> deferred_;
   std::unordered_map<ucp_ep_h, std::shared_ptr<UcxConn>> eps_;
   std::vector<std::shared_ptr<ListenState>> listens_;
-  uint64_t closing_eps_ = 0;
+  std::set<std::shared_ptr<UcxConn>> releasing_;  // endpoint close in flight
 
   std::thread thread_;
   std::thread::id thread_id_;
