@@ -45,6 +45,17 @@ class ThreadTracker {
 };
 
 // Calls a completion if set; completions are optional for callers.
+// Little-endian field codecs for the small handshake/control encodings of
+// the UCX and verbs backends. Callers check `in` holds at + bytes first.
+inline void PutLe(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+inline uint64_t GetLe(std::string_view in, size_t at, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
+  return value;
+}
+
 inline void Complete(const Completion& done, Status status) {
   if (done) done(std::move(status));
 }

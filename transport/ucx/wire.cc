@@ -3,19 +3,14 @@
 #include <charconv>
 
 #include "tern/transport.h"
+#include "transport/internal.h"
 
 namespace tern::ucx {
 
 namespace {
 
-void Put(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-uint64_t Get(std::string_view in, size_t at, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
-  return value;
-}
+constexpr auto& Put = transport_internal::PutLe;
+constexpr auto& Get = transport_internal::GetLe;
 
 constexpr uint32_t kKeyMagic = 0x594B5554;  // bytes "TUKY"
 constexpr size_t kKeyFixedBytes = 4 + 2 + 2 + 8 + 8 + 4;

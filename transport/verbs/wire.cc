@@ -3,19 +3,14 @@
 #include <cstring>
 
 #include "tern/transport.h"
+#include "transport/internal.h"
 
 namespace tern::verbs {
 
 namespace {
 
-void Put(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-uint64_t Get(std::string_view in, size_t at, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
-  return value;
-}
+constexpr auto& Put = transport_internal::PutLe;
+constexpr auto& Get = transport_internal::GetLe;
 
 constexpr uint16_t kFlagEthernet = 1;
 constexpr uint64_t kMaxCode = 15;  // Code::kAuth, the last registered code
