@@ -230,8 +230,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     std::map<uint64_t, Completion> pending;
     std::vector<Completion> written;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (closed_) {
+        // Close() promises quiet memory when it returns, even when another
+        // thread's Fail is still at the barrier below; a stream thread of
+        // this connection must not wait (the barrier may be waiting for it).
+        if (stream_owner_ != this) quiesced_cv_.wait(lock, [&] { return quiesced_; });
+        return;
+      }
       closed_ = true;
       close_status_ = ops;
       pending.swap(pending_);
@@ -250,6 +256,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       s->Wake();
     }
     for (auto& s : streams_) std::lock_guard<std::mutex> barrier(s->io_mu);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quiesced_ = true;
+    }
+    quiesced_cv_.notify_all();
     for (auto& [op, done] : pending) Complete(done, ops);
     for (auto& done : written) Complete(done, ops);
     ConnectionHandlers handlers;
@@ -511,6 +522,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void RunStream(Stream& s) {
+    stream_owner_ = this;
     auto reader = std::make_unique<Reader>();
     std::optional<OutFrame> cur;
     uint64_t last_progress_us = clock_.NowUs();
@@ -561,6 +573,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       --reader->window->writers;
       window_cv_.notify_all();
     }
+    stream_owner_ = nullptr;
   }
 
   const std::string peer_;
@@ -572,10 +585,14 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   // A TLS read that needs to write first (renegotiation-like records); per
   // I/O thread, as each thread serves exactly one stream.
   static thread_local bool want_write_for_read_;
+  // The connection whose stream this thread serves (null elsewhere).
+  static thread_local const TcpConnection* stream_owner_;
 
   std::mutex mu_;
   std::condition_variable window_cv_;
   bool closed_ = false;
+  bool quiesced_ = false;  // the first Fail has passed its I/O barrier
+  std::condition_variable quiesced_cv_;
   Status close_status_;
   ConnectionHandlers handlers_;
   std::map<uint64_t, std::shared_ptr<Window>> windows_;
@@ -585,6 +602,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 };
 
 thread_local bool TcpConnection::want_write_for_read_ = false;
+thread_local const TcpConnection* TcpConnection::stream_owner_ = nullptr;
 
 // ---- listening and connecting ----------------------------------------------
 
