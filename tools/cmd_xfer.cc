@@ -24,7 +24,7 @@ void AddTransportFlags(Flags& f) {
   f.Add("tls-ca", "PEM CA that must have signed the peer's certificate");
   f.AddSwitch("no-tls", "plain TCP (only inside a trusted network; TLS is the default)");
   f.Add("congestion", "TCP congestion control to ask the kernel for", "bbr");
-  f.Add("socket-buffer", "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes)", "8M");
+  f.Add("socket-buffer", "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes; 0: kernel autotuning)", "0");
   f.Add("idle-timeout-ms", "close a connection whose peer is silent this long", "30000");
 }
 

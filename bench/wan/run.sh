@@ -11,6 +11,7 @@
 #
 #   bench/wan/run.sh [--points "RTT_MS:RATE_MBIT:LOSS_PCT ..."] [--cc "cubic bbr"]
 #                    [--streams N] [--seconds S] [--tern PATH] [--fwd PATH] [--out FILE]
+#                    [--tern-args "ARGS"]   (extra flags for both tern xfer ends)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 WAN=$here/tools/wan/wan.sh
@@ -20,12 +21,14 @@ streams=8
 seconds=5
 tern=""
 out=""
+tern_args=()
 while (($#)); do
   case $1 in
     --points) points=$2; shift 2 ;; --cc) ccs=$2; shift 2 ;;
     --streams) streams=$2; shift 2 ;; --seconds) seconds=$2; shift 2 ;;
     --tern) tern=$2; shift 2 ;; --fwd) export TERN_WAN_FWD=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --tern-args) read -r -a tern_args <<<"$2"; shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -83,7 +86,7 @@ tern_get() {
   rm -rf "$work/srv" "$work/out"; mkdir -p "$work/srv"
   head -c "$bytes" "$work/pool" >"$work/srv/blob"
   "$WAN" exec "$prefix" eu-1 "$tern" xfer serve --listen 10.2.1.2:7400 "${tls_server[@]}" \
-    --congestion "$cc" "$work/srv" >"$work/serve.log" 2>&1 &
+    --congestion "$cc" "${tern_args[@]}" "$work/srv" >"$work/serve.log" 2>&1 &
   local spid=$! t
   for ((t = 0; t < 50; t++)); do
     "$WAN" exec "$prefix" eu-1 ss -ltn 2>/dev/null | grep -q ':7400 ' && break; sleep 0.1
@@ -92,7 +95,7 @@ tern_get() {
   local t0 t1 line
   t0=$(date +%s.%N)
   line=$("$WAN" exec "$prefix" us-1 "$tern" xfer get 10.2.1.2:7400 blob -o "$work/out" \
-    --streams "$n" --quiet --congestion "$cc" "${tls_client[@]}" 2>&1 | grep -E 'bytes=|Gb/s' | tail -n 1) ||
+    --streams "$n" --quiet --congestion "$cc" "${tern_args[@]}" "${tls_client[@]}" 2>&1 | grep -E 'bytes=|Gb/s' | tail -n 1) ||
     { echo "tern xfer get failed: $line; server: $(tail -n 2 "$work/serve.log")" >&2; line=""; }
   t1=$(date +%s.%N)
   kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true

@@ -1,5 +1,5 @@
 // The TCP backend: N parallel streams per connection with chunks striped over
-// them, large socket buffers, BBR when the kernel has it, an XXH3-64 checksum
+// them, autotuned socket buffers, BBR when the kernel has it, an XXH3-64 checksum
 // and an acknowledgement per chunk, and optional TLS 1.3 with mutual
 // authentication. Wire format: docs/format/wire.md.
 //
@@ -37,8 +37,10 @@ struct TcpOptions {
   uint64_t rate_bps_hint = 0;
   uint64_t rtt_us_hint = 0;
   uint32_t max_streams = 64;
-  // SO_SNDBUF/SO_RCVBUF per stream; 0 = leave the kernel's autotuning.
-  uint64_t socket_buffer_bytes = 8ull << 20;
+  // SO_SNDBUF/SO_RCVBUF per stream; 0 = leave the kernel's autotuning
+  // (the default: a fixed size turns autotuning off and is capped by
+  // net.core.wmem_max/rmem_max).
+  uint64_t socket_buffer_bytes = 0;
   // TCP_CONGESTION; when the kernel refuses it the default stays and
   // Connection::Describe() says which one is in use.
   std::string congestion = "bbr";
