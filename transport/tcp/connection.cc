@@ -1,0 +1,498 @@
+// The TCP connection engine (see connection.h): one I/O thread per stream,
+// chunks pulled by whichever stream is free, ACK on the carrying stream.
+#include "transport/tcp/connection.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+
+#include <algorithm>
+
+namespace tern::tcp {
+
+using transport_internal::Complete;
+using transport_internal::LogLine;
+using transport_internal::Xxh3;
+
+void BlockSigpipe() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+Status StatusFromCode(uint64_t code, const char* what) {
+  if (code == 0) return Status::Ok();
+  const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
+  return Status(c, std::string("peer: ") + what);
+}
+
+OutFrame MakeFrame(FrameType type, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
+                   uint32_t payload_bytes) {
+  OutFrame f;
+  FrameHeader h;
+  h.type = type;
+  h.payload_bytes = payload_bytes;
+  h.arg[0] = a0;
+  h.arg[1] = a1;
+  h.arg[2] = a2;
+  h.arg[3] = a3;
+  EncodeHeader(h, f.header);
+  return f;
+}
+
+thread_local bool TcpConnection::want_write_for_read_ = false;
+thread_local const TcpConnection* TcpConnection::stream_owner_ = nullptr;
+
+TcpConnection::TcpConnection(std::vector<std::unique_ptr<Pipe>> pipes, std::string peer,
+                             std::string describe, const TcpOptions& options, Clock& clock)
+    : peer_(std::move(peer)), describe_(std::move(describe)), options_(options), clock_(clock) {
+  encrypted_ = !pipes.empty() && pipes[0]->encrypted();
+  for (uint32_t i = 0; i < pipes.size(); ++i) {
+    auto s = std::make_unique<Stream>();
+    s->pipe = std::move(pipes[i]);
+    s->index = i;
+    s->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    streams_.push_back(std::move(s));
+  }
+}
+
+void TcpConnection::SetHandlers(ConnectionHandlers handlers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handlers_ = std::move(handlers);
+}
+
+bool TcpConnection::SendHelloAcks(const uint8_t header[kHeaderBytes], uint64_t deadline_us) {
+  for (auto& s : streams_) {
+    if (!WriteFull(*s->pipe, header, kHeaderBytes, deadline_us, clock_).ok()) return false;
+  }
+  return true;
+}
+
+void TcpConnection::Start(transport_internal::ThreadTracker& threads) {
+  for (auto& s : streams_) {
+    auto self = shared_from_this();
+    Stream* stream = s.get();
+    threads.Spawn([self, stream] {
+      BlockSigpipe();
+      self->RunStream(*stream);
+    });
+  }
+}
+
+void TcpConnection::SendMessage(std::string payload, Completion done) {
+  if (payload.size() > kMaxMessageBytes) {
+    return Complete(done, TERN_ERROR(kOutOfRange, "message of ", payload.size(), " bytes exceeds ",
+                                     kMaxMessageBytes));
+  }
+  OutFrame f = MakeFrame(FrameType::kMessage, 0, 0, 0, 0, static_cast<uint32_t>(payload.size()));
+  f.owned = std::move(payload);  // f.data stays null: a moved short string relocates
+  f.size = f.owned.size();
+  f.on_written = std::move(done);
+  Status st = PushControl(*streams_[0], std::move(f), /*bounded=*/true);
+  if (!st.ok()) Complete(done, st);
+}
+
+void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
+  if (c.length == 0 || c.length > kMaxChunkBytes || c.src.base == nullptr || c.src.handle == 0 ||
+      c.src_offset > c.src.size_bytes || c.length > c.src.size_bytes - c.src_offset) {
+    return Complete(done, TERN_ERROR(kInvalidArgument, "chunk outside its registered source"));
+  }
+  const uint8_t* data = static_cast<const uint8_t*>(c.src.base) + c.src_offset;
+  const uint64_t sum = c.xxh3 ? *c.xxh3 : Xxh3(data, c.length);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return Complete(done, close_status_);
+    if (chunks_.size() + pending_.size() >= options_.max_queued_frames) {
+      return Complete(done, TERN_ERROR(kResourceExhausted, "more than ", options_.max_queued_frames,
+                                       " chunks queued"));
+    }
+    const uint64_t op = next_op_++;
+    OutFrame f = MakeFrame(FrameType::kChunk, c.transfer_id, c.dst_offset, sum, op,
+                           static_cast<uint32_t>(c.length));
+    f.data = data;
+    f.size = c.length;
+    chunks_.push_back(std::move(f));
+    pending_[op] = std::move(done);
+  }
+  for (auto& s : streams_) s->Wake();
+}
+
+Status TcpConnection::PostReceive(uint64_t transfer_id, const MemoryRegion& dst,
+                                  uint64_t dst_offset, uint64_t length_bytes,
+                                  ChunkLanded on_landed) {
+  TERN_REQUIRE(dst.base != nullptr && dst.handle != 0, kInvalidArgument,
+               "window memory not registered");
+  TERN_REQUIRE(dst_offset <= dst.size_bytes && length_bytes <= dst.size_bytes - dst_offset,
+               kInvalidArgument, "window outside its registered memory");
+  std::lock_guard<std::mutex> lock(mu_);
+  TERN_REQUIRE(!closed_, kUnavailable, "connection closed");
+  TERN_REQUIRE(!windows_.count(transfer_id), kAlreadyExists, "window ", transfer_id,
+               " already open");
+  windows_[transfer_id] = std::make_shared<Window>(
+      Window{static_cast<uint8_t*>(dst.base) + dst_offset, length_bytes, std::move(on_landed)});
+  return Status::Ok();
+}
+
+void TcpConnection::CancelReceive(uint64_t transfer_id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = windows_.find(transfer_id);
+  if (it == windows_.end()) return;
+  std::shared_ptr<Window> w = it->second;
+  windows_.erase(it);
+  window_cv_.wait(lock, [&] { return w->writers == 0; });
+}
+
+void TcpConnection::Close() { Fail(TERN_ERROR(kCancelled, "connection closed"), Status::Ok()); }
+
+void TcpConnection::Fail(Status ops, Status closed) {
+  std::map<uint64_t, Completion> pending;
+  std::vector<Completion> written;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) {
+      // Close() promises quiet memory when it returns, even when another
+      // thread's Fail is still at the barrier below; a stream thread of
+      // this connection must not wait (the barrier may be waiting for it).
+      if (stream_owner_ != this) quiesced_cv_.wait(lock, [&] { return quiesced_; });
+      return;
+    }
+    closed_ = true;
+    close_status_ = ops;
+    pending.swap(pending_);
+    chunks_.clear();
+    // windows_ stays: CancelReceive must still wait for a stream that is
+    // mid-chunk into one before the caller may free the memory.
+  }
+  for (auto& s : streams_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (auto& f : s->control) {
+      if (f.on_written) written.push_back(std::move(f.on_written));
+    }
+    s->control.clear();
+    s->stop = true;
+    s->pipe->Shutdown();
+    s->Wake();
+  }
+  for (auto& s : streams_) std::lock_guard<std::mutex> barrier(s->io_mu);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quiesced_ = true;
+  }
+  quiesced_cv_.notify_all();
+  for (auto& [op, done] : pending) Complete(done, ops);
+  for (auto& done : written) Complete(done, ops);
+  ConnectionHandlers handlers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handlers = std::move(handlers_);
+    handlers_ = {};
+  }
+  if (handlers.on_closed) handlers.on_closed(closed);
+}
+
+Status TcpConnection::PushControl(Stream& s, OutFrame f, bool bounded) {
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.stop) return TERN_ERROR(kUnavailable, "connection closed");
+    if (bounded && s.control.size() >= options_.max_queued_frames) {
+      return TERN_ERROR(kResourceExhausted, "more than ", options_.max_queued_frames,
+                        " frames queued");
+    }
+    s.control.push_back(std::move(f));
+  }
+  s.Wake();
+  return Status::Ok();
+}
+
+// Per-stream receive state; touched only by that stream's thread.
+struct TcpConnection::Reader {
+  uint8_t header[kHeaderBytes];
+  size_t header_got = 0;
+  uint64_t header_start_us = 0;
+  bool in_payload = false;
+  FrameHeader h;
+  uint8_t* dest = nullptr;
+  uint64_t got = 0;
+  std::string message;
+  std::shared_ptr<Window> window;
+  Status refuse;  // chunk read and dropped, then refused with this
+  uint8_t scratch[64 * 1024];
+};
+
+void TcpConnection::ProtocolFailure(const Status& why) {
+  LogLine(options_.log, "tcp: dropping connection from " + peer_ + ": " + why.ToString());
+  Fail(why, why);
+}
+
+bool TcpConnection::StartPayload(Stream& s, Reader& r) {
+  const FrameHeader& h = r.h;
+  r.got = 0;
+  r.dest = nullptr;
+  r.refuse = Status::Ok();
+  switch (h.type) {
+    case FrameType::kMessage:
+      if (s.index != 0) {
+        ProtocolFailure(TERN_ERROR(kProtocol, "message on stream ", s.index, " (only stream 0)"));
+        return false;
+      }
+      r.message.resize(h.payload_bytes);
+      r.dest = reinterpret_cast<uint8_t*>(r.message.data());
+      break;
+    case FrameType::kChunk: {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = windows_.find(h.arg[0]);
+      if (it == windows_.end()) {
+        r.refuse = Status(Code::kNotFound, "no receive window");
+      } else if (h.arg[1] > it->second->length || h.payload_bytes > it->second->length - h.arg[1]) {
+        r.refuse = Status(Code::kOutOfRange, "chunk outside the receive window");
+      } else {
+        r.window = it->second;
+        ++r.window->writers;
+        r.dest = r.window->base + h.arg[1];
+      }
+      break;
+    }
+    case FrameType::kHello:
+    case FrameType::kHelloAck:
+      ProtocolFailure(TERN_ERROR(kProtocol, "handshake frame on an established stream"));
+      return false;
+    default:
+      break;
+  }
+  r.in_payload = h.payload_bytes > 0;
+  if (!r.in_payload) return FinishFrame(s, r);
+  return true;
+}
+
+bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
+  r.in_payload = false;
+  r.header_got = 0;
+  const FrameHeader& h = r.h;
+  switch (h.type) {
+    case FrameType::kMessage: {
+      std::function<void(std::string)> on_message;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        on_message = handlers_.on_message;
+      }
+      if (on_message) on_message(std::move(r.message));
+      r.message = std::string();
+      break;
+    }
+    case FrameType::kChunk: {
+      Status result = r.refuse;
+      if (r.window) {
+        if (Xxh3(r.dest, h.payload_bytes) != h.arg[2]) {
+          result = Status(Code::kCorrupt, "chunk failed its checksum on landing");
+        }
+        ChunkLanded landed;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          --r.window->writers;
+          auto it = windows_.find(h.arg[0]);
+          if (it != windows_.end() && it->second == r.window) landed = r.window->on_landed;
+          window_cv_.notify_all();
+        }
+        r.window.reset();
+        if (result.ok() && landed) landed(h.arg[1], h.payload_bytes);
+      }
+      PushControl(s, MakeFrame(FrameType::kAck, h.arg[3], static_cast<uint64_t>(result.code())),
+                  /*bounded=*/false)
+          .IgnoreError();
+      break;
+    }
+    case FrameType::kAck: {
+      Completion done;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(h.arg[0]);
+        if (it != pending_.end()) {
+          done = std::move(it->second);
+          pending_.erase(it);
+        }
+      }
+      const Code code = h.arg[1] <= 15 ? static_cast<Code>(h.arg[1]) : Code::kInternal;
+      Complete(done, StatusFromCode(h.arg[1], code == Code::kCorrupt
+                                                  ? "chunk failed its checksum on landing"
+                                                  : "chunk refused"));
+      break;
+    }
+    default:
+      break;
+  }
+  return true;
+}
+
+// Reads what is available.
+bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us) {
+  *more = false;
+  for (int round = 0; round < 64; ++round) {
+    IoResult io;
+    std::unique_lock<std::mutex> io_lock(s.io_mu);
+    if (s.stop) return false;
+    if (!r.in_payload) {
+      io = s.pipe->Read(r.header + r.header_got, kHeaderBytes - r.header_got);
+      io_lock.unlock();
+      if (io.io == Io::kOk && io.bytes > 0) {
+        if (r.header_got == 0) r.header_start_us = clock_.NowUs();
+        r.header_got += io.bytes;
+        if (r.header_got == kHeaderBytes) {
+          Status st = DecodeHeader(r.header, &r.h);
+          if (!st.ok()) {
+            ProtocolFailure(st);
+            return false;
+          }
+          *last_progress_us = clock_.NowUs();
+          if (!StartPayload(s, r)) return false;
+        }
+        continue;
+      }
+    } else {
+      const uint64_t left = r.h.payload_bytes - r.got;
+      if (r.dest != nullptr) {
+        io = s.pipe->Read(r.dest + r.got, left);
+      } else {
+        io = s.pipe->Read(r.scratch, std::min<uint64_t>(left, sizeof r.scratch));
+      }
+      io_lock.unlock();
+      if (io.io == Io::kOk && io.bytes > 0) {
+        r.got += io.bytes;
+        *last_progress_us = clock_.NowUs();
+        if (r.got == r.h.payload_bytes && !FinishFrame(s, r)) return false;
+        continue;
+      }
+    }
+    if (io.io == Io::kWantRead || io.io == Io::kWantWrite) {
+      if (io.io == Io::kWantWrite) want_write_for_read_ = true;
+      return true;
+    }
+    if (io.io == Io::kEof || (io.io == Io::kOk && io.bytes == 0)) {
+      Fail(TERN_ERROR(kUnavailable, "connection closed by peer ", peer_),
+           r.header_got == 0 && !r.in_payload ? Status::Ok()
+                                              : TERN_ERROR(kUnavailable, "peer closed mid-frame"));
+      return false;
+    }
+    Status why = s.pipe->encrypted() && io.error.rfind("TLS: ", 0) == 0
+                     ? TERN_ERROR(kAuth, io.error)
+                     : TERN_ERROR(kUnavailable, "read from ", peer_, ": ", io.error);
+    Fail(why, why);
+    return false;
+  }
+  *more = true;  // yielded to the writer; data may still be waiting
+  return true;
+}
+
+// Writes what the socket takes; sets *blocked when it stopped on a full socket.
+bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blocked,
+                              uint64_t* last_write_us) {
+  *blocked = false;
+  for (;;) {
+    if (!cur) {
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (!s.control.empty()) {
+          cur = std::move(s.control.front());
+          s.control.pop_front();
+        }
+      }
+      if (!cur) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!chunks_.empty()) {
+          cur = std::move(chunks_.front());
+          chunks_.pop_front();
+        }
+      }
+      if (!cur) return true;
+    }
+    OutFrame& f = *cur;
+    IoResult io;
+    {
+      std::lock_guard<std::mutex> io_lock(s.io_mu);
+      if (s.stop) return false;
+      if (f.sent < kHeaderBytes) {
+        io = s.pipe->Write(f.header + f.sent, kHeaderBytes - f.sent);
+      } else {
+        const uint64_t off = f.sent - kHeaderBytes;
+        const uint8_t* data = f.data ? f.data : reinterpret_cast<const uint8_t*>(f.owned.data());
+        io = s.pipe->Write(data + off, std::min<uint64_t>(f.size - off, 16u << 20));
+      }
+    }
+    if (io.io == Io::kOk) {
+      f.sent += io.bytes;
+      *last_write_us = clock_.NowUs();
+      if (f.sent == kHeaderBytes + f.size) {
+        Completion done = std::move(f.on_written);
+        cur.reset();
+        Complete(done, Status::Ok());
+      }
+      continue;
+    }
+    if (io.io == Io::kWantWrite || io.io == Io::kWantRead) {
+      *blocked = io.io == Io::kWantWrite;
+      return true;
+    }
+    Status why = TERN_ERROR(kUnavailable, "write to ", peer_, ": ",
+                            io.io == Io::kEof ? "connection closed" : io.error);
+    Fail(why, why);
+    return false;
+  }
+}
+
+void TcpConnection::RunStream(Stream& s) {
+  stream_owner_ = this;
+  auto reader = std::make_unique<Reader>();
+  std::optional<OutFrame> cur;
+  uint64_t last_progress_us = clock_.NowUs();
+  uint64_t last_write_us = last_progress_us;
+  const uint64_t idle_us = options_.idle_timeout_ms * 1000;
+  bool more = false, blocked = false;
+  while (!s.stop) {
+    pollfd fds[2] = {{s.pipe->fd(), POLLIN, 0}, {s.wake_fd, POLLIN, 0}};
+    if (blocked || want_write_for_read_) fds[0].events |= POLLOUT;
+    const int wait_ms = (more || s.pipe->HasBuffered()) ? 0 : 50;
+    if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) break;
+    if (fds[1].revents & POLLIN) {
+      uint64_t n;
+      [[maybe_unused]] ssize_t rc = ::read(s.wake_fd, &n, sizeof n);
+    }
+    if (s.stop) break;
+    want_write_for_read_ = false;
+    if (!ReadSome(s, *reader, &more, &last_progress_us)) break;
+    if (!WriteSome(s, cur, &blocked, &last_write_us)) break;
+
+    const uint64_t now = clock_.NowUs();
+    if (reader->header_got > 0 && !reader->in_payload &&
+        now - reader->header_start_us > options_.header_timeout_ms * 1000) {
+      ProtocolFailure(TERN_ERROR(kTimeout, "partial frame header for more than ",
+                                 options_.header_timeout_ms, " ms"));
+      break;
+    }
+    if (now - last_progress_us > idle_us) {
+      ProtocolFailure(
+          TERN_ERROR(kTimeout, "peer silent for more than ", options_.idle_timeout_ms, " ms"));
+      break;
+    }
+    if (!cur && now - last_write_us > idle_us / 3) {
+      PushControl(s, MakeFrame(FrameType::kPing), false).IgnoreError();
+      last_write_us = now;
+    }
+  }
+  if (cur && cur->on_written) {
+    Status why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = close_status_;
+    }
+    Complete(cur->on_written, why.ok() ? TERN_ERROR(kUnavailable, "connection closed") : why);
+  }
+  if (reader->window) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --reader->window->writers;
+    window_cv_.notify_all();
+  }
+  stream_owner_ = nullptr;
+}
+
+}  // namespace tern::tcp

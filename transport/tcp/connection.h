@@ -1,0 +1,148 @@
+// The TCP backend's connection engine (internal): N streams, each served by
+// one I/O thread that owns its socket (and TLS session) and does both
+// directions with non-blocking I/O and poll, so TLS needs no locking and a
+// slow peer never blocks our acknowledgements behind our own writes. The
+// listener, dialer and handshake that build connections are in tcp.cc.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tern/tcp_transport.h"
+#include "tern/transport.h"
+#include "transport/internal.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/pipe.h"
+
+namespace tern::tcp {
+
+// SIGPIPE is per thread for synchronous signals: blocking it in our I/O
+// threads turns a write to a dead peer into EPIPE without touching the
+// process-wide disposition.
+void BlockSigpipe();
+
+// A frame queued for sending: its encoded header and a payload that is
+// either owned (messages) or borrowed from registered memory (chunks).
+struct OutFrame {
+  uint8_t header[kHeaderBytes];
+  std::string owned;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t sent = 0;  // over header + data
+  Completion on_written;
+};
+
+// The status a peer reported as a wire code (HELLO_ACK, ACK): OK for 0.
+Status StatusFromCode(uint64_t code, const char* what);
+
+OutFrame MakeFrame(FrameType type, uint64_t a0 = 0, uint64_t a1 = 0, uint64_t a2 = 0,
+                   uint64_t a3 = 0, uint32_t payload_bytes = 0);
+
+// A posted receive window.
+struct Window {
+  uint8_t* base;
+  uint64_t length;
+  ChunkLanded on_landed;
+  uint32_t writers = 0;  // streams writing into it now; guarded by the connection's mu_
+};
+
+struct Stream {
+  std::unique_ptr<Pipe> pipe;
+  int wake_fd = -1;
+  uint32_t index = 0;
+  std::mutex mu;
+  std::deque<OutFrame> control;  // guarded by mu: acks, pings, messages
+  std::atomic<bool> stop{false};
+  // Held by the stream thread around each socket read and write; Fail()
+  // passes it once after setting stop, so once a connection has failed no
+  // I/O touches registered memory (chunk sources, receive windows) again:
+  // their owners may free it when the ops complete or Close() returns.
+  std::mutex io_mu;
+  ~Stream() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+  void Wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof one);
+  }
+};
+
+class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  // `pipes` are the connection's streams, handshake done, in index order.
+  TcpConnection(std::vector<std::unique_ptr<Pipe>> pipes, std::string peer, std::string describe,
+                const TcpOptions& options, Clock& clock);
+
+  void SetHandlers(ConnectionHandlers handlers);
+  // Before Start: answers every stream's hello.
+  bool SendHelloAcks(const uint8_t header[kHeaderBytes], uint64_t deadline_us);
+  // Spawns one I/O thread per stream.
+  void Start(transport_internal::ThreadTracker& threads);
+
+  std::string peer_address() const override { return peer_; }
+  uint32_t capabilities() const override {
+    return kCapCrossHost | kCapChunkChecksum |
+           (streams_.size() > 1 ? uint32_t{kCapMultiStream} : 0u) |
+           (encrypted_ ? uint32_t{kCapEncrypted} : 0u);
+  }
+  std::string Describe() const override { return describe_; }
+
+  void SendMessage(std::string payload, Completion done) override;
+  void SendChunk(const ChunkSend& c, Completion done) override;
+  Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
+                     uint64_t length_bytes, ChunkLanded on_landed) override;
+  void CancelReceive(uint64_t transfer_id) override;
+  void Close() override;
+
+  // Ends the connection once: pending operations get `ops`, on_closed gets
+  // `closed`.
+  void Fail(Status ops, Status closed);
+
+ private:
+  struct Reader;
+
+  Status PushControl(Stream& s, OutFrame f, bool bounded);
+  void ProtocolFailure(const Status& why);
+  // Each returns false when the stream must stop.
+  bool StartPayload(Stream& s, Reader& r);
+  bool FinishFrame(Stream& s, Reader& r);
+  bool ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us);
+  bool WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blocked, uint64_t* last_write_us);
+  void RunStream(Stream& s);
+
+  const std::string peer_;
+  const std::string describe_;
+  const TcpOptions options_;
+  Clock& clock_;
+  bool encrypted_ = false;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  // A TLS read that needs to write first (renegotiation-like records); per
+  // I/O thread, as each thread serves exactly one stream.
+  static thread_local bool want_write_for_read_;
+  // The connection whose stream this thread serves (null elsewhere).
+  static thread_local const TcpConnection* stream_owner_;
+
+  std::mutex mu_;
+  std::condition_variable window_cv_;
+  bool closed_ = false;
+  bool quiesced_ = false;  // the first Fail has passed its I/O barrier
+  std::condition_variable quiesced_cv_;
+  Status close_status_;
+  ConnectionHandlers handlers_;
+  std::map<uint64_t, std::shared_ptr<Window>> windows_;
+  std::map<uint64_t, Completion> pending_;
+  std::deque<OutFrame> chunks_;
+  uint64_t next_op_ = 1;
+};
+
+}  // namespace tern::tcp
