@@ -9,37 +9,15 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 
 #include <xxhash.h>
 
 #include "tern/file_transfer.h"
+#include "transport/xfer_wire.h"
 
 namespace tern {
 
 namespace {
-
-// The same little-endian encoding as file_service.cc (kept tiny on purpose;
-// the layout is specified in docs/format/wire.md).
-void Put(std::string& s, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
-}
-Result<uint64_t> Get(std::string_view s, size_t& pos, int n) {
-  TERN_REQUIRE(pos + n <= s.size(), kCorrupt, "xfer reply truncated");
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(s[pos + i])} << (8 * i);
-  pos += n;
-  return v;
-}
-Status ParseStatusReply(std::string_view m) {
-  size_t pos = 1;
-  TERN_ASSIGN_OR_RETURN(uint64_t code, Get(m, pos, 2));
-  TERN_ASSIGN_OR_RETURN(uint64_t len, Get(m, pos, 4));
-  TERN_REQUIRE(len <= 4096 && pos + len == m.size(), kCorrupt, "bad xfer status reply");
-  if (code == 0) return Status::Ok();
-  return Status(code <= 15 ? static_cast<Code>(code) : Code::kInternal,
-                "server: " + std::string(m.substr(pos, len)));
-}
 
 struct Inbox {
   std::mutex mu;
@@ -49,41 +27,27 @@ struct Inbox {
   Status why;
 };
 
-struct PartState {
-  uint64_t size = 0, xxh3 = 0, chunk_bytes = 0;
-  std::string bits;
-};
-
-// "tern-part 1 SIZE XXH3 CHUNK_BYTES HEXBITS"
-Result<PartState> LoadState(const std::string& path) {
-  std::ifstream in(path);
+// Resume state: read and written whole (bounded by xfer::ParsePartState).
+Result<xfer::PartState> LoadState(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   TERN_REQUIRE(in.good(), kNotFound, "no resume state");
-  std::string magic, hex;
-  int version = 0;
-  PartState st;
-  in >> magic >> version >> st.size >> std::hex >> st.xxh3 >> std::dec >> st.chunk_bytes >> hex;
-  TERN_REQUIRE(in && magic == "tern-part" && version == 1 && hex.size() % 2 == 0 &&
-                   hex.size() <= (uint64_t{1} << 26),
-               kCorrupt, "unreadable resume state ", path);
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    st.bits.push_back(static_cast<char>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  std::string text(4096, '\0');
+  std::string all;
+  while (in.read(text.data(), text.size()) || in.gcount() > 0) {
+    all.append(text.data(), static_cast<size_t>(in.gcount()));
+    TERN_REQUIRE(all.size() <= 128 + 2 * (xfer::kMaxChunks / 8), kCorrupt, "resume state ", path,
+                 " is too long");
   }
+  auto st = xfer::ParsePartState(all);
+  if (!st.ok()) return st.status().WithContext(path);
   return st;
 }
 
-void SaveState(const std::string& path, const PartState& st) {
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(st.bits.size() * 2);
-  for (char c : st.bits) {
-    hex.push_back(kHex[(static_cast<uint8_t>(c) >> 4) & 15]);
-    hex.push_back(kHex[static_cast<uint8_t>(c) & 15]);
-  }
+void SaveState(const std::string& path, const xfer::PartState& st) {
   const std::string tmp = path + ".tmp";
   {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "tern-part 1 " << st.size << " " << std::hex << st.xxh3 << std::dec << " "
-        << st.chunk_bytes << " " << (hex.empty() ? "00" : hex) << "\n";
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << xfer::FormatPartState(st);
   }
   std::rename(tmp.c_str(), path.c_str());
 }
@@ -123,11 +87,18 @@ class Fetch {
     ConnectionHandlers h;
     h.on_message = [inbox](std::string m) {
       std::lock_guard<std::mutex> lock(inbox->mu);
-      if (inbox->messages.size() < 64) inbox->messages.push_back(std::move(m));
+      // The server answers each request once; a flood is a protocol error.
+      if (inbox->messages.size() < 64) {
+        inbox->messages.push_back(std::move(m));
+      } else if (!inbox->closed) {
+        inbox->closed = true;
+        inbox->why = TERN_ERROR(kProtocol, "server sent more than 64 unrequested messages");
+      }
       inbox->cv.notify_all();
     };
     h.on_closed = [inbox](Status why) {
       std::lock_guard<std::mutex> lock(inbox->mu);
+      if (inbox->closed) return;  // already failed (a message flood)
       inbox->closed = true;
       inbox->why = why.ok() ? TERN_ERROR(kUnavailable, "server closed the connection") : why;
       inbox->cv.notify_all();
@@ -138,45 +109,44 @@ class Fetch {
     struct Closer {
       std::shared_ptr<Connection> c;
       uint64_t id = 0;
+      bool posted = false;
       ~Closer() {
-        if (id) c->CancelReceive(id);
+        if (posted) c->CancelReceive(id);
         c->Close();
       }
     } closer{conn};
 
-    std::string get(1, 'G');
-    Put(get, 1, 4);
-    Put(get, o_.chunk_bytes, 8);
-    Put(get, name_.size(), 4);
-    get += name_;
-    conn->SendMessage(std::move(get), nullptr);
-    TERN_ASSIGN_OR_RETURN(std::string info, Next(*inbox, o_.connect_timeout_ms));
-    if (!info.empty() && info[0] == 'E') {
-      Status st = ParseStatusReply(info);
-      return st.ok() ? TERN_ERROR(kProtocol, "server sent an empty error") : st;
+    conn->SendMessage(xfer::EncodeGet({o_.chunk_bytes, name_}), nullptr);
+    TERN_ASSIGN_OR_RETURN(std::string reply, Next(*inbox, o_.connect_timeout_ms));
+    if (xfer::TypeOf(reply) == xfer::kError) {
+      Status refused;
+      TERN_RETURN_IF_ERROR(xfer::DecodeStatus(reply, xfer::kError, &refused));
+      return refused.ok() ? TERN_ERROR(kProtocol, "server sent an error without a code") : refused;
     }
-    TERN_REQUIRE(info.size() == 25 && info[0] == 'I', kProtocol, "unexpected reply to GET");
-    size_t pos = 1;
-    const uint64_t size = *Get(info, pos, 8);
-    const uint64_t xxh3 = *Get(info, pos, 8);
-    const uint64_t transfer_id = *Get(info, pos, 8);
+    TERN_ASSIGN_OR_RETURN(xfer::Info info, xfer::DecodeInfo(reply));
+    const uint64_t size = info.size_bytes, xxh3 = info.xxh3, transfer_id = info.transfer_id;
+    // Bounded before the partial file is sized or the chunk map allocated.
+    TERN_RETURN_IF_ERROR(xfer::ChunkCount(size, o_.chunk_bytes).status());
     TERN_RETURN_IF_ERROR(Prepare(size, xxh3));
     if (size == 0) return Status::Ok();
 
     TERN_RETURN_IF_ERROR(conn->PostReceive(transfer_id, region_, 0, size,
-                                           [this](uint64_t offset, uint64_t) {
+                                           [this](uint64_t offset, uint64_t length) {
                                              std::lock_guard<std::mutex> lock(mu_);
+                                             // Only a whole chunk where one starts counts.
                                              const uint64_t i = map_.ChunkAt(offset);
-                                             if (i < map_.chunks()) map_.MarkDone(i);
+                                             if (i < map_.chunks() && length == map_.ChunkLength(i)) {
+                                               map_.MarkDone(i);
+                                             }
                                              landed_us_ = clock_.NowUs();
                                            }));
     closer.id = transfer_id;
-    std::string want(1, 'W');
-    Put(want, transfer_id, 8);
+    closer.posted = true;
+    std::string want;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      Put(want, map_.bits().size(), 4);
-      want.append(map_.bits().begin(), map_.bits().end());
+      want = xfer::EncodeWant(transfer_id, std::string_view(reinterpret_cast<const char*>(map_.bits().data()),
+                                                            map_.bits().size()));
       landed_us_ = clock_.NowUs();
     }
     conn->SendMessage(std::move(want), nullptr);
@@ -205,8 +175,9 @@ class Fetch {
         last_save_us = now;
       }
       if (!done.empty()) {
-        TERN_REQUIRE(done[0] == 'D', kProtocol, "unexpected message during transfer");
-        TERN_RETURN_IF_ERROR(ParseStatusReply(done));
+        Status finished;
+        TERN_RETURN_IF_ERROR(xfer::DecodeStatus(done, xfer::kDone, &finished));
+        TERN_RETURN_IF_ERROR(finished);
         std::lock_guard<std::mutex> lock(mu_);
         TERN_REQUIRE(map_.complete(), kProtocol, "server finished with chunks missing");
         return Status::Ok();
@@ -240,9 +211,9 @@ class Fetch {
     TERN_ASSIGN_OR_RETURN(map_, ChunkMap::Make(size, o_.chunk_bytes));
     if (o_.resume) {
       auto st = LoadState(state_path_);
-      if (st.ok() && st->size == size && st->xxh3 == xxh3 && st->chunk_bytes == o_.chunk_bytes &&
+      if (st.ok() && st->size_bytes == size && st->xxh3 == xxh3 && st->chunk_bytes == o_.chunk_bytes &&
           ::access(part_.c_str(), F_OK) == 0) {
-        if (map_.SetBits(st->bits).ok()) result_.resumed_bytes = map_.done_bytes();
+        if (map_.SetBits(st->bitmap).ok()) result_.resumed_bytes = map_.done_bytes();
       }
     }
     fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -273,8 +244,8 @@ class Fetch {
     std::lock_guard<std::mutex> lock(mu_);
     if (!mapped_) return;
     if (base_ != nullptr) ::msync(base_, size_, MS_ASYNC);
-    SaveState(state_path_, PartState{size_, xxh3_, o_.chunk_bytes,
-                                     std::string(map_.bits().begin(), map_.bits().end())});
+    SaveState(state_path_, xfer::PartState{size_, xxh3_, o_.chunk_bytes,
+                                           std::string(map_.bits().begin(), map_.bits().end())});
   }
 
   void Report() {

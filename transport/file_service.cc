@@ -22,72 +22,15 @@
 
 #include "tern/file_transfer.h"
 #include "transport/internal.h"
+#include "transport/xfer_wire.h"
 
 namespace tern {
 
 using transport_internal::LogLine;
+using transport_internal::Printable;
 using transport_internal::ThreadTracker;
 
 namespace {
-
-constexpr uint32_t kXferVersion = 1;
-constexpr uint32_t kMaxNameBytes = 4096;
-
-// ---- message encoding: little-endian fields, every length bounded ----------
-class Out {
- public:
-  explicit Out(char type) { s_.push_back(type); }
-  Out& U16(uint16_t v) { return Raw(v, 2); }
-  Out& U32(uint32_t v) { return Raw(v, 4); }
-  Out& U64(uint64_t v) { return Raw(v, 8); }
-  Out& Bytes(std::string_view b) {
-    U32(static_cast<uint32_t>(b.size()));
-    s_.append(b);
-    return *this;
-  }
-  std::string Take() { return std::move(s_); }
-
- private:
-  Out& Raw(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) s_.push_back(static_cast<char>(v >> (8 * i)));
-    return *this;
-  }
-  std::string s_;
-};
-
-class In {
- public:
-  explicit In(std::string_view s) : s_(s) {}
-  char type() const { return s_.empty() ? 0 : s_[0]; }
-  Result<uint64_t> Int(int n) {
-    TERN_REQUIRE(pos_ + n <= s_.size(), kCorrupt, "xfer message truncated");
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(s_[pos_ + i])} << (8 * i);
-    pos_ += n;
-    return v;
-  }
-  Result<std::string_view> Bytes(uint64_t max_bytes) {
-    TERN_ASSIGN_OR_RETURN(uint64_t n, Int(4));
-    TERN_REQUIRE(n <= max_bytes && n <= s_.size() - pos_, kCorrupt, "xfer field of ", n,
-                 " bytes out of bounds");
-    std::string_view out = s_.substr(pos_, n);
-    pos_ += n;
-    return out;
-  }
-  Status End() const {
-    TERN_REQUIRE(pos_ == s_.size(), kCorrupt, "xfer message has ", s_.size() - pos_,
-                 " trailing bytes");
-    return Status::Ok();
-  }
-
- private:
-  std::string_view s_;
-  size_t pos_ = 1;
-};
-
-std::string StatusMessage(char type, const Status& st) {
-  return Out(type).U16(static_cast<uint16_t>(st.code())).Bytes(st.message().substr(0, 4096)).Take();
-}
 
 // A read-only or read-write shared mapping of a whole file.
 struct Mapping {
@@ -131,10 +74,14 @@ class Server;
 // One client connection: its messages are handled in order on the session's
 // own thread, so a long send never blocks the transport's threads.
 struct Session {
+  // A client has at most two requests in flight (GET, then WANT); one that
+  // queues more is not following the protocol and is disconnected.
+  static constexpr size_t kMaxInbox = 16;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::string> inbox;
   bool closed = false;
+  bool flooded = false;  // closed because the inbox overflowed
   std::shared_ptr<Connection> conn;
 };
 
@@ -191,7 +138,11 @@ class Server final : public FileServer {
     h.on_message = [weak](std::string m) {
       if (auto s = weak.lock()) {
         std::lock_guard<std::mutex> lock(s->mu);
-        if (s->inbox.size() < 16) s->inbox.push_back(std::move(m));  // a client has <= 2 in flight
+        if (s->inbox.size() < Session::kMaxInbox) {
+          s->inbox.push_back(std::move(m));
+        } else {
+          s->flooded = s->closed = true;
+        }
         s->cv.notify_all();
       }
     };
@@ -204,7 +155,8 @@ class Server final : public FileServer {
     };
     if (refuse) {
       LogLine(options_.log, "xfer: refusing " + conn->peer_address() + ": too many sessions");
-      conn->SendMessage(StatusMessage('E', TERN_ERROR(kResourceExhausted, "server busy")), nullptr);
+      conn->SendMessage(xfer::EncodeStatus(xfer::kError, TERN_ERROR(kResourceExhausted, "server busy")),
+                        nullptr);
       s->closed = true;
     } else {
       threads_.Spawn([this, s] { Serve(s); });
@@ -213,7 +165,7 @@ class Server final : public FileServer {
   }
 
   Result<std::string> Resolve(std::string_view name) {
-    TERN_REQUIRE(!name.empty() && name.size() <= kMaxNameBytes &&
+    TERN_REQUIRE(!name.empty() && name.size() <= xfer::kMaxNameBytes &&
                      name.find('\0') == std::string_view::npos,
                  kInvalidArgument, "bad file name");
     if (root_is_file_) {
@@ -221,19 +173,19 @@ class Server final : public FileServer {
       TERN_REQUIRE(name == base, kNotFound, "this server serves only '", base, "'");
       return root_;
     }
-    TERN_REQUIRE(name[0] != '/', kInvalidArgument, "absolute path refused: '", name, "'");
+    TERN_REQUIRE(name[0] != '/', kInvalidArgument, "absolute path refused: '", Printable(name), "'");
     std::stringstream parts{std::string(name)};
     std::string part;
     while (std::getline(parts, part, '/')) {
-      TERN_REQUIRE(part != "..", kInvalidArgument, "path escapes the served root: '", name, "'");
+      TERN_REQUIRE(part != "..", kInvalidArgument, "path escapes the served root: '", Printable(name), "'");
     }
     const std::string joined = root_ + "/" + std::string(name);
     char real[PATH_MAX];
-    TERN_REQUIRE(::realpath(joined.c_str(), real) != nullptr, kNotFound, "no file '", name, "'");
+    TERN_REQUIRE(::realpath(joined.c_str(), real) != nullptr, kNotFound, "no file '", Printable(name), "'");
     const std::string r(real);
     TERN_REQUIRE(r.size() > root_.size() && r.compare(0, root_.size(), root_) == 0 &&
                      r[root_.size()] == '/',
-                 kInvalidArgument, "path escapes the served root: '", name, "'");
+                 kInvalidArgument, "path escapes the served root: '", Printable(name), "'");
     return r;
   }
 
@@ -252,27 +204,33 @@ class Server final : public FileServer {
       {
         std::unique_lock<std::mutex> lock(s->mu);
         s->cv.wait(lock, [&] { return s->closed || !s->inbox.empty(); });
+        if (s->flooded) {
+          LogLine(options_.log, "xfer: " + s->conn->peer_address() + ": more than " +
+                                    std::to_string(Session::kMaxInbox) +
+                                    " requests queued, closing");
+        }
         if (s->closed) break;
         msg = std::move(s->inbox.front());
         s->inbox.pop_front();
       }
-      In in(msg);
-      Status bad;
-      if (in.type() == 'G') {
+      const char type = xfer::TypeOf(msg);
+      if (type == xfer::kGet) {
         release();
-        auto info = Open(in, &file, &region, &chunk_bytes);
+        auto info = Open(msg, &file, &region, &chunk_bytes);
         if (!info.ok()) {
+          release();  // a half-opened file must not serve a later WANT
           LogLine(options_.log, "xfer: " + s->conn->peer_address() + ": " + info.status().ToString());
-          s->conn->SendMessage(StatusMessage('E', info.status()), nullptr);
+          s->conn->SendMessage(xfer::EncodeStatus(xfer::kError, info.status()), nullptr);
           continue;
         }
         transfer_id = next_transfer_.fetch_add(1);
-        s->conn->SendMessage(Out('I').U64(file->size).U64(*info).U64(transfer_id).Take(), nullptr);
-      } else if (in.type() == 'W') {
-        Status st = Send(in, *s->conn, file.get(), region, chunk_bytes, transfer_id);
-        s->conn->SendMessage(StatusMessage('D', st), nullptr);
+        s->conn->SendMessage(xfer::EncodeInfo({file->size, *info, transfer_id}), nullptr);
+      } else if (type == xfer::kWant) {
+        Status st = Send(msg, *s->conn, file.get(), region, chunk_bytes, transfer_id);
+        s->conn->SendMessage(xfer::EncodeStatus(xfer::kDone, st), nullptr);
       } else {
-        LogLine(options_.log, "xfer: " + s->conn->peer_address() + ": unknown request type, closing");
+        LogLine(options_.log, "xfer: " + s->conn->peer_address() + ": unknown request type '" +
+                                  Printable(std::string_view(msg).substr(0, 1)) + "', closing");
         break;
       }
     }
@@ -280,32 +238,26 @@ class Server final : public FileServer {
     s->conn->Close();
   }
 
-  Result<uint64_t> Open(In& in, std::unique_ptr<Mapping>* file, MemoryRegion* region,
+  Result<uint64_t> Open(std::string_view msg, std::unique_ptr<Mapping>* file, MemoryRegion* region,
                         uint64_t* chunk_bytes) {
-    TERN_ASSIGN_OR_RETURN(uint64_t version, in.Int(4));
-    TERN_REQUIRE(version == kXferVersion, kProtocol, "client speaks xfer version ", version);
-    TERN_ASSIGN_OR_RETURN(*chunk_bytes, in.Int(8));
-    TERN_REQUIRE(*chunk_bytes >= 4096 && *chunk_bytes <= kMaxChunkBytes, kOutOfRange,
-                 "chunk size ", *chunk_bytes, " outside [4096, ", kMaxChunkBytes, "]");
-    TERN_ASSIGN_OR_RETURN(std::string_view name, in.Bytes(kMaxNameBytes));
-    TERN_RETURN_IF_ERROR(in.End());
-    TERN_ASSIGN_OR_RETURN(std::string path, Resolve(name));
+    TERN_ASSIGN_OR_RETURN(xfer::GetRequest get, xfer::DecodeGet(msg));
+    TERN_ASSIGN_OR_RETURN(std::string path, Resolve(get.name));
     TERN_ASSIGN_OR_RETURN(*file, MapFile(path, false, 0));
+    TERN_RETURN_IF_ERROR(xfer::ChunkCount((*file)->size, get.chunk_bytes).status());
+    *chunk_bytes = get.chunk_bytes;
     if ((*file)->size > 0) {
       TERN_ASSIGN_OR_RETURN(*region, transport_.RegisterMemory((*file)->base, (*file)->size, MemoryKind::kHost));
     }
     return XXH3_64bits((*file)->base, (*file)->size);
   }
 
-  Status Send(In& in, Connection& conn, Mapping* file, const MemoryRegion& region,
+  Status Send(std::string_view msg, Connection& conn, Mapping* file, const MemoryRegion& region,
               uint64_t chunk_bytes, uint64_t transfer_id) {
     TERN_REQUIRE(file != nullptr, kProtocol, "WANT before GET");
-    TERN_ASSIGN_OR_RETURN(uint64_t id, in.Int(8));
-    TERN_REQUIRE(id == transfer_id, kProtocol, "WANT for unknown transfer ", id);
     TERN_ASSIGN_OR_RETURN(ChunkMap map, ChunkMap::Make(file->size, chunk_bytes));
-    TERN_ASSIGN_OR_RETURN(std::string_view bits, in.Bytes(map.bits().size()));
-    TERN_RETURN_IF_ERROR(in.End());
-    TERN_RETURN_IF_ERROR(map.SetBits(bits));
+    TERN_ASSIGN_OR_RETURN(xfer::Want want, xfer::DecodeWant(msg, map.bits().size()));
+    TERN_REQUIRE(want.transfer_id == transfer_id, kProtocol, "WANT for unknown transfer ", want.transfer_id);
+    TERN_RETURN_IF_ERROR(map.SetBits(want.bitmap));
     if (map.complete()) return Status::Ok();
     return SendChunks(conn, region, 0, transfer_id, map, options_.send, clock_);
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <thread>
 
@@ -62,5 +63,9 @@ inline void Complete(const Completion& done, Status status) {
 
 // Default logger: one line on stderr.
 void LogLine(const LogFn& log, std::string_view line);
+
+// Peer-supplied text (refusal reasons) made safe for one log line: bytes
+// outside printable ASCII become \xNN. At most 4 output bytes per input byte.
+std::string Printable(std::string_view bytes);
 
 }  // namespace tern::transport_internal

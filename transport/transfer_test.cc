@@ -182,5 +182,16 @@ TEST_F(FileServiceTest, StaleStateForAChangedFileIsIgnored) {
   EXPECT_EQ(Read(dir_ / "out"), data_);
 }
 
+// A state file garbled on disk used to throw out of std::stoul (abort);
+// now it is ignored and the fetch starts over.
+TEST_F(FileServiceTest, GarbledStateIsIgnored) {
+  std::ofstream(dir_ / "out.tern-part.state") << "tern-part 1 5 abc 65536 zz\n";
+  std::ofstream(dir_ / "out.tern-part") << "junk!";
+  auto r = FetchFile(*client_t_, "files", "sub/f.bin", (dir_ / "out").string(), fo_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->resumed_bytes, 0u);
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+}
+
 }  // namespace
 }  // namespace tern

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include "tern/transport.h"
+#include "transport/internal.h"
 
 namespace tern::tcp {
 
@@ -72,8 +73,57 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], FrameHeader* out) {
   TERN_REQUIRE(h.payload_bytes >= min_bytes && h.payload_bytes <= max_bytes, kOutOfRange,
                "frame type ", int{type}, " with ", h.payload_bytes, " payload bytes (allowed ",
                min_bytes, "..", max_bytes, ")");
+  // Args a type does not use are reserved: zero, so they can carry meaning in
+  // a later version without being mistaken for garbage today.
+  int used_args = 0;
+  switch (h.type) {
+    case FrameType::kHello:
+    case FrameType::kHelloAck:
+    case FrameType::kAck: used_args = 2; break;
+    case FrameType::kChunk: used_args = 4; break;
+    default: break;
+  }
+  for (int i = used_args; i < 4; ++i) {
+    TERN_REQUIRE(h.arg[i] == 0, kProtocol, "frame type ", int{type}, " with reserved arg", i,
+                 " set");
+  }
   *out = h;
   return Status::Ok();
+}
+
+Result<Hello> ParseHello(const FrameHeader& h, uint32_t max_streams) {
+  TERN_REQUIRE(h.type == FrameType::kHello, kProtocol, "first frame has type ", int(h.type),
+               ", expected hello");
+  Hello hello;
+  hello.connection_id = h.arg[0];
+  hello.index = static_cast<uint32_t>(h.arg[1]);
+  hello.count = static_cast<uint32_t>(h.arg[1] >> 32);
+  TERN_REQUIRE(hello.count >= 1 && hello.count <= max_streams && hello.index < hello.count,
+               kOutOfRange, "hello for stream ", hello.index, " of ", hello.count, " (max ",
+               max_streams, ")");
+  return hello;
+}
+
+Status ParseHelloAck(const FrameHeader& h, uint64_t connection_id, std::string_view reason) {
+  TERN_REQUIRE(h.type == FrameType::kHelloAck, kProtocol, "server answered the hello with frame type ",
+               int(h.type));
+  TERN_REQUIRE(reason.size() == h.payload_bytes && reason.size() <= kMaxReasonBytes, kInternal,
+               "hello-ack reason of ", reason.size(), " bytes, header says ", h.payload_bytes);
+  // A refusal ends the connection whatever id it names (a server that could
+  // not decode our hello answers with id 0); an acceptance must be for us.
+  if (h.arg[1] != 0) {
+    return StatusFromWireCode(h.arg[1], "refused: " + transport_internal::Printable(reason));
+  }
+  TERN_REQUIRE(h.arg[0] == connection_id, kProtocol, "server accepted the hello of connection ",
+               h.arg[0], ", not ours");
+  TERN_REQUIRE(reason.empty(), kProtocol, "server accepted the hello with a reason attached");
+  return Status::Ok();
+}
+
+Status StatusFromWireCode(uint64_t code, std::string_view what) {
+  if (code == 0) return Status::Ok();
+  const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
+  return Status(c, "peer: " + std::string(what));
 }
 
 }  // namespace tern::tcp

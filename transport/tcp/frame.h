@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tern/status.h"
 
@@ -36,13 +37,35 @@ struct FrameHeader {
 // Writes magic, version, type, flags, length, args and the header check.
 void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]);
 
-// Validates magic, version (kProtocol names the peer's), type, reserved
-// flags, header check and the payload bound of the type.
+// Validates magic, version (kProtocol names the peer's), header check, type,
+// reserved flags, the payload bound of the type and that the args the type
+// does not use are zero. A header that decodes re-encodes to the same bytes.
 Status DecodeHeader(const uint8_t in[kHeaderBytes], FrameHeader* out);
 
 // HELLO arg1 packs the stream index (low 32 bits) and count (high 32 bits).
 inline uint64_t PackStream(uint32_t index, uint32_t count) {
   return uint64_t{index} | (uint64_t{count} << 32);
 }
+
+// The fields of a HELLO (the first frame of every stream).
+struct Hello {
+  uint64_t connection_id = 0;
+  uint32_t index = 0;
+  uint32_t count = 0;
+};
+// Checks a decoded header is a HELLO for stream index < count, 1 <= count <=
+// max_streams (kProtocol for another frame type, kOutOfRange for the counts).
+Result<Hello> ParseHello(const FrameHeader& header, uint32_t max_streams);
+
+// Checks a decoded header answers our HELLO and turns it into the server's
+// verdict: OK when it accepted `connection_id` (no payload allowed), else the
+// status the server sent with its reason (`reason` is the frame's payload,
+// <= kMaxReasonBytes, made printable). kProtocol for a malformed answer.
+Status ParseHelloAck(const FrameHeader& header, uint64_t connection_id, std::string_view reason);
+
+// The status a peer reports as a wire code (HELLO_ACK, ACK): OK for 0, the
+// registered code otherwise (kInternal for numbers we do not know), with
+// "peer: " + what as its message.
+Status StatusFromWireCode(uint64_t code, std::string_view what);
 
 }  // namespace tern::tcp

@@ -76,6 +76,65 @@ TEST(Frame, PayloadBoundsPerType) {
   EXPECT_FALSE(check(FrameType::kHello, 1));
 }
 
+TEST(Frame, ReservedArgsMustBeZero) {
+  auto decodes = [](FrameType t, int arg, uint32_t payload_bytes) {
+    FrameHeader h;
+    h.type = t;
+    h.payload_bytes = payload_bytes;
+    h.arg[arg] = 1;
+    uint8_t raw[kHeaderBytes];
+    EncodeHeader(h, raw);
+    FrameHeader out;
+    return DecodeHeader(raw, &out);
+  };
+  EXPECT_EQ(decodes(FrameType::kHello, 2, 0).code(), Code::kProtocol);
+  EXPECT_EQ(decodes(FrameType::kHelloAck, 3, 0).code(), Code::kProtocol);
+  EXPECT_EQ(decodes(FrameType::kMessage, 0, 1).code(), Code::kProtocol);
+  EXPECT_EQ(decodes(FrameType::kAck, 2, 0).code(), Code::kProtocol);
+  EXPECT_EQ(decodes(FrameType::kPing, 3, 0).code(), Code::kProtocol);
+  EXPECT_TRUE(decodes(FrameType::kAck, 1, 0).ok());
+  EXPECT_TRUE(decodes(FrameType::kChunk, 3, 1).ok());
+}
+
+TEST(Frame, HelloBounds) {
+  FrameHeader h;
+  h.type = FrameType::kHello;
+  h.arg[0] = 99;
+  h.arg[1] = PackStream(3, 4);
+  auto hello = ParseHello(h, 4);
+  ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+  EXPECT_EQ(hello->connection_id, 99u);
+  EXPECT_EQ(hello->index, 3u);
+  EXPECT_EQ(hello->count, 4u);
+  EXPECT_EQ(ParseHello(h, 3).status().code(), Code::kOutOfRange);  // more streams than allowed
+  h.arg[1] = PackStream(4, 4);
+  EXPECT_EQ(ParseHello(h, 64).status().code(), Code::kOutOfRange);
+  h.arg[1] = PackStream(0, 0);
+  EXPECT_EQ(ParseHello(h, 64).status().code(), Code::kOutOfRange);
+  h.type = FrameType::kPing;
+  EXPECT_EQ(ParseHello(h, 64).status().code(), Code::kProtocol);
+}
+
+TEST(Frame, HelloAckVerdicts) {
+  FrameHeader h;
+  h.type = FrameType::kHelloAck;
+  h.arg[0] = 7;
+  EXPECT_TRUE(ParseHelloAck(h, 7, "").ok());
+  EXPECT_EQ(ParseHelloAck(h, 8, "").code(), Code::kProtocol);  // not our connection
+  h.payload_bytes = 2;
+  EXPECT_EQ(ParseHelloAck(h, 7, "hi").code(), Code::kProtocol);  // accepted, yet a reason
+  h.arg[1] = static_cast<uint64_t>(Code::kOutOfRange);
+  h.payload_bytes = 10;
+  Status refused = ParseHelloAck(h, 7, "bad\r\n\x1b[2Jx");
+  EXPECT_EQ(refused.code(), Code::kOutOfRange);
+  EXPECT_EQ(refused.message(), "peer: refused: bad\\x0d\\x0a\\x1b[2Jx");
+  h.arg[1] = 1000;  // a code we do not know
+  h.payload_bytes = 9;
+  EXPECT_EQ(ParseHelloAck(h, 7, "whatever!").code(), Code::kInternal);
+  h.type = FrameType::kAck;
+  EXPECT_EQ(ParseHelloAck(h, 7, "whatever!").code(), Code::kProtocol);
+}
+
 }  // namespace
 }  // namespace tern::tcp
 

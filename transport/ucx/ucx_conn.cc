@@ -53,9 +53,10 @@ void Track(void* req, Ctx* ctx, void (*cb)(void*, ucs_status_t, void*)) {
   }
 }
 
+// code was checked by DecodeStatus; the reason is the peer's text.
 Status StatusFromWire(uint16_t code, std::string_view reason) {
   if (code == 0) return Status::Ok();
-  return Status(static_cast<Code>(code), "peer: " + std::string(reason));
+  return Status(static_cast<Code>(code), "peer: " + transport_internal::Printable(reason));
 }
 
 }  // namespace

@@ -132,7 +132,7 @@ Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port
   size_t colon;
   if (!address.empty() && address.front() == '[') {
     const size_t close = address.find(']');
-    TERN_REQUIRE(close != std::string_view::npos && close + 1 < address.size() &&
+    TERN_REQUIRE(close != std::string_view::npos && close > 1 && close + 1 < address.size() &&
                      address[close + 1] == ':',
                  kInvalidArgument, "address '", address, "' is not [V6]:PORT");
     *host = std::string(address.substr(1, close - 1));
