@@ -39,7 +39,8 @@ TestPki Generate() {
   } cleanup;
   cleanup.dir = dir;
   if (!MakeCa(dir, "ca") || !MakeCa(dir, "rogue-ca") || !MakeLeaf(dir, "server", "ca") ||
-      !MakeLeaf(dir, "client", "ca") || !MakeLeaf(dir, "rogue", "rogue-ca")) {
+      !MakeLeaf(dir, "client", "ca") || !MakeLeaf(dir, "other-client", "ca") ||
+      !MakeLeaf(dir, "rogue", "rogue-ca")) {
     pki.error = "openssl CLI failed to generate test certificates in " + dir;
     return pki;
   }
@@ -48,6 +49,7 @@ TestPki Generate() {
   };
   pki.server = conf("server");
   pki.client = conf("client");
+  pki.other_client = conf("other-client");
   pki.rogue_client = conf("rogue");
   pki.ok = true;
   return pki;

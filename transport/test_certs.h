@@ -1,5 +1,5 @@
-// Throwaway PKI for tests: a CA, a server and a client certificate it signed,
-// and a rogue CA with its own client certificate. Generated at test time with
+// Throwaway PKI for tests: a CA, a server and two client certificates it
+// signed, and a rogue CA with its own client certificate. Generated at test time with
 // the openssl CLI into a fresh temporary directory; never committed.
 #pragma once
 
@@ -14,6 +14,7 @@ struct TestPki {
   std::string error;
   TlsConfig server;        // signed by the CA
   TlsConfig client;        // signed by the CA
+  TlsConfig other_client;  // signed by the CA too, another identity
   TlsConfig rogue_client;  // signed by another CA, trusting ours
 };
 

@@ -11,12 +11,14 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "tern/tcp_transport.h"
 #include "tern/transfer.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/pipe.h"
 #include "transport/test_certs.h"
 
 namespace tern::tcp {
@@ -26,12 +28,13 @@ using namespace std::chrono_literals;
 
 class BadInput : public ::testing::Test {
  protected:
-  void Serve(bool tls) {
+  void Serve(bool tls, const std::function<void(TcpOptions&)>& tweak = nullptr) {
     TcpOptions o;
     o.streams = 2;
     o.handshake_timeout_ms = 500;
     o.header_timeout_ms = 300;
     o.idle_timeout_ms = 3000;
+    if (tweak) tweak(o);
     o.log = [this](std::string_view line) {
       std::lock_guard<std::mutex> lock(mu_);
       log_ += std::string(line) + "\n";
@@ -62,8 +65,11 @@ class BadInput : public ::testing::Test {
     port_ = std::stoi(listener_->address().substr(listener_->address().rfind(':') + 1));
   }
 
-  int Raw() {
+  // rcvbuf_bytes > 0: a small receive buffer (set before connect, so the
+  // kernel does not autotune it) for peers that do not read.
+  int Raw(int rcvbuf_bytes = 0) {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf_bytes > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_bytes, sizeof rcvbuf_bytes);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port_));
@@ -182,8 +188,8 @@ TEST_F(BadInput, HalfOpenMultiStreamConnectionExpires) {
 class Established : public BadInput {
  protected:
   // A raw socket that completed the one-stream handshake.
-  int Handshaken() {
-    int fd = Raw();
+  int Handshaken(int rcvbuf_bytes = 0) {
+    int fd = Raw(rcvbuf_bytes);
     Send(fd, Header(FrameType::kHello, 0, 1234, PackStream(0, 1)));
     char buf[kHeaderBytes];
     size_t got = 0;
@@ -217,6 +223,36 @@ TEST_F(Established, GarbageAfterHandshakeIsRejected) {
   ExpectStillServing();
 }
 
+// Refused 1-byte chunks cost the peer 49 bytes each and us one queued ACK;
+// a peer that never reads them must not grow that queue without bound.
+TEST_F(Established, PeerThatNeverReadsItsAcksIsCutOff) {
+  Serve(false, [](TcpOptions& o) {
+    o.max_queued_frames = 16;  // ACKs owed per stream: at most 2 * 16 + 64
+    o.socket_buffer_bytes = 4096;
+  });
+  int fd = Handshaken(/*rcvbuf_bytes=*/4096);
+  std::string burst;
+  for (int i = 0; i < 200; ++i) burst += Header(FrameType::kChunk, 1, /*window=*/9, 0) + "x";
+  bool refused = false;
+  for (int round = 0; round < 500 && !refused; ++round) {  // <= 100 000 chunks
+    size_t sent = 0;
+    while (sent < burst.size()) {
+      ssize_t n = ::send(fd, burst.data() + sent, burst.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) {
+        refused = true;  // the server hung up on us
+        break;
+      }
+      sent += static_cast<size_t>(n);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    refused = refused || log_.find("does not read") != std::string::npos;
+  }
+  EXPECT_TRUE(LogHas("peer does not read what we send")) << log_;
+  EXPECT_TRUE(ClosedByServer(fd, 5s));
+  ::close(fd);
+  ExpectStillServing();
+}
+
 TEST_F(Established, PartialHeaderTimesOut) {
   Serve(false);
   int fd = Handshaken();
@@ -234,6 +270,34 @@ TEST_F(BadInput, PlaintextPeerOnATlsEndpointIsRejected) {
   EXPECT_TRUE(ClosedByServer(fd, 3s));
   EXPECT_TRUE(LogHas("TLS handshake failed")) << log_;
   ::close(fd);
+  ExpectStillServing();
+}
+
+// Two certificates from the same CA: the second cannot add a stream to (or
+// take over) a connection the first one opened, even knowing its id.
+TEST_F(BadInput, StreamsOfOneConnectionShareOneTlsIdentity) {
+  Serve(true);
+  const auto& pki = testing::TestCerts();
+  auto open_stream = [&](const TlsConfig& who, uint32_t index) -> std::unique_ptr<Pipe> {
+    auto ctx = TlsContext::Load(who);
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    if (!ctx.ok()) return nullptr;
+    const uint64_t deadline = SteadyClock().NowUs() + 5000000;
+    auto fd = ConnectSocket(listener_->address(), client_options_, deadline, SteadyClock());
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    if (!fd.ok()) return nullptr;
+    auto pipe = TlsHandshake(**ctx, *fd, /*server=*/false, deadline, SteadyClock());
+    EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
+    if (!pipe.ok()) return nullptr;
+    const std::string hello = Header(FrameType::kHello, 0, 4242, PackStream(index, 2));
+    EXPECT_TRUE(WriteFull(**pipe, hello.data(), hello.size(), deadline, SteadyClock()).ok());
+    return std::move(pipe).value();
+  };
+  auto first = open_stream(pki.client, 0);
+  auto second = open_stream(pki.other_client, 1);
+  ASSERT_TRUE(first && second);
+  EXPECT_TRUE(LogHas("from another TLS identity")) << log_;
+  EXPECT_TRUE(LogHas("1 of 2 streams")) << log_;  // the first expires, never assembled
   ExpectStillServing();
 }
 

@@ -22,12 +22,6 @@ void BlockSigpipe() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-Status StatusFromCode(uint64_t code, const char* what) {
-  if (code == 0) return Status::Ok();
-  const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
-  return Status(c, std::string("peer: ") + what);
-}
-
 OutFrame MakeFrame(FrameType type, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
                    uint32_t payload_bytes) {
   OutFrame f;
@@ -200,6 +194,15 @@ Status TcpConnection::PushControl(Stream& s, OutFrame f, bool bounded) {
       return TERN_ERROR(kResourceExhausted, "more than ", options_.max_queued_frames,
                         " frames queued");
     }
+    // ACKs are owed to the peer, one per chunk it sent; a peer with the same
+    // limits never has more than max_queued_frames chunks unacknowledged, so
+    // a queue past twice that (plus messages' and pings' share) means it
+    // sends without reading, and would otherwise grow without bound.
+    const uint64_t owed_max = 2 * uint64_t{options_.max_queued_frames} + 64;
+    if (!bounded && s.control.size() >= owed_max) {
+      return TERN_ERROR(kResourceExhausted, "peer does not read what we send: ", s.control.size(),
+                        " frames queued on stream ", s.index);
+    }
     s.control.push_back(std::move(f));
   }
   s.Wake();
@@ -298,9 +301,12 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
         r.window.reset();
         if (result.ok() && landed) landed(h.arg[1], h.payload_bytes);
       }
-      PushControl(s, MakeFrame(FrameType::kAck, h.arg[3], static_cast<uint64_t>(result.code())),
-                  /*bounded=*/false)
-          .IgnoreError();
+      Status queued = PushControl(
+          s, MakeFrame(FrameType::kAck, h.arg[3], static_cast<uint64_t>(result.code())), /*bounded=*/false);
+      if (queued.code() == Code::kResourceExhausted) {
+        ProtocolFailure(queued);
+        return false;
+      }
       break;
     }
     case FrameType::kAck: {
@@ -313,10 +319,9 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
           pending_.erase(it);
         }
       }
-      const Code code = h.arg[1] <= 15 ? static_cast<Code>(h.arg[1]) : Code::kInternal;
-      Complete(done, StatusFromCode(h.arg[1], code == Code::kCorrupt
-                                                  ? "chunk failed its checksum on landing"
-                                                  : "chunk refused"));
+      Complete(done, StatusFromWireCode(h.arg[1], h.arg[1] == static_cast<uint64_t>(Code::kCorrupt)
+                                                      ? "chunk failed its checksum on landing"
+                                                      : "chunk refused"));
       break;
     }
     default:

@@ -42,9 +42,6 @@ struct OutFrame {
   Completion on_written;
 };
 
-// The status a peer reported as a wire code (HELLO_ACK, ACK): OK for 0.
-Status StatusFromCode(uint64_t code, const char* what);
-
 OutFrame MakeFrame(FrameType type, uint64_t a0 = 0, uint64_t a1 = 0, uint64_t a2 = 0,
                    uint64_t a3 = 0, uint32_t payload_bytes = 0);
 

@@ -13,7 +13,9 @@
 #include <cstring>
 
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 namespace tern::tcp {
 
@@ -82,7 +84,17 @@ class TlsPipe final : public Pipe {
   }
   bool HasBuffered() const override { return SSL_pending(ssl_) > 0; }
   bool encrypted() const override { return true; }
+  std::string peer_identity() const override { return identity_; }
   SSL* ssl() { return ssl_; }
+  // After a successful handshake: remembers the verified peer certificate.
+  void RecordPeer() {
+    X509* cert = SSL_get1_peer_certificate(ssl_);
+    if (cert == nullptr) return;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (X509_digest(cert, EVP_sha256(), md, &n) == 1) identity_.assign(reinterpret_cast<char*>(md), n);
+    X509_free(cert);
+  }
 
  private:
   IoResult Failure(int rc) {
@@ -107,6 +119,7 @@ class TlsPipe final : public Pipe {
     }
   }
   SSL* ssl_;
+  std::string identity_;
 };
 
 }  // namespace
@@ -189,6 +202,7 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
     }
     return TERN_ERROR(kAuth, "TLS handshake failed: ", why);
   }
+  pipe->RecordPeer();
   return std::unique_ptr<Pipe>(std::move(pipe));
 }
 

@@ -33,6 +33,9 @@ class Pipe {
   // Decrypted bytes waiting inside the library (poll cannot see them).
   virtual bool HasBuffered() const { return false; }
   virtual bool encrypted() const { return false; }
+  // Who authenticated on the other end: the SHA-256 of the peer's TLS
+  // certificate (DER) once the handshake is done; empty for plain TCP.
+  virtual std::string peer_identity() const { return {}; }
   // Wakes a thread blocked on this socket; the pipe fails from then on.
   void Shutdown();
 

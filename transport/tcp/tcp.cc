@@ -29,7 +29,6 @@ using tcp::kHeaderBytes;
 using tcp::MakeFrame;
 using tcp::OutFrame;
 using tcp::Pipe;
-using tcp::StatusFromCode;
 using tcp::TcpConnection;
 using transport_internal::LogLine;
 using transport_internal::ThreadTracker;
@@ -64,6 +63,7 @@ struct ListenState {
     uint32_t count = 0;
     uint32_t arrived = 0;
     uint64_t started_us = 0;
+    std::string identity;  // of the first stream; every stream must match it
     std::vector<std::unique_ptr<Pipe>> pipes;
   };
   std::mutex mu;
@@ -199,11 +199,12 @@ class TcpTransport final : public Transport {
       if (!st.ok()) return st.WithContext("waiting for the server's hello");
       FrameHeader h;
       TERN_RETURN_IF_ERROR(tcp::DecodeHeader(raw, &h));
-      TERN_REQUIRE(h.type == FrameType::kHelloAck && h.arg[0] == conn_id, kProtocol,
-                   "server answered the hello with frame type ", int(h.type));
-      std::string reason(h.payload_bytes, '\0');
-      TERN_RETURN_IF_ERROR(tcp::ReadFull(*pipe, reason.data(), reason.size(), deadline, clock_));
-      if (h.arg[1] != 0) return StatusFromCode(h.arg[1], ("refused: " + reason).c_str());
+      std::string reason;
+      if (h.type == FrameType::kHelloAck) {  // else ParseHelloAck refuses it unread
+        reason.resize(h.payload_bytes);      // <= kMaxReasonBytes (DecodeHeader)
+        TERN_RETURN_IF_ERROR(tcp::ReadFull(*pipe, reason.data(), reason.size(), deadline, clock_));
+      }
+      TERN_RETURN_IF_ERROR(tcp::ParseHelloAck(h, conn_id, reason));
     }
     const std::string describe = "tcp " + std::to_string(n) + " streams " + congestion +
                                  (tls_ ? " tls1.3" : "");
@@ -276,14 +277,11 @@ class TcpTransport final : public Transport {
     if (!s.ok()) return reject(s.WithContext("waiting for hello"));
     FrameHeader h;
     s = tcp::DecodeHeader(raw, &h);
-    if (s.ok() && h.type != FrameType::kHello) {
-      s = TERN_ERROR(kProtocol, "first frame has type ", int(h.type), ", expected hello");
-    }
-    const uint32_t index = static_cast<uint32_t>(h.arg[1]);
-    const uint32_t count = static_cast<uint32_t>(h.arg[1] >> 32);
-    if (s.ok() && (count == 0 || count > options_.max_streams || index >= count)) {
-      s = TERN_ERROR(kOutOfRange, "hello for stream ", index, " of ", count, " (max ",
-                     options_.max_streams, ")");
+    tcp::Hello hello;
+    if (s.ok()) {
+      auto parsed = tcp::ParseHello(h, options_.max_streams);
+      if (parsed.ok()) hello = *parsed;
+      s = parsed.status();
     }
     if (!s.ok()) {
       // Tell the peer why (in our version) before hanging up; best effort.
@@ -299,25 +297,32 @@ class TcpTransport final : public Transport {
     {
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->closed) return reject(TERN_ERROR(kUnavailable, "listener closed"));
-      ListenState::Partial& p = st->partial[h.arg[0]];
+      ListenState::Partial& p = st->partial[hello.connection_id];
       if (p.count == 0) {
-        p.count = count;
+        p.count = hello.count;
         p.started_us = clock_.NowUs();
-        p.pipes.resize(count);
+        p.identity = pipe->peer_identity();
+        p.pipes.resize(hello.count);
       }
-      if (p.count != count || p.pipes[index]) {
-        return reject(TERN_ERROR(kProtocol, "conflicting hello for connection ", h.arg[0]));
+      if (p.count != hello.count || p.pipes[hello.index]) {
+        return reject(TERN_ERROR(kProtocol, "conflicting hello for connection ", hello.connection_id));
       }
-      p.pipes[index] = std::move(pipe);
+      // With TLS, a connection id names streams of one authenticated peer:
+      // another certificate cannot join (or hijack) someone else's connection.
+      if (pipe->peer_identity() != p.identity) {
+        return reject(TERN_ERROR(kAuth, "hello for connection ", hello.connection_id,
+                                 " from another TLS identity than its first stream"));
+      }
+      p.pipes[hello.index] = std::move(pipe);
       if (++p.arrived < p.count) return;  // the last stream's thread assembles
       pipes = std::move(p.pipes);
-      st->partial.erase(h.arg[0]);
-      st->sockets -= count;
+      st->partial.erase(hello.connection_id);
+      st->sockets -= hello.count;
     }
-    const std::string describe = "tcp " + std::to_string(count) + " streams " + congestion +
+    const std::string describe = "tcp " + std::to_string(hello.count) + " streams " + congestion +
                                  (tls_ ? " tls1.3" : "");
     auto conn = std::make_shared<TcpConnection>(std::move(pipes), peer, describe, options_, clock_);
-    OutFrame ack = MakeFrame(FrameType::kHelloAck, h.arg[0], 0);
+    OutFrame ack = MakeFrame(FrameType::kHelloAck, hello.connection_id, 0);
     if (!conn->SendHelloAcks(ack.header, deadline)) {
       Log("tcp: lost " + peer + " during the handshake");
       return;
