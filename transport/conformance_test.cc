@@ -372,12 +372,15 @@ TEST_P(Conformance, FileFetchSurvivesDropsAndVerifies) {
   auto r = FetchFile(*faulty, (*server)->address(), "w.bin", (dir / "out.bin").string(), fo);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->bytes, data.size());
-  // At least one scheduled drop must have forced a resume. Whether the second
-  // one fires depends on how many bytes the resumed connection still has to
-  // move (seen 1 reconnect under ASan timing); TODO(test): make the drop
-  // schedule deterministic and assert both.
-  EXPECT_GE(r->reconnects, 1u);
-  EXPECT_GE(faulty->stats().dropped, 1u);
+  // Exactly both scheduled drops force a resume, whatever the timing: only
+  // connections that carry traffic use up a drop (not the refused connect,
+  // nor one ConnectWait gave up on under load, the likely cause of the
+  // single resume once seen under ASan),
+  // and a connection drops once 8 MiB crossed it, so the first two each land
+  // less than 8 MiB of the 20 MiB file and leave the next more than 8 MiB.
+  EXPECT_EQ(faulty->stats().refused, 1u);
+  EXPECT_EQ(faulty->stats().dropped, 2u);
+  EXPECT_EQ(r->reconnects, 2u);
   std::ifstream in(dir / "out.bin", std::ios::binary);
   std::vector<uint8_t> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(got, data);

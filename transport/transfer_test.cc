@@ -182,6 +182,27 @@ TEST_F(FileServiceTest, StaleStateForAChangedFileIsIgnored) {
   EXPECT_EQ(Read(dir_ / "out"), data_);
 }
 
+// A connection that carried nothing (like a late one ConnectWait gave up
+// on) must not use up a scheduled drop, or tests that count drops flake.
+TEST_F(FileServiceTest, UnusedConnectionsDoNotUseUpScheduledDrops) {
+  FaultPolicy fp;
+  fp.drop_after_bytes = 1 << 20;  // the first connection with traffic only
+  auto faulty = NewFaultTransport(*client_t_, fp);
+  auto idle = ConnectWait(*faulty, "files", {}, 5000);
+  ASSERT_TRUE(idle.ok()) << idle.status().ToString();
+  (*idle)->Close();
+  FetchOptions once = fo_;
+  once.retry.attempts = 1;
+  auto r = FetchFile(*faulty, "files", "sub/f.bin", (dir_ / "out").string(), once);
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(faulty->stats().dropped, 1u);
+  // The next connection with traffic has no drop scheduled.
+  auto r2 = FetchFile(*faulty, "files", "sub/f.bin", (dir_ / "out").string(), fo_);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+  EXPECT_EQ(faulty->stats().dropped, 1u);
+}
+
 // A state file garbled on disk used to throw out of std::stoul (abort);
 // now it is ignored and the fetch starts over.
 TEST_F(FileServiceTest, GarbledStateIsIgnored) {

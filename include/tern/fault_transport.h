@@ -21,8 +21,10 @@ struct FaultPolicy {
   uint32_t refuse_connects = 0;
   // A connection made or accepted here is closed (kUnavailable) once more
   // than this many bytes (messages + chunks, sent and received) crossed it;
-  // 0 = never. Applies to the first `drop_connections` connections only, so
-  // a retry can succeed.
+  // 0 = never. Applies to the first `drop_connections` connections that
+  // carry traffic through this transport (refused, failed or unused
+  // connections do not count), so a retry can succeed and the number of
+  // drops a transfer sees does not depend on timing.
   uint64_t drop_after_bytes = 0;
   uint32_t drop_connections = 1;
   // Every send is held back this long before it reaches the inner backend.

@@ -24,7 +24,7 @@ struct Shared {
   std::mutex mu;
   std::mt19937_64 rng;
   uint32_t connects = 0;
-  uint32_t connections = 0;
+  uint32_t connections = 0;  // that carried traffic
   uint64_t chunk_bytes = 0;
   bool corrupted = false;
   FaultStats stats;
@@ -32,18 +32,37 @@ struct Shared {
 
 struct ConnState {
   std::atomic<bool> dropped{false};
-  uint64_t drop_after = 0;  // 0: never
+  // Whether this connection is one of the first drop_connections to carry
+  // traffic, decided at its first counted byte; drop_after is 0 (never)
+  // until then and for the others.
+  std::atomic<bool> armed{false};
+  std::atomic<uint64_t> drop_after{0};
   std::atomic<uint64_t> bytes{0};  // sent and received
   std::mutex mu;
   std::weak_ptr<Connection> inner;  // guarded by mu
   std::shared_ptr<Shared> shared;
 };
 
+// Only connections that carry traffic use up a scheduled drop: a connect
+// that failed, or succeeded too late and was closed unused (ConnectWait's
+// timeout), must not, or how many drops a transfer sees would depend on
+// timing.
+void Arm(ConnState& state) {
+  std::lock_guard<std::mutex> lock(state.shared->mu);
+  if (state.armed) return;
+  if (state.shared->connections++ < state.shared->policy.drop_connections) {
+    state.drop_after = state.shared->policy.drop_after_bytes;
+  }
+  state.armed = true;
+}
+
 // Counts bytes against the drop budget; false once the connection is dropped.
 bool Count(ConnState& state, uint64_t bytes) {
   if (state.dropped) return false;
+  if (!state.armed) Arm(state);
   const uint64_t total = state.bytes.fetch_add(bytes) + bytes;
-  if (state.drop_after == 0 || total <= state.drop_after) return true;
+  const uint64_t drop_after = state.drop_after.load();
+  if (drop_after == 0 || total <= drop_after) return true;
   if (!state.dropped.exchange(true)) {
     {
       std::lock_guard<std::mutex> lock(state.shared->mu);
@@ -217,10 +236,6 @@ class FaultTransportImpl final : public FaultTransport {
   static std::shared_ptr<ConnState> NewState(const std::shared_ptr<Shared>& shared) {
     auto state = std::make_shared<ConnState>();
     state->shared = shared;
-    std::lock_guard<std::mutex> lock(shared->mu);
-    if (shared->connections++ < shared->policy.drop_connections) {
-      state->drop_after = shared->policy.drop_after_bytes;
-    }
     return state;
   }
 
