@@ -42,3 +42,21 @@ fi
 if ! .venv/bin/python -c 'import safetensors, numpy' 2>/dev/null; then
   .venv/bin/pip install -q safetensors
 fi
+# Engine loaders for tests/python/test_engine_loaders.py: compressed-tensors
+# (the loader behind "quant_method": "compressed-tensors" in transformers and
+# vLLM) and gpt-oss (OpenAI's reference MXFP4 loader). Both go in with
+# --no-deps so that pip never resolves torch (newer compressed-tensors want
+# torch >= 2.10, gpt-oss[torch] >= 2.7: PyPI's multi-GB CUDA build) and
+# Debian's torch 1.13 stays. compressed-tensors 0.12.2 is the newest release
+# that imports on torch 1.13 (with torch.compile and the float8 dtype names
+# supplied for the import; see the test); its small dependencies are named
+# here (transformers only for AutoConfig; it installs without torch).
+# gpt-oss declares Python >= 3.12; the loader module used runs on 3.11.
+if ! .venv/bin/python -c 'import importlib.metadata as m
+assert m.version("compressed-tensors") == "0.12.2" and m.version("gpt-oss") == "0.0.9"
+assert m.version("transformers") == "5.24.0"
+import pydantic, loguru' 2>/dev/null; then
+  .venv/bin/pip install -q 'numpy<2' 'pydantic>=2,<3' loguru transformers==5.24.0
+  .venv/bin/pip install -q --no-deps compressed-tensors==0.12.2
+  .venv/bin/pip install -q --no-deps --ignore-requires-python gpt-oss==0.0.9
+fi
