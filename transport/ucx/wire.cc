@@ -145,6 +145,8 @@ Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port
     TERN_REQUIRE(host->find(':') == std::string::npos, kInvalidArgument, "IPv6 address '", address,
                  "' needs brackets: [V6]:PORT");
   }
+  TERN_REQUIRE(host->find_first_of("[]") == std::string::npos, kInvalidArgument, "address '",
+               address, "' has a bracket inside its host");
   const std::string_view digits = address.substr(colon + 1);
   unsigned value = 0;
   auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
