@@ -24,6 +24,20 @@ Result<QuantTensorPlan> PlanQuantTensor(const QuantSpec& spec, const TensorDesc&
   bool kept = false;
   for (const std::string& k : keep) kept |= d.name.find(k) != std::string::npos;
   p.quantize = !plain && floaty && d.shape.size() >= 2 && EndsWith(d.name, ".weight") && !kept;
+  // The compressed-tensors layouts are per Linear: its loader decompresses
+  // 2-D weights only ("too many values to unpack" / "could not infer a
+  // quantization strategy" on a 3-D one) and engines load MoE experts one
+  // Linear at a time, each with its own scales. A fused [experts, out, in]
+  // tensor therefore stays unquantized (INT4's Quantize refuses it itself).
+  const bool per_linear = spec.scheme == QuantScheme::kFp8Tensor ||
+                          spec.scheme == QuantScheme::kFp8Channel ||
+                          spec.scheme == QuantScheme::kNvfp4Ct;
+  if (p.quantize && per_linear && d.shape.size() > 2) {
+    p.quantize = false;
+    p.note = spec.name +
+             " is a compressed-tensors per-Linear layout: expects a 2-D [out, in] weight, one per "
+             "expert";
+  }
   if (p.quantize) {
     p.prefix = d.name.substr(0, d.name.size() - 7);
     // Layouts come from quantizing zeros of the same shape.
