@@ -1,4 +1,5 @@
-// Decoding side: Inspect, Apply (verify-then-write), Squash.
+// Decoding side: Inspect, Apply (verify-then-write, or write-while-verifying
+// on an exclusive view), Squash.
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -72,6 +73,38 @@ class ChangeBatch {
 // How many staged changes ahead to prefetch: ~one memory latency of work.
 constexpr uint64_t kPrefetchAhead = 32;
 
+// The checks both apply paths make before touching the view, in one place so
+// both report the same errors.
+struct Prepared {
+  ParsedPatch patch;
+  std::vector<uint64_t> seeds;  // per tensor
+};
+
+Result<Prepared> Prepare(const MutableServeView& view, std::span<const uint8_t> patch,
+                         const ViewDigest& current_digest) {
+  Prepared out;
+  TERN_ASSIGN_OR_RETURN(out.patch, patchfmt::ParsePatch(patch));
+  const ParsedPatch& p = out.patch;
+  std::vector<const TensorDesc*> descs;
+  for (const auto& t : view.tensors) descs.push_back(t.desc);
+  TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
+  TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
+               ", the patch applies to ", p.base_digest.ToString());
+  out.seeds.resize(p.tensors.size());
+  for (size_t t = 0; t < out.seeds.size(); ++t) out.seeds[t] = TensorSeed(p.tensors[t].desc);
+  return out;
+}
+
+// The base digest plus every record's digest change must be the target.
+Status CheckTarget(const ParsedPatch& p, const std::vector<ViewDigest>& partial, ViewDigest* target) {
+  ViewDigest sum = p.base_digest;
+  for (const ViewDigest& d : partial) sum += d;
+  TERN_REQUIRE(sum == p.target_digest, kCorrupt, "patch does not produce its target digest (", sum.ToString(),
+               " instead of ", p.target_digest.ToString(), "); view left unchanged");
+  *target = sum;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
@@ -118,6 +151,12 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
 
 Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
              ThreadPool& pool, ViewDigest* new_digest) {
+  return Apply(view, patch, current_digest, pool, ApplyOptions{}, new_digest);
+}
+
+Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
+             ThreadPool& pool, const ApplyOptions& options, ViewDigest* new_digest) {
+  if (options.exclusive_view) return patchfmt::ApplyExclusive(view, patch, current_digest, pool, new_digest);
   return patchfmt::ApplyWithStaging(view, patch, current_digest, pool, new_digest, patchfmt::kApplyStagingBytes);
 }
 
@@ -125,14 +164,9 @@ namespace patchfmt {
 
 Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
                         ThreadPool& pool, ViewDigest* new_digest, uint64_t staging_bytes_max) {
-  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
-  std::vector<const TensorDesc*> descs;
-  for (const auto& t : view.tensors) descs.push_back(t.desc);
-  TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
-  TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
-               ", the patch applies to ", p.base_digest.ToString());
-  std::vector<uint64_t> seeds(p.tensors.size());
-  for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(p.tensors[t].desc);
+  TERN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(view, patch, current_digest));
+  const ParsedPatch& p = prepared.patch;
+  const std::vector<uint64_t>& seeds = prepared.seeds;
 
   // Pass 1: decode everything and compute the target digest from the changes
   // alone. Nothing is written until it matches. When the decoded changes fit
@@ -214,10 +248,8 @@ Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, 
       return s;
     });
   }));
-  ViewDigest target = p.base_digest;
-  for (const ViewDigest& d : partial) target += d;
-  TERN_REQUIRE(target == p.target_digest, kCorrupt, "patch does not produce its target digest (",
-               target.ToString(), " instead of ", p.target_digest.ToString(), "); view left unchanged");
+  ViewDigest target;
+  TERN_RETURN_IF_ERROR(CheckTarget(p, partial, &target));
 
   if (staging) {
     // Last in, first out: pass 1 walked the view forward, so the lines it
@@ -266,6 +298,113 @@ Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, 
     });
   });
   TERN_ASSERT(written.ok(), "validated patch failed to decode on the write pass: ", written.ToString());
+  if (new_digest) *new_digest = target;
+  return Status::Ok();
+}
+
+namespace {
+
+// Decodes record r and passes each change to fn(position, delta) kRing
+// changes after prefetching its line for write, so the misses overlap the
+// decoding instead of adding to it; the write then hits the line the read
+// just brought in. At most `limit` changes are passed on; *passed counts them.
+// A decode error before `limit` changes drops the changes still in the ring
+// (an error after them does not matter: they decoded). O(1) memory.
+template <int W, class Fn>
+Status DecodePrefetched(const RecordView& r, const uint8_t* segment, uint64_t limit, uint64_t* passed, Fn&& fn) {
+  constexpr uint64_t kRing = kPrefetchAhead;
+  static_assert((kRing & (kRing - 1)) == 0);
+  uint32_t ring_pos[kRing];  // relative to the segment: < 2^24
+  uint64_t ring_delta[kRing];
+  uint64_t n = 0, done = 0;
+  uintptr_t last_line = ~uintptr_t{0};
+  Status s = DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+    if (n >= limit) return;
+    if (n >= kRing) {
+      fn(ring_pos[done % kRing], ring_delta[done % kRing]);
+      ++done;
+    }
+    ring_pos[n % kRing] = static_cast<uint32_t>(pos);
+    ring_delta[n % kRing] = delta;
+    const uint8_t* at = segment + pos * W / 8;
+    if ((reinterpret_cast<uintptr_t>(at) >> 6) != last_line) {  // one prefetch per line (see the staged path)
+      __builtin_prefetch(at, 1);
+      last_line = reinterpret_cast<uintptr_t>(at) >> 6;
+    }
+    ++n;
+  });
+  if (s.ok() || n == limit)
+    for (; done < n; ++done) fn(ring_pos[done % kRing], ring_delta[done % kRing]);
+  *passed = done;
+  return s;
+}
+
+// Subtracts the first applied[k] changes of every record k from the view,
+// which undoes them exactly: each element is written at most once (positions
+// strictly increase within a record, records never overlap) and
+// (old + delta) - delta == old mod 2^w, so the order does not matter either.
+// Records are walked last to first, the lines written last being the ones
+// most likely still cached. Only runs on a failing apply.
+void UndoChanges(MutableServeView& view, const ParsedPatch& p, const std::vector<uint64_t>& applied,
+                 ThreadPool& pool) {
+  const uint64_t records = p.records.size();
+  pool.ParallelFor(records, [&](uint64_t rk) {
+    const uint64_t k = records - 1 - rk;
+    if (applied[k] == 0) return;
+    const RecordView& r = p.records[k];
+    uint8_t* data = view.tensors[r.h.tensor_index].data;
+    const uint64_t first = r.h.first_element;
+    uint64_t undone = 0;
+    DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      // The decode is deterministic: it yields the same leading changes that
+      // were applied before it failed (if it did); that status is known.
+      DecodePrefetched<W>(r, data + first * W / 8, applied[k], &undone, [&](uint64_t pos, uint64_t delta) {
+        const uint64_t i = first + pos;
+        StoreElement<W>(data, i, (LoadElement<W>(data, i) - delta) & kMask);
+      }).IgnoreError();
+    });
+    TERN_ASSERT(undone == applied[k], "undo decoded ", undone, " changes, ", applied[k], " were applied");
+  });
+}
+
+}  // namespace
+
+Status ApplyExclusive(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
+                      ThreadPool& pool, ViewDigest* new_digest) {
+  TERN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(view, patch, current_digest));
+  const ParsedPatch& p = prepared.patch;
+  const std::vector<uint64_t>& seeds = prepared.seeds;
+  std::vector<ViewDigest> partial(p.records.size());
+  std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
+  Status s = ForEachRecord(p, pool, [&](uint64_t k) {
+    const RecordView& r = p.records[k];
+    uint8_t* data = view.tensors[r.h.tensor_index].data;
+    const uint64_t seed = seeds[r.h.tensor_index];
+    const uint64_t first = r.h.first_element;
+    return DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() -> Status {
+      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      uint64_t sum[4] = {};
+      // Read, hash and write each change in one visit to its line. A failing
+      // record keeps what it wrote (counted in applied[k]) for UndoChanges.
+      Status st = DecodePrefetched<W>(r, data + first * W / 8, ~uint64_t{0}, &applied[k],
+                                      [&](uint64_t pos, uint64_t delta) {
+                                        const uint64_t i = first + pos;
+                                        const uint64_t old_value = LoadElement<W>(data, i);
+                                        const uint64_t new_value = (old_value + delta) & kMask;
+                                        AddElementChange(seed, i, old_value, new_value, sum);
+                                        StoreElement<W>(data, i, new_value);
+                                      });
+      for (int l = 0; l < 4; ++l) partial[k].lanes[l] = sum[l];
+      return st;
+    });
+  });
+  ViewDigest target;
+  if (s.ok()) s = CheckTarget(p, partial, &target);
+  if (!s.ok()) {
+    UndoChanges(view, p, applied, pool);
+    return s;
+  }
   if (new_digest) *new_digest = target;
   return Status::Ok();
 }

@@ -24,9 +24,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& t : info->tensors) bytes += DTypeBytes(t.dtype, t.elements);
     if (bytes > (uint64_t{1} << 24)) return 0;
     for (const auto& t : info->tensors) v.Add(t.name, t.dtype, t.shape);
-    MutableServeView mv = v.Mutable();
+    testing::OwnedView x = v;
+    MutableServeView mv = v.Mutable(), xv = x.Mutable();
     ThreadPool pool(1);
-    Apply(mv, in, info->base_digest, pool).IgnoreError();
+    const Status s = Apply(mv, in, info->base_digest, pool);
+    // Write-while-verifying fails the same way and restores what it wrote.
+    ApplyOptions exclusive;
+    exclusive.exclusive_view = true;
+    const Status sx = Apply(xv, in, info->base_digest, pool, exclusive);
+    TERN_ASSERT(s.ToString() == sx.ToString(), "apply paths disagree: ", s.ToString(), " vs ", sx.ToString());
+    TERN_ASSERT(x.data == v.data, "exclusive apply left a different view");
   }
   return 0;
 }

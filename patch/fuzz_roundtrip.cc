@@ -29,10 +29,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   opt.segment_elements = seg;
   auto patch = Diff(a.View(), b.View(), opt, pool);
   TERN_ASSERT(patch.ok(), patch.status().ToString());
-  MutableServeView mv = a.Mutable();
-  Status s = Apply(mv, *patch, ComputeDigest(a.View(), pool), pool);
+  testing::OwnedView x = a;
+  MutableServeView mv = a.Mutable(), xv = x.Mutable();
+  const ViewDigest base = ComputeDigest(a.View(), pool);
+  Status s = Apply(mv, *patch, base, pool);
   TERN_ASSERT(s.ok(), s.ToString());
   TERN_ASSERT(a.data[0] == b.data[0], "round trip not bitwise");
+  ApplyOptions exclusive;
+  exclusive.exclusive_view = true;
+  s = Apply(xv, *patch, base, pool, exclusive);
+  TERN_ASSERT(s.ok(), s.ToString());
+  TERN_ASSERT(x.data[0] == b.data[0], "exclusive round trip not bitwise");
   TERN_ASSERT(patchfmt::ReferenceDecode(*patch).ok(), "reference decoder rejects a fresh patch");
   return 0;
 }

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
+#include <cstring>
+#include <functional>
 #include <random>
 
 #include "common/thread_pool.h"
@@ -56,6 +59,15 @@ std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& 
   s = patchfmt::ApplyWithStaging(uv, *patch, ComputeDigest(old_view.View(), pool), pool, nullptr, 0);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(unstaged.data, new_view.data);
+  // Same through the exclusive-view path (write while verifying).
+  OwnedView exclusive = old_view;
+  MutableServeView ev = exclusive.Mutable();
+  ViewDigest got_exclusive;
+  s = Apply(ev, *patch, ComputeDigest(old_view.View(), pool), pool, ApplyOptions{.exclusive_view = true},
+            &got_exclusive);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(exclusive.data, new_view.data);
+  EXPECT_EQ(got_exclusive, got);
 
   auto ref = patchfmt::ReferenceDecode(*patch);
   EXPECT_TRUE(ref.ok()) << ref.status().ToString();
@@ -235,6 +247,7 @@ TEST(PatchTest, EveryBitFlipAndTruncationIsRejected) {
   ASSERT_LT(c.patch.size(), 2000u);
   OwnedView work = c.a;
   MutableServeView mv = work.Mutable();
+  const ApplyOptions exclusive{.exclusive_view = true};
   for (size_t bit = 0; bit < c.patch.size() * 8; ++bit) {
     std::vector<uint8_t> bad = c.patch;
     bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
@@ -242,11 +255,15 @@ TEST(PatchTest, EveryBitFlipAndTruncationIsRejected) {
     ASSERT_FALSE(s.ok()) << "bit " << bit;
     EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
     ASSERT_EQ(work.data, c.a.data) << "bit " << bit;
+    EXPECT_EQ(Apply(mv, bad, c.base, pool, exclusive).ToString(), s.ToString()) << "bit " << bit;
+    ASSERT_EQ(work.data, c.a.data) << "bit " << bit;
     EXPECT_FALSE(Inspect(bad).ok());
   }
   for (size_t cut = 0; cut < c.patch.size(); ++cut) {
     std::span<const uint8_t> prefix(c.patch.data(), cut);
     EXPECT_EQ(Apply(mv, prefix, c.base, pool).code(), Code::kCorrupt) << "cut " << cut;
+    ASSERT_EQ(work.data, c.a.data);
+    EXPECT_EQ(Apply(mv, prefix, c.base, pool, exclusive).code(), Code::kCorrupt) << "cut " << cut;
     ASSERT_EQ(work.data, c.a.data);
     auto verified = VerifiedPrefixBytes(prefix);
     ASSERT_TRUE(verified.ok()) << verified.status().ToString();
@@ -258,6 +275,134 @@ TEST(PatchTest, EveryBitFlipAndTruncationIsRejected) {
   EXPECT_FALSE(Apply(mv, longer, c.base, pool).ok());
   ASSERT_TRUE(Apply(mv, c.patch, c.base, pool).ok());
   EXPECT_EQ(work.data, c.b.data);
+}
+
+// A patch a->b assembled from per-segment records, each passed through
+// `tamper` (which may forge it) before it is added.
+std::vector<uint8_t> BuildForged(const OwnedView& a, const OwnedView& b, uint64_t segment_elements,
+                                 const std::function<void(uint32_t, uint64_t, SegmentRecord&)>& tamper) {
+  const ServeView av = a.View(), bv = b.View();
+  ThreadPool pool(1);
+  PatchBuilder builder(av, 1, 2, ComputeDigest(av, pool));
+  for (uint32_t t = 0; t < av.tensors.size(); ++t) {
+    const uint64_t n = av.tensors[t].desc->elements();
+    for (uint64_t first = 0; first < n; first += segment_elements) {
+      auto rec = EncodeSegment(av, bv, t, first, std::min(segment_elements, n - first));
+      EXPECT_TRUE(rec.ok()) << rec.status().ToString();
+      if (!rec.ok() || rec->bytes.empty()) continue;
+      tamper(t, first, *rec);
+      Status s = builder.Add(std::move(rec).value());
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+  auto patch = builder.Finish();
+  EXPECT_TRUE(patch.ok()) << patch.status().ToString();
+  return patch.ok() ? std::move(patch).value() : std::vector<uint8_t>{};
+}
+
+// Rewrites a record's changed count (offset 24 of its header) and re-seals
+// its checksum: a well-formed record whose streams disagree with its header,
+// found only while decoding (after earlier changes may have been written).
+void ForgeChangedCount(SegmentRecord& rec) {
+  uint64_t count;
+  std::memcpy(&count, rec.bytes.data() + 24, 8);
+  count = count < rec.element_count ? count + 1 : count - 1;
+  std::memcpy(rec.bytes.data() + 24, &count, 8);
+  const uint64_t sum = XXH3_64bits(rec.bytes.data(), rec.bytes.size() - 8);
+  std::memcpy(rec.bytes.data() + rec.bytes.size() - 8, &sum, 8);
+}
+
+// The exclusive-view path must fail exactly like the default path and leave
+// the view bit-identical to before, whatever it had written by then.
+TEST(PatchTest, ExclusiveViewFailsLikeDefaultAndRestoresTheView) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(16);
+  const ApplyOptions exclusive{.exclusive_view = true};
+  for (DType dt : kWidthTypes) {
+    SCOPED_TRACE(DTypeName(dt));
+    const int w = ElementBits(dt);
+    OwnedView a;
+    a.Add("x", dt, {6000});
+    a.Add("y", dt, {1001});
+    for (auto& d : a.data) testing::FillRandom(d, rng);
+    OwnedView b = a;
+    for (size_t t = 0; t < 2; ++t) testing::Mutate(b.data[t], w, b.descs[t].elements(), 0.2, rng);
+    const ViewDigest base = ComputeDigest(a.View(), pool);
+    constexpr uint64_t kSeg = 512;  // many records, so failures come after others were written
+
+    auto expect_same_failure = [&](const OwnedView& start, std::span<const uint8_t> patch, const ViewDigest& digest,
+                                   const std::string& what) {
+      SCOPED_TRACE(what);
+      OwnedView by_default = start, by_exclusive = start;
+      MutableServeView dv = by_default.Mutable(), ev = by_exclusive.Mutable();
+      const Status expected = Apply(dv, patch, digest, pool);
+      EXPECT_FALSE(expected.ok());
+      EXPECT_EQ(by_default.data, start.data);
+      const Status got = Apply(ev, patch, digest, pool, exclusive);
+      EXPECT_EQ(got.ToString(), expected.ToString());
+      EXPECT_EQ(by_exclusive.data, start.data);
+    };
+
+    // The honest patch first: it applies, so the forgeries below fail for
+    // what was forged and nothing else.
+    const auto honest = BuildForged(a, b, kSeg, [](uint32_t, uint64_t, SegmentRecord&) {});
+    {
+      OwnedView work = a;
+      MutableServeView mv = work.Mutable();
+      ASSERT_TRUE(Apply(mv, honest, base, pool, exclusive).ok());
+      ASSERT_EQ(work.data, b.data);
+    }
+    ViewDigest wrong_base = base;
+    wrong_base.lanes[3] ^= 1;
+    expect_same_failure(a, honest, wrong_base, "wrong base digest");
+
+    // A stale view: right digest claimed, but an element the patch changes
+    // differs (the target check fails after every record was written).
+    OwnedView stale = a;
+    uint64_t i = 0;
+    while (testing::Get(a.data[1], w, i) == testing::Get(b.data[1], w, i)) ++i;
+    testing::Set(stale.data[1], w, i, testing::Get(a.data[1], w, i) ^ 1);
+    expect_same_failure(stale, honest, base, "stale view");
+
+    // A wrong target digest: one record (in the middle) claims a wrong
+    // digest change.
+    expect_same_failure(a, BuildForged(a, b, kSeg, [](uint32_t t, uint64_t first, SegmentRecord& rec) {
+                          if (t == 0 && first == 5 * kSeg) rec.digest_delta.lanes[0] += 1;
+                        }),
+                        base, "wrong target digest");
+
+    // A flipped value: a record re-encoded with one new value changed, still
+    // claiming the honest record's digest change.
+    OwnedView flipped = b;
+    uint64_t j = 2 * kSeg;
+    while (testing::Get(a.data[0], w, j) == testing::Get(b.data[0], w, j)) ++j;
+    ASSERT_LT(j, 3 * kSeg);
+    uint64_t v = testing::Get(b.data[0], w, j) ^ 1;
+    if (v == testing::Get(a.data[0], w, j)) v ^= 2;
+    testing::Set(flipped.data[0], w, j, v);
+    expect_same_failure(a, BuildForged(a, b, kSeg, [&](uint32_t t, uint64_t first, SegmentRecord& rec) {
+                          if (t != 0 || first != 2 * kSeg) return;
+                          auto forged = EncodeSegment(a.View(), flipped.View(), t, first, rec.element_count);
+                          ASSERT_TRUE(forged.ok());
+                          forged->digest_delta = rec.digest_delta;
+                          rec = std::move(forged).value();
+                        }),
+                        base, "flipped value");
+
+    // A record that fails to decode, in the first, a middle and the last
+    // record: the others (before and after it) may be written by then.
+    for (uint64_t bad : {uint64_t{0}, 7 * kSeg, 11 * kSeg}) {
+      expect_same_failure(a, BuildForged(a, b, kSeg, [&](uint32_t t, uint64_t first, SegmentRecord& rec) {
+                            if (t == 0 && first == bad) ForgeChangedCount(rec);
+                          }),
+                          base, "bad changed count at " + std::to_string(bad));
+    }
+    // Two bad records: the error names the first, as on the default path.
+    expect_same_failure(a, BuildForged(a, b, kSeg, [&](uint32_t t, uint64_t first, SegmentRecord& rec) {
+                          if ((t == 0 && first == 9 * kSeg) || t == 1) ForgeChangedCount(rec);
+                        }),
+                        base, "two bad records");
+  }
 }
 
 TEST(PatchTest, LayoutMismatchNamesTheTensor) {

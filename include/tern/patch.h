@@ -118,13 +118,30 @@ struct PatchInfo {
 // Validates the whole patch (checksums, every stream) without a view.
 TERN_EXPORT Result<PatchInfo> Inspect(std::span<const uint8_t> patch);
 
+struct ApplyOptions {
+  // The caller promises that nothing else reads or writes the view's bytes
+  // until Apply returns (a private staging copy: tern apply's output, an
+  // agent's or a GPU's shadow buffer that is published only on success).
+  // Apply then writes each change while it verifies, touching every changed
+  // cache line once instead of twice, and on any error restores every element
+  // it wrote before it returns: the view ends bit-identical to before and the
+  // error is the one the default path returns. Meanwhile the view is partly
+  // patched, which is why a shared view (read by a server while it applies)
+  // must keep the default, verify-then-write. Spec: docs/format/patch.md §7.
+  bool exclusive_view = false;
+};
+
 // Verifies current_digest == the patch's base digest (kMismatch), the view's
 // layout against the manifest (kMismatch naming the tensor), decodes every
 // segment and verifies the target digest from the changes alone, and only then
-// writes the new values. On any error the view is untouched. `new_digest`
-// (optional) receives the target digest.
+// writes the new values. On any error the view is untouched (with
+// exclusive_view: unchanged once Apply returns). `new_digest` (optional)
+// receives the target digest.
 TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
                          const ViewDigest& current_digest, ThreadPool& pool,
+                         ViewDigest* new_digest = nullptr);
+TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
+                         const ViewDigest& current_digest, ThreadPool& pool, const ApplyOptions& options,
                          ViewDigest* new_digest = nullptr);
 
 // a->b, b->c, ... => a->z, exactly (deltas add mod 2^w), without the base.
