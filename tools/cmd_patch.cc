@@ -93,7 +93,11 @@ Status Apply(const Flags& flags) {
   TERN_ASSIGN_OR_RETURN(auto staged, WritableCheckpoint::CloneForWrite(*base, out, clone_options));
   const double t1 = NowSeconds();
   ViewDigest new_digest;
-  TERN_RETURN_IF_ERROR(tern::Apply(staged->view(), patch->bytes(), base_digest, pool, &new_digest));
+  // The staged copy is ours alone until Commit (and removed on failure), so
+  // Apply may write while it verifies: one pass over the changed lines.
+  ApplyOptions apply_options;
+  apply_options.exclusive_view = true;
+  TERN_RETURN_IF_ERROR(tern::Apply(staged->view(), patch->bytes(), base_digest, pool, apply_options, &new_digest));
   const double t2 = NowSeconds();
   if (flags.Switch("verify-full")) {
     const ViewDigest scrub = ComputeDigest(AsConst(staged->view()), pool);
