@@ -93,8 +93,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint64_t size_bytes = Le(in, 8), chunk_bytes = Le(in.substr(8), 8);
       auto chunks = ChunkCount(size_bytes, chunk_bytes);
       if (chunks.ok()) {
-        TERN_ASSERT(*chunks <= kMaxChunks && chunk_bytes >= kMinChunkBytes && chunk_bytes <= kMaxChunkBytes);
-        TERN_ASSERT(*chunks * chunk_bytes >= size_bytes && (*chunks == 0 || (*chunks - 1) * chunk_bytes < size_bytes));
+        TERN_ASSERT(*chunks <= kMaxChunks && chunk_bytes >= kMinChunkBytes &&
+                    chunk_bytes <= kMaxChunkBytes);
+        TERN_ASSERT(*chunks * chunk_bytes >= size_bytes &&
+                    (*chunks == 0 || (*chunks - 1) * chunk_bytes < size_bytes));
       }
       break;
     }

@@ -29,15 +29,15 @@ class Reader {
   Result<std::string_view> Bytes(uint64_t max_bytes) {
     TERN_ASSIGN_OR_RETURN(uint64_t n, Int(4));
     TERN_REQUIRE(n <= max_bytes && n <= m_.size() - pos_, kCorrupt, "xfer message '", TypeName(),
-                 "' has a field of ", n, " bytes (at most ", std::min<uint64_t>(max_bytes, m_.size() - pos_),
-                 " allowed)");
+                 "' has a field of ", n, " bytes (at most ",
+                 std::min<uint64_t>(max_bytes, m_.size() - pos_), " allowed)");
     std::string_view out = m_.substr(pos_, n);
     pos_ += n;
     return out;
   }
   Status End() const {
-    TERN_REQUIRE(pos_ == m_.size(), kCorrupt, "xfer message '", TypeName(), "' has ", m_.size() - pos_,
-                 " trailing bytes");
+    TERN_REQUIRE(pos_ == m_.size(), kCorrupt, "xfer message '", TypeName(), "' has ",
+                 m_.size() - pos_, " trailing bytes");
     return Status::Ok();
   }
 
@@ -62,7 +62,8 @@ Result<uint64_t> ParseDecimal(std::string_view s) {
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
   TERN_REQUIRE(!s.empty() && ec == std::errc() && end == s.data() + s.size(), kCorrupt,
-               "resume state field '", transport_internal::Printable(s.substr(0, 32)), "' is not a number");
+               "resume state field '", transport_internal::Printable(s.substr(0, 32)),
+               "' is not a number");
   return v;
 }
 
@@ -87,12 +88,13 @@ Result<GetRequest> DecodeGet(std::string_view m) {
   TERN_RETURN_IF_ERROR(ExpectType(m, kGet));
   Reader in(m);
   TERN_ASSIGN_OR_RETURN(uint64_t version, in.Int(4));
-  TERN_REQUIRE(version == kVersion, kProtocol, "client speaks xfer version ", version, ", this side ",
-               kVersion);
+  TERN_REQUIRE(version == kVersion, kProtocol, "client speaks xfer version ", version,
+               ", this side ", kVersion);
   GetRequest get;
   TERN_ASSIGN_OR_RETURN(get.chunk_bytes, in.Int(8));
   TERN_REQUIRE(get.chunk_bytes >= kMinChunkBytes && get.chunk_bytes <= kMaxChunkBytes, kOutOfRange,
-               "chunk size ", get.chunk_bytes, " outside [", kMinChunkBytes, ", ", kMaxChunkBytes, "]");
+               "chunk size ", get.chunk_bytes, " outside [", kMinChunkBytes, ", ", kMaxChunkBytes,
+               "]");
   TERN_ASSIGN_OR_RETURN(std::string_view name, in.Bytes(kMaxNameBytes));
   TERN_RETURN_IF_ERROR(in.End());
   // Well-formed but unusable: the client's mistake, not to be retried.
@@ -155,7 +157,8 @@ Status DecodeStatus(std::string_view m, char type, Status* verdict) {
   if (code == 0) {
     *verdict = Status::Ok();
   } else {
-    const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
+    const Code c =
+        code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
     *verdict = Status(c, "server: " + transport_internal::Printable(reason));
   }
   return Status::Ok();
@@ -202,7 +205,8 @@ Result<PartState> ParsePartState(std::string_view text) {
     }
     text.remove_prefix(space + 1);
   }
-  TERN_REQUIRE(n == 6 && text.empty(), kCorrupt, "resume state is not 'tern-part 1 SIZE XXH3 CHUNK BITMAP'");
+  TERN_REQUIRE(n == 6 && text.empty(), kCorrupt,
+               "resume state is not 'tern-part 1 SIZE XXH3 CHUNK BITMAP'");
   TERN_REQUIRE(fields[0] == "tern-part" && fields[1] == "1", kCorrupt,
                "not a version 1 tern-part resume state");
   PartState st;

@@ -13,8 +13,8 @@ TEST(XferWire, GetIsLittleEndianAndRoundTrips) {
   const std::string m = EncodeGet({65536, "a/b.bin"});
   ASSERT_EQ(m.size(), 1u + 4 + 8 + 4 + 7);
   EXPECT_EQ(m[0], 'G');
-  EXPECT_EQ(m[1], 1);           // version, low byte first
-  EXPECT_EQ(m[1 + 4 + 2], 1);   // 65536 = 0x10000: third byte
+  EXPECT_EQ(m[1], 1);          // version, low byte first
+  EXPECT_EQ(m[1 + 4 + 2], 1);  // 65536 = 0x10000: third byte
   auto get = DecodeGet(m);
   ASSERT_TRUE(get.ok()) << get.status().ToString();
   EXPECT_EQ(get->chunk_bytes, 65536u);
@@ -65,11 +65,13 @@ TEST(XferWire, StatusCarriesCodeAndAnEscapedReason) {
   Status verdict(Code::kIo, "not yet");
   ASSERT_TRUE(DecodeStatus(EncodeStatus(kDone, Status::Ok()), kDone, &verdict).ok());
   EXPECT_TRUE(verdict.ok());
-  ASSERT_TRUE(
-      DecodeStatus(EncodeStatus(kError, Status(Code::kNotFound, "no\nfile\x1b[31m")), kError, &verdict).ok());
+  ASSERT_TRUE(DecodeStatus(EncodeStatus(kError, Status(Code::kNotFound, "no\nfile\x1b[31m")),
+                           kError, &verdict)
+                  .ok());
   EXPECT_EQ(verdict.code(), Code::kNotFound);
   EXPECT_EQ(verdict.message(), "server: no\\x0afile\\x1b[31m");
-  EXPECT_EQ(DecodeStatus(EncodeStatus(kError, Status::Ok()), kDone, &verdict).code(), Code::kProtocol);
+  EXPECT_EQ(DecodeStatus(EncodeStatus(kError, Status::Ok()), kDone, &verdict).code(),
+            Code::kProtocol);
   std::string unknown = EncodeStatus(kDone, Status(Code::kIo, "x"));
   unknown[1] = 99;
   ASSERT_TRUE(DecodeStatus(unknown, kDone, &verdict).ok());
@@ -121,16 +123,17 @@ TEST(XferWire, DamagedPartStateIsCorruptNotACrash) {
            "tern-part 2 10000 abc 4096 07\n",    // another version
            "tern-part 1 -5 abc 4096 07\n",
            "tern-part 1 10000 abcx 4096 07\n",
-           "tern-part 1 10000 11112222333344445 4096 07\n",  // 17 hex digits
+           "tern-part 1 10000 11112222333344445 4096 07\n",   // 17 hex digits
            "tern-part 1 99999999999999999999 abc 4096 07\n",  // overflows u64
-           "tern-part 1 10000 abc 100 07\n",     // chunk below the minimum
+           "tern-part 1 10000 abc 100 07\n",                  // chunk below the minimum
            "tern-part 1 10000 abc 4096 07 extra\n",
            "tern-part  1 10000 abc 4096 07\n",
        }) {
     auto st = ParsePartState(bad);
     EXPECT_EQ(st.status().code(), Code::kCorrupt) << bad;
   }
-  EXPECT_EQ(ParsePartState(std::string(200 + 2 * (kMaxChunks / 8), '0')).status().code(), Code::kCorrupt);
+  EXPECT_EQ(ParsePartState(std::string(200 + 2 * (kMaxChunks / 8), '0')).status().code(),
+            Code::kCorrupt);
 }
 
 }  // namespace

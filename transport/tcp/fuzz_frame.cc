@@ -58,14 +58,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   uint8_t again[kHeaderBytes];
   EncodeHeader(h, again);
-  TERN_ASSERT(std::memcmp(again, raw, kHeaderBytes) == 0, "a decoded header re-encodes differently");
+  TERN_ASSERT(std::memcmp(again, raw, kHeaderBytes) == 0,
+              "a decoded header re-encodes differently");
   const uint8_t type = static_cast<uint8_t>(h.type);
   TERN_ASSERT(type >= 1 && type <= 6 && h.flags == 0 && h.version == kVersion);
   switch (h.type) {
-    case FrameType::kHelloAck: TERN_ASSERT(h.payload_bytes <= kMaxReasonBytes); break;
-    case FrameType::kMessage: TERN_ASSERT(h.payload_bytes <= kMaxMessageBytes); break;
-    case FrameType::kChunk: TERN_ASSERT(h.payload_bytes >= 1 && h.payload_bytes <= kMaxChunkBytes); break;
-    default: TERN_ASSERT(h.payload_bytes == 0); break;
+    case FrameType::kHelloAck:
+      TERN_ASSERT(h.payload_bytes <= kMaxReasonBytes);
+      break;
+    case FrameType::kMessage:
+      TERN_ASSERT(h.payload_bytes <= kMaxMessageBytes);
+      break;
+    case FrameType::kChunk:
+      TERN_ASSERT(h.payload_bytes >= 1 && h.payload_bytes <= kMaxChunkBytes);
+      break;
+    default:
+      TERN_ASSERT(h.payload_bytes == 0);
+      break;
   }
 
   const uint32_t max_streams = ((mode >> 1) & 63) + 1;
@@ -80,7 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t ours = h.arg[0] ^ ((mode & 0x80) ? 1 : 0);
   Status ack = ParseHelloAck(h, ours, reason);
   if (ack.ok()) {
-    TERN_ASSERT(h.type == FrameType::kHelloAck && h.arg[0] == ours && h.arg[1] == 0 && reason.empty());
+    TERN_ASSERT(h.type == FrameType::kHelloAck && h.arg[0] == ours && h.arg[1] == 0 &&
+                reason.empty());
   } else {
     TERN_ASSERT(AllPrintable(ack.message()), "peer text reached an error message unescaped");
     TERN_ASSERT(ack.message().size() <= 4 * kMaxReasonBytes + 256, "unbounded error message");

@@ -51,8 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 4: {
       RemoteKey key;
       if (DecodeRemoteKey(in, &key).ok()) {
-        TERN_ASSERT(EncodeRemoteKey(key) == in && !key.rkey.empty() && key.rkey.size() <= kMaxRkeyBytes &&
-                    key.base + key.size_bytes >= key.base);
+        TERN_ASSERT(EncodeRemoteKey(key) == in && !key.rkey.empty() &&
+                    key.rkey.size() <= kMaxRkeyBytes && key.base + key.size_bytes >= key.base);
       }
       break;
     }
@@ -62,8 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (SplitHostPort(in, &host, &port).ok()) {
         // Non-empty, and splitting its canonical spelling gives it back.
         TERN_ASSERT(!host.empty(), "empty host accepted from '", std::string(in), "'");
-        const std::string again = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-                                  std::to_string(port);
+        const std::string again = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+                                  ":" + std::to_string(port);
         std::string host2;
         uint16_t port2 = 0;
         TERN_ASSERT(SplitHostPort(again, &host2, &port2).ok() && host2 == host && port2 == port,
