@@ -106,6 +106,27 @@ class BitReader {
       if (n > max_q) return false;
     }
   }
+  // The fast path of the decode loops: while FastReads() > 0, PeekFast()
+  // may be called that many times, each followed by Skip(n <= 56), with no
+  // bounds check. It is one unaligned load that stays inside the stream
+  // (so no zero fill is needed), and a read of at most 56 bits from it can
+  // never pass the end, so Overrun() stays false. Callers fall back to the
+  // checked Peek/Read/ReadUnary near the end and for anything longer.
+  uint64_t FastReads() const {
+    const uint64_t byte = pos_ >> 3;
+    if (byte + 8 > bytes_) return 0;
+    // A load at byte b needs b + 8 <= bytes_, i.e. pos_ <= last; each read
+    // advances pos_ by at most 56.
+    const uint64_t last = (bytes_ - 8) * 8 + 7;
+    return (last - pos_) / 56 + 1;
+  }
+  // Next 64 bits from pos_, of which the low 57 are stream bits. Only valid
+  // while FastReads() says so.
+  [[gnu::always_inline]] uint64_t PeekFast() const {
+    uint64_t w;
+    std::memcpy(&w, data_ + (pos_ >> 3), 8);
+    return w >> (pos_ & 7);
+  }
   bool Overrun() const { return pos_ > bits_; }
   // True when every byte was used and the padding bits are zero: the stream
   // is exactly what an encoder would have written.

@@ -302,4 +302,27 @@ void BuildDecoder(const uint8_t lengths[kSymbols], HuffmanDecoder* dec) {
   }
 }
 
+void BuildFastTable(int w, bool zero_ok, HuffmanDecoder* dec) {
+  dec->fast.assign(dec->table.size(), 0);
+  for (size_t i = 0; i < dec->table.size(); ++i) {
+    const uint16_t t = dec->table[i];
+    if (t == 0) continue;
+    const int code_len = t & 15;
+    const int sym = t >> 4;
+    uint32_t e;
+    if (sym < kLiteralSymbols) {
+      if ((sym == 0 && !zero_ok) || static_cast<uint64_t>(sym) > WidthMask(w)) continue;
+      e = static_cast<uint32_t>(code_len) | (static_cast<uint32_t>(code_len) << 8) |
+          (static_cast<uint32_t>(sym) << 24);
+    } else {
+      const int len = sym - kLiteralSymbols + 5;
+      const int extra = len - 1;
+      if (len > w || code_len + extra > 56) continue;
+      e = static_cast<uint32_t>(code_len + extra) | (static_cast<uint32_t>(code_len) << 8) |
+          (static_cast<uint32_t>(extra) << 12);
+    }
+    dec->fast[i] = e;
+  }
+}
+
 }  // namespace tern::patchfmt

@@ -3,6 +3,7 @@
 // "Segment records".
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <vector>
@@ -64,8 +65,28 @@ struct HuffmanDecoder {
   // Entry for the next max_bits stream bits: symbol << 4 | code length, or 0.
   std::vector<uint16_t> table;
   int max_bits = 0;
+  // The same index, one lookup for a whole value (code and extra bits) on
+  // the fast path (FastValue): see BuildFastTable. 0: take the checked path.
+  std::vector<uint32_t> fast;
 };
 void BuildDecoder(const uint8_t lengths[kSymbols], HuffmanDecoder* dec);
+
+// Fast entries: bits 0..7 bits consumed (code + extra, <= 56), 8..11 code
+// length, 12..17 extra bits, 24..27 the value of a literal symbol. An entry
+// is 0 (so the checked DecodeValue decides, and fails) for no code, for a
+// symbol too long for width w, for z == 0 when !zero_ok (SPARSE stores only
+// changes), and for a value longer than one 56-bit peek.
+void BuildFastTable(int w, bool zero_ok, HuffmanDecoder* dec);
+
+// The zigzag value of fast entry e (non-zero) at stream bits `bits`.
+[[gnu::always_inline]] inline uint64_t FastValue(uint32_t e, uint64_t bits) {
+  const int code_len = (e >> 8) & 15;
+  const int extra = (e >> 12) & 63;
+  const uint64_t m = (uint64_t{1} << extra) - 1;  // 0 for literals
+  // Literal: e >> 24. Otherwise the implicit leading one, 1 << extra, and
+  // the extra bits below it.
+  return (e >> 24) | ((bits >> code_len) & m) | ((m + 1) & ~uint64_t{1});
+}
 
 // Reads one value (returns zigzag value) or fails. Forced inline: it runs
 // once per change in every decode loop.
@@ -108,9 +129,27 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
   HuffmanDecoder dec;
   BuildDecoder(lengths, &dec);
   BitReader vin(r.values, h.value_bytes);
+  BuildFastTable(w, h.encoding == kDense, &dec);
+  const uint32_t* fast = dec.fast.data();
+  const uint64_t fast_mask = WidthMask(dec.max_bits);
   if (h.encoding == kDense) {
     uint64_t changed = 0;
-    for (uint64_t i = 0; i < h.element_count; ++i) {
+    for (uint64_t i = 0; i < h.element_count;) {
+      // Fast path: unchecked peeks while the stream has room for them.
+      for (uint64_t m = std::min(vin.FastReads(), h.element_count - i); m > 0; --m) {
+        const uint64_t bits = vin.PeekFast();
+        const uint32_t e = fast[bits & fast_mask];
+        if (e == 0) break;
+        vin.Skip(e & 255);
+        const uint64_t z = FastValue(e, bits);
+        if (z != 0) {
+          ++changed;
+          fn(i, UnZigZag(z, w));
+        }
+        ++i;
+      }
+      if (i == h.element_count) break;
+      // Checked path: one element.
       uint64_t z;
       if (!DecodeValue(vin, dec, w, &z) || vin.Overrun())
         return TERN_ERROR(kCorrupt, "DENSE segment: bad value code at element ", i);
@@ -118,6 +157,7 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
         ++changed;
         fn(i, UnZigZag(z, w));
       }
+      ++i;
     }
     TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt, "DENSE segment: values stream not cleanly consumed");
     TERN_REQUIRE(changed == h.changed_count, kCorrupt, "DENSE segment: changed count mismatch");
@@ -127,8 +167,32 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
   BitReader pin(r.positions, h.position_bytes);
   const int k = h.rice_k;
   const uint64_t count = h.element_count;
+  const uint64_t rem_mask = WidthMask(k);
   uint64_t next = 0;  // smallest position allowed for the next change
-  for (uint64_t j = 0; j < h.changed_count; ++j) {
+  for (uint64_t j = 0; j < h.changed_count;) {
+    // Fast path: unchecked peeks while both streams have room for them. A
+    // change is taken here only when it is certainly valid (its unary run,
+    // remainder and value each fit one peek, the gap is in range, the value
+    // is a non-zero code of width <= w); anything else goes to the checked
+    // path below, which decodes it again and gives the exact error.
+    for (uint64_t m = std::min({pin.FastReads(), vin.FastReads(), h.changed_count - j}); m > 0; --m) {
+      const uint64_t pbits = pin.PeekFast();
+      const uint64_t vbits = vin.PeekFast();
+      const int q = std::countr_zero(pbits);  // 64 when no one bit
+      const uint32_t e = fast[vbits & fast_mask];
+      const int pos_len = q + 1 + k;
+      if (pos_len > 56 || e == 0) break;
+      const uint64_t gap = (uint64_t(q) << k) | ((pbits >> (q + 1)) & rem_mask);
+      if (gap >= count - next) break;
+      pin.Skip(pos_len);
+      vin.Skip(static_cast<int>(e & 255));
+      const uint64_t pos = next + gap;
+      fn(pos, UnZigZag(FastValue(e, vbits), w));
+      next = pos + 1;
+      ++j;
+    }
+    if (j == h.changed_count) break;
+    // Checked path: one change.
     uint64_t q;
     // gap < count, so q <= (count - 1) >> k bounds the unary run.
     if (!pin.ReadUnary((count - 1) >> k, &q))
@@ -142,6 +206,7 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
       return TERN_ERROR(kCorrupt, "SPARSE segment: bad value code at change ", j);
     fn(pos, UnZigZag(z, w));
     next = pos + 1;
+    ++j;
   }
   TERN_REQUIRE(pin.FinishedCleanly(), kCorrupt, "SPARSE segment: positions stream not cleanly consumed");
   TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt, "SPARSE segment: values stream not cleanly consumed");

@@ -137,5 +137,128 @@ TEST(SegmentCodecTest, RejectsDamagedRecords) {
   }
 }
 
+// The decode loops as they were before the unchecked fast path: every read
+// bounds-checked, one change at a time. The oracle for FastPathMatchesChecked.
+Status CheckedDecode(const RecordView& r, int w, std::vector<std::pair<uint64_t, uint64_t>>* calls) {
+  const RecordHeader& h = r.h;
+  uint8_t lengths[kSymbols];
+  TERN_RETURN_IF_ERROR(ParseCodeLengths(r.table, h.table_bytes, lengths));
+  HuffmanDecoder dec;
+  BuildDecoder(lengths, &dec);
+  BitReader vin(r.values, h.value_bytes);
+  if (h.encoding == kDense) {
+    uint64_t changed = 0;
+    for (uint64_t i = 0; i < h.element_count; ++i) {
+      uint64_t z;
+      if (!DecodeValue(vin, dec, w, &z) || vin.Overrun())
+        return TERN_ERROR(kCorrupt, "DENSE segment: bad value code at element ", i);
+      if (z != 0) {
+        ++changed;
+        calls->emplace_back(i, UnZigZag(z, w));
+      }
+    }
+    TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt, "DENSE segment: values stream not cleanly consumed");
+    TERN_REQUIRE(changed == h.changed_count, kCorrupt, "DENSE segment: changed count mismatch");
+    return Status::Ok();
+  }
+  BitReader pin(r.positions, h.position_bytes);
+  const int k = h.rice_k;
+  const uint64_t count = h.element_count;
+  uint64_t next = 0;
+  for (uint64_t j = 0; j < h.changed_count; ++j) {
+    uint64_t q;
+    if (!pin.ReadUnary((count - 1) >> k, &q))
+      return TERN_ERROR(kCorrupt, "SPARSE segment: bad position code at change ", j);
+    const uint64_t gap = (q << k) | pin.Read(k);
+    if (pin.Overrun() || gap >= count - next)
+      return TERN_ERROR(kCorrupt, "SPARSE segment: position out of range at change ", j);
+    const uint64_t pos = next + gap;
+    uint64_t z;
+    if (!DecodeValue(vin, dec, w, &z) || vin.Overrun() || z == 0)
+      return TERN_ERROR(kCorrupt, "SPARSE segment: bad value code at change ", j);
+    calls->emplace_back(pos, UnZigZag(z, w));
+    next = pos + 1;
+  }
+  TERN_REQUIRE(pin.FinishedCleanly(), kCorrupt, "SPARSE segment: positions stream not cleanly consumed");
+  TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt, "SPARSE segment: values stream not cleanly consumed");
+  return Status::Ok();
+}
+
+// "corrupt: segment_codec.h:202: msg" -> "corrupt: msg": the two decoders
+// raise the same errors from different lines.
+std::string WithoutLocation(const Status& s) {
+  std::string m = s.ToString();
+  size_t at = m.find(".h:");
+  if (at == std::string::npos) at = m.find(".cc:");
+  if (at == std::string::npos) return m;
+  const size_t code_end = m.find(": ");
+  const size_t msg = m.find(": ", at);
+  return m.substr(0, code_end + 2) + m.substr(msg + 2);
+}
+
+// The fast path (unchecked peeks, one table lookup per value) must accept
+// exactly what the checked path accepts, pass on the same changes before an
+// error and fail with the same message: checked on intact records that hit
+// every fallback (unary runs longer than a peek, values wider than one, the
+// stream tails) and on many damaged copies of them (checksums bypassed).
+TEST(SegmentCodecTest, FastPathMatchesCheckedDecode) {
+  std::mt19937_64 rng(11);
+  int records = 0, damaged_rejected = 0;
+  for (int w : {4, 8, 16, 32, 64}) {
+    for (double density : {0.002, 0.03, 0.3, 0.9}) {
+      const uint64_t count = 20000;
+      std::vector<uint64_t> pos, delta;
+      std::bernoulli_distribution pick(density);
+      for (uint64_t i = 0; i < count; ++i) {
+        // Now and then a long run without changes: a unary code longer than
+        // one 56-bit peek.
+        if (i % 5000 == 100) i += 3000;
+        if (i >= count || !pick(rng)) continue;
+        uint64_t d = rng() % 16 == 0 ? rng() & WidthMask(w) : (rng() & 1 ? 1 : WidthMask(w) - rng() % 3);
+        if (d == 0) d = 1;
+        pos.push_back(i);
+        delta.push_back(d);
+      }
+      std::vector<uint8_t> rec;
+      EncodeRecord(pos.data(), delta.data(), pos.size(), w, 0, 0, count, &rec);
+      auto parsed = ParseRecord(rec.data(), rec.size(), w);
+      ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+      if (parsed->h.encoding == kRaw) continue;
+      ++records;
+      for (int trial = 0; trial < 60; ++trial) {
+        std::vector<uint8_t> bad = rec;
+        const size_t streams = sizeof(RecordHeader) + parsed->h.table_bytes;
+        const size_t stream_bytes = rec.size() - kChecksumBytes - streams;
+        if (trial > 0) {
+          const int flips = 1 + static_cast<int>(rng() % 3);
+          for (int f = 0; f < flips; ++f) {
+            const size_t at = streams + rng() % stream_bytes;
+            bad[at] ^= static_cast<uint8_t>(1 << (rng() % 8));
+          }
+        }
+        RecordView r = *parsed;
+        r.table = bad.data() + (parsed->table - rec.data());
+        r.positions = bad.data() + (parsed->positions - rec.data());
+        r.values = bad.data() + (parsed->values - rec.data());
+        std::vector<std::pair<uint64_t, uint64_t>> fast_calls, checked_calls;
+        const Status fast = DecodeRecord(r, w, [&](uint64_t p, uint64_t d) { fast_calls.emplace_back(p, d); });
+        const Status checked = CheckedDecode(r, w, &checked_calls);
+        ASSERT_EQ(WithoutLocation(fast), WithoutLocation(checked)) << "w=" << w << " density=" << density << " trial " << trial;
+        ASSERT_EQ(fast_calls, checked_calls) << "w=" << w << " density=" << density << " trial " << trial;
+        if (trial == 0) {
+          ASSERT_TRUE(fast.ok()) << fast.ToString();
+          std::vector<std::pair<uint64_t, uint64_t>> want;
+          for (size_t j = 0; j < pos.size(); ++j) want.emplace_back(pos[j], delta[j]);
+          EXPECT_EQ(fast_calls, want);
+        } else {
+          damaged_rejected += !fast.ok();
+        }
+      }
+    }
+  }
+  EXPECT_GE(records, 15);
+  EXPECT_GT(damaged_rejected, 100);  // the damage is mostly caught, by both paths
+}
+
 }  // namespace
 }  // namespace tern::patchfmt
