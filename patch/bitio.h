@@ -77,6 +77,7 @@ class BitReader {
     return n == 0 ? 0 : (w & (~uint64_t{0} >> (64 - n)));
   }
   void Skip(int n) { pos_ += static_cast<uint64_t>(n); }
+  void SkipBits(uint64_t n) { pos_ += n; }
   // Forced inline (as ReadUnary): the decode loops call these once or twice
   // per change, and out-of-line calls cost as much as the work.
   [[gnu::always_inline]] uint64_t Read(int n) {  // n <= 64
@@ -126,6 +127,13 @@ class BitReader {
     uint64_t w;
     std::memcpy(&w, data_ + (pos_ >> 3), 8);
     return w >> (pos_ & 7);
+  }
+  // PeekFast at bit `at` (>= the position, with FastReads() covering it),
+  // for a loop that keeps its position in a register between SkipBits.
+  [[gnu::always_inline]] uint64_t PeekFastAt(uint64_t at) const {
+    uint64_t w;
+    std::memcpy(&w, data_ + (at >> 3), 8);
+    return w >> (at & 7);
   }
   bool Overrun() const { return pos_ > bits_; }
   // True when every byte was used and the padding bits are zero: the stream

@@ -175,21 +175,41 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
     // remainder and value each fit one peek, the gap is in range, the value
     // is a non-zero code of width <= w); anything else goes to the checked
     // path below, which decodes it again and gives the exact error.
-    for (uint64_t m = std::min({pin.FastReads(), vin.FastReads(), h.changed_count - j}); m > 0; --m) {
-      const uint64_t pbits = pin.PeekFast();
-      const uint64_t vbits = vin.PeekFast();
-      const int q = std::countr_zero(pbits);  // 64 when no one bit
-      const uint32_t e = fast[vbits & fast_mask];
-      const int pos_len = q + 1 + k;
-      if (pos_len > 56 || e == 0) break;
-      const uint64_t gap = (uint64_t(q) << k) | ((pbits >> (q + 1)) & rem_mask);
-      if (gap >= count - next) break;
-      pin.Skip(pos_len);
-      vin.Skip(static_cast<int>(e & 255));
-      const uint64_t pos = next + gap;
-      fn(pos, UnZigZag(FastValue(e, vbits), w));
-      next = pos + 1;
-      ++j;
+    const uint64_t m = std::min({pin.FastReads(), vin.FastReads(), h.changed_count - j});
+    if (m > 0) {
+      // Stream positions in locals: the readers' own fields live in memory
+      // (ReadLong takes `this`), and a store per change would cost.
+      uint64_t pat = pin.position_bits(), vat = vin.position_bits();
+      // Values are short (~2 bits at 1%): kept in a bit buffer, reloaded
+      // from vat when fewer than 56 bits are left, so the value chain is a
+      // table lookup and a shift rather than a load, a shift, a lookup.
+      uint64_t vbits = vin.PeekFastAt(vat);
+      int vavail = 64 - static_cast<int>(vat & 7);
+      const uint64_t j_end = j + m;
+      for (; j < j_end; ++j) {
+        const uint64_t pbits = pin.PeekFastAt(pat);
+        if (vavail < 56) [[unlikely]] {
+          vbits = vin.PeekFastAt(vat);
+          vavail = 64 - static_cast<int>(vat & 7);
+        }
+        const int q = std::countr_zero(pbits);  // 64 when no one bit
+        const uint32_t e = fast[vbits & fast_mask];
+        const int pos_len = q + 1 + k;
+        if (pos_len > 56 || e == 0) break;
+        const uint64_t gap = (uint64_t(q) << k) | ((pbits >> (q + 1)) & rem_mask);
+        if (gap >= count - next) break;
+        pat += static_cast<uint64_t>(pos_len);
+        const int val_len = static_cast<int>(e & 255);
+        vat += static_cast<uint64_t>(val_len);
+        vavail -= val_len;
+        const uint64_t z = FastValue(e, vbits);
+        vbits >>= val_len;
+        const uint64_t pos = next + gap;
+        fn(pos, UnZigZag(z, w));
+        next = pos + 1;
+      }
+      pin.SkipBits(pat - pin.position_bits());
+      vin.SkipBits(vat - vin.position_bits());
     }
     if (j == h.changed_count) break;
     // Checked path: one change.
