@@ -24,6 +24,7 @@ void AddTransportFlags(Flags& f) {
   f.Add("tls-ca", "PEM CA that must have signed the peer's certificate");
   f.AddSwitch("no-tls", "plain TCP (only inside a trusted network; TLS is the default)");
   f.Add("congestion", "TCP congestion control to ask the kernel for", "bbr");
+  f.Add("notsent-lowat", "TCP_NOTSENT_LOWAT per stream (K/M suffixes; 0: kernel default)", "1M");
   f.Add("socket-buffer", "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes; 0: kernel autotuning)", "0");
   f.Add("idle-timeout-ms", "close a connection whose peer is silent this long", "30000");
 }
@@ -40,6 +41,7 @@ Result<TcpOptions> TransportOptions(const Flags& f) {
   }
   o.congestion = f.Get("congestion");
   TERN_ASSIGN_OR_RETURN(o.socket_buffer_bytes, ParseCount(f.Get("socket-buffer")));
+  TERN_ASSIGN_OR_RETURN(o.notsent_lowat_bytes, ParseCount(f.Get("notsent-lowat")));
   TERN_ASSIGN_OR_RETURN(o.idle_timeout_ms, f.GetU64("idle-timeout-ms"));
   TERN_REQUIRE(o.idle_timeout_ms >= 100, kInvalidArgument, "--idle-timeout-ms below 100");
   return o;

@@ -12,6 +12,7 @@
 #   bench/wan/run.sh [--points "RTT_MS:RATE_MBIT:LOSS_PCT ..."] [--cc "cubic bbr"]
 #                    [--streams N] [--seconds S] [--tern PATH] [--fwd PATH] [--out FILE]
 #                    [--tern-args "ARGS"]   (extra flags for both tern xfer ends)
+#                    [--get-args "ARGS"]    (extra flags for tern xfer get only)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 WAN=$here/tools/wan/wan.sh
@@ -22,6 +23,7 @@ seconds=5
 tern=""
 out=""
 tern_args=()
+get_args=()
 while (($#)); do
   case $1 in
     --points) points=$2; shift 2 ;; --cc) ccs=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while (($#)); do
     --tern) tern=$2; shift 2 ;; --fwd) export TERN_WAN_FWD=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --tern-args) read -r -a tern_args <<<"$2"; shift 2 ;;
+    --get-args) read -r -a get_args <<<"$2"; shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -95,7 +98,7 @@ tern_get() {
   local t0 t1 line
   t0=$(date +%s.%N)
   line=$("$WAN" exec "$prefix" us-1 "$tern" xfer get 10.2.1.2:7400 blob -o "$work/out" \
-    --streams "$n" --quiet --congestion "$cc" "${tern_args[@]}" "${tls_client[@]}" 2>&1 | grep -E 'bytes=|Gb/s' | tail -n 1) ||
+    --streams "$n" --quiet --congestion "$cc" "${tern_args[@]}" "${get_args[@]}" "${tls_client[@]}" 2>&1 | grep -E 'bytes=|Gb/s' | tail -n 1) ||
     { echo "tern xfer get failed: $line; server: $(tail -n 2 "$work/serve.log")" >&2; line=""; }
   t1=$(date +%s.%N)
   kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true

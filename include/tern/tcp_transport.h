@@ -41,6 +41,11 @@ struct TcpOptions {
   // (the default: a fixed size turns autotuning off and is capped by
   // net.core.wmem_max/rmem_max).
   uint64_t socket_buffer_bytes = 0;
+  // TCP_NOTSENT_LOWAT per stream: a stream's socket takes new bytes only
+  // while less than this is queued unsent, so a stream slowed by loss does
+  // not sit on chunks (and the transfer window) that a faster stream could
+  // send. 0 = the kernel's default (no limit).
+  uint64_t notsent_lowat_bytes = 1ull << 20;
   // TCP_CONGESTION; when the kernel refuses it the default stays and
   // Connection::Describe() says which one is in use.
   std::string congestion = "bbr";

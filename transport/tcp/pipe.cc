@@ -365,6 +365,10 @@ std::string TuneSocket(int fd, const TcpOptions& options) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   SetBuffers(fd, options);
+  if (options.notsent_lowat_bytes != 0) {
+    int lowat = static_cast<int>(std::min<uint64_t>(options.notsent_lowat_bytes, 1u << 30));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
+  }
   if (!options.congestion.empty()) {
     // Silently keeps the default where the kernel lacks the module; the
     // caller reports what is in use.
