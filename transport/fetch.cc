@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <mutex>
@@ -219,6 +221,15 @@ class Fetch {
     fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) return TERN_ERRNO("open ", part_);
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return TERN_ERRNO("resize ", part_);
+    // Reserve the blocks before the transfer: a store through the mapping
+    // into a file the filesystem cannot hold raises SIGBUS, which no error
+    // path survives. Filesystems without fallocate keep the old behaviour.
+    if (size > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0 && errno != EOPNOTSUPP) {
+      const int e = errno;
+      return Status(e == ENOSPC || e == EDQUOT ? Code::kResourceExhausted : Code::kUnavailable,
+                    "cannot reserve " + std::to_string(size) + " bytes for " + part_ + ": " +
+                        std::strerror(e));
+    }
     if (size > 0) {
       void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
       if (base == MAP_FAILED) return TERN_ERRNO("mmap ", part_);

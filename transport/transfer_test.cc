@@ -1,8 +1,11 @@
 // The transfer layer and file service over the loopback backend, and the
 // peer-selection policy.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -171,6 +174,21 @@ TEST_F(FileServiceTest, ResumesAcrossRunsFromTheStateFile) {
   EXPECT_LT(r2->resumed_bytes, data_.size());
   EXPECT_EQ(Read(dir_ / "out"), data_);
   EXPECT_FALSE(fs::exists(dir_ / "out.tern-part.state"));
+}
+
+// A destination that cannot hold the file fails cleanly before any byte
+// moves (a store through the mapping would otherwise raise SIGBUS).
+TEST_F(FileServiceTest, FullDiskFailsCleanlyInsteadOfCrashing) {
+  const fs::path small = dir_ / "small";
+  fs::create_directories(small);
+  if (::mount("tern-test", small.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    GTEST_SKIP() << "cannot mount a 1 MiB tmpfs here (needs root): " << std::strerror(errno);
+  }
+  auto r = FetchFile(*client_t_, "files", "sub/f.bin", (small / "out").string(), fo_);
+  EXPECT_EQ(r.status().code(), Code::kResourceExhausted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("cannot reserve"), std::string::npos) << r.status().ToString();
+  EXPECT_FALSE(fs::exists(small / "out"));
+  ::umount2(small.c_str(), MNT_DETACH);
 }
 
 TEST_F(FileServiceTest, StaleStateForAChangedFileIsIgnored) {
