@@ -259,6 +259,14 @@ std::string QuantizationConfigJson(const QuantSpec& spec) {
     case QuantScheme::kFp8Tensor:
     case QuantScheme::kFp8Channel: {
       const std::string strategy = spec.scheme == QuantScheme::kFp8Tensor ? "tensor" : "channel";
+      if (spec.code_dtype == DType::kF8E5M2) {
+        // No engine loads E5M2 weights: compressed-tensors' 8-bit float is
+        // E4M3, and a loader that sizes parameters from such a config would
+        // read these bytes as E4M3. A method no engine knows makes it refuse
+        // the checkpoint instead of serving wrong weights.
+        return R"({"quant_method": "tern-fp8-e5m2", "fmt": "e5m2", "strategy": ")" + strategy +
+               R"(", "note": "a tern measurement view; no engine loads E5M2 weights"})";
+      }
       return ct("float-quantized",
                 R"({"num_bits": 8, "type": "float", "strategy": ")" + strategy +
                     R"(", "symmetric": true, "dynamic": false})",

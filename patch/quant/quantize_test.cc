@@ -224,6 +224,12 @@ TEST(QuantizeTest, PlainCastsAndConfig) {
   EXPECT_EQ(QuantizationConfigJson(Spec("bf16")), "");
   EXPECT_NE(QuantizationConfigJson(Spec("fp8-e4m3-block128")).find("\"weight_block_size\": [128, 128]"),
             std::string::npos);
+  // E5M2 must not claim a config an engine would load as E4M3.
+  for (const char* e5m2 : {"fp8-e5m2-tensor", "fp8-e5m2-channel"}) {
+    const std::string json = QuantizationConfigJson(Spec(e5m2));
+    EXPECT_EQ(json.find("compressed-tensors"), std::string::npos) << e5m2;
+    EXPECT_NE(json.find("\"quant_method\": \"tern-fp8-e5m2\""), std::string::npos) << e5m2;
+  }
   for (const std::string& name : QuantFormatNames()) {
     const std::string json = QuantizationConfigJson(Spec(name.c_str()));
     if (name == "bf16" || name == "fp16") continue;
