@@ -7,7 +7,9 @@
 // contains none of the keep substrings (DefaultQuantKeep() plus the caller's).
 // A tensor whose shape the format cannot take (Quantize says
 // kInvalidArgument, e.g. `in` not divisible by the group) stays unquantized,
-// with the reason in `note`. Unquantized float tensors are served as F16 for
+// with the reason in `note`; so does a fused MoE weight (rank > 2) in the
+// compressed-tensors per-Linear layouts (fp8-*-tensor/-channel, nvfp4-ct),
+// whose loaders take 2-D [out, in] weights, one per expert. Unquantized float tensors are served as F16 for
 // fp16 and BF16 otherwise (a BF16/F16 input keeps its dtype except for fp16).
 //
 // Thread safety: pure functions.
