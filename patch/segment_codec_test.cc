@@ -139,7 +139,8 @@ TEST(SegmentCodecTest, RejectsDamagedRecords) {
 
 // The decode loops as they were before the unchecked fast path: every read
 // bounds-checked, one change at a time. The oracle for FastPathMatchesChecked.
-Status CheckedDecode(const RecordView& r, int w, std::vector<std::pair<uint64_t, uint64_t>>* calls) {
+Status CheckedDecode(const RecordView& r, int w,
+                     std::vector<std::pair<uint64_t, uint64_t>>* calls) {
   const RecordHeader& h = r.h;
   uint8_t lengths[kSymbols];
   TERN_RETURN_IF_ERROR(ParseCodeLengths(r.table, h.table_bytes, lengths));
@@ -157,7 +158,8 @@ Status CheckedDecode(const RecordView& r, int w, std::vector<std::pair<uint64_t,
         calls->emplace_back(i, UnZigZag(z, w));
       }
     }
-    TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt, "DENSE segment: values stream not cleanly consumed");
+    TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt,
+                 "DENSE segment: values stream not cleanly consumed");
     TERN_REQUIRE(changed == h.changed_count, kCorrupt, "DENSE segment: changed count mismatch");
     return Status::Ok();
   }
@@ -179,8 +181,10 @@ Status CheckedDecode(const RecordView& r, int w, std::vector<std::pair<uint64_t,
     calls->emplace_back(pos, UnZigZag(z, w));
     next = pos + 1;
   }
-  TERN_REQUIRE(pin.FinishedCleanly(), kCorrupt, "SPARSE segment: positions stream not cleanly consumed");
-  TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt, "SPARSE segment: values stream not cleanly consumed");
+  TERN_REQUIRE(pin.FinishedCleanly(), kCorrupt,
+               "SPARSE segment: positions stream not cleanly consumed");
+  TERN_REQUIRE(vin.FinishedCleanly(), kCorrupt,
+               "SPARSE segment: values stream not cleanly consumed");
   return Status::Ok();
 }
 
@@ -214,7 +218,8 @@ TEST(SegmentCodecTest, FastPathMatchesCheckedDecode) {
         // one 56-bit peek.
         if (i % 5000 == 100) i += 3000;
         if (i >= count || !pick(rng)) continue;
-        uint64_t d = rng() % 16 == 0 ? rng() & WidthMask(w) : (rng() & 1 ? 1 : WidthMask(w) - rng() % 3);
+        uint64_t d =
+            rng() % 16 == 0 ? rng() & WidthMask(w) : (rng() & 1 ? 1 : WidthMask(w) - rng() % 3);
         if (d == 0) d = 1;
         pos.push_back(i);
         delta.push_back(d);
@@ -241,10 +246,13 @@ TEST(SegmentCodecTest, FastPathMatchesCheckedDecode) {
         r.positions = bad.data() + (parsed->positions - rec.data());
         r.values = bad.data() + (parsed->values - rec.data());
         std::vector<std::pair<uint64_t, uint64_t>> fast_calls, checked_calls;
-        const Status fast = DecodeRecord(r, w, [&](uint64_t p, uint64_t d) { fast_calls.emplace_back(p, d); });
+        const Status fast =
+            DecodeRecord(r, w, [&](uint64_t p, uint64_t d) { fast_calls.emplace_back(p, d); });
         const Status checked = CheckedDecode(r, w, &checked_calls);
-        ASSERT_EQ(WithoutLocation(fast), WithoutLocation(checked)) << "w=" << w << " density=" << density << " trial " << trial;
-        ASSERT_EQ(fast_calls, checked_calls) << "w=" << w << " density=" << density << " trial " << trial;
+        ASSERT_EQ(WithoutLocation(fast), WithoutLocation(checked))
+            << "w=" << w << " density=" << density << " trial " << trial;
+        ASSERT_EQ(fast_calls, checked_calls)
+            << "w=" << w << " density=" << density << " trial " << trial;
         if (trial == 0) {
           ASSERT_TRUE(fast.ok()) << fast.ToString();
           std::vector<std::pair<uint64_t, uint64_t>> want;
