@@ -3,3 +3,5 @@ tern_fuzzer(patch_decode_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_decode.cc
             CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/patch_decode)
 tern_fuzzer(patch_roundtrip_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_roundtrip.cc LIBS tern_patch
             CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/patch_roundtrip)
+tern_fuzzer(patch_record_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_record.cc LIBS tern_patch
+            CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/patch_record)
