@@ -241,10 +241,15 @@ class TcpTransport final : public Transport {
   }
 
   void ExpirePartial(ListenState& st) {
-    const uint64_t now = clock_.NowUs();
     std::lock_guard<std::mutex> lock(st.mu);
+    // Read the clock under the lock: a handshake thread may have stamped a
+    // partial after an earlier reading, and `now - started_us` would then
+    // wrap and expire a connection that had just begun (seen in CI as a
+    // peer hanging up during the hello, under ASan and parallel tests).
+    const uint64_t now = clock_.NowUs();
     for (auto it = st.partial.begin(); it != st.partial.end();) {
-      if (now - it->second.started_us > options_.handshake_timeout_ms * 1000) {
+      if (now > it->second.started_us &&
+          now - it->second.started_us > options_.handshake_timeout_ms * 1000) {
         Log("tcp: dropping half-open connection: " + std::to_string(it->second.arrived) + " of " +
             std::to_string(it->second.count) + " streams arrived in time");
         st.sockets -= it->second.arrived;
