@@ -185,7 +185,11 @@ class Fetch {
         return Status::Ok();
       }
       std::lock_guard<std::mutex> lock(mu_);
-      TERN_REQUIRE(now - landed_us_ <= o_.stall_timeout_ms * 1000, kTimeout, "no chunk landed for ",
+      // landed_us_ is stamped by stream threads and may be later than `now`
+      // (read before the lock): without the guard the difference wraps and
+      // a busy transfer is reported as stalled.
+      TERN_REQUIRE(now <= landed_us_ || now - landed_us_ <= o_.stall_timeout_ms * 1000, kTimeout,
+                   "no chunk landed for ",
                    o_.stall_timeout_ms, " ms");
     }
   }
