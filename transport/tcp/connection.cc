@@ -2,6 +2,8 @@
 // chunks pulled by whichever stream is free, ACK on the carrying stream.
 #include "transport/tcp/connection.h"
 
+#include <openssl/crypto.h>
+
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,6 +23,8 @@ void BlockSigpipe() {
   sigaddset(&set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
+
+IoThreadScope::~IoThreadScope() { OPENSSL_thread_stop(); }
 
 OutFrame MakeFrame(FrameType type, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
                    uint32_t payload_bytes) {
@@ -69,7 +73,7 @@ void TcpConnection::Start(transport_internal::ThreadTracker& threads) {
     auto self = shared_from_this();
     Stream* stream = s.get();
     threads.Spawn([self, stream] {
-      BlockSigpipe();
+      IoThreadScope io_thread;
       self->RunStream(*stream);
     });
   }

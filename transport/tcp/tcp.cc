@@ -22,7 +22,7 @@
 
 namespace tern {
 
-using tcp::BlockSigpipe;
+using tcp::IoThreadScope;
 using tcp::FrameHeader;
 using tcp::FrameType;
 using tcp::kHeaderBytes;
@@ -140,7 +140,7 @@ class TcpTransport final : public Transport {
       listeners_.push_back(state);
     }
     threads_.Spawn([this, state] {
-      BlockSigpipe();
+      IoThreadScope io_thread;
       AcceptLoop(state);
     });
     return std::unique_ptr<Listener>(std::make_unique<TcpListener>(state));
@@ -148,7 +148,7 @@ class TcpTransport final : public Transport {
 
   void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override {
     threads_.Spawn([this, address, handlers = std::move(handlers), done = std::move(done)]() mutable {
-      BlockSigpipe();
+      IoThreadScope io_thread;
       auto conn = Dial(address, std::move(handlers));
       if (!conn.ok()) return done(std::move(conn).take_status());
       std::shared_ptr<TcpConnection> c = *conn;
@@ -231,7 +231,7 @@ class TcpTransport final : public Transport {
         }
         ++st->sockets;
         threads_.Spawn([this, st, fd] {
-          BlockSigpipe();
+          IoThreadScope io_thread;
           Handshake(st, fd);
         });
       }
