@@ -11,24 +11,11 @@
 
 #include "tern/status.h"
 #include "tern/transport.h"
+#include "transport/internal.h"
 #include "transport/xfer_wire.h"
 
-namespace {
-
-uint64_t Le(std::string_view s, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(s[i])} << (8 * i);
-  return v;
-}
-
-bool AllPrintable(const std::string& s) {
-  for (char c : s) {
-    if (static_cast<uint8_t>(c) < 0x20 || static_cast<uint8_t>(c) >= 0x7f) return false;
-  }
-  return true;
-}
-
-}  // namespace
+using tern::transport_internal::GetLe;
+using tern::transport_internal::IsPrintable;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
@@ -43,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         TERN_ASSERT(get->chunk_bytes >= kMinChunkBytes && get->chunk_bytes <= kMaxChunkBytes &&
                     !get->name.empty() && get->name.size() <= kMaxNameBytes);
       } else {
-        TERN_ASSERT(AllPrintable(get.status().message()));
+        TERN_ASSERT(IsPrintable(get.status().message()));
       }
       break;
     }
@@ -54,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 2: {
       if (in.size() < 4) return 0;
-      const uint64_t max_bitmap_bytes = Le(in, 4) % (uint64_t{1} << 24);
+      const uint64_t max_bitmap_bytes = GetLe(in, 0, 4) % (uint64_t{1} << 24);
       auto want = DecodeWant(in.substr(4), max_bitmap_bytes);
       if (want.ok()) {
         TERN_ASSERT(EncodeWant(want->transfer_id, want->bitmap) == in.substr(4) &&
@@ -67,11 +54,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Status verdict;
         Status st = DecodeStatus(in, type, &verdict);
         if (!st.ok()) {
-          TERN_ASSERT(AllPrintable(st.message()));
+          TERN_ASSERT(IsPrintable(st.message()));
           continue;
         }
         TERN_ASSERT(TypeOf(in) == type);
-        TERN_ASSERT(AllPrintable(verdict.message()), "peer reason reached the status unescaped");
+        TERN_ASSERT(IsPrintable(verdict.message()), "peer reason reached the status unescaped");
         TERN_ASSERT(verdict.message().size() <= 4 * kMaxReasonBytes + 16);
       }
       break;
@@ -90,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 5: {
       if (in.size() < 16) return 0;
-      const uint64_t size_bytes = Le(in, 8), chunk_bytes = Le(in.substr(8), 8);
+      const uint64_t size_bytes = GetLe(in, 0, 8), chunk_bytes = GetLe(in, 8, 8);
       auto chunks = ChunkCount(size_bytes, chunk_bytes);
       if (chunks.ok()) {
         TERN_ASSERT(*chunks <= kMaxChunks && chunk_bytes >= kMinChunkBytes &&

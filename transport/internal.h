@@ -45,7 +45,6 @@ class ThreadTracker {
   uint64_t live_ = 0;
 };
 
-// Calls a completion if set; completions are optional for callers.
 // Little-endian field codecs for the small handshake/control encodings of
 // the UCX and verbs backends. Callers check `in` holds at + bytes first.
 inline void PutLe(std::string& out, uint64_t value, int bytes) {
@@ -57,6 +56,7 @@ inline uint64_t GetLe(std::string_view in, size_t at, int bytes) {
   return value;
 }
 
+// Calls a completion if set; completions are optional for callers.
 inline void Complete(const Completion& done, Status status) {
   if (done) done(std::move(status));
 }
@@ -67,5 +67,12 @@ void LogLine(const LogFn& log, std::string_view line);
 // Peer-supplied text (refusal reasons) made safe for one log line: bytes
 // outside printable ASCII become \xNN. At most 4 output bytes per input byte.
 std::string Printable(std::string_view bytes);
+// Whether every byte is printable ASCII (what Printable's output must be).
+inline bool IsPrintable(std::string_view s) {
+  for (char c : s) {
+    if (static_cast<uint8_t>(c) < 0x20 || static_cast<uint8_t>(c) >= 0x7f) return false;
+  }
+  return true;
+}
 
 }  // namespace tern::transport_internal

@@ -17,6 +17,7 @@
 
 #include "tern/status.h"
 #include "tern/transport.h"
+#include "transport/internal.h"
 #include "transport/tcp/frame.h"
 
 namespace {
@@ -28,13 +29,6 @@ void FixCheck(uint8_t raw[kHeaderBytes]) {
   std::memset(raw + 12, 0, 4);
   const auto check = static_cast<uint32_t>(XXH3_64bits(raw, kHeaderBytes));
   for (int i = 0; i < 4; ++i) raw[12 + i] = static_cast<uint8_t>(check >> (8 * i));
-}
-
-bool AllPrintable(const std::string& s) {
-  for (char c : s) {
-    if (static_cast<uint8_t>(c) < 0x20 || static_cast<uint8_t>(c) >= 0x7f) return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -92,7 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TERN_ASSERT(h.type == FrameType::kHelloAck && h.arg[0] == ours && h.arg[1] == 0 &&
                 reason.empty());
   } else {
-    TERN_ASSERT(AllPrintable(ack.message()), "peer text reached an error message unescaped");
+    TERN_ASSERT(tern::transport_internal::IsPrintable(ack.message()),
+                "peer text reached an error message unescaped");
     TERN_ASSERT(ack.message().size() <= 4 * kMaxReasonBytes + 256, "unbounded error message");
   }
   return 0;
