@@ -148,10 +148,10 @@ Status Get(int argc, char** argv) {
   if (!f.Switch("quiet") && tty) std::fprintf(stderr, "\n");
   const double moved = static_cast<double>(r.bytes - r.resumed_bytes);
   std::printf("xfer: bytes=%llu seconds=%.3f gbps=%.3f streams=%u resumed_bytes=%llu reconnects=%u "
-              "xxh3=%016llx link=\"%s\"\n",
+              "first_chunk_s=%.3f xxh3=%016llx link=\"%s\"\n",
               static_cast<unsigned long long>(r.bytes), r.seconds,
               r.seconds > 0 ? moved * 8 / r.seconds / 1e9 : 0.0, chosen,
-              static_cast<unsigned long long>(r.resumed_bytes), r.reconnects,
+              static_cast<unsigned long long>(r.resumed_bytes), r.reconnects, r.first_chunk_seconds,
               static_cast<unsigned long long>(r.xxh3), r.link.c_str());
   return Status::Ok();
 }

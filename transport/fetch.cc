@@ -141,6 +141,7 @@ class Fetch {
                                                map_.MarkDone(i);
                                              }
                                              landed_us_ = clock_.NowUs();
+                                             if (first_landed_us_ == 0) first_landed_us_ = landed_us_;
                                            }));
     closer.id = transfer_id;
     closer.posted = true;
@@ -294,6 +295,7 @@ class Fetch {
     result_.bytes = size;
     result_.xxh3 = got;
     result_.seconds = (clock_.NowUs() - start_us_) / 1e6;
+    if (first_landed_us_ != 0) result_.first_chunk_seconds = (first_landed_us_ - start_us_) / 1e6;
     return result_;
   }
 
@@ -307,6 +309,7 @@ class Fetch {
   std::mutex mu_;  // guards map_ and landed_us_ against the landing callbacks
   ChunkMap map_;
   uint64_t landed_us_ = 0;
+  uint64_t first_landed_us_ = 0;  // 0 until a chunk landed in this run
   uint64_t size_ = 0, xxh3_ = 0;
   bool mapped_ = false;
   int fd_ = -1;

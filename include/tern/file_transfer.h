@@ -67,6 +67,9 @@ struct FetchResult {
   double seconds = 0;
   uint64_t xxh3 = 0;
   uint32_t reconnects = 0;
+  // From the start of FetchFile to the first chunk landing in this run (0
+  // when none had to move): what connecting and the request exchange cost.
+  double first_chunk_seconds = 0;
   std::string link;  // Connection::Describe() of the last connection
 };
 
