@@ -19,6 +19,7 @@
 #include "tern/loopback_transport.h"
 #include "tern/tcp_transport.h"
 #include "tern/transfer.h"
+#include "tern/verbs_transport.h"
 #include "transport/test_certs.h"
 #include "transport/ucx/test_pair.h"
 
@@ -60,6 +61,17 @@ Result<Pair> MakeTcp(bool tls, const TlsConfig* client_tls) {
   return p;
 }
 
+Result<Pair> MakeVerbs(const std::string& library) {
+  VerbsOptions o;
+  o.library = library;
+  o.log = [](std::string_view) {};
+  Pair p;
+  TERN_ASSIGN_OR_RETURN(p.server, NewVerbsTransport(o));
+  TERN_ASSIGN_OR_RETURN(p.client, NewVerbsTransport(o));
+  p.listen_address = "127.0.0.1:0";
+  return p;
+}
+
 std::vector<Backend> Backends() {
   return {
       {"loopback",
@@ -74,6 +86,12 @@ std::vector<Backend> Backends() {
       {"tcp", [](const TlsConfig* t) { return MakeTcp(false, t); }},
       {"tcp_tls", [](const TlsConfig* t) { return MakeTcp(true, t); }},
       {"ucx", [](const TlsConfig*) -> Result<Pair> { TERN_ASSIGN_OR_RETURN(auto t, ucx::NewLoopbackPairForTests()); return Pair{nullptr, std::move(t.first), std::move(t.second), "127.0.0.1:0"}; }},
+      // A real RDMA device where there is one (skipped here with the reason).
+      {"verbs", [](const TlsConfig*) { return MakeVerbs("libibverbs.so.1"); }},
+#ifdef TERN_SOFTVERBS_PATH
+      // The same verbs code over softverbs, the emulated in-process device.
+      {"verbs_soft", [](const TlsConfig*) { return MakeVerbs(TERN_SOFTVERBS_PATH); }},
+#endif
   };
 }
 

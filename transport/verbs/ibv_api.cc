@@ -17,8 +17,8 @@ Status Resolve(void* handle, const std::string& soname, const char* name, Fn* ou
   return Status::Ok();
 }
 
-// verbs.h's inline ibv_query_port, through our table: the extended op when
-// the provider has one, else the exported compat symbol.
+}  // namespace
+
 int QueryPort(const IbvApi& api, ibv_context* ctx, uint8_t port, ibv_port_attr* attr) {
   verbs_context* vctx = verbs_get_ctx_op(ctx, query_port);
   if (vctx == nullptr) {
@@ -27,8 +27,6 @@ int QueryPort(const IbvApi& api, ibv_context* ctx, uint8_t port, ibv_port_attr* 
   }
   return vctx->query_port(ctx, port, attr, sizeof(*attr));
 }
-
-}  // namespace
 
 Result<std::shared_ptr<const IbvApi>> IbvApi::Load(const std::string& soname) {
   void* raw = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);

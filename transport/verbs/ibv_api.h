@@ -51,6 +51,10 @@ struct IbvApi {
   static Result<std::shared_ptr<const IbvApi>> Load(const std::string& soname = "libibverbs.so.1");
 };
 
+// verbs.h's inline ibv_query_port, through our table: the extended op when
+// the provider has one, else the exported compat symbol.
+int QueryPort(const IbvApi& api, ibv_context* ctx, uint8_t port, ibv_port_attr* attr);
+
 // One RDMA port as the probe and device selection see it.
 struct PortInfo {
   std::string device;  // "mlx5_0"

@@ -12,12 +12,13 @@ QpTransition InitTransition(uint8_t port) {
   t.attr.qp_state = IBV_QPS_INIT;
   t.attr.pkey_index = 0;
   t.attr.port_num = port;
-  t.attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  t.attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   t.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
   return t;
 }
 
-Result<QpTransition> ReadyToReceiveTransition(const QpEndpoint& local, const QpEndpoint& remote) {
+Result<QpTransition> ReadyToReceiveTransition(const QpEndpoint& local, const QpEndpoint& remote,
+                                              uint8_t max_dest_rd_atomic) {
   TERN_REQUIRE(local.ethernet == remote.ethernet, kMismatch, "verbs: link layers differ (local ",
                local.ethernet ? "RoCE" : "InfiniBand", ", peer ", remote.ethernet ? "RoCE" : "InfiniBand",
                ")");
@@ -27,7 +28,7 @@ Result<QpTransition> ReadyToReceiveTransition(const QpEndpoint& local, const QpE
   t.attr.path_mtu = mtu;
   t.attr.dest_qp_num = remote.qpn;
   t.attr.rq_psn = remote.psn;
-  t.attr.max_dest_rd_atomic = 1;
+  t.attr.max_dest_rd_atomic = std::max<uint8_t>(max_dest_rd_atomic, 1);
   t.attr.min_rnr_timer = 12;  // 0.64 ms between receiver-not-ready retries
   t.attr.ah_attr.port_num = local.port;
   t.attr.ah_attr.sl = 0;
@@ -44,14 +45,14 @@ Result<QpTransition> ReadyToReceiveTransition(const QpEndpoint& local, const QpE
   return t;
 }
 
-QpTransition ReadyToSendTransition(const QpEndpoint& local) {
+QpTransition ReadyToSendTransition(const QpEndpoint& local, uint8_t max_rd_atomic) {
   QpTransition t;
   t.attr.qp_state = IBV_QPS_RTS;
   t.attr.sq_psn = local.psn;
   t.attr.timeout = 14;
   t.attr.retry_cnt = 7;
   t.attr.rnr_retry = 7;
-  t.attr.max_rd_atomic = 1;
+  t.attr.max_rd_atomic = std::max<uint8_t>(max_rd_atomic, 1);
   t.mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
            IBV_QP_MAX_QP_RD_ATOMIC;
   return t;

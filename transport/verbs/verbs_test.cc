@@ -125,53 +125,26 @@ TEST(VerbsWire, EndpointRejectsWhatAPeerCanGetWrong) {
   EXPECT_EQ(DecodeEndpoint(flags, &out).code(), Code::kProtocol);
 }
 
-TEST(VerbsWire, ImmediatesCarrySlotAndGeneration) {
-  const uint32_t imm = EncodeImm(0x1234, 0xbeef);
-  EXPECT_EQ(ImmSlot(imm), 0x1234);
-  EXPECT_EQ(ImmGeneration(imm), 0xbeef);
-}
-
-TEST(VerbsWire, SlotsStayInStepBetweenSenderAndReceiver) {
-  ImmSlots sender(2), receiver(2);
-  auto a = sender.Allocate();
-  auto b = sender.Allocate();
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_NE(ImmSlot(*a), ImmSlot(*b));
-  EXPECT_EQ(sender.Allocate().status().code(), Code::kResourceExhausted);  // bounded
-
-  ImmSlots::Chunk chunk{1, 2, 3, 4, 5};
-  ASSERT_TRUE(receiver.Claim(*a, chunk).ok());
-  EXPECT_EQ(receiver.Claim(*a, chunk).code(), Code::kProtocol);  // already in flight
-  auto taken = receiver.Take(*a);
-  ASSERT_TRUE(taken.ok());
-  EXPECT_EQ(taken->transfer_id, 2u);
-  EXPECT_EQ(receiver.Take(*a).status().code(), Code::kProtocol);  // stale completion
-  sender.Free(*a);
-  sender.Free(*a);  // a second free of the same imm is ignored
-  auto again = sender.Allocate();
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(ImmSlot(*again), ImmSlot(*a));
-  EXPECT_NE(ImmGeneration(*again), ImmGeneration(*a));
-  // The receiver expects exactly the sender's next generation.
-  EXPECT_EQ(receiver.Claim(*a, chunk).code(), Code::kProtocol);
-  EXPECT_TRUE(receiver.Claim(*again, chunk).ok());
-  EXPECT_EQ(receiver.Claim(EncodeImm(9, 0), chunk).code(), Code::kProtocol);  // out of range
-  EXPECT_EQ(receiver.live(), 1);
-}
-
 TEST(VerbsWire, ControlHeaderRoundTripAndBounds) {
   ControlHeader chunk;
   chunk.type = ControlType::kChunk;
+  chunk.credits = 17;
+  chunk.rkey = 0xdeadbeef;
   chunk.a[0] = 1;
   chunk.a[1] = 2;
   chunk.a[2] = 3;
   chunk.a[3] = 4096;
   chunk.a[4] = 0x1122334455667788ull;
-  chunk.a[5] = EncodeImm(1, 1);
+  chunk.a[5] = 0x7f0000001000ull;
   ControlHeader out;
-  ASSERT_TRUE(DecodeControl(EncodeControl(chunk), &out).ok());
+  const std::string bytes = EncodeControl(chunk);
+  ASSERT_EQ(bytes.size(), kControlBytes);
+  ASSERT_TRUE(DecodeControl(bytes, &out).ok());
   EXPECT_EQ(out.type, ControlType::kChunk);
+  EXPECT_EQ(out.credits, 17);
+  EXPECT_EQ(out.rkey, 0xdeadbeefu);
   EXPECT_EQ(out.a[4], chunk.a[4]);
+  EXPECT_EQ(out.a[5], chunk.a[5]);
 
   auto code = [&](ControlHeader h) { return DecodeControl(EncodeControl(h), &out).code(); };
   ControlHeader c = chunk;
@@ -180,12 +153,31 @@ TEST(VerbsWire, ControlHeaderRoundTripAndBounds) {
   c.a[3] = kMaxChunkBytes + 1;
   EXPECT_EQ(code(c), Code::kProtocol);
   c = chunk;
-  c.a[5] = 1ull << 32;
+  c.a[5] = ~uint64_t{0} - 10;  // the source range wraps
+  EXPECT_EQ(code(c), Code::kProtocol);
+  c = chunk;
+  c.payload_bytes = 1;  // a chunk announcement carries no payload
   EXPECT_EQ(code(c), Code::kProtocol);
   ControlHeader ack;
   ack.type = ControlType::kAck;
   ack.a[1] = 99;
   EXPECT_EQ(code(ack), Code::kProtocol);
+  ack.a[1] = static_cast<uint64_t>(Code::kNotFound);
+  ack.payload_bytes = kMaxAckReason + 1;
+  EXPECT_EQ(code(ack), Code::kProtocol);
+  ack.payload_bytes = 10;
+  ack.rkey = 5;  // an rkey only travels with a chunk
+  EXPECT_EQ(code(ack), Code::kProtocol);
+  ControlHeader credit;
+  credit.type = ControlType::kCredit;
+  credit.credits = 9;
+  EXPECT_TRUE(DecodeControl(EncodeControl(credit), &out).ok());
+  credit.a[3] = 1;
+  EXPECT_EQ(code(credit), Code::kProtocol);
+  ControlHeader bye;
+  bye.type = ControlType::kBye;
+  bye.payload_bytes = 4;
+  EXPECT_EQ(code(bye), Code::kProtocol);
   ControlHeader msg;
   msg.type = ControlType::kMessage;
   msg.a[1] = kMaxMessageBytes + 1;
@@ -196,13 +188,61 @@ TEST(VerbsWire, ControlHeaderRoundTripAndBounds) {
   EXPECT_EQ(code(msg), Code::kProtocol);  // fragment past the end
   msg.payload_bytes = kMaxControlPayload + 1;
   EXPECT_EQ(code(msg), Code::kProtocol);
-  std::string bytes = EncodeControl(chunk);
-  bytes[0] = 42;
-  EXPECT_EQ(DecodeControl(bytes, &out).code(), Code::kProtocol);
-  bytes = EncodeControl(chunk);
-  bytes[2] = 1;
-  EXPECT_EQ(DecodeControl(bytes, &out).code(), Code::kProtocol);
-  EXPECT_EQ(DecodeControl(bytes.substr(0, 20), &out).code(), Code::kProtocol);
+  std::string raw = EncodeControl(chunk);
+  raw[0] = 42;
+  EXPECT_EQ(DecodeControl(raw, &out).code(), Code::kProtocol);
+  raw = EncodeControl(chunk);
+  raw[1] = 2;  // another version
+  EXPECT_EQ(DecodeControl(raw, &out).code(), Code::kProtocol);
+  raw = EncodeControl(chunk);
+  raw[13] = 1;  // reserved
+  EXPECT_EQ(DecodeControl(raw, &out).code(), Code::kProtocol);
+  EXPECT_EQ(DecodeControl(raw.substr(0, 20), &out).code(), Code::kProtocol);
+}
+
+TEST(VerbsWire, SideChannelFramesAreBounded) {
+  SideKind kind;
+  uint32_t length = 0;
+  const std::string ep = EncodeSide(SideKind::kEndpoint, std::string(kEndpointBytes, 'e'));
+  ASSERT_EQ(ep.size(), kSideHeaderBytes + kEndpointBytes);
+  ASSERT_TRUE(DecodeSideHeader(std::string_view(ep).substr(0, kSideHeaderBytes), &kind, &length).ok());
+  EXPECT_EQ(kind, SideKind::kEndpoint);
+  EXPECT_EQ(length, kEndpointBytes);
+  auto header_code = [&](std::string bytes) {
+    return DecodeSideHeader(std::string_view(bytes).substr(0, kSideHeaderBytes), &kind, &length).code();
+  };
+  EXPECT_EQ(header_code(EncodeSide(SideKind::kEndpoint, "short")), Code::kProtocol);
+  EXPECT_EQ(header_code(EncodeSide(SideKind::kReady, "x")), Code::kProtocol);
+  EXPECT_EQ(header_code(EncodeSide(SideKind::kRefusal, std::string(kMaxSideReason + 1, 'r'))),
+            Code::kProtocol);
+  EXPECT_EQ(header_code(EncodeSide(SideKind::kRefusal, "busy")), Code::kOk);
+  std::string other = EncodeSide(SideKind::kReady, "");
+  other[6] = 9;  // unknown kind
+  EXPECT_EQ(header_code(other), Code::kProtocol);
+  std::string http = "GET / HTTP/1.1\r\n";
+  EXPECT_EQ(header_code(http), Code::kProtocol);
+  std::string version = EncodeSide(SideKind::kReady, "");
+  version[4] = 2;
+  Status st = DecodeSideHeader(version, &kind, &length);
+  EXPECT_EQ(st.code(), Code::kProtocol);
+  EXPECT_NE(st.message().find("v2"), std::string::npos) << st.ToString();
+}
+
+TEST(VerbsWire, RegionKeysRoundTripAndRefuseJunk) {
+  RegionKey key{0x1234, 0x7f0000000000ull, 1 << 20};
+  RegionKey out;
+  const std::string bytes = EncodeRegionKey(key);
+  ASSERT_EQ(bytes.size(), kRegionKeyBytes);
+  ASSERT_TRUE(DecodeRegionKey(bytes, &out).ok());
+  EXPECT_EQ(out.rkey, key.rkey);
+  EXPECT_EQ(out.address, key.address);
+  EXPECT_EQ(out.size_bytes, key.size_bytes);
+  EXPECT_EQ(DecodeRegionKey(bytes.substr(1), &out).code(), Code::kInvalidArgument);
+  std::string magic = bytes;
+  magic[0] ^= 1;
+  EXPECT_EQ(DecodeRegionKey(magic, &out).code(), Code::kInvalidArgument);
+  RegionKey wrap{1, ~uint64_t{0} - 5, 100};
+  EXPECT_EQ(DecodeRegionKey(EncodeRegionKey(wrap), &out).code(), Code::kInvalidArgument);
 }
 
 ControlHeader Fragment(uint64_t seq, uint64_t total, uint64_t offset, size_t size) {
@@ -239,6 +279,7 @@ TEST(VerbsQp, TransitionsCarryThePeersAddress) {
   QpTransition init = InitTransition(1);
   EXPECT_EQ(init.attr.qp_state, IBV_QPS_INIT);
   EXPECT_TRUE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE);
+  EXPECT_TRUE(init.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ);  // the peer pulls our chunks
   EXPECT_EQ(init.mask & IBV_QP_ACCESS_FLAGS, IBV_QP_ACCESS_FLAGS);
 
   QpEndpoint local, remote;

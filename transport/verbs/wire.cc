@@ -69,59 +69,15 @@ Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out) {
   return Status::Ok();
 }
 
-ImmSlots::ImmSlots(uint16_t capacity) : slots_(capacity) {
-  for (uint32_t i = capacity; i-- > 0;) free_.push_back(static_cast<uint16_t>(i));
-}
-
-Status ImmSlots::Claim(uint32_t imm, const Chunk& chunk) {
-  const uint16_t s = ImmSlot(imm);
-  TERN_REQUIRE(s < slots_.size(), kProtocol, "verbs chunk slot ", s, " beyond ", slots_.size());
-  Slot& slot = slots_[s];
-  TERN_REQUIRE(!slot.used, kProtocol, "verbs chunk slot ", s, " already in flight");
-  TERN_REQUIRE(ImmGeneration(imm) == slot.generation, kProtocol, "verbs chunk slot ", s,
-               " generation ", ImmGeneration(imm), ", expected ", slot.generation);
-  slot.used = true;
-  slot.chunk = chunk;
-  ++live_;
-  return Status::Ok();
-}
-
-Result<ImmSlots::Chunk> ImmSlots::Take(uint32_t imm) {
-  const uint16_t s = ImmSlot(imm);
-  TERN_REQUIRE(s < slots_.size() && slots_[s].used && slots_[s].generation == ImmGeneration(imm),
-               kProtocol, "verbs write-with-imm 0x", std::hex, imm, " names no chunk in flight");
-  Slot& slot = slots_[s];
-  slot.used = false;
-  ++slot.generation;
-  --live_;
-  return slot.chunk;
-}
-
-Result<uint32_t> ImmSlots::Allocate() {
-  TERN_REQUIRE(!free_.empty(), kResourceExhausted, "verbs: all ", slots_.size(),
-               " chunk slots in flight");
-  const uint16_t s = free_.back();
-  free_.pop_back();
-  slots_[s].used = true;
-  ++live_;
-  return EncodeImm(s, slots_[s].generation);
-}
-
-void ImmSlots::Free(uint32_t imm) {
-  const uint16_t s = ImmSlot(imm);
-  if (s >= slots_.size() || !slots_[s].used || slots_[s].generation != ImmGeneration(imm)) return;
-  slots_[s].used = false;
-  ++slots_[s].generation;
-  --live_;
-  free_.push_back(s);
-}
-
 std::string EncodeControl(const ControlHeader& header) {
   std::string out;
+  out.reserve(kControlBytes);
   Put(out, static_cast<uint8_t>(header.type), 1);
   Put(out, kVersion, 1);
-  Put(out, 0, 2);
+  Put(out, header.credits, 2);
   Put(out, header.payload_bytes, 4);
+  Put(out, header.rkey, 4);
+  Put(out, 0, 4);
   for (uint64_t v : header.a) Put(out, v, 8);
   return out;
 }
@@ -130,37 +86,105 @@ Status DecodeControl(std::string_view bytes, ControlHeader* out) {
   TERN_REQUIRE(bytes.size() == kControlBytes, kProtocol, "verbs control header of ", bytes.size(),
                " bytes, expected ", kControlBytes);
   const uint64_t type = Get(bytes, 0, 1);
-  TERN_REQUIRE(type >= 1 && type <= 6, kProtocol, "verbs control type ", type, " unknown");
+  TERN_REQUIRE(type >= 1 && type <= 5, kProtocol, "verbs control type ", type, " unknown");
   TERN_REQUIRE(Get(bytes, 1, 1) == kVersion, kProtocol, "verbs control version ", Get(bytes, 1, 1));
-  TERN_REQUIRE(Get(bytes, 2, 2) == 0, kProtocol, "verbs control header with reserved bytes set");
+  TERN_REQUIRE(Get(bytes, 12, 4) == 0, kProtocol, "verbs control header with reserved bytes set");
   out->type = static_cast<ControlType>(type);
+  out->credits = static_cast<uint16_t>(Get(bytes, 2, 2));
   out->payload_bytes = static_cast<uint32_t>(Get(bytes, 4, 4));
-  for (int i = 0; i < 6; ++i) out->a[i] = Get(bytes, 8 + 8 * i, 8);
+  out->rkey = static_cast<uint32_t>(Get(bytes, 8, 4));
+  for (int i = 0; i < 6; ++i) out->a[i] = Get(bytes, 16 + 8 * i, 8);
   TERN_REQUIRE(out->payload_bytes <= kMaxControlPayload, kProtocol, "verbs control payload of ",
                out->payload_bytes, " bytes exceeds ", kMaxControlPayload);
+  TERN_REQUIRE(out->type == ControlType::kChunk || out->rkey == 0, kProtocol,
+               "verbs control header with an rkey outside a chunk");
+  auto unused_zero = [&](int from) {
+    for (int i = from; i < 6; ++i) {
+      if (out->a[i] != 0) return false;
+    }
+    return true;
+  };
   switch (out->type) {
     case ControlType::kMessage:
       TERN_REQUIRE(out->a[1] <= kMaxMessageBytes && out->a[2] <= out->a[1] &&
-                       out->payload_bytes <= out->a[1] - out->a[2],
+                       out->payload_bytes <= out->a[1] - out->a[2] && unused_zero(3),
                    kProtocol, "verbs message fragment [", out->a[2], ", +", out->payload_bytes,
                    ") outside a message of ", out->a[1], " bytes (max ", kMaxMessageBytes, ")");
       break;
     case ControlType::kChunk:
-      TERN_REQUIRE(out->a[3] >= 1 && out->a[3] <= kMaxChunkBytes && out->a[5] <= 0xffffffffu &&
-                       out->payload_bytes == 0,
-                   kProtocol, "verbs chunk of ", out->a[3], " bytes outside [1, ", kMaxChunkBytes, "]");
+      TERN_REQUIRE(out->a[3] >= 1 && out->a[3] <= kMaxChunkBytes && out->payload_bytes == 0, kProtocol,
+                   "verbs chunk of ", out->a[3], " bytes outside [1, ", kMaxChunkBytes, "]");
+      TERN_REQUIRE(out->a[5] + out->a[3] >= out->a[5], kProtocol, "verbs chunk source range wraps");
       break;
     case ControlType::kAck:
-      TERN_REQUIRE(out->a[1] <= kMaxCode, kProtocol, "verbs ack with unknown code ", out->a[1]);
+      TERN_REQUIRE(out->a[1] <= kMaxCode && out->payload_bytes <= kMaxAckReason && unused_zero(2),
+                   kProtocol, "verbs ack with unknown code ", out->a[1], " or a reason over ",
+                   kMaxAckReason, " bytes");
       break;
-    case ControlType::kWindow:
-      TERN_REQUIRE(out->a[3] <= 0xffffffffu && out->a[1] + out->a[2] >= out->a[1], kProtocol,
-                   "verbs window advert with a bad rkey or a wrapping range");
-      break;
-    case ControlType::kWindowClosed:
+    case ControlType::kCredit:
     case ControlType::kBye:
+      TERN_REQUIRE(out->payload_bytes == 0 && unused_zero(0), kProtocol, "verbs ",
+                   out->type == ControlType::kBye ? "bye" : "credit", " with arguments");
       break;
   }
+  return Status::Ok();
+}
+
+std::string EncodeSide(SideKind kind, std::string_view payload) {
+  std::string out;
+  Put(out, kSideMagic, 4);
+  Put(out, kVersion, 2);
+  Put(out, static_cast<uint16_t>(kind), 2);
+  Put(out, payload.size(), 4);
+  out.append(payload);
+  return out;
+}
+
+Status DecodeSideHeader(std::string_view bytes, SideKind* kind, uint32_t* payload_bytes) {
+  TERN_REQUIRE(bytes.size() == kSideHeaderBytes, kProtocol, "verbs side-channel header of ",
+               bytes.size(), " bytes");
+  TERN_REQUIRE(Get(bytes, 0, 4) == kSideMagic, kProtocol,
+               "not a tern verbs peer (bad side-channel magic)");
+  const uint64_t version = Get(bytes, 4, 2);
+  TERN_REQUIRE(version == kVersion, kProtocol, "peer speaks tern verbs protocol v", version,
+               ", this side v", kVersion);
+  const uint64_t k = Get(bytes, 6, 2);
+  const uint64_t length = Get(bytes, 8, 4);
+  switch (k) {
+    case static_cast<uint16_t>(SideKind::kEndpoint):
+      TERN_REQUIRE(length == kEndpointBytes, kProtocol, "verbs endpoint of ", length, " bytes");
+      break;
+    case static_cast<uint16_t>(SideKind::kRefusal):
+      TERN_REQUIRE(length <= kMaxSideReason, kProtocol, "verbs refusal of ", length, " bytes");
+      break;
+    case static_cast<uint16_t>(SideKind::kReady):
+      TERN_REQUIRE(length == 0, kProtocol, "verbs ready with a payload");
+      break;
+    default:
+      return TERN_ERROR(kProtocol, "verbs side-channel message kind ", k, " unknown");
+  }
+  *kind = static_cast<SideKind>(k);
+  *payload_bytes = static_cast<uint32_t>(length);
+  return Status::Ok();
+}
+
+std::string EncodeRegionKey(const RegionKey& key) {
+  std::string out;
+  Put(out, kRegionKeyMagic, 4);
+  Put(out, key.rkey, 4);
+  Put(out, key.address, 8);
+  Put(out, key.size_bytes, 8);
+  return out;
+}
+
+Status DecodeRegionKey(std::string_view bytes, RegionKey* out) {
+  TERN_REQUIRE(bytes.size() == kRegionKeyBytes && Get(bytes, 0, 4) == kRegionKeyMagic,
+               kInvalidArgument, "not a verbs region key (", bytes.size(), " bytes)");
+  out->rkey = static_cast<uint32_t>(Get(bytes, 4, 4));
+  out->address = Get(bytes, 8, 8);
+  out->size_bytes = Get(bytes, 16, 8);
+  TERN_REQUIRE(out->address + out->size_bytes >= out->address, kInvalidArgument,
+               "verbs region key with a wrapping range");
   return Status::Ok();
 }
 

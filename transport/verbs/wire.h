@@ -1,11 +1,11 @@
 // The raw-verbs backend's wire pieces (docs/transport-rdma.md, "Verbs
 // wire", version 1), none of which needs a device:
-//  * QpEndpoint: what each side sends over the TCP side channel to bring an
-//    RC queue pair up (QP number, PSN, LID/GID, MTU, receive credits);
-//  * the 32-bit immediate of RDMA WRITE WITH IMM that names a chunk slot;
-//  * ImmSlots: the bounded table of chunk slots behind those immediates;
-//  * ControlHeader: the header of every SEND (messages, chunk metadata,
-//    acks, window adverts, bye).
+//  * the side channel's framing (endpoint, refusal, ready) over TCP;
+//  * QpEndpoint: what each side sends to bring an RC queue pair up (QP
+//    number, PSN, LID/GID, MTU, receive credits);
+//  * ControlHeader: the header of every SEND (message fragments, chunk
+//    announcements, acks, credit returns, bye);
+//  * the region key ExportRegion hands out for one-sided writes.
 // All integers little-endian; decoders validate everything a peer controls.
 #pragma once
 
@@ -38,67 +38,61 @@ struct QpEndpoint {
 std::string EncodeEndpoint(const QpEndpoint& ep);
 Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out);
 
-// imm = slot (low 16 bits) | generation (high 16 bits): a stale or forged
-// immediate names a generation that is no longer live.
-inline uint32_t EncodeImm(uint16_t slot, uint16_t generation) {
-  return uint32_t{slot} | (uint32_t{generation} << 16);
-}
-inline uint16_t ImmSlot(uint32_t imm) { return static_cast<uint16_t>(imm & 0xffff); }
-inline uint16_t ImmGeneration(uint32_t imm) { return static_cast<uint16_t>(imm >> 16); }
-
-// Chunk slots on the receiving side: a CHUNK control message claims one
-// (by imm), the WRITE WITH IMM completion finds it, the ack frees it.
-// Capacity is fixed at construction. Not thread-safe (one CQ thread).
-class ImmSlots {
- public:
-  struct Chunk {
-    uint64_t op = 0, transfer_id = 0, dst_offset = 0, length = 0, xxh3 = 0;
-  };
-  explicit ImmSlots(uint16_t capacity);
-  // The sender picks imm values; this checks the slot is in range and free,
-  // and that the generation is the one this table expects next for it.
-  Status Claim(uint32_t imm, const Chunk& chunk);
-  // The chunk a completion's imm names; kProtocol for unknown or stale.
-  Result<Chunk> Take(uint32_t imm);
-  uint16_t live() const { return live_; }
-
-  // Sender side: the next imm to use for a free slot; kResourceExhausted
-  // when every slot is in flight.
-  Result<uint32_t> Allocate();
-  void Free(uint32_t imm);
-
- private:
-  struct Slot {
-    bool used = false;
-    uint16_t generation = 0;
-    Chunk chunk;
-  };
-  std::vector<Slot> slots_;
-  std::vector<uint16_t> free_;
-  uint16_t live_ = 0;
-};
-
 enum class ControlType : uint8_t {
   kMessage = 1,  // a[0] seq, a[1] total bytes, a[2] fragment offset; payload follows
-  kChunk = 2,    // a[0] op, a[1] transfer, a[2] dst offset, a[3] length, a[4] xxh3, a[5] imm
+  kChunk = 2,    // a[0] op, a[1] transfer, a[2] dst offset, a[3] length, a[4] xxh3,
+                 // a[5] source address; rkey = the source's rkey
   kAck = 3,      // a[0] op, a[1] tern::Code; reason text follows
-  kWindow = 4,   // a[0] transfer, a[1] remote address, a[2] length, a[3] rkey
-  kWindowClosed = 5,  // a[0] transfer
-  kBye = 6,
+  kCredit = 4,   // returns credits only
+  kBye = 5,
 };
-inline constexpr size_t kControlBytes = 56;  // type u8, version u8, reserved u16, payload u32, 6 x u64
-inline constexpr uint32_t kMaxControlPayload = 64 * 1024;  // one receive buffer minus the header
+// type u8, version u8, credits u16, payload u32, rkey u32, reserved u32, 6 x u64
+inline constexpr size_t kControlBytes = 64;
+inline constexpr uint32_t kMaxControlPayload = 64 * 1024;
+inline constexpr size_t kControlBufferBytes = kControlBytes + kMaxControlPayload;
+inline constexpr uint32_t kMaxAckReason = 4096;
 
 struct ControlHeader {
   ControlType type = ControlType::kBye;
+  // Receives the sender of this header re-posted since its last report: the
+  // reader may post that many more SENDs.
+  uint16_t credits = 0;
   uint32_t payload_bytes = 0;
+  uint32_t rkey = 0;  // kChunk only
   uint64_t a[6] = {};
 };
 
 std::string EncodeControl(const ControlHeader& header);
 // Validates version, type, reserved bytes, payload bound and type-specific
-// fields (chunk length in [1, kMaxChunkBytes], ack code registered).
+// fields (chunk length in [1, kMaxChunkBytes] with a source range that does
+// not wrap, ack code registered, unused fields zero).
 Status DecodeControl(std::string_view bytes, ControlHeader* out);
+
+// The side channel: each message is a 12-byte header (magic "TVSC", version
+// u16, kind u16, length u32) and `length` payload bytes.
+enum class SideKind : uint16_t {
+  kEndpoint = 1,  // payload: QpEndpoint (kEndpointBytes)
+  kRefusal = 2,   // payload: reason text (<= kMaxSideReason)
+  kReady = 3,     // empty: the dialler's queue pair is ready to send
+};
+inline constexpr uint32_t kSideMagic = 0x43535654;  // bytes "TVSC"
+inline constexpr size_t kSideHeaderBytes = 12;
+inline constexpr uint32_t kMaxSideReason = 1024;
+std::string EncodeSide(SideKind kind, std::string_view payload);
+// Validates the header; *payload_bytes is the length to read next (bounded
+// per kind).
+Status DecodeSideHeader(std::string_view bytes, SideKind* kind, uint32_t* payload_bytes);
+
+// ExportRegion's key: magic "TVRK" u32, rkey u32, address u64, size u64.
+inline constexpr uint32_t kRegionKeyMagic = 0x4b525654;  // bytes "TVRK"
+inline constexpr size_t kRegionKeyBytes = 24;
+struct RegionKey {
+  uint32_t rkey = 0;
+  uint64_t address = 0;
+  uint64_t size_bytes = 0;
+};
+std::string EncodeRegionKey(const RegionKey& key);
+Status DecodeRegionKey(std::string_view bytes, RegionKey* out);
 
 // Reassembles a message sent as ordered fragments (RC delivers in order).
 // Bounded by kMaxMessageBytes; a fragment out of place is kProtocol.

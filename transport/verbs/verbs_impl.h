@@ -1,0 +1,319 @@
+// Internals of the raw-verbs backend, shared by verbs.cc (device, memory,
+// progress thread, listener, dialler, side-channel handshake) and
+// verbs_conn.cc (one queue pair). Not a public header.
+//
+// Threading: completions of every connection are handled on the transport's
+// single progress thread, which sleeps in poll() on each connection's
+// completion channel and side-channel socket (and an eventfd for commands).
+// Work requests are posted from any thread under the connection's mutex;
+// user callbacks never run with a lock held.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tern/verbs_transport.h"
+#include "transport/internal.h"
+#include "transport/tcp/pipe.h"
+#include "transport/verbs/ibv_api.h"
+#include "transport/verbs/qp.h"
+#include "transport/verbs/wire.h"
+
+namespace tern::verbs {
+
+class VerbsTransport;
+
+// What a work request's wr_id names: the kind in the top byte, an index or
+// id below.
+enum class WrKind : uint8_t { kRecv = 1, kSend = 2, kRead = 3, kWrite = 4 };
+inline uint64_t WrId(WrKind kind, uint64_t id) { return (uint64_t{static_cast<uint8_t>(kind)} << 56) | id; }
+inline WrKind WrKindOf(uint64_t wr_id) { return static_cast<WrKind>(wr_id >> 56); }
+inline uint64_t WrIndex(uint64_t wr_id) { return wr_id & ((uint64_t{1} << 56) - 1); }
+
+class VerbsConn final : public Connection, public std::enable_shared_from_this<VerbsConn> {
+ public:
+  VerbsConn(VerbsTransport* transport, std::string peer);
+  ~VerbsConn() override;
+
+  // ---- set-up (the handshake thread, before Register) ----
+  // Completion channel, CQ, RC queue pair moved to INIT, control buffers
+  // registered and every receive posted.
+  Status Create();
+  QpEndpoint LocalEndpoint() const { return local_; }
+  // INIT -> RTR -> RTS towards the peer's endpoint.
+  Status BringUp(const QpEndpoint& remote);
+  void SetHandlers(ConnectionHandlers handlers) { handlers_ = std::move(handlers); }
+  // The side channel's socket, kept open for the connection's life.
+  void AdoptSide(std::unique_ptr<tcp::Pipe> side) { side_ = std::move(side); }
+  int side_fd() const { return side_ ? side_->fd() : -1; }
+
+  // ---- Connection ----
+  std::string peer_address() const override { return peer_; }
+  uint32_t capabilities() const override;
+  std::string Describe() const override;
+  void SendMessage(std::string payload, Completion done) override;
+  void SendChunk(const ChunkSend& chunk, Completion done) override;
+  Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
+                     uint64_t length_bytes, ChunkLanded on_landed) override;
+  void CancelReceive(uint64_t transfer_id) override;
+  Result<std::string> ExportRegion(const MemoryRegion& region) override;
+  void Write(const MemoryRegion& src, uint64_t src_offset, std::string_view remote_key,
+             uint64_t dst_offset, uint64_t length, Completion done) override;
+  void Close() override;
+
+  // ---- progress thread only ----
+  // Arms the CQ and drains what arrived before; deliveries start.
+  void Open();
+  bool polling() const { return opened_ || shut_; }
+  int channel_fd() const;
+  // The completion channel is readable: take its events, re-arm, drain.
+  void OnChannelReadable();
+  // The side channel is readable: a peer leaving (EOF) or talking out of
+  // turn (a protocol error).
+  void OnSideReadable();
+  void CheckDeadlines(uint64_t now_us);
+  // Ends the connection once: no window is written and no operation starts
+  // from here on. With `bye` a bye goes out first (a bounded wait for its
+  // send completion). Then the queue pair moves to ERR and, once every
+  // posted work request is flushed (or a bounded wait gave up), resources
+  // are freed, pending work fails with `pending_code` and on_closed(why)
+  // fires. Idempotent.
+  void Shutdown(Status why, Code pending_code, bool bye);
+  // Whether Shutdown finished (the transport drops the connection then).
+  bool released() const;
+  // Transport teardown: frees everything now.
+  void Abandon();
+
+ private:
+  struct Outgoing {
+    ControlHeader header;
+    std::string payload;
+    // Messages: fragments cut from `payload` as credits allow.
+    uint64_t offset = 0;
+    bool message = false;
+    Completion done;  // a message's, fired when its last fragment was sent
+  };
+  struct Window {
+    uint8_t* base = nullptr;
+    uint64_t length = 0;
+    uint32_t lkey = 0;
+    ChunkLanded on_landed;
+    uint64_t generation = 0;
+  };
+  struct Landing {
+    uint64_t op = 0, transfer_id = 0, generation = 0, dst_offset = 0, length = 0, xxh3 = 0;
+    uint8_t* dst = nullptr;
+    uint32_t lkey = 0;
+    uint64_t remote_address = 0;
+    uint32_t rkey = 0;
+    ChunkLanded on_landed;
+    bool posted = false;  // the read is on the wire (the NIC may write dst)
+  };
+  struct PendingOp {
+    Completion done;
+    uint64_t deadline_us = 0;
+  };
+  struct PendingWrite {
+    uint64_t op = 0;
+    uint64_t local_address = 0, length = 0, remote_address = 0;
+    uint32_t lkey = 0, rkey = 0;
+  };
+  using Deferred = std::vector<std::function<void()>>;
+
+  // Admits one more operation (bounded) unless closed; locked.
+  Status AdmitLocked();
+  // Posts what credits, send buffers and queue slots allow; locked. Errors
+  // from posting end the connection (via the progress thread).
+  void PumpLocked();
+  Status PostControlLocked(Outgoing& out, bool* finished);
+  void QueueAckLocked(uint64_t op, const Status& status);
+  void RepostReceiveLocked(uint64_t index);
+  // Polls the CQ empty, handling each completion; then releases the
+  // connection if it is shut down and flushed.
+  void DrainCq();
+  void OnCompletion(const ibv_wc& wc, Deferred* deferred);
+  void OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred);
+  void OnReadDone(uint64_t id, bool ok, Deferred* deferred);
+  void FinishOpLocked(uint64_t op, Status status, Deferred* deferred);
+  // QP to ERR: every posted work request completes (flushed).
+  void MoveToError();
+  void MaybeRelease();
+  // Resources freed, pending work failed, on_closed fired (once).
+  void Release();
+  bool DrainedLocked() const;
+  void DestroyResources();
+  uint8_t* RecvBuffer(uint64_t i) const;
+  uint8_t* SendBuffer(uint64_t i) const;
+
+  VerbsTransport* const t_;
+  const std::string peer_;
+  std::unique_ptr<tcp::Pipe> side_;
+  const uint32_t recv_count_;
+  const uint32_t send_count_;
+  const uint32_t sq_depth_;
+
+  // Device objects (created in Create, freed in Release/Abandon).
+  ibv_comp_channel* channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  ibv_mr* buffers_mr_ = nullptr;
+  std::unique_ptr<uint8_t[]> buffers_;  // recv_count_ + send_count_ control buffers
+  QpEndpoint local_;
+  QpEndpoint remote_;
+  ConnectionHandlers handlers_;
+
+  // Progress thread only.
+  bool opened_ = false;
+  bool shut_ = false;
+  bool bye_seen_ = false;
+  uint64_t eof_deadline_us_ = 0;   // the side channel closed: wait this long for a bye
+  uint64_t drain_deadline_us_ = 0;  // Shutdown: bye send / flush bound
+  bool bye_wait_ = false;           // Shutdown waits for our bye's send completion
+  bool flushing_ = false;           // the QP is in ERR; waiting for the flush
+  std::vector<Completion> unsent_;  // messages that never left, failed on release
+  Status why_;
+  Code pending_code_ = Code::kCancelled;
+  MessageAssembler assembler_;
+  uint64_t next_deadline_check_us_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  LinkState link_ = LinkState::kIdle;
+  bool closed_ = false;    // no new work; windows no longer written
+  bool released_ = false;  // resources gone, completions fired
+  int64_t bye_slot_ = -1;  // the send buffer carrying our bye
+  uint32_t send_credits_ = 0;  // receives the peer has posted for us
+  uint32_t owed_credits_ = 0;  // receives we re-posted and have not reported
+  bool credit_queued_ = false;
+  uint32_t sq_free_ = 0;
+  uint32_t recv_posted_ = 0;
+  std::vector<uint32_t> free_send_;
+  std::map<uint64_t, Completion> send_done_;  // send buffer -> message completion
+  std::deque<Outgoing> outbox_;
+  std::deque<PendingWrite> writes_;
+  uint32_t writes_posted_ = 0;
+  std::deque<uint64_t> read_queue_;  // landings waiting for a read slot
+  uint32_t reads_posted_ = 0;
+  std::map<uint64_t, Landing> landings_;  // id -> landing (queued or posted)
+  uint64_t next_landing_ = 1;
+  std::multiset<uint64_t> landing_generations_;
+  uint32_t in_flight_ = 0;
+  uint64_t next_op_ = 1;
+  uint64_t next_message_seq_ = 0;
+  uint64_t next_generation_ = 1;
+  std::map<uint64_t, PendingOp> pending_;
+  std::map<uint64_t, Window> windows_;
+};
+
+struct ListenState;
+
+class VerbsTransport final : public Transport {
+ public:
+  VerbsTransport(VerbsOptions options, Clock& clock);
+  ~VerbsTransport() override;
+  Status Init();
+
+  std::string name() const override { return "verbs"; }
+  uint32_t capabilities() const override {
+    return kCapOneSidedWrite | kCapCrossHost | kCapChunkChecksum;
+  }
+  Result<MemoryRegion> RegisterMemory(void* base, uint64_t size_bytes, MemoryKind kind) override;
+  Status DeregisterMemory(const MemoryRegion& region) override;
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address,
+                                           AcceptHandler on_accept) override;
+  void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override;
+
+  // ---- for VerbsConn and the handshakes ----
+  const IbvApi& api() const { return *api_; }
+  const VerbsOptions& options() const { return options_; }
+  ibv_context* context() const { return ctx_; }
+  ibv_pd* pd() const { return pd_; }
+  uint8_t port() const { return port_; }
+  bool ethernet() const { return ethernet_; }
+  uint16_t lid() const { return lid_; }
+  uint32_t mtu_bytes() const { return mtu_bytes_; }
+  const uint8_t* gid() const { return gid_; }
+  uint8_t rd_atomic() const { return rd_atomic_; }
+  const std::string& device_name() const { return device_name_; }
+  uint64_t NowUs() const { return clock_.NowUs(); }
+  void Log(std::string_view line) const { transport_internal::LogLine(options_.log, line); }
+  bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_; }
+
+  struct LocalMemory {
+    uint8_t* base;
+    uint64_t size_bytes;
+    uint32_t lkey, rkey;
+  };
+  // The registration behind a region, checked against its base and size.
+  Result<LocalMemory> Lookup(const MemoryRegion& region) const;
+
+  // Any thread: runs fn on the progress thread (FIFO).
+  void Post(std::function<void()> fn);
+  // Adds a connection to the progress thread (not yet polled until Open).
+  void Register(std::shared_ptr<VerbsConn> conn);
+  // Connections counted against max_connections.
+  bool AdmitConnection();
+  void ConnectionGone();
+
+  // The side-channel handshakes (handshake threads).
+  void ServeHandshake(std::shared_ptr<ListenState> state, int fd);
+  Result<std::shared_ptr<VerbsConn>> DialHandshake(const std::string& address, int fd,
+                                                   uint64_t deadline_us);
+
+ private:
+  struct Registration {
+    uint8_t* base;
+    uint64_t size_bytes;
+    ibv_mr* mr;
+  };
+
+  void Run();
+  void AcceptLoop(std::shared_ptr<ListenState> state);
+
+  const VerbsOptions options_;
+  Clock& clock_;
+  std::shared_ptr<const IbvApi> api_;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  std::string device_name_;
+  uint8_t port_ = 1;
+  bool ethernet_ = false;
+  uint16_t lid_ = 0;
+  uint32_t mtu_bytes_ = 4096;
+  uint8_t gid_[16] = {};
+  uint8_t rd_atomic_ = 1;
+
+  mutable std::mutex reg_mu_;
+  std::map<uint64_t, Registration> registrations_;
+  uint64_t next_handle_ = 1;
+
+  std::atomic<uint32_t> connections_{0};
+
+  std::mutex cmd_mu_;
+  std::deque<std::function<void()>> commands_;
+  bool stop_ = false;
+  int wake_fd_ = -1;
+
+  // Progress thread only.
+  std::vector<std::shared_ptr<VerbsConn>> conns_;
+
+  std::mutex listen_mu_;
+  std::vector<std::shared_ptr<ListenState>> listens_;
+
+  transport_internal::ThreadTracker threads_;  // accept and handshake threads
+  std::thread thread_;
+  std::thread::id thread_id_;
+};
+
+}  // namespace tern::verbs
