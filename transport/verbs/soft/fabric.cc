@@ -116,23 +116,21 @@ uint64_t SendWqe::Bytes() const {
   return n;
 }
 
-bool RoceLink() {
-  const char* v = std::getenv("TERN_SOFTVERBS_LINK");
-  return v != nullptr && std::strcmp(v, "roce") == 0;
+void Fabric::ReadEnvLocked() {
+  const char* link = std::getenv("TERN_SOFTVERBS_LINK");
+  roce = link != nullptr && std::strcmp(link, "roce") == 0;
+  retry_timeout = std::chrono::milliseconds(100);
+  const char* retry = std::getenv("TERN_SOFTVERBS_RETRY_MS");
+  if (retry != nullptr && *retry != '\0') {
+    char* end = nullptr;
+    const unsigned long ms = std::strtoul(retry, &end, 10);
+    if (*end == '\0' && ms > 0 && ms <= 600000) retry_timeout = std::chrono::milliseconds(ms);
+  }
 }
 
-std::chrono::milliseconds RetryTimeout() {
-  const char* v = std::getenv("TERN_SOFTVERBS_RETRY_MS");
-  if (v == nullptr || *v == '\0') return std::chrono::milliseconds(100);
-  char* end = nullptr;
-  const unsigned long ms = std::strtoul(v, &end, 10);
-  if (*end != '\0' || ms == 0 || ms > 600000) return std::chrono::milliseconds(100);
-  return std::chrono::milliseconds(ms);
-}
-
-ibv_gid PortGid() {
+ibv_gid PortGid(bool roce) {
   ibv_gid gid{};
-  if (RoceLink()) {
+  if (roce) {
     gid.raw[10] = 0xff, gid.raw[11] = 0xff;
     gid.raw[12] = 127, gid.raw[15] = 1;
   } else {
@@ -210,7 +208,7 @@ Qp* Fabric::FindQpLocked(uint32_t qpn) {
 }
 
 void Fabric::MoveToErrorLocked(Qp* qp) {
-  qp->qp.state = IBV_QPS_ERR;
+  qp->state = IBV_QPS_ERR;
   qp->head_blocked = false;
   work_cv_.notify_all();
 }
@@ -231,8 +229,8 @@ void Fabric::WaitIdleLocked(std::unique_lock<std::mutex>& lock) {
 }
 
 bool Fabric::HasWorkLocked(const Qp& qp) const {
-  if (qp.qp.state == IBV_QPS_ERR) return !qp.sq.empty() || !qp.rq.empty();
-  return qp.qp.state == IBV_QPS_RTS && !qp.sq.empty();
+  if (qp.state == IBV_QPS_ERR) return !qp.sq.empty() || !qp.rq.empty();
+  return qp.state == IBV_QPS_RTS && !qp.sq.empty();
 }
 
 void Fabric::PushLocked(Cq* cq, const Completion& c) {
@@ -246,7 +244,7 @@ void Fabric::PushLocked(Cq* cq, const Completion& c) {
     }
     cq->overrun = true;
     for (auto& [qpn, qp] : qps) {
-      if ((qp->send_cq == cq || qp->recv_cq == cq) && qp->qp.state != IBV_QPS_RESET) {
+      if ((qp->send_cq == cq || qp->recv_cq == cq) && qp->state != IBV_QPS_RESET) {
         MoveToErrorLocked(qp);
       }
     }
@@ -298,14 +296,14 @@ void Fabric::FlushLocked(Qp* qp) {
 
 bool Fabric::ReachableLocked(const Qp* qp, const Qp* dst) const {
   if (dst == nullptr) return false;
-  if (dst->qp.state != IBV_QPS_RTR && dst->qp.state != IBV_QPS_RTS) return false;
+  if (dst->state != IBV_QPS_RTR && dst->state != IBV_QPS_RTS) return false;
   if (dst->dest_qpn != qp->qp.qp_num) return false;
   // Packets carry our PSN; a responder expecting another sequence NAKs them.
   if (dst->rq_psn != qp->sq_psn) return false;
   // Both address vectors must name this port (the only one on the fabric).
   for (const Qp* q : {qp, dst}) {
-    if (RoceLink()) {
-      const ibv_gid gid = PortGid();
+    if (roce) {
+      const ibv_gid gid = PortGid(true);
       if (!q->ah.is_global || std::memcmp(q->ah.grh.dgid.raw, gid.raw, 16) != 0) return false;
     } else if (q->ah.dlid != kPortLid) {
       return false;
@@ -328,7 +326,7 @@ bool Fabric::StepHeadLocked(std::unique_lock<std::mutex>& lock, Qp* qp) {
 
   Qp* dst = FindQpLocked(qp->dest_qpn);
   if (!ReachableLocked(qp, dst)) {
-    if (qp->head_blocked && now - qp->head_since >= RetryTimeout()) {
+    if (qp->head_blocked && now - qp->head_since >= retry_timeout) {
       ++stats.retries_exceeded;
       return fail(IBV_WC_RETRY_EXC_ERR);
     }
@@ -438,7 +436,7 @@ bool Fabric::StepHeadLocked(std::unique_lock<std::mutex>& lock, Qp* qp) {
   ++stats.wrs_executed;
 
   // A QP reset meanwhile has discarded its work; anything else completes.
-  if (consumes_recv && dst->qp.state != IBV_QPS_RESET) {
+  if (consumes_recv && dst->state != IBV_QPS_RESET) {
     Completion c;
     c.wc.wr_id = recv.wr_id;
     c.wc.status = IBV_WC_SUCCESS;
@@ -450,11 +448,11 @@ bool Fabric::StepHeadLocked(std::unique_lock<std::mutex>& lock, Qp* qp) {
       c.wc.wc_flags = IBV_WC_WITH_IMM;
       c.wc.imm_data = w.imm;
     }
-    c.wc.slid = RoceLink() ? 0 : kPortLid;
+    c.wc.slid = roce ? 0 : kPortLid;
     c.recv_slots = 1;
     PushLocked(dst->recv_cq, c);
   }
-  if (qp->qp.state != IBV_QPS_RESET) {
+  if (qp->state != IBV_QPS_RESET) {
     CompleteSendLocked(qp, w, IBV_WC_SUCCESS,
                        w.opcode == IBV_WR_RDMA_READ ? static_cast<uint32_t>(bytes) : 0);
   }
@@ -475,7 +473,7 @@ void Fabric::Run() {
     for (uint32_t qpn : ready) {
       Qp* qp = FindQpLocked(qpn);
       if (qp == nullptr || !HasWorkLocked(*qp)) continue;
-      if (qp->qp.state == IBV_QPS_ERR) {
+      if (qp->state == IBV_QPS_ERR) {
         FlushLocked(qp);
         progressed = true;
         continue;

@@ -104,7 +104,11 @@ struct RecvWqe {
 };
 
 struct Qp {
-  ibv_qp qp;  // qp.state mirrors the state below
+  ibv_qp qp;
+  // The QP's real state. qp.state is what the caller last set with
+  // modify_qp: like rdma-core, an error the hardware hits (a failed WR, a
+  // CQ overrun, a broken link) does not show there.
+  ibv_qp_state state = IBV_QPS_RESET;
   Pd* pd = nullptr;
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
@@ -159,7 +163,14 @@ class Fabric {
   void WaitIdleLocked(std::unique_lock<std::mutex>& lock);
   void Wake() { work_cv_.notify_all(); }
 
+  // Re-reads TERN_SOFTVERBS_LINK and TERN_SOFTVERBS_RETRY_MS. Called from
+  // the verbs callers' threads (open, query, modify), never from the worker,
+  // so a test's setenv() cannot race a getenv() here.
+  void ReadEnvLocked();
+
   std::mutex mu;
+  bool roce = false;  // port link layer Ethernet
+  std::chrono::milliseconds retry_timeout{100};
   std::map<uint32_t, Qp*> qps;
   std::map<uint32_t, Mr*> lkeys, rkeys;
   tern_softverbs_counters stats{};
@@ -189,11 +200,8 @@ class Fabric {
 
 Fabric& TheFabric();
 
-// Environment knobs, read at each use so tests may change them.
-bool RoceLink();
-std::chrono::milliseconds RetryTimeout();
 // The GID at index 0 of the port (IB: link-local from the port GUID;
 // RoCE: the IPv4-mapped 127.0.0.1).
-ibv_gid PortGid();
+ibv_gid PortGid(bool roce);
 
 }  // namespace tern::softverbs

@@ -487,6 +487,9 @@ TEST_F(SoftVerbsPair, BadLkeyIsLocalProtectionErrorAndFlushesTheRest) {
   EXPECT_EQ(wc[1].wr_id, 2u);
   EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
   EXPECT_EQ(*B(), 0);  // nothing moved
+  // As in rdma-core, qp->state is what modify_qp last set: the error the
+  // device hit is seen in completions, not there.
+  EXPECT_EQ(a_->state, IBV_QPS_RTS);
   // rkey used as lkey: refused too (the keys differ here, as on many NICs).
   ibv_qp* c = Qp(cq_a_);
   ibv_qp* d = Qp(cq_b_);

@@ -41,8 +41,7 @@ T* Fail(int err) {
   return nullptr;
 }
 
-void FillPortAttr(ibv_port_attr* a) {
-  const bool roce = RoceLink();
+void FillPortAttr(ibv_port_attr* a, bool roce) {
   a->state = IBV_PORT_ACTIVE;
   a->max_mtu = IBV_MTU_4096;
   a->active_mtu = IBV_MTU_4096;
@@ -63,7 +62,12 @@ int QueryPortEx(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr
   if (ctx == nullptr || attr == nullptr) return EINVAL;
   if (port != 1) return EINVAL;
   ibv_port_attr full{};
-  FillPortAttr(&full);
+  {
+    Fabric& f = TheFabric();
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.ReadEnvLocked();
+    FillPortAttr(&full, f.roce);
+  }
   std::memcpy(attr, &full, std::min(attr_len, sizeof(full)));
   return 0;
 }
@@ -76,7 +80,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   std::lock_guard<std::mutex> lock(f.mu);
   int err = 0;
   for (; wr != nullptr; wr = wr->next) {
-    const ibv_qp_state st = qp->qp.state;
+    const ibv_qp_state st = qp->state;
     if (st != IBV_QPS_RTS && st != IBV_QPS_ERR) {
       err = EINVAL;
       break;
@@ -149,7 +153,7 @@ int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   std::lock_guard<std::mutex> lock(f.mu);
   int err = 0;
   for (; wr != nullptr; wr = wr->next) {
-    if (qp->qp.state == IBV_QPS_RESET) {
+    if (qp->state == IBV_QPS_RESET) {
       err = EINVAL;
       break;
     }
@@ -226,7 +230,7 @@ constexpr Rule kRules[] = {
 constexpr unsigned kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-int CheckAttrs(const ibv_qp_attr& a, int mask) {
+int CheckAttrs(const ibv_qp_attr& a, int mask, bool roce) {
   if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~kKnownAccess) != 0) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
   if ((mask & IBV_QP_PORT) && a.port_num != 1) return EINVAL;
@@ -242,7 +246,7 @@ int CheckAttrs(const ibv_qp_attr& a, int mask) {
   if (mask & IBV_QP_AV) {
     if (a.ah_attr.port_num != 1) return EINVAL;
     // RoCE routes by GID: an address vector without a GRH is refused.
-    if (RoceLink() && (!a.ah_attr.is_global || a.ah_attr.grh.sgid_index != 0)) return EINVAL;
+    if (roce && (!a.ah_attr.is_global || a.ah_attr.grh.sgid_index != 0)) return EINVAL;
     if (a.ah_attr.is_global && a.ah_attr.grh.sgid_index != 0) return EINVAL;
   }
   return 0;
@@ -289,6 +293,10 @@ SOFTVERBS_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.ReadEnvLocked();
+  }
   f.AddContext();
   return &c;
 }
@@ -350,7 +358,10 @@ SOFTVERBS_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
 SOFTVERBS_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num, int index,
                                    ibv_gid* gid) {
   if (context == nullptr || gid == nullptr || port_num != 1 || index != 0) return -1;
-  *gid = PortGid();
+  Fabric& f = TheFabric();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.ReadEnvLocked();
+  *gid = PortGid(f.roce);
   return 0;
 }
 
@@ -566,16 +577,17 @@ SOFTVERBS_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   Fabric& f = TheFabric();
   std::lock_guard<std::mutex> lock(f.mu);
   Qp* qp = QpOf(ibqp);
-  const ibv_qp_state cur = qp->qp.state;
+  const ibv_qp_state cur = qp->state;
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur) return EINVAL;
   if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
     if ((mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) != 0) return EINVAL;
     if (next == IBV_QPS_RESET) {
       f.PurgeLocked(qp);
-      qp->qp.state = IBV_QPS_RESET;
+      qp->state = qp->qp.state = IBV_QPS_RESET;
     } else {
       f.MoveToErrorLocked(qp);
+      qp->qp.state = IBV_QPS_ERR;
     }
     return 0;
   }
@@ -586,7 +598,8 @@ SOFTVERBS_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   if (rule == nullptr) return EINVAL;
   const int extra = mask & ~(IBV_QP_STATE | rule->required | rule->optional);
   if ((mask & rule->required) != rule->required || extra != 0) return EINVAL;
-  if (const int err = CheckAttrs(*attr, mask); err != 0) return err;
+  f.ReadEnvLocked();
+  if (const int err = CheckAttrs(*attr, mask, f.roce); err != 0) return err;
 
   if (mask & IBV_QP_ACCESS_FLAGS) qp->access = attr->qp_access_flags;
   if (mask & IBV_QP_AV) qp->ah = attr->ah_attr;
@@ -600,7 +613,7 @@ SOFTVERBS_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   if (mask & IBV_QP_TIMEOUT) qp->timeout = attr->timeout;
   if (mask & IBV_QP_RETRY_CNT) qp->retry_cnt = attr->retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) qp->rnr_retry = attr->rnr_retry;
-  qp->qp.state = next;
+  qp->state = qp->qp.state = next;
   f.Wake();
   return 0;
 }
@@ -656,7 +669,7 @@ SOFTVERBS_EXPORT int tern_softverbs_break_qp(uint32_t qpn) {
   std::lock_guard<std::mutex> lock(f.mu);
   Qp* qp = f.FindQpLocked(qpn);
   if (qp == nullptr) return ENOENT;
-  if (qp->qp.state != IBV_QPS_RESET) f.MoveToErrorLocked(qp);
+  if (qp->state != IBV_QPS_RESET) f.MoveToErrorLocked(qp);
   return 0;
 }
 
