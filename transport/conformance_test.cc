@@ -22,6 +22,7 @@
 #include "tern/verbs_transport.h"
 #include "transport/test_certs.h"
 #include "transport/ucx/test_pair.h"
+#include "transport/xfer_wire.h"
 
 namespace tern {
 namespace {
@@ -404,6 +405,206 @@ TEST_P(Conformance, FileFetchSurvivesDropsAndVerifies) {
   EXPECT_EQ(got, data);
   EXPECT_FALSE(std::filesystem::exists(dir / "out.bin.tern-part"));
   std::filesystem::remove_all(dir);
+}
+
+// A served directory with one file, and a FileServer on this backend.
+struct FileFixture {
+  std::filesystem::path dir;
+  std::vector<uint8_t> data;
+  std::unique_ptr<FileServer> server;
+  ~FileFixture() {
+    server.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  void Write(const std::vector<uint8_t>& bytes) {
+    data = bytes;
+    std::ofstream(dir / "root" / "w.bin", std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  std::vector<uint8_t> Read(const std::string& name) const {
+    std::ifstream in(dir / name, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  std::string Out(const std::string& name) const { return (dir / name).string(); }
+};
+
+std::unique_ptr<FileFixture> ServeFile(const Pair& pair, const std::string& test, uint64_t size_bytes,
+                                       FileServerOptions so = {}) {
+  auto f = std::make_unique<FileFixture>();
+  f->dir = std::filesystem::temp_directory_path() / ("tern-conf-" + test + std::to_string(::getpid()));
+  std::filesystem::remove_all(f->dir);
+  std::filesystem::create_directories(f->dir / "root");
+  f->Write(Pattern(size_bytes, 11));
+  if (!so.log) so.log = [](std::string_view) {};
+  auto server = FileServer::Start(*pair.server, pair.listen_address == "conformance" ? "files" : "127.0.0.1:0",
+                                  (f->dir / "root").string(), std::move(so));
+  EXPECT_TRUE(server.ok()) << server.status().ToString();
+  if (server.ok()) f->server = std::move(server).value();
+  return f;
+}
+
+// The resume state a fetch left behind, as done bytes (0 when absent).
+uint64_t StateDoneBytes(const std::string& state_path, uint64_t size_bytes, uint64_t chunk_bytes) {
+  std::ifstream in(state_path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto st = xfer::ParsePartState(text);
+  if (!st.ok()) return 0;
+  auto map = ChunkMap::Make(size_bytes, chunk_bytes);
+  if (!map.ok() || !map->SetBits(st->bitmap).ok()) return 0;
+  return map->done_bytes();
+}
+
+// Fetches through a connection that drops after 8 MiB and without retries:
+// leaves a partial copy and its resume state behind.
+void InterruptedFetch(Transport& client, FileFixture& f, const std::string& out) {
+  FaultPolicy fp;
+  fp.drop_after_bytes = 8 << 20;
+  fp.drop_connections = 1;
+  auto faulty = NewFaultTransport(client, fp);
+  FetchOptions fo;
+  fo.chunk_bytes = 1 << 20;
+  fo.retry = RetryPolicy{1, 10, 10};
+  auto r = FetchFile(*faulty, f.server->address(), "w.bin", f.Out(out), fo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(faulty->stats().dropped, 1u);
+}
+
+TEST_P(Conformance, FileFetchSendsBeforeTheWholeFileHashAndCachesIt) {
+  listener_->Close();
+  // The hasher is held until the client saw chunks land: if INFO (or the
+  // data) waited for the hash, nothing could land and the gate would time out.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool landed = false;
+  int hashes_started = 0;
+  bool gate_saw_data = false;
+  FileServerOptions so;
+  so.on_hash_start = [&](const std::string&) {
+    std::unique_lock<std::mutex> lock(mu);
+    ++hashes_started;
+    gate_saw_data = cv.wait_for(lock, 20s, [&] { return landed; });
+  };
+  auto f = ServeFile(pair_, "hashlater-" + GetParam().name, (6 << 20) + 77, so);
+  ASSERT_TRUE(f->server);
+  FetchOptions fo;
+  fo.chunk_bytes = 1 << 20;
+  fo.on_progress = [&](const FetchProgress& p) {
+    if (p.done_bytes == 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    landed = true;
+    cv.notify_all();
+  };
+  auto r = FetchFile(*pair_.client, f->server->address(), "w.bin", f->Out("a.bin"), fo);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(f->Read("a.bin"), f->data);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(hashes_started, 1);
+    EXPECT_TRUE(gate_saw_data) << "no chunk landed while the whole-file hash was held back";
+  }
+  // A second GET of the unchanged file finds the hash cached: no new hashing.
+  auto again = FetchFile(*pair_.client, f->server->address(), "w.bin", f->Out("b.bin"), FetchOptions{});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->xxh3, r->xxh3);
+  EXPECT_EQ(f->Read("b.bin"), f->data);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(hashes_started, 1);
+}
+
+TEST_P(Conformance, FileFetchResumesExactlyAcrossRunsAndRestartsForAChangedFile) {
+  listener_->Close();
+  const uint64_t size = (20 << 20) + 333;
+  auto f = ServeFile(pair_, "resume-" + GetParam().name, size);
+  ASSERT_TRUE(f->server);
+  FetchOptions fo;
+  fo.chunk_bytes = 1 << 20;
+
+  // Same version: the next run resumes from exactly the acknowledged chunks
+  // (its GET carries them; the server sends the rest without a WANT).
+  InterruptedFetch(*pair_.client, *f, "same.bin");
+  const uint64_t had = StateDoneBytes(f->Out("same.bin.tern-part.state"), size, fo.chunk_bytes);
+  EXPECT_GT(had, 0u);
+  EXPECT_LT(had, size);
+  auto r = FetchFile(*pair_.client, f->server->address(), "w.bin", f->Out("same.bin"), fo);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->resumed_bytes, had);
+  EXPECT_EQ(r->reconnects, 0u);
+  EXPECT_EQ(f->Read("same.bin"), f->data);
+  EXPECT_FALSE(std::filesystem::exists(f->Out("same.bin.tern-part.state")));
+
+  // Changed between runs (same size, other bytes): the partial copy is of
+  // another version, so the fetch starts from zero and gets the new bytes.
+  InterruptedFetch(*pair_.client, *f, "changed.bin");
+  EXPECT_GT(StateDoneBytes(f->Out("changed.bin.tern-part.state"), size, fo.chunk_bytes), 0u);
+  std::this_thread::sleep_for(20ms);  // a visibly later mtime on coarse clocks too
+  auto changed = f->data;
+  for (size_t i = 0; i < changed.size(); i += 4096) changed[i] ^= 0xA5;
+  f->Write(changed);
+  auto c = FetchFile(*pair_.client, f->server->address(), "w.bin", f->Out("changed.bin"), fo);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->resumed_bytes, 0u);
+  EXPECT_EQ(f->Read("changed.bin"), changed);
+}
+
+TEST_P(Conformance, FileFetchHashMismatchRefusesToRename) {
+  listener_->Close();
+  const uint64_t size = (20 << 20) + 333;
+  auto f = ServeFile(pair_, "mismatch-" + GetParam().name, size);
+  ASSERT_TRUE(f->server);
+  InterruptedFetch(*pair_.client, *f, "m.bin");
+  std::ifstream state_in(f->Out("m.bin.tern-part.state"), std::ios::binary);
+  auto state = xfer::ParsePartState(
+      std::string((std::istreambuf_iterator<char>(state_in)), std::istreambuf_iterator<char>()));
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto map = ChunkMap::Make(size, 1 << 20);
+  ASSERT_TRUE(map.ok() && map->SetBits(state->bitmap).ok());
+  uint64_t held = 0;
+  while (held < map->chunks() && !map->done(held)) ++held;
+  ASSERT_LT(held, map->chunks()) << "the interrupted run acknowledged no chunk";
+  {
+    // Damage a chunk the state says is present, behind the state's back.
+    const uint64_t at = held * (1 << 20) + 100;
+    std::fstream part(f->Out("m.bin.tern-part"), std::ios::in | std::ios::out | std::ios::binary);
+    part.seekp(static_cast<std::streamoff>(at));
+    part.put(static_cast<char>(f->data[at] ^ 0xFF));
+  }
+  FetchOptions fo;
+  fo.chunk_bytes = 1 << 20;
+  auto r = FetchFile(*pair_.client, f->server->address(), "w.bin", f->Out("m.bin"), fo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt) << r.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(f->Out("m.bin")));
+  EXPECT_FALSE(std::filesystem::exists(f->Out("m.bin.tern-part")));
+  EXPECT_FALSE(std::filesystem::exists(f->Out("m.bin.tern-part.state")));
+}
+
+TEST_P(Conformance, FileFetchRefusesAnotherXferVersionClearly) {
+  // A version 2 server answers a version 1 GET with ERROR 14 naming both.
+  listener_->Close();
+  auto f = ServeFile(pair_, "version-" + GetParam().name, 100000);
+  ASSERT_TRUE(f->server);
+  Sink replies;
+  ConnectionHandlers h;
+  h.on_message = [&](std::string m) {
+    std::lock_guard<std::mutex> lock(replies.mu);
+    replies.messages.push_back(std::move(m));
+    replies.cv.notify_all();
+  };
+  auto conn = ConnectWait(*pair_.client, f->server->address(), h, 10000, RetryPolicy{1, 10, 10});
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  std::string v1_get("G\x01\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x05\x00\x00\x00w.bin", 22);
+  (*conn)->SendMessage(v1_get, nullptr);
+  ASSERT_TRUE(replies.WaitFor([&] { return !replies.messages.empty(); }));
+  Status verdict;
+  {
+    std::lock_guard<std::mutex> lock(replies.mu);
+    ASSERT_TRUE(xfer::DecodeStatus(replies.messages[0], xfer::kError, &verdict).ok());
+  }
+  EXPECT_EQ(verdict.code(), Code::kProtocol);
+  EXPECT_NE(verdict.message().find("version 1, this side 2"), std::string::npos) << verdict.ToString();
+  (*conn)->Close();
 }
 
 TEST_P(Conformance, WrongCertificateIsRefused) {

@@ -11,6 +11,7 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include <xxhash.h>
 
@@ -26,6 +27,7 @@ struct Inbox {
   std::condition_variable cv;
   std::deque<std::string> messages;
   bool closed = false;
+  bool landed_all = false;  // the last missing chunk landed
   Status why;
 };
 
@@ -37,7 +39,7 @@ Result<xfer::PartState> LoadState(const std::string& path) {
   std::string all;
   while (in.read(text.data(), text.size()) || in.gcount() > 0) {
     all.append(text.data(), static_cast<size_t>(in.gcount()));
-    TERN_REQUIRE(all.size() <= 128 + 2 * (xfer::kMaxChunks / 8), kCorrupt, "resume state ", path,
+    TERN_REQUIRE(all.size() <= xfer::kMaxPartStateBytes, kCorrupt, "resume state ", path,
                  " is too long");
   }
   auto st = xfer::ParsePartState(all);
@@ -65,12 +67,18 @@ class Fetch {
 
   Result<FetchResult> Run() {
     start_us_ = clock_.NowUs();
+    if (o_.resume) LoadResume();
     Status last;
     uint64_t backoff_ms = o_.retry.backoff_ms;
     for (uint32_t attempt = 0;; ++attempt) {
       Status st = Attempt();
       if (st.ok()) break;
       last = st;
+      if (discard_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        DiscardLocked();
+        discard_ = false;
+      }
       const bool retryable = st.code() == Code::kUnavailable || st.code() == Code::kTimeout ||
                              st.code() == Code::kCorrupt;
       SaveProgress();
@@ -83,7 +91,8 @@ class Fetch {
   }
 
  private:
-  // One connection's worth of work; returns OK when every chunk landed.
+  // One connection's worth of work; returns OK when every chunk landed and
+  // the whole-file hash is known.
   Status Attempt() {
     auto inbox = std::make_shared<Inbox>();
     ConnectionHandlers h;
@@ -110,15 +119,34 @@ class Fetch {
     result_.link = conn->Describe();
     struct Closer {
       std::shared_ptr<Connection> c;
-      uint64_t id = 0;
-      bool posted = false;
+      uint64_t posted = 0;  // the open receive window, 0 for none
+      void Cancel() {
+        if (posted != 0) c->CancelReceive(posted);
+        posted = 0;
+      }
       ~Closer() {
-        if (posted) c->CancelReceive(id);
+        Cancel();
         c->Close();
       }
     } closer{conn};
 
-    conn->SendMessage(xfer::EncodeGet({o_.chunk_bytes, name_}), nullptr);
+    // Window ids are this client's to choose: a fresh one per window, so a
+    // cancelled window's late chunks can never count for the next.
+    const uint64_t get_id = ++last_window_;
+    xfer::GetRequest get{o_.chunk_bytes, get_id, name_, 0, 0, {}};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (mapped_) {  // a version held: its window opens before GET (no WANT round trip)
+        get.have_size = size_;
+        get.have_tag = tag_;
+        get.have_bitmap.assign(map_.bits().begin(), map_.bits().end());
+      }
+    }
+    if (get.have_tag != 0 && size_ > 0) {
+      TERN_RETURN_IF_ERROR(conn->PostReceive(get_id, region_, 0, size_, Landing(inbox)));
+      closer.posted = get_id;
+    }
+    conn->SendMessage(xfer::EncodeGet(get), nullptr);
     TERN_ASSIGN_OR_RETURN(std::string reply, Next(*inbox, o_.connect_timeout_ms));
     if (xfer::TypeOf(reply) == xfer::kError) {
       Status refused;
@@ -126,46 +154,54 @@ class Fetch {
       return refused.ok() ? TERN_ERROR(kProtocol, "server sent an error without a code") : refused;
     }
     TERN_ASSIGN_OR_RETURN(xfer::Info info, xfer::DecodeInfo(reply));
-    const uint64_t size = info.size_bytes, xxh3 = info.xxh3, transfer_id = info.transfer_id;
+    TERN_REQUIRE(info.transfer_id == get_id, kProtocol, "INFO for transfer ", info.transfer_id,
+                 ", asked ", get_id);
     // Bounded before the partial file is sized or the chunk map allocated.
-    TERN_RETURN_IF_ERROR(xfer::ChunkCount(size, o_.chunk_bytes).status());
-    TERN_RETURN_IF_ERROR(Prepare(size, xxh3));
-    if (size == 0) return Status::Ok();
-
-    TERN_RETURN_IF_ERROR(conn->PostReceive(transfer_id, region_, 0, size,
-                                           [this](uint64_t offset, uint64_t length) {
-                                             std::lock_guard<std::mutex> lock(mu_);
-                                             // Only a whole chunk where one starts counts.
-                                             const uint64_t i = map_.ChunkAt(offset);
-                                             if (i < map_.chunks() && length == map_.ChunkLength(i)) {
-                                               map_.MarkDone(i);
-                                             }
-                                             landed_us_ = clock_.NowUs();
-                                             if (first_landed_us_ == 0) first_landed_us_ = landed_us_;
-                                           }));
-    closer.id = transfer_id;
-    closer.posted = true;
-    std::string want;
+    TERN_RETURN_IF_ERROR(xfer::ChunkCount(info.size_bytes, o_.chunk_bytes).status());
+    const bool same_version = get.have_tag == info.tag && get.have_size == info.size_bytes;
+    TERN_REQUIRE(!info.sending() || same_version, kProtocol,
+                 "server sends without WANT for a version this client does not hold");
+    if (!same_version) {
+      closer.Cancel();  // nothing lands in the old copy from here on
+      TERN_RETURN_IF_ERROR(Prepare(info.size_bytes, info.tag));
+    }
+    if (info.hash_known()) TERN_RETURN_IF_ERROR(LearnHash(info.xxh3));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      want = xfer::EncodeWant(transfer_id, std::string_view(reinterpret_cast<const char*>(map_.bits().data()),
-                                                            map_.bits().size()));
       landed_us_ = clock_.NowUs();
     }
-    conn->SendMessage(std::move(want), nullptr);
+    if (!info.sending()) {
+      closer.Cancel();
+      const uint64_t window = ++last_window_;
+      if (size_ > 0) {
+        TERN_RETURN_IF_ERROR(conn->PostReceive(window, region_, 0, size_, Landing(inbox)));
+        closer.posted = window;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      conn->SendMessage(xfer::EncodeWant(window, std::string_view(reinterpret_cast<const char*>(
+                                                                     map_.bits().data()),
+                                                                 map_.bits().size())),
+                        nullptr);
+    }
 
     uint64_t last_save_us = clock_.NowUs(), last_report_us = 0;
+    bool hash_message_seen = info.hash_known();
     for (;;) {
-      std::string done;
+      std::string msg;
+      bool closed = false;
+      Status why;
       {
         std::unique_lock<std::mutex> lock(inbox->mu);
-        inbox->cv.wait_for(lock, std::chrono::milliseconds(100),
-                           [&] { return inbox->closed || !inbox->messages.empty(); });
+        inbox->cv.wait_for(lock, std::chrono::milliseconds(100), [&] {
+          return inbox->closed || inbox->landed_all || !inbox->messages.empty();
+        });
+        inbox->landed_all = false;
         if (!inbox->messages.empty()) {
-          done = std::move(inbox->messages.front());
+          msg = std::move(inbox->messages.front());
           inbox->messages.pop_front();
         } else if (inbox->closed) {
-          return inbox->why;
+          closed = true;
+          why = inbox->why;
         }
       }
       const uint64_t now = clock_.NowUs();
@@ -177,24 +213,72 @@ class Fetch {
         SaveProgress();
         last_save_us = now;
       }
-      if (!done.empty()) {
+      if (xfer::TypeOf(msg) == xfer::kHash) {
+        TERN_ASSIGN_OR_RETURN(xfer::HashMsg hash, xfer::DecodeHash(msg));
+        TERN_REQUIRE(!hash_message_seen, kProtocol, "server sent the whole-file hash twice");
+        TERN_REQUIRE(hash.transfer_id == get_id, kProtocol, "HASH for transfer ", hash.transfer_id,
+                     ", asked ", get_id);
+        hash_message_seen = true;
+        TERN_RETURN_IF_ERROR(LearnHash(hash.xxh3));
+      } else if (!msg.empty()) {
         Status finished;
-        TERN_RETURN_IF_ERROR(xfer::DecodeStatus(done, xfer::kDone, &finished));
+        TERN_RETURN_IF_ERROR(xfer::DecodeStatus(msg, xfer::kDone, &finished));
         TERN_RETURN_IF_ERROR(finished);
         std::lock_guard<std::mutex> lock(mu_);
         TERN_REQUIRE(map_.complete(), kProtocol, "server finished with chunks missing");
+        TERN_REQUIRE(hash_known_, kProtocol, "server finished without the whole-file hash");
         return Status::Ok();
       }
       std::lock_guard<std::mutex> lock(mu_);
+      // Every chunk and the hash: done, without waiting a round trip for DONE.
+      if (map_.complete() && hash_known_) return Status::Ok();
+      if (closed) return why;
       // landed_us_ is stamped by stream threads and may be later than `now`
       // (read before the lock): without the guard the difference wraps and
-      // a busy transfer is reported as stalled.
+      // a busy transfer is reported as stalled. The same bound covers a
+      // server that never sends the hash.
       TERN_REQUIRE(now <= landed_us_ || now - landed_us_ <= o_.stall_timeout_ms * 1000, kTimeout,
-                   "no chunk landed for ",
+                   map_.complete() ? "no whole-file hash for " : "no chunk landed for ",
                    o_.stall_timeout_ms, " ms");
     }
   }
 
+  ChunkLanded Landing(const std::shared_ptr<Inbox>& inbox) {
+    return [this, inbox](uint64_t offset, uint64_t length) {
+      bool complete = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        // Only a whole chunk where one starts counts.
+        const uint64_t i = map_.ChunkAt(offset);
+        if (i < map_.chunks() && length == map_.ChunkLength(i) && !map_.done(i)) {
+          map_.MarkDone(i);
+          complete = map_.complete();
+        }
+        landed_us_ = clock_.NowUs();
+        if (first_landed_us_ == 0) first_landed_us_ = landed_us_;
+      }
+      if (complete) {
+        std::lock_guard<std::mutex> lock(inbox->mu);
+        inbox->landed_all = true;
+        inbox->cv.notify_all();
+      }
+    };
+  }
+
+  // The server's whole-file hash for the version held. A different one than
+  // the resume state's means the copy is of another version after all:
+  // discarded, and the next attempt starts over.
+  Status LearnHash(uint64_t xxh3) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hash_known_ && xxh3_ != xxh3) {
+      discard_ = true;  // once the window is closed (Run)
+      return TERN_ERROR(kUnavailable, "the server's hash of '", name_,
+                        "' differs from the one this partial copy was fetched under; starting over");
+    }
+    hash_known_ = true;
+    xxh3_ = xxh3;
+    return Status::Ok();
+  }
   Result<std::string> Next(Inbox& inbox, uint64_t timeout_ms) {
     std::unique_lock<std::mutex> lock(inbox.mu);
     inbox.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
@@ -208,21 +292,43 @@ class Fetch {
     return TERN_ERROR(kTimeout, "server did not answer within ", timeout_ms, " ms");
   }
 
-  // Maps the partial file and loads or resets the chunk map for (size, xxh3).
-  Status Prepare(uint64_t size, uint64_t xxh3) {
+  // Picks up LOCAL.tern-part for the version its state names, so the first
+  // GET can carry the bitmap. A state that does not parse or fit is ignored.
+  void LoadResume() {
+    auto st = LoadState(state_path_);
+    if (!st.ok() || st->chunk_bytes != o_.chunk_bytes || ::access(part_.c_str(), F_OK) != 0) return;
     std::lock_guard<std::mutex> lock(mu_);
-    if (mapped_ && size == size_ && xxh3 == xxh3_) return Status::Ok();  // same file: keep progress
-    Unmap();
-    size_ = size;
-    xxh3_ = xxh3;
-    TERN_ASSIGN_OR_RETURN(map_, ChunkMap::Make(size, o_.chunk_bytes));
-    if (o_.resume) {
-      auto st = LoadState(state_path_);
-      if (st.ok() && st->size_bytes == size && st->xxh3 == xxh3 && st->chunk_bytes == o_.chunk_bytes &&
-          ::access(part_.c_str(), F_OK) == 0) {
-        if (map_.SetBits(st->bitmap).ok()) result_.resumed_bytes = map_.done_bytes();
-      }
+    if (!MapLocked(st->size_bytes, st->tag).ok() || !map_.SetBits(st->bitmap).ok()) {
+      UnmapLocked();
+      return;
     }
+    hash_known_ = st->hash_known;
+    xxh3_ = st->xxh3;
+    result_.resumed_bytes = map_.done_bytes();
+  }
+
+  // Starts version (size, tag) from zero: a copy of another version is
+  // worthless, and its state goes with it.
+  Status Prepare(uint64_t size, uint64_t tag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    DiscardLocked();
+    return MapLocked(size, tag);
+  }
+
+  void DiscardLocked() {
+    UnmapLocked();
+    ::unlink(state_path_.c_str());
+    hash_known_ = false;
+    xxh3_ = 0;
+    result_.resumed_bytes = 0;
+  }
+
+  // Maps the partial file at `size` bytes with an empty chunk map.
+  Status MapLocked(uint64_t size, uint64_t tag) {
+    UnmapLocked();
+    size_ = size;
+    tag_ = tag;
+    TERN_ASSIGN_OR_RETURN(map_, ChunkMap::Make(size, o_.chunk_bytes));
     fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) return TERN_ERRNO("open ", part_);
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return TERN_ERRNO("resize ", part_);
@@ -246,6 +352,11 @@ class Fetch {
   }
 
   void Unmap() {
+    std::lock_guard<std::mutex> lock(mu_);
+    UnmapLocked();
+  }
+
+  void UnmapLocked() {
     if (region_.handle != 0) t_.DeregisterMemory(region_).IgnoreError();
     region_ = {};
     if (base_ != nullptr) ::munmap(base_, size_);
@@ -253,6 +364,7 @@ class Fetch {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     mapped_ = false;
+    tag_ = 0;
   }
 
   void SaveProgress() {
@@ -260,8 +372,9 @@ class Fetch {
     std::lock_guard<std::mutex> lock(mu_);
     if (!mapped_) return;
     if (base_ != nullptr) ::msync(base_, size_, MS_ASYNC);
-    SaveState(state_path_, xfer::PartState{size_, xxh3_, o_.chunk_bytes,
-                                           std::string(map_.bits().begin(), map_.bits().end())});
+    SaveState(state_path_,
+              xfer::PartState{size_, tag_, hash_known_, xxh3_, o_.chunk_bytes,
+                              std::string(map_.bits().begin(), map_.bits().end())});
   }
 
   void Report() {
@@ -283,6 +396,7 @@ class Fetch {
     const uint64_t got = XXH3_64bits(base_, size_);
     const uint64_t size = size_;
     const uint64_t want = xxh3_;
+    TERN_ASSERT(hash_known_, "a fetch finished without the whole-file hash");
     Unmap();
     if (got != want) {
       ::unlink(state_path_.c_str());
@@ -306,11 +420,16 @@ class Fetch {
   uint64_t start_us_ = 0;
   FetchResult result_;
 
-  std::mutex mu_;  // guards map_ and landed_us_ against the landing callbacks
+  uint64_t last_window_ = 0;  // receive window ids used so far
+  bool discard_ = false;      // the copy turned out to be of another version
+
+  std::mutex mu_;  // guards the copy's state against the landing callbacks
   ChunkMap map_;
   uint64_t landed_us_ = 0;
   uint64_t first_landed_us_ = 0;  // 0 until a chunk landed in this run
-  uint64_t size_ = 0, xxh3_ = 0;
+  uint64_t size_ = 0, tag_ = 0;   // the version held (tag 0: none)
+  bool hash_known_ = false;
+  uint64_t xxh3_ = 0;
   bool mapped_ = false;
   int fd_ = -1;
   void* base_ = nullptr;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <sstream>
 
@@ -32,44 +34,93 @@ using transport_internal::ThreadTracker;
 
 namespace {
 
-// A read-only or read-write shared mapping of a whole file.
+// What names one version of a served file: the tag in INFO is derived from
+// it and the hash cache is keyed by it. A write through the file system
+// changes mtime and ctime (ctime cannot be set back by a user); a
+// replacement by rename changes the inode.
+struct Identity {
+  uint64_t dev = 0, ino = 0, size = 0, mtime_ns = 0, ctime_ns = 0;
+  auto operator<=>(const Identity&) const = default;
+  static Identity Of(const struct stat& st) {
+    return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+            static_cast<uint64_t>(st.st_size),
+            static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000u + st.st_mtim.tv_nsec,
+            static_cast<uint64_t>(st.st_ctim.tv_sec) * 1000000000u + st.st_ctim.tv_nsec};
+  }
+  uint64_t Tag() const {
+    const uint64_t fields[5] = {dev, ino, size, mtime_ns, ctime_ns};
+    const uint64_t tag = XXH3_64bits(fields, sizeof(fields));
+    return tag != 0 ? tag : 1;  // 0 means "no version" on the wire
+  }
+};
+
+// A read-only shared mapping of a whole file.
 struct Mapping {
   int fd = -1;
   void* base = nullptr;
   uint64_t size = 0;
+  Identity id;
   ~Mapping() {
     if (base != nullptr) ::munmap(base, size);
     if (fd >= 0) ::close(fd);
   }
+  // Whether the file still is the version that was opened.
+  bool Unchanged() const {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 && Identity::Of(st) == id;
+  }
 };
 
-Result<std::unique_ptr<Mapping>> MapFile(const std::string& path, bool write, uint64_t size) {
-  auto m = std::make_unique<Mapping>();
-  m->fd = ::open(path.c_str(), write ? (O_RDWR | O_CREAT | O_CLOEXEC) : (O_RDONLY | O_CLOEXEC), 0644);
+Result<std::shared_ptr<Mapping>> MapFile(const std::string& path) {
+  auto m = std::make_shared<Mapping>();
+  m->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (m->fd < 0) return TERN_ERRNO("open ", path);
-  if (write) {
-    if (::ftruncate(m->fd, static_cast<off_t>(size)) != 0) return TERN_ERRNO("resize ", path);
-  } else {
-    struct stat st {};
-    if (::fstat(m->fd, &st) != 0) return TERN_ERRNO("stat ", path);
-    TERN_REQUIRE(S_ISREG(st.st_mode), kInvalidArgument, path, " is not a regular file");
-    size = static_cast<uint64_t>(st.st_size);
-  }
-  m->size = size;
-  if (size > 0) {
-    m->base = ::mmap(nullptr, size, write ? (PROT_READ | PROT_WRITE) : PROT_READ, MAP_SHARED, m->fd, 0);
+  struct stat st {};
+  if (::fstat(m->fd, &st) != 0) return TERN_ERRNO("stat ", path);
+  TERN_REQUIRE(S_ISREG(st.st_mode), kInvalidArgument, path, " is not a regular file");
+  m->id = Identity::Of(st);
+  m->size = static_cast<uint64_t>(st.st_size);
+  if (m->size > 0) {
+    m->base = ::mmap(nullptr, m->size, PROT_READ, MAP_SHARED, m->fd, 0);
     if (m->base == MAP_FAILED) {
       m->base = nullptr;
       return TERN_ERRNO("mmap ", path);
     }
-    ::madvise(m->base, size, MADV_SEQUENTIAL);
+    ::madvise(m->base, m->size, MADV_SEQUENTIAL);
   }
   return m;
 }
 
-// ---- server ----------------------------------------------------------------
+// XXH3-64 of a mapping, read sequentially; nullopt when `stop` was raised.
+std::optional<uint64_t> HashMapping(const Mapping& m, const std::atomic<bool>& stop) {
+  constexpr uint64_t kBlockBytes = 16 << 20;
+  XXH3_state_t* st = XXH3_createState();
+  TERN_ASSERT(st != nullptr);
+  XXH3_64bits_reset(st);
+  std::optional<uint64_t> out;
+  uint64_t at = 0;
+  for (; at < m.size && !stop.load(std::memory_order_relaxed); at += kBlockBytes) {
+    XXH3_64bits_update(st, static_cast<const char*>(m.base) + at, std::min(kBlockBytes, m.size - at));
+  }
+  if (at >= m.size) out = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return out;
+}
 
-class Server;
+// The whole-file hash of one file version, computed by a background hasher.
+struct HashJob {
+  std::shared_ptr<Mapping> file;  // kept mapped until hashed
+  std::string path;
+  uint64_t last_use = 0;  // guarded by Server::hash_mu_
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
+  bool ok = false;    // the file was unchanged from open to digest
+  uint64_t xxh3 = 0;
+  std::atomic<bool> finished{false};  // done, readable without the lock
+};
+
+// ---- server ----------------------------------------------------------------
 
 // One client connection: its messages are handled in order on the session's
 // own thread, so a long send never blocks the transport's threads.
@@ -85,12 +136,30 @@ struct Session {
   std::shared_ptr<Connection> conn;
 };
 
+// The file a session's last GET opened.
+struct Served {
+  std::shared_ptr<Mapping> file;
+  MemoryRegion region;
+  uint64_t chunk_bytes = 0;
+  uint64_t transfer_id = 0;  // the GET's: named by INFO and HASH
+  uint64_t window_id = 0;    // the client's window the chunks go to (GET's or WANT's)
+  bool hash_known = false;  // INFO or HASH carried it
+  uint64_t xxh3 = 0;
+  std::shared_ptr<HashJob> job;  // null when known or when the session hashes itself
+  bool awaiting_want = false;
+};
+
 class Server final : public FileServer {
  public:
+  // Files this small are hashed before INFO: cheaper than a HASH message.
+  static constexpr uint64_t kInlineHashBytes = 64 << 10;
+  static constexpr size_t kMaxCachedHashes = 1024;
+
   Server(Transport& transport, std::string root, bool root_is_file, FileServerOptions options, Clock& clock)
       : transport_(transport), root_(std::move(root)), root_is_file_(root_is_file),
         options_(std::move(options)), clock_(clock) {}
   ~Server() override {
+    stop_hashing_ = true;
     if (listener_) listener_->Close();
     std::vector<std::shared_ptr<Session>> sessions;
     {
@@ -189,15 +258,17 @@ class Server final : public FileServer {
     return r;
   }
 
+  bool Closed(Session& s) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.closed;
+  }
+
   // The session thread.
   void Serve(std::shared_ptr<Session> s) {
-    std::unique_ptr<Mapping> file;
-    MemoryRegion region;
-    uint64_t chunk_bytes = 0, transfer_id = 0;
+    Served f;
     auto release = [&] {
-      if (region.handle != 0) transport_.DeregisterMemory(region).IgnoreError();
-      region = {};
-      file.reset();
+      if (f.region.handle != 0) transport_.DeregisterMemory(f.region).IgnoreError();
+      f = Served{};
     };
     for (;;) {
       std::string msg;
@@ -216,17 +287,28 @@ class Server final : public FileServer {
       const char type = xfer::TypeOf(msg);
       if (type == xfer::kGet) {
         release();
-        auto info = Open(msg, &file, &region, &chunk_bytes);
+        std::string have;
+        auto info = Open(msg, &f, &have);
         if (!info.ok()) {
           release();  // a half-opened file must not serve a later WANT
           LogLine(options_.log, "xfer: " + s->conn->peer_address() + ": " + info.status().ToString());
           s->conn->SendMessage(xfer::EncodeStatus(xfer::kError, info.status()), nullptr);
           continue;
         }
-        transfer_id = next_transfer_.fetch_add(1);
-        s->conn->SendMessage(xfer::EncodeInfo({file->size, *info, transfer_id}), nullptr);
+        s->conn->SendMessage(xfer::EncodeInfo(*info), nullptr);
+        if (info->sending()) {
+          s->conn->SendMessage(xfer::EncodeStatus(xfer::kDone, Transfer(*s, f, have)), nullptr);
+        } else {
+          f.awaiting_want = true;
+        }
       } else if (type == xfer::kWant) {
-        Status st = Send(msg, *s->conn, file.get(), region, chunk_bytes, transfer_id);
+        Status st = TERN_ERROR(kProtocol, "WANT without a GET waiting for one");
+        if (f.awaiting_want) {
+          f.awaiting_want = false;
+          auto want = DecodeWant(msg, f);
+          if (want.ok()) f.window_id = want->transfer_id;
+          st = want.ok() ? Transfer(*s, f, want->bitmap) : want.status();
+        }
         s->conn->SendMessage(xfer::EncodeStatus(xfer::kDone, st), nullptr);
       } else {
         LogLine(options_.log, "xfer: " + s->conn->peer_address() + ": unknown request type '" +
@@ -238,28 +320,170 @@ class Server final : public FileServer {
     s->conn->Close();
   }
 
-  Result<uint64_t> Open(std::string_view msg, std::unique_ptr<Mapping>* file, MemoryRegion* region,
-                        uint64_t* chunk_bytes) {
+  // Opens the file a GET names and answers with its INFO; *have is the
+  // client's bitmap when the server sends without waiting for WANT.
+  Result<xfer::Info> Open(std::string_view msg, Served* f, std::string* have) {
     TERN_ASSIGN_OR_RETURN(xfer::GetRequest get, xfer::DecodeGet(msg));
     TERN_ASSIGN_OR_RETURN(std::string path, Resolve(get.name));
-    TERN_ASSIGN_OR_RETURN(*file, MapFile(path, false, 0));
-    TERN_RETURN_IF_ERROR(xfer::ChunkCount((*file)->size, get.chunk_bytes).status());
-    *chunk_bytes = get.chunk_bytes;
-    if ((*file)->size > 0) {
-      TERN_ASSIGN_OR_RETURN(*region, transport_.RegisterMemory((*file)->base, (*file)->size, MemoryKind::kHost));
+    TERN_ASSIGN_OR_RETURN(f->file, MapFile(path));
+    const uint64_t size = f->file->size;
+    TERN_RETURN_IF_ERROR(xfer::ChunkCount(size, get.chunk_bytes).status());
+    f->chunk_bytes = get.chunk_bytes;
+    f->transfer_id = f->window_id = get.transfer_id;
+    if (size > 0) {
+      TERN_ASSIGN_OR_RETURN(f->region, transport_.RegisterMemory(f->file->base, size, MemoryKind::kHost));
     }
-    return XXH3_64bits((*file)->base, (*file)->size);
+    xfer::Info info{size, f->file->id.Tag(), get.transfer_id, 0, 0};
+    if (size <= kInlineHashBytes) {
+      f->hash_known = true;
+      f->xxh3 = XXH3_64bits(f->file->base, size);
+    } else {
+      f->job = HashFor(f->file, path);
+      if (f->job && f->job->finished.load()) {
+        std::lock_guard<std::mutex> lock(f->job->mu);
+        if (f->job->ok) {
+          f->hash_known = true;
+          f->xxh3 = f->job->xxh3;
+          f->job.reset();
+        }
+      }
+    }
+    if (f->hash_known) {
+      info.flags |= xfer::kInfoHashKnown;
+      info.xxh3 = f->xxh3;
+    }
+    // The bitmap was checked against (have_size, chunk_bytes) by DecodeGet.
+    if (get.have_tag == info.tag && get.have_size == size) {
+      info.flags |= xfer::kInfoSending;
+      *have = std::move(get.have_bitmap);
+    }
+    return info;
   }
 
-  Status Send(std::string_view msg, Connection& conn, Mapping* file, const MemoryRegion& region,
-              uint64_t chunk_bytes, uint64_t transfer_id) {
-    TERN_REQUIRE(file != nullptr, kProtocol, "WANT before GET");
-    TERN_ASSIGN_OR_RETURN(ChunkMap map, ChunkMap::Make(file->size, chunk_bytes));
-    TERN_ASSIGN_OR_RETURN(xfer::Want want, xfer::DecodeWant(msg, map.bits().size()));
-    TERN_REQUIRE(want.transfer_id == transfer_id, kProtocol, "WANT for unknown transfer ", want.transfer_id);
-    TERN_RETURN_IF_ERROR(map.SetBits(want.bitmap));
-    if (map.complete()) return Status::Ok();
-    return SendChunks(conn, region, 0, transfer_id, map, options_.send, clock_);
+  Result<xfer::Want> DecodeWant(std::string_view msg, const Served& f) {
+    TERN_ASSIGN_OR_RETURN(uint64_t chunks, xfer::ChunkCount(f.file->size, f.chunk_bytes));
+    TERN_ASSIGN_OR_RETURN(xfer::Want want, xfer::DecodeWant(msg, (chunks + 7) / 8));
+    TERN_RETURN_IF_ERROR(xfer::CheckBitmap(want.bitmap, chunks));
+    return want;
+  }
+
+  // Sends the chunks missing from `have` into the client's window, then
+  // makes sure the client has the whole-file hash (HASH is sent as soon as
+  // the background hasher has it, between acknowledgements).
+  Status Transfer(Session& s, Served& f, std::string_view have) {
+    TERN_ASSIGN_OR_RETURN(ChunkMap map, ChunkMap::Make(f.file->size, f.chunk_bytes));
+    TERN_RETURN_IF_ERROR(map.SetBits(have));
+    if (!map.complete()) {
+      SendOptions so = options_.send;
+      so.on_progress = [&, user = options_.send.on_progress](uint64_t done_bytes) {
+        MaybeSendHash(s, f);
+        if (user) user(done_bytes);
+      };
+      TERN_RETURN_IF_ERROR(SendChunks(*s.conn, f.region, 0, f.window_id, map, so, clock_));
+    }
+    TERN_RETURN_IF_ERROR(FinishHash(s, f));
+    TERN_REQUIRE(f.file->Unchanged(), kUnavailable, "the file changed while it was served; fetch again");
+    return Status::Ok();
+  }
+
+  void MaybeSendHash(Session& s, Served& f) {
+    if (f.hash_known || !f.job || !f.job->finished.load()) return;
+    std::lock_guard<std::mutex> lock(f.job->mu);
+    if (!f.job->ok) return;  // FinishHash reports it
+    f.hash_known = true;
+    f.xxh3 = f.job->xxh3;
+    s.conn->SendMessage(xfer::EncodeHash({f.transfer_id, f.xxh3}), nullptr);
+  }
+
+  Status FinishHash(Session& s, Served& f) {
+    if (f.hash_known) return Status::Ok();
+    if (!f.job) {  // the hash queue was full: hash here, after the data went out
+      auto h = HashMapping(*f.file, stop_hashing_);
+      TERN_REQUIRE(h.has_value(), kCancelled, "server stopping");
+      TERN_REQUIRE(f.file->Unchanged(), kUnavailable, "the file changed while it was served; fetch again");
+      f.hash_known = true;
+      f.xxh3 = *h;
+      s.conn->SendMessage(xfer::EncodeHash({f.transfer_id, f.xxh3}), nullptr);
+      return Status::Ok();
+    }
+    for (;;) {  // bounded by hashing one file; ends early when the client leaves
+      {
+        std::unique_lock<std::mutex> lock(f.job->mu);
+        if (f.job->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return f.job->done; })) break;
+      }
+      TERN_REQUIRE(!Closed(s), kCancelled, "client left before the hash was ready");
+    }
+    MaybeSendHash(s, f);
+    TERN_REQUIRE(f.hash_known, kUnavailable, "the file changed while it was hashed; fetch again");
+    return Status::Ok();
+  }
+
+  // The hash job of a file version: a finished one from the cache, a running
+  // or queued one, or a new one queued for the hashers. Null when too many
+  // are queued (the caller hashes after sending).
+  std::shared_ptr<HashJob> HashFor(const std::shared_ptr<Mapping>& file, const std::string& path) {
+    std::lock_guard<std::mutex> lock(hash_mu_);
+    auto it = hashes_.find(file->id);
+    if (it != hashes_.end()) {
+      if (!it->second->finished.load() || it->second->ok) {
+        it->second->last_use = ++use_clock_;
+        return it->second;
+      }
+      hashes_.erase(it);  // failed (changed under the hasher): try again
+    }
+    if (hash_queue_.size() >= std::max<size_t>(1, options_.max_sessions)) return nullptr;
+    auto job = std::make_shared<HashJob>();
+    job->file = file;
+    job->path = path;
+    job->last_use = ++use_clock_;
+    if (hashes_.size() >= kMaxCachedHashes) {
+      // Evict the least recently used finished entry (O(n), n bounded).
+      auto victim = hashes_.end();
+      for (auto i = hashes_.begin(); i != hashes_.end(); ++i) {
+        if (i->second->finished.load() && (victim == hashes_.end() || i->second->last_use < victim->second->last_use)) {
+          victim = i;
+        }
+      }
+      if (victim == hashes_.end()) return nullptr;
+      hashes_.erase(victim);
+    }
+    hashes_.emplace(file->id, job);
+    hash_queue_.push_back(job);
+    if (hashers_ < std::max<uint32_t>(1, options_.hash_threads)) {
+      ++hashers_;
+      threads_.Spawn([this] { HashLoop(); });
+    }
+    return job;
+  }
+
+  void HashLoop() {
+    for (;;) {
+      std::shared_ptr<HashJob> job;
+      {
+        std::lock_guard<std::mutex> lock(hash_mu_);
+        if (hash_queue_.empty() || stop_hashing_) {
+          --hashers_;
+          return;
+        }
+        job = std::move(hash_queue_.front());
+        hash_queue_.pop_front();
+      }
+      if (options_.on_hash_start) options_.on_hash_start(job->path);
+      const auto h = HashMapping(*job->file, stop_hashing_);
+      const bool ok = h.has_value() && job->file->Unchanged();
+      {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->ok = ok;
+        job->xxh3 = ok ? *h : 0;
+        job->done = true;
+        job->file.reset();  // the cache keeps the digest, not the mapping
+        job->finished.store(true);
+      }
+      job->cv.notify_all();
+      if (!ok && !stop_hashing_) {
+        LogLine(options_.log, "xfer: " + Printable(job->path) + " changed while it was hashed");
+      }
+    }
   }
 
   Transport& transport_;
@@ -268,10 +492,15 @@ class Server final : public FileServer {
   const FileServerOptions options_;
   Clock& clock_;
   std::unique_ptr<Listener> listener_;
-  std::atomic<uint64_t> next_transfer_{1};
   std::mutex mu_;
   bool stopping_ = false;
   std::vector<std::weak_ptr<Session>> sessions_;
+  std::atomic<bool> stop_hashing_{false};
+  std::mutex hash_mu_;  // guards the hash cache, queue and hasher count
+  std::map<Identity, std::shared_ptr<HashJob>> hashes_;
+  std::deque<std::shared_ptr<HashJob>> hash_queue_;
+  uint32_t hashers_ = 0;
+  uint64_t use_clock_ = 0;
   ThreadTracker threads_;  // last member: joined before the rest is destroyed
 };
 
@@ -293,7 +522,7 @@ Result<std::unique_ptr<FileServer>> FileServer::Start(Transport& transport,
 }
 
 Result<uint64_t> HashFile(const std::string& path) {
-  TERN_ASSIGN_OR_RETURN(auto m, MapFile(path, false, 0));
+  TERN_ASSIGN_OR_RETURN(auto m, MapFile(path));
   return XXH3_64bits(m->base, m->size);
 }
 

@@ -1,7 +1,8 @@
 // Fuzzer: arbitrary bytes as xfer protocol messages (docs/format/wire.md §5)
 // and as the client's resume-state file (transport/xfer_wire.h). Input: one
-// selector byte, then the message or file (for WANT, a u32 bitmap bound
-// first; for chunk counts, two u64). Whatever decodes must re-encode to the
+// selector byte (mod 7: GET, INFO, WANT, ERROR/DONE, state, chunk count,
+// HASH), then the message or file (for WANT, a u32 bitmap bound first; for
+// chunk counts, two u64). Whatever decodes must re-encode to the
 // same bytes (state files: to the same values) and stay inside its bounds;
 // peer text must reach error messages escaped.
 #include <cstddef>
@@ -22,13 +23,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern::xfer;
   if (size < 1) return 0;
   const std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0: {
       auto get = DecodeGet(in);
       if (get.ok()) {
         TERN_ASSERT(EncodeGet(*get) == in);
         TERN_ASSERT(get->chunk_bytes >= kMinChunkBytes && get->chunk_bytes <= kMaxChunkBytes &&
-                    !get->name.empty() && get->name.size() <= kMaxNameBytes);
+                    !get->name.empty() && get->name.size() <= kMaxNameBytes &&
+                    get->transfer_id != 0);
+        if (get->have_tag == 0) {
+          TERN_ASSERT(get->have_size == 0 && get->have_bitmap.empty());
+        } else {
+          auto chunks = ChunkCount(get->have_size, get->chunk_bytes);
+          TERN_ASSERT(chunks.ok() && CheckBitmap(get->have_bitmap, *chunks).ok(),
+                      "a GET's bitmap does not fit the version it names");
+        }
       } else {
         TERN_ASSERT(IsPrintable(get.status().message()));
       }
@@ -36,7 +45,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 1: {
       auto info = DecodeInfo(in);
-      if (info.ok()) TERN_ASSERT(EncodeInfo(*info) == in);
+      if (info.ok()) {
+        TERN_ASSERT(EncodeInfo(*info) == in);
+        TERN_ASSERT(info->tag != 0 && info->transfer_id != 0 && (info->flags & ~3) == 0 &&
+                    (info->hash_known() || info->xxh3 == 0));
+      }
       break;
     }
     case 2: {
@@ -69,7 +82,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto chunks = ChunkCount(st->size_bytes, st->chunk_bytes);
         TERN_ASSERT(chunks.ok() && st->bitmap.size() == (*chunks + 7) / 8);
         auto again = ParsePartState(FormatPartState(*st));
-        TERN_ASSERT(again.ok() && again->size_bytes == st->size_bytes && again->xxh3 == st->xxh3 &&
+        TERN_ASSERT(st->tag != 0 && (st->hash_known || st->xxh3 == 0));
+        TERN_ASSERT(again.ok() && again->size_bytes == st->size_bytes && again->tag == st->tag &&
+                        again->hash_known == st->hash_known && again->xxh3 == st->xxh3 &&
                         again->chunk_bytes == st->chunk_bytes && again->bitmap == st->bitmap,
                     "a resume state does not survive a format/parse round trip");
       }
@@ -84,6 +99,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     chunk_bytes <= kMaxChunkBytes);
         TERN_ASSERT(*chunks * chunk_bytes >= size_bytes &&
                     (*chunks == 0 || (*chunks - 1) * chunk_bytes < size_bytes));
+      }
+      break;
+    }
+    case 6: {
+      auto hash = DecodeHash(in);
+      if (hash.ok()) {
+        TERN_ASSERT(EncodeHash(*hash) == in);
+      } else {
+        TERN_ASSERT(IsPrintable(hash.status().message()));
       }
       break;
     }

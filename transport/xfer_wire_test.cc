@@ -9,31 +9,67 @@
 namespace tern::xfer {
 namespace {
 
+GetRequest Fresh(uint64_t chunk_bytes, std::string name) {
+  return GetRequest{chunk_bytes, 1, std::move(name), 0, 0, {}};
+}
+
 TEST(XferWire, GetIsLittleEndianAndRoundTrips) {
-  const std::string m = EncodeGet({65536, "a/b.bin"});
-  ASSERT_EQ(m.size(), 1u + 4 + 8 + 4 + 7);
+  const std::string m = EncodeGet(Fresh(65536, "a/b.bin"));
+  ASSERT_EQ(m.size(), 1u + 4 + 8 + 8 + 4 + 7 + 8 + 8 + 4);
   EXPECT_EQ(m[0], 'G');
-  EXPECT_EQ(m[1], 1);          // version, low byte first
+  EXPECT_EQ(m[1], 2);          // version, low byte first, right after the type in every version
   EXPECT_EQ(m[1 + 4 + 2], 1);  // 65536 = 0x10000: third byte
   auto get = DecodeGet(m);
   ASSERT_TRUE(get.ok()) << get.status().ToString();
   EXPECT_EQ(get->chunk_bytes, 65536u);
+  EXPECT_EQ(get->transfer_id, 1u);
   EXPECT_EQ(get->name, "a/b.bin");
+  EXPECT_EQ(get->have_tag, 0u);
+
+  // A resuming GET: 10 chunks of 4 KiB, chunks 0, 2 and 9 present.
+  const GetRequest resume{4096, 7, "f", 10 * 4096 - 5, 0xfeed, std::string("\x05\x02", 2)};
+  auto back = DecodeGet(EncodeGet(resume));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->transfer_id, 7u);
+  EXPECT_EQ(back->have_size, resume.have_size);
+  EXPECT_EQ(back->have_tag, 0xfeedu);
+  EXPECT_EQ(back->have_bitmap, resume.have_bitmap);
+  EXPECT_EQ(EncodeGet(*back), EncodeGet(resume));
 }
 
 TEST(XferWire, GetRejections) {
-  std::string v2 = EncodeGet({65536, "f"});
-  v2[1] = 2;
-  EXPECT_EQ(DecodeGet(v2).status().code(), Code::kProtocol);
-  EXPECT_EQ(DecodeGet(EncodeGet({4095, "f"})).status().code(), Code::kOutOfRange);
-  EXPECT_EQ(DecodeGet(EncodeGet({kMaxChunkBytes + 1, "f"})).status().code(), Code::kOutOfRange);
-  EXPECT_EQ(DecodeGet(EncodeGet({65536, ""})).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(DecodeGet(EncodeGet({65536, std::string("a\0b", 3)})).status().code(),
+  // A version 1 client (or any other version) is told so, not misread.
+  std::string v1 = EncodeGet(Fresh(65536, "f"));
+  v1[1] = 1;
+  auto old = DecodeGet(v1);
+  EXPECT_EQ(old.status().code(), Code::kProtocol);
+  EXPECT_NE(old.status().message().find("version 1, this side 2"), std::string::npos)
+      << old.status().ToString();
+  EXPECT_EQ(DecodeGet(EncodeGet(Fresh(4095, "f"))).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(DecodeGet(EncodeGet(Fresh(kMaxChunkBytes + 1, "f"))).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(DecodeGet(EncodeGet(Fresh(65536, ""))).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeGet(EncodeGet(Fresh(65536, std::string("a\0b", 3)))).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(DecodeGet(EncodeGet({65536, std::string(kMaxNameBytes + 1, 'n')})).status().code(),
+  EXPECT_EQ(DecodeGet(EncodeGet(Fresh(65536, std::string(kMaxNameBytes + 1, 'n')))).status().code(),
             Code::kCorrupt);
-  EXPECT_TRUE(DecodeGet(EncodeGet({65536, std::string(kMaxNameBytes, 'n')})).ok());
-  const std::string good = EncodeGet({65536, "file"});
+  EXPECT_TRUE(DecodeGet(EncodeGet(Fresh(65536, std::string(kMaxNameBytes, 'n')))).ok());
+  GetRequest zero_id = Fresh(65536, "f");
+  zero_id.transfer_id = 0;
+  EXPECT_EQ(DecodeGet(EncodeGet(zero_id)).status().code(), Code::kCorrupt);
+  // The have part is all or nothing, and its bitmap fits exactly.
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 4096, 0, {}})).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 0, 0, "\x01"})).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 4096 * 3, 9, ""})).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 4096 * 3, 9, std::string("\x07\x00", 2)})).status().code(),
+            Code::kCorrupt);
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 4096 * 3, 9, "\x08"})).status().code(),
+            Code::kCorrupt);  // chunk 3 of 3
+  EXPECT_TRUE(DecodeGet(EncodeGet({4096, 1, "f", 4096 * 3, 9, "\x07"})).ok());
+  EXPECT_TRUE(DecodeGet(EncodeGet({4096, 1, "f", 0, 9, ""})).ok());  // an empty file held
+  // A claimed size past the chunk bound is refused before the bitmap is looked at.
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", kMaxChunks * 4096 + 1, 9, ""})).status().code(),
+            Code::kOutOfRange);
+  const std::string good = EncodeGet({4096, 1, "file", 4096, 9, "\x01"});
   for (size_t cut = 0; cut < good.size(); ++cut) {
     EXPECT_FALSE(DecodeGet(good.substr(0, cut)).ok()) << cut;
   }
@@ -41,15 +77,48 @@ TEST(XferWire, GetRejections) {
   EXPECT_EQ(DecodeGet(EncodeInfo({})).status().code(), Code::kProtocol);
 }
 
-TEST(XferWire, InfoAndWantRoundTrip) {
-  auto info = DecodeInfo(EncodeInfo({1, 2, 3}));
-  ASSERT_TRUE(info.ok());
+TEST(XferWire, InfoRoundTripsAndRefusesWhatItMayNotSay) {
+  auto info = DecodeInfo(EncodeInfo({1, 2, 3, kInfoHashKnown | kInfoSending, 4}));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->size_bytes, 1u);
-  EXPECT_EQ(info->xxh3, 2u);
+  EXPECT_EQ(info->tag, 2u);
   EXPECT_EQ(info->transfer_id, 3u);
-  EXPECT_EQ(DecodeInfo(EncodeInfo({}).substr(0, 24)).status().code(), Code::kCorrupt);
-  EXPECT_EQ(DecodeInfo(EncodeInfo({}) + "x").status().code(), Code::kCorrupt);
+  EXPECT_TRUE(info->hash_known());
+  EXPECT_TRUE(info->sending());
+  EXPECT_EQ(info->xxh3, 4u);
+  auto plain = DecodeInfo(EncodeInfo({1, 2, 3, 0, 0}));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->hash_known() || plain->sending());
+  EXPECT_EQ(EncodeInfo({1, 2, 3, 0, 0}).size(), 1u + 8 + 8 + 8 + 1 + 8);
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 0, 3, 0, 0})).status().code(), Code::kCorrupt);  // no tag
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 0, 0, 0})).status().code(), Code::kCorrupt);  // no id
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 4, 0})).status().code(), Code::kCorrupt);  // flag bit 2
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 0x80, 0})).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 0, 5})).status().code(), Code::kCorrupt);  // unflagged hash
+  const std::string good = EncodeInfo({1, 2, 3, 1, 4});
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    EXPECT_FALSE(DecodeInfo(good.substr(0, cut)).ok()) << cut;
+  }
+  EXPECT_EQ(DecodeInfo(good + "x").status().code(), Code::kCorrupt);
+}
 
+TEST(XferWire, HashMatchesTheSpecExample) {
+  // docs/format/wire.md §5, worked example.
+  const std::string m = EncodeHash({1, 0x9555e8555c62dcfdull});
+  const std::string spec("\x48\x01\x00\x00\x00\x00\x00\x00\x00\xfd\xdc\x62\x5c\x55\xe8\x55\x95", 17);
+  EXPECT_EQ(m, spec);
+  auto h = DecodeHash(spec);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->transfer_id, 1u);
+  EXPECT_EQ(h->xxh3, 0x9555e8555c62dcfdull);
+  for (size_t cut = 0; cut < spec.size(); ++cut) {
+    EXPECT_FALSE(DecodeHash(spec.substr(0, cut)).ok()) << cut;
+  }
+  EXPECT_EQ(DecodeHash(spec + "x").status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeHash(EncodeStatus(kDone, Status::Ok())).status().code(), Code::kProtocol);
+}
+
+TEST(XferWire, WantRoundTripsAndIsBounded) {
   auto want = DecodeWant(EncodeWant(7, "\x05\x01"), 2);
   ASSERT_TRUE(want.ok());
   EXPECT_EQ(want->transfer_id, 7u);
@@ -59,6 +128,12 @@ TEST(XferWire, InfoAndWantRoundTrip) {
   std::string lying = EncodeWant(7, "ab");
   lying[9] = 100;  // claims 100 bitmap bytes, carries 2
   EXPECT_EQ(DecodeWant(lying, 1000).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeWant(EncodeWant(0, ""), 0).status().code(), Code::kCorrupt);  // window 0
+  EXPECT_TRUE(CheckBitmap("\x1f", 5).ok());
+  EXPECT_EQ(CheckBitmap("\x20", 5).code(), Code::kCorrupt);
+  EXPECT_EQ(CheckBitmap(std::string_view("\x01\x00", 2), 5).code(), Code::kCorrupt);
+  EXPECT_TRUE(CheckBitmap("", 0).ok());
+  EXPECT_TRUE(CheckBitmap("\xff", 8).ok());
 }
 
 TEST(XferWire, StatusCarriesCodeAndAnEscapedReason) {
@@ -97,37 +172,49 @@ TEST(XferWire, ChunkCountIsBounded) {
   EXPECT_EQ(ChunkCount(100, 100).status().code(), Code::kOutOfRange);
 }
 
-TEST(XferWire, PartStateRoundTripsAndReadsTheOldSpelling) {
-  const PartState st{10000, 0xabc, 4096, std::string("\x07", 1)};
+TEST(XferWire, PartStateRoundTrips) {
+  const PartState st{10000, 0xfeed, true, 0xabc, 4096, std::string("\x07", 1)};
   const std::string text = FormatPartState(st);
-  EXPECT_EQ(text, "tern-part 1 10000 0000000000000abc 4096 07\n");
+  EXPECT_EQ(text, "tern-part 2 10000 000000000000feed 0000000000000abc 4096 07\n");
   auto back = ParsePartState(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->size_bytes, 10000u);
+  EXPECT_EQ(back->tag, 0xfeedu);
+  EXPECT_TRUE(back->hash_known);
   EXPECT_EQ(back->xxh3, 0xabcu);
   EXPECT_EQ(back->chunk_bytes, 4096u);
   EXPECT_EQ(back->bitmap, st.bitmap);
-  // Earlier versions wrote the checksum without zero padding.
-  ASSERT_TRUE(ParsePartState("tern-part 1 10000 abc 4096 07\n").ok());
-  auto empty = ParsePartState(FormatPartState({0, 1, 4096, ""}));
+  // The hash may not be known yet (the server sends it during the transfer).
+  const std::string pending = FormatPartState({10000, 0xfeed, false, 0, 4096, "\x01"});
+  EXPECT_EQ(pending, "tern-part 2 10000 000000000000feed - 4096 01\n");
+  auto p = ParsePartState(pending);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_FALSE(p->hash_known);
+  auto empty = ParsePartState(FormatPartState({0, 1, true, 1, 4096, ""}));
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->bitmap.empty());
 }
 
-TEST(XferWire, DamagedPartStateIsCorruptNotACrash) {
+TEST(XferWire, DamagedOrOldPartStateIsCorruptNotACrash) {
   for (const char* bad : {
            "",
-           "tern-part 1 10000 abc 4096 zz\n",    // not hex (threw from std::stoul before)
-           "tern-part 1 10000 abc 4096 0\n",     // odd hex length
-           "tern-part 1 10000 abc 4096 0707\n",  // bitmap longer than the chunk map
-           "tern-part 2 10000 abc 4096 07\n",    // another version
-           "tern-part 1 -5 abc 4096 07\n",
-           "tern-part 1 10000 abcx 4096 07\n",
-           "tern-part 1 10000 11112222333344445 4096 07\n",   // 17 hex digits
-           "tern-part 1 99999999999999999999 abc 4096 07\n",  // overflows u64
-           "tern-part 1 10000 abc 100 07\n",                  // chunk below the minimum
-           "tern-part 1 10000 abc 4096 07 extra\n",
-           "tern-part  1 10000 abc 4096 07\n",
+           // version 1 lines lack the tag: ignored, the fetch starts over
+           "tern-part 1 10000 0000000000000abc 4096 07\n",
+           "tern-part 2 10000 000000000000feed 0000000000000abc 4096 zz\n",    // not hex
+           "tern-part 2 10000 000000000000feed 0000000000000abc 4096 0\n",     // odd hex length
+           "tern-part 2 10000 000000000000feed 0000000000000abc 4096 0707\n",  // too long
+           "tern-part 2 10000 000000000000feed 0000000000000abc 4096 08\n",    // chunk 3 of 3
+           "tern-part 3 10000 000000000000feed 0000000000000abc 4096 07\n",    // another version
+           "tern-part 2 -5 000000000000feed 0000000000000abc 4096 07\n",
+           "tern-part 2 10000 0000000000000000 0000000000000abc 4096 07\n",  // zero tag
+           "tern-part 2 10000 feed 0000000000000abc 4096 07\n",              // short tag
+           "tern-part 2 10000 000000000000feed abc 4096 07\n",               // short hash
+           "tern-part 2 10000 000000000000feed 000000000000abcx 4096 07\n",
+           "tern-part 2 10000 000000000000feed 11112222333344445 4096 07\n",  // 17 hex digits
+           "tern-part 2 99999999999999999999 000000000000feed - 4096 07\n",   // overflows u64
+           "tern-part 2 10000 000000000000feed - 100 07\n",  // chunk below the minimum
+           "tern-part 2 10000 000000000000feed - 4096 07 extra\n",
+           "tern-part  2 10000 000000000000feed - 4096 07\n",
        }) {
     auto st = ParsePartState(bad);
     EXPECT_EQ(st.status().code(), Code::kCorrupt) << bad;

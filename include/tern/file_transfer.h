@@ -1,14 +1,19 @@
 // The file service behind `tern xfer`: a bulk copier over any Transport
 // (like bbcp/gridftp), and the way the transport is measured.
 //
-// Protocol (messages on one connection; docs/format/wire.md "xfer"): GET name
-// -> INFO size + XXH3-64 of the file; the client opens a window over its
-// partial file and sends WANT with the bitmap of chunks it still needs; the
-// server streams those chunks (SendChunks) and sends DONE. A broken
-// connection is retried with backoff and resumes from the acknowledged
-// chunks, also across process restarts (a LOCAL.tern-part.state file beside
-// the partial LOCAL.tern-part). The result is renamed to LOCAL only after its
-// whole-file checksum matched.
+// Protocol (messages on one connection; docs/format/wire.md §5, xfer version
+// 2): GET name -> INFO size + a tag naming the file version (+ the whole-file
+// XXH3-64 when the server already knows it; else HASH follows as soon as it
+// is computed, while chunks flow). A fresh client then opens a window over
+// its partial file and sends WANT; a client resuming the same version opens
+// the window before GET and sends its bitmap with it, so the server starts
+// sending at once. The server streams the missing chunks (SendChunks) and
+// sends DONE; a client that has every chunk and the hash does not wait for
+// DONE. A broken connection is retried with backoff and resumes from the
+// acknowledged chunks, also across process restarts (a LOCAL.tern-part.state
+// file beside the partial LOCAL.tern-part, keeping the version's tag: a
+// changed file restarts from zero). The result is renamed to LOCAL only
+// after its whole-file checksum matched.
 //
 // Thread safety: FileServer is thread-safe; FetchFile blocks its caller.
 #pragma once
@@ -29,6 +34,13 @@ struct FileServerOptions {
   uint32_t max_sessions = 64;  // concurrent client connections served
   SendOptions send;
   LogFn log;  // null: stderr
+  // Threads computing whole-file hashes in the background (INFO never waits
+  // for one; the digests of up to 1024 file versions are kept, keyed by
+  // device, inode, size, mtime and ctime, so a re-GET or resume finds it).
+  uint32_t hash_threads = 2;
+  // Called on a hashing thread before it reads a file (path as served); for
+  // tests and monitoring. It may block: that file's hash waits for it.
+  std::function<void(const std::string& path)> on_hash_start;
 };
 
 class FileServer {
