@@ -866,6 +866,64 @@ TEST_F(SoftVerbsPair, ReceiverNotReadyIsRetriedUntilAReceiveIsPosted) {
   EXPECT_EQ(std::memcmp(B(), "late receive", 12), 0);
 }
 
+TEST_F(SoftVerbsPair, BoundedRnrRetryEndsInRnrRetryExceeded) {
+  const QpEndpoint ea = Endpoint(a_, 1), eb = Endpoint(b_, 2);
+  BringUp(b_, eb, ea);
+  QpTransition init = InitTransition(1);
+  ASSERT_EQ(api_->modify_qp(a_, &init.attr, init.mask), 0);
+  auto rtr = ReadyToReceiveTransition(ea, eb);
+  ASSERT_TRUE(rtr.ok());
+  ASSERT_EQ(api_->modify_qp(a_, &rtr->attr, rtr->mask), 0);
+  QpTransition rts = ReadyToSendTransition(ea);
+  rts.attr.rnr_retry = 2;
+  ASSERT_EQ(api_->modify_qp(a_, &rts.attr, rts.mask), 0);
+  ASSERT_EQ(Post(a_, 1, IBV_WR_SEND, A(), 8, mr_a_->lkey), 0);
+  auto wc = Poll(cq_a_, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR) << api_->wc_status_str(wc[0].status);
+}
+
+TEST_F(SoftVerbsPair, PsnMismatchIsUnreachable) {
+  setenv("TERN_SOFTVERBS_RETRY_MS", "20", 1);
+  QpEndpoint ea = Endpoint(a_, 100), eb = Endpoint(b_, 200);
+  BringUp(a_, ea, eb);
+  ea.psn = 101;  // b expects another first PSN than a sends
+  BringUp(b_, eb, ea);
+  ASSERT_EQ(Post(a_, 1, IBV_WR_RDMA_WRITE, A(), 8, mr_a_->lkey, RemoteB(), mr_b_->rkey), 0);
+  auto wc = Poll(cq_a_, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
+}
+
+TEST_F(SoftVerbs, EventsNeverGotDieWithTheirCq) {
+  ibv_comp_channel* ch = api_->create_comp_channel(ctx_);
+  ASSERT_NE(ch, nullptr);
+  channels_.push_back(ch);
+  ibv_cq* cq = Cq(16, ch);
+  ibv_qp* a = Qp(cq, 4);
+  ASSERT_NE(a, nullptr);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+  ASSERT_EQ(api_->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  std::vector<uint8_t> buf(64);
+  ibv_mr* mr = Reg(buf.data(), buf.size());
+  ASSERT_EQ(PostRecv(a, 1, buf.data(), 8, mr->lkey), 0);  // flushes: one event
+  pollfd pfd{ch->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 10000), 1);
+  // Destroyed before the event was got: that is allowed, and the event goes.
+  ASSERT_EQ(api_->destroy_qp(a), 0);
+  std::erase(qps_, a);
+  ASSERT_EQ(api_->destroy_cq(cq), 0);
+  std::erase(cqs_, cq);
+  ASSERT_EQ(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), 0);
+  ibv_cq* got = nullptr;
+  void* ctx = nullptr;
+  errno = 0;
+  EXPECT_EQ(api_->get_cq_event(ch, &got, &ctx), -1);
+  EXPECT_EQ(errno, EAGAIN);
+}
+
 TEST_F(SoftVerbs, ConcurrentPostersKeepPerQueueOrder) {
   constexpr int kMessages = 2000;
   ibv_cq* cq_a = Cq(4096);
