@@ -9,3 +9,7 @@ tern_fuzzer(ucx_wire_fuzz
             CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/ucx_wire)
 tern_fuzzer(xfer_wire_fuzz SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_xfer.cc LIBS tern_transport
             CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/xfer_wire)
+tern_fuzzer(verbs_wire_fuzz
+            SOURCES ${CMAKE_CURRENT_LIST_DIR}/verbs/fuzz_wire.cc ${CMAKE_CURRENT_LIST_DIR}/verbs/wire.cc
+            LIBS tern_common
+            CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/verbs_wire)

@@ -128,7 +128,8 @@ uint32_t VerbsConn::capabilities() const { return t_->capabilities(); }
 std::string VerbsConn::Describe() const {
   return "verbs rc " + t_->device_name() + ":" + std::to_string(t_->port()) +
          (t_->ethernet() ? " RoCE" : " IB") + " mtu " +
-         std::to_string(std::min(local_.mtu_bytes, remote_.mtu_bytes)) + " credits " +
+         std::to_string(std::min(local_.mtu_bytes, remote_.mtu_bytes)) + " qp " +
+         std::to_string(local_.qpn) + "->" + std::to_string(remote_.qpn) + " credits " +
          std::to_string(remote_.credits) + " reads " + std::to_string(t_->options().max_reads);
 }
 
