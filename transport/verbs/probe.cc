@@ -36,9 +36,8 @@ BackendProbe ProbeVerbsLibrary(const std::string& soname) {
         << (p.active ? "active" : "down") << " " << (p.ethernet ? "RoCE" : "IB") << " mtu "
         << p.active_mtu_bytes;
   }
-  // The queue-pair data path is not wired into a Transport yet; the probe
-  // says so rather than promising a backend.
-  if (active > 0) out << "; the verbs data path is not implemented in this build (use ucx)";
+  if (active == 0 && !ports->empty()) out << "; no active port";
+  probe.available = active > 0;
   probe.detail = out.str();
   return probe;
 }

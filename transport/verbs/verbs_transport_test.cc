@@ -23,6 +23,7 @@
 #include "tern/transfer.h"
 #include "tern/verbs_transport.h"
 #include "transport/tcp/pipe.h"
+#include "transport/verbs/probe.h"
 #include "transport/verbs/soft/softverbs.h"
 #include "transport/verbs/wire.h"
 
@@ -372,6 +373,13 @@ TEST_F(VerbsSoft, ConnectionsBeyondTheLimitAreRefusedWithAReason) {
       << second.status().ToString();
   first->SendMessage("still", nullptr);
   EXPECT_TRUE(server_seen_.WaitFor([&] { return server_seen_.messages.size() == 1; }));
+}
+
+TEST(VerbsTransport, TheProbeSeesAnActivePortAsAvailable) {
+  BackendProbe probe = ProbeVerbsLibrary(TERN_SOFTVERBS_PATH);
+  EXPECT_TRUE(probe.available) << probe.detail;
+  EXPECT_NE(probe.detail.find("1 device: tern_soft0:1 active IB mtu 4096"), std::string::npos)
+      << probe.detail;
 }
 
 TEST(VerbsTransport, WithoutADeviceTheReasonIsClear) {
