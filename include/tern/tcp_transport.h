@@ -60,6 +60,12 @@ struct TcpOptions {
   // No complete frame for this long closes the connection; live peers send
   // keepalives at a third of it.
   uint64_t idle_timeout_ms = 30000;
+  // A frame being received must arrive at this rate at least: a frame of N
+  // payload bytes gets header_timeout_ms + N / rate, then the connection is
+  // closed with kTimeout (a peer trickling one byte per idle timeout would
+  // otherwise hold a connection for ever). 0 disables. 64 KiB/s lets a 64
+  // MiB chunk take 17 minutes on one stream.
+  uint64_t min_frame_bytes_per_s = 64 * 1024;
   // Accepted connections open at once (incl. half-formed ones), per listener.
   uint32_t max_connections = 256;
   // Frames queued for sending per connection before SendMessage/SendChunk

@@ -253,6 +253,29 @@ TEST_F(Established, PeerThatNeverReadsItsAcksIsCutOff) {
   ExpectStillServing();
 }
 
+// One byte every 20 ms keeps the idle timer happy for ever; the minimum
+// frame rate does not.
+TEST_F(Established, SlowPayloadTrickleIsCutOff) {
+  Serve(false, [](TcpOptions& o) { o.min_frame_bytes_per_s = 1000; });
+  int fd = Handshaken();
+  Send(fd, Header(FrameType::kMessage, 2000));  // allowed: 300 ms + 2 s
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - t0 < 6s) {
+    closed = ::send(fd, "x", 1, MSG_NOSIGNAL) != 1;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 20) > 0) {
+      char buf[256];
+      closed = closed || ::recv(fd, buf, sizeof buf, MSG_DONTWAIT) == 0;
+    }
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_TRUE(LogHas("below the minimum rate")) << log_;
+  ::close(fd);
+  ExpectStillServing();
+}
+
 TEST_F(Established, PartialHeaderTimesOut) {
   Serve(false);
   int fd = Handshaken();

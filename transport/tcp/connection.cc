@@ -478,6 +478,17 @@ void TcpConnection::RunStream(Stream& s) {
                                  options_.header_timeout_ms, " ms"));
       break;
     }
+    if (reader->in_payload && options_.min_frame_bytes_per_s > 0) {
+      const uint64_t allowed_us = options_.header_timeout_ms * 1000 +
+                                  reader->h.payload_bytes * 1000000 / options_.min_frame_bytes_per_s;
+      if (now - reader->header_start_us > allowed_us) {
+        ProtocolFailure(TERN_ERROR(kTimeout, "frame of ", reader->h.payload_bytes,
+                                   " bytes still incomplete after ", allowed_us / 1000,
+                                   " ms (below the minimum rate of ", options_.min_frame_bytes_per_s,
+                                   " bytes/s)"));
+        break;
+      }
+    }
     if (now - last_progress_us > idle_us) {
       ProtocolFailure(
           TERN_ERROR(kTimeout, "peer silent for more than ", options_.idle_timeout_ms, " ms"));
