@@ -340,7 +340,7 @@ Status VerbsConn::PostControlLocked(Outgoing& o, bool* finished) {
 }
 
 void VerbsConn::PumpLocked() {
-  if (released_) return;
+  if (qp_gone_) return;
   Status failed;
   // Credits go back on their own once half the receives wait to be
   // reported (else they ride on the next header). One credit is kept for
@@ -779,6 +779,11 @@ void VerbsConn::DestroyResources() {
 }
 
 void VerbsConn::Release() {
+  {
+    // No thread posts to the queue pair from here on (PumpLocked checks).
+    std::lock_guard<std::mutex> lock(mu_);
+    qp_gone_ = true;
+  }
   DestroyResources();
   std::vector<Completion> fail = std::move(unsent_);
   unsent_.clear();

@@ -191,6 +191,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   std::condition_variable cv_;
   LinkState link_ = LinkState::kIdle;
   bool closed_ = false;    // no new work; windows no longer written
+  bool qp_gone_ = false;   // Release began: nothing is posted any more
   bool released_ = false;  // resources gone, completions fired
   int64_t bye_slot_ = -1;  // the send buffer carrying our bye
   uint32_t send_credits_ = 0;  // receives the peer has posted for us
