@@ -457,7 +457,8 @@ uint64_t StateDoneBytes(const std::string& state_path, uint64_t size_bytes, uint
 
 // Fetches through a connection that drops after 8 MiB and without retries:
 // leaves a partial copy and its resume state behind.
-void InterruptedFetch(Transport& client, FileFixture& f, const std::string& out) {
+void InterruptedFetch(Transport& client, FileFixture& f, const std::string& out,
+                      uint64_t head_bytes = FetchOptions{}.head_bytes) {
   FaultPolicy fp;
   fp.drop_after_bytes = 8 << 20;
   fp.drop_connections = 1;
@@ -465,6 +466,7 @@ void InterruptedFetch(Transport& client, FileFixture& f, const std::string& out)
   FetchOptions fo;
   fo.chunk_bytes = 1 << 20;
   fo.retry = RetryPolicy{1, 10, 10};
+  fo.head_bytes = head_bytes;
   auto r = FetchFile(*faulty, f.server->address(), "w.bin", f.Out(out), fo);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
@@ -520,10 +522,11 @@ TEST_P(Conformance, FileFetchResumesExactlyAcrossRunsAndRestartsForAChangedFile)
   ASSERT_TRUE(f->server);
   FetchOptions fo;
   fo.chunk_bytes = 1 << 20;
+  fo.head_bytes = 4 << 20;  // a head smaller than the file: its chunks, then the rest after WANT
 
   // Same version: the next run resumes from exactly the acknowledged chunks
   // (its GET carries them; the server sends the rest without a WANT).
-  InterruptedFetch(*pair_.client, *f, "same.bin");
+  InterruptedFetch(*pair_.client, *f, "same.bin", fo.head_bytes);
   const uint64_t had = StateDoneBytes(f->Out("same.bin.tern-part.state"), size, fo.chunk_bytes);
   EXPECT_GT(had, 0u);
   EXPECT_LT(had, size);
@@ -536,7 +539,7 @@ TEST_P(Conformance, FileFetchResumesExactlyAcrossRunsAndRestartsForAChangedFile)
 
   // Changed between runs (same size, other bytes): the partial copy is of
   // another version, so the fetch starts from zero and gets the new bytes.
-  InterruptedFetch(*pair_.client, *f, "changed.bin");
+  InterruptedFetch(*pair_.client, *f, "changed.bin", fo.head_bytes);
   EXPECT_GT(StateDoneBytes(f->Out("changed.bin.tern-part.state"), size, fo.chunk_bytes), 0u);
   std::this_thread::sleep_for(20ms);  // a visibly later mtime on coarse clocks too
   auto changed = f->data;
@@ -546,6 +549,58 @@ TEST_P(Conformance, FileFetchResumesExactlyAcrossRunsAndRestartsForAChangedFile)
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->resumed_bytes, 0u);
   EXPECT_EQ(f->Read("changed.bin"), changed);
+}
+
+TEST_P(Conformance, FileFetchFreshHeadArrivesWithoutWant) {
+  // Protocol level: a client that opened a head window gets its chunks
+  // right after INFO without ever sending WANT; the rest waits for one.
+  listener_->Close();
+  const uint64_t size = (6 << 20) + 5;
+  auto f = ServeFile(pair_, "head-" + GetParam().name, size);
+  ASSERT_TRUE(f->server);
+  Sink replies;
+  ConnectionHandlers h;
+  h.on_message = [&](std::string m) {
+    std::lock_guard<std::mutex> lock(replies.mu);
+    replies.messages.push_back(std::move(m));
+    replies.cv.notify_all();
+  };
+  auto conn = ConnectWait(*pair_.client, f->server->address(), h, 10000, RetryPolicy{1, 10, 10});
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  const uint64_t head = 4 << 20;
+  std::vector<uint8_t> window(head);
+  auto region = pair_.client->RegisterMemory(window.data(), window.size(), MemoryKind::kHost);
+  ASSERT_TRUE(region.ok());
+  std::atomic<uint64_t> landed_bytes{0};
+  ASSERT_TRUE((*conn)->PostReceive(9, *region, 0, head, [&](uint64_t, uint64_t length) {
+    landed_bytes += length;
+    std::lock_guard<std::mutex> lock(replies.mu);
+    replies.cv.notify_all();
+  }).ok());
+  (*conn)->SendMessage(xfer::EncodeGet({1 << 20, 9, "w.bin", 0, 0, "", head}), nullptr);
+  ASSERT_TRUE(replies.WaitFor([&] { return !replies.messages.empty() && landed_bytes == head; }))
+      << landed_bytes.load() << " head bytes landed";
+  {
+    std::lock_guard<std::mutex> lock(replies.mu);
+    auto info = xfer::DecodeInfo(replies.messages[0]);
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    EXPECT_TRUE(info->head());
+    EXPECT_FALSE(info->sending());
+    EXPECT_EQ(info->size_bytes, size);
+  }
+  EXPECT_TRUE(std::equal(window.begin(), window.end(), f->data.begin()));
+  // Nothing past the head moves without WANT, and no DONE comes for it.
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(landed_bytes.load(), head);
+  {
+    std::lock_guard<std::mutex> lock(replies.mu);
+    for (size_t i = 1; i < replies.messages.size(); ++i) {
+      EXPECT_NE(xfer::TypeOf(replies.messages[i]), xfer::kDone);
+    }
+  }
+  (*conn)->CancelReceive(9);
+  (*conn)->Close();
+  pair_.client->DeregisterMemory(*region).IgnoreError();
 }
 
 TEST_P(Conformance, FileFetchHashMismatchRefusesToRename) {

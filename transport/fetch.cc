@@ -12,6 +12,8 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <xxhash.h>
 
@@ -117,18 +119,23 @@ class Fetch {
     RetryPolicy connect_retry = o_.retry;
     TERN_ASSIGN_OR_RETURN(auto conn, ConnectWait(t_, address_, h, o_.connect_timeout_ms, connect_retry));
     result_.link = conn->Describe();
+    // Declared before the closer, so it runs after the windows are closed.
+    struct HeadUnmapper {
+      Fetch* f;
+      ~HeadUnmapper() { f->UnmapHead(); }
+    } head_unmapper{this};
     struct Closer {
       std::shared_ptr<Connection> c;
-      uint64_t posted = 0;  // the open receive window, 0 for none
+      std::vector<uint64_t> posted;  // the open receive windows
       void Cancel() {
-        if (posted != 0) c->CancelReceive(posted);
-        posted = 0;
+        for (uint64_t id : posted) c->CancelReceive(id);
+        posted.clear();
       }
       ~Closer() {
         Cancel();
         c->Close();
       }
-    } closer{conn};
+    } closer{conn, {}};
 
     // Window ids are this client's to choose: a fresh one per window, so a
     // cancelled window's late chunks can never count for the next.
@@ -144,7 +151,14 @@ class Fetch {
     }
     if (get.have_tag != 0 && size_ > 0) {
       TERN_RETURN_IF_ERROR(conn->PostReceive(get_id, region_, 0, size_, Landing(inbox)));
-      closer.posted = get_id;
+      closer.posted.push_back(get_id);
+    } else if (get.have_tag == 0 && o_.head_bytes > 0) {
+      // A fresh copy: the size is not known yet, but the start of the file
+      // can already receive, so the first chunks need no WANT round trip.
+      TERN_RETURN_IF_ERROR(MapHead());
+      TERN_RETURN_IF_ERROR(conn->PostReceive(get_id, head_region_, 0, head_bytes_, Landing(inbox)));
+      closer.posted.push_back(get_id);
+      get.head_bytes = head_bytes_;
     }
     conn->SendMessage(xfer::EncodeGet(get), nullptr);
     TERN_ASSIGN_OR_RETURN(std::string reply, Next(*inbox, o_.connect_timeout_ms));
@@ -161,8 +175,10 @@ class Fetch {
     const bool same_version = get.have_tag == info.tag && get.have_size == info.size_bytes;
     TERN_REQUIRE(!info.sending() || same_version, kProtocol,
                  "server sends without WANT for a version this client does not hold");
+    TERN_REQUIRE(!info.head() || (get.head_bytes > 0 && info.size_bytes > 0), kProtocol,
+                 "server sends a head this client did not open");
     if (!same_version) {
-      closer.Cancel();  // nothing lands in the old copy from here on
+      if (!info.head()) closer.Cancel();  // nothing lands in the old copy from here on
       TERN_RETURN_IF_ERROR(Prepare(info.size_bytes, info.tag));
     }
     if (info.hash_known()) TERN_RETURN_IF_ERROR(LearnHash(info.xxh3));
@@ -170,12 +186,13 @@ class Fetch {
       std::lock_guard<std::mutex> lock(mu_);
       landed_us_ = clock_.NowUs();
     }
-    if (!info.sending()) {
-      closer.Cancel();
+    const bool head_is_all = info.head() && size_ <= get.head_bytes;
+    if (!info.sending() && !head_is_all) {
+      if (!info.head()) closer.Cancel();  // the head window stays: its chunks are coming
       const uint64_t window = ++last_window_;
       if (size_ > 0) {
         TERN_RETURN_IF_ERROR(conn->PostReceive(window, region_, 0, size_, Landing(inbox)));
-        closer.posted = window;
+        closer.posted.push_back(window);
       }
       std::lock_guard<std::mutex> lock(mu_);
       conn->SendMessage(xfer::EncodeWant(window, std::string_view(reinterpret_cast<const char*>(
@@ -248,11 +265,12 @@ class Fetch {
       bool complete = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        // Only a whole chunk where one starts counts.
-        const uint64_t i = map_.ChunkAt(offset);
-        if (i < map_.chunks() && length == map_.ChunkLength(i) && !map_.done(i)) {
-          map_.MarkDone(i);
-          complete = map_.complete();
+        if (mapped_) {
+          complete = MarkLocked(offset, length);
+        } else if (pending_.size() < kMaxPending) {
+          // Into the head window before INFO sized the chunk map: counted
+          // once it is (more than the head holds can only be a bad server's).
+          pending_.emplace_back(offset, length);
         }
         landed_us_ = clock_.NowUs();
         if (first_landed_us_ == 0) first_landed_us_ = landed_us_;
@@ -263,6 +281,60 @@ class Fetch {
         inbox->cv.notify_all();
       }
     };
+  }
+
+  // Only a whole chunk where one starts counts. True when that completed the map.
+  bool MarkLocked(uint64_t offset, uint64_t length) {
+    const uint64_t i = map_.ChunkAt(offset);
+    if (i >= map_.chunks() || length != map_.ChunkLength(i) || map_.done(i)) return false;
+    map_.MarkDone(i);
+    return map_.complete();
+  }
+
+  // The head window of a fresh copy: the start of LOCAL.tern-part, mapped
+  // before the size is known.
+  Status MapHead() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t head = std::max<uint64_t>(
+        o_.chunk_bytes, std::min(o_.head_bytes, xfer::kMaxHeadBytes) / o_.chunk_bytes * o_.chunk_bytes);
+    head_fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (head_fd_ < 0) return TERN_ERRNO("open ", part_);
+    if (::ftruncate(head_fd_, static_cast<off_t>(head)) != 0) return TERN_ERRNO("resize ", part_);
+    TERN_RETURN_IF_ERROR(Reserve(head_fd_, head));
+    void* base = ::mmap(nullptr, head, PROT_READ | PROT_WRITE, MAP_SHARED, head_fd_, 0);
+    if (base == MAP_FAILED) return TERN_ERRNO("mmap ", part_);
+    head_base_ = base;
+    head_bytes_ = head;
+    TERN_ASSIGN_OR_RETURN(head_region_, t_.RegisterMemory(head_base_, head, MemoryKind::kHost));
+    pending_.clear();
+    return Status::Ok();
+  }
+
+  // Only once the head window is closed.
+  void UnmapHead() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (head_region_.handle != 0) t_.DeregisterMemory(head_region_).IgnoreError();
+    head_region_ = {};
+    if (head_base_ != nullptr) ::munmap(head_base_, head_bytes_);
+    head_base_ = nullptr;
+    if (head_fd_ >= 0) ::close(head_fd_);
+    head_fd_ = -1;
+    head_bytes_ = 0;
+    pending_.clear();
+  }
+
+  // Reserves the blocks of [0, size) before anything is stored through a
+  // mapping: a store into a file the filesystem cannot hold raises SIGBUS,
+  // which no error path survives. Filesystems without fallocate keep the
+  // old behaviour.
+  Status Reserve(int fd, uint64_t size) {
+    if (size > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0 && errno != EOPNOTSUPP) {
+      const int e = errno;
+      return Status(e == ENOSPC || e == EDQUOT ? Code::kResourceExhausted : Code::kUnavailable,
+                    "cannot reserve " + std::to_string(size) + " bytes for " + part_ + ": " +
+                        std::strerror(e));
+    }
+    return Status::Ok();
   }
 
   // The server's whole-file hash for the version held. A different one than
@@ -331,16 +403,10 @@ class Fetch {
     TERN_ASSIGN_OR_RETURN(map_, ChunkMap::Make(size, o_.chunk_bytes));
     fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) return TERN_ERRNO("open ", part_);
-    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return TERN_ERRNO("resize ", part_);
-    // Reserve the blocks before the transfer: a store through the mapping
-    // into a file the filesystem cannot hold raises SIGBUS, which no error
-    // path survives. Filesystems without fallocate keep the old behaviour.
-    if (size > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0 && errno != EOPNOTSUPP) {
-      const int e = errno;
-      return Status(e == ENOSPC || e == EDQUOT ? Code::kResourceExhausted : Code::kUnavailable,
-                    "cannot reserve " + std::to_string(size) + " bytes for " + part_ + ": " +
-                        std::strerror(e));
-    }
+    // Never below an open head window (Finish cuts the file to size).
+    const uint64_t file_bytes = std::max(size, head_bytes_);
+    if (::ftruncate(fd_, static_cast<off_t>(file_bytes)) != 0) return TERN_ERRNO("resize ", part_);
+    TERN_RETURN_IF_ERROR(Reserve(fd_, file_bytes));
     if (size > 0) {
       void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
       if (base == MAP_FAILED) return TERN_ERRNO("mmap ", part_);
@@ -348,6 +414,9 @@ class Fetch {
       TERN_ASSIGN_OR_RETURN(region_, t_.RegisterMemory(base_, size, MemoryKind::kHost));
     }
     mapped_ = true;
+    // What landed in the head window before the size was known.
+    for (const auto& [offset, length] : pending_) MarkLocked(offset, length);
+    pending_.clear();
     return Status::Ok();
   }
 
@@ -404,6 +473,8 @@ class Fetch {
       return TERN_ERROR(kCorrupt, "whole-file checksum mismatch for '", name_, "' (", std::hex, got,
                         " != ", want, "); partial file discarded");
     }
+    // A head window may have left the file longer than its content.
+    if (::truncate(part_.c_str(), static_cast<off_t>(size)) != 0) return TERN_ERRNO("resize ", part_);
     if (std::rename(part_.c_str(), local_.c_str()) != 0) return TERN_ERRNO("rename to ", local_);
     ::unlink(state_path_.c_str());
     result_.bytes = size;
@@ -428,6 +499,13 @@ class Fetch {
   uint64_t landed_us_ = 0;
   uint64_t first_landed_us_ = 0;  // 0 until a chunk landed in this run
   uint64_t size_ = 0, tag_ = 0;   // the version held (tag 0: none)
+  // The head window of a fresh copy, and what landed in it before INFO.
+  static constexpr size_t kMaxPending = (xfer::kMaxHeadBytes / xfer::kMinChunkBytes) + 64;
+  std::vector<std::pair<uint64_t, uint64_t>> pending_;
+  int head_fd_ = -1;
+  void* head_base_ = nullptr;
+  uint64_t head_bytes_ = 0;
+  MemoryRegion head_region_;
   bool hash_known_ = false;
   uint64_t xxh3_ = 0;
   bool mapped_ = false;

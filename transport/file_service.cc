@@ -136,6 +136,21 @@ struct Session {
   std::shared_ptr<Connection> conn;
 };
 
+// The chunks of a head window, sent on a helper thread so the rest can start
+// as soon as WANT arrives (a send only ends once all its chunks are
+// acknowledged: one after the other, the link would idle a round trip).
+struct HeadSend {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  Status Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });  // bounded by SendChunks' stall timeout
+    return status;
+  }
+};
+
 // The file a session's last GET opened.
 struct Served {
   std::shared_ptr<Mapping> file;
@@ -147,7 +162,10 @@ struct Served {
   uint64_t xxh3 = 0;
   std::shared_ptr<HashJob> job;  // null when known or when the session hashes itself
   bool awaiting_want = false;
+  uint64_t head_chunks = 0;  // chunks sent into the client's head window
+  std::shared_ptr<HeadSend> head;  // that send, while it runs on its own thread
 };
+
 
 class Server final : public FileServer {
  public:
@@ -267,6 +285,7 @@ class Server final : public FileServer {
   void Serve(std::shared_ptr<Session> s) {
     Served f;
     auto release = [&] {
+      if (f.head) f.head->Wait().IgnoreError();  // it reads f's region
       if (f.region.handle != 0) transport_.DeregisterMemory(f.region).IgnoreError();
       f = Served{};
     };
@@ -296,9 +315,10 @@ class Server final : public FileServer {
           continue;
         }
         s->conn->SendMessage(xfer::EncodeInfo(*info), nullptr);
-        if (info->sending()) {
+        if (info->sending() || (info->head() && f.head_chunks == Chunks(f))) {
           s->conn->SendMessage(xfer::EncodeStatus(xfer::kDone, Transfer(*s, f, have)), nullptr);
         } else {
+          if (info->head()) StartHead(*s, f);
           f.awaiting_want = true;
         }
       } else if (type == xfer::kWant) {
@@ -306,8 +326,19 @@ class Server final : public FileServer {
         if (f.awaiting_want) {
           f.awaiting_want = false;
           auto want = DecodeWant(msg, f);
-          if (want.ok()) f.window_id = want->transfer_id;
-          st = want.ok() ? Transfer(*s, f, want->bitmap) : want.status();
+          if (want.ok()) {
+            f.window_id = want->transfer_id;
+            // The head's chunks are on their way already.
+            for (uint64_t i = 0; i < f.head_chunks; ++i) want->bitmap[i >> 3] |= static_cast<char>(1u << (i & 7));
+            st = Transfer(*s, f, want->bitmap);
+            if (f.head) {
+              Status head = f.head->Wait();
+              f.head.reset();
+              if (st.ok()) st = head;
+            }
+          } else {
+            st = want.status();
+          }
         }
         s->conn->SendMessage(xfer::EncodeStatus(xfer::kDone, st), nullptr);
       } else {
@@ -356,8 +387,41 @@ class Server final : public FileServer {
     if (get.have_tag == info.tag && get.have_size == size) {
       info.flags |= xfer::kInfoSending;
       *have = std::move(get.have_bitmap);
+    } else if (get.head_bytes > 0 && size > 0) {
+      // The chunks wholly inside the head window: all when the file fits.
+      const uint64_t chunks = Chunks(*f);
+      f->head_chunks = size <= get.head_bytes ? chunks : get.head_bytes / get.chunk_bytes;
+      info.flags |= xfer::kInfoHead;
+      // Everything past the head counts as present for this send.
+      have->assign((chunks + 7) / 8, '\0');
+      for (uint64_t i = f->head_chunks; i < chunks; ++i) (*have)[i >> 3] |= static_cast<char>(1u << (i & 7));
     }
     return info;
+  }
+
+  static uint64_t Chunks(const Served& f) {
+    return f.file->size / f.chunk_bytes + (f.file->size % f.chunk_bytes != 0);
+  }
+
+  // Sends the head's chunks on a helper thread; WANT then sends the rest
+  // on the session thread at the same time.
+  void StartHead(Session& s, Served& f) {
+    auto head = std::make_shared<HeadSend>();
+    f.head = head;
+    auto map = ChunkMap::Make(f.file->size, f.chunk_bytes);
+    std::string past_head((Chunks(f) + 7) / 8, '\0');
+    for (uint64_t i = f.head_chunks; i < Chunks(f); ++i) past_head[i >> 3] |= static_cast<char>(1u << (i & 7));
+    if (map.ok()) map->SetBits(past_head).IgnoreError();  // fits: sized from the same map
+    SendOptions so = options_.send;
+    so.on_progress = nullptr;  // the caller's hook runs on session threads only
+    threads_.Spawn([this, head, conn = s.conn, region = f.region, window = f.window_id,
+                    map = std::move(map), so]() mutable {
+      Status st = map.ok() ? SendChunks(*conn, region, 0, window, *map, so, clock_) : map.status();
+      std::lock_guard<std::mutex> lock(head->mu);
+      head->status = std::move(st);
+      head->done = true;
+      head->cv.notify_all();
+    });
   }
 
   Result<xfer::Want> DecodeWant(std::string_view msg, const Served& f) {

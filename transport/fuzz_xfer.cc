@@ -31,9 +31,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         TERN_ASSERT(get->chunk_bytes >= kMinChunkBytes && get->chunk_bytes <= kMaxChunkBytes &&
                     !get->name.empty() && get->name.size() <= kMaxNameBytes &&
                     get->transfer_id != 0);
+        TERN_ASSERT(get->head_bytes % get->chunk_bytes == 0 && get->head_bytes <= kMaxHeadBytes);
         if (get->have_tag == 0) {
           TERN_ASSERT(get->have_size == 0 && get->have_bitmap.empty());
         } else {
+          TERN_ASSERT(get->head_bytes == 0);
           auto chunks = ChunkCount(get->have_size, get->chunk_bytes);
           TERN_ASSERT(chunks.ok() && CheckBitmap(get->have_bitmap, *chunks).ok(),
                       "a GET's bitmap does not fit the version it names");
@@ -47,8 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto info = DecodeInfo(in);
       if (info.ok()) {
         TERN_ASSERT(EncodeInfo(*info) == in);
-        TERN_ASSERT(info->tag != 0 && info->transfer_id != 0 && (info->flags & ~3) == 0 &&
-                    (info->hash_known() || info->xxh3 == 0));
+        TERN_ASSERT(info->tag != 0 && info->transfer_id != 0 && (info->flags & ~7) == 0 &&
+                    !(info->sending() && info->head()) && (info->hash_known() || info->xxh3 == 0));
       }
       break;
     }

@@ -85,6 +85,7 @@ std::string EncodeGet(const GetRequest& get) {
   PutLe(out, get.have_size, 8);
   PutLe(out, get.have_tag, 8);
   PutBytes(out, get.have_bitmap);
+  PutLe(out, get.head_bytes, 8);
   return out;
 }
 
@@ -105,7 +106,12 @@ Result<GetRequest> DecodeGet(std::string_view m) {
   TERN_ASSIGN_OR_RETURN(get.have_size, in.Int(8));
   TERN_ASSIGN_OR_RETURN(get.have_tag, in.Int(8));
   TERN_ASSIGN_OR_RETURN(std::string_view bitmap, in.Bytes(kMaxChunks / 8));
+  TERN_ASSIGN_OR_RETURN(get.head_bytes, in.Int(8));
   TERN_RETURN_IF_ERROR(in.End());
+  TERN_REQUIRE(get.head_bytes == 0 || (get.have_tag == 0 && get.head_bytes % get.chunk_bytes == 0 &&
+                                       get.head_bytes <= kMaxHeadBytes),
+               kCorrupt, "GET with a head window of ", get.head_bytes,
+               " bytes (a chunk multiple up to ", kMaxHeadBytes, ", only without a held version)");
   if (get.have_tag == 0) {
     TERN_REQUIRE(get.have_size == 0 && bitmap.empty(), kCorrupt,
                  "GET without a held version carries a size or bitmap");
@@ -142,8 +148,10 @@ Result<Info> DecodeInfo(std::string_view m) {
   TERN_ASSIGN_OR_RETURN(info.xxh3, in.Int(8));
   TERN_RETURN_IF_ERROR(in.End());
   TERN_REQUIRE(info.tag != 0 && info.transfer_id != 0, kCorrupt, "INFO with a zero tag or transfer id");
-  TERN_REQUIRE((flags & ~uint64_t{kInfoHashKnown | kInfoSending}) == 0, kCorrupt,
+  TERN_REQUIRE((flags & ~uint64_t{kInfoHashKnown | kInfoSending | kInfoHead}) == 0, kCorrupt,
                "INFO with unknown flags 0x", std::hex, flags);
+  TERN_REQUIRE((flags & (kInfoSending | kInfoHead)) != (kInfoSending | kInfoHead), kCorrupt,
+               "INFO both resuming and sending a head");
   info.flags = static_cast<uint8_t>(flags);
   TERN_REQUIRE(info.hash_known() || info.xxh3 == 0, kCorrupt, "INFO with a hash not flagged as known");
   return info;

@@ -32,6 +32,9 @@ inline constexpr char kHash = 'H';
 // INFO flags.
 inline constexpr uint8_t kInfoHashKnown = 1;  // Info::xxh3 is the whole-file hash
 inline constexpr uint8_t kInfoSending = 2;    // resume accepted: chunks follow without WANT
+inline constexpr uint8_t kInfoHead = 4;       // the head window's chunks follow without WANT
+// A head window covers at most this much of a fresh partial file.
+inline constexpr uint64_t kMaxHeadBytes = uint64_t{1} << 30;
 
 // 0 for an empty message.
 inline char TypeOf(std::string_view message) { return message.empty() ? '\0' : message[0]; }
@@ -46,15 +49,19 @@ struct GetRequest {
   uint64_t have_size = 0;
   uint64_t have_tag = 0;
   std::string have_bitmap;
+  // With have_tag 0: the client's window covers [0, head_bytes) of its
+  // partial file (0: no window); a multiple of chunk_bytes <= kMaxHeadBytes.
+  uint64_t head_bytes = 0;
 };
 struct Info {
   uint64_t size_bytes = 0;
   uint64_t tag = 0;  // non-zero: names this version of the file
   uint64_t transfer_id = 0;
-  uint8_t flags = 0;  // kInfoHashKnown | kInfoSending
+  uint8_t flags = 0;  // kInfoHashKnown | kInfoSending | kInfoHead
   uint64_t xxh3 = 0;  // 0 unless kInfoHashKnown
   bool hash_known() const { return flags & kInfoHashKnown; }
   bool sending() const { return flags & kInfoSending; }
+  bool head() const { return flags & kInfoHead; }
 };
 struct HashMsg {
   uint64_t transfer_id = 0;
@@ -70,12 +77,13 @@ std::string EncodeGet(const GetRequest& get);
 // its bounds or a have_size past kMaxChunks; kInvalidArgument for an empty
 // name or one with NUL; kCorrupt for anything malformed (a zero transfer
 // id, a have part inconsistent with have_tag, a bitmap of the wrong length
-// or with bits past the last chunk).
+// or with bits past the last chunk, a head with have_tag set, not a chunk
+// multiple or past kMaxHeadBytes).
 Result<GetRequest> DecodeGet(std::string_view message);
 
 std::string EncodeInfo(const Info& info);
-// kCorrupt for a zero tag or transfer id, unknown flag bits, or a hash with
-// kInfoHashKnown clear.
+// kCorrupt for a zero tag or transfer id, unknown flag bits, SENDING with
+// HEAD, or a hash with kInfoHashKnown clear.
 Result<Info> DecodeInfo(std::string_view message);
 
 std::string EncodeHash(const HashMsg& hash);

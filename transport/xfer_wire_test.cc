@@ -15,7 +15,7 @@ GetRequest Fresh(uint64_t chunk_bytes, std::string name) {
 
 TEST(XferWire, GetIsLittleEndianAndRoundTrips) {
   const std::string m = EncodeGet(Fresh(65536, "a/b.bin"));
-  ASSERT_EQ(m.size(), 1u + 4 + 8 + 8 + 4 + 7 + 8 + 8 + 4);
+  ASSERT_EQ(m.size(), 1u + 4 + 8 + 8 + 4 + 7 + 8 + 8 + 4 + 8);
   EXPECT_EQ(m[0], 'G');
   EXPECT_EQ(m[1], 2);          // version, low byte first, right after the type in every version
   EXPECT_EQ(m[1 + 4 + 2], 1);  // 65536 = 0x10000: third byte
@@ -25,6 +25,12 @@ TEST(XferWire, GetIsLittleEndianAndRoundTrips) {
   EXPECT_EQ(get->transfer_id, 1u);
   EXPECT_EQ(get->name, "a/b.bin");
   EXPECT_EQ(get->have_tag, 0u);
+  EXPECT_EQ(get->head_bytes, 0u);
+  GetRequest head = Fresh(65536, "f");
+  head.head_bytes = 64 << 20;
+  auto with_head = DecodeGet(EncodeGet(head));
+  ASSERT_TRUE(with_head.ok()) << with_head.status().ToString();
+  EXPECT_EQ(with_head->head_bytes, uint64_t{64} << 20);
 
   // A resuming GET: 10 chunks of 4 KiB, chunks 0, 2 and 9 present.
   const GetRequest resume{4096, 7, "f", 10 * 4096 - 5, 0xfeed, std::string("\x05\x02", 2)};
@@ -66,6 +72,14 @@ TEST(XferWire, GetRejections) {
             Code::kCorrupt);  // chunk 3 of 3
   EXPECT_TRUE(DecodeGet(EncodeGet({4096, 1, "f", 4096 * 3, 9, "\x07"})).ok());
   EXPECT_TRUE(DecodeGet(EncodeGet({4096, 1, "f", 0, 9, ""})).ok());  // an empty file held
+  // A head window: only for a fresh copy, whole chunks, bounded.
+  EXPECT_TRUE(DecodeGet(EncodeGet({4096, 1, "f", 0, 0, "", 8192})).ok());
+  EXPECT_TRUE(DecodeGet(EncodeGet({4096, 1, "f", 0, 0, "", kMaxHeadBytes})).ok());
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 0, 0, "", 8191})).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 0, 0, "", kMaxHeadBytes + 4096})).status().code(),
+            Code::kCorrupt);
+  EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", 4096, 9, "\x01", 4096})).status().code(),
+            Code::kCorrupt);
   // A claimed size past the chunk bound is refused before the bitmap is looked at.
   EXPECT_EQ(DecodeGet(EncodeGet({4096, 1, "f", kMaxChunks * 4096 + 1, 9, ""})).status().code(),
             Code::kOutOfRange);
@@ -92,7 +106,12 @@ TEST(XferWire, InfoRoundTripsAndRefusesWhatItMayNotSay) {
   EXPECT_EQ(EncodeInfo({1, 2, 3, 0, 0}).size(), 1u + 8 + 8 + 8 + 1 + 8);
   EXPECT_EQ(DecodeInfo(EncodeInfo({1, 0, 3, 0, 0})).status().code(), Code::kCorrupt);  // no tag
   EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 0, 0, 0})).status().code(), Code::kCorrupt);  // no id
-  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 4, 0})).status().code(), Code::kCorrupt);  // flag bit 2
+  auto head = DecodeInfo(EncodeInfo({1, 2, 3, kInfoHead, 0}));
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_TRUE(head->head());
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 8, 0})).status().code(), Code::kCorrupt);  // flag bit 3
+  EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, kInfoSending | kInfoHead, 0})).status().code(),
+            Code::kCorrupt);
   EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 0x80, 0})).status().code(), Code::kCorrupt);
   EXPECT_EQ(DecodeInfo(EncodeInfo({1, 2, 3, 0, 5})).status().code(), Code::kCorrupt);  // unflagged hash
   const std::string good = EncodeInfo({1, 2, 3, 1, 4});

@@ -70,6 +70,12 @@ struct FetchOptions {
   uint64_t stall_timeout_ms = 60000;  // no chunk landing for this long: reconnect
   RetryPolicy retry;                  // reconnects after a broken connection
   bool resume = true;                 // use and keep LOCAL.tern-part.state
+  // A fresh fetch opens a window over this much of the start of its partial
+  // file before it knows the size, so the server sends those chunks with
+  // INFO instead of after a WANT round trip (0: off). Rounded down to whole
+  // chunks, at least one, at most 1 GiB. SHOULD cover the bandwidth-delay
+  // product: the rest starts a round trip later.
+  uint64_t head_bytes = 64ull << 20;
   std::function<void(const FetchProgress&)> on_progress;  // about every 250 ms
 };
 
