@@ -369,8 +369,9 @@ class Fetch {
   void LoadResume() {
     auto st = LoadState(state_path_);
     if (!st.ok() || st->chunk_bytes != o_.chunk_bytes || ::access(part_.c_str(), F_OK) != 0) return;
+    if (!Map(st->size_bytes, st->tag).ok()) return;
     std::lock_guard<std::mutex> lock(mu_);
-    if (!MapLocked(st->size_bytes, st->tag).ok() || !map_.SetBits(st->bitmap).ok()) {
+    if (!map_.SetBits(st->bitmap).ok()) {
       UnmapLocked();
       return;
     }
@@ -382,9 +383,11 @@ class Fetch {
   // Starts version (size, tag) from zero: a copy of another version is
   // worthless, and its state goes with it.
   Status Prepare(uint64_t size, uint64_t tag) {
-    std::lock_guard<std::mutex> lock(mu_);
-    DiscardLocked();
-    return MapLocked(size, tag);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      DiscardLocked();
+    }
+    return Map(size, tag);
   }
 
   void DiscardLocked() {
@@ -395,24 +398,46 @@ class Fetch {
     result_.resumed_bytes = 0;
   }
 
-  // Maps the partial file at `size` bytes with an empty chunk map.
-  Status MapLocked(uint64_t size, uint64_t tag) {
-    UnmapLocked();
-    size_ = size;
-    tag_ = tag;
-    TERN_ASSIGN_OR_RETURN(map_, ChunkMap::Make(size, o_.chunk_bytes));
-    fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return TERN_ERRNO("open ", part_);
+  // Maps the partial file at `size` bytes with an empty chunk map. Sizing,
+  // reserving (seconds for a large file on tmpfs, which zeroes its pages)
+  // and mapping happen without mu_, so chunks keep landing in an open head
+  // window meanwhile; only this thread maps and unmaps.
+  Status Map(uint64_t size, uint64_t tag) {
+    Unmap();
+    struct Pending {  // released into the members on success
+      explicit Pending(Transport& transport) : t(transport) {}
+      Transport& t;
+      int fd = -1;
+      void* base = nullptr;
+      uint64_t size = 0;
+      MemoryRegion region;
+      ~Pending() {
+        if (region.handle != 0) t.DeregisterMemory(region).IgnoreError();
+        if (base != nullptr) ::munmap(base, size);
+        if (fd >= 0) ::close(fd);
+      }
+    } m{t_};
+    m.size = size;
+    TERN_ASSIGN_OR_RETURN(ChunkMap map, ChunkMap::Make(size, o_.chunk_bytes));
+    m.fd = ::open(part_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (m.fd < 0) return TERN_ERRNO("open ", part_);
     // Never below an open head window (Finish cuts the file to size).
     const uint64_t file_bytes = std::max(size, head_bytes_);
-    if (::ftruncate(fd_, static_cast<off_t>(file_bytes)) != 0) return TERN_ERRNO("resize ", part_);
-    TERN_RETURN_IF_ERROR(Reserve(fd_, file_bytes));
+    if (::ftruncate(m.fd, static_cast<off_t>(file_bytes)) != 0) return TERN_ERRNO("resize ", part_);
+    TERN_RETURN_IF_ERROR(Reserve(m.fd, file_bytes));
     if (size > 0) {
-      void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+      void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
       if (base == MAP_FAILED) return TERN_ERRNO("mmap ", part_);
-      base_ = base;
-      TERN_ASSIGN_OR_RETURN(region_, t_.RegisterMemory(base_, size, MemoryKind::kHost));
+      m.base = base;
+      TERN_ASSIGN_OR_RETURN(m.region, t_.RegisterMemory(m.base, size, MemoryKind::kHost));
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    fd_ = std::exchange(m.fd, -1);
+    base_ = std::exchange(m.base, nullptr);
+    region_ = std::exchange(m.region, MemoryRegion{});
+    size_ = size;
+    tag_ = tag;
+    map_ = std::move(map);
     mapped_ = true;
     // What landed in the head window before the size was known.
     for (const auto& [offset, length] : pending_) MarkLocked(offset, length);
