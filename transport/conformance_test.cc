@@ -635,6 +635,64 @@ TEST_P(Conformance, FileFetchHashMismatchRefusesToRename) {
   EXPECT_FALSE(std::filesystem::exists(f->Out("m.bin.tern-part.state")));
 }
 
+TEST_P(Conformance, FileFetchRefusesAServerBreakingTheProtocol) {
+  // The fixture's sink plays a hostile server; each case must end the fetch
+  // with kProtocol (not retried) and expose nothing.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tern-conf-hostile-" + GetParam().name + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  size_t seen = 0;  // sink messages consumed so far
+  auto next = [&](char type) -> std::string {
+    std::string m;
+    EXPECT_TRUE(sink_.WaitFor([&] { return sink_.messages.size() > seen; })) << "no '" << type << "'";
+    std::lock_guard<std::mutex> lock(sink_.mu);
+    if (sink_.messages.size() > seen) m = sink_.messages[seen++];
+    EXPECT_EQ(xfer::TypeOf(m), type);
+    return m;
+  };
+  const uint64_t size = 3 * 4096 + 1;
+  auto run_case = [&](size_t conn_index, const std::function<void(Connection&, uint64_t)>& serve) {
+    FetchOptions fo;
+    fo.chunk_bytes = 4096;
+    fo.head_bytes = 0;
+    fo.stall_timeout_ms = 2000;
+    fo.retry = RetryPolicy{3, 10, 10};
+    const std::string out = (dir / ("h" + std::to_string(conn_index))).string();
+    auto fetch = std::async(std::launch::async, [&] {
+      return FetchFile(*pair_.client, listener_->address(), "w.bin", out, fo);
+    });
+    auto get = xfer::DecodeGet(next(xfer::kGet));
+    auto accepted = Accepted(conn_index);
+    if (get.ok() && accepted) serve(*accepted, get->transfer_id);
+    auto r = fetch.get();
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kProtocol) << r.status().ToString();
+    EXPECT_FALSE(std::filesystem::exists(out));
+  };
+  // Resume-style sending for a version the client never named.
+  run_case(0, [&](Connection& c, uint64_t id) {
+    c.SendMessage(xfer::EncodeInfo({size, 5, id, xfer::kInfoSending, 0}), nullptr);
+  });
+  // The whole-file hash twice.
+  run_case(1, [&](Connection& c, uint64_t id) {
+    c.SendMessage(xfer::EncodeInfo({size, 5, id, 0, 0}), nullptr);
+    next(xfer::kWant);
+    c.SendMessage(xfer::EncodeHash({id, 1}), nullptr);
+    c.SendMessage(xfer::EncodeHash({id, 1}), nullptr);
+  });
+  // INFO for another transfer than the GET's.
+  run_case(2, [&](Connection& c, uint64_t id) {
+    c.SendMessage(xfer::EncodeInfo({size, 5, id + 1, 0, 0}), nullptr);
+  });
+  // DONE with every chunk missing.
+  run_case(3, [&](Connection& c, uint64_t id) {
+    c.SendMessage(xfer::EncodeInfo({size, 5, id, xfer::kInfoHashKnown, 7}), nullptr);
+    next(xfer::kWant);
+    c.SendMessage(xfer::EncodeStatus(xfer::kDone, Status::Ok()), nullptr);
+  });
+  std::filesystem::remove_all(dir);
+}
+
 TEST_P(Conformance, FileFetchRefusesAnotherXferVersionClearly) {
   // A version 2 server answers a version 1 GET with ERROR 14 naming both.
   listener_->Close();
