@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -126,6 +127,12 @@ Status Get(int argc, char** argv) {
   TERN_ASSIGN_OR_RETURN(uint64_t retries, f.GetU64("retries"));
   fo.retry.attempts = static_cast<uint32_t>(std::min<uint64_t>(retries + 1, 1000));
   fo.resume = !f.Switch("no-resume");
+  // The head window should cover the bandwidth-delay product (the rest
+  // starts a round trip later); twice it when the link is described.
+  if (o.rate_bps_hint > 0 && o.rtt_us_hint > 0) {
+    const uint64_t bdp_bytes = o.rate_bps_hint / 8 * o.rtt_us_hint / 1000000;
+    fo.head_bytes = std::clamp<uint64_t>(2 * bdp_bytes, fo.head_bytes, uint64_t{1} << 30);
+  }
   const bool tty = ::isatty(2);
   double last_print = -10;
   if (!f.Switch("quiet")) {
