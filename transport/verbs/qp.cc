@@ -80,7 +80,7 @@ Result<LinkState> Step(LinkState s, LinkEvent e) {
   } else if (e == E::kDrained) {
     if (s == S::kDraining || s == S::kError) return S::kClosed;
   } else if (e == E::kBye) {
-    if (s == S::kOpen || s == S::kDraining) return S::kDraining;
+    if (s == S::kReadyToSend || s == S::kOpen || s == S::kDraining) return S::kDraining;
   } else {
     struct Edge {
       S from;

@@ -7,7 +7,8 @@
 //         -> kReadyToReceive (peer's endpoint received, QP at RTR)
 //         -> kReadyToSend (QP at RTS)
 //         -> kOpen (the dialler's ready crossed the side channel)
-//         -> kDraining (bye sent or received; sends refused, acks still land)
+//         -> kDraining (bye sent or received, also from kReadyToSend when a
+//                       connection is closed inside on_accept/ConnectDone)
 //         -> kClosed
 // Any state may fail into kError, which only moves on to kClosed.
 #pragma once

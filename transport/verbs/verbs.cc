@@ -20,6 +20,9 @@ namespace verbs {
 using transport_internal::Printable;
 
 struct ListenState {
+  ~ListenState() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
   std::atomic<bool> closed{false};
   AcceptHandler on_accept;
   int fd = -1;
@@ -109,6 +112,7 @@ Status VerbsTransport::Init() {
       ethernet_ = attr.link_layer == IBV_LINK_LAYER_ETHERNET;
       lid_ = attr.lid;
       mtu_bytes_ = MtuBytes(attr.active_mtu);
+      if (attr.max_msg_sz != 0) max_msg_bytes_ = attr.max_msg_sz;
       rd_atomic_ = static_cast<uint8_t>(
           std::clamp<int>(std::min(dev.max_qp_init_rd_atom, dev.max_qp_rd_atom), 1, 16));
       if (ethernet_) {
@@ -139,7 +143,7 @@ VerbsTransport::~VerbsTransport() {
   {
     std::lock_guard<std::mutex> lock(listen_mu_);
     for (auto& l : listens_) {
-      l->closed = true;
+      if (l->closed.exchange(true)) continue;
       const uint64_t one = 1;
       (void)!::write(l->wake_fd, &one, sizeof one);
     }
@@ -221,7 +225,7 @@ bool VerbsTransport::AdmitConnection() {
 void VerbsTransport::ConnectionGone() { connections_.fetch_sub(1); }
 
 void VerbsTransport::Run() {
-  thread_id_ = std::this_thread::get_id();
+  thread_id_.store(std::this_thread::get_id());
   std::vector<pollfd> fds;
   std::vector<VerbsConn*> owners;  // per fds entry after the first
   for (;;) {
@@ -256,8 +260,16 @@ void VerbsTransport::Run() {
         owners.push_back(c.get());
       }
     }
+    bool backlog = false;
+    for (auto& c : conns_) backlog |= c->backlog();
     // 20 ms: the pace of deadline checks (ops, byes, flushes).
-    if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+    const int ready = ::poll(fds.data(), fds.size(), backlog ? 0 : 20);
+    if (backlog) {
+      for (auto& c : conns_) {
+        if (c->backlog()) c->DrainCq();
+      }
+    }
+    if (ready <= 0) continue;
     if (fds[0].revents != 0) {
       uint64_t n;
       (void)!::read(wake_fd_, &n, sizeof n);
@@ -271,7 +283,7 @@ void VerbsTransport::Run() {
       }
     }
   }
-  thread_id_ = {};
+  thread_id_.store({});
 }
 
 Result<std::unique_ptr<Listener>> VerbsTransport::Listen(const std::string& address,
@@ -311,8 +323,7 @@ void VerbsTransport::AcceptLoop(std::shared_ptr<ListenState> state) {
     }
     threads_.Spawn([this, state, fd] { ServeHandshake(state, fd); });
   }
-  ::close(state->fd);
-  ::close(state->wake_fd);
+  ::close(state->fd);  // the port is free once Close returns; wake_fd lives with the state
   std::lock_guard<std::mutex> lock(state->mu);
   state->loop_done = true;
   state->cv.notify_all();

@@ -104,6 +104,7 @@ Status VerbsConn::Create() {
   local_.ethernet = t_->ethernet();
   std::memcpy(local_.gid, t_->gid(), 16);
   local_.credits = recv_count_;
+  local_.rd_atomic = t_->rd_atomic();
   return Status::Ok();
 }
 
@@ -112,7 +113,8 @@ Status VerbsConn::BringUp(const QpEndpoint& remote) {
   TERN_ASSIGN_OR_RETURN(QpTransition rtr, ReadyToReceiveTransition(local_, remote, t_->rd_atomic()));
   int rc = api.modify_qp(qp_, &rtr.attr, rtr.mask);
   TERN_REQUIRE(rc == 0, kUnavailable, "verbs: queue pair to RTR towards ", peer_, ": ", std::strerror(rc));
-  QpTransition rts = ReadyToSendTransition(local_, t_->rd_atomic());
+  // Never more reads in flight than the peer accepts (two different NICs).
+  QpTransition rts = ReadyToSendTransition(local_, std::min(t_->rd_atomic(), remote.rd_atomic));
   rc = api.modify_qp(qp_, &rts.attr, rts.mask);
   TERN_REQUIRE(rc == 0, kUnavailable, "verbs: queue pair to RTS towards ", peer_, ": ", std::strerror(rc));
   std::lock_guard<std::mutex> lock(mu_);
@@ -141,7 +143,7 @@ Status VerbsConn::AdmitLocked() {
   return Status::Ok();
 }
 
-void VerbsConn::RepostReceiveLocked(uint64_t index) {
+bool VerbsConn::RepostReceiveLocked(uint64_t index) {
   ibv_sge sge{reinterpret_cast<uint64_t>(RecvBuffer(index)), static_cast<uint32_t>(kControlBufferBytes),
               buffers_mr_->lkey};
   ibv_recv_wr wr{};
@@ -149,13 +151,9 @@ void VerbsConn::RepostReceiveLocked(uint64_t index) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  if (ibv_post_recv(qp_, &wr, &bad) == 0) {
-    ++recv_posted_;
-  } else {
-    // The queue pair is broken (ERR) or we miscounted; the connection
-    // fails through the error completion or its deadlines.
-    t_->Log("verbs: re-posting a receive to " + peer_ + " failed");
-  }
+  if (ibv_post_recv(qp_, &wr, &bad) != 0) return false;
+  ++recv_posted_;
+  return true;
 }
 
 void VerbsConn::SendMessage(std::string payload, Completion done) {
@@ -170,6 +168,7 @@ void VerbsConn::SendMessage(std::string payload, Completion done) {
     return Complete(done, std::move(st));
   }
   Outgoing o;
+  o.queued_us = t_->NowUs();
   o.message = true;
   o.header.type = ControlType::kMessage;
   o.header.a[0] = next_message_seq_++;
@@ -202,8 +201,9 @@ void VerbsConn::SendChunk(const ChunkSend& chunk, Completion done) {
     return Complete(done, std::move(st));
   }
   const uint64_t op = next_op_++;
-  pending_[op] = PendingOp{std::move(done), t_->NowUs() + t_->options().op_timeout_ms * 1000};
+  pending_[op] = PendingOp{std::move(done), t_->NowUs() + t_->options().op_timeout_ms * 1000, true};
   Outgoing o;
+  o.queued_us = t_->NowUs();
   o.header.type = ControlType::kChunk;
   o.header.rkey = mem->rkey;
   o.header.a[0] = op;
@@ -274,8 +274,9 @@ void VerbsConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_
     st = TERN_ERROR(kOutOfRange, "verbs: write [", dst_offset, ", +", length,
                     ") outside the exported region of ", key.size_bytes, " bytes");
   }
-  if (st.ok() && length > 0xffffffffu) {
-    st = TERN_ERROR(kInvalidArgument, "verbs: one write moves at most 4 GiB - 1");
+  if (st.ok() && length > t_->max_message_bytes()) {
+    st = TERN_ERROR(kInvalidArgument, "verbs: one write moves at most ", t_->max_message_bytes(),
+                    " bytes (the port's max_msg_sz)");
   }
   auto mem = st.ok() ? t_->Lookup(src) : Result<VerbsTransport::LocalMemory>(st);
   if (!mem.ok()) return Complete(done, mem.status());
@@ -293,7 +294,9 @@ void VerbsConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_
 }
 
 void VerbsConn::QueueAckLocked(uint64_t op, const Status& status) {
+  if (closed_) return;  // the peer fails the op when the link ends
   Outgoing o;
+  o.queued_us = t_->NowUs();
   o.header.type = ControlType::kAck;
   o.header.a[0] = op;
   o.header.a[1] = static_cast<uint64_t>(status.code());
@@ -343,8 +346,9 @@ void VerbsConn::PumpLocked() {
   if (qp_gone_) return;
   Status failed;
   // Credits go back on their own once half the receives wait to be
-  // reported (else they ride on the next header). One credit is kept for
-  // them: ordinary sends need two, so a credit return can always go out.
+  // reported (else they ride on the next header). Credits are kept in
+  // reserve: ordinary sends need three, a credit return two and the bye one,
+  // so a credit return and then the bye can always go out.
   if (!closed_ && owed_credits_ >= recv_count_ / 2 && !credit_queued_) {
     Outgoing o;
     o.header.type = ControlType::kCredit;
@@ -353,8 +357,8 @@ void VerbsConn::PumpLocked() {
   }
   while (!outbox_.empty() && failed.ok()) {
     Outgoing& o = outbox_.front();
-    const bool lean = o.header.type == ControlType::kCredit || o.header.type == ControlType::kBye;
-    if (send_credits_ < (lean ? 1u : 2u) || free_send_.empty() || sq_free_ == 0) break;
+    const uint32_t need = o.header.type == ControlType::kBye ? 1u : o.header.type == ControlType::kCredit ? 2u : 3u;
+    if (send_credits_ < need || free_send_.empty() || sq_free_ == 0) break;
     bool finished = false;
     failed = PostControlLocked(o, &finished);
     if (failed.ok() && finished) outbox_.pop_front();
@@ -425,6 +429,23 @@ void VerbsConn::FinishOpLocked(uint64_t op, Status status, Deferred* deferred) {
 
 int VerbsConn::channel_fd() const { return channel_ != nullptr ? channel_->fd : -1; }
 
+void VerbsConn::SetHandlers(ConnectionHandlers handlers) {
+  std::function<void(Status)> closed;
+  Status why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handlers_ = std::move(handlers);
+    handlers_set_ = true;
+    // Closed inside on_accept, before we had its handlers: tell them now.
+    if (closed_unannounced_) {
+      closed_unannounced_ = false;
+      closed = std::move(handlers_.on_closed);
+      why = closed_why_;
+    }
+  }
+  if (closed) closed(why);
+}
+
 void VerbsConn::Open() {
   if (shut_ || cq_ == nullptr) return;
   {
@@ -447,15 +468,26 @@ void VerbsConn::OnChannelReadable() {
 }
 
 void VerbsConn::DrainCq() {
-  ibv_wc wcs[32];
+  // Bounded per call, so one busy connection cannot keep the progress
+  // thread from commands, deadlines and other connections; the rest is
+  // drained on the next turn (backlog()).
+  constexpr int kBatch = 32, kMaxPerCall = 256;
+  ibv_wc wcs[kBatch];
+  int handled = 0;
+  backlog_ = false;
   while (cq_ != nullptr) {
-    const int n = ibv_poll_cq(cq_, 32, wcs);
+    if (handled >= kMaxPerCall) {
+      backlog_ = true;
+      return;
+    }
+    const int n = ibv_poll_cq(cq_, kBatch, wcs);
     if (n < 0) {
       Shutdown(TERN_ERROR(kUnavailable, "verbs: polling the completion queue of ", peer_, " failed"),
                Code::kUnavailable, false);
       break;
     }
     if (n == 0) break;
+    handled += n;
     for (int i = 0; i < n && cq_ != nullptr; ++i) {
       Deferred deferred;
       OnCompletion(wcs[i], &deferred);
@@ -500,6 +532,7 @@ void VerbsConn::OnCompletion(const ibv_wc& wc, Deferred* deferred) {
         if (done) deferred->push_back([done = std::move(done)] { done(Status::Ok()); });
       }
       PumpLocked();
+      TryPostByeLocked();
       break;
     }
     case WrKind::kRead:
@@ -583,19 +616,28 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
           }
           break;
         }
-        case ControlType::kAck:
+        case ControlType::kAck: {
+          auto op = pending_.find(h.a[0]);
+          if (op != pending_.end() && !op->second.ackable) {
+            st = TERN_ERROR(kProtocol, "verbs: ", peer_, " acknowledged op ", h.a[0], ", which is not a chunk");
+            break;
+          }
           FinishOpLocked(h.a[0], tcp::StatusFromWireCode(h.a[1], Printable(payload)), deferred);
           break;
+        }
         case ControlType::kMessage:
         case ControlType::kCredit:
         case ControlType::kBye:
           break;
       }
-      if (!bye_seen_) {
-        RepostReceiveLocked(index);
-        ++owed_credits_;
+      if (st.ok() && !bye_seen_) {
+        if (RepostReceiveLocked(index)) {
+          ++owed_credits_;
+        } else {
+          st = TERN_ERROR(kUnavailable, "verbs: re-posting a receive for ", peer_, " failed");
+        }
       }
-      PumpLocked();
+      if (st.ok()) PumpLocked();
     }
   }
   if (!st.ok()) {
@@ -668,6 +710,10 @@ void VerbsConn::CheckDeadlines(uint64_t now_us) {
     if (cq_ == nullptr) return;
     if (bye_wait_ && now_us >= drain_deadline_us_) {
       bye_wait_ = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        bye_pending_ = false;
+      }
       MoveToError();
     }
     if (flushing_ && now_us >= drain_deadline_us_) {
@@ -678,21 +724,44 @@ void VerbsConn::CheckDeadlines(uint64_t now_us) {
     return;
   }
   if (eof_deadline_us_ != 0 && now_us >= eof_deadline_us_) {
+    DrainCq();  // a bye already in the queue makes this a clean close
+    if (shut_ || cq_ == nullptr) return;
     return Shutdown(TERN_ERROR(kUnavailable, "verbs: ", peer_, " closed its side channel without a bye"),
                     Code::kUnavailable, false);
   }
   if (now_us < next_deadline_check_us_) return;
   next_deadline_check_us_ = now_us + kDeadlineScanUs;
-  bool expired = false;
+  const uint64_t timeout_us = t_->options().op_timeout_ms * 1000;
+  bool expired = false, starved = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [op, p] : pending_) expired |= now_us >= p.deadline_us;
+    // Control that cannot leave (no credits: the peer stopped taking
+    // receives) ends the link too, messages included.
+    starved = !outbox_.empty() && now_us - std::min(now_us, outbox_.front().queued_us) > timeout_us;
   }
-  if (expired) {
-    Shutdown(TERN_ERROR(kTimeout, "verbs: ", peer_, " did not acknowledge within ",
+  if (expired || starved) {
+    Shutdown(TERN_ERROR(kTimeout, "verbs: ", peer_,
+                        expired ? " did not acknowledge within " : " took no control message within ",
                         t_->options().op_timeout_ms, " ms"),
              Code::kTimeout, false);
   }
+}
+
+void VerbsConn::FailOutboxLocked() {
+  for (auto& o : outbox_) {
+    if (o.message) unsent_.push_back(std::move(o.done));
+  }
+  outbox_.clear();
+}
+
+void VerbsConn::TryPostByeLocked() {
+  if (!bye_pending_ || send_credits_ < 1 || free_send_.empty() || sq_free_ == 0) return;
+  bye_pending_ = false;
+  Outgoing o;
+  o.header.type = ControlType::kBye;
+  bool finished = false;
+  if (!PostControlLocked(o, &finished).ok()) bye_wait_ = false;  // broken: straight to ERR
 }
 
 void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
@@ -702,7 +771,7 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
   pending_code_ = pending_code;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool open = link_ == LinkState::kOpen;
+    const bool up = link_ == LinkState::kOpen || link_ == LinkState::kReadyToSend;
     auto next = Step(link_, why_.ok() ? LinkEvent::kBye : LinkEvent::kFailure);
     if (next.ok()) link_ = *next;
     closed_ = true;
@@ -717,18 +786,14 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
     }
     read_queue_.clear();
     cv_.notify_all();
-    for (auto& o : outbox_) {
-      if (o.message) unsent_.push_back(std::move(o.done));
-    }
-    outbox_.clear();
-    if (bye && open && !bye_seen_ && send_credits_ >= 1 && !free_send_.empty() && sq_free_ > 0) {
-      Outgoing o;
-      o.header.type = ControlType::kBye;
-      bool finished = false;
-      if (PostControlLocked(o, &finished).ok()) {
-        bye_wait_ = true;
-        drain_deadline_us_ = t_->NowUs() + kByeWaitUs;
-      }
+    FailOutboxLocked();
+    if (bye && up && !bye_seen_) {
+      // The bye waits (bounded) for a send buffer and queue slot if none is
+      // free; a credit is always kept for it.
+      bye_pending_ = true;
+      bye_wait_ = true;
+      drain_deadline_us_ = t_->NowUs() + kByeWaitUs;
+      TryPostByeLocked();
     }
   }
   if (!bye_wait_) MoveToError();
@@ -779,6 +844,8 @@ void VerbsConn::DestroyResources() {
 }
 
 void VerbsConn::Release() {
+  if (release_started_) return;
+  release_started_ = true;
   {
     // No thread posts to the queue pair from here on (PumpLocked checks).
     std::lock_guard<std::mutex> lock(mu_);
@@ -787,10 +854,9 @@ void VerbsConn::Release() {
   DestroyResources();
   std::vector<Completion> fail = std::move(unsent_);
   unsent_.clear();
+  std::function<void(Status)> closed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (released_) return;
-    released_ = true;
     link_ = LinkState::kClosed;
     for (auto& [op, p] : pending_) fail.push_back(std::move(p.done));
     pending_.clear();
@@ -801,22 +867,33 @@ void VerbsConn::Release() {
     landing_generations_.clear();
     windows_.clear();
     in_flight_ = 0;
-    cv_.notify_all();
+    cv_.notify_all();  // CancelReceive: nothing writes a window any more
+    closed_why_ = why_;
+    if (handlers_set_) {
+      closed = std::move(handlers_.on_closed);
+    } else {
+      closed_unannounced_ = true;  // SetHandlers reports it
+    }
   }
   const Status failed(pending_code_, why_.ok() ? "verbs: connection to " + peer_ + " closed"
                                                : why_.message());
   for (auto& done : fail) Complete(done, failed);
-  if (handlers_.on_closed) handlers_.on_closed(why_);
+  if (closed) closed(why_);
+  // Only now: Close() returns once every completion and on_closed ran.
+  std::lock_guard<std::mutex> lock(mu_);
+  released_ = true;
+  cv_.notify_all();
 }
 
 void VerbsConn::Abandon() {
-  if (released_) return;
+  if (release_started_) return;
   if (!shut_) {
     shut_ = true;
     why_ = TERN_ERROR(kCancelled, "verbs: transport destroyed");
     pending_code_ = Code::kCancelled;
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
+    FailOutboxLocked();
   }
   Release();
 }

@@ -53,7 +53,9 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   QpEndpoint LocalEndpoint() const { return local_; }
   // INIT -> RTR -> RTS towards the peer's endpoint.
   Status BringUp(const QpEndpoint& remote);
-  void SetHandlers(ConnectionHandlers handlers) { handlers_ = std::move(handlers); }
+  // Any time: the listener sets them after on_accept returned, while the
+  // connection may already be closing (then on_closed fires from here).
+  void SetHandlers(ConnectionHandlers handlers);
   // The side channel's socket, kept open for the connection's life.
   void AdoptSide(std::unique_ptr<tcp::Pipe> side) { side_ = std::move(side); }
   int side_fd() const { return side_ ? side_->fd() : -1; }
@@ -79,6 +81,11 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   int channel_fd() const;
   // The completion channel is readable: take its events, re-arm, drain.
   void OnChannelReadable();
+  // Polls the CQ (at most a bounded number of completions), handling each;
+  // then releases the connection if it is shut down and flushed.
+  void DrainCq();
+  // Completions were left in the CQ by the bound: drain again soon.
+  bool backlog() const { return backlog_; }
   // The side channel is readable: a peer leaving (EOF) or talking out of
   // turn (a protocol error).
   void OnSideReadable();
@@ -103,6 +110,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
     uint64_t offset = 0;
     bool message = false;
     Completion done;  // a message's, fired when its last fragment was sent
+    uint64_t queued_us = 0;
   };
   struct Window {
     uint8_t* base = nullptr;
@@ -123,6 +131,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   struct PendingOp {
     Completion done;
     uint64_t deadline_us = 0;
+    bool ackable = false;  // a chunk (the peer acks it), not a Write
   };
   struct PendingWrite {
     uint64_t op = 0;
@@ -138,10 +147,9 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   void PumpLocked();
   Status PostControlLocked(Outgoing& out, bool* finished);
   void QueueAckLocked(uint64_t op, const Status& status);
-  void RepostReceiveLocked(uint64_t index);
-  // Polls the CQ empty, handling each completion; then releases the
-  // connection if it is shut down and flushed.
-  void DrainCq();
+  bool RepostReceiveLocked(uint64_t index);
+  void FailOutboxLocked();
+  void TryPostByeLocked();
   void OnCompletion(const ibv_wc& wc, Deferred* deferred);
   void OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred);
   void OnReadDone(uint64_t id, bool ok, Deferred* deferred);
@@ -181,6 +189,8 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   uint64_t drain_deadline_us_ = 0;  // Shutdown: bye send / flush bound
   bool bye_wait_ = false;           // Shutdown waits for our bye's send completion
   bool flushing_ = false;           // the QP is in ERR; waiting for the flush
+  bool release_started_ = false;
+  bool backlog_ = false;
   std::vector<Completion> unsent_;  // messages that never left, failed on release
   Status why_;
   Code pending_code_ = Code::kCancelled;
@@ -194,6 +204,10 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   bool qp_gone_ = false;   // Release began: nothing is posted any more
   bool released_ = false;  // resources gone, completions fired
   int64_t bye_slot_ = -1;  // the send buffer carrying our bye
+  bool bye_pending_ = false;  // Shutdown wants a bye out; waiting for a slot
+  bool handlers_set_ = false;
+  bool closed_unannounced_ = false;  // released before SetHandlers
+  Status closed_why_;
   uint32_t send_credits_ = 0;  // receives the peer has posted for us
   uint32_t owed_credits_ = 0;  // receives we re-posted and have not reported
   bool credit_queued_ = false;
@@ -246,10 +260,11 @@ class VerbsTransport final : public Transport {
   uint32_t mtu_bytes() const { return mtu_bytes_; }
   const uint8_t* gid() const { return gid_; }
   uint8_t rd_atomic() const { return rd_atomic_; }
+  uint64_t max_message_bytes() const { return max_msg_bytes_; }
   const std::string& device_name() const { return device_name_; }
   uint64_t NowUs() const { return clock_.NowUs(); }
   void Log(std::string_view line) const { transport_internal::LogLine(options_.log, line); }
-  bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_; }
+  bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_.load(); }
 
   struct LocalMemory {
     uint8_t* base;
@@ -294,6 +309,7 @@ class VerbsTransport final : public Transport {
   uint32_t mtu_bytes_ = 4096;
   uint8_t gid_[16] = {};
   uint8_t rd_atomic_ = 1;
+  uint64_t max_msg_bytes_ = uint64_t{1} << 30;
 
   mutable std::mutex reg_mu_;
   std::map<uint64_t, Registration> registrations_;
@@ -314,7 +330,7 @@ class VerbsTransport final : public Transport {
 
   transport_internal::ThreadTracker threads_;  // accept and handshake threads
   std::thread thread_;
-  std::thread::id thread_id_;
+  std::atomic<std::thread::id> thread_id_;
 };
 
 }  // namespace tern::verbs

@@ -76,6 +76,7 @@ TEST(VerbsWire, EndpointRoundTrip) {
   ep.ethernet = true;
   for (int i = 0; i < 16; ++i) ep.gid[i] = static_cast<uint8_t>(i * 17);
   ep.credits = 512;
+  ep.rd_atomic = 16;
   const std::string bytes = EncodeEndpoint(ep);
   ASSERT_EQ(bytes.size(), kEndpointBytes);
   QpEndpoint out;
@@ -88,13 +89,14 @@ TEST(VerbsWire, EndpointRoundTrip) {
   EXPECT_TRUE(out.ethernet);
   EXPECT_EQ(std::memcmp(out.gid, ep.gid, 16), 0);
   EXPECT_EQ(out.credits, 512u);
+  EXPECT_EQ(out.rd_atomic, 16);
 }
 
 TEST(VerbsWire, EndpointRejectsWhatAPeerCanGetWrong) {
   QpEndpoint good;
   good.qpn = 7;
   good.lid = 3;
-  good.credits = 1;
+  good.credits = kMinCredits;
   QpEndpoint out;
   ASSERT_TRUE(DecodeEndpoint(EncodeEndpoint(good), &out).ok());
   auto bad = [&](auto mutate) {
@@ -107,7 +109,8 @@ TEST(VerbsWire, EndpointRejectsWhatAPeerCanGetWrong) {
   EXPECT_EQ(bad([](QpEndpoint& e) { e.psn = 1u << 24; }), Code::kProtocol);
   EXPECT_EQ(bad([](QpEndpoint& e) { e.mtu_bytes = 1500; }), Code::kProtocol);
   EXPECT_EQ(bad([](QpEndpoint& e) { e.port = 0; }), Code::kProtocol);
-  EXPECT_EQ(bad([](QpEndpoint& e) { e.credits = 0; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.credits = kMinCredits - 1; }), Code::kProtocol);
+  EXPECT_EQ(bad([](QpEndpoint& e) { e.rd_atomic = 0; }), Code::kProtocol);
   EXPECT_EQ(bad([](QpEndpoint& e) { e.credits = kMaxCredits + 1; }), Code::kProtocol);
   EXPECT_EQ(bad([](QpEndpoint& e) { e.lid = 0; }), Code::kProtocol);  // IB needs a LID
   std::string bytes = EncodeEndpoint(good);
@@ -119,6 +122,9 @@ TEST(VerbsWire, EndpointRejectsWhatAPeerCanGetWrong) {
   EXPECT_NE(st.message().find("v2"), std::string::npos);
   std::string reserved = bytes;
   reserved[45] = 1;
+  EXPECT_EQ(DecodeEndpoint(reserved, &out).code(), Code::kProtocol);
+  reserved = bytes;
+  reserved[23] = 1;
   EXPECT_EQ(DecodeEndpoint(reserved, &out).code(), Code::kProtocol);
   std::string flags = bytes;
   flags[6] = 2;
@@ -283,8 +289,8 @@ TEST(VerbsQp, TransitionsCarryThePeersAddress) {
   EXPECT_EQ(init.mask & IBV_QP_ACCESS_FLAGS, IBV_QP_ACCESS_FLAGS);
 
   QpEndpoint local, remote;
-  local.qpn = 10, local.psn = 100, local.lid = 1, local.mtu_bytes = 4096, local.credits = 1;
-  remote.qpn = 20, remote.psn = 200, remote.lid = 2, remote.mtu_bytes = 2048, remote.credits = 1;
+  local.qpn = 10, local.psn = 100, local.lid = 1, local.mtu_bytes = 4096, local.credits = 4;
+  remote.qpn = 20, remote.psn = 200, remote.lid = 2, remote.mtu_bytes = 2048, remote.credits = 4;
   auto rtr = ReadyToReceiveTransition(local, remote);
   ASSERT_TRUE(rtr.ok());
   EXPECT_EQ(rtr->attr.dest_qp_num, 20u);
@@ -321,6 +327,8 @@ TEST(VerbsQp, LinkStateMachine) {
   EXPECT_EQ(s, LinkState::kOpen);
   EXPECT_EQ(*Step(s, LinkEvent::kBye), LinkState::kDraining);
   EXPECT_EQ(*Step(LinkState::kDraining, LinkEvent::kDrained), LinkState::kClosed);
+  // A connection closed inside on_accept/ConnectDone says bye before open.
+  EXPECT_EQ(*Step(LinkState::kReadyToSend, LinkEvent::kBye), LinkState::kDraining);
   // Skipping a step, or traffic after close, is refused.
   EXPECT_EQ(Step(LinkState::kIdle, LinkEvent::kQpRts).status().code(), Code::kInternal);
   EXPECT_EQ(Step(LinkState::kInit, LinkEvent::kHelloDone).status().code(), Code::kInternal);

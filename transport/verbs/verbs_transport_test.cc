@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -217,6 +218,97 @@ TEST_F(VerbsSoft, CloseIsCleanOnBothSidesAndFailsPendingWork) {
   std::this_thread::sleep_for(50ms);
   std::lock_guard<std::mutex> lock(client_seen_.mu);
   EXPECT_EQ(client_seen_.closed.size(), 1u);  // on_closed fired once
+}
+
+// The closing side's bye must go out even when its send buffers are all
+// taken by a burst (few buffers here, many at the peer).
+TEST_F(VerbsSoft, AByeGoesOutAfterABurstOfMessages) {
+  VerbsOptions client = SoftOptions(), server = SoftOptions();
+  client.recv_buffers = 8;
+  server.recv_buffers = 128;
+  Start(server, client);
+  for (int round = 0; round < 3; ++round) {
+    auto conn = Dial();
+    ASSERT_TRUE(conn);
+    auto accepted = Accepted(round);
+    ASSERT_TRUE(accepted);
+    std::atomic<int> fired{0};
+    for (int i = 0; i < 64; ++i) conn->SendMessage(std::string(1 << 20, 'b'), [&](Status) { ++fired; });
+    conn->Close();
+    EXPECT_EQ(fired.load(), 64);  // sent or cancelled, each once, before Close returned
+    ASSERT_TRUE(server_seen_.WaitFor([&] { return server_seen_.closed.size() == size_t(round) + 1; }));
+    EXPECT_TRUE(server_seen_.closed[round].ok()) << server_seen_.closed[round].ToString();
+  }
+}
+
+TEST_F(VerbsSoft, CloseInsideOnAcceptStillReportsTheCloseOnce) {
+  Start();
+  listener_->Close();
+  std::atomic<int> server_closed{0};
+  Status server_why = TERN_ERROR(kInternal, "unset");
+  auto l = server_->Listen("127.0.0.1:0", [&](std::shared_ptr<Connection> c) {
+    c->Close();  // changed its mind
+    ConnectionHandlers h;
+    h.on_closed = [&](Status why) {
+      server_why = why;
+      ++server_closed;
+    };
+    return h;
+  });
+  ASSERT_TRUE(l.ok());
+  auto c = ConnectWait(*client_, (*l)->address(), client_seen_.Handlers(), 5000, RetryPolicy{1, 10, 10});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(client_seen_.WaitFor([&] { return !client_seen_.closed.empty(); }));
+  EXPECT_TRUE(client_seen_.closed[0].ok()) << client_seen_.closed[0].ToString();  // a bye, not a death
+  for (int i = 0; i < 100 && server_closed == 0; ++i) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(server_closed.load(), 1);
+  EXPECT_TRUE(server_why.ok()) << server_why.ToString();
+  (*l)->Close();
+}
+
+// A peer that stops taking receives (its handler blocks) starves our
+// credits: the link ends with kTimeout instead of queueing for ever.
+TEST_F(VerbsSoft, APeerThatStopsReceivingTimesOutMessages) {
+  VerbsOptions client = SoftOptions();
+  client.op_timeout_ms = 300;
+  Start(SoftOptions(), client);
+  listener_->Close();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  auto l = server_->Listen("127.0.0.1:0", [released](std::shared_ptr<Connection>) {
+    ConnectionHandlers h;
+    h.on_message = [released](std::string) { released.wait(); };
+    return h;
+  });
+  ASSERT_TRUE(l.ok());
+  auto c = ConnectWait(*client_, (*l)->address(), client_seen_.Handlers(), 5000, RetryPolicy{1, 10, 10});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::atomic<int> failed{0};
+  for (int i = 0; i < 200; ++i) {
+    (*c)->SendMessage(std::string(1000, 'm'), [&](Status st) { failed += !st.ok(); });
+  }
+  const bool closed = client_seen_.WaitFor([&] { return !client_seen_.closed.empty(); }, 5s);
+  release.set_value();
+  ASSERT_TRUE(closed);
+  EXPECT_EQ(client_seen_.closed[0].code(), Code::kTimeout) << client_seen_.closed[0].ToString();
+  EXPECT_GT(failed.load(), 0);
+  (*l)->Close();
+}
+
+TEST(VerbsTransport, DestroyingTheTransportFailsEverythingQueuedOnce) {
+  auto server = NewVerbsTransport(SoftOptions());
+  auto client = NewVerbsTransport(SoftOptions());
+  ASSERT_TRUE(server.ok() && client.ok());
+  auto l = (*server)->Listen("127.0.0.1:0", [](std::shared_ptr<Connection>) { return ConnectionHandlers{}; });
+  ASSERT_TRUE(l.ok());
+  auto c = ConnectWait(**client, (*l)->address(), {}, 5000, RetryPolicy{1, 10, 10});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::atomic<int> fired{0};
+  for (int i = 0; i < 64; ++i) (*c)->SendMessage(std::string(1 << 20, 'q'), [&](Status) { ++fired; });
+  client->reset();
+  EXPECT_EQ(fired.load(), 64);
+  (*l)->Close();
 }
 
 uint32_t LocalQpn(const Connection& c) {

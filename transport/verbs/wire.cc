@@ -28,7 +28,8 @@ std::string EncodeEndpoint(const QpEndpoint& ep) {
   Put(out, ep.mtu_bytes, 2);
   Put(out, ep.port, 1);
   Put(out, ep.gid_index, 1);
-  Put(out, 0, 2);
+  Put(out, ep.rd_atomic, 1);
+  Put(out, 0, 1);
   out.append(reinterpret_cast<const char*>(ep.gid), 16);
   Put(out, ep.credits, 4);
   Put(out, 0, 4);
@@ -44,7 +45,7 @@ Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out) {
                ", this side v", kVersion);
   const uint64_t flags = Get(bytes, 6, 2);
   TERN_REQUIRE((flags & ~uint64_t{kFlagEthernet}) == 0, kProtocol, "verbs endpoint with unknown flags");
-  TERN_REQUIRE(Get(bytes, 22, 2) == 0 && Get(bytes, 44, 4) == 0, kProtocol,
+  TERN_REQUIRE(Get(bytes, 23, 1) == 0 && Get(bytes, 44, 4) == 0, kProtocol,
                "verbs endpoint with reserved bytes set");
   out->ethernet = flags & kFlagEthernet;
   out->qpn = static_cast<uint32_t>(Get(bytes, 8, 4));
@@ -55,6 +56,8 @@ Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out) {
   out->gid_index = static_cast<uint8_t>(Get(bytes, 21, 1));
   std::memcpy(out->gid, bytes.data() + 24, 16);
   out->credits = static_cast<uint32_t>(Get(bytes, 40, 4));
+  out->rd_atomic = static_cast<uint8_t>(Get(bytes, 22, 1));
+  TERN_REQUIRE(out->rd_atomic >= 1, kProtocol, "verbs endpoint accepting no RDMA reads");
   TERN_REQUIRE(out->qpn != 0 && out->qpn < (1u << 24), kProtocol, "verbs QP number ", out->qpn,
                " is not a 24-bit non-zero value");
   TERN_REQUIRE(out->psn < (1u << 24), kProtocol, "verbs PSN ", out->psn, " exceeds 24 bits");
@@ -62,8 +65,8 @@ Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out) {
   TERN_REQUIRE(m == 256 || m == 512 || m == 1024 || m == 2048 || m == 4096, kProtocol,
                "verbs MTU ", m, " is not an InfiniBand MTU");
   TERN_REQUIRE(out->port >= 1, kProtocol, "verbs port 0 does not exist");
-  TERN_REQUIRE(out->credits >= 1 && out->credits <= kMaxCredits, kProtocol, "verbs credits ",
-               out->credits, " outside [1, ", kMaxCredits, "]");
+  TERN_REQUIRE(out->credits >= kMinCredits && out->credits <= kMaxCredits, kProtocol, "verbs credits ",
+               out->credits, " outside [", kMinCredits, ", ", kMaxCredits, "]");
   TERN_REQUIRE(out->ethernet || out->lid != 0, kProtocol,
                "verbs InfiniBand endpoint without a LID");
   return Status::Ok();

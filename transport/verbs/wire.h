@@ -32,8 +32,12 @@ struct QpEndpoint {
   uint8_t gid_index = 0;
   bool ethernet = false;  // RoCE: route by gid
   uint8_t gid[16] = {};
-  uint32_t credits = 0;  // receives the sender may consume before an ack
+  uint32_t credits = 0;  // receives posted for the peer's SENDs (>= kMinCredits)
+  // RDMA READs this side accepts in flight against it (its
+  // max_dest_rd_atomic); the peer's max_rd_atomic must not exceed it.
+  uint8_t rd_atomic = 1;
 };
+inline constexpr uint32_t kMinCredits = 4;
 
 std::string EncodeEndpoint(const QpEndpoint& ep);
 Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out);
