@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "tern/tcp_transport.h"
@@ -171,11 +172,14 @@ class TcpTransport final : public Transport {
     const uint32_t n = ChooseTcpStreams(options_);
     const uint64_t deadline = clock_.NowUs() + options_.connect_timeout_ms * 1000;
     const uint64_t conn_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-    std::vector<std::unique_ptr<Pipe>> pipes;
-    std::string congestion;
-    for (uint32_t i = 0; i < n; ++i) {
+    // The streams connect (and shake hands) at once: one after the other
+    // cost a round trip each, 0.8 s of 8 streams at 100 ms (1.6 s with TLS).
+    std::vector<std::string> congestions(n);
+    std::vector<std::unique_ptr<Pipe>> pipes(n);
+    std::vector<Status> failed(n);
+    auto open_stream = [&](uint32_t i) -> Result<std::unique_ptr<Pipe>> {
       TERN_ASSIGN_OR_RETURN(int fd, tcp::ConnectSocket(address, options_, deadline, clock_));
-      congestion = tcp::TuneSocket(fd, options_);
+      congestions[i] = tcp::TuneSocket(fd, options_);
       std::unique_ptr<Pipe> pipe;
       if (tls_) {
         TERN_ASSIGN_OR_RETURN(pipe, tcp::TlsHandshake(*tls_, fd, false, deadline, clock_));
@@ -184,8 +188,31 @@ class TcpTransport final : public Transport {
       }
       OutFrame hello = MakeFrame(FrameType::kHello, conn_id, tcp::PackStream(i, n));
       TERN_RETURN_IF_ERROR(tcp::WriteFull(*pipe, hello.header, kHeaderBytes, deadline, clock_));
-      pipes.push_back(std::move(pipe));
+      return pipe;
+    };
+    {
+      std::vector<std::thread> openers;
+      for (uint32_t i = 1; i < n; ++i) {
+        openers.emplace_back([&, i] {
+          IoThreadScope io_thread;
+          auto pipe = open_stream(i);
+          if (pipe.ok()) {
+            pipes[i] = std::move(pipe).value();
+          } else {
+            failed[i] = pipe.status();
+          }
+        });
+      }
+      auto first = open_stream(0);
+      if (first.ok()) {
+        pipes[0] = std::move(first).value();
+      } else {
+        failed[0] = first.status();
+      }
+      for (auto& t : openers) t.join();
     }
+    for (const Status& st : failed) TERN_RETURN_IF_ERROR(st);
+    const std::string congestion = congestions[0];
     for (auto& pipe : pipes) {
       uint8_t raw[kHeaderBytes];
       Status st = tcp::ReadFull(*pipe, raw, kHeaderBytes, deadline, clock_);
