@@ -13,6 +13,8 @@
 
 #include "tern/file_transfer.h"
 #include "tern/tcp_transport.h"
+#include "tern/ucx_transport.h"
+#include "tern/verbs_transport.h"
 #include "tools/flags.h"
 
 namespace tern::cli {
@@ -20,6 +22,11 @@ namespace tern::cli {
 namespace {
 
 void AddTransportFlags(Flags& f) {
+  f.Add("transport",
+        "tcp (multi-stream, TLS), ucx or verbs (RDMA inside one cluster; no encryption: "
+        "needs --no-tls)",
+        "tcp");
+  f.Add("verbs-device", "RDMA device for --transport verbs (empty: the first with an active port)");
   f.Add("tls-cert", "PEM certificate chain of this side (TLS 1.3, mutual)");
   f.Add("tls-key", "PEM private key of this side");
   f.Add("tls-ca", "PEM CA that must have signed the peer's certificate");
@@ -33,6 +40,18 @@ void AddTransportFlags(Flags& f) {
 Result<TcpOptions> TransportOptions(const Flags& f) {
   TcpOptions o;
   const bool any_tls = f.Has("tls-cert") || f.Has("tls-key") || f.Has("tls-ca");
+  const std::string kind = f.Get("transport");
+  TERN_REQUIRE(kind == "tcp" || kind == "ucx" || kind == "verbs", kInvalidArgument, "--transport '", kind,
+               "': want tcp, ucx or verbs");
+  TERN_REQUIRE(kind != "verbs" || !f.Has("verbs-device") || !f.Get("verbs-device").empty(),
+               kInvalidArgument, "--verbs-device is empty");
+  TERN_REQUIRE(kind == "verbs" || !f.Has("verbs-device"), kInvalidArgument,
+               "--verbs-device needs --transport verbs");
+  if (kind != "tcp") {
+    // Say it out loud: RDMA transports carry no TLS.
+    TERN_REQUIRE(f.Switch("no-tls") && !any_tls, kInvalidArgument, "--transport ", kind,
+                 " carries no encryption: use it inside a trusted network and pass --no-tls");
+  }
   if (f.Switch("no-tls")) {
     TERN_REQUIRE(!any_tls, kInvalidArgument, "--no-tls contradicts the --tls-* flags");
   } else {
@@ -46,6 +65,22 @@ Result<TcpOptions> TransportOptions(const Flags& f) {
   TERN_ASSIGN_OR_RETURN(o.idle_timeout_ms, f.GetU64("idle-timeout-ms"));
   TERN_REQUIRE(o.idle_timeout_ms >= 100, kInvalidArgument, "--idle-timeout-ms below 100");
   return o;
+}
+
+// The transport --transport names, built from the TCP options (the others
+// take only what applies to them).
+Result<std::unique_ptr<Transport>> MakeTransport(const Flags& f, TcpOptions o) {
+  const std::string kind = f.Get("transport");
+  if (kind == "ucx") {
+    UcxOptions u;
+    return NewUcxTransport(u);
+  }
+  if (kind == "verbs") {
+    VerbsOptions v;
+    if (f.Has("verbs-device")) v.device = f.Get("verbs-device");
+    return NewVerbsTransport(v);
+  }
+  return NewTcpTransport(std::move(o));
 }
 
 std::string Human(double bytes) {
@@ -77,11 +112,11 @@ Status Serve(int argc, char** argv) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  TERN_ASSIGN_OR_RETURN(auto transport, NewTcpTransport(std::move(o)));
+  TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(f, std::move(o)));
   FileServerOptions so;
   TERN_ASSIGN_OR_RETURN(auto server, FileServer::Start(*transport, f.Get("listen"), f.positional()[0], so));
   std::printf("xfer: serving %s on %s (%s)\n", f.positional()[0].c_str(), server->address().c_str(),
-              tls ? "tls1.3" : "plain tcp");
+              transport->name() != "tcp" ? transport->name().c_str() : tls ? "tls1.3" : "plain tcp");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
@@ -120,7 +155,7 @@ Status Get(int argc, char** argv) {
   TERN_ASSIGN_OR_RETURN(o.rate_bps_hint, ParseCount(f.Get("rate-hint")));
   TERN_ASSIGN_OR_RETURN(uint64_t rtt_ms, f.GetU64("rtt-ms"));
   o.rtt_us_hint = rtt_ms * 1000;
-  const uint32_t chosen = ChooseTcpStreams(o);
+  const uint32_t chosen = f.Get("transport") == "tcp" ? ChooseTcpStreams(o) : 1;
 
   FetchOptions fo;
   TERN_ASSIGN_OR_RETURN(fo.chunk_bytes, ParseCount(f.Get("chunk")));
@@ -149,7 +184,7 @@ Status Get(int argc, char** argv) {
                    tty ? "   " : "\n");
     };
   }
-  TERN_ASSIGN_OR_RETURN(auto transport, NewTcpTransport(o));
+  TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(f, o));
   TERN_ASSIGN_OR_RETURN(FetchResult r, FetchFile(*transport, f.positional()[0], f.positional()[1],
                                                  f.Get("output"), fo));
   if (!f.Switch("quiet") && tty) std::fprintf(stderr, "\n");
@@ -167,8 +202,9 @@ Status Get(int argc, char** argv) {
 
 int RunXfer(int argc, char** argv) {
   const std::string usage =
-      "usage: tern xfer serve --listen HOST:PORT [TLS flags | --no-tls] DIR_OR_FILE\n"
+      "usage: tern xfer serve --listen HOST:PORT [TLS flags | --no-tls] [--transport T] DIR_OR_FILE\n"
       "       tern xfer get HOST:PORT REMOTE_NAME -o LOCAL [--streams N] [TLS flags | --no-tls]\n"
+      "                [--transport tcp|ucx|verbs]\n"
       "       (tern xfer serve --help, tern xfer get --help for all flags)\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);

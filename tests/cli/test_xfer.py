@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `tern xfer serve` / `tern xfer get` as processes.
+
+Usage: test_xfer.py PATH_TO_TERN. Everything runs on 127.0.0.1 (UCX is held
+to the loopback device through its environment). Checks: a plain and a
+mutual-TLS copy land bit-exact with a parseable summary line; a client
+without the server's CA is refused and leaves no file; names escaping the
+served root are refused; --transport ucx copies between two processes;
+--transport verbs explains itself where there is no RDMA device; RDMA
+transports refuse to run without an explicit --no-tls; serve stops cleanly
+on SIGTERM.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TERN = None
+LOOPBACK_UCX = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d):
+    """A CA, a server and a client certificate (P-256), and a rogue CA."""
+    for ca in ("ca", "rogue"):
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-days", "2", "-subj", "/CN=" + ca, "-keyout", ca + ".key", "-out", ca + ".pem", cwd=d)
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for who in ("server", "client"):
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+                "/CN=" + who, "-keyout", who + ".key", "-out", who + ".csr", cwd=d)
+        openssl("x509", "-req", "-in", who + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", who + ".pem", cwd=d)
+
+
+class Server:
+    """`tern xfer serve` on a free port; stops on SIGTERM at exit."""
+
+    def __init__(self, root, *flags, env=None):
+        self.proc = subprocess.Popen([TERN, "xfer", "serve", "--listen", "127.0.0.1:0", *flags, root],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        line = self.proc.stdout.readline()
+        m = re.search(r"on (\S+) \(", line)
+        if not m:
+            self.proc.kill()
+            raise AssertionError("serve printed no address: %r %s" % (line, self.proc.stderr.read()))
+        self.address = m.group(1)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=20)
+        return self.proc.returncode, err
+
+
+def get(address, name, out, *flags, env=None):
+    return subprocess.run([TERN, "xfer", "get", address, name, "-o", out, "--quiet", *flags],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def summary(stdout):
+    line = [l for l in stdout.splitlines() if l.startswith("xfer: bytes=")]
+    assert line, stdout
+    return dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line[-1]))
+
+
+class XferTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="tern-xfer-cli-")
+        cls.dir = cls.tmp.name
+        cls.root = os.path.join(cls.dir, "root")
+        os.makedirs(os.path.join(cls.root, "sub"))
+        cls.data = os.urandom(9 * 1024 * 1024 + 12345)  # a partial last chunk
+        with open(os.path.join(cls.root, "sub", "w.bin"), "wb") as f:
+            f.write(cls.data)
+        with open(os.path.join(cls.dir, "secret"), "wb") as f:
+            f.write(b"outside the root")
+        make_pki(cls.dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def pki(self, who, ca="ca"):
+        d = self.dir
+        return ["--tls-cert", os.path.join(d, who + ".pem"), "--tls-key", os.path.join(d, who + ".key"),
+                "--tls-ca", os.path.join(d, ca + ".pem")]
+
+    def out(self, name):
+        path = os.path.join(self.dir, name)
+        for p in (path, path + ".tern-part", path + ".tern-part.state"):
+            if os.path.exists(p):
+                os.remove(p)
+        return path
+
+    def assert_copy(self, proc, path):
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), self.data)
+        s = summary(proc.stdout)
+        self.assertEqual(int(s["bytes"]), len(self.data))
+        self.assertRegex(s["xxh3"], r"^[0-9a-f]{16}$")
+        self.assertFalse(os.path.exists(path + ".tern-part"))
+        return s
+
+    def test_plain_copy_with_chunks_and_streams(self):
+        srv = Server(self.root, "--no-tls")
+        try:
+            path = self.out("plain.bin")
+            s = self.assert_copy(get(srv.address, "sub/w.bin", path, "--no-tls", "--streams", "3",
+                                     "--chunk", "1M"), path)
+            self.assertEqual(s["streams"], "3")
+            self.assertIn("3 streams", s["link"])
+        finally:
+            rc, err = srv.stop()
+        self.assertEqual(rc, 0, err)
+        self.assertIn("stopping on signal", err)
+
+    def test_mutual_tls_copy_and_a_refused_client(self):
+        srv = Server(self.root, *self.pki("server"))
+        try:
+            path = self.out("tls.bin")
+            s = self.assert_copy(get(srv.address, "sub/w.bin", path, *self.pki("client")), path)
+            self.assertIn("tls1.3", s["link"])
+            # A client that trusts another CA refuses the server: no file.
+            bad = self.out("rogue.bin")
+            proc = get(srv.address, "sub/w.bin", bad, *self.pki("client", ca="rogue"), "--retries", "0")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("tern xfer get:", proc.stderr)
+            self.assertFalse(os.path.exists(bad))
+            # Plain TCP against the TLS server fails too, without a hang.
+            proc = get(srv.address, "sub/w.bin", bad, "--no-tls", "--retries", "0")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertFalse(os.path.exists(bad))
+        finally:
+            srv.stop()
+
+    def test_names_outside_the_root_are_refused(self):
+        srv = Server(self.root, "--no-tls")
+        try:
+            for name in ("../secret", "/etc/passwd", "sub/../../secret", "nope.bin"):
+                with self.subTest(name):
+                    path = self.out("escape.bin")
+                    proc = get(srv.address, name, path, "--no-tls", "--retries", "0")
+                    self.assertNotEqual(proc.returncode, 0)
+                    self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                    self.assertFalse(os.path.exists(path))
+        finally:
+            srv.stop()
+
+    def test_ucx_transport_between_processes(self):
+        srv = Server(self.root, "--transport", "ucx", "--no-tls", env=LOOPBACK_UCX)
+        try:
+            path = self.out("ucx.bin")
+            s = self.assert_copy(get(srv.address, "sub/w.bin", path, "--transport", "ucx", "--no-tls",
+                                     env=LOOPBACK_UCX), path)
+            self.assertIn("ucx", s["link"])
+            self.assertNotIn("eth", s["link"])  # loopback only
+        finally:
+            srv.stop()
+
+    def test_rdma_transports_need_an_explicit_no_tls_and_a_device(self):
+        for t in ("ucx", "verbs"):
+            proc = get("127.0.0.1:1", "x", self.out("x.bin"), "--transport", t)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("carries no encryption", proc.stderr)
+        proc = get("127.0.0.1:1", "x", self.out("x.bin"), "--transport", "rdma", "--no-tls")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("want tcp, ucx or verbs", proc.stderr)
+        proc = get("127.0.0.1:1", "x", self.out("x.bin"), "--verbs-device", "mlx5_0", "--no-tls")
+        self.assertEqual(proc.returncode, 2)
+        proc = subprocess.run([TERN, "transports"], capture_output=True, text=True, timeout=60)
+        if re.search(r"^verbs\s+available", proc.stdout, re.M):
+            self.skipTest("an RDMA device is present; the no-device message is not shown")
+        proc = get("127.0.0.1:1", "x", self.out("x.bin"), "--transport", "verbs", "--no-tls")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn("verbs:", proc.stderr)
+        self.assertRegex(proc.stderr, r"0 devices|cannot load|no active port")
+
+
+if __name__ == "__main__":
+    TERN = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
