@@ -112,7 +112,8 @@ Status VerbsTransport::Init() {
       ethernet_ = attr.link_layer == IBV_LINK_LAYER_ETHERNET;
       lid_ = attr.lid;
       mtu_bytes_ = MtuBytes(attr.active_mtu);
-      if (attr.max_msg_sz != 0) max_msg_bytes_ = attr.max_msg_sz;
+      // One SGE carries a Write: its length field has 32 bits.
+      if (attr.max_msg_sz != 0) max_msg_bytes_ = std::min<uint64_t>(attr.max_msg_sz, 0xffffffffu);
       rd_atomic_ = static_cast<uint8_t>(
           std::clamp<int>(std::min(dev.max_qp_init_rd_atom, dev.max_qp_rd_atom), 1, 16));
       if (ethernet_) {

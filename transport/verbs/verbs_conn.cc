@@ -342,6 +342,26 @@ Status VerbsConn::PostControlLocked(Outgoing& o, bool* finished) {
   return Status::Ok();
 }
 
+Status VerbsConn::PostRdmaLocked(WrKind kind, uint64_t id, uint64_t local_address, uint64_t length,
+                                 uint32_t lkey, uint64_t remote_address, uint32_t rkey) {
+  // length <= kMaxChunkBytes (reads) or the port's max_msg_sz, itself
+  // capped below 4 GiB (writes): it fits the SGE's 32 bits.
+  ibv_sge sge{local_address, static_cast<uint32_t>(length), lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = WrId(kind, id);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = kind == WrKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote_address;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_, &wr, &bad);
+  TERN_REQUIRE(rc == 0, kUnavailable, "verbs: posting an ", WrName(kind), " with ", peer_, ": ",
+               std::strerror(rc));
+  return Status::Ok();
+}
+
 void VerbsConn::PumpLocked() {
   if (qp_gone_) return;
   Status failed;
@@ -370,42 +390,18 @@ void VerbsConn::PumpLocked() {
     auto it = landings_.find(id);
     if (it == landings_.end()) continue;
     Landing& l = it->second;
-    ibv_sge sge{reinterpret_cast<uint64_t>(l.dst), static_cast<uint32_t>(l.length), l.lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = WrId(WrKind::kRead, id);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = l.remote_address;
-    wr.wr.rdma.rkey = l.rkey;
-    ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_, &wr, &bad);
-    if (rc != 0) {
-      failed = TERN_ERROR(kUnavailable, "verbs: posting a read from ", peer_, ": ", std::strerror(rc));
-      break;
-    }
+    failed = PostRdmaLocked(WrKind::kRead, id, reinterpret_cast<uint64_t>(l.dst), l.length, l.lkey,
+                            l.remote_address, l.rkey);
+    if (!failed.ok()) break;
     l.posted = true;
     ++reads_posted_;
     --sq_free_;
   }
   while (!closed_ && failed.ok() && !writes_.empty() && writes_posted_ < kMaxWrites && sq_free_ > 0) {
     const PendingWrite& w = writes_.front();
-    ibv_sge sge{w.local_address, static_cast<uint32_t>(w.length), w.lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = WrId(WrKind::kWrite, w.op);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = w.remote_address;
-    wr.wr.rdma.rkey = w.rkey;
-    ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_, &wr, &bad);
-    if (rc != 0) {
-      failed = TERN_ERROR(kUnavailable, "verbs: posting a write to ", peer_, ": ", std::strerror(rc));
-      break;
-    }
+    failed = PostRdmaLocked(WrKind::kWrite, w.op, w.local_address, w.length, w.lkey, w.remote_address,
+                            w.rkey);
+    if (!failed.ok()) break;
     writes_.pop_front();
     ++writes_posted_;
     --sq_free_;

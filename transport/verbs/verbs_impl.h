@@ -146,6 +146,8 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   // from posting end the connection (via the progress thread).
   void PumpLocked();
   Status PostControlLocked(Outgoing& out, bool* finished);
+  Status PostRdmaLocked(WrKind kind, uint64_t id, uint64_t local_address, uint64_t length,
+                        uint32_t lkey, uint64_t remote_address, uint32_t rkey);
   void QueueAckLocked(uint64_t op, const Status& status);
   bool RepostReceiveLocked(uint64_t index);
   void FailOutboxLocked();
