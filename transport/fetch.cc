@@ -70,6 +70,23 @@ class Fetch {
   Result<FetchResult> Run() {
     start_us_ = clock_.NowUs();
     if (o_.resume) LoadResume();
+    const bool resumed = result_.resumed_bytes > 0;
+    Result<FetchResult> done = Fetched();
+    // A resumed copy can fail its final check through no fault of this run
+    // (a damaged partial file, state saved before a power loss): the copy
+    // was discarded, so one more run from zero fixes it.
+    if (!done.ok() && done.status().code() == Code::kCorrupt && resumed) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        DiscardLocked();
+      }
+      done = Fetched();
+    }
+    return done;
+  }
+
+ private:
+  Result<FetchResult> Fetched() {
     Status last;
     uint64_t backoff_ms = o_.retry.backoff_ms;
     for (uint32_t attempt = 0;; ++attempt) {
@@ -92,7 +109,6 @@ class Fetch {
     return Finish();
   }
 
- private:
   // One connection's worth of work; returns OK when every chunk landed and
   // the whole-file hash is known.
   Status Attempt() {
@@ -155,10 +171,16 @@ class Fetch {
     } else if (get.have_tag == 0 && o_.head_bytes > 0) {
       // A fresh copy: the size is not known yet, but the start of the file
       // can already receive, so the first chunks need no WANT round trip.
-      TERN_RETURN_IF_ERROR(MapHead());
-      TERN_RETURN_IF_ERROR(conn->PostReceive(get_id, head_region_, 0, head_bytes_, Landing(inbox)));
-      closer.posted.push_back(get_id);
-      get.head_bytes = head_bytes_;
+      // A disk too small for the head (a small file onto a small disk) goes
+      // without one: the first chunks then wait for WANT, as in v1.
+      if (MapHead().ok()) {
+        TERN_RETURN_IF_ERROR(conn->PostReceive(get_id, head_region_, 0, head_bytes_, Landing(inbox)));
+        closer.posted.push_back(get_id);
+        get.head_bytes = head_bytes_;
+      } else {
+        UnmapHead();
+        if (::truncate(part_.c_str(), 0) != 0 && errno != ENOENT) return TERN_ERRNO("resize ", part_);
+      }
     }
     conn->SendMessage(xfer::EncodeGet(get), nullptr);
     TERN_ASSIGN_OR_RETURN(std::string reply, Next(*inbox, o_.connect_timeout_ms));
@@ -185,6 +207,7 @@ class Fetch {
     {
       std::lock_guard<std::mutex> lock(mu_);
       landed_us_ = clock_.NowUs();
+      complete_us_ = 0;
     }
     const bool head_is_all = info.head() && size_ <= get.head_bytes;
     if (!info.sending() && !head_is_all) {
@@ -252,11 +275,20 @@ class Fetch {
       if (closed) return why;
       // landed_us_ is stamped by stream threads and may be later than `now`
       // (read before the lock): without the guard the difference wraps and
-      // a busy transfer is reported as stalled. The same bound covers a
-      // server that never sends the hash.
-      TERN_REQUIRE(now <= landed_us_ || now - landed_us_ <= o_.stall_timeout_ms * 1000, kTimeout,
-                   map_.complete() ? "no whole-file hash for " : "no chunk landed for ",
-                   o_.stall_timeout_ms, " ms");
+      // a busy transfer is reported as stalled. Only a chunk not held
+      // before stamps it, so duplicates cannot keep a stalled fetch alive.
+      if (!map_.complete()) {
+        TERN_REQUIRE(now <= landed_us_ || now - landed_us_ <= o_.stall_timeout_ms * 1000, kTimeout,
+                     "no new chunk landed for ", o_.stall_timeout_ms, " ms");
+      } else {
+        // Every chunk is here and the hash is not: the server may still be
+        // hashing (in the background, behind other files). It gets the stall
+        // timeout plus the file's size at 50 MB/s, still a bound.
+        if (complete_us_ == 0) complete_us_ = std::max(now, landed_us_);
+        const uint64_t allowed_us = o_.stall_timeout_ms * 1000 + size_ / 50;
+        TERN_REQUIRE(now <= complete_us_ || now - complete_us_ <= allowed_us, kTimeout,
+                     "no whole-file hash ", allowed_us / 1000, " ms after the last chunk");
+      }
     }
   }
 
@@ -265,15 +297,16 @@ class Fetch {
       bool complete = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        bool fresh = false;
         if (mapped_) {
-          complete = MarkLocked(offset, length);
+          complete = MarkLocked(offset, length, &fresh);
         } else if (pending_.size() < kMaxPending) {
           // Into the head window before INFO sized the chunk map: counted
           // once it is (more than the head holds can only be a bad server's).
           pending_.emplace_back(offset, length);
         }
-        landed_us_ = clock_.NowUs();
-        if (first_landed_us_ == 0) first_landed_us_ = landed_us_;
+        if (fresh) landed_us_ = clock_.NowUs();
+        if (first_landed_us_ == 0) first_landed_us_ = clock_.NowUs();
       }
       if (complete) {
         std::lock_guard<std::mutex> lock(inbox->mu);
@@ -283,11 +316,13 @@ class Fetch {
     };
   }
 
-  // Only a whole chunk where one starts counts. True when that completed the map.
-  bool MarkLocked(uint64_t offset, uint64_t length) {
+  // Only a whole chunk where one starts counts (*fresh: it was not held
+  // before). True when that completed the map.
+  bool MarkLocked(uint64_t offset, uint64_t length, bool* fresh = nullptr) {
     const uint64_t i = map_.ChunkAt(offset);
     if (i >= map_.chunks() || length != map_.ChunkLength(i) || map_.done(i)) return false;
     map_.MarkDone(i);
+    if (fresh != nullptr) *fresh = true;
     return map_.complete();
   }
 
@@ -521,7 +556,8 @@ class Fetch {
 
   std::mutex mu_;  // guards the copy's state against the landing callbacks
   ChunkMap map_;
-  uint64_t landed_us_ = 0;
+  uint64_t landed_us_ = 0;         // the last chunk not held before landed
+  uint64_t complete_us_ = 0;       // the map completed (0: not yet, this attempt)
   uint64_t first_landed_us_ = 0;  // 0 until a chunk landed in this run
   uint64_t size_ = 0, tag_ = 0;   // the version held (tag 0: none)
   // The head window of a fresh copy, and what landed in it before INFO.

@@ -4,11 +4,14 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "tern/fault_transport.h"
 #include "tern/file_transfer.h"
@@ -16,6 +19,7 @@
 #include "tern/peer_policy.h"
 #include "tern/tcp_transport.h"
 #include "tern/transfer.h"
+#include "transport/xfer_wire.h"
 
 namespace tern {
 namespace {
@@ -188,6 +192,11 @@ TEST_F(FileServiceTest, FullDiskFailsCleanlyInsteadOfCrashing) {
   EXPECT_EQ(r.status().code(), Code::kResourceExhausted) << r.status().ToString();
   EXPECT_NE(r.status().message().find("cannot reserve"), std::string::npos) << r.status().ToString();
   EXPECT_FALSE(fs::exists(small / "out"));
+  // A file that fits still comes, although the 64 MiB head window does not.
+  std::ofstream(dir_ / "root" / "small.bin") << std::string(1000, 's');
+  auto fits = FetchFile(*client_t_, "files", "small.bin", (small / "small").string(), fo_);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_EQ(Read(small / "small"), std::string(1000, 's'));
   ::umount2(small.c_str(), MNT_DETACH);
 }
 
@@ -230,6 +239,74 @@ TEST_F(FileServiceTest, GarbledStateIsIgnored) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->resumed_bytes, 0u);
   EXPECT_EQ(Read(dir_ / "out"), data_);
+}
+
+// A server that lands the same chunk again and again (or sends every chunk
+// and never the hash) must not keep the client waiting past its bounds.
+TEST(FetchFromAHostileServer, RepeatedChunksDoNotHoldOffTheStallTimeout) {
+  LoopbackNetwork net;
+  auto server = NewLoopbackTransport(net);
+  auto client = NewLoopbackTransport(net);
+  static std::vector<char> data(2 * 4096, 'x');
+  auto region = server->RegisterMemory(data.data(), data.size(), MemoryKind::kHost);
+  ASSERT_TRUE(region.ok());
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<std::thread> senders;
+  std::vector<std::shared_ptr<Connection>> conns;
+  uint64_t file_size = 2 * 4096;
+  auto l = server->Listen("hostile", [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> lock(mu);
+    conns.push_back(c);
+    ConnectionHandlers h;
+    std::weak_ptr<Connection> weak = c;
+    h.on_message = [&, weak](std::string m) {
+      auto conn = weak.lock();
+      if (!conn) return;
+      if (xfer::TypeOf(m) == xfer::kGet) {
+        auto get = xfer::DecodeGet(m);
+        conn->SendMessage(xfer::EncodeInfo({file_size, 5, get->transfer_id, 0, 0}), nullptr);
+      } else if (xfer::TypeOf(m) == xfer::kWant) {
+        auto want = xfer::DecodeWant(m, 100);
+        const uint64_t window = want->transfer_id;
+        std::lock_guard<std::mutex> lock(mu);
+        senders.emplace_back([&, conn, window] {
+          while (!stop) {  // chunk 0 over and over; chunk 1 of 2 never
+            conn->SendChunk(ChunkSend{*region, 0, 4096, window, 0, std::nullopt}, nullptr);
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          }
+        });
+      }
+    };
+    return h;
+  });
+  ASSERT_TRUE(l.ok());
+  const fs::path dir = fs::temp_directory_path() / ("tern-hostile-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (uint64_t size : {uint64_t{2 * 4096}, uint64_t{4096}}) {  // a chunk missing; the hash missing
+    file_size = size;
+    FetchOptions fo;
+    fo.chunk_bytes = 4096;
+    fo.head_bytes = 0;
+    fo.stall_timeout_ms = 500;
+    fo.retry = RetryPolicy{1, 10, 10};
+    fo.resume = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = FetchFile(*client, "hostile", "w.bin", (dir / "out").string(), fo);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(r.status().code(), Code::kTimeout) << r.status().ToString();
+    // The hash wait adds the file's size at 50 MB/s: nothing at this size.
+    EXPECT_LT(took, std::chrono::seconds(3)) << "size " << size;
+    stop = true;
+    for (auto& t : senders) t.join();
+    senders.clear();
+    stop = false;
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& c : conns) c->Close();
+    conns.clear();
+  }
+  (*l)->Close();
+  fs::remove_all(dir);
 }
 
 }  // namespace
