@@ -244,6 +244,30 @@ TEST_P(Conformance, ChunkForUnknownWindowIsRefusedAndLinkSurvives) {
   EXPECT_EQ(sink_.messages[0], "still here");
 }
 
+// transport.h: after CancelReceive returns, on_landed is not called again,
+// so one already running must have finished.
+TEST_P(Conformance, CancelReceiveWaitsForALandingCallbackInProgress) {
+  auto conn = Dial(*pair_.client);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  std::vector<uint8_t> src(1 << 20, 3), dst(src.size());
+  auto s = pair_.client->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
+  auto d = pair_.server->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
+  ASSERT_TRUE(s.ok() && d.ok());
+  std::promise<void> entered;
+  std::atomic<bool> finished{false};
+  ASSERT_TRUE(accepted->PostReceive(1, *d, 0, dst.size(), [&](uint64_t, uint64_t) {
+    entered.set_value();
+    std::this_thread::sleep_for(200ms);
+    finished = true;
+  }).ok());
+  conn->SendChunk(ChunkSend{*s, 0, src.size(), 1, 0, std::nullopt}, nullptr);
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready);
+  accepted->CancelReceive(1);
+  EXPECT_TRUE(finished.load());
+}
+
 TEST_P(Conformance, ManyConcurrentPeers) {
   constexpr int kPeers = 12;
   auto src = Pattern(2 << 20, 2);

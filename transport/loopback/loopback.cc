@@ -258,12 +258,17 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
-        copying_ = UINT64_MAX;
         if (!windows_.count(c.transfer_id)) landed = nullptr;  // cancelled meanwhile
-        cv_.notify_all();
       }
       sender->EndCopy();
+      // on_landed runs before copying_ clears: a CancelReceive that began
+      // meanwhile returns only after it (transport.h).
       if (result.ok() && landed) landed(c.dst_offset, c.length);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        copying_ = UINT64_MAX;
+        cv_.notify_all();
+      }
     } else {
       sender->EndCopy();
     }

@@ -133,13 +133,20 @@ Status TcpConnection::PostReceive(uint64_t transfer_id, const MemoryRegion& dst,
   return Status::Ok();
 }
 
+namespace {
+// The window whose on_landed this stream thread is running (a CancelReceive
+// from inside it must not wait for its own landing).
+thread_local const void* t_landing_window = nullptr;
+}  // namespace
+
 void TcpConnection::CancelReceive(uint64_t transfer_id) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = windows_.find(transfer_id);
   if (it == windows_.end()) return;
   std::shared_ptr<Window> w = it->second;
   windows_.erase(it);
-  window_cv_.wait(lock, [&] { return w->writers == 0; });
+  const uint32_t own = t_landing_window == w.get() ? 1 : 0;
+  window_cv_.wait(lock, [&] { return w->writers <= own; });
 }
 
 void TcpConnection::Close() { Fail(TERN_ERROR(kCancelled, "connection closed"), Status::Ok()); }
@@ -297,13 +304,22 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
         ChunkLanded landed;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          --r.window->writers;
           auto it = windows_.find(h.arg[0]);
           if (it != windows_.end() && it->second == r.window) landed = r.window->on_landed;
+        }
+        // on_landed runs while this stream still counts as a writer, so a
+        // CancelReceive from another thread returns only after it.
+        if (result.ok() && landed) {
+          t_landing_window = r.window.get();
+          landed(h.arg[1], h.payload_bytes);
+          t_landing_window = nullptr;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          --r.window->writers;
           window_cv_.notify_all();
         }
         r.window.reset();
-        if (result.ok() && landed) landed(h.arg[1], h.payload_bytes);
       }
       Status queued = PushControl(
           s, MakeFrame(FrameType::kAck, h.arg[3], static_cast<uint64_t>(result.code())), /*bounded=*/false);
