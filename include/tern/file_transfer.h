@@ -34,9 +34,11 @@ struct FileServerOptions {
   uint32_t max_sessions = 64;  // concurrent client connections served
   SendOptions send;
   LogFn log;  // null: stderr
-  // Threads computing whole-file hashes in the background (INFO never waits
-  // for one; the digests of up to 1024 file versions are kept, keyed by
-  // device, inode, size, mtime and ctime, so a re-GET or resume finds it).
+  // Threads computing whole-file hashes in the background, and the most
+  // whole-file hashes that run at once, session ones included (INFO never
+  // waits for one, except for files <= 64 KiB; the digests of up to 1024
+  // file versions are kept, keyed by device, inode, size, mtime and ctime,
+  // so a re-GET or resume finds it). A job no session waits for is dropped.
   uint32_t hash_threads = 2;
   // Called on a hashing thread before it reads a file (path as served); for
   // tests and monitoring. It may block: that file's hash waits for it.
