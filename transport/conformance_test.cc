@@ -507,6 +507,7 @@ TEST_P(Conformance, FileFetchSendsBeforeTheWholeFileHashAndCachesIt) {
   int hashes_started = 0;
   bool gate_saw_data = false;
   FileServerOptions so;
+  so.hash_cache_settle_ms = 0;  // the file was written a moment ago
   so.on_hash_start = [&](const std::string&) {
     std::unique_lock<std::mutex> lock(mu);
     ++hashes_started;

@@ -112,7 +112,7 @@ Result<std::shared_ptr<Mapping>> MapFile(const std::string& path) {
 struct HashOutcome {
   enum End { kOk, kChanged, kStopped } end = kStopped;
   uint64_t xxh3 = 0;
-  // The file's mtime and ctime were more than kRacyNs before hashing began:
+  // The file's mtime and ctime were more than `settle_ns` before hashing began:
   // a later same-size write within one timestamp tick (which keeps the
   // identity) cannot have gone unseen, so the digest may be cached under it
   // ("racy git" rule).
@@ -120,11 +120,6 @@ struct HashOutcome {
 };
 
 constexpr uint64_t kHashBlockBytes = 16 << 20;
-// 0: only a file changed after hashing began is left uncached. The "racy
-// git" window (~2 s) would also leave a file hashed right after it was
-// written uncached, which FileFetchSendsBeforeTheWholeFileHashAndCachesIt
-// (conformance_test.cc) expects cached; see Known limits in docs/transport.md.
-constexpr uint64_t kRacyNs = 0;
 
 uint64_t WallNs() {
   struct timespec ts {};
@@ -136,7 +131,7 @@ uint64_t WallNs() {
 // bounded buffer (never through a mapping: a file truncated under a mapping
 // raises SIGBUS). A short read or an identity change is kChanged; `stop`,
 // polled between blocks, is kStopped.
-HashOutcome HashFd(int fd, const Identity& id, const std::function<bool()>& stop) {
+HashOutcome HashFd(int fd, const Identity& id, const std::function<bool()>& stop, uint64_t settle_ns) {
   HashOutcome out;
   const uint64_t started = WallNs();
   struct stat st {};
@@ -167,7 +162,7 @@ HashOutcome HashFd(int fd, const Identity& id, const std::function<bool()>& stop
   if (out.end == HashOutcome::kOk) {
     out.xxh3 = XXH3_64bits_digest(state);
     if (::fstat(fd, &st) != 0 || Identity::Of(st) != id) out.end = HashOutcome::kChanged;
-    out.cacheable = id.mtime_ns + kRacyNs < started && id.ctime_ns + kRacyNs < started;
+    out.cacheable = id.mtime_ns + settle_ns < started && id.ctime_ns + settle_ns < started;
   }
   XXH3_freeState(state);
   if (out.end != HashOutcome::kOk) out.xxh3 = 0;
@@ -261,6 +256,10 @@ class Server final : public FileServer {
   Server(Transport& transport, std::string root, bool root_is_file, FileServerOptions options, Clock& clock)
       : transport_(transport), root_(std::move(root)), root_is_file_(root_is_file),
         options_(std::move(options)), clock_(clock) {}
+
+  // The "racy git" window: a digest is cached only for files last written
+  // longer ago than this before hashing began.
+  uint64_t SettleNs() const { return options_.hash_cache_settle_ms * 1000000; }
   ~Server() override {
     stop_hashing_ = true;
     if (listener_) listener_->Close();
@@ -479,7 +478,7 @@ class Server final : public FileServer {
     if (size <= kInlineHashBytes) {
       // Cheaper than a HASH message; a racy or changed file is hashed again
       // after its data went out (FinishHash).
-      const HashOutcome h = HashFd(f->file->fd, f->file->id, [this] { return stop_hashing_.load(); });
+      const HashOutcome h = HashFd(f->file->fd, f->file->id, [this] { return stop_hashing_.load(); }, SettleNs());
       if (h.end == HashOutcome::kOk && h.cacheable) {
         f->hash_known = true;
         f->xxh3 = h.xxh3;
@@ -602,7 +601,7 @@ class Server final : public FileServer {
     // client leaves, and its digest is cached like a background one.
     auto stop = [&] { return stop_hashing_.load() || Closed(s); };
     TERN_REQUIRE(AcquireHashSlot(stop), kCancelled, "client left before the hash was ready");
-    const HashOutcome h = HashFd(f.file->fd, f.file->id, stop);
+    const HashOutcome h = HashFd(f.file->fd, f.file->id, stop, SettleNs());
     ReleaseHashSlot();
     TERN_REQUIRE(h.end != HashOutcome::kStopped, kCancelled, "client left before the hash was ready");
     TERN_REQUIRE(h.end == HashOutcome::kOk, kUnavailable, "the file changed while it was hashed; fetch again");
@@ -760,7 +759,7 @@ class Server final : public FileServer {
         Finish(job, HashOutcome{}, true);
         continue;
       }
-      const HashOutcome h = HashFd(job->fd, job->id, stop);
+      const HashOutcome h = HashFd(job->fd, job->id, stop, SettleNs());
       ReleaseHashSlot();
       Finish(job, h, cancelled || h.end == HashOutcome::kStopped);
       if (h.end == HashOutcome::kChanged && !stop_hashing_) {
@@ -810,7 +809,7 @@ Result<std::unique_ptr<FileServer>> FileServer::Start(Transport& transport,
 Result<uint64_t> HashFile(const std::string& path) {
   struct stat st {};
   TERN_ASSIGN_OR_RETURN(int fd, OpenRegular(path, &st, /*nofollow=*/false));
-  const HashOutcome h = HashFd(fd, Identity::Of(st), nullptr);
+  const HashOutcome h = HashFd(fd, Identity::Of(st), nullptr, 0);
   ::close(fd);
   TERN_REQUIRE(h.end == HashOutcome::kOk, kUnavailable, path, " changed while it was hashed");
   return h.xxh3;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -176,6 +177,7 @@ TEST_F(FileServiceServer, SessionHashIsCachedAndAbandonedJobsAreDropped) {
   FileServerOptions so;
   so.max_sessions = 2;  // the hash queue holds at most 2 jobs
   so.hash_threads = 1;
+  so.hash_cache_settle_ms = 0;  // the files were written a moment ago
   so.on_hash_start = [&](const std::string& p) {
     std::unique_lock<std::mutex> lock(mu);
     started.push_back(std::filesystem::path(p).filename().string());
@@ -280,6 +282,30 @@ TEST_F(FileServiceServer, FifoIsRefusedWithoutBlocking) {
   Status err = Verdict(m, xfer::kError);
   EXPECT_EQ(err.code(), Code::kInvalidArgument) << err.ToString();
   EXPECT_NE(err.message().find("not a regular file"), std::string::npos) << err.ToString();
+}
+
+// "Racy git": a file written moments before it is hashed may be rewritten
+// within the same timestamp tick, so its digest is not cached; a settled
+// one is, and a second fetch hashes nothing.
+TEST_F(FileServiceServer, DigestsOfJustWrittenFilesAreNotCached) {
+  for (uint64_t settle_ms : {uint64_t{60000}, uint64_t{0}}) {
+    const std::string name = settle_ms ? "fresh.bin" : "settled.bin";
+    Write(name, 300 << 10);  // above the size hashed before INFO
+    std::atomic<int> hashes{0};
+    FileServerOptions so;
+    so.hash_cache_settle_ms = settle_ms;
+    so.on_hash_start = [&](const std::string&) { ++hashes; };
+    Start(so);
+    FetchOptions fo;
+    fo.chunk_bytes = 64 << 10;
+    fo.resume = false;
+    for (int i = 0; i < 2; ++i) {
+      auto r = FetchFile(*client_t_, server_->address(), name, (dir_ / ("out" + std::to_string(i))).string(), fo);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    }
+    EXPECT_EQ(hashes.load(), settle_ms ? 2 : 1) << "settle " << settle_ms << " ms";
+    server_.reset();
+  }
 }
 
 }  // namespace

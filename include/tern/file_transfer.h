@@ -40,6 +40,12 @@ struct FileServerOptions {
   // file versions are kept, keyed by device, inode, size, mtime and ctime,
   // so a re-GET or resume finds it). A job no session waits for is dropped.
   uint32_t hash_threads = 2;
+  // A digest is cached (and a small file's sent in INFO) only if the file's
+  // mtime and ctime are older than this when hashing begins: a same-size
+  // rewrite within one timestamp tick keeps the file's identity, and must
+  // not leave a stale digest cached under it ("racy git"). Hashes of newer
+  // files still go out with HASH, uncached.
+  uint64_t hash_cache_settle_ms = 2000;
   // Called on a hashing thread before it reads a file (path as served); for
   // tests and monitoring. It may block: that file's hash waits for it.
   std::function<void(const std::string& path)> on_hash_start;
