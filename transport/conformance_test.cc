@@ -104,6 +104,21 @@ struct Sink {
   std::vector<std::shared_ptr<Connection>> conns;
   int closed = 0;
 
+  // Handlers that record this connection's messages and close.
+  ConnectionHandlers Handlers() {
+    ConnectionHandlers h;
+    h.on_message = [this](std::string m) {
+      std::lock_guard<std::mutex> lock(mu);
+      messages.push_back(std::move(m));
+      cv.notify_all();
+    };
+    h.on_closed = [this](Status) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++closed;
+      cv.notify_all();
+    };
+    return h;
+  }
   AcceptHandler Handler() {
     return [this](std::shared_ptr<Connection> c) {
       {
@@ -111,18 +126,7 @@ struct Sink {
         conns.push_back(c);
         cv.notify_all();
       }
-      ConnectionHandlers h;
-      h.on_message = [this](std::string m) {
-        std::lock_guard<std::mutex> lock(mu);
-        messages.push_back(std::move(m));
-        cv.notify_all();
-      };
-      h.on_closed = [this](Status) {
-        std::lock_guard<std::mutex> lock(mu);
-        ++closed;
-        cv.notify_all();
-      };
-      return h;
+      return Handlers();
     };
   }
   template <class Pred>
@@ -584,13 +588,8 @@ TEST_P(Conformance, FileFetchFreshHeadArrivesWithoutWant) {
   auto f = ServeFile(pair_, "head-" + GetParam().name, size);
   ASSERT_TRUE(f->server);
   Sink replies;
-  ConnectionHandlers h;
-  h.on_message = [&](std::string m) {
-    std::lock_guard<std::mutex> lock(replies.mu);
-    replies.messages.push_back(std::move(m));
-    replies.cv.notify_all();
-  };
-  auto conn = ConnectWait(*pair_.client, f->server->address(), h, 10000, RetryPolicy{1, 10, 10});
+  auto conn = ConnectWait(*pair_.client, f->server->address(), replies.Handlers(), 10000,
+                          RetryPolicy{1, 10, 10});
   ASSERT_TRUE(conn.ok()) << conn.status().ToString();
   const uint64_t head = 4 << 20;
   std::vector<uint8_t> window(head);
@@ -768,13 +767,8 @@ TEST_P(Conformance, FileFetchRefusesAnotherXferVersionClearly) {
   auto f = ServeFile(pair_, "version-" + GetParam().name, 100000);
   ASSERT_TRUE(f->server);
   Sink replies;
-  ConnectionHandlers h;
-  h.on_message = [&](std::string m) {
-    std::lock_guard<std::mutex> lock(replies.mu);
-    replies.messages.push_back(std::move(m));
-    replies.cv.notify_all();
-  };
-  auto conn = ConnectWait(*pair_.client, f->server->address(), h, 10000, RetryPolicy{1, 10, 10});
+  auto conn = ConnectWait(*pair_.client, f->server->address(), replies.Handlers(), 10000,
+                          RetryPolicy{1, 10, 10});
   ASSERT_TRUE(conn.ok()) << conn.status().ToString();
   std::string v1_get("G\x01\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x05\x00\x00\x00w.bin", 22);
   (*conn)->SendMessage(v1_get, nullptr);

@@ -61,6 +61,13 @@ inline void Complete(const Completion& done, Status status) {
   if (done) done(std::move(status));
 }
 
+// The ranges of a one-sided Write (backends with kCapOneSidedWrite): the
+// source inside its registered region (kInvalidArgument) and the
+// destination inside the `exported_bytes` the peer's key covers
+// (kOutOfRange). `backend` prefixes the message ("ucx", "verbs").
+Status CheckWriteRanges(std::string_view backend, const MemoryRegion& src, uint64_t src_offset,
+                        uint64_t exported_bytes, uint64_t dst_offset, uint64_t length);
+
 // Default logger: one line on stderr.
 void LogLine(const LogFn& log, std::string_view line);
 

@@ -46,6 +46,16 @@ void LogLine(const LogFn& log, std::string_view line) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   }
 }
+Status CheckWriteRanges(std::string_view backend, const MemoryRegion& src, uint64_t src_offset,
+                        uint64_t exported_bytes, uint64_t dst_offset, uint64_t length) {
+  TERN_REQUIRE(length != 0 && src_offset <= src.size_bytes && length <= src.size_bytes - src_offset,
+               kInvalidArgument, backend, ": write source outside its registered region");
+  TERN_REQUIRE(dst_offset <= exported_bytes && length <= exported_bytes - dst_offset, kOutOfRange,
+               backend, ": write [", dst_offset, ", +", length, ") outside the exported region of ",
+               exported_bytes, " bytes");
+  return Status::Ok();
+}
+
 std::string Printable(std::string_view bytes) {
   static const char* kHex = "0123456789abcdef";
   std::string out;

@@ -10,6 +10,7 @@
 namespace tern::ucx {
 
 using transport_internal::Complete;
+using transport_internal::CheckWriteRanges;
 using transport_internal::Xxh3;
 
 namespace {
@@ -262,13 +263,7 @@ void UcxConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_vi
                     uint64_t dst_offset, uint64_t length, Completion done) {
   RemoteKey key;
   Status st = DecodeRemoteKey(remote_key, &key);
-  if (st.ok() && (length == 0 || src_offset > src.size_bytes || length > src.size_bytes - src_offset)) {
-    st = TERN_ERROR(kInvalidArgument, "ucx: write source outside its registered region");
-  }
-  if (st.ok() && (dst_offset > key.size_bytes || length > key.size_bytes - dst_offset)) {
-    st = TERN_ERROR(kOutOfRange, "ucx: write [", dst_offset, ", +", length,
-                    ") outside the exported region of ", key.size_bytes, " bytes");
-  }
+  if (st.ok()) st = CheckWriteRanges("ucx", src, src_offset, key.size_bytes, dst_offset, length);
   Result<ucp_mem_h> memh = st.ok() ? t_->Lookup(src) : Result<ucp_mem_h>(st);
   if (!memh.ok()) return Complete(done, memh.status());
   Status admitted = Admit();

@@ -17,6 +17,7 @@ namespace tern::verbs {
 
 using transport_internal::Complete;
 using transport_internal::Printable;
+using transport_internal::CheckWriteRanges;
 using transport_internal::Xxh3;
 
 namespace {
@@ -267,13 +268,7 @@ void VerbsConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_
                       uint64_t dst_offset, uint64_t length, Completion done) {
   RegionKey key;
   Status st = DecodeRegionKey(remote_key, &key);
-  if (st.ok() && (length == 0 || src_offset > src.size_bytes || length > src.size_bytes - src_offset)) {
-    st = TERN_ERROR(kInvalidArgument, "verbs: write source outside its registered region");
-  }
-  if (st.ok() && (dst_offset > key.size_bytes || length > key.size_bytes - dst_offset)) {
-    st = TERN_ERROR(kOutOfRange, "verbs: write [", dst_offset, ", +", length,
-                    ") outside the exported region of ", key.size_bytes, " bytes");
-  }
+  if (st.ok()) st = CheckWriteRanges("verbs", src, src_offset, key.size_bytes, dst_offset, length);
   if (st.ok() && length > t_->max_message_bytes()) {
     st = TERN_ERROR(kInvalidArgument, "verbs: one write moves at most ", t_->max_message_bytes(),
                     " bytes (the port's max_msg_sz)");
@@ -532,7 +527,7 @@ void VerbsConn::OnCompletion(const ibv_wc& wc, Deferred* deferred) {
       break;
     }
     case WrKind::kRead:
-      OnReadDone(index, ok, deferred);
+      OnReadDone(index, ok);
       break;
     case WrKind::kWrite: {
       std::lock_guard<std::mutex> lock(mu_);
@@ -650,7 +645,7 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
   }
 }
 
-void VerbsConn::OnReadDone(uint64_t id, bool ok, Deferred* deferred) {
+void VerbsConn::OnReadDone(uint64_t id, bool ok) {
   Landing l;
   bool open = false;
   {
@@ -679,7 +674,6 @@ void VerbsConn::OnReadDone(uint64_t id, bool ok, Deferred* deferred) {
   cv_.notify_all();
   if (ok && !closed_) QueueAckLocked(l.op, status);
   PumpLocked();
-  (void)deferred;
 }
 
 void VerbsConn::OnSideReadable() {

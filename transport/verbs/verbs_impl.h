@@ -154,7 +154,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   void TryPostByeLocked();
   void OnCompletion(const ibv_wc& wc, Deferred* deferred);
   void OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred);
-  void OnReadDone(uint64_t id, bool ok, Deferred* deferred);
+  void OnReadDone(uint64_t id, bool ok);
   void FinishOpLocked(uint64_t op, Status status, Deferred* deferred);
   // QP to ERR: every posted work request completes (flushed).
   void MoveToError();
