@@ -12,6 +12,7 @@ PACKAGES=(
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
+  gdb  # the test watchdog prints the stacks of a hung test with it
 )
 
 missing=()
