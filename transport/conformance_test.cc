@@ -187,8 +187,12 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     return st;
   }
 
-  Pair pair_;
+  // The sinks are declared before pair_ so that they outlive it: their
+  // handlers run on backend threads until the transports are destroyed, and
+  // on_closed may still be on its way when Close() returns (transport.h).
   Sink sink_;
+  Sink replies_;  // a test's own client connection
+  Pair pair_;
   std::unique_ptr<Listener> listener_;
 };
 
@@ -587,7 +591,7 @@ TEST_P(Conformance, FileFetchFreshHeadArrivesWithoutWant) {
   const uint64_t size = (6 << 20) + 5;
   auto f = ServeFile(pair_, "head-" + GetParam().name, size);
   ASSERT_TRUE(f->server);
-  Sink replies;
+  Sink& replies = replies_;
   auto conn = ConnectWait(*pair_.client, f->server->address(), replies.Handlers(), 10000,
                           RetryPolicy{1, 10, 10});
   ASSERT_TRUE(conn.ok()) << conn.status().ToString();
@@ -766,7 +770,7 @@ TEST_P(Conformance, FileFetchRefusesAnotherXferVersionClearly) {
   listener_->Close();
   auto f = ServeFile(pair_, "version-" + GetParam().name, 100000);
   ASSERT_TRUE(f->server);
-  Sink replies;
+  Sink& replies = replies_;
   auto conn = ConnectWait(*pair_.client, f->server->address(), replies.Handlers(), 10000,
                           RetryPolicy{1, 10, 10});
   ASSERT_TRUE(conn.ok()) << conn.status().ToString();

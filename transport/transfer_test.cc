@@ -244,17 +244,19 @@ TEST_F(FileServiceTest, GarbledStateIsIgnored) {
 // A server that lands the same chunk again and again (or sends every chunk
 // and never the hash) must not keep the client waiting past its bounds.
 TEST(FetchFromAHostileServer, RepeatedChunksDoNotHoldOffTheStallTimeout) {
-  LoopbackNetwork net;
-  auto server = NewLoopbackTransport(net);
-  auto client = NewLoopbackTransport(net);
-  static std::vector<char> data(2 * 4096, 'x');
-  auto region = server->RegisterMemory(data.data(), data.size(), MemoryKind::kHost);
-  ASSERT_TRUE(region.ok());
+  // What the server's handlers use is declared first, so that it outlives
+  // the transports (handlers may still run until they are destroyed).
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::vector<std::thread> senders;
   std::vector<std::shared_ptr<Connection>> conns;
   uint64_t file_size = 2 * 4096;
+  static std::vector<char> data(2 * 4096, 'x');
+  LoopbackNetwork net;
+  auto server = NewLoopbackTransport(net);
+  auto client = NewLoopbackTransport(net);
+  auto region = server->RegisterMemory(data.data(), data.size(), MemoryKind::kHost);
+  ASSERT_TRUE(region.ok());
   auto l = server->Listen("hostile", [&](std::shared_ptr<Connection> c) {
     std::lock_guard<std::mutex> lock(mu);
     conns.push_back(c);
