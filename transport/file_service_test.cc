@@ -55,7 +55,7 @@ struct RawClient {
     return h;
   }
   // The next message, or "" when none came within `wait` (or the connection closed).
-  std::string Next(std::chrono::milliseconds wait = 10s) {
+  std::string Next(std::chrono::milliseconds wait = 20s) {
     std::unique_lock<std::mutex> lock(q->mu);
     q->cv.wait_for(lock, wait, [&] { return !q->msgs.empty() || q->closed; });
     if (q->msgs.empty()) return "";
@@ -63,7 +63,7 @@ struct RawClient {
     q->msgs.pop_front();
     return m;
   }
-  bool WaitClosed(std::chrono::milliseconds wait = 10s) {
+  bool WaitClosed(std::chrono::milliseconds wait = 20s) {
     std::unique_lock<std::mutex> lock(q->mu);
     return q->cv.wait_for(lock, wait, [&] { return q->closed; });
   }
@@ -105,7 +105,7 @@ class FileServiceServer : public ::testing::Test {
   }
   std::unique_ptr<RawClient> Connect() {
     auto c = std::make_unique<RawClient>();
-    auto conn = ConnectWait(*client_t_, server_->address(), c->Handlers(), 10000, RetryPolicy{1, 10, 10});
+    auto conn = ConnectWait(*client_t_, server_->address(), c->Handlers(), 30000, RetryPolicy{1, 10, 10});
     EXPECT_TRUE(conn.ok()) << conn.status().ToString();
     if (conn.ok()) c->conn = *conn;
     return c;
@@ -132,11 +132,13 @@ class FileServiceServer : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  // The server's log handler uses these; declared before the transports
+  // so that they outlive any backend thread still on its way out.
+  std::mutex log_mu_;
+  std::vector<std::string> log_;
   LoopbackNetwork net_;
   std::unique_ptr<Transport> server_t_, client_t_;
   std::unique_ptr<FileServer> server_;
-  std::mutex log_mu_;
-  std::vector<std::string> log_;
 };
 
 constexpr uint64_t kChunk = 64 << 10;
@@ -147,7 +149,8 @@ constexpr uint64_t kChunk = 64 << 10;
 TEST_F(FileServiceServer, FileTruncatedWhileHashedIsReportedAsChanged) {
   const std::string path = Write("t.bin", 4 << 20);
   FileServerOptions so;
-  so.on_hash_start = [&](const std::string&) { ASSERT_EQ(::truncate(path.c_str(), 4096), 0); };
+  // (by value: the hasher thread may call it until server_ is reset in TearDown)
+  so.on_hash_start = [path](const std::string&) { ASSERT_EQ(::truncate(path.c_str(), 4096), 0); };
   Start(so);
   auto c = Connect();
   ASSERT_TRUE(c->conn);
@@ -170,19 +173,38 @@ TEST_F(FileServiceServer, FileTruncatedWhileHashedIsReportedAsChanged) {
 // cached, and queued jobs no session waits for any more are dropped.
 TEST_F(FileServiceServer, SessionHashIsCachedAndAbandonedJobsAreDropped) {
   for (const char* n : {"a.bin", "b.bin", "c.bin", "d.bin"}) Write(n, 1 << 20);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
-  std::vector<std::string> started;
+  // The hasher thread waits in on_hash_start, and server_ (which joins it)
+  // lives until TearDown: its state is shared, not this test's locals, and
+  // it is released on every way out (a failed ASSERT too), so that the
+  // server's shutdown does not wait out the 20 s.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false;
+    std::vector<std::string> started;
+    void Release() {
+      std::lock_guard<std::mutex> lock(mu);
+      release = true;
+      cv.notify_all();
+    }
+  };
+  auto gate = std::make_shared<Gate>();
+  struct ReleaseOnExit {
+    std::shared_ptr<Gate> g;
+    ~ReleaseOnExit() { g->Release(); }
+  } release_on_exit{gate};
+  std::mutex& mu = gate->mu;
+  std::condition_variable& cv = gate->cv;
+  std::vector<std::string>& started = gate->started;
   FileServerOptions so;
   so.max_sessions = 2;  // the hash queue holds at most 2 jobs
   so.hash_threads = 1;
   so.hash_cache_settle_ms = 0;  // the files were written a moment ago
-  so.on_hash_start = [&](const std::string& p) {
-    std::unique_lock<std::mutex> lock(mu);
-    started.push_back(std::filesystem::path(p).filename().string());
-    cv.notify_all();
-    cv.wait_for(lock, 20s, [&] { return release; });
+  so.on_hash_start = [gate](const std::string& p) {
+    std::unique_lock<std::mutex> lock(gate->mu);
+    gate->started.push_back(std::filesystem::path(p).filename().string());
+    gate->cv.notify_all();
+    gate->cv.wait_for(lock, 20s, [&] { return gate->release; });
   };
   Start(so);
   auto c = Connect();
@@ -198,7 +220,7 @@ TEST_F(FileServiceServer, SessionHashIsCachedAndAbandonedJobsAreDropped) {
   get_info("a.bin");
   {
     std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return !started.empty(); }));
+    ASSERT_TRUE(cv.wait_for(lock, 20s, [&] { return !started.empty(); }));
   }
   ++id;
   get_info("b.bin");  // queued
@@ -222,11 +244,9 @@ TEST_F(FileServiceServer, SessionHashIsCachedAndAbandonedJobsAreDropped) {
   EXPECT_EQ(again.xxh3, *want);
   // b and c were abandoned by this session's later GETs: never hashed.
   c.reset();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-    cv.notify_all();
-  }
+  gate->Release();
+  // (a late start shows only if it comes within 300 ms: slowness can hide a
+  // regression here, never fail a correct server)
   std::this_thread::sleep_for(300ms);
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(started, std::vector<std::string>{"a.bin"});
@@ -291,10 +311,11 @@ TEST_F(FileServiceServer, DigestsOfJustWrittenFilesAreNotCached) {
   for (uint64_t settle_ms : {uint64_t{60000}, uint64_t{0}}) {
     const std::string name = settle_ms ? "fresh.bin" : "settled.bin";
     Write(name, 300 << 10);  // above the size hashed before INFO
-    std::atomic<int> hashes{0};
+    // Shared: after a failed ASSERT, server_ and its hasher outlive this loop.
+    auto hashes = std::make_shared<std::atomic<int>>(0);
     FileServerOptions so;
     so.hash_cache_settle_ms = settle_ms;
-    so.on_hash_start = [&](const std::string&) { ++hashes; };
+    so.on_hash_start = [hashes](const std::string&) { ++*hashes; };
     Start(so);
     FetchOptions fo;
     fo.chunk_bytes = 64 << 10;
@@ -303,7 +324,7 @@ TEST_F(FileServiceServer, DigestsOfJustWrittenFilesAreNotCached) {
       auto r = FetchFile(*client_t_, server_->address(), name, (dir_ / ("out" + std::to_string(i))).string(), fo);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
     }
-    EXPECT_EQ(hashes.load(), settle_ms ? 2 : 1) << "settle " << settle_ms << " ms";
+    EXPECT_EQ(hashes->load(), settle_ms ? 2 : 1) << "settle " << settle_ms << " ms";
     server_.reset();
   }
 }
