@@ -118,6 +118,9 @@ class FileServiceTest : public ::testing::Test {
     server_ = std::move(s).value();
     fo_.chunk_bytes = 64 << 10;
     fo_.retry = RetryPolicy{3, 5, 20};
+    // Tests run single attempts: a connect given up on under load would
+    // end one with kTimeout (or count one more reconnect).
+    fo_.connect_timeout_ms = 60000;
   }
   void TearDown() override {
     server_.reset();
@@ -128,14 +131,16 @@ class FileServiceTest : public ::testing::Test {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
+  // The server's log handler uses mu_ and log_: declared before the
+  // transports, so that they outlive any backend thread on its way out.
+  std::mutex mu_;
+  std::string log_;
   LoopbackNetwork net_;
   std::unique_ptr<Transport> server_t_, client_t_;
   std::unique_ptr<FileServer> server_;
   fs::path dir_;
   std::string data_;
   FetchOptions fo_;
-  std::mutex mu_;
-  std::string log_;
 };
 
 TEST_F(FileServiceTest, FetchesAndVerifies) {
@@ -215,7 +220,7 @@ TEST_F(FileServiceTest, UnusedConnectionsDoNotUseUpScheduledDrops) {
   FaultPolicy fp;
   fp.drop_after_bytes = 1 << 20;  // the first connection with traffic only
   auto faulty = NewFaultTransport(*client_t_, fp);
-  auto idle = ConnectWait(*faulty, "files", {}, 5000);
+  auto idle = ConnectWait(*faulty, "files", {}, 60000);
   ASSERT_TRUE(idle.ok()) << idle.status().ToString();
   (*idle)->Close();
   FetchOptions once = fo_;
@@ -297,8 +302,11 @@ TEST(FetchFromAHostileServer, RepeatedChunksDoNotHoldOffTheStallTimeout) {
     auto r = FetchFile(*client, "hostile", "w.bin", (dir / "out").string(), fo);
     const auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_EQ(r.status().code(), Code::kTimeout) << r.status().ToString();
-    // The hash wait adds the file's size at 50 MB/s: nothing at this size.
-    EXPECT_LT(took, std::chrono::seconds(3)) << "size " << size;
+    // The hash wait adds the file's size at 50 MB/s: nothing at this size,
+    // so the bound is the 500 ms stall timeout. A client whose stall timer
+    // the repeated chunk re-arms never returns; 15 s (30 x) separates the
+    // two with room for a loaded machine under ASan.
+    EXPECT_LT(took, std::chrono::seconds(15)) << "size " << size;
     stop = true;
     for (auto& t : senders) t.join();
     senders.clear();
