@@ -12,7 +12,9 @@
 #include <cstring>
 #include <dirent.h>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
@@ -25,7 +27,7 @@
 namespace tern {
 namespace {
 
-constexpr auto kWait = std::chrono::seconds(20);
+constexpr auto kWait = std::chrono::seconds(30);
 
 // A UCX configuration under test.
 struct Tls {
@@ -40,18 +42,38 @@ UcxOptions Options(const Tls& tls) {
   o.tls = tls.tls;
   o.detect_peer_failure = tls.detect_peer_failure;
   o.net_devices = "lo";
-  o.connect_timeout_ms = 5000;
-  o.handshake_timeout_ms = 5000;
+  // Below kWait, yet generous: a loaded 2-core machine under ASan.
+  o.connect_timeout_ms = 15000;
+  o.handshake_timeout_ms = 15000;
   o.op_timeout_ms = 10000;
   o.log = [](std::string_view) {};
   return o;
 }
 
+// The value, or kTimeout after kWait (a bare get() would hang the binary
+// until the watchdog).
 template <class T>
 T Await(std::future<T>& f) {
-  EXPECT_EQ(f.wait_for(kWait), std::future_status::ready) << "timed out";
+  if (f.wait_for(kWait) != std::future_status::ready) {
+    ADD_FAILURE() << "timed out";
+    return T(Status(Code::kTimeout, "test: no completion"));
+  }
   return f.get();
 }
+
+// A completion whose result a test waits for. The promise is shared with
+// the callback, so a completion that comes late (after a timed-out wait,
+// or after the test returned) has somewhere to go; and a test never
+// relies on a completion running inline.
+template <class T = Status>
+struct Done {
+  std::shared_ptr<std::promise<T>> p = std::make_shared<std::promise<T>>();
+  std::future<T> f = p->get_future();
+  std::function<void(T)> Fn() {
+    return [p = p](T v) { p->set_value(std::move(v)); };
+  }
+  T Wait() { return Await(f); }
+};
 
 // One side of a connection as a test sees it.
 struct Peer {
@@ -101,20 +123,17 @@ class UcxTest : public ::testing::TestWithParam<Tls> {
   }
 
   void ConnectClient() {
-    std::promise<Result<std::shared_ptr<Connection>>> p;
-    auto f = p.get_future();
-    client_->Connect(listener_->address(), client_peer_.Handlers(),
-                     [&](Result<std::shared_ptr<Connection>> r) { p.set_value(std::move(r)); });
-    auto r = Await(f);
+    Done<Result<std::shared_ptr<Connection>>> connected;
+    client_->Connect(listener_->address(), client_peer_.Handlers(), connected.Fn());
+    auto r = connected.Wait();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     client_peer_.conn = *r;
   }
 
   Status SendChunkAndWait(const ChunkSend& chunk) {
-    std::promise<Status> p;
-    auto f = p.get_future();
-    client_peer_.conn->SendChunk(chunk, [&](Status s) { p.set_value(std::move(s)); });
-    return Await(f);
+    Done<> sent;
+    client_peer_.conn->SendChunk(chunk, sent.Fn());
+    return sent.Wait();
   }
 
   // Destroyed in reverse: listener, transports (whose shutdown still calls
@@ -147,17 +166,18 @@ TEST_P(UcxTest, MessagesArriveInOrderBothWays) {
     ASSERT_EQ(server_peer_.messages.size(), sent.size());
     for (size_t i = 0; i < sent.size(); ++i) ASSERT_EQ(server_peer_.messages[i], sent[i]) << i;
   }
-  std::promise<Status> handed;
-  auto f = handed.get_future();
-  server_peer_.conn->SendMessage("pong", [&](Status s) { handed.set_value(std::move(s)); });
-  EXPECT_TRUE(Await(f).ok());
+  Done<> handed;
+  server_peer_.conn->SendMessage("pong", handed.Fn());
+  EXPECT_TRUE(handed.Wait().ok());
   ASSERT_TRUE(client_peer_.WaitMessages(1));
-  EXPECT_EQ(client_peer_.messages[0], "pong");
+  {
+    std::lock_guard<std::mutex> lock(client_peer_.mu);
+    EXPECT_EQ(client_peer_.messages[0], "pong");
+  }
 
-  Status too_big;
-  client_peer_.conn->SendMessage(std::string(kMaxMessageBytes + 1, 'x'),
-                                 [&](Status s) { too_big = std::move(s); });
-  EXPECT_EQ(too_big.code(), Code::kOutOfRange);
+  Done<> too_big;
+  client_peer_.conn->SendMessage(std::string(kMaxMessageBytes + 1, 'x'), too_big.Fn());
+  EXPECT_EQ(too_big.Wait().code(), Code::kOutOfRange);
 }
 
 TEST_P(UcxTest, ChunksLandVerifiedInPostedWindow) {
@@ -172,6 +192,11 @@ TEST_P(UcxTest, ChunksLandVerifiedInPostedWindow) {
 
   std::mutex mu;
   std::set<std::pair<uint64_t, uint64_t>> landed;
+  // On every way out: the window and its on_landed use this test's locals.
+  struct CancelOnExit {
+    Connection& c;
+    ~CancelOnExit() { c.CancelReceive(9); }
+  } cancel_on_exit{*server_peer_.conn};
   ASSERT_TRUE(server_peer_.conn
                   ->PostReceive(9, *dst_reg, 4096, size,
                                 [&](uint64_t off, uint64_t len) {
@@ -181,16 +206,14 @@ TEST_P(UcxTest, ChunksLandVerifiedInPostedWindow) {
                   .ok());
   // Out of order, mixed sizes: one eager-sized chunk and large rendezvous ones.
   const uint64_t piece = 8ull << 20;
-  std::vector<std::future<Status>> results;
-  std::vector<std::promise<Status>> promises(4);
+  std::vector<Done<>> results(4);
   const std::pair<uint64_t, uint64_t> chunks[] = {
       {2 * piece, piece}, {0, 1000}, {1000, piece - 1000}, {piece, piece}};
   for (int i = 0; i < 4; ++i) {
-    results.push_back(promises[i].get_future());
     ChunkSend c{*src_reg, chunks[i].first, chunks[i].second, 9, chunks[i].first, std::nullopt};
-    client_peer_.conn->SendChunk(c, [&, i](Status s) { promises[i].set_value(std::move(s)); });
+    client_peer_.conn->SendChunk(c, results[i].Fn());
   }
-  for (auto& r : results) EXPECT_TRUE(Await(r).ok());
+  for (auto& r : results) EXPECT_TRUE(r.Wait().ok());
   EXPECT_EQ(std::memcmp(dst.data() + 4096, src.data(), size), 0);
   EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + 4096, [](uint8_t b) { return b == 0; }));
   {
@@ -228,21 +251,23 @@ TEST_P(UcxTest, OneSidedWriteIntoExportedRegion) {
   server_peer_.conn->SendMessage(*key, nullptr);
   ASSERT_TRUE(client_peer_.WaitMessages(1));
 
-  std::promise<Status> p;
-  auto f = p.get_future();
-  client_peer_.conn->Write(*src_reg, 0, client_peer_.messages[0], 1 << 20, src.size(),
-                           [&](Status s) { p.set_value(std::move(s)); });
-  ASSERT_TRUE(Await(f).ok());
+  std::string remote_key;
+  {
+    std::lock_guard<std::mutex> lock(client_peer_.mu);
+    remote_key = client_peer_.messages[0];
+  }
+  Done<> written;
+  client_peer_.conn->Write(*src_reg, 0, remote_key, 1 << 20, src.size(), written.Fn());
+  ASSERT_TRUE(written.Wait().ok());
   EXPECT_EQ(std::memcmp(dst.data() + (1 << 20), src.data(), src.size()), 0);
   EXPECT_EQ(dst[(1 << 20) - 1], 0);
 
-  Status outside;
-  client_peer_.conn->Write(*src_reg, 0, client_peer_.messages[0], 2 << 20, src.size(),
-                           [&](Status s) { outside = std::move(s); });
-  EXPECT_EQ(outside.code(), Code::kOutOfRange);
-  Status garbage;
-  client_peer_.conn->Write(*src_reg, 0, "not a key", 0, 10, [&](Status s) { garbage = std::move(s); });
-  EXPECT_EQ(garbage.code(), Code::kCorrupt);
+  Done<> outside;
+  client_peer_.conn->Write(*src_reg, 0, remote_key, 2 << 20, src.size(), outside.Fn());
+  EXPECT_EQ(outside.Wait().code(), Code::kOutOfRange);
+  Done<> garbage;
+  client_peer_.conn->Write(*src_reg, 0, "not a key", 0, 10, garbage.Fn());
+  EXPECT_EQ(garbage.Wait().code(), Code::kCorrupt);
 }
 
 TEST_P(UcxTest, CleanCloseReachesPeerOnce) {
@@ -254,9 +279,9 @@ TEST_P(UcxTest, CleanCloseReachesPeerOnce) {
   EXPECT_TRUE(Await(mine).ok());
   Status peer = Await(theirs);
   EXPECT_TRUE(peer.ok()) << peer.ToString();
-  Status after;
-  client_peer_.conn->SendMessage("late", [&](Status s) { after = std::move(s); });
-  EXPECT_EQ(after.code(), Code::kUnavailable);
+  Done<> after;
+  client_peer_.conn->SendMessage("late", after.Fn());
+  EXPECT_EQ(after.Wait().code(), Code::kUnavailable);
 }
 
 TEST_P(UcxTest, PeerGoingAwayFailsPendingWorkWithoutHanging) {
@@ -271,31 +296,25 @@ TEST_P(UcxTest, PeerGoingAwayFailsPendingWorkWithoutHanging) {
   ASSERT_TRUE(src_reg.ok());
   // No window posted and the server disappears: the chunk must finish with
   // an error (kNotFound if it was answered first, else a connection error).
-  std::promise<Status> p;
-  auto f = p.get_future();
-  client_peer_.conn->SendChunk({*src_reg, 0, src.size(), 1, 0, std::nullopt},
-                               [&](Status s) { p.set_value(std::move(s)); });
+  Done<> sent;
+  client_peer_.conn->SendChunk({*src_reg, 0, src.size(), 1, 0, std::nullopt}, sent.Fn());
   listener_.reset();
   server_peer_.conn.reset();
   server_.reset();
-  EXPECT_FALSE(Await(f).ok());
+  EXPECT_FALSE(sent.Wait().ok());
   auto closed = client_peer_.closed.get_future();
   EXPECT_EQ(closed.wait_for(kWait), std::future_status::ready);
 }
 
 TEST_P(UcxTest, ConnectToNobodyFailsWithinTimeout) {
   listener_->Close();
-  std::promise<Result<std::shared_ptr<Connection>>> p;
-  auto f = p.get_future();
-  client_->Connect(listener_->address(), client_peer_.Handlers(),
-                   [&](Result<std::shared_ptr<Connection>> r) { p.set_value(std::move(r)); });
-  auto r = Await(f);
+  Done<Result<std::shared_ptr<Connection>>> first;
+  client_->Connect(listener_->address(), client_peer_.Handlers(), first.Fn());
+  auto r = first.Wait();
   EXPECT_FALSE(r.ok());
-  std::promise<Result<std::shared_ptr<Connection>>> p2;
-  auto f2 = p2.get_future();
-  client_->Connect("not-an-address", client_peer_.Handlers(),
-                   [&](Result<std::shared_ptr<Connection>> r) { p2.set_value(std::move(r)); });
-  EXPECT_EQ(Await(f2).status().code(), Code::kInvalidArgument);
+  Done<Result<std::shared_ptr<Connection>>> second;
+  client_->Connect("not-an-address", client_peer_.Handlers(), second.Fn());
+  EXPECT_EQ(second.Wait().status().code(), Code::kInvalidArgument);
 }
 
 TEST_P(UcxTest, GpuMemoryOnlyWhereUcxHasCuda) {
