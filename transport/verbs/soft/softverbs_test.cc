@@ -148,8 +148,8 @@ class SoftVerbs : public ::testing::Test {
     BringUp(b, eb, ea, extra_access);
   }
 
-  // Polls until `n` completions arrived or 10 s passed.
-  std::vector<ibv_wc> Poll(ibv_cq* cq, size_t n, std::chrono::milliseconds limit = 10000ms) {
+  // Polls until `n` completions arrived or 20 s passed (loaded machine, ASan).
+  std::vector<ibv_wc> Poll(ibv_cq* cq, size_t n, std::chrono::milliseconds limit = 20000ms) {
     std::vector<ibv_wc> out;
     const auto deadline = Clock::now() + limit;
     while (out.size() < n && Clock::now() < deadline) {
@@ -735,13 +735,15 @@ TEST_F(SoftVerbsPair, DeadPeerEndsInRetryExceededWithinBoundedTime) {
   const auto start = Clock::now();
   ASSERT_EQ(Post(a_, 1, IBV_WR_RDMA_WRITE, A(), 64, mr_a_->lkey, RemoteB(), mr_b_->rkey), 0);
   ASSERT_EQ(Post(a_, 2, IBV_WR_SEND, A(), 64, mr_a_->lkey), 0);
-  auto wc = Poll(cq_a_, 2, 5000ms);
+  auto wc = Poll(cq_a_, 2, 20000ms);
   const auto took = Clock::now() - start;
   ASSERT_EQ(wc.size(), 2u);
   EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
   EXPECT_GE(took, 90ms);
-  EXPECT_LT(took, 3000ms);
+  // The bound is the 100 ms retry timeout; 10 s (100 x) is room for a loaded
+  // machine under ASan and still fails retries that never end (20 s here).
+  EXPECT_LT(took, 10000ms);
 }
 
 TEST_F(SoftVerbsPair, UnconnectedOrMisaddressedPeersAreUnreachable) {
