@@ -56,7 +56,14 @@ class Server:
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=20)
+        try:
+            # Generous for a loaded CI machine; a server that ignores SIGTERM
+            # is killed, not left running behind a failed test.
+            out, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError("serve did not stop within 60 s of SIGTERM: %s" % err)
         return self.proc.returncode, err
 
 
