@@ -1,13 +1,17 @@
 // Helpers shared by the backends; not part of the public API.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "tern/transport.h"
 
@@ -43,6 +47,49 @@ class ThreadTracker {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t live_ = 0;
+};
+
+// A listener's accept handler behind a gate, so that Listener::Close() can
+// keep its promise (transport.h): once it returned, the handler is not
+// running on another thread and is never called again. A connection that
+// finishes its handshake after that is treated as if the handler had closed
+// it (Call returns nullopt).
+class AcceptGate {
+ public:
+  explicit AcceptGate(AcceptHandler on_accept) : on_accept_(std::move(on_accept)) {}
+
+  std::optional<ConnectionHandlers> Call(std::shared_ptr<Connection> conn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return std::nullopt;
+      callers_.push_back(std::this_thread::get_id());
+    }
+    ConnectionHandlers h = on_accept_(std::move(conn));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      callers_.erase(std::find(callers_.begin(), callers_.end(), std::this_thread::get_id()));
+      cv_.notify_all();
+    }
+    return h;
+  }
+
+  // Closes the gate and waits for calls in progress on other threads (a
+  // handler may close its own listener).
+  void Close() {
+    std::unique_lock<std::mutex> lock(mu_);
+    closed_ = true;
+    const auto self = std::this_thread::get_id();
+    cv_.wait(lock, [&] {
+      return std::all_of(callers_.begin(), callers_.end(), [&](auto id) { return id == self; });
+    });
+  }
+
+ private:
+  const AcceptHandler on_accept_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  std::vector<std::thread::id> callers_;  // one entry per call in progress
 };
 
 // Little-endian field codecs for the small handshake/control encodings of

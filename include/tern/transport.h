@@ -24,6 +24,11 @@
 // Thread safety: all methods of Transport, Listener and Connection may be
 // called from any thread concurrently. Objects are owned by the caller
 // (Transport outlives its Listeners and Connections).
+//
+// Lifetime of handlers: a connection's callbacks may still run after Close()
+// returns (on_closed in particular may be on its way); none runs once its
+// Transport is destroyed. What the handlers use must outlive the Transport,
+// or be owned by them (capture a shared_ptr, or a weak_ptr checked on entry).
 #pragma once
 
 #include <cstdint>
@@ -150,6 +155,9 @@ class Listener {
   // The bound address (the real port when asked to listen on port 0).
   virtual std::string address() const = 0;
   // Stops accepting; established connections are unaffected. Idempotent.
+  // When it returns (called from outside the accept handler) the handler is
+  // not running and is never called again: a peer whose handshake ends
+  // later is refused, and what the handler uses may be destroyed.
   virtual void Close() = 0;
 };
 

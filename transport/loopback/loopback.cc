@@ -13,6 +13,7 @@
 
 namespace tern {
 
+using transport_internal::AcceptGate;
 using transport_internal::Complete;
 using transport_internal::ThreadTracker;
 using transport_internal::Xxh3;
@@ -298,7 +299,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
 struct LoopbackNetwork::Impl {
   struct Entry {
     LoopTransport* owner;
-    std::shared_ptr<AcceptHandler> on_accept;
+    std::shared_ptr<AcceptGate> gate;
   };
   std::mutex mu;
   std::map<std::string, Entry> listeners;
@@ -366,19 +367,23 @@ class LoopTransport final : public Transport {
 
 class LoopListener final : public Listener {
  public:
-  LoopListener(LoopbackNetwork::Impl* net, std::string name) : net_(net), name_(std::move(name)) {}
+  LoopListener(LoopbackNetwork::Impl* net, std::string name, std::shared_ptr<AcceptGate> gate)
+      : net_(net), name_(std::move(name)), gate_(std::move(gate)) {}
   ~LoopListener() override { Close(); }
   std::string address() const override { return name_; }
   void Close() override {
-    std::lock_guard<std::mutex> lock(net_->mu);
-    if (!closed_) net_->listeners.erase(name_);
-    closed_ = true;
+    {
+      std::lock_guard<std::mutex> lock(net_->mu);
+      auto it = net_->listeners.find(name_);
+      if (it != net_->listeners.end() && it->second.gate == gate_) net_->listeners.erase(it);
+    }
+    gate_->Close();  // a Connect that found us may be in the handler
   }
 
  private:
   LoopbackNetwork::Impl* net_;
   std::string name_;
-  bool closed_ = false;
+  std::shared_ptr<AcceptGate> gate_;
 };
 
 Result<std::unique_ptr<Listener>> LoopTransport::Listen(const std::string& address,
@@ -387,8 +392,9 @@ Result<std::unique_ptr<Listener>> LoopTransport::Listen(const std::string& addre
   std::lock_guard<std::mutex> lock(net_->mu);
   TERN_REQUIRE(!net_->listeners.count(address), kAlreadyExists, "loopback address '", address,
                "' in use");
-  net_->listeners[address] = {this, std::make_shared<AcceptHandler>(std::move(on_accept))};
-  return std::unique_ptr<Listener>(std::make_unique<LoopListener>(net_, address));
+  auto gate = std::make_shared<AcceptGate>(std::move(on_accept));
+  net_->listeners[address] = {this, gate};
+  return std::unique_ptr<Listener>(std::make_unique<LoopListener>(net_, address, gate));
 }
 
 void LoopTransport::Connect(const std::string& address, ConnectionHandlers handlers,
@@ -405,7 +411,12 @@ void LoopTransport::Connect(const std::string& address, ConnectionHandlers handl
   }
   auto client = std::make_shared<Endpoint>(address);
   auto server = std::make_shared<Endpoint>("loop-client-" + std::to_string(next_client_++));
-  server->Bind(client, (*entry.on_accept)(server));
+  auto accepted = entry.gate->Call(server);
+  if (!accepted) {  // the listener closed meanwhile
+    done(TERN_ERROR(kUnavailable, "loopback listener '", address, "' closed"));
+    return;
+  }
+  server->Bind(client, std::move(*accepted));
   client->Bind(server, std::move(handlers));
   entry.owner->Start(server);
   done(std::shared_ptr<Connection>(client));

@@ -31,6 +31,7 @@ using tcp::MakeFrame;
 using tcp::OutFrame;
 using tcp::Pipe;
 using tcp::TcpConnection;
+using transport_internal::AcceptGate;
 using transport_internal::LogLine;
 using transport_internal::ThreadTracker;
 
@@ -57,7 +58,7 @@ struct ListenState {
   int wake_fd = -1;
   std::atomic<bool> closed{false};
   std::atomic<uint32_t> sockets{0};  // accepted and not yet handed to a connection
-  AcceptHandler on_accept;
+  std::unique_ptr<AcceptGate> gate;  // the accept handler
   std::string address;
 
   struct Partial {
@@ -84,9 +85,11 @@ class TcpListener final : public Listener {
   ~TcpListener() override { Close(); }
   std::string address() const override { return state_->address; }
   void Close() override {
-    if (state_->closed.exchange(true)) return;
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(state_->wake_fd, &one, sizeof one);
+    if (!state_->closed.exchange(true)) {
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(state_->wake_fd, &one, sizeof one);
+    }
+    state_->gate->Close();  // a handshake thread may be in the handler
   }
 
  private:
@@ -134,7 +137,7 @@ class TcpTransport final : public Transport {
     auto state = std::make_shared<ListenState>();
     state->fd = fd;
     state->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    state->on_accept = std::move(on_accept);
+    state->gate = std::make_unique<AcceptGate>(std::move(on_accept));
     state->address = tcp::SocketAddress(fd, false);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -354,12 +357,21 @@ class TcpTransport final : public Transport {
     const std::string describe = "tcp " + std::to_string(hello.count) + " streams " + congestion +
                                  (tls_ ? " tls1.3" : "");
     auto conn = std::make_shared<TcpConnection>(std::move(pipes), peer, describe, options_, clock_);
+    if (st->closed) {  // no hello-ack: the dialer sees its handshake fail
+      Log("tcp: refusing " + peer + ": the listener is closed");
+      return;
+    }
     OutFrame ack = MakeFrame(FrameType::kHelloAck, hello.connection_id, 0);
     if (!conn->SendHelloAcks(ack.header, deadline)) {
       Log("tcp: lost " + peer + " during the handshake");
       return;
     }
-    conn->SetHandlers(st->on_accept(conn));
+    auto handlers = st->gate->Call(conn);
+    if (!handlers) {  // the listener closed while the acks went out
+      conn->Close();
+      return;
+    }
+    conn->SetHandlers(std::move(*handlers));
     Track(conn);
     conn->Start(threads_);
   }

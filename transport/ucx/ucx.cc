@@ -148,12 +148,14 @@ class UcxListener final : public Listener {
   ~UcxListener() override { Close(); }
   std::string address() const override { return address_; }
   void Close() override {
-    if (state_->closed.exchange(true)) return;
-    auto state = state_;
-    t_->RunSync([state] {
-      if (state->listener != nullptr) ucp_listener_destroy(state->listener);
-      state->listener = nullptr;
-    });
+    if (!state_->closed.exchange(true)) {
+      auto state = state_;
+      t_->RunSync([state] {
+        if (state->listener != nullptr) ucp_listener_destroy(state->listener);
+        state->listener = nullptr;
+      });
+    }
+    state_->on_accept->Close();  // the progress thread may be in the handler
   }
 
  private:
@@ -482,7 +484,7 @@ Result<std::unique_ptr<Listener>> UcxTransport::Listen(const std::string& addres
   socklen_t sa_len = 0;
   TERN_RETURN_IF_ERROR(Resolve(address, /*passive=*/true, &sa, &sa_len));
   auto state = std::make_shared<ListenState>();
-  state->on_accept = std::make_shared<AcceptHandler>(std::move(on_accept));
+  state->on_accept = std::make_shared<transport_internal::AcceptGate>(std::move(on_accept));
   state->transport = this;
   Status status;
   std::string bound;

@@ -347,8 +347,18 @@ void UcxConn::OnHello(std::string_view header) {
   t_->Defer([self] {
     if (self->state != State::kOpen) return;
     self->RecordLanes();
-    self->handlers = (*self->on_accept)(self);
+    auto handlers = self->on_accept->Call(self);
     self->on_accept.reset();
+    if (!handlers) {  // the listener closed: refused as a bad hello is
+      const Status closed = TERN_ERROR(kUnavailable, "ucx: the listener is closed");
+      auto keep = std::make_shared<std::pair<std::string, std::string>>(
+          EncodeStatus(StatusHeader{0, static_cast<uint16_t>(closed.code())}), closed.message());
+      self->SendAm(kAmHelloAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
+      self->t_->Defer([self, closed] { self->Shutdown(closed, Code::kUnavailable, Bye::kNoneFlush); });
+      self->state = State::kClosed;
+      return;
+    }
+    self->handlers = std::move(*handlers);
     auto header = std::make_shared<std::string>(EncodeStatus(StatusHeader{}));
     self->SendAm(kAmHelloAck, *header, nullptr, 0, nullptr, header, nullptr);
   });

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tern/ucx_transport.h"
+#include "transport/internal.h"
 #include "transport/ucx/wire.h"
 
 namespace tern::ucx {
@@ -96,7 +97,7 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   ucp_ep_h ep = nullptr;
   State state;
   ConnectDone connect_done;                  // client, until open
-  std::shared_ptr<AcceptHandler> on_accept;  // server, until open
+  std::shared_ptr<transport_internal::AcceptGate> on_accept;  // server, until open
   ConnectionHandlers handlers;
 
  private:
@@ -158,7 +159,7 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
 
 struct ListenState {
   std::atomic<bool> closed{false};
-  std::shared_ptr<AcceptHandler> on_accept;
+  std::shared_ptr<transport_internal::AcceptGate> on_accept;
   UcxTransport* transport = nullptr;
   ucp_listener_h listener = nullptr;  // progress thread
 };

@@ -24,7 +24,7 @@ struct ListenState {
     if (wake_fd >= 0) ::close(wake_fd);
   }
   std::atomic<bool> closed{false};
-  AcceptHandler on_accept;
+  std::unique_ptr<transport_internal::AcceptGate> gate;  // the accept handler
   int fd = -1;
   int wake_fd = -1;
   std::string address;
@@ -41,12 +41,16 @@ class VerbsListener final : public Listener {
   ~VerbsListener() override { Close(); }
   std::string address() const override { return state_->address; }
   void Close() override {
-    if (state_->closed.exchange(true)) return;
-    const uint64_t one = 1;
-    (void)!::write(state_->wake_fd, &one, sizeof one);
+    if (!state_->closed.exchange(true)) {
+      const uint64_t one = 1;
+      (void)!::write(state_->wake_fd, &one, sizeof one);
+    }
     // The accept loop owns the sockets; it is gone once it said so.
-    std::unique_lock<std::mutex> lock(state_->mu);
-    state_->cv.wait(lock, [&] { return state_->loop_done; });
+    {
+      std::unique_lock<std::mutex> lock(state_->mu);
+      state_->cv.wait(lock, [&] { return state_->loop_done; });
+    }
+    state_->gate->Close();  // a handshake thread may be in the handler
   }
 
  private:
@@ -292,7 +296,7 @@ Result<std::unique_ptr<Listener>> VerbsTransport::Listen(const std::string& addr
   TERN_ASSIGN_OR_RETURN(int fd, tcp::ListenSocket(address, TcpOptions{}));
   auto state = std::make_shared<ListenState>();
   state->fd = fd;
-  state->on_accept = std::move(on_accept);
+  state->gate = std::make_unique<transport_internal::AcceptGate>(std::move(on_accept));
   state->address = tcp::SocketAddress(fd, false);
   state->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (state->wake_fd < 0) {
@@ -365,7 +369,12 @@ void VerbsTransport::ServeHandshake(std::shared_ptr<ListenState> state, int fd) 
   }
   conn->AdoptSide(std::move(pipe));  // the connection owns the socket from here on
   Register(conn);
-  conn->SetHandlers(state->on_accept(conn));
+  auto handlers = state->gate->Call(conn);
+  if (!handlers) {  // the listener closed since the check above: as if the handler closed it
+    conn->Close();
+    handlers.emplace();
+  }
+  conn->SetHandlers(std::move(*handlers));
   Post([conn] { conn->Open(); });
 }
 
