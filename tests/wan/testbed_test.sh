@@ -44,26 +44,35 @@ within() {  # within MEASURED EXPECTED TOLERANCE_FRACTION
   python3 -c "import sys; m,e,t=map(float,sys.argv[1:]); sys.exit(0 if abs(m-e)<=t*e else 1)" "$@"
 }
 
+# The forwarder is a user-space process: on a loaded CI machine (ctest -j2
+# on 2 cores) one measurement can come out slow although the emulation is
+# right. A check passes when one of up to 3 measurements is within bounds;
+# a link that is wrong fails all of them.
 check_rtt() {  # check_rtt HOST DST_ADDR RTT_MS
-  local avg
+  local avg try
   # The first packets wait for ARP; measure after them.
   "$WAN" exec "$prefix" us-1 ping -q -c 2 -i 0.2 "$2" >/dev/null
-  avg=$("$WAN" exec "$prefix" us-1 ping -q -c 10 -i 0.2 "$2" | awk -F/ '/^rtt/ {print $5}')
-  echo "rtt us-1 -> $1: configured $3 ms, measured avg $avg ms"
-  within "$avg" "$3" 0.10 || fail "rtt to $1: $avg ms, want $3 ms +-10%"
+  for try in 1 2 3; do
+    avg=$("$WAN" exec "$prefix" us-1 ping -q -c 10 -i 0.2 "$2" | awk -F/ '/^rtt/ {print $5}')
+    echo "rtt us-1 -> $1: configured $3 ms, measured avg $avg ms (try $try)"
+    within "$avg" "$3" 0.10 && return 0
+  done
+  fail "rtt to $1: $avg ms, want $3 ms +-10%"
 }
 check_rtt eu-1 "$("$WAN" ip "$prefix" eu-1)" 50
 check_rtt ap-1 "$("$WAN" ip "$prefix" ap-1)" 100
 
 # Configured rates count IP bytes; TCP goodput is at most 1448/1500 of that.
-check_rate() {  # check_rate HOST RATE_MBIT
-  local mbit
-  mbit=$("$WAN" exec "$prefix" us-1 iperf3 -J -c "$("$WAN" ip "$prefix" "$1")" -t 5 -O 1 -C bbr |
-    python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e6)")
-  local want
+check_rate() {  # check_rate HOST RATE_MBIT (up to 3 measurements, as check_rtt)
+  local mbit want try
   want=$(python3 -c "print($2 * 1448 / 1500)")
-  echo "throughput us-1 -> $1 (bbr, 1 stream): configured $2 Mb/s (goodput $want), measured $mbit Mb/s"
-  within "$mbit" "$want" 0.10 || fail "throughput to $1: $mbit Mb/s, want $want +-10%"
+  for try in 1 2 3; do
+    mbit=$("$WAN" exec "$prefix" us-1 iperf3 -J -c "$("$WAN" ip "$prefix" "$1")" -t 5 -O 1 -C bbr |
+      python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e6)")
+    echo "throughput us-1 -> $1 (bbr, 1 stream): configured $2 Mb/s (goodput $want), measured $mbit Mb/s (try $try)"
+    within "$mbit" "$want" 0.10 && return 0
+  done
+  fail "throughput to $1: $mbit Mb/s, want $want +-10%"
 }
 check_rate eu-1 100
 check_rate ap-1 200
