@@ -70,6 +70,8 @@ struct ListenState {
   };
   std::mutex mu;
   std::map<uint64_t, Partial> partial;  // by connection id
+  std::condition_variable cv;
+  bool loop_done = false;  // the accept loop ended and closed fd (under mu)
 
   ~ListenState() {
     if (fd >= 0) ::close(fd);
@@ -88,6 +90,12 @@ class TcpListener final : public Listener {
     if (!state_->closed.exchange(true)) {
       uint64_t one = 1;
       [[maybe_unused]] ssize_t n = ::write(state_->wake_fd, &one, sizeof one);
+    }
+    {
+      // The port is free once Close returns: a dialer is refused at once
+      // rather than left waiting for a hello-ack, and it can be listened on.
+      std::unique_lock<std::mutex> lock(state_->mu);
+      state_->cv.wait(lock, [&] { return state_->loop_done; });
     }
     state_->gate->Close();  // a handshake thread may be in the handler
   }
@@ -268,6 +276,10 @@ class TcpTransport final : public Transport {
     }
     std::lock_guard<std::mutex> lock(st->mu);
     st->partial.clear();
+    ::close(st->fd);
+    st->fd = -1;
+    st->loop_done = true;
+    st->cv.notify_all();
   }
 
   void ExpirePartial(ListenState& st) {
