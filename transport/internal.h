@@ -52,36 +52,35 @@ class ThreadTracker {
 // A listener's accept handler behind a gate, so that Listener::Close() can
 // keep its promise (transport.h): once it returned, the handler is not
 // running on another thread and is never called again. A connection that
-// finishes its handshake after that is treated as if the handler had closed
-// it (Call returns nullopt).
+// finishes its handshake after that is refused.
 class AcceptGate {
  public:
   explicit AcceptGate(AcceptHandler on_accept) : on_accept_(std::move(on_accept)) {}
 
-  std::optional<ConnectionHandlers> Call(std::shared_ptr<Connection> conn) {
+  // Runs the handler, then `adopt` with the handlers it returned (the
+  // backend starting the connection), both inside the gate; false, and
+  // neither runs, once the gate is closed.
+  bool Call(std::shared_ptr<Connection> conn, const std::function<void(ConnectionHandlers)>& adopt) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return std::nullopt;
+      if (closed_) return false;
       callers_.push_back(std::this_thread::get_id());
     }
-    ConnectionHandlers h = on_accept_(std::move(conn));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      callers_.erase(std::find(callers_.begin(), callers_.end(), std::this_thread::get_id()));
-      cv_.notify_all();
-    }
-    return h;
+    adopt(on_accept_(std::move(conn)));
+    std::lock_guard<std::mutex> lock(mu_);
+    callers_.erase(std::find(callers_.begin(), callers_.end(), std::this_thread::get_id()));
+    cv_.notify_all();
+    return true;
   }
 
-  // Closes the gate and waits for calls in progress on other threads (a
-  // handler may close its own listener).
+  // Closes the gate and waits for calls in progress. Called from inside a
+  // handler (a handler may close its own listener) it only closes: two
+  // handlers closing their listener at once must not wait for each other.
   void Close() {
     std::unique_lock<std::mutex> lock(mu_);
     closed_ = true;
-    const auto self = std::this_thread::get_id();
-    cv_.wait(lock, [&] {
-      return std::all_of(callers_.begin(), callers_.end(), [&](auto id) { return id == self; });
-    });
+    if (std::find(callers_.begin(), callers_.end(), std::this_thread::get_id()) != callers_.end()) return;
+    cv_.wait(lock, [&] { return callers_.empty(); });
   }
 
  private:

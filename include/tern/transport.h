@@ -157,7 +157,9 @@ class Listener {
   // Stops accepting; established connections are unaffected. Idempotent.
   // When it returns (called from outside the accept handler) the handler is
   // not running and is never called again: a peer whose handshake ends
-  // later is refused, and what the handler uses may be destroyed.
+  // later is refused, and what the handler uses may be destroyed. Called
+  // from inside the handler it only stops accepting. A handler must not
+  // close another listener whose handler may be closing this one.
   virtual void Close() = 0;
 };
 

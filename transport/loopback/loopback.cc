@@ -314,12 +314,19 @@ class LoopTransport final : public Transport {
  public:
   explicit LoopTransport(LoopbackNetwork::Impl* net) : net_(net) {}
   ~LoopTransport() override {
+    std::vector<std::shared_ptr<AcceptGate>> gates;  // of listeners left open (a caller's bug)
     {
       std::lock_guard<std::mutex> lock(net_->mu);
       for (auto it = net_->listeners.begin(); it != net_->listeners.end();) {
-        it = it->second.owner == this ? net_->listeners.erase(it) : std::next(it);
+        if (it->second.owner == this) {
+          gates.push_back(it->second.gate);
+          it = net_->listeners.erase(it);
+        } else {
+          ++it;
+        }
       }
     }
+    for (auto& g : gates) g->Close();  // no Connect is starting an end on us after this
     std::vector<std::weak_ptr<Endpoint>> ends;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -411,14 +418,17 @@ void LoopTransport::Connect(const std::string& address, ConnectionHandlers handl
   }
   auto client = std::make_shared<Endpoint>(address);
   auto server = std::make_shared<Endpoint>("loop-client-" + std::to_string(next_client_++));
-  auto accepted = entry.gate->Call(server);
+  // The server end starts inside the gate: once the listener's Close()
+  // returned, its transport may be destroyed.
+  const bool accepted = entry.gate->Call(server, [&](ConnectionHandlers server_handlers) {
+    server->Bind(client, std::move(server_handlers));
+    client->Bind(server, std::move(handlers));
+    entry.owner->Start(server);
+  });
   if (!accepted) {  // the listener closed meanwhile
     done(TERN_ERROR(kUnavailable, "loopback listener '", address, "' closed"));
     return;
   }
-  server->Bind(client, std::move(*accepted));
-  client->Bind(server, std::move(handlers));
-  entry.owner->Start(server);
   done(std::shared_ptr<Connection>(client));
   Start(client);
 }

@@ -330,20 +330,28 @@ class TcpTransport final : public Transport {
       if (parsed.ok()) hello = *parsed;
       s = parsed.status();
     }
-    if (!s.ok()) {
-      // Tell the peer why (in our version) before hanging up; best effort.
-      std::string reason = s.message().substr(0, tcp::kMaxReasonBytes);
-      OutFrame ack = MakeFrame(FrameType::kHelloAck, h.arg[0], static_cast<uint64_t>(s.code()), 0, 0,
+    // Tells the peer why (in our version) before hanging up; best effort.
+    auto tell = [&](Pipe& p, uint64_t connection_id, const Status& why) {
+      std::string reason = why.message().substr(0, tcp::kMaxReasonBytes);
+      OutFrame ack = MakeFrame(FrameType::kHelloAck, connection_id, static_cast<uint64_t>(why.code()), 0, 0,
                                static_cast<uint32_t>(reason.size()));
-      if (tcp::WriteFull(*pipe, ack.header, kHeaderBytes, deadline, clock_).ok()) {
-        tcp::WriteFull(*pipe, reason.data(), reason.size(), deadline, clock_).IgnoreError();
+      if (tcp::WriteFull(p, ack.header, kHeaderBytes, deadline, clock_).ok()) {
+        tcp::WriteFull(p, reason.data(), reason.size(), deadline, clock_).IgnoreError();
       }
+    };
+    const Status closed = TERN_ERROR(kUnavailable, "the listener is closed");
+    if (!s.ok()) {
+      tell(*pipe, h.arg[0], s);
       return reject(s);
+    }
+    if (st->closed) {
+      tell(*pipe, hello.connection_id, closed);
+      return reject(closed);
     }
     std::vector<std::unique_ptr<Pipe>> pipes;
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      if (st->closed) return reject(TERN_ERROR(kUnavailable, "listener closed"));
+      if (st->closed) return reject(closed);
       ListenState::Partial& p = st->partial[hello.connection_id];
       if (p.count == 0) {
         p.count = hello.count;
@@ -366,26 +374,28 @@ class TcpTransport final : public Transport {
       st->partial.erase(hello.connection_id);
       st->sockets -= hello.count;
     }
+    if (st->closed) {  // the dialer learns why from every stream's hello-ack
+      Log("tcp: refusing " + peer + ": " + closed.message());
+      for (auto& p : pipes) tell(*p, hello.connection_id, closed);
+      return;
+    }
     const std::string describe = "tcp " + std::to_string(hello.count) + " streams " + congestion +
                                  (tls_ ? " tls1.3" : "");
     auto conn = std::make_shared<TcpConnection>(std::move(pipes), peer, describe, options_, clock_);
-    if (st->closed) {  // no hello-ack: the dialer sees its handshake fail
-      Log("tcp: refusing " + peer + ": the listener is closed");
-      return;
-    }
     OutFrame ack = MakeFrame(FrameType::kHelloAck, hello.connection_id, 0);
     if (!conn->SendHelloAcks(ack.header, deadline)) {
       Log("tcp: lost " + peer + " during the handshake");
       return;
     }
-    auto handlers = st->gate->Call(conn);
-    if (!handlers) {  // the listener closed while the acks went out
+    // Started inside the gate; closed since the acks went out, the dialer
+    // sees its new connection end.
+    if (!st->gate->Call(conn, [&](ConnectionHandlers h) {
+          conn->SetHandlers(std::move(h));
+          Track(conn);
+          conn->Start(threads_);
+        })) {
       conn->Close();
-      return;
     }
-    conn->SetHandlers(std::move(*handlers));
-    Track(conn);
-    conn->Start(threads_);
   }
 
   const TcpOptions options_;

@@ -347,9 +347,10 @@ void UcxConn::OnHello(std::string_view header) {
   t_->Defer([self] {
     if (self->state != State::kOpen) return;
     self->RecordLanes();
-    auto handlers = self->on_accept->Call(self);
+    const bool accepted =
+        self->on_accept->Call(self, [&](ConnectionHandlers h) { self->handlers = std::move(h); });
     self->on_accept.reset();
-    if (!handlers) {  // the listener closed: refused as a bad hello is
+    if (!accepted) {  // the listener closed: refused as a bad hello is
       const Status closed = TERN_ERROR(kUnavailable, "ucx: the listener is closed");
       auto keep = std::make_shared<std::pair<std::string, std::string>>(
           EncodeStatus(StatusHeader{0, static_cast<uint16_t>(closed.code())}), closed.message());
@@ -358,7 +359,6 @@ void UcxConn::OnHello(std::string_view header) {
       self->state = State::kClosed;
       return;
     }
-    self->handlers = std::move(*handlers);
     auto header = std::make_shared<std::string>(EncodeStatus(StatusHeader{}));
     self->SendAm(kAmHelloAck, *header, nullptr, 0, nullptr, header, nullptr);
   });

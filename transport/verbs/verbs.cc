@@ -369,12 +369,10 @@ void VerbsTransport::ServeHandshake(std::shared_ptr<ListenState> state, int fd) 
   }
   conn->AdoptSide(std::move(pipe));  // the connection owns the socket from here on
   Register(conn);
-  auto handlers = state->gate->Call(conn);
-  if (!handlers) {  // the listener closed since the check above: as if the handler closed it
-    conn->Close();
-    handlers.emplace();
+  if (!state->gate->Call(conn, [&](ConnectionHandlers h) { conn->SetHandlers(std::move(h)); })) {
+    conn->Close();  // the listener closed since the check above: as if the handler had closed it
+    conn->SetHandlers({});
   }
-  conn->SetHandlers(std::move(*handlers));
   Post([conn] { conn->Open(); });
 }
 
