@@ -844,10 +844,22 @@ TEST_P(Conformance, ListenerCloseWaitsForTheAcceptHandler) {
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const std::string address = (*l)->address();
   // Dialled from a thread: loopback runs the handler inside Connect.
-  std::thread dialer([&] { (void)ConnectWait(*pair_.client, address, {}, 10000, RetryPolicy{1, 10, 10}); });
+  std::thread dialer([&] { (void)ConnectWait(*pair_.client, address, {}, kConnectMs, RetryPolicy{1, 10, 10}); });
+  bool entered = false;
   {
     std::unique_lock<std::mutex> lock(g->mu);
-    ASSERT_TRUE(g->cv.wait_for(lock, 20s, [&] { return g->calls == 1; }));
+    entered = g->cv.wait_for(lock, 20s, [&] { return g->calls == 1; });
+  }
+  if (!entered) {
+    // Not an ASSERT: returning with `dialer` joinable would terminate the
+    // binary, and a handler still blocked would hang the transports' teardown.
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      g->release = true;
+      g->cv.notify_all();
+    }
+    dialer.join();
+    FAIL() << "the accept handler did not run within 20 s";
   }
   std::thread closer([&] {
     (*l)->Close();
@@ -900,7 +912,7 @@ TEST_P(Conformance, AcceptHandlerMayCloseItsListener) {
     l = std::move(made).value();
   }
   auto fut = closed->get_future();
-  auto conn = ConnectWait(*pair_.client, l->address(), {}, 10000, RetryPolicy{1, 10, 10});
+  auto conn = ConnectWait(*pair_.client, l->address(), {}, kConnectMs, RetryPolicy{1, 10, 10});
   ASSERT_EQ(fut.wait_for(20s), std::future_status::ready) << "the handler's Close() did not return";
   EXPECT_TRUE(conn.ok()) << conn.status().ToString();  // the connection it accepted stays up
   if (conn.ok()) (*conn)->Close();
