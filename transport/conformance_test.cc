@@ -918,6 +918,55 @@ TEST_P(Conformance, AcceptHandlerMayCloseItsListener) {
   if (conn.ok()) (*conn)->Close();
 }
 
+// Two handlers (on two handshake threads) that each close their listener
+// at once must not wait for each other. A backend that runs handlers one at
+// a time (ucx: its progress thread) meets only one of them; the rendezvous
+// gives up after 3 s then, and the second peer is refused.
+TEST_P(Conformance, TwoHandlersClosingTheirListenerAtOnceDoNotDeadlock) {
+  listener_->Close();
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    int in = 0;
+    int returned = 0;
+    std::unique_ptr<Listener> l;
+  };
+  auto g = std::make_shared<State>();
+  auto made = pair_.server->Listen(pair_.listen_address, [g](std::shared_ptr<Connection>) {
+    Listener* l = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(g->mu);
+      ++g->in;
+      g->cv.notify_all();
+      g->cv.wait_for(lock, 3s, [&] { return g->in >= 2; });
+      l = g->l.get();
+    }
+    l->Close();
+    std::lock_guard<std::mutex> lock(g->mu);
+    ++g->returned;
+    g->cv.notify_all();
+    return ConnectionHandlers{};
+  });
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string address = (*made)->address();
+  {
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->l = std::move(made).value();
+  }
+  std::vector<std::thread> dialers;
+  for (int i = 0; i < 2; ++i) {
+    dialers.emplace_back([&] { (void)ConnectWait(*pair_.client, address, {}, kConnectMs, RetryPolicy{1, 10, 10}); });
+  }
+  bool all_returned = false;
+  {
+    std::unique_lock<std::mutex> lock(g->mu);
+    all_returned = g->cv.wait_for(lock, 30s, [&] { return g->in >= 1 && g->returned == g->in; });
+  }
+  for (auto& t : dialers) t.join();
+  std::lock_guard<std::mutex> lock(g->mu);
+  EXPECT_TRUE(all_returned) << g->in << " handlers ran, " << g->returned << " of their Close() calls returned";
+}
+
 TEST_P(Conformance, WrongCertificateIsRefused) {
   if (GetParam().name != "tcp_tls") GTEST_SKIP() << "backend without authentication";
   auto rogue = GetParam().make(&testing::TestCerts().rogue_client);
