@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -72,6 +73,12 @@ Result<TcpOptions> TransportOptions(const Flags& f) {
 Result<std::unique_ptr<Transport>> MakeTransport(const Flags& f, TcpOptions o) {
   const std::string kind = f.Get("transport");
   if (kind == "ucx") {
+    // A restarted server must listen on its port again while its old
+    // connections linger (TIME_WAIT), as with tcp. UCX 1.13 binds with
+    // SO_REUSEADDR only when its environment says so (ucp_config_modify
+    // does not reach its connection manager). Set before UCX starts any
+    // thread; a value the user set wins.
+    ::setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
     UcxOptions u;
     return NewUcxTransport(u);
   }

@@ -13,6 +13,7 @@ on SIGTERM.
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,8 @@ def make_pki(d):
 class Server:
     """`tern xfer serve` on a free port; stops on SIGTERM at exit."""
 
-    def __init__(self, root, *flags, env=None):
-        self.proc = subprocess.Popen([TERN, "xfer", "serve", "--listen", "127.0.0.1:0", *flags, root],
+    def __init__(self, root, *flags, env=None, listen="127.0.0.1:0"):
+        self.proc = subprocess.Popen([TERN, "xfer", "serve", "--listen", listen, *flags, root],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
@@ -174,6 +175,29 @@ class XferTest(unittest.TestCase):
             self.assertNotIn("eth", s["link"])  # loopback only
         finally:
             srv.stop()
+
+    def test_a_restarted_server_listens_on_its_port_again(self):
+        # A server stopped while peers are connected leaves its port in
+        # TIME_WAIT; the next one must still listen there. tcp binds with
+        # SO_REUSEADDR; UCX 1.13 only when UCX_TCP_CM_REUSEADDR=y, which the
+        # CLI sets unless the environment does (it failed before, with
+        # "ucx: listen on ...: Device is busy").
+        for name, flags, env in (("tcp", ("--no-tls",), {}),
+                                 ("ucx", ("--transport", "ucx", "--no-tls"), LOOPBACK_UCX)):
+            with self.subTest(name):
+                srv = Server(self.root, *flags, env=env)
+                host, port = srv.address.rsplit(":", 1)
+                path = self.out(name + "-restart.bin")
+                try:
+                    self.assert_copy(get(srv.address, "sub/w.bin", path, *flags, env=env), path)
+                    peer = socket.create_connection((host, int(port)), timeout=10)
+                finally:
+                    srv.stop()
+                try:
+                    again = Server(self.root, *flags, env=env, listen=srv.address)
+                    again.stop()
+                finally:
+                    peer.close()
 
     def test_rdma_transports_need_an_explicit_no_tls_and_a_device(self):
         for t in ("ucx", "verbs"):
