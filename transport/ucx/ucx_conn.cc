@@ -331,37 +331,28 @@ void UcxConn::OnHello(std::string_view header) {
   if (state != State::kAwaitHello) return ProtocolError(TERN_ERROR(kProtocol, "unexpected ucx hello"));
   Hello hello;
   Status st = DecodeHello(header, &hello);
-  auto self = shared_from_this();
-  if (!st.ok()) {
-    t_->Log("ucx: rejected " + peer_ + ": " + st.ToString());
-    auto keep = std::make_shared<std::pair<std::string, std::string>>(
-        EncodeStatus(StatusHeader{0, static_cast<uint16_t>(st.code())}),
-        st.message().substr(0, kMaxReasonBytes));
-    SendAm(kAmHelloAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
-    // Flushed, so the hello-ack with the reason reaches the peer first.
-    t_->Defer([self, st] { self->Shutdown(st, Code::kUnavailable, Bye::kNoneFlush); });
-    state = State::kClosed;  // nothing more is accepted from it
-    return;
-  }
+  if (!st.ok()) return RefuseHello(st);
   state = State::kOpen;
-  t_->Defer([self] {
+  t_->Defer([self = shared_from_this()] {
     if (self->state != State::kOpen) return;
     self->RecordLanes();
     const bool accepted =
         self->on_accept->Call(self, [&](ConnectionHandlers h) { self->handlers = std::move(h); });
     self->on_accept.reset();
-    if (!accepted) {  // the listener closed: refused as a bad hello is
-      const Status closed = TERN_ERROR(kUnavailable, "ucx: the listener is closed");
-      auto keep = std::make_shared<std::pair<std::string, std::string>>(
-          EncodeStatus(StatusHeader{0, static_cast<uint16_t>(closed.code())}), closed.message());
-      self->SendAm(kAmHelloAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
-      self->t_->Defer([self, closed] { self->Shutdown(closed, Code::kUnavailable, Bye::kNoneFlush); });
-      self->state = State::kClosed;
-      return;
-    }
+    if (!accepted) return self->RefuseHello(TERN_ERROR(kUnavailable, "ucx: the listener is closed"));
     auto header = std::make_shared<std::string>(EncodeStatus(StatusHeader{}));
     self->SendAm(kAmHelloAck, *header, nullptr, 0, nullptr, header, nullptr);
   });
+}
+
+void UcxConn::RefuseHello(const Status& why) {
+  t_->Log("ucx: rejected " + peer_ + ": " + why.ToString());
+  auto keep = std::make_shared<std::pair<std::string, std::string>>(
+      EncodeStatus(StatusHeader{0, static_cast<uint16_t>(why.code())}), why.message().substr(0, kMaxReasonBytes));
+  SendAm(kAmHelloAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
+  // Flushed, so the hello-ack with the reason reaches the peer first.
+  t_->Defer([self = shared_from_this(), why] { self->Shutdown(why, Code::kUnavailable, Bye::kNoneFlush); });
+  state = State::kClosed;  // nothing more is accepted from it
 }
 
 void UcxConn::OnHelloAck(std::string_view header, std::string_view reason) {

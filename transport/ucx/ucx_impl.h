@@ -119,6 +119,8 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   void Deliver(uint64_t seq, std::string payload);
   void FinishLanding(std::unique_ptr<Landing> landing, Status status);
   void ProtocolError(const Status& why);
+  // Answers a hello with a refusal carrying `why`, then closes.
+  void RefuseHello(const Status& why);
   void CloseEndpoint(bool flush);
   // Closes the endpoint now (after any drain).
   void CloseEndpointNow(bool flush);
