@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "bench/baselines/synth.h"
-#include "tern/trace.h"
+#include "tern/datagen.h"
 
 namespace tern::bench {
 

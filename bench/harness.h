@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/status.h"
 #include "tern/view.h"
 
@@ -33,7 +33,7 @@ struct StepPair {
 // [rows, 4096] tensors of at most 16M elements like a model's linear layers.
 StepPair MakeSynthPair(uint64_t elements, double density, uint64_t seed, ThreadPool& pool);
 
-// The datagen trace generator (include/tern/trace.h): a model of ~params
+// The datagen trace generator (include/tern/datagen.h): a model of ~params
 // parameters served as BF16, stepped `steps` times at `lr`; the pair is the
 // last step (old = view after steps-1, new = view after steps).
 Result<StepPair> MakeTracePair(uint64_t params, double lr, uint64_t steps, uint64_t seed,

@@ -4,7 +4,7 @@
 #include <atomic>
 #include <memory>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
 #include "patch/container.h"
 #include "patch/digest_mix.h"

@@ -19,7 +19,7 @@
 #include <map>
 #include <random>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"
 

@@ -3,7 +3,7 @@
 #include <bit>
 #include <cstring>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/container.h"
 #include "patch/digest_mix.h"
 #include "patch/element_access.h"

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/digest_mix.h"
 #include "patch/element_access.h"
 

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/reference_decoder.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"

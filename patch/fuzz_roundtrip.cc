@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/reference_decoder.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"

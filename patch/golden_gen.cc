@@ -4,7 +4,7 @@
 #include <fstream>
 #include <random>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/golden_cases.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"

@@ -5,7 +5,7 @@
 #include <functional>
 #include <random>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
 #include "patch/container.h"
 #include "patch/reference_decoder.h"

@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/status.h"
 #include "tools/flags.h"
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/checkpoint.h"
-#include "tern/quant.h"
+#include "tern/float_cast.h"
 #include "tern/quant_plan.h"
 #include "tern/quantize.h"
 #include "tools/cli_util.h"

@@ -11,11 +11,11 @@
 #include <string>
 #include <system_error>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/checkpoint.h"
 #include "tern/quant_plan.h"
 #include "tern/quantize.h"
-#include "tern/trace.h"
+#include "tern/datagen.h"
 #include "tools/flags.h"
 
 namespace tern::cli {

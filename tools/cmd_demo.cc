@@ -8,10 +8,10 @@
 #include <memory>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/digest.h"
 #include "tern/patch.h"
-#include "tern/trace.h"
+#include "tern/datagen.h"
 #include "tools/cli_util.h"
 #include "tools/flags.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/checkpoint.h"
 #include "tern/digest.h"
 #include "tern/patch.h"

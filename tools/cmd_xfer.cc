@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tern/file_transfer.h"
+#include "tern/xfer.h"
 #include "tern/tcp_transport.h"
 #include "tern/ucx_transport.h"
 #include "tern/verbs_transport.h"

@@ -16,14 +16,14 @@
 #include <vector>
 
 #include "tern/fault_transport.h"
-#include "tern/file_transfer.h"
+#include "tern/xfer.h"
 #include "tern/loopback_transport.h"
 #include "tern/tcp_transport.h"
-#include "tern/transfer.h"
+#include "tern/xfer_chunks.h"
 #include "tern/verbs_transport.h"
 #include "transport/test_certs.h"
 #include "transport/ucx/test_pair.h"
-#include "transport/xfer_wire.h"
+#include "xfer/xfer_wire.h"
 
 namespace tern {
 namespace {

@@ -2,7 +2,7 @@
 // view and a copy of it in which exactly round(elements * density) elements
 // moved by a few units in the last place of their bit pattern.
 //
-// This stands in for the datagen trace generator (include/tern/trace.h) where
+// This stands in for the datagen trace generator (include/tern/datagen.h) where
 // an exact density is wanted: the changed positions are uniformly random
 // (independent of one another, which is the entropy bound's own assumption)
 // and the deltas follow `ulp_weights` (weight of +-1 ulp, +-2 ulp, ...; sign
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 
 namespace tern::bench {
 

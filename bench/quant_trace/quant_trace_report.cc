@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "tern/patch.h"
 #include "tern/quant_plan.h"
 #include "tern/quantize.h"
-#include "tern/trace.h"
+#include "tern/datagen.h"
 #include "tools/flags.h"
 
 namespace tern {

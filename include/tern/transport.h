@@ -10,7 +10,7 @@
 //    an XXH3-64 checksum and acknowledged. Chunks may land out of order (a
 //    multi-stream backend stripes them).
 // Retry, resume, windows, scheduling and failover do NOT live here; they live
-// in one place above (transport/transfer.h), which works with any backend.
+// in one place above (include/tern/xfer_chunks.h), which works with any backend.
 //
 // Asynchrony: every operation completes exactly once through its callback
 // (OK, or the error that ended it; kCancelled after Close()). Callbacks run on

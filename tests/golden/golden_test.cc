@@ -6,7 +6,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "common/thread_pool.h"
+#include "tern/thread_pool.h"
 #include "patch/golden_cases.h"
 #include "patch/reference_decoder.h"
 #include "patch/segment_codec.h"

@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "tern/tcp_transport.h"
-#include "tern/transfer.h"
+#include "tern/connect.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/pipe.h"
 #include "transport/test_certs.h"

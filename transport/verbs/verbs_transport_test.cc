@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "tern/transfer.h"
+#include "tern/connect.h"
 #include "tern/verbs_transport.h"
 #include "transport/tcp/pipe.h"
 #include "transport/verbs/probe.h"

@@ -1,0 +1,219 @@
+// Layout of the synthetic decoder-only transformer: shape choice from a
+// parameter budget, HF tensor names, and config.json.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tern/datagen.h"
+
+namespace tern {
+
+namespace {
+
+constexpr uint64_t kHeadDim = 64;
+constexpr uint64_t kMaxVocab = 32000;
+// Below this the search is not meaningful (a single 64-wide layer already
+// holds ~50K parameters).
+constexpr uint64_t kMinParams = 100'000;
+constexpr uint64_t kMaxParams = 1'000'000'000'000;
+
+uint64_t RoundUp(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
+
+uint64_t PerLayerParams(const ModelShape& s) {
+  const uint64_t h = s.hidden_size;
+  const uint64_t q_out = s.num_attention_heads * s.head_dim;
+  const uint64_t kv_out = s.num_key_value_heads * s.head_dim;
+  return h * q_out + 2 * h * kv_out + q_out * h + 3 * h * s.intermediate_size + 2 * h;
+}
+
+uint64_t EmbeddingParams(const ModelShape& s) { return 2 * s.vocab_size * s.hidden_size + s.hidden_size; }
+
+// Everything but the layer count, for hidden size `h` and a budget.
+ModelShape WidthFor(uint64_t h, uint64_t params) {
+  ModelShape s;
+  s.hidden_size = h;
+  s.head_dim = kHeadDim;
+  s.num_attention_heads = h / kHeadDim;
+  s.num_key_value_heads = s.num_attention_heads % 4 == 0 ? s.num_attention_heads / 4
+                                                         : s.num_attention_heads;
+  s.intermediate_size = RoundUp(8 * h / 3, 64);
+  // Small models would be mostly embedding with a real 32K vocabulary; give
+  // the embedding and head ~15% of the budget instead.
+  const uint64_t vocab = RoundUp(static_cast<uint64_t>(0.15 * static_cast<double>(params)) /
+                                     (2 * h),
+                                 256);
+  s.vocab_size = std::clamp<uint64_t>(vocab, 256, kMaxVocab);
+  return s;
+}
+
+// max(a/b, b/a): symmetric in log space without calling libm.
+double RatioDistance(uint64_t a, uint64_t b) {
+  const double r = static_cast<double>(a) / static_cast<double>(b);
+  return r >= 1 ? r : 1 / r;
+}
+
+}  // namespace
+
+uint64_t ModelShape::parameters() const {
+  return EmbeddingParams(*this) + num_hidden_layers * PerLayerParams(*this);
+}
+
+Status ModelShape::Validate() const {
+  TERN_REQUIRE(hidden_size > 0 && intermediate_size > 0 && num_hidden_layers > 0 &&
+                   num_attention_heads > 0 && num_key_value_heads > 0 && head_dim > 0 &&
+                   vocab_size > 0,
+               kInvalidArgument, "model shape has a zero dimension");
+  // Bounds keep every product below 2^64 before the total is checked.
+  constexpr uint64_t kDimMax = 1 << 20;
+  TERN_REQUIRE(hidden_size <= kDimMax && intermediate_size <= kDimMax &&
+                   num_hidden_layers <= 65536 && num_attention_heads <= kDimMax &&
+                   head_dim <= kDimMax && vocab_size <= (1u << 24),
+               kInvalidArgument, "model shape dimension out of range");
+  TERN_REQUIRE(num_attention_heads * head_dim == hidden_size, kInvalidArgument,
+               "hidden_size ", hidden_size, " != heads ", num_attention_heads, " x head_dim ",
+               head_dim);
+  TERN_REQUIRE(num_attention_heads % num_key_value_heads == 0, kInvalidArgument,
+               "attention heads ", num_attention_heads, " not a multiple of kv heads ",
+               num_key_value_heads);
+  TERN_REQUIRE(parameters() < (uint64_t{1} << 50), kInvalidArgument, "model too large");
+  return Status::Ok();
+}
+
+Result<ModelShape> ChooseModelShape(uint64_t params) {
+  TERN_REQUIRE(params >= kMinParams && params <= kMaxParams, kOutOfRange, "--params ", params,
+               " outside [1e5, 1e12]");
+  // Pick the width whose natural depth (~hidden/128 layers, as Llama 7B has
+  // 4096/32) lands closest to the budget, then fit the depth, then spend the
+  // rounding remainder on the vocabulary. Widths past 256 step by 256 so that
+  // the head count is a multiple of 4 and GQA applies.
+  ModelShape best;
+  double best_distance = 1e300;
+  for (uint64_t h = kHeadDim; h <= 32768; h += h < 256 ? kHeadDim : 256) {
+    ModelShape s = WidthFor(h, params);
+    s.num_hidden_layers = std::max<uint64_t>(2, (h + 64) / 128);
+    const double d = RatioDistance(s.parameters(), params);
+    if (d < best_distance) {
+      best_distance = d;
+      best = s;
+    }
+  }
+  // Fit the depth (rounding either way), then spend the remainder on the
+  // vocabulary, within a factor of 2 of its rule so the model keeps its look.
+  const uint64_t per_layer = PerLayerParams(best);
+  const uint64_t fixed = EmbeddingParams(best);
+  const uint64_t floor_layers = params > fixed ? (params - fixed) / per_layer : 0;
+  const ModelShape width = best;
+  best_distance = 1e300;
+  for (uint64_t layers : {floor_layers, floor_layers + 1}) {
+    if (layers == 0) continue;
+    ModelShape s = width;
+    s.num_hidden_layers = layers;
+    const uint64_t vocab_step = 2 * s.hidden_size * 256;  // parameters per 256 tokens
+    const uint64_t lo = std::max<uint64_t>(256, RoundUp(width.vocab_size / 2, 256));
+    const uint64_t hi = std::min(kMaxVocab, 2 * width.vocab_size);
+    if (params > s.parameters()) {
+      const uint64_t more = (params - s.parameters() + vocab_step / 2) / vocab_step * 256;
+      s.vocab_size = std::min(hi, s.vocab_size + more);
+    } else {
+      const uint64_t fewer = (s.parameters() - params + vocab_step / 2) / vocab_step * 256;
+      s.vocab_size = s.vocab_size > fewer + lo ? s.vocab_size - fewer : lo;
+    }
+    const double d = RatioDistance(s.parameters(), params);
+    if (d < best_distance) {
+      best_distance = d;
+      best = s;
+    }
+  }
+  TERN_RETURN_IF_ERROR(best.Validate());
+  return best;
+}
+
+std::vector<TensorDesc> ModelTensors(const ModelShape& s, DType dtype) {
+  const uint64_t h = s.hidden_size;
+  const uint64_t q_out = s.num_attention_heads * s.head_dim;
+  const uint64_t kv_out = s.num_key_value_heads * s.head_dim;
+  std::vector<TensorDesc> out;
+  out.reserve(2 + 9 * s.num_hidden_layers + 2);
+  auto add = [&](std::string name, std::vector<uint64_t> shape) {
+    out.push_back(TensorDesc{std::move(name), dtype, std::move(shape)});
+  };
+  add("model.embed_tokens.weight", {s.vocab_size, h});
+  for (uint64_t i = 0; i < s.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {h});
+    add(p + "self_attn.q_proj.weight", {q_out, h});
+    add(p + "self_attn.k_proj.weight", {kv_out, h});
+    add(p + "self_attn.v_proj.weight", {kv_out, h});
+    add(p + "self_attn.o_proj.weight", {h, q_out});
+    add(p + "post_attention_layernorm.weight", {h});
+    add(p + "mlp.gate_proj.weight", {s.intermediate_size, h});
+    add(p + "mlp.up_proj.weight", {s.intermediate_size, h});
+    add(p + "mlp.down_proj.weight", {h, s.intermediate_size});
+  }
+  add("model.norm.weight", {h});
+  add("lm_head.weight", {s.vocab_size, h});
+  return out;
+}
+
+std::string ModelConfigJson(const ModelShape& s, DType dtype) {
+  const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
+                            : dtype == DType::kF16 ? "float16"
+                                                   : "float32";
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\n"
+                "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+                "  \"model_type\": \"llama\",\n"
+                "  \"hidden_size\": %llu,\n"
+                "  \"intermediate_size\": %llu,\n"
+                "  \"num_hidden_layers\": %llu,\n"
+                "  \"num_attention_heads\": %llu,\n"
+                "  \"num_key_value_heads\": %llu,\n"
+                "  \"head_dim\": %llu,\n"
+                "  \"vocab_size\": %llu,\n"
+                "  \"hidden_act\": \"silu\",\n"
+                "  \"max_position_embeddings\": 4096,\n"
+                "  \"rms_norm_eps\": 1e-06,\n"
+                "  \"rope_theta\": 10000.0,\n"
+                "  \"initializer_range\": 0.02,\n"
+                "  \"attention_bias\": false,\n"
+                "  \"mlp_bias\": false,\n"
+                "  \"tie_word_embeddings\": false,\n"
+                "  \"bos_token_id\": 1,\n"
+                "  \"eos_token_id\": 2,\n"
+                "  \"torch_dtype\": \"%s\"\n"
+                "}\n",
+                static_cast<unsigned long long>(s.hidden_size),
+                static_cast<unsigned long long>(s.intermediate_size),
+                static_cast<unsigned long long>(s.num_hidden_layers),
+                static_cast<unsigned long long>(s.num_attention_heads),
+                static_cast<unsigned long long>(s.num_key_value_heads),
+                static_cast<unsigned long long>(s.head_dim),
+                static_cast<unsigned long long>(s.vocab_size), torch_dtype);
+  return buf;
+}
+
+std::string_view ServeFormatName(ServeFormat format) {
+  switch (format) {
+    case ServeFormat::kBF16:
+      return "bf16";
+    case ServeFormat::kF16:
+      return "fp16";
+    case ServeFormat::kQuantized:
+      return "quantized";
+  }
+  return "?";
+}
+
+Result<ServeFormat> ServeFormatFromName(std::string_view name) {
+  if (name == "bf16") return ServeFormat::kBF16;
+  if (name == "fp16" || name == "f16") return ServeFormat::kF16;
+  return TERN_ERROR(kInvalidArgument, "unknown serve format '", name, "' (bf16 or fp16)");
+}
+
+DType ServeDType(ServeFormat format) {
+  return format == ServeFormat::kF16 ? DType::kF16 : DType::kBF16;
+}
+
+}  // namespace tern
