@@ -62,173 +62,197 @@ Status CheckOptions(const PlanOptions& o) {
   return Status::Ok();
 }
 
-// A cluster is named within its region; an empty cluster is the member's own.
-std::string ClusterKey(const Member& m) {
-  return m.region + '\x1f' + (m.cluster.empty() ? "\x1e" + m.id : m.cluster);
-}
+// Members by index in id order (plan.members is sorted, so comparing
+// indices compares ids), the root last; clusters and regions interned.
+struct Index {
+  static constexpr uint32_t kNone = ~0u;
+  std::vector<const Member*> member;
+  std::unordered_map<std::string_view, uint32_t> of;
+  std::vector<uint32_t> relay_stripe, cluster, region;
+  uint32_t root = 0, clusters = 0, regions = 0;
+
+  explicit Index(const Plan& plan) {
+    const size_t n = plan.members.size();
+    member.reserve(n + 1);
+    of.reserve(n + 1);
+    std::unordered_map<std::string, uint32_t> cluster_ids, region_ids;
+    auto intern = [](std::unordered_map<std::string, uint32_t>& ids, std::string key) {
+      return ids.emplace(std::move(key), static_cast<uint32_t>(ids.size())).first->second;
+    };
+    auto add = [&](const Member& m, uint32_t stripe) {
+      of.emplace(m.id, static_cast<uint32_t>(member.size()));
+      member.push_back(&m);
+      relay_stripe.push_back(stripe);
+      // A cluster is named within its region; an empty one is the member's own.
+      cluster.push_back(intern(cluster_ids, m.region + '\x1f' +
+                                                (m.cluster.empty() ? "\x1e" + m.id : m.cluster)));
+      region.push_back(intern(region_ids, m.region));
+    };
+    for (const auto& [id, m] : plan.members) add(m, plan.relay_stripe.at(id));
+    root = static_cast<uint32_t>(n);
+    add(plan.root, Plan::kLeafEverywhere);
+    clusters = static_cast<uint32_t>(cluster_ids.size());
+    regions = static_cast<uint32_t>(region_ids.size());
+  }
+  uint32_t At(std::string_view id) const {
+    auto it = of.find(id);
+    return it == of.end() ? kNone : it->second;
+  }
+  const std::string& Id(uint32_t i) const { return member[i]->id; }
+};
 
 struct SlotKey {
   uint32_t depth;
   double uplink;
-  std::string id;
+  uint32_t member;  // index: id order
   bool operator<(const SlotKey& o) const {
     if (depth != o.depth) return depth < o.depth;
     if (uplink != o.uplink) return uplink > o.uplink;
-    return id < o.id;
+    return member < o.member;
   }
 };
 
 class StripeTree {
  public:
-  StripeTree(const Plan& plan, uint32_t stripe) : plan_(plan), stripe_(stripe) {}
+  static constexpr uint32_t kNone = Index::kNone;
+
+  StripeTree(const Plan& plan, const Index& index, uint32_t stripe)
+      : plan_(plan),
+        ix_(index),
+        stripe_(stripe),
+        parent_(index.member.size(), kNone),
+        children_(index.member.size()),
+        depth_(index.member.size(), kNone),
+        open_cluster_(index.clusters),
+        open_region_(index.regions) {}
 
   // Loads plan.parent[stripe] (members already planned).
   void Load() {
     for (const auto& [id, parent] : plan_.parent[stripe_]) {
-      parent_[id] = parent;
-      children_[parent].push_back(id);
+      const uint32_t c = ix_.At(id), p = ix_.At(parent);
+      TERN_ASSERT(c != kNone && p != kNone, "plan names unknown member");
+      parent_[c] = p;
+      children_[p].push_back(c);
     }
-    for (auto& [id, kids] : children_) std::sort(kids.begin(), kids.end());
-    ConnectSubtree(plan_.root.id, 0);
+    for (auto& kids : children_) std::sort(kids.begin(), kids.end());
+    ConnectSubtree(ix_.root, 0);
   }
 
-  // Attaches `id` (detached; its own subtree, if any, comes along).
-  Status Attach(const std::string& id) {
-    const Member& m = plan_.members.at(id);
-    std::string parent;
-    uint32_t parent_depth = 0;
-    auto take = [&](const std::set<SlotKey>* open) {
-      if (open == nullptr || open->empty()) return false;
-      parent = open->begin()->id;
-      parent_depth = open->begin()->depth;
+  // Attaches member `m` (detached; its own subtree, if any, comes along).
+  Status Attach(uint32_t m) {
+    uint32_t parent = kNone, parent_depth = 0;
+    auto take = [&](const std::set<SlotKey>& open) {
+      if (open.empty()) return false;
+      parent = open.begin()->member;
+      parent_depth = open.begin()->depth;
       return true;
     };
     // Cluster, region, root (the region has no room: it is new, or full),
     // another region.
-    const bool root_free = Kids(plan_.root.id) < plan_.options.root_fanout_max;
-    if (!take(Find(open_cluster_, ClusterKey(m))) && !take(Find(open_region_, m.region))) {
+    const bool root_free = Kids(ix_.root) < plan_.options.root_fanout_max;
+    if (!take(open_cluster_[ix_.cluster[m]]) && !take(open_region_[ix_.region[m]])) {
       if (root_free) {
-        parent = plan_.root.id;
-      } else if (!take(&open_all_)) {
-        return TERN_ERROR(kResourceExhausted, "stripe ", stripe_, ": no relay has room for '", id,
-                          "' (fanout_max ", plan_.options.fanout_max, ", root_fanout_max ",
-                          plan_.options.root_fanout_max, ", ", plan_.members.size(), " members)");
+        parent = ix_.root;
+      } else if (!take(open_all_)) {
+        return TERN_ERROR(kResourceExhausted, "stripe ", stripe_, ": no relay has room for '",
+                          ix_.Id(m), "' (fanout_max ", plan_.options.fanout_max,
+                          ", root_fanout_max ", plan_.options.root_fanout_max, ", ",
+                          plan_.members.size(), " members)");
       }
     }
-    Hang(id, parent, parent == plan_.root.id ? 0 : parent_depth);
+    Hang(m, parent, parent == ix_.root ? 0 : parent_depth);
     return Status::Ok();
   }
 
-  // Removes `id`; returns its children, detached with their subtrees.
-  std::vector<std::string> Remove(const std::string& id) {
-    std::vector<std::string> orphans = children_[id];
-    children_.erase(id);
-    for (const auto& c : orphans) {
-      parent_.erase(c);
+  // Removes `m`; returns its children, detached with their subtrees.
+  std::vector<uint32_t> Remove(uint32_t m) {
+    std::vector<uint32_t> orphans = std::move(children_[m]);
+    children_[m].clear();
+    for (uint32_t c : orphans) {
+      parent_[c] = kNone;
       DisconnectSubtree(c);
     }
-    const std::string parent = parent_.at(id);
-    CloseSlot(id);
-    Unattach(id);
-    parent_.erase(id);
-    const bool parent_is_root = parent == plan_.root.id;
-    if (!parent_is_root) CloseSlot(parent);
+    const uint32_t parent = parent_[m];
+    CloseSlot(m);
+    depth_[m] = kNone;
+    parent_[m] = kNone;
+    if (parent != ix_.root) CloseSlot(parent);
     auto& kids = children_[parent];
-    kids.erase(std::find(kids.begin(), kids.end(), id));
-    if (!parent_is_root) OpenSlot(parent);
+    kids.erase(std::find(kids.begin(), kids.end(), m));
+    if (parent != ix_.root) OpenSlot(parent);
     return orphans;
   }
 
   std::map<std::string, std::string> Parents() const {
-    return std::map<std::string, std::string>(parent_.begin(), parent_.end());
+    std::map<std::string, std::string> out;
+    for (uint32_t m = 0; m < ix_.root; ++m)
+      if (parent_[m] != kNone) out.emplace_hint(out.end(), ix_.Id(m), ix_.Id(parent_[m]));
+    return out;
   }
 
  private:
-  template <class M>
-  static const std::set<SlotKey>* Find(const M& m, const std::string& key) {
-    auto it = m.find(key);
-    return it == m.end() ? nullptr : &it->second;
-  }
-  uint32_t Kids(const std::string& id) const {
-    auto it = children_.find(id);
-    return it == children_.end() ? 0 : static_cast<uint32_t>(it->second.size());
-  }
-  bool Relays(const std::string& id) const { return plan_.relay_stripe.at(id) == stripe_; }
+  uint32_t Kids(uint32_t m) const { return static_cast<uint32_t>(children_[m].size()); }
+  bool Relays(uint32_t m) const { return ix_.relay_stripe[m] == stripe_; }
+  SlotKey KeyOf(uint32_t m) const { return SlotKey{depth_[m], ix_.member[m]->uplink_bytes_per_s, m}; }
 
-  SlotKey KeyOf(const std::string& id) const {
-    return SlotKey{depth_.at(id), plan_.members.at(id).uplink_bytes_per_s, id};
-  }
   // A relay with spare fan-out is open; these two keep the sets in step
   // with depth_ and children_ (close before a change, open after it).
-  void OpenSlot(const std::string& id) {
-    if (!Relays(id) || Kids(id) >= plan_.options.fanout_max) return;
-    const Member& m = plan_.members.at(id);
-    const SlotKey key = KeyOf(id);
-    open_cluster_[ClusterKey(m)].insert(key);
-    open_region_[m.region].insert(key);
+  void OpenSlot(uint32_t m) {
+    if (!Relays(m) || Kids(m) >= plan_.options.fanout_max) return;
+    const SlotKey key = KeyOf(m);
+    open_cluster_[ix_.cluster[m]].insert(key);
+    open_region_[ix_.region[m]].insert(key);
     open_all_.insert(key);
   }
-  void CloseSlot(const std::string& id) {
-    if (!depth_.count(id)) return;
-    const Member& m = plan_.members.at(id);
-    const SlotKey key = KeyOf(id);
-    auto drop = [&](auto& sets, const std::string& k) {
-      auto it = sets.find(k);
-      if (it == sets.end()) return;
-      it->second.erase(key);
-      if (it->second.empty()) sets.erase(it);
-    };
-    drop(open_cluster_, ClusterKey(m));
-    drop(open_region_, m.region);
+  void CloseSlot(uint32_t m) {
+    if (depth_[m] == kNone) return;
+    const SlotKey key = KeyOf(m);
+    open_cluster_[ix_.cluster[m]].erase(key);
+    open_region_[ix_.region[m]].erase(key);
     open_all_.erase(key);
   }
-  void Unattach(const std::string& id) { depth_.erase(id); }
 
-  void Hang(const std::string& id, const std::string& parent, uint32_t parent_depth) {
-    const bool parent_is_root = parent == plan_.root.id;
-    if (!parent_is_root) CloseSlot(parent);
-    parent_[id] = parent;
+  void Hang(uint32_t m, uint32_t parent, uint32_t parent_depth) {
+    if (parent != ix_.root) CloseSlot(parent);
+    parent_[m] = parent;
     auto& kids = children_[parent];
-    kids.insert(std::lower_bound(kids.begin(), kids.end(), id), id);
-    if (!parent_is_root) OpenSlot(parent);
-    ConnectSubtree(id, parent_is_root ? 1 : parent_depth + 1);
+    kids.insert(std::lower_bound(kids.begin(), kids.end(), m), m);
+    if (parent != ix_.root) OpenSlot(parent);
+    ConnectSubtree(m, parent == ix_.root ? 1 : parent_depth + 1);
   }
 
   // Gives `top` and everything below it depths and open slots (breadth
   // first; bounded by the member count since the tree has no cycles).
-  void ConnectSubtree(const std::string& top, uint32_t depth) {
-    std::deque<std::pair<std::string, uint32_t>> todo{{top, depth}};
+  void ConnectSubtree(uint32_t top, uint32_t depth) {
+    std::deque<std::pair<uint32_t, uint32_t>> todo{{top, depth}};
     while (!todo.empty()) {
-      auto [id, d] = todo.front();
+      auto [m, d] = todo.front();
       todo.pop_front();
-      if (id != plan_.root.id) {
-        depth_[id] = d;
-        OpenSlot(id);
+      if (m != ix_.root) {
+        depth_[m] = d;
+        OpenSlot(m);
       }
-      auto it = children_.find(id);
-      if (it == children_.end()) continue;
-      for (const auto& c : it->second) todo.emplace_back(c, d + 1);
+      for (uint32_t c : children_[m]) todo.emplace_back(c, d + 1);
     }
   }
-  void DisconnectSubtree(const std::string& top) {
-    std::deque<std::string> todo{top};
+  void DisconnectSubtree(uint32_t top) {
+    std::deque<uint32_t> todo{top};
     while (!todo.empty()) {
-      std::string id = todo.front();
+      const uint32_t m = todo.front();
       todo.pop_front();
-      CloseSlot(id);
-      Unattach(id);
-      auto it = children_.find(id);
-      if (it == children_.end()) continue;
-      for (const auto& c : it->second) todo.push_back(c);
+      CloseSlot(m);
+      depth_[m] = kNone;
+      for (uint32_t c : children_[m]) todo.push_back(c);
     }
   }
 
   const Plan& plan_;
+  const Index& ix_;
   const uint32_t stripe_;
-  std::unordered_map<std::string, std::string> parent_;
-  std::unordered_map<std::string, std::vector<std::string>> children_;  // sorted
-  std::unordered_map<std::string, uint32_t> depth_;                     // attached members
-  std::unordered_map<std::string, std::set<SlotKey>> open_cluster_, open_region_;
+  std::vector<uint32_t> parent_;
+  std::vector<std::vector<uint32_t>> children_;  // sorted
+  std::vector<uint32_t> depth_;                  // kNone: detached
+  std::vector<std::set<SlotKey>> open_cluster_, open_region_;
   std::set<SlotKey> open_all_;
 };
 
@@ -244,14 +268,14 @@ bool FasterFirst(const Member& a, const Member& b) {
 // freed, or a better one; a departed region head is so replaced by the
 // fastest member below it). Relays go first because their subtrees bring
 // open slots along: when one finds no room, no orphan after it can.
-Status Reattach(const Plan& plan, uint32_t stripe, StripeTree& tree,
-                std::vector<std::string> orphans) {
-  std::sort(orphans.begin(), orphans.end(), [&](const std::string& a, const std::string& b) {
-    const bool ra = plan.relay_stripe.at(a) == stripe, rb = plan.relay_stripe.at(b) == stripe;
+Status Reattach(const Index& ix, uint32_t stripe, StripeTree& tree,
+                std::vector<uint32_t> orphans) {
+  std::sort(orphans.begin(), orphans.end(), [&](uint32_t a, uint32_t b) {
+    const bool ra = ix.relay_stripe[a] == stripe, rb = ix.relay_stripe[b] == stripe;
     if (ra != rb) return ra;
-    return FasterFirst(plan.members.at(a), plan.members.at(b));
+    return FasterFirst(*ix.member[a], *ix.member[b]);
   });
-  for (const auto& o : orphans) TERN_RETURN_IF_ERROR(tree.Attach(o));
+  for (uint32_t o : orphans) TERN_RETURN_IF_ERROR(tree.Attach(o));
   return Status::Ok();
 }
 
@@ -288,16 +312,18 @@ Result<Plan> MakePlan(const Member& root, const std::vector<Member>& members,
       plan.relay_stripe[relays[i]->id] = static_cast<uint32_t>(i % options.stripes);
   }
   plan.parent.resize(options.stripes);
+  const Index index(plan);
   for (uint32_t s = 0; s < options.stripes; ++s) {
     // This stripe's relays first (fastest first), then everyone else.
     std::vector<const Member*> placing = order;
     std::stable_sort(placing.begin(), placing.end(), [&](const Member* a, const Member* b) {
-      const bool ra = plan.relay_stripe[a->id] == s, rb = plan.relay_stripe[b->id] == s;
+      const bool ra = index.relay_stripe[index.At(a->id)] == s,
+                 rb = index.relay_stripe[index.At(b->id)] == s;
       if (ra != rb) return ra;
       return ra ? FasterFirst(*a, *b) : a->id < b->id;
     });
-    StripeTree tree(plan, s);
-    for (const Member* m : placing) TERN_RETURN_IF_ERROR(tree.Attach(m->id));
+    StripeTree tree(plan, index, s);
+    for (const Member* m : placing) TERN_RETURN_IF_ERROR(tree.Attach(index.At(m->id)));
     plan.parent[s] = tree.Parents();
   }
   return plan;
@@ -322,10 +348,11 @@ Result<Plan> AddMember(const Plan& plan, const Member& member) {
     stripe = static_cast<uint32_t>(std::min_element(relays.begin(), relays.end()) - relays.begin());
   }
   next.relay_stripe[member.id] = stripe;
+  const Index index(next);
   for (uint32_t s = 0; s < plan.options.stripes; ++s) {
-    StripeTree tree(next, s);
+    StripeTree tree(next, index, s);
     tree.Load();
-    TERN_RETURN_IF_ERROR(tree.Attach(member.id));
+    TERN_RETURN_IF_ERROR(tree.Attach(index.At(member.id)));
     next.parent[s] = tree.Parents();
   }
   return next;
@@ -335,11 +362,12 @@ Result<Plan> RemoveMember(const Plan& plan, std::string_view id_view) {
   const std::string id(id_view);
   TERN_REQUIRE(plan.members.count(id), kNotFound, "member '", id, "' is not in the plan");
   Plan next = plan;
+  const Index index(next);
   for (uint32_t s = 0; s < plan.options.stripes; ++s) {
-    StripeTree tree(next, s);
+    StripeTree tree(next, index, s);
     tree.Load();
-    std::vector<std::string> orphans = tree.Remove(id);
-    TERN_RETURN_IF_ERROR(Reattach(next, s, tree, std::move(orphans)));
+    std::vector<uint32_t> orphans = tree.Remove(index.At(id));
+    TERN_RETURN_IF_ERROR(Reattach(index, s, tree, std::move(orphans)));
     next.parent[s] = tree.Parents();
   }
   next.members.erase(id);
@@ -456,54 +484,54 @@ Delivery EstimateDelivery(const Plan& plan, uint64_t bytes, uint64_t chunk_bytes
   if (stripes == 0 || plan.members.empty()) return out;
   const double share = static_cast<double>(bytes) / stripes;
   const double chunk = std::min(share, static_cast<double>(std::max<uint64_t>(chunk_bytes, 1)));
+  const Index ix(plan);
+  const size_t n = ix.member.size();
   // A member's uplink is shared by its children in every stripe.
-  std::map<std::string, uint32_t> fanout;
-  std::vector<std::map<std::string, std::vector<std::string>>> kids(stripes);
+  std::vector<uint32_t> fanout(n, 0);
+  std::vector<std::vector<std::vector<uint32_t>>> kids(stripes, std::vector<std::vector<uint32_t>>(n));
   for (uint32_t s = 0; s < stripes; ++s)
     for (const auto& [id, p] : plan.parent[s]) {
-      ++fanout[p];
-      kids[s][p].push_back(id);
+      const uint32_t pi = ix.At(p);
+      ++fanout[pi];
+      kids[s][pi].push_back(ix.At(id));
     }
-  auto member = [&](const std::string& id) -> const Member& {
-    return id == plan.root.id ? plan.root : plan.members.at(id);
-  };
   auto rtt = [&](Link l) {
     return l == Link::kSameCluster  ? model.rtt_same_cluster_s
            : l == Link::kSameRegion ? model.rtt_same_region_s
                                     : model.rtt_cross_region_s;
   };
-  std::map<std::string, double> first, last;
+  constexpr double kUnset = -1;
+  std::vector<double> first(n, kUnset), last(n, 0);
+  std::vector<double> at_first(n), at_last(n);
   for (uint32_t s = 0; s < stripes; ++s) {
-    std::map<std::string, std::pair<double, double>> at{{plan.root.id, {0.0, 0.0}}};
-    std::deque<std::pair<std::string, uint32_t>> todo{{plan.root.id, 0}};
+    at_first[ix.root] = at_last[ix.root] = 0;
+    std::deque<std::pair<uint32_t, uint32_t>> todo{{ix.root, 0}};
     while (!todo.empty()) {
       auto [p, depth] = todo.front();
       todo.pop_front();
       out.depth_max = std::max(out.depth_max, depth);
-      const Member& pm = member(p);
-      auto [p_first, p_last] = at[p];
-      for (const auto& c : kids[s][p]) {
-        const Member& cm = member(c);
-        const double rate = std::min(pm.uplink_bytes_per_s / fanout[p],
-                                     cm.downlink_bytes_per_s / stripes);
+      const Member& pm = *ix.member[p];
+      for (uint32_t c : kids[s][p]) {
+        const Member& cm = *ix.member[c];
+        const double rate =
+            std::min(pm.uplink_bytes_per_s / fanout[p], cm.downlink_bytes_per_s / stripes);
         const double half_rtt = rtt(Classify(pm, cm)) / 2;
-        const double c_first = p_first + half_rtt + chunk / rate;
-        const double c_last =
-            std::max(p_first + half_rtt + share / rate, p_last + half_rtt + chunk / rate);
-        at[c] = {c_first, c_last};
-        auto f = first.find(c);
-        first[c] = f == first.end() ? c_first : std::min(f->second, c_first);
-        last[c] = std::max(last[c], c_last);
+        at_first[c] = at_first[p] + half_rtt + chunk / rate;
+        at_last[c] = std::max(at_first[p] + half_rtt + share / rate,
+                              at_last[p] + half_rtt + chunk / rate);
+        first[c] = first[c] == kUnset ? at_first[c] : std::min(first[c], at_first[c]);
+        last[c] = std::max(last[c], at_last[c]);
         todo.emplace_back(c, depth + 1);
       }
     }
   }
-  for (const auto& [id, t] : first) out.first_chunk_s = std::max(out.first_chunk_s, t);
-  for (const auto& [id, t] : last)
-    if (t > out.last_byte_s || out.last_member.empty()) {
-      out.last_byte_s = t;
-      out.last_member = id;
+  for (uint32_t m = 0; m < ix.root; ++m) {
+    out.first_chunk_s = std::max(out.first_chunk_s, first[m]);
+    if (out.last_member.empty() || last[m] > out.last_byte_s) {
+      out.last_byte_s = last[m];
+      out.last_member = ix.Id(m);
     }
+  }
   return out;
 }
 
