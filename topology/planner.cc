@@ -2,12 +2,12 @@
 //
 // One StripeTree edits one stripe. Members that may relay in the stripe and
 // have spare fan-out sit in three ordered "open slot" sets (per cluster, per
-// region, all), keyed shallowest first, then fastest uplink, then id, so each
-// attachment is O(log n) and a plan of 10^5 members takes well under a second.
+// region, all), keyed shallowest first, then fastest uplink, then member index
+// (id order), so each attachment is O(log n) (costs: docs/topology.md).
 // Attaching a member picks, in order: a slot in its own cluster (RDMA), one
 // in its region, the root when its region has no slot left (the member is
-// the first of its region, or the region is full), and only then a slot in another
-// region. That order is the whole policy: WAN links are crossed once per
+// the first of its region, or the region is full), and only then a slot in
+// another region.
 // region (by the region's first, fastest relay), clusters hang together, and
 // fast members end up interior because they are placed first.
 #include <algorithm>
