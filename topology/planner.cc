@@ -7,9 +7,9 @@
 // Attaching a member picks, in order: a slot in its own cluster (RDMA), one
 // in its region, the root when its region has no slot left (the member is
 // the first of its region, or the region is full), and only then a slot in
-// another region.
-// region (by the region's first, fastest relay), clusters hang together, and
-// fast members end up interior because they are placed first.
+// another region. That order is the whole policy: WAN links are crossed once
+// per region (by the region's first, fastest relay), clusters hang together,
+// and fast members end up interior because they are placed first.
 #include <algorithm>
 #include <cmath>
 #include <deque>
