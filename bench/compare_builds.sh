@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compares two builds of tern on the codec and the loopback transport, in one
 # run, alternating A and B (A B, B A, ...) so that load changes hit both
-# alike; run it on an idle machine, since a busy one swamps any difference. Prints the
-# measurements side by side with B/A ratios (docs/benchmarks.md records them).
+# alike; run it on an idle machine, since a busy one swamps any difference.
+# Prints the measurements side by side with B/A ratios (docs/benchmarks.md
+# records them).
 #
 #   bench/compare_builds.sh OLD_BUILD_DIR NEW_BUILD_DIR [ROUNDS]
 #
@@ -13,7 +14,7 @@
 # streams, plain and TLS 1.3.
 set -euo pipefail
 if [[ $# -lt 2 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 A=$(realpath "$1"); B=$(realpath "$2"); ROUNDS=${3:-2}
