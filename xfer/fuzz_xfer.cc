@@ -1,4 +1,4 @@
-// Fuzzer: arbitrary bytes as xfer protocol messages (docs/format/wire.md §5)
+// Fuzzer: arbitrary bytes as xfer protocol messages (docs/format/xfer.md)
 // and as the client's resume-state file (xfer/xfer_wire.h). Input: one
 // selector byte (mod 7: GET, INFO, WANT, ERROR/DONE, state, chunk count,
 // HASH), then the message or file (for WANT, a u32 bitmap bound first; for

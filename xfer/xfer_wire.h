@@ -1,4 +1,4 @@
-// The xfer application protocol behind `tern xfer` (docs/format/wire.md §5,
+// The xfer application protocol behind `tern xfer` (docs/format/xfer.md,
 // version 2) and the client's resume-state file, as pure encoders and
 // decoders: the file server and FetchFile parse peer bytes only through
 // these, and the fuzzers drive them directly. Every length and count is

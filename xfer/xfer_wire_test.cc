@@ -122,7 +122,7 @@ TEST(XferWire, InfoRoundTripsAndRefusesWhatItMayNotSay) {
 }
 
 TEST(XferWire, HashMatchesTheSpecExample) {
-  // docs/format/wire.md §5, worked example.
+  // docs/format/xfer.md, worked example.
   const std::string m = EncodeHash({1, 0x9555e8555c62dcfdull});
   const std::string spec("\x48\x01\x00\x00\x00\x00\x00\x00\x00\xfd\xdc\x62\x5c\x55\xe8\x55\x95", 17);
   EXPECT_EQ(m, spec);

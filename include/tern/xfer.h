@@ -1,7 +1,7 @@
 // The file service behind `tern xfer`: a bulk copier over any Transport
 // (like bbcp/gridftp), and the way the transport is measured.
 //
-// Protocol (messages on one connection; docs/format/wire.md §5, xfer version
+// Protocol (messages on one connection; docs/format/xfer.md, xfer version
 // 2): GET name -> INFO size + a tag naming the file version (+ the whole-file
 // XXH3-64 when the server already knows it; else HASH follows as soon as it
 // is computed, while chunks flow). A fresh client then opens a window over
