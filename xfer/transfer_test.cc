@@ -168,6 +168,23 @@ TEST_F(FileServiceTest, RefusesPathsEscapingTheRoot) {
   EXPECT_NE(log_.find("escapes the served root"), std::string::npos) << log_;
 }
 
+// `tern xfer serve /` serves every file by its absolute path without the
+// leading '/' (it refused each one as escaping the root), and still
+// refuses `..`.
+TEST_F(FileServiceTest, ServesTheFileSystemRoot) {
+  FileServerOptions so;
+  so.log = [](std::string_view) {};
+  auto slash = FileServer::Start(*server_t_, "slash", "/", so);
+  ASSERT_TRUE(slash.ok()) << slash.status().ToString();
+  const std::string name = fs::canonical(dir_ / "root" / "sub" / "f.bin").string().substr(1);
+  auto r = FetchFile(*client_t_, "slash", name, (dir_ / "out").string(), fo_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+  auto up = FetchFile(*client_t_, "slash", "../" + name, (dir_ / "up").string(), fo_);
+  EXPECT_EQ(up.status().code(), Code::kInvalidArgument) << up.status().ToString();
+  EXPECT_FALSE(fs::exists(dir_ / "up"));
+}
+
 TEST_F(FileServiceTest, ResumesAcrossRunsFromTheStateFile) {
   FaultPolicy fp;
   fp.drop_after_bytes = 1 << 20;

@@ -5,7 +5,7 @@ Usage: test_xfer.py PATH_TO_TERN. Everything runs on 127.0.0.1 (UCX is held
 to the loopback device through its environment). Checks: a plain and a
 mutual-TLS copy land bit-exact with a parseable summary line; a client
 without the server's CA is refused and leaves no file; names escaping the
-served root are refused; --transport ucx copies between two processes;
+served root are refused; serving / works; --transport ucx copies between two processes;
 --transport verbs explains itself where there is no RDMA device; RDMA
 transports refuse to run without an explicit --no-tls; serve stops cleanly
 on SIGTERM.
@@ -162,6 +162,19 @@ class XferTest(unittest.TestCase):
                     self.assertNotEqual(proc.returncode, 0)
                     self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
                     self.assertFalse(os.path.exists(path))
+        finally:
+            srv.stop()
+
+    def test_serving_the_filesystem_root(self):
+        # `serve /` refused every file as escaping the root.
+        srv = Server("/", "--no-tls")
+        try:
+            path = self.out("slash.bin")
+            name = os.path.realpath(os.path.join(self.root, "sub", "w.bin")).lstrip("/")
+            self.assert_copy(get(srv.address, name, path, "--no-tls", "--retries", "0"), path)
+            proc = get(srv.address, "../" + name, self.out("slash-up.bin"), "--no-tls", "--retries", "0")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("escapes the served root", proc.stderr)
         finally:
             srv.stop()
 

@@ -27,6 +27,9 @@ Result<Sandbox> Sandbox::Open(const std::string& root) {
 }
 
 bool Sandbox::Inside(const std::string& path) const {
+  // realpath never ends a path in '/' except "/" itself, so "/" is the one
+  // root whose children do not start with root + "/".
+  if (root_ == "/") return path.size() > 1 && path[0] == '/';
   return path.size() > root_.size() && path.compare(0, root_.size(), root_) == 0 &&
          path[root_.size()] == '/';
 }
@@ -46,7 +49,7 @@ Result<std::string> Sandbox::Resolve(std::string_view name) const {
                  Printable(name), "'");
     at = end + 1;
   }
-  const std::string joined = root_ + "/" + std::string(name);
+  const std::string joined = (root_ == "/" ? "" : root_) + "/" + std::string(name);
   char real[PATH_MAX];
   TERN_REQUIRE(::realpath(joined.c_str(), real) != nullptr, kNotFound, "no file '", Printable(name), "'");
   std::string r(real);

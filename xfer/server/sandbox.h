@@ -5,7 +5,7 @@
 // (kInvalidArgument), an absolute one or one with a `..` component
 // (kInvalidArgument, "escapes the served root"), one that does not exist
 // (kNotFound), one that resolves outside the root, also through a symlink
-// (kInvalidArgument). A root that
+// (kInvalidArgument). A root of "/" holds every absolute path. A root that
 // is a regular file serves only that file, under its base name. Immutable
 // after Open: Resolve may be called from any thread.
 #pragma once
@@ -30,7 +30,7 @@ class Sandbox {
   // Whether the real path `path` lies strictly below the root.
   bool Inside(const std::string& path) const;
 
-  std::string root_;  // a real path
+  std::string root_;  // a real path: no trailing '/' unless it is "/"
   bool root_is_file_ = false;
 };
 
