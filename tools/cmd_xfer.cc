@@ -141,14 +141,22 @@ Status Get(int argc, char** argv) {
   std::vector<char*> av;
   for (auto& a : args) av.push_back(a.data());
 
-  Flags f("xfer get", "fetch REMOTE_NAME from a `tern xfer serve` at HOST:PORT, resumable");
-  f.Add("output", "local file to write (also -o); LOCAL.tern-part holds a partial copy", "", true);
+  Flags f("xfer get",
+          "fetch REMOTE_NAME from a `tern xfer serve` at HOST:PORT, resumable\n\n"
+          "The copy is written to LOCAL.tern-part beside LOCAL and renamed to LOCAL only\n"
+          "after its whole-file checksum matched. A failed fetch keeps LOCAL.tern-part\n"
+          "(at most the remote file's size) and LOCAL.tern-part.state for the next get to\n"
+          "LOCAL to resume, but only when some chunk arrived; a fetch refused or failed\n"
+          "before that leaves nothing. Both go once the copy is complete, on a checksum\n"
+          "mismatch, or when the remote file changed (the fetch starts over); delete them\n"
+          "to drop a partial copy by hand.");
+  f.Add("output", "local file to write (also -o); see above for LOCAL.tern-part", "", true);
   f.Add("streams", "parallel TCP streams (0: from --rate-hint/--rtt-ms, else 8)", "0");
   f.Add("rate-hint", "link rate in bit/s (K/M/G suffixes) to size the streams", "0");
   f.Add("rtt-ms", "round-trip time in ms to size the streams", "0");
   f.Add("chunk", "chunk size (K/M suffixes): the unit of checksum, ack and resume", "4M");
   f.Add("retries", "reconnect attempts after a broken connection", "8");
-  f.AddSwitch("no-resume", "ignore and do not keep LOCAL.tern-part.state");
+  f.AddSwitch("no-resume", "ignore LOCAL.tern-part.state, and keep no partial copy on failure");
   f.AddSwitch("quiet", "no progress on stderr");
   AddTransportFlags(f);
   f.AddPositional("HOST:PORT", "the server");

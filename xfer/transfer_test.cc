@@ -163,6 +163,10 @@ TEST_F(FileServiceTest, RefusesPathsEscapingTheRoot) {
     EXPECT_TRUE(r.status().code() == Code::kInvalidArgument || r.status().code() == Code::kNotFound)
         << name << ": " << r.status().ToString();
     EXPECT_FALSE(fs::exists(dir_ / "out"));
+    // Refused before any byte arrived: nothing is kept for a resume (the
+    // head window's 64 MiB part file was left behind).
+    EXPECT_FALSE(fs::exists(dir_ / "out.tern-part")) << name;
+    EXPECT_FALSE(fs::exists(dir_ / "out.tern-part.state")) << name;
   }
   std::lock_guard<std::mutex> lock(mu_);
   EXPECT_NE(log_.find("escapes the served root"), std::string::npos) << log_;
@@ -194,11 +198,44 @@ TEST_F(FileServiceTest, ResumesAcrossRunsFromTheStateFile) {
   auto r1 = FetchFile(*faulty, "files", "sub/f.bin", (dir_ / "out").string(), once);
   ASSERT_FALSE(r1.ok());
   ASSERT_TRUE(fs::exists(dir_ / "out.tern-part.state"));
+  // Kept for the resume, no larger than the file (the 64 MiB head window
+  // it was opened with is given back).
+  EXPECT_LE(fs::file_size(dir_ / "out.tern-part"), data_.size());
   auto r2 = FetchFile(*client_t_, "files", "sub/f.bin", (dir_ / "out").string(), fo_);
   ASSERT_TRUE(r2.ok()) << r2.status().ToString();
   EXPECT_GT(r2->resumed_bytes, 0u);
   EXPECT_LT(r2->resumed_bytes, data_.size());
   EXPECT_EQ(Read(dir_ / "out"), data_);
+  EXPECT_FALSE(fs::exists(dir_ / "out.tern-part.state"));
+}
+
+// A fetch that fails with nothing to resume leaves no part file: a server
+// that went away before answering, and an interrupted fetch without resume.
+TEST_F(FileServiceTest, FailedFetchesWithNothingToResumeLeaveNothing) {
+  FetchOptions once = fo_;
+  once.retry.attempts = 1;
+  auto silent = NewLoopbackTransport(net_);
+  auto l = silent->Listen("silent", [](std::shared_ptr<Connection> c) {
+    ConnectionHandlers h;  // hangs up on the GET, before INFO
+    h.on_message = [weak = std::weak_ptr<Connection>(c)](std::string) {
+      if (auto conn = weak.lock()) conn->Close();
+    };
+    return h;
+  });
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto gone = FetchFile(*client_t_, "silent", "sub/f.bin", (dir_ / "out").string(), once);
+  EXPECT_EQ(gone.status().code(), Code::kUnavailable) << gone.status().ToString();
+  EXPECT_FALSE(fs::exists(dir_ / "out.tern-part"));
+  (*l)->Close();
+
+  FaultPolicy fp;
+  fp.drop_after_bytes = 1 << 20;
+  auto faulty = NewFaultTransport(*client_t_, fp);
+  once.resume = false;
+  auto cut = FetchFile(*faulty, "files", "sub/f.bin", (dir_ / "out").string(), once);
+  EXPECT_EQ(cut.status().code(), Code::kUnavailable) << cut.status().ToString();
+  EXPECT_EQ(faulty->stats().dropped, 1u);
+  EXPECT_FALSE(fs::exists(dir_ / "out.tern-part"));
   EXPECT_FALSE(fs::exists(dir_ / "out.tern-part.state"));
 }
 

@@ -78,7 +78,11 @@ struct FetchOptions {
   uint64_t connect_timeout_ms = 10000;
   uint64_t stall_timeout_ms = 60000;  // no chunk landing for this long: reconnect
   RetryPolicy retry;                  // reconnects after a broken connection
-  bool resume = true;                 // use and keep LOCAL.tern-part.state
+  // Use and keep LOCAL.tern-part.state. A failed fetch keeps its partial
+  // copy (at most the file's size) only with resume on and at least one
+  // chunk acknowledged; otherwise it removes both files (docs/format/xfer.md,
+  // "Partial file").
+  bool resume = true;
   // A fresh fetch opens a window over this much of the start of its partial
   // file before it knows the size, so the server sends those chunks with
   // INFO instead of after a WANT round trip (0: off). Rounded down to whole

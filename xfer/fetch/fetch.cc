@@ -41,6 +41,7 @@ class Fetch {
   Result<FetchResult> Once() {
     Status st = Attempts();
     if (st.ok()) return Commit();
+    part_.Abandon();  // a copy that cannot be resumed goes now
     return st;
   }
 

@@ -99,6 +99,11 @@ void PartFile::UnmapHead() {
   if (head_base_ != nullptr) ::munmap(head_base_, head_bytes_);
   head_base_ = nullptr;
   if (head_fd_ >= 0) {
+    // The window reserved head_bytes_ however small the file: give back what
+    // lies past the copy (all of it when no version is held: chunks that
+    // landed before INFO are recorded nowhere). A failed ftruncate leaves
+    // it longer; Commit cuts it to size anyway.
+    if (!mapped_ || head_bytes_ > size_) (void)::ftruncate(head_fd_, static_cast<off_t>(mapped_ ? size_ : 0));
     ::close(head_fd_);
   }
   head_fd_ = -1;
@@ -272,6 +277,15 @@ Result<uint64_t> PartFile::Commit(const std::string& local, const std::string& n
   if (std::rename(part_.c_str(), local.c_str()) != 0) return TERN_ERRNO("rename to ", local);
   ::unlink(state_path_.c_str());
   return got;
+}
+
+void PartFile::Abandon() {
+  UnmapHead();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (resume_ && mapped_ && map_.done_bytes() > 0) return;
+  UnmapLocked();
+  ::unlink(state_path_.c_str());
+  ::unlink(part_.c_str());
 }
 
 }  // namespace tern::xfer

@@ -9,8 +9,13 @@
 //   counted once Map sized the copy.
 // * Every block a mapping covers is reserved first (fallocate): a full disk
 //   is kResourceExhausted, never SIGBUS.
-// * Commit removes both files (the copy renamed to LOCAL, or discarded on a
-//   checksum mismatch).
+// * Bounds: while a head window is open the part file is at most
+//   max(size, head window <= 1 GiB); once it is closed, at most the remote
+//   file's size; the state file is at most xfer::kMaxPartStateBytes.
+// * Kept between runs only when it can be resumed: Abandon removes both
+//   files unless the copy holds at least one acknowledged chunk and resume
+//   is on. Commit removes them (the copy renamed to LOCAL, or discarded on
+//   a checksum mismatch).
 // Thread safety: Land may run on transport threads concurrently with the
 // rest; everything else is called by the one fetching thread.
 #pragma once
@@ -58,7 +63,8 @@ class PartFile {
   Status MapHead(uint64_t head_bytes);
   uint64_t head_bytes() const { return head_bytes_; }
   const MemoryRegion& head_region() const { return head_region_; }
-  // Only once the head window is closed.
+  // Only once the head window is closed: drops the mapping and gives back
+  // what the window reserved past the copy's size.
   void UnmapHead();
   // Gives up a head window MapHead could not open: unmaps it and empties the
   // part file (a reservation that half succeeded is given back).
@@ -98,6 +104,9 @@ class PartFile {
   // to LOCAL; on a mismatch both files are removed (kCorrupt). Returns the
   // digest.
   Result<uint64_t> Commit(const std::string& local, const std::string& name);
+
+  // The fetch failed: removes both files unless they can be resumed.
+  void Abandon();
 
  private:
   Status Map(uint64_t size_bytes, uint64_t tag);
