@@ -6,65 +6,17 @@
 #include <numeric>
 
 #include "checkpoint/checkpoint_impl.h"
-#include "checkpoint/json_reader.h"
 #include "checkpoint/safetensors_header.h"
+#include "checkpoint/safetensors_index.h"
+#include "checkpoint/strict_json.h"
 
 namespace tern {
 namespace {
 
-constexpr uint64_t kIndexBytesMax = 100'000'000;
-
-std::string Quoted(std::string_view s) {
-  std::string out;
-  json::AppendQuoted(s.substr(0, 200), &out);
-  return out;
-}
+using json::Quoted;
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-// weight_map of model.safetensors.index.json as (tensor, file) pairs, sorted by
-// tensor name. Unknown top-level keys and "metadata" (free-form, e.g.
-// total_size) are validated as JSON and otherwise ignored.
-Result<std::vector<std::pair<std::string, std::string>>> ParseIndex(const std::string& text) {
-  json::Reader reader(text, /*depth_max=*/16);
-  TERN_REQUIRE(reader.Peek() == json::Reader::Kind::kObject, kCorrupt, "index is not a JSON object");
-  TERN_RETURN_IF_ERROR(reader.BeginObject());
-  std::vector<std::pair<std::string, std::string>> weight_map;
-  bool have_map = false;
-  std::string key;
-  while (true) {
-    TERN_ASSIGN_OR_RETURN(bool more, reader.NextKey(&key));
-    if (!more) break;
-    if (key != "weight_map") {
-      TERN_RETURN_IF_ERROR(reader.SkipValue());
-      continue;
-    }
-    TERN_REQUIRE(!have_map, kCorrupt, "duplicate \"weight_map\"");
-    have_map = true;
-    TERN_REQUIRE(reader.Peek() == json::Reader::Kind::kObject, kCorrupt,
-                 "\"weight_map\" is not an object");
-    TERN_RETURN_IF_ERROR(reader.BeginObject());
-    std::string tensor;
-    while (true) {
-      TERN_ASSIGN_OR_RETURN(bool item, reader.NextKey(&tensor));
-      if (!item) break;
-      TERN_REQUIRE(reader.Peek() == json::Reader::Kind::kString, kCorrupt, "weight_map entry ",
-                   Quoted(tensor), " is not a file name string");
-      TERN_ASSIGN_OR_RETURN(std::string file, reader.ReadString());
-      TERN_REQUIRE(fsutil::PlainFileName(file), kCorrupt, "weight_map entry ", Quoted(tensor),
-                   " names ", Quoted(file), ", which is not a plain file name in the directory");
-      weight_map.emplace_back(std::move(tensor), std::move(file));
-    }
-  }
-  TERN_RETURN_IF_ERROR(reader.Finish());
-  TERN_REQUIRE(have_map, kCorrupt, "index has no \"weight_map\"");
-  std::sort(weight_map.begin(), weight_map.end());
-  for (size_t i = 1; i < weight_map.size(); ++i)
-    TERN_REQUIRE(weight_map[i].first != weight_map[i - 1].first, kCorrupt,
-                 "weight_map names tensor ", Quoted(weight_map[i].first), " twice");
-  return weight_map;
 }
 
 struct Found {
@@ -113,7 +65,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
     if (errno == ENOENT) return TERN_ERROR(kNotFound, path, ": no such file or directory");
     return TERN_ERRNO("stat ", path);
   }
-  std::vector<std::pair<std::string, std::string>> weight_map;
+  safetensors::WeightMap weight_map;
   if (S_ISREG(st.st_mode)) {
     impl->files.push_back(fsutil::BaseName(path));
   } else if (S_ISDIR(st.st_mode)) {
@@ -122,8 +74,8 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
     if (::stat(index_path.c_str(), &st) == 0) {
       impl->sharded = true;
       std::string text;
-      TERN_RETURN_IF_ERROR(fsutil::ReadFile(index_path, kIndexBytesMax, &text));
-      auto parsed = ParseIndex(text);
+      TERN_RETURN_IF_ERROR(fsutil::ReadFile(index_path, safetensors::kIndexBytesMax, &text));
+      auto parsed = safetensors::ParseIndex(text);
       if (!parsed.ok()) return parsed.status().WithContext(index_path);
       weight_map = std::move(parsed).value();
       for (const auto& [tensor, file] : weight_map) impl->files.push_back(file);

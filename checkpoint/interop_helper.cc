@@ -14,7 +14,8 @@
 #include <cstring>
 #include <string>
 
-#include "checkpoint/json_reader.h"
+#include <nlohmann/json.hpp>
+
 #include "tern/checkpoint.h"
 
 namespace tern {
@@ -71,48 +72,30 @@ int Write(int argc, char** argv) {
 int Dump(const std::string& path) {
   auto c = Checkpoint::Open(path);
   if (!c.ok()) return Fail(c.status());
-  std::string out = "{\"sharded\":";
-  out += (*c)->sharded() ? "true" : "false";
-  out += ",\"files\":[";
-  for (size_t i = 0; i < (*c)->files().size(); ++i) {
-    if (i) out += ',';
-    json::AppendQuoted((*c)->files()[i], &out);
-  }
-  out += "],\"metadata\":{";
-  for (size_t i = 0; i < (*c)->files().size(); ++i) {
-    if (i) out += ',';
-    json::AppendQuoted((*c)->files()[i], &out);
-    out += ":{";
-    bool first = true;
-    for (const auto& [k, v] : (*c)->metadata((*c)->files()[i])) {
-      if (!first) out += ',';
-      first = false;
-      json::AppendQuoted(k, &out);
-      out += ':';
-      json::AppendQuoted(v, &out);
-    }
-    out += '}';
-  }
-  out += "},\"tensors\":[";
+  const Checkpoint& ckpt = **c;
+  nlohmann::json metadata = nlohmann::json::object();
+  for (const std::string& file : ckpt.files()) metadata[file] = ckpt.metadata(file);
+  nlohmann::json tensors = nlohmann::json::array();
   static constexpr char kHex[] = "0123456789abcdef";
-  for (size_t i = 0; i < (*c)->view().tensors.size(); ++i) {
-    const TensorRef& t = (*c)->view().tensors[i];
-    if (i) out += ',';
-    out += "{\"name\":";
-    json::AppendQuoted(t.desc->name, &out);
-    out += ",\"dtype\":\"" + std::string(DTypeName(t.desc->dtype)) + "\",\"shape\":[";
-    for (size_t k = 0; k < t.desc->shape.size(); ++k) {
-      if (k) out += ',';
-      out += std::to_string(t.desc->shape[k]);
-    }
-    out += "],\"file\":" + std::to_string((*c)->locations()[i].file_index) + ",\"hex\":\"";
+  for (size_t i = 0; i < ckpt.view().tensors.size(); ++i) {
+    const TensorRef& t = ckpt.view().tensors[i];
+    std::string hex;
     for (uint64_t k = 0; k < t.desc->bytes(); ++k) {
-      out += kHex[t.data[k] >> 4];
-      out += kHex[t.data[k] & 15];
+      hex += kHex[t.data[k] >> 4];
+      hex += kHex[t.data[k] & 15];
     }
-    out += "\"}";
+    tensors.push_back({{"name", t.desc->name},
+                       {"dtype", DTypeName(t.desc->dtype)},
+                       {"shape", t.desc->shape},
+                       {"file", ckpt.locations()[i].file_index},
+                       {"hex", std::move(hex)}});
   }
-  out += "]}\n";
+  const nlohmann::json dump = {{"sharded", ckpt.sharded()},
+                               {"files", ckpt.files()},
+                               {"metadata", std::move(metadata)},
+                               {"tensors", std::move(tensors)}};
+  // Names came through the strict reader: valid UTF-8, so dump cannot throw.
+  const std::string out = dump.dump() + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "checkpoint/json_reader.h"
+#include "checkpoint/strict_json.h"
 #include "tern/checkpoint.h"
 
 namespace tern::safetensors {
@@ -16,81 +16,174 @@ bool ReferenceOnlyDType(std::string_view name) {
          name == "F8_E5M2FNUZ";
 }
 
-std::string Quoted(std::string_view name) {
-  std::string out;
-  json::AppendQuoted(name.substr(0, 200), &out);
-  return out;
-}
+using json::Event;
+using json::Quoted;
+using json::Token;
 
-Status ParseTensorInfo(json::Reader& reader, const std::string& name, HeaderTensor* out) {
-  out->desc.name = name;
-  bool have_dtype = false, have_shape = false, have_offsets = false;
-  TERN_RETURN_IF_ERROR(reader.BeginObject());
-  std::string key;
-  while (true) {
-    TERN_ASSIGN_OR_RETURN(bool more, reader.NextKey(&key));
-    if (!more) break;
-    if (key == "dtype") {
-      TERN_REQUIRE(!have_dtype, kCorrupt, "duplicate key \"dtype\"");
-      have_dtype = true;
-      TERN_ASSIGN_OR_RETURN(std::string dtype, reader.ReadString());
-      std::optional<DType> d = DTypeFromName(dtype);
-      if (!d) {
-        TERN_REQUIRE(!ReferenceOnlyDType(dtype), kUnsupported, "dtype ", Quoted(dtype),
-                     " is valid safetensors but tern does not support it yet");
-        return TERN_ERROR(kCorrupt, "unknown dtype ", Quoted(dtype));
-      }
-      out->desc.dtype = *d;
-    } else if (key == "shape") {
-      TERN_REQUIRE(!have_shape, kCorrupt, "duplicate key \"shape\"");
-      have_shape = true;
-      TERN_RETURN_IF_ERROR(reader.BeginArray());
-      while (true) {
-        TERN_ASSIGN_OR_RETURN(bool item, reader.NextItem());
-        if (!item) break;
-        TERN_REQUIRE(out->desc.shape.size() < kRankMax, kCorrupt, "shape has more than ",
-                     kRankMax, " dimensions");
-        TERN_ASSIGN_OR_RETURN(uint64_t dim, reader.ReadU64());
-        out->desc.shape.push_back(dim);
-      }
-    } else if (key == "data_offsets") {
-      TERN_REQUIRE(!have_offsets, kCorrupt, "duplicate key \"data_offsets\"");
-      have_offsets = true;
-      TERN_RETURN_IF_ERROR(reader.BeginArray());
-      uint64_t offsets[2];
-      for (uint64_t& offset : offsets) {
-        TERN_ASSIGN_OR_RETURN(bool item, reader.NextItem());
-        TERN_REQUIRE(item, kCorrupt, "data_offsets needs two integers");
-        TERN_ASSIGN_OR_RETURN(offset, reader.ReadU64());
-      }
-      TERN_ASSIGN_OR_RETURN(bool extra, reader.NextItem());
-      TERN_REQUIRE(!extra, kCorrupt, "data_offsets has more than two integers");
-      out->begin_bytes = offsets[0];
-      out->end_bytes = offsets[1];
-    } else {
-      return TERN_ERROR(kCorrupt, "unknown key ", Quoted(key));
+// The header's schema, checked event by event:
+//   {"__metadata__": {str: str, ...},
+//    NAME: {"dtype": str, "shape": [u64, ...], "data_offsets": [u64, u64]}, ...}
+class HeaderSax final : public json::StrictSax {
+ public:
+  explicit HeaderSax(ParsedHeader* out) : StrictSax(/*depth_max=*/8), out_(out) {}
+
+ private:
+  enum class State {
+    kTop,
+    kTopKey,
+    kMetadata,
+    kMetadataKey,
+    kMetadataValue,
+    kTensor,
+    kTensorKey,
+    kDType,
+    kShape,
+    kShapeItem,
+    kOffsets,
+    kOffsetsItem,
+  };
+
+  bool On(Event e, Token t) override {
+    switch (state_) {
+      case State::kTop:
+        TERN_ASSERT(e == Event::kBeginObject);  // ParseObject checked the first byte
+        state_ = State::kTopKey;
+        return true;
+      case State::kTopKey:
+        if (e == Event::kEndObject) return true;  // the end: ParseObject checks what follows
+        if (*t.text == "__metadata__") {
+          if (out_->has_metadata) return Fail(TERN_ERROR(kCorrupt, "duplicate __metadata__"));
+          out_->has_metadata = true;
+          state_ = State::kMetadata;
+          return true;
+        }
+        tensor_ = HeaderTensor{};
+        tensor_.desc.name = std::move(*t.text);
+        have_dtype_ = have_shape_ = have_offsets_ = false;
+        state_ = State::kTensor;
+        return true;
+      case State::kMetadata:
+        if (e != Event::kBeginObject)
+          return Fail(TERN_ERROR(kCorrupt, "__metadata__ must be an object of strings"));
+        state_ = State::kMetadataKey;
+        return true;
+      case State::kMetadataKey:
+        if (e == Event::kEndObject) {
+          state_ = State::kTopKey;
+          return true;
+        }
+        metadata_key_ = std::move(*t.text);
+        state_ = State::kMetadataValue;
+        return true;
+      case State::kMetadataValue:
+        if (e != Event::kString)
+          return Fail(TERN_ERROR(kCorrupt, "__metadata__ value of ", Quoted(metadata_key_),
+                                 " is not a string"));
+        if (!out_->metadata.emplace(std::move(metadata_key_), std::move(*t.text)).second)
+          return Fail(TERN_ERROR(kCorrupt, "duplicate __metadata__ key ", Quoted(metadata_key_)));
+        state_ = State::kMetadataKey;
+        return true;
+      default:
+        return OnTensor(e, t);
     }
   }
-  TERN_REQUIRE(have_dtype && have_shape && have_offsets, kCorrupt,
-               "needs \"dtype\", \"shape\" and \"data_offsets\"");
-  return Status::Ok();
-}
 
-Status ParseMetadata(json::Reader& reader, std::map<std::string, std::string>* metadata) {
-  TERN_REQUIRE(reader.Peek() == json::Reader::Kind::kObject, kCorrupt,
-               "__metadata__ must be an object of strings");
-  TERN_RETURN_IF_ERROR(reader.BeginObject());
-  std::string key;
-  while (true) {
-    TERN_ASSIGN_OR_RETURN(bool more, reader.NextKey(&key));
-    if (!more) return Status::Ok();
-    TERN_REQUIRE(reader.Peek() == json::Reader::Kind::kString, kCorrupt, "__metadata__ value of ",
-                 Quoted(key), " is not a string");
-    TERN_ASSIGN_OR_RETURN(std::string value, reader.ReadString());
-    TERN_REQUIRE(metadata->emplace(key, std::move(value)).second, kCorrupt,
-                 "duplicate __metadata__ key ", Quoted(key));
+  // Inside one tensor's object; errors name the tensor.
+  bool OnTensor(Event e, Token t) {
+    Status s = TensorEvent(e, t);
+    if (s.ok()) return true;
+    return Fail(s.WithContext("tensor " + Quoted(tensor_.desc.name)));
   }
-}
+
+  Status TensorEvent(Event e, Token t) {
+    switch (state_) {
+      case State::kTensor:
+        TERN_REQUIRE(e == Event::kBeginObject, kCorrupt,
+                     "expected '{' (an object of dtype, shape and data_offsets), got ",
+                     json::EventName(e));
+        state_ = State::kTensorKey;
+        return Status::Ok();
+      case State::kTensorKey:
+        if (e == Event::kEndObject) {
+          TERN_REQUIRE(have_dtype_ && have_shape_ && have_offsets_, kCorrupt,
+                       "needs \"dtype\", \"shape\" and \"data_offsets\"");
+          out_->tensors.push_back(std::move(tensor_));
+          state_ = State::kTopKey;
+          return Status::Ok();
+        }
+        if (*t.text == "dtype") {
+          TERN_REQUIRE(!have_dtype_, kCorrupt, "duplicate key \"dtype\"");
+          have_dtype_ = true;
+          state_ = State::kDType;
+        } else if (*t.text == "shape") {
+          TERN_REQUIRE(!have_shape_, kCorrupt, "duplicate key \"shape\"");
+          have_shape_ = true;
+          state_ = State::kShape;
+        } else if (*t.text == "data_offsets") {
+          TERN_REQUIRE(!have_offsets_, kCorrupt, "duplicate key \"data_offsets\"");
+          have_offsets_ = true;
+          state_ = State::kOffsets;
+        } else {
+          return TERN_ERROR(kCorrupt, "unknown key ", Quoted(*t.text));
+        }
+        return Status::Ok();
+      case State::kDType: {
+        TERN_REQUIRE(e == Event::kString, kCorrupt, "dtype: expected a string, got ",
+                     json::EventName(e));
+        std::optional<DType> d = DTypeFromName(*t.text);
+        if (!d) {
+          TERN_REQUIRE(!ReferenceOnlyDType(*t.text), kUnsupported, "dtype ", Quoted(*t.text),
+                       " is valid safetensors but tern does not support it yet");
+          return TERN_ERROR(kCorrupt, "unknown dtype ", Quoted(*t.text));
+        }
+        tensor_.desc.dtype = *d;
+        state_ = State::kTensorKey;
+        return Status::Ok();
+      }
+      case State::kShape:
+        TERN_REQUIRE(e == Event::kBeginArray, kCorrupt, "shape: expected an array, got ",
+                     json::EventName(e));
+        state_ = State::kShapeItem;
+        return Status::Ok();
+      case State::kShapeItem:
+        if (e == Event::kEndArray) {
+          state_ = State::kTensorKey;
+          return Status::Ok();
+        }
+        if (e != Event::kUnsigned) return NotU64(e, t).WithContext("shape");
+        TERN_REQUIRE(tensor_.desc.shape.size() < kRankMax, kCorrupt, "shape has more than ",
+                     kRankMax, " dimensions");
+        tensor_.desc.shape.push_back(t.u64);
+        return Status::Ok();
+      case State::kOffsets:
+        TERN_REQUIRE(e == Event::kBeginArray, kCorrupt, "data_offsets: expected an array, got ",
+                     json::EventName(e));
+        offsets_seen_ = 0;
+        state_ = State::kOffsetsItem;
+        return Status::Ok();
+      case State::kOffsetsItem:
+        if (e == Event::kEndArray) {
+          TERN_REQUIRE(offsets_seen_ == 2, kCorrupt, "data_offsets needs two integers");
+          state_ = State::kTensorKey;
+          return Status::Ok();
+        }
+        if (e != Event::kUnsigned) return NotU64(e, t).WithContext("data_offsets");
+        TERN_REQUIRE(offsets_seen_ < 2, kCorrupt, "data_offsets has more than two integers");
+        (offsets_seen_++ == 0 ? tensor_.begin_bytes : tensor_.end_bytes) = t.u64;
+        return Status::Ok();
+      default:
+        TERN_ASSERT(false, "unreachable header state");
+        return Status::Ok();
+    }
+  }
+
+  ParsedHeader* out_;
+  State state_ = State::kTop;
+  std::string metadata_key_;
+  HeaderTensor tensor_;
+  bool have_dtype_ = false, have_shape_ = false, have_offsets_ = false;
+  int offsets_seen_ = 0;
+};
 
 Status CheckLayout(ParsedHeader& header, uint64_t data_bytes) {
   auto& tensors = header.tensors;
@@ -160,64 +253,41 @@ Result<ParsedHeader> ParseHeader(std::span<const uint8_t> file, uint64_t file_by
   header.json_bytes = n;
   const std::string_view text(reinterpret_cast<const char*>(file.data() + kLengthBytes), n);
 
-  json::Reader reader(text, /*depth_max=*/8);
-  TERN_REQUIRE(reader.Peek() == json::Reader::Kind::kObject, kCorrupt,
-               "header is not a JSON object");
-  TERN_RETURN_IF_ERROR(reader.BeginObject());
-  std::string key;
-  while (true) {
-    TERN_ASSIGN_OR_RETURN(bool more, reader.NextKey(&key));
-    if (!more) break;
-    if (key == "__metadata__") {
-      TERN_REQUIRE(!header.has_metadata, kCorrupt, "duplicate __metadata__");
-      header.has_metadata = true;
-      TERN_RETURN_IF_ERROR(ParseMetadata(reader, &header.metadata));
-      continue;
-    }
-    HeaderTensor tensor;
-    Status s = ParseTensorInfo(reader, key, &tensor);
-    if (!s.ok()) return s.WithContext("tensor " + Quoted(key));
-    header.tensors.push_back(std::move(tensor));
-  }
-  TERN_RETURN_IF_ERROR(reader.Finish());
+  // Memory stays proportional to what the schema keeps: HeaderSax stores
+  // names, dtypes, at most kRankMax dims and two offsets per tensor.
+  HeaderSax sax(&header);
+  TERN_RETURN_IF_ERROR(json::ParseObject(text, "header", &sax));
   TERN_RETURN_IF_ERROR(CheckLayout(header, file_bytes - kLengthBytes - n));
   return header;
 }
 
-std::string SerializeHeader(const std::map<std::string, std::string>& metadata,
-                            std::span<const PlacedTensor> tensors) {
-  std::string json = "{";
-  bool first = true;
-  if (!metadata.empty()) {
-    json += "\"__metadata__\":{";
-    for (const auto& [k, v] : metadata) {
-      if (!first) json += ',';
-      first = false;
-      json::AppendQuoted(k, &json);
-      json += ':';
-      json::AppendQuoted(v, &json);
-    }
-    json += '}';
-    first = false;
-  }
+Result<std::string> SerializeHeader(const std::map<std::string, std::string>& metadata,
+                                    std::span<const PlacedTensor> tensors) {
+  // ordered_json keeps the reference order (__metadata__, then tensors as
+  // given). Members are appended to its vector directly: operator[] would
+  // search the keys so far, quadratic in the tensor count.
+  using nlohmann::ordered_json;
+  ordered_json header = ordered_json::object();
+  auto& members = header.get_ref<ordered_json::object_t&>();
+  members.reserve(tensors.size() + 1);
+  if (!metadata.empty()) members.emplace_back("__metadata__", metadata);
   for (const PlacedTensor& t : tensors) {
-    if (!first) json += ',';
-    first = false;
-    json::AppendQuoted(t.desc->name, &json);
-    json += ":{\"dtype\":\"";
-    json += DTypeName(t.desc->dtype);
-    json += "\",\"shape\":[";
-    for (size_t i = 0; i < t.desc->shape.size(); ++i) {
-      if (i) json += ',';
-      json += std::to_string(t.desc->shape[i]);
-    }
-    json += "],\"data_offsets\":[";
-    json += std::to_string(t.begin_bytes);
-    json += ',';
-    json += std::to_string(t.end_bytes);
-    json += "]}";
+    ordered_json info = ordered_json::object();
+    auto& fields = info.get_ref<ordered_json::object_t&>();
+    fields.emplace_back("dtype", DTypeName(t.desc->dtype));
+    fields.emplace_back("shape", t.desc->shape);
+    fields.emplace_back("data_offsets", ordered_json::array({t.begin_bytes, t.end_bytes}));
+    members.emplace_back(t.desc->name, std::move(info));
   }
-  json += '}';
+  std::string json;
+  try {
+    // Compact, non-ASCII kept as UTF-8, '"', '\\' and control characters
+    // escaped: what serde_json (the reference writer) emits.
+    json = header.dump();
+  } catch (const nlohmann::json::type_error& e) {
+    return TERN_ERROR(kInvalidArgument, "a tensor name or metadata entry is not valid UTF-8 (",
+                      e.what(), ")");
+  }
   json.resize((json.size() + 7) / 8 * 8, ' ');
   std::string out(kLengthBytes, '\0');
   uint64_t n = json.size();

@@ -49,8 +49,9 @@ struct PlacedTensor {
 
 // The 8-byte length, the JSON as serde_json writes it (`__metadata__` first
 // when non-empty, then tensors in the order given) and space padding to a
-// multiple of 8 bytes.
-std::string SerializeHeader(const std::map<std::string, std::string>& metadata,
-                            std::span<const PlacedTensor> tensors);
+// multiple of 8 bytes. kInvalidArgument when a name or metadata entry is not
+// valid UTF-8.
+Result<std::string> SerializeHeader(const std::map<std::string, std::string>& metadata,
+                                    std::span<const PlacedTensor> tensors);
 
 }  // namespace tern::safetensors

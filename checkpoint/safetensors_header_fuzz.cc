@@ -20,8 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     placed.push_back({&t.desc, t.begin_bytes, t.end_bytes});
   }
   TERN_ASSERT(parsed->data_offset_bytes() + end == size);
-  std::string header = safetensors::SerializeHeader(parsed->metadata, placed);
-  std::vector<uint8_t> file(header.begin(), header.end());
+  auto header = safetensors::SerializeHeader(parsed->metadata, placed);
+  TERN_ASSERT(header.ok(), header.status().ToString());
+  std::vector<uint8_t> file(header->begin(), header->end());
   file.resize(file.size() + end);
   auto again = safetensors::ParseHeader(file, file.size());
   TERN_ASSERT(again.ok(), again.status().ToString());

@@ -10,8 +10,8 @@
 #include <numeric>
 
 #include "checkpoint/checkpoint_impl.h"
-#include "checkpoint/json_reader.h"
 #include "checkpoint/safetensors_header.h"
+#include "checkpoint/safetensors_index.h"
 
 namespace tern {
 namespace {
@@ -74,21 +74,6 @@ Status SyncTree(const std::string& dir) {
   return fsutil::FsyncPath(dir);
 }
 
-// transformers' index layout: json.dumps(indent=2, sort_keys=True) + "\n".
-std::string IndexJson(uint64_t total_size,
-                      const std::vector<std::pair<std::string, std::string>>& sorted_map) {
-  std::string out = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total_size) +
-                    "\n  },\n  \"weight_map\": {";
-  for (size_t i = 0; i < sorted_map.size(); ++i) {
-    out += i ? ",\n    " : "\n    ";
-    json::AppendQuotedAscii(sorted_map[i].first, &out);
-    out += ": ";
-    json::AppendQuotedAscii(sorted_map[i].second, &out);
-  }
-  out += sorted_map.empty() ? "}\n}\n" : "\n  }\n}\n";
-  return out;
-}
-
 std::string ShardName(size_t k, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, n);
@@ -131,13 +116,9 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     const std::map<std::string, std::string>& metadata, const CreateOptions& options) {
   const std::string path = StripSlashes(path_in);
   TERN_RETURN_IF_ERROR(CheckDestination(path, options.overwrite));
-  for (const auto& [k, v] : metadata)
-    TERN_REQUIRE(json::ValidUtf8(k) && json::ValidUtf8(v), kInvalidArgument,
-                 "metadata entries must be valid UTF-8");
   std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
   for (const TensorDesc& t : tensors) {
-    TERN_REQUIRE(json::ValidUtf8(t.name), kInvalidArgument, "tensor name is not valid UTF-8");
     TERN_REQUIRE(t.name != "__metadata__", kInvalidArgument, "\"__metadata__\" is reserved");
     Result<uint64_t> elements = CheckedElements(t.dtype, t.shape);
     TERN_REQUIRE(elements.ok(), kInvalidArgument, "tensor '", t.name, "': ",
@@ -189,7 +170,8 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
       locations[i] = TensorLocation{k, offset, sizes[i]};
       offset += sizes[i];
     }
-    header_texts[k] = safetensors::SerializeHeader(metadata, placed);
+    // Also where names and metadata that are not valid UTF-8 are refused.
+    TERN_ASSIGN_OR_RETURN(header_texts[k], safetensors::SerializeHeader(metadata, placed));
     TERN_REQUIRE(header_texts[k].size() - safetensors::kLengthBytes <= kSafetensorsHeaderBytesMax,
                  kInvalidArgument, path, ": header of ", header_texts[k].size(),
                  " bytes exceeds the format's limit");
@@ -207,14 +189,14 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     impl->maps.push_back(std::move(map));
   }
   if (shards > 1) {
-    std::vector<std::pair<std::string, std::string>> weight_map;
+    safetensors::WeightMap weight_map;
     uint64_t total = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       weight_map.emplace_back(tensors[i].name, impl->files[shard_of[i]]);
       total += sizes[i];
     }
     std::sort(weight_map.begin(), weight_map.end());
-    const std::string index = IndexJson(total, weight_map);
+    TERN_ASSIGN_OR_RETURN(const std::string index, safetensors::SerializeIndex(total, weight_map));
     TERN_RETURN_IF_ERROR(fsutil::WriteNewFile(
         impl->staging + "/" + kSafetensorsIndexName,
         {reinterpret_cast<const uint8_t*>(index.data()), index.size()}));
