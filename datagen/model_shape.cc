@@ -1,10 +1,10 @@
 // Layout of the synthetic decoder-only transformer: shape choice from a
 // parameter budget, HF tensor names, and config.json.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "datagen/model_config.h"
 #include "tern/datagen.h"
 
 namespace tern {
@@ -156,42 +156,36 @@ std::vector<TensorDesc> ModelTensors(const ModelShape& s, DType dtype) {
   return out;
 }
 
-std::string ModelConfigJson(const ModelShape& s, DType dtype) {
+nlohmann::ordered_json ModelConfig(const ModelShape& s, DType dtype) {
   const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
                             : dtype == DType::kF16 ? "float16"
                                                    : "float32";
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "{\n"
-                "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-                "  \"model_type\": \"llama\",\n"
-                "  \"hidden_size\": %llu,\n"
-                "  \"intermediate_size\": %llu,\n"
-                "  \"num_hidden_layers\": %llu,\n"
-                "  \"num_attention_heads\": %llu,\n"
-                "  \"num_key_value_heads\": %llu,\n"
-                "  \"head_dim\": %llu,\n"
-                "  \"vocab_size\": %llu,\n"
-                "  \"hidden_act\": \"silu\",\n"
-                "  \"max_position_embeddings\": 4096,\n"
-                "  \"rms_norm_eps\": 1e-06,\n"
-                "  \"rope_theta\": 10000.0,\n"
-                "  \"initializer_range\": 0.02,\n"
-                "  \"attention_bias\": false,\n"
-                "  \"mlp_bias\": false,\n"
-                "  \"tie_word_embeddings\": false,\n"
-                "  \"bos_token_id\": 1,\n"
-                "  \"eos_token_id\": 2,\n"
-                "  \"torch_dtype\": \"%s\"\n"
-                "}\n",
-                static_cast<unsigned long long>(s.hidden_size),
-                static_cast<unsigned long long>(s.intermediate_size),
-                static_cast<unsigned long long>(s.num_hidden_layers),
-                static_cast<unsigned long long>(s.num_attention_heads),
-                static_cast<unsigned long long>(s.num_key_value_heads),
-                static_cast<unsigned long long>(s.head_dim),
-                static_cast<unsigned long long>(s.vocab_size), torch_dtype);
-  return buf;
+  // In the order transformers' LlamaConfig writes them.
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", s.hidden_size},
+          {"intermediate_size", s.intermediate_size},
+          {"num_hidden_layers", s.num_hidden_layers},
+          {"num_attention_heads", s.num_attention_heads},
+          {"num_key_value_heads", s.num_key_value_heads},
+          {"head_dim", s.head_dim},
+          {"vocab_size", s.vocab_size},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", 4096},
+          {"rms_norm_eps", 1e-06},
+          {"rope_theta", 10000.0},
+          {"initializer_range", 0.02},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"tie_word_embeddings", false},
+          {"bos_token_id", 1},
+          {"eos_token_id", 2},
+          {"torch_dtype", torch_dtype}};
+}
+
+std::string ModelConfigJson(const ModelShape& s, DType dtype) {
+  // ASCII only: dump cannot throw.
+  return ModelConfig(s, dtype).dump(2) + "\n";
 }
 
 std::string_view ServeFormatName(ServeFormat format) {

@@ -18,6 +18,7 @@
 #include "tern/thread_pool.h"
 #include "tern/float_cast.h"
 #include "tern/quant_plan.h"
+#include "datagen/model_config.h"
 #include "tern/datagen.h"
 
 namespace tern {
@@ -479,12 +480,16 @@ Result<std::span<const float>> TraceGenerator::master(std::string_view name) con
 
 std::string TraceGenerator::config_json() const {
   const TraceConfig& c = impl_->config;
-  std::string json = ModelConfigJson(c.shape, ServeDType(c.format));
-  if (c.format != ServeFormat::kQuantized) return json;
-  const std::string q = QuantizationConfigJson(c.quant);
-  const size_t end = json.rfind('}');
-  const size_t last = json.find_last_not_of(" \n", end - 1);
-  return json.substr(0, last + 1) + ",\n  \"quantization_config\": " + q + "\n}\n";
+  nlohmann::ordered_json config = ModelConfig(c.shape, ServeDType(c.format));
+  if (c.format == ServeFormat::kQuantized) {
+    // tern_quant's public form of the config is a string: parse it back (our
+    // own output, so a failure is a bug, not bad input).
+    auto q = nlohmann::ordered_json::parse(QuantizationConfigJson(c.quant), nullptr,
+                                           /*allow_exceptions=*/false);
+    TERN_ASSERT(!q.is_discarded(), "QuantizationConfigJson is not JSON");
+    config["quantization_config"] = std::move(q);
+  }
+  return config.dump(2) + "\n";
 }
 
 uint64_t TraceGenerator::step() const { return impl_->step; }

@@ -1,5 +1,4 @@
-// Format names, shape checks, dispatch and config.json snippets for the
-// quantizers; the formats themselves live in quantize_{fp8,fp4,int4}.cc.
+// Format names, shape checks and dispatch for the quantizers; the formats themselves live in quantize_{fp8,fp4,int4}.cc.
 #include <cmath>
 #include <string>
 
@@ -240,57 +239,6 @@ Result<std::vector<float>> Dequantize(const QuantSpec& spec, const Quantized& q,
       return DequantizeInt4(spec, q, shape, d);
   }
   return TERN_ERROR(kInvalidArgument, "unknown quantization scheme ", static_cast<int>(spec.scheme));
-}
-
-std::string QuantizationConfigJson(const QuantSpec& spec) {
-  const std::string ignore = R"("ignore": ["lm_head"])";
-  auto ct = [&](const std::string& format, const std::string& weights,
-                const std::string& extra_group) {
-    return R"({"quant_method": "compressed-tensors", "format": ")" + format +
-           R"(", "quantization_status": "compressed", "config_groups": {"group_0": {"targets": ["Linear"], "weights": )" +
-           weights + extra_group + "}}, " + ignore + "}";
-  };
-  switch (spec.scheme) {
-    case QuantScheme::kBF16:
-    case QuantScheme::kF16:
-      return "";
-    case QuantScheme::kFp8Block128:
-      return R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})";
-    case QuantScheme::kFp8Tensor:
-    case QuantScheme::kFp8Channel: {
-      const std::string strategy = spec.scheme == QuantScheme::kFp8Tensor ? "tensor" : "channel";
-      if (spec.code_dtype == DType::kF8E5M2) {
-        // No engine loads E5M2 weights: compressed-tensors' 8-bit float is
-        // E4M3, and a loader that sizes parameters from such a config would
-        // read these bytes as E4M3. A method no engine knows makes it refuse
-        // the checkpoint instead of serving wrong weights.
-        return R"({"quant_method": "tern-fp8-e5m2", "fmt": "e5m2", "strategy": ")" + strategy +
-               R"(", "note": "a tern measurement view; no engine loads E5M2 weights"})";
-      }
-      return ct("float-quantized",
-                R"({"num_bits": 8, "type": "float", "strategy": ")" + strategy +
-                    R"(", "symmetric": true, "dynamic": false})",
-                R"(, "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": true, "dynamic": true})");
-    }
-    case QuantScheme::kNvfp4:
-      return R"({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": null, "exclude_modules": ["lm_head"]})";
-    case QuantScheme::kNvfp4Ct:
-      return ct("nvfp4-pack-quantized",
-                R"({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": true, "dynamic": false})",
-                "");
-    case QuantScheme::kMxfp4:
-      return R"({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})";
-    case QuantScheme::kInt4Pack:
-      return ct("pack-quantized",
-                R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": )" +
-                    std::to_string(spec.group) + R"(, "symmetric": )" +
-                    (spec.symmetric ? "true" : "false") + R"(, "dynamic": false, "actorder": null})",
-                "");
-    case QuantScheme::kGptqInt4:
-      return R"({"quant_method": "gptq", "bits": 4, "group_size": )" + std::to_string(spec.group) +
-             R"(, "desc_act": false, "sym": true, "checkpoint_format": "gptq"})";
-  }
-  return "";
 }
 
 }  // namespace tern

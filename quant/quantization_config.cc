@@ -1,0 +1,99 @@
+#include "quant/quantization_config.h"
+
+namespace tern {
+namespace quant_internal {
+namespace {
+
+using nlohmann::ordered_json;
+
+// compressed-tensors: one config group over every Linear, lm_head ignored.
+ordered_json CompressedTensors(const char* format, ordered_json weights,
+                               ordered_json input_activations = nullptr) {
+  ordered_json group = {{"targets", {"Linear"}}, {"weights", std::move(weights)}};
+  if (!input_activations.is_null()) group["input_activations"] = std::move(input_activations);
+  return {{"quant_method", "compressed-tensors"},
+          {"format", format},
+          {"quantization_status", "compressed"},
+          {"config_groups", {{"group_0", std::move(group)}}},
+          {"ignore", {"lm_head"}}};
+}
+
+}  // namespace
+
+ordered_json QuantizationConfig(const QuantSpec& spec) {
+  switch (spec.scheme) {
+    case QuantScheme::kBF16:
+    case QuantScheme::kF16:
+      return nullptr;
+    case QuantScheme::kFp8Block128:
+      return {{"quant_method", "fp8"},
+              {"fmt", "e4m3"},
+              {"activation_scheme", "dynamic"},
+              {"weight_block_size", {128, 128}}};
+    case QuantScheme::kFp8Tensor:
+    case QuantScheme::kFp8Channel: {
+      const char* strategy = spec.scheme == QuantScheme::kFp8Tensor ? "tensor" : "channel";
+      if (spec.code_dtype == DType::kF8E5M2) {
+        // No engine loads E5M2 weights: compressed-tensors' 8-bit float is
+        // E4M3, and a loader that sizes parameters from such a config would
+        // read these bytes as E4M3. A method no engine knows makes it refuse
+        // the checkpoint instead of serving wrong weights.
+        return {{"quant_method", "tern-fp8-e5m2"},
+                {"fmt", "e5m2"},
+                {"strategy", strategy},
+                {"note", "a tern measurement view; no engine loads E5M2 weights"}};
+      }
+      return CompressedTensors(
+          "float-quantized",
+          {{"num_bits", 8}, {"type", "float"}, {"strategy", strategy}, {"symmetric", true},
+           {"dynamic", false}},
+          {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"symmetric", true},
+           {"dynamic", true}});
+    }
+    case QuantScheme::kNvfp4:
+      return {{"quant_method", "modelopt"},
+              {"quant_algo", "NVFP4"},
+              {"group_size", 16},
+              {"kv_cache_quant_algo", nullptr},
+              {"exclude_modules", {"lm_head"}}};
+    case QuantScheme::kNvfp4Ct:
+      return CompressedTensors("nvfp4-pack-quantized",
+                               {{"num_bits", 4},
+                                {"type", "float"},
+                                {"strategy", "tensor_group"},
+                                {"group_size", 16},
+                                {"symmetric", true},
+                                {"dynamic", false}});
+    case QuantScheme::kMxfp4:
+      return {{"quant_method", "mxfp4"},
+              {"modules_to_not_convert",
+               {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                "lm_head"}}};
+    case QuantScheme::kInt4Pack:
+      return CompressedTensors("pack-quantized", {{"num_bits", 4},
+                                                  {"type", "int"},
+                                                  {"strategy", "group"},
+                                                  {"group_size", spec.group},
+                                                  {"symmetric", spec.symmetric},
+                                                  {"dynamic", false},
+                                                  {"actorder", nullptr}});
+    case QuantScheme::kGptqInt4:
+      return {{"quant_method", "gptq"},
+              {"bits", 4},
+              {"group_size", spec.group},
+              {"desc_act", false},
+              {"sym", true},
+              {"checkpoint_format", "gptq"}};
+  }
+  return nullptr;
+}
+
+}  // namespace quant_internal
+
+std::string QuantizationConfigJson(const QuantSpec& spec) {
+  const nlohmann::ordered_json config = quant_internal::QuantizationConfig(spec);
+  // Only ASCII literals and numbers: dump cannot throw.
+  return config.is_null() ? std::string() : config.dump();
+}
+
+}  // namespace tern
