@@ -1,7 +1,10 @@
 // tern inspect: what a patch holds, per tensor and in total, as a table or
 // JSON. Validates the whole patch (every checksum and stream) on the way.
+#include <cmath>
 #include <cstdio>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "tern/patch.h"
 #include "tools/cli_util.h"
@@ -10,67 +13,45 @@
 namespace tern::cli {
 namespace {
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-std::string ShapeString(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+// Four decimals, as the table prints it: a stable value for scripts.
+double Rounded4(double x) { return std::round(x * 1e4) / 1e4; }
 
 void PrintJson(const PatchInfo& info) {
-  std::printf("{\n  \"format_version\": %u,\n", info.format_version);
-  std::printf("  \"base_version\": %llu,\n  \"target_version\": %llu,\n",
-              static_cast<unsigned long long>(info.base_version),
-              static_cast<unsigned long long>(info.target_version));
-  std::printf("  \"base_digest\": \"%s\",\n  \"target_digest\": \"%s\",\n",
-              info.base_digest.ToString().c_str(), info.target_digest.ToString().c_str());
-  std::printf("  \"patch_bytes\": %llu,\n  \"container_bytes\": %llu,\n",
-              static_cast<unsigned long long>(info.patch_bytes),
-              static_cast<unsigned long long>(info.container_bytes));
-  std::printf("  \"elements\": %llu,\n  \"changed_elements\": %llu,\n  \"segments\": %llu,\n",
-              static_cast<unsigned long long>(info.elements),
-              static_cast<unsigned long long>(info.changed_elements),
-              static_cast<unsigned long long>(info.segments));
-  std::printf("  \"position_bytes\": %llu,\n  \"value_bytes\": %llu,\n  \"header_bytes\": %llu,\n",
-              static_cast<unsigned long long>(info.position_bytes),
-              static_cast<unsigned long long>(info.value_bytes),
-              static_cast<unsigned long long>(info.header_bytes));
-  std::printf("  \"bits_per_changed_element\": %.4f,\n  \"tensors\": [", info.bits_per_changed());
-  for (size_t i = 0; i < info.tensors.size(); ++i) {
-    const TensorPatchInfo& t = info.tensors[i];
-    std::printf(
-        "%s\n    {\"name\": %s, \"dtype\": \"%s\", \"shape\": %s, \"elements\": %llu, "
-        "\"changed_elements\": %llu, \"segments\": %llu, \"sparse_segments\": %llu, "
-        "\"dense_segments\": %llu, \"raw_segments\": %llu, \"position_bytes\": %llu, "
-        "\"value_bytes\": %llu, \"header_bytes\": %llu, \"bits_per_changed_element\": %.4f}",
-        i ? "," : "", JsonString(t.name).c_str(), std::string(DTypeName(t.dtype)).c_str(),
-        ShapeString(t.shape).c_str(), static_cast<unsigned long long>(t.elements),
-        static_cast<unsigned long long>(t.changed_elements),
-        static_cast<unsigned long long>(t.segments),
-        static_cast<unsigned long long>(t.sparse_segments),
-        static_cast<unsigned long long>(t.dense_segments),
-        static_cast<unsigned long long>(t.raw_segments),
-        static_cast<unsigned long long>(t.position_bytes),
-        static_cast<unsigned long long>(t.value_bytes),
-        static_cast<unsigned long long>(t.header_bytes), t.bits_per_changed());
+  using nlohmann::ordered_json;
+  ordered_json tensors = ordered_json::array();
+  for (const TensorPatchInfo& t : info.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"dtype", DTypeName(t.dtype)},
+                       {"shape", t.shape},
+                       {"elements", t.elements},
+                       {"changed_elements", t.changed_elements},
+                       {"segments", t.segments},
+                       {"sparse_segments", t.sparse_segments},
+                       {"dense_segments", t.dense_segments},
+                       {"raw_segments", t.raw_segments},
+                       {"position_bytes", t.position_bytes},
+                       {"value_bytes", t.value_bytes},
+                       {"header_bytes", t.header_bytes},
+                       {"bits_per_changed_element", Rounded4(t.bits_per_changed())}});
   }
-  std::printf("\n  ]\n}\n");
+  const ordered_json out = {{"format_version", info.format_version},
+                            {"base_version", info.base_version},
+                            {"target_version", info.target_version},
+                            {"base_digest", info.base_digest.ToString()},
+                            {"target_digest", info.target_digest.ToString()},
+                            {"patch_bytes", info.patch_bytes},
+                            {"container_bytes", info.container_bytes},
+                            {"elements", info.elements},
+                            {"changed_elements", info.changed_elements},
+                            {"segments", info.segments},
+                            {"position_bytes", info.position_bytes},
+                            {"value_bytes", info.value_bytes},
+                            {"header_bytes", info.header_bytes},
+                            {"bits_per_changed_element", Rounded4(info.bits_per_changed())},
+                            {"tensors", std::move(tensors)}};
+  // Tensor names come from a validated patch but need not be UTF-8: replace
+  // bad bytes rather than throw.
+  std::printf("%s\n", out.dump(2, ' ', false, ordered_json::error_handler_t::replace).c_str());
 }
 
 void PrintTable(const PatchInfo& info, bool all) {
