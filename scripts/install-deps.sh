@@ -9,6 +9,7 @@ PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev zstd libxxhash-dev libssl-dev openssl
+  nlohmann-json3-dev  # safetensors headers, indexes, config.json (docs/checkpoint.md, "JSON")
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
