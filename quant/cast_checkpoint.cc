@@ -68,7 +68,8 @@ Result<std::string> ReadConfig(const fs::path& path) {
 Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& spec) {
   const nlohmann::ordered_json qconfig = quant_internal::QuantizationConfig(spec);
   const fs::path config_path = fs::path(in_path) / "config.json";
-  const bool have_config = fs::is_directory(in_path) && fs::exists(config_path);
+  std::error_code ec;  // the non-throwing overloads: an error reads as "no config"
+  const bool have_config = fs::is_directory(in_path, ec) && fs::exists(config_path, ec);
   if (!have_config) {
     if (qconfig.is_null()) return std::string();
     return nlohmann::ordered_json{{"quantization_config", qconfig}}.dump(2) + "\n";
