@@ -20,7 +20,8 @@ using json::Event;
 using json::Quoted;
 using json::Token;
 
-// The header's schema, checked event by event:
+// The header's schema, checked event by event on nlohmann-json's SAX
+// parser (why nlohmann and not simdjson: checkpoint/strict_json.h):
 //   {"__metadata__": {str: str, ...},
 //    NAME: {"dtype": str, "shape": [u64, ...], "data_offsets": [u64, u64]}, ...}
 class HeaderSax final : public json::StrictSax {

@@ -13,6 +13,7 @@ using json::Quoted;
 using json::Token;
 
 // {"weight_map": {NAME: FILE, ...}, anything else: any JSON}
+// Parsed on nlohmann-json's SAX parser (why not simdjson: checkpoint/strict_json.h).
 class IndexSax final : public json::StrictSax {
  public:
   explicit IndexSax(WeightMap* out) : StrictSax(/*depth_max=*/16), out_(out) {}
