@@ -987,6 +987,24 @@ TEST_P(Conformance, WrongCertificateIsRefused) {
   EXPECT_TRUE(good->capabilities() & kCapEncrypted);
 }
 
+// The CA vouches for every host it signed: a client also checks that the
+// server's certificate names the server it expected.
+TEST_P(Conformance, WrongServerIdentityIsRefused) {
+  if (GetParam().name != "tcp_tls") GTEST_SKIP() << "backend without authentication";
+  TlsConfig expects_another = testing::TestCerts().client;
+  expects_another.server_name = "another-host.tern.test";
+  auto wrong = GetParam().make(&expects_another);
+  ASSERT_TRUE(wrong.ok());
+  auto c = ConnectWait(*wrong->client, listener_->address(), {}, kConnectMs, RetryPolicy{1, 10, 10});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAuth) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("does not name another-host.tern.test"), std::string::npos)
+      << c.status().ToString();
+  auto good = Dial(*pair_.client);
+  ASSERT_TRUE(good);
+  EXPECT_TRUE(good->capabilities() & kCapEncrypted);
+}
+
 #else  // TERN_CONFORMANCE_BIG: the >= 1 GiB case, labelled slow.
 
 TEST_P(Conformance, OneGibibyteTransfer) {

@@ -11,23 +11,46 @@
 // Thread safety: as transport.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tern/export.h"
 #include "tern/transport.h"
 
 namespace tern {
 
+// Who the peer must be. Both sides check that the CA signed the peer's
+// certificate (mutual TLS); a client also checks that the server's
+// certificate names the server it meant (a certificate from the same CA for
+// another host, or the client's own, is refused); a server may narrow the
+// clients it accepts. Certificates carrying an extended key usage are held to
+// it (serverAuth for servers, clientAuth for clients; OpenSSL's purpose check).
 struct TlsConfig {
   bool enabled = false;
   // PEM files: this side's certificate chain and key, and the CA that must
-  // have signed the peer's certificate (both sides verify: mutual TLS).
+  // have signed the peer's certificate.
   std::string cert_file;
   std::string key_file;
   std::string ca_file;
+  // Client: the DNS name (matched against the certificate's DNS SANs,
+  // wildcards of one whole label allowed) or IP address (matched against its
+  // IP SANs) the server's certificate must hold. Empty: the host part of
+  // the address dialled. The subject's CN is never consulted.
+  std::string server_name;
+  // Server: when not empty, a client's certificate must hold one of these
+  // DNS names or IP addresses (as server_name); empty: any certificate the
+  // CA signed. At most kMaxTlsNames.
+  std::vector<std::string> client_names;
+  // Both roles: when not empty, the peer's certificate (its DER encoding)
+  // must have one of these SHA-256 fingerprints, checked in addition to the
+  // CA. Written "sha256:" + 64 hex digits (':' between bytes allowed, as
+  // `openssl x509 -fingerprint -sha256` prints them). At most kMaxTlsNames.
+  std::vector<std::string> peer_sha256;
 };
+inline constexpr size_t kMaxTlsNames = 64;
 
 struct TcpOptions {
   // Parallel streams per connection (1..max_streams). 0 = choose: from the
@@ -79,7 +102,8 @@ struct TcpOptions {
 // [1, max_streams]; 8 without hints.
 TERN_EXPORT uint32_t ChooseTcpStreams(const TcpOptions& options);
 
-// Fails (kInvalidArgument / kIo) when TLS is enabled and the files do not load.
+// Fails (kInvalidArgument / kIo) when TLS is enabled and the files do not
+// load, or a name or fingerprint in TlsConfig is malformed.
 TERN_EXPORT Result<std::unique_ptr<Transport>> NewTcpTransport(TcpOptions options,
                                                               Clock& clock = SteadyClock());
 

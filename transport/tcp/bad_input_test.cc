@@ -325,7 +325,7 @@ TEST_F(BadInput, StreamsOfOneConnectionShareOneTlsIdentity) {
     auto fd = ConnectSocket(listener_->address(), client_options_, deadline, SteadyClock());
     EXPECT_TRUE(fd.ok()) << fd.status().ToString();
     if (!fd.ok()) return nullptr;
-    auto pipe = TlsHandshake(**ctx, *fd, /*server=*/false, deadline, SteadyClock());
+    auto pipe = TlsHandshake(**ctx, *fd, /*server=*/false, "127.0.0.1", deadline, SteadyClock());
     EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
     if (!pipe.ok()) return nullptr;
     const std::string hello = Header(FrameType::kHello, 0, 4242, PackStream(index, 2));

@@ -130,6 +130,7 @@ Result<std::unique_ptr<TlsContext>> TlsContext::Load(const TlsConfig& config) {
   TERN_REQUIRE(!config.cert_file.empty() && !config.key_file.empty() && !config.ca_file.empty(),
                kInvalidArgument, "TLS needs a certificate, a key and a CA file");
   auto out = std::make_unique<TlsContext>();
+  TERN_ASSIGN_OR_RETURN(out->rules_, PeerRules::FromConfig(config));
   SSL_CTX* ctx = SSL_CTX_new(TLS_method());
   TERN_REQUIRE(ctx != nullptr, kInternal, "SSL_CTX_new: ", SslErrors());
   out->ctx_ = ctx;
@@ -146,7 +147,7 @@ Result<std::unique_ptr<TlsContext>> TlsContext::Load(const TlsConfig& config) {
                "TLS key does not match the certificate: ", SslErrors());
   TERN_REQUIRE(SSL_CTX_load_verify_locations(ctx, config.ca_file.c_str(), nullptr) == 1,
                kInvalidArgument, "TLS CA ", config.ca_file, ": ", SslErrors());
-  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, VerifyPeer);
   return out;
 }
 
@@ -165,7 +166,8 @@ Status WaitFd(int fd, bool want_write, uint64_t deadline_us, Clock& clock) {
 }
 
 Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool server,
-                                           uint64_t deadline_us, Clock& clock) {
+                                           const std::string& dialled_host, uint64_t deadline_us,
+                                           Clock& clock) {
   SSL* ssl = SSL_new(static_cast<SSL_CTX*>(tls.ctx()));
   if (ssl == nullptr) {
     ::close(fd);
@@ -173,11 +175,22 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
   }
   auto pipe = std::make_unique<TlsPipe>(fd, ssl);
   SSL_set_fd(ssl, fd);
+  PeerCheck check;
+  check.rules = &tls.rules();
+  check.server = server;
   if (server) {
     SSL_set_accept_state(ssl);
   } else {
+    TERN_RETURN_IF_ERROR(check.ExpectServer(ssl, dialled_host));
     SSL_set_connect_state(ssl);
   }
+  // `check` is read by VerifyPeer during the handshake and must not be
+  // reachable after it.
+  check.Attach(ssl);
+  struct Detach {
+    SSL* ssl;
+    ~Detach() { PeerCheck::Detach(ssl); }
+  } detach{ssl};
   for (;;) {
     ERR_clear_error();
     int rc = SSL_do_handshake(ssl);
@@ -188,7 +201,7 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
       if (!st.ok()) return st.WithContext("TLS handshake");
       continue;
     }
-    std::string why = SslErrors();
+    std::string why = check.failure.empty() ? SslErrors() : check.failure;
     if (err == SSL_ERROR_SYSCALL && why == "TLS error") why = "connection closed during handshake";
     if (server) {
       // Linger briefly so our alert reaches the client before a reset

@@ -10,6 +10,7 @@
 
 #include "tern/tcp_transport.h"
 #include "tern/transport.h"
+#include "transport/tcp/tls_identity.h"
 
 namespace tern::tcp {
 
@@ -46,22 +47,28 @@ class Pipe {
 std::unique_ptr<Pipe> NewPlainPipe(int fd);
 
 // An SSL_CTX for both roles: TLS 1.3 only, our certificate and key, peers
-// must present a certificate signed by the CA (mutual authentication).
+// must present a certificate signed by the CA (mutual authentication) and
+// satisfy the identity rules of the config (tls_identity.h).
 class TlsContext {
  public:
   static Result<std::unique_ptr<TlsContext>> Load(const TlsConfig& config);
   ~TlsContext();
   void* ctx() const { return ctx_; }
+  const PeerRules& rules() const { return rules_; }
 
  private:
   void* ctx_ = nullptr;
+  PeerRules rules_;
 };
 
 // Runs the TLS handshake on a connected non-blocking socket by the deadline;
-// takes ownership of fd either way. Failures are kAuth (credentials) or
+// takes ownership of fd either way. A client checks the server's certificate
+// against the configured server name, else dialled_host (a server ignores
+// it). Failures are kAuth (credentials or identity, with the reason) or
 // kTimeout.
 Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool server,
-                                           uint64_t deadline_us, Clock& clock);
+                                           const std::string& dialled_host, uint64_t deadline_us,
+                                           Clock& clock);
 
 // Blocking-with-deadline helpers for the handshake phase.
 Status ReadFull(Pipe& pipe, void* buf, size_t size, uint64_t deadline_us, Clock& clock);

@@ -181,6 +181,7 @@ class TcpTransport final : public Transport {
 
   Result<std::shared_ptr<TcpConnection>> Dial(const std::string& address, ConnectionHandlers handlers) {
     const uint32_t n = ChooseTcpStreams(options_);
+    TERN_ASSIGN_OR_RETURN(const tcp::HostPort dialled, tcp::ParseHostPort(address));
     const uint64_t deadline = clock_.NowUs() + options_.connect_timeout_ms * 1000;
     const uint64_t conn_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
     // The streams connect (and shake hands) at once: one after the other
@@ -193,7 +194,7 @@ class TcpTransport final : public Transport {
       congestions[i] = tcp::TuneSocket(fd, options_);
       std::unique_ptr<Pipe> pipe;
       if (tls_) {
-        TERN_ASSIGN_OR_RETURN(pipe, tcp::TlsHandshake(*tls_, fd, false, deadline, clock_));
+        TERN_ASSIGN_OR_RETURN(pipe, tcp::TlsHandshake(*tls_, fd, false, dialled.host, deadline, clock_));
       } else {
         pipe = tcp::NewPlainPipe(fd);
       }
@@ -313,7 +314,7 @@ class TcpTransport final : public Transport {
     };
     std::unique_ptr<Pipe> pipe;
     if (tls_) {
-      auto r = tcp::TlsHandshake(*tls_, fd, true, deadline, clock_);
+      auto r = tcp::TlsHandshake(*tls_, fd, true, /*dialled_host=*/"", deadline, clock_);
       if (!r.ok()) return reject(r.status());
       pipe = std::move(r).value();
     } else {
