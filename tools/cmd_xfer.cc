@@ -31,6 +31,9 @@ void AddTransportFlags(Flags& f) {
   f.Add("tls-cert", "PEM certificate chain of this side (TLS 1.3, mutual)");
   f.Add("tls-key", "PEM private key of this side");
   f.Add("tls-ca", "PEM CA that must have signed the peer's certificate");
+  f.Add("tls-pin",
+        "sha256:HEX[,sha256:HEX...]: the peer's certificate must have one of these SHA-256 "
+        "fingerprints (checked in addition to the CA and names)");
   f.AddSwitch("no-tls", "plain TCP (only inside a trusted network; TLS is the default)");
   f.Add("congestion", "TCP congestion control to ask the kernel for", "bbr");
   f.Add("notsent-lowat", "TCP_NOTSENT_LOWAT per stream (K/M suffixes; 0: kernel default)", "1M");
@@ -38,9 +41,23 @@ void AddTransportFlags(Flags& f) {
   f.Add("idle-timeout-ms", "close a connection whose peer is silent this long", "30000");
 }
 
+// "a,b" -> {"a", "b"}; an empty item stays (and is refused where it is used).
+std::vector<std::string> CommaList(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (char c : text) {
+    if (c == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
 Result<TcpOptions> TransportOptions(const Flags& f) {
   TcpOptions o;
-  const bool any_tls = f.Has("tls-cert") || f.Has("tls-key") || f.Has("tls-ca");
+  const bool any_tls = f.Has("tls-cert") || f.Has("tls-key") || f.Has("tls-ca") || f.Has("tls-pin") ||
+                       f.Has("tls-server-name") || f.Has("tls-allow-client");
   const std::string kind = f.Get("transport");
   TERN_REQUIRE(kind == "tcp" || kind == "ucx" || kind == "verbs", kInvalidArgument, "--transport '", kind,
                "': want tcp, ucx or verbs");
@@ -58,7 +75,15 @@ Result<TcpOptions> TransportOptions(const Flags& f) {
   } else {
     TERN_REQUIRE(f.Has("tls-cert") && f.Has("tls-key") && f.Has("tls-ca"), kInvalidArgument,
                  "TLS is on by default: give --tls-cert, --tls-key and --tls-ca, or --no-tls");
-    o.tls = TlsConfig{true, f.Get("tls-cert"), f.Get("tls-key"), f.Get("tls-ca")};
+    o.tls.enabled = true;
+    o.tls.cert_file = f.Get("tls-cert");
+    o.tls.key_file = f.Get("tls-key");
+    o.tls.ca_file = f.Get("tls-ca");
+    // Who the peer must be (TlsConfig): a server name for get, allowed
+    // clients for serve; names and pins are checked when the transport loads.
+    if (f.Has("tls-server-name")) o.tls.server_name = f.Get("tls-server-name");
+    if (f.Has("tls-allow-client")) o.tls.client_names = CommaList(f.Get("tls-allow-client"));
+    if (f.Has("tls-pin")) o.tls.peer_sha256 = CommaList(f.Get("tls-pin"));
   }
   o.congestion = f.Get("congestion");
   TERN_ASSIGN_OR_RETURN(o.socket_buffer_bytes, ParseCount(f.Get("socket-buffer")));
@@ -106,6 +131,9 @@ Status Serve(int argc, char** argv) {
   Flags f("xfer serve", "serve a directory or one file to `tern xfer get` until SIGINT/SIGTERM");
   f.Add("listen", "HOST:PORT to listen on (port 0: any free port, printed)", "", true);
   AddTransportFlags(f);
+  f.Add("tls-allow-client",
+        "NAME[,NAME...]: a client's certificate must hold one of these DNS names or IPs "
+        "(default: any the CA signed)");
   f.AddPositional("DIR_OR_FILE", "what to serve; names may not escape it");
   TERN_RETURN_IF_ERROR(f.Parse(argc, argv));
   TERN_REQUIRE(f.positional().size() == 1, kInvalidArgument, "serve needs exactly one DIR_OR_FILE");
@@ -159,6 +187,8 @@ Status Get(int argc, char** argv) {
   f.AddSwitch("no-resume", "ignore LOCAL.tern-part.state, and keep no partial copy on failure");
   f.AddSwitch("quiet", "no progress on stderr");
   AddTransportFlags(f);
+  f.Add("tls-server-name",
+        "DNS name or IP the server's certificate must hold (default: the HOST dialled)");
   f.AddPositional("HOST:PORT", "the server");
   f.AddPositional("REMOTE_NAME", "file name relative to the served directory");
   TERN_RETURN_IF_ERROR(f.Parse(static_cast<int>(av.size()), av.data()));

@@ -10,6 +10,10 @@ served root are refused and leave no partial file; serving / works;
 --transport verbs explains itself where there is no RDMA device; RDMA
 transports refuse to run without an explicit --no-tls; serve stops cleanly
 on SIGTERM.
+
+TLS identity: a server whose certificate (from the same CA) names another
+host, or is the client's own, is refused; pins and a server's allow-list of
+clients hold.
 """
 import os
 import re
@@ -29,17 +33,26 @@ def openssl(*args, cwd):
 
 
 def make_pki(d):
-    """A CA, a server and a client certificate (P-256), and a rogue CA."""
+    """A CA, a server certificate for 127.0.0.1, a client certificate, another
+    host's server certificate (all P-256, one CA), and a rogue CA."""
     for ca in ("ca", "rogue"):
         openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                 "-days", "2", "-subj", "/CN=" + ca, "-keyout", ca + ".key", "-out", ca + ".pem", cwd=d)
-    with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for who in ("server", "client"):
+    for who, names in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:client.tern.test"),
+                       ("wrong", "DNS:wrong.tern.test,IP:10.9.8.7")):
+        with open(os.path.join(d, who + ".cnf"), "w") as f:
+            f.write("subjectAltName=%s\n" % names)
         openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
                 "/CN=" + who, "-keyout", who + ".key", "-out", who + ".csr", cwd=d)
         openssl("x509", "-req", "-in", who + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", who + ".pem", cwd=d)
+                "-CAcreateserial", "-days", "2", "-extfile", who + ".cnf", "-out", who + ".pem", cwd=d)
+
+
+def fingerprint(pem):
+    """sha256:HEX of a certificate, as --tls-pin takes it."""
+    out = subprocess.run(["openssl", "x509", "-in", pem, "-noout", "-fingerprint", "-sha256"],
+                         check=True, capture_output=True, text=True).stdout
+    return "sha256:" + out.strip().split("=", 1)[1]
 
 
 class Server:
@@ -152,6 +165,61 @@ class XferTest(unittest.TestCase):
             self.assertFalse(os.path.exists(bad))
         finally:
             srv.stop()
+
+    def test_get_checks_the_servers_identity(self):
+        """The CA signed every certificate here: get must still refuse a server
+        whose certificate names another host, or is the client's own."""
+        for cert, says in (("wrong", "does not name 127.0.0.1 (it names DNS:wrong.tern.test, IP:10.9.8.7)"),
+                           ("client", "does not name 127.0.0.1 (it names DNS:client.tern.test)")):
+            with self.subTest(cert):
+                srv = Server(self.root, *self.pki(cert))
+                try:
+                    bad = self.out("impostor.bin")
+                    proc = get(srv.address, "sub/w.bin", bad, *self.pki("client"), "--retries", "0")
+                    self.assertNotEqual(proc.returncode, 0)
+                    self.assertIn("tern xfer get:", proc.stderr)
+                    self.assertIn(says, proc.stderr)
+                    self.assertIn("--tls-server-name", proc.stderr)
+                    self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                    self.assertFalse(os.path.exists(bad))
+                    if cert == "wrong":  # the name to expect can be given
+                        path = self.out("named.bin")
+                        self.assert_copy(get(srv.address, "sub/w.bin", path, *self.pki("client"),
+                                             "--tls-server-name", "wrong.tern.test"), path)
+                finally:
+                    srv.stop()
+
+    def test_pins_and_allowed_clients(self):
+        srv = Server(self.root, *self.pki("server"), "--tls-allow-client", "client.tern.test")
+        try:
+            path = self.out("pinned.bin")
+            self.assert_copy(get(srv.address, "sub/w.bin", path, *self.pki("client"), "--tls-pin",
+                                 fingerprint(os.path.join(self.dir, "wrong.pem")) + "," +
+                                 fingerprint(os.path.join(self.dir, "server.pem"))), path)
+            bad = self.out("unpinned.bin")
+            proc = get(srv.address, "sub/w.bin", bad, *self.pki("client"), "--retries", "0",
+                       "--tls-pin", fingerprint(os.path.join(self.dir, "wrong.pem")))
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("which is not pinned", proc.stderr)
+            self.assertFalse(os.path.exists(bad))
+            proc = get(srv.address, "sub/w.bin", bad, *self.pki("client"), "--tls-pin", "sha256:abc")
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("want sha256:<64 hex digits>", proc.stderr)
+            proc = get(srv.address, "sub/w.bin", bad, "--no-tls", "--tls-server-name", "x")
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+        finally:
+            srv.stop()
+        # A client the server does not list is refused (and the server says why).
+        srv = Server(self.root, *self.pki("server"), "--tls-allow-client", "other.tern.test")
+        try:
+            bad = self.out("unlisted.bin")
+            proc = get(srv.address, "sub/w.bin", bad, *self.pki("client"), "--retries", "0")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("the server refused our TLS certificate", proc.stderr)
+            self.assertFalse(os.path.exists(bad))
+        finally:
+            rc, err = srv.stop()
+        self.assertIn("none of the allowed clients (other.tern.test)", err)
 
     def test_names_outside_the_root_are_refused(self):
         srv = Server(self.root, "--no-tls")

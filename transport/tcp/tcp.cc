@@ -228,12 +228,12 @@ class TcpTransport final : public Transport {
     for (auto& pipe : pipes) {
       uint8_t raw[kHeaderBytes];
       Status st = tcp::ReadFull(*pipe, raw, kHeaderBytes, deadline, clock_);
-      if (!st.ok() && tls_ && st.code() == Code::kUnavailable) {
+      if (!st.ok() && tls_ && (st.code() == Code::kUnavailable || st.code() == Code::kAuth)) {
         // In TLS 1.3 the server judges our certificate after our side of the
-        // handshake is done; a hang-up here is almost always that verdict
-        // (its alert can be lost to a reset).
-        return TERN_ERROR(kAuth, "server closed the TLS connection before accepting it "
-                                 "(our certificate refused?): ", st.message());
+        // handshake is done; an alert or a hang-up here is almost always
+        // that verdict (its alert can be lost to a reset).
+        return TERN_ERROR(kAuth, "the server refused our TLS certificate (signed by another CA, "
+                                 "or not among the clients it allows or pins?): ", st.message());
       }
       if (!st.ok()) return st.WithContext("waiting for the server's hello");
       FrameHeader h;
