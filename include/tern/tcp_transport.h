@@ -1,7 +1,7 @@
 // The TCP backend: N parallel streams per connection with chunks striped over
 // them, autotuned socket buffers, BBR when the kernel has it, an XXH3-64 checksum
 // and an acknowledgement per chunk, and optional TLS 1.3 with mutual
-// authentication. Wire format: docs/format/wire.md.
+// authentication. Wire format: docs/format/tcp.md.
 //
 // Each stream has one I/O thread (non-blocking socket + poll), so threads are
 // bounded by streams x connections, and both are capped (max_streams,

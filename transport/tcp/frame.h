@@ -1,4 +1,4 @@
-// The TCP wire protocol's frame header (docs/format/wire.md, version 1).
+// The TCP wire protocol's frame header (docs/format/tcp.md, version 1).
 // Every frame starts with this fixed 48-byte little-endian header; payloads
 // follow it directly. Decoding validates everything a peer controls.
 #pragma once

@@ -141,7 +141,7 @@ TEST(Frame, HelloAckVerdicts) {
 namespace tern::tcp {
 namespace {
 
-// The worked example in docs/format/wire.md §4.
+// The worked example in docs/format/tcp.md §4.
 TEST(Frame, MatchesTheSpecExample) {
   FrameHeader h;
   h.type = FrameType::kHello;

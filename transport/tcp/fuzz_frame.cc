@@ -1,4 +1,4 @@
-// Fuzzer: arbitrary bytes as TCP wire frames (docs/format/wire.md §2-3) and
+// Fuzzer: arbitrary bytes as TCP wire frames (docs/format/tcp.md §2-3) and
 // the handshake frames built on them. Input: one mode byte, the 48 header
 // bytes, then payload bytes (the HELLO_ACK reason).
 //   mode bit 0: recompute the header check, so mutations reach the checks

@@ -1,4 +1,4 @@
-// The TCP backend (docs/format/wire.md): listening, dialing and the
+// The TCP backend (docs/format/tcp.md): listening, dialing and the
 // per-stream handshake that assemble N accepted or dialed streams into one
 // TcpConnection (the stream engine is in connection.cc).
 #include <poll.h>
