@@ -5,8 +5,8 @@
 // rendezvous path); a chunk is an active message whose data UCX moves by
 // rendezvous (zero-copy, RDMA where the fabric has it) straight into the
 // posted window, then checksummed and acknowledged; Write is ucp_put_nbx into
-// a region the peer exported with ExportRegion. Wire protocol:
-// docs/transport-rdma.md.
+// a region the peer exported with ExportRegion. Design:
+// docs/transport-rdma.md; wire protocol: docs/format/ucx.md.
 //
 // UCX picks its transports at run time (tcp, shared memory, cma, verbs, cuda
 // where built and present). UcxOptions::tls / net_devices restrict them for

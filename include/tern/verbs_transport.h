@@ -15,7 +15,7 @@
 //    exported; it completes when the peer's NIC acknowledged it.
 //  * The side channel stays open: its close without a bye tells a peer died
 //    at once, instead of at the next RDMA retry timeout.
-// Wire protocol: docs/transport-rdma.md ("Verbs wire").
+// Wire protocol: docs/format/verbs.md.
 //
 // libibverbs is dlopen()ed at run time (VerbsOptions::library), so binaries
 // start on machines without RDMA; NewVerbsTransport fails with kUnavailable

@@ -1,5 +1,5 @@
-// The UCX backend's active-message protocol (docs/transport-rdma.md, "UCX
-// wire", version 1). Every active message carries one fixed-size,
+// The UCX backend's active-message protocol (docs/format/ucx.md, version
+// 1). Every active message carries one fixed-size,
 // little-endian header; its data part is the payload (message bytes, chunk
 // bytes or ack reason). Decoders validate everything a peer controls.
 #pragma once

@@ -2,7 +2,7 @@
 // control buffers. Control (messages, chunk announcements, acks, credits,
 // bye) is SEND/RECV under credit flow control; chunks are pulled by the
 // receiver with RDMA READ into its window; Write is RDMA WRITE.
-// docs/transport-rdma.md, "Verbs wire".
+// Design: docs/transport-rdma.md; wire: docs/format/verbs.md.
 #include <fcntl.h>
 #include <sys/socket.h>
 

@@ -1,5 +1,5 @@
-// The raw-verbs backend's wire pieces (docs/transport-rdma.md, "Verbs
-// wire", version 1), none of which needs a device:
+// The raw-verbs backend's wire pieces (docs/format/verbs.md, version 1),
+// none of which needs a device:
 //  * the side channel's framing (endpoint, refusal, ready) over TCP;
 //  * QpEndpoint: what each side sends to bring an RC queue pair up (QP
 //    number, PSN, LID/GID, MTU, receive credits);
