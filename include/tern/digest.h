@@ -10,7 +10,8 @@
 //
 // This is a checksum against accidental corruption and bugs, NOT a
 // cryptographic hash: an adversary can construct collisions. Authenticity
-// must come from signing patches.
+// must come from elsewhere: nothing is signed yet (docs/transport.md, "What
+// protects what"; signed versions come with the agent, docs/agent.md).
 //
 // Thread safety: values; ComputeDigest reads the view from pool threads.
 #pragma once
