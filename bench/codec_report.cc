@@ -23,7 +23,7 @@
 #include "bench/harness.h"
 #include "tern/digest.h"
 #include "tern/patch.h"
-#include "tools/flags.h"
+#include "tools/cli_args.h"
 
 namespace tern::bench {
 namespace {
@@ -257,42 +257,56 @@ Result<std::vector<double>> ParseList(const std::string& text) {
   return out;
 }
 
-Status Run(int argc, char** argv) {
-  cli::Flags flags("codec_report", "measure tern patches against baselines (docs/benchmarks.md)");
-  flags.Add("source", "synth, trace or both", "synth");
-  flags.Add("elements", "synthetic view size in BF16 elements", "200M");
-  flags.Add("densities", "synthetic change densities, comma-separated", "0.001,0.01,0.05");
-  flags.Add("trace-params", "trace model size in parameters", "100M");
-  flags.Add("trace-lrs", "trace learning rates, comma-separated", "1e-6");
-  flags.Add("trace-steps", "trace: measure the step from S-1 to S", "2");
-  flags.Add("seed", "seed for synthetic data and the trace", "1");
-  flags.Add("threads", "threads for the all-cores runs (0: hardware concurrency)", "0");
-  flags.Add("reps", "timed repetitions (best is reported)", "3");
-  flags.Add("segment-elements", "tern DiffOptions::segment_elements", "1048576");
-  flags.Add("tmp", "directory for xdelta3's temporary files", "/tmp");
-  flags.AddSwitch("no-xdelta", "skip xdelta3 (slow on large views)");
-  flags.AddSwitch("no-speed", "sizes only");
-  TERN_RETURN_IF_ERROR(flags.Parse(argc, argv));
-
+struct Args {
+  // Flags.
+  std::string source, densities_text, lrs_text;
+  uint64_t elements = 0, params = 0, steps = 0, seed = 0, reps = 0;
+  unsigned threads = 0;
+  bool no_xdelta = false, no_speed = false;
   Options o;
-  TERN_ASSIGN_OR_RETURN(uint64_t reps, flags.GetU64("reps"));
-  TERN_ASSIGN_OR_RETURN(uint64_t threads, flags.GetU64("threads"));
-  TERN_ASSIGN_OR_RETURN(o.segment_elements, flags.GetU64("segment-elements"));
-  TERN_ASSIGN_OR_RETURN(uint64_t elements, cli::ParseCount(flags.Get("elements")));
-  TERN_ASSIGN_OR_RETURN(uint64_t params, cli::ParseCount(flags.Get("trace-params")));
-  TERN_ASSIGN_OR_RETURN(uint64_t steps, flags.GetU64("trace-steps"));
-  TERN_ASSIGN_OR_RETURN(uint64_t seed, flags.GetU64("seed"));
-  TERN_ASSIGN_OR_RETURN(std::vector<double> densities, ParseList(flags.Get("densities")));
-  TERN_ASSIGN_OR_RETURN(std::vector<double> lrs, ParseList(flags.Get("trace-lrs")));
-  TERN_REQUIRE(reps >= 1 && reps <= 100, kInvalidArgument, "--reps must be in 1..100");
-  for (double dn : densities)
+  // From the flags, by Check.
+  std::vector<double> densities, lrs;
+};
+
+void AddFlags(CLI::App& app, Args& a) {
+  app.add_option("--source", a.source, "synth, trace or both")->default_val("synth");
+  cli::AddCount(app, "--elements", a.elements, "synthetic view size in BF16 elements", "200M");
+  app.add_option("--densities", a.densities_text, "synthetic change densities, comma-separated")
+      ->default_val("0.001,0.01,0.05");
+  cli::AddCount(app, "--trace-params", a.params, "trace model size in parameters", "100M");
+  app.add_option("--trace-lrs", a.lrs_text, "trace learning rates, comma-separated")->default_val("1e-6");
+  cli::AddUnsigned(app, "--trace-steps", a.steps, "trace: measure the step from S-1 to S", "2");
+  cli::AddUnsigned(app, "--seed", a.seed, "seed for synthetic data and the trace", "1");
+  cli::AddUnsigned(app, "--threads", a.threads,
+                   "threads for the all-cores runs (0: hardware concurrency)", "0", 4096);
+  cli::AddUnsigned(app, "--reps", a.reps, "timed repetitions (best is reported; 1..100)", "3", 100);
+  cli::AddCount(app, "--segment-elements", a.o.segment_elements, "tern DiffOptions::segment_elements",
+                "1048576");
+  app.add_option("--tmp", a.o.tmp_dir, "directory for xdelta3's temporary files")->default_val("/tmp");
+  app.add_flag("--no-xdelta", a.no_xdelta, "skip xdelta3 (slow on large views)");
+  app.add_flag("--no-speed", a.no_speed, "sizes only");
+}
+
+Status Check(Args& a) {
+  TERN_ASSIGN_OR_RETURN(a.densities, ParseList(a.densities_text));
+  TERN_ASSIGN_OR_RETURN(a.lrs, ParseList(a.lrs_text));
+  TERN_REQUIRE(a.reps >= 1, kInvalidArgument, "--reps must be in 1..100");
+  for (double dn : a.densities)
     TERN_REQUIRE(dn >= 0 && dn <= 1, kInvalidArgument, "density ", dn, " outside [0, 1]");
-  o.reps = int(reps);
-  o.xdelta = !flags.Switch("no-xdelta");
-  o.tmp_dir = flags.Get("tmp");
-  const std::string source = flags.Get("source");
-  TERN_REQUIRE(source == "synth" || source == "trace" || source == "both", kInvalidArgument,
+  TERN_REQUIRE(a.source == "synth" || a.source == "trace" || a.source == "both", kInvalidArgument,
                "--source must be synth, trace or both");
+  a.o.reps = int(a.reps);
+  a.o.xdelta = !a.no_xdelta;
+  return Status::Ok();
+}
+
+Status Run(const Args& a) {
+  Options o = a.o;
+  const std::string& source = a.source;
+  const auto& densities = a.densities;
+  const auto& lrs = a.lrs;
+  const uint64_t elements = a.elements, params = a.params, steps = a.steps, seed = a.seed;
+  const unsigned threads = a.threads;
 
   ThreadPool one(1);
   ThreadPool all{unsigned(threads)};
@@ -300,7 +314,7 @@ Status Run(int argc, char** argv) {
   std::vector<SizeRow> sizes;
   std::vector<SpeedRow> speeds;
   std::vector<std::string> sources;
-  const bool speed = !flags.Switch("no-speed");
+  const bool speed = !a.no_speed;
   if (!speed) o.reps = 0;
 
   if (source != "trace") {
@@ -340,7 +354,12 @@ Status Run(int argc, char** argv) {
 }  // namespace tern::bench
 
 int main(int argc, char** argv) {
-  const tern::Status s = tern::bench::Run(argc, argv);
-  if (s.code() == tern::Code::kCancelled) return 0;  // --help
-  return tern::cli::Report("codec_report", s);
+  using namespace tern;
+  CLI::App app("measure tern patches against baselines (docs/benchmarks.md)", "codec_report");
+  cli::Configure(app);
+  bench::Args a;
+  bench::AddFlags(app, a);
+  cli::Dispatch dispatch;
+  dispatch.On(&app, {[&] { return bench::Check(a); }, [&] { return bench::Run(a); }});
+  return dispatch.Run(app, argc, argv);
 }

@@ -81,14 +81,16 @@ Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes, 
   return Status::Ok();
 }
 
-void AddThreadsFlag(Flags& flags) {
-  flags.Add("threads", "worker threads (0: one per core)", "0");
+CLI::Option* AddOutputFlag(CLI::App& cmd, std::string& path, const std::string& help) {
+  return cmd.add_option("-o,--out", path, help)->type_name("PATH")->required();
 }
 
-Result<unsigned> ThreadsFrom(const Flags& flags) {
-  TERN_ASSIGN_OR_RETURN(uint64_t n, flags.GetU64("threads"));
-  TERN_REQUIRE(n <= 1024, kInvalidArgument, "--threads ", n, " is more than 1024");
-  return static_cast<unsigned>(n);
+CLI::Option* AddForceFlag(CLI::App& cmd, bool& force, const std::string& help) {
+  return cmd.add_flag("--force", force, help);
+}
+
+CLI::Option* AddThreadsFlag(CLI::App& cmd, unsigned& threads) {
+  return AddUnsigned(cmd, "--threads", threads, "worker threads (0: one per core)", "0", 1024);
 }
 
 std::string HumanBytes(uint64_t bytes) {

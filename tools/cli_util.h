@@ -1,5 +1,6 @@
-// Helpers shared by the patch subcommands: mapped patch files, atomic file
-// writes, the --threads flag, and human-readable sizes.
+// Helpers shared by the subcommands: mapped patch files, atomic file writes,
+// the flags every writing command has (-o, --force, --threads), and
+// human-readable sizes.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 #include "tern/thread_pool.h"
 #include "tern/status.h"
-#include "tools/flags.h"
+#include "tools/cli_args.h"
 
 namespace tern::cli {
 
@@ -32,9 +33,13 @@ class MappedFile {
 // kAlreadyExists if path exists and !overwrite. On error nothing is left.
 Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes, bool overwrite);
 
-// Declares --threads on a command; ThreadsFrom reads it (0 = all cores).
-void AddThreadsFlag(Flags& flags);
-Result<unsigned> ThreadsFrom(const Flags& flags);
+// -o/--out PATH (required): where a command writes its result.
+CLI::Option* AddOutputFlag(CLI::App& cmd, std::string& path, const std::string& help);
+// --force: replace an existing output (docs/cli.md: outputs are never
+// replaced without it).
+CLI::Option* AddForceFlag(CLI::App& cmd, bool& force, const std::string& help);
+// --threads N (0: one per core), at most 1024.
+CLI::Option* AddThreadsFlag(CLI::App& cmd, unsigned& threads);
 
 // "1.23 GB", "512 B" (decimal units).
 std::string HumanBytes(uint64_t bytes);

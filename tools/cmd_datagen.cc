@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -16,7 +17,8 @@
 #include "tern/quant_plan.h"
 #include "tern/quantize.h"
 #include "tern/datagen.h"
-#include "tools/flags.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace tern::cli {
 
@@ -121,63 +123,32 @@ Status CheckMemory(uint64_t bytes) {
   return Status::Ok();
 }
 
-Status Run(int argc, char** argv) {
-  Flags flags("datagen",
-              "write an RL trace: consecutive serve-view checkpoints of a transformer whose FP32 "
-              "master weights follow Adam at RL learning rates");
-  flags.Add("out", "output directory; versions go to OUT/step-NNNNNN/ (required unless --stats-only)");
-  flags.Add("params", "model size in parameters (10M, 1G, ...)", "10M");
-  flags.Add("steps", "optimizer steps; writes versions 0 (initial) .. STEPS", "3");
-  flags.Add("lr", "Adam learning rate", "1e-6");
-  flags.Add("seed", "random seed; the trace is a pure function of the flags", "0");
-  std::string formats;
-  for (const std::string& n : QuantFormatNames()) formats += (formats.empty() ? "" : "|") + n;
-  flags.Add("format", "serve layout (as `tern cast` writes it): " + formats, "bf16");
-  flags.Add("scale-policy", "band (keep the previous step's scales within a band: sparse "
-                            "patches) or fresh (re-quantize from scratch)", "band");
-  flags.Add("dtype", "alias of --format for bf16 / fp16");
-  flags.Add("beta1", "Adam beta1", "0.9");
-  flags.Add("beta2", "Adam beta2", "0.999");
-  flags.Add("eps", "Adam epsilon", "1e-8");
-  flags.Add("weight-decay", "decoupled weight decay (AdamW); 0 = plain Adam", "0");
-  flags.Add("signal", "gradient signal-to-noise ratio (fixed direction vs fresh noise)", "1");
-  flags.Add("shard-bytes", "start a new safetensors shard past this many bytes (0 = one file)", "0");
-  flags.Add("threads", "worker threads (0 = all cores)", "0");
-  flags.AddSwitch("force", "replace the step-* versions of an earlier trace in OUT");
-  flags.AddSwitch("stats-only", "print the per-step changed fraction, write nothing");
-  flags.SetEpilog(
-      "Each version is a Hugging Face checkpoint directory (model.safetensors or shards, plus\n"
-      "config.json of a LlamaForCausalLM). Output is identical for any --threads and machine.\n"
-      "Memory: ~14 bytes per parameter (FP32 weights and Adam moments, plus the view).");
-  TERN_RETURN_IF_ERROR(flags.Parse(argc, argv));
-
-  const bool stats_only = flags.Switch("stats-only");
-  const std::string out = flags.Get("out");
-  TERN_REQUIRE(stats_only || !out.empty(), kInvalidArgument, "--out is required");
+struct DatagenArgs {
+  // Flags.
+  std::string out, lr_text, format, scale_policy, dtype;
+  uint64_t params = 0, steps = 0, shard_bytes = 0;
+  unsigned threads = 0;
+  bool force = false, stats_only = false;
+  // From the flags, by CheckDatagen.
   TraceConfig config;
-  TERN_ASSIGN_OR_RETURN(const uint64_t params, flags.GetU64("params"));
-  TERN_ASSIGN_OR_RETURN(const uint64_t steps, flags.GetU64("steps"));
-  TERN_REQUIRE(steps <= 100'000'000, kInvalidArgument, "--steps ", steps, " is too many");
-  TERN_ASSIGN_OR_RETURN(config.adam.lr, flags.GetDouble("lr"));
-  TERN_ASSIGN_OR_RETURN(config.seed, flags.GetU64("seed"));
-  TERN_ASSIGN_OR_RETURN(config.adam.beta1, flags.GetDouble("beta1"));
-  TERN_ASSIGN_OR_RETURN(config.adam.beta2, flags.GetDouble("beta2"));
-  TERN_ASSIGN_OR_RETURN(config.adam.eps, flags.GetDouble("eps"));
-  TERN_ASSIGN_OR_RETURN(config.adam.weight_decay, flags.GetDouble("weight-decay"));
-  TERN_ASSIGN_OR_RETURN(config.signal_to_noise, flags.GetDouble("signal"));
-  TERN_ASSIGN_OR_RETURN(const uint64_t shard_bytes, flags.GetU64("shard-bytes"));
-  TERN_ASSIGN_OR_RETURN(const uint64_t threads, flags.GetU64("threads"));
-  TERN_REQUIRE(threads <= 4096, kInvalidArgument, "--threads ", threads, " is too many");
-  std::string format_name = flags.Get("format");
-  if (!flags.Get("dtype").empty()) {
-    auto alias = ServeFormatFromName(flags.Get("dtype"));
+  QuantSpec spec;
+};
+
+Status CheckDatagen(DatagenArgs& a) {
+  TraceConfig& config = a.config;
+  TERN_REQUIRE(a.stats_only || !a.out.empty(), kInvalidArgument, "--out is required");
+  config.adam.lr = std::strtod(a.lr_text.c_str(), nullptr);  // FiniteArg checked the text
+  std::string format_name = a.format;
+  if (!a.dtype.empty()) {
+    auto alias = ServeFormatFromName(a.dtype);
     TERN_REQUIRE(alias.ok(), kInvalidArgument, "--dtype: ", alias.status().message());
     TERN_REQUIRE(format_name == "bf16" || format_name == ServeFormatName(*alias), kInvalidArgument,
-                 "--dtype ", flags.Get("dtype"), " contradicts --format ", format_name);
+                 "--dtype ", a.dtype, " contradicts --format ", format_name);
     format_name = std::string(ServeFormatName(*alias));
   }
   auto spec = ParseQuantFormat(format_name);
   TERN_REQUIRE(spec.ok(), kInvalidArgument, "--format: ", spec.status().message());
+  a.spec = *spec;
   if (spec->scheme == QuantScheme::kBF16) {
     config.format = ServeFormat::kBF16;
   } else if (spec->scheme == QuantScheme::kF16) {
@@ -186,21 +157,28 @@ Status Run(int argc, char** argv) {
     config.format = ServeFormat::kQuantized;
     config.quant = *spec;
   }
-  const std::string policy_name = flags.Get("scale-policy");
-  if (policy_name == "fresh") {
+  if (a.scale_policy == "fresh") {
     config.scale_policy.kind = ScalePolicy::Kind::kFresh;
   } else {
-    TERN_REQUIRE(policy_name == "band", kInvalidArgument, "--scale-policy must be band or fresh");
+    TERN_REQUIRE(a.scale_policy == "band", kInvalidArgument, "--scale-policy must be band or fresh");
   }
-  auto shape = ChooseModelShape(params);
+  auto shape = ChooseModelShape(a.params);
   TERN_REQUIRE(shape.ok(), kInvalidArgument, "--params: ", shape.status().message());
   config.shape = *shape;
-  TERN_RETURN_IF_ERROR(config.Validate());
+  return config.Validate();
+}
 
+Status Run(const DatagenArgs& a) {
+  const TraceConfig& config = a.config;
+  const QuantSpec* spec = &a.spec;
+  const bool stats_only = a.stats_only;
+  const std::string& out = a.out;
+  const uint64_t steps = a.steps;
+  const std::string& policy_name = a.scale_policy;
   const ModelShape& s = config.shape;
   const uint64_t memory_bytes = TraceGenerator::MemoryBytesFor(s, config.format);
   TERN_RETURN_IF_ERROR(CheckMemory(memory_bytes));
-  if (!stats_only) TERN_RETURN_IF_ERROR(PrepareOutput(out, flags.Switch("force")));
+  if (!stats_only) TERN_RETURN_IF_ERROR(PrepareOutput(out, a.force));
   std::printf(
       "model: hidden %llu, intermediate %llu, layers %llu, heads %llu (kv %llu), head_dim %llu, "
       "vocab %llu: %llu parameters, %.2f GB in memory\n",
@@ -235,16 +213,16 @@ Status Run(int argc, char** argv) {
                    static_cast<unsigned long long>(candidates), why.c_str());
   }
 
-  ThreadPool pool(static_cast<unsigned>(threads));
+  ThreadPool pool(a.threads);
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"tern.trace.seed", std::to_string(config.seed)},
-      {"tern.trace.lr", flags.Get("lr")},
+      {"tern.trace.lr", a.lr_text},
       {"tern.trace.dtype", spec->name},
   };
   if (config.format == ServeFormat::kQuantized) metadata["tern.trace.scale_policy"] = policy_name;
   CreateOptions create_options;
-  create_options.shard_bytes_max = shard_bytes;
+  create_options.shard_bytes_max = a.shard_bytes;
   int width = 6;
   for (uint64_t n = steps; n >= 1'000'000; n /= 10) ++width;
 
@@ -299,6 +277,48 @@ Status Run(int argc, char** argv) {
 
 }  // namespace
 
-int RunDatagen(int argc, char** argv) { return Report("datagen", Run(argc, argv)); }
+void AddDatagen(CLI::App& tern, Dispatch& dispatch) {
+  auto a = std::make_shared<DatagenArgs>();
+  TraceConfig& config = a->config;
+  CLI::App* cmd = tern.add_subcommand("datagen", "write an RL trace of serve-view checkpoints");
+  cmd->footer(
+      "Writes consecutive serve-view checkpoints of a transformer whose FP32 master weights\n"
+      "follow Adam at RL learning rates. Each version is a Hugging Face checkpoint directory\n"
+      "(model.safetensors or shards, plus config.json of a LlamaForCausalLM). Output is\n"
+      "identical for any --threads and machine. Memory: ~14 bytes per parameter (FP32\n"
+      "weights and Adam moments, plus the view).");
+  cmd->add_option("-o,--out", a->out,
+                  "output directory; versions go to OUT/step-NNNNNN/ (required unless "
+                  "--stats-only)")
+      ->type_name("DIR");
+  AddCount(*cmd, "--params", a->params, "model size in parameters (10M, 1G, ...)", "10M");
+  AddUnsigned(*cmd, "--steps", a->steps, "optimizer steps; writes versions 0 (initial) .. STEPS",
+              "3", 100'000'000);
+  cmd->add_option("--lr", a->lr_text, "Adam learning rate")->check(FiniteArg())->default_val("1e-6");
+  AddUnsigned(*cmd, "--seed", config.seed, "random seed; the trace is a pure function of the flags",
+              "0");
+  std::string formats;
+  for (const std::string& n : QuantFormatNames()) formats += (formats.empty() ? "" : "|") + n;
+  cmd->add_option("--format", a->format, "serve layout (as `tern cast` writes it): " + formats)
+      ->default_val("bf16");
+  cmd->add_option("--scale-policy", a->scale_policy,
+                  "band (keep the previous step's scales within a band: sparse patches) or "
+                  "fresh (re-quantize from scratch)")
+      ->default_val("band");
+  cmd->add_option("--dtype", a->dtype, "alias of --format for bf16 / fp16");
+  AddDouble(*cmd, "--beta1", config.adam.beta1, "Adam beta1", "0.9");
+  AddDouble(*cmd, "--beta2", config.adam.beta2, "Adam beta2", "0.999");
+  AddDouble(*cmd, "--eps", config.adam.eps, "Adam epsilon", "1e-8");
+  AddDouble(*cmd, "--weight-decay", config.adam.weight_decay,
+            "decoupled weight decay (AdamW); 0 = plain Adam", "0");
+  AddDouble(*cmd, "--signal", config.signal_to_noise,
+            "gradient signal-to-noise ratio (fixed direction vs fresh noise)", "1");
+  AddCount(*cmd, "--shard-bytes", a->shard_bytes,
+           "start a new safetensors shard past this many bytes (0 = one file)", "0");
+  AddUnsigned(*cmd, "--threads", a->threads, "worker threads (0 = all cores)", "0", 4096);
+  AddForceFlag(*cmd, a->force, "replace the step-* versions of an earlier trace in OUT");
+  cmd->add_flag("--stats-only", a->stats_only, "print the per-step changed fraction, write nothing");
+  dispatch.On(cmd, {[a] { return CheckDatagen(*a); }, [a] { return Run(*a); }});
+}
 
 }  // namespace tern::cli

@@ -13,7 +13,7 @@
 #include "tern/patch.h"
 #include "tern/datagen.h"
 #include "tools/cli_util.h"
-#include "tools/flags.h"
+#include "tools/commands.h"
 
 namespace tern::cli {
 namespace {
@@ -44,22 +44,31 @@ std::string FirstDifference(const ServeView& a, const MutableServeView& b) {
   return "";
 }
 
-Status Demo(const Flags& flags) {
-  TERN_ASSIGN_OR_RETURN(unsigned threads, ThreadsFrom(flags));
-  TERN_ASSIGN_OR_RETURN(uint64_t params, flags.GetU64("params"));
-  TERN_ASSIGN_OR_RETURN(uint64_t steps, flags.GetU64("steps"));
-  TERN_REQUIRE(steps >= 1 && steps <= 10000, kInvalidArgument, "--steps must be 1..10000");
+struct DemoArgs {
+  // Flags.
+  unsigned threads = 0;
+  uint64_t params = 0, steps = 0;
+  std::string dtype;
+  double link_gbps = 0;
+  // From the flags, by CheckDemo.
   TraceConfig config;
-  TERN_ASSIGN_OR_RETURN(config.shape, ChooseModelShape(params));
-  TERN_ASSIGN_OR_RETURN(config.adam.lr, flags.GetDouble("lr"));
-  TERN_ASSIGN_OR_RETURN(config.seed, flags.GetU64("seed"));
-  TERN_ASSIGN_OR_RETURN(config.format, ServeFormatFromName(flags.Get("dtype")));
   DiffOptions options;
-  TERN_ASSIGN_OR_RETURN(options.segment_elements, flags.GetU64("segment-elements"));
-  TERN_ASSIGN_OR_RETURN(double link_gbps, flags.GetDouble("link-gbps"));
-  TERN_REQUIRE(link_gbps > 0, kInvalidArgument, "--link-gbps must be positive");
+};
 
-  ThreadPool pool(threads);
+Status CheckDemo(DemoArgs& a) {
+  TERN_REQUIRE(a.steps >= 1 && a.steps <= 10000, kInvalidArgument, "--steps must be 1..10000");
+  TERN_ASSIGN_OR_RETURN(a.config.shape, ChooseModelShape(a.params));
+  TERN_ASSIGN_OR_RETURN(a.config.format, ServeFormatFromName(a.dtype));
+  TERN_REQUIRE(a.link_gbps > 0, kInvalidArgument, "--link-gbps must be positive");
+  return a.config.Validate();
+}
+
+Status Demo(const DemoArgs& a) {
+  const uint64_t steps = a.steps;
+  const double link_gbps = a.link_gbps;
+  const TraceConfig& config = a.config;
+  DiffOptions options = a.options;
+  ThreadPool pool(a.threads);
   std::printf("tern demo: %llu-parameter decoder (hidden %llu, %llu layers, vocab %llu), "
               "Adam lr %g, serve view %s, %u threads\n",
               static_cast<unsigned long long>(config.shape.parameters()),
@@ -125,22 +134,22 @@ Status Demo(const Flags& flags) {
 
 }  // namespace
 
-int RunDemo(int argc, char** argv) {
-  Flags flags("demo",
-              "Run the codec end to end on a simulated RL run: Adam steps on FP32 master "
-              "weights, each step's serve view diffed against the last, the patch applied to "
-              "a replica and verified bit for bit and by digest.");
-  flags.Add("params", "model size in parameters (10M .. 1G style)", "50M");
-  flags.Add("steps", "optimizer steps", "5");
-  flags.Add("lr", "Adam learning rate", "1e-6");
-  flags.Add("seed", "trace seed", "1");
-  flags.Add("dtype", "serve view dtype: bf16 or fp16", "bf16");
-  flags.Add("segment-elements", "elements per patch segment", "1048576");
-  flags.Add("link-gbps", "link rate for the wire-time column (Gb/s)", "10");
-  AddThreadsFlag(flags);
-  Status s = flags.Parse(argc, argv);
-  if (s.ok()) s = Demo(flags);
-  return Report("demo", s);
+void AddDemo(CLI::App& tern, Dispatch& dispatch) {
+  auto a = std::make_shared<DemoArgs>();
+  CLI::App* cmd = tern.add_subcommand("demo", "run the codec end to end on a simulated RL run");
+  cmd->footer(
+      "Adam steps on FP32 master weights, each step's serve view diffed against the last, the "
+      "patch applied to a replica and verified bit for bit and by digest.");
+  AddCount(*cmd, "--params", a->params, "model size in parameters (10M .. 1G style)", "50M");
+  AddUnsigned(*cmd, "--steps", a->steps, "optimizer steps (1..10000)", "5");
+  AddDouble(*cmd, "--lr", a->config.adam.lr, "Adam learning rate", "1e-6");
+  AddUnsigned(*cmd, "--seed", a->config.seed, "trace seed", "1");
+  cmd->add_option("--dtype", a->dtype, "serve view dtype: bf16 or fp16")->default_val("bf16");
+  AddCount(*cmd, "--segment-elements", a->options.segment_elements, "elements per patch segment",
+           "1048576");
+  AddDouble(*cmd, "--link-gbps", a->link_gbps, "link rate for the wire-time column (Gb/s)", "10");
+  AddThreadsFlag(*cmd, a->threads);
+  dispatch.On(cmd, {[a] { return CheckDemo(*a); }, [a] { return Demo(*a); }});
 }
 
 }  // namespace tern::cli

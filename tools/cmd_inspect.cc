@@ -8,7 +8,7 @@
 
 #include "tern/patch.h"
 #include "tools/cli_util.h"
-#include "tools/flags.h"
+#include "tools/commands.h"
 
 namespace tern::cli {
 namespace {
@@ -92,28 +92,29 @@ void PrintTable(const PatchInfo& info, bool all) {
 
 }  // namespace
 
-int RunInspect(int argc, char** argv) {
-  Flags flags("inspect",
-              "Show a patch's versions, base/target digests and, per tensor and in total, "
-              "elements, changed elements, bytes per stream and bits per changed element. "
-              "Validates every checksum and stream.");
-  flags.AddPositional("PATCH", "a patch file");
-  flags.AddSwitch("json", "print JSON instead of a table");
-  flags.AddSwitch("all", "also list unchanged tensors in the table");
-  Status s = flags.Parse(argc, argv);
-  if (s.ok()) {
-    auto run = [&]() -> Status {
-      TERN_ASSIGN_OR_RETURN(auto file, MappedFile::Open(flags.positional()[0]));
-      TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(file->bytes()));
-      if (flags.Switch("json"))
-        PrintJson(info);
-      else
-        PrintTable(info, flags.Switch("all"));
-      return Status::Ok();
-    };
-    s = run();
-  }
-  return Report("inspect", s);
+void AddInspect(CLI::App& tern, Dispatch& dispatch) {
+  struct Args {
+    std::string path;
+    bool json = false, all = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = tern.add_subcommand("inspect", "show what a patch holds");
+  cmd->footer(
+      "Shows a patch's versions, base/target digests and, per tensor and in total, elements, "
+      "changed elements, bytes per stream and bits per changed element. Validates every "
+      "checksum and stream.");
+  cmd->add_option("PATCH", a->path, "a patch file")->required();
+  cmd->add_flag("--json", a->json, "print JSON instead of a table");
+  cmd->add_flag("--all", a->all, "also list unchanged tensors in the table");
+  dispatch.On(cmd, {nullptr, [a]() -> Status {
+                      TERN_ASSIGN_OR_RETURN(auto file, MappedFile::Open(a->path));
+                      TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(file->bytes()));
+                      if (a->json)
+                        PrintJson(info);
+                      else
+                        PrintTable(info, a->all);
+                      return Status::Ok();
+                    }});
 }
 
 }  // namespace tern::cli

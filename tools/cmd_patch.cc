@@ -11,7 +11,7 @@
 #include "tern/digest.h"
 #include "tern/patch.h"
 #include "tools/cli_util.h"
-#include "tools/flags.h"
+#include "tools/commands.h"
 
 namespace tern::cli {
 namespace {
@@ -24,35 +24,43 @@ std::optional<uint64_t> DeclaredVersion(const Checkpoint& ckpt) {
     for (const char* key : {"tern.version", "tern.trace.step"}) {
       auto it = meta.find(key);
       if (it == meta.end()) continue;
-      auto v = ParseCount(it->second);
+      auto v = ParseUnsigned(it->second);
       if (v.ok()) return *v;
     }
   }
   return std::nullopt;
 }
 
-Result<uint64_t> VersionFlag(const Flags& flags, const std::string& name, const Checkpoint& ckpt) {
-  if (flags.Has(name)) return flags.GetU64(name);
+// A version flag when given, else the checkpoint's declared version, else 0.
+uint64_t VersionOf(const CLI::Option* flag, uint64_t value, const Checkpoint& ckpt) {
+  if (flag->count() > 0) return value;
   return DeclaredVersion(ckpt).value_or(0);
 }
 
-Status Diff(const Flags& flags) {
-  const std::string old_path = flags.positional()[0], new_path = flags.positional()[1];
-  const std::string out = flags.Get("o");
-  TERN_ASSIGN_OR_RETURN(unsigned threads, ThreadsFrom(flags));
+struct DiffArgs {
+  std::string old_path, new_path, out;
+  uint64_t segment_elements = 0, base_version = 0, target_version = 0;
+  const CLI::Option* base_version_flag = nullptr;
+  const CLI::Option* target_version_flag = nullptr;
+  bool force = false;
+  unsigned threads = 0;
+};
+
+Status Diff(const DiffArgs& a) {
+  const std::string &old_path = a.old_path, &new_path = a.new_path, &out = a.out;
   TERN_ASSIGN_OR_RETURN(auto old_ckpt, Checkpoint::Open(old_path));
   TERN_ASSIGN_OR_RETURN(auto new_ckpt, Checkpoint::Open(new_path));
   DiffOptions options;
-  TERN_ASSIGN_OR_RETURN(options.segment_elements, flags.GetU64("segment-elements"));
-  TERN_ASSIGN_OR_RETURN(options.base_version, VersionFlag(flags, "base-version", *old_ckpt));
-  TERN_ASSIGN_OR_RETURN(options.target_version, VersionFlag(flags, "target-version", *new_ckpt));
-  ThreadPool pool(threads);
+  options.segment_elements = a.segment_elements;
+  options.base_version = VersionOf(a.base_version_flag, a.base_version, *old_ckpt);
+  options.target_version = VersionOf(a.target_version_flag, a.target_version, *new_ckpt);
+  ThreadPool pool(a.threads);
 
   const double t0 = NowSeconds();
   TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> patch,
                         tern::Diff(old_ckpt->view(), new_ckpt->view(), options, pool));
   const double t1 = NowSeconds();
-  TERN_RETURN_IF_ERROR(WriteFileAtomic(out, patch, flags.Switch("force")));
+  TERN_RETURN_IF_ERROR(WriteFileAtomic(out, patch, a.force));
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patch));
   const uint64_t full = new_ckpt->view().total_bytes();
   std::fprintf(stderr,
@@ -72,13 +80,17 @@ Status Diff(const Flags& flags) {
   return Status::Ok();
 }
 
-Status Apply(const Flags& flags) {
-  const std::string base_path = flags.positional()[0], patch_path = flags.positional()[1];
-  const std::string out = flags.Get("o");
-  TERN_ASSIGN_OR_RETURN(unsigned threads, ThreadsFrom(flags));
+struct ApplyArgs {
+  std::string base_path, patch_path, out;
+  bool verify_full = false, force = false;
+  unsigned threads = 0;
+};
+
+Status Apply(const ApplyArgs& a) {
+  const std::string &base_path = a.base_path, &patch_path = a.patch_path, &out = a.out;
   TERN_ASSIGN_OR_RETURN(auto patch, MappedFile::Open(patch_path));
   TERN_ASSIGN_OR_RETURN(auto base, Checkpoint::Open(base_path));
-  ThreadPool pool(threads);
+  ThreadPool pool(a.threads);
 
   // Check the patch and the base before staging a copy of anything.
   const double t0 = NowSeconds();
@@ -89,7 +101,7 @@ Status Apply(const Flags& flags) {
                       base_digest.ToString(), ", the patch needs ", info.base_digest.ToString());
 
   CloneOptions clone_options;
-  clone_options.overwrite = flags.Switch("force");
+  clone_options.overwrite = a.force;
   TERN_ASSIGN_OR_RETURN(auto staged, WritableCheckpoint::CloneForWrite(*base, out, clone_options));
   const double t1 = NowSeconds();
   ViewDigest new_digest;
@@ -99,7 +111,7 @@ Status Apply(const Flags& flags) {
   apply_options.exclusive_view = true;
   TERN_RETURN_IF_ERROR(tern::Apply(staged->view(), patch->bytes(), base_digest, pool, apply_options, &new_digest));
   const double t2 = NowSeconds();
-  if (flags.Switch("verify-full")) {
+  if (a.verify_full) {
     const ViewDigest scrub = ComputeDigest(AsConst(staged->view()), pool);
     if (!(scrub == new_digest))
       return TERN_ERROR(kInternal, "full re-digest of the result disagrees with the patch: ",
@@ -115,10 +127,15 @@ Status Apply(const Flags& flags) {
   return Status::Ok();
 }
 
-Status SquashCmd(const Flags& flags) {
-  TERN_ASSIGN_OR_RETURN(unsigned threads, ThreadsFrom(flags));
-  const auto& inputs = flags.positional();
-  TERN_REQUIRE(inputs.size() >= 2, kInvalidArgument, "squash needs at least two patches");
+struct SquashArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  bool force = false;
+  unsigned threads = 0;
+};
+
+Status SquashCmd(const SquashArgs& a) {
+  const auto& inputs = a.inputs;
   std::vector<std::unique_ptr<MappedFile>> files;
   std::vector<std::span<const uint8_t>> spans;
   for (const std::string& path : inputs) {
@@ -126,24 +143,28 @@ Status SquashCmd(const Flags& flags) {
     spans.push_back(f->bytes());
     files.push_back(std::move(f));
   }
-  ThreadPool pool(threads);
+  ThreadPool pool(a.threads);
   TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> out, tern::Squash(spans, pool));
-  TERN_RETURN_IF_ERROR(WriteFileAtomic(flags.Get("o"), out, flags.Switch("force")));
+  TERN_RETURN_IF_ERROR(WriteFileAtomic(a.out, out, a.force));
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(out));
   uint64_t in_bytes = 0;
   for (const auto& s : spans) in_bytes += s.size();
   std::fprintf(stderr, "tern squash: wrote %s: v%llu -> v%llu, %s (inputs %s), %llu elements changed\n",
-               flags.Get("o").c_str(), static_cast<unsigned long long>(info.base_version),
+               a.out.c_str(), static_cast<unsigned long long>(info.base_version),
                static_cast<unsigned long long>(info.target_version),
                HumanBytes(out.size()).c_str(), HumanBytes(in_bytes).c_str(),
                static_cast<unsigned long long>(info.changed_elements));
   return Status::Ok();
 }
 
-Status Digest(const Flags& flags) {
-  TERN_ASSIGN_OR_RETURN(unsigned threads, ThreadsFrom(flags));
-  TERN_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(flags.positional()[0]));
-  ThreadPool pool(threads);
+struct DigestArgs {
+  std::string path;
+  unsigned threads = 0;
+};
+
+Status Digest(const DigestArgs& a) {
+  TERN_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(a.path));
+  ThreadPool pool(a.threads);
   const double t0 = NowSeconds();
   const ViewDigest d = ComputeDigest(ckpt->view(), pool);
   const double t1 = NowSeconds();
@@ -157,58 +178,66 @@ Status Digest(const Flags& flags) {
 
 }  // namespace
 
-int RunDiff(int argc, char** argv) {
-  Flags flags("diff", "Make a patch that turns OLD into NEW bit for bit.");
-  flags.AddPositional("OLD", "base checkpoint: a .safetensors file or a checkpoint directory");
-  flags.AddPositional("NEW", "target checkpoint with the same tensors (names, dtypes, shapes)");
-  flags.Add("o", "patch file to write", "", true);
-  flags.Add("segment-elements", "elements per segment (unit of parallel encode/apply)", "1048576");
-  flags.Add("base-version", "version number of OLD (default: its metadata, else 0)");
-  flags.Add("target-version", "version number of NEW (default: its metadata, else 0)");
-  flags.AddSwitch("force", "replace an existing patch file");
-  AddThreadsFlag(flags);
-  Status s = flags.Parse(argc, argv);
-  if (s.ok()) s = Diff(flags);
-  return Report("diff", s);
+void AddDiff(CLI::App& tern, Dispatch& dispatch) {
+  auto a = std::make_shared<DiffArgs>();
+  CLI::App* cmd = tern.add_subcommand("diff", "make a patch between two checkpoints");
+  cmd->footer("The patch turns OLD into NEW bit for bit.");
+  cmd->add_option("OLD", a->old_path,
+                  "base checkpoint: a .safetensors file or a checkpoint directory")->required();
+  cmd->add_option("NEW", a->new_path,
+                  "target checkpoint with the same tensors (names, dtypes, shapes)")->required();
+  AddOutputFlag(*cmd, a->out, "patch file to write");
+  AddCount(*cmd, "--segment-elements", a->segment_elements,
+           "elements per segment (unit of parallel encode/apply)", "1048576");
+  a->base_version_flag = AddUnsigned(*cmd, "--base-version", a->base_version,
+                                     "version number of OLD (default: its metadata, else 0)", "0");
+  a->target_version_flag = AddUnsigned(*cmd, "--target-version", a->target_version,
+                                       "version number of NEW (default: its metadata, else 0)", "0");
+  AddForceFlag(*cmd, a->force, "replace an existing patch file");
+  AddThreadsFlag(*cmd, a->threads);
+  dispatch.On(cmd, {nullptr, [a] { return Diff(*a); }});
 }
 
-int RunApply(int argc, char** argv) {
-  Flags flags("apply",
-              "Apply PATCH to BASE and write the target to OUT, in BASE's form (single file or "
-              "sharded directory, other files copied). BASE's digest is checked first, the "
-              "target digest before anything is switched into place; on any error OUT does not "
-              "exist afterwards.");
-  flags.AddPositional("BASE", "the checkpoint the patch was made from");
-  flags.AddPositional("PATCH", "a patch from tern diff or tern squash");
-  flags.Add("o", "output checkpoint (file or directory, like BASE)", "", true);
-  flags.AddSwitch("verify-full", "also recompute the full digest of the result (a scrub)");
-  flags.AddSwitch("force", "replace an existing OUT");
-  AddThreadsFlag(flags);
-  Status s = flags.Parse(argc, argv);
-  if (s.ok()) s = Apply(flags);
-  return Report("apply", s);
+void AddApply(CLI::App& tern, Dispatch& dispatch) {
+  auto a = std::make_shared<ApplyArgs>();
+  CLI::App* cmd = tern.add_subcommand("apply", "apply a patch to a checkpoint (staged, verified)");
+  cmd->footer(
+      "Apply PATCH to BASE and write the target to OUT, in BASE's form (single file or sharded "
+      "directory, other files copied). BASE's digest is checked first, the target digest before "
+      "anything is switched into place; on any error OUT does not exist afterwards.");
+  cmd->add_option("BASE", a->base_path, "the checkpoint the patch was made from")->required();
+  cmd->add_option("PATCH", a->patch_path, "a patch from tern diff or tern squash")->required();
+  AddOutputFlag(*cmd, a->out, "output checkpoint (file or directory, like BASE)");
+  cmd->add_flag("--verify-full", a->verify_full,
+                "also recompute the full digest of the result (a scrub)");
+  AddForceFlag(*cmd, a->force, "replace an existing OUT");
+  AddThreadsFlag(*cmd, a->threads);
+  dispatch.On(cmd, {nullptr, [a] { return Apply(*a); }});
 }
 
-int RunSquash(int argc, char** argv) {
-  Flags flags("squash", "Join consecutive patches a->b, b->c, ... into one patch a->z, exactly.");
-  flags.AddPositional("PATCH", "patches in version order", /*variadic=*/true);
-  flags.Add("o", "patch file to write", "", true);
-  flags.AddSwitch("force", "replace an existing patch file");
-  AddThreadsFlag(flags);
-  Status s = flags.Parse(argc, argv);
-  if (s.ok()) s = SquashCmd(flags);
-  return Report("squash", s);
+void AddSquash(CLI::App& tern, Dispatch& dispatch) {
+  auto a = std::make_shared<SquashArgs>();
+  CLI::App* cmd = tern.add_subcommand("squash", "join consecutive patches into one");
+  cmd->footer("Join consecutive patches a->b, b->c, ... into one patch a->z, exactly.");
+  cmd->add_option("PATCH", a->inputs, "patches in version order (at least two)")
+      ->required()
+      ->expected(2, CLI::detail::expected_max_vector_size);
+  AddOutputFlag(*cmd, a->out, "patch file to write");
+  AddForceFlag(*cmd, a->force, "replace an existing patch file");
+  AddThreadsFlag(*cmd, a->threads);
+  dispatch.On(cmd, {nullptr, [a] { return SquashCmd(*a); }});
 }
 
-int RunDigest(int argc, char** argv) {
-  Flags flags("digest",
-              "Print the view digest of a checkpoint: the identity patches name as their base "
-              "and target (independent of sharding and file layout).");
-  flags.AddPositional("CHECKPOINT", "a .safetensors file or a checkpoint directory");
-  AddThreadsFlag(flags);
-  Status s = flags.Parse(argc, argv);
-  if (s.ok()) s = Digest(flags);
-  return Report("digest", s);
+void AddDigest(CLI::App& tern, Dispatch& dispatch) {
+  auto a = std::make_shared<DigestArgs>();
+  CLI::App* cmd = tern.add_subcommand("digest", "print a checkpoint's view digest");
+  cmd->footer(
+      "Print the view digest of a checkpoint: the identity patches name as their base and "
+      "target (independent of sharding and file layout).");
+  cmd->add_option("CHECKPOINT", a->path, "a .safetensors file or a checkpoint directory")
+      ->required();
+  AddThreadsFlag(*cmd, a->threads);
+  dispatch.On(cmd, {nullptr, [a] { return Digest(*a); }});
 }
 
 }  // namespace tern::cli

@@ -16,29 +16,57 @@
 #include "tern/tcp_transport.h"
 #include "tern/ucx_transport.h"
 #include "tern/verbs_transport.h"
-#include "tools/flags.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace tern::cli {
 
 namespace {
 
-void AddTransportFlags(Flags& f) {
-  f.Add("transport",
-        "tcp (multi-stream, TLS), ucx or verbs (RDMA inside one cluster; no encryption: "
-        "needs --no-tls)",
-        "tcp");
-  f.Add("verbs-device", "RDMA device for --transport verbs (empty: the first with an active port)");
-  f.Add("tls-cert", "PEM certificate chain of this side (TLS 1.3, mutual)");
-  f.Add("tls-key", "PEM private key of this side");
-  f.Add("tls-ca", "PEM CA that must have signed the peer's certificate");
-  f.Add("tls-pin",
-        "sha256:HEX[,sha256:HEX...]: the peer's certificate must have one of these SHA-256 "
-        "fingerprints (checked in addition to the CA and names)");
-  f.AddSwitch("no-tls", "plain TCP (only inside a trusted network; TLS is the default)");
-  f.Add("congestion", "TCP congestion control to ask the kernel for", "bbr");
-  f.Add("notsent-lowat", "TCP_NOTSENT_LOWAT per stream (K/M suffixes; 0: kernel default)", "1M");
-  f.Add("socket-buffer", "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes; 0: kernel autotuning)", "0");
-  f.Add("idle-timeout-ms", "close a connection whose peer is silent this long", "30000");
+// The flags that choose and configure the transport, shared by serve and get
+// (--tls-server-name is get's, --tls-allow-client serve's).
+struct TransportArgs {
+  std::string transport, verbs_device, tls_cert, tls_key, tls_ca, tls_pin, tls_server_name,
+      tls_allow_client, congestion;
+  bool no_tls = false;
+  uint64_t notsent_lowat_bytes = 0, socket_buffer_bytes = 0, idle_timeout_ms = 0;
+  // Given on the command line (an empty value is not the same as none);
+  // null where the command has no such flag.
+  const CLI::Option* verbs_device_flag = nullptr;
+  const CLI::Option* tls_cert_flag = nullptr;
+  const CLI::Option* tls_key_flag = nullptr;
+  const CLI::Option* tls_ca_flag = nullptr;
+  const CLI::Option* tls_pin_flag = nullptr;
+  const CLI::Option* tls_server_name_flag = nullptr;
+  const CLI::Option* tls_allow_client_flag = nullptr;
+};
+
+void AddTransportFlags(CLI::App& cmd, TransportArgs& t) {
+  cmd.add_option("--transport", t.transport,
+                 "tcp (multi-stream, TLS), ucx or verbs (RDMA inside one cluster; no encryption: "
+                 "needs --no-tls)")
+      ->default_val("tcp");
+  t.verbs_device_flag = cmd.add_option(
+      "--verbs-device", t.verbs_device,
+      "RDMA device for --transport verbs (empty: the first with an active port)");
+  t.tls_cert_flag =
+      cmd.add_option("--tls-cert", t.tls_cert, "PEM certificate chain of this side (TLS 1.3, mutual)");
+  t.tls_key_flag = cmd.add_option("--tls-key", t.tls_key, "PEM private key of this side");
+  t.tls_ca_flag =
+      cmd.add_option("--tls-ca", t.tls_ca, "PEM CA that must have signed the peer's certificate");
+  t.tls_pin_flag = cmd.add_option(
+      "--tls-pin", t.tls_pin,
+      "sha256:HEX[,sha256:HEX...]: the peer's certificate must have one of these SHA-256 "
+      "fingerprints (checked in addition to the CA and names)");
+  cmd.add_flag("--no-tls", t.no_tls, "plain TCP (only inside a trusted network; TLS is the default)");
+  cmd.add_option("--congestion", t.congestion, "TCP congestion control to ask the kernel for")
+      ->default_val("bbr");
+  AddCount(cmd, "--notsent-lowat", t.notsent_lowat_bytes,
+           "TCP_NOTSENT_LOWAT per stream (K/M suffixes; 0: kernel default)", "1M");
+  AddCount(cmd, "--socket-buffer", t.socket_buffer_bytes,
+           "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes; 0: kernel autotuning)", "0");
+  AddUnsigned(cmd, "--idle-timeout-ms", t.idle_timeout_ms,
+              "close a connection whose peer is silent this long (at least 100)", "30000");
 }
 
 // "a,b" -> {"a", "b"}; an empty item stays (and is refused where it is used).
@@ -54,49 +82,51 @@ std::vector<std::string> CommaList(const std::string& text) {
   return out;
 }
 
-Result<TcpOptions> TransportOptions(const Flags& f) {
+Result<TcpOptions> TransportOptions(const TransportArgs& t) {
   TcpOptions o;
-  const bool any_tls = f.Has("tls-cert") || f.Has("tls-key") || f.Has("tls-ca") || f.Has("tls-pin") ||
-                       f.Has("tls-server-name") || f.Has("tls-allow-client");
-  const std::string kind = f.Get("transport");
+  auto has = [](const CLI::Option* flag) { return flag != nullptr && flag->count() > 0; };
+  const bool any_tls = has(t.tls_cert_flag) || has(t.tls_key_flag) || has(t.tls_ca_flag) ||
+                       has(t.tls_pin_flag) || has(t.tls_server_name_flag) ||
+                       has(t.tls_allow_client_flag);
+  const std::string& kind = t.transport;
   TERN_REQUIRE(kind == "tcp" || kind == "ucx" || kind == "verbs", kInvalidArgument, "--transport '", kind,
                "': want tcp, ucx or verbs");
-  TERN_REQUIRE(kind != "verbs" || !f.Has("verbs-device") || !f.Get("verbs-device").empty(),
+  TERN_REQUIRE(kind != "verbs" || !has(t.verbs_device_flag) || !t.verbs_device.empty(),
                kInvalidArgument, "--verbs-device is empty");
-  TERN_REQUIRE(kind == "verbs" || !f.Has("verbs-device"), kInvalidArgument,
+  TERN_REQUIRE(kind == "verbs" || !has(t.verbs_device_flag), kInvalidArgument,
                "--verbs-device needs --transport verbs");
   if (kind != "tcp") {
     // Say it out loud: RDMA transports carry no TLS.
-    TERN_REQUIRE(f.Switch("no-tls") && !any_tls, kInvalidArgument, "--transport ", kind,
+    TERN_REQUIRE(t.no_tls && !any_tls, kInvalidArgument, "--transport ", kind,
                  " carries no encryption: use it inside a trusted network and pass --no-tls");
   }
-  if (f.Switch("no-tls")) {
+  if (t.no_tls) {
     TERN_REQUIRE(!any_tls, kInvalidArgument, "--no-tls contradicts the --tls-* flags");
   } else {
-    TERN_REQUIRE(f.Has("tls-cert") && f.Has("tls-key") && f.Has("tls-ca"), kInvalidArgument,
+    TERN_REQUIRE(has(t.tls_cert_flag) && has(t.tls_key_flag) && has(t.tls_ca_flag), kInvalidArgument,
                  "TLS is on by default: give --tls-cert, --tls-key and --tls-ca, or --no-tls");
     o.tls.enabled = true;
-    o.tls.cert_file = f.Get("tls-cert");
-    o.tls.key_file = f.Get("tls-key");
-    o.tls.ca_file = f.Get("tls-ca");
+    o.tls.cert_file = t.tls_cert;
+    o.tls.key_file = t.tls_key;
+    o.tls.ca_file = t.tls_ca;
     // Who the peer must be (TlsConfig): a server name for get, allowed
     // clients for serve; names and pins are checked when the transport loads.
-    if (f.Has("tls-server-name")) o.tls.server_name = f.Get("tls-server-name");
-    if (f.Has("tls-allow-client")) o.tls.client_names = CommaList(f.Get("tls-allow-client"));
-    if (f.Has("tls-pin")) o.tls.peer_sha256 = CommaList(f.Get("tls-pin"));
+    if (has(t.tls_server_name_flag)) o.tls.server_name = t.tls_server_name;
+    if (has(t.tls_allow_client_flag)) o.tls.client_names = CommaList(t.tls_allow_client);
+    if (has(t.tls_pin_flag)) o.tls.peer_sha256 = CommaList(t.tls_pin);
   }
-  o.congestion = f.Get("congestion");
-  TERN_ASSIGN_OR_RETURN(o.socket_buffer_bytes, ParseCount(f.Get("socket-buffer")));
-  TERN_ASSIGN_OR_RETURN(o.notsent_lowat_bytes, ParseCount(f.Get("notsent-lowat")));
-  TERN_ASSIGN_OR_RETURN(o.idle_timeout_ms, f.GetU64("idle-timeout-ms"));
+  o.congestion = t.congestion;
+  o.socket_buffer_bytes = t.socket_buffer_bytes;
+  o.notsent_lowat_bytes = t.notsent_lowat_bytes;
+  o.idle_timeout_ms = t.idle_timeout_ms;
   TERN_REQUIRE(o.idle_timeout_ms >= 100, kInvalidArgument, "--idle-timeout-ms below 100");
   return o;
 }
 
 // The transport --transport names, built from the TCP options (the others
 // take only what applies to them).
-Result<std::unique_ptr<Transport>> MakeTransport(const Flags& f, TcpOptions o) {
-  const std::string kind = f.Get("transport");
+Result<std::unique_ptr<Transport>> MakeTransport(const TransportArgs& f, TcpOptions o) {
+  const std::string kind = f.transport;
   if (kind == "ucx") {
     // A restarted server must listen on its port again while its old
     // connections linger (TIME_WAIT), as with tcp. UCX 1.13 binds with
@@ -109,7 +139,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(const Flags& f, TcpOptions o) {
   }
   if (kind == "verbs") {
     VerbsOptions v;
-    if (f.Has("verbs-device")) v.device = f.Get("verbs-device");
+    if (f.verbs_device_flag->count() > 0) v.device = f.verbs_device;
     return NewVerbsTransport(v);
   }
   return NewTcpTransport(std::move(o));
@@ -127,17 +157,15 @@ std::string Human(double bytes) {
   return buf;
 }
 
-Status Serve(int argc, char** argv) {
-  Flags f("xfer serve", "serve a directory or one file to `tern xfer get` until SIGINT/SIGTERM");
-  f.Add("listen", "HOST:PORT to listen on (port 0: any free port, printed)", "", true);
-  AddTransportFlags(f);
-  f.Add("tls-allow-client",
-        "NAME[,NAME...]: a client's certificate must hold one of these DNS names or IPs "
-        "(default: any the CA signed)");
-  f.AddPositional("DIR_OR_FILE", "what to serve; names may not escape it");
-  TERN_RETURN_IF_ERROR(f.Parse(argc, argv));
-  TERN_REQUIRE(f.positional().size() == 1, kInvalidArgument, "serve needs exactly one DIR_OR_FILE");
-  TERN_ASSIGN_OR_RETURN(TcpOptions o, TransportOptions(f));
+struct ServeArgs {
+  std::string listen, root;
+  TransportArgs transport;
+  TcpOptions options;  // from the flags, by the check step
+};
+
+Status Serve(ServeArgs& a) {
+  const TransportArgs& f = a.transport;
+  TcpOptions o = a.options;
   const bool tls = o.tls.enabled;
 
   // Block the stop signals before any thread starts so only sigwait sees them.
@@ -149,8 +177,8 @@ Status Serve(int argc, char** argv) {
 
   TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(f, std::move(o)));
   FileServerOptions so;
-  TERN_ASSIGN_OR_RETURN(auto server, FileServer::Start(*transport, f.Get("listen"), f.positional()[0], so));
-  std::printf("xfer: serving %s on %s (%s)\n", f.positional()[0].c_str(), server->address().c_str(),
+  TERN_ASSIGN_OR_RETURN(auto server, FileServer::Start(*transport, a.listen, a.root, so));
+  std::printf("xfer: serving %s on %s (%s)\n", a.root.c_str(), server->address().c_str(),
               transport->name() != "tcp" ? transport->name().c_str() : tls ? "tls1.3" : "plain tcp");
   std::fflush(stdout);
   int sig = 0;
@@ -160,62 +188,55 @@ Status Serve(int argc, char** argv) {
   return Status::Ok();
 }
 
-Status Get(int argc, char** argv) {
-  // "-o LOCAL" is the conventional spelling; the parser knows --long flags.
-  std::vector<std::string> args(argv, argv + argc);
-  for (auto& a : args) {
-    if (a == "-o") a = "--output";
-  }
-  std::vector<char*> av;
-  for (auto& a : args) av.push_back(a.data());
+struct GetArgs {
+  // Flags.
+  std::string address, remote_name, output;
+  uint64_t streams = 0, rate_hint_bps = 0, rtt_ms = 0, chunk_bytes = 0, retries = 0;
+  bool no_resume = false, quiet = false, force = false;
+  TransportArgs transport;
+  // From the flags, by CheckGet.
+  TcpOptions options;
+  FetchOptions fetch;
+};
 
-  Flags f("xfer get",
-          "fetch REMOTE_NAME from a `tern xfer serve` at HOST:PORT, resumable\n\n"
-          "The copy is written to LOCAL.tern-part beside LOCAL and renamed to LOCAL only\n"
-          "after its whole-file checksum matched. A failed fetch keeps LOCAL.tern-part\n"
-          "(at most the remote file's size) and LOCAL.tern-part.state for the next get to\n"
-          "LOCAL to resume, but only when some chunk arrived; a fetch refused or failed\n"
-          "before that leaves nothing. Both go once the copy is complete, on a checksum\n"
-          "mismatch, or when the remote file changed (the fetch starts over); delete them\n"
-          "to drop a partial copy by hand.");
-  f.Add("output", "local file to write (also -o); see above for LOCAL.tern-part", "", true);
-  f.Add("streams", "parallel TCP streams (0: from --rate-hint/--rtt-ms, else 8)", "0");
-  f.Add("rate-hint", "link rate in bit/s (K/M/G suffixes) to size the streams", "0");
-  f.Add("rtt-ms", "round-trip time in ms to size the streams", "0");
-  f.Add("chunk", "chunk size (K/M suffixes): the unit of checksum, ack and resume", "4M");
-  f.Add("retries", "reconnect attempts after a broken connection", "8");
-  f.AddSwitch("no-resume", "ignore LOCAL.tern-part.state, and keep no partial copy on failure");
-  f.AddSwitch("quiet", "no progress on stderr");
-  AddTransportFlags(f);
-  f.Add("tls-server-name",
-        "DNS name or IP the server's certificate must hold (default: the HOST dialled)");
-  f.AddPositional("HOST:PORT", "the server");
-  f.AddPositional("REMOTE_NAME", "file name relative to the served directory");
-  TERN_RETURN_IF_ERROR(f.Parse(static_cast<int>(av.size()), av.data()));
-  TERN_REQUIRE(f.positional().size() == 2, kInvalidArgument, "get needs HOST:PORT and REMOTE_NAME");
-  TERN_ASSIGN_OR_RETURN(TcpOptions o, TransportOptions(f));
-  TERN_ASSIGN_OR_RETURN(uint64_t streams, f.GetU64("streams"));
-  TERN_REQUIRE(streams <= o.max_streams, kInvalidArgument, "--streams above ", o.max_streams);
-  o.streams = static_cast<uint32_t>(streams);
-  TERN_ASSIGN_OR_RETURN(o.rate_bps_hint, ParseCount(f.Get("rate-hint")));
-  TERN_ASSIGN_OR_RETURN(uint64_t rtt_ms, f.GetU64("rtt-ms"));
-  o.rtt_us_hint = rtt_ms * 1000;
-  const uint32_t chosen = f.Get("transport") == "tcp" ? ChooseTcpStreams(o) : 1;
-
-  FetchOptions fo;
-  TERN_ASSIGN_OR_RETURN(fo.chunk_bytes, ParseCount(f.Get("chunk")));
-  TERN_ASSIGN_OR_RETURN(uint64_t retries, f.GetU64("retries"));
-  fo.retry.attempts = static_cast<uint32_t>(std::min<uint64_t>(retries + 1, 1000));
-  fo.resume = !f.Switch("no-resume");
+Status CheckGet(GetArgs& a) {
+  TERN_ASSIGN_OR_RETURN(a.options, TransportOptions(a.transport));
+  TcpOptions& o = a.options;
+  TERN_REQUIRE(a.streams <= o.max_streams, kInvalidArgument, "--streams above ", o.max_streams);
+  o.streams = static_cast<uint32_t>(a.streams);
+  o.rate_bps_hint = a.rate_hint_bps;
+  TERN_REQUIRE(a.rtt_ms <= 3'600'000, kInvalidArgument, "--rtt-ms above one hour");
+  o.rtt_us_hint = a.rtt_ms * 1000;
+  FetchOptions& fo = a.fetch;
+  fo.chunk_bytes = a.chunk_bytes;
+  fo.retry.attempts = static_cast<uint32_t>(std::min<uint64_t>(a.retries, 999) + 1);
+  fo.resume = !a.no_resume;
   // The head window should cover the bandwidth-delay product (the rest
   // starts a round trip later); twice it when the link is described.
   if (o.rate_bps_hint > 0 && o.rtt_us_hint > 0) {
-    const uint64_t bdp_bytes = o.rate_bps_hint / 8 * o.rtt_us_hint / 1000000;
-    fo.head_bytes = std::clamp<uint64_t>(2 * bdp_bytes, fo.head_bytes, uint64_t{1} << 30);
+    // 128 bits: exact hints may be as large as 2^64-1 each.
+    const unsigned __int128 bdp_bytes =
+        static_cast<unsigned __int128>(o.rate_bps_hint / 8) * o.rtt_us_hint / 1000000;
+    const uint64_t head_max = uint64_t{1} << 30;
+    fo.head_bytes = std::max<uint64_t>(
+        fo.head_bytes, bdp_bytes >= head_max / 2 ? head_max : static_cast<uint64_t>(2 * bdp_bytes));
   }
+  return Status::Ok();
+}
+
+Status Get(GetArgs& a) {
+  const TransportArgs& f = a.transport;
+  const TcpOptions& o = a.options;
+  FetchOptions fo = a.fetch;
+  const uint32_t chosen = f.transport == "tcp" ? ChooseTcpStreams(o) : 1;
+  // Like every tern command, replace nothing without --force (docs/cli.md).
+  // TODO(correctness): FetchFile renames over LOCAL; a file created there
+  // after this check is still replaced.
+  if (!a.force && ::access(a.output.c_str(), F_OK) == 0)
+    return TERN_ERROR(kAlreadyExists, a.output, " exists (use --force to replace it)");
   const bool tty = ::isatty(2);
   double last_print = -10;
-  if (!f.Switch("quiet")) {
+  if (!a.quiet) {
     fo.on_progress = [&](const FetchProgress& p) {
       if (p.seconds - last_print < (tty ? 0.25 : 2.0)) return;
       last_print = p.seconds;
@@ -230,9 +251,8 @@ Status Get(int argc, char** argv) {
     };
   }
   TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(f, o));
-  TERN_ASSIGN_OR_RETURN(FetchResult r, FetchFile(*transport, f.positional()[0], f.positional()[1],
-                                                 f.Get("output"), fo));
-  if (!f.Switch("quiet") && tty) std::fprintf(stderr, "\n");
+  TERN_ASSIGN_OR_RETURN(FetchResult r, FetchFile(*transport, a.address, a.remote_name, a.output, fo));
+  if (!a.quiet && tty) std::fprintf(stderr, "\n");
   const double moved = static_cast<double>(r.bytes - r.resumed_bytes);
   std::printf("xfer: bytes=%llu seconds=%.3f gbps=%.3f streams=%u resumed_bytes=%llu reconnects=%u "
               "first_chunk_s=%.3f xxh3=%016llx link=\"%s\"\n",
@@ -245,25 +265,62 @@ Status Get(int argc, char** argv) {
 
 }  // namespace
 
-int RunXfer(int argc, char** argv) {
-  const std::string usage =
-      "usage: tern xfer serve --listen HOST:PORT [TLS flags | --no-tls] [--transport T] DIR_OR_FILE\n"
-      "       tern xfer get HOST:PORT REMOTE_NAME -o LOCAL [--streams N] [TLS flags | --no-tls]\n"
-      "                [--transport tcp|ucx|verbs]\n"
-      "       (tern xfer serve --help, tern xfer get --help for all flags)\n";
-  if (argc < 2) {
-    std::fputs(usage.c_str(), stderr);
-    return 2;
-  }
-  const std::string sub = argv[1];
-  if (sub == "--help" || sub == "-h") {
-    std::fputs(usage.c_str(), stdout);
-    return 0;
-  }
-  if (sub == "serve") return Report("xfer serve", Serve(argc - 1, argv + 1));
-  if (sub == "get") return Report("xfer get", Get(argc - 1, argv + 1));
-  std::fprintf(stderr, "tern xfer: unknown subcommand '%s'\n%s", sub.c_str(), usage.c_str());
-  return 2;
+void AddXfer(CLI::App& tern, Dispatch& dispatch) {
+  CLI::App* xfer = tern.add_subcommand(
+      "xfer", "copy a file over multi-stream TCP/TLS with resume (serve | get)");
+  xfer->require_subcommand(1);
+
+  auto s = std::make_shared<ServeArgs>();
+  CLI::App* serve = xfer->add_subcommand(
+      "serve", "serve a directory or one file to `tern xfer get` until SIGINT/SIGTERM");
+  serve->add_option("--listen", s->listen, "HOST:PORT to listen on (port 0: any free port, printed)")
+      ->required();
+  AddTransportFlags(*serve, s->transport);
+  s->transport.tls_allow_client_flag = serve->add_option(
+      "--tls-allow-client", s->transport.tls_allow_client,
+      "NAME[,NAME...]: a client's certificate must hold one of these DNS names or IPs "
+      "(default: any the CA signed)");
+  serve->add_option("DIR_OR_FILE", s->root, "what to serve; names may not escape it")->required();
+  dispatch.On(serve, {[s]() -> Status {
+                        TERN_ASSIGN_OR_RETURN(s->options, TransportOptions(s->transport));
+                        return Status::Ok();
+                      },
+                      [s] { return Serve(*s); }});
+
+  auto g = std::make_shared<GetArgs>();
+  CLI::App* get = xfer->add_subcommand(
+      "get", "fetch REMOTE_NAME from a `tern xfer serve` at HOST:PORT, resumable");
+  get->footer(
+      "The copy is written to LOCAL.tern-part beside LOCAL and renamed to LOCAL only\n"
+      "after its whole-file checksum matched. A failed fetch keeps LOCAL.tern-part\n"
+      "(at most the remote file's size) and LOCAL.tern-part.state for the next get to\n"
+      "LOCAL to resume, but only when some chunk arrived; a fetch refused or failed\n"
+      "before that leaves nothing. Both go once the copy is complete, on a checksum\n"
+      "mismatch, or when the remote file changed (the fetch starts over); delete them\n"
+      "to drop a partial copy by hand.");
+  get->add_option("-o,--output", g->output, "local file to write; see below for LOCAL.tern-part")
+      ->type_name("LOCAL")
+      ->required();
+  AddForceFlag(*get, g->force, "replace an existing LOCAL");
+  AddUnsigned(*get, "--streams", g->streams,
+              "parallel TCP streams (0: from --rate-hint/--rtt-ms, else 8)", "0");
+  AddCount(*get, "--rate-hint", g->rate_hint_bps, "link rate in bit/s (K/M/G suffixes) to size the streams",
+           "0");
+  AddUnsigned(*get, "--rtt-ms", g->rtt_ms, "round-trip time in ms to size the streams", "0");
+  AddCount(*get, "--chunk", g->chunk_bytes,
+           "chunk size (K/M suffixes): the unit of checksum, ack and resume", "4M");
+  AddUnsigned(*get, "--retries", g->retries, "reconnect attempts after a broken connection",
+              "8");
+  get->add_flag("--no-resume", g->no_resume, "ignore LOCAL.tern-part.state, and keep no partial copy on failure");
+  get->add_flag("--quiet", g->quiet, "no progress on stderr");
+  AddTransportFlags(*get, g->transport);
+  g->transport.tls_server_name_flag = get->add_option(
+      "--tls-server-name", g->transport.tls_server_name,
+      "DNS name or IP the server's certificate must hold (default: the HOST dialled)");
+  get->add_option("HOST:PORT", g->address, "the server")->required();
+  get->add_option("REMOTE_NAME", g->remote_name, "file name relative to the served directory")
+      ->required();
+  dispatch.On(get, {[g] { return CheckGet(*g); }, [g] { return Get(*g); }});
 }
 
 }  // namespace tern::cli

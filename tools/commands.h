@@ -1,15 +1,23 @@
-// The `tern` subcommands. Each takes argv with argv[0] = the subcommand name,
-// prints its own --help, and returns the process exit status (0 ok, 1 failed,
-// 2 bad usage). Add a command: declare it here and list it in kCommands in
-// tern_main.cc.
+// The `tern` subcommands. Each Add<Name> declares its command on the root
+// app (flags bound to a struct it owns) and registers its steps with the
+// dispatch; tern_main.cc lists them. Exit statuses: docs/cli.md.
 #pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "tools/cli_args.h"
 
 namespace tern::cli {
 
-struct Command {
-  const char* name;
-  const char* summary;
-  int (*run)(int argc, char** argv);
-};
+void AddDemo(CLI::App& tern, Dispatch& dispatch);
+void AddDatagen(CLI::App& tern, Dispatch& dispatch);
+void AddDiff(CLI::App& tern, Dispatch& dispatch);
+void AddApply(CLI::App& tern, Dispatch& dispatch);
+void AddSquash(CLI::App& tern, Dispatch& dispatch);
+void AddInspect(CLI::App& tern, Dispatch& dispatch);
+void AddDigest(CLI::App& tern, Dispatch& dispatch);
+void AddCast(CLI::App& tern, Dispatch& dispatch);
+void AddXfer(CLI::App& tern, Dispatch& dispatch);
+void AddTransports(CLI::App& tern, Dispatch& dispatch);
 
 }  // namespace tern::cli

@@ -13,6 +13,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -23,7 +24,7 @@
 #include "tern/quant_plan.h"
 #include "tern/quantize.h"
 #include "tern/datagen.h"
-#include "tools/flags.h"
+#include "tools/cli_args.h"
 
 namespace tern {
 namespace {
@@ -251,28 +252,46 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
   return Status::Ok();
 }
 
-Status Run(int argc, char** argv) {
-  cli::Flags flags("quant_trace_report", "patch statistics of quantized datagen traces");
-  flags.Add("params", "model size", "20M");
-  flags.Add("steps", "optimizer steps per trace", "3");
-  flags.Add("lrs", "comma-separated learning rates", "1e-6,1e-5");
+struct Args {
+  uint64_t params = 0, steps = 0, seed = 0;
+  unsigned threads = 0;
+  std::string lrs, formats, policies;
+  ModelShape shape;  // from --params, by Check
+};
+
+void AddFlags(CLI::App& app, Args& a) {
+  cli::AddCount(app, "--params", a.params, "model size", "20M");
+  cli::AddUnsigned(app, "--steps", a.steps, "optimizer steps per trace (1..1000)", "3", 1000)
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000}));
+  app.add_option("--lrs", a.lrs, "comma-separated learning rates")->default_val("1e-6,1e-5");
   std::string all;
   for (const char* f : {"bf16", "fp16", "fp8-e4m3-tensor", "fp8-e4m3-channel", "fp8-e4m3-block128",
                         "fp8-e5m2-tensor", "nvfp4", "nvfp4-ct", "mxfp4", "int4-g128",
                         "int4-g128-asym", "gptq-int4-g128"})
     all += (all.empty() ? "" : ",") + std::string(f);
-  flags.Add("formats", "comma-separated formats", all);
-  flags.Add("policies", "scale policies for quantized formats", "band,fresh");
-  flags.Add("seed", "trace seed", "0");
-  flags.Add("threads", "worker threads", "2");
-  TERN_RETURN_IF_ERROR(flags.Parse(argc, argv));
-  TERN_ASSIGN_OR_RETURN(const uint64_t params, flags.GetU64("params"));
-  TERN_ASSIGN_OR_RETURN(const uint64_t steps, flags.GetU64("steps"));
-  TERN_ASSIGN_OR_RETURN(const uint64_t seed, flags.GetU64("seed"));
-  TERN_ASSIGN_OR_RETURN(const uint64_t threads, flags.GetU64("threads"));
-  TERN_REQUIRE(threads >= 1 && threads <= 256 && steps >= 1 && steps <= 1000, kInvalidArgument,
-               "bad --threads or --steps");
-  TERN_ASSIGN_OR_RETURN(const ModelShape shape, ChooseModelShape(params));
+  app.add_option("--formats", a.formats, "comma-separated formats")->default_val(all);
+  app.add_option("--policies", a.policies, "scale policies for quantized formats")
+      ->default_val("band,fresh");
+  cli::AddUnsigned(app, "--seed", a.seed, "trace seed", "0");
+  cli::AddUnsigned(app, "--threads", a.threads, "worker threads (1..256)", "2", 256)
+      ->check(CLI::Range(1u, 256u));
+}
+
+Status Check(Args& a) {
+  TERN_ASSIGN_OR_RETURN(a.shape, ChooseModelShape(a.params));
+  for (const std::string& lr_text : Split(a.lrs)) {
+    char* end = nullptr;
+    const double lr = std::strtod(lr_text.c_str(), &end);
+    TERN_REQUIRE(!lr_text.empty() && *end == '\0' && std::isfinite(lr), kInvalidArgument,
+                 "--lrs: '", lr_text, "' is not a number");
+  }
+  return Status::Ok();
+}
+
+Status Run(const Args& a) {
+  const ModelShape& shape = a.shape;
+  const uint64_t steps = a.steps, seed = a.seed;
+  const unsigned threads = a.threads;
   ThreadPool pool(static_cast<unsigned>(threads));
   std::printf("model: %" PRIu64 " parameters (hidden %" PRIu64 ", intermediate %" PRIu64
               ", layers %" PRIu64 ", vocab %" PRIu64 "), %" PRIu64 " steps, seed %" PRIu64 "\n\n",
@@ -282,16 +301,16 @@ Status Run(int argc, char** argv) {
               "groups whose scale changed | changed codes in those groups | codes rewritten in those groups | "
               "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const std::string& lr_text : Split(flags.Get("lrs"))) {
-    for (const std::string& format : Split(flags.Get("formats"))) {
+  for (const std::string& lr_text : Split(a.lrs)) {
+    for (const std::string& format : Split(a.formats)) {
       TERN_ASSIGN_OR_RETURN(const QuantSpec spec, ParseQuantFormat(format));
       const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
-      for (const std::string& policy : Split(flags.Get("policies"))) {
+      for (const std::string& policy : Split(a.policies)) {
         if (plain && policy != "band") continue;
         TraceConfig config;
         config.shape = shape;
         config.seed = seed;
-        config.adam.lr = std::stod(lr_text);
+        config.adam.lr = std::strtod(lr_text.c_str(), nullptr);  // Check parsed it
         config.format = spec.scheme == QuantScheme::kBF16  ? ServeFormat::kBF16
                         : spec.scheme == QuantScheme::kF16 ? ServeFormat::kF16
                                                            : ServeFormat::kQuantized;
@@ -342,11 +361,12 @@ Status Run(int argc, char** argv) {
 }  // namespace tern
 
 int main(int argc, char** argv) {
-  tern::Status st = tern::Run(argc, argv);
-  if (st.code() == tern::Code::kCancelled) return 0;
-  if (!st.ok()) {
-    std::fprintf(stderr, "quant_trace_report: %s\n", st.ToString().c_str());
-    return 2;
-  }
-  return 0;
+  using namespace tern;
+  CLI::App app("patch statistics of quantized datagen traces", "quant_trace_report");
+  cli::Configure(app);
+  Args a;
+  AddFlags(app, a);
+  cli::Dispatch dispatch;
+  dispatch.On(&app, {[&] { return Check(a); }, [&] { return Run(a); }});
+  return dispatch.Run(app, argc, argv);
 }

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "tern/status.h"
-#include "tools/flags.h"
+#include "tools/cli_args.h"
 #include "tools/wan/gso.h"
 #include "tools/wan/link.h"
 
@@ -304,34 +304,31 @@ class Forwarder {
   std::vector<bool> lost_;  // per segment of the super-packet being routed
 };
 
-Status Main(int argc, char** argv) {
-  cli::Flags flags("wan-fwd",
-                   "Delays, rate-limits and drops packets between the regions of the emulated "
-                   "WAN (tools/wan/wan.sh starts it in the router namespace).");
-  flags.Add("tun", "TUN device to attach to (created by wan.sh)", "", true);
-  flags.AddSwitch("no_offload", "have the kernel cut TCP super-packets into MTU-sized "
-                  "packets before the forwarder sees them (more faithful, much slower)");
-  flags.Add("pool_mb", "memory for queued and in-flight packets; excess is dropped", "256");
-  flags.Add("seed", "seed of the random loss", "1");
-  flags.AddPositional("LINK", "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb (one direction; "
-                      "regions are the second octet of 10.R.H.x; rate 0 = unlimited; "
-                      "queue 0 = one round-trip BDP)", true);
-  TERN_RETURN_IF_ERROR(flags.Parse(argc, argv));
-  TERN_ASSIGN_OR_RETURN(uint64_t pool_mb, flags.GetU64("pool_mb"));
-  TERN_ASSIGN_OR_RETURN(uint64_t seed, flags.GetU64("seed"));
-  TERN_REQUIRE(pool_mb >= 1 && pool_mb <= 65536, kOutOfRange, "--pool_mb in 1..65536");
-  TERN_REQUIRE(flags.positional().size() <= 4096, kOutOfRange, "too many links");
-  Lanes lanes;
+struct Args {
+  std::string tun;
+  bool no_offload = false;
+  uint64_t pool_mb = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> links;
+  Lanes lanes;  // from links, by Check
+};
+
+Status Check(Args& a) {
+  TERN_REQUIRE(a.links.size() <= 4096, kOutOfRange, "too many links");
   std::array<bool, 1 << 16> seen{};
-  for (const std::string& spec : flags.positional()) {
-    TERN_ASSIGN_OR_RETURN(Lane lane, ParseLink(spec, seed));
+  for (const std::string& spec : a.links) {
+    TERN_ASSIGN_OR_RETURN(Lane lane, ParseLink(spec, a.seed));
     const int key = lane.src_region << 8 | lane.dst_region;
     TERN_REQUIRE(!seen[key], kInvalidArgument, "link ", lane.src_region, "->", lane.dst_region,
                  " given twice");
     seen[key] = true;
-    lanes.push_back(Lane{lane.src_region, lane.dst_region, lane.link, {}});
+    a.lanes.push_back(Lane{lane.src_region, lane.dst_region, lane.link, {}});
   }
-  TERN_ASSIGN_OR_RETURN(int fd, OpenTun(flags.Get("tun"), !flags.Switch("no_offload")));
+  return Status::Ok();
+}
+
+Status Forward(Args& a) {
+  TERN_ASSIGN_OR_RETURN(int fd, OpenTun(a.tun, !a.no_offload));
   // Timer slack would add up to 50 us to every delay.
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   struct sigaction sa{};
@@ -339,9 +336,9 @@ Status Main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
-  auto fwd = std::make_unique<Forwarder>(fd, std::move(lanes), pool_mb << 20);
-  std::fprintf(stderr, "tern-wan-fwd: forwarding on %s with %zu links\n",
-               flags.Get("tun").c_str(), fwd->lanes().size());
+  auto fwd = std::make_unique<Forwarder>(fd, std::move(a.lanes), a.pool_mb << 20);
+  std::fprintf(stderr, "tern-wan-fwd: forwarding on %s with %zu links\n", a.tun.c_str(),
+               fwd->lanes().size());
   Status s = fwd->Run();
   DumpStats(fwd->lanes(), fwd->counters(), stdout);
   close(fd);
@@ -352,5 +349,24 @@ Status Main(int argc, char** argv) {
 }  // namespace tern::wan
 
 int main(int argc, char** argv) {
-  return tern::cli::Report("wan-fwd", tern::wan::Main(argc, argv));
+  using namespace tern;
+  CLI::App app("Delays, rate-limits and drops packets between the regions of the emulated WAN "
+               "(tools/wan/wan.sh starts it in the router namespace).",
+               "tern-wan-fwd");
+  cli::Configure(app);
+  wan::Args a;
+  app.add_option("--tun", a.tun, "TUN device to attach to (created by wan.sh)")->required();
+  app.add_flag("--no_offload", a.no_offload,
+               "have the kernel cut TCP super-packets into MTU-sized packets before the "
+               "forwarder sees them (more faithful, much slower)");
+  cli::AddUnsigned(app, "--pool_mb", a.pool_mb,
+                   "memory for queued and in-flight packets; excess is dropped (1..65536)", "256")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{65536}));
+  cli::AddUnsigned(app, "--seed", a.seed, "seed of the random loss", "1");
+  app.add_option("LINK", a.links,
+                 "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb (one direction; regions are the "
+                 "second octet of 10.R.H.x; rate 0 = unlimited; queue 0 = one round-trip BDP)");
+  cli::Dispatch dispatch;
+  dispatch.On(&app, {[&] { return wan::Check(a); }, [&] { return wan::Forward(a); }});
+  return dispatch.Run(app, argc, argv);
 }
