@@ -232,6 +232,172 @@ class PatchCommands(unittest.TestCase):
             self.assertIn("usage: tern " + cmd, run(cmd, "--help").stdout)
 
 
+class ExitStatusAndFlags(unittest.TestCase):
+    """docs/cli.md: 2 = the command line was refused before any work, 1 = the
+    command failed, 0 = success; integer flags parse exactly; no output is
+    replaced without --force."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tern-cli-exit-")
+        cls.trace = os.path.join(cls.tmp, "trace")
+        run("datagen", "--out", cls.trace, "--params", "200K", "--steps", 2, "--seed", 3,
+            "--threads", 1)
+        cls.v0, cls.v1, cls.v2 = (os.path.join(cls.trace, f"step-00000{i}") for i in range(3))
+        cls.patch = os.path.join(cls.tmp, "p01.patch")
+        run("diff", cls.v0, cls.v1, "-o", cls.patch)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def assert_status(self, args, status, needles=()):
+        proc = run(*args, ok=False)
+        self.assertEqual(proc.returncode, status, f"tern {args}: {proc.stderr}")
+        if status != 0:
+            lines = [l for l in proc.stderr.splitlines() if l.strip()]
+            self.assertEqual(len(lines), 1, f"tern {args}: expected one line, got {proc.stderr!r}")
+            self.assertRegex(lines[0], r"^tern[ :]")
+            for needle in needles:
+                self.assertIn(needle, lines[0])
+        return proc
+
+    def test_usage_errors_exit_2_and_do_no_work(self):
+        out = self.path("never")
+        cases = [
+            (["nonsense"], ["unknown command 'nonsense'"]),
+            ([], ["command"]),
+            (["xfer"], ["command"]),
+            (["diff", self.v0, self.v1, "-o", out, "--bogus"], ["--bogus"]),
+            (["diff", self.v0, "-o", out], ["NEW"]),
+            (["diff", self.v0, self.v1, self.v2, "-o", out], [self.v2]),
+            (["diff", self.v0, self.v1], ["--out"]),
+            (["squash", self.patch, "-o", out], ["PATCH"]),
+            (["diff", self.v0, self.v1, "-o", out, "--seed", "1"], ["--seed"]),
+            (["diff", self.v0, self.v1, "-o", out, "--threads", "1025"], ["--threads", "1025"]),
+            (["datagen", "--out", out, "--format", "nvfp4", "--dtype", "fp16"], ["contradicts"]),
+            (["datagen", "--out", out, "--params", "10"], ["--params"]),
+            (["datagen", "--out", out, "--lr", "nan"], ["--lr", "'nan'"]),
+            (["datagen", "--out", out, "--seed", "1", "--seed", "2"], ["--seed"]),
+            (["cast", "--format", "fp9", self.v0, "-o", out], ["fp9"]),
+            (["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--transport", "ucx"],
+             ["carries no encryption"]),
+            (["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls", "--streams", "65"],
+             ["--streams"]),
+        ]
+        # Integers: plain decimal only, exact, within the type.
+        for flag, value in (("--base-version", "0x10"), ("--base-version", "1e3"),
+                            ("--base-version", "-1"), ("--base-version", "+1"),
+                            ("--base-version", "1.0"), ("--base-version", "12abc"),
+                            ("--base-version", ""), ("--base-version", "18446744073709551616"),
+                            ("--target-version", "99999999999999999999999"),
+                            ("--segment-elements", "1e6"), ("--segment-elements", "0x100000"),
+                            ("--segment-elements", "1.5"), ("--segment-elements", "18446744073709552K")):
+            cases.append((["diff", self.v0, self.v1, "-o", out, f"{flag}={value}"],
+                          [flag, f"'{value}'"] if value else [flag]))
+        for flag, value in (("--chunk", "4MB"), ("--chunk", "1e6"), ("--rtt-ms", "0x10"),
+                            ("--retries", "-1"), ("--streams", "1e1"), ("--rate-hint", "1.5"),
+                            ("--idle-timeout-ms", "18446744073709551616")):
+            cases.append((["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls",
+                           f"{flag}={value}"], [flag, f"'{value}'"]))
+        for args, needles in cases:
+            with self.subTest(args):
+                self.assert_status(args, 2, needles)
+                self.assertFalse(os.path.exists(out))
+
+    def test_failures_exit_1(self):
+        garbage = self.path("garbage.patch")
+        with open(garbage, "wb") as f:
+            f.write(b"\x00" * 4096)
+        other = self.path("other-trace")
+        run("datagen", "--out", other, "--params", "300K", "--steps", 0)
+        out = self.path("never")
+        cases = [
+            (["digest", self.path("does-not-exist")], ["not found"]),
+            (["inspect", self.path("does-not-exist")], ["not found"]),
+            (["inspect", garbage], []),
+            # A directory where a patch file belongs: bad input, not bad usage
+            # (it exited 2 before).
+            (["inspect", self.trace], ["not a regular file"]),
+            (["apply", self.v0, self.trace, "-o", out], ["not a regular file"]),
+            (["apply", self.v1, self.patch, "-o", out], ["mismatch"]),
+            (["diff", self.v0, os.path.join(other, "step-000000"), "-o", out], ["mismatch"]),
+            (["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls", "--retries", "0"], []),
+        ]
+        for args, needles in cases:
+            with self.subTest(args):
+                self.assert_status(args, 1, needles)
+                self.assertFalse(os.path.exists(out))
+
+    def test_success_and_help_exit_0(self):
+        self.assert_status(["version"], 0)
+        self.assert_status(["digest", self.v0], 0)
+        top = self.assert_status(["--help"], 0).stdout
+        for cmd in ("datagen", "diff", "apply", "squash", "inspect", "digest", "cast", "xfer",
+                    "transports", "demo", "version"):
+            self.assertIn(cmd, top)
+        for args in (["diff"], ["apply"], ["squash"], ["inspect"], ["digest"], ["datagen"],
+                     ["demo"], ["cast"], ["transports"], ["xfer"], ["xfer", "serve"],
+                     ["xfer", "get"]):
+            with self.subTest(args):
+                proc = self.assert_status([*args, "--help"], 0)
+                self.assertIn("usage: tern " + " ".join(args), proc.stdout)
+
+    def test_integers_are_exact_over_the_whole_u64_range(self):
+        # 2^64-1 was refused and 2^53+1 stored as 2^53 when numbers were doubles.
+        out = self.path("exact.patch")
+        run("diff", self.v0, self.v1, "-o", out, "--base-version", "18446744073709551615",
+            "--target-version", "9007199254740993")
+        info = json.loads(run("inspect", out, "--json").stdout)
+        self.assertEqual(info["base_version"], 18446744073709551615)
+        self.assertEqual(info["target_version"], 9007199254740993)
+        os.remove(out)
+        # Sizes: a suffix and a fraction that leaves a whole number are exact.
+        run("diff", self.v0, self.v1, "-o", out, "--segment-elements", "0.065536M")
+        self.assertEqual(json.loads(run("inspect", out, "--json").stdout)["segments"],
+                         json.loads(run("inspect", self.diff_with(65536), "--json").stdout)["segments"])
+        os.remove(out)
+
+    def diff_with(self, segment_elements):
+        out = self.path(f"seg-{segment_elements}.patch")
+        if not os.path.exists(out):
+            run("diff", self.v0, self.v1, "-o", out, "--segment-elements", segment_elements)
+        return out
+
+    def test_no_output_is_replaced_without_force(self):
+        def keep(path, args):
+            before = open(path, "rb").read() if os.path.isfile(path) else sorted(os.listdir(path))
+            self.assert_status(args, 1, ["exists" if os.path.isfile(path) else "not empty"])
+            after = open(path, "rb").read() if os.path.isfile(path) else sorted(os.listdir(path))
+            self.assertEqual(before, after)
+            self.assertEqual(run(*args, "--force").returncode, 0)
+
+        existing = self.path("existing.patch")
+        with open(existing, "wb") as f:
+            f.write(b"keep me")
+        keep(existing, ["diff", self.v0, self.v1, "-o", existing])
+        with open(existing, "wb") as f:
+            f.write(b"keep me")
+        p12 = self.diff_with(7)  # any patch; squash needs a chain
+        run("diff", self.v1, self.v2, "-o", self.path("p12.patch"))
+        keep(existing, ["squash", self.patch, self.path("p12.patch"), "-o", existing])
+        with open(existing, "wb") as f:
+            f.write(b"keep me")
+        keep(existing, ["apply", self.v0, self.patch, "-o", existing])
+        cast = self.path("cast.safetensors")
+        with open(cast, "wb") as f:
+            f.write(b"keep me")
+        keep(cast, ["cast", "--format", "fp8-e4m3-tensor", self.v0, "-o", cast])
+        self.assertEqual(run("cast", "--format", "fp8-e4m3-tensor", self.v0, "-o", cast,
+                             "--overwrite").returncode, 0)
+        keep(self.trace, ["datagen", "--out", self.trace, "--params", "200K", "--steps", 2,
+                          "--seed", 3, "--threads", 1])
+        del p12
+
+
 if __name__ == "__main__":
     TERN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)

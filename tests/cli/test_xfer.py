@@ -5,7 +5,8 @@ Usage: test_xfer.py PATH_TO_TERN. Everything runs on 127.0.0.1 (UCX is held
 to the loopback device through its environment). Checks: a plain and a
 mutual-TLS copy land bit-exact with a parseable summary line; a client
 without the server's CA is refused and leaves no file; names escaping the
-served root are refused and leave no partial file; serving / works;
+served root are refused and leave no partial file; serving / works; an
+existing LOCAL is replaced only with --force;
 --transport ucx copies between two processes;
 --transport verbs explains itself where there is no RDMA device; RDMA
 transports refuse to run without an explicit --no-tls; serve stops cleanly
@@ -146,6 +147,26 @@ class XferTest(unittest.TestCase):
             rc, err = srv.stop()
         self.assertEqual(rc, 0, err)
         self.assertIn("stopping on signal", err)
+
+    def test_an_existing_local_file_is_replaced_only_with_force(self):
+        # Like diff, apply, squash, cast and datagen (docs/cli.md); get used
+        # to overwrite LOCAL silently.
+        srv = Server(self.root, "--no-tls")
+        try:
+            path = self.out("existing.bin")
+            with open(path, "wb") as f:
+                f.write(b"keep me")
+            proc = get(srv.address, "sub/w.bin", path, "--no-tls")
+            self.assertEqual(proc.returncode, 1, proc.stderr)
+            self.assertEqual(proc.stderr.strip().splitlines(),
+                             [l for l in proc.stderr.strip().splitlines() if "exists" in l])
+            self.assertIn("use --force", proc.stderr)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), b"keep me")
+            self.assertFalse(os.path.exists(path + ".tern-part"))
+            self.assert_copy(get(srv.address, "sub/w.bin", path, "--no-tls", "--force"), path)
+        finally:
+            srv.stop()
 
     def test_mutual_tls_copy_and_a_refused_client(self):
         srv = Server(self.root, *self.pki("server"))
