@@ -262,7 +262,7 @@ struct Args {
 void AddFlags(CLI::App& app, Args& a) {
   cli::AddCount(app, "--params", a.params, "model size", "20M");
   cli::AddUnsigned(app, "--steps", a.steps, "optimizer steps per trace (1..1000)", "3", 1000)
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1000}));
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000}).description(""));
   app.add_option("--lrs", a.lrs, "comma-separated learning rates")->default_val("1e-6,1e-5");
   std::string all;
   for (const char* f : {"bf16", "fp16", "fp8-e4m3-tensor", "fp8-e4m3-channel", "fp8-e4m3-block128",
@@ -274,7 +274,7 @@ void AddFlags(CLI::App& app, Args& a) {
       ->default_val("band,fresh");
   cli::AddUnsigned(app, "--seed", a.seed, "trace seed", "0");
   cli::AddUnsigned(app, "--threads", a.threads, "worker threads (1..256)", "2", 256)
-      ->check(CLI::Range(1u, 256u));
+      ->check(CLI::Range(1u, 256u).description(""));
 }
 
 Status Check(Args& a) {

@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
                "forwarder sees them (more faithful, much slower)");
   cli::AddUnsigned(app, "--pool_mb", a.pool_mb,
                    "memory for queued and in-flight packets; excess is dropped (1..65536)", "256")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{65536}));
+      ->check(CLI::Range(uint64_t{1}, uint64_t{65536}).description(""));
   cli::AddUnsigned(app, "--seed", a.seed, "seed of the random loss", "1");
   app.add_option("LINK", a.links,
                  "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb (one direction; regions are the "
