@@ -47,29 +47,32 @@ CLI::Validator CountArg(uint64_t max = std::numeric_limits<uint64_t>::max());
 CLI::Validator FiniteArg();
 
 // Integer options bound to `value`, with a default given as text (shown by
-// --help, parsed like a command-line value). T is an unsigned integer type;
-// values above its maximum are refused.
+// --help, parsed like a command-line value; empty: none, `value` keeps what
+// it holds). T is an unsigned integer type; values above its maximum are
+// refused.
 template <typename T>
 CLI::Option* AddUnsigned(CLI::App& app, const std::string& name, T& value, const std::string& help,
                          const std::string& default_text,
                          uint64_t max = std::numeric_limits<T>::max()) {
   static_assert(std::is_unsigned_v<T>);
-  return app.add_option(name, value, help)
-      ->transform(UnsignedArg(std::min<uint64_t>(max, std::numeric_limits<T>::max())))
-      ->type_name("N")
-      ->run_callback_for_default()
-      ->default_val(default_text);
+  CLI::Option* option =
+      app.add_option(name, value, help)
+          ->transform(UnsignedArg(std::min<uint64_t>(max, std::numeric_limits<T>::max())))
+          ->type_name("N");
+  if (default_text.empty()) return option;
+  return option->run_callback_for_default()->default_val(default_text);
 }
 template <typename T>
 CLI::Option* AddCount(CLI::App& app, const std::string& name, T& value, const std::string& help,
                       const std::string& default_text,
                       uint64_t max = std::numeric_limits<T>::max()) {
   static_assert(std::is_unsigned_v<T>);
-  return app.add_option(name, value, help)
-      ->transform(CountArg(std::min<uint64_t>(max, std::numeric_limits<T>::max())))
-      ->type_name("N[K|M|G|T]")
-      ->run_callback_for_default()
-      ->default_val(default_text);
+  CLI::Option* option =
+      app.add_option(name, value, help)
+          ->transform(CountArg(std::min<uint64_t>(max, std::numeric_limits<T>::max())))
+          ->type_name("N[K|M|G|T]");
+  if (default_text.empty()) return option;
+  return option->run_callback_for_default()->default_val(default_text);
 }
 CLI::Option* AddDouble(CLI::App& app, const std::string& name, double& value, const std::string& help,
                        const std::string& default_text);

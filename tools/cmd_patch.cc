@@ -190,9 +190,9 @@ void AddDiff(CLI::App& tern, Dispatch& dispatch) {
   AddCount(*cmd, "--segment-elements", a->segment_elements,
            "elements per segment (unit of parallel encode/apply)", "1048576");
   a->base_version_flag = AddUnsigned(*cmd, "--base-version", a->base_version,
-                                     "version number of OLD (default: its metadata, else 0)", "0");
+                                     "version number of OLD (default: its metadata, else 0)", "");
   a->target_version_flag = AddUnsigned(*cmd, "--target-version", a->target_version,
-                                       "version number of NEW (default: its metadata, else 0)", "0");
+                                       "version number of NEW (default: its metadata, else 0)", "");
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return Diff(*a); }});
