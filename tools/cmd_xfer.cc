@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -82,6 +83,23 @@ std::vector<std::string> CommaList(const std::string& text) {
   return out;
 }
 
+// The form TlsConfig::peer_sha256 documents: "sha256:" and 64 hex digits,
+// ':' between bytes allowed. Checked here so that a mistyped pin is a usage
+// error (docs/cli.md); the transport checks it again when it loads.
+Status CheckPinSyntax(const std::string& pin) {
+  const std::string prefix = "sha256:";
+  size_t digits = 0;
+  bool hex = pin.size() <= prefix.size() + 95 && pin.compare(0, prefix.size(), prefix) == 0;
+  for (size_t i = prefix.size(); hex && i < pin.size(); ++i) {
+    if (pin[i] == ':') continue;
+    hex = std::isxdigit(static_cast<unsigned char>(pin[i])) != 0;
+    ++digits;
+  }
+  TERN_REQUIRE(hex && digits == 64, kInvalidArgument, "--tls-pin '", pin.substr(0, 40),
+               pin.size() > 40 ? "..." : "", "': want sha256:<64 hex digits>");
+  return Status::Ok();
+}
+
 Result<TcpOptions> TransportOptions(const TransportArgs& t) {
   TcpOptions o;
   auto has = [](const CLI::Option* flag) { return flag != nullptr && flag->count() > 0; };
@@ -114,6 +132,9 @@ Result<TcpOptions> TransportOptions(const TransportArgs& t) {
     if (has(t.tls_server_name_flag)) o.tls.server_name = t.tls_server_name;
     if (has(t.tls_allow_client_flag)) o.tls.client_names = CommaList(t.tls_allow_client);
     if (has(t.tls_pin_flag)) o.tls.peer_sha256 = CommaList(t.tls_pin);
+    TERN_REQUIRE(o.tls.client_names.size() <= kMaxTlsNames && o.tls.peer_sha256.size() <= kMaxTlsNames,
+                 kInvalidArgument, "more than ", kMaxTlsNames, " --tls-allow-client names or --tls-pin pins");
+    for (const std::string& pin : o.tls.peer_sha256) TERN_RETURN_IF_ERROR(CheckPinSyntax(pin));
   }
   o.congestion = t.congestion;
   o.socket_buffer_bytes = t.socket_buffer_bytes;
