@@ -209,8 +209,8 @@ int Dispatch::Run(CLI::App& root, int argc, char** argv) const {
     }
     return Report(prefix, steps.work(), kExitFailed);
   }
-  // A command with subcommands and no steps of its own ("tern xfer"): CLI11
-  // requires one of them, so this is reached only for commands without steps.
+  // Only a command registered without steps gets here (commands with
+  // subcommands require one, as `tern` and `tern xfer` do): show its help.
   std::fprintf(stderr, "%s", chosen->help().c_str());
   return kExitUsage;
 }
