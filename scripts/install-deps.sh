@@ -10,6 +10,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev zstd libxxhash-dev libssl-dev openssl
   nlohmann-json3-dev  # safetensors headers, indexes, config.json (docs/checkpoint.md, "JSON")
+  libcli11-dev  # the tern command line (docs/cli.md)
+  ccache  # optional: the build uses it when present (rebuilds, several checkouts)
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
