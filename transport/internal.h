@@ -101,6 +101,15 @@ inline uint64_t GetLe(std::string_view in, size_t at, int bytes) {
   return value;
 }
 
+// The status a peer reports as a wire code (TCP HELLO_ACK and ACK, verbs
+// ACK): OK for 0, the registered code otherwise (kInternal for numbers we do
+// not know), with "peer: " + what as its message.
+inline Status StatusFromWireCode(uint64_t code, std::string_view what) {
+  if (code == 0) return Status::Ok();
+  const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
+  return Status(c, "peer: " + std::string(what));
+}
+
 // Calls a completion if set; completions are optional for callers.
 inline void Complete(const Completion& done, Status status) {
   if (done) done(std::move(status));

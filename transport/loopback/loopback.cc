@@ -10,12 +10,16 @@
 
 #include "tern/loopback_transport.h"
 #include "transport/internal.h"
+#include "transport/window_table.h"
 
 namespace tern {
 
 using transport_internal::AcceptGate;
 using transport_internal::Complete;
+using transport_internal::Landing;
+using transport_internal::LandingWait;
 using transport_internal::ThreadTracker;
+using transport_internal::WindowTable;
 using transport_internal::Xxh3;
 
 namespace {
@@ -76,23 +80,12 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
 
   Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
                      uint64_t length_bytes, ChunkLanded on_landed) override {
-    TERN_REQUIRE(dst.base != nullptr && dst.handle != 0, kInvalidArgument, "window memory not registered");
-    TERN_REQUIRE(dst_offset <= dst.size_bytes && length_bytes <= dst.size_bytes - dst_offset,
-                 kInvalidArgument, "window outside its registered memory");
-    std::lock_guard<std::mutex> lock(mu_);
-    TERN_REQUIRE(!windows_.count(transfer_id), kAlreadyExists, "window ", transfer_id, " already open");
-    windows_[transfer_id] = Window{static_cast<uint8_t*>(dst.base) + dst_offset, length_bytes,
-                                   std::move(on_landed)};
-    return Status::Ok();
+    return windows_.Post(transfer_id, dst, dst_offset, length_bytes, std::move(on_landed));
   }
 
-  void CancelReceive(uint64_t transfer_id) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    windows_.erase(transfer_id);
-    if (std::this_thread::get_id() != thread_id_) {
-      cv_.wait(lock, [&] { return copying_ != transfer_id; });
-    }
-  }
+  // Landings run on this end's delivery thread, which must not wait for
+  // itself.
+  void CancelReceive(uint64_t transfer_id) override { windows_.Cancel(transfer_id, OffDelivery()); }
 
   void Close() override {
     std::shared_ptr<Endpoint> peer;
@@ -103,12 +96,11 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
       inbox_.push_back(Item(Item::kShutdown));
       peer = peer_.lock();
       cv_.notify_all();
-      // A copy into one of our windows may be under way; Close() promises
-      // the memory is ours again when it returns.
-      if (std::this_thread::get_id() != thread_id_) {
-        cv_.wait(lock, [&] { return copying_ == UINT64_MAX; });
-      }
     }
+    // A copy into one of our windows may be under way; Close() promises
+    // the memory is ours again when it returns.
+    windows_.Close();
+    windows_.WaitIdle(OffDelivery());
     if (peer) peer->Push(Item(Item::kPeerClosed), /*force=*/true).IgnoreError();
   }
 
@@ -150,12 +142,12 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
             std::unique_lock<std::mutex> lock(mu_);
             closed_ = true;
             pending.swap(pending_);
-            windows_.clear();
             inbox_.clear();
             // The peer may be copying out of our memory for an op we are
             // about to fail; the caller may free it once the op completes.
             cv_.wait(lock, [&] { return active_copies_ == 0; });
           }
+          windows_.Close();
           if (by_peer) {
             if (auto peer = peer_.lock()) peer->Push(Item(Item::kPeerClosed), true).IgnoreError();
           }
@@ -198,11 +190,10 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   }
 
  private:
-  struct Window {
-    uint8_t* base;
-    uint64_t length;
-    ChunkLanded on_landed;
-  };
+  LandingWait OffDelivery() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return LandingWait{std::this_thread::get_id() != thread_id_, 0};
+  }
 
   bool IsClosed() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -230,46 +221,14 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   // Places a chunk from the peer into our window and acknowledges it.
   void Land(const Item& item) {
     const ChunkSend& c = item.chunk;
-    Status result;
-    ChunkLanded landed;
-    uint8_t* dst = nullptr;
     std::shared_ptr<Endpoint> sender = peer_.lock();
     if (!sender || !sender->BeginCopy(item.op)) return;  // the sender gave up on it
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = windows_.find(c.transfer_id);
-      if (closed_) {
-        result = TERN_ERROR(kUnavailable, "connection closed");
-      } else if (it == windows_.end()) {
-        result = TERN_ERROR(kNotFound, "no receive window ", c.transfer_id);
-      } else if (c.dst_offset > it->second.length || c.length > it->second.length - c.dst_offset) {
-        result = TERN_ERROR(kOutOfRange, "chunk [", c.dst_offset, ", +", c.length,
-                            ") outside window of ", it->second.length, " bytes");
-      } else {
-        dst = it->second.base + c.dst_offset;
-        landed = it->second.on_landed;
-        copying_ = c.transfer_id;
-      }
-    }
-    if (dst != nullptr) {
-      std::memcpy(dst, static_cast<const uint8_t*>(c.src.base) + c.src_offset, c.length);
-      if (Xxh3(dst, c.length) != item.xxh3) {
-        result = TERN_ERROR(kCorrupt, "chunk at ", c.dst_offset, " of transfer ", c.transfer_id,
-                            " failed its checksum");
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!windows_.count(c.transfer_id)) landed = nullptr;  // cancelled meanwhile
-      }
+    Result<Landing> landing = windows_.Begin(c.transfer_id, c.dst_offset, c.length);
+    Status result = landing.status();
+    if (landing.ok()) {
+      std::memcpy(landing->dst, static_cast<const uint8_t*>(c.src.base) + c.src_offset, c.length);
       sender->EndCopy();
-      // on_landed runs before copying_ clears: a CancelReceive that began
-      // meanwhile returns only after it (transport.h).
-      if (result.ok() && landed) landed(c.dst_offset, c.length);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        copying_ = UINT64_MAX;
-        cv_.notify_all();
-      }
+      result = windows_.Finish(*landing, Status::Ok(), item.xxh3);
     } else {
       sender->EndCopy();
     }
@@ -286,10 +245,9 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   bool closed_ = false;
   std::weak_ptr<Endpoint> peer_;
   ConnectionHandlers handlers_;  // used by the delivery thread only after Bind
-  std::map<uint64_t, Window> windows_;
+  WindowTable windows_{"loopback"};
   std::map<uint64_t, Completion> pending_;
   uint64_t next_op_ = 1;
-  uint64_t copying_ = UINT64_MAX;
   uint32_t active_copies_ = 0;  // peers copying out of our chunks now
   std::thread::id thread_id_;
 };

@@ -322,7 +322,8 @@ TEST_F(BadInput, StreamsOfOneConnectionShareOneTlsIdentity) {
     EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
     if (!ctx.ok()) return nullptr;
     const uint64_t deadline = SteadyClock().NowUs() + 20000000;
-    auto fd = ConnectSocket(listener_->address(), client_options_, deadline, SteadyClock());
+    auto fd = net::ConnectSocket(listener_->address(), client_options_.socket_buffer_bytes, deadline,
+                                SteadyClock());
     EXPECT_TRUE(fd.ok()) << fd.status().ToString();
     if (!fd.ok()) return nullptr;
     auto pipe = TlsHandshake(**ctx, *fd, /*server=*/false, "127.0.0.1", deadline, SteadyClock());

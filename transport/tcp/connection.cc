@@ -15,6 +15,7 @@ namespace tern::tcp {
 
 using transport_internal::Complete;
 using transport_internal::LogLine;
+using transport_internal::StatusFromWireCode;
 using transport_internal::Xxh3;
 
 void BlockSigpipe() {
@@ -120,33 +121,14 @@ void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
 Status TcpConnection::PostReceive(uint64_t transfer_id, const MemoryRegion& dst,
                                   uint64_t dst_offset, uint64_t length_bytes,
                                   ChunkLanded on_landed) {
-  TERN_REQUIRE(dst.base != nullptr && dst.handle != 0, kInvalidArgument,
-               "window memory not registered");
-  TERN_REQUIRE(dst_offset <= dst.size_bytes && length_bytes <= dst.size_bytes - dst_offset,
-               kInvalidArgument, "window outside its registered memory");
-  std::lock_guard<std::mutex> lock(mu_);
-  TERN_REQUIRE(!closed_, kUnavailable, "connection closed");
-  TERN_REQUIRE(!windows_.count(transfer_id), kAlreadyExists, "window ", transfer_id,
-               " already open");
-  windows_[transfer_id] = std::make_shared<Window>(
-      Window{static_cast<uint8_t*>(dst.base) + dst_offset, length_bytes, std::move(on_landed)});
-  return Status::Ok();
+  return windows_.Post(transfer_id, dst, dst_offset, length_bytes, std::move(on_landed));
 }
 
-namespace {
-// The window whose on_landed this stream thread is running (a CancelReceive
-// from inside it must not wait for its own landing).
-thread_local const void* t_landing_window = nullptr;
-}  // namespace
-
+// A stream mid-chunk finishes (or fails) in bounded time (header and
+// minimum-rate timeouts), so the wait needs no bound of its own; another
+// stream's thread may wait here, a stream's own landing is not waited for.
 void TcpConnection::CancelReceive(uint64_t transfer_id) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = windows_.find(transfer_id);
-  if (it == windows_.end()) return;
-  std::shared_ptr<Window> w = it->second;
-  windows_.erase(it);
-  const uint32_t own = t_landing_window == w.get() ? 1 : 0;
-  window_cv_.wait(lock, [&] { return w->writers <= own; });
+  windows_.Cancel(transfer_id, transport_internal::LandingWait{});
 }
 
 void TcpConnection::Close() { Fail(TERN_ERROR(kCancelled, "connection closed"), Status::Ok()); }
@@ -167,9 +149,10 @@ void TcpConnection::Fail(Status ops, Status closed) {
     close_status_ = ops;
     pending.swap(pending_);
     chunks_.clear();
-    // windows_ stays: CancelReceive must still wait for a stream that is
-    // mid-chunk into one before the caller may free the memory.
   }
+  // The windows stay known: CancelReceive must still wait for a stream that
+  // is mid-chunk into one before the caller may free the memory.
+  windows_.Close();
   for (auto& s : streams_) {
     std::lock_guard<std::mutex> lock(s->mu);
     for (auto& f : s->control) {
@@ -230,7 +213,7 @@ struct TcpConnection::Reader {
   uint8_t* dest = nullptr;
   uint64_t got = 0;
   std::string message;
-  std::shared_ptr<Window> window;
+  std::optional<transport_internal::Landing> landing;
   Status refuse;  // chunk read and dropped, then refused with this
   uint8_t scratch[64 * 1024];
 };
@@ -255,16 +238,12 @@ bool TcpConnection::StartPayload(Stream& s, Reader& r) {
       r.dest = reinterpret_cast<uint8_t*>(r.message.data());
       break;
     case FrameType::kChunk: {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = windows_.find(h.arg[0]);
-      if (it == windows_.end()) {
-        r.refuse = Status(Code::kNotFound, "no receive window");
-      } else if (h.arg[1] > it->second->length || h.payload_bytes > it->second->length - h.arg[1]) {
-        r.refuse = Status(Code::kOutOfRange, "chunk outside the receive window");
+      Result<transport_internal::Landing> landing = windows_.Begin(h.arg[0], h.arg[1], h.payload_bytes);
+      if (landing.ok()) {
+        r.landing = *landing;
+        r.dest = landing->dst;
       } else {
-        r.window = it->second;
-        ++r.window->writers;
-        r.dest = r.window->base + h.arg[1];
+        r.refuse = landing.status();
       }
       break;
     }
@@ -297,29 +276,9 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
     }
     case FrameType::kChunk: {
       Status result = r.refuse;
-      if (r.window) {
-        if (Xxh3(r.dest, h.payload_bytes) != h.arg[2]) {
-          result = Status(Code::kCorrupt, "chunk failed its checksum on landing");
-        }
-        ChunkLanded landed;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          auto it = windows_.find(h.arg[0]);
-          if (it != windows_.end() && it->second == r.window) landed = r.window->on_landed;
-        }
-        // on_landed runs while this stream still counts as a writer, so a
-        // CancelReceive from another thread returns only after it.
-        if (result.ok() && landed) {
-          t_landing_window = r.window.get();
-          landed(h.arg[1], h.payload_bytes);
-          t_landing_window = nullptr;
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          --r.window->writers;
-          window_cv_.notify_all();
-        }
-        r.window.reset();
+      if (r.landing) {
+        result = windows_.Finish(*r.landing, Status::Ok(), h.arg[2]);
+        r.landing.reset();
       }
       Status queued = PushControl(
           s, MakeFrame(FrameType::kAck, h.arg[3], static_cast<uint64_t>(result.code())), /*bounded=*/false);
@@ -523,11 +482,7 @@ void TcpConnection::RunStream(Stream& s) {
     }
     Complete(cur->on_written, why.ok() ? TERN_ERROR(kUnavailable, "connection closed") : why);
   }
-  if (reader->window) {
-    std::lock_guard<std::mutex> lock(mu_);
-    --reader->window->writers;
-    window_cv_.notify_all();
-  }
+  if (reader->landing) windows_.Abort(*reader->landing);
   stream_owner_ = nullptr;
 }
 

@@ -21,6 +21,7 @@
 #include "tern/tcp_transport.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
+#include "transport/window_table.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/pipe.h"
 
@@ -56,14 +57,6 @@ struct OutFrame {
 
 OutFrame MakeFrame(FrameType type, uint64_t a0 = 0, uint64_t a1 = 0, uint64_t a2 = 0,
                    uint64_t a3 = 0, uint32_t payload_bytes = 0);
-
-// A posted receive window.
-struct Window {
-  uint8_t* base;
-  uint64_t length;
-  ChunkLanded on_landed;
-  uint32_t writers = 0;  // streams writing into it now; guarded by the connection's mu_
-};
 
 struct Stream {
   std::unique_ptr<Pipe> pipe;
@@ -142,13 +135,13 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   static thread_local const TcpConnection* stream_owner_;
 
   std::mutex mu_;
-  std::condition_variable window_cv_;
   bool closed_ = false;
   bool quiesced_ = false;  // the first Fail has passed its I/O barrier
   std::condition_variable quiesced_cv_;
   Status close_status_;
   ConnectionHandlers handlers_;
-  std::map<uint64_t, std::shared_ptr<Window>> windows_;
+  // Streams landing chunks in parallel; CancelReceive waits for them.
+  transport_internal::WindowTable windows_{"tcp"};
   std::map<uint64_t, Completion> pending_;
   std::deque<OutFrame> chunks_;
   uint64_t next_op_ = 1;

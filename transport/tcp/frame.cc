@@ -112,18 +112,12 @@ Status ParseHelloAck(const FrameHeader& h, uint64_t connection_id, std::string_v
   // A refusal ends the connection whatever id it names (a server that could
   // not decode our hello answers with id 0); an acceptance must be for us.
   if (h.arg[1] != 0) {
-    return StatusFromWireCode(h.arg[1], "refused: " + transport_internal::Printable(reason));
+    return transport_internal::StatusFromWireCode(h.arg[1], "refused: " + transport_internal::Printable(reason));
   }
   TERN_REQUIRE(h.arg[0] == connection_id, kProtocol, "server accepted the hello of connection ",
                h.arg[0], ", not ours");
   TERN_REQUIRE(reason.empty(), kProtocol, "server accepted the hello with a reason attached");
   return Status::Ok();
-}
-
-Status StatusFromWireCode(uint64_t code, std::string_view what) {
-  if (code == 0) return Status::Ok();
-  const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
-  return Status(c, "peer: " + std::string(what));
 }
 
 }  // namespace tern::tcp

@@ -63,9 +63,4 @@ Result<Hello> ParseHello(const FrameHeader& header, uint32_t max_streams);
 // <= kMaxReasonBytes, made printable). kProtocol for a malformed answer.
 Status ParseHelloAck(const FrameHeader& header, uint64_t connection_id, std::string_view reason);
 
-// The status a peer reports as a wire code (HELLO_ACK, ACK): OK for 0, the
-// registered code otherwise (kInternal for numbers we do not know), with
-// "peer: " + what as its message.
-Status StatusFromWireCode(uint64_t code, std::string_view what);
-
 }  // namespace tern::tcp

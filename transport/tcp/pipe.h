@@ -1,7 +1,8 @@
-// Byte pipes over a non-blocking TCP socket, plain or TLS 1.3, and the
-// socket set-up the backend needs. One thread owns a pipe at a time (OpenSSL
-// forbids concurrent use of one SSL object), which is why each stream has a
-// single I/O thread that both reads and writes.
+// TLS 1.3 pipes over a non-blocking TCP socket and the TCP tuning of the
+// backend's streams; plain pipes and socket set-up are in transport/net/.
+// One thread owns a pipe at a time (OpenSSL forbids concurrent use of one
+// SSL object), which is why each stream has a single I/O thread that both
+// reads and writes.
 #pragma once
 
 #include <cstdint>
@@ -10,41 +11,22 @@
 
 #include "tern/tcp_transport.h"
 #include "tern/transport.h"
+#include "transport/net/socket.h"
 #include "transport/tcp/tls_identity.h"
 
 namespace tern::tcp {
 
-enum class Io { kOk, kWantRead, kWantWrite, kEof, kError };
-struct IoResult {
-  Io io = Io::kOk;
-  size_t bytes = 0;
-  std::string error;  // for kError
-};
-
-class Pipe {
- public:
-  explicit Pipe(int fd) : fd_(fd) {}
-  virtual ~Pipe();
-  Pipe(const Pipe&) = delete;
-  Pipe& operator=(const Pipe&) = delete;
-
-  int fd() const { return fd_; }
-  virtual IoResult Read(void* buf, size_t size) = 0;
-  virtual IoResult Write(const void* buf, size_t size) = 0;
-  // Decrypted bytes waiting inside the library (poll cannot see them).
-  virtual bool HasBuffered() const { return false; }
-  virtual bool encrypted() const { return false; }
-  // Who authenticated on the other end: the SHA-256 of the peer's TLS
-  // certificate (DER) once the handshake is done; empty for plain TCP.
-  virtual std::string peer_identity() const { return {}; }
-  // Wakes a thread blocked on this socket; the pipe fails from then on.
-  void Shutdown();
-
- private:
-  int fd_;
-};
-
-std::unique_ptr<Pipe> NewPlainPipe(int fd);
+// The TCP backend's pipes are the shared ones (transport/net/); TLS adds a
+// pipe type here.
+using net::HostPort;
+using net::Io;
+using net::IoResult;
+using net::NewPlainPipe;
+using net::ParseHostPort;
+using net::Pipe;
+using net::ReadFull;
+using net::WaitFd;
+using net::WriteFull;
 
 // An SSL_CTX for both roles: TLS 1.3 only, our certificate and key, peers
 // must present a certificate signed by the CA (mutual authentication) and
@@ -70,26 +52,6 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
                                            const std::string& dialled_host, uint64_t deadline_us,
                                            Clock& clock);
 
-// Blocking-with-deadline helpers for the handshake phase.
-Status ReadFull(Pipe& pipe, void* buf, size_t size, uint64_t deadline_us, Clock& clock);
-Status WriteFull(Pipe& pipe, const void* buf, size_t size, uint64_t deadline_us, Clock& clock);
-// Waits for readability (want_write false) or writability; kTimeout at deadline.
-Status WaitFd(int fd, bool want_write, uint64_t deadline_us, Clock& clock);
-
-struct HostPort {
-  std::string host;
-  std::string port;
-};
-Result<HostPort> ParseHostPort(const std::string& address);
-
-// Non-blocking listening socket with SO_REUSEADDR and buffer sizes set (they
-// are inherited by accepted sockets).
-Result<int> ListenSocket(const std::string& address, const TcpOptions& options);
-// "host:port" of a socket's local or remote end.
-std::string SocketAddress(int fd, bool peer);
-// Non-blocking connect with deadline.
-Result<int> ConnectSocket(const std::string& address, const TcpOptions& options,
-                          uint64_t deadline_us, Clock& clock);
 // TCP_NODELAY, buffers, congestion control; returns the congestion control in
 // use (the requested one if the kernel took it, else its default).
 std::string TuneSocket(int fd, const TcpOptions& options);

@@ -141,12 +141,12 @@ class TcpTransport final : public Transport {
   Status DeregisterMemory(const MemoryRegion&) override { return Status::Ok(); }
 
   Result<std::unique_ptr<Listener>> Listen(const std::string& address, AcceptHandler on_accept) override {
-    TERN_ASSIGN_OR_RETURN(int fd, tcp::ListenSocket(address, options_));
+    TERN_ASSIGN_OR_RETURN(int fd, net::ListenSocket(address, options_.socket_buffer_bytes));
     auto state = std::make_shared<ListenState>();
     state->fd = fd;
     state->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     state->gate = std::make_unique<AcceptGate>(std::move(on_accept));
-    state->address = tcp::SocketAddress(fd, false);
+    state->address = net::SocketAddress(fd, false);
     {
       std::lock_guard<std::mutex> lock(mu_);
       listeners_.push_back(state);
@@ -190,7 +190,7 @@ class TcpTransport final : public Transport {
     std::vector<std::unique_ptr<Pipe>> pipes(n);
     std::vector<Status> failed(n);
     auto open_stream = [&](uint32_t i) -> Result<std::unique_ptr<Pipe>> {
-      TERN_ASSIGN_OR_RETURN(int fd, tcp::ConnectSocket(address, options_, deadline, clock_));
+      TERN_ASSIGN_OR_RETURN(int fd, net::ConnectSocket(address, options_.socket_buffer_bytes, deadline, clock_));
       congestions[i] = tcp::TuneSocket(fd, options_);
       std::unique_ptr<Pipe> pipe;
       if (tls_) {
@@ -263,7 +263,7 @@ class TcpTransport final : public Transport {
         int fd = ::accept4(st->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         if (st->sockets.load() >= options_.max_connections) {
-          Log("tcp: refusing " + tcp::SocketAddress(fd, true) + ": " +
+          Log("tcp: refusing " + net::SocketAddress(fd, true) + ": " +
               std::to_string(options_.max_connections) + " sockets already open");
           ::close(fd);
           continue;
@@ -305,7 +305,7 @@ class TcpTransport final : public Transport {
 
   // Runs on its own thread per accepted socket, bounded by max_connections.
   void Handshake(const std::shared_ptr<ListenState>& st, int fd) {
-    const std::string peer = tcp::SocketAddress(fd, true);
+    const std::string peer = net::SocketAddress(fd, true);
     const uint64_t deadline = clock_.NowUs() + options_.handshake_timeout_ms * 1000;
     std::string congestion = tcp::TuneSocket(fd, options_);
     auto reject = [&](const Status& why) {

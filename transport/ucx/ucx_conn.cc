@@ -62,10 +62,12 @@ Status StatusFromWire(uint16_t code, std::string_view reason) {
 
 }  // namespace
 
+// A chunk or a rendezvous message being received.
 struct UcxConn::Landing {
   std::shared_ptr<UcxConn> conn;
-  uint64_t op, transfer_id, generation, dst_offset, length, xxh3;
-  uint8_t* dst;
+  // Chunks: the sender's op, the checksum it announced, the window landing.
+  uint64_t op = 0, xxh3 = 0;
+  transport_internal::Landing window;
   // Messages: the buffer a rendezvous message lands in.
   uint64_t seq = 0;
   std::string message;
@@ -231,30 +233,16 @@ Status UcxConn::PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint6
   TERN_REQUIRE(dst.kind == MemoryKind::kHost, kUnsupported,
                "ucx: chunk windows must be host memory (checksums are verified on the host)");
   TERN_ASSIGN_OR_RETURN(ucp_mem_h memh, t_->Lookup(dst));
-  TERN_REQUIRE(dst_offset <= dst.size_bytes && length_bytes <= dst.size_bytes - dst_offset,
-               kInvalidArgument, "ucx: window outside its registered memory");
-  std::lock_guard<std::mutex> lock(mu_);
-  TERN_REQUIRE(!closed_, kUnavailable, "ucx: connection to ", peer_, " is closed");
-  TERN_REQUIRE(!windows_.count(transfer_id), kAlreadyExists, "ucx: window ", transfer_id,
-               " already open");
-  windows_[transfer_id] = Window{static_cast<uint8_t*>(dst.base) + dst_offset, length_bytes, memh,
-                                 std::move(on_landed), next_generation_++};
-  return Status::Ok();
+  return windows_.Post(transfer_id, dst, dst_offset, length_bytes, std::move(on_landed),
+                       reinterpret_cast<uint64_t>(memh));
 }
 
 void UcxConn::CancelReceive(uint64_t transfer_id) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = windows_.find(transfer_id);
-  if (it == windows_.end()) return;
-  const uint64_t generation = it->second.generation;
-  windows_.erase(it);
   // A landing in progress may still write (UCX owns the receive); wait for
   // it unless we are the thread that would finish it. Bounded: a receive
   // that never completes is failed by the op timeout of its connection.
-  if (!t_->OnProgressThread()) {
-    cv_.wait_for(lock, std::chrono::milliseconds(t_->options().op_timeout_ms),
-                 [&] { return landing_generations_.count(generation) == 0; });
-  }
+  windows_.Cancel(transfer_id, transport_internal::LandingWait{!t_->OnProgressThread(),
+                                                               t_->options().op_timeout_ms});
 }
 
 Result<std::string> UcxConn::ExportRegion(const MemoryRegion& region) { return t_->PackKey(region); }
@@ -397,7 +385,7 @@ ucs_status_t UcxConn::OnMessage(std::string_view header, void* data, size_t leng
     Deliver(seq, std::string(static_cast<const char*>(data), length));
     return UCS_OK;
   }
-  auto* landing = new Landing{shared_from_this(), 0, 0, 0, 0, 0, 0, nullptr, seq, std::string(length, '\0')};
+  auto* landing = new Landing{shared_from_this(), 0, 0, {}, seq, std::string(length, '\0')};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
@@ -444,30 +432,15 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
     ProtocolError(st);
     return rndv ? UCS_ERR_REJECTED : UCS_OK;
   }
-  auto landing = std::make_unique<Landing>();
-  Status placed;
-  ucp_mem_h memh = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = windows_.find(h.transfer_id);
-    if (it == windows_.end()) {
-      placed = TERN_ERROR(kNotFound, "no receive window ", h.transfer_id);
-    } else if (h.dst_offset > it->second.length || h.length > it->second.length - h.dst_offset) {
-      placed = TERN_ERROR(kOutOfRange, "chunk [", h.dst_offset, ", +", h.length,
-                          ") outside window of ", it->second.length, " bytes");
-    } else {
-      *landing = Landing{shared_from_this(), h.op, h.transfer_id, it->second.generation,
-                         h.dst_offset, h.length, h.xxh3, it->second.base + h.dst_offset, 0, {}};
-      memh = it->second.memh;
-      landing_generations_.insert(it->second.generation);
-    }
-  }
+  Result<transport_internal::Landing> placed = windows_.Begin(h.transfer_id, h.dst_offset, h.length);
   if (!placed.ok()) {
-    SendAck(h.op, placed);
+    SendAck(h.op, placed.status());
     return UCS_OK;  // drops a rendezvous descriptor; the sender sees our ack
   }
+  auto landing = std::make_unique<Landing>(Landing{shared_from_this(), h.op, h.xxh3, *placed, 0, {}});
+  auto* memh = reinterpret_cast<ucp_mem_h>(placed->handle);
   if (!rndv) {
-    std::memcpy(landing->dst, data, h.length);
+    std::memcpy(landing->window.dst, data, h.length);
     t_->Defer([l = std::shared_ptr<Landing>(std::move(landing))]() mutable {
       l->conn->FinishLanding(std::make_unique<Landing>(std::move(*l)), Status::Ok());
     });
@@ -488,7 +461,7 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
   };
   Landing* raw = landing.release();
   param.user_data = raw;
-  void* req = ucp_am_recv_data_nbx(t_->worker(), data, raw->dst, h.length, &param);
+  void* req = ucp_am_recv_data_nbx(t_->worker(), data, raw->window.dst, h.length, &param);
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {
     param.cb.recv_am(nullptr, req == nullptr ? UCS_OK : UCS_PTR_STATUS(req), h.length, raw);
   } else {
@@ -499,31 +472,7 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
 }
 
 void UcxConn::FinishLanding(std::unique_ptr<Landing> l, Status status) {
-  ChunkLanded landed;
-  bool open = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = windows_.find(l->transfer_id);
-    open = it != windows_.end() && it->second.generation == l->generation;
-    if (status.ok() && open) landed = it->second.on_landed;
-    if (status.ok() && !open) status = TERN_ERROR(kNotFound, "receive window ", l->transfer_id, " was cancelled");
-  }
-  // Only an open window is read: a cancelled or closed one may be freed
-  // already. It stays open meanwhile (Shutdown runs on this thread, and
-  // CancelReceive waits for our generation).
-  if (status.ok() && open && Xxh3(l->dst, l->length) != l->xxh3) {
-    landed = nullptr;
-    status = TERN_ERROR(kCorrupt, "chunk at ", l->dst_offset, " of transfer ", l->transfer_id,
-                        " failed its checksum");
-  }
-  // on_landed runs before the generation is released, so CancelReceive
-  // cannot return while it is running.
-  if (landed) landed(l->dst_offset, l->length);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    landing_generations_.erase(landing_generations_.find(l->generation));
-    cv_.notify_all();
-  }
+  status = windows_.Finish(l->window, std::move(status), l->xxh3);
   if (state == State::kOpen) SendAck(l->op, status);
 }
 
@@ -619,6 +568,7 @@ void UcxConn::Released() {
   std::function<void()> finish = std::move(finish_);
   finish_ = nullptr;
   if (finish) finish();
+  windows_.EndAll();  // UCX has let go of the endpoint: no receive writes a window now
   std::lock_guard<std::mutex> lock(mu_);
   released_ = true;
   cv_.notify_all();
@@ -635,8 +585,8 @@ void UcxConn::Shutdown(Status why, Code pending_code, Bye bye) {
     closed_ = true;
     pending.swap(pending_);
     in_flight_ -= static_cast<uint32_t>(pending.size());
-    windows_.clear();  // nothing lands from here on; landings in flight end with the endpoint
   }
+  windows_.Close();  // nothing lands from here on; landings in flight end with the endpoint
   // Completions wait for Released: a pending chunk's source stays in use
   // until UCX has let go of the endpoint's requests.
   const Status pending_status =

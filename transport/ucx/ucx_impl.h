@@ -25,6 +25,7 @@
 
 #include "tern/ucx_transport.h"
 #include "transport/internal.h"
+#include "transport/window_table.h"
 #include "transport/ucx/wire.h"
 
 namespace tern::ucx {
@@ -101,13 +102,6 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   ConnectionHandlers handlers;
 
  private:
-  struct Window {
-    uint8_t* base;
-    uint64_t length;
-    ucp_mem_h memh;
-    ChunkLanded on_landed;
-    uint64_t generation;
-  };
   struct Landing;
 
   // Admits one more operation in flight (bounded) unless closed.
@@ -153,10 +147,9 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   bool released_ = false;  // the endpoint is gone; Close() waits for this
   uint32_t in_flight_ = 0;
   uint64_t next_op_ = 1;
-  uint64_t next_generation_ = 1;
   std::map<uint64_t, PendingOp> pending_;
-  std::map<uint64_t, Window> windows_;
-  std::multiset<uint64_t> landing_generations_;
+  // Handle: the window memory's ucp_mem_h (rendezvous receives need it).
+  transport_internal::WindowTable windows_{"ucx"};
 };
 
 struct ListenState {

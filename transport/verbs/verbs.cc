@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transport/tcp/pipe.h"
+#include "transport/net/socket.h"
 #include "transport/verbs/verbs_impl.h"
 
 namespace tern {
@@ -58,20 +58,20 @@ class VerbsListener final : public Listener {
 };
 
 // The side channel's blocking-with-deadline reads and writes.
-Status WriteSide(tcp::Pipe& pipe, SideKind kind, std::string_view payload, uint64_t deadline_us,
+Status WriteSide(net::Pipe& pipe, SideKind kind, std::string_view payload, uint64_t deadline_us,
                  Clock& clock) {
   const std::string bytes = EncodeSide(kind, payload);
-  return tcp::WriteFull(pipe, bytes.data(), bytes.size(), deadline_us, clock);
+  return net::WriteFull(pipe, bytes.data(), bytes.size(), deadline_us, clock);
 }
 
-Status ReadSide(tcp::Pipe& pipe, SideKind* kind, std::string* payload, uint64_t deadline_us,
+Status ReadSide(net::Pipe& pipe, SideKind* kind, std::string* payload, uint64_t deadline_us,
                 Clock& clock) {
   char header[kSideHeaderBytes];
-  TERN_RETURN_IF_ERROR(tcp::ReadFull(pipe, header, sizeof header, deadline_us, clock));
+  TERN_RETURN_IF_ERROR(net::ReadFull(pipe, header, sizeof header, deadline_us, clock));
   uint32_t length = 0;
   TERN_RETURN_IF_ERROR(DecodeSideHeader(std::string_view(header, sizeof header), kind, &length));
   payload->assign(length, '\0');
-  if (length > 0) TERN_RETURN_IF_ERROR(tcp::ReadFull(pipe, payload->data(), length, deadline_us, clock));
+  if (length > 0) TERN_RETURN_IF_ERROR(net::ReadFull(pipe, payload->data(), length, deadline_us, clock));
   return Status::Ok();
 }
 
@@ -293,11 +293,11 @@ void VerbsTransport::Run() {
 
 Result<std::unique_ptr<Listener>> VerbsTransport::Listen(const std::string& address,
                                                           AcceptHandler on_accept) {
-  TERN_ASSIGN_OR_RETURN(int fd, tcp::ListenSocket(address, TcpOptions{}));
+  TERN_ASSIGN_OR_RETURN(int fd, net::ListenSocket(address, /*buffer_bytes=*/0));
   auto state = std::make_shared<ListenState>();
   state->fd = fd;
   state->gate = std::make_unique<transport_internal::AcceptGate>(std::move(on_accept));
-  state->address = tcp::SocketAddress(fd, false);
+  state->address = net::SocketAddress(fd, false);
   state->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (state->wake_fd < 0) {
     ::close(fd);
@@ -319,9 +319,9 @@ void VerbsTransport::AcceptLoop(std::shared_ptr<ListenState> state) {
     int fd = ::accept4(state->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
     if (!AdmitConnection()) {
-      Log("verbs: refusing " + tcp::SocketAddress(fd, true) + ": " +
+      Log("verbs: refusing " + net::SocketAddress(fd, true) + ": " +
           std::to_string(options_.max_connections) + " connections open");
-      auto pipe = tcp::NewPlainPipe(fd);
+      auto pipe = net::NewPlainPipe(fd);
       const uint64_t deadline = clock_.NowUs() + 100000;
       WriteSide(*pipe, SideKind::kRefusal, "too many connections", deadline, clock_).IgnoreError();
       continue;
@@ -335,9 +335,9 @@ void VerbsTransport::AcceptLoop(std::shared_ptr<ListenState> state) {
 }
 
 void VerbsTransport::ServeHandshake(std::shared_ptr<ListenState> state, int fd) {
-  const std::string peer = tcp::SocketAddress(fd, true);
+  const std::string peer = net::SocketAddress(fd, true);
   const uint64_t deadline = clock_.NowUs() + options_.handshake_timeout_ms * 1000;
-  auto pipe = tcp::NewPlainPipe(fd);
+  auto pipe = net::NewPlainPipe(fd);
   std::shared_ptr<VerbsConn> conn;
   Status st = [&]() -> Status {
     SideKind kind;
@@ -378,7 +378,7 @@ void VerbsTransport::ServeHandshake(std::shared_ptr<ListenState> state, int fd) 
 
 Result<std::shared_ptr<VerbsConn>> VerbsTransport::DialHandshake(const std::string& address, int fd,
                                                                  uint64_t deadline_us) {
-  auto pipe = tcp::NewPlainPipe(fd);
+  auto pipe = net::NewPlainPipe(fd);
   auto conn = std::make_shared<VerbsConn>(this, address);
   TERN_RETURN_IF_ERROR(conn->Create());
   TERN_RETURN_IF_ERROR(
@@ -405,7 +405,7 @@ void VerbsTransport::Connect(const std::string& address, ConnectionHandlers hand
   }
   threads_.Spawn([this, address, handlers = std::move(handlers), done = std::move(done)]() mutable {
     const uint64_t deadline = clock_.NowUs() + options_.connect_timeout_ms * 1000;
-    auto fd = tcp::ConnectSocket(address, TcpOptions{}, deadline, clock_);
+    auto fd = net::ConnectSocket(address, /*buffer_bytes=*/0, deadline, clock_);
     Result<std::shared_ptr<VerbsConn>> conn =
         fd.ok() ? DialHandshake(address, *fd, deadline) : Result<std::shared_ptr<VerbsConn>>(fd.status());
     if (!conn.ok()) {

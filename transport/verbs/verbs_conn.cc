@@ -10,13 +10,13 @@
 #include <cstring>
 #include <random>
 
-#include "transport/tcp/frame.h"
 #include "transport/verbs/verbs_impl.h"
 
 namespace tern::verbs {
 
 using transport_internal::Complete;
 using transport_internal::Printable;
+using transport_internal::StatusFromWireCode;
 using transport_internal::CheckWriteRanges;
 using transport_internal::Xxh3;
 
@@ -222,41 +222,33 @@ Status VerbsConn::PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uin
   TERN_REQUIRE(dst.kind == MemoryKind::kHost, kUnsupported,
                "verbs: chunk windows must be host memory (checksums are verified on the host)");
   TERN_ASSIGN_OR_RETURN(VerbsTransport::LocalMemory mem, t_->Lookup(dst));
-  TERN_REQUIRE(dst_offset <= mem.size_bytes && length_bytes <= mem.size_bytes - dst_offset,
-               kInvalidArgument, "verbs: window outside its registered memory");
-  std::lock_guard<std::mutex> lock(mu_);
-  TERN_REQUIRE(!closed_, kUnavailable, "verbs: connection to ", peer_, " is closed");
-  TERN_REQUIRE(!windows_.count(transfer_id), kAlreadyExists, "verbs: window ", transfer_id,
-               " already open");
-  windows_[transfer_id] =
-      Window{mem.base + dst_offset, length_bytes, mem.lkey, std::move(on_landed), next_generation_++};
-  return Status::Ok();
+  return windows_.Post(transfer_id, dst, dst_offset, length_bytes, std::move(on_landed), mem.lkey);
 }
 
 void VerbsConn::CancelReceive(uint64_t transfer_id) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = windows_.find(transfer_id);
-  if (it == windows_.end()) return;
-  const uint64_t generation = it->second.generation;
-  windows_.erase(it);
-  // Reads not yet posted never start; the sender hears kNotFound.
-  for (auto l = landings_.begin(); l != landings_.end();) {
-    if (l->second.generation == generation && !l->second.posted) {
-      QueueAckLocked(l->second.op, TERN_ERROR(kNotFound, "window ", transfer_id, " was cancelled"));
-      landing_generations_.erase(landing_generations_.find(generation));
-      l = landings_.erase(l);
-    } else {
-      ++l;
+  std::optional<uint64_t> generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = windows_.Remove(transfer_id);
+    if (!generation) return;
+    // Reads not yet posted never start; the sender hears kNotFound.
+    for (auto l = landings_.begin(); l != landings_.end();) {
+      if (l->second.window.generation == *generation && !l->second.posted) {
+        QueueAckLocked(l->second.op, TERN_ERROR(kNotFound, "window ", transfer_id, " was cancelled"));
+        windows_.Abort(l->second.window);
+        l = landings_.erase(l);
+      } else {
+        ++l;
+      }
     }
+    PumpLocked();
   }
-  PumpLocked();
   // A read already posted is written by the NIC: wait for its completion
   // unless we are the thread that handles it. Bounded: a read that never
-  // completes fails its connection by the op timeout.
-  if (!t_->OnProgressThread()) {
-    cv_.wait_for(lock, std::chrono::milliseconds(t_->options().op_timeout_ms),
-                 [&] { return released_ || landing_generations_.count(generation) == 0; });
-  }
+  // completes fails its connection by the op timeout (and Release ends
+  // every landing).
+  windows_.WaitLandings(*generation, transport_internal::LandingWait{!t_->OnProgressThread(),
+                                                                     t_->options().op_timeout_ms});
 }
 
 Result<std::string> VerbsConn::ExportRegion(const MemoryRegion& region) {
@@ -385,8 +377,8 @@ void VerbsConn::PumpLocked() {
     auto it = landings_.find(id);
     if (it == landings_.end()) continue;
     Landing& l = it->second;
-    failed = PostRdmaLocked(WrKind::kRead, id, reinterpret_cast<uint64_t>(l.dst), l.length, l.lkey,
-                            l.remote_address, l.rkey);
+    failed = PostRdmaLocked(WrKind::kRead, id, reinterpret_cast<uint64_t>(l.window.dst), l.window.length,
+                            static_cast<uint32_t>(l.window.handle), l.remote_address, l.rkey);
     if (!failed.ok()) break;
     l.posted = true;
     ++reads_posted_;
@@ -576,35 +568,27 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
       switch (h.type) {
         case ControlType::kChunk: {
           const uint64_t op = h.a[0], transfer = h.a[1], offset = h.a[2], length = h.a[3];
-          auto w = windows_.find(transfer);
-          if (closed_) {
-          } else if (w == windows_.end()) {
-            QueueAckLocked(op, TERN_ERROR(kNotFound, "no receive window for transfer ", transfer));
-          } else if (offset > w->second.length || length > w->second.length - offset) {
-            QueueAckLocked(op, TERN_ERROR(kOutOfRange, "chunk [", offset, ", +", length,
-                                          ") outside window ", transfer, " of ", w->second.length,
-                                          " bytes"));
-          } else if (landings_.size() >= t_->options().max_queued_ops) {
+          if (closed_) break;
+          Result<transport_internal::Landing> w = windows_.Begin(transfer, offset, length);
+          if (!w.ok()) {
+            QueueAckLocked(op, w.status());
+            break;
+          }
+          if (landings_.size() >= t_->options().max_queued_ops) {
+            windows_.Abort(*w);
             QueueAckLocked(op, TERN_ERROR(kResourceExhausted, landings_.size(),
                                           " chunks already landing from ", peer_));
-          } else {
-            Landing l;
-            l.op = op;
-            l.transfer_id = transfer;
-            l.generation = w->second.generation;
-            l.dst_offset = offset;
-            l.length = length;
-            l.xxh3 = h.a[4];
-            l.dst = w->second.base + offset;
-            l.lkey = w->second.lkey;
-            l.remote_address = h.a[5];
-            l.rkey = h.rkey;
-            l.on_landed = w->second.on_landed;
-            const uint64_t id = next_landing_++;
-            landings_.emplace(id, std::move(l));
-            landing_generations_.insert(w->second.generation);
-            read_queue_.push_back(id);
+            break;
           }
+          Landing l;
+          l.op = op;
+          l.xxh3 = h.a[4];
+          l.window = *w;
+          l.remote_address = h.a[5];
+          l.rkey = h.rkey;
+          const uint64_t id = next_landing_++;
+          landings_.emplace(id, std::move(l));
+          read_queue_.push_back(id);
           break;
         }
         case ControlType::kAck: {
@@ -613,7 +597,7 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
             st = TERN_ERROR(kProtocol, "verbs: ", peer_, " acknowledged op ", h.a[0], ", which is not a chunk");
             break;
           }
-          FinishOpLocked(h.a[0], tcp::StatusFromWireCode(h.a[1], Printable(payload)), deferred);
+          FinishOpLocked(h.a[0], StatusFromWireCode(h.a[1], Printable(payload)), deferred);
           break;
         }
         case ControlType::kMessage:
@@ -647,7 +631,6 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
 
 void VerbsConn::OnReadDone(uint64_t id, bool ok) {
   Landing l;
-  bool open = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++sq_free_;
@@ -656,22 +639,12 @@ void VerbsConn::OnReadDone(uint64_t id, bool ok) {
     if (it == landings_.end()) return;
     l = std::move(it->second);
     landings_.erase(it);
-    auto w = windows_.find(l.transfer_id);
-    open = ok && !closed_ && w != windows_.end() && w->second.generation == l.generation;
   }
-  Status status;
-  if (open && Xxh3(l.dst, l.length) != l.xxh3) {
-    status = TERN_ERROR(kCorrupt, "chunk at ", l.dst_offset, " of transfer ", l.transfer_id,
-                        " failed its checksum");
-  } else if (!open) {
-    status = TERN_ERROR(kNotFound, "window ", l.transfer_id, " was cancelled");
-  }
-  // on_landed runs before the generation is released, so CancelReceive
-  // cannot return while it is running.
-  if (status.ok() && l.on_landed) l.on_landed(l.dst_offset, l.length);
+  // A failed read ends the connection (its completion error does), so its
+  // status is never acknowledged.
+  const Status status = windows_.Finish(
+      l.window, ok ? Status::Ok() : TERN_ERROR(kUnavailable, "verbs: RDMA read failed"), l.xxh3);
   std::lock_guard<std::mutex> lock(mu_);
-  landing_generations_.erase(landing_generations_.find(l.generation));
-  cv_.notify_all();
   if (ok && !closed_) QueueAckLocked(l.op, status);
   PumpLocked();
 }
@@ -765,10 +738,11 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
     auto next = Step(link_, why_.ok() ? LinkEvent::kBye : LinkEvent::kFailure);
     if (next.ok()) link_ = *next;
     closed_ = true;
+    windows_.Close();
     // Queued (unposted) reads never start.
     for (auto l = landings_.begin(); l != landings_.end();) {
       if (!l->second.posted) {
-        landing_generations_.erase(landing_generations_.find(l->second.generation));
+        windows_.Abort(l->second.window);
         l = landings_.erase(l);
       } else {
         ++l;
@@ -854,10 +828,9 @@ void VerbsConn::Release() {
     send_done_.clear();
     writes_.clear();
     landings_.clear();
-    landing_generations_.clear();
-    windows_.clear();
+    windows_.EndAll();  // CancelReceive: nothing writes a window any more
     in_flight_ = 0;
-    cv_.notify_all();  // CancelReceive: nothing writes a window any more
+    cv_.notify_all();
     closed_why_ = why_;
     if (handlers_set_) {
       closed = std::move(handlers_.on_closed);

@@ -25,7 +25,8 @@
 
 #include "tern/verbs_transport.h"
 #include "transport/internal.h"
-#include "transport/tcp/pipe.h"
+#include "transport/window_table.h"
+#include "transport/net/socket.h"
 #include "transport/verbs/ibv_api.h"
 #include "transport/verbs/qp.h"
 #include "transport/verbs/wire.h"
@@ -57,7 +58,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   // connection may already be closing (then on_closed fires from here).
   void SetHandlers(ConnectionHandlers handlers);
   // The side channel's socket, kept open for the connection's life.
-  void AdoptSide(std::unique_ptr<tcp::Pipe> side) { side_ = std::move(side); }
+  void AdoptSide(std::unique_ptr<net::Pipe> side) { side_ = std::move(side); }
   int side_fd() const { return side_ ? side_->fd() : -1; }
 
   // ---- Connection ----
@@ -112,21 +113,13 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
     Completion done;  // a message's, fired when its last fragment was sent
     uint64_t queued_us = 0;
   };
-  struct Window {
-    uint8_t* base = nullptr;
-    uint64_t length = 0;
-    uint32_t lkey = 0;
-    ChunkLanded on_landed;
-    uint64_t generation = 0;
-  };
+  // A chunk being pulled into a window by an RDMA READ.
   struct Landing {
-    uint64_t op = 0, transfer_id = 0, generation = 0, dst_offset = 0, length = 0, xxh3 = 0;
-    uint8_t* dst = nullptr;
-    uint32_t lkey = 0;
+    uint64_t op = 0, xxh3 = 0;
+    transport_internal::Landing window;  // handle: the window memory's lkey
     uint64_t remote_address = 0;
     uint32_t rkey = 0;
-    ChunkLanded on_landed;
-    bool posted = false;  // the read is on the wire (the NIC may write dst)
+    bool posted = false;  // the read is on the wire (the NIC may write the window)
   };
   struct PendingOp {
     Completion done;
@@ -168,7 +161,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
 
   VerbsTransport* const t_;
   const std::string peer_;
-  std::unique_ptr<tcp::Pipe> side_;
+  std::unique_ptr<net::Pipe> side_;
   const uint32_t recv_count_;
   const uint32_t send_count_;
   const uint32_t sq_depth_;
@@ -224,13 +217,11 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   uint32_t reads_posted_ = 0;
   std::map<uint64_t, Landing> landings_;  // id -> landing (queued or posted)
   uint64_t next_landing_ = 1;
-  std::multiset<uint64_t> landing_generations_;
   uint32_t in_flight_ = 0;
   uint64_t next_op_ = 1;
   uint64_t next_message_seq_ = 0;
-  uint64_t next_generation_ = 1;
   std::map<uint64_t, PendingOp> pending_;
-  std::map<uint64_t, Window> windows_;
+  transport_internal::WindowTable windows_{"verbs"};
 };
 
 struct ListenState;

@@ -23,7 +23,7 @@
 
 #include "tern/connect.h"
 #include "tern/verbs_transport.h"
-#include "transport/tcp/pipe.h"
+#include "transport/net/socket.h"
 #include "transport/verbs/probe.h"
 #include "transport/verbs/soft/softverbs.h"
 #include "transport/verbs/wire.h"
@@ -399,7 +399,7 @@ TEST_F(VerbsSoft, CancelReceiveWaitsForReadsAlreadyPosted) {
 
 // A raw TCP client on the side channel.
 int RawConnect(const std::string& address) {
-  auto fd = tcp::ConnectSocket(address, TcpOptions{}, SteadyClock().NowUs() + 20000000, SteadyClock());
+  auto fd = net::ConnectSocket(address, /*buffer_bytes=*/0, SteadyClock().NowUs() + 20000000, SteadyClock());
   return fd.ok() ? *fd : -1;
 }
 
