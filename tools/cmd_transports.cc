@@ -1,9 +1,9 @@
 // tern transports: which transport backends work on this machine, and why
-// the others do not (run-time probe; see tern/transport_probe.h).
+// the others do not (run-time probe; see tern/transport_registry.h).
 #include <cstdio>
 #include <string>
 
-#include "tern/transport_probe.h"
+#include "tern/transport_registry.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 

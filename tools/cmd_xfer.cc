@@ -13,10 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tern/transport_registry.h"
 #include "tern/xfer.h"
-#include "tern/tcp_transport.h"
-#include "tern/ucx_transport.h"
-#include "tern/verbs_transport.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -144,26 +142,15 @@ Result<TcpOptions> TransportOptions(const TransportArgs& t) {
   return o;
 }
 
-// The transport --transport names, built from the TCP options (the others
-// take only what applies to them).
+// The transport --transport names, from the transport registry (TLS on
+// turns "tcp" into "tcp+tls"); the TCP options carry what the flags set.
 Result<std::unique_ptr<Transport>> MakeTransport(const TransportArgs& f, TcpOptions o) {
+  tern::TransportOptions options;
   const std::string kind = f.transport;
-  if (kind == "ucx") {
-    // A restarted server must listen on its port again while its old
-    // connections linger (TIME_WAIT), as with tcp. UCX 1.13 binds with
-    // SO_REUSEADDR only when its environment says so (ucp_config_modify
-    // does not reach its connection manager). Set before UCX starts any
-    // thread; a value the user set wins.
-    ::setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
-    UcxOptions u;
-    return NewUcxTransport(u);
-  }
-  if (kind == "verbs") {
-    VerbsOptions v;
-    if (f.verbs_device_flag->count() > 0) v.device = f.verbs_device;
-    return NewVerbsTransport(v);
-  }
-  return NewTcpTransport(std::move(o));
+  const bool tls = o.tls.enabled;
+  options.tcp = std::move(o);
+  if (f.verbs_device_flag->count() > 0) options.verbs.device = f.verbs_device;
+  return NewTransport(kind == "tcp" && tls ? "tcp+tls" : kind, options);
 }
 
 std::string Human(double bytes) {

@@ -16,7 +16,6 @@
 #include "tern/fault_transport.h"
 #include "tern/xfer.h"
 #include "tern/loopback_transport.h"
-#include "tern/peer_policy.h"
 #include "tern/tcp_transport.h"
 #include "tern/xfer_chunks.h"
 #include "xfer/xfer_wire.h"
@@ -58,25 +57,6 @@ TEST(ChunkMap, BitmapRoundTripsAndRejectsMisfits) {
   std::string spare = bits;
   spare[1] = static_cast<char>(spare[1] | 0x80);  // chunk 15 does not exist
   EXPECT_EQ(copy->SetBits(spare).code(), Code::kCorrupt);
-}
-
-TEST(PeerPolicy, RdmaInsideTcpWithTlsAcross) {
-  PeerPolicyConfig c;
-  PeerLocation a{"a", "us", "c1"}, b{"b", "us", "c1"}, far{"f", "eu", "c9"};
-  auto in = ChoosePeerBackend(c, a, b, {"tcp", "ucx"});
-  ASSERT_TRUE(in.ok());
-  EXPECT_EQ(in->backend, "ucx");
-  EXPECT_FALSE(in->tls);
-  auto out = ChoosePeerBackend(c, a, far, {"tcp", "ucx"});
-  ASSERT_TRUE(out.ok());
-  EXPECT_EQ(out->backend, "tcp");
-  EXPECT_TRUE(out->tls);
-  EXPECT_EQ(ChoosePeerBackend(c, a, b, {"tcp"})->backend, "tcp");
-  c.overrides["f"] = "ucx";
-  EXPECT_EQ(ChoosePeerBackend(c, a, far, {"tcp", "ucx"})->backend, "ucx");
-  EXPECT_EQ(ChoosePeerBackend(c, a, far, {"tcp"}).status().code(), Code::kInvalidArgument);
-  c.overrides.clear();
-  EXPECT_EQ(ChoosePeerBackend(c, a, far, {}).status().code(), Code::kUnavailable);
 }
 
 TEST(ChooseTcpStreams, FollowsTheBandwidthDelayProduct) {

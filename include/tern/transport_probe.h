@@ -20,9 +20,9 @@ struct BackendProbe {
   std::string detail;      // what was found, or why it is unavailable
 };
 
+// Each RDMA backend's own probe; ProbeTransports (tern/transport_registry.h)
+// runs them all.
 TERN_EXPORT BackendProbe ProbeUcx();
 TERN_EXPORT BackendProbe ProbeVerbs();
-// All backends, in preference order for peers inside one cluster.
-TERN_EXPORT std::vector<BackendProbe> ProbeTransports();
 
 }  // namespace tern

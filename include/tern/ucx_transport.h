@@ -49,40 +49,9 @@
 
 #include "tern/export.h"
 #include "tern/transport.h"
+#include "tern/transport_options.h"  // TcpOptions, UcxOptions, VerbsOptions
 
 namespace tern {
-
-struct UcxOptions {
-  // UCX_TLS / UCX_NET_DEVICES for this context; empty = UCX's defaults
-  // (which the UCX_* environment variables may override).
-  std::string tls;
-  std::string net_devices;
-  // UCX's peer-failure mode: a dead peer surfaces at once as a closed
-  // connection, but UCX then uses only transports that can detect it (tcp,
-  // InfiniBand/RoCE), and in UCX 1.13 not shared memory. Off, shared memory
-  // (posix/sysv/cma) is used between processes of one host, and a dead peer
-  // is noticed by op_timeout_ms instead. Client/server setup always needs
-  // UCX's "tcp" connection manager in `tls` (e.g. "sm,self,tcp").
-  bool detect_peer_failure = true;
-
-  uint64_t connect_timeout_ms = 10000;
-  // An accepted endpoint must send its hello within this.
-  uint64_t handshake_timeout_ms = 10000;
-  // A chunk or Write not acknowledged within this closes the connection
-  // with kTimeout.
-  uint64_t op_timeout_ms = 60000;
-  // Accepted connections open at once (incl. half-formed ones), per transport.
-  uint32_t max_connections = 256;
-  // Messages, chunks and writes in flight per connection before
-  // SendMessage/SendChunk/Write fail with kResourceExhausted.
-  uint32_t max_queued_ops = 4096;
-  // Bytes of inbound messages buffered per connection (rendezvous receives
-  // plus messages waiting for an earlier one); beyond it the connection is
-  // closed with kResourceExhausted.
-  uint64_t max_inbound_bytes = uint64_t{256} << 20;
-
-  LogFn log;  // null: stderr
-};
 
 // kUnavailable with UCX's reason when the context or worker cannot be made.
 TERN_EXPORT Result<std::unique_ptr<Transport>> NewUcxTransport(UcxOptions options,

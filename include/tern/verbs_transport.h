@@ -43,38 +43,9 @@
 
 #include "tern/export.h"
 #include "tern/transport.h"
+#include "tern/transport_options.h"  // TcpOptions, UcxOptions, VerbsOptions
 
 namespace tern {
-
-struct VerbsOptions {
-  // The verbs library to load (softverbs' path in tests).
-  std::string library = "libibverbs.so.1";
-  // RDMA device and port; empty = the first device with an active port.
-  std::string device;
-  uint8_t port = 0;  // 0 = the first active port of that device
-  // GID index for RoCE (which GID is RoCE v2 depends on the host's setup;
-  // see `show_gids`). Ignored on InfiniBand.
-  uint8_t gid_index = 0;
-
-  // Receive buffers posted per connection (each 64 KiB + 56 bytes); the
-  // peer's send credits.
-  uint32_t recv_buffers = 32;
-  // RDMA READs in flight per connection (chunks being pulled).
-  uint32_t max_reads = 16;
-
-  uint64_t connect_timeout_ms = 10000;
-  uint64_t handshake_timeout_ms = 10000;
-  // A chunk or Write not acknowledged within this closes the connection
-  // with kTimeout.
-  uint64_t op_timeout_ms = 60000;
-  // Connections per transport, accepted or dialled, incl. half-formed ones.
-  uint32_t max_connections = 256;
-  // Messages, chunks and writes in flight per connection before
-  // SendMessage/SendChunk/Write fail with kResourceExhausted.
-  uint32_t max_queued_ops = 4096;
-
-  LogFn log;  // null: stderr
-};
 
 // kUnavailable with the reason when the library, a device or an active port
 // is missing.

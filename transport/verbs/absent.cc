@@ -12,8 +12,4 @@ BackendProbe ProbeVerbs() {
   return {"verbs", false, "built without <infiniband/verbs.h> (libibverbs-dev absent at build time)"};
 }
 
-std::vector<BackendProbe> ProbeTransports() {
-  return {ProbeVerbs(), ProbeUcx(), {"tcp", true, ""}, {"loopback", true, "in-process"}};
-}
-
 }  // namespace tern

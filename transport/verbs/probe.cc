@@ -2,7 +2,6 @@
 // every backend. No #ifdef decides what exists; the probes ask the machine.
 #include "transport/verbs/probe.h"
 
-#include <fstream>
 #include <sstream>
 
 #include "transport/verbs/ibv_api.h"
@@ -45,20 +44,5 @@ BackendProbe ProbeVerbsLibrary(const std::string& soname) {
 }  // namespace verbs
 
 BackendProbe ProbeVerbs() { return verbs::ProbeVerbsLibrary("libibverbs.so.1"); }
-
-std::vector<BackendProbe> ProbeTransports() {
-  std::vector<BackendProbe> out;
-  out.push_back(ProbeVerbs());
-  out.push_back(ProbeUcx());
-  std::string cc;
-  std::ifstream in("/proc/sys/net/ipv4/tcp_available_congestion_control");
-  std::getline(in, cc);
-  out.push_back({"tcp", true,
-                 cc.empty() ? "congestion control unknown"
-                            : "congestion control available: " + cc +
-                                  (cc.find("bbr") == std::string::npos ? " (no bbr)" : "")});
-  out.push_back({"loopback", true, "in-process"});
-  return out;
-}
 
 }  // namespace tern
