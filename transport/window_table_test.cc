@@ -157,9 +157,13 @@ TEST(WindowTable, CancelFromInsideOnLandedWaitsOnlyForOtherLandings) {
   WindowTable t("test");
   std::atomic<bool> other_done{false};
   std::atomic<bool> saw_other_done{false};
+  std::atomic<bool> inside_ended{false};
   ASSERT_TRUE(t.Post(1, m.region(), 0, 64, [&](uint64_t offset, uint64_t) {
                  if (offset != 0) return;
-                 t.Cancel(1, LandingWait{});  // must not wait for this very landing
+                 // Cancel in its two steps, bounded so that a wait for this
+                 // very landing fails the test instead of hanging it.
+                 std::optional<uint64_t> generation = t.Remove(1);
+                 inside_ended = generation && t.WaitLandings(*generation, LandingWait{true, 5000});
                  saw_other_done = other_done.load();
                }).ok());
   Result<Landing> own = t.Begin(1, 0, 8);
@@ -174,6 +178,7 @@ TEST(WindowTable, CancelFromInsideOnLandedWaitsOnlyForOtherLandings) {
   EXPECT_EQ(t.Finish(*other, Status::Ok(), other_sum).code(), Code::kNotFound);
   ASSERT_EQ(finish.wait_for(kDone), std::future_status::ready) << "Cancel waited for its own landing";
   EXPECT_TRUE(finish.get().ok());
+  EXPECT_TRUE(inside_ended) << "the wait inside on_landed waited for its own landing";
   EXPECT_TRUE(saw_other_done);
 }
 
