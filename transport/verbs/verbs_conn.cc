@@ -738,7 +738,6 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
     auto next = Step(link_, why_.ok() ? LinkEvent::kBye : LinkEvent::kFailure);
     if (next.ok()) link_ = *next;
     closed_ = true;
-    windows_.Close();
     // Queued (unposted) reads never start.
     for (auto l = landings_.begin(); l != landings_.end();) {
       if (!l->second.posted) {
@@ -760,6 +759,9 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
       TryPostByeLocked();
     }
   }
+  // Outside our lock: the windows' on_landed captures are released here and
+  // may call back into this connection. No landing begins any more (closed_).
+  windows_.Close();
   if (!bye_wait_) MoveToError();
 }
 
