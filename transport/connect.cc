@@ -5,18 +5,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
-#include <thread>
 
 namespace tern {
 
 Result<std::shared_ptr<Connection>> ConnectWait(Transport& transport, const std::string& address,
                                                 ConnectionHandlers handlers, uint64_t timeout_ms,
-                                                const RetryPolicy& retry) {
+                                                const RetryPolicy& retry, Clock& clock) {
   uint64_t backoff_ms = retry.backoff_ms;
   Status last;
   for (uint32_t attempt = 0; attempt < std::max<uint32_t>(1, retry.attempts); ++attempt) {
     if (attempt > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      clock.SleepFor(std::chrono::milliseconds(backoff_ms));
       backoff_ms = std::min(retry.backoff_ms_max, backoff_ms * 2);
     }
     struct Slot {

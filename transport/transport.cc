@@ -1,5 +1,4 @@
 // Defaults shared by every backend.
-#include <chrono>
 #include <cstdio>
 
 #include <xxhash.h>
@@ -8,23 +7,6 @@
 #include "transport/internal.h"
 
 namespace tern {
-
-namespace {
-class SteadyClockImpl final : public Clock {
- public:
-  uint64_t NowUs() const override {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                     std::chrono::steady_clock::now().time_since_epoch())
-                                     .count());
-  }
-};
-}  // namespace
-
-Clock& SteadyClock() {
-  // Stateless, so sharing one instance is not a hidden dependency.
-  static SteadyClockImpl clock;
-  return clock;
-}
 
 Result<std::string> Connection::ExportRegion(const MemoryRegion&) {
   return TERN_ERROR(kUnsupported, "this transport has no one-sided writes");

@@ -23,11 +23,14 @@ struct RetryPolicy {
 };
 
 // Connects, retrying kUnavailable/kTimeout failures with exponential backoff;
-// each attempt waits at most timeout_ms.
+// each attempt waits at most timeout_ms (real time: it waits for the
+// backend's callback). The backoff between attempts sleeps on `clock`, so a
+// test on a FakeClock steps through the retries without sleeping.
 TERN_EXPORT Result<std::shared_ptr<Connection>> ConnectWait(Transport& transport,
                                                             const std::string& address,
                                                             ConnectionHandlers handlers,
                                                             uint64_t timeout_ms,
-                                                            const RetryPolicy& retry = {});
+                                                            const RetryPolicy& retry = {},
+                                                            Clock& clock = SteadyClock());
 
 }  // namespace tern

@@ -38,6 +38,7 @@
 #include <string>
 #include <string_view>
 
+#include "tern/clock.h"  // Clock, SteadyClock(): backends take the clock passed in
 #include "tern/export.h"
 #include "tern/status.h"
 
@@ -60,15 +61,6 @@ enum Capability : uint32_t {
 
 inline constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 20;  // 16 MiB
 inline constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;    // 64 MiB
-
-// Monotonic time, passed in so tests and simulations can control it.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual uint64_t NowUs() const = 0;
-};
-// std::chrono::steady_clock.
-TERN_EXPORT Clock& SteadyClock();
 
 // Receives one-line diagnostics ("tcp: rejected 127.0.0.1:5312: bad magic").
 using LogFn = std::function<void(std::string_view line)>;
