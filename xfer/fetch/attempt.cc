@@ -67,7 +67,7 @@ class Attempt {
     };
     RetryPolicy connect_retry = o_.retry;
     TERN_ASSIGN_OR_RETURN(auto conn, ConnectWait(cx_.transport, cx_.address, h, o_.connect_timeout_ms,
-                                                 connect_retry));
+                                                 connect_retry, cx_.clock));
     log_.link = conn->Describe();
     // Declared before the closer, so it runs after the windows are closed.
     struct HeadUnmapper {

@@ -5,7 +5,6 @@
 // can be resumed.
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "tern/xfer.h"
 #include "xfer/fetch/attempt.h"
@@ -59,8 +58,7 @@ class Fetch {
       part_.SaveState();
       if (!retryable || attempt + 1 >= std::max<uint32_t>(1, o_.retry.attempts)) return st;
       ++reconnects_;
-      // TODO(env): the Env's clock sleeps here (issue 8), so tests can run on a fake one.
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      clock_.SleepFor(std::chrono::milliseconds(backoff_ms));
       backoff_ms = std::min(o_.retry.backoff_ms_max, backoff_ms * 2);
     }
   }
