@@ -1,10 +1,8 @@
 // Checkpoint: opening and validating single-file and sharded checkpoints.
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <filesystem>
 #include <numeric>
 
+#include "base/path.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/safetensors_index.h"
@@ -44,7 +42,7 @@ const std::map<std::string, std::string>& Checkpoint::metadata(const std::string
 
 std::span<const uint8_t> Checkpoint::header_bytes(size_t file_index) const {
   TERN_ASSERT(file_index < impl_->files.size());
-  return impl_->maps[file_index].bytes().first(impl_->header_bytes[file_index]);
+  return impl_->maps[file_index]->bytes().first(impl_->header_bytes[file_index]);
 }
 
 Result<TensorLocation> Checkpoint::Locate(std::string_view name) const {
@@ -59,22 +57,25 @@ Result<TensorLocation> Checkpoint::Locate(std::string_view name) const {
 Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
                                                      const OpenOptions& options) {
   auto impl = std::make_unique<Impl>();
+  impl->env = options.env != nullptr ? options.env : &DefaultEnv();
   impl->path = path;
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return TERN_ERROR(kNotFound, path, ": no such file or directory");
-    return TERN_ERRNO("stat ", path);
-  }
+  Env& env = *impl->env;
+  TERN_ASSIGN_OR_RETURN(FileType type, env.TypeOf(path, /*follow_links=*/true));
   safetensors::WeightMap weight_map;
-  if (S_ISREG(st.st_mode)) {
-    impl->files.push_back(fsutil::BaseName(path));
-  } else if (S_ISDIR(st.st_mode)) {
+  if (type == FileType::kMissing) {
+    return TERN_ERROR(kNotFound, path, ": no such file or directory");
+  } else if (type == FileType::kRegular) {
+    impl->files.push_back(BaseName(path));
+  } else if (type == FileType::kDirectory) {
     impl->is_directory = true;
     const std::string index_path = path + "/" + kSafetensorsIndexName;
-    if (::stat(index_path.c_str(), &st) == 0) {
+    TERN_ASSIGN_OR_RETURN(FileType index_type, env.TypeOf(index_path, /*follow_links=*/true));
+    if (index_type != FileType::kMissing) {
       impl->sharded = true;
       std::string text;
-      TERN_RETURN_IF_ERROR(fsutil::ReadFile(index_path, safetensors::kIndexBytesMax, &text));
+      Status read = ReadFileToString(env, index_path, safetensors::kIndexBytesMax, &text);
+      if (read.code() == Code::kResourceExhausted) return Status(Code::kCorrupt, read.message());
+      TERN_RETURN_IF_ERROR(read);
       auto parsed = safetensors::ParseIndex(text);
       if (!parsed.ok()) return parsed.status().WithContext(index_path);
       weight_map = std::move(parsed).value();
@@ -82,14 +83,12 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
       std::sort(impl->files.begin(), impl->files.end());
       impl->files.erase(std::unique(impl->files.begin(), impl->files.end()), impl->files.end());
     } else {
-      std::error_code ec;
-      size_t entries = 0;
-      for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
-        TERN_REQUIRE(++entries <= 1'000'000, kResourceExhausted, path, ": too many entries");
-        const std::string name = e.path().filename().string();
-        if (EndsWith(name, ".safetensors") && e.is_regular_file(ec)) impl->files.push_back(name);
+      TERN_ASSIGN_OR_RETURN(auto names, env.ListDir(path, 1'000'000));
+      for (const std::string& name : names) {
+        if (!EndsWith(name, ".safetensors")) continue;
+        TERN_ASSIGN_OR_RETURN(FileType t, env.TypeOf(path + "/" + name, /*follow_links=*/true));
+        if (t == FileType::kRegular) impl->files.push_back(name);
       }
-      if (ec) return TERN_ERROR(kIo, "list ", path, ": ", ec.message());
       TERN_REQUIRE(!impl->files.empty(), kNotFound, path, ": no ", kSafetensorsIndexName,
                    " and no .safetensors file");
       TERN_REQUIRE(impl->files.size() == 1, kInvalidArgument, path, ": ", impl->files.size(),
@@ -103,12 +102,13 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
   std::vector<safetensors::ParsedHeader> headers;
   for (size_t i = 0; i < impl->files.size(); ++i) {
     const std::string file_path = impl->FilePath(i);
-    auto opened = fsutil::MappedFile::OpenReadOnly(file_path, options.populate);
+    auto opened =
+        env.Map(file_path, options.populate ? MapMode::kReadOnlyPopulate : MapMode::kReadOnly);
     if (!opened.ok() && opened.status().code() == Code::kNotFound && impl->sharded)
       return TERN_ERROR(kCorrupt, path, "/", kSafetensorsIndexName, ": names shard ",
                         impl->files[i], ", which does not exist");
-    TERN_ASSIGN_OR_RETURN(fsutil::MappedFile map, std::move(opened));
-    auto header = safetensors::ParseHeader(map.bytes(), map.size());
+    TERN_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map, std::move(opened));
+    auto header = safetensors::ParseHeader(map->bytes(), map->size());
     if (!header.ok()) return header.status().WithContext(file_path);
     impl->header_bytes.push_back(header->data_offset_bytes());
     if (header->has_metadata) impl->metadata[impl->files[i]] = header->metadata;
@@ -171,7 +171,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
   for (size_t k = 0; k < count; ++k) {
     const TensorLocation& loc = impl->locations[k];
     impl->view.tensors.push_back(
-        TensorRef{&impl->tensors[k], impl->maps[loc.file_index].data() + loc.offset_bytes});
+        TensorRef{&impl->tensors[k], impl->maps[loc.file_index]->data() + loc.offset_bytes});
   }
   return std::unique_ptr<Checkpoint>(new Checkpoint(std::move(impl)));
 }

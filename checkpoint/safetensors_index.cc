@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "checkpoint/file_util.h"
+#include "base/path.h"
 #include "checkpoint/strict_json.h"
 
 namespace tern::safetensors {
@@ -59,7 +59,7 @@ class IndexSax final : public json::StrictSax {
         if (e != Event::kString)
           return Fail(TERN_ERROR(kCorrupt, "weight_map entry ", Quoted(tensor_),
                                  " is not a file name string"));
-        if (!fsutil::PlainFileName(*t.text))
+        if (!PlainFileName(*t.text))
           return Fail(TERN_ERROR(kCorrupt, "weight_map entry ", Quoted(tensor_), " names ",
                                  Quoted(*t.text),
                                  ", which is not a plain file name in the directory"));

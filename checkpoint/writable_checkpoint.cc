@@ -1,14 +1,11 @@
 // WritableCheckpoint: staged creation and cloning, atomic commit.
-#include <fcntl.h>
 #include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 
+#include "base/path.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/safetensors_index.h"
@@ -28,50 +25,58 @@ std::string StripSlashes(std::string path) {
   return path;
 }
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0;
+bool Exists(Env& env, const std::string& path) {
+  auto type = env.TypeOf(path, /*follow_links=*/false);
+  return !type.ok() || *type != FileType::kMissing;  // unknown counts as there
 }
 
-Status CheckDestination(const std::string& path, bool overwrite) {
+Status CheckDestination(Env& env, const std::string& path, bool overwrite) {
   TERN_REQUIRE(!path.empty(), kInvalidArgument, "empty checkpoint path");
-  const std::string parent = fsutil::ParentDir(path);
-  struct stat st;
-  TERN_REQUIRE(::stat(parent.c_str(), &st) == 0 && S_ISDIR(st.st_mode), kNotFound, path,
+  const std::string parent = ParentDir(path);
+  auto type = env.TypeOf(parent, /*follow_links=*/true);
+  TERN_REQUIRE(type.ok() && *type == FileType::kDirectory, kNotFound, path,
                ": parent directory ", parent, " does not exist");
-  TERN_REQUIRE(overwrite || !Exists(path), kAlreadyExists, path, " exists");
+  TERN_REQUIRE(overwrite || !Exists(env, path), kAlreadyExists, path, " exists");
   return Status::Ok();
 }
 
-Status CopyTree(const std::string& from, const std::string& to, int depth, size_t* entries) {
+Status CopyTree(Env& env, const std::string& from, const std::string& to, int depth,
+                size_t* entries) {
   TERN_REQUIRE(depth <= kCloneDepthMax, kResourceExhausted, from, ": directories nested deeper than ",
                kCloneDepthMax);
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+  TERN_ASSIGN_OR_RETURN(auto names, env.ListDir(from, kCloneEntriesMax));
+  for (const std::string& name : names) {
     TERN_REQUIRE(++*entries <= kCloneEntriesMax, kResourceExhausted, from, ": more than ",
                  kCloneEntriesMax, " files");
-    const std::string name = e.path().filename().string();
     const std::string src = from + "/" + name, dst = to + "/" + name;
     // Follows symlinks: a Hugging Face cache snapshot is a directory of links
     // into its blob store, and the clone must hold the bytes.
-    if (e.is_directory(ec)) {
-      if (::mkdir(dst.c_str(), 0755) != 0) return TERN_ERRNO("mkdir ", dst);
-      TERN_RETURN_IF_ERROR(CopyTree(src, dst, depth + 1, entries));
-    } else if (e.is_regular_file(ec)) {
-      TERN_RETURN_IF_ERROR(fsutil::CopyFile(src, dst));
+    TERN_ASSIGN_OR_RETURN(FileType type, env.TypeOf(src, /*follow_links=*/true));
+    if (type == FileType::kDirectory) {
+      TERN_RETURN_IF_ERROR(env.CreateDir(dst));
+      TERN_RETURN_IF_ERROR(CopyTree(env, src, dst, depth + 1, entries));
+    } else if (type == FileType::kRegular) {
+      TERN_RETURN_IF_ERROR(env.CopyFile(src, dst));
     }
   }
-  if (ec) return TERN_ERROR(kIo, "list ", from, ": ", ec.message());
   return Status::Ok();
 }
 
-Status SyncTree(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec))
-    if (e.is_regular_file(ec) || e.is_directory(ec))
-      TERN_RETURN_IF_ERROR(fsutil::FsyncPath(e.path().string()));
-  if (ec) return TERN_ERROR(kIo, "list ", dir, ": ", ec.message());
-  return fsutil::FsyncPath(dir);
+// fsync of every file and directory under dir, then dir itself.
+Status SyncTree(Env& env, const std::string& dir, int depth) {
+  TERN_REQUIRE(depth <= kCloneDepthMax + 1, kResourceExhausted, dir,
+               ": directories nested deeper than ", kCloneDepthMax);
+  TERN_ASSIGN_OR_RETURN(auto names, env.ListDir(dir, kCloneEntriesMax));
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    TERN_ASSIGN_OR_RETURN(FileType type, env.TypeOf(path, /*follow_links=*/false));
+    if (type == FileType::kDirectory) {
+      TERN_RETURN_IF_ERROR(SyncTree(env, path, depth + 1));
+    } else if (type == FileType::kRegular) {
+      TERN_RETURN_IF_ERROR(env.SyncPath(path));
+    }
+  }
+  return env.SyncPath(dir);
 }
 
 std::string ShardName(size_t k, size_t n) {
@@ -83,13 +88,14 @@ std::string ShardName(size_t k, size_t n) {
 }  // namespace
 
 struct WritableCheckpoint::Impl {
+  Env* env = nullptr;
   std::string path;
   std::string staging;
   bool is_directory = false;
   bool overwrite = false;
   bool committed = false;
   std::vector<std::string> files;  // relative to staging when a directory
-  std::vector<fsutil::MappedFile> maps;
+  std::vector<std::unique_ptr<MappedFile>> maps;
   std::vector<TensorDesc> tensors;  // sorted by name
   MutableServeView view;
 
@@ -98,7 +104,7 @@ struct WritableCheckpoint::Impl {
   ~Impl() {
     if (committed) return;
     maps.clear();
-    if (!staging.empty()) fsutil::RemoveTree(staging);
+    if (!staging.empty()) (void)RemoveTree(*env, staging);  // best effort: nothing to report to
   }
 };
 
@@ -115,7 +121,8 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     const std::string& path_in, std::vector<TensorDesc> tensors,
     const std::map<std::string, std::string>& metadata, const CreateOptions& options) {
   const std::string path = StripSlashes(path_in);
-  TERN_RETURN_IF_ERROR(CheckDestination(path, options.overwrite));
+  Env& env = options.env != nullptr ? *options.env : DefaultEnv();
+  TERN_RETURN_IF_ERROR(CheckDestination(env, path, options.overwrite));
   std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
   for (const TensorDesc& t : tensors) {
@@ -129,10 +136,11 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
   }
 
   auto impl = std::make_unique<Impl>();
+  impl->env = &env;
   impl->path = path;
   impl->overwrite = options.overwrite;
   impl->is_directory = !EndsWith(path, ".safetensors");
-  impl->staging = path + ".tmp-" + fsutil::RandomHex();
+  impl->staging = path + ".tmp-" + RandomHex();
 
   // Shards: consecutive runs of the given order.
   std::vector<size_t> shard_of(tensors.size(), 0);
@@ -151,7 +159,7 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     }
   }
   if (!impl->is_directory) {
-    impl->files.push_back(fsutil::BaseName(path));
+    impl->files.push_back(BaseName(path));
   } else if (shards == 1) {
     impl->files.push_back("model.safetensors");
   } else {
@@ -180,12 +188,11 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     file_bytes[k] = header_texts[k].size() + offset;
   }
 
-  if (impl->is_directory && ::mkdir(impl->staging.c_str(), 0755) != 0)
-    return TERN_ERRNO("mkdir ", impl->staging);
+  if (impl->is_directory) TERN_RETURN_IF_ERROR(env.CreateDir(impl->staging));
   for (size_t k = 0; k < shards; ++k) {
-    TERN_ASSIGN_OR_RETURN(fsutil::MappedFile map,
-                          fsutil::MappedFile::Create(impl->FilePath(k), file_bytes[k]));
-    std::memcpy(map.data(), header_texts[k].data(), header_texts[k].size());
+    TERN_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map,
+                          env.CreateMapped(impl->FilePath(k), file_bytes[k]));
+    std::memcpy(map->data(), header_texts[k].data(), header_texts[k].size());
     impl->maps.push_back(std::move(map));
   }
   if (shards > 1) {
@@ -197,8 +204,8 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     }
     std::sort(weight_map.begin(), weight_map.end());
     TERN_ASSIGN_OR_RETURN(const std::string index, safetensors::SerializeIndex(total, weight_map));
-    TERN_RETURN_IF_ERROR(fsutil::WriteNewFile(
-        impl->staging + "/" + kSafetensorsIndexName,
+    TERN_RETURN_IF_ERROR(WriteNewFile(
+        env, impl->staging + "/" + kSafetensorsIndexName,
         {reinterpret_cast<const uint8_t*>(index.data()), index.size()}));
   }
 
@@ -214,7 +221,7 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
   for (size_t k = 0; k < order.size(); ++k) {
     const TensorLocation& loc = locations[order[k]];
     impl->view.tensors.push_back(
-        MutableTensorRef{&impl->tensors[k], impl->maps[loc.file_index].data() + loc.offset_bytes});
+        MutableTensorRef{&impl->tensors[k], impl->maps[loc.file_index]->data() + loc.offset_bytes});
   }
   return std::unique_ptr<WritableCheckpoint>(new WritableCheckpoint(std::move(impl)));
 }
@@ -222,27 +229,30 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
 Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::CloneForWrite(
     const Checkpoint& base, const std::string& path_in, const CloneOptions& options) {
   const std::string path = StripSlashes(path_in);
-  TERN_RETURN_IF_ERROR(CheckDestination(path, options.overwrite));
   const Checkpoint::Impl& b = *base.impl_;
+  Env& env = options.env != nullptr ? *options.env : *b.env;
+  TERN_RETURN_IF_ERROR(CheckDestination(env, path, options.overwrite));
   auto impl = std::make_unique<Impl>();
+  impl->env = &env;
   impl->path = path;
   impl->overwrite = options.overwrite;
   impl->is_directory = b.is_directory;
-  impl->staging = path + ".tmp-" + fsutil::RandomHex();
+  impl->staging = path + ".tmp-" + RandomHex();
   impl->files = b.files;
   if (b.is_directory) {
-    if (::mkdir(impl->staging.c_str(), 0755) != 0) return TERN_ERRNO("mkdir ", impl->staging);
+    TERN_RETURN_IF_ERROR(env.CreateDir(impl->staging));
     size_t entries = 0;
-    TERN_RETURN_IF_ERROR(CopyTree(b.path, impl->staging, 0, &entries));
+    TERN_RETURN_IF_ERROR(CopyTree(env, b.path, impl->staging, 0, &entries));
   } else {
-    TERN_RETURN_IF_ERROR(fsutil::CopyFile(b.path, impl->staging));
+    TERN_RETURN_IF_ERROR(env.CopyFile(b.path, impl->staging));
   }
   for (size_t i = 0; i < b.files.size(); ++i) {
-    TERN_ASSIGN_OR_RETURN(fsutil::MappedFile map, fsutil::MappedFile::OpenReadWrite(impl->FilePath(i)));
+    TERN_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map,
+                          env.Map(impl->FilePath(i), MapMode::kReadWrite));
     // The base was validated at Open; make sure the copy is of those bytes.
     const auto header = base.header_bytes(i);
-    TERN_REQUIRE(map.size() == b.maps[i].size() && map.size() >= header.size() &&
-                     std::memcmp(map.data(), header.data(), header.size()) == 0,
+    TERN_REQUIRE(map->size() == b.maps[i]->size() && map->size() >= header.size() &&
+                     std::memcmp(map->data(), header.data(), header.size()) == 0,
                  kMismatch, b.FilePath(i), " changed while it was being cloned");
     impl->maps.push_back(std::move(map));
   }
@@ -251,7 +261,7 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::CloneForWrite(
   for (size_t k = 0; k < impl->tensors.size(); ++k) {
     const TensorLocation& loc = b.locations[k];
     impl->view.tensors.push_back(
-        MutableTensorRef{&impl->tensors[k], impl->maps[loc.file_index].data() + loc.offset_bytes});
+        MutableTensorRef{&impl->tensors[k], impl->maps[loc.file_index]->data() + loc.offset_bytes});
   }
   return std::unique_ptr<WritableCheckpoint>(new WritableCheckpoint(std::move(impl)));
 }
@@ -260,52 +270,44 @@ Status WritableCheckpoint::AddFile(const std::string& name, std::span<const uint
   TERN_REQUIRE(!impl_->committed, kInvalidArgument, "checkpoint already committed");
   TERN_REQUIRE(impl_->is_directory, kInvalidArgument, impl_->path,
                " is a single file; passenger files need a directory checkpoint");
-  TERN_REQUIRE(fsutil::PlainFileName(name), kInvalidArgument, "'", name, "' is not a plain file name");
-  return fsutil::WriteNewFile(impl_->staging + "/" + name, bytes);
+  TERN_REQUIRE(PlainFileName(name), kInvalidArgument, "'", name, "' is not a plain file name");
+  return WriteNewFile(*impl_->env, impl_->staging + "/" + name, bytes);
 }
 
 Status WritableCheckpoint::CopyFileFrom(const std::string& source_path, const std::string& name) {
   TERN_REQUIRE(!impl_->committed, kInvalidArgument, "checkpoint already committed");
   TERN_REQUIRE(impl_->is_directory, kInvalidArgument, impl_->path,
                " is a single file; passenger files need a directory checkpoint");
-  TERN_REQUIRE(fsutil::PlainFileName(name), kInvalidArgument, "'", name, "' is not a plain file name");
+  TERN_REQUIRE(PlainFileName(name), kInvalidArgument, "'", name, "' is not a plain file name");
   const std::string dst = impl_->staging + "/" + name;
-  TERN_REQUIRE(!Exists(dst), kAlreadyExists, impl_->path, " already has a file ", name);
-  return fsutil::CopyFile(source_path, dst);
+  TERN_REQUIRE(!Exists(*impl_->env, dst), kAlreadyExists, impl_->path, " already has a file ", name);
+  return impl_->env->CopyFile(source_path, dst);
 }
 
 Status WritableCheckpoint::Commit() {
   Impl& s = *impl_;
+  Env& env = *s.env;
   TERN_REQUIRE(!s.committed, kInvalidArgument, s.path, ": already committed");
-  for (const auto& map : s.maps) TERN_RETURN_IF_ERROR(map.Sync());
-  if (s.is_directory) TERN_RETURN_IF_ERROR(SyncTree(s.staging));
+  for (const auto& map : s.maps) TERN_RETURN_IF_ERROR(map->Sync());
+  if (s.is_directory) TERN_RETURN_IF_ERROR(SyncTree(env, s.staging, 0));
 
-  if (::renameat2(AT_FDCWD, s.staging.c_str(), AT_FDCWD, s.path.c_str(), RENAME_NOREPLACE) != 0) {
-    const int err = errno;
-    if (err == EEXIST) {
-      TERN_REQUIRE(s.overwrite, kAlreadyExists, s.path, " exists");
-      if (!s.is_directory) {
-        if (::rename(s.staging.c_str(), s.path.c_str()) != 0) return TERN_ERRNO("rename to ", s.path);
-      } else {
-        // rename(2) will not replace a non-empty directory: swap atomically,
-        // then the old tree sits at the staging name and is removed.
-        if (::renameat2(AT_FDCWD, s.staging.c_str(), AT_FDCWD, s.path.c_str(), RENAME_EXCHANGE) != 0)
-          return TERN_ERRNO("exchange ", s.staging, " with ", s.path);
-        s.committed = true;
-        fsutil::RemoveTree(s.staging);
-      }
-    } else if (err == EINVAL || err == ENOSYS) {
-      // A file system without RENAME_NOREPLACE: check, then rename (racy, but
-      // only against another writer of the same path).
-      TERN_REQUIRE(s.overwrite || !Exists(s.path), kAlreadyExists, s.path, " exists");
-      if (::rename(s.staging.c_str(), s.path.c_str()) != 0) return TERN_ERRNO("rename to ", s.path);
+  Status renamed = env.Rename(s.staging, s.path, RenameMode::kNoReplace);
+  if (renamed.code() == Code::kAlreadyExists) {
+    TERN_REQUIRE(s.overwrite, kAlreadyExists, s.path, " exists");
+    if (!s.is_directory) {
+      TERN_RETURN_IF_ERROR(env.Rename(s.staging, s.path, RenameMode::kReplace));
     } else {
-      errno = err;
-      return TERN_ERRNO("rename ", s.staging, " to ", s.path);
+      // rename(2) will not replace a non-empty directory: swap atomically,
+      // then the old tree sits at the staging name and is removed.
+      TERN_RETURN_IF_ERROR(env.Rename(s.staging, s.path, RenameMode::kExchange));
+      s.committed = true;
+      (void)RemoveTree(env, s.staging);  // the old tree; a leftover is only litter
     }
+  } else {
+    TERN_RETURN_IF_ERROR(renamed);
   }
   s.committed = true;
-  return fsutil::FsyncPath(fsutil::ParentDir(s.path));
+  return env.SyncPath(ParentDir(s.path));
 }
 
 }  // namespace tern

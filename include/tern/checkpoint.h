@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tern/env.h"
 #include "tern/export.h"
 #include "tern/status.h"
 #include "tern/view.h"
@@ -39,6 +40,8 @@ inline constexpr const char* kSafetensorsIndexName = "model.safetensors.index.js
 struct OpenOptions {
   // Pre-fault the mappings (MAP_POPULATE): slower open, no page faults later.
   bool populate = false;
+  // The file system; nullptr: DefaultEnv(). Must outlive the Checkpoint.
+  Env* env = nullptr;
 };
 
 // Where a tensor's bytes live inside a checkpoint.
@@ -96,10 +99,15 @@ struct CreateOptions {
   uint64_t shard_bytes_max = 0;
   // Replace an existing checkpoint at path on Commit.
   bool overwrite = false;
+  // The file system; nullptr: DefaultEnv(). Must outlive the WritableCheckpoint.
+  Env* env = nullptr;
 };
 
 struct CloneOptions {
   bool overwrite = false;
+  // Where the clone is written: the base's own Env (nullptr) or one that
+  // sees the same files (a wrapper of it, such as a FaultEnv).
+  Env* env = nullptr;
 };
 
 class TERN_EXPORT WritableCheckpoint {
