@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "tern/env.h"
 #include "tern/thread_pool.h"
 #include "tern/status.h"
 #include "tools/cli_args.h"
@@ -15,22 +16,10 @@
 namespace tern::cli {
 
 // A read-only mapping of a whole file (patches can be many GB).
-class MappedFile {
- public:
-  static Result<std::unique_ptr<MappedFile>> Open(const std::string& path);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+Result<std::unique_ptr<MappedFile>> MapReadOnly(const std::string& path);
 
- private:
-  MappedFile() = default;
-  const uint8_t* data_ = nullptr;
-  uint64_t size_ = 0;
-};
-
-// Writes bytes to path + ".tmp-<pid>", fsyncs, and renames over nothing:
-// kAlreadyExists if path exists and !overwrite. On error nothing is left.
+// tern::WriteFileAtomic on the DefaultEnv(), with the hint a user needs
+// when path exists and !overwrite. On error nothing is left.
 Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes, bool overwrite);
 
 // -o/--out PATH (required): where a command writes its result.

@@ -107,7 +107,7 @@ void AddInspect(CLI::App& tern, Dispatch& dispatch) {
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
   cmd->add_flag("--all", a->all, "also list unchanged tensors in the table");
   dispatch.On(cmd, {nullptr, [a]() -> Status {
-                      TERN_ASSIGN_OR_RETURN(auto file, MappedFile::Open(a->path));
+                      TERN_ASSIGN_OR_RETURN(auto file, MapReadOnly(a->path));
                       TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(file->bytes()));
                       if (a->json)
                         PrintJson(info);

@@ -88,7 +88,7 @@ struct ApplyArgs {
 
 Status Apply(const ApplyArgs& a) {
   const std::string &base_path = a.base_path, &patch_path = a.patch_path, &out = a.out;
-  TERN_ASSIGN_OR_RETURN(auto patch, MappedFile::Open(patch_path));
+  TERN_ASSIGN_OR_RETURN(auto patch, MapReadOnly(patch_path));
   TERN_ASSIGN_OR_RETURN(auto base, Checkpoint::Open(base_path));
   ThreadPool pool(a.threads);
 
@@ -139,7 +139,7 @@ Status SquashCmd(const SquashArgs& a) {
   std::vector<std::unique_ptr<MappedFile>> files;
   std::vector<std::span<const uint8_t>> spans;
   for (const std::string& path : inputs) {
-    TERN_ASSIGN_OR_RETURN(auto f, MappedFile::Open(path));
+    TERN_ASSIGN_OR_RETURN(auto f, MapReadOnly(path));
     spans.push_back(f->bytes());
     files.push_back(std::move(f));
   }
