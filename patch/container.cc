@@ -4,28 +4,17 @@
 
 #include <cstring>
 
+#include "base/coding.h"
+
 namespace tern::patchfmt {
 namespace {
-
-template <class T>
-T LoadLe(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-template <class T>
-void AppendLe(std::vector<uint8_t>* out, T v) {
-  const size_t at = out->size();
-  out->resize(at + sizeof(T));
-  std::memcpy(out->data() + at, &v, sizeof(T));
-}
 
 uint64_t TrailerChecksum(uint64_t record_count, uint64_t manifest_checksum,
                          const std::vector<uint64_t>& record_checksums) {
   std::vector<uint8_t> buf(kTrailerMagic, kTrailerMagic + 8);
-  AppendLe(&buf, record_count);
-  AppendLe(&buf, manifest_checksum);
-  for (uint64_t c : record_checksums) AppendLe(&buf, c);
+  PutFixed64(&buf, record_count);
+  PutFixed64(&buf, manifest_checksum);
+  for (uint64_t c : record_checksums) PutFixed64(&buf, c);
   return XXH3_64bits(buf.data(), buf.size());
 }
 
@@ -45,9 +34,9 @@ Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
   uint64_t at = sizeof(ManifestFixed);
   for (uint32_t t = 0; t < m.tensor_count; ++t) {
     TERN_REQUIRE(n - at >= kTensorEntryFixedBytes, kCorrupt, "manifest: truncated tensor entry ", t);
-    const uint16_t name_bytes = LoadLe<uint16_t>(p + at);
+    const uint16_t name_bytes = DecodeFixed16(p + at);
     const uint8_t dtype = p[at + 2], rank = p[at + 3];
-    TERN_REQUIRE(LoadLe<uint32_t>(p + at + 4) == 0, kCorrupt, "manifest: tensor ", t, " reserved field not zero");
+    TERN_REQUIRE(DecodeFixed32(p + at + 4) == 0, kCorrupt, "manifest: tensor ", t, " reserved field not zero");
     TERN_REQUIRE(name_bytes >= 1 && name_bytes <= kMaxNameBytes, kCorrupt, "manifest: tensor ", t,
                  " name length ", name_bytes);
     TERN_REQUIRE(DTypeValid(dtype), kCorrupt, "manifest: tensor ", t, " unknown dtype code ", int{dtype});
@@ -59,9 +48,9 @@ Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
     mt.desc.name.assign(reinterpret_cast<const char*>(p + at), name_bytes);
     mt.desc.dtype = static_cast<DType>(dtype);
     at += name_bytes;
-    for (int r = 0; r < rank; ++r, at += 8) mt.desc.shape.push_back(LoadLe<uint64_t>(p + at));
-    mt.elements = LoadLe<uint64_t>(p + at);
-    mt.segment_count = LoadLe<uint64_t>(p + at + 8);
+    for (int r = 0; r < rank; ++r, at += 8) mt.desc.shape.push_back(DecodeFixed64(p + at));
+    mt.elements = DecodeFixed64(p + at);
+    mt.segment_count = DecodeFixed64(p + at + 8);
     at += 16;
     auto checked = CheckedElements(mt.desc.dtype, mt.desc.shape);
     TERN_REQUIRE(checked.ok() && *checked == mt.elements, kCorrupt, "manifest: tensor '", mt.desc.name,
@@ -106,7 +95,7 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
     if (prefix) return stop(at);
     return TERN_ERROR(kCorrupt, "truncated patch: manifest needs ", fh.manifest_bytes, " bytes");
   }
-  const uint64_t manifest_sum = LoadLe<uint64_t>(p + at + fh.manifest_bytes);
+  const uint64_t manifest_sum = DecodeFixed64(p + at + fh.manifest_bytes);
   TERN_REQUIRE(XXH3_64bits(p + at, fh.manifest_bytes) == manifest_sum, kCorrupt, "manifest checksum mismatch");
   TERN_RETURN_IF_ERROR(ParseManifest(p + at, fh.manifest_bytes, out));
   at += fh.manifest_bytes + kChecksumBytes;
@@ -207,14 +196,14 @@ std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t b
   std::memcpy(manifest.data(), &m, sizeof(m));
   for (size_t t = 0; t < descs.size(); ++t) {
     const TensorDesc& d = descs[t];
-    AppendLe<uint16_t>(&manifest, static_cast<uint16_t>(d.name.size()));
+    PutFixed16(&manifest, static_cast<uint16_t>(d.name.size()));
     manifest.push_back(static_cast<uint8_t>(d.dtype));
     manifest.push_back(static_cast<uint8_t>(d.shape.size()));
-    AppendLe<uint32_t>(&manifest, 0);
+    PutFixed32(&manifest, 0);
     manifest.insert(manifest.end(), d.name.begin(), d.name.end());
-    for (uint64_t x : d.shape) AppendLe(&manifest, x);
-    AppendLe(&manifest, d.elements());
-    AppendLe(&manifest, segments[t]);
+    for (uint64_t x : d.shape) PutFixed64(&manifest, x);
+    PutFixed64(&manifest, d.elements());
+    PutFixed64(&manifest, segments[t]);
   }
   uint64_t total = sizeof(FileHeader) + manifest.size() + kChecksumBytes + sizeof(Trailer);
   for (const auto& r : records) total += r.size();
@@ -229,12 +218,12 @@ std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t b
   std::memcpy(out.data(), &fh, sizeof(fh));
   out.insert(out.end(), manifest.begin(), manifest.end());
   const uint64_t manifest_sum = XXH3_64bits(manifest.data(), manifest.size());
-  AppendLe(&out, manifest_sum);
+  PutFixed64(&out, manifest_sum);
   std::vector<uint64_t> sums;
   sums.reserve(records.size());
   for (const auto& r : records) {
     out.insert(out.end(), r.begin(), r.end());
-    sums.push_back(LoadLe<uint64_t>(r.data() + r.size() - kChecksumBytes));
+    sums.push_back(DecodeFixed64(r.data() + r.size() - kChecksumBytes));
   }
   Trailer tr{};
   std::memcpy(tr.magic, kTrailerMagic, 8);

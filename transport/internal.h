@@ -12,41 +12,21 @@
 #include <thread>
 #include <vector>
 
+#include "base/hash.h"
+#include "base/log.h"
+#include "base/text.h"
+#include "base/thread_tracker.h"
 #include "tern/transport.h"
 
 namespace tern::transport_internal {
 
-uint64_t Xxh3(const void* data, uint64_t size_bytes);
-
-// Backend threads run detached (a connection may be released from its own
-// callback, where a join would deadlock); the owner waits for all of them in
-// its destructor instead. The function must not touch the owner after it
-// returns: the count drops after it.
-class ThreadTracker {
- public:
-  ~ThreadTracker() { WaitAll(); }
-  void Spawn(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++live_;
-    }
-    std::thread([this, fn = std::move(fn)]() mutable {
-      fn();
-      fn = nullptr;  // release captures before we signal
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--live_ == 0) cv_.notify_all();
-    }).detach();
-  }
-  void WaitAll() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return live_ == 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t live_ = 0;
-};
+// Moved down to base (xfer and the backends share them); the names stay
+// here so backend code reads the same.
+using ::tern::IsPrintable;
+using ::tern::LogLine;
+using ::tern::Printable;
+using ::tern::ThreadTracker;
+using ::tern::Xxh3;
 
 // A listener's accept handler behind a gate, so that Listener::Close() can
 // keep its promise (transport.h): once it returned, the handler is not
@@ -90,26 +70,6 @@ class AcceptGate {
   std::vector<std::thread::id> callers_;  // one entry per call in progress
 };
 
-// Little-endian field codecs for the small handshake/control encodings of
-// the UCX and verbs backends. Callers check `in` holds at + bytes first.
-inline void PutLe(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-inline uint64_t GetLe(std::string_view in, size_t at, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
-  return value;
-}
-
-// The status a peer reports as a wire code (TCP HELLO_ACK and ACK, verbs
-// ACK): OK for 0, the registered code otherwise (kInternal for numbers we do
-// not know), with "peer: " + what as its message.
-inline Status StatusFromWireCode(uint64_t code, std::string_view what) {
-  if (code == 0) return Status::Ok();
-  const Code c = code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
-  return Status(c, "peer: " + std::string(what));
-}
-
 // Calls a completion if set; completions are optional for callers.
 inline void Complete(const Completion& done, Status status) {
   if (done) done(std::move(status));
@@ -121,19 +81,5 @@ inline void Complete(const Completion& done, Status status) {
 // (kOutOfRange). `backend` prefixes the message ("ucx", "verbs").
 Status CheckWriteRanges(std::string_view backend, const MemoryRegion& src, uint64_t src_offset,
                         uint64_t exported_bytes, uint64_t dst_offset, uint64_t length);
-
-// Default logger: one line on stderr.
-void LogLine(const LogFn& log, std::string_view line);
-
-// Peer-supplied text (refusal reasons) made safe for one log line: bytes
-// outside printable ASCII become \xNN. At most 4 output bytes per input byte.
-std::string Printable(std::string_view bytes);
-// Whether every byte is printable ASCII (what Printable's output must be).
-inline bool IsPrintable(std::string_view s) {
-  for (char c : s) {
-    if (static_cast<uint8_t>(c) < 0x20 || static_cast<uint8_t>(c) >= 0x7f) return false;
-  }
-  return true;
-}
 
 }  // namespace tern::transport_internal

@@ -12,11 +12,12 @@
 
 #include "tern/status.h"
 #include "tern/transport.h"
-#include "transport/internal.h"
+#include "base/coding.h"
+#include "base/text.h"
 #include "xfer/xfer_wire.h"
 
-using tern::transport_internal::GetLe;
-using tern::transport_internal::IsPrintable;
+using tern::DecodeFixedAt;
+using tern::IsPrintable;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
@@ -56,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 2: {
       if (in.size() < 4) return 0;
-      const uint64_t max_bitmap_bytes = GetLe(in, 0, 4) % (uint64_t{1} << 24);
+      const uint64_t max_bitmap_bytes = DecodeFixedAt(in, 0, 4) % (uint64_t{1} << 24);
       auto want = DecodeWant(in.substr(4), max_bitmap_bytes);
       if (want.ok()) {
         TERN_ASSERT(EncodeWant(want->transfer_id, want->bitmap) == in.substr(4) &&
@@ -94,7 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 5: {
       if (in.size() < 16) return 0;
-      const uint64_t size_bytes = GetLe(in, 0, 8), chunk_bytes = GetLe(in, 8, 8);
+      const uint64_t size_bytes = DecodeFixedAt(in, 0, 8), chunk_bytes = DecodeFixedAt(in, 8, 8);
       auto chunks = ChunkCount(size_bytes, chunk_bytes);
       if (chunks.ok()) {
         TERN_ASSERT(*chunks <= kMaxChunks && chunk_bytes >= kMinChunkBytes &&

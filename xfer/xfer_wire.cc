@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <charconv>
 
+#include "base/coding.h"
+#include "base/text.h"
+#include "base/wire_status.h"
 #include "tern/transport.h"
-#include "transport/internal.h"
 
 namespace tern::xfer {
 
 namespace {
-
-using transport_internal::GetLe;
-using transport_internal::PutLe;
 
 // Reads little-endian fields after the type byte; every read is bounded by
 // the message.
@@ -21,7 +20,7 @@ class Reader {
   Result<uint64_t> Int(int bytes) {
     TERN_REQUIRE(m_.size() - pos_ >= static_cast<size_t>(bytes), kCorrupt, "xfer message '",
                  TypeName(), "' truncated at byte ", pos_);
-    const uint64_t v = GetLe(m_, pos_, bytes);
+    const uint64_t v = DecodeFixedAt(m_, pos_, bytes);
     pos_ += bytes;
     return v;
   }
@@ -42,19 +41,19 @@ class Reader {
   }
 
  private:
-  std::string TypeName() const { return transport_internal::Printable(m_.substr(0, 1)); }
+  std::string TypeName() const { return Printable(m_.substr(0, 1)); }
   std::string_view m_;
   size_t pos_;  // starts after the type byte
 };
 
 Status ExpectType(std::string_view m, char type) {
   TERN_REQUIRE(TypeOf(m) == type, kProtocol, "expected xfer message '", type, "', got '",
-               transport_internal::Printable(m.substr(0, 1)), "' (", m.size(), " bytes)");
+               Printable(m.substr(0, 1)), "' (", m.size(), " bytes)");
   return Status::Ok();
 }
 
 void PutBytes(std::string& out, std::string_view bytes) {
-  PutLe(out, bytes.size(), 4);
+  PutFixed(&out, bytes.size(), 4);
   out.append(bytes);
 }
 
@@ -62,7 +61,7 @@ Result<uint64_t> ParseDecimal(std::string_view s) {
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
   TERN_REQUIRE(!s.empty() && ec == std::errc() && end == s.data() + s.size(), kCorrupt,
-               "resume state field '", transport_internal::Printable(s.substr(0, 32)),
+               "resume state field '", Printable(s.substr(0, 32)),
                "' is not a number");
   return v;
 }
@@ -78,14 +77,14 @@ int HexDigit(char c) {
 
 std::string EncodeGet(const GetRequest& get) {
   std::string out(1, kGet);
-  PutLe(out, kVersion, 4);
-  PutLe(out, get.chunk_bytes, 8);
-  PutLe(out, get.transfer_id, 8);
+  PutFixed(&out, kVersion, 4);
+  PutFixed(&out, get.chunk_bytes, 8);
+  PutFixed(&out, get.transfer_id, 8);
   PutBytes(out, get.name);
-  PutLe(out, get.have_size, 8);
-  PutLe(out, get.have_tag, 8);
+  PutFixed(&out, get.have_size, 8);
+  PutFixed(&out, get.have_tag, 8);
   PutBytes(out, get.have_bitmap);
-  PutLe(out, get.head_bytes, 8);
+  PutFixed(&out, get.head_bytes, 8);
   return out;
 }
 
@@ -129,11 +128,11 @@ Result<GetRequest> DecodeGet(std::string_view m) {
 
 std::string EncodeInfo(const Info& info) {
   std::string out(1, kInfo);
-  PutLe(out, info.size_bytes, 8);
-  PutLe(out, info.tag, 8);
-  PutLe(out, info.transfer_id, 8);
-  PutLe(out, info.flags, 1);
-  PutLe(out, info.xxh3, 8);
+  PutFixed(&out, info.size_bytes, 8);
+  PutFixed(&out, info.tag, 8);
+  PutFixed(&out, info.transfer_id, 8);
+  PutFixed(&out, info.flags, 1);
+  PutFixed(&out, info.xxh3, 8);
   return out;
 }
 
@@ -159,8 +158,8 @@ Result<Info> DecodeInfo(std::string_view m) {
 
 std::string EncodeHash(const HashMsg& hash) {
   std::string out(1, kHash);
-  PutLe(out, hash.transfer_id, 8);
-  PutLe(out, hash.xxh3, 8);
+  PutFixed(&out, hash.transfer_id, 8);
+  PutFixed(&out, hash.xxh3, 8);
   return out;
 }
 
@@ -176,7 +175,7 @@ Result<HashMsg> DecodeHash(std::string_view m) {
 
 std::string EncodeWant(uint64_t transfer_id, std::string_view bitmap) {
   std::string out(1, kWant);
-  PutLe(out, transfer_id, 8);
+  PutFixed(&out, transfer_id, 8);
   PutBytes(out, bitmap);
   return out;
 }
@@ -195,7 +194,7 @@ Result<Want> DecodeWant(std::string_view m, uint64_t max_bitmap_bytes) {
 
 std::string EncodeStatus(char type, const Status& status) {
   std::string out(1, type);
-  PutLe(out, static_cast<uint16_t>(status.code()), 2);
+  PutFixed16(&out, WireCode(status));
   PutBytes(out, std::string_view(status.message()).substr(0, kMaxReasonBytes));
   return out;
 }
@@ -206,13 +205,7 @@ Status DecodeStatus(std::string_view m, char type, Status* verdict) {
   TERN_ASSIGN_OR_RETURN(uint64_t code, in.Int(2));
   TERN_ASSIGN_OR_RETURN(std::string_view reason, in.Bytes(kMaxReasonBytes));
   TERN_RETURN_IF_ERROR(in.End());
-  if (code == 0) {
-    *verdict = Status::Ok();
-  } else {
-    const Code c =
-        code <= static_cast<uint64_t>(Code::kAuth) ? static_cast<Code>(code) : Code::kInternal;
-    *verdict = Status(c, "server: " + transport_internal::Printable(reason));
-  }
+  *verdict = StatusFromWire(code, "server", reason);
   return Status::Ok();
 }
 

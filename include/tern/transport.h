@@ -40,6 +40,7 @@
 
 #include "tern/clock.h"  // Clock, SteadyClock(): backends take the clock passed in
 #include "tern/export.h"
+#include "tern/log.h"  // LogFn: how backends report what no caller waits for
 #include "tern/status.h"
 
 namespace tern {
@@ -61,9 +62,6 @@ enum Capability : uint32_t {
 
 inline constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 20;  // 16 MiB
 inline constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;    // 64 MiB
-
-// Receives one-line diagnostics ("tcp: rejected 127.0.0.1:5312: bad magic").
-using LogFn = std::function<void(std::string_view line)>;
 
 // Memory a backend may read chunks from or write chunks into. Obtained from
 // Transport::RegisterMemory; the bytes must outlive the registration.

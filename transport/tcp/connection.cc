@@ -11,6 +11,8 @@
 
 #include <algorithm>
 
+#include "base/wire_status.h"
+
 namespace tern::tcp {
 
 using transport_internal::Complete;
@@ -281,7 +283,7 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
         r.landing.reset();
       }
       Status queued = PushControl(
-          s, MakeFrame(FrameType::kAck, h.arg[3], static_cast<uint64_t>(result.code())), /*bounded=*/false);
+          s, MakeFrame(FrameType::kAck, h.arg[3], WireCode(result)), /*bounded=*/false);
       if (queued.code() == Code::kResourceExhausted) {
         ProtocolFailure(queued);
         return false;
@@ -298,7 +300,7 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
           pending_.erase(it);
         }
       }
-      Complete(done, StatusFromWireCode(h.arg[1], h.arg[1] == static_cast<uint64_t>(Code::kCorrupt)
+      Complete(done, StatusFromWire(h.arg[1], "peer", h.arg[1] == static_cast<uint64_t>(Code::kCorrupt)
                                                       ? "chunk failed its checksum on landing"
                                                       : "chunk refused"));
       break;

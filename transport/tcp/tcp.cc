@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/wire_status.h"
 #include "tern/tcp_transport.h"
 #include "transport/internal.h"
 #include "transport/tcp/connection.h"
@@ -334,7 +335,7 @@ class TcpTransport final : public Transport {
     // Tells the peer why (in our version) before hanging up; best effort.
     auto tell = [&](Pipe& p, uint64_t connection_id, const Status& why) {
       std::string reason = why.message().substr(0, tcp::kMaxReasonBytes);
-      OutFrame ack = MakeFrame(FrameType::kHelloAck, connection_id, static_cast<uint64_t>(why.code()), 0, 0,
+      OutFrame ack = MakeFrame(FrameType::kHelloAck, connection_id, WireCode(why), 0, 0,
                                static_cast<uint32_t>(reason.size()));
       if (tcp::WriteFull(p, ack.header, kHeaderBytes, deadline, clock_).ok()) {
         tcp::WriteFull(p, reason.data(), reason.size(), deadline, clock_).IgnoreError();

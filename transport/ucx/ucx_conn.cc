@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/wire_status.h"
 #include "transport/internal.h"
 #include "transport/ucx/ucx_impl.h"
 
@@ -52,12 +53,6 @@ void Track(void* req, Ctx* ctx, void (*cb)(void*, ucs_status_t, void*)) {
   } else if (UCS_PTR_IS_ERR(req)) {
     cb(nullptr, UCS_PTR_STATUS(req), ctx);
   }
-}
-
-// code was checked by DecodeStatus; the reason is the peer's text.
-Status StatusFromWire(uint16_t code, std::string_view reason) {
-  if (code == 0) return Status::Ok();
-  return Status(static_cast<Code>(code), "peer: " + transport_internal::Printable(reason));
 }
 
 }  // namespace
@@ -169,7 +164,7 @@ void UcxConn::SendHello() {
 
 void UcxConn::SendAck(uint64_t op, const Status& status) {
   auto header = std::make_shared<std::string>(
-      EncodeStatus(StatusHeader{op, static_cast<uint16_t>(status.code())}));
+      EncodeStatus(StatusHeader{op, WireCode(status)}));
   std::string reason = status.message().substr(0, kMaxReasonBytes);
   auto keep = std::make_shared<std::pair<std::string, std::string>>(std::move(*header), std::move(reason));
   SendAm(kAmAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
@@ -336,7 +331,7 @@ void UcxConn::OnHello(std::string_view header) {
 void UcxConn::RefuseHello(const Status& why) {
   t_->Log("ucx: rejected " + peer_ + ": " + why.ToString());
   auto keep = std::make_shared<std::pair<std::string, std::string>>(
-      EncodeStatus(StatusHeader{0, static_cast<uint16_t>(why.code())}), why.message().substr(0, kMaxReasonBytes));
+      EncodeStatus(StatusHeader{0, WireCode(why)}), why.message().substr(0, kMaxReasonBytes));
   SendAm(kAmHelloAck, keep->first, keep->second.data(), keep->second.size(), nullptr, keep, nullptr);
   // Flushed, so the hello-ack with the reason reaches the peer first.
   t_->Defer([self = shared_from_this(), why] { self->Shutdown(why, Code::kUnavailable, Bye::kNoneFlush); });
@@ -347,7 +342,7 @@ void UcxConn::OnHelloAck(std::string_view header, std::string_view reason) {
   if (state != State::kConnecting) return ProtocolError(TERN_ERROR(kProtocol, "unexpected ucx hello-ack"));
   StatusHeader h;
   Status st = DecodeStatus(header, &h);
-  if (st.ok()) st = StatusFromWire(h.code, reason);
+  if (st.ok()) st = StatusFromWire(h.code, "peer", reason);
   auto self = shared_from_this();
   if (!st.ok()) {
     t_->Defer([self, st] { self->Shutdown(st, Code::kUnavailable, Bye::kNone); });
@@ -481,7 +476,7 @@ void UcxConn::OnAck(std::string_view header, std::string_view reason) {
   Status st = DecodeStatus(header, &h);
   if (!st.ok()) return ProtocolError(st);
   auto self = shared_from_this();
-  t_->Defer([self, op = h.op, s = StatusFromWire(h.code, reason)]() mutable {
+  t_->Defer([self, op = h.op, s = StatusFromWire(h.code, "peer", reason)]() mutable {
     self->FinishOp(op, std::move(s));
   });
 }

@@ -2,15 +2,13 @@
 
 #include <charconv>
 
+#include "base/coding.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
 
 namespace tern::ucx {
 
 namespace {
-
-constexpr auto& Put = transport_internal::PutLe;
-constexpr auto& Get = transport_internal::GetLe;
 
 constexpr uint32_t kKeyMagic = 0x594B5554;  // bytes "TUKY"
 constexpr size_t kKeyFixedBytes = 4 + 2 + 2 + 8 + 8 + 4;
@@ -20,75 +18,75 @@ constexpr uint16_t kMaxCode = 15;  // Code::kAuth, the last registered code
 
 std::string EncodeHello(const Hello& hello) {
   std::string out;
-  Put(out, hello.magic, 4);
-  Put(out, hello.version, 2);
-  Put(out, 0, 2);
+  PutFixed(&out, hello.magic, 4);
+  PutFixed(&out, hello.version, 2);
+  PutFixed(&out, 0, 2);
   return out;
 }
 
 Status DecodeHello(std::string_view bytes, Hello* out) {
   TERN_REQUIRE(bytes.size() == kHelloBytes, kProtocol, "ucx hello of ", bytes.size(),
                " bytes, expected ", kHelloBytes);
-  out->magic = static_cast<uint32_t>(Get(bytes, 0, 4));
-  out->version = static_cast<uint16_t>(Get(bytes, 4, 2));
+  out->magic = static_cast<uint32_t>(DecodeFixedAt(bytes, 0, 4));
+  out->version = static_cast<uint16_t>(DecodeFixedAt(bytes, 4, 2));
   TERN_REQUIRE(out->magic == kMagic, kProtocol, "ucx hello with bad magic 0x", std::hex, out->magic);
   TERN_REQUIRE(out->version == kVersion, kProtocol, "peer speaks tern ucx protocol v", out->version,
                ", this side v", kVersion);
-  TERN_REQUIRE(Get(bytes, 6, 2) == 0, kProtocol, "ucx hello with reserved flags set");
+  TERN_REQUIRE(DecodeFixedAt(bytes, 6, 2) == 0, kProtocol, "ucx hello with reserved flags set");
   return Status::Ok();
 }
 
 std::string EncodeStatus(const StatusHeader& header) {
   std::string out;
-  Put(out, header.op, 8);
-  Put(out, header.code, 2);
-  Put(out, 0, 2);
-  Put(out, 0, 4);
+  PutFixed(&out, header.op, 8);
+  PutFixed(&out, header.code, 2);
+  PutFixed(&out, 0, 2);
+  PutFixed(&out, 0, 4);
   return out;
 }
 
 Status DecodeStatus(std::string_view bytes, StatusHeader* out) {
   TERN_REQUIRE(bytes.size() == kStatusBytes, kProtocol, "ucx status header of ", bytes.size(),
                " bytes, expected ", kStatusBytes);
-  out->op = Get(bytes, 0, 8);
-  out->code = static_cast<uint16_t>(Get(bytes, 8, 2));
+  out->op = DecodeFixedAt(bytes, 0, 8);
+  out->code = static_cast<uint16_t>(DecodeFixedAt(bytes, 8, 2));
   TERN_REQUIRE(out->code <= kMaxCode, kProtocol, "ucx status with unknown code ", out->code);
-  TERN_REQUIRE(Get(bytes, 10, 2) == 0 && Get(bytes, 12, 4) == 0, kProtocol,
+  TERN_REQUIRE(DecodeFixedAt(bytes, 10, 2) == 0 && DecodeFixedAt(bytes, 12, 4) == 0, kProtocol,
                "ucx status with reserved bytes set");
   return Status::Ok();
 }
 
 std::string EncodeMessage(uint64_t seq) {
   std::string out;
-  Put(out, seq, 8);
+  PutFixed(&out, seq, 8);
   return out;
 }
 
 Status DecodeMessage(std::string_view bytes, uint64_t* seq) {
   TERN_REQUIRE(bytes.size() == kMessageBytes, kProtocol, "ucx message header of ", bytes.size(),
                " bytes, expected ", kMessageBytes);
-  *seq = Get(bytes, 0, 8);
+  *seq = DecodeFixedAt(bytes, 0, 8);
   return Status::Ok();
 }
 
 std::string EncodeChunk(const ChunkHeader& header) {
   std::string out;
-  Put(out, header.op, 8);
-  Put(out, header.transfer_id, 8);
-  Put(out, header.dst_offset, 8);
-  Put(out, header.length, 8);
-  Put(out, header.xxh3, 8);
+  PutFixed(&out, header.op, 8);
+  PutFixed(&out, header.transfer_id, 8);
+  PutFixed(&out, header.dst_offset, 8);
+  PutFixed(&out, header.length, 8);
+  PutFixed(&out, header.xxh3, 8);
   return out;
 }
 
 Status DecodeChunk(std::string_view bytes, uint64_t data_bytes, ChunkHeader* out) {
   TERN_REQUIRE(bytes.size() == kChunkBytes, kProtocol, "ucx chunk header of ", bytes.size(),
                " bytes, expected ", kChunkBytes);
-  out->op = Get(bytes, 0, 8);
-  out->transfer_id = Get(bytes, 8, 8);
-  out->dst_offset = Get(bytes, 16, 8);
-  out->length = Get(bytes, 24, 8);
-  out->xxh3 = Get(bytes, 32, 8);
+  out->op = DecodeFixedAt(bytes, 0, 8);
+  out->transfer_id = DecodeFixedAt(bytes, 8, 8);
+  out->dst_offset = DecodeFixedAt(bytes, 16, 8);
+  out->length = DecodeFixedAt(bytes, 24, 8);
+  out->xxh3 = DecodeFixedAt(bytes, 32, 8);
   TERN_REQUIRE(out->length >= 1 && out->length <= kMaxChunkBytes, kProtocol, "ucx chunk of ",
                out->length, " bytes outside [1, ", kMaxChunkBytes, "]");
   TERN_REQUIRE(out->length == data_bytes, kProtocol, "ucx chunk header says ", out->length,
@@ -98,12 +96,12 @@ Status DecodeChunk(std::string_view bytes, uint64_t data_bytes, ChunkHeader* out
 
 std::string EncodeRemoteKey(const RemoteKey& key) {
   std::string out;
-  Put(out, kKeyMagic, 4);
-  Put(out, kVersion, 2);
-  Put(out, 0, 2);
-  Put(out, key.base, 8);
-  Put(out, key.size_bytes, 8);
-  Put(out, key.rkey.size(), 4);
+  PutFixed(&out, kKeyMagic, 4);
+  PutFixed(&out, kVersion, 2);
+  PutFixed(&out, 0, 2);
+  PutFixed(&out, key.base, 8);
+  PutFixed(&out, key.size_bytes, 8);
+  PutFixed(&out, key.rkey.size(), 4);
   out += key.rkey;
   return out;
 }
@@ -111,13 +109,13 @@ std::string EncodeRemoteKey(const RemoteKey& key) {
 Status DecodeRemoteKey(std::string_view bytes, RemoteKey* out) {
   TERN_REQUIRE(bytes.size() >= kKeyFixedBytes, kCorrupt, "ucx remote key of ", bytes.size(),
                " bytes is truncated");
-  TERN_REQUIRE(Get(bytes, 0, 4) == kKeyMagic, kCorrupt, "not a ucx remote key (bad magic)");
-  TERN_REQUIRE(Get(bytes, 4, 2) == kVersion, kProtocol, "ucx remote key version ", Get(bytes, 4, 2),
+  TERN_REQUIRE(DecodeFixedAt(bytes, 0, 4) == kKeyMagic, kCorrupt, "not a ucx remote key (bad magic)");
+  TERN_REQUIRE(DecodeFixedAt(bytes, 4, 2) == kVersion, kProtocol, "ucx remote key version ", DecodeFixedAt(bytes, 4, 2),
                ", this side v", kVersion);
-  TERN_REQUIRE(Get(bytes, 6, 2) == 0, kCorrupt, "ucx remote key with reserved bytes set");
-  out->base = Get(bytes, 8, 8);
-  out->size_bytes = Get(bytes, 16, 8);
-  const uint64_t rkey_bytes = Get(bytes, 24, 4);
+  TERN_REQUIRE(DecodeFixedAt(bytes, 6, 2) == 0, kCorrupt, "ucx remote key with reserved bytes set");
+  out->base = DecodeFixedAt(bytes, 8, 8);
+  out->size_bytes = DecodeFixedAt(bytes, 16, 8);
+  const uint64_t rkey_bytes = DecodeFixedAt(bytes, 24, 4);
   TERN_REQUIRE(rkey_bytes >= 1 && rkey_bytes <= kMaxRkeyBytes, kCorrupt, "ucx rkey of ", rkey_bytes,
                " bytes outside [1, ", kMaxRkeyBytes, "]");
   TERN_REQUIRE(bytes.size() == kKeyFixedBytes + rkey_bytes, kCorrupt, "ucx remote key of ",

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "base/wire_status.h"
 #include "transport/verbs/verbs_impl.h"
 
 namespace tern::verbs {
@@ -286,7 +287,7 @@ void VerbsConn::QueueAckLocked(uint64_t op, const Status& status) {
   o.queued_us = t_->NowUs();
   o.header.type = ControlType::kAck;
   o.header.a[0] = op;
-  o.header.a[1] = static_cast<uint64_t>(status.code());
+  o.header.a[1] = WireCode(status);
   if (!status.ok()) o.payload = status.message().substr(0, kMaxAckReason);
   outbox_.push_back(std::move(o));
 }
@@ -597,7 +598,7 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
             st = TERN_ERROR(kProtocol, "verbs: ", peer_, " acknowledged op ", h.a[0], ", which is not a chunk");
             break;
           }
-          FinishOpLocked(h.a[0], StatusFromWireCode(h.a[1], Printable(payload)), deferred);
+          FinishOpLocked(h.a[0], StatusFromWire(h.a[1], "peer", payload), deferred);
           break;
         }
         case ControlType::kMessage:

@@ -2,15 +2,13 @@
 
 #include <cstring>
 
+#include "base/coding.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
 
 namespace tern::verbs {
 
 namespace {
-
-constexpr auto& Put = transport_internal::PutLe;
-constexpr auto& Get = transport_internal::GetLe;
 
 constexpr uint16_t kFlagEthernet = 1;
 constexpr uint64_t kMaxCode = 15;  // Code::kAuth, the last registered code
@@ -19,44 +17,44 @@ constexpr uint64_t kMaxCode = 15;  // Code::kAuth, the last registered code
 
 std::string EncodeEndpoint(const QpEndpoint& ep) {
   std::string out;
-  Put(out, kEndpointMagic, 4);
-  Put(out, kVersion, 2);
-  Put(out, ep.ethernet ? kFlagEthernet : 0, 2);
-  Put(out, ep.qpn, 4);
-  Put(out, ep.psn, 4);
-  Put(out, ep.lid, 2);
-  Put(out, ep.mtu_bytes, 2);
-  Put(out, ep.port, 1);
-  Put(out, ep.gid_index, 1);
-  Put(out, ep.rd_atomic, 1);
-  Put(out, 0, 1);
+  PutFixed(&out, kEndpointMagic, 4);
+  PutFixed(&out, kVersion, 2);
+  PutFixed(&out, ep.ethernet ? kFlagEthernet : 0, 2);
+  PutFixed(&out, ep.qpn, 4);
+  PutFixed(&out, ep.psn, 4);
+  PutFixed(&out, ep.lid, 2);
+  PutFixed(&out, ep.mtu_bytes, 2);
+  PutFixed(&out, ep.port, 1);
+  PutFixed(&out, ep.gid_index, 1);
+  PutFixed(&out, ep.rd_atomic, 1);
+  PutFixed(&out, 0, 1);
   out.append(reinterpret_cast<const char*>(ep.gid), 16);
-  Put(out, ep.credits, 4);
-  Put(out, 0, 4);
+  PutFixed(&out, ep.credits, 4);
+  PutFixed(&out, 0, 4);
   return out;
 }
 
 Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out) {
   TERN_REQUIRE(bytes.size() == kEndpointBytes, kProtocol, "verbs endpoint of ", bytes.size(),
                " bytes, expected ", kEndpointBytes);
-  TERN_REQUIRE(Get(bytes, 0, 4) == kEndpointMagic, kProtocol, "verbs endpoint with bad magic");
-  const uint64_t version = Get(bytes, 4, 2);
+  TERN_REQUIRE(DecodeFixedAt(bytes, 0, 4) == kEndpointMagic, kProtocol, "verbs endpoint with bad magic");
+  const uint64_t version = DecodeFixedAt(bytes, 4, 2);
   TERN_REQUIRE(version == kVersion, kProtocol, "peer speaks tern verbs protocol v", version,
                ", this side v", kVersion);
-  const uint64_t flags = Get(bytes, 6, 2);
+  const uint64_t flags = DecodeFixedAt(bytes, 6, 2);
   TERN_REQUIRE((flags & ~uint64_t{kFlagEthernet}) == 0, kProtocol, "verbs endpoint with unknown flags");
-  TERN_REQUIRE(Get(bytes, 23, 1) == 0 && Get(bytes, 44, 4) == 0, kProtocol,
+  TERN_REQUIRE(DecodeFixedAt(bytes, 23, 1) == 0 && DecodeFixedAt(bytes, 44, 4) == 0, kProtocol,
                "verbs endpoint with reserved bytes set");
   out->ethernet = flags & kFlagEthernet;
-  out->qpn = static_cast<uint32_t>(Get(bytes, 8, 4));
-  out->psn = static_cast<uint32_t>(Get(bytes, 12, 4));
-  out->lid = static_cast<uint16_t>(Get(bytes, 16, 2));
-  out->mtu_bytes = static_cast<uint32_t>(Get(bytes, 18, 2));
-  out->port = static_cast<uint8_t>(Get(bytes, 20, 1));
-  out->gid_index = static_cast<uint8_t>(Get(bytes, 21, 1));
+  out->qpn = static_cast<uint32_t>(DecodeFixedAt(bytes, 8, 4));
+  out->psn = static_cast<uint32_t>(DecodeFixedAt(bytes, 12, 4));
+  out->lid = static_cast<uint16_t>(DecodeFixedAt(bytes, 16, 2));
+  out->mtu_bytes = static_cast<uint32_t>(DecodeFixedAt(bytes, 18, 2));
+  out->port = static_cast<uint8_t>(DecodeFixedAt(bytes, 20, 1));
+  out->gid_index = static_cast<uint8_t>(DecodeFixedAt(bytes, 21, 1));
   std::memcpy(out->gid, bytes.data() + 24, 16);
-  out->credits = static_cast<uint32_t>(Get(bytes, 40, 4));
-  out->rd_atomic = static_cast<uint8_t>(Get(bytes, 22, 1));
+  out->credits = static_cast<uint32_t>(DecodeFixedAt(bytes, 40, 4));
+  out->rd_atomic = static_cast<uint8_t>(DecodeFixedAt(bytes, 22, 1));
   TERN_REQUIRE(out->rd_atomic >= 1, kProtocol, "verbs endpoint accepting no RDMA reads");
   TERN_REQUIRE(out->qpn != 0 && out->qpn < (1u << 24), kProtocol, "verbs QP number ", out->qpn,
                " is not a 24-bit non-zero value");
@@ -75,28 +73,28 @@ Status DecodeEndpoint(std::string_view bytes, QpEndpoint* out) {
 std::string EncodeControl(const ControlHeader& header) {
   std::string out;
   out.reserve(kControlBytes);
-  Put(out, static_cast<uint8_t>(header.type), 1);
-  Put(out, kVersion, 1);
-  Put(out, header.credits, 2);
-  Put(out, header.payload_bytes, 4);
-  Put(out, header.rkey, 4);
-  Put(out, 0, 4);
-  for (uint64_t v : header.a) Put(out, v, 8);
+  PutFixed(&out, static_cast<uint8_t>(header.type), 1);
+  PutFixed(&out, kVersion, 1);
+  PutFixed(&out, header.credits, 2);
+  PutFixed(&out, header.payload_bytes, 4);
+  PutFixed(&out, header.rkey, 4);
+  PutFixed(&out, 0, 4);
+  for (uint64_t v : header.a) PutFixed(&out, v, 8);
   return out;
 }
 
 Status DecodeControl(std::string_view bytes, ControlHeader* out) {
   TERN_REQUIRE(bytes.size() == kControlBytes, kProtocol, "verbs control header of ", bytes.size(),
                " bytes, expected ", kControlBytes);
-  const uint64_t type = Get(bytes, 0, 1);
+  const uint64_t type = DecodeFixedAt(bytes, 0, 1);
   TERN_REQUIRE(type >= 1 && type <= 5, kProtocol, "verbs control type ", type, " unknown");
-  TERN_REQUIRE(Get(bytes, 1, 1) == kVersion, kProtocol, "verbs control version ", Get(bytes, 1, 1));
-  TERN_REQUIRE(Get(bytes, 12, 4) == 0, kProtocol, "verbs control header with reserved bytes set");
+  TERN_REQUIRE(DecodeFixedAt(bytes, 1, 1) == kVersion, kProtocol, "verbs control version ", DecodeFixedAt(bytes, 1, 1));
+  TERN_REQUIRE(DecodeFixedAt(bytes, 12, 4) == 0, kProtocol, "verbs control header with reserved bytes set");
   out->type = static_cast<ControlType>(type);
-  out->credits = static_cast<uint16_t>(Get(bytes, 2, 2));
-  out->payload_bytes = static_cast<uint32_t>(Get(bytes, 4, 4));
-  out->rkey = static_cast<uint32_t>(Get(bytes, 8, 4));
-  for (int i = 0; i < 6; ++i) out->a[i] = Get(bytes, 16 + 8 * i, 8);
+  out->credits = static_cast<uint16_t>(DecodeFixedAt(bytes, 2, 2));
+  out->payload_bytes = static_cast<uint32_t>(DecodeFixedAt(bytes, 4, 4));
+  out->rkey = static_cast<uint32_t>(DecodeFixedAt(bytes, 8, 4));
+  for (int i = 0; i < 6; ++i) out->a[i] = DecodeFixedAt(bytes, 16 + 8 * i, 8);
   TERN_REQUIRE(out->payload_bytes <= kMaxControlPayload, kProtocol, "verbs control payload of ",
                out->payload_bytes, " bytes exceeds ", kMaxControlPayload);
   TERN_REQUIRE(out->type == ControlType::kChunk || out->rkey == 0, kProtocol,
@@ -135,10 +133,10 @@ Status DecodeControl(std::string_view bytes, ControlHeader* out) {
 
 std::string EncodeSide(SideKind kind, std::string_view payload) {
   std::string out;
-  Put(out, kSideMagic, 4);
-  Put(out, kVersion, 2);
-  Put(out, static_cast<uint16_t>(kind), 2);
-  Put(out, payload.size(), 4);
+  PutFixed(&out, kSideMagic, 4);
+  PutFixed(&out, kVersion, 2);
+  PutFixed(&out, static_cast<uint16_t>(kind), 2);
+  PutFixed(&out, payload.size(), 4);
   out.append(payload);
   return out;
 }
@@ -146,13 +144,13 @@ std::string EncodeSide(SideKind kind, std::string_view payload) {
 Status DecodeSideHeader(std::string_view bytes, SideKind* kind, uint32_t* payload_bytes) {
   TERN_REQUIRE(bytes.size() == kSideHeaderBytes, kProtocol, "verbs side-channel header of ",
                bytes.size(), " bytes");
-  TERN_REQUIRE(Get(bytes, 0, 4) == kSideMagic, kProtocol,
+  TERN_REQUIRE(DecodeFixedAt(bytes, 0, 4) == kSideMagic, kProtocol,
                "not a tern verbs peer (bad side-channel magic)");
-  const uint64_t version = Get(bytes, 4, 2);
+  const uint64_t version = DecodeFixedAt(bytes, 4, 2);
   TERN_REQUIRE(version == kVersion, kProtocol, "peer speaks tern verbs protocol v", version,
                ", this side v", kVersion);
-  const uint64_t k = Get(bytes, 6, 2);
-  const uint64_t length = Get(bytes, 8, 4);
+  const uint64_t k = DecodeFixedAt(bytes, 6, 2);
+  const uint64_t length = DecodeFixedAt(bytes, 8, 4);
   switch (k) {
     case static_cast<uint16_t>(SideKind::kEndpoint):
       TERN_REQUIRE(length == kEndpointBytes, kProtocol, "verbs endpoint of ", length, " bytes");
@@ -173,19 +171,19 @@ Status DecodeSideHeader(std::string_view bytes, SideKind* kind, uint32_t* payloa
 
 std::string EncodeRegionKey(const RegionKey& key) {
   std::string out;
-  Put(out, kRegionKeyMagic, 4);
-  Put(out, key.rkey, 4);
-  Put(out, key.address, 8);
-  Put(out, key.size_bytes, 8);
+  PutFixed(&out, kRegionKeyMagic, 4);
+  PutFixed(&out, key.rkey, 4);
+  PutFixed(&out, key.address, 8);
+  PutFixed(&out, key.size_bytes, 8);
   return out;
 }
 
 Status DecodeRegionKey(std::string_view bytes, RegionKey* out) {
-  TERN_REQUIRE(bytes.size() == kRegionKeyBytes && Get(bytes, 0, 4) == kRegionKeyMagic,
+  TERN_REQUIRE(bytes.size() == kRegionKeyBytes && DecodeFixedAt(bytes, 0, 4) == kRegionKeyMagic,
                kInvalidArgument, "not a verbs region key (", bytes.size(), " bytes)");
-  out->rkey = static_cast<uint32_t>(Get(bytes, 4, 4));
-  out->address = Get(bytes, 8, 8);
-  out->size_bytes = Get(bytes, 16, 8);
+  out->rkey = static_cast<uint32_t>(DecodeFixedAt(bytes, 4, 4));
+  out->address = DecodeFixedAt(bytes, 8, 8);
+  out->size_bytes = DecodeFixedAt(bytes, 16, 8);
   TERN_REQUIRE(out->address + out->size_bytes >= out->address, kInvalidArgument,
                "verbs region key with a wrapping range");
   return Status::Ok();

@@ -1,0 +1,15 @@
+// Peer-supplied text (refusal reasons, file names from the wire) made safe
+// for a one-line message or log: bytes outside printable ASCII, and '\',
+// become \xNN. At most 4 output bytes per input byte.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace tern {
+
+std::string Printable(std::string_view bytes);
+// Whether every byte is printable ASCII (what Printable's output must be).
+bool IsPrintable(std::string_view s);
+
+}  // namespace tern
