@@ -60,8 +60,9 @@ inline void PutFixed(std::string* out, uint64_t v, int bytes) {
   out->append(reinterpret_cast<const char*>(&v), static_cast<size_t>(bytes));
 }
 inline void PutFixed(std::vector<uint8_t>* out, uint64_t v, int bytes) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out->insert(out->end(), p, p + bytes);
+  const size_t at = out->size();
+  out->resize(at + static_cast<size_t>(bytes));
+  std::memcpy(out->data() + at, &v, static_cast<size_t>(bytes));
 }
 template <class Out>
 void PutFixed16(Out* out, uint16_t v) {

@@ -22,8 +22,8 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using WallClock = std::chrono::steady_clock;  // not tern::Clock
+double Since(WallClock::time_point t0) { return std::chrono::duration<double>(WallClock::now() - t0).count(); }
 
 // CPU seconds of this process: on a shared, oversubscribed machine wall time
 // measures the neighbours as much as us.
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
 
   // memcpy baseline on the same byte count (buffers touched first).
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   double c0 = CpuNow();
   std::memcpy(b.data(), a.data(), bytes);
   const double memcpy_s = Since(t0), memcpy_cpu = CpuNow() - c0;
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(path);
   std::filesystem::remove_all(clone_path);
 
-  t0 = Clock::now();
+  t0 = WallClock::now();
   c0 = CpuNow();
   {
     CreateOptions options;
@@ -88,14 +88,14 @@ int main(int argc, char** argv) {
 
   auto base = Checkpoint::Open(path);
   if (!base.ok()) return Die(base.status());
-  t0 = Clock::now();
+  t0 = WallClock::now();
   c0 = CpuNow();
   uint64_t sum = 0;
   for (const auto& t : (*base)->view().tensors)
     for (uint64_t i = 0; i < t.desc->bytes(); i += 64) sum += t.data[i];
   const double read_s = Since(t0), read_cpu = CpuNow() - c0;
 
-  t0 = Clock::now();
+  t0 = WallClock::now();
   c0 = CpuNow();
   {
     auto c = WritableCheckpoint::CloneForWrite(**base, clone_path);
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     Status s = (*w)->Commit();
     if (!s.ok()) return Die(s);
   }
-  t0 = Clock::now();
+  t0 = WallClock::now();
   c0 = CpuNow();
   auto opened = Checkpoint::Open(small_path);
   const double open_s = Since(t0), open_cpu = CpuNow() - c0;
