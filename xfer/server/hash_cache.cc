@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <chrono>
 
-namespace tern::xfer {
+#include "base/log.h"
+#include "base/text.h"
 
-using transport_internal::LogLine;
-using transport_internal::Printable;
+namespace tern::xfer {
 
 HashJob::~HashJob() {
   if (fd >= 0) ::close(fd);

@@ -28,8 +28,8 @@
 #include <mutex>
 #include <string>
 
+#include "base/thread_tracker.h"
 #include "tern/transport.h"
-#include "transport/internal.h"
 #include "xfer/server/hasher.h"
 #include "xfer/server/served_file.h"
 
@@ -112,7 +112,7 @@ class HashCache {
   std::mutex slot_mu_;  // guards hashing_
   std::condition_variable slot_cv_;
   uint32_t hashing_ = 0;
-  transport_internal::ThreadTracker threads_;  // last member: joined first
+  ThreadTracker threads_;  // last member: joined first
 };
 
 }  // namespace tern::xfer

@@ -9,7 +9,7 @@ std::string BitmapFrom(uint64_t chunks, uint64_t first) {
   return bits;
 }
 
-std::shared_ptr<HeadSend> HeadSend::Start(transport_internal::ThreadTracker& threads,
+std::shared_ptr<HeadSend> HeadSend::Start(ThreadTracker& threads,
                                           std::shared_ptr<Connection> conn, MemoryRegion region,
                                           uint64_t window, uint64_t size_bytes, uint64_t chunk_bytes,
                                           uint64_t head_chunks, SendOptions options, Clock& clock) {

@@ -16,8 +16,8 @@
 #include <mutex>
 #include <string>
 
+#include "base/thread_tracker.h"
 #include "tern/xfer_chunks.h"
-#include "transport/internal.h"
 
 namespace tern::xfer {
 
@@ -27,7 +27,7 @@ std::string BitmapFrom(uint64_t chunks, uint64_t first);
 
 class HeadSend {
  public:
-  static std::shared_ptr<HeadSend> Start(transport_internal::ThreadTracker& threads,
+  static std::shared_ptr<HeadSend> Start(ThreadTracker& threads,
                                          std::shared_ptr<Connection> conn, MemoryRegion region,
                                          uint64_t window, uint64_t size_bytes, uint64_t chunk_bytes,
                                          uint64_t head_chunks, SendOptions options, Clock& clock);

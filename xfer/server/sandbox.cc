@@ -9,12 +9,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "transport/internal.h"
+#include "base/text.h"
 #include "xfer/xfer_wire.h"
 
 namespace tern::xfer {
-
-using transport_internal::Printable;
 
 Result<Sandbox> Sandbox::Open(const std::string& root) {
   char real[PATH_MAX];

@@ -9,8 +9,9 @@
 #include <mutex>
 #include <vector>
 
+#include "base/log.h"
+#include "base/thread_tracker.h"
 #include "tern/xfer.h"
-#include "transport/internal.h"
 #include "xfer/server/hash_cache.h"
 #include "xfer/server/sandbox.h"
 #include "xfer/server/session.h"
@@ -19,9 +20,6 @@
 namespace tern {
 
 namespace {
-
-using transport_internal::LogLine;
-using transport_internal::ThreadTracker;
 
 class Server final : public FileServer {
  public:

@@ -4,10 +4,10 @@
 #include <chrono>
 #include <utility>
 
-namespace tern::xfer {
+#include "base/log.h"
+#include "base/text.h"
 
-using transport_internal::LogLine;
-using transport_internal::Printable;
+namespace tern::xfer {
 
 ConnectionHandlers Session::Handlers() {
   ConnectionHandlers h;

@@ -18,8 +18,8 @@
 #include <mutex>
 #include <string>
 
+#include "base/thread_tracker.h"
 #include "tern/xfer.h"
-#include "transport/internal.h"
 #include "xfer/server/hash_cache.h"
 #include "xfer/server/head_send.h"
 #include "xfer/server/sandbox.h"
@@ -46,7 +46,7 @@ class Session : public std::enable_shared_from_this<Session> {
     HashCache& hashes;
     const FileServerOptions& options;
     Clock& clock;
-    transport_internal::ThreadTracker& threads;  // for head sends
+    ThreadTracker& threads;  // for head sends
   };
 
   Session(Context context, std::shared_ptr<Connection> conn) : cx_(context), conn_(std::move(conn)) {}
