@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tern/clock.h"
 #include "tern/fault_transport.h"
 #include "tern/xfer.h"
 #include "tern/loopback_transport.h"
@@ -246,6 +247,38 @@ TEST_F(FileServiceTest, StaleStateForAChangedFileIsIgnored) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->resumed_bytes, 0u);
   EXPECT_EQ(Read(dir_ / "out"), data_);
+}
+
+// Both backoffs of a fetch (ConnectWait's between refused connects, the
+// fetch's own between attempts) sleep on the clock passed in: on a FakeClock
+// minutes of backoff take no real time.
+TEST_F(FileServiceTest, FetchBacksOffOnTheGivenClock) {
+  FaultPolicy fp;
+  fp.refuse_connects = 2;         // two ConnectWait retries
+  fp.drop_after_bytes = 1 << 20;  // then one dropped attempt: a fetch retry
+  auto faulty = NewFaultTransport(*client_t_, fp);
+  FetchOptions o = fo_;
+  o.retry = RetryPolicy{5, 60'000, 600'000};  // 1 min, 2 min, ...: real sleeps would hang here
+  FakeClock clock;
+  std::atomic<bool> done{false};
+  Result<FetchResult> r{Status(Code::kInternal, "not run")};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread fetch([&] {
+    r = FetchFile(*faulty, "files", "sub/f.bin", (dir_ / "out").string(), o, clock);
+    done = true;
+  });
+  int wakeups = 0;
+  while (!done) wakeups += clock.AdvanceToNextSleeper(/*real_wait_ms=*/10);
+  fetch.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Read(dir_ / "out"), data_);
+  EXPECT_EQ(r->reconnects, 1u);
+  EXPECT_EQ(wakeups, 3);
+  EXPECT_EQ(clock.sleeps_done(), 3u);
+  EXPECT_GE(clock.NowUs(), uint64_t{60 + 120 + 60} * 1'000'000);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_EQ(faulty->stats().refused, 2u);
+  EXPECT_EQ(faulty->stats().dropped, 1u);
 }
 
 // A connection that carried nothing (like a late one ConnectWait gave up
