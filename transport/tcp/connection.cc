@@ -17,7 +17,6 @@ namespace tern::tcp {
 
 using transport_internal::Complete;
 using transport_internal::LogLine;
-using transport_internal::StatusFromWireCode;
 using transport_internal::Xxh3;
 
 void BlockSigpipe() {

@@ -17,7 +17,6 @@ namespace tern::verbs {
 
 using transport_internal::Complete;
 using transport_internal::Printable;
-using transport_internal::StatusFromWireCode;
 using transport_internal::CheckWriteRanges;
 using transport_internal::Xxh3;
 
