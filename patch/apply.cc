@@ -74,25 +74,17 @@ class ChangeBatch {
 constexpr uint64_t kPrefetchAhead = 32;
 
 // The checks both apply paths make before touching the view, in one place so
-// both report the same errors.
-struct Prepared {
-  ParsedPatch patch;
-  std::vector<uint64_t> seeds;  // per tensor
-};
-
-Result<Prepared> Prepare(const MutableServeView& view, std::span<const uint8_t> patch,
-                         const ViewDigest& current_digest) {
-  Prepared out;
-  TERN_ASSIGN_OR_RETURN(out.patch, patchfmt::ParsePatch(patch));
-  const ParsedPatch& p = out.patch;
+// both report the same errors. Returns each tensor's digest seed.
+Result<std::vector<uint64_t>> Prepare(const MutableServeView& view, const ParsedPatch& p,
+                                      const ViewDigest& current_digest) {
   std::vector<const TensorDesc*> descs;
   for (const auto& t : view.tensors) descs.push_back(t.desc);
   TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
   TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
                ", the patch applies to ", p.base_digest.ToString());
-  out.seeds.resize(p.tensors.size());
-  for (size_t t = 0; t < out.seeds.size(); ++t) out.seeds[t] = TensorSeed(p.tensors[t].desc);
-  return out;
+  std::vector<uint64_t> seeds(p.tensors.size());
+  for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(p.tensors[t].desc);
+  return seeds;
 }
 
 // The base digest plus every record's digest change must be the target.
@@ -156,17 +148,27 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
 
 Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
              ThreadPool& pool, const ApplyOptions& options, ViewDigest* new_digest) {
-  if (options.exclusive_view) return patchfmt::ApplyExclusive(view, patch, current_digest, pool, new_digest);
-  return patchfmt::ApplyWithStaging(view, patch, current_digest, pool, new_digest, patchfmt::kApplyStagingBytes);
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
+  return patchfmt::ApplyParsed(view, p, current_digest, pool, options, new_digest);
 }
 
 namespace patchfmt {
 
+Status ApplyParsed(MutableServeView& view, const ParsedPatch& patch, const ViewDigest& current_digest,
+                   ThreadPool& pool, const ApplyOptions& options, ViewDigest* new_digest) {
+  if (options.exclusive_view) return ApplyExclusive(view, patch, current_digest, pool, new_digest);
+  return ApplyWithStaging(view, patch, current_digest, pool, new_digest, kApplyStagingBytes);
+}
+
 Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
                         ThreadPool& pool, ViewDigest* new_digest, uint64_t staging_bytes_max) {
-  TERN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(view, patch, current_digest));
-  const ParsedPatch& p = prepared.patch;
-  const std::vector<uint64_t>& seeds = prepared.seeds;
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, ParsePatch(patch));
+  return ApplyWithStaging(view, p, current_digest, pool, new_digest, staging_bytes_max);
+}
+
+Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
+                        ThreadPool& pool, ViewDigest* new_digest, uint64_t staging_bytes_max) {
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
 
   // Pass 1: decode everything and compute the target digest from the changes
   // alone. Nothing is written until it matches. When the decoded changes fit
@@ -372,9 +374,13 @@ void UndoChanges(MutableServeView& view, const ParsedPatch& p, const std::vector
 
 Status ApplyExclusive(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
                       ThreadPool& pool, ViewDigest* new_digest) {
-  TERN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(view, patch, current_digest));
-  const ParsedPatch& p = prepared.patch;
-  const std::vector<uint64_t>& seeds = prepared.seeds;
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, ParsePatch(patch));
+  return ApplyExclusive(view, p, current_digest, pool, new_digest);
+}
+
+Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
+                      ThreadPool& pool, ViewDigest* new_digest) {
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
   std::vector<ViewDigest> partial(p.records.size());
   std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
   Status s = ForEachRecord(p, pool, [&](uint64_t k) {

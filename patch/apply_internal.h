@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 
+#include "patch/container.h"
 #include "tern/patch.h"
 
 namespace tern::patchfmt {
@@ -24,6 +25,16 @@ Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, 
 // change; on failure every written change is subtracted again. O(1) memory
 // per thread. Same errors as ApplyWithStaging.
 Status ApplyExclusive(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
+                      ThreadPool& pool, ViewDigest* new_digest);
+
+// The same on a patch the caller has parsed (and so checked) once already,
+// e.g. ApplyCheckpoint, which reads the base digest before it stages a copy.
+// `patch`'s records point into the caller's bytes, which must outlive the call.
+Status ApplyParsed(MutableServeView& view, const ParsedPatch& patch, const ViewDigest& current_digest,
+                   ThreadPool& pool, const ApplyOptions& options, ViewDigest* new_digest);
+Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& patch, const ViewDigest& current_digest,
+                        ThreadPool& pool, ViewDigest* new_digest, uint64_t staging_bytes_max);
+Status ApplyExclusive(MutableServeView& view, const ParsedPatch& patch, const ViewDigest& current_digest,
                       ThreadPool& pool, ViewDigest* new_digest);
 
 }  // namespace tern::patchfmt

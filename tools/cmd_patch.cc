@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tern/apply_checkpoint.h"
 #include "tern/thread_pool.h"
 #include "tern/checkpoint.h"
 #include "tern/digest.h"
@@ -92,38 +93,16 @@ Status Apply(const ApplyArgs& a) {
   TERN_ASSIGN_OR_RETURN(auto base, Checkpoint::Open(base_path));
   ThreadPool pool(a.threads);
 
-  // Check the patch and the base before staging a copy of anything.
-  const double t0 = NowSeconds();
-  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patch->bytes()));
-  const ViewDigest base_digest = ComputeDigest(base->view(), pool);
-  if (!(base_digest == info.base_digest))
-    return TERN_ERROR(kMismatch, base_path, " is not this patch's base: its digest is ",
-                      base_digest.ToString(), ", the patch needs ", info.base_digest.ToString());
-
-  CloneOptions clone_options;
-  clone_options.overwrite = a.force;
-  TERN_ASSIGN_OR_RETURN(auto staged, WritableCheckpoint::CloneForWrite(*base, out, clone_options));
-  const double t1 = NowSeconds();
-  ViewDigest new_digest;
-  // The staged copy is ours alone until Commit (and removed on failure), so
-  // Apply may write while it verifies: one pass over the changed lines.
-  ApplyOptions apply_options;
-  apply_options.exclusive_view = true;
-  TERN_RETURN_IF_ERROR(tern::Apply(staged->view(), patch->bytes(), base_digest, pool, apply_options, &new_digest));
-  const double t2 = NowSeconds();
-  if (a.verify_full) {
-    const ViewDigest scrub = ComputeDigest(AsConst(staged->view()), pool);
-    if (!(scrub == new_digest))
-      return TERN_ERROR(kInternal, "full re-digest of the result disagrees with the patch: ",
-                        scrub.ToString(), " vs ", new_digest.ToString());
-  }
-  TERN_RETURN_IF_ERROR(staged->Commit());
+  ApplyCheckpointOptions options;
+  options.overwrite = a.force;
+  options.verify_full = a.verify_full;
+  TERN_ASSIGN_OR_RETURN(ApplyCheckpointResult r, ApplyCheckpoint(*base, patch->bytes(), out, pool, options));
   std::fprintf(stderr,
                "tern apply: wrote %s (v%llu %s): %llu elements changed; verify+stage %.2f s, "
                "apply %.3f s\n",
-               out.c_str(), static_cast<unsigned long long>(info.target_version),
-               new_digest.ToString().c_str(),
-               static_cast<unsigned long long>(info.changed_elements), t1 - t0, t2 - t1);
+               out.c_str(), static_cast<unsigned long long>(r.target_version),
+               r.target_digest.ToString().c_str(), static_cast<unsigned long long>(r.changed_elements),
+               r.check_stage_s, r.apply_s);
   return Status::Ok();
 }
 
