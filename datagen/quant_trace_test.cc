@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/owned_view.h"
 #include "tern/thread_pool.h"
 #include "tern/digest.h"
 #include "tern/patch.h"
@@ -43,28 +44,7 @@ std::unique_ptr<TraceGenerator> Make(const TraceConfig& c, ThreadPool& pool) {
   return g.ok() ? std::move(g).value() : nullptr;
 }
 
-// An owned copy of a view (descs and bytes), mutable for Apply.
-struct OwnedView {
-  std::vector<TensorDesc> descs;
-  std::vector<std::vector<uint8_t>> bytes;
-  explicit OwnedView(const ServeView& v) {
-    descs.reserve(v.tensors.size());
-    for (const auto& t : v.tensors) {
-      descs.push_back(*t.desc);
-      bytes.emplace_back(t.data, t.data + t.desc->bytes());
-    }
-  }
-  ServeView View() const {
-    ServeView v;
-    for (size_t i = 0; i < descs.size(); ++i) v.tensors.push_back({&descs[i], bytes[i].data()});
-    return v;
-  }
-  MutableServeView Mutable() {
-    MutableServeView v;
-    for (size_t i = 0; i < descs.size(); ++i) v.tensors.push_back({&descs[i], bytes[i].data()});
-    return v;
-  }
-};
+using testing::OwnedView;
 
 std::vector<uint8_t> Bytes(const ServeView& view) {
   std::vector<uint8_t> out;
@@ -141,10 +121,10 @@ TEST(QuantTraceTest, EveryStepDiffsAndAppliesBitwise) {
       uint64_t changed = 0;
       for (size_t i = 0; i < base.descs.size(); ++i) {
         const uint64_t n = base.descs[i].elements();
-        const uint64_t w = base.bytes[i].size() / n;
+        const uint64_t w = base.data[i].size() / n;
         const uint8_t* now = gen->view().tensors[i].data;
         uint64_t c = 0;
-        for (uint64_t e = 0; e < n; ++e) c += std::memcmp(base.bytes[i].data() + e * w, now + e * w, w) != 0;
+        for (uint64_t e = 0; e < n; ++e) c += std::memcmp(base.data[i].data() + e * w, now + e * w, w) != 0;
         EXPECT_EQ(c, stats.changed_per_tensor[i]) << format << " " << base.descs[i].name;
         changed += c;
       }

@@ -1,38 +1,17 @@
-// Owned serve views and change generators for the codec tests.
+// Owned serve views (tests/support/owned_view.h) and change generators for
+// the codec tests.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "patch/element_access.h"
 #include "tern/view.h"
+#include "tests/support/owned_view.h"
 
 namespace tern::testing {
-
-struct OwnedView {
-  std::deque<TensorDesc> descs;  // deque: stable addresses for the refs
-  std::deque<std::vector<uint8_t>> data;
-
-  void Add(std::string name, DType dtype, std::vector<uint64_t> shape) {
-    descs.push_back(TensorDesc{std::move(name), dtype, std::move(shape)});
-    data.emplace_back(descs.back().bytes(), 0);
-  }
-  MutableServeView Mutable() {
-    MutableServeView v;
-    for (size_t i = 0; i < descs.size(); ++i) v.tensors.push_back({&descs[i], data[i].data()});
-    SortAndCheck(v).IgnoreError();
-    return v;
-  }
-  ServeView View() const {
-    ServeView v;
-    for (size_t i = 0; i < descs.size(); ++i) v.tensors.push_back({&descs[i], data[i].data()});
-    SortAndCheck(v).IgnoreError();
-    return v;
-  }
-};
 
 inline uint64_t Get(const std::vector<uint8_t>& d, int w, uint64_t i) {
   return patchfmt::DispatchWidth(w, [&]<int W>() { return patchfmt::LoadElement<W>(d.data(), i); });

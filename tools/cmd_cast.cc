@@ -2,10 +2,10 @@
 // one of the quantized layouts of docs/quantization.md.
 #include <cstdio>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "base/strings.h"
 #include "tern/cast_checkpoint.h"
 #include "tern/thread_pool.h"
 #include "tools/cli_util.h"
@@ -13,15 +13,6 @@
 
 namespace tern::cli {
 namespace {
-
-std::vector<std::string> SplitCommas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 struct CastArgs {
   // Flags.

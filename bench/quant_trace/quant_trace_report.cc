@@ -15,10 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "base/strings.h"
+#include "tests/support/owned_view.h"
 #include "tern/thread_pool.h"
 #include "tern/patch.h"
 #include "tern/quant_plan.h"
@@ -29,30 +30,7 @@
 namespace tern {
 namespace {
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-struct OwnedView {
-  std::vector<TensorDesc> descs;
-  std::vector<std::vector<uint8_t>> bytes;
-  explicit OwnedView(const ServeView& v) {
-    for (const auto& t : v.tensors) {
-      descs.push_back(*t.desc);
-      bytes.emplace_back(t.data, t.data + t.desc->bytes());
-    }
-  }
-  ServeView View() const {
-    ServeView v;
-    for (size_t i = 0; i < descs.size(); ++i) v.tensors.push_back({&descs[i], bytes[i].data()});
-    return v;
-  }
-};
+using testing::OwnedView;
 
 // Code values per stored element, and the value at index k of an element.
 unsigned ValuesPerElement(DType d, bool quantized) {
@@ -164,10 +142,10 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     Tally t;
     for (size_t k = 0; k < now.tensors.size(); ++k) {
       const TensorDesc& d = base.descs[k];
-      const uint8_t* a = base.bytes[k].data();
+      const uint8_t* a = base.data[k].data();
       const uint8_t* b = now.tensors[k].data;
       const uint64_t n = d.elements();
-      const uint64_t w = n ? base.bytes[k].size() / n : 1;
+      const uint64_t w = n ? base.data[k].size() / n : 1;
       const Role& r = roles[k];
       if (r.kind == 0) {
         for (uint64_t e = 0; e < n; ++e) t.kept_changed += std::memcmp(a + e * w, b + e * w, w) != 0;
@@ -185,11 +163,11 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
             if (base.descs[m].name == r.scale_name) return m;
           return size_t{0};
         }();
-        const uint64_t sw = base.bytes[si].size() / base.descs[si].elements();
+        const uint64_t sw = base.data[si].size() / base.descs[si].elements();
         const uint64_t groups = base.descs[si].elements();
         std::vector<uint8_t> rescaled(groups);
         for (uint64_t g = 0; g < groups; ++g)
-          rescaled[g] = std::memcmp(base.bytes[si].data() + g * sw, now.tensors[si].data + g * sw, sw) != 0;
+          rescaled[g] = std::memcmp(base.data[si].data() + g * sw, now.tensors[si].data + g * sw, sw) != 0;
         t.groups += groups;
         for (uint8_t x : rescaled) t.groups_changed += x;
         const unsigned per = ValuesPerElement(d.dtype, true);
@@ -279,7 +257,7 @@ void AddFlags(CLI::App& app, Args& a) {
 
 Status Check(Args& a) {
   TERN_ASSIGN_OR_RETURN(a.shape, ChooseModelShape(a.params));
-  for (const std::string& lr_text : Split(a.lrs)) {
+  for (const std::string& lr_text : SplitCommas(a.lrs)) {
     char* end = nullptr;
     const double lr = std::strtod(lr_text.c_str(), &end);
     TERN_REQUIRE(!lr_text.empty() && *end == '\0' && std::isfinite(lr), kInvalidArgument,
@@ -301,11 +279,11 @@ Status Run(const Args& a) {
               "groups whose scale changed | changed codes in those groups | codes rewritten in those groups | "
               "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const std::string& lr_text : Split(a.lrs)) {
-    for (const std::string& format : Split(a.formats)) {
+  for (const std::string& lr_text : SplitCommas(a.lrs)) {
+    for (const std::string& format : SplitCommas(a.formats)) {
       TERN_ASSIGN_OR_RETURN(const QuantSpec spec, ParseQuantFormat(format));
       const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
-      for (const std::string& policy : Split(a.policies)) {
+      for (const std::string& policy : SplitCommas(a.policies)) {
         if (plain && policy != "band") continue;
         TraceConfig config;
         config.shape = shape;

@@ -50,7 +50,6 @@ import importlib.util
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -61,38 +60,9 @@ import numpy as np
 F32 = np.float32
 SKIP = 77
 
-# --- safetensors, raw (our reader: dtype string, shape, numpy array) ---------
-
-NP = {"F32": np.float32, "BF16": np.uint16, "F16": np.uint16, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
-      "U8": np.uint8, "I32": np.int32, "I64": np.int64}
-
-
-def write_safetensors(path, tensors):
-    """tensors: name -> (dtype string, shape, array)."""
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, (dt, shape, arr) in tensors.items():
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((-len(h)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, info in header.items():
-        a, b = info["data_offsets"]
-        arr = np.frombuffer(data[8 + n + a:8 + n + b], dtype=NP[info["dtype"]]).reshape(info["shape"])
-        out[name] = (info["dtype"], tuple(info["shape"]), arr.copy())
-    return out
+# safetensors, raw (our reader: dtype string, shape, numpy array).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
 
 
 def tampered(src_dir, dst_dir, name, fn):

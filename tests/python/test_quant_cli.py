@@ -5,7 +5,6 @@ Usage: test_quant_cli.py PATH/TO/tern
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -13,39 +12,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import f32_tensors, read_safetensors, write_safetensors  # noqa: E402
 from test_quant_ml_dtypes import reference_fp8, reference_nvfp4  # noqa: E402
 import ml_dtypes as md  # noqa: E402
-
-DTYPES = {"F32": np.float32, "BF16": np.uint16, "F16": np.uint16, "F8_E4M3": np.uint8,
-          "U8": np.uint8, "I32": np.int32, "I64": np.int64}
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, arr in tensors.items():
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((-len(h)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, info in header.items():
-        a, b = info["data_offsets"]
-        raw = data[8 + n + a:8 + n + b]
-        out[name] = (info["dtype"], tuple(info["shape"]), np.frombuffer(raw, dtype=DTYPES[info["dtype"]]))
-    return out
-
 
 def run(tern, *args):
     return subprocess.run([tern, *args], capture_output=True, text=True, check=False)
@@ -71,7 +40,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "master")
         os.mkdir(src)
-        write_safetensors(os.path.join(src, "model.safetensors"), master)
+        write_safetensors(os.path.join(src, "model.safetensors"), f32_tensors(master))
         with open(os.path.join(src, "config.json"), "w") as f:
             f.write('{"model_type": "llama", "hidden_size": 384}\n')
 
@@ -86,8 +55,8 @@ def main() -> int:
             check(w is not None and w[0] == "F8_E4M3" and w[1] == (256, 384), "fp8 weight layout")
             check(s is not None and s[0] == "F32" and s[1] == (2, 3), "fp8 weight_scale_inv layout")
             want_q, want_s = reference_fp8(down, "block", md.float8_e4m3fn, 448.0)
-            check(w is not None and np.array_equal(w[2], want_q.reshape(-1)), "fp8 codes = reference")
-            check(s is not None and np.array_equal(s[2].view(np.uint32), want_s.reshape(-1).view(np.uint32)),
+            check(w is not None and np.array_equal(w[2].reshape(-1), want_q.reshape(-1)), "fp8 codes = reference")
+            check(s is not None and np.array_equal(s[2].reshape(-1).view(np.uint32), want_s.reshape(-1).view(np.uint32)),
                   "fp8 scales = reference")
             check(t["model.layers.0.input_layernorm.weight"][0] == "BF16", "norm kept as BF16")
             check(t["model.embed_tokens.weight"][0] == "BF16", "embedding kept as BF16")
@@ -109,7 +78,7 @@ def main() -> int:
             check(t[p + "weight"][0] == "U8" and t[p + "weight"][1] == (256, 192), "nvfp4 weight layout")
             check(t[p + "weight_scale"][0] == "F8_E4M3" and t[p + "weight_scale"][1] == (256, 24),
                   "nvfp4 weight_scale layout")
-            check(np.array_equal(t[p + "weight"][2], codes), "nvfp4 codes = reference")
+            check(np.array_equal(t[p + "weight"][2].reshape(-1), codes.reshape(-1)), "nvfp4 codes = reference")
             check(t[p + "weight_scale_2"][1] == (1,) and t[p + "input_scale"][1] == (1,), "nvfp4 scalars")
             check(t["model.layers.0.self_attn.q_proj.weight"][0] == "BF16", "q_proj stays BF16")
 
@@ -120,7 +89,7 @@ def main() -> int:
         step = dict(master)
         step["model.layers.0.mlp.down_proj.weight"] = down + np.float32(1e-6) * rng.standard_normal(down.shape).astype(np.float32)
         src2 = os.path.join(tmp, "master2.safetensors")
-        write_safetensors(src2, step)
+        write_safetensors(src2, f32_tensors(step))
         r2 = run(tern, "cast", "--format", "int4-g128", src2, "--previous", a, "-o", b)
         check(r1.returncode == 0 and r2.returncode == 0, f"int4 casts failed: {r1.stderr}{r2.stderr}")
         if r1.returncode == 0 and r2.returncode == 0:
@@ -136,7 +105,7 @@ def main() -> int:
         bad["model.layers.0.mlp.down_proj.weight"] = down.copy()
         bad["model.layers.0.mlp.down_proj.weight"][3, 7] = np.nan
         src3 = os.path.join(tmp, "nan.safetensors")
-        write_safetensors(src3, bad)
+        write_safetensors(src3, f32_tensors(bad))
         r = run(tern, "cast", "--format", "fp8-e4m3-channel", src3, "-o", os.path.join(tmp, "y.safetensors"))
         check(r.returncode != 0 and "NaN/Inf" in r.stderr and "element 1159" in r.stderr,
               f"NaN error: {r.stderr.strip()}")
