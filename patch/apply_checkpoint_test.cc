@@ -4,7 +4,6 @@
 #include "tern/apply_checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -14,24 +13,14 @@
 
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
+#include "tests/support/temp_dir.h"
 
 namespace tern {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "tern_apply_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -90,9 +79,9 @@ class ApplyCheckpointTest : public ::testing::TestWithParam<bool> {
   }
 
   // Nothing at OUT, nothing staged beside it.
-  void ExpectNoOutput() { EXPECT_EQ(Entries(out_dir_ / ""), std::vector<std::string>{}); }
+  void ExpectNoOutput() { EXPECT_EQ(Entries(out_dir_.path()), std::vector<std::string>{}); }
 
-  TempDir in_, out_dir_;
+  TempDir in_{"tern_apply"}, out_dir_{"tern_apply_out"};
   std::string base_, target_, out_;
   std::vector<uint8_t> patch_;
   std::unique_ptr<Checkpoint> base_ckpt_;
@@ -116,7 +105,7 @@ TEST_P(ApplyCheckpointTest, GoodApplyIsBitwiseTheTarget) {
   } else {
     EXPECT_EQ(Slurp(out_), Slurp(target_));
   }
-  EXPECT_EQ(Entries(out_dir_ / ""), std::vector<std::string>{fs::path(out_).filename().string()});
+  EXPECT_EQ(Entries(out_dir_.path()), std::vector<std::string>{fs::path(out_).filename().string()});
 }
 
 TEST_P(ApplyCheckpointTest, WrongBaseLeavesNoOutput) {
@@ -171,7 +160,7 @@ TEST_P(ApplyCheckpointTest, FailedCommitRemovesTheStagedCopy) {
   auto r = ApplyCheckpoint(*base_ckpt_, patch_, out_, pool_, options);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kAlreadyExists) << r.status().ToString();
-  EXPECT_EQ(Entries(out_dir_ / ""), std::vector<std::string>{fs::path(out_).filename().string()});
+  EXPECT_EQ(Entries(out_dir_.path()), std::vector<std::string>{fs::path(out_).filename().string()});
   EXPECT_EQ(Slurp(out_), "someone else's");
 }
 
