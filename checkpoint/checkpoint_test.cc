@@ -10,19 +10,15 @@
 #include <iterator>
 #include <random>
 
-#include "tests/support/temp_dir.h"
+#include "tests/support/files.h"
 
 namespace tern {
 namespace {
 
 namespace fs = std::filesystem;
 
+using testing::Slurp;
 using testing::TempDir;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 int StagingLeftovers(const std::string& dir) {
   int n = 0;

@@ -13,19 +13,15 @@
 
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
-#include "tests/support/temp_dir.h"
+#include "tests/support/files.h"
 
 namespace tern {
 namespace {
 
 namespace fs = std::filesystem;
 
+using testing::Slurp;
 using testing::TempDir;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> out;

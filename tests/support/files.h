@@ -1,15 +1,18 @@
-// A fresh directory under gtest's temporary directory, removed with
-// everything in it when the object goes away.
+// Files for tests: a temporary directory, and reading a whole file.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 namespace tern::testing {
 
+// A fresh directory under gtest's temporary directory, removed with
+// everything in it when the object goes away.
 class TempDir {
  public:
   // `prefix` names the directory (prefix_XXXXXX) so a leftover is traceable.
@@ -31,5 +34,11 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The bytes of a file ("" when it cannot be read).
+inline std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 }  // namespace tern::testing
