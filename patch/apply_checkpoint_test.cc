@@ -5,10 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <random>
 
 #include "tern/patch.h"
