@@ -48,9 +48,13 @@ mkdir -p "$run_dir"
 fuzz_one() {
   local name=$1 binary=$2 corpus=$3
   local scratch=$run_dir/$name.corpus artifacts=$build/artifacts/$name
-  mkdir -p "$scratch" "$artifacts"
-  cp -r "$corpus"/. "$scratch"/
   local rc=0
+  mkdir -p "$scratch" "$artifacts"
+  if [[ ! -d $corpus ]] || ! cp -r "$corpus"/. "$scratch"/; then
+    echo "fuzz.sh: cannot copy the corpus $corpus (tern_fuzzer CORPUS must be a directory)" >"$run_dir/$name.log"
+    echo 2 >"$run_dir/$name.rc"
+    return
+  fi
   "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "$scratch" \
     >"$run_dir/$name.log" 2>&1 || rc=$?
