@@ -83,7 +83,7 @@ for line in "${selected[@]}"; do
     failed+=("$name")
     echo "fuzz: $name FAILED (exit $(cat "$run_dir/$name.rc" 2>/dev/null)); from $log:"
     # The sanitizer's or libFuzzer's report and its stack, else the log's end.
-    first=$(grep -n -m1 -E '==ERROR|runtime error:|ERROR: libFuzzer|deadly signal' "$log" | cut -d: -f1)
+    first=$(grep -n -m1 -E '==ERROR|runtime error:|ERROR: libFuzzer|deadly signal' "$log" | cut -d: -f1 || true)
     if [[ -n $first ]]; then
       sed -n "${first},$((first + 30))p" "$log" | sed 's/^/  | /'
     else
