@@ -52,6 +52,18 @@ Result<uint64_t> ParseUnsigned(std::string_view text, uint64_t max) {
   return v;
 }
 
+std::vector<std::string> SplitCommas(std::string_view text) {
+  std::vector<std::string> out;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
 Result<uint64_t> ParseCount(std::string_view text, uint64_t max) {
   const Status bad(Code::kInvalidArgument,
                    Quote(text) + " is not a count (digits with an optional K, M, G or T)");

@@ -39,6 +39,10 @@ Result<uint64_t> ParseUnsigned(std::string_view text,
 Result<uint64_t> ParseCount(std::string_view text,
                             uint64_t max = std::numeric_limits<uint64_t>::max());
 
+// "a,b,,c" -> {"a", "b", "c"}: the items of a comma-separated flag value,
+// empty items dropped (so "" and "," give none), no trimming.
+std::vector<std::string> SplitCommas(std::string_view text);
+
 // CLI11 transformers: the value must parse as above; it is replaced by its
 // canonical decimal form.
 CLI::Validator UnsignedArg(uint64_t max = std::numeric_limits<uint64_t>::max());

@@ -46,6 +46,16 @@ TEST(ParseUnsigned, RefusesOverflowAndValuesAboveTheMaximum) {
   EXPECT_EQ(ParseUnsigned("100", 100).value(), 100u);
 }
 
+TEST(SplitCommas, ItemsInOrderEmptyOnesDropped) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(SplitCommas("a,b,c"), (V{"a", "b", "c"}));
+  EXPECT_EQ(SplitCommas("a,,b,"), (V{"a", "b"}));
+  EXPECT_EQ(SplitCommas(",lm_head"), (V{"lm_head"}));
+  EXPECT_EQ(SplitCommas(" a , b"), (V{" a ", " b"}));  // no trimming: names are exact
+  EXPECT_EQ(SplitCommas(""), V{});
+  EXPECT_EQ(SplitCommas(",,,"), V{});
+}
+
 TEST(ParseCount, SuffixesAreExactPowersOfAThousand) {
   EXPECT_EQ(ParseCount("1048576").value(), 1048576u);
   EXPECT_EQ(ParseCount("300K").value(), 300'000u);

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "base/strings.h"
 #include "tern/cast_checkpoint.h"
 #include "tern/thread_pool.h"
+#include "tools/cli_args.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 

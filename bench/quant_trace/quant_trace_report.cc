@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "base/strings.h"
 #include "tests/support/owned_view.h"
 #include "tern/thread_pool.h"
 #include "tern/patch.h"
@@ -257,7 +256,7 @@ void AddFlags(CLI::App& app, Args& a) {
 
 Status Check(Args& a) {
   TERN_ASSIGN_OR_RETURN(a.shape, ChooseModelShape(a.params));
-  for (const std::string& lr_text : SplitCommas(a.lrs)) {
+  for (const std::string& lr_text : cli::SplitCommas(a.lrs)) {
     char* end = nullptr;
     const double lr = std::strtod(lr_text.c_str(), &end);
     TERN_REQUIRE(!lr_text.empty() && *end == '\0' && std::isfinite(lr), kInvalidArgument,
@@ -279,11 +278,11 @@ Status Run(const Args& a) {
               "groups whose scale changed | changed codes in those groups | codes rewritten in those groups | "
               "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const std::string& lr_text : SplitCommas(a.lrs)) {
-    for (const std::string& format : SplitCommas(a.formats)) {
+  for (const std::string& lr_text : cli::SplitCommas(a.lrs)) {
+    for (const std::string& format : cli::SplitCommas(a.formats)) {
       TERN_ASSIGN_OR_RETURN(const QuantSpec spec, ParseQuantFormat(format));
       const bool plain = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
-      for (const std::string& policy : SplitCommas(a.policies)) {
+      for (const std::string& policy : cli::SplitCommas(a.policies)) {
         if (plain && policy != "band") continue;
         TraceConfig config;
         config.shape = shape;
