@@ -62,7 +62,7 @@ HEADER_MODULE = {
     "fault_transport.h": "transport",
     # domain modules
     "xfer.h": "xfer", "xfer_chunks.h": "xfer",
-    "patch.h": "patch", "digest.h": "patch",
+    "patch.h": "patch", "digest.h": "patch", "apply_checkpoint.h": "patch",
     "quantize.h": "quant", "quant_plan.h": "quant", "float_cast.h": "quant",
     "cast_checkpoint.h": "quant",
     "checkpoint.h": "checkpoint",
@@ -75,7 +75,7 @@ BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 # tests and their support, the conformance suite, fuzzers, benchmarks.
 TEST_SUPPORT = [
     "tests/*", "bench/*",
-    "*_test.cc", "*/fuzz_*.cc",
+    "*_test.cc", "*/fuzz_*.cc", "*/test_util.h",
     "transport/conformance_test.cc",
     "transport/test_certs.h", "transport/test_certs.cc",  # throwaway PKI for TLS tests
     "transport/ucx/test_pair.h",
@@ -157,6 +157,8 @@ def check_file(path, text):
             problems.append(f"{where}: backend: only transport/registry/ and transport/{inc_backend}/ "
                             f"may include a backend header (use tern/transport_registry.h)")
             continue
+        if support and inc.startswith("tests/support/"):
+            continue  # shared test helpers (OwnedView, TempDir) serve tests in every module
         if LAYER_OF_MODULE[inc_module] > LAYER_OF_MODULE[module]:
             problems.append(f"{where}: layer: {module} ({LAYERS[LAYER_OF_MODULE[module]][0]}) must not "
                             f"depend on {inc_module} ({LAYERS[LAYER_OF_MODULE[inc_module]][0]})")
