@@ -68,6 +68,8 @@ HEADER_MODULE = {
     "checkpoint.h": "checkpoint",
     "topology.h": "topology",
     "datagen.h": "datagen",
+    # agent/
+    "version_manifest.h": "agent",
 }
 BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 

@@ -1,0 +1,377 @@
+// Signed manifests and chunk hashes: the codec's strictness, the signature's
+// coverage, and the chain signature -> root -> hash list -> chunk that keeps
+// an untrusted relay from altering bytes (docs/security.md).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "base/coding.h"
+#include "base/hash.h"
+#include "tern/transport.h"
+#include "tern/version_manifest.h"
+
+namespace tern {
+namespace {
+
+std::string Hex(std::string_view b) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) {
+    out += d[c >> 4];
+    out += d[c & 15];
+  }
+  return out;
+}
+
+std::span<const uint8_t> Bytes(std::string_view s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+std::array<uint8_t, 32> FixedSeed() {
+  std::array<uint8_t, 32> s;
+  for (int i = 0; i < 32; ++i) s[i] = static_cast<uint8_t>(i + 1);
+  return s;
+}
+
+// An object of `data` cut into chunks; its hash list and root.
+struct Object {
+  std::vector<std::string> chunks;
+  std::vector<Sha256Hash> hashes;
+  ManifestObject desc;
+};
+
+Object MakeObject(ObjectKind kind, uint64_t from, uint64_t to, std::string data,
+                  uint32_t chunk_bytes) {
+  Object o;
+  for (size_t at = 0; at < data.size(); at += chunk_bytes) {
+    o.chunks.push_back(data.substr(at, chunk_bytes));
+    o.hashes.push_back(Sha256Of(Bytes(o.chunks.back())));
+  }
+  o.desc = {kind, from, to, data.size(), chunk_bytes, static_cast<uint32_t>(o.chunks.size()),
+            ChunkHashRoot(o.hashes)};
+  return o;
+}
+
+std::string HashList(const std::vector<Sha256Hash>& hashes) {
+  std::string out;
+  for (const auto& h : hashes) out.append(reinterpret_cast<const char*>(h.data()), 32);
+  return out;
+}
+
+// The spec's worked example (docs/format/agent.md §6).
+VersionManifest Example() {
+  VersionManifest m;
+  for (int i = 0; i < 16; ++i) m.board_id[i] = static_cast<uint8_t>(0xb0 + i);
+  m.version = 2;
+  m.parent = 1;
+  m.created_unix_ms = 1764547200000;  // 2025-12-01T00:00:00Z
+  m.base_digest.lanes = {1, 2, 3, 4};
+  m.target_digest.lanes = {5, 6, 7, 8};
+  m.objects.push_back(MakeObject(ObjectKind::kPatch, 1, 2, "abcdefghij", 4).desc);
+  m.objects.push_back(MakeObject(ObjectKind::kKeyframe, 2, 2, "keyfrm", 4).desc);
+  return m;
+}
+
+Code CodeOf(const Status& s) { return s.code(); }
+
+TEST(VersionManifest, RoundTrip) {
+  const VersionManifest m = Example();
+  auto bytes = EncodeManifest(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(bytes->size(), kManifestHeaderBytes + 2 * kManifestObjectBytes);
+  auto back = DecodeManifest(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+
+  auto signer = ManifestSigner::Generate();
+  ASSERT_TRUE(signer.ok()) << signer.status().ToString();
+  auto signed_bytes = signer->Sign(m);
+  ASSERT_TRUE(signed_bytes.ok());
+  EXPECT_EQ(signed_bytes->size(), bytes->size() + kManifestTrailerBytes);
+  EXPECT_EQ(signed_bytes->substr(0, bytes->size()), *bytes);
+  ManifestVerifier verifier;
+  ASSERT_TRUE(verifier.AddTrustedKey(signer->public_key()).ok());
+  auto verified = verifier.Verify(*signed_bytes);
+  ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+  EXPECT_EQ(*verified, m);
+}
+
+TEST(VersionManifest, KeyIdIsPrefixOfPublicKeyHash) {
+  auto signer = ManifestSigner::FromSeed(FixedSeed());
+  ASSERT_TRUE(signer.ok());
+  const Sha256Hash h = Sha256Of(signer->public_key());
+  EXPECT_TRUE(std::equal(signer->key_id().begin(), signer->key_id().end(), h.begin()));
+}
+
+TEST(VersionManifest, EveryByteIsCoveredBySignature) {
+  auto signer = ManifestSigner::FromSeed(FixedSeed());
+  ASSERT_TRUE(signer.ok());
+  auto signed_bytes = signer->Sign(Example());
+  ASSERT_TRUE(signed_bytes.ok());
+  ManifestVerifier verifier;
+  ASSERT_TRUE(verifier.AddTrustedKey(signer->public_key()).ok());
+  ASSERT_TRUE(verifier.Verify(*signed_bytes).ok());
+  for (size_t i = 0; i < signed_bytes->size(); ++i) {
+    for (uint8_t flip : {uint8_t{0x01}, uint8_t{0x80}}) {
+      std::string bad = *signed_bytes;
+      bad[i] = static_cast<char>(bad[i] ^ flip);
+      auto r = verifier.Verify(bad);
+      ASSERT_FALSE(r.ok()) << "flipping byte " << i << " was accepted";
+      EXPECT_TRUE(r.status().code() == Code::kAuth || r.status().code() == Code::kCorrupt)
+          << i << ": " << r.status().ToString();
+    }
+  }
+}
+
+TEST(VersionManifest, WrongOrUnknownKeyIsRefused) {
+  auto publisher = ManifestSigner::FromSeed(FixedSeed());
+  auto forger = ManifestSigner::Generate();
+  ASSERT_TRUE(publisher.ok() && forger.ok());
+  ManifestVerifier verifier;
+  ASSERT_TRUE(verifier.AddTrustedKey(publisher->public_key()).ok());
+
+  // Signed by a key nobody trusts: unknown key id.
+  auto forged = forger->Sign(Example());
+  ASSERT_TRUE(forged.ok());
+  EXPECT_EQ(CodeOf(verifier.Verify(*forged).status()), Code::kAuth);
+
+  // The forger claims the publisher's key id: the signature fails.
+  std::string claimed = *forged;
+  const size_t id_at = claimed.size() - kManifestTrailerBytes;
+  std::copy(publisher->key_id().begin(), publisher->key_id().end(), claimed.begin() + id_at);
+  auto r = verifier.Verify(claimed);
+  EXPECT_EQ(CodeOf(r.status()), Code::kAuth);
+  EXPECT_NE(r.status().ToString().find("signature"), std::string::npos) << r.status().ToString();
+
+  // A verifier with no keys trusts nothing.
+  auto good = publisher->Sign(Example());
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(CodeOf(ManifestVerifier().Verify(*good).status()), Code::kAuth);
+  // Listing the same key twice is refused.
+  EXPECT_EQ(CodeOf(verifier.AddTrustedKey(publisher->public_key())), Code::kAlreadyExists);
+}
+
+TEST(VersionManifest, TruncatedOrTrailingIsCorrupt) {
+  auto signer = ManifestSigner::FromSeed(FixedSeed());
+  ASSERT_TRUE(signer.ok());
+  auto signed_bytes = signer->Sign(Example());
+  ASSERT_TRUE(signed_bytes.ok());
+  ManifestVerifier verifier;
+  ASSERT_TRUE(verifier.AddTrustedKey(signer->public_key()).ok());
+  for (size_t n = 0; n < signed_bytes->size(); ++n)
+    EXPECT_EQ(CodeOf(verifier.Verify(signed_bytes->substr(0, n)).status()), Code::kCorrupt) << n;
+  EXPECT_EQ(CodeOf(verifier.Verify(*signed_bytes + '\0').status()), Code::kCorrupt);
+
+  auto bytes = EncodeManifest(Example());
+  ASSERT_TRUE(bytes.ok());
+  for (size_t n = 0; n < bytes->size(); ++n)
+    EXPECT_EQ(CodeOf(DecodeManifest(bytes->substr(0, n)).status()), Code::kCorrupt) << n;
+  EXPECT_EQ(CodeOf(DecodeManifest(*bytes + 'x').status()), Code::kCorrupt);
+}
+
+// Decode of hand-edited canonical bytes: each rule with its code.
+TEST(VersionManifest, DecodeRefusesBadFields) {
+  auto good = EncodeManifest(Example());
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(DecodeManifest(*good).ok());
+  const size_t o0 = kManifestHeaderBytes, o1 = o0 + kManifestObjectBytes;
+  struct Case {
+    const char* what;
+    size_t at;
+    uint64_t value;
+    int width;
+    Code code;
+  };
+  const Case cases[] = {
+      {"magic", 0, 'X', 1, Code::kCorrupt},
+      {"format", 8, 2, 2, Code::kCorrupt},
+      {"flags", 10, 1, 2, Code::kCorrupt},
+      {"header reserved", 12, 1, 4, Code::kCorrupt},
+      {"version 0", 32, 0, 8, Code::kMismatch},
+      {"parent not older", 40, 2, 8, Code::kMismatch},
+      {"count 0", 120, 0, 4, Code::kCorrupt},
+      {"count 65", 120, 65, 4, Code::kCorrupt},
+      {"count 3 (length)", 120, 3, 4, Code::kCorrupt},
+      {"count reserved", 124, 1, 4, Code::kCorrupt},
+      {"kind 0", o0, 0, 1, Code::kCorrupt},
+      {"kind 4", o0, 4, 1, Code::kCorrupt},
+      {"object reserved", o0 + 2, 1, 1, Code::kCorrupt},
+      {"object reserved 2", o0 + 36, 1, 4, Code::kCorrupt},
+      {"chunk_bytes 0", o0 + 4, 0, 4, Code::kMismatch},
+      {"chunk_bytes over max", o0 + 4, kMaxChunkBytes + 1, 4, Code::kMismatch},
+      {"patch from", o0 + 8, 0, 8, Code::kMismatch},
+      {"patch to", o0 + 16, 3, 8, Code::kMismatch},
+      {"bytes 0", o0 + 24, 0, 8, Code::kMismatch},
+      {"bytes vs chunk_count", o0 + 24, 13, 8, Code::kMismatch},
+      {"chunk_count", o0 + 32, 4, 4, Code::kMismatch},
+      {"keyframe from", o1 + 8, 1, 8, Code::kMismatch},
+      {"order (two patches)", o1, 1, 1, Code::kMismatch},
+  };
+  for (const Case& c : cases) {
+    std::string bad = *good;
+    EncodeFixed(reinterpret_cast<uint8_t*>(bad.data() + c.at), c.value, c.width);
+    auto r = DecodeManifest(bad);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().ToString();
+    // One clear line.
+    EXPECT_EQ(r.status().ToString().find('\n'), std::string::npos) << c.what;
+  }
+}
+
+TEST(VersionManifest, EncodeRefusesWhatDecodeRefuses) {
+  VersionManifest m = Example();
+  m.objects[0].chunk_count = 2;
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch);
+  m = Example();
+  m.objects.clear();
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch);
+  m = Example();
+  m.objects.resize(kMaxManifestObjects + 1, m.objects[0]);
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch);
+  // Squashes: from before the parent, strictly ordered; 64 objects is fine.
+  m = Example();
+  m.version = 100;
+  m.parent = 99;
+  m.objects.clear();
+  m.objects.push_back(MakeObject(ObjectKind::kPatch, 99, 100, "p", 1).desc);
+  for (uint64_t from = 0; from < kMaxManifestObjects - 1; ++from)
+    m.objects.push_back(MakeObject(ObjectKind::kSquash, from, 100, "sq", 1).desc);
+  auto bytes = EncodeManifest(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto back = DecodeManifest(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+  m.objects.back().from_version = 99;  // a squash from the parent is a patch
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch);
+}
+
+// RFC 6962 §2.1 as written: split at the largest power of two below n.
+Sha256Hash ReferenceRoot(std::span<const Sha256Hash> h) {
+  if (h.size() == 1) {
+    std::string leaf(1, '\0');
+    leaf.append(reinterpret_cast<const char*>(h[0].data()), 32);
+    return Sha256Of(Bytes(leaf));
+  }
+  size_t k = 1;
+  while (k * 2 < h.size()) k *= 2;
+  const Sha256Hash l = ReferenceRoot(h.subspan(0, k)), r = ReferenceRoot(h.subspan(k));
+  std::string node(1, '\1');
+  node.append(reinterpret_cast<const char*>(l.data()), 32);
+  node.append(reinterpret_cast<const char*>(r.data()), 32);
+  return Sha256Of(Bytes(node));
+}
+
+TEST(ChunkHashes, RootIsRfc6962MerkleTreeHash) {
+  std::vector<Sha256Hash> hashes;
+  for (int n = 1; n <= 33; ++n) {
+    hashes.push_back(Sha256Of(Bytes(std::to_string(n))));
+    EXPECT_EQ(ChunkHashRoot(hashes), ReferenceRoot(hashes)) << n << " chunks";
+  }
+  // Order matters: swapping two chunk hashes moves the root.
+  std::vector<Sha256Hash> swapped = hashes;
+  std::swap(swapped[3], swapped[4]);
+  EXPECT_NE(ChunkHashRoot(swapped), ChunkHashRoot(hashes));
+  // SHA-256 itself (FIPS 180-2 test vector "abc").
+  EXPECT_EQ(Hex(std::string_view(reinterpret_cast<const char*>(Sha256Of(Bytes("abc")).data()), 32)),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// A relay rewrites a chunk and the transport checksum that covers it: the
+// transport is satisfied, the signed chain is not.
+TEST(ChunkHashes, RelayRewritingChunkAndChecksumIsCaught) {
+  const Object obj = MakeObject(ObjectKind::kPatch, 1, 2, std::string(1000, 'w'), 64);
+  std::string chunk = obj.chunks[5];
+  chunk[10] = 'X';
+  const uint64_t relay_xxh3 = Xxh3(chunk.data(), chunk.size());  // recomputed by the relay
+  EXPECT_EQ(Xxh3(chunk.data(), chunk.size()), relay_xxh3);      // receiver's transport check passes
+  auto list = VerifyChunkHashList(HashList(obj.hashes), obj.desc.chunk_hashes_root,
+                                  obj.desc.chunk_count);
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_TRUE(VerifyChunk((*list)[5], Bytes(obj.chunks[5])).ok());
+  EXPECT_EQ(CodeOf(VerifyChunk((*list)[5], Bytes(chunk))), Code::kAuth);
+  // A chunk moved to another index is caught too.
+  EXPECT_EQ(CodeOf(VerifyChunk((*list)[5], Bytes(obj.chunks[15]))), Code::kAuth);
+}
+
+// The relay also forges the hash list entry for its rewritten chunk: the
+// signed root refuses the list.
+TEST(ChunkHashes, ForgedHashListIsCaughtByRoot) {
+  const Object obj = MakeObject(ObjectKind::kPatch, 1, 2, std::string(1000, 'w'), 64);
+  std::vector<Sha256Hash> forged = obj.hashes;
+  std::string chunk = obj.chunks[5];
+  chunk[10] = 'X';
+  forged[5] = Sha256Of(Bytes(chunk));
+  auto r = VerifyChunkHashList(HashList(forged), obj.desc.chunk_hashes_root, obj.desc.chunk_count);
+  EXPECT_EQ(CodeOf(r.status()), Code::kAuth);
+  // Wrong lengths and counts are corrupt, before any hashing.
+  const std::string list = HashList(obj.hashes);
+  const Sha256Hash& root = obj.desc.chunk_hashes_root;
+  EXPECT_EQ(CodeOf(VerifyChunkHashList(list.substr(1), root, obj.desc.chunk_count).status()),
+            Code::kCorrupt);
+  EXPECT_EQ(CodeOf(VerifyChunkHashList(list + list.substr(0, 32), root, obj.desc.chunk_count)
+                       .status()),
+            Code::kCorrupt);
+  EXPECT_EQ(CodeOf(VerifyChunkHashList("", root, 0).status()), Code::kCorrupt);
+  EXPECT_EQ(CodeOf(VerifyChunkHashList(list, root, kMaxManifestChunks + 1).status()),
+            Code::kCorrupt);
+  // A truncated list with a matching count is caught by the root.
+  EXPECT_EQ(CodeOf(VerifyChunkHashList(list.substr(0, list.size() - 32), root,
+                                       obj.desc.chunk_count - 1)
+                       .status()),
+            Code::kAuth);
+}
+
+TEST(ManifestKeys, PemRoundTripAndBadPem) {
+  auto signer = ManifestSigner::Generate();
+  ASSERT_TRUE(signer.ok());
+  auto priv = signer->PrivateKeyPem();
+  auto pub = signer->PublicKeyPem();
+  ASSERT_TRUE(priv.ok() && pub.ok());
+  auto again = ManifestSigner::FromPem(*priv);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->key_id(), signer->key_id());
+  ManifestVerifier verifier;
+  ASSERT_TRUE(verifier.AddTrustedKeyPem(*pub).ok());
+  auto signed_bytes = again->Sign(Example());
+  ASSERT_TRUE(signed_bytes.ok());
+  EXPECT_TRUE(verifier.Verify(*signed_bytes).ok());
+
+  auto bad = ManifestSigner::FromPem("-----BEGIN PRIVATE KEY-----\nnot base64\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().ToString().find("PEM"), std::string::npos) << bad.status().ToString();
+  EXPECT_EQ(CodeOf(verifier.AddTrustedKeyPem(*priv)), Code::kInvalidArgument);  // private, not PUBKEY
+}
+
+// The spec's worked example (docs/format/agent.md §6): a fixed seed and a
+// deterministic signature scheme make the signed bytes fixed. If this fails
+// the format changed: bump the format and update the spec, never the hex alone.
+TEST(VersionManifest, GoldenSpecExample) {
+  auto signer = ManifestSigner::FromSeed(FixedSeed());
+  ASSERT_TRUE(signer.ok());
+  auto signed_bytes = signer->Sign(Example());
+  ASSERT_TRUE(signed_bytes.ok());
+  const std::string hex = Hex(*signed_bytes);
+  const char* kGolden =
+      "5445524e4d414e490100000000000000b0b1b2b3b4b5b6b7b8b9babbbcbdbebf"
+      "02000000000000000100000000000000008435d79a0100000100000000000000"
+      "0200000000000000030000000000000004000000000000000500000000000000"
+      "0600000000000000070000000000000008000000000000000200000000000000"
+      "0100000004000000010000000000000002000000000000000a00000000000000"
+      "0300000000000000c8ca45fa3e12285fff3e7e915b1ebf190f35a8466718e27e"
+      "71703baf3993de4a020000000400000002000000000000000200000000000000"
+      "06000000000000000200000000000000c1f9be09459ec540cbb96bde7dc86254"
+      "1bf9a07af122782bbe7e6c72b66480c065b60673d6ed884b23b78d2b3566e1ae"
+      "ded20650293f1d07510fabb32b38576128a329227f4f7580769ddd727408a85e"
+      "e9d27922e21fe9fa46573ff433bf78788bfc4ae9d79dd30f";
+  EXPECT_EQ(Hex(std::string_view(reinterpret_cast<const char*>(signer->public_key().data()), 32)),
+            "79b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e3910bad049664");
+  EXPECT_EQ(hex, kGolden);
+  if (hex != kGolden)  // the new bytes, 32 a line, as the spec shows them
+    for (size_t i = 0; i < hex.size(); i += 64) std::printf("%s\n", hex.substr(i, 64).c_str());
+}
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,149 @@
+// Signed version manifests: the first piece of the agent's trust model
+// (docs/security.md). Spec: docs/format/agent.md.
+//
+// A publisher describes version v of a board in a VersionManifest (parent,
+// view digests, and per object its size, chunking and the Merkle root over
+// the SHA-256 of every chunk), signs it with Ed25519, and members accept
+// bytes only when they chain up to a manifest signed by a trusted key:
+//   signature -> manifest -> chunk_hashes_root -> chunk hash list -> chunk.
+// A relay nobody trusts can then forward bytes but cannot alter them.
+//
+// Contract: DecodeManifest and ManifestVerifier::Verify take untrusted bytes
+// and either return a manifest that passes ValidateManifest or an error
+// (kCorrupt for malformed bytes, kMismatch for well-formed but inconsistent
+// fields, kAuth for an unknown key or a bad signature); they never crash and
+// bound every count. EncodeManifest refuses a manifest that Decode would
+// refuse, so encode/decode is a bijection on valid manifests.
+//
+// Thread safety: manifests and hashes are values. A ManifestSigner may Sign
+// from many threads at once. A ManifestVerifier may Verify from many threads
+// at once once its keys are added; AddTrustedKey* must not race with Verify.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tern/digest.h"
+#include "tern/export.h"
+#include "tern/status.h"
+
+namespace tern {
+
+using Sha256Hash = std::array<uint8_t, 32>;
+using ManifestKeyId = std::array<uint8_t, 8>;
+using BoardId = std::array<uint8_t, 16>;
+
+// Bounds (the spec's MUSTs).
+inline constexpr uint32_t kMaxManifestObjects = 64;
+// 2^21 chunks: a hash list of at most 64 MiB; at 4 MiB chunks an 8 TiB object.
+inline constexpr uint32_t kMaxManifestChunks = uint32_t{1} << 21;
+inline constexpr uint16_t kManifestFormat = 1;
+inline constexpr size_t kManifestHeaderBytes = 128;
+inline constexpr size_t kManifestObjectBytes = 72;
+inline constexpr size_t kManifestSignatureBytes = 64;
+// What Sign appends to the canonical manifest: key_id + signature.
+inline constexpr size_t kManifestTrailerBytes = 8 + kManifestSignatureBytes;
+
+enum class ObjectKind : uint8_t { kPatch = 1, kKeyframe = 2, kSquash = 3 };
+
+struct ManifestObject {
+  ObjectKind kind = ObjectKind::kPatch;
+  uint64_t from_version = 0;
+  uint64_t to_version = 0;
+  uint64_t bytes = 0;        // 1 ..
+  uint32_t chunk_bytes = 0;  // 1 .. kMaxChunkBytes (include/tern/transport.h)
+  uint32_t chunk_count = 0;  // == ceil(bytes / chunk_bytes), <= kMaxManifestChunks
+  Sha256Hash chunk_hashes_root{};  // ChunkHashRoot over the object's chunks
+
+  bool operator==(const ManifestObject&) const = default;
+};
+
+struct VersionManifest {
+  BoardId board_id{};
+  uint64_t version = 0;  // >= 1
+  uint64_t parent = 0;   // < version (0: none)
+  uint64_t created_unix_ms = 0;
+  ViewDigest base_digest;    // D(parent)
+  ViewDigest target_digest;  // D(version)
+  // 1 .. kMaxManifestObjects, strictly ordered by (kind, from_version):
+  // patch: from == parent, to == version; keyframe: from == to == version;
+  // squash: from < parent, to == version.
+  std::vector<ManifestObject> objects;
+
+  bool operator==(const VersionManifest&) const = default;
+};
+
+// The consistency rules above, kMismatch naming the first one broken.
+TERN_EXPORT Status ValidateManifest(const VersionManifest& m);
+// Canonical bytes (kManifestHeaderBytes + kManifestObjectBytes per object).
+TERN_EXPORT Result<std::string> EncodeManifest(const VersionManifest& m);
+// Strict: exactly one canonical manifest, no trailing bytes.
+TERN_EXPORT Result<VersionManifest> DecodeManifest(std::string_view bytes);
+
+// ---- Chunk hashes ----
+TERN_EXPORT Sha256Hash Sha256Of(std::span<const uint8_t> bytes);
+// Merkle root (RFC 6962 leaf/node prefixes, an odd node promoted; spec §4).
+TERN_EXPORT Sha256Hash ChunkHashRoot(std::span<const Sha256Hash> chunk_hashes);
+// Parses a chunk hash list (chunk_count * 32 bytes exactly) and checks it
+// against the signed root: kCorrupt on a wrong length, kAuth on a wrong root.
+TERN_EXPORT Result<std::vector<Sha256Hash>> VerifyChunkHashList(std::string_view list_bytes,
+                                                                const Sha256Hash& root,
+                                                                uint32_t chunk_count);
+// kAuth when SHA-256(bytes) is not the listed hash.
+TERN_EXPORT Status VerifyChunk(const Sha256Hash& expected, std::span<const uint8_t> bytes);
+
+// ---- Ed25519 ----
+// First 8 bytes of SHA-256 of the raw 32-byte public key.
+TERN_EXPORT ManifestKeyId KeyIdOf(const std::array<uint8_t, 32>& public_key);
+
+struct PkeyDeleter {
+  TERN_EXPORT void operator()(void* pkey) const;
+};
+
+class TERN_EXPORT ManifestSigner {
+ public:
+  static Result<ManifestSigner> FromPem(std::string_view private_key_pem);
+  // From a raw 32-byte Ed25519 seed (fixed keys in tests and spec examples).
+  static Result<ManifestSigner> FromSeed(const std::array<uint8_t, 32>& seed);
+  static Result<ManifestSigner> Generate();
+
+  Result<std::string> PrivateKeyPem() const;
+  Result<std::string> PublicKeyPem() const;
+  const std::array<uint8_t, 32>& public_key() const { return public_key_; }
+  const ManifestKeyId& key_id() const { return key_id_; }
+
+  // Canonical manifest + key_id + Ed25519(canonical manifest + key_id).
+  Result<std::string> Sign(const VersionManifest& m) const;
+
+ private:
+  static Result<ManifestSigner> FromPkey(void* pkey);  // takes ownership
+  std::unique_ptr<void, PkeyDeleter> pkey_;
+  std::array<uint8_t, 32> public_key_{};
+  ManifestKeyId key_id_{};
+};
+
+class TERN_EXPORT ManifestVerifier {
+ public:
+  Status AddTrustedKeyPem(std::string_view public_key_pem);
+  Status AddTrustedKey(const std::array<uint8_t, 32>& public_key);
+  size_t key_count() const { return keys_.size(); }
+
+  // The manifest, only when signed_bytes is a canonical manifest signed by a
+  // trusted key. kCorrupt: bad framing or manifest; kAuth: unknown key id or
+  // bad signature.
+  Result<VersionManifest> Verify(std::string_view signed_bytes) const;
+
+ private:
+  struct Key {
+    ManifestKeyId id;
+    std::unique_ptr<void, PkeyDeleter> pkey;
+  };
+  std::vector<Key> keys_;
+};
+
+}  // namespace tern
