@@ -10,8 +10,9 @@
 //
 // This is a checksum against accidental corruption and bugs, NOT a
 // cryptographic hash: an adversary can construct collisions. Authenticity
-// must come from elsewhere: nothing is signed yet (docs/transport.md, "What
-// protects what"; signed versions come with the agent, docs/agent.md).
+// must come from elsewhere: a version manifest signed by the publisher binds
+// the digests and a hash of every chunk (include/tern/version_manifest.h,
+// docs/security.md); no tool or transfer uses it yet (the agent will).
 //
 // Thread safety: values; ComputeDigest reads the view from pool threads.
 #pragma once
