@@ -2,3 +2,6 @@
 tern_fuzzer(version_manifest_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_manifest.cc
             LIBS tern_agent_manifest
             CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/version_manifest)
+tern_fuzzer(agent_control_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_control.cc
+            LIBS tern_agent_control
+            CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/agent_control)

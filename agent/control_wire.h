@@ -1,0 +1,144 @@
+// The agent's control messages: a member and the root talk over one
+// long-lived connection (join, heartbeats, parent assignments, HEAD
+// announcements, catch-up plans, leave). Byte layout: docs/format/agent.md
+// ("Control messages"). The data plane (objects parent -> child) has its own
+// messages (agent/data_wire.h) in type range 0x40-0x7F; control uses 0x01-0x3F.
+//
+// Contract: DecodeControl takes untrusted bytes and returns exactly one
+// well-formed message or kCorrupt naming what is wrong (unknown type, a
+// length past its bound, trailing bytes, a non-finite rate); it never
+// crashes. EncodeControl writes what DecodeControl reads back equal.
+//
+// Thread safety: values and reentrant functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "tern/status.h"
+#include "tern/version_manifest.h"
+
+namespace tern::agent {
+
+inline constexpr uint16_t kControlProtocol = 1;
+inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
+inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
+inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
+inline constexpr size_t kMaxControlManifestBytes = 64 * 1024;
+inline constexpr uint32_t kMaxControlManifests = 64;
+inline constexpr uint32_t kMaxControlObjects = 4096;
+inline constexpr uint32_t kMaxControlParents = 8;  // stripes (topology::kMaxStripes)
+
+enum class ControlType : uint8_t {
+  kHello = 0x01,      // member -> root: who I am, what I serve, my credentials
+  kWelcome = 0x02,    // root -> member: joined; the board and its HEAD
+  kReject = 0x03,     // root -> member: not joined, why (then the root closes)
+  kHeartbeat = 0x04,  // member -> root: progress and link figures
+  kParents = 0x05,    // root -> member: where to receive each stripe from
+  kHead = 0x06,       // root -> member: a new HEAD and its signed manifest
+  kCatchUpRequest = 0x07,  // member -> root: I hold `have`, I want `target`
+  kCatchUpPlan = 0x08,     // root -> member: the objects to fetch, in apply order
+  kLeave = 0x09,           // member -> root: leaving on purpose
+};
+
+struct MemberInfo {
+  std::string id;            // 1..kMaxControlIdBytes
+  std::string region;        // 1..
+  std::string cluster;       // 0..
+  std::string island;        // 0..
+  std::string data_address;  // where its children connect (1..)
+  bool may_relay = true;
+  double uplink_bytes_per_s = 0;    // finite, >= 0 (0: unknown)
+  double downlink_bytes_per_s = 0;  // finite, >= 0
+  bool operator==(const MemberInfo&) const = default;
+};
+
+struct Hello {
+  uint16_t protocol = kControlProtocol;
+  MemberInfo member;
+  BoardId board_id{};           // all zero: a member that never joined
+  uint64_t served_version = 0;  // 0: nothing yet
+  std::string join_token;       // 0..kMaxControlTokenBytes
+  bool operator==(const Hello&) const = default;
+};
+
+struct Welcome {
+  BoardId board_id{};
+  uint64_t head = 0;
+  uint32_t heartbeat_ms = 0;  // 1..
+  uint32_t stripes = 1;       // 1..8
+  bool operator==(const Welcome&) const = default;
+};
+
+struct Reject {
+  std::string reason;  // 0..kMaxControlTextBytes
+  bool operator==(const Reject&) const = default;
+};
+
+struct Heartbeat {
+  uint64_t seq = 0;
+  uint64_t served_version = 0;
+  uint64_t receiving_version = 0;  // 0: idle
+  uint64_t bytes_in = 0, bytes_out = 0;  // totals since start
+  uint64_t chunk_retries = 0;
+  double rtt_to_parent_s = 0;       // finite, >= 0 (0: unknown)
+  double rate_in_bytes_per_s = 0;   // the last transfer's rate, finite, >= 0
+  double last_apply_s = 0;          // finite, >= 0
+  bool operator==(const Heartbeat&) const = default;
+};
+
+struct ParentRef {
+  uint32_t stripe = 0;
+  std::string id;            // the parent's member id (the root's own id for the root)
+  std::string data_address;  // 1..
+  bool operator==(const ParentRef&) const = default;
+};
+
+struct Parents {
+  uint64_t epoch = 0;  // increases with every plan change the member sees
+  std::vector<ParentRef> parents;  // one per stripe, stripe order, 1..8
+  bool operator==(const Parents&) const = default;
+};
+
+struct Head {
+  uint64_t head = 0;
+  std::string signed_manifest;  // the publication manifest of `head`
+  bool operator==(const Head&) const = default;
+};
+
+struct CatchUpRequest {
+  uint64_t have = 0;    // 0: nothing
+  uint64_t target = 0;  // > have
+  bool operator==(const CatchUpRequest&) const = default;
+};
+
+struct CatchUpObject {
+  ObjectKind kind = ObjectKind::kPatch;
+  uint64_t from = 0, to = 0;
+  bool operator==(const CatchUpObject&) const = default;
+};
+
+struct CatchUpPlan {
+  uint64_t target = 0;
+  std::vector<std::string> signed_manifests;  // covering every object, 1..64
+  std::vector<CatchUpObject> objects;         // apply order, 1..kMaxControlObjects
+  bool operator==(const CatchUpPlan&) const = default;
+};
+
+struct Leave {
+  bool operator==(const Leave&) const = default;
+};
+
+using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
+                                    CatchUpRequest, CatchUpPlan, Leave>;
+
+ControlType TypeOf(const ControlMessage& m);
+const char* ControlTypeName(ControlType t);
+
+Result<std::string> EncodeControl(const ControlMessage& m);
+Result<ControlMessage> DecodeControl(std::string_view bytes);
+
+}  // namespace tern::agent

@@ -1,0 +1,87 @@
+#include "agent/control_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstring>
+#include <limits>
+
+namespace tern::agent {
+namespace {
+
+std::vector<ControlMessage> Samples() {
+  Hello hello;
+  hello.member = {"m-1", "eu", "c1", "i1", "127.0.0.1:7001", true, 1.25e9, 2.5e9};
+  hello.board_id[0] = 7;
+  hello.served_version = 42;
+  hello.join_token = "secret";
+  Welcome welcome{hello.board_id, 43, 1000, 2};
+  Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012};
+  Parents parents{5, {{0, "root", "127.0.0.1:7000"}, {1, "m-2", "127.0.0.1:7002"}}};
+  Head head{43, std::string(200, 'm')};
+  CatchUpRequest req{40, 43};
+  CatchUpPlan plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
+  return {hello, welcome, Reject{"bad token"}, hb, parents, head, req, plan, Leave{}};
+}
+
+TEST(ControlWire, RoundTripsEveryType) {
+  for (const auto& m : Samples()) {
+    auto bytes = EncodeControl(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    EXPECT_EQ(static_cast<uint8_t>((*bytes)[0]), static_cast<uint8_t>(TypeOf(m)));
+    auto back = DecodeControl(*bytes);
+    ASSERT_TRUE(back.ok()) << ControlTypeName(TypeOf(m)) << ": " << back.status().ToString();
+    EXPECT_TRUE(*back == m) << ControlTypeName(TypeOf(m));
+  }
+}
+
+TEST(ControlWire, EveryTruncationAndTrailingByteIsCorrupt) {
+  for (const auto& m : Samples()) {
+    const std::string bytes = *EncodeControl(m);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      auto r = DecodeControl(std::string_view(bytes).substr(0, n));
+      EXPECT_EQ(r.status().code(), Code::kCorrupt) << ControlTypeName(TypeOf(m)) << " cut at " << n;
+    }
+    auto r = DecodeControl(bytes + '\0');
+    EXPECT_EQ(r.status().code(), Code::kCorrupt) << ControlTypeName(TypeOf(m));
+  }
+}
+
+TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
+  EXPECT_EQ(DecodeControl(std::string("\x3f\0\0\0", 4)).status().code(), Code::kCorrupt);
+  EXPECT_EQ(DecodeControl(std::string("\x09\1\0\0", 4)).status().code(), Code::kCorrupt);
+  EXPECT_TRUE(DecodeControl(std::string("\x09\0\0\0", 4)).ok());  // LEAVE
+
+  // A NaN rate in a heartbeat.
+  std::string hb = *EncodeControl(Heartbeat{});
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::memcpy(hb.data() + 4 + 6 * 8, &nan, 8);
+  EXPECT_EQ(DecodeControl(hb).status().code(), Code::kCorrupt);
+
+  // A string length past its bound, without the bytes behind it.
+  std::string reject = *EncodeControl(Reject{"x"});
+  const uint32_t huge = 0xFFFFFFFFu;
+  std::memcpy(reject.data() + 4, &huge, 4);
+  EXPECT_EQ(DecodeControl(reject).status().code(), Code::kCorrupt);
+
+  // Another protocol version.
+  std::string hello = *EncodeControl(Samples()[0]);
+  hello[4] = 2;
+  auto r = DecodeControl(hello);
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_NE(r.status().message().find("protocol"), std::string::npos);
+}
+
+TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
+  Hello h;  // empty member id
+  EXPECT_EQ(EncodeControl(h).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(CatchUpRequest{5, 5}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(Parents{}).status().code(), Code::kInvalidArgument);
+  Heartbeat hb;
+  hb.rtt_to_parent_s = -1;
+  EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1}).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tern::agent
