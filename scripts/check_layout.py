@@ -70,6 +70,7 @@ HEADER_MODULE = {
     "datagen.h": "datagen",
     # agent/
     "version_manifest.h": "agent",
+    "agent.h": "agent",
 }
 BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 

@@ -1,0 +1,118 @@
+#include "agent/membership.h"
+
+#include <utility>
+
+namespace tern::agent {
+
+topology::Member ToTopologyMember(const MemberInfo& info) {
+  topology::Member m;
+  m.id = info.id;
+  m.region = info.region;
+  m.cluster = info.cluster;
+  // Unknown rates (0) plan as 1 Gbit/s: the planner needs positive rates, and
+  // a member that measured nothing yet should not look like a dead link.
+  m.uplink_bytes_per_s = info.uplink_bytes_per_s > 0 ? info.uplink_bytes_per_s : 1.25e8;
+  m.downlink_bytes_per_s = info.downlink_bytes_per_s > 0 ? info.downlink_bytes_per_s : 1.25e8;
+  m.may_relay = info.may_relay;
+  return m;
+}
+
+Membership::Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us)
+    : root_info_(std::move(root_info)), dead_after_us_(dead_after_us) {
+  auto empty = topology::MakePlan(ToTopologyMember(root_info_), {}, options);
+  if (empty.ok()) {
+    plan_ = std::move(empty).value();
+  } else {
+    init_status_ = empty.status();
+    plan_.root = ToTopologyMember(root_info_);
+    plan_.options = options;
+  }
+}
+
+void Membership::Replan(topology::Plan next, std::vector<std::string>* notify) {
+  std::set<std::string> seen(notify->begin(), notify->end());
+  for (const auto& move : topology::Diff(plan_, next)) {
+    if (move.new_parent.empty()) continue;  // the one leaving
+    if (seen.insert(move.id).second) notify->push_back(move.id);
+  }
+  plan_ = std::move(next);
+  ++epoch_;
+}
+
+Status Membership::Join(const MemberInfo& info, uint64_t served_version, uint64_t now_us,
+                        std::vector<std::string>* notify) {
+  TERN_REQUIRE(!info.id.empty() && info.id != root_info_.id, kInvalidArgument,
+               "member id '", info.id, "' is empty or the root's");
+  TERN_RETURN_IF_ERROR(init_status_);
+  if (members_.count(info.id)) return TERN_ERROR(kAlreadyExists, "member '", info.id, "' is already joined");
+  auto next = topology::AddMember(plan_, ToTopologyMember(info));
+  if (!next.ok()) return next.status();
+  MemberRecord rec;
+  rec.info = info;
+  rec.joined_us = now_us;
+  rec.last_seen_us = now_us;
+  rec.served_version = served_version;
+  members_.emplace(info.id, std::move(rec));
+  notify->push_back(info.id);
+  Replan(std::move(next).value(), notify);
+  return Status::Ok();
+}
+
+void Membership::Leave(const std::string& id, std::vector<std::string>* notify) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return;
+  members_.erase(it);
+  auto next = topology::RemoveMember(plan_, id);
+  // RemoveMember only fails for an id not in the plan, which Join prevents.
+  if (next.ok()) Replan(std::move(next).value(), notify);
+}
+
+Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, uint64_t now_us) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  it->second.last = hb;
+  it->second.last_seen_us = now_us;
+  it->second.served_version = hb.served_version;
+  return Status::Ok();
+}
+
+std::vector<std::string> Membership::Silent(uint64_t now_us) const {
+  std::vector<std::string> out;
+  for (const auto& [id, rec] : members_)
+    if (now_us > rec.last_seen_us && now_us - rec.last_seen_us > dead_after_us_) out.push_back(id);
+  return out;
+}
+
+Result<Parents> Membership::ParentsOf(const std::string& id) const {
+  if (!members_.count(id)) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  Parents out;
+  out.epoch = epoch_;
+  for (uint32_t s = 0; s < plan_.parent.size(); ++s) {
+    auto p = plan_.parent[s].find(id);
+    if (p == plan_.parent[s].end()) return TERN_ERROR(kInternal, "member '", id, "' has no parent in stripe ", s);
+    ParentRef ref;
+    ref.stripe = s;
+    ref.id = p->second;
+    if (p->second == root_info_.id) {
+      ref.data_address = root_info_.data_address;
+    } else {
+      auto m = members_.find(p->second);
+      if (m == members_.end()) return TERN_ERROR(kInternal, "parent '", p->second, "' is not joined");
+      ref.data_address = m->second.info.data_address;
+    }
+    out.parents.push_back(std::move(ref));
+  }
+  return out;
+}
+
+void Membership::MarkSent(const std::string& id, uint64_t epoch) {
+  auto it = members_.find(id);
+  if (it != members_.end()) it->second.parents_epoch = epoch;
+}
+
+uint32_t Membership::DepthOf(const std::string& id) const {
+  auto d = topology::Depth(plan_, 0, id);
+  return d.ok() ? *d : 0;
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,146 @@
+// tern-agent: the transfer agent that runs on every node (docs/agent.md).
+//
+// A root agent (trainer side) owns the board of immutable versions, signs
+// each version's manifest, plans the relay trees (topology/) and feeds them;
+// member agents (any node) join it, receive each version from their parent
+// in every stripe, forward each verified chunk to their children as it lands,
+// apply the version locally and switch DIR/current to it atomically. Members
+// that fall behind, are new or come back catch up by the cheapest path the
+// board offers. Every byte a member forwards or applies chains up to a
+// manifest signed by a key it trusts (docs/security.md).
+//
+// One Agent object is one daemon; `tern-agent` is a thin CLI around it, and
+// tests run many in one process over the loopback transport.
+//
+// Thread safety: Start/Stop from one thread; Publish, Snapshot and the other
+// const queries from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tern/clock.h"
+#include "tern/digest.h"
+#include "tern/env.h"
+#include "tern/export.h"
+#include "tern/log.h"
+#include "tern/status.h"
+#include "tern/transport.h"
+
+namespace tern {
+
+struct AgentOptions {
+  // ---- Role ----
+  bool root = false;
+  // Member: the root's address (control), e.g. "10.0.0.1:7400".
+  std::string join;
+  // The address this agent listens on (control and data on one port; the
+  // first message of a connection says which it is). Port 0 picks one.
+  std::string listen;
+  // Admin HTTP (/metrics, /status, and on the root POST /publish); empty:
+  // none. Port 0 picks one.
+  std::string admin_listen;
+
+  // ---- Identity and place ----
+  std::string id;       // unique member id; empty: derived from listen address
+  std::string region = "default";
+  std::string cluster;  // empty: a cluster of its own
+  std::string island;   // engines that share one copy of the weights
+  bool may_relay = true;
+  // Link rates for planning until measured (bytes/s).
+  double uplink_bytes_per_s = 1.25e9;
+  double downlink_bytes_per_s = 1.25e9;
+
+  // ---- Data and trust ----
+  std::string data_dir;  // DIR: DIR/current is the served version
+  // Root: the Ed25519 private key (PEM) that signs manifests; generated and
+  // stored in DIR/signing-key.pem when empty and none is there.
+  std::string signing_key_pem;
+  // Members: the publisher's public key(s) (PEM). Required for members.
+  std::vector<std::string> trusted_keys_pem;
+  // Shared secret a member presents to join, and a child to its parent; the
+  // root and every relay refuse a peer without it. Empty: no token (only for
+  // trusted networks; use mutual TLS across untrusted ones).
+  std::string join_token;
+
+  // ---- Policy (root) ----
+  uint32_t stripes = 1;
+  uint32_t fanout_max = 4;
+  uint32_t root_fanout_max = 8;
+  uint32_t keep_patches = 16;
+  uint32_t keyframe_every = 32;
+  uint64_t segment_elements = uint64_t{1} << 20;
+
+  // ---- Timing ----
+  uint32_t heartbeat_ms = 500;
+  uint32_t dead_after_ms = 3000;  // a member silent this long leaves the plan
+
+  // ---- Dependencies (not owned; must outlive the agent) ----
+  Transport* transport = nullptr;  // required
+  Env* env = nullptr;              // nullptr: DefaultEnv()
+  LogFn log;                       // nullptr: stderr
+  uint32_t threads = 0;            // apply/diff threads; 0: hardware
+};
+
+// One member as the root sees it (or the agent itself).
+struct AgentMemberStatus {
+  std::string id, region, cluster, island;
+  std::string parent;        // stripe 0's parent id
+  uint32_t depth = 0;        // edges from the root in stripe 0
+  uint64_t served_version = 0;
+  uint64_t lag = 0;          // HEAD - served
+  uint64_t bytes_in = 0, bytes_out = 0, chunk_retries = 0;
+  double rtt_to_parent_s = 0, rate_in_bytes_per_s = 0, last_apply_s = 0;
+  double last_heartbeat_age_s = 0;
+};
+
+struct AgentVersionStatus {
+  uint64_t version = 0;
+  uint64_t patch_bytes = 0;      // 0 for the first version
+  uint64_t keyframe_bytes = 0;   // 0 when none was made
+  uint64_t view_bytes = 0;       // the full serve view
+  double published_at_s = 0;     // agent clock
+  double first_served_s = -1;    // after publish; -1: nobody yet
+  double last_served_s = -1;     // when every member known at publish served it
+};
+
+struct AgentSnapshot {
+  bool root = false;
+  std::string id;
+  std::string listen_address;  // the bound address
+  std::string admin_address;   // the bound admin address (empty: none)
+  uint64_t head = 0;           // root: HEAD; member: the newest it knows
+  uint64_t served_version = 0;
+  ViewDigest served_digest;
+  std::vector<AgentMemberStatus> members;   // root only
+  std::vector<AgentVersionStatus> versions; // root only, newest last
+  std::string parent;                       // member: stripe 0's parent id
+  bool joined = false;
+};
+
+class TERN_EXPORT Agent {
+ public:
+  // Opens DIR (recovering the board and the served version), listens, and
+  // for a member starts joining (in the background: a root that is not up
+  // yet is retried with backoff).
+  static Result<std::unique_ptr<Agent>> Start(const AgentOptions& options);
+  virtual ~Agent() = default;
+
+  // Root only: diffs `checkpoint_path` against the previous version,
+  // signs, stores and starts feeding the trees. `version` must be newer
+  // than HEAD. Returns when the version is on the board (durable), before
+  // members have it.
+  virtual Status Publish(const std::string& checkpoint_path, uint64_t version) = 0;
+
+  virtual AgentSnapshot Snapshot() const = 0;
+  // The public key members must trust (root), PEM.
+  virtual std::string PublicKeyPem() const = 0;
+
+  // Leaves (members say so to the root), closes every connection, joins
+  // every thread. Idempotent; the destructor calls it.
+  virtual void Stop() = 0;
+};
+
+}  // namespace tern
