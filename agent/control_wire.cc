@@ -131,6 +131,7 @@ void PutBody(Writer& w, const Welcome& m) {
   w.U64(m.head);
   w.U32(m.heartbeat_ms);
   w.U32(m.stripes);
+  w.Str(m.fetch_address, 0, kMaxControlIdBytes, "fetch address");
 }
 void PutBody(Writer& w, const Reject& m) { w.Str(m.reason, 0, kMaxControlTextBytes, "reason"); }
 void PutBody(Writer& w, const Heartbeat& m) {
@@ -205,6 +206,7 @@ Welcome GetBody<Welcome>(Reader& r) {
   m.stripes = r.U32("stripes");
   if (r.ok() && m.heartbeat_ms == 0) r.Fail("heartbeat_ms 0");
   if (r.ok() && (m.stripes < 1 || m.stripes > kMaxControlParents)) r.Fail("stripes outside 1..8");
+  m.fetch_address = r.Str(0, kMaxControlIdBytes, "fetch address");
   return m;
 }
 template <>

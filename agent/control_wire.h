@@ -70,6 +70,9 @@ struct Welcome {
   uint64_t head = 0;
   uint32_t heartbeat_ms = 0;  // 1..
   uint32_t stripes = 1;       // 1..8
+  // Where catch-up objects are fetched from (the root's object service);
+  // empty: none (catch-up unavailable).
+  std::string fetch_address;
   bool operator==(const Welcome&) const = default;
 };
 

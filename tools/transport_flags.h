@@ -1,0 +1,46 @@
+// The flags that choose and configure the transport (--transport, --tls-*,
+// --no-tls, TCP tuning), shared by `tern xfer` and `tern-agent`, and the
+// transport they build through the registry. TLS is the default; RDMA
+// backends need --no-tls said out loud. docs/cli.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tern/status.h"
+#include "tern/transport.h"
+#include "tern/transport_options.h"
+
+namespace tern::cli {
+
+// --tls-server-name is a client's, --tls-allow-client a server's: a command
+// registers those two itself and stores the CLI::Option here.
+struct TransportArgs {
+  std::string transport, verbs_device, tls_cert, tls_key, tls_ca, tls_pin, tls_server_name,
+      tls_allow_client, congestion;
+  bool no_tls = false;
+  uint64_t notsent_lowat_bytes = 0, socket_buffer_bytes = 0, idle_timeout_ms = 0;
+  // Given on the command line (an empty value is not the same as none);
+  // null where the command has no such flag.
+  const CLI::Option* verbs_device_flag = nullptr;
+  const CLI::Option* tls_cert_flag = nullptr;
+  const CLI::Option* tls_key_flag = nullptr;
+  const CLI::Option* tls_ca_flag = nullptr;
+  const CLI::Option* tls_pin_flag = nullptr;
+  const CLI::Option* tls_server_name_flag = nullptr;
+  const CLI::Option* tls_allow_client_flag = nullptr;
+};
+
+void AddTransportFlags(CLI::App& cmd, TransportArgs& t);
+// "a,b" -> {"a", "b"}; an empty item stays (and is refused where it is used).
+std::vector<std::string> CommaList(const std::string& text);
+// The TCP options the flags ask for; kInvalidArgument for contradictions.
+Result<TcpOptions> TransportOptions(const TransportArgs& t);
+// The transport --transport names, from the registry (TLS on turns "tcp"
+// into "tcp+tls").
+Result<std::unique_ptr<Transport>> MakeTransport(const TransportArgs& f, TcpOptions o);
+
+}  // namespace tern::cli
