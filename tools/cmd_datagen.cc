@@ -72,46 +72,6 @@ Status PrepareOutput(const std::string& dir, bool force) {
   return Status::Ok();
 }
 
-Status WriteVersion(const TraceGenerator& gen, const std::string& path,
-                    const std::map<std::string, std::string>& base_metadata,
-                    const CreateOptions& options, ThreadPool& pool) {
-  const ServeView& view = gen.view();
-  std::vector<TensorDesc> descs;
-  descs.reserve(view.tensors.size());
-  for (const auto& t : view.tensors) descs.push_back(*t.desc);
-  SortLikeReferenceWriter(descs);
-  std::map<std::string, std::string> metadata = base_metadata;
-  metadata["tern.trace.step"] = std::to_string(gen.step());
-  TERN_ASSIGN_OR_RETURN(auto ckpt, WritableCheckpoint::Create(path, std::move(descs), metadata, options));
-  MutableServeView& out = ckpt->view();
-  TERN_REQUIRE(out.tensors.size() == view.tensors.size(), kInternal, "checkpoint has ",
-               out.tensors.size(), " tensors, the view ", view.tensors.size());
-  // Copy in 16 MiB pieces so a few huge tensors still spread over the pool.
-  constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
-  struct Piece {
-    const uint8_t* from;
-    uint8_t* to;
-    uint64_t bytes;
-  };
-  std::vector<Piece> pieces;
-  for (size_t i = 0; i < view.tensors.size(); ++i) {
-    const TensorRef& src = view.tensors[i];
-    const MutableTensorRef& dst = out.tensors[i];
-    TERN_REQUIRE(src.desc->SameLayout(*dst.desc), kInternal, "checkpoint tensor ",
-                 dst.desc->name, " does not match the view's ", src.desc->name);
-    const uint64_t bytes = src.desc->bytes();
-    for (uint64_t at = 0; at < bytes; at += kPieceBytes)
-      pieces.push_back(Piece{src.data + at, dst.data + at, std::min(kPieceBytes, bytes - at)});
-  }
-  pool.ParallelFor(pieces.size(), [&](uint64_t i) {
-    std::memcpy(pieces[i].to, pieces[i].from, pieces[i].bytes);
-  });
-  const std::string config = gen.config_json();
-  TERN_RETURN_IF_ERROR(ckpt->AddFile(
-      "config.json", {reinterpret_cast<const uint8_t*>(config.data()), config.size()}));
-  return ckpt->Commit();
-}
-
 Status CheckMemory(uint64_t bytes) {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_bytes = sysconf(_SC_PAGESIZE);
@@ -239,7 +199,7 @@ Status Run(const DatagenArgs& a) {
     if (!stats_only) {
       t0 = Clock::now();
       const std::string path = (fs::path(out) / VersionName(step, width)).string();
-      Status st = WriteVersion(*gen, path, metadata, create_options, pool);
+      Status st = WriteTraceCheckpoint(*gen, path, metadata, create_options, pool);
       TERN_RETURN_IF_ERROR(st.WithContext("writing " + path));
       write_s = SecondsSince(t0);
     }

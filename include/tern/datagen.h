@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -168,5 +169,15 @@ class TERN_EXPORT TraceGenerator {
   explicit TraceGenerator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Writes the generator's current view as a checkpoint directory at `path`
+// (sharded by options.shard_bytes_max), tensors in the reference writer's
+// order, "tern.trace.step" added to the metadata and config.json beside the
+// weights: what `tern datagen` writes per step, and what the agent demo
+// publishes. Atomic: nothing at path on error.
+struct CreateOptions;
+TERN_EXPORT Status WriteTraceCheckpoint(const TraceGenerator& gen, const std::string& path,
+                                        const std::map<std::string, std::string>& base_metadata,
+                                        const CreateOptions& options, ThreadPool& pool);
 
 }  // namespace tern
