@@ -15,7 +15,7 @@ std::vector<ControlMessage> Samples() {
   hello.board_id[0] = 7;
   hello.served_version = 42;
   hello.join_token = "secret";
-  Welcome welcome{hello.board_id, 43, 1000, 2};
+  Welcome welcome{hello.board_id, 43, 1000, 2, "127.0.0.1:7009"};
   Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012};
   Parents parents{5, {{0, "root", "127.0.0.1:7000"}, {1, "m-2", "127.0.0.1:7002"}}};
   Head head{43, std::string(200, 'm')};
@@ -80,7 +80,7 @@ TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   Heartbeat hb;
   hb.rtt_to_parent_s = -1;
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1, ""}).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace
