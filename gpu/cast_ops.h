@@ -52,9 +52,11 @@ struct MiniFormat {
   uint8_t nan_code;
   float max_value;
 };
-inline constexpr MiniFormat kE4M3 = {4, 3, 7, 0x7E, false, 0x7F, 448.0f};
-inline constexpr MiniFormat kE5M2 = {5, 2, 15, 0x7B, true, 0x7E, 57344.0f};
-inline constexpr MiniFormat kE2M1 = {2, 1, 1, 0x7, false, 0x7, 6.0f};
+// Functions rather than constants: device code may not take the address of
+// a host constant, and the formats are passed by reference.
+TERN_HD constexpr MiniFormat E4M3() { return {4, 3, 7, 0x7E, false, 0x7F, 448.0f}; }
+TERN_HD constexpr MiniFormat E5M2() { return {5, 2, 15, 0x7B, true, 0x7E, 57344.0f}; }
+TERN_HD constexpr MiniFormat E2M1() { return {2, 1, 1, 0x7, false, 0x7, 6.0f}; }
 
 // Round to nearest even from the exact FP32 value; overflow saturates or goes
 // to Inf/NaN as quant/minifloat.h's EncodeMini.
@@ -271,20 +273,20 @@ TERN_HD uint8_t QuantizeFp4Block(const float* x, Fp4Scheme s, const Fp4Global& g
     const float want = ct ? g.global_ct * (bmax / 6.0f) : (bmax / 6.0f) / g.scale_2;
     uint8_t code = 0;
     if (g.kept && has_prev) {
-      const float prev = DecodeMini(prev_code, kE4M3);
+      const float prev = DecodeMini(prev_code, E4M3());
       if (IsFinite(prev) && (KeepPrevious(want, prev, p) || (bmax == 0.0f && prev > 0.0f))) {
         code = prev_code;
         kept = true;
       }
     }
-    if (!kept) code = EncodeMini(want * RescaleFactor(p), kE4M3, /*saturate=*/true);
+    if (!kept) code = EncodeMini(want * RescaleFactor(p), E4M3(), /*saturate=*/true);
     scale_byte = code;
-    const float block_scale = DecodeMini(code, kE4M3);
+    const float block_scale = DecodeMini(code, E4M3());
     eff = ct ? block_scale / g.global_ct : block_scale * g.scale_2;
   }
   for (uint64_t i = 0; i < block; i += 2) {
-    const uint8_t lo = eff > 0.0f ? EncodeMini(x[i] / eff, kE2M1, true) : 0;
-    const uint8_t hi = eff > 0.0f ? EncodeMini(x[i + 1] / eff, kE2M1, true) : 0;
+    const uint8_t lo = eff > 0.0f ? EncodeMini(x[i] / eff, E2M1(), true) : 0;
+    const uint8_t hi = eff > 0.0f ? EncodeMini(x[i + 1] / eff, E2M1(), true) : 0;
     packed[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
   }
   *kept_out = kept;

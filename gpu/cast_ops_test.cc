@@ -64,7 +64,7 @@ TEST(GpuCastOps, EveryBF16PatternWidensAndRoundTrips) {
 
 TEST(GpuCastOps, MiniFloatEncodeMatchesReference) {
   const std::pair<MiniFormat, ref::MiniFloat> formats[] = {
-      {kE4M3, ref::kE4M3}, {kE5M2, ref::kE5M2}, {kE2M1, ref::kE2M1}};
+      {E4M3(), ref::kE4M3}, {E5M2(), ref::kE5M2}, {E2M1(), ref::kE2M1}};
   for (const auto& [f, r] : formats) {
     for (bool sat : {false, true}) {
       uint64_t bad = 0;
@@ -79,7 +79,7 @@ TEST(GpuCastOps, MiniFloatEncodeMatchesReference) {
 
 TEST(GpuCastOps, EveryMiniFloatCodeDecodesLikeReference) {
   const std::pair<MiniFormat, ref::MiniFloat> formats[] = {
-      {kE4M3, ref::kE4M3}, {kE5M2, ref::kE5M2}, {kE2M1, ref::kE2M1}};
+      {E4M3(), ref::kE4M3}, {E5M2(), ref::kE5M2}, {E2M1(), ref::kE2M1}};
   for (const auto& [f, r] : formats) {
     const int codes = 1 << (f.ebits + f.mbits + 1);
     for (int c = 0; c < codes; ++c)
@@ -196,7 +196,7 @@ TEST_P(GpuQuantEquivalence, Fp8MatchesQuantize) {
     const Fp8Scheme scheme = spec->scheme == QuantScheme::kFp8Tensor    ? Fp8Scheme::kTensor
                              : spec->scheme == QuantScheme::kFp8Channel ? Fp8Scheme::kChannel
                                                                         : Fp8Scheme::kBlock128;
-    const MiniFormat& fmt = spec->code_dtype == DType::kF8E4M3 ? kE4M3 : kE5M2;
+    const MiniFormat& fmt = spec->code_dtype == DType::kF8E4M3 ? E4M3() : E5M2();
     const Fp8Grouping g = MakeFp8Grouping(scheme, 2, 130, 260);
     for (ScalePolicy policy : {ScalePolicy{ScalePolicy::Kind::kFresh}, ScalePolicy{}}) {
       std::vector<float> x = EdgeWeights(n, rng, flavour);

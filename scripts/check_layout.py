@@ -68,6 +68,7 @@ HEADER_MODULE = {
     "checkpoint.h": "checkpoint",
     "topology.h": "topology",
     "datagen.h": "datagen",
+    "gpu.h": "gpu",
     # agent/
     "version_manifest.h": "agent",
     "agent.h": "agent",

@@ -1,0 +1,276 @@
+// GpuApply and GpuComputeDigest (include/tern/gpu.h): the format-1 apply on
+// device memory. Docs: docs/gpu.md, "Apply".
+//
+// Pipeline per batch of records (bounded by GpuOptions::scratch_bytes):
+//   upload the records' bytes -> DecodeKernel (a thread per record, the
+//   TERN_HD decoder of codec_ops.h, changes to scratch) -> VerifyKernel (a
+//   thread per change: old value, new value, digest terms).
+// Then one synchronisation: decode errors and the target digest are checked
+// on the host, and only then WriteKernel (a thread per change) writes. A
+// patch that fits one batch is decoded once; otherwise the write pass
+// decodes each batch again (the scratch is not kept across batches).
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "gpu/codec_ops.h"
+#include "gpu/cuda_util.h"
+#include "gpu/device_access.cuh"
+#include "gpu/patch_walk.h"
+#include "tern/gpu.h"
+
+namespace tern {
+namespace gpu {
+namespace {
+
+constexpr unsigned long long kNoError = std::numeric_limits<unsigned long long>::max();
+
+struct DevRecord {
+  uint8_t* data;       // the tensor's bytes
+  uint64_t seed;       // its digest seed
+  uint64_t first;      // first element of the segment
+  uint64_t payload;    // offset of the record in the batch's uploaded bytes
+  uint64_t change_at;  // first slot of its changes in the batch's scratch
+  int32_t w;
+  int32_t pad;
+};
+
+// Scratch of one batch: changes as (record in batch, position, delta).
+struct Changes {
+  uint32_t* rec;
+  uint32_t* pos;
+  uint64_t* delta;
+};
+
+__global__ void DecodeKernel(const DevRecord* recs, uint32_t nrec, uint64_t rec_base, const uint8_t* payload,
+                             Changes ch, int* errors, unsigned long long* first_bad) {
+  for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < nrec; r += gridDim.x * blockDim.x) {
+    const DevRecord d = recs[r];
+    const uint8_t* at = payload + d.payload;
+    SegmentStreams s;
+    uint8_t* hb = reinterpret_cast<uint8_t*>(&s.h);
+    for (int i = 0; i < static_cast<int>(sizeof(RecordHeader)); ++i) hb[i] = at[i];  // unaligned
+    s.table = at + sizeof(RecordHeader);
+    s.positions = s.table + s.h.table_bytes;
+    s.values = s.positions + s.h.position_bytes;
+    // Never more than changed_count slots: a stream that holds more changes
+    // fails (count mismatch) but must not write into the next record's.
+    const uint64_t limit = s.h.changed_count;
+    uint64_t j = 0;
+    const int e = DecodeSegment(s, d.w, [&](uint64_t p, uint64_t delta) {
+      if (j < limit) {
+        ch.rec[d.change_at + j] = r;
+        ch.pos[d.change_at + j] = static_cast<uint32_t>(p);
+        ch.delta[d.change_at + j] = delta;
+      }
+      ++j;
+    });
+    errors[rec_base + r] = e;
+    if (e != kDecodeOk) atomicMin(first_bad, static_cast<unsigned long long>(rec_base + r));
+  }
+}
+
+// Digest terms of every change (old read from the view, new = old + delta).
+__global__ void VerifyKernel(const DevRecord* recs, Changes ch, uint64_t n, const unsigned long long* first_bad,
+                             unsigned long long* acc) {
+  if (*first_bad != kNoError) return;  // scratch may hold unwritten slots
+  uint64_t a[4] = {0, 0, 0, 0};
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const DevRecord& d = recs[ch.rec[i]];
+    const uint64_t idx = d.first + ch.pos[i];
+    const uint64_t old = LoadW(d.data, idx, d.w);
+    AddElementChange(d.seed, idx, old, (old + ch.delta[i]) & WidthMask(d.w), a);
+  }
+  WarpAddLanes(a, acc);
+}
+
+__global__ void WriteKernel(const DevRecord* recs, Changes ch, uint64_t n) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const DevRecord& d = recs[ch.rec[i]];
+    const uint64_t idx = d.first + ch.pos[i];
+    if (d.w != 4) {
+      StoreW(d.data, idx, d.w, (LoadW(d.data, idx, d.w) + ch.delta[i]) & WidthMask(d.w));
+      continue;
+    }
+    // Two nibbles share a byte: the change of the even nibble writes both;
+    // an odd nibble writes alone only when its neighbour did not change.
+    // (Changes are in position order within a record; records never share a
+    // byte, spec §3.3.)
+    const bool odd = idx & 1;
+    if (odd && i > 0 && ch.rec[i - 1] == ch.rec[i] && ch.pos[i - 1] + 1 == ch.pos[i]) continue;
+    uint8_t byte = d.data[idx >> 1];
+    const uint8_t lo = byte & 15, hi = byte >> 4;
+    if (odd) {
+      byte = static_cast<uint8_t>(lo | (((hi + ch.delta[i]) & 15) << 4));
+    } else {
+      uint8_t new_hi = hi;
+      if (i + 1 < n && ch.rec[i + 1] == ch.rec[i] && ch.pos[i + 1] == ch.pos[i] + 1)
+        new_hi = static_cast<uint8_t>((hi + ch.delta[i + 1]) & 15);
+      byte = static_cast<uint8_t>(((lo + ch.delta[i]) & 15) | (new_hi << 4));
+    }
+    d.data[idx >> 1] = byte;
+  }
+}
+
+__global__ void DigestKernel(const uint8_t* data, uint64_t n, int w, uint64_t seed, unsigned long long* acc) {
+  uint64_t a[4] = {0, 0, 0, 0};
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride)
+    AddElementHash(seed, i, LoadW(data, i, w), a);
+  WarpAddLanes(a, acc);
+}
+
+const char* DecodeErrorText(int e) {
+  switch (e) {
+    case kBadTable: return "bad code table";
+    case kBadValue: return "bad value code";
+    case kBadPosition: return "bad position code";
+    case kZeroDelta: return "zero delta in a SPARSE segment";
+    case kCountMismatch: return "changed count mismatch";
+    case kNotClean: return "stream not cleanly consumed";
+    case kBadHeader: return "inconsistent record header";
+    default: return "unknown decode error";
+  }
+}
+
+struct Batch {
+  uint64_t rec_begin, rec_end;  // records [begin, end)
+  uint64_t bytes_begin, bytes_end;
+  uint64_t changes;
+};
+
+}  // namespace
+}  // namespace gpu
+
+Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
+                const GpuOptions& options, ViewDigest* new_digest) {
+  using namespace gpu;
+  TERN_RETURN_IF_ERROR(RequireDevice());
+  TERN_ASSIGN_OR_RETURN(WalkedPatch wp, WalkPatch(patch));
+  TERN_REQUIRE(view.tensors.size() == wp.tensors.size(), kMismatch, "the view has ", view.tensors.size(),
+               " tensors, the patch ", wp.tensors.size());
+  for (size_t t = 0; t < wp.tensors.size(); ++t)
+    TERN_REQUIRE(view.tensors[t].desc->SameLayout(wp.tensors[t].desc), kMismatch, "tensor '",
+                 wp.tensors[t].desc.name, "' differs from the patch's layout");
+  TERN_REQUIRE(current_digest == wp.base_digest, kMismatch, "the view is not the patch's base (digest ",
+               current_digest.ToString(), ", patch base ", wp.base_digest.ToString(), ")");
+  if (wp.records.empty()) {
+    TERN_REQUIRE(wp.target_digest == wp.base_digest, kCorrupt, "a patch without records changes the digest");
+    if (new_digest) *new_digest = wp.target_digest;
+    return Status::Ok();
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
+
+  // Host descriptors and batches. A batch holds whole records; the largest
+  // record alone sets the floor of the scratch (2^24 changes at most).
+  std::vector<uint64_t> seeds(wp.tensors.size());
+  for (size_t t = 0; t < wp.tensors.size(); ++t) seeds[t] = TensorSeed(wp.tensors[t].desc);
+  const uint64_t change_bytes = sizeof(uint32_t) * 2 + sizeof(uint64_t);
+  std::vector<DevRecord> recs(wp.records.size());
+  std::vector<Batch> batches;
+  uint64_t max_changes = 0, max_bytes = 0;
+  for (uint64_t r = 0; r < wp.records.size(); ++r) {
+    const WalkedRecord& wr = wp.records[r];
+    const uint64_t need = wr.h.changed_count * change_bytes + wr.total_bytes;
+    if (batches.empty() || (batches.back().changes * change_bytes + (batches.back().bytes_end -
+                                                                     batches.back().bytes_begin) + need >
+                            options.scratch_bytes))
+      batches.push_back(Batch{r, r, wr.offset, wr.offset, 0});
+    Batch& b = batches.back();
+    DevRecord& d = recs[r];
+    d.data = view.tensors[wr.h.tensor_index].data;
+    d.seed = seeds[wr.h.tensor_index];
+    d.first = wr.h.first_element;
+    d.w = ElementBits(wp.tensors[wr.h.tensor_index].desc.dtype);
+    d.payload = wr.offset - b.bytes_begin;
+    d.change_at = b.changes;
+    b.changes += wr.h.changed_count;
+    b.rec_end = r + 1;
+    b.bytes_end = wr.offset + wr.total_bytes;
+    max_changes = std::max(max_changes, b.changes);
+    max_bytes = std::max(max_bytes, b.bytes_end - b.bytes_begin);
+  }
+
+  DeviceBuffer d_recs, d_errors, d_flags, d_payload, d_rec, d_pos, d_delta;
+  TERN_RETURN_IF_ERROR(d_recs.Allocate(recs.size() * sizeof(DevRecord), stream));
+  TERN_RETURN_IF_ERROR(d_errors.Allocate(recs.size() * sizeof(int), stream));
+  TERN_RETURN_IF_ERROR(d_flags.Allocate(5 * sizeof(unsigned long long), stream));  // first_bad, acc[4]
+  TERN_RETURN_IF_ERROR(d_payload.Allocate(max_bytes, stream));
+  TERN_RETURN_IF_ERROR(d_rec.Allocate(std::max<uint64_t>(max_changes, 1) * sizeof(uint32_t), stream));
+  TERN_RETURN_IF_ERROR(d_pos.Allocate(std::max<uint64_t>(max_changes, 1) * sizeof(uint32_t), stream));
+  TERN_RETURN_IF_ERROR(d_delta.Allocate(std::max<uint64_t>(max_changes, 1) * sizeof(uint64_t), stream));
+  TERN_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_recs.as<void>(), recs.data(), d_recs.bytes(), cudaMemcpyHostToDevice, stream));
+  const unsigned long long init[5] = {kNoError, 0, 0, 0, 0};
+  TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_flags.as<void>(), init, sizeof(init), cudaMemcpyHostToDevice, stream));
+  unsigned long long* first_bad = d_flags.as<unsigned long long>();
+  unsigned long long* acc = first_bad + 1;
+  const Changes ch{d_rec.as<uint32_t>(), d_pos.as<uint32_t>(), d_delta.as<uint64_t>()};
+
+  auto decode = [&](const Batch& b) -> Status {
+    TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_payload.as<void>(), patch.data() + b.bytes_begin,
+                                              b.bytes_end - b.bytes_begin, cudaMemcpyHostToDevice, stream));
+    const uint32_t n = static_cast<uint32_t>(b.rec_end - b.rec_begin);
+    DecodeKernel<<<GridFor(n, 64), 64, 0, stream>>>(d_recs.as<DevRecord>() + b.rec_begin, n, b.rec_begin,
+                                                    d_payload.as<uint8_t>(), ch, d_errors.as<int>(), first_bad);
+    TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return Status::Ok();
+  };
+  for (const Batch& b : batches) {
+    TERN_RETURN_IF_ERROR(decode(b));
+    VerifyKernel<<<GridFor(b.changes, 256), 256, 0, stream>>>(d_recs.as<DevRecord>() + b.rec_begin, ch, b.changes,
+                                                              first_bad, acc);
+    TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  unsigned long long flags[5];
+  TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flags, d_flags.as<void>(), sizeof(flags), cudaMemcpyDeviceToHost, stream));
+  TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (flags[0] != kNoError) {
+    int e = 0;
+    TERN_CUDA_RETURN_IF_ERROR(cudaMemcpy(&e, d_errors.as<int>() + flags[0], sizeof(int), cudaMemcpyDeviceToHost));
+    const WalkedRecord& wr = wp.records[flags[0]];
+    return TERN_ERROR(kCorrupt, "tensor '", wp.tensors[wr.h.tensor_index].desc.name, "': segment at element ",
+                      wr.h.first_element, ": ", DecodeErrorText(e));
+  }
+  ViewDigest target = wp.base_digest;
+  for (int l = 0; l < 4; ++l) target.lanes[l] += flags[1 + l];
+  TERN_REQUIRE(target == wp.target_digest, kCorrupt, "target digest mismatch: the changes give ",
+               target.ToString(), ", the patch names ", wp.target_digest.ToString());
+
+  for (const Batch& b : batches) {
+    if (batches.size() > 1) TERN_RETURN_IF_ERROR(decode(b));
+    WriteKernel<<<GridFor(b.changes, 256), 256, 0, stream>>>(d_recs.as<DevRecord>() + b.rec_begin, ch, b.changes);
+    TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (new_digest) *new_digest = wp.target_digest;
+  return Status::Ok();
+}
+
+Result<ViewDigest> GpuComputeDigest(const ServeView& view, const GpuOptions& options) {
+  using namespace gpu;
+  TERN_RETURN_IF_ERROR(RequireDevice());
+  cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
+  DeviceBuffer d_acc;
+  TERN_RETURN_IF_ERROR(d_acc.Allocate(4 * sizeof(unsigned long long), stream));
+  TERN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d_acc.as<void>(), 0, d_acc.bytes(), stream));
+  ViewDigest d;
+  for (const TensorRef& t : view.tensors) {
+    const uint64_t seed = TensorSeed(*t.desc);
+    d += TensorTerm(seed);
+    const uint64_t n = t.desc->elements();
+    if (n == 0) continue;
+    DigestKernel<<<GridFor(n, 256), 256, 0, stream>>>(t.data, n, ElementBits(t.desc->dtype), seed,
+                                                      d_acc.as<unsigned long long>());
+    TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  unsigned long long acc[4];
+  TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(acc, d_acc.as<void>(), sizeof(acc), cudaMemcpyDeviceToHost, stream));
+  TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  for (int l = 0; l < 4; ++l) d.lanes[l] += acc[l];
+  return d;
+}
+
+}  // namespace tern

@@ -1,0 +1,353 @@
+// The GPU path end to end: device results against the CPU codec and
+// quantizers, bit for bit. Tests that need a device skip with the probe's
+// reason where there is none; the host parts (the patch walk, the probe,
+// loading NCCL) run everywhere.
+#include "tern/gpu.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gpu/patch_walk.h"
+#include "patch/test_util.h"
+#include "tern/digest.h"
+#include "tern/float_cast.h"
+#include "tern/patch.h"
+#include "tern/quantize.h"
+#include "tern/thread_pool.h"
+
+namespace tern {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                         \
+  do {                                                                             \
+    const GpuProbe probe = ProbeGpu();                                             \
+    if (probe.devices == 0) GTEST_SKIP() << "no GPU here: " << probe.reason;       \
+  } while (0)
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// Device copies of a host view's tensors, freed at the end of the test.
+struct DeviceView {
+  std::vector<void*> buffers;
+  MutableServeView view;
+  explicit DeviceView(const ServeView& host) {
+    for (const TensorRef& t : host.tensors) {
+      void* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, std::max<uint64_t>(t.desc->bytes(), 1)), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p, t.data, t.desc->bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+      buffers.push_back(p);
+      view.tensors.push_back({t.desc, static_cast<uint8_t*>(p)});
+    }
+  }
+  ~DeviceView() {
+    for (void* p : buffers) cudaFree(p);
+  }
+  std::vector<uint8_t> Download(size_t t) const {
+    std::vector<uint8_t> out(view.tensors[t].desc->bytes());
+    EXPECT_EQ(cudaMemcpy(out.data(), view.tensors[t].data, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+};
+
+// A view with one tensor of every element width (F4 with an odd length).
+testing::OwnedView MixedView(std::mt19937_64& rng, uint64_t scale) {
+  testing::OwnedView v;
+  v.Add("a.f4", DType::kF4, {3 * scale + 1});
+  v.Add("b.u8", DType::kU8, {2 * scale});
+  v.Add("c.bf16", DType::kBF16, {16, scale / 4});
+  v.Add("d.f32", DType::kF32, {scale});
+  v.Add("e.u64", DType::kU64, {scale / 8 + 3});
+  v.Add("f.empty", DType::kF16, {0});
+  for (auto& d : v.data) testing::FillRandom(d, rng);
+  return v;
+}
+
+void MutateAll(testing::OwnedView& v, double density, std::mt19937_64& rng) {
+  for (size_t t = 0; t < v.descs.size(); ++t)
+    testing::Mutate(v.data[t], ElementBits(v.descs[t].dtype), v.descs[t].elements(), density, rng);
+}
+
+// ---- Host parts: run everywhere ------------------------------------------------
+
+TEST(GpuProbe, AnswersWithAReason) {
+  const GpuProbe p = ProbeGpu();
+  EXPECT_TRUE(p.built_with_cuda);
+  if (p.devices == 0) {
+    EXPECT_FALSE(p.reason.empty());
+  }
+  std::cout << "GPU probe: " << p.devices << " device(s) " << p.device_name << " " << p.reason << "\n";
+}
+
+TEST(GpuProbe, CallsWithoutADeviceAreUnavailable) {
+  if (ProbeGpu().devices > 0) GTEST_SKIP() << "a GPU is present";
+  std::mt19937_64 rng(1);
+  testing::OwnedView a = MixedView(rng, 64);
+  ServeView v = a.View();
+  EXPECT_EQ(GpuComputeDigest(v, {}).status().code(), Code::kUnavailable);
+}
+
+TEST(GpuPatchWalk, FindsEveryRecordOfValidPatches) {
+  std::mt19937_64 rng(2);
+  ThreadPool pool(2);
+  for (double density : {0.0, 0.001, 0.05, 1.0}) {
+    testing::OwnedView a = MixedView(rng, 4096), b(a.View());
+    MutateAll(b, density, rng);
+    DiffOptions opt;
+    opt.segment_elements = 1000;
+    opt.base_version = 7;
+    opt.target_version = 8;
+    auto patch = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(patch.ok());
+    auto walked = gpu::WalkPatch(*patch);
+    ASSERT_TRUE(walked.ok()) << walked.status().ToString();
+    auto info = Inspect(*patch);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(walked->base_version, 7u);
+    EXPECT_EQ(walked->target_digest, info->target_digest);
+    ASSERT_EQ(walked->tensors.size(), info->tensors.size());
+    uint64_t records = 0;
+    for (size_t t = 0; t < info->tensors.size(); ++t) {
+      EXPECT_EQ(walked->tensors[t].desc.name, info->tensors[t].name);
+      EXPECT_EQ(walked->tensors[t].desc.shape, info->tensors[t].shape);
+      EXPECT_EQ(walked->tensors[t].segment_count, info->tensors[t].segments);
+      records += info->tensors[t].segments;
+    }
+    ASSERT_EQ(walked->records.size(), records);
+    uint64_t changed = 0;
+    for (const auto& r : walked->records) changed += r.h.changed_count;
+    EXPECT_EQ(changed, info->changed_elements);
+  }
+}
+
+TEST(GpuPatchWalk, RejectsDamagedAndTruncatedPatches) {
+  std::mt19937_64 rng(3);
+  ThreadPool pool(2);
+  testing::OwnedView a = MixedView(rng, 1024), b(a.View());
+  MutateAll(b, 0.01, rng);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  ASSERT_TRUE(patch.ok());
+  for (size_t at : {size_t{3}, size_t{40}, patch->size() / 2, patch->size() - 1}) {
+    std::vector<uint8_t> bad = *patch;
+    bad[at] ^= 0x10;
+    EXPECT_EQ(gpu::WalkPatch(bad).status().code(), Code::kCorrupt) << at;
+  }
+  std::vector<uint8_t> cut(patch->begin(), patch->end() - 1);
+  EXPECT_EQ(gpu::WalkPatch(cut).status().code(), Code::kCorrupt);
+}
+
+TEST(GpuNccl, LoadsAtRunTimeOrSaysWhy) {
+  auto v = NcclIsland::LibraryVersion();
+  if (v.ok()) {
+    EXPECT_GE(*v, 20000);
+    std::cout << "NCCL " << *v << "\n";
+  } else {
+    EXPECT_EQ(v.status().code(), Code::kUnavailable);
+    EXPECT_NE(v.status().message().find("NCCL"), std::string::npos);
+  }
+  EXPECT_EQ(NcclIsland::Join(2, 2, std::vector<uint8_t>(128)).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(NcclIsland::Join(2, 0, std::vector<uint8_t>(5)).status().code(), Code::kInvalidArgument);
+}
+
+// ---- Device: equivalence with the CPU reference ------------------------------
+
+TEST(GpuDevice, DigestMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(4);
+  ThreadPool pool(2);
+  testing::OwnedView a = MixedView(rng, 100000);
+  DeviceView d(a.View());
+  auto got = GpuComputeDigest(AsConst(d.view), {});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, ComputeDigest(a.View(), pool));
+}
+
+TEST(GpuDevice, ApplyMatchesCpuAtEveryDensity) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  ThreadPool pool(2);
+  for (double density : {0.0, 0.0001, 0.01, 0.3, 1.0}) {
+    for (uint64_t scratch : {uint64_t{256} << 20, uint64_t{1} << 16}) {  // one batch, many batches
+      testing::OwnedView a = MixedView(rng, 50000), b(a.View());
+      MutateAll(b, density, rng);
+      DiffOptions opt;
+      opt.segment_elements = 4099;
+      auto patch = Diff(a.View(), b.View(), opt, pool);
+      ASSERT_TRUE(patch.ok());
+      DeviceView d(a.View());
+      GpuOptions go;
+      go.scratch_bytes = scratch;
+      ViewDigest out;
+      const Status s = GpuApply(d.view, *patch, ComputeDigest(a.View(), pool), go, &out);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(out, ComputeDigest(b.View(), pool));
+      for (size_t t = 0; t < b.descs.size(); ++t)
+        ASSERT_EQ(d.Download(t), b.data[t]) << "tensor " << t << " density " << density << " scratch " << scratch;
+    }
+  }
+}
+
+TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(6);
+  ThreadPool pool(2);
+  testing::OwnedView a = MixedView(rng, 20000), b(a.View()), c(a.View());
+  MutateAll(b, 0.01, rng);
+  MutateAll(c, 0.001, rng);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  ASSERT_TRUE(patch.ok());
+  const ViewDigest da = ComputeDigest(a.View(), pool);
+  // Wrong base digest: refused before any work.
+  {
+    DeviceView d(a.View());
+    EXPECT_EQ(GpuApply(d.view, *patch, ComputeDigest(c.View(), pool), {}).code(), Code::kMismatch);
+  }
+  // A view that is not the base but claims to be: the target digest catches
+  // it, and nothing was written.
+  {
+    DeviceView d(c.View());
+    EXPECT_EQ(GpuApply(d.view, *patch, da, {}).code(), Code::kCorrupt);
+    for (size_t t = 0; t < c.descs.size(); ++t) ASSERT_EQ(d.Download(t), c.data[t]);
+  }
+}
+
+TEST(GpuDevice, DiffWritesTheCpuPatch) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(7);
+  ThreadPool pool(2);
+  for (double density : {0.0, 0.001, 0.01, 0.5, 1.0}) {
+    testing::OwnedView a = MixedView(rng, 30000), b(a.View());
+    MutateAll(b, density, rng);
+    DiffOptions opt;
+    opt.segment_elements = 5001;
+    opt.target_version = 1;
+    auto want = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(want.ok());
+    DeviceView da(a.View()), db(b.View());
+    GpuOptions go;
+    go.scratch_bytes = density < 0.1 ? uint64_t{256} << 20 : uint64_t{1} << 18;
+    auto got = GpuDiff(AsConst(da.view), AsConst(db.view), opt, go);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, *want) << "density " << density;
+  }
+}
+
+// Quantizes on the device and compares every output with tern::Quantize,
+// for a first call and for a call with the previous state in the buffers.
+void CheckQuantize(const char* format, DType master_dtype) {
+  auto spec = ParseQuantFormat(format);
+  ASSERT_TRUE(spec.ok());
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const std::vector<uint64_t> shape = {2, 192, 256};
+  const uint64_t n = 2 * 192 * 256;
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  for (uint64_t i = 0; i < 300; ++i) x[i] = 0.0f;
+  void* d_master = nullptr;
+  ASSERT_CUDA(cudaMalloc(&d_master, n * 4));
+  std::unique_ptr<void, decltype(&cudaFree)> master_guard(d_master, &cudaFree);
+  std::vector<void*> outs;
+  std::vector<std::unique_ptr<void, decltype(&cudaFree)>> guards;
+  Quantized prev;
+  for (int step = 0; step < 2; ++step) {
+    if (master_dtype == DType::kBF16) {  // the CPU reference sees the widened values
+      std::vector<uint16_t> bf(n);
+      CastF32ToBF16(x.data(), bf.data(), n);
+      CastBF16ToF32(bf.data(), x.data(), n);
+      ASSERT_CUDA(cudaMemcpy(d_master, bf.data(), n * 2, cudaMemcpyHostToDevice));
+    } else {
+      ASSERT_CUDA(cudaMemcpy(d_master, x.data(), n * 4, cudaMemcpyHostToDevice));
+    }
+    auto want = Quantize(*spec, x.data(), shape, step ? &prev : nullptr, ScalePolicy{});
+    ASSERT_TRUE(want.ok());
+    if (step == 0) {
+      for (const QuantTensor& t : want->tensors) {
+        void* p = nullptr;
+        ASSERT_CUDA(cudaMalloc(&p, t.data.size()));
+        outs.push_back(p);
+        guards.emplace_back(p, &cudaFree);
+      }
+    }
+    auto stats = GpuQuantize(*spec, master_dtype, d_master, shape, outs, step > 0, ScalePolicy{}, {});
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_EQ(stats->rescaled_groups, want->rescaled_groups) << format << " step " << step;
+    for (size_t k = 0; k < want->tensors.size(); ++k) {
+      std::vector<uint8_t> got(want->tensors[k].data.size());
+      ASSERT_CUDA(cudaMemcpy(got.data(), outs[k], got.size(), cudaMemcpyDeviceToHost));
+      ASSERT_EQ(got, want->tensors[k].data) << format << " " << want->tensors[k].suffix << " step " << step;
+    }
+    prev = *want;
+    for (uint64_t i = 0; i < n; i += 3) x[i] *= (i % 2 ? 1.04f : 0.95f);
+  }
+}
+
+TEST(GpuDevice, QuantizeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* f : {"bf16", "fp16", "fp8-e4m3-tensor", "fp8-e4m3-channel", "fp8-e4m3-block128",
+                        "fp8-e5m2-channel", "nvfp4", "nvfp4-ct", "mxfp4"}) {
+    CheckQuantize(f, DType::kF32);
+    CheckQuantize(f, DType::kBF16);
+  }
+}
+
+TEST(GpuDevice, QuantizeRefusesNonFiniteAndWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  auto spec = ParseQuantFormat("fp8-e4m3-block128");
+  ASSERT_TRUE(spec.ok());
+  std::vector<float> x(128 * 128, 0.5f);
+  x[777] = NAN;
+  void *m = nullptr, *codes = nullptr, *scales = nullptr;
+  ASSERT_CUDA(cudaMalloc(&m, x.size() * 4));
+  ASSERT_CUDA(cudaMalloc(&codes, x.size()));
+  ASSERT_CUDA(cudaMalloc(&scales, 4));
+  ASSERT_CUDA(cudaMemcpy(m, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(codes, 0xAB, x.size()));
+  void* outs[] = {codes, scales};
+  auto r = GpuQuantize(*spec, DType::kF32, m, {128, 128}, outs, false, ScalePolicy{}, {});
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("777"), std::string::npos) << r.status().ToString();
+  std::vector<uint8_t> got(x.size());
+  ASSERT_CUDA(cudaMemcpy(got.data(), codes, got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, std::vector<uint8_t>(x.size(), 0xAB));
+  cudaFree(m);
+  cudaFree(codes);
+  cudaFree(scales);
+}
+
+// More than 2^31 elements: 64-bit indexing in the digest, apply and diff.
+// Changes sit beyond 2^31, where a 32-bit index would wrap.
+TEST(GpuDevice, TensorsBeyondTwoToThe31Elements) {
+  SKIP_WITHOUT_GPU();
+  if (std::getenv("TERN_GPU_LARGE") == nullptr) GTEST_SKIP() << "set TERN_GPU_LARGE=1 (needs ~5 GB GPU, 5 GB host)";
+  const uint64_t n = (uint64_t{1} << 31) + 4096 + 3;
+  testing::OwnedView a;
+  a.Add("big", DType::kU8, {n});
+  testing::OwnedView b(a.View());
+  for (uint64_t i : {uint64_t{1} << 31, (uint64_t{1} << 31) + 1, (uint64_t{1} << 31) + 4000, n - 1})
+    b.data[0][i] = static_cast<uint8_t>(i % 250 + 1);
+  ThreadPool pool(0);
+  const ViewDigest da = ComputeDigest(a.View(), pool), db = ComputeDigest(b.View(), pool);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool, &da);
+  ASSERT_TRUE(patch.ok());
+  DeviceView d(a.View()), e(b.View());
+  auto got_digest = GpuComputeDigest(AsConst(d.view), {});
+  ASSERT_TRUE(got_digest.ok());
+  EXPECT_EQ(*got_digest, da);
+  auto gdiff = GpuDiff(AsConst(d.view), AsConst(e.view), DiffOptions{}, {}, &da);
+  ASSERT_TRUE(gdiff.ok()) << gdiff.status().ToString();
+  EXPECT_EQ(*gdiff, *patch);
+  ViewDigest out;
+  ASSERT_TRUE(GpuApply(d.view, *patch, da, {}, &out).ok());
+  EXPECT_EQ(out, db);
+  auto after = GpuComputeDigest(AsConst(d.view), {});
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, db);
+}
+
+}  // namespace
+}  // namespace tern

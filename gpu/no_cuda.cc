@@ -1,0 +1,30 @@
+// The GPU API in a build without nvcc: every call answers kUnavailable, so
+// callers take the CPU path by the same run-time check as on a machine
+// without a GPU (ProbeGpu().devices == 0).
+#include "tern/gpu.h"
+
+namespace tern {
+namespace {
+constexpr const char* kWhy = "this build of tern has no GPU path (built without nvcc)";
+}
+
+GpuProbe ProbeGpu() {
+  GpuProbe p;
+  p.reason = kWhy;
+  return p;
+}
+
+Status GpuApply(MutableServeView&, std::span<const uint8_t>, const ViewDigest&, const GpuOptions&, ViewDigest*) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
+Result<ViewDigest> GpuComputeDigest(const ServeView&, const GpuOptions&) { return TERN_ERROR(kUnavailable, kWhy); }
+Result<std::vector<uint8_t>> GpuDiff(const ServeView&, const ServeView&, const DiffOptions&, const GpuOptions&,
+                                     const ViewDigest*) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
+Result<GpuQuantStats> GpuQuantize(const QuantSpec&, DType, const void*, const std::vector<uint64_t>&,
+                                  std::span<void* const>, bool, const ScalePolicy&, const GpuOptions&) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
+
+}  // namespace tern

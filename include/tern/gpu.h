@@ -1,0 +1,129 @@
+// The GPU path: serve views whose tensor bytes live in GPU memory, patched,
+// digested, diffed and quantized there, bit-identical to the CPU codec and
+// quantizers (which are the reference). Design and status: docs/gpu.md.
+//
+// Views: the ServeView / MutableServeView types of tern/view.h with `data`
+// pointing to device memory of the current CUDA device (each tensor's bytes
+// aligned to its element size, as cudaMalloc gives). Streams: a `void*` that
+// is a cudaStream_t (nullptr: the legacy default stream), so this header
+// needs no CUDA include.
+//
+// Ordering: work is queued on the options' stream with no host
+// synchronisation inside a call's hot loop; each call synchronises once at
+// its end to return a Status (or once per batch where it must copy bytes to
+// the host, GpuDiff). Memory: scratch is bounded by GpuOptions::scratch_bytes
+// (allocated per call, stream-ordered); tensors of more than 2^31 elements
+// are indexed with 64 bits throughout.
+//
+// Availability: CUDA is loaded at run time (the CUDA runtime is linked
+// statically and opens the driver when first used), so programs built with
+// the GPU path run on machines without a GPU: ProbeGpu() says why there is
+// none and every call returns kUnavailable with that reason. A build without
+// nvcc answers the same way ("built without CUDA").
+//
+// Thread safety: calls are reentrant; two calls on one stream are ordered by
+// the stream. A view must not be written by anything else during a call.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tern/digest.h"
+#include "tern/export.h"
+#include "tern/patch.h"
+#include "tern/quantize.h"
+#include "tern/status.h"
+#include "tern/view.h"
+
+namespace tern {
+
+struct GpuProbe {
+  bool built_with_cuda = false;
+  int devices = 0;
+  std::string device_name;  // device 0's name when devices > 0
+  std::string reason;       // why devices == 0 (no driver, no device, ...)
+};
+TERN_EXPORT GpuProbe ProbeGpu();
+
+struct GpuOptions {
+  void* stream = nullptr;  // cudaStream_t
+  // Upper bound on device scratch one call allocates (apply: decoded
+  // changes, 16 bytes each, plus the patch bytes of one batch; diff: 12
+  // bytes per element of one batch of segments plus their output slots).
+  uint64_t scratch_bytes = uint64_t{256} << 20;
+};
+
+// Apply (tern::Apply's contract, on device memory): verifies the layout
+// against the manifest and current_digest against the base digest
+// (kMismatch), decodes every segment on the GPU and verifies the target
+// digest from the changes alone (kCorrupt) before it writes anything; on any
+// error the view is untouched. `patch` is in host memory (it is small next
+// to the view; its checksums are verified on the host).
+TERN_EXPORT Status GpuApply(MutableServeView& device_view, std::span<const uint8_t> patch,
+                            const ViewDigest& current_digest, const GpuOptions& options,
+                            ViewDigest* new_digest = nullptr);
+
+// The view digest (tern::ComputeDigest) of a device view.
+TERN_EXPORT Result<ViewDigest> GpuComputeDigest(const ServeView& device_view, const GpuOptions& options);
+
+// Publishing from device tensors: tern::Diff with the compare, compaction and
+// segment encoding on the GPU; the same patch bytes as Diff. `base_digest`:
+// the old view's digest if known (else computed on the GPU).
+TERN_EXPORT Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_device_view,
+                                                 const ServeView& new_device_view, const DiffOptions& diff,
+                                                 const GpuOptions& options,
+                                                 const ViewDigest* base_digest = nullptr);
+
+// Serve view from master weights on the GPU (tern::Quantize's contract and
+// bytes). `master` is a device array of `master_dtype` (F32 or BF16; BF16
+// widens exactly) with shape [lead..., out, in]. `outputs` are device
+// buffers for the tensors Quantize returns, in its order and byte layout
+// (BF16/F16: the cast; FP8: codes, scales; NVFP4: codes, scales,
+// scale_2, input_scale; NVFP4-CT: codes, scales, global; MXFP4: blocks,
+// scales). With `has_previous` the scale buffers hold the previous state,
+// which the scale policy reads before they are overwritten. NaN/Inf in the
+// master: kInvalidArgument naming the first element, outputs untouched.
+// INT4 layouts: kUnsupported (CPU only for now).
+struct GpuQuantStats {
+  uint64_t rescaled_groups = 0;
+  uint64_t scale_groups = 0;
+};
+TERN_EXPORT Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, const void* master,
+                                              const std::vector<uint64_t>& shape, std::span<void* const> outputs,
+                                              bool has_previous, const ScalePolicy& policy,
+                                              const GpuOptions& options);
+
+// ---- Islands: several GPUs of one engine (docs/gpu.md, "Islands") ---------
+
+// NCCL, loaded at run time (libnccl.so.2): one communicator per rank of an
+// island. The rank that receives a patch broadcasts its bytes to the others.
+class TERN_EXPORT NcclIsland {
+ public:
+  // The 128-byte id rank 0 creates and hands to every rank out of band.
+  static Result<std::vector<uint8_t>> NewUniqueId();
+  // Joins the island on the current CUDA device (blocks until all ranks join).
+  static Result<NcclIsland> Join(int nranks, int rank, std::span<const uint8_t> unique_id);
+  // NCCL's version (e.g. 22703) or kUnavailable naming what failed to load.
+  static Result<int> LibraryVersion();
+
+  NcclIsland(NcclIsland&& other) noexcept;
+  NcclIsland& operator=(NcclIsland&& other) noexcept;
+  NcclIsland(const NcclIsland&) = delete;
+  NcclIsland& operator=(const NcclIsland&) = delete;
+  ~NcclIsland();
+
+  // Broadcasts `bytes` bytes of device memory from `root` into every rank's
+  // `device_buffer` (stream-ordered on `stream`, a cudaStream_t).
+  Status Broadcast(void* device_buffer, uint64_t bytes, int root, void* stream);
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+ private:
+  NcclIsland(void* comm, int nranks, int rank) : comm_(comm), nranks_(nranks), rank_(rank) {}
+  void* comm_ = nullptr;  // ncclComm_t
+  int nranks_ = 0, rank_ = 0;
+};
+
+}  // namespace tern
