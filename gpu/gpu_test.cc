@@ -23,10 +23,16 @@
 namespace tern {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                         \
-  do {                                                                             \
-    const GpuProbe probe = ProbeGpu();                                             \
-    if (probe.devices == 0) GTEST_SKIP() << "no GPU here: " << probe.reason;       \
+// Skips without a device, or fails where one is required (TERN_REQUIRE_GPU
+// set, as bench/gpu_check.sh does: a silent skip there would hide a broken
+// driver setup behind a green run).
+#define SKIP_WITHOUT_GPU()                                                           \
+  do {                                                                               \
+    const GpuProbe probe = ProbeGpu();                                               \
+    if (probe.devices == 0) {                                                        \
+      if (std::getenv("TERN_REQUIRE_GPU") != nullptr) FAIL() << "no GPU: " << probe.reason; \
+      GTEST_SKIP() << "no GPU here: " << probe.reason;                               \
+    }                                                                                \
   } while (0)
 
 #define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
