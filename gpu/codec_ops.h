@@ -128,21 +128,39 @@ TERN_HD void AddTensorTerm(uint64_t seed, uint64_t acc[4]) {
 // ---- Bit reader (spec §4) ---------------------------------------------------
 
 // LSB-first; bits past the end read as zero and set Overrun(), exactly as
-// patch/bitio.h's reader, so both decoders fail on the same inputs.
+// patch/bitio.h's reader, so both decoders fail on the same inputs. The next
+// stream bits are cached in a register and refilled (8 byte loads) only when
+// a read needs more than the cache holds: on a GPU thread the loads, not the
+// shifts, are the cost, and a change takes ~10 bits of each stream.
 struct BitReader {
   const uint8_t* data;
   uint64_t bytes;
-  uint64_t pos = 0;
+  uint64_t pos = 0;     // bits consumed
+  uint64_t cache = 0;   // stream bits [pos, pos + cached), zero past the end
+  int cached = 0;
 
   TERN_HD BitReader(const uint8_t* d, uint64_t n) : data(d), bytes(n) {}
   TERN_HD uint64_t bits() const { return bytes * 8; }
-  // Next n <= 56 bits, not consumed.
-  TERN_HD uint64_t Peek(int n) const {
+  TERN_HD void Fill() {
     const uint64_t byte = pos >> 3;
     uint64_t w = 0;
     for (int b = 0; b < 8 && byte + b < bytes; ++b) w |= static_cast<uint64_t>(data[byte + b]) << (8 * b);
-    w >>= (pos & 7);
-    return n == 0 ? 0 : (w & (~uint64_t{0} >> (64 - n)));
+    cache = w >> (pos & 7);
+    cached = 64 - static_cast<int>(pos & 7);  // >= 57
+  }
+  // Next n <= 56 bits, not consumed.
+  TERN_HD uint64_t Peek(int n) {
+    if (cached < n) Fill();
+    return n == 0 ? 0 : (cache & (~uint64_t{0} >> (64 - n)));
+  }
+  TERN_HD void Skip(uint64_t n) {
+    pos += n;
+    if (n < static_cast<uint64_t>(cached)) {
+      cache >>= n;
+      cached -= static_cast<int>(n);
+    } else {
+      cached = 0;
+    }
   }
   TERN_HD uint64_t Read(int n) {  // n <= 64
     if (n > 56) {
@@ -150,7 +168,7 @@ struct BitReader {
       return lo | (Read(n - 32) << 32);
     }
     const uint64_t v = Peek(n);
-    pos += static_cast<uint64_t>(n);
+    Skip(static_cast<uint64_t>(n));
     return v;
   }
   // Zero bits up to the next one bit (consumed); false when the stream ends
@@ -163,13 +181,13 @@ struct BitReader {
       if (w != 0) {
         const int tz = Ctz64(w);
         n += static_cast<uint64_t>(tz);
-        pos += static_cast<uint64_t>(tz) + 1;
+        Skip(static_cast<uint64_t>(tz) + 1);
         if (n > max_q || pos > bits()) return false;
         *q = n;
         return true;
       }
       n += 56;
-      pos += 56;
+      Skip(56);
       if (n > max_q) return false;
     }
   }
@@ -239,7 +257,7 @@ TERN_HD int DecodeSymbol(BitReader& in, const HuffmanCode& c) {
     code |= static_cast<int>((bits >> (len - 1)) & 1);
     const int count = c.count[len];
     if (code - first < count) {
-      in.pos += static_cast<uint64_t>(len);
+      in.Skip(static_cast<uint64_t>(len));
       return c.symbol[index + (code - first)];
     }
     index += count;
