@@ -123,6 +123,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("device: %s\n", probe.device_name.c_str());
+  // Keep the calls' scratch mapped between calls (tern/gpu.h, "Memory"), as
+  // an engine that applies every step would.
+  {
+    cudaMemPool_t mem_pool;
+    CHECK_CUDA(cudaDeviceGetDefaultMemPool(&mem_pool, 0));
+    uint64_t keep = ~uint64_t{0};
+    CHECK_CUDA(cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
   ThreadPool pool(0);
   const uint64_t per = std::max<uint64_t>(elements / tensors, 1);
   testing::OwnedView base;

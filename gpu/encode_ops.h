@@ -69,9 +69,10 @@ struct BitSink {
 
 // Huffman code lengths limited to 15 bits: the same algorithm, tie-breaking
 // and flattening as patch/segment_codec.cc's BuildLengths (the bytes must
-// match, not only the code's cost).
-TERN_HD void BuildLengths(const uint64_t freq_in[kSymbols], uint8_t lengths[kSymbols]) {
-  uint64_t freq[kSymbols];
+// match, not only the code's cost). Counts are 32-bit (a segment has at most
+// 2^24 elements, so every sum fits): half the local memory of a GPU thread.
+TERN_HD void BuildLengths(const uint32_t freq_in[kSymbols], uint8_t lengths[kSymbols]) {
+  uint32_t freq[kSymbols];
   int used = 0, only = -1;
   for (int s = 0; s < kSymbols; ++s) {
     freq[s] = freq_in[s];
@@ -85,7 +86,7 @@ TERN_HD void BuildLengths(const uint64_t freq_in[kSymbols], uint8_t lengths[kSym
   }
   constexpr int kNodes = 2 * kSymbols;
   for (;;) {  // each round halves the frequencies: at most 64 rounds
-    uint64_t weight[kNodes];
+    uint32_t weight[kNodes];
     int16_t parent[kNodes];
     bool alive[kNodes];
     int nodes = kSymbols;
@@ -154,9 +155,9 @@ TERN_HD int UsedSymbols(const uint8_t lengths[kSymbols]) {
   return nsym;
 }
 TERN_HD uint64_t TableBytes(const uint8_t lengths[kSymbols]) { return 1 + (UsedSymbols(lengths) + 1) / 2; }
-TERN_HD uint64_t CodeBits(const uint64_t freq[kSymbols], const uint8_t lengths[kSymbols]) {
+TERN_HD uint64_t CodeBits(const uint32_t freq[kSymbols], const uint8_t lengths[kSymbols]) {
   uint64_t bits = 0;
-  for (int s = 0; s < kSymbols; ++s) bits += freq[s] * lengths[s];
+  for (int s = 0; s < kSymbols; ++s) bits += uint64_t{freq[s]} * lengths[s];
   return bits;
 }
 
@@ -178,14 +179,15 @@ TERN_HD uint64_t MaxRecordBodyBytes(uint64_t count, int w) {
   return sizeof(RecordHeader) + (count * static_cast<uint64_t>(w) + 7) / 8;
 }
 
-// Writes the record (header and payload, no checksum) for n >= 1 changes at
-// strictly increasing positions < count with non-zero deltas < 2^w, choosing
-// SPARSE, DENSE or RAW as patch/'s EncodeRecord does. Returns bytes written,
+// Writes the record (header and payload, no checksum) for count <= 2^24
+// elements and n >= 1 changes at strictly increasing positions < count with
+// non-zero deltas < 2^w, choosing SPARSE, DENSE or RAW as patch/'s
+// EncodeRecord does. Returns bytes written,
 // or 0 on overflow of `out` (capacity MaxRecordBodyBytes suffices).
 TERN_HD uint64_t EncodeRecordBody(const uint32_t* positions, const uint64_t* deltas, uint64_t n, int w,
                                   uint32_t tensor_index, uint64_t first, uint64_t count, uint8_t* out,
                                   uint64_t capacity) {
-  uint64_t freq[kSymbols];
+  uint32_t freq[kSymbols];
   for (int s = 0; s < kSymbols; ++s) freq[s] = 0;
   uint64_t extra_bits = 0;
   for (uint64_t j = 0; j < n; ++j) {
@@ -207,9 +209,9 @@ TERN_HD uint64_t EncodeRecordBody(const uint32_t* positions, const uint64_t* del
   BuildLengths(freq, sparse_len);
   const uint64_t sparse_bytes =
       TableBytes(sparse_len) + (best_pos_bits + 7) / 8 + (CodeBits(freq, sparse_len) + extra_bits + 7) / 8;
-  uint64_t dense_freq[kSymbols];
+  uint32_t dense_freq[kSymbols];
   for (int s = 0; s < kSymbols; ++s) dense_freq[s] = freq[s];
-  dense_freq[0] += count - n;
+  dense_freq[0] += static_cast<uint32_t>(count - n);
   uint8_t dense_len[kSymbols];
   BuildLengths(dense_freq, dense_len);
   const uint64_t dense_bytes = TableBytes(dense_len) + (CodeBits(dense_freq, dense_len) + extra_bits + 7) / 8;

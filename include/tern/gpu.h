@@ -12,8 +12,14 @@
 // synchronisation inside a call's hot loop; each call synchronises once at
 // its end to return a Status (or once per batch where it must copy bytes to
 // the host, GpuDiff). Memory: scratch is bounded by GpuOptions::scratch_bytes
-// (allocated per call, stream-ordered); tensors of more than 2^31 elements
-// are indexed with 64 bits throughout.
+// and comes from the device's current memory pool (cudaMallocAsync, freed in
+// stream order); an application that calls often should raise that pool's
+// cudaMemPoolAttrReleaseThreshold so scratch is reused, not remapped, per
+// call (a process-wide choice this library leaves to the application).
+// Tensors of more than 2^31 elements are indexed with 64 bits throughout.
+// A view's `data` may also be pinned, mapped host memory (cudaHostAlloc
+// with cudaHostAllocMapped): a publisher can keep its previous view there
+// and GpuDiff reads it over PCIe.
 //
 // Availability: CUDA is loaded at run time (the CUDA runtime is linked
 // statically and opens the driver when first used), so programs built with
