@@ -154,6 +154,7 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
   for (size_t t = 0; t < wp.tensors.size(); ++t)
     TERN_REQUIRE(view.tensors[t].desc->SameLayout(wp.tensors[t].desc), kMismatch, "tensor '",
                  wp.tensors[t].desc.name, "' differs from the patch's layout");
+  TERN_RETURN_IF_ERROR(CheckDeviceView(view));
   TERN_REQUIRE(current_digest == wp.base_digest, kMismatch, "the view is not the patch's base (digest ",
                current_digest.ToString(), ", patch base ", wp.base_digest.ToString(), ")");
   if (wp.records.empty()) {
@@ -252,6 +253,7 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
 Result<ViewDigest> GpuComputeDigest(const ServeView& view, const GpuOptions& options) {
   using namespace gpu;
   TERN_RETURN_IF_ERROR(RequireDevice());
+  TERN_RETURN_IF_ERROR(CheckDeviceView(view));
   cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
   DeviceBuffer d_acc;
   TERN_RETURN_IF_ERROR(d_acc.Allocate(4 * sizeof(unsigned long long), stream));

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tern/dtype.h"
 #include "tern/status.h"
 
 namespace tern::gpu {
@@ -23,6 +24,23 @@ Status CudaStatus(cudaError_t e, const char* what);
 
 // Fails with kUnavailable (and the probe's reason) when no device is usable.
 Status RequireDevice();
+
+// kInvalidArgument unless `ptr` is memory the current device can address
+// (device, managed, or mapped pinned host memory) aligned to `align` bytes.
+// A kernel that touched anything else would fail with a sticky error that
+// ends the process's CUDA context, so every view is checked before launch.
+Status CheckDevicePointer(const void* ptr, uint64_t align, const std::string& what);
+
+// CheckDevicePointer for every non-empty tensor of a view.
+template <class View>
+Status CheckDeviceView(const View& view) {
+  for (const auto& t : view.tensors) {
+    if (t.desc->bytes() == 0) continue;
+    const int w = ElementBits(t.desc->dtype);
+    TERN_RETURN_IF_ERROR(CheckDevicePointer(t.data, w >= 8 ? w / 8 : 1, "tensor '" + t.desc->name + "'"));
+  }
+  return Status::Ok();
+}
 
 // Device scratch, allocated and freed in stream order (cudaMallocAsync), so a
 // call's temporaries never force a device-wide synchronisation.

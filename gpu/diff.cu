@@ -132,6 +132,8 @@ Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_view, const ServeView&
                "segment_elements must be in [1, 2^24)");
   TERN_RETURN_IF_ERROR(CheckSameLayout(old_view, new_view));
   TERN_RETURN_IF_ERROR(RequireDevice());
+  TERN_RETURN_IF_ERROR(CheckDeviceView(old_view));
+  TERN_RETURN_IF_ERROR(CheckDeviceView(new_view));
   cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
   ViewDigest base;
   if (base_digest != nullptr) {

@@ -221,6 +221,29 @@ TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {
   }
 }
 
+TEST(GpuDevice, RefusesViewsTheDeviceCannotAddress) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(9);
+  ThreadPool pool(2);
+  testing::OwnedView a = MixedView(rng, 4096), b(a.View());
+  MutateAll(b, 0.01, rng);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  ASSERT_TRUE(patch.ok());
+  const ViewDigest da = ComputeDigest(a.View(), pool);
+  // Pageable host memory: refused before any kernel could fault on it.
+  MutableServeView host = a.Mutable();
+  EXPECT_EQ(GpuApply(host, *patch, da, {}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(GpuComputeDigest(a.View(), {}).status().code(), Code::kInvalidArgument);
+  // A device pointer not aligned to its element size.
+  DeviceView d(a.View());
+  MutableServeView shifted = d.view;
+  shifted.tensors[2].data += 1;  // c.bf16
+  EXPECT_EQ(GpuApply(shifted, *patch, da, {}).code(), Code::kInvalidArgument);
+  // And the real view still applies (nothing above broke the context).
+  EXPECT_TRUE(GpuApply(d.view, *patch, da, {}).ok());
+  EXPECT_EQ(d.Download(2), b.data[2]);
+}
+
 TEST(GpuDevice, DiffWritesTheCpuPatch) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(7);
@@ -239,6 +262,37 @@ TEST(GpuDevice, DiffWritesTheCpuPatch) {
     auto got = GpuDiff(AsConst(da.view), AsConst(db.view), opt, go);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(*got, *want) << "density " << density;
+  }
+}
+
+TEST(GpuDevice, PublisherKeepsThePreviousViewAndWritesCpuPatches) {
+  SKIP_WITHOUT_GPU();
+  ThreadPool pool(2);
+  for (auto keep : {GpuPublisher::Keep::kDevice, GpuPublisher::Keep::kPinnedHost}) {
+    std::mt19937_64 rng(10);
+    testing::OwnedView v0 = MixedView(rng, 20000);
+    DeviceView live(v0.View());
+    auto pub = GpuPublisher::Create(AsConst(live.view), 5, keep, {});
+    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+    EXPECT_EQ((*pub)->digest(), ComputeDigest(v0.View(), pool));
+    testing::OwnedView prev(v0.View());
+    for (uint64_t version = 6; version < 9; ++version) {
+      testing::OwnedView next(prev.View());
+      MutateAll(next, 0.01, rng);
+      for (size_t t = 0; t < next.descs.size(); ++t)  // the trainer updates its live view in place
+        ASSERT_CUDA(cudaMemcpy(live.buffers[t], next.data[t].data(), next.data[t].size(), cudaMemcpyHostToDevice));
+      DiffOptions opt;
+      opt.base_version = version - 1;
+      opt.target_version = version;
+      auto want = Diff(prev.View(), next.View(), opt, pool);
+      ASSERT_TRUE(want.ok());
+      auto got = (*pub)->Publish(AsConst(live.view), version, DiffOptions{});
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, *want) << "version " << version;
+      EXPECT_EQ((*pub)->digest(), ComputeDigest(next.View(), pool));
+      EXPECT_EQ((*pub)->version(), version);
+      prev = testing::OwnedView(next.View());
+    }
   }
 }
 

@@ -27,4 +27,13 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec&, DType, const void*, const st
   return TERN_ERROR(kUnavailable, kWhy);
 }
 
+Result<std::unique_ptr<GpuPublisher>> GpuPublisher::Create(const ServeView&, uint64_t, Keep, const GpuOptions&) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
+GpuPublisher::~GpuPublisher() = default;
+Result<std::vector<uint8_t>> GpuPublisher::Publish(const ServeView&, uint64_t, const DiffOptions&) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
+ServeView GpuPublisher::Kept() const { return {}; }
+
 }  // namespace tern

@@ -35,6 +35,22 @@ Status RequireDevice() {
   return Status::Ok();
 }
 
+Status CheckDevicePointer(const void* ptr, uint64_t align, const std::string& what) {
+  TERN_REQUIRE(ptr != nullptr, kInvalidArgument, what, ": null pointer");
+  TERN_REQUIRE(reinterpret_cast<uintptr_t>(ptr) % align == 0, kInvalidArgument, what, ": address not aligned to ",
+               align, " bytes");
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(e, (what + ": cudaPointerGetAttributes").c_str());
+  }
+  const bool usable = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ||
+                      (attr.type == cudaMemoryTypeHost && attr.devicePointer == ptr);
+  TERN_REQUIRE(usable, kInvalidArgument, what, ": not device memory (nor managed or mapped pinned host memory)");
+  return Status::Ok();
+}
+
 }  // namespace gpu
 
 GpuProbe ProbeGpu() {

@@ -178,6 +178,14 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, con
                " tensors, got ", outputs.size(), " output buffers");
   for (void* o : outputs) TERN_REQUIRE(o != nullptr, kInvalidArgument, "null output buffer");
   TERN_RETURN_IF_ERROR(RequireDevice());
+  TERN_RETURN_IF_ERROR(CheckDevicePointer(master, master_dtype == DType::kBF16 ? 2 : 4, "master"));
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    // Codes are bytes; casts write 16-bit values, scales and globals F32
+    // (MXFP4's E8M0 scales and NVFP4's E4M3 block scales are bytes).
+    const bool cast = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
+    const bool f32 = (k == 1 && want_outputs == 2 && spec.scheme != QuantScheme::kMxfp4 && !cast) || k >= 2;
+    TERN_RETURN_IF_ERROR(CheckDevicePointer(outputs[k], cast ? 2 : f32 ? 4 : 1, "output " + std::to_string(k)));
+  }
   const bool bf16 = master_dtype == DType::kBF16;
   const QuantPolicy p{policy.kind == ScalePolicy::Kind::kBand, policy.band_low, policy.headroom};
   cudaStream_t stream = static_cast<cudaStream_t>(options.stream);

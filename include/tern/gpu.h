@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -81,6 +82,39 @@ TERN_EXPORT Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_device_vie
                                                  const ServeView& new_device_view, const DiffOptions& diff,
                                                  const GpuOptions& options,
                                                  const ViewDigest* base_digest = nullptr);
+
+// A publisher that keeps the last published view itself (a copy in device
+// memory, or in mapped pinned host memory when device memory is scarce) and
+// turns each new device view into the patch from it. Not synchronized.
+class TERN_EXPORT GpuPublisher {
+ public:
+  enum class Keep : uint8_t { kDevice, kPinnedHost };
+  // Copies `initial` (a device view) as version `version`; its digest is
+  // computed on the GPU.
+  static Result<std::unique_ptr<GpuPublisher>> Create(const ServeView& initial, uint64_t version, Keep keep,
+                                                      const GpuOptions& options);
+  ~GpuPublisher();
+  GpuPublisher(const GpuPublisher&) = delete;
+  GpuPublisher& operator=(const GpuPublisher&) = delete;
+
+  // The patch from the kept view to `current` (same layout; kMismatch
+  // otherwise), encoded on the GPU; `current` then becomes the kept view at
+  // `version`. diff.base_version/target_version are ignored (the kept
+  // version and `version` are used).
+  Result<std::vector<uint8_t>> Publish(const ServeView& current, uint64_t version, const DiffOptions& diff);
+  const ViewDigest& digest() const { return digest_; }
+  uint64_t version() const { return version_; }
+
+ private:
+  GpuPublisher() = default;
+  std::vector<TensorDesc> descs_;
+  std::vector<void*> buffers_;
+  Keep keep_ = Keep::kDevice;
+  GpuOptions options_;
+  ViewDigest digest_;
+  uint64_t version_ = 0;
+  ServeView Kept() const;
+};
 
 // Serve view from master weights on the GPU (tern::Quantize's contract and
 // bytes). `master` is a device array of `master_dtype` (F32 or BF16; BF16
