@@ -17,6 +17,7 @@
 #include "gpu/cuda_util.h"
 #include "gpu/device_access.cuh"
 #include "gpu/patch_walk.h"
+#include "gpu/plan.h"
 #include "tern/gpu.h"
 
 namespace tern {
@@ -94,23 +95,14 @@ __global__ void WriteKernel(const DevRecord* recs, Changes ch, uint64_t n) {
       StoreW(d.data, idx, d.w, (LoadW(d.data, idx, d.w) + ch.delta[i]) & WidthMask(d.w));
       continue;
     }
-    // Two nibbles share a byte: the change of the even nibble writes both;
-    // an odd nibble writes alone only when its neighbour did not change.
-    // (Changes are in position order within a record; records never share a
-    // byte, spec §3.3.)
-    const bool odd = idx & 1;
-    if (odd && i > 0 && ch.rec[i - 1] == ch.rec[i] && ch.pos[i - 1] + 1 == ch.pos[i]) continue;
-    uint8_t byte = d.data[idx >> 1];
-    const uint8_t lo = byte & 15, hi = byte >> 4;
-    if (odd) {
-      byte = static_cast<uint8_t>(lo | (((hi + ch.delta[i]) & 15) << 4));
-    } else {
-      uint8_t new_hi = hi;
-      if (i + 1 < n && ch.rec[i + 1] == ch.rec[i] && ch.pos[i + 1] == ch.pos[i] + 1)
-        new_hi = static_cast<uint8_t>((hi + ch.delta[i + 1]) & 15);
-      byte = static_cast<uint8_t>(((lo + ch.delta[i]) & 15) | (new_hi << 4));
-    }
-    d.data[idx >> 1] = byte;
+    // Two nibbles share a byte (codec_ops.h, F4ByteToWrite). Changes are in
+    // position order within a record, records never share a byte.
+    const bool prev_partner = i > 0 && ch.rec[i - 1] == ch.rec[i] && ch.pos[i - 1] + 1 == ch.pos[i];
+    const bool next_partner = i + 1 < n && ch.rec[i + 1] == ch.rec[i] && ch.pos[i + 1] == ch.pos[i] + 1;
+    uint8_t byte;
+    if (F4ByteToWrite(d.data[idx >> 1], idx & 1, ch.delta[i], prev_partner, next_partner,
+                      next_partner ? ch.delta[i + 1] : 0, &byte))
+      d.data[idx >> 1] = byte;
   }
 }
 
@@ -135,12 +127,6 @@ const char* DecodeErrorText(int e) {
   }
 }
 
-struct Batch {
-  uint64_t rec_begin, rec_end;  // records [begin, end)
-  uint64_t bytes_begin, bytes_end;
-  uint64_t changes;
-};
-
 }  // namespace
 }  // namespace gpu
 
@@ -164,34 +150,25 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
   }
   cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
 
-  // Host descriptors and batches. A batch holds whole records; the largest
-  // record alone sets the floor of the scratch (2^24 changes at most).
+  // Host descriptors and batches (gpu/plan.h). A batch holds whole records;
+  // the largest record alone sets the floor of the scratch.
   std::vector<uint64_t> seeds(wp.tensors.size());
   for (size_t t = 0; t < wp.tensors.size(); ++t) seeds[t] = TensorSeed(wp.tensors[t].desc);
-  const uint64_t change_bytes = sizeof(uint32_t) * 2 + sizeof(uint64_t);
+  const ApplyPlan plan = PlanApply(wp.records, options.scratch_bytes);
+  const std::vector<ApplyBatch>& batches = plan.batches;
+  const uint64_t max_changes = plan.max_changes, max_bytes = plan.max_bytes;
   std::vector<DevRecord> recs(wp.records.size());
-  std::vector<Batch> batches;
-  uint64_t max_changes = 0, max_bytes = 0;
-  for (uint64_t r = 0; r < wp.records.size(); ++r) {
-    const WalkedRecord& wr = wp.records[r];
-    const uint64_t need = wr.h.changed_count * change_bytes + wr.total_bytes;
-    if (batches.empty() || (batches.back().changes * change_bytes + (batches.back().bytes_end -
-                                                                     batches.back().bytes_begin) + need >
-                            options.scratch_bytes))
-      batches.push_back(Batch{r, r, wr.offset, wr.offset, 0});
-    Batch& b = batches.back();
-    DevRecord& d = recs[r];
-    d.data = view.tensors[wr.h.tensor_index].data;
-    d.seed = seeds[wr.h.tensor_index];
-    d.first = wr.h.first_element;
-    d.w = ElementBits(wp.tensors[wr.h.tensor_index].desc.dtype);
-    d.payload = wr.offset - b.bytes_begin;
-    d.change_at = b.changes;
-    b.changes += wr.h.changed_count;
-    b.rec_end = r + 1;
-    b.bytes_end = wr.offset + wr.total_bytes;
-    max_changes = std::max(max_changes, b.changes);
-    max_bytes = std::max(max_bytes, b.bytes_end - b.bytes_begin);
+  for (const ApplyBatch& b : batches) {
+    for (uint64_t r = b.rec_begin; r < b.rec_end; ++r) {
+      const WalkedRecord& wr = wp.records[r];
+      DevRecord& d = recs[r];
+      d.data = view.tensors[wr.h.tensor_index].data;
+      d.seed = seeds[wr.h.tensor_index];
+      d.first = wr.h.first_element;
+      d.w = ElementBits(wp.tensors[wr.h.tensor_index].desc.dtype);
+      d.payload = wr.offset - b.bytes_begin;
+      d.change_at = plan.change_at[r];
+    }
   }
 
   DeviceBuffer d_recs, d_errors, d_flags, d_payload, d_rec, d_pos, d_delta;
@@ -210,7 +187,7 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
   unsigned long long* acc = first_bad + 1;
   const Changes ch{d_rec.as<uint32_t>(), d_pos.as<uint32_t>(), d_delta.as<uint64_t>()};
 
-  auto decode = [&](const Batch& b) -> Status {
+  auto decode = [&](const ApplyBatch& b) -> Status {
     TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_payload.as<void>(), patch.data() + b.bytes_begin,
                                               b.bytes_end - b.bytes_begin, cudaMemcpyHostToDevice, stream));
     const uint32_t n = static_cast<uint32_t>(b.rec_end - b.rec_begin);
@@ -219,7 +196,7 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
     TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::Ok();
   };
-  for (const Batch& b : batches) {
+  for (const ApplyBatch& b : batches) {
     TERN_RETURN_IF_ERROR(decode(b));
     VerifyKernel<<<GridFor(b.changes, 256), 256, 0, stream>>>(d_recs.as<DevRecord>() + b.rec_begin, ch, b.changes,
                                                               first_bad, acc);
@@ -240,7 +217,7 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
   TERN_REQUIRE(target == wp.target_digest, kCorrupt, "target digest mismatch: the changes give ",
                target.ToString(), ", the patch names ", wp.target_digest.ToString());
 
-  for (const Batch& b : batches) {
+  for (const ApplyBatch& b : batches) {
     if (batches.size() > 1) TERN_RETURN_IF_ERROR(decode(b));
     WriteKernel<<<GridFor(b.changes, 256), 256, 0, stream>>>(d_recs.as<DevRecord>() + b.rec_begin, ch, b.changes);
     TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());

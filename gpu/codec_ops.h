@@ -87,6 +87,25 @@ TERN_HD void StoreElement(uint8_t* data, uint64_t i, int w, uint64_t v) {
   for (int b = 0; b < bytes; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
 }
 
+// Applying the change of a packed F4 element (nibble `odd` of its byte) when
+// another thread may hold the other nibble's change: the even nibble's
+// change writes the whole byte (with its partner's delta when the odd
+// nibble changed too); an odd nibble's change writes only when the even
+// nibble did not change. So each byte is written once, by one thread, and
+// byte stores never race. Returns false when this change must not write.
+TERN_HD bool F4ByteToWrite(uint8_t old_byte, bool odd, uint64_t delta, bool prev_partner, bool next_partner,
+                           uint64_t next_delta, uint8_t* out) {
+  const uint8_t lo = old_byte & 15, hi = old_byte >> 4;
+  if (odd) {
+    if (prev_partner) return false;
+    *out = static_cast<uint8_t>(lo | (((hi + delta) & 15) << 4));
+    return true;
+  }
+  const uint8_t new_hi = next_partner ? static_cast<uint8_t>((hi + next_delta) & 15) : hi;
+  *out = static_cast<uint8_t>(((lo + delta) & 15) | (new_hi << 4));
+  return true;
+}
+
 // ---- Digest (spec §8) --------------------------------------------------------
 
 inline constexpr uint64_t kMixMul = 0xd6e8feb86659fd93ull;

@@ -20,6 +20,7 @@
 #include "gpu/cuda_util.h"
 #include "gpu/device_access.cuh"
 #include "gpu/encode_ops.h"
+#include "gpu/plan.h"
 #include "tern/gpu.h"
 
 namespace tern {
@@ -143,48 +144,26 @@ Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_view, const ServeView&
   }
   PatchBuilder builder(old_view, diff.base_version, diff.target_version, base);
 
-  // Segments as Diff cuts them (packed 4-bit segments start on a byte).
-  std::vector<DevSegment> segs;
-  for (uint32_t t = 0; t < old_view.tensors.size(); ++t) {
-    const TensorDesc& desc = *old_view.tensors[t].desc;
-    const int w = ElementBits(desc.dtype);
-    const uint64_t seg = (w == 4 && diff.segment_elements % 2) ? diff.segment_elements + 1 : diff.segment_elements;
-    const uint64_t seed = TensorSeed(desc), n = desc.elements();
-    for (uint64_t first = 0; first < n; first += seg) {
-      DevSegment s{};
-      s.old_data = old_view.tensors[t].data;
-      s.new_data = new_view.tensors[t].data;
-      s.seed = seed;
-      s.first = first;
-      s.count = std::min(seg, n - first);
-      s.tensor = t;
-      s.w = w;
-      s.out_capacity = MaxRecordBodyBytes(s.count, w);
-      segs.push_back(s);
-    }
-  }
-  // Batches: 12 bytes of scratch per element plus the output slots.
-  std::vector<std::pair<size_t, size_t>> batches;
-  uint64_t max_elements = 0, max_out = 0, max_segs = 0;
-  {
-    uint64_t elements = 0, out = 0;
-    size_t begin = 0;
-    for (size_t i = 0; i < segs.size(); ++i) {
-      const uint64_t need = segs[i].count * 12 + segs[i].out_capacity;
-      if (i > begin && elements * 12 + out + need > options.scratch_bytes) {
-        batches.emplace_back(begin, i);
-        begin = i;
-        elements = out = 0;
-      }
-      segs[i].scratch_at = elements;
-      segs[i].out_at = out;
-      elements += segs[i].count;
-      out += segs[i].out_capacity;
-      max_elements = std::max(max_elements, elements);
-      max_out = std::max(max_out, out);
-      max_segs = std::max<uint64_t>(max_segs, i + 1 - begin);
-    }
-    if (begin < segs.size()) batches.emplace_back(begin, segs.size());
+  // Segments as Diff cuts them, in batches (gpu/plan.h).
+  const DiffPlan plan = PlanDiff(old_view, diff.segment_elements, options.scratch_bytes);
+  const auto& batches = plan.batches;
+  const uint64_t max_elements = plan.max_elements, max_out = plan.max_out, max_segs = plan.max_segments;
+  std::vector<uint64_t> seeds(old_view.tensors.size());
+  for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(*old_view.tensors[t].desc);
+  std::vector<DevSegment> segs(plan.segments.size());
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const DiffSegment& p = plan.segments[i];
+    DevSegment& s = segs[i];
+    s.old_data = old_view.tensors[p.tensor].data;
+    s.new_data = new_view.tensors[p.tensor].data;
+    s.seed = seeds[p.tensor];
+    s.first = p.first;
+    s.count = p.count;
+    s.scratch_at = p.scratch_at;
+    s.out_at = p.out_at;
+    s.out_capacity = p.out_capacity;
+    s.tensor = p.tensor;
+    s.w = p.w;
   }
   DeviceBuffer d_segs, d_pos, d_delta, d_counts, d_digests, d_out, d_out_bytes;
   TERN_RETURN_IF_ERROR(d_segs.Allocate(std::max<size_t>(segs.size(), 1) * sizeof(DevSegment), stream));
