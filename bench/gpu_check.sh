@@ -31,6 +31,8 @@ step() { echo; echo "== $* ($(( $(date +%s) - start )) s)"; }
 
 step "machine"
 date -u
+git rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)"
+echo "$(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GB", $2 / 1e6}' /proc/meminfo) memory"
 export PATH="$PATH:/usr/local/cuda/bin"
 have_gpu=0
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

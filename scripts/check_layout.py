@@ -96,7 +96,7 @@ EXCEPTIONS = [
 ]
 
 SOURCE_DIRS = sorted(set(LAYER_OF_MODULE) | {"include"})
-EXTENSIONS = (".h", ".hpp", ".cc", ".cpp", ".c")
+EXTENSIONS = (".h", ".hpp", ".cc", ".cpp", ".c", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
