@@ -12,7 +12,10 @@
 #include <random>
 #include <vector>
 
+#include "base/coding.h"
+#include "base/hash.h"
 #include "gpu/patch_walk.h"
+#include "patch/segment_codec.h"
 #include "patch/test_util.h"
 #include "tern/digest.h"
 #include "tern/float_cast.h"
@@ -187,8 +190,16 @@ TEST(GpuDevice, ApplyMatchesCpuAtEveryDensity) {
       DeviceView d(a.View());
       GpuOptions go;
       go.scratch_bytes = scratch;
+      cudaStream_t stream = nullptr;  // a stream of our own for the small-scratch runs
+      if (scratch < (uint64_t{1} << 20)) {
+        ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      }
+      go.stream = stream;
       ViewDigest out;
       const Status s = GpuApply(d.view, *patch, ComputeDigest(a.View(), pool), go, &out);
+      if (stream != nullptr) {
+        ASSERT_CUDA(cudaStreamDestroy(stream));
+      }
       ASSERT_TRUE(s.ok()) << s.ToString();
       EXPECT_EQ(out, ComputeDigest(b.View(), pool));
       for (size_t t = 0; t < b.descs.size(); ++t)
@@ -218,6 +229,89 @@ TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {
     DeviceView d(c.View());
     EXPECT_EQ(GpuApply(d.view, *patch, da, {}).code(), Code::kCorrupt);
     for (size_t t = 0; t < c.descs.size(); ++t) ASSERT_EQ(d.Download(t), c.data[t]);
+  }
+}
+
+// Damages the streams of one record so that patch/'s decoder rejects it,
+// then re-seals the record and trailer checksums: only decoding can tell.
+std::vector<uint8_t> BreakOneRecordsStreams(const std::vector<uint8_t>& patch, std::mt19937_64& rng) {
+  auto wp = gpu::WalkPatch(patch);
+  EXPECT_TRUE(wp.ok());
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    std::vector<uint8_t> out = patch;
+    const size_t r = rng() % wp->records.size();
+    const gpu::WalkedRecord& rec = wp->records[r];
+    const uint64_t payload = rec.total_bytes - 8 - sizeof(gpu::RecordHeader);
+    if (payload == 0) continue;
+    out[rec.offset + sizeof(gpu::RecordHeader) + rng() % payload] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    patchfmt::RecordView view{};
+    std::memcpy(&view.h, out.data() + rec.offset, sizeof(view.h));
+    view.table = out.data() + rec.offset + sizeof(view.h);
+    view.positions = view.table + view.h.table_bytes;
+    view.values = view.positions + view.h.position_bytes;
+    const int w = ElementBits(wp->tensors[rec.h.tensor_index].desc.dtype);
+    if (patchfmt::DecodeRecord(view, w, [](uint64_t, uint64_t) {}).ok()) continue;
+    // Re-seal: the record's checksum, then the trailer's over all of them.
+    const uint64_t sum = Xxh3(out.data() + rec.offset, rec.total_bytes - 8);
+    std::memcpy(out.data() + rec.offset + rec.total_bytes - 8, &sum, 8);
+    const uint64_t manifest_bytes = DecodeFixed64(out.data() + 16);
+    std::vector<uint8_t> t(out.end() - 24, out.end() - 8);  // magic, record count
+    t.insert(t.end(), out.begin() + 32 + manifest_bytes, out.begin() + 32 + manifest_bytes + 8);
+    for (const auto& x : wp->records)
+      t.insert(t.end(), out.begin() + x.offset + x.total_bytes - 8, out.begin() + x.offset + x.total_bytes);
+    const uint64_t trailer = Xxh3(t.data(), t.size());
+    std::memcpy(out.data() + out.size() - 8, &trailer, 8);
+    EXPECT_TRUE(VerifiedPrefixBytes(out).ok());
+    return out;
+  }
+  ADD_FAILURE() << "could not break a record";
+  return patch;
+}
+
+// The premise of the next test, on the CPU: the damaged patch passes every
+// checksum, and only decoding rejects it.
+TEST(GpuPatchWalk, BrokenStreamsPassFramingButNotDecoding) {
+  std::mt19937_64 rng(12);
+  ThreadPool pool(2);
+  for (double density : {0.001, 0.05, 0.9}) {
+    testing::OwnedView a = MixedView(rng, 20000), b(a.View());
+    MutateAll(b, density, rng);
+    DiffOptions opt;
+    opt.segment_elements = 2000;
+    auto patch = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(patch.ok());
+    const std::vector<uint8_t> bad = BreakOneRecordsStreams(*patch, rng);
+    ASSERT_NE(bad, *patch);
+    EXPECT_TRUE(gpu::WalkPatch(bad).ok());
+    testing::OwnedView c(a.View());
+    MutableServeView cv = c.Mutable();
+    const Status s = Apply(cv, bad, ComputeDigest(a.View(), pool), pool);
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+    EXPECT_EQ(Inspect(bad).status().code(), Code::kCorrupt);
+  }
+}
+
+TEST(GpuDevice, ApplyRejectsBadStreamsFoundOnlyByDecoding) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  ThreadPool pool(2);
+  for (double density : {0.001, 0.05, 0.9}) {
+    testing::OwnedView a = MixedView(rng, 20000), b(a.View());
+    MutateAll(b, density, rng);
+    DiffOptions opt;
+    opt.segment_elements = 2000;
+    auto patch = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(patch.ok());
+    const std::vector<uint8_t> bad = BreakOneRecordsStreams(*patch, rng);
+    DeviceView d(a.View());
+    const Status s = GpuApply(d.view, bad, ComputeDigest(a.View(), pool), {});
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+    EXPECT_NE(s.message().find("segment at element"), std::string::npos) << s.ToString();
+    for (size_t t = 0; t < a.descs.size(); ++t) ASSERT_EQ(d.Download(t), a.data[t]);
+    // The CPU agrees that the patch is corrupt.
+    testing::OwnedView c(a.View());
+    MutableServeView cv = c.Mutable();
+    EXPECT_EQ(Apply(cv, bad, ComputeDigest(a.View(), pool), pool).code(), Code::kCorrupt);
   }
 }
 
