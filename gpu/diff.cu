@@ -8,9 +8,10 @@
 //   EncodeKernel (a thread per segment): the TERN_HD encoder of
 //     encode_ops.h writes the record without its checksum into a slot sized
 //     for the worst case;
-//   the host copies the records back (one synchronisation per batch: it
-//   needs their sizes), appends the XXH3 checksums and hands them to
-//   PatchBuilder, which checks each record's framing again.
+//   the host reads the records' sizes (one synchronisation), PackKernel
+//   gathers the records into one buffer that comes back in one copy (a
+//   second synchronisation), and the host appends the XXH3 checksums and
+//   hands them to PatchBuilder, which checks each record's framing again.
 // TODO(perf): a warp per segment for the encoder (histogram and bit offsets
 // by prefix sums); double-buffer batches so copies overlap the next batch.
 #include <algorithm>
@@ -114,6 +115,19 @@ __global__ void EncodeKernel(const DevSegment* segs, uint32_t nseg, const uint32
   }
 }
 
+// Gathers the batch's records from their worst-case slots into one packed
+// buffer, so the host copies them back in one transfer instead of one per
+// segment (each copy to pageable memory is a round trip).
+__global__ void PackKernel(const DevSegment* segs, uint32_t nseg, const uint8_t* out, const uint64_t* out_bytes,
+                           const uint64_t* packed_at, uint8_t* packed) {
+  for (uint32_t sidx = blockIdx.x; sidx < nseg; sidx += gridDim.x) {
+    const uint64_t n = out_bytes[sidx];
+    const uint8_t* src = out + segs[sidx].out_at;
+    uint8_t* dst = packed + packed_at[sidx];
+    for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 Status CheckSameLayout(const ServeView& a, const ServeView& b) {
   TERN_REQUIRE(a.tensors.size() == b.tensors.size(), kMismatch, "the views have ", a.tensors.size(), " and ",
                b.tensors.size(), " tensors");
@@ -196,22 +210,43 @@ Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_view, const ServeView&
     TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(digests.data(), d_digests.as<void>(), 4 * n * sizeof(uint64_t),
                                               cudaMemcpyDeviceToHost, stream));
     TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    // Sizes known: pack the records and copy them back in one transfer.
+    std::vector<uint64_t> packed_at(n);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const DevSegment& sg = segs[begin + i];
+      TERN_REQUIRE(out_bytes[i] != ~uint64_t{0}, kInternal, "GPU encoder overflowed its slot (segment of tensor '",
+                   old_view.tensors[sg.tensor].desc->name, "' at ", sg.first, ")");
+      packed_at[i] = total;
+      total += out_bytes[i];
+    }
+    std::vector<uint8_t> packed(total);
+    if (total > 0) {
+      DeviceBuffer d_packed, d_packed_at;
+      TERN_RETURN_IF_ERROR(d_packed.Allocate(total, stream));
+      TERN_RETURN_IF_ERROR(d_packed_at.Allocate(n * sizeof(uint64_t), stream));
+      TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_packed_at.as<void>(), packed_at.data(), n * sizeof(uint64_t),
+                                                cudaMemcpyHostToDevice, stream));
+      PackKernel<<<std::min<uint32_t>(n, 65535u), 256, 0, stream>>>(bs, n, d_out.as<uint8_t>(),
+                                                                    d_out_bytes.as<uint64_t>(),
+                                                                    d_packed_at.as<uint64_t>(), d_packed.as<uint8_t>());
+      TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      TERN_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(packed.data(), d_packed.as<void>(), total, cudaMemcpyDeviceToHost, stream));
+      TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    }
     std::vector<SegmentRecord> records(n);
     for (uint32_t i = 0; i < n; ++i) {
-      const DevSegment& s = segs[begin + i];
+      const DevSegment& sg = segs[begin + i];
       SegmentRecord& r = records[i];
-      r.tensor_index = s.tensor;
-      r.first_element = s.first;
-      r.element_count = s.count;
+      r.tensor_index = sg.tensor;
+      r.first_element = sg.first;
+      r.element_count = sg.count;
       for (int l = 0; l < 4; ++l) r.digest_delta.lanes[l] = digests[4 * uint64_t{i} + l];
-      TERN_REQUIRE(out_bytes[i] != ~uint64_t{0}, kInternal, "GPU encoder overflowed its slot (segment of tensor '",
-                   old_view.tensors[s.tensor].desc->name, "' at ", s.first, ")");
       if (out_bytes[i] == 0) continue;
+      r.bytes.assign(packed.begin() + packed_at[i], packed.begin() + packed_at[i] + out_bytes[i]);
       r.bytes.resize(out_bytes[i] + kRecordChecksumBytes);
-      TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.bytes.data(), d_out.as<uint8_t>() + s.out_at, out_bytes[i],
-                                                cudaMemcpyDeviceToHost, stream));
     }
-    TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     for (SegmentRecord& r : records) {
       if (!r.bytes.empty()) {
         const uint64_t body = r.bytes.size() - kRecordChecksumBytes;
