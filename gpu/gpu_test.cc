@@ -390,6 +390,30 @@ TEST(GpuDevice, PublisherKeepsThePreviousViewAndWritesCpuPatches) {
   }
 }
 
+// An island of one rank on one GPU: NCCL's communicator, the broadcasts and
+// the apply behind ApplyFromRoot run for real (two ranks need two GPUs).
+TEST(GpuDevice, IslandOfOneRankAppliesTheRootsPatch) {
+  SKIP_WITHOUT_GPU();
+  auto version = NcclIsland::LibraryVersion();
+  if (!version.ok()) GTEST_SKIP() << version.status().ToString();
+  std::mt19937_64 rng(13);
+  ThreadPool pool(2);
+  testing::OwnedView a = MixedView(rng, 20000), b(a.View());
+  MutateAll(b, 0.01, rng);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  ASSERT_TRUE(patch.ok());
+  auto id = NcclIsland::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  auto island = NcclIsland::Join(1, 0, *id);
+  ASSERT_TRUE(island.ok()) << island.status().ToString();
+  DeviceView d(a.View());
+  ViewDigest out;
+  const Status s = island->ApplyFromRoot(d.view, *patch, 0, ComputeDigest(a.View(), pool), {}, &out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(out, ComputeDigest(b.View(), pool));
+  for (size_t t = 0; t < b.descs.size(); ++t) ASSERT_EQ(d.Download(t), b.data[t]);
+}
+
 // Quantizes on the device and compares every output with tern::Quantize,
 // for a first call and for a call with the previous state in the buffers.
 void CheckQuantize(const char* format, DType master_dtype) {

@@ -35,5 +35,9 @@ Result<std::vector<uint8_t>> GpuPublisher::Publish(const ServeView&, uint64_t, c
   return TERN_ERROR(kUnavailable, kWhy);
 }
 ServeView GpuPublisher::Kept() const { return {}; }
+Status NcclIsland::ApplyFromRoot(MutableServeView&, std::span<const uint8_t>, int, const ViewDigest&,
+                                 const GpuOptions&, ViewDigest*) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
 
 }  // namespace tern

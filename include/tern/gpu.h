@@ -157,6 +157,15 @@ class TERN_EXPORT NcclIsland {
   // Broadcasts `bytes` bytes of device memory from `root` into every rank's
   // `device_buffer` (stream-ordered on `stream`, a cudaStream_t).
   Status Broadcast(void* device_buffer, uint64_t bytes, int root, void* stream);
+  // Delivers a patch from `root` to every rank (its size, then its bytes,
+  // broadcast through a device buffer) and applies it with GpuApply to each
+  // rank's `device_view`, which must be the patch's base: ranks that hold
+  // replicas (tensor-parallel shards need the shard mapping of docs/gpu.md,
+  // not built yet). `patch` is read on the root only. Collective: every rank
+  // calls it with the same root.
+  Status ApplyFromRoot(MutableServeView& device_view, std::span<const uint8_t> patch, int root,
+                       const ViewDigest& current_digest, const GpuOptions& options,
+                       ViewDigest* new_digest = nullptr);
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
 
