@@ -144,6 +144,29 @@ TERN_HD void AddTensorTerm(uint64_t seed, uint64_t acc[4]) {
   for (int l = 0; l < 4; ++l) acc[l] += Mix64(seed + LaneAdd(l));
 }
 
+// ---- Tensor-parallel shards (docs/gpu.md, "Islands") -----------------------
+
+// A shard of a tensor viewed as [rows, cols] (leading dimensions folded into
+// rows): the block of rows [r0, r1) and columns [c0, c1), stored row-major.
+struct ShardBlock {
+  uint64_t cols = 0;  // the full tensor's
+  uint64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+};
+
+// Whether global element i is in the block, and its index in the shard.
+TERN_HD bool ShardLocalIndex(const ShardBlock& b, uint64_t i, uint64_t* local) {
+  const uint64_t r = i / b.cols, c = i % b.cols;
+  if (r < b.r0 || r >= b.r1 || c < b.c0 || c >= b.c1) return false;
+  *local = (r - b.r0) * (b.c1 - b.c0) + (c - b.c0);
+  return true;
+}
+
+// The global index of shard-local element k.
+TERN_HD uint64_t ShardGlobalIndex(const ShardBlock& b, uint64_t k) {
+  const uint64_t w = b.c1 - b.c0;
+  return (b.r0 + k / w) * b.cols + b.c0 + k % w;
+}
+
 // ---- Bit reader (spec §4) ---------------------------------------------------
 
 // LSB-first; bits past the end read as zero and set Overrun(), exactly as

@@ -13,6 +13,7 @@
 #include "gpu/codec_ops.h"
 #include "patch/segment_codec.h"
 #include "patch/test_util.h"
+#include "tern/digest.h"
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
 
@@ -162,6 +163,51 @@ TEST(GpuPlan, PackedF4WritesNeverLoseANibble) {
       EXPECT_EQ(x, after) << "density " << density << (reverse ? " reverse" : " forward");
     }
   }
+}
+
+// The shard design's claim (docs/gpu.md, "Islands"): partial digests over
+// blocks that partition a tensor (element terms at global indices, the
+// tensor term once) sum to the view digest, so an island can verify a
+// patch without any rank holding the whole view.
+TEST(GpuShards, PartialDigestsOfAPartitionSumToTheViewDigest) {
+  std::mt19937_64 rng(4);
+  const uint64_t rows = 96, cols = 40;
+  testing::OwnedView v;
+  v.Add("w", DType::kBF16, {2, rows / 2, cols});
+  testing::FillRandom(v.data[0], rng);
+  const ServeView view = v.View();
+  const TensorRef& t = view.tensors[0];
+  const uint64_t seed = TensorSeed(*t.desc);
+  // Column-parallel (row blocks), row-parallel (column blocks), and a 2x2 grid.
+  const std::vector<std::vector<ShardBlock>> partitions = {
+      {{cols, 0, 32, 0, cols}, {cols, 32, 64, 0, cols}, {cols, 64, rows, 0, cols}},
+      {{cols, 0, rows, 0, 10}, {cols, 0, rows, 10, 40}},
+      {{cols, 0, 50, 0, 24}, {cols, 0, 50, 24, 40}, {cols, 50, rows, 0, 24}, {cols, 50, rows, 24, 40}}};
+  ThreadPool pool(1);
+  const ViewDigest want = ComputeDigest(view, pool);
+  for (const auto& parts : partitions) {
+    ViewDigest sum;
+    std::vector<int> held(rows * cols, 0);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const ShardBlock& b = parts[p];
+      uint64_t acc[4] = {};
+      if (p == 0) AddTensorTerm(seed, acc);  // one rank adds the tensor term
+      for (uint64_t k = 0; k < (b.r1 - b.r0) * (b.c1 - b.c0); ++k) {
+        const uint64_t g = ShardGlobalIndex(b, k);
+        uint64_t local;
+        ASSERT_TRUE(ShardLocalIndex(b, g, &local));
+        ASSERT_EQ(local, k);
+        held[g]++;
+        AddElementHash(seed, g, LoadElement(t.data, g, 16), acc);
+      }
+      sum += ViewDigest({acc[0], acc[1], acc[2], acc[3]});
+    }
+    EXPECT_EQ(std::count(held.begin(), held.end(), 1), static_cast<long>(held.size()));  // a partition
+    EXPECT_EQ(sum, want);
+  }
+  uint64_t local;
+  EXPECT_FALSE(ShardLocalIndex({cols, 0, 10, 5, 7}, 3, &local));   // column outside
+  EXPECT_FALSE(ShardLocalIndex({cols, 1, 10, 0, 40}, 3, &local));  // row outside
 }
 
 }  // namespace
