@@ -51,11 +51,15 @@ ordered_json QuantizationConfig(const QuantSpec& spec) {
            {"dynamic", true}});
     }
     case QuantScheme::kNvfp4:
+      // The flat config.json form ModelOpt's export writes: exclusions under
+      // "ignore". "exclude_modules" belongs to the nested hf_quant_config.json
+      // form ({"quantization": {...}}); vLLM's ModelOptQuantConfigBase reads
+      // each key only in its own form, so a flat "exclude_modules" is never
+      // read and lm_head is loaded as FP4 (a size mismatch).
       return {{"quant_method", "modelopt"},
               {"quant_algo", "NVFP4"},
               {"group_size", 16},
-              {"kv_cache_quant_algo", nullptr},
-              {"exclude_modules", {"lm_head"}}};
+              {"ignore", {"lm_head"}}};
     case QuantScheme::kNvfp4Ct:
       return CompressedTensors("nvfp4-pack-quantized",
                                {{"num_bits", 4},
