@@ -69,8 +69,9 @@ Result<std::string> ReadConfig(const fs::path& path) {
 }
 
 // The output's config.json, or "" for none (see the header's contract).
-Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& spec) {
-  const nlohmann::ordered_json qconfig = quant_internal::QuantizationConfig(spec);
+Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& spec,
+                                 const std::vector<std::string>& unquantized) {
+  const nlohmann::ordered_json qconfig = quant_internal::QuantizationConfig(spec, unquantized);
   const fs::path config_path = fs::path(in_path) / "config.json";
   std::error_code ec;  // the non-throwing overloads: an error reads as "no config"
   const bool have_config = fs::is_directory(in_path, ec) && fs::exists(config_path, ec);
@@ -98,6 +99,26 @@ Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& sp
   } catch (const nlohmann::json::exception& e) {
     return TERN_ERROR(kCorrupt, config_path.string(), ": ", e.what());
   }
+}
+
+// Modules whose 2-D float weight stays unquantized (a --keep match, or a
+// shape the format cannot take), for the config's exclusion list: engines
+// quantize every Linear a config does not exclude. Embeddings and lm_head
+// are not quantized Linears in any engine's config (lm_head is listed
+// always), norms are 1-D.
+std::vector<std::string> UnquantizedLinears(const std::vector<Plan>& plans) {
+  std::vector<std::string> modules;
+  for (const Plan& p : plans) {
+    const TensorDesc& d = *p.in;
+    const bool floaty = d.dtype == DType::kF32 || d.dtype == DType::kBF16 || d.dtype == DType::kF16;
+    if (p.q.quantize || !floaty || d.shape.size() != 2 || !EndsWith(d.name, ".weight")) continue;
+    const std::string module = d.name.substr(0, d.name.size() - 7);
+    if (module.find("embed") != std::string::npos || module == "lm_head" ||
+        EndsWith(module, ".lm_head"))
+      continue;
+    modules.push_back(module);
+  }
+  return modules;
 }
 
 const char* TensorScaleSuffix(const QuantSpec& spec) {
@@ -182,7 +203,7 @@ Result<CastReport> CastCheckpoint(const std::string& in_path, const std::string&
   const bool directory_out = !EndsWith(out_path, ".safetensors");
   std::string config;
   if (directory_out) {
-    TERN_ASSIGN_OR_RETURN(config, OutputConfig(in_path, spec));
+    TERN_ASSIGN_OR_RETURN(config, OutputConfig(in_path, spec, {}));
   }
 
   // Plan every output tensor first: the checkpoint is created with its final
@@ -193,6 +214,9 @@ Result<CastReport> CastCheckpoint(const std::string& in_path, const std::string&
     TERN_ASSIGN_OR_RETURN(QuantTensorPlan q, PlanQuantTensor(spec, *t.desc, keep));
     if (!q.note.empty()) report.kept_unquantized.emplace_back(t.desc->name, q.note);
     plans.push_back(Plan{t.desc, std::move(q)});
+  }
+  if (directory_out) {
+    TERN_ASSIGN_OR_RETURN(config, OutputConfig(in_path, spec, UnquantizedLinears(plans)));
   }
   std::vector<std::optional<float>> shared_scale(plans.size());
   if (HasTensorScale(spec)) {

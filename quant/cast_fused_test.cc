@@ -258,5 +258,42 @@ TEST(CastFused, Mxfp4QuantizesExactlyWhatItsConfigSays) {
   EXPECT_TRUE(listed("model.layers.0.self_attn.q_proj"));
 }
 
+// Engines quantize every Linear a config does not exclude, so a Linear the
+// cast leaves unquantized (--keep, or a shape the format cannot take) must
+// be excluded in each format's own words.
+TEST(CastFused, ConfigsExcludeTheLinearsLeftUnquantized) {
+  TempDir dir;
+  WriteMaster(dir / "m0");
+  ThreadPool pool(1);
+  const std::string down = "model.layers.0.mlp.down_proj";
+  auto cast = [&](const char* format) {
+    CastOptions o;
+    o.spec = *ParseQuantFormat(format);
+    o.keep = {"down_proj"};
+    o.overwrite = true;
+    EXPECT_TRUE(CastCheckpoint(dir / "m0", dir / "out", o, pool).ok()) << format;
+    std::ifstream f(dir / "out/config.json");
+    return nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(f), {}))
+        .at("quantization_config");
+  };
+  const nlohmann::json listed = {"lm_head", down};
+  for (const char* ct : {"int4-g32", "int4-g32-asym", "fp8-e4m3-channel", "nvfp4-ct", "nvfp4"})
+    EXPECT_EQ(cast(ct).at("ignore"), listed) << ct;
+  EXPECT_EQ(cast("fp8-e4m3-block128").at("ignored_layers"), nlohmann::json({down}));
+  // vLLM's GPTQ: a "-:" key is a Python regex (re.match) on the module name.
+  EXPECT_EQ(cast("gptq-int4-g32").at("dynamic"),
+            nlohmann::json({{"-:model\\.layers\\.0\\.mlp\\.down_proj$", nlohmann::json::object()}}));
+  // Nothing left out (every `in` here divides by 16): lm_head only.
+  CastOptions o;
+  o.spec = *ParseQuantFormat("nvfp4-ct");
+  o.overwrite = true;
+  ASSERT_TRUE(CastCheckpoint(dir / "m0", dir / "out", o, pool).ok());
+  std::ifstream f(dir / "out/config.json");
+  EXPECT_EQ(nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(f), {}))
+                .at("quantization_config")
+                .at("ignore"),
+            nlohmann::json({"lm_head"}));
+}
+
 }  // namespace
 }  // namespace tern
