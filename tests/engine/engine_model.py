@@ -172,7 +172,9 @@ def tampered_copy(src, dst, fn):
 
 
 def reverse_nibbles(t, suffix):
-    for k in [k for k in t if k.endswith(suffix)]:
+    """Packed 4-bit codes only (U8 or I32): a BF16 `.weight` that merely
+    shares the suffix is left alone."""
+    for k in [k for k in t if k.endswith(suffix) and t[k].dtype in (torch.uint8, torch.int32)]:
         v = t[k]
         if v.dtype == torch.uint8:
             t[k] = ((v >> 4) | (v << 4)).contiguous()
