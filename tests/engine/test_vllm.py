@@ -237,10 +237,12 @@ def steps(tern, fmt, work, m0, m1):
     run([tern, "apply", v0, patch, "-o", v1p])
     if not os.path.exists(os.path.join(v1p, "config.json")):
         shutil.copy(os.path.join(v1, "config.json"), v1p)  # tensors travel in the patch
-    same = all(open(os.path.join(v1, f), "rb").read() == open(os.path.join(v1p, f), "rb").read()
-               for f in os.listdir(v1) if f.endswith(".safetensors"))
-    check(same, f"{fmt}: step 1 rebuilt from step 0 + patch ({os.path.getsize(patch)} bytes) "
-                f"equals the step 1 cast byte for byte")
+    def tensors(d):
+        return b"".join(open(os.path.join(d, f), "rb").read()
+                        for f in sorted(os.listdir(d)) if f.endswith(".safetensors"))
+    check(tensors(v1) != tensors(v0), f"{fmt}: step 1 differs from step 0")
+    check(tensors(v1p) == tensors(v1), f"{fmt}: step 1 rebuilt from step 0 + patch "
+          f"({os.path.getsize(patch)} bytes) equals the step 1 cast byte for byte")
     return v0, v1p
 
 
@@ -251,7 +253,7 @@ def run_format(tern, fmt, work, m0, m1):
     start = time.monotonic()
     llm = LLM(model=v0, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
               max_model_len=64, max_num_seqs=4, seed=0)
-    check(True, f"{fmt}: vLLM loaded step 0 in {time.monotonic() - start:.0f} s")
+    print(f"      {fmt}: vLLM loaded step 0 in {time.monotonic() - start:.0f} s", flush=True)
     try:
         ok, summary = evaluate(llm, fmt, kind, v0)
         check(ok, f"{fmt} step 0: {summary}")
