@@ -60,11 +60,19 @@ ENGINE_SECONDS_MAX = 420  # per format: start, every reload and check
 # format -> (check, [(what is broken, tamper function, tensor suffix)])
 # "generate": tokens and logprobs; "weights": vLLM's dequantized weights, bit
 # for bit ("weights+generate": both).
+NIBBLES = ("reversed nibbles", em.reverse_nibbles, ".weight_packed")
+ZERO_POINT = ("zero point +1", em.zero_point_plus_one, ".weight_zero_point")
+GPTQ_NIBBLES = ("reversed nibbles", em.reverse_nibbles, ".qweight")
 FORMATS = {
-    "int4-g32": ("generate", [("reversed nibbles", em.reverse_nibbles, ".weight_packed")]),
-    "int4-g128-asym": ("generate", [("zero point +1", em.zero_point_plus_one, ".weight_zero_point"),
-                                    ("reversed nibbles", em.reverse_nibbles, ".weight_packed")]),
-    "gptq-int4-g128": ("generate", [("reversed nibbles", em.reverse_nibbles, ".qweight")]),
+    "int4-g32": ("generate", [NIBBLES]),
+    "int4-g32-asym": ("generate", [ZERO_POINT]),
+    "int4-g64": ("generate", [NIBBLES]),
+    "int4-g64-asym": ("generate", [ZERO_POINT]),
+    "int4-g128": ("generate", [NIBBLES]),
+    "int4-g128-asym": ("generate", [ZERO_POINT, NIBBLES]),
+    "gptq-int4-g32": ("generate", [GPTQ_NIBBLES]),
+    "gptq-int4-g64": ("generate", [GPTQ_NIBBLES]),
+    "gptq-int4-g128": ("generate", [GPTQ_NIBBLES]),
     "fp8-e4m3-channel": ("weights+generate", [("reciprocal scale", em.reciprocal_scale, ".weight_scale")]),
     # ModelOpt NVFP4 is W4A4: vLLM's emulation quantizes activations too, so
     # only its weights are compared (bit for bit).
