@@ -1,14 +1,18 @@
 #include "tern/cast_checkpoint.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "quant/quantization_config.h"
+#include "quant/quantize_internal.h"
 #include "tern/checkpoint.h"
 #include "tern/float_cast.h"
 #include "tern/quant_plan.h"
@@ -65,8 +69,9 @@ Result<std::string> ReadConfig(const fs::path& path) {
 }
 
 // The output's config.json, or "" for none (see the header's contract).
-Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& spec) {
-  const nlohmann::ordered_json qconfig = quant_internal::QuantizationConfig(spec);
+Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& spec,
+                                 const std::vector<std::string>& unquantized) {
+  const nlohmann::ordered_json qconfig = quant_internal::QuantizationConfig(spec, unquantized);
   const fs::path config_path = fs::path(in_path) / "config.json";
   std::error_code ec;  // the non-throwing overloads: an error reads as "no config"
   const bool have_config = fs::is_directory(in_path, ec) && fs::exists(config_path, ec);
@@ -96,6 +101,92 @@ Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& sp
   }
 }
 
+// Modules whose 2-D float weight stays unquantized (a --keep match, or a
+// shape the format cannot take), for the config's exclusion list: engines
+// quantize every Linear a config does not exclude. Embeddings and lm_head
+// are not quantized Linears in any engine's config (lm_head is listed
+// always), norms are 1-D.
+std::vector<std::string> UnquantizedLinears(const std::vector<Plan>& plans) {
+  std::vector<std::string> modules;
+  for (const Plan& p : plans) {
+    const TensorDesc& d = *p.in;
+    const bool floaty = d.dtype == DType::kF32 || d.dtype == DType::kBF16 || d.dtype == DType::kF16;
+    if (p.q.quantize || !floaty || d.shape.size() != 2 || !EndsWith(d.name, ".weight")) continue;
+    const std::string module = d.name.substr(0, d.name.size() - 7);
+    if (module.find("embed") != std::string::npos || module == "lm_head" ||
+        EndsWith(module, ".lm_head"))
+      continue;
+    modules.push_back(module);
+  }
+  return modules;
+}
+
+const char* TensorScaleSuffix(const QuantSpec& spec) {
+  switch (spec.scheme) {
+    case QuantScheme::kNvfp4:
+      return ".weight_scale_2";
+    case QuantScheme::kNvfp4Ct:
+      return ".weight_global_scale";
+    default:
+      return ".weight_scale";
+  }
+}
+
+// For formats with a per-tensor scale: one scale per fused layer (q/k/v,
+// gate/up; FusedLayerKey), from the largest |x| over its parts and, with a
+// previous step, the parts' previous scale when they all stored the same one
+// (a previous cast that did not share re-derives it). shared[i] is set for
+// every plan that is part of a fused layer.
+Status ShareTensorScales(const QuantSpec& spec, const ScalePolicy& policy, const Checkpoint& in,
+                         const Checkpoint* prev, const std::vector<Plan>& plans, ThreadPool& pool,
+                         std::vector<std::optional<float>>* shared) {
+  std::map<std::string, std::vector<size_t>> layers;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i].q.quantize) continue;
+    const std::string key = FusedLayerKey(plans[i].in->name);
+    if (!key.empty()) layers[key].push_back(i);
+  }
+  std::vector<size_t> parts;
+  for (const auto& [key, members] : layers) parts.insert(parts.end(), members.begin(), members.end());
+  std::vector<float> amax(plans.size(), 0.0f);
+  std::mutex mu;
+  Status first_error;
+  pool.ParallelFor(parts.size(), [&](uint64_t k) {
+    const Plan& plan = plans[parts[k]];
+    auto f = ToF32(*in.view().Find(plan.in->name));
+    if (!f.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = f.status();
+      return;
+    }
+    amax[parts[k]] = quant_internal::AbsMax(f->data(), f->size());
+  });
+  TERN_RETURN_IF_ERROR(first_error);
+  for (const auto& [key, members] : layers) {
+    float layer_amax = 0.0f;
+    std::optional<uint32_t> prev_bits;
+    bool prev_shared = prev != nullptr;
+    for (size_t i : members) {
+      layer_amax = std::max(layer_amax, amax[i]);
+      const TensorRef* t =
+          prev ? prev->view().Find(plans[i].q.prefix + TensorScaleSuffix(spec)) : nullptr;
+      if (t == nullptr || t->desc->dtype != DType::kF32 || t->desc->elements() != 1) {
+        prev_shared = false;
+        continue;
+      }
+      uint32_t bits;
+      std::memcpy(&bits, t->data, 4);
+      if (prev_bits && *prev_bits != bits) prev_shared = false;
+      prev_bits = bits;
+    }
+    float previous = 0.0f;
+    if (prev_shared) std::memcpy(&previous, &*prev_bits, 4);
+    const float scale = TensorScale(spec, layer_amax, prev_shared ? &previous : nullptr, policy);
+    for (size_t i : members) (*shared)[i] = scale;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<CastReport> CastCheckpoint(const std::string& in_path, const std::string& out_path,
@@ -112,7 +203,7 @@ Result<CastReport> CastCheckpoint(const std::string& in_path, const std::string&
   const bool directory_out = !EndsWith(out_path, ".safetensors");
   std::string config;
   if (directory_out) {
-    TERN_ASSIGN_OR_RETURN(config, OutputConfig(in_path, spec));
+    TERN_ASSIGN_OR_RETURN(config, OutputConfig(in_path, spec, {}));
   }
 
   // Plan every output tensor first: the checkpoint is created with its final
@@ -123,6 +214,14 @@ Result<CastReport> CastCheckpoint(const std::string& in_path, const std::string&
     TERN_ASSIGN_OR_RETURN(QuantTensorPlan q, PlanQuantTensor(spec, *t.desc, keep));
     if (!q.note.empty()) report.kept_unquantized.emplace_back(t.desc->name, q.note);
     plans.push_back(Plan{t.desc, std::move(q)});
+  }
+  if (directory_out) {
+    TERN_ASSIGN_OR_RETURN(config, OutputConfig(in_path, spec, UnquantizedLinears(plans)));
+  }
+  std::vector<std::optional<float>> shared_scale(plans.size());
+  if (HasTensorScale(spec)) {
+    TERN_RETURN_IF_ERROR(
+        ShareTensorScales(spec, options.policy, *in, prev.get(), plans, pool, &shared_scale));
   }
   std::vector<TensorDesc> descs;
   for (const Plan& p : plans) descs.insert(descs.end(), p.q.outs.begin(), p.q.outs.end());
@@ -174,8 +273,9 @@ Result<CastReport> CastCheckpoint(const std::string& in_path, const std::string&
                                     std::vector<uint8_t>(pt->data, pt->data + od.bytes())});
       }
     }
+    const std::optional<float>& shared = shared_scale[i];
     auto q = Quantize(spec, master->data(), plan.in->shape, prev ? &previous : nullptr,
-                      options.policy);
+                      options.policy, shared ? &*shared : nullptr);
     if (!q.ok()) return fail(q.status());
     rescaled += q->rescaled_groups;
     groups += q->scale_groups;

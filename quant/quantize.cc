@@ -105,9 +105,76 @@ Result<const QuantTensor*> FindChecked(const Quantized& q, std::string_view suff
   return Lookup(q, suffix, dtype, shape, Code::kCorrupt, "quantized weight");
 }
 
+namespace {
+constexpr float kNvfp4GlobalRange = 6.0f * 448.0f;  // E2M1 max * E4M3 max
+
+float Fp8Max(const QuantSpec& spec) { return spec.code_dtype == DType::kF8E5M2 ? 57344.0f : 448.0f; }
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+}  // namespace
+
+Result<float> ChooseTensorScale(const QuantSpec& spec, float amax, const float* previous,
+                                const float* shared, const ScalePolicy& policy, bool* kept) {
+  float s;
+  if (shared == nullptr) {
+    s = TensorScale(spec, amax, previous, policy);
+  } else {
+    s = *shared;
+    const bool ct = spec.scheme == QuantScheme::kNvfp4Ct;
+    const float max = spec.scheme == QuantScheme::kFp8Tensor ? Fp8Max(spec) : kNvfp4GlobalRange;
+    // nvfp4-ct stores the reciprocal (codes per unit), so coarser is smaller.
+    // A few ulp of slack: a kept previous scale was compared in its
+    // reciprocal form, and the encoders saturate anyway.
+    constexpr float kSlack = 1.0f + 1e-6f;
+    const bool covers = amax == 0.0f || (ct ? s <= kSlack * (max / amax) : kSlack * s >= amax / max);
+    TERN_REQUIRE(std::isfinite(s) && s > 0.0f && covers, kInvalidArgument, spec.name,
+                 ": shared per-tensor scale ", s, " does not cover this tensor's amax ", amax,
+                 " (compute it with TensorScale over every part of the fused layer)");
+  }
+  *kept = previous != nullptr && Bits(s) == Bits(*previous);
+  return s;
+}
+
 }  // namespace quant_internal
 
 using namespace quant_internal;
+
+bool HasTensorScale(const QuantSpec& spec) {
+  return spec.scheme == QuantScheme::kFp8Tensor || spec.scheme == QuantScheme::kNvfp4 ||
+         spec.scheme == QuantScheme::kNvfp4Ct;
+}
+
+float TensorScale(const QuantSpec& spec, float amax, const float* previous,
+                  const ScalePolicy& policy) {
+  TERN_ASSERT(HasTensorScale(spec), "TensorScale: ", spec.name, " has no per-tensor scale");
+  if (spec.scheme == QuantScheme::kFp8Tensor) {
+    // An all-zero tensor quantizes to zero codes under any scale (and fits any
+    // previous one); 1 keeps the dequant multiplier finite.
+    const float fresh = amax > 0.0f ? amax / Fp8Max(spec) : 1.0f;
+    const float old = previous ? *previous : 0.0f;
+    const float fit = (amax == 0.0f && old > 0.0f) ? old : fresh;
+    bool kept;
+    const float s = ChooseScale(fit, previous ? &old : nullptr, policy, &kept);
+    // Headroom must not push the scale to Inf (amax near FLT_MAX).
+    return std::isfinite(s) ? s : fresh;
+  }
+  // NVFP4, held as ModelOpt's scale_2 = what one unit of a block scale is
+  // worth; compressed-tensors stores its reciprocal.
+  const bool ct = spec.scheme == QuantScheme::kNvfp4Ct;
+  const float fresh = amax / kNvfp4GlobalRange;
+  if (previous != nullptr) {
+    const float prev_scale_2 = ct ? 1.0f / *previous : *previous;
+    if (amax > 0.0f && std::isfinite(prev_scale_2) && KeepPrevious(fresh, prev_scale_2, policy))
+      return *previous;
+  }
+  if (amax == 0.0f) return 1.0f;
+  const float a = amax * RescaleFactor(policy);
+  return ct ? kNvfp4GlobalRange / a : a / kNvfp4GlobalRange;
+}
 
 const QuantTensor* Quantized::Find(std::string_view suffix) const {
   for (const QuantTensor& t : tensors)
@@ -172,8 +239,10 @@ Result<QuantSpec> ParseQuantFormat(std::string_view name) {
 
 Result<Quantized> Quantize(const QuantSpec& spec, const float* master,
                            const std::vector<uint64_t>& shape, const Quantized* previous,
-                           const ScalePolicy& policy) {
+                           const ScalePolicy& policy, const float* tensor_scale) {
   TERN_ASSIGN_OR_RETURN(Dims d, CheckShape(shape));
+  TERN_REQUIRE(tensor_scale == nullptr || HasTensorScale(spec), kInvalidArgument, spec.name,
+               " has no per-tensor scale to share");
   TERN_REQUIRE(policy.band_low > 0.0f && policy.band_low <= 1.0f, kInvalidArgument,
                "scale policy band_low must be in (0, 1], got ", policy.band_low);
   TERN_REQUIRE(policy.headroom >= 1.0f && policy.headroom <= 2.0f, kInvalidArgument,
@@ -196,11 +265,11 @@ Result<Quantized> Quantize(const QuantSpec& spec, const float* master,
     case QuantScheme::kFp8Tensor:
     case QuantScheme::kFp8Channel:
     case QuantScheme::kFp8Block128:
-      return QuantizeFp8(spec, master, shape, d, previous, policy);
+      return QuantizeFp8(spec, master, shape, d, previous, policy, tensor_scale);
     case QuantScheme::kNvfp4:
     case QuantScheme::kNvfp4Ct:
     case QuantScheme::kMxfp4:
-      return QuantizeFp4(spec, master, shape, d, previous, policy);
+      return QuantizeFp4(spec, master, shape, d, previous, policy, tensor_scale);
     case QuantScheme::kInt4Pack:
     case QuantScheme::kGptqInt4:
       return QuantizeInt4(spec, master, shape, d, previous, policy);

@@ -16,8 +16,6 @@
 namespace tern::quant_internal {
 namespace {
 
-constexpr float kNvfp4GlobalRange = 6.0f * 448.0f;  // E2M1 max * E4M3 max
-
 struct Fp4Layout {
   uint64_t block = 16;
   const char* codes = ".weight";
@@ -67,7 +65,8 @@ int FloorLog2(float x) {
 
 Result<Quantized> QuantizeFp4(const QuantSpec& spec, const float* master,
                               const std::vector<uint64_t>& shape, const Dims& d,
-                              const Quantized* previous, const ScalePolicy& policy) {
+                              const Quantized* previous, const ScalePolicy& policy,
+                              const float* tensor_scale) {
   TERN_ASSIGN_OR_RETURN(Fp4Layout l, MakeLayout(spec, shape, d));
   const bool mx = spec.scheme == QuantScheme::kMxfp4;
   const bool ct = spec.scheme == QuantScheme::kNvfp4Ct;
@@ -90,23 +89,12 @@ Result<Quantized> QuantizeFp4(const QuantSpec& spec, const float* master,
   float global_ct = 1.0f;
   bool global_kept = false;
   if (!mx) {
-    const float amax = AbsMax(master, d.count);
-    const float fresh = amax / kNvfp4GlobalRange;
-    if (prev_global != nullptr) {
-      const float stored = Load<float>(*prev_global, 0);
-      const float prev_scale_2 = ct ? 1.0f / stored : stored;
-      global_kept = amax > 0.0f && std::isfinite(prev_scale_2) &&
-                    KeepPrevious(fresh, prev_scale_2, policy);
-      if (global_kept) (ct ? global_ct : scale_2) = stored;
-    }
-    if (!global_kept && amax > 0.0f) {
-      const float a = amax * RescaleFactor(policy);
-      if (ct) {
-        global_ct = kNvfp4GlobalRange / a;
-      } else {
-        scale_2 = a / kNvfp4GlobalRange;
-      }
-    }
+    const float prev_stored = prev_global != nullptr ? Load<float>(*prev_global, 0) : 0.0f;
+    TERN_ASSIGN_OR_RETURN(const float stored,
+                          ChooseTensorScale(spec, AbsMax(master, d.count),
+                                            prev_global != nullptr ? &prev_stored : nullptr,
+                                            tensor_scale, policy, &global_kept));
+    (ct ? global_ct : scale_2) = stored;
     q.tensors.push_back(NewTensor(l.global, DType::kF32, {1}));
     Store<float>(q.tensors.back(), 0, ct ? global_ct : scale_2);
     if (!ct) {

@@ -72,7 +72,8 @@ const char* ScaleSuffix(QuantScheme scheme) {
 
 Result<Quantized> QuantizeFp8(const QuantSpec& spec, const float* master,
                               const std::vector<uint64_t>& shape, const Dims& d,
-                              const Quantized* previous, const ScalePolicy& policy) {
+                              const Quantized* previous, const ScalePolicy& policy,
+                              const float* tensor_scale) {
   TERN_REQUIRE(spec.code_dtype == DType::kF8E4M3 || spec.code_dtype == DType::kF8E5M2,
                kInvalidArgument, "FP8 codes must be F8_E4M3 or F8_E5M2");
   TERN_REQUIRE(spec.scheme != QuantScheme::kFp8Block128 || spec.code_dtype == DType::kF8E4M3,
@@ -103,7 +104,16 @@ Result<Quantized> QuantizeFp8(const QuantSpec& spec, const float* master,
   QuantTensor& scales = q.tensors[1];
   std::vector<float> scale(g.groups());
   q.scale_groups = g.groups();
-  for (uint64_t k = 0; k < g.groups(); ++k) {
+  if (spec.scheme == QuantScheme::kFp8Tensor) {
+    // One group; its scale may be shared with the other parts of a fused layer.
+    const float old = prev ? Load<float>(*prev, 0) : 0.0f;
+    bool kept;
+    TERN_ASSIGN_OR_RETURN(scale[0], ChooseTensorScale(spec, amax[0], prev ? &old : nullptr,
+                                                      tensor_scale, policy, &kept));
+    q.rescaled_groups += !kept;
+    Store<float>(scales, 0, scale[0]);
+  }
+  for (uint64_t k = 0; k < g.groups() && spec.scheme != QuantScheme::kFp8Tensor; ++k) {
     // An all-zero group quantizes to zero codes under any scale; 1 keeps the
     // dequant multiplier finite.
     const float fresh = amax[k] > 0.0f ? amax[k] / fmt.max_value : 1.0f;

@@ -72,14 +72,23 @@ void Store(QuantTensor& t, uint64_t i, T v) {
 // Largest |x| of n values (master values are finite by then).
 float AbsMax(const float* x, uint64_t n);
 
+// The stored per-tensor scale a format with one (HasTensorScale) uses:
+// `shared` if given (checked to cover `amax`, this tensor's), else
+// TensorScale from `amax` and `previous` (the last stored value, or null).
+// *kept: the result is bitwise the previous stored value.
+Result<float> ChooseTensorScale(const QuantSpec& spec, float amax, const float* previous,
+                                const float* shared, const ScalePolicy& policy, bool* kept);
+
 Result<Quantized> QuantizeFp8(const QuantSpec& spec, const float* master,
                               const std::vector<uint64_t>& shape, const Dims& d,
-                              const Quantized* previous, const ScalePolicy& policy);
+                              const Quantized* previous, const ScalePolicy& policy,
+                              const float* tensor_scale);
 Result<std::vector<float>> DequantizeFp8(const QuantSpec& spec, const Quantized& q,
                                          const std::vector<uint64_t>& shape, const Dims& d);
 Result<Quantized> QuantizeFp4(const QuantSpec& spec, const float* master,
                               const std::vector<uint64_t>& shape, const Dims& d,
-                              const Quantized* previous, const ScalePolicy& policy);
+                              const Quantized* previous, const ScalePolicy& policy,
+                              const float* tensor_scale);
 Result<std::vector<float>> DequantizeFp4(const QuantSpec& spec, const Quantized& q,
                                          const std::vector<uint64_t>& shape, const Dims& d);
 Result<Quantized> QuantizeInt4(const QuantSpec& spec, const float* master,

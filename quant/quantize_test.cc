@@ -237,6 +237,15 @@ TEST(QuantizeTest, PlainCastsAndConfig) {
   EXPECT_EQ(int4.at("config_groups").at("group_0").at("weights").at("group_size"), 64);
   EXPECT_EQ(int4.at("config_groups").at("group_0").at("weights").at("symmetric"), false);
   EXPECT_EQ(int4.at("config_groups").at("group_0").at("targets"), nlohmann::json::parse(R"(["Linear"])"));
+  // ModelOpt's flat config.json form: vLLM reads exclusions from "ignore"
+  // here ("exclude_modules" only inside a nested {"quantization": ...}); with
+  // the wrong key lm_head is loaded as FP4 and loading fails.
+  const auto nvfp4 = nlohmann::json::parse(QuantizationConfigJson(Spec("nvfp4")));
+  EXPECT_EQ(nvfp4.at("quant_method"), "modelopt");
+  EXPECT_EQ(nvfp4.at("quant_algo"), "NVFP4");
+  EXPECT_FALSE(nvfp4.contains("quantization"));
+  EXPECT_FALSE(nvfp4.contains("exclude_modules"));
+  EXPECT_EQ(nvfp4.value("ignore", nlohmann::json()), nlohmann::json::parse(R"(["lm_head"])"));
   for (const std::string& name : QuantFormatNames()) {
     const std::string json = QuantizationConfigJson(Spec(name.c_str()));
     if (name == "bf16" || name == "fp16") continue;

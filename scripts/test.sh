@@ -3,15 +3,26 @@
 # fuzz-corpus, CLI, Python reference and conformance tests), every fuzz
 # target for TERN_FUZZ_SECONDS (20 by default) with new inputs
 # (scripts/fuzz.sh) and an ASan+UBSan build of the unit tests. Installs what
-# it needs first.
+# it needs first, including the engine test environment (vLLM's CPU build,
+# ~6 GB, cached outside the tree: scripts/install-engine-env.sh); if that
+# cannot be installed the run fails. TERN_ENGINE_TESTS=0 leaves the engine
+# tests out, and says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 ./scripts/install-deps.sh
+engine=ON
+if [ "${TERN_ENGINE_TESTS:-1}" = 0 ]; then
+  engine=OFF
+  echo "== engine tests (vLLM) LEFT OUT: TERN_ENGINE_TESTS=0"
+else
+  echo "== engine test environment"
+  ./scripts/install-engine-env.sh >/dev/null
+fi
 
 echo "== release build"
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERN_ENGINE_TESTS=$engine >/dev/null
 cmake --build build/release -j"$jobs"
 (cd build/release && ctest --output-on-failure -j"$jobs" --timeout 900)
 

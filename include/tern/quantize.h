@@ -104,13 +104,34 @@ struct ScalePolicy {
   float headroom = 1.01f;  // in [1, 2]
 };
 
+// Formats with one scale for a whole tensor: fp8-*-tensor (`.weight_scale`),
+// nvfp4 (`.weight_scale_2`) and nvfp4-ct (`.weight_global_scale`). Engines
+// fuse q/k/v and gate/up into one matrix with one such scale (vLLM keeps the
+// parts' max: it re-quantizes FP8 parts to it, and mis-scales NVFP4 parts
+// that differ), so the parts of a fused layer must share it: pass the result
+// of TensorScale to Quantize for each part (FusedLayerKey in quant_plan.h
+// names the parts).
+TERN_EXPORT bool HasTensorScale(const QuantSpec& spec);
+
+// The per-tensor scale, as stored, for weights whose largest |x| is `amax`
+// (over all parts of a fused layer). `previous` is the stored scale of the
+// last step (shared by all parts), or null; ScalePolicy::kBand keeps it while
+// the band allows, exactly as Quantize does for a single tensor.
+// Precondition: HasTensorScale(spec), amax finite and >= 0.
+TERN_EXPORT float TensorScale(const QuantSpec& spec, float amax, const float* previous,
+                              const ScalePolicy& policy);
+
 // Quantizes `master` (FP32, `shape` = [lead..., out, in]). `previous` is the
 // output of the last call for the same tensor and spec (or null); with
 // ScalePolicy::kBand its scales are reused where the band allows. A previous
-// state of another shape or layout is kMismatch.
+// state of another shape or layout is kMismatch. `tensor_scale` (formats with
+// HasTensorScale only; null: derived from this tensor) is the stored
+// per-tensor scale to use; it must cover this tensor's values (be at least
+// as coarse as the one derived from it alone), else kInvalidArgument.
 TERN_EXPORT Result<Quantized> Quantize(const QuantSpec& spec, const float* master,
                                        const std::vector<uint64_t>& shape,
-                                       const Quantized* previous, const ScalePolicy& policy);
+                                       const Quantized* previous, const ScalePolicy& policy,
+                                       const float* tensor_scale = nullptr);
 
 // Dequantizes back to FP32 (the engine's arithmetic), for tests, error
 // measurements and `tern` diagnostics. Validates every tensor's dtype and

@@ -372,7 +372,7 @@ CASES = {
          lambda a: (a.view(np.uint32) ^ np.uint32(0x11111111)).view(np.int32)),
         ("ours", "zero points packed along dim 1", {"zp_axis": 1}),
     ]),
-    "mxfp4": ("gpt-oss", load_gpt_oss, LINEARS + EXPERTS, ours_mxfp4, [
+    "mxfp4": ("gpt-oss", load_gpt_oss, EXPERTS, ours_mxfp4, [
         ("file", "_blocks", "nibbles swapped", lambda a: (a >> 4) | (a << 4)),
         ("file", "_scales", "E8M0 bias 126", lambda a: a + 1),
         ("ours", "nibbles swapped", {"swap": True}),
@@ -452,6 +452,13 @@ def main() -> int:
                 check(t.get(e + ".weight", ("",))[0] == "BF16"
                       and f"keeping {e}.weight unquantized" in r.stderr,
                       f"{fmt}: the 3-D experts tensor stays BF16, said so")
+            if fmt == "mxfp4":
+                # MXFP4 is for MoE experts only (engines serve the Linears
+                # of an mxfp4 checkpoint unquantized; modules_to_not_convert).
+                for lin in LINEARS:
+                    check(t.get(lin + ".weight", ("",))[0] == "BF16"
+                          and lin + "_blocks" not in t,
+                          f"{fmt}: the 2-D {lin} stays BF16")
             try:
                 got = loader(out, prefixes)
             except Exception as e:
