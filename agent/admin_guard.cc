@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <list>
+#include <system_error>
 #include <mutex>
 #include <thread>
 
@@ -159,10 +160,16 @@ void AdminGuard::Impl::AcceptLoop() {
       continue;
     }
     Conn& c = conns.emplace_back();
-    c.thread = std::thread([this, &c, fd = std::move(client), peer = std::move(peer)]() mutable {
-      Relay(std::move(fd), std::move(peer));
-      c.done.store(true);
-    });
+    try {
+      c.thread = std::thread([this, &c, fd = std::move(client), peer]() mutable {
+        Relay(std::move(fd), std::move(peer));
+        c.done.store(true);
+      });
+    } catch (const std::system_error& e) {  // out of threads: refuse, do not die
+      conns.pop_back();
+      options.log("admin: refused " + peer + ": cannot start a thread: " + e.what());
+      // The client's Fd was moved into the lambda, destroyed (closed) with it.
+    }
   }
 }
 

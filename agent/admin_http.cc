@@ -126,6 +126,11 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   if (::mkdtemp(templ.data()) == nullptr) return TERN_ERRNO("admin: mkdtemp in ", dir);
   impl->socket_dir = templ;
   impl->socket_path = templ + "/http.sock";
+  if (impl->socket_path.size() >= 100) {  // sockaddr_un::sun_path is 108 bytes
+    impl->StopAll();
+    return TERN_ERROR(kInvalidArgument, "admin: unix socket path too long (", impl->socket_path,
+                      "): set AdminOptions::socket_dir or TMPDIR to a shorter directory");
+  }
 
   httplib::Server& http = impl->http;
   // Every httplib limit that can be set at run time is set here; the rest
