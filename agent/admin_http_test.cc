@@ -111,6 +111,9 @@ class AdminTest : public ::testing::Test {
     };
     auto boom = [](const AdminRequest&) -> AdminResponse { throw std::runtime_error("boom"); };
     auto big = [](const AdminRequest&) { return AdminResponse{200, "text/plain", std::string(100000, 'x')}; };
+    auto huge = [](const AdminRequest&) {
+      return AdminResponse{200, "text/plain", std::string(size_t{32} << 20, 'x')};
+    };
     auto slow = [](const AdminRequest&) {
       std::this_thread::sleep_for(1500ms);
       return AdminResponse{200, "text/plain", "late"};
@@ -123,6 +126,7 @@ class AdminTest : public ::testing::Test {
                                     {"POST", "/publish", publish, true},
                                     {"GET", "/boom", boom, false},
                                     {"GET", "/big", big, false},
+                                    {"GET", "/huge", huge, false},
                                     {"GET", "/slow", slow, false}});
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
@@ -260,6 +264,42 @@ TEST_F(AdminTest, SlowlorisGetsTimedOutAndOthersAreServed) {
   }
   EXPECT_LT(Clock::now() - start, 5s);
   EXPECT_TRUE(logs_.Has("no complete exchange within 600 ms"));
+  ExpectServing();
+}
+
+// A client that sends its request and never reads a 32 MiB answer (more
+// than the kernel's socket buffers take) holds a slot only until the request
+// deadline, not forever.
+TEST_F(AdminTest, ClientThatDoesNotReadIsCutAtTheDeadline) {
+  AdminOptions o;
+  o.request_timeout_ms = 500;
+  StartServer(o);
+  int fd = Dial(port_);
+  const std::string req = "GET /huge HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_TRUE(logs_.Has("no complete exchange within 500 ms"));
+  ExpectServing();
+  const auto t0 = Clock::now();
+  const std::string got = ReadAll(fd, 5000ms);
+  ::close(fd);
+  EXPECT_LT(Clock::now() - t0, 4s) << "no end of stream after the cut";
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_LT(got.size(), size_t{32} << 20) << "the stalled answer should have been cut";
+}
+
+TEST_F(AdminTest, ServesOnIpv6Loopback) {
+  int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool v6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (probe >= 0) ::close(probe);
+  if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  AdminOptions o;
+  o.address = "[::1]:0";
+  StartServer(o);
+  EXPECT_EQ(server_->address().rfind("[::1]:", 0), 0u) << server_->address();
   ExpectServing();
 }
 
