@@ -81,7 +81,15 @@ void RefuseAndClose(Fd fd, int code, std::string_view reason, std::string_view w
   const std::string r = CannedResponse(code, reason, why);
   (void)::send(fd.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   ::shutdown(fd.fd, SHUT_WR);
-  if (!linger) return;
+  if (!linger) {  // the accept thread must not wait: drop only what is queued now
+    char buf[4096];
+    for (size_t drained = 0; drained < (64 << 10);) {
+      const ssize_t n = ::recv(fd.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n <= 0) break;
+      drained += static_cast<size_t>(n);
+    }
+    return;
+  }
   const auto end = Clock::now() + std::chrono::milliseconds(kLingerMs);
   size_t drained = 0;
   char buf[4096];

@@ -127,6 +127,11 @@ TEST(Metrics, RemovedSeriesStaysUsableByHolder) {
   auto g = reg.GetGauge("g", "h", {{"member", "a"}});
   ASSERT_TRUE(g.ok());
   auto held = *g;
+  EXPECT_FALSE(reg.Remove("nope", {{"member", "a"}}));
+  EXPECT_FALSE(reg.Remove("g", {{"member", "b"}}));
+  auto two = reg.GetGauge("g", "h", {{"member", "b"}, {"link", "x"}});
+  ASSERT_TRUE(two.ok());
+  EXPECT_TRUE(reg.Remove("g", {{"link", "x"}, {"member", "b"}}));  // any label order
   ASSERT_TRUE(reg.Remove("g", {{"member", "a"}}));
   held->Set(3);  // no use-after-free (ASan build)
   EXPECT_EQ(reg.Render(), "");
