@@ -129,9 +129,9 @@ TEST(Metrics, RemovedSeriesStaysUsableByHolder) {
   auto held = *g;
   EXPECT_FALSE(reg.Remove("nope", {{"member", "a"}}));
   EXPECT_FALSE(reg.Remove("g", {{"member", "b"}}));
-  auto two = reg.GetGauge("g", "h", {{"member", "b"}, {"link", "x"}});
+  auto two = reg.GetGauge("g", "h", {{"link", "x"}, {"member", "b"}});
   ASSERT_TRUE(two.ok());
-  EXPECT_TRUE(reg.Remove("g", {{"link", "x"}, {"member", "b"}}));  // any label order
+  EXPECT_TRUE(reg.Remove("g", {{"member", "b"}, {"link", "x"}}));  // any label order
   ASSERT_TRUE(reg.Remove("g", {{"member", "a"}}));
   held->Set(3);  // no use-after-free (ASan build)
   EXPECT_EQ(reg.Render(), "");
