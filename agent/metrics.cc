@@ -73,6 +73,24 @@ std::string EscapeLabelValue(std::string_view v) {
   return out;
 }
 
+namespace {
+
+using LabelRefs = std::vector<std::pair<std::string_view, std::string_view>>;
+
+// The series key: labels sorted by name, rendered as in the exposition
+// (a="1",b="2"), so that any order of the same labels names one series.
+std::string LabelKey(LabelRefs& sorted) {
+  std::sort(sorted.begin(), sorted.end());
+  std::string key;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (i) key += ',';
+    key.append(sorted[i].first).append("=\"").append(EscapeLabelValue(sorted[i].second)) += '"';
+  }
+  return key;
+}
+
+}  // namespace
+
 std::string EscapeHelp(std::string_view v) {
   std::string out;
   out.reserve(v.size());
@@ -144,7 +162,7 @@ Result<std::shared_ptr<void>> MetricsRegistry::GetSeries(std::string_view name,
                    ": histogram bounds must be finite and strictly ascending");
     }
   }
-  std::vector<std::pair<std::string_view, std::string_view>> sorted;
+  LabelRefs sorted;
   for (const auto& [k, v] : labels) {
     TERN_REQUIRE(ValidName(k, /*allow_colon=*/false) && !k.starts_with("__"), kInvalidArgument,
                  "metrics: ", name, ": bad label name (want [a-zA-Z_][a-zA-Z0-9_]*, not __*)");
@@ -155,13 +173,10 @@ Result<std::shared_ptr<void>> MetricsRegistry::GetSeries(std::string_view name,
                  kMaxLabelValueBytes, " bytes");
     sorted.emplace_back(k, v);
   }
-  std::sort(sorted.begin(), sorted.end());
-  std::string key;
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    TERN_REQUIRE(i == 0 || sorted[i - 1].first != sorted[i].first, kInvalidArgument,
-                 "metrics: ", name, ": label ", sorted[i].first, " given twice");
-    if (i) key += ',';
-    key.append(sorted[i].first).append("=\"").append(EscapeLabelValue(sorted[i].second)) += '"';
+  std::string key = LabelKey(sorted);
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    TERN_REQUIRE(sorted[i - 1].first != sorted[i].first, kInvalidArgument, "metrics: ", name,
+                 ": label ", sorted[i].first, " given twice");
   }
 
   std::lock_guard lock(mu_);
@@ -218,14 +233,8 @@ Result<std::shared_ptr<Histogram>> MetricsRegistry::GetHistogram(std::string_vie
 }
 
 bool MetricsRegistry::Remove(std::string_view name, const Labels& labels) {
-  std::vector<std::pair<std::string_view, std::string_view>> sorted(labels.begin(),
-                                                                    labels.end());
-  std::sort(sorted.begin(), sorted.end());
-  std::string key;
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    if (i) key += ',';
-    key.append(sorted[i].first).append("=\"").append(EscapeLabelValue(sorted[i].second)) += '"';
-  }
+  LabelRefs sorted(labels.begin(), labels.end());
+  const std::string key = LabelKey(sorted);
   std::lock_guard lock(mu_);
   auto fit = families_.find(name);
   if (fit == families_.end()) return false;
