@@ -14,8 +14,8 @@
 #include <chrono>
 #include <cstring>
 #include <list>
-#include <system_error>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 namespace tern::agent {
@@ -76,8 +76,8 @@ std::string CannedResponse(int code, std::string_view reason, std::string_view w
 
 // Best effort: a refusal is short and fits the socket buffer of a fresh
 // connection; a client that does not read it loses it.
-void RefuseAndClose(Fd fd, int code, std::string_view reason, std::string_view why,
-                    int wake_fd, bool linger) {
+void RefuseAndClose(Fd fd, int code, std::string_view reason, std::string_view why, int wake_fd,
+                    bool linger) {
   const std::string r = CannedResponse(code, reason, why);
   (void)::send(fd.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   ::shutdown(fd.fd, SHUT_WR);
@@ -161,8 +161,8 @@ void AdminGuard::Impl::AcceptLoop() {
     std::string peer = PeerName(client.fd);
     std::lock_guard lock(mu);
     if (ReapLocked() >= options.max_connections) {
-      options.log("admin: refused " + peer + ": busy (" +
-                  std::to_string(options.max_connections) + " connections open)");
+      options.log("admin: refused " + peer + ": busy (" + std::to_string(options.max_connections) +
+                  " connections open)");
       RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again", -1,
                      /*linger=*/false);
       continue;
@@ -212,8 +212,8 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
   Fd backend;
   if (Status s = ConnectBackend(deadline, backend); !s.ok()) {
     options.log("admin: refused " + peer + ": " + s.message());
-    RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again",
-                   wake_read.fd, true);
+    RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again", wake_read.fd,
+                   true);
     return;
   }
   struct Dir {
@@ -240,9 +240,9 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
-      return refuse(408, "Request Timeout",
-                    "no complete exchange within " + std::to_string(options.request_timeout_ms) +
-                        " ms");
+      return refuse(
+          408, "Request Timeout",
+          "no complete exchange within " + std::to_string(options.request_timeout_ms) + " ms");
     }
     pollfd p[3] = {{wake_read.fd, POLLIN, 0}, {client.fd, 0, 0}, {backend.fd, 0, 0}};
     for (Dir* d : {up.get(), down.get()}) {
@@ -283,9 +283,9 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
       d->off = 0, d->len = static_cast<size_t>(n);
       d->total += static_cast<uint64_t>(n);
       if (d == up.get() && d->total > options.max_request_bytes) {
-        return refuse(413, "Payload Too Large",
-                      "request over " + std::to_string(options.max_request_bytes) +
-                          " bytes (head + body)");
+        return refuse(
+            413, "Payload Too Large",
+            "request over " + std::to_string(options.max_request_bytes) + " bytes (head + body)");
       }
     }
   }

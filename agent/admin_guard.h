@@ -25,8 +25,7 @@ class AdminGuard {
   // Listens on host:port (port 0: any) and relays to the Unix socket at
   // `backend_path`, which must already be listening.
   static Result<std::unique_ptr<AdminGuard>> Start(const std::string& host, uint16_t port,
-                                                   std::string backend_path,
-                                                   GuardOptions options);
+                                                   std::string backend_path, GuardOptions options);
   ~AdminGuard();  // Stop()
   uint16_t port() const;
   // Closes the port and every relayed connection; joins every thread.

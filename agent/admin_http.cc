@@ -24,8 +24,8 @@ using namespace std::chrono_literals;
 bool ValidRoutePath(std::string_view p) {
   if (p.empty() || p[0] != '/' || p.size() > 200) return false;
   for (char c : p) {
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '/' || c == '_' || c == '.' || c == '-')) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' ||
+          c == '_' || c == '.' || c == '-')) {
       return false;
     }
   }
@@ -44,19 +44,27 @@ std::string RegexOf(std::string_view path) {
 bool TokenMatches(const std::string& header, const std::string& token) {
   const std::string want = "Bearer " + token;
   // Constant time in the token's bytes: the length is not secret.
-  return header.size() == want.size() && CRYPTO_memcmp(header.data(), want.data(), want.size()) == 0;
+  return header.size() == want.size() &&
+         CRYPTO_memcmp(header.data(), want.data(), want.size()) == 0;
 }
 
 // httplib 0.11 does not export its reason table.
 const char* Reason(int status) {
   switch (status) {
-    case 400: return "bad request (not HTTP/1.x this server can parse)";
-    case 404: return "no such route";
-    case 405: return "method not allowed";
-    case 413: return "payload too large";
-    case 414: return "URI too long";
-    case 416: return "range not satisfiable";
-    default: return "refused";
+    case 400:
+      return "bad request (not HTTP/1.x this server can parse)";
+    case 404:
+      return "no such route";
+    case 405:
+      return "method not allowed";
+    case 413:
+      return "payload too large";
+    case 414:
+      return "URI too long";
+    case 416:
+      return "range not satisfiable";
+    default:
+      return "refused";
   }
 }
 
@@ -107,9 +115,10 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
                  "admin: route method must be GET or POST, not ", Printable(r.method));
     TERN_REQUIRE(ValidRoutePath(r.path), kInvalidArgument, "admin: bad route path ",
                  Printable(r.path), " (want /[A-Za-z0-9_./-]*)");
-    TERN_REQUIRE(r.handler != nullptr, kInvalidArgument, "admin: route ", r.path, " has no handler");
-    TERN_REQUIRE(seen.emplace(r.method, r.path).second, kInvalidArgument, "admin: route ",
-                 r.method, " ", r.path, " given twice");
+    TERN_REQUIRE(r.handler != nullptr, kInvalidArgument, "admin: route ", r.path,
+                 " has no handler");
+    TERN_REQUIRE(seen.emplace(r.method, r.path).second, kInvalidArgument, "admin: route ", r.method,
+                 " ", r.path, " given twice");
   }
   if (!options.log) options.log = StderrLog();
 
@@ -146,26 +155,25 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   // most that many connections at once.
   http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
   LogFn log = options.log;
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request&, httplib::Response& res) {
-    if (res.body.empty()) {
-      SetText(res, res.status, std::to_string(res.status) + " " + Reason(res.status));
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler(
-      [log](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
+  http.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (res.body.empty()) {
+          SetText(res, res.status, std::to_string(res.status) + " " + Reason(res.status));
         }
-        log("admin: " + req.method + " " + Printable(req.path) + ": handler threw: " +
-            Printable(what));
-        SetText(res, 500, "internal error");
-      });
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  http.set_exception_handler([log](const httplib::Request& req, httplib::Response& res,
+                                   std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    log("admin: " + req.method + " " + Printable(req.path) + ": handler threw: " + Printable(what));
+    SetText(res, 500, "internal error");
+  });
   http.set_logger([log](const httplib::Request& req, const httplib::Response& res) {
     if (res.status >= 400) {
       log("admin: " + std::to_string(res.status) + " for " + Printable(req.method) + " " +
@@ -215,8 +223,8 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   }
   impl->guard = std::move(*guard);
   const bool v6 = hp->host.find(':') != std::string::npos;
-  impl->bound_address = (v6 ? "[" + hp->host + "]" : hp->host) + ":" +
-                        std::to_string(impl->guard->port());
+  impl->bound_address =
+      (v6 ? "[" + hp->host + "]" : hp->host) + ":" + std::to_string(impl->guard->port());
   return std::unique_ptr<AdminServer>(new AdminServer(std::move(impl)));
 }
 
@@ -228,19 +236,19 @@ void AdminServer::Stop() {
 }
 
 AdminRoute MetricsRoute(std::function<std::string()> render) {
-  return AdminRoute{"GET", "/metrics",
-                    [render = std::move(render)](const AdminRequest&) {
-                      return AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                                           render()};
-                    },
-                    false};
+  return AdminRoute{
+      "GET", "/metrics",
+      [render = std::move(render)](const AdminRequest&) {
+        return AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
+      },
+      false};
 }
 
 Result<HostPort> ParseHostPort(std::string_view address) {
   TERN_REQUIRE(address.size() <= 300, kInvalidArgument, "address longer than 300 bytes");
   const size_t colon = address.rfind(':');
-  TERN_REQUIRE(colon != std::string_view::npos, kInvalidArgument, "address ",
-               Printable(address), ": want HOST:PORT");
+  TERN_REQUIRE(colon != std::string_view::npos, kInvalidArgument, "address ", Printable(address),
+               ": want HOST:PORT");
   std::string_view host = address.substr(0, colon), port = address.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
@@ -252,8 +260,8 @@ Result<HostPort> ParseHostPort(std::string_view address) {
                    host.find('/') == std::string_view::npos,
                kInvalidArgument, "address ", Printable(address), ": bad host");
   uint32_t p = 0;
-  TERN_REQUIRE(!port.empty() && port.size() <= 5, kInvalidArgument, "address ",
-               Printable(address), ": bad port");
+  TERN_REQUIRE(!port.empty() && port.size() <= 5, kInvalidArgument, "address ", Printable(address),
+               ": bad port");
   for (char c : port) {
     TERN_REQUIRE(c >= '0' && c <= '9', kInvalidArgument, "address ", Printable(address),
                  ": bad port");
@@ -265,9 +273,8 @@ Result<HostPort> ParseHostPort(std::string_view address) {
 
 namespace {
 
-Result<std::string> AdminCall(const char* method, std::string_view address,
-                              std::string_view path, std::string_view body,
-                              const AdminClientOptions& options) {
+Result<std::string> AdminCall(const char* method, std::string_view address, std::string_view path,
+                              std::string_view body, const AdminClientOptions& options) {
   auto hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
   TERN_REQUIRE(ValidRoutePath(path), kInvalidArgument, "admin: bad path ", Printable(path));
@@ -315,18 +322,22 @@ Result<std::string> AdminCall(const char* method, std::string_view address,
     text = text.substr(0, 300);
     while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
     const std::string why = Printable(text);
-    const std::string msg = "admin " + where + ": " + std::to_string(res.status) +
-                            (why.empty() ? "" : ": " + why);
+    const std::string msg =
+        "admin " + where + ": " + std::to_string(res.status) + (why.empty() ? "" : ": " + why);
     switch (res.status) {
       case 401:
-      case 403: return Status(Code::kAuth, msg);
-      case 404: return Status(Code::kNotFound, msg);
-      case 408: return Status(Code::kTimeout, msg);
-      case 413: return Status(Code::kResourceExhausted, msg);
+      case 403:
+        return Status(Code::kAuth, msg);
+      case 404:
+        return Status(Code::kNotFound, msg);
+      case 408:
+        return Status(Code::kTimeout, msg);
+      case 413:
+        return Status(Code::kResourceExhausted, msg);
       default:
-        return Status(res.status >= 400 && res.status < 500 ? Code::kInvalidArgument
-                                                            : Code::kUnavailable,
-                      msg);
+        return Status(
+            res.status >= 400 && res.status < 500 ? Code::kInvalidArgument : Code::kUnavailable,
+            msg);
     }
   } catch (const std::exception& e) {
     return TERN_ERROR(kInternal, "admin ", where, ": ", e.what());

@@ -103,14 +103,18 @@ class AdminTest : public ::testing::Test {
  protected:
   void StartServer(AdminOptions o = {}) {
     o.log = logs_.fn();
-    auto status = [](const AdminRequest&) { return AdminResponse{200, "application/json", R"({"version":7})"}; };
+    auto status = [](const AdminRequest&) {
+      return AdminResponse{200, "application/json", R"({"version":7})"};
+    };
     auto publish = [this](const AdminRequest& r) {
       std::lock_guard lock(mu_);
       published_.emplace_back(r.body);
       return AdminResponse{200, "application/json", R"({"ok":true})"};
     };
     auto boom = [](const AdminRequest&) -> AdminResponse { throw std::runtime_error("boom"); };
-    auto big = [](const AdminRequest&) { return AdminResponse{200, "text/plain", std::string(100000, 'x')}; };
+    auto big = [](const AdminRequest&) {
+      return AdminResponse{200, "text/plain", std::string(100000, 'x')};
+    };
     auto huge = [](const AdminRequest&) {
       return AdminResponse{200, "text/plain", std::string(size_t{32} << 20, 'x')};
     };
@@ -198,8 +202,9 @@ TEST_F(AdminTest, OversizedBodyIsRefusedBeforeTheHandler) {
   EXPECT_TRUE(Published().empty());
   EXPECT_TRUE(AdminPost(server_->address(), "/publish", std::string(1000, 'x')).ok());
   // A lying Content-Length that promises little but sends a lot is cut by the relay.
-  const std::string flood = "POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
-                            std::string(200000, 'a');
+  const std::string flood =
+      "POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      std::string(200000, 'a');
   const std::string reply = Exchange(port_, flood);
   EXPECT_EQ(reply.rfind("HTTP/1.1 4", 0), 0u) << reply.substr(0, 200);
   EXPECT_EQ(Published().size(), 1u);
@@ -218,16 +223,18 @@ TEST_F(AdminTest, MalformedHttpIsRefusedAndServingContinues) {
       {"http/0.9", "GET /status\r\n\r\n", "HTTP/1.1 400"},
       {"bad version", "GET /status HTTP/9.9\r\n\r\n", "HTTP/1.1 400"},
       {"binary request line", std::string(100, '\x80') + "\r\n\r\n", "HTTP/1.1 400"},
-      {"header line over 8 KiB", "GET /status HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n",
-       "HTTP/1.1 400"},
+      {"header line over 8 KiB",
+       "GET /status HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n", "HTTP/1.1 400"},
       {"URI over 8 KiB", "GET /" + std::string(9000, 'a') + " HTTP/1.1\r\n\r\n", "HTTP/1.1 414"},
       // 0.11 has no bound on header lines or on one line without newline:
       // the relay cuts both at max_head_bytes + max_body_bytes.
-      {"200k header lines", [] {
+      {"200k header lines",
+       [] {
          std::string s = "GET /status HTTP/1.1\r\n";
          for (int i = 0; i < 200000; ++i) s += "X-" + std::to_string(i) + ": v\r\n";
          return s + "\r\n";
-       }(), "HTTP/1.1 413"},
+       }(),
+       "HTTP/1.1 413"},
       {"endless line", "GET /" + std::string(3 << 20, 'a'), "HTTP/1.1 413"},
   };
   for (const auto& c : cases) {
@@ -395,8 +402,7 @@ TEST(AdminClient, NobodyListeningIsUnavailable) {
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
-  auto r = AdminGet("127.0.0.1:" + std::to_string(ntohs(a.sin_port)), "/status",
-                    WithTimeout(1000));
+  auto r = AdminGet("127.0.0.1:" + std::to_string(ntohs(a.sin_port)), "/status", WithTimeout(1000));
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
   EXPECT_EQ(AdminGet("127.0.0.1:1", "/bad path").status().code(), Code::kInvalidArgument);
 }
@@ -413,14 +419,17 @@ TEST(AdminStart, RefusesBadOptionsAndRoutes) {
   EXPECT_EQ(with([](AdminOptions& o) { o.workers = 0; }), Code::kInvalidArgument);
   EXPECT_EQ(with([](AdminOptions& o) { o.token = "has space"; }), Code::kInvalidArgument);
   EXPECT_EQ(with([](AdminOptions& o) { o.request_timeout_ms = 0; }), Code::kInvalidArgument);
-  EXPECT_EQ(AdminServer::Start({}, {{"PUT", "/x", h, false}}).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(AdminServer::Start({}, {{"GET", "x", h, false}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(AdminServer::Start({}, {{"PUT", "/x", h, false}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(AdminServer::Start({}, {{"GET", "x", h, false}}).status().code(),
+            Code::kInvalidArgument);
   EXPECT_EQ(AdminServer::Start({}, {{"GET", "/a(b)", h, false}}).status().code(),
             Code::kInvalidArgument);
   EXPECT_EQ(AdminServer::Start({}, {{"GET", "/x", nullptr, false}}).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(AdminServer::Start({}, {{"GET", "/x", h, false}, {"GET", "/x", h, false}}).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      AdminServer::Start({}, {{"GET", "/x", h, false}, {"GET", "/x", h, false}}).status().code(),
+      Code::kInvalidArgument);
   // A port in use.
   auto first = AdminServer::Start({}, {});
   ASSERT_TRUE(first.ok());
@@ -439,8 +448,8 @@ TEST(AdminAddress, ParseHostPort) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->host, "::1");
   EXPECT_EQ(b->port, 0);
-  for (const char* bad : {"", "host", ":80", "h:", "h:65536", "h:8a", "::1:80", "h:123456",
-                          "a b:1", "[]:1"}) {
+  for (const char* bad :
+       {"", "host", ":80", "h:", "h:65536", "h:8a", "::1:80", "h:123456", "a b:1", "[]:1"}) {
     EXPECT_EQ(ParseHostPort(bad).status().code(), Code::kInvalidArgument) << bad;
   }
   EXPECT_EQ(ParseHostPort(std::string(400, 'a') + ":1").status().code(), Code::kInvalidArgument);

@@ -149,8 +149,8 @@ Result<std::shared_ptr<void>> MetricsRegistry::GetSeries(std::string_view name,
   TERN_REQUIRE(ValidName(name, /*allow_colon=*/true), kInvalidArgument,
                "metrics: bad metric name (want [a-zA-Z_:][a-zA-Z0-9_:]*, <= ", kMaxNameBytes,
                " bytes)");
-  TERN_REQUIRE(help.size() <= kMaxHelpBytes && ValidUtf8(help), kInvalidArgument, "metrics: ",
-               name, ": help text not UTF-8 or longer than ", kMaxHelpBytes, " bytes");
+  TERN_REQUIRE(help.size() <= kMaxHelpBytes && ValidUtf8(help), kInvalidArgument, "metrics: ", name,
+               ": help text not UTF-8 or longer than ", kMaxHelpBytes, " bytes");
   TERN_REQUIRE(labels.size() <= kMaxLabels, kInvalidArgument, "metrics: ", name, ": ",
                labels.size(), " labels, at most ", kMaxLabels);
   if (type == Type::kHistogram) {
@@ -198,9 +198,15 @@ Result<std::shared_ptr<void>> MetricsRegistry::GetSeries(std::string_view name,
   }
   std::shared_ptr<void> made;
   switch (type) {
-    case Type::kCounter: made = std::make_shared<Counter>(); break;
-    case Type::kGauge: made = std::make_shared<Gauge>(); break;
-    case Type::kHistogram: made = std::make_shared<Histogram>(std::move(bounds)); break;
+    case Type::kCounter:
+      made = std::make_shared<Counter>();
+      break;
+    case Type::kGauge:
+      made = std::make_shared<Gauge>();
+      break;
+    case Type::kHistogram:
+      made = std::make_shared<Histogram>(std::move(bounds));
+      break;
   }
   fam.series.emplace(std::move(key), made);
   ++series_count_;

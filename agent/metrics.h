@@ -126,9 +126,8 @@ class MetricsRegistry {
     // Key: the rendered label text ("a=\"1\",b=\"2\""), sorted by label name.
     std::map<std::string, std::shared_ptr<void>> series;
   };
-  Result<std::shared_ptr<void>> GetSeries(std::string_view name, std::string_view help,
-                                          Type type, std::vector<double> bounds,
-                                          const Labels& labels);
+  Result<std::shared_ptr<void>> GetSeries(std::string_view name, std::string_view help, Type type,
+                                          std::vector<double> bounds, const Labels& labels);
 
   const Options options_;
   mutable std::mutex mu_;

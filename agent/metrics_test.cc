@@ -74,10 +74,9 @@ TEST(Metrics, RefusesBadNamesLabelsAndConflicts) {
   EXPECT_EQ(reg.GetCounter("ok", "h", {{"a:b", "1"}}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(reg.GetCounter("ok", "h", {{"a", "1"}, {"a", "2"}}).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(reg.GetCounter("ok", "h", {{"a", std::string(kMaxLabelValueBytes + 1, 'x')}})
-                .status()
-                .code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      reg.GetCounter("ok", "h", {{"a", std::string(kMaxLabelValueBytes + 1, 'x')}}).status().code(),
+      Code::kInvalidArgument);
   EXPECT_EQ(reg.GetCounter("ok", "h", {{"a", "\xff"}}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(reg.GetCounter("ok", "h", {{"a", "\xc0\x80"}}).status().code(),  // overlong NUL
             Code::kInvalidArgument);
@@ -194,7 +193,8 @@ TEST(Metrics, ConcurrentUpdatesAreExact) {
   stop = true;
   renderer.join();
   uint64_t total = 0;
-  for (int l = 0; l < 4; ++l) total += (*reg.GetCounter("c_total", "h", {{"link", std::to_string(l)}}))->value();
+  for (int l = 0; l < 4; ++l)
+    total += (*reg.GetCounter("c_total", "h", {{"link", std::to_string(l)}}))->value();
   EXPECT_EQ(total, uint64_t{kThreads} * kIters);
   EXPECT_EQ((*reg.GetGauge("g", "h"))->value(), double(kThreads) * kIters);
   auto snap = (*reg.GetHistogram("h_seconds", "h", {0.5}))->Read();
