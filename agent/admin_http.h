@@ -1,0 +1,132 @@
+// The agent's admin HTTP port: GET /metrics, GET /status, POST /publish and
+// whatever else the daemon registers, plus the client side used by
+// `tern status` and `tern publish` (docs/agent/operations.md).
+//
+// Server. cpp-httplib 0.11 (Debian's shared library) parses HTTP; it has no
+// bound on the number of header lines or on one line's length and no
+// deadline for a whole request, so it never faces the network directly:
+// AdminServer accepts TCP itself and relays bytes (no parsing) to httplib
+// listening on a Unix socket in a private 0700 directory, and that relay
+// enforces
+//  * at most max_connections connections at once: one more is answered
+//    "503" and closed at once;
+//  * at most max_head_bytes + max_body_bytes bytes from a client: over that,
+//    "413" and close (httplib's own payload limit answers 413 earlier for a
+//    declared Content-Length over max_body_bytes);
+//  * a deadline of request_timeout_ms from accept to the last response byte
+//    (slowloris): "408" and close, or just close when the response had begun;
+//  * one request per connection (keep-alive off).
+// httplib refuses what it cannot parse (garbage, HTTP/0.9, a header line or
+// URI over 8 KiB: both compiled into the library) with "400"/"414". Routes
+// are exact paths; a route marked `mutating` needs
+// "Authorization: Bearer <token>" when AdminOptions::token is set ("401"
+// otherwise; the comparison takes constant time). Every refusal has a
+// one-line text body saying why. The server keeps serving after any of them.
+//
+// Handlers run on httplib's worker threads (`workers` of them, several at
+// once): they must be thread-safe and return promptly (Stop waits for
+// them). An exception from a handler becomes "500" with no detail sent.
+//
+// Lifetime: Start binds and serves on its own threads; Stop (also run by the
+// destructor) closes the port, ends every open connection, waits for
+// handlers in flight and removes the Unix socket; it is idempotent. Methods
+// of one AdminServer may be called from any thread.
+//
+// Client. AdminGet/AdminPost make one request with a total timeout and a
+// bound on the reply's size; a non-2xx answer is an error Status carrying
+// the status code and the server's one-line reason (401/403 -> kAuth,
+// 408 -> kTimeout, 413 -> kResourceExhausted, 404 -> kNotFound, other 4xx ->
+// kInvalidArgument, 5xx -> kUnavailable); no answer is kUnavailable or
+// kTimeout. Thread-safe (no shared state).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tern/log.h"
+#include "tern/status.h"
+
+namespace tern::agent {
+
+struct AdminOptions {
+  std::string address = "127.0.0.1:0";  // HOST:PORT (port 0: any; see address())
+  std::string token;                    // empty: mutating routes need no token
+  uint32_t max_connections = 16;        // open at once (each has a relay thread)
+  uint32_t workers = 4;                 // httplib handler threads
+  uint32_t max_head_bytes = 64 << 10;   // request line + headers
+  uint32_t max_body_bytes = 1 << 20;
+  uint32_t request_timeout_ms = 10000;  // accept to last response byte
+  uint32_t io_timeout_ms = 5000;        // httplib's per read/write wait
+  std::string socket_dir;               // for the private Unix socket; empty: $TMPDIR or /tmp
+  LogFn log;                            // refusals, one line each; null: stderr
+};
+
+struct AdminRequest {
+  std::string_view method;  // "GET" or "POST"
+  std::string_view path;
+  std::string_view body;  // <= max_body_bytes
+};
+
+struct AdminResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+using AdminHandler = std::function<AdminResponse(const AdminRequest&)>;
+
+struct AdminRoute {
+  std::string method;  // "GET" or "POST"
+  std::string path;    // exact match, e.g. "/status"
+  AdminHandler handler;
+  bool mutating = false;  // needs the bearer token when one is set
+};
+
+class AdminServer {
+ public:
+  // Checks options and routes (kInvalidArgument), binds (kIo with the
+  // address on failure), starts serving.
+  static Result<std::unique_ptr<AdminServer>> Start(AdminOptions options,
+                                                    std::vector<AdminRoute> routes);
+  ~AdminServer();
+  AdminServer(const AdminServer&) = delete;
+  AdminServer& operator=(const AdminServer&) = delete;
+
+  std::string address() const;  // the bound "HOST:PORT" (the real port)
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit AdminServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The route GET /metrics serving render() as Prometheus text
+// (e.g. [&registry] { return registry.Render(); }).
+AdminRoute MetricsRoute(std::function<std::string()> render);
+
+struct AdminClientOptions {
+  std::string token;  // sent as "Authorization: Bearer <token>" when set
+  uint32_t timeout_ms = 10000;
+  uint64_t max_reply_bytes = 16 << 20;
+};
+
+// The reply body of a 2xx answer.
+Result<std::string> AdminGet(std::string_view address, std::string_view path,
+                             const AdminClientOptions& options = {});
+Result<std::string> AdminPost(std::string_view address, std::string_view path,
+                              std::string_view json_body, const AdminClientOptions& options = {});
+
+// "HOST:PORT" or "[V6]:PORT" (port 0-65535) -> host, port (kInvalidArgument).
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+Result<HostPort> ParseHostPort(std::string_view address);
+
+}  // namespace tern::agent
