@@ -133,6 +133,7 @@ TEST_F(BoardTest, RestartRecoversEverything) {
   model.Next(20, 1000);
   ASSERT_TRUE(Publish(**board, 4).ok());
   auto plan = (*board)->PlanCatchUp(1, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   auto applied = ApplyPlan(*env, **board, verifier, *plan, model.at(1), pool);
   ASSERT_TRUE(applied.ok()) << applied.status().ToString();
   EXPECT_EQ(*applied, BytesOf(model.at(4)));
@@ -262,6 +263,7 @@ TEST_F(BoardTest, CrashAtEveryStepOfAPublish) {
         EXPECT_EQ(names.size(), 3u);
       }
       auto plan = (*board)->PlanCatchUp(1, 2);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       auto applied = ApplyPlan(*mem, **board, verifier, *plan, model.at(1), pool);
       ASSERT_TRUE(applied.ok()) << applied.status().ToString();
       EXPECT_EQ(*applied, BytesOf(model.at(2)));
