@@ -115,8 +115,8 @@ class Board {
   bool KeyframeDue(uint64_t version, uint64_t patch_bytes) const;
 
   // Deletes the object files nobody needs: keeps the last keep_patches
-  // patches, the newest keyframe and the patches after it, and for each
-  // version in `held` (and for a new member) the cheapest path to HEAD; then
+  // patches, the newest keyframe and the cheapest path from it to HEAD (a
+  // new member's), and for each version in `held` its cheapest path; then
   // drops the log's records below the oldest version still needed.
   Status Retain(const std::set<uint64_t>& held);
 

@@ -158,7 +158,6 @@ Status Board::Retain(const std::set<uint64_t>& held) {
     }
     break;
   }
-  keep_path(0);
   for (uint64_t h : held)
     if (h < head_ && versions_.contains(h)) keep_path(h);
 
