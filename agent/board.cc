@@ -102,6 +102,8 @@ Status Board::Recover() {
   uint64_t orphans = 0;
   for (const BoardRecord& r : records) {
     const std::string where = Where(r.version, r.seq);
+    TERN_REQUIRE(r.version >= 1 && r.seq < kMaxManifestsPerVersion, kCorrupt, where,
+                 ": version or seq out of range");
     auto m = verifier_.Verify(r.signed_manifest);
     if (!m.ok()) return m.status().WithContext(where);
     TERN_REQUIRE(m->version == r.version, kCorrupt, where, " holds a manifest of version ",

@@ -27,6 +27,8 @@
 // Errors: kNotFound for an unknown version or object; kInvalidArgument for
 // impossible requests (have > target); others from the log and the Env.
 //
+// Ownership: the Board owns its log; env and verifier must outlive it.
+//
 // Thread safety: every method may be called from any thread at once; the
 // index is guarded by one mutex, never held across a MakeSquashFn call.
 // Publications on one Board must be serialized by the caller (Record

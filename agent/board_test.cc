@@ -222,6 +222,48 @@ TEST_F(BoardTest, ForgedOrInconsistentRecordsAreRefusedAtRecovery) {
   }
 }
 
+// A log backend (etcd, say) that hands back nonsense: refused, no crash.
+class CannedLog final : public BoardLog {
+ public:
+  explicit CannedLog(std::vector<BoardRecord> records) : records_(std::move(records)) {}
+  Result<BoardId> InitId(const BoardId&) override { return BoardId{}; }
+  Status Append(uint64_t, uint32_t, std::string, bool, uint64_t) override {
+    return Status(Code::kUnsupported, "canned");
+  }
+  Result<std::vector<BoardRecord>> LoadAll() override { return records_; }
+  Result<uint64_t> Head() override { return uint64_t{1}; }
+  Status DropBelow(uint64_t) override { return Status::Ok(); }
+
+ private:
+  std::vector<BoardRecord> records_;
+};
+
+TEST_F(BoardTest, HostileLogRecordsAreRefused) {
+  VersionManifest m;  // of board 00..00, which CannedLog claims
+  m.version = 1;
+  m.objects.push_back({ObjectKind::kKeyframe, 1, 1, 10, 4, 3, {}});
+  const std::string good = *signer.Sign(m);
+  ASSERT_TRUE(Board::Open(*env, "/root/objects",
+                          std::make_unique<CannedLog>(std::vector<BoardRecord>{{1, 0, good}}),
+                          verifier, {}, [](std::string_view) {})
+                  .ok());
+  const std::vector<std::vector<BoardRecord>> cases = {
+      {{1, 0, good}, {1, uint32_t{1} << 31, good}},  // a seq no log may hold
+      {{1, uint32_t{1} << 31, "x"}},
+      {{0, 0, "x"}},
+      {{1, 0, std::string(100000, 'x')}},
+      {{1, 0, ""}},
+      {},  // HEAD 1 without its record
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    auto board = Board::Open(*env, "/root/objects", std::make_unique<CannedLog>(cases[i]),
+                             verifier, {}, [](std::string_view) {});
+    ASSERT_FALSE(board.ok());
+    EXPECT_EQ(board.status().code(), Code::kCorrupt) << board.status().ToString();
+  }
+}
+
 // Every write, sync and rename of a publish fails in turn, short writes
 // included: a restart finds version 2 wholly published or not at all, no
 // stray object files, and publishing goes on.

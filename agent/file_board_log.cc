@@ -116,6 +116,8 @@ Result<Decoded> DecodeRecord(const std::string& name, Key expect, const std::str
             bytes.substr(kRecordHeaderBytes)};
   TERN_REQUIRE(d.key == expect, kCorrupt, "board record ", name, ": holds version ",
                d.key.version, " seq ", d.key.seq);
+  TERN_REQUIRE(d.key.version >= 1 && d.key.seq < kMaxManifestsPerVersion, kCorrupt,
+               "board record ", name, ": version or seq out of range");
   TERN_REQUIRE(d.advance_head == (d.key.seq == 0), kCorrupt, "board record ", name,
                ": head flag on seq ", d.key.seq);
   TERN_REQUIRE(!d.advance_head || d.expected_head < d.key.version, kCorrupt, "board record ",
