@@ -7,6 +7,7 @@
 // Nothing may crash, hang or allocate without bound.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "agent/board.h"
