@@ -67,7 +67,15 @@ struct ObjectRef {
 // "patch-1-2", "keyframe-5-5", "squash-1-9": the file name in objects_dir.
 std::string ObjectName(const ObjectRef& ref);
 
-struct CatchUpPlan {
+// At most this many objects per route: each names its own manifest, and a
+// control message carries at most 64 (agent/control_wire.h).
+inline constexpr size_t kMaxCatchUpObjects = 64;
+
+struct CatchUpRoute {
+  // The version the objects lead to: the target, or for a path longer than
+  // kMaxCatchUpObjects a version on the way (ask again from there; the rest
+  // of a cheapest path is the cheapest path from there, so nothing is lost).
+  uint64_t reaches = 0;
   std::vector<ObjectRef> objects;  // apply order; empty when have == target
   // The signed manifests naming those objects, in the same order, each once;
   // the first one's version and digests tell a new member what it starts from.
@@ -104,8 +112,9 @@ class Board {
   // patches, squashes, or a keyframe plus patches. With make_squash, a path
   // of two or more objects is offered for squashing first (one call; its
   // error is logged and the unsquashed path returned), and the squash is
-  // used when it is smaller.
-  Result<CatchUpPlan> PlanCatchUp(uint64_t have, uint64_t target,
+  // used when it is smaller. A path longer than kMaxCatchUpObjects is cut
+  // (route.reaches < target).
+  Result<CatchUpRoute> PlanCatchUp(uint64_t have, uint64_t target,
                                   const MakeSquashFn& make_squash = nullptr);
   // Cheapest path as above but without squashing, from `from` only (0:
   // from nothing, so it starts with a keyframe): what MakeSquash squashes.
@@ -152,7 +161,7 @@ class Board {
                        const VersionManifest& m, bool check_files);
   Result<Path> CheapestPathLocked(uint64_t from, uint64_t to, bool also_from_nothing) const;
   uint64_t PathBytesLocked(const Path& path) const;
-  CatchUpPlan PlanFromPathLocked(const Path& path) const;
+  CatchUpRoute RouteFromPathLocked(const Path& path) const;
   Status RemoveStrayFiles();
   bool RecordStoredLocked(uint64_t version, uint32_t seq, bool publication);
 

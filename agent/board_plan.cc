@@ -72,20 +72,22 @@ uint64_t Board::PathBytesLocked(const Path& path) const {
   return bytes;
 }
 
-CatchUpPlan Board::PlanFromPathLocked(const Path& path) const {
-  CatchUpPlan plan;
+CatchUpRoute Board::RouteFromPathLocked(const Path& path) const {
+  CatchUpRoute plan;
   std::set<std::pair<uint64_t, uint32_t>> listed;
   for (const ObjectRef& ref : path) {
+    if (plan.objects.size() == kMaxCatchUpObjects) break;
     const ObjectInfo& info = objects_.at(ref);
     plan.objects.push_back(ref);
     plan.bytes += info.bytes;
     if (listed.insert({info.version, info.seq}).second)
       plan.signed_manifests.push_back(versions_.at(info.version).signed_manifests.at(info.seq));
+    plan.reaches = ref.to;
   }
   return plan;
 }
 
-Result<CatchUpPlan> Board::PlanCatchUp(uint64_t have, uint64_t target,
+Result<CatchUpRoute> Board::PlanCatchUp(uint64_t have, uint64_t target,
                                        const MakeSquashFn& make_squash) {
   uint64_t start = 0;
   {
@@ -93,17 +95,17 @@ Result<CatchUpPlan> Board::PlanCatchUp(uint64_t have, uint64_t target,
     TERN_REQUIRE(versions_.contains(target), kNotFound, "board: no version ", target);
     TERN_REQUIRE(have <= target, kInvalidArgument, "board: member at ", have,
                  " is ahead of target ", target);
-    if (have == target) return CatchUpPlan{};
+    if (have == target) return CatchUpRoute{target, {}, {}, 0};
     if (!versions_.contains(have)) have = 0;  // unknown or dropped: start from nothing
     TERN_ASSIGN_OR_RETURN(Path path, CheapestPathLocked(have, target, true));
-    if (!make_squash || path.size() < 2) return PlanFromPathLocked(path);
+    if (!make_squash || path.size() < 2) return RouteFromPathLocked(path);
     // One squash replaces the whole path: squash(start -> target) from the
     // member's version, or from nothing a late keyframe(target).
     start = EdgeFrom(path.front());
     const ObjectRef squash = start == 0 ? ObjectRef{ObjectKind::kKeyframe, target, target}
                                         : ObjectRef{ObjectKind::kSquash, start, target};
     auto known = objects_.find(squash);
-    if (known != objects_.end() && known->second.present) return PlanFromPathLocked(path);
+    if (known != objects_.end() && known->second.present) return RouteFromPathLocked(path);
   }
   Status st = make_squash(start, target);  // takes mu_ itself (Record)
   if (!st.ok())
@@ -111,7 +113,7 @@ Result<CatchUpPlan> Board::PlanCatchUp(uint64_t have, uint64_t target,
             " failed, sending the chain: " + st.ToString());
   std::lock_guard lock(mu_);
   TERN_ASSIGN_OR_RETURN(Path path, CheapestPathLocked(have, target, true));
-  return PlanFromPathLocked(path);
+  return RouteFromPathLocked(path);
 }
 
 bool Board::KeyframeDue(uint64_t version, uint64_t patch_bytes) const {

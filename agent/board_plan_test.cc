@@ -50,7 +50,7 @@ class BoardPlanTest : public ::testing::Test {
       return MakeSquash(*board_for_squash, signer, from, to, {}, pool).status();
     };
   }
-  void ExpectApplies(const Board& board, const CatchUpPlan& plan, uint64_t have, uint64_t target) {
+  void ExpectApplies(const Board& board, const CatchUpRoute& plan, uint64_t have, uint64_t target) {
     auto applied = ApplyPlan(*env, board, verifier, plan, model.at(have), pool);
     ASSERT_TRUE(applied.ok()) << applied.status().ToString();
     EXPECT_EQ(*applied, BytesOf(model.at(target)));
@@ -107,6 +107,26 @@ TEST_F(BoardPlanTest, SmallPatchesChainFromAnyVersion) {
   EXPECT_TRUE(board->PlanCatchUp(6, 6)->objects.empty());
   EXPECT_EQ(board->PlanCatchUp(5, 4).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(board->PlanCatchUp(1, 7).status().code(), Code::kNotFound);
+}
+
+// A cheapest path longer than a route may be: cut, and continued from where
+// it stopped, which ends where the whole path would.
+TEST_F(BoardPlanTest, LongPathsComeInRoutesOfBoundedLength) {
+  auto board = MustOpen({.keep_patches = 100, .keyframe_every = 1000});
+  PublishMany(*board, 70, 2, 1 << 20);
+  auto route = board->PlanCatchUp(1, 70);
+  ASSERT_TRUE(route.ok()) << route.status().ToString();
+  EXPECT_EQ(route->objects.size(), kMaxCatchUpObjects);
+  EXPECT_EQ(route->signed_manifests.size(), kMaxCatchUpObjects);
+  EXPECT_EQ(route->reaches, 1 + kMaxCatchUpObjects);
+  ExpectApplies(*board, *route, 1, route->reaches);
+  auto rest = board->PlanCatchUp(route->reaches, 70);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ(rest->reaches, 70u);
+  EXPECT_EQ(rest->objects.size(), 70 - 1 - kMaxCatchUpObjects);
+  ExpectApplies(*board, *rest, route->reaches, 70);
+  EXPECT_EQ(board->PlanCatchUp(69, 70)->reaches, 70u);
+  EXPECT_EQ(board->PlanCatchUp(70, 70)->reaches, 70u);
 }
 
 // Large patches: a member far behind is better off with the newest keyframe.

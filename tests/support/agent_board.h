@@ -62,7 +62,7 @@ struct Model {
 // to `start` (version `have`, or zeros when the plan starts with a keyframe).
 inline Result<std::vector<std::vector<uint8_t>>> ApplyPlan(Env& env, const Board& board,
                                                            const ManifestVerifier& verifier,
-                                                           const CatchUpPlan& plan,
+                                                           const CatchUpRoute& plan,
                                                            const tern::testing::OwnedView& start,
                                                            ThreadPool& pool) {
   tern::testing::OwnedView view(start.View());
