@@ -248,25 +248,33 @@ Status Board::Record(std::string signed_manifest) {
   TERN_ASSIGN_OR_RETURN(VersionManifest m, verifier_.Verify(signed_manifest));
   TERN_REQUIRE(m.board_id == id_, kMismatch, "board: manifest of version ", m.version,
                " is of another board");
-  std::lock_guard lock(mu_);
-  auto it = versions_.find(m.version);
-  const bool publication = it == versions_.end();
+  // record_mu_ orders writers; mu_ is dropped around the log's I/O (an etcd
+  // round trip, an fsync) so readers are not held up by it.
+  std::lock_guard writer(record_mu_);
+  bool publication = false;
   uint32_t seq = 0;
-  if (publication) {
-    TERN_REQUIRE(m.version > head_, kInvalidArgument, "board: version ", m.version,
-                 " is not newer than HEAD ", head_);
-    TERN_REQUIRE(m.parent == head_, kMismatch, "board: version ", m.version, " has parent ",
-                 m.parent, ", HEAD is ", head_);
-    TERN_REQUIRE(head_ == 0 || m.base_digest == versions_.at(head_).publication.target_digest,
-                 kMismatch, "board: version ", m.version, "'s base digest is not D(", head_, ")");
-  } else {
-    seq = static_cast<uint32_t>(it->second.signed_manifests.size());
-    TERN_REQUIRE(seq < kMaxManifestsPerVersion, kResourceExhausted, "board: version ",
-                 m.version, " has ", seq, " manifests already");
-    for (const ManifestObject& o : m.objects) {
-      auto known = objects_.find({o.kind, o.from_version, o.to_version});
-      TERN_REQUIRE(known == objects_.end() || !known->second.present, kAlreadyExists,
-                   "board: ", ObjectName({o.kind, o.from_version, o.to_version}), " exists");
+  uint64_t head = 0;
+  {
+    std::lock_guard lock(mu_);
+    head = head_;
+    auto it = versions_.find(m.version);
+    publication = it == versions_.end();
+    if (publication) {
+      TERN_REQUIRE(m.version > head, kInvalidArgument, "board: version ", m.version,
+                   " is not newer than HEAD ", head);
+      TERN_REQUIRE(m.parent == head, kMismatch, "board: version ", m.version, " has parent ",
+                   m.parent, ", HEAD is ", head);
+      TERN_REQUIRE(head == 0 || m.base_digest == versions_.at(head).publication.target_digest,
+                   kMismatch, "board: version ", m.version, "'s base digest is not D(", head, ")");
+    } else {
+      seq = static_cast<uint32_t>(it->second.signed_manifests.size());
+      TERN_REQUIRE(seq < kMaxManifestsPerVersion, kResourceExhausted, "board: version ",
+                   m.version, " has ", seq, " manifests already");
+      for (const ManifestObject& o : m.objects) {
+        auto known = objects_.find({o.kind, o.from_version, o.to_version});
+        TERN_REQUIRE(known == objects_.end() || !known->second.present, kAlreadyExists,
+                     "board: ", ObjectName({o.kind, o.from_version, o.to_version}), " exists");
+      }
     }
   }
   for (const ManifestObject& o : m.objects) {
@@ -275,19 +283,18 @@ Status Board::Record(std::string signed_manifest) {
     TERN_REQUIRE(size == o.bytes, kMismatch, "board: ", ObjectName(ref), " has ", size,
                  " bytes, the manifest says ", o.bytes);
   }
-  Status appended = log_->Append(m.version, seq, signed_manifest, publication, head_);
+  Status appended = log_->Append(m.version, seq, signed_manifest, publication, head);
   if (!appended.ok()) {
     // A storage error leaves the record there or not (board_log.h); if it is
     // there, the index must say so, or the publisher would delete its bytes.
     if (appended.code() == Code::kMismatch || appended.code() == Code::kAlreadyExists ||
-        appended.code() == Code::kInvalidArgument || !RecordStoredLocked(m.version, seq, publication))
+        appended.code() == Code::kInvalidArgument || !RecordStored(m.version, seq, publication))
       return appended;
   }
+  std::lock_guard lock(mu_);
   if (publication) {
     versions_[m.version].publication = m;
     head_ = m.version;
-  } else if (seq == 0) {
-    return TERN_ERROR(kInternal, "board: seq 0 for a known version");
   }
   // Files were checked above; CheckAndIndex marks them present.
   Status st = CheckAndIndex(m.version, seq, signed_manifest, m, /*check_files=*/false);
@@ -297,7 +304,7 @@ Status Board::Record(std::string signed_manifest) {
   return st;
 }
 
-bool Board::RecordStoredLocked(uint64_t version, uint32_t seq, bool publication) {
+bool Board::RecordStored(uint64_t version, uint32_t seq, bool publication) {
   if (publication) {
     auto head = log_->Head();
     return head.ok() && *head == version;

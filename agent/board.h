@@ -29,8 +29,9 @@
 //
 // Ownership: the Board owns its log; env and verifier must outlive it.
 //
-// Thread safety: every method may be called from any thread at once; the
-// index is guarded by one mutex, never held across a MakeSquashFn call.
+// Thread safety: every method may be called from any thread at once. The
+// index is guarded by one mutex, held neither across a MakeSquashFn call nor
+// across the log's I/O in Record; Record and Retain are ordered by a second.
 // Publications on one Board must be serialized by the caller (Record
 // re-checks HEAD, so a racing one fails cleanly rather than forking).
 #pragma once
@@ -163,7 +164,7 @@ class Board {
   uint64_t PathBytesLocked(const Path& path) const;
   CatchUpRoute RouteFromPathLocked(const Path& path) const;
   Status RemoveStrayFiles();
-  bool RecordStoredLocked(uint64_t version, uint32_t seq, bool publication);
+  bool RecordStored(uint64_t version, uint32_t seq, bool publication);
 
   Env& env_;
   const std::string objects_dir_;
@@ -173,6 +174,7 @@ class Board {
   const LogFn log_fn_;
   BoardId id_{};
 
+  std::mutex record_mu_;  // orders Record and Retain; taken before mu_
   mutable std::mutex mu_;
   uint64_t head_ = 0;                             // guarded by mu_
   std::map<uint64_t, VersionInfo> versions_;      // guarded by mu_

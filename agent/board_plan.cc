@@ -136,6 +136,7 @@ bool Board::KeyframeDue(uint64_t version, uint64_t patch_bytes) const {
 }
 
 Status Board::Retain(const std::set<uint64_t>& held) {
+  std::lock_guard writer(record_mu_);
   std::lock_guard lock(mu_);
   if (head_ == 0) return Status::Ok();
   std::set<ObjectRef> keep;

@@ -4,6 +4,8 @@
 // Catch-up and retention: board_plan_test.cc.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <thread>
 
 #include "tests/support/agent_board.h"
@@ -237,6 +239,57 @@ class CannedLog final : public BoardLog {
  private:
   std::vector<BoardRecord> records_;
 };
+
+// A log whose appends wait at a gate: a slow etcd round trip.
+class GatedLog final : public BoardLog {
+ public:
+  explicit GatedLog(std::unique_ptr<BoardLog> inner) : inner_(std::move(inner)) {}
+  Result<BoardId> InitId(const BoardId& c) override { return inner_->InitId(c); }
+  Status Append(uint64_t v, uint32_t seq, std::string bytes, bool advance, uint64_t expected) override {
+    entered.set_value();
+    if (release.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
+      return Status(Code::kTimeout, "gate never opened");
+    return inner_->Append(v, seq, std::move(bytes), advance, expected);
+  }
+  Result<std::vector<BoardRecord>> LoadAll() override { return inner_->LoadAll(); }
+  Result<uint64_t> Head() override { return inner_->Head(); }
+  Status DropBelow(uint64_t v) override { return inner_->DropBelow(v); }
+
+  std::promise<void> entered;
+  std::shared_future<void> release;
+
+ private:
+  std::unique_ptr<BoardLog> inner_;
+};
+
+TEST_F(BoardTest, ReadersAreNotHeldUpByTheLogsIo) {
+  for (int i = 0; i < 2; ++i) model.Next(20, 1000);
+  {
+    auto board = MustOpen(*env);
+    ASSERT_TRUE(Publish(*board, 1).ok());
+  }
+  auto gated = std::make_unique<GatedLog>(OpenFileBoardLog(*env, "/root/board").value());
+  GatedLog* gate = gated.get();
+  std::promise<void> open_gate;
+  gate->release = open_gate.get_future().share();
+  auto entered = gate->entered.get_future();
+  auto opened = Board::Open(*env, "/root/objects", std::move(gated), verifier, {},
+                            [](std::string_view) {});
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Board& board = **opened;
+  auto publish = std::async(std::launch::async, [&] { return Publish(board, 2).status(); });
+  ASSERT_EQ(entered.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  // The publish is inside the log's Append now; readers must still answer.
+  auto reader = std::async(std::launch::async, [&] {
+    return std::pair(board.head(), board.PlanCatchUp(0, 1).ok());
+  });
+  const bool answered = reader.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  open_gate.set_value();
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(reader.get(), std::pair(uint64_t{1}, true));
+  EXPECT_TRUE(publish.get().ok());
+  EXPECT_EQ(board.head(), 2u);
+}
 
 TEST_F(BoardTest, HostileLogRecordsAreRefused) {
   VersionManifest m;  // of board 00..00, which CannedLog claims
