@@ -77,7 +77,10 @@ struct CatchUpRoute {
   // kMaxCatchUpObjects a version on the way (ask again from there; the rest
   // of a cheapest path is the cheapest path from there, so nothing is lost).
   uint64_t reaches = 0;
-  std::vector<ObjectRef> objects;  // apply order; empty when have == target
+  // Apply order; empty when have == target. A route that starts with a
+  // keyframe starts from nothing (a zero view of the layout), whatever the
+  // member holds.
+  std::vector<ObjectRef> objects;
   // The signed manifests naming those objects, in the same order, each once;
   // the first one's version and digests tell a new member what it starts from.
   std::vector<std::string> signed_manifests;
@@ -161,7 +164,6 @@ class Board {
   Status CheckAndIndex(uint64_t version, uint32_t seq, const std::string& signed_bytes,
                        const VersionManifest& m, bool check_files);
   Result<Path> CheapestPathLocked(uint64_t from, uint64_t to, bool also_from_nothing) const;
-  uint64_t PathBytesLocked(const Path& path) const;
   CatchUpRoute RouteFromPathLocked(const Path& path) const;
   Status RemoveStrayFiles();
   bool RecordStored(uint64_t version, uint32_t seq, bool publication);

@@ -66,12 +66,6 @@ Result<std::vector<ObjectRef>> Board::CheapestPath(uint64_t from, uint64_t to) c
   return CheapestPathLocked(from, to, /*also_from_nothing=*/from == 0);
 }
 
-uint64_t Board::PathBytesLocked(const Path& path) const {
-  uint64_t bytes = 0;
-  for (const ObjectRef& ref : path) bytes += objects_.at(ref).bytes;
-  return bytes;
-}
-
 CatchUpRoute Board::RouteFromPathLocked(const Path& path) const {
   CatchUpRoute plan;
   std::set<std::pair<uint64_t, uint32_t>> listed;
