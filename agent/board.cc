@@ -16,15 +16,6 @@ namespace {
 // Entries a scan of objects_dir accepts (objects, temporaries, the relay's parts).
 constexpr uint64_t kObjectDirEntriesMax = uint64_t{1} << 20;
 
-const char* KindName(ObjectKind kind) {
-  switch (kind) {
-    case ObjectKind::kPatch: return "patch";
-    case ObjectKind::kKeyframe: return "keyframe";
-    case ObjectKind::kSquash: return "squash";
-  }
-  return "unknown";
-}
-
 std::optional<uint64_t> ParseU64(std::string_view s) {
   uint64_t v = 0;
   if (s.empty() || (s.size() > 1 && s[0] == '0')) return std::nullopt;  // canonical only
@@ -36,7 +27,7 @@ std::optional<uint64_t> ParseU64(std::string_view s) {
 // The inverse of ObjectName, or nullopt for any other name.
 std::optional<ObjectRef> ParseObjectName(std::string_view name) {
   for (ObjectKind kind : {ObjectKind::kPatch, ObjectKind::kKeyframe, ObjectKind::kSquash}) {
-    const std::string_view prefix = KindName(kind);
+    const std::string_view prefix = ObjectKindName(kind);
     if (name.size() <= prefix.size() + 1 || name.substr(0, prefix.size()) != prefix ||
         name[prefix.size()] != '-')
       continue;
@@ -56,11 +47,6 @@ std::string Where(uint64_t version, uint32_t seq) {
 }
 
 }  // namespace
-
-std::string ObjectName(const ObjectRef& ref) {
-  return std::string(KindName(ref.kind)) + "-" + std::to_string(ref.from) + "-" +
-         std::to_string(ref.to);
-}
 
 Board::Board(Env& env, std::string objects_dir, std::unique_ptr<BoardLog> log,
              const ManifestVerifier& verifier, BoardOptions options, LogFn log_fn)

@@ -36,7 +36,6 @@
 // re-checks HEAD, so a racing one fails cleanly rather than forking).
 #pragma once
 
-#include <compare>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,6 +46,7 @@
 #include <vector>
 
 #include "agent/board_log.h"
+#include "agent/object_ref.h"
 #include "tern/env.h"
 #include "tern/log.h"
 #include "tern/status.h"
@@ -58,15 +58,6 @@ struct BoardOptions {
   uint32_t keep_patches = 16;    // the last K publications keep their patch
   uint32_t keyframe_every = 32;  // a keyframe at least every M versions
 };
-
-// Names one object: patch(from -> to), keyframe(to) (from == to), squash(from -> to).
-struct ObjectRef {
-  ObjectKind kind = ObjectKind::kPatch;
-  uint64_t from = 0, to = 0;
-  auto operator<=>(const ObjectRef&) const = default;
-};
-// "patch-1-2", "keyframe-5-5", "squash-1-9": the file name in objects_dir.
-std::string ObjectName(const ObjectRef& ref);
 
 // At most this many objects per route: each names its own manifest, and a
 // control message carries at most 64 (agent/control_wire.h).
