@@ -1,0 +1,28 @@
+// ObjectRef: names one object of a board (docs/agent/board.md §1), shared by
+// the board, the relay and the control plane. Objects are patch-format byte
+// strings: patch(from -> to), keyframe(to) (from == to; a patch from the
+// zero view), squash(from -> to).
+//
+// Thread safety: values.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <string>
+
+#include "tern/version_manifest.h"
+
+namespace tern::agent {
+
+struct ObjectRef {
+  ObjectKind kind = ObjectKind::kPatch;
+  uint64_t from = 0, to = 0;
+  auto operator<=>(const ObjectRef&) const = default;
+};
+
+// "patch", "keyframe", "squash" ("unknown" for other values).
+const char* ObjectKindName(ObjectKind kind);
+// "patch-1-2", "keyframe-5-5", "squash-1-9": the file name under DIR/objects/.
+std::string ObjectName(const ObjectRef& ref);
+
+}  // namespace tern::agent
