@@ -256,7 +256,9 @@ namespace {
 Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
                              uint64_t version, const ViewDigest& digest,
                              const std::function<Status(const std::string& slot_path)>& build) {
-  if (!s.current.empty() && (s.spare_usable || !s.kept.empty())) {
+  if (!s.current.empty()) {
+    // Also when memory already says unusable: a commit that failed after
+    // its rename may have left state.json ahead of memory; this puts it back.
     ViewStore::State marked = s;
     marked.spare_usable = false;
     TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
@@ -371,9 +373,11 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   ApplyOptions exclusive;
   exclusive.exclusive_view = true;  // the spare is private until the switch
 
-  // Nothing writes the spare while state.json calls it usable.
+  // Nothing writes the spare while state.json calls it usable. Written even
+  // when memory already says unusable: a commit that failed after its rename
+  // may have left state.json ahead of memory; this puts it back.
   const bool usable = s.spare_usable;
-  if (usable) {
+  {
     State marked = s;
     marked.spare_usable = false;
     TERN_RETURN_IF_ERROR(WriteState(env_, p, marked));
@@ -442,11 +446,10 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   next.kept = kept;
   next.kept_from = s.version;
   next.kept_to = info.target_version;
-  Status committed = WriteState(env_, p, next);  // the commit point
-  if (!committed.ok()) {
-    (void)env_.RemoveFile(p.slot(kept));
-    return committed;
-  }
+  // The commit point. If it fails, state.json may hold either record (the
+  // rename may have happened); memory keeps the old one with an unusable
+  // spare, which the next call writes back before it touches anything.
+  TERN_RETURN_IF_ERROR(WriteState(env_, p, next));
   const std::string old_kept = s.kept;
   s = next;
   Status linked = Relink(env_, p, s.current);
