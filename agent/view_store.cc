@@ -52,8 +52,9 @@ struct SlotWriter {
       const MappedFile& map = *w.maps[loc.file_index];
       // The file was validated by Open through another mapping; someone may
       // have changed it since.
-      TERN_REQUIRE(loc.offset_bytes <= map.size() && loc.size_bytes <= map.size() - loc.offset_bytes,
-                   kCorrupt, map.path(), " changed while it was opened for writing");
+      TERN_REQUIRE(
+          loc.offset_bytes <= map.size() && loc.size_bytes <= map.size() - loc.offset_bytes,
+          kCorrupt, map.path(), " changed while it was opened for writing");
       w.view.tensors.push_back(MutableTensorRef{&descs[i], map.data() + loc.offset_bytes});
     }
     return w;
@@ -125,8 +126,8 @@ Result<ViewStore::State> DecodeState(const std::string& text, const std::string&
     return *d;
   };
   TERN_ASSIGN_OR_RETURN(uint64_t format, u64(j, "format"));
-  TERN_REQUIRE(format == kStateFormat, kUnsupported, path, ": format ", format, " (this build reads ",
-               kStateFormat, ")");
+  TERN_REQUIRE(format == kStateFormat, kUnsupported, path, ": format ", format,
+               " (this build reads ", kStateFormat, ")");
   ViewStore::State s;
   TERN_ASSIGN_OR_RETURN(s.current, str(j, "current"));
   TERN_REQUIRE(s.current == "a" || s.current == "b", kCorrupt, path, ": current must be a or b");
@@ -140,15 +141,15 @@ Result<ViewStore::State> DecodeState(const std::string& text, const std::string&
   s.spare_usable = spare["usable"].get<bool>();
   TERN_ASSIGN_OR_RETURN(s.spare_version, u64(spare, "version"));
   TERN_ASSIGN_OR_RETURN(s.spare_digest, digest(spare, "digest"));
-  TERN_REQUIRE(!s.spare_usable || s.spare_version <= s.version, kCorrupt, path,
-               ": spare version ", s.spare_version, " is newer than the served ", s.version);
+  TERN_REQUIRE(!s.spare_usable || s.spare_version <= s.version, kCorrupt, path, ": spare version ",
+               s.spare_version, " is newer than the served ", s.version);
   TERN_REQUIRE(j.contains("kept"), kCorrupt, path, ": 'kept' missing");
   if (!j["kept"].is_null()) {
     TERN_ASSIGN_OR_RETURN(s.kept, str(j["kept"], "file"));
     TERN_ASSIGN_OR_RETURN(s.kept_from, u64(j["kept"], "from"));
     TERN_ASSIGN_OR_RETURN(s.kept_to, u64(j["kept"], "to"));
-    TERN_REQUIRE(s.kept == KeptName(s.kept_from, s.kept_to), kCorrupt, path, ": kept file '", s.kept,
-                 "' does not name its versions");
+    TERN_REQUIRE(s.kept == KeptName(s.kept_from, s.kept_to), kCorrupt, path, ": kept file '",
+                 s.kept, "' does not name its versions");
   }
   return s;
 }
@@ -172,7 +173,8 @@ namespace {
 
 struct Paths {
   std::string dir, views, state;
-  explicit Paths(const std::string& d) : dir(d), views(d + "/views"), state(d + "/views/" + kStateName) {}
+  explicit Paths(const std::string& d)
+      : dir(d), views(d + "/views"), state(d + "/views/" + kStateName) {}
   std::string slot(const std::string& name) const { return views + "/" + name; }
 };
 
@@ -208,8 +210,8 @@ Result<std::unique_ptr<ViewStore>> ViewStore::Open(Env& env, std::string dir, Th
                  ", which is missing");
   }
   // Leftovers of an interrupted run: staging copies, temporaries of atomic
-  // writes, kept patches no longer named, an unusable spare's contents stay
-  // (the next Advance replaces them).
+  // writes, kept patches no longer named. Both slots stay, whatever they
+  // hold: an unusable spare is replaced by the next Advance.
   TERN_ASSIGN_OR_RETURN(auto names, env.ListDir(p.views, kDirEntriesMax));
   for (const std::string& name : names) {
     if (name == kStateName || name == "a" || name == "b" || (!s.kept.empty() && name == s.kept))
@@ -247,15 +249,15 @@ Status WriteState(Env& env, const Paths& p, const ViewStore::State& s) {
 
 }  // namespace
 
+namespace {
+
 // Seed and InstallKeyframe: `build` writes a complete, synced checkpoint
 // directory at the spare's path (which is empty when it runs); then commit
 // and switch. The old current becomes an unusable spare (no patch leads from
 // its version to the new one).
-namespace {
-
-Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
-                             uint64_t version, const ViewDigest& digest,
-                             const std::function<Status(const std::string& slot_path)>& build) {
+Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log, uint64_t version,
+                      const ViewDigest& digest,
+                      const std::function<Status(const std::string& slot_path)>& build) {
   if (!s.current.empty()) {
     // Also when memory already says unusable: a commit that failed after
     // its rename may have left state.json ahead of memory; this puts it back.
@@ -305,7 +307,8 @@ Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
     CloneOptions clone_options;
     clone_options.env = &env_;
     if (type == FileType::kDirectory) {
-      TERN_ASSIGN_OR_RETURN(auto copy, WritableCheckpoint::CloneForWrite(*base, slot, clone_options));
+      TERN_ASSIGN_OR_RETURN(auto copy,
+                            WritableCheckpoint::CloneForWrite(*base, slot, clone_options));
       return copy->Commit();
     }
     // A single file becomes a directory holding it as model.safetensors, so
@@ -335,7 +338,8 @@ Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t ve
                info.target_version, ", expected ", version);
   std::vector<TensorDesc> descs;
   descs.reserve(info.tensors.size());
-  for (const TensorPatchInfo& t : info.tensors) descs.push_back(TensorDesc{t.name, t.dtype, t.shape});
+  for (const TensorPatchInfo& t : info.tensors)
+    descs.push_back(TensorDesc{t.name, t.dtype, t.shape});
   SortLikeReferenceWriter(descs);
   auto build = [&](const std::string& slot) -> Status {
     CreateOptions options;
@@ -362,7 +366,8 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patch));
   TERN_REQUIRE(info.base_version == s.version && info.base_digest == s.digest, kMismatch,
                "view store: patch base is version ", info.base_version, " (",
-               info.base_digest.ToString(), "), serving ", s.version, " (", s.digest.ToString(), ")");
+               info.base_digest.ToString(), "), serving ", s.version, " (", s.digest.ToString(),
+               ")");
   TERN_REQUIRE(info.target_version > s.version, kMismatch, "view store: patch target version ",
                info.target_version, " is not newer than ", s.version);
   if (s.link_dirty) {
@@ -394,7 +399,8 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
                      kNotFound, "no kept patch from ", s.spare_version, " to ", s.version);
         TERN_ASSIGN_OR_RETURN(auto kept, env_.Map(p.slot(s.kept), MapMode::kReadOnly));
         ViewDigest reached;
-        TERN_RETURN_IF_ERROR(Apply(w.view, kept->bytes(), s.spare_digest, pool_, exclusive, &reached));
+        TERN_RETURN_IF_ERROR(
+            Apply(w.view, kept->bytes(), s.spare_digest, pool_, exclusive, &reached));
         TERN_REQUIRE(reached == s.digest, kMismatch, "kept patch reaches ", reached.ToString());
       }
       slot = std::move(w);
@@ -427,7 +433,8 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
     CloneOptions clone_options;
     clone_options.env = &env_;
-    TERN_ASSIGN_OR_RETURN(auto copy, WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
+    TERN_ASSIGN_OR_RETURN(auto copy,
+                          WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
     TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
     TERN_RETURN_IF_ERROR(copy->Commit());
   }

@@ -100,7 +100,8 @@ std::string Differs(const std::string& path, Trace& trace, uint64_t v) {
   const ServeView& got = (*c)->view();
   if (got.tensors.size() != want.tensors.size()) return "tensor count";
   for (size_t i = 0; i < got.tensors.size(); ++i) {
-    if (!got.tensors[i].desc->SameLayout(*want.tensors[i].desc)) return "layout of " + got.tensors[i].desc->name;
+    if (!got.tensors[i].desc->SameLayout(*want.tensors[i].desc))
+      return "layout of " + got.tensors[i].desc->name;
     if (std::memcmp(got.tensors[i].data, want.tensors[i].data, got.tensors[i].desc->bytes()) != 0)
       return "bytes of " + got.tensors[i].desc->name + " are not version " + std::to_string(v);
   }
@@ -112,9 +113,8 @@ class ViewStoreTest : public ::testing::Test {
   ViewStoreTest() : trace_(12), dir_(tmp_ / "data") {}
 
   std::unique_ptr<ViewStore> OpenStore(Env& env) {
-    auto s = ViewStore::Open(env, dir_, pool_, [this](std::string_view line) {
-      log_.emplace_back(line);
-    });
+    auto s = ViewStore::Open(env, dir_, pool_,
+                             [this](std::string_view line) { log_.emplace_back(line); });
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(*s) : nullptr;
   }
@@ -160,9 +160,10 @@ TEST_F(ViewStoreTest, SeedThenManyVersionsInPlace) {
     EXPECT_EQ(std::filesystem::read_symlink(store->current_path()).string(),
               v % 2 == 0 ? "views/b" : "views/a");
     // Bounded space: two buffers, the state and one kept patch, nothing else.
-    EXPECT_EQ(Views(), (std::vector<std::string>{
-                           "a", "b", "keep-" + std::to_string(v - 1) + "-" + std::to_string(v) + ".patch",
-                           "state.json"}));
+    EXPECT_EQ(Views(),
+              (std::vector<std::string>{
+                  "a", "b", "keep-" + std::to_string(v - 1) + "-" + std::to_string(v) + ".patch",
+                  "state.json"}));
   }
   // One full copy when the spare was first made, none per version after.
   EXPECT_EQ(Copies(), 1);
@@ -237,7 +238,8 @@ TEST_F(ViewStoreTest, CorruptPatchSwitchesNothing) {
     EXPECT_EQ(store->version(), 2u);
     EXPECT_EQ(Differs(store->current_path(), trace_, 2), "");
   }
-  EXPECT_EQ(store->Advance(std::span<const uint8_t>(bad).first(bad.size() / 3)).code(), Code::kCorrupt);
+  EXPECT_EQ(store->Advance(std::span<const uint8_t>(bad).first(bad.size() / 3)).code(),
+            Code::kCorrupt);
   EXPECT_EQ(store->Advance({}).code(), Code::kCorrupt);
   ASSERT_TRUE(store->Advance(bad).ok());
   EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
@@ -367,7 +369,8 @@ TEST_F(ViewStoreTest, DamagedStateFileIsAClearError) {
     { std::ofstream(path, std::ios::trunc) << bad; }
     auto s = ViewStore::Open(DefaultEnv(), dir_, pool_, nullptr);
     ASSERT_FALSE(s.ok()) << bad;
-    EXPECT_TRUE(s.status().code() == Code::kCorrupt || s.status().code() == Code::kResourceExhausted)
+    EXPECT_TRUE(s.status().code() == Code::kCorrupt ||
+                s.status().code() == Code::kResourceExhausted)
         << s.status().ToString();
   }
   std::string other = good;
@@ -400,11 +403,13 @@ TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
       for (uint64_t n = 1; n < 100; ++n) {
         SCOPED_TRACE(::testing::Message() << "kind " << kind << " n " << n << " go_on " << go_on);
         std::filesystem::remove_all(dir_);
-        std::filesystem::copy(start, dir_, std::filesystem::copy_options::recursive |
-                                               std::filesystem::copy_options::copy_symlinks);
+        std::filesystem::copy(start, dir_,
+                              std::filesystem::copy_options::recursive |
+                                  std::filesystem::copy_options::copy_symlinks);
         EnvFaultPolicy policy;
-        (kind == kWrite ? policy.fail_write_nth : kind == kSync ? policy.fail_sync_nth
-                                                                : policy.fail_rename_nth) = n;
+        (kind == kWrite  ? policy.fail_write_nth
+         : kind == kSync ? policy.fail_sync_nth
+                         : policy.fail_rename_nth) = n;
         policy.short_writes = true;
         FaultEnv faulty(DefaultEnv(), policy);
         bool done = false;
@@ -451,7 +456,8 @@ TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
         // state.json never called a spare usable that was not: the store did
         // not have to find out by a failing apply (which Apply's digest check
         // would catch, at the cost of a copy).
-        for (const std::string& line : log_) EXPECT_EQ(line.find("unusable"), std::string::npos) << line;
+        for (const std::string& line : log_)
+          EXPECT_EQ(line.find("unusable"), std::string::npos) << line;
         if (done) {
           std::printf("kind %d: failed each of its first %llu operations\n", kind,
                       static_cast<unsigned long long>(n - 1));
