@@ -374,6 +374,10 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     TERN_RETURN_IF_ERROR(Relink(env_, p, s.current));
     s.link_dirty = false;
   }
+  // Phase times for the log line (the agent's apply-time metric).
+  Clock& clock = env_.clock();
+  const uint64_t start_us = clock.NowUs();
+  uint64_t catch_up_us = 0, apply_us = 0, sync_us = 0;
   const std::string spare_path = p.slot(s.spare());
   ApplyOptions exclusive;
   exclusive.exclusive_view = true;  // the spare is private until the switch
@@ -392,6 +396,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   std::optional<SlotWriter> slot;
   if (usable) {
     // Bring the spare to the served version: in place, with the kept patch.
+    const uint64_t t_us = clock.NowUs();
     Status st = [&]() -> Status {
       TERN_ASSIGN_OR_RETURN(SlotWriter w, SlotWriter::Open(env_, spare_path));
       if (s.spare_version != s.version) {
@@ -407,7 +412,10 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
       return Status::Ok();
     }();
     if (!st.ok()) log_("view_store: spare views/" + s.spare() + " unusable: " + st.ToString());
+    catch_up_us = clock.NowUs() - t_us;
   }
+  const bool in_place = slot.has_value();
+  uint64_t t_us = clock.NowUs();
   if (slot) {
     Status st = Apply(slot->view, patch, s.digest, pool_, exclusive, &target);
     if (!st.ok()) {
@@ -422,7 +430,10 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
       }
       return st;
     }
+    apply_us = clock.NowUs() - t_us;
+    t_us = clock.NowUs();
     TERN_RETURN_IF_ERROR(slot->Sync());
+    sync_us = clock.NowUs() - t_us;
   } else {
     // One full copy of the served slot (holes stay holes), patched before it
     // is committed; Commit fsyncs it.
@@ -436,7 +447,10 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     TERN_ASSIGN_OR_RETURN(auto copy,
                           WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
     TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
+    apply_us = clock.NowUs() - t_us;  // with the copy
+    t_us = clock.NowUs();
     TERN_RETURN_IF_ERROR(copy->Commit());
+    sync_us = clock.NowUs() - t_us;
   }
   slot.reset();  // unmap before the switch
 
@@ -468,6 +482,12 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     Status removed = env_.RemoveFile(p.slot(old_kept));
     if (!removed.ok()) log_("view_store: " + removed.ToString());
   }
+  const uint64_t total_us = clock.NowUs() - start_us;
+  log_(internal::StrCat("view_store: serving version ", s.version, " (",
+                        in_place ? "in place" : "copied", "): ", total_us / 1000, " ms = catch-up ",
+                        catch_up_us / 1000, " + apply ", apply_us / 1000, " + sync ",
+                        sync_us / 1000, " + state, kept patch, switch ",
+                        (total_us - catch_up_us - apply_us - sync_us) / 1000, " ms"));
   return Status::Ok();
 }
 

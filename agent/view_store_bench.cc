@@ -73,7 +73,11 @@ int main(int argc, char** argv) {
               trace.c_str(), steps.size(), model_bytes / 1e6, views[0]->view().total_bytes() / 1e6,
               pool.size());
 
-  auto store_or = agent::ViewStore::Open(DefaultEnv(), data, pool, [](std::string_view) {});
+  // The store's per-version phase times, printed after each row.
+  std::string phases;
+  auto store_or = agent::ViewStore::Open(DefaultEnv(), data, pool, [&](std::string_view line) {
+    if (line.find(" ms = ") != std::string_view::npos) phases = line;
+  });
   if (!store_or.ok()) return Fail(store_or.status());
   auto& store = *store_or;
   auto t0 = std::chrono::steady_clock::now();
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
                 advance_s, apply_s, disk / 1e6,
                 static_cast<double>(disk - model_bytes) / static_cast<double>(model_bytes),
                 advance_s / apply_s);
+    std::printf("         %s\n", phases.c_str());
   }
   // Check what is served, bitwise by digest, against the last step.
   auto served = Checkpoint::Open(store->current_path());
