@@ -22,15 +22,17 @@
 // rewrites X in place); see docs/agent/apply.md.
 //
 // Errors: kCorrupt / kUnsupported for damaged or newer-format patches (from
-// Inspect/Apply: nothing is switched); kMismatch for a patch whose base is not
+// Inspect/Apply, including changes that do not reach the patch's target
+// digest on this base: nothing is switched); kMismatch for a patch whose base is not
 // version()/digest(), a target not newer, a seed whose digest is not the
 // expected one or a keyframe for another version; kInvalidArgument for a
 // version not strictly newer or Advance with nothing served; kCorrupt for a
 // damaged state.json (Open names the file); the Env's errors otherwise. On
-// any error the served version and its files are unchanged, except when the
-// error comes after the commit point (re-pointing the link failed): then
-// version() already reports the new version and the next Open or switch
-// repairs the link.
+// any error the served version and its files are unchanged, except: an error
+// after the commit point (re-pointing the link) leaves version() at the new
+// version, the next call or Open repairs the link; an fsync error inside the
+// commit itself may leave the new version committed on disk, served after a
+// restart (version() after Open is the truth).
 //
 // Thread safety: none; one caller at a time (the agent's apply thread). One
 // ViewStore per DIR (not enforced by a lock). `pool` is used by one call at a
