@@ -171,6 +171,23 @@ TEST_P(EnvTest, CopyFileKeepsBytes) {
   EXPECT_EQ(env_->CopyFile(P("src"), P("dst")).code(), Code::kAlreadyExists);
 }
 
+TEST_P(EnvTest, SymlinkCreateAndAtomicReplace) {
+  if (GetParam()) {
+    EXPECT_EQ(env_->CreateSymlink("x", P("l")).code(), Code::kUnsupported);
+    return;
+  }
+  ASSERT_TRUE(WriteNewFile(*env_, P("a"), Bytes("A")).ok());
+  ASSERT_TRUE(WriteNewFile(*env_, P("b"), Bytes("B")).ok());
+  ASSERT_TRUE(env_->CreateSymlink("a", P("cur")).ok());
+  EXPECT_EQ(*env_->TypeOf(P("cur"), false), FileType::kSymlink);
+  EXPECT_EQ(Read(P("cur")), "A");
+  EXPECT_EQ(env_->CreateSymlink("b", P("cur")).code(), Code::kAlreadyExists);
+  ASSERT_TRUE(env_->CreateSymlink("b", P("cur.new")).ok());
+  ASSERT_TRUE(env_->Rename(P("cur.new"), P("cur"), RenameMode::kReplace).ok());
+  EXPECT_EQ(Read(P("cur")), "B");
+  EXPECT_EQ(env_->CreateSymlink("a", P("no/such")).code(), Code::kNotFound);
+}
+
 TEST_P(EnvTest, WriteFileAtomicReplacesOrRefuses) {
   ASSERT_TRUE(WriteFileAtomic(*env_, P("f"), Bytes("v1"), /*overwrite=*/false).ok());
   EXPECT_EQ(WriteFileAtomic(*env_, P("f"), Bytes("v2"), false).code(), Code::kAlreadyExists);

@@ -308,6 +308,10 @@ class MemEnv final : public Env {
     return Status::Ok();
   }
 
+  Status CreateSymlink(const std::string& target, const std::string& path) override {
+    return TERN_ERROR(kUnsupported, "symlink ", path, " -> ", target, ": the in-memory Env has no links");
+  }
+
  private:
   Result<Node*> FindLocked(const std::string& norm, const std::string& path) {
     auto it = fs_->nodes.find(norm);

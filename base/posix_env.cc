@@ -321,6 +321,13 @@ class PosixEnv final : public Env {
     return s;
   }
 
+  Status CreateSymlink(const std::string& target, const std::string& path) override {
+    if (::symlink(target.c_str(), path.c_str()) == 0) return Status::Ok();
+    if (errno == EEXIST) return TERN_ERROR(kAlreadyExists, path, " exists");
+    if (errno == ENOENT) return TERN_ERROR(kNotFound, path, ": no such directory");
+    return TERN_ERRNO("symlink ", path, " -> ", target);
+  }
+
  private:
   static Status RenameError(const std::string& from, const std::string& to) {
     if (errno == EEXIST || errno == ENOTEMPTY) return TERN_ERROR(kAlreadyExists, to, " exists");

@@ -134,6 +134,11 @@ class TERN_EXPORT Env {
   // Copies a regular file to `to` (must not exist), keeping holes where the
   // file system has them.
   virtual Status CopyFile(const std::string& from, const std::string& to) = 0;
+  // Creates a symbolic link at `path` (must not exist: kAlreadyExists) whose
+  // text is `target` (not resolved or checked). kUnsupported where the file
+  // system has no links (the MemEnv). Atomic replacement of a link: create it
+  // under a temporary name, then Rename(kReplace) over the old one.
+  virtual Status CreateSymlink(const std::string& target, const std::string& path) = 0;
 };
 
 // Forwards every call to target (which must outlive the wrapper).
@@ -173,6 +178,9 @@ class TERN_EXPORT EnvWrapper : public Env {
   Status SyncPath(const std::string& path) override { return target_.SyncPath(path); }
   Status CopyFile(const std::string& from, const std::string& to) override {
     return target_.CopyFile(from, to);
+  }
+  Status CreateSymlink(const std::string& target, const std::string& path) override {
+    return target_.CreateSymlink(target, path);
   }
 
  private:

@@ -1,0 +1,494 @@
+// ViewStore (agent/view_store.h): two checkpoint buffers, a kept patch and a
+// commit record. Sequence and crash analysis: docs/agent/apply.md.
+#include "agent/view_store.h"
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "base/path.h"
+#include "tern/checkpoint.h"
+#include "tern/patch.h"
+#include "tern/thread_pool.h"
+
+namespace tern::agent {
+namespace {
+
+constexpr const char* kStateName = "state.json";
+constexpr int kStateFormat = 1;
+// state.json is a few hundred bytes; anything near this is not ours.
+constexpr uint64_t kStateBytesMax = 64 * 1024;
+// views/ and DIR hold a handful of entries; a bound for the cleanup listing.
+constexpr uint64_t kDirEntriesMax = 100'000;
+
+std::string KeptName(uint64_t from, uint64_t to) {
+  return "keep-" + std::to_string(from) + "-" + std::to_string(to) + ".patch";
+}
+
+std::span<const uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+// An existing checkpoint directory opened for in-place writes: the tensor
+// table from Checkpoint::Open (validated), bytes through read-write mappings.
+struct SlotWriter {
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::vector<std::unique_ptr<MappedFile>> maps;
+  MutableServeView view;
+
+  static Result<SlotWriter> Open(Env& env, const std::string& path) {
+    SlotWriter w;
+    OpenOptions options;
+    options.env = &env;
+    TERN_ASSIGN_OR_RETURN(w.checkpoint, Checkpoint::Open(path, options));
+    for (const std::string& file : w.checkpoint->files()) {
+      TERN_ASSIGN_OR_RETURN(auto map, env.Map(path + "/" + file, MapMode::kReadWrite));
+      w.maps.push_back(std::move(map));
+    }
+    const auto& descs = w.checkpoint->tensors();
+    const auto& locations = w.checkpoint->locations();
+    for (size_t i = 0; i < descs.size(); ++i) {
+      const TensorLocation& loc = locations[i];
+      const MappedFile& map = *w.maps[loc.file_index];
+      // The file was validated by Open through another mapping; someone may
+      // have changed it since.
+      TERN_REQUIRE(
+          loc.offset_bytes <= map.size() && loc.size_bytes <= map.size() - loc.offset_bytes,
+          kCorrupt, map.path(), " changed while it was opened for writing");
+      w.view.tensors.push_back(MutableTensorRef{&descs[i], map.data() + loc.offset_bytes});
+    }
+    return w;
+  }
+
+  Status Sync() {
+    for (auto& map : maps) TERN_RETURN_IF_ERROR(map->Sync());
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+// What state.json records, and what the store believes.
+struct ViewStore::State {
+  std::string current;  // "a" or "b"; empty: nothing served
+  uint64_t version = 0;
+  ViewDigest digest;
+  // The spare slot holds spare_version (digest spare_digest) completely and
+  // durably; false: unknown contents, never used without a full copy.
+  bool spare_usable = false;
+  uint64_t spare_version = 0;
+  ViewDigest spare_digest;
+  std::string kept;  // views/<kept>: patch kept_from -> kept_to; empty: none
+  uint64_t kept_from = 0, kept_to = 0;
+  // current was not re-pointed after the last commit (its rename failed).
+  bool link_dirty = false;
+
+  std::string spare() const { return current == "a" ? "b" : "a"; }
+};
+
+namespace {
+
+std::string EncodeState(const ViewStore::State& s) {
+  nlohmann::json j;
+  j["format"] = kStateFormat;
+  j["current"] = s.current;
+  j["version"] = s.version;
+  j["digest"] = s.digest.ToString();
+  j["spare"] = {{"usable", s.spare_usable},
+                {"version", s.spare_version},
+                {"digest", s.spare_digest.ToString()}};
+  if (s.kept.empty()) {
+    j["kept"] = nullptr;
+  } else {
+    j["kept"] = {{"file", s.kept}, {"from", s.kept_from}, {"to", s.kept_to}};
+  }
+  return j.dump(1) + "\n";
+}
+
+// Strict: every field present with its type; anything else is kCorrupt.
+Result<ViewStore::State> DecodeState(const std::string& text, const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TERN_REQUIRE(j.is_object(), kCorrupt, path, ": not a JSON object");
+  auto u64 = [&](const nlohmann::json& o, const char* key) -> Result<uint64_t> {
+    TERN_REQUIRE(o.is_object() && o.contains(key) && o[key].is_number_unsigned(), kCorrupt, path,
+                 ": '", key, "' missing or not an unsigned integer");
+    return o[key].get<uint64_t>();
+  };
+  auto str = [&](const nlohmann::json& o, const char* key) -> Result<std::string> {
+    TERN_REQUIRE(o.is_object() && o.contains(key) && o[key].is_string(), kCorrupt, path, ": '", key,
+                 "' missing or not a string");
+    return o[key].get<std::string>();
+  };
+  auto digest = [&](const nlohmann::json& o, const char* key) -> Result<ViewDigest> {
+    TERN_ASSIGN_OR_RETURN(std::string text, str(o, key));
+    auto d = ViewDigest::Parse(text);
+    TERN_REQUIRE(d.ok(), kCorrupt, path, ": '", key, "': ", d.status().ToString());
+    return *d;
+  };
+  TERN_ASSIGN_OR_RETURN(uint64_t format, u64(j, "format"));
+  TERN_REQUIRE(format == kStateFormat, kUnsupported, path, ": format ", format,
+               " (this build reads ", kStateFormat, ")");
+  ViewStore::State s;
+  TERN_ASSIGN_OR_RETURN(s.current, str(j, "current"));
+  TERN_REQUIRE(s.current == "a" || s.current == "b", kCorrupt, path, ": current must be a or b");
+  TERN_ASSIGN_OR_RETURN(s.version, u64(j, "version"));
+  TERN_REQUIRE(s.version > 0, kCorrupt, path, ": version 0 is never served");
+  TERN_ASSIGN_OR_RETURN(s.digest, digest(j, "digest"));
+  TERN_REQUIRE(j.contains("spare") && j["spare"].is_object(), kCorrupt, path, ": 'spare' missing");
+  const nlohmann::json& spare = j["spare"];
+  TERN_REQUIRE(spare.contains("usable") && spare["usable"].is_boolean(), kCorrupt, path,
+               ": 'usable' missing or not a boolean");
+  s.spare_usable = spare["usable"].get<bool>();
+  TERN_ASSIGN_OR_RETURN(s.spare_version, u64(spare, "version"));
+  TERN_ASSIGN_OR_RETURN(s.spare_digest, digest(spare, "digest"));
+  TERN_REQUIRE(!s.spare_usable || s.spare_version <= s.version, kCorrupt, path, ": spare version ",
+               s.spare_version, " is newer than the served ", s.version);
+  TERN_REQUIRE(j.contains("kept"), kCorrupt, path, ": 'kept' missing");
+  if (!j["kept"].is_null()) {
+    TERN_ASSIGN_OR_RETURN(s.kept, str(j["kept"], "file"));
+    TERN_ASSIGN_OR_RETURN(s.kept_from, u64(j["kept"], "from"));
+    TERN_ASSIGN_OR_RETURN(s.kept_to, u64(j["kept"], "to"));
+    TERN_REQUIRE(s.kept == KeptName(s.kept_from, s.kept_to), kCorrupt, path, ": kept file '",
+                 s.kept, "' does not name its versions");
+  }
+  return s;
+}
+
+}  // namespace
+
+ViewStore::ViewStore(Env& env, std::string dir, ThreadPool& pool, LogFn log)
+    : env_(env),
+      dir_(std::move(dir)),
+      pool_(pool),
+      log_(log ? std::move(log) : StderrLog()),
+      state_(std::make_unique<State>()) {}
+
+ViewStore::~ViewStore() = default;
+
+uint64_t ViewStore::version() const { return state_->version; }
+ViewDigest ViewStore::digest() const { return state_->digest; }
+std::string ViewStore::current_path() const { return dir_ + "/current"; }
+
+namespace {
+
+struct Paths {
+  std::string dir, views, state;
+  explicit Paths(const std::string& d)
+      : dir(d), views(d + "/views"), state(d + "/views/" + kStateName) {}
+  std::string slot(const std::string& name) const { return views + "/" + name; }
+};
+
+// current.tmp-<hex> -> views/<slot>, renamed over DIR/current, DIR synced.
+Status Relink(Env& env, const Paths& p, const std::string& slot) {
+  const std::string tmp = p.dir + "/current.tmp-" + RandomHex();
+  TERN_RETURN_IF_ERROR(env.CreateSymlink("views/" + slot, tmp));
+  Status st = env.Rename(tmp, p.dir + "/current", RenameMode::kReplace);
+  if (!st.ok()) {
+    (void)env.RemoveFile(tmp);
+    return st;
+  }
+  return env.SyncPath(p.dir);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ViewStore>> ViewStore::Open(Env& env, std::string dir, ThreadPool& pool,
+                                                   LogFn log) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  TERN_REQUIRE(!dir.empty(), kInvalidArgument, "view store: empty directory name");
+  std::unique_ptr<ViewStore> store(new ViewStore(env, dir, pool, std::move(log)));
+  const Paths p(store->dir_);
+  TERN_RETURN_IF_ERROR(CreateDirs(env, p.views));
+  State& s = *store->state_;
+  TERN_ASSIGN_OR_RETURN(FileType state_type, env.TypeOf(p.state, false));
+  if (state_type != FileType::kMissing) {
+    std::string text;
+    TERN_RETURN_IF_ERROR(ReadFileToString(env, p.state, kStateBytesMax, &text));
+    TERN_ASSIGN_OR_RETURN(s, DecodeState(text, p.state));
+    TERN_ASSIGN_OR_RETURN(FileType cur, env.TypeOf(p.slot(s.current), false));
+    TERN_REQUIRE(cur == FileType::kDirectory, kCorrupt, p.state, " serves views/", s.current,
+                 ", which is missing");
+  }
+  // Leftovers of an interrupted run: staging copies, temporaries of atomic
+  // writes, kept patches no longer named. Both slots stay, whatever they
+  // hold: an unusable spare is replaced by the next Advance.
+  TERN_ASSIGN_OR_RETURN(auto names, env.ListDir(p.views, kDirEntriesMax));
+  for (const std::string& name : names) {
+    if (name == kStateName || name == "a" || name == "b" || (!s.kept.empty() && name == s.kept))
+      continue;
+    store->log_("view_store: removing leftover " + p.slot(name));
+    TERN_RETURN_IF_ERROR(RemoveTree(env, p.slot(name)));
+  }
+  TERN_ASSIGN_OR_RETURN(names, env.ListDir(p.dir, kDirEntriesMax));
+  for (const std::string& name : names) {
+    if (name.starts_with("current.tmp-")) TERN_RETURN_IF_ERROR(env.RemoveFile(p.dir + "/" + name));
+  }
+  if (s.spare_usable) {
+    TERN_ASSIGN_OR_RETURN(FileType spare, env.TypeOf(p.slot(s.spare()), false));
+    if (spare != FileType::kDirectory) s.spare_usable = false;
+  }
+  if (!s.kept.empty()) {
+    TERN_ASSIGN_OR_RETURN(FileType kept, env.TypeOf(p.slot(s.kept), false));
+    if (kept != FileType::kRegular) s.kept.clear();
+  }
+  if (!s.current.empty()) {
+    // state.json is the commit record; the link may lag it by one switch.
+    TERN_RETURN_IF_ERROR(Relink(env, p, s.current));
+    store->log_("view_store: serving version " + std::to_string(s.version) + " (" +
+                s.digest.ToString() + ") from views/" + s.current);
+  }
+  return store;
+}
+
+namespace {
+
+Status WriteState(Env& env, const Paths& p, const ViewStore::State& s) {
+  const std::string text = EncodeState(s);
+  return WriteFileAtomic(env, p.state, Bytes(text), /*overwrite=*/true);
+}
+
+}  // namespace
+
+namespace {
+
+// Seed and InstallKeyframe: `build` writes a complete, synced checkpoint
+// directory at the spare's path (which is empty when it runs); then commit
+// and switch. The old current becomes an unusable spare (no patch leads from
+// its version to the new one).
+Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log, uint64_t version,
+                      const ViewDigest& digest,
+                      const std::function<Status(const std::string& slot_path)>& build) {
+  if (!s.current.empty()) {
+    // Also when memory already says unusable: a commit that failed after
+    // its rename may have left state.json ahead of memory; this puts it back.
+    ViewStore::State marked = s;
+    marked.spare_usable = false;
+    TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
+    s.spare_usable = false;
+  }
+  const std::string slot = s.current.empty() ? "a" : s.spare();
+  TERN_RETURN_IF_ERROR(RemoveTree(env, p.slot(slot)));
+  TERN_RETURN_IF_ERROR(build(p.slot(slot)));
+  ViewStore::State next;
+  next.current = slot;
+  next.version = version;
+  next.digest = digest;
+  TERN_RETURN_IF_ERROR(WriteState(env, p, next));  // the commit point
+  const std::string old_kept = s.kept;
+  s = next;
+  Status linked = Relink(env, p, slot);
+  if (!linked.ok()) {
+    s.link_dirty = true;
+    return linked;
+  }
+  if (!old_kept.empty()) {
+    Status removed = RemoveTree(env, p.slot(old_kept));
+    if (!removed.ok()) log("view_store: " + removed.ToString());
+  }
+  log("view_store: serving version " + std::to_string(version) + " (" + digest.ToString() + ")");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
+                       const ViewDigest& expected) {
+  State& s = *state_;
+  TERN_REQUIRE(version > s.version, kInvalidArgument, "view store: seed version ", version,
+               " is not newer than the served ", s.version);
+  OpenOptions options;
+  options.env = &env_;
+  TERN_ASSIGN_OR_RETURN(auto base, Checkpoint::Open(checkpoint_path, options));
+  const ViewDigest got = ComputeDigest(base->view(), pool_);
+  TERN_REQUIRE(got == expected, kMismatch, "view store: ", checkpoint_path, " has digest ",
+               got.ToString(), ", version ", version, " is ", expected.ToString());
+  TERN_ASSIGN_OR_RETURN(FileType type, env_.TypeOf(checkpoint_path, /*follow_links=*/true));
+  auto build = [&](const std::string& slot) -> Status {
+    CloneOptions clone_options;
+    clone_options.env = &env_;
+    if (type == FileType::kDirectory) {
+      TERN_ASSIGN_OR_RETURN(auto copy,
+                            WritableCheckpoint::CloneForWrite(*base, slot, clone_options));
+      return copy->Commit();
+    }
+    // A single file becomes a directory holding it as model.safetensors, so
+    // both slots and the link always have one form.
+    const std::string staging = slot + ".tmp-" + RandomHex();
+    TERN_RETURN_IF_ERROR(env_.CreateDir(staging));
+    Status st = [&]() -> Status {
+      TERN_ASSIGN_OR_RETURN(auto copy, WritableCheckpoint::CloneForWrite(
+                                           *base, staging + "/model.safetensors", clone_options));
+      TERN_RETURN_IF_ERROR(copy->Commit());
+      TERN_RETURN_IF_ERROR(env_.SyncPath(staging));
+      TERN_RETURN_IF_ERROR(env_.Rename(staging, slot, RenameMode::kNoReplace));
+      return env_.SyncPath(ParentDir(slot));
+    }();
+    if (!st.ok()) (void)RemoveTree(env_, staging);
+    return st;
+  };
+  return InstallInSpare(env_, Paths(dir_), s, log_, version, expected, build);
+}
+
+Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version) {
+  State& s = *state_;
+  TERN_REQUIRE(version > s.version, kInvalidArgument, "view store: keyframe version ", version,
+               " is not newer than the served ", s.version);
+  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(keyframe));
+  TERN_REQUIRE(info.target_version == version, kMismatch, "view store: keyframe targets version ",
+               info.target_version, ", expected ", version);
+  std::vector<TensorDesc> descs;
+  descs.reserve(info.tensors.size());
+  for (const TensorPatchInfo& t : info.tensors)
+    descs.push_back(TensorDesc{t.name, t.dtype, t.shape});
+  SortLikeReferenceWriter(descs);
+  auto build = [&](const std::string& slot) -> Status {
+    CreateOptions options;
+    options.env = &env_;
+    TERN_ASSIGN_OR_RETURN(auto w, WritableCheckpoint::Create(slot, descs, {}, options));
+    // The zero view's digest is a function of the layout alone, but only the
+    // full computation over the (sparse, zero) bytes is the digest Apply
+    // checks against, so a keyframe whose base is not the zero view fails.
+    const ViewDigest zero = ComputeDigest(AsConst(w->view()), pool_);
+    ApplyOptions apply;
+    apply.exclusive_view = true;  // a staging copy nobody else sees
+    TERN_RETURN_IF_ERROR(Apply(w->view(), keyframe, zero, pool_, apply));
+    return w->Commit();
+  };
+  // Apply verified that the bytes reach the patch's target digest.
+  return InstallInSpare(env_, Paths(dir_), s, log_, version, info.target_digest, build);
+}
+
+Status ViewStore::Advance(std::span<const uint8_t> patch) {
+  State& s = *state_;
+  const Paths p(dir_);
+  TERN_REQUIRE(!s.current.empty(), kInvalidArgument,
+               "view store: nothing served yet (Seed or InstallKeyframe first)");
+  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patch));
+  TERN_REQUIRE(info.base_version == s.version && info.base_digest == s.digest, kMismatch,
+               "view store: patch base is version ", info.base_version, " (",
+               info.base_digest.ToString(), "), serving ", s.version, " (", s.digest.ToString(),
+               ")");
+  TERN_REQUIRE(info.target_version > s.version, kMismatch, "view store: patch target version ",
+               info.target_version, " is not newer than ", s.version);
+  if (s.link_dirty) {
+    TERN_RETURN_IF_ERROR(Relink(env_, p, s.current));
+    s.link_dirty = false;
+  }
+  // Phase times for the log line (the agent's apply-time metric).
+  Clock& clock = env_.clock();
+  const uint64_t start_us = clock.NowUs();
+  uint64_t catch_up_us = 0, apply_us = 0, sync_us = 0;
+  const std::string spare_path = p.slot(s.spare());
+  ApplyOptions exclusive;
+  exclusive.exclusive_view = true;  // the spare is private until the switch
+
+  // Nothing writes the spare while state.json calls it usable. Written even
+  // when memory already says unusable: a commit that failed after its rename
+  // may have left state.json ahead of memory; this puts it back.
+  const bool usable = s.spare_usable;
+  {
+    State marked = s;
+    marked.spare_usable = false;
+    TERN_RETURN_IF_ERROR(WriteState(env_, p, marked));
+    s.spare_usable = false;
+  }
+  ViewDigest target;
+  std::optional<SlotWriter> slot;
+  if (usable) {
+    // Bring the spare to the served version: in place, with the kept patch.
+    const uint64_t t_us = clock.NowUs();
+    Status st = [&]() -> Status {
+      TERN_ASSIGN_OR_RETURN(SlotWriter w, SlotWriter::Open(env_, spare_path));
+      if (s.spare_version != s.version) {
+        TERN_REQUIRE(!s.kept.empty() && s.kept_from == s.spare_version && s.kept_to == s.version,
+                     kNotFound, "no kept patch from ", s.spare_version, " to ", s.version);
+        TERN_ASSIGN_OR_RETURN(auto kept, env_.Map(p.slot(s.kept), MapMode::kReadOnly));
+        ViewDigest reached;
+        TERN_RETURN_IF_ERROR(
+            Apply(w.view, kept->bytes(), s.spare_digest, pool_, exclusive, &reached));
+        TERN_REQUIRE(reached == s.digest, kMismatch, "kept patch reaches ", reached.ToString());
+      }
+      slot = std::move(w);
+      return Status::Ok();
+    }();
+    if (!st.ok()) log_("view_store: spare views/" + s.spare() + " unusable: " + st.ToString());
+    catch_up_us = clock.NowUs() - t_us;
+  }
+  const bool in_place = slot.has_value();
+  uint64_t t_us = clock.NowUs();
+  if (slot) {
+    Status st = Apply(slot->view, patch, s.digest, pool_, exclusive, &target);
+    if (!st.ok()) {
+      // Apply restored the spare: it holds the served version, complete. Say
+      // so, to spare the next Advance a copy; an error here costs only that.
+      State restored = s;
+      if (slot->Sync().ok()) {
+        restored.spare_usable = true;
+        restored.spare_version = s.version;
+        restored.spare_digest = s.digest;
+        if (WriteState(env_, p, restored).ok()) s = restored;
+      }
+      return st;
+    }
+    apply_us = clock.NowUs() - t_us;
+    t_us = clock.NowUs();
+    TERN_RETURN_IF_ERROR(slot->Sync());
+    sync_us = clock.NowUs() - t_us;
+  } else {
+    // One full copy of the served slot (holes stay holes), patched before it
+    // is committed; Commit fsyncs it.
+    log_("view_store: copying views/" + s.current + " to views/" + s.spare());
+    TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
+    OpenOptions options;
+    options.env = &env_;
+    TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
+    CloneOptions clone_options;
+    clone_options.env = &env_;
+    TERN_ASSIGN_OR_RETURN(auto copy,
+                          WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
+    TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
+    apply_us = clock.NowUs() - t_us;  // with the copy
+    t_us = clock.NowUs();
+    TERN_RETURN_IF_ERROR(copy->Commit());
+    sync_us = clock.NowUs() - t_us;
+  }
+  slot.reset();  // unmap before the switch
+
+  // The kept patch must be durable before state.json names it.
+  const std::string kept = KeptName(s.version, info.target_version);
+  TERN_RETURN_IF_ERROR(WriteFileAtomic(env_, p.slot(kept), patch, /*overwrite=*/true));
+  State next;
+  next.current = s.spare();
+  next.version = info.target_version;
+  next.digest = target;
+  next.spare_usable = true;
+  next.spare_version = s.version;
+  next.spare_digest = s.digest;
+  next.kept = kept;
+  next.kept_from = s.version;
+  next.kept_to = info.target_version;
+  // The commit point. If it fails, state.json may hold either record (the
+  // rename may have happened); memory keeps the old one with an unusable
+  // spare, which the next call writes back before it touches anything.
+  TERN_RETURN_IF_ERROR(WriteState(env_, p, next));
+  const std::string old_kept = s.kept;
+  s = next;
+  Status linked = Relink(env_, p, s.current);
+  if (!linked.ok()) {
+    s.link_dirty = true;
+    return linked;
+  }
+  if (!old_kept.empty() && old_kept != kept) {
+    Status removed = env_.RemoveFile(p.slot(old_kept));
+    if (!removed.ok()) log_("view_store: " + removed.ToString());
+  }
+  const uint64_t total_us = clock.NowUs() - start_us;
+  log_(internal::StrCat("view_store: serving version ", s.version, " (",
+                        in_place ? "in place" : "copied", "): ", total_us / 1000, " ms = catch-up ",
+                        catch_up_us / 1000, " + apply ", apply_us / 1000, " + sync ",
+                        sync_us / 1000, " + state, kept patch, switch ",
+                        (total_us - catch_up_us - apply_us - sync_us) / 1000, " ms"));
+  return Status::Ok();
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,99 @@
+// ViewStore: a member's local versions on disk, advanced patch by patch with
+// bounded extra space and switched atomically. Spec: docs/agent/apply.md.
+//
+// Files under `dir` (the agent's --data DIR):
+//   current            symlink -> views/a or views/b: the served checkpoint
+//   views/a, views/b   two checkpoint directories (the served one, the spare)
+//   views/state.json   the commit record (written atomically; authoritative)
+//   views/keep-<f>-<t>.patch  the last patch applied (f -> t), kept so the
+//                      spare (at f) is brought up to t in place, no copy
+// Extra disk space: one model copy (the spare) plus one patch. A full copy is
+// made only when the spare is unusable (first Advance after Seed or
+// InstallKeyframe, or after a crash or an I/O error touched it).
+//
+// Advance: bring the spare to version() (apply the kept patch in place), apply
+// the new patch in place, fsync, write the kept patch, commit state.json, then
+// re-point `current` (a new link renamed over the old one). A crash at any
+// point leaves `current` serving either the old or the new version, complete
+// and verified; Open repairs the link from state.json and never serves a
+// spare in an unknown state (state.json marks the spare unusable before any
+// write to it). Reader rule: a reader that resolved `current` to views/X must
+// be done with it before the Advance after the next one starts (that one
+// rewrites X in place); see docs/agent/apply.md.
+//
+// Errors: kCorrupt / kUnsupported for damaged or newer-format patches (from
+// Inspect/Apply, including changes that do not reach the patch's target
+// digest on this base: nothing is switched); kMismatch for a patch whose base is not
+// version()/digest(), a target not newer, a seed whose digest is not the
+// expected one or a keyframe for another version; kInvalidArgument for a
+// version not strictly newer or Advance with nothing served; kCorrupt for a
+// damaged state.json (Open names the file); the Env's errors otherwise. On
+// any error the served version and its files are unchanged, except: an error
+// after the commit point (re-pointing the link) leaves version() at the new
+// version, the next call or Open repairs the link; an fsync error inside the
+// commit itself may leave the new version committed on disk, served after a
+// restart (version() after Open is the truth).
+//
+// Thread safety: none; one caller at a time (the agent's apply thread). One
+// ViewStore per DIR (not enforced by a lock). `pool` is used by one call at a
+// time; env, pool and log must outlive the store. Patch bytes are borrowed
+// for the call only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tern/digest.h"
+#include "tern/env.h"
+#include "tern/log.h"
+#include "tern/status.h"
+
+namespace tern {
+class ThreadPool;
+}
+
+namespace tern::agent {
+
+class ViewStore {
+ public:
+  // Creates dir/views if missing, removes leftovers (staging copies, stale
+  // kept patches), reads state.json and re-points dir/current at the served
+  // slot. An empty store serves nothing (version() == 0).
+  static Result<std::unique_ptr<ViewStore>> Open(Env& env, std::string dir, ThreadPool& pool,
+                                                 LogFn log);
+  ~ViewStore();
+  ViewStore(const ViewStore&) = delete;
+  ViewStore& operator=(const ViewStore&) = delete;
+
+  // What dir/current serves (0 and a zero digest: nothing yet).
+  uint64_t version() const;
+  ViewDigest digest() const;
+  // dir + "/current".
+  std::string current_path() const;
+
+  // Adopts a checkpoint the member already holds (a file or directory; it is
+  // copied, not moved) as `version` iff its full digest is `expected`.
+  // `version` must be newer than version().
+  Status Seed(const std::string& checkpoint_path, uint64_t version, const ViewDigest& expected);
+  // A keyframe: a patch from the all-zero view of its own tensor table to
+  // `version` (its target version must be `version`, newer than version()).
+  // The spare is created zero-filled (sparse) from the patch's layout.
+  Status InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version);
+  // Advances to the patch's target. Its base must be version()/digest(); a
+  // squash (a -> b with a == version()) is a patch like any other.
+  Status Advance(std::span<const uint8_t> patch);
+
+  struct State;
+
+ private:
+  ViewStore(Env& env, std::string dir, ThreadPool& pool, LogFn log);
+  Env& env_;
+  const std::string dir_;
+  ThreadPool& pool_;
+  LogFn log_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tern::agent
