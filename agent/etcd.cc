@@ -63,16 +63,6 @@ Status CheckValue(const std::string& value) {
   return Status::Ok();
 }
 
-// The smallest key greater than every key that starts with `prefix`
-// ("\0" when none is: the whole key space from prefix on).
-std::string PrefixEnd(const std::string& prefix) {
-  std::string end = prefix;
-  while (!end.empty() && static_cast<uint8_t>(end.back()) == 0xff) end.pop_back();
-  if (end.empty()) return std::string(1, '\0');
-  end.back() = static_cast<char>(static_cast<uint8_t>(end.back()) + 1);
-  return end;
-}
-
 // gRPC status codes (as the gateway reports them) to tern codes.
 Code CodeFromGrpc(int64_t grpc) {
   switch (grpc) {
@@ -136,8 +126,14 @@ Result<json> OpJson(const EtcdOp& op) {
     }
     case EtcdOp::Type::kGet:
       return json{{"request_range", {{"key", Base64Encode(op.key)}}}};
-    case EtcdOp::Type::kDelete:
-      return json{{"request_delete_range", {{"key", Base64Encode(op.key)}}}};
+    case EtcdOp::Type::kDelete: {
+      json del = {{"key", Base64Encode(op.key)}};
+      if (!op.range_end.empty()) {
+        TERN_RETURN_IF_ERROR(CheckKey(op.range_end));
+        del["range_end"] = Base64Encode(op.range_end);
+      }
+      return json{{"request_delete_range", std::move(del)}};
+    }
   }
   return TERN_ERROR(kInvalidArgument, "etcd: unknown op type");
 }
@@ -241,6 +237,15 @@ struct EtcdClient::Impl {
     }
   }
 };
+
+// "\0" when no key is above them all: the whole key space from prefix on.
+std::string EtcdClient::PrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty() && static_cast<uint8_t>(end.back()) == 0xff) end.pop_back();
+  if (end.empty()) return std::string(1, '\0');
+  end.back() = static_cast<char>(static_cast<uint8_t>(end.back()) + 1);
+  return end;
+}
 
 EtcdClient::EtcdClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EtcdClient::~EtcdClient() = default;

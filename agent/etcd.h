@@ -102,12 +102,16 @@ struct EtcdOp {
   std::string key;
   std::string value;  // kPut
   int64_t lease = 0;  // kPut: 0 = none
+  std::string range_end;  // kDelete: delete [key, range_end) (empty: key alone)
 
   static EtcdOp Put(std::string key, std::string value, int64_t lease = 0) {
-    return {Type::kPut, std::move(key), std::move(value), lease};
+    return {Type::kPut, std::move(key), std::move(value), lease, {}};
   }
-  static EtcdOp Get(std::string key) { return {Type::kGet, std::move(key), {}, 0}; }
-  static EtcdOp Delete(std::string key) { return {Type::kDelete, std::move(key), {}, 0}; }
+  static EtcdOp Get(std::string key) { return {Type::kGet, std::move(key), {}, 0, {}}; }
+  static EtcdOp Delete(std::string key) { return {Type::kDelete, std::move(key), {}, 0, {}}; }
+  static EtcdOp DeleteRange(std::string key, std::string range_end) {
+    return {Type::kDelete, std::move(key), {}, 0, std::move(range_end)};
+  }
 };
 
 struct EtcdTxnResult {
@@ -137,6 +141,8 @@ class EtcdClient {
   // Returns how many keys were deleted.
   Result<int64_t> Delete(const std::string& key);
   Result<int64_t> DeletePrefix(const std::string& prefix);
+  // The smallest key above every key that starts with `prefix`: a range_end.
+  static std::string PrefixEnd(const std::string& prefix);
   // At most 64 compares and 64 ops per branch.
   Result<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares,
                             const std::vector<EtcdOp>& success,
