@@ -11,6 +11,8 @@ PACKAGES=(
   libzstd-dev zstd libxxhash-dev libssl-dev openssl
   nlohmann-json3-dev  # safetensors headers, indexes, config.json (docs/checkpoint.md, "JSON")
   libcli11-dev  # the tern command line (docs/cli.md)
+  libcpp-httplib-dev  # etcd's JSON gateway client, the agent's admin HTTP (docs/agent/etcd.md)
+  etcd-server etcd-client  # the board in etcd: tests start a real etcd (docs/agent/etcd.md)
   ccache  # optional: the build uses it when present (rebuilds, several checkouts)
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
