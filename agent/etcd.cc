@@ -33,16 +33,16 @@ Result<Endpoint> ParseEndpoint(const std::string& text) {
                Printable(text), "': only http:// is supported");
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
   const size_t colon = rest.rfind(':');
-  TERN_REQUIRE(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(),
-               kInvalidArgument, "etcd endpoint '", Printable(text), "': want host:port");
+  TERN_REQUIRE(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(), kInvalidArgument,
+               "etcd endpoint '", Printable(text), "': want host:port");
   int port = 0;
   for (size_t i = colon + 1; i < rest.size(); ++i) {
     TERN_REQUIRE(rest[i] >= '0' && rest[i] <= '9' && port < 100000, kInvalidArgument,
                  "etcd endpoint '", Printable(text), "': bad port");
     port = port * 10 + (rest[i] - '0');
   }
-  TERN_REQUIRE(port >= 1 && port <= 65535, kInvalidArgument, "etcd endpoint '",
-               Printable(text), "': port out of range");
+  TERN_REQUIRE(port >= 1 && port <= 65535, kInvalidArgument, "etcd endpoint '", Printable(text),
+               "': port out of range");
   std::string host = rest.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
@@ -66,51 +66,76 @@ Status CheckValue(const std::string& value) {
 // gRPC status codes (as the gateway reports them) to tern codes.
 Code CodeFromGrpc(int64_t grpc) {
   switch (grpc) {
-    case 3: return Code::kInvalidArgument;
-    case 5: return Code::kNotFound;
-    case 6: return Code::kAlreadyExists;
+    case 3:
+      return Code::kInvalidArgument;
+    case 5:
+      return Code::kNotFound;
+    case 6:
+      return Code::kAlreadyExists;
     case 7:
-    case 16: return Code::kAuth;
-    case 8: return Code::kResourceExhausted;
-    case 9: return Code::kMismatch;
-    case 11: return Code::kOutOfRange;  // e.g. a compacted revision
-    case 12: return Code::kUnsupported;
-    case 1: return Code::kCancelled;
+    case 16:
+      return Code::kAuth;
+    case 8:
+      return Code::kResourceExhausted;
+    case 9:
+      return Code::kMismatch;
+    case 11:
+      return Code::kOutOfRange;  // e.g. a compacted revision
+    case 12:
+      return Code::kUnsupported;
+    case 1:
+      return Code::kCancelled;
     case 4:
     case 10:
-    case 14: return Code::kUnavailable;
-    default: return Code::kInternal;
+    case 14:
+      return Code::kUnavailable;
+    default:
+      return Code::kInternal;
   }
 }
 
 const char* CompareTarget(EtcdCompare::Target t) {
   switch (t) {
-    case EtcdCompare::Target::kValue: return "VALUE";
-    case EtcdCompare::Target::kCreateRevision: return "CREATE";
-    case EtcdCompare::Target::kModRevision: return "MOD";
-    case EtcdCompare::Target::kVersion: return "VERSION";
-    case EtcdCompare::Target::kLease: return "LEASE";
+    case EtcdCompare::Target::kValue:
+      return "VALUE";
+    case EtcdCompare::Target::kCreateRevision:
+      return "CREATE";
+    case EtcdCompare::Target::kModRevision:
+      return "MOD";
+    case EtcdCompare::Target::kVersion:
+      return "VERSION";
+    case EtcdCompare::Target::kLease:
+      return "LEASE";
   }
   return "VALUE";
 }
 
 const char* CompareField(EtcdCompare::Target t) {
   switch (t) {
-    case EtcdCompare::Target::kValue: return "value";
-    case EtcdCompare::Target::kCreateRevision: return "create_revision";
-    case EtcdCompare::Target::kModRevision: return "mod_revision";
-    case EtcdCompare::Target::kVersion: return "version";
-    case EtcdCompare::Target::kLease: return "lease";
+    case EtcdCompare::Target::kValue:
+      return "value";
+    case EtcdCompare::Target::kCreateRevision:
+      return "create_revision";
+    case EtcdCompare::Target::kModRevision:
+      return "mod_revision";
+    case EtcdCompare::Target::kVersion:
+      return "version";
+    case EtcdCompare::Target::kLease:
+      return "lease";
   }
   return "value";
 }
 
 const char* CompareOp(EtcdCompare::Op op) {
   switch (op) {
-    case EtcdCompare::Op::kEqual: return "EQUAL";
-    case EtcdCompare::Op::kNotEqual: return "NOT_EQUAL";
-    case EtcdCompare::Op::kGreater: return "GREATER";
-    case EtcdCompare::Op::kLess: return "LESS";
+    case EtcdCompare::Op::kEqual:
+      return "EQUAL";
+    case EtcdCompare::Op::kNotEqual:
+      return "NOT_EQUAL";
+    case EtcdCompare::Op::kGreater:
+      return "GREATER";
+    case EtcdCompare::Op::kLess:
+      return "LESS";
   }
   return "EQUAL";
 }
@@ -182,8 +207,8 @@ struct EtcdClient::Impl {
     const bool sent = client->send(req, res, err);
     if (too_big) {
       client.reset();
-      return TERN_ERROR(kProtocol, "etcd ", where, ": response over ",
-                        options.max_response_bytes, " bytes");
+      return TERN_ERROR(kProtocol, "etcd ", where, ": response over ", options.max_response_bytes,
+                        " bytes");
     }
     json reply = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (!sent) {
@@ -199,8 +224,8 @@ struct EtcdClient::Impl {
       }
     }
     if (!reply.is_object()) {
-      return TERN_ERROR(kProtocol, "etcd ", where, ": HTTP ", res.status, ", not a JSON object: ",
-                        Printable(body.substr(0, 120)));
+      return TERN_ERROR(kProtocol, "etcd ", where, ": HTTP ", res.status,
+                        ", not a JSON object: ", Printable(body.substr(0, 120)));
     }
     if (reply.contains("error")) {
       // Unary errors: {"error": "...", "code": N}; streaming ones (keepalive):
@@ -252,8 +277,8 @@ EtcdClient::~EtcdClient() = default;
 
 Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions options) {
   TERN_REQUIRE(!options.endpoints.empty(), kInvalidArgument, "etcd: no endpoints");
-  TERN_REQUIRE(options.endpoints.size() <= kMaxEndpoints, kInvalidArgument, "etcd: ",
-               options.endpoints.size(), " endpoints (max ", kMaxEndpoints, ")");
+  TERN_REQUIRE(options.endpoints.size() <= kMaxEndpoints, kInvalidArgument,
+               "etcd: ", options.endpoints.size(), " endpoints (max ", kMaxEndpoints, ")");
   TERN_REQUIRE(options.timeout_ms >= 1 && options.timeout_ms <= 600'000, kInvalidArgument,
                "etcd: timeout_ms ", options.timeout_ms, " not in 1..600000");
   TERN_REQUIRE(options.max_response_bytes >= 4096, kInvalidArgument,
@@ -293,8 +318,8 @@ Result<EtcdRange> EtcdClient::Get(const std::string& key) {
 Result<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix, uint32_t limit,
                                         const std::string& start_key, int64_t revision) {
   TERN_RETURN_IF_ERROR(CheckKey(prefix));
-  TERN_REQUIRE(limit >= 1 && limit <= kMaxRangeLimit, kInvalidArgument, "etcd: range limit ",
-               limit, " not in 1..", kMaxRangeLimit);
+  TERN_REQUIRE(limit >= 1 && limit <= kMaxRangeLimit, kInvalidArgument, "etcd: range limit ", limit,
+               " not in 1..", kMaxRangeLimit);
   TERN_REQUIRE(start_key.empty() || start_key.rfind(prefix, 0) == 0, kInvalidArgument,
                "etcd: start key outside the prefix");
   TERN_REQUIRE(revision >= 0, kInvalidArgument, "etcd: negative revision");
@@ -380,8 +405,7 @@ Result<EtcdTxnResult> EtcdClient::Txn(const std::vector<EtcdCompare>& compares,
   for (size_t i = 0; i < ran.size(); ++i) {
     if (ran[i].type != EtcdOp::Type::kGet) continue;
     const json& r = (*responses)[i];
-    TERN_REQUIRE(r.is_object() && r.contains("response_range") &&
-                     r["response_range"].is_object(),
+    TERN_REQUIRE(r.is_object() && r.contains("response_range") && r["response_range"].is_object(),
                  kProtocol, "etcd txn: response ", i, " is not a range");
     auto range = ParseRange(r["response_range"], 1);
     if (!range.ok()) return std::move(range).take_status();

@@ -70,8 +70,8 @@ struct EtcdKeyValue {
 
 struct EtcdRange {
   std::vector<EtcdKeyValue> kvs;
-  bool more = false;      // a limit cut the result short
-  int64_t revision = 0;   // the store revision the range was read at
+  bool more = false;     // a limit cut the result short
+  int64_t revision = 0;  // the store revision the range was read at
 };
 
 // One comparison of a txn: `target` of `key` `op` the given value.
@@ -100,8 +100,8 @@ struct EtcdOp {
   enum class Type : uint8_t { kPut, kGet, kDelete };
   Type type = Type::kGet;
   std::string key;
-  std::string value;  // kPut
-  int64_t lease = 0;  // kPut: 0 = none
+  std::string value;      // kPut
+  int64_t lease = 0;      // kPut: 0 = none
   std::string range_end;  // kDelete: delete [key, range_end) (empty: key alone)
 
   static EtcdOp Put(std::string key, std::string value, int64_t lease = 0) {
@@ -145,8 +145,7 @@ class EtcdClient {
   static std::string PrefixEnd(const std::string& prefix);
   // At most 64 compares and 64 ops per branch.
   Result<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares,
-                            const std::vector<EtcdOp>& success,
-                            const std::vector<EtcdOp>& failure);
+                            const std::vector<EtcdOp>& success, const std::vector<EtcdOp>& failure);
 
   struct Lease {
     int64_t id = 0;
@@ -164,13 +163,15 @@ class EtcdClient {
 };
 
 struct ElectionOptions {
-  std::string prefix;     // the election's key is prefix + "/leader"
-  std::string id;         // this candidate (non-empty, <= 1 KiB), the key's value
+  std::string prefix;       // the election's key is prefix + "/leader"
+  std::string id;           // this candidate (non-empty, <= 1 KiB), the key's value
   int64_t lease_ttl_s = 5;  // 1 .. 3600
   // Called once, from the keep-alive thread, when leadership is lost after
   // Campaign returned (lease expired or revoked, key deleted or taken, or
   // etcd unreachable for a whole TTL: then we cannot know, so we assume the
-  // worst). Not called by Resign or the destructor.
+  // worst). Not called because of Resign or the destructor (a loss detected
+  // just before them may still be reported while they wait for the thread).
+  // Must not destroy the Election; calling Resign from it is fine.
   std::function<void(const Status&)> on_lost;
   LogFn log;
 };
@@ -183,8 +184,7 @@ class Election {
   // 0 = one attempt). While waiting it polls every poll_ms on `clock`.
   static Result<std::unique_ptr<Election>> Campaign(const EtcdOptions& etcd,
                                                     ElectionOptions options, Clock& clock,
-                                                    uint64_t timeout_ms,
-                                                    uint32_t poll_ms = 200);
+                                                    uint64_t timeout_ms, uint32_t poll_ms = 200);
   ~Election();
   Election(const Election&) = delete;
   Election& operator=(const Election&) = delete;
@@ -218,8 +218,7 @@ class Election {
   const int64_t created_revision_;
   std::atomic<bool> leader_{true};
   std::atomic<bool> stop_{false};
-  std::mutex resign_mu_;
-  bool resigned_ = false;  // guarded by resign_mu_
+  std::atomic<bool> resigned_{false};  // the first Resign joins the thread and revokes
   std::thread keepalive_;
 };
 

@@ -45,9 +45,9 @@ bool ParseFixed(std::string_view s, size_t width, uint64_t* out) {
 Result<uint64_t> ParseHead(const EtcdRange& range) {
   if (range.kvs.empty()) return uint64_t{0};
   uint64_t head = 0;
-  TERN_REQUIRE(ParseU64(range.kvs[0].value, &head) && head > 0, kCorrupt, "etcd board log: ",
-               Printable(range.kvs[0].key), " holds '", Printable(range.kvs[0].value.substr(0, 40)),
-               "', not a version");
+  TERN_REQUIRE(ParseU64(range.kvs[0].value, &head) && head > 0, kCorrupt,
+               "etcd board log: ", Printable(range.kvs[0].key), " holds '",
+               Printable(range.kvs[0].value.substr(0, 40)), "', not a version");
   return head;
 }
 
@@ -96,16 +96,16 @@ std::string EtcdBoardLog::RecordKey(uint64_t version, uint32_t seq) const {
 Result<BoardId> EtcdBoardLog::InitId(const BoardId& candidate) {
   const std::string key = prefix_ + "/id";
   const std::string bytes(reinterpret_cast<const char*>(candidate.data()), candidate.size());
-  auto txn = client_->Txn({EtcdCompare::Absent(key)}, {EtcdOp::Put(key, bytes)},
-                          {EtcdOp::Get(key)});
+  auto txn =
+      client_->Txn({EtcdCompare::Absent(key)}, {EtcdOp::Put(key, bytes)}, {EtcdOp::Get(key)});
   if (!txn.ok()) return txn.status().WithContext("etcd board log: init id");
   if (txn->succeeded) return candidate;
   TERN_REQUIRE(txn->gets.size() == 1 && txn->gets[0].kvs.size() == 1, kUnavailable,
                "etcd board log: ", Printable(key), " vanished during init");
   const std::string& stored = txn->gets[0].kvs[0].value;
   BoardId id{};
-  TERN_REQUIRE(stored.size() == id.size(), kCorrupt, "etcd board log: ", Printable(key),
-               " holds ", stored.size(), " bytes, not a ", id.size(), "-byte board id");
+  TERN_REQUIRE(stored.size() == id.size(), kCorrupt, "etcd board log: ", Printable(key), " holds ",
+               stored.size(), " bytes, not a ", id.size(), "-byte board id");
   std::copy(stored.begin(), stored.end(), reinterpret_cast<char*>(id.data()));
   return id;
 }
@@ -113,8 +113,8 @@ Result<BoardId> EtcdBoardLog::InitId(const BoardId& candidate) {
 Status EtcdBoardLog::Append(uint64_t version, uint32_t seq, std::string signed_manifest,
                             bool advance_head, uint64_t expected_head) {
   TERN_REQUIRE(version > 0, kInvalidArgument, "board log: version 0");
-  TERN_REQUIRE(seq < kMaxManifestsPerVersion, kInvalidArgument, "board log: seq ", seq,
-               " (max ", kMaxManifestsPerVersion - 1, ")");
+  TERN_REQUIRE(seq < kMaxManifestsPerVersion, kInvalidArgument, "board log: seq ", seq, " (max ",
+               kMaxManifestsPerVersion - 1, ")");
   TERN_REQUIRE(!signed_manifest.empty() && signed_manifest.size() <= kMaxBoardRecordBytes,
                kInvalidArgument, "board log: record of ", signed_manifest.size(),
                " bytes (want 1..", kMaxBoardRecordBytes, ")");
@@ -151,15 +151,15 @@ Status EtcdBoardLog::Append(uint64_t version, uint32_t seq, std::string signed_m
     }
     const EtcdRange& held = txn->gets[2 + i];
     const int64_t created = held.kvs.empty() ? 0 : held.kvs[0].create_revision;
-    TERN_REQUIRE(created == f.number, kMismatch, "etcd board log: not appending version ",
-                 version, ": this root no longer holds ", Printable(f.key));
+    TERN_REQUIRE(created == f.number, kMismatch, "etcd board log: not appending version ", version,
+                 ": this root no longer holds ", Printable(f.key));
   }
   TERN_REQUIRE(txn->gets[0].kvs.empty(), kAlreadyExists, "etcd board log: version ", version,
                " seq ", seq, " is already recorded");
   auto now = ParseHead(txn->gets[1]);
   if (!now.ok()) return now.status();
-  TERN_REQUIRE(!advance_head || *now == expected_head, kMismatch, "etcd board log: HEAD is ",
-               *now, ", not ", expected_head, " (another publisher won)");
+  TERN_REQUIRE(!advance_head || *now == expected_head, kMismatch, "etcd board log: HEAD is ", *now,
+               ", not ", expected_head, " (another publisher won)");
   return TERN_ERROR(kMismatch, "etcd board log: not appending version ", version,
                     ": the fence failed");
 }
@@ -177,11 +177,11 @@ Result<std::vector<BoardRecord>> EtcdBoardLog::LoadAll() {
       // <dir><20 digits>/<2 digits>
       const std::string_view tail = std::string_view(kv.key).substr(dir.size());
       uint64_t version = 0, seq = 0;
-      const bool well_formed = tail.size() == kVersionDigits + 1 + kSeqDigits &&
-                               tail[kVersionDigits] == '/' &&
-                               ParseFixed(tail.substr(0, kVersionDigits), kVersionDigits, &version) &&
-                               ParseFixed(tail.substr(kVersionDigits + 1), kSeqDigits, &seq) &&
-                               version > 0 && seq < kMaxManifestsPerVersion;
+      const bool well_formed =
+          tail.size() == kVersionDigits + 1 + kSeqDigits && tail[kVersionDigits] == '/' &&
+          ParseFixed(tail.substr(0, kVersionDigits), kVersionDigits, &version) &&
+          ParseFixed(tail.substr(kVersionDigits + 1), kSeqDigits, &seq) && version > 0 &&
+          seq < kMaxManifestsPerVersion;
       TERN_REQUIRE(well_formed, kCorrupt, "etcd board log: foreign key '", Printable(kv.key), "'");
       TERN_REQUIRE(!kv.value.empty() && kv.value.size() <= kMaxBoardRecordBytes, kCorrupt,
                    "etcd board log: ", Printable(kv.key), " holds ", kv.value.size(),

@@ -147,8 +147,7 @@ TEST_F(EtcdBoardLogTest, RefusesBadArguments) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
   EXPECT_EQ(log->Append(0, 0, "x", true, 0).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(1, kMaxManifestsPerVersion, "x", false, 0).code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, kMaxManifestsPerVersion, "x", false, 0).code(), Code::kInvalidArgument);
   EXPECT_EQ(log->Append(1, 0, "", true, 0).code(), Code::kInvalidArgument);
   EXPECT_EQ(log->Append(1, 0, std::string(kMaxBoardRecordBytes + 1, 'x'), true, 0).code(),
             Code::kInvalidArgument);
@@ -201,9 +200,9 @@ TEST_F(EtcdBoardLogTest, LoadAllPagesThroughOneSnapshot) {
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(Sorted(*all), want);
   // Version 1e19 sorts after 9 (fixed-width keys).
-  ASSERT_TRUE(log->Append(10'000'000'000'000'000'000u, 0, Bytes(10'000'000'000'000'000'000u, 0),
-                          true, 8)
-                  .ok());
+  ASSERT_TRUE(
+      log->Append(10'000'000'000'000'000'000u, 0, Bytes(10'000'000'000'000'000'000u, 0), true, 8)
+          .ok());
   EXPECT_EQ(log->LoadAll()->size(), want.size() + 1);
 }
 
@@ -240,7 +239,9 @@ TEST_F(EtcdBoardLogTest, ForeignDataUnderThePrefixIsCorruptNotACrash) {
   }
   ASSERT_TRUE(raw_->Put(versions + "00000000000000000002/00", "").ok());
   EXPECT_EQ(log->LoadAll().status().code(), Code::kCorrupt);
-  ASSERT_TRUE(raw_->Put(versions + "00000000000000000002/00", std::string(kMaxBoardRecordBytes + 1, 'x')).ok());
+  ASSERT_TRUE(
+      raw_->Put(versions + "00000000000000000002/00", std::string(kMaxBoardRecordBytes + 1, 'x'))
+          .ok());
   EXPECT_EQ(log->LoadAll().status().code(), Code::kCorrupt);
   ASSERT_TRUE(raw_->Delete(versions + "00000000000000000002/00").ok());
   EXPECT_TRUE(log->LoadAll().ok());

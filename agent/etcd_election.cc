@@ -16,8 +16,8 @@ constexpr uint64_t kStopCheckUs = 20'000;  // how fast Resign stops the keep-ali
 // who. Also true when the key is already ours (a retry after a reply lost).
 Result<int64_t> TryAcquire(EtcdClient& client, const std::string& key, const std::string& id,
                            int64_t lease, std::string* holder) {
-  auto txn = client.Txn({EtcdCompare::Absent(key)}, {EtcdOp::Put(key, id, lease)},
-                        {EtcdOp::Get(key)});
+  auto txn =
+      client.Txn({EtcdCompare::Absent(key)}, {EtcdOp::Put(key, id, lease)}, {EtcdOp::Get(key)});
   if (!txn.ok()) return std::move(txn).take_status();
   if (txn->succeeded) return txn->revision;  // the put created the key
   TERN_REQUIRE(txn->gets.size() == 1, kProtocol, "etcd: election txn without its read");
@@ -34,9 +34,9 @@ Result<std::unique_ptr<Election>> Election::Campaign(const EtcdOptions& etcd,
                                                      ElectionOptions options, Clock& clock,
                                                      uint64_t timeout_ms, uint32_t poll_ms) {
   TERN_REQUIRE(!options.prefix.empty(), kInvalidArgument, "election: empty prefix");
-  TERN_REQUIRE(!options.id.empty() && options.id.size() <= kMaxCandidateIdBytes,
-               kInvalidArgument, "election: candidate id of ", options.id.size(),
-               " bytes (want 1..", kMaxCandidateIdBytes, ")");
+  TERN_REQUIRE(!options.id.empty() && options.id.size() <= kMaxCandidateIdBytes, kInvalidArgument,
+               "election: candidate id of ", options.id.size(), " bytes (want 1..",
+               kMaxCandidateIdBytes, ")");
   TERN_REQUIRE(options.lease_ttl_s >= 1 && options.lease_ttl_s <= kMaxElectionTtlS,
                kInvalidArgument, "election: lease TTL ", options.lease_ttl_s, " s not in 1..",
                kMaxElectionTtlS);
@@ -80,11 +80,11 @@ Result<std::unique_ptr<Election>> Election::Campaign(const EtcdOptions& etcd,
   }
   (*client)->LeaseRevoke(lease->id).IgnoreError();
   if (!holder.empty()) {
-    return TERN_ERROR(kTimeout, "election: ", Printable(key), " is held by '",
-                      Printable(holder), "' after ", timeout_ms, " ms");
+    return TERN_ERROR(kTimeout, "election: ", Printable(key), " is held by '", Printable(holder),
+                      "' after ", timeout_ms, " ms");
   }
-  return TERN_ERROR(kTimeout, "election: no leadership of ", Printable(key), " after ",
-                    timeout_ms, " ms", last.ok() ? "" : ": ", last.ok() ? "" : last.ToString());
+  return TERN_ERROR(kTimeout, "election: no leadership of ", Printable(key), " after ", timeout_ms,
+                    " ms", last.ok() ? "" : ": ", last.ok() ? "" : last.ToString());
 }
 
 Election::Election(std::unique_ptr<EtcdClient> client, ElectionOptions options, Clock& clock,
@@ -105,9 +105,8 @@ Election::~Election() {
 }
 
 Status Election::Resign() {
-  std::lock_guard<std::mutex> lock(resign_mu_);
-  if (resigned_) return Status::Ok();
-  resigned_ = true;
+  // No lock held while joining: on_lost may call Resign from the thread.
+  if (resigned_.exchange(true)) return Status::Ok();
   stop_ = true;
   leader_ = false;
   // From on_lost the keep-alive thread is the caller: it ends by itself.
@@ -123,8 +122,8 @@ Status Election::Resign() {
 void Election::Lost(const Status& why) {
   leader_ = false;
   stop_ = true;
-  LogLine(options_.log, "election: " + Printable(options_.id) + " lost " + Printable(key_) +
-                            ": " + why.ToString());
+  LogLine(options_.log, "election: " + Printable(options_.id) + " lost " + Printable(key_) + ": " +
+                            why.ToString());
   if (options_.on_lost) options_.on_lost(why);
 }
 
@@ -163,8 +162,8 @@ void Election::KeepAliveLoop() {
     }
     if (clock_.NowUs() - last_ok_us >= ttl_us * 2 / 3) {
       Lost(TERN_ERROR(kUnavailable, "no keep-alive for ", (clock_.NowUs() - last_ok_us) / 1000,
-                      " ms of a ", ttl_s_, " s lease: ",
-                      ttl.ok() ? "cannot read the key" : ttl.status().ToString()));
+                      " ms of a ", ttl_s_,
+                      " s lease: ", ttl.ok() ? "cannot read the key" : ttl.status().ToString()));
       return;
     }
   }

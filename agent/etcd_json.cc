@@ -67,7 +67,8 @@ Result<std::string> Base64Decode(std::string_view text) {
   TERN_REQUIRE(text.size() % 4 == 0, kProtocol, "base64 of length ", text.size(),
                " (not a multiple of 4)");
   size_t pad = 0;
-  if (!text.empty() && text.back() == '=') pad = (text.size() >= 2 && text[text.size() - 2] == '=') ? 2 : 1;
+  if (!text.empty() && text.back() == '=')
+    pad = (text.size() >= 2 && text[text.size() - 2] == '=') ? 2 : 1;
   std::string out;
   out.reserve(text.size() / 4 * 3);
   for (size_t i = 0; i < text.size(); i += 4) {
@@ -86,8 +87,8 @@ Result<std::string> Base64Decode(std::string_view text) {
     if (data >= 3) out += static_cast<char>((n >> 8) & 0xff);
     if (data == 4) out += static_cast<char>(n & 0xff);
     // Canonical: the bits that padding drops must be zero.
-    TERN_REQUIRE(!(data == 2 && (n & 0xffff) != 0) && !(data == 3 && (n & 0xff) != 0),
-                 kProtocol, "non-canonical base64 padding");
+    TERN_REQUIRE(!(data == 2 && (n & 0xffff) != 0) && !(data == 3 && (n & 0xff) != 0), kProtocol,
+                 "non-canonical base64 padding");
   }
   return out;
 }
@@ -109,8 +110,7 @@ Result<int64_t> Int64Field(const json& object, const char* name) {
     TERN_REQUIRE(s[i] >= '0' && s[i] <= '9', kProtocol, "etcd: field '", name,
                  "' is not an int64: '", Printable(s.substr(0, 40)), "'");
     const int d = s[i] - '0';
-    TERN_REQUIRE(n >= (INT64_MIN + d) / 10, kProtocol, "etcd: field '", name,
-                 "' overflows int64");
+    TERN_REQUIRE(n >= (INT64_MIN + d) / 10, kProtocol, "etcd: field '", name, "' overflows int64");
     n = n * 10 - d;
   }
   if (s[0] != '-') {

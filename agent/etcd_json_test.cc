@@ -37,8 +37,8 @@ TEST(EtcdJson, Base64RoundTripsEveryLength) {
 }
 
 TEST(EtcdJson, Base64RefusesMalformed) {
-  for (const char* bad : {"Zg=", "Zm9", "Zm9v!A==", "=Zm9", "Z===", "Zh==", "Zm9=", "Zm=v",
-                          "Zg==Zg==", "Zm 9"}) {
+  for (const char* bad :
+       {"Zg=", "Zm9", "Zm9v!A==", "=Zm9", "Z===", "Zh==", "Zm9=", "Zm=v", "Zg==Zg==", "Zm 9"}) {
     auto d = Base64Decode(bad);
     EXPECT_FALSE(d.ok()) << bad;
     if (!d.ok()) {
@@ -59,9 +59,14 @@ TEST(EtcdJson, Int64Fields) {
   EXPECT_EQ(*Int64Field(j, "max"), INT64_MAX);
   EXPECT_EQ(*Int64Field(j, "min"), INT64_MIN);
   EXPECT_EQ(*Int64Field(j, "absent"), 0);
-  const json bad = {{"a", "9223372036854775808"}, {"b", ""},  {"c", "12a"},
-                    {"d", 1.5},                  {"e", true}, {"f", "-"},
-                    {"g", "-9223372036854775809"}, {"h", "99999999999999999999"}};
+  const json bad = {{"a", "9223372036854775808"},
+                    {"b", ""},
+                    {"c", "12a"},
+                    {"d", 1.5},
+                    {"e", true},
+                    {"f", "-"},
+                    {"g", "-9223372036854775809"},
+                    {"h", "99999999999999999999"}};
   for (const char* name : {"a", "b", "c", "d", "e", "f", "g", "h"}) {
     auto r = Int64Field(bad, name);
     EXPECT_FALSE(r.ok()) << name;
@@ -73,9 +78,9 @@ TEST(EtcdJson, Int64Fields) {
 }
 
 TEST(EtcdJson, ParseRangeChecksEveryField) {
-  const json good = json::parse(
-      R"({"header":{"revision":"9"},"kvs":[{"key":"Zm9v","create_revision":"2",)"
-      R"("mod_revision":"3","version":"2","value":"YmFy","lease":"77"}],"count":"1"})");
+  const json good =
+      json::parse(R"({"header":{"revision":"9"},"kvs":[{"key":"Zm9v","create_revision":"2",)"
+                  R"("mod_revision":"3","version":"2","value":"YmFy","lease":"77"}],"count":"1"})");
   auto r = ParseRange(good, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->revision, 9);

@@ -43,11 +43,11 @@ bool WaitFor(Pred pred, milliseconds limit) {
   return true;
 }
 
-#define START_ETCD(var)                                                         \
-  auto var##_started = EtcdTestServer::Start();                                 \
+#define START_ETCD(var)                                                           \
+  auto var##_started = EtcdTestServer::Start();                                   \
   if (!var##_started.ok() && var##_started.status().code() == Code::kUnsupported) \
-    GTEST_SKIP() << var##_started.status().ToString();                          \
-  ASSERT_TRUE(var##_started.ok()) << var##_started.status().ToString();         \
+    GTEST_SKIP() << var##_started.status().ToString();                            \
+  ASSERT_TRUE(var##_started.ok()) << var##_started.status().ToString();           \
   EtcdTestServer& var = **var##_started
 
 // One etcd for the tests that do not stop it; each test uses its own keys.
@@ -183,11 +183,16 @@ TEST_F(EtcdTest, TxnCompareAndSwapLetsExactlyOneWriterWin) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       auto c = EtcdClient::Create(OptionsFor(*server_));
-      if (!c.ok()) { ++errors; return; }
+      if (!c.ok()) {
+        ++errors;
+        return;
+      }
       auto r = (*c)->Txn({EtcdCompare::Absent("cas/race")},
                          {EtcdOp::Put("cas/race", std::to_string(t))}, {});
-      if (!r.ok()) ++errors;
-      else if (r->succeeded) ++wins;
+      if (!r.ok())
+        ++errors;
+      else if (r->succeeded)
+        ++wins;
     });
   }
   for (auto& th : threads) th.join();
@@ -303,7 +308,7 @@ TEST(EtcdClientTest, RefusesWhatIsNotAnEtcdGateway) {
       {200, R"({"header":{"revision":"x"},"kvs":[]})", Code::kProtocol},
       {200, R"({"header":{},"kvs":[{"key":"!!!!"}]})", Code::kProtocol},
       {200, R"({"header":{},"kvs":[{"key":"b3RoZXI="}]})", Code::kProtocol},  // "other"
-      {200, R"({"kvs":[{"key":"aw=="},{"key":"aw=="}]})", Code::kProtocol},  // 2 for 1 key
+      {200, R"({"kvs":[{"key":"aw=="},{"key":"aw=="}]})", Code::kProtocol},   // 2 for 1 key
       {200, "{\"pad\":\"" + std::string(100 << 10, 'x') + "\"}", Code::kProtocol},
       {503, R"({"error":"etcdserver: no leader","code":14})", Code::kUnavailable},
       {400, R"({"error":"bad","code":3,"message":"bad"})", Code::kInvalidArgument},
@@ -315,8 +320,7 @@ TEST(EtcdClientTest, RefusesWhatIsNotAnEtcdGateway) {
       reply = k.body;
     }
     auto r = (*c)->Get("k");
-    EXPECT_EQ(r.status().code(), k.want) << k.body.substr(0, 80) << " -> "
-                                         << r.status().ToString();
+    EXPECT_EQ(r.status().code(), k.want) << k.body.substr(0, 80) << " -> " << r.status().ToString();
     auto p = (*c)->GetPrefix("k", 10);
     if (k.body.find("b3RoZXI=") != std::string::npos) {
       EXPECT_EQ(p.status().code(), Code::kProtocol) << "a key outside the prefix";
@@ -389,7 +393,8 @@ TEST_F(EtcdTest, ResignHandsOverAtOnce) {
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   Result<std::unique_ptr<Election>> b = Status(Code::kInternal, "not run");
   std::thread standby([&] {
-    b = Election::Campaign(OptionsFor(*server_), Candidate("el2", "b", 30), SteadyClock(), 20000, 50);
+    b = Election::Campaign(OptionsFor(*server_), Candidate("el2", "b", 30), SteadyClock(), 20000,
+                           50);
   });
   std::this_thread::sleep_for(milliseconds(300));
   const auto resigned_at = steady_clock::now();
@@ -412,7 +417,8 @@ TEST_F(EtcdTest, StandbyTakesOverWhenTheLeadersLeaseLapses) {
                         {EtcdOp::Put("el3/leader", "dead", lease->id)}, {});
   ASSERT_TRUE(t.ok() && t->succeeded);
   const auto start = steady_clock::now();
-  auto b = Election::Campaign(OptionsFor(*server_), Candidate("el3", "b", 5), SteadyClock(), 15000, 50);
+  auto b =
+      Election::Campaign(OptionsFor(*server_), Candidate("el3", "b", 5), SteadyClock(), 15000, 50);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   const auto waited = steady_clock::now() - start;
   EXPECT_GE(waited, milliseconds(1000)) << "took over before the dead leader's lease lapsed";
@@ -426,16 +432,22 @@ TEST_F(EtcdTest, LeaderLearnsItLostWhenItsLeaseIsRevoked) {
   std::condition_variable cv;
   int lost = 0;
   Status why;
+  std::atomic<Election*> self{nullptr};
+  Status resigned_from_callback(Code::kInternal, "not called");
   auto a = Election::Campaign(OptionsFor(*server_),
                               Candidate("el4", "a", 3,
                                         [&](const Status& s) {
+                                          // Resign from on_lost must not deadlock.
+                                          Status r = self.load()->Resign();
                                           std::lock_guard<std::mutex> lock(mu);
                                           ++lost;
                                           why = s;
+                                          resigned_from_callback = r;
                                           cv.notify_all();
                                         }),
                               SteadyClock(), 5000);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
+  self = a->get();
   const EtcdCompare fence = (*a)->Fence();
   auto fenced = client_->Txn({fence}, {EtcdOp::Put("el4/data", "1")}, {});
   ASSERT_TRUE(fenced.ok());
@@ -448,6 +460,10 @@ TEST_F(EtcdTest, LeaderLearnsItLostWhenItsLeaseIsRevoked) {
   }
   EXPECT_FALSE((*a)->IsLeader());
   EXPECT_TRUE(why.code() == Code::kNotFound || why.code() == Code::kMismatch) << why.ToString();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(resigned_from_callback.ok()) << resigned_from_callback.ToString();
+  }
   fenced = client_->Txn({fence}, {EtcdOp::Put("el4/data", "2")}, {});
   ASSERT_TRUE(fenced.ok());
   EXPECT_FALSE(fenced->succeeded) << "a deposed leader's fenced write must fail";

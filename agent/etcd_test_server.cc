@@ -1,14 +1,13 @@
 #include "agent/etcd_test_server.h"
 
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <httplib.h>
 
 #include <cerrno>
 #include <chrono>
@@ -107,9 +106,7 @@ Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(EtcdTestServerOpti
   return last;
 }
 
-std::string EtcdTestServer::endpoint() const {
-  return "127.0.0.1:" + std::to_string(client_port_);
-}
+std::string EtcdTestServer::endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
 
 Status EtcdTestServer::Launch() {
   TERN_REQUIRE(pid_ <= 0, kInvalidArgument, "etcd test server: already running");
@@ -168,8 +165,8 @@ Status EtcdTestServer::WaitHealthy() {
     int wstatus = 0;
     if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
       pid_ = -1;
-      return TERN_ERROR(kUnavailable, "etcd exited during start (status ", wstatus, "): ",
-                        LogTail(dir_ + "/etcd.log"));
+      return TERN_ERROR(kUnavailable, "etcd exited during start (status ", wstatus,
+                        "): ", LogTail(dir_ + "/etcd.log"));
     }
     // /health is true only once the member has a raft leader.
     auto res = http.Get("/health");
@@ -178,8 +175,8 @@ Status EtcdTestServer::WaitHealthy() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return TERN_ERROR(kTimeout, "etcd not healthy after ", options_.start_timeout_ms, " ms: ",
-                    LogTail(dir_ + "/etcd.log"));
+  return TERN_ERROR(kTimeout, "etcd not healthy after ", options_.start_timeout_ms,
+                    " ms: ", LogTail(dir_ + "/etcd.log"));
 }
 
 Status EtcdTestServer::Signal(int sig) {
