@@ -53,6 +53,36 @@ Result<uint64_t> ParseHead(const EtcdRange& range) {
 
 }  // namespace
 
+Result<EtcdBoardUrl> ParseEtcdBoardUrl(std::string_view url) {
+  constexpr std::string_view kScheme = "etcd://";
+  TERN_REQUIRE(url.size() <= 4096, kInvalidArgument, "board URL of ", url.size(), " bytes");
+  TERN_REQUIRE(url.substr(0, kScheme.size()) == kScheme, kInvalidArgument, "board URL '",
+               Printable(url), "': want etcd://host:port[,host:port...]/prefix");
+  const std::string_view rest = url.substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  TERN_REQUIRE(slash != std::string_view::npos, kInvalidArgument, "board URL '", Printable(url),
+               "': no /prefix after the endpoints");
+  EtcdBoardUrl out;
+  out.prefix = std::string(rest.substr(slash));
+  TERN_REQUIRE(
+      out.prefix.size() > 1 && out.prefix.size() <= kMaxPrefixBytes && out.prefix.back() != '/',
+      kInvalidArgument, "board URL '", Printable(url), "': prefix '", Printable(out.prefix),
+      "' (want /name, no trailing '/')");
+  std::string_view hosts = rest.substr(0, slash);
+  while (true) {
+    const size_t comma = hosts.find(',');
+    out.endpoints.emplace_back(hosts.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    hosts.remove_prefix(comma + 1);
+  }
+  // The client's own endpoint checks (host:port, count); it does not connect.
+  EtcdOptions check;
+  check.endpoints = out.endpoints;
+  auto client = EtcdClient::Create(check);
+  if (!client.ok()) return client.status().WithContext("board URL '" + Printable(url) + "'");
+  return out;
+}
+
 Result<std::unique_ptr<EtcdBoardLog>> EtcdBoardLog::Open(EtcdOptions etcd,
                                                          EtcdBoardLogOptions options) {
   TERN_REQUIRE(!options.prefix.empty() && options.prefix.size() <= kMaxPrefixBytes &&

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/board_log.h"
@@ -40,6 +41,16 @@ struct EtcdBoardLogOptions {
   std::optional<EtcdCompare> fence;
   uint32_t page_records = 256;  // LoadAll reads this many records per request
 };
+
+// The agent's --board flag for an etcd board (docs/agent.md §3):
+// "etcd://host:port[,host:port...]/prefix", e.g.
+// "etcd://127.0.0.1:2379/tern/main" -> endpoints {"127.0.0.1:2379"},
+// prefix "/tern/main". kInvalidArgument, naming what is wrong, otherwise.
+struct EtcdBoardUrl {
+  std::vector<std::string> endpoints;
+  std::string prefix;
+};
+Result<EtcdBoardUrl> ParseEtcdBoardUrl(std::string_view url);
 
 class EtcdBoardLog final : public BoardLog {
  public:

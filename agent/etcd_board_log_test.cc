@@ -293,6 +293,24 @@ TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
   EXPECT_EQ(*log_b->Head(), 4u);
 }
 
+TEST(EtcdBoardUrlTest, ParsesTheBoardFlag) {
+  auto one = ParseEtcdBoardUrl("etcd://127.0.0.1:2379/tern/main");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->endpoints, std::vector<std::string>{"127.0.0.1:2379"});
+  EXPECT_EQ(one->prefix, "/tern/main");
+  auto three = ParseEtcdBoardUrl("etcd://a:1,b:2,[::1]:3/x");
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(three->endpoints, (std::vector<std::string>{"a:1", "b:2", "[::1]:3"}));
+  EXPECT_EQ(three->prefix, "/x");
+  for (const char* bad :
+       {"", "etcd://", "etcd:///x", "http://a:1/x", "etcd://a:1", "etcd://a:1/", "etcd://a:1/x/",
+        "etcd://a/x", "etcd://a:1,/x", "etcd://a:99999/x", "etcd://a:1,,b:2/x"}) {
+    EXPECT_EQ(ParseEtcdBoardUrl(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseEtcdBoardUrl("etcd://a:1/" + std::string(600, 'p')).status().code(),
+            Code::kInvalidArgument);
+}
+
 TEST(EtcdBoardLogServerTest, SurvivesAnEtcdRestartAndReportsAnOutage) {
   auto started = EtcdTestServer::Start();
   if (!started.ok() && started.status().code() == Code::kUnsupported) {
