@@ -200,6 +200,26 @@ TEST_F(EtcdTest, TxnCompareAndSwapLetsExactlyOneWriterWin) {
   EXPECT_EQ(wins.load(), 1);
 }
 
+TEST_F(EtcdTest, OneClientServesManyThreads) {
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        const std::string key = "mt/" + std::to_string(t) + "/" + std::to_string(i);
+        if (!client_->Put(key, key).ok()) ++bad;
+        auto g = client_->Get(key);
+        if (!g.ok() || g->kvs.size() != 1 || g->kvs[0].value != key) ++bad;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  auto all = client_->GetPrefix("mt/", 1000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->kvs.size(), 80u);
+}
+
 TEST_F(EtcdTest, LeasesKeepKeysAliveUntilRevoked) {
   auto lease = client_->LeaseGrant(5);
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
