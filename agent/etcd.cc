@@ -220,6 +220,11 @@ struct EtcdClient::Impl {
       if (err != httplib::Error::Read || res.status <= 0 || !reply.is_object()) {
         // Try the next endpoint on the next call.
         current = (current + 1) % endpoints.size();
+        if (endpoints.size() > 1) {
+          LogLine(options.log, "etcd: " + where + ": " + httplib::to_string(err) +
+                                   "; next request goes to " + endpoints[current].host + ":" +
+                                   std::to_string(endpoints[current].port));
+        }
         return TERN_ERROR(kUnavailable, "etcd ", where, ": ", httplib::to_string(err));
       }
     }

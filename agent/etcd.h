@@ -56,7 +56,7 @@ struct EtcdOptions {
   // A response body longer than this is refused (kProtocol); Range pages
   // with `limit` keep honest responses far below it.
   size_t max_response_bytes = size_t{64} << 20;
-  LogFn log;  // null: stderr
+  LogFn log;  // endpoint switches (null: stderr)
 };
 
 struct EtcdKeyValue {

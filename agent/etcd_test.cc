@@ -367,9 +367,14 @@ TEST(EtcdClientTest, RefusesWhatIsNotAnEtcdGateway) {
 TEST_F(EtcdTest, NextEndpointAfterAConnectionFailure) {
   EtcdOptions o = OptionsFor(*server_, 500);
   o.endpoints = {"127.0.0.1:1", server_->endpoint()};
+  std::vector<std::string> lines;
+  o.log = [&](std::string_view line) { lines.emplace_back(line); };
   auto c = EtcdClient::Create(o);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->Put("ep/k", "v").status().code(), Code::kUnavailable);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("next request goes to " + server_->endpoint()), std::string::npos)
+      << lines[0];
   auto r = (*c)->Put("ep/k", "v");
   EXPECT_TRUE(r.ok()) << r.status().ToString();
 }
