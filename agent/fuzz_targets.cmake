@@ -8,3 +8,7 @@ tern_fuzzer(agent_control_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_control.
 tern_fuzzer(board_record_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_board_record.cc
             LIBS tern_agent_board
             CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/board_record)
+
+tern_fuzzer(etcd_json_fuzzer SOURCES ${CMAKE_CURRENT_LIST_DIR}/fuzz_etcd_json.cc
+            LIBS tern_agent_etcd nlohmann_json::nlohmann_json
+            CORPUS ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/etcd_json)

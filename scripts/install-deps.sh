@@ -11,7 +11,8 @@ PACKAGES=(
   libzstd-dev zstd libxxhash-dev libssl-dev openssl
   nlohmann-json3-dev  # safetensors headers, indexes, config.json (docs/checkpoint.md, "JSON")
   libcli11-dev  # the tern command line (docs/cli.md)
-  libcpp-httplib-dev  # the agent's admin HTTP port: /metrics, /status, publish (docs/agent/operations.md)
+  libcpp-httplib-dev  # the agent's admin HTTP port and etcd's JSON gateway (docs/agent/operations.md, etcd.md)
+  etcd-server etcd-client  # the board in etcd: tests start a real etcd (docs/agent/etcd.md)
   ccache  # optional: the build uses it when present (rebuilds, several checkouts)
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
