@@ -118,7 +118,7 @@ std::string EncodeOffer(const Offer& m) {
   TERN_ASSERT(m.object_index < kMaxManifestObjects);
   std::string out = Header(DataType::kOffer);
   PutFixed32(&out, m.object_index);
-  PutFixed32(&out, 0);
+  PutFixed32(&out, static_cast<uint32_t>(m.signed_manifest.size()));
   out += m.signed_manifest;
   return out;
 }
@@ -126,15 +126,15 @@ std::string EncodeOffer(const Offer& m) {
 Result<Offer> DecodeOffer(std::string_view in) {
   TERN_RETURN_IF_ERROR(TakeHeader(&in, DataType::kOffer));
   Offer m;
-  uint32_t reserved = 0;
-  TERN_REQUIRE(GetFixed32(&in, &m.object_index) && GetFixed32(&in, &reserved), kCorrupt,
+  uint32_t manifest_bytes = 0;
+  TERN_REQUIRE(GetFixed32(&in, &m.object_index) && GetFixed32(&in, &manifest_bytes), kCorrupt,
                "OFFER truncated");
-  TERN_REQUIRE(reserved == 0, kCorrupt, "OFFER: reserved field not zero");
   TERN_REQUIRE(m.object_index < kMaxManifestObjects, kCorrupt, "OFFER: object index ",
                m.object_index, " (a manifest lists at most ", kMaxManifestObjects, ")");
-  TERN_REQUIRE(!in.empty() && in.size() <= kMaxSignedManifestBytes, kCorrupt,
-               "OFFER: signed manifest of ", in.size(), " bytes (1..", kMaxSignedManifestBytes,
-               ")");
+  TERN_REQUIRE(manifest_bytes >= 1 && manifest_bytes <= kMaxSignedManifestBytes &&
+                   manifest_bytes == in.size(),
+               kCorrupt, "OFFER: signed manifest of ", manifest_bytes, " bytes with ", in.size(),
+               " left (1..", kMaxSignedManifestBytes, ")");
   m.signed_manifest.assign(in);
   return m;
 }

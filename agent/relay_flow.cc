@@ -96,10 +96,9 @@ void RelayNode::Impl::OnHashes(Link& link, std::string_view payload) {
   if (!h.ok()) return FailParent(link, h.status());
   auto fp = link.from.find(h->object);
   auto obj = objects.find(h->object);
-  if (fp == link.from.end() || obj == objects.end()) {
-    return FailParent(link, TERN_ERROR(kProtocol, "HASHES for ", ObjectFileName(h->object),
-                                       " without an OFFER"));
-  }
+  // After an OFFER this node refused or could not take (the lead's replay
+  // check, a full object table): nothing to do, and not the parent's fault.
+  if (fp == link.from.end() || obj == objects.end()) return;
   Object& o = *obj->second;
   if (o.hashes_ok) return;  // another stripe's parent was first
   std::vector<Sha256Hash>& list = fp->second.hashes;
