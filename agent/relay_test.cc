@@ -419,7 +419,8 @@ TEST_F(RelayTest, ParentSendingBadChunksRepeatedlyIsReported) {
   ASSERT_TRUE(relay.WaitWant(0));
   ASSERT_TRUE(relay.SendChunk(0, true).ok());
   ASSERT_TRUE(relay.WaitWant(0, 2));
-  ASSERT_TRUE(relay.SendChunk(0, true).ok());
+  // The child may hang up before its transport acknowledges this one.
+  relay.SendChunk(0, true).IgnoreError();
   ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
   EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
   EXPECT_EQ(c->Verified(o.ref), 0u);
