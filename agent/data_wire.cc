@@ -1,4 +1,4 @@
-// Data-plane message codec (docs/format/agent.md §6).
+// Data-plane message codec (docs/format/agent.md §7).
 #include "agent/data_wire.h"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The agent's data-plane messages (types 0x40-0x7F), as pure encoders and
-// strict decoders. Byte layout: docs/format/agent.md §6 ("Data messages").
+// strict decoders. Byte layout: docs/format/agent.md §7 ("Data messages").
 // RelayNode parses peer bytes only through these; the fuzzer
 // (agent/fuzz_data_wire.cc) drives them directly.
 //

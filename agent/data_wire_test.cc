@@ -1,5 +1,5 @@
 // The data-plane codec: round trips, the byte layout of docs/format/agent.md
-// §6, and refusal of every malformed shape (truncation, trailing bytes,
+// §7, and refusal of every malformed shape (truncation, trailing bytes,
 // reserved bits, counts past their bounds).
 #include <gtest/gtest.h>
 
@@ -10,6 +10,7 @@ namespace tern::agent {
 namespace {
 
 const ObjectRef kPatch34{ObjectKind::kPatch, 3, 4};
+const ObjectRef kPatch12{ObjectKind::kPatch, 1, 2};
 
 std::vector<std::string> Samples() {
   Hashes h{kPatch34, 5, {}};
@@ -60,7 +61,7 @@ TEST(DataWire, RoundTrips) {
 }
 
 TEST(DataWire, LayoutOfWant) {
-  // docs/format/agent.md §6.5: header, object ref (24), base u64, count u32, reserved u32, u32s.
+  // docs/format/agent.md §7.2: header, object ref (24), base u64, count u32, reserved u32, u32s.
   const std::string m = EncodeWant({kPatch34, 0x0102030405060708, {7}});
   ASSERT_EQ(m.size(), 4u + 24 + 8 + 4 + 4 + 4);
   EXPECT_EQ(uint8_t(m[0]), 0x43);
@@ -70,6 +71,29 @@ TEST(DataWire, LayoutOfWant) {
   EXPECT_EQ(DecodeFixedAt(m, 28, 8), 0x0102030405060708u);
   EXPECT_EQ(DecodeFixedAt(m, 36, 4), 1u);
   EXPECT_EQ(DecodeFixedAt(m, 44, 4), 7u);
+}
+
+std::string Hex(std::string_view b) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) {
+    out += d[c >> 4];
+    out += d[c & 15];
+  }
+  return out;
+}
+
+// The spec's example (docs/format/agent.md §7.3).
+TEST(DataWire, GoldenWant) {
+  EXPECT_EQ(Hex(EncodeWant({kPatch12, 4097, {0, 2}})),
+            "43000000"
+            "0100000000000000"
+            "0100000000000000"
+            "0200000000000000"
+            "0110000000000000"
+            "02000000"
+            "00000000"
+            "0000000002000000");
 }
 
 TEST(DataWire, EveryTruncationAndTrailingByteIsRefused) {

@@ -2,7 +2,7 @@
 // byte strings named by ObjectRef) move parent -> child over long-lived data
 // connections, cut-through: a relay forwards chunk i to its children as soon
 // as chunk i is verified, before the object is complete. Spec:
-// docs/agent/relay.md; messages: docs/format/agent.md §6 (agent/data_wire.h).
+// docs/agent/relay.md; messages: docs/format/agent.md §7 (agent/data_wire.h).
 //
 // A node holds objects in files DIR/objects/<kind>-<from>-<to> (".part" while
 // receiving), mapped and registered with the transport; payloads land once in
