@@ -101,6 +101,15 @@ void RelayNode::Impl::Handle(Event& e) {
       Send(*link, EncodeSubscribe(s));
       return;
     }
+    case Event::kFetch:
+      if (e.stripe < kMaxStripes) {
+        if (Link* link = Find(parent_of[e.stripe]); link && link->conn) {
+          return Send(*link, EncodeFetch(e.ref));
+        }
+      }
+      Log(internal::StrCat("relay: no parent on stripe ", e.stripe, " to fetch ",
+                           ObjectFileName(e.ref), " from"));
+      return;
     case Event::kOverflow:
       if (Link* link = Find(e.link)) {
         DropPeer(*link, TERN_ERROR(kResourceExhausted, "more than ", options.inbox_messages_max,
@@ -274,6 +283,14 @@ void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address
   e.stripe = stripe;
   e.stripes = stripes;
   e.payload = std::move(address);
+  impl_->inbox->Push(std::move(e));
+}
+
+void RelayNode::Fetch(uint32_t stripe, const ObjectRef& ref) {
+  Event e;
+  e.kind = Event::kFetch;
+  e.stripe = stripe;
+  e.ref = ref;
   impl_->inbox->Push(std::move(e));
 }
 

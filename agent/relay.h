@@ -114,6 +114,11 @@ class RelayNode {
   // from the new parent. Errors arrive through on_parent_failed.
   void SetParent(uint32_t stripe, uint32_t stripes, std::string address);
 
+  // Asks the parent of `stripe` to offer `ref` again (catch-up of an older
+  // object, or one on_manifest refused before); the answer is an OFFER or,
+  // when the parent does not hold it, a logged GONE.
+  void Fetch(uint32_t stripe, const ObjectRef& ref);
+
   // Root side: serves a complete object already on disk at `path`, listed
   // in `signed_manifest`. Hashes every chunk and checks the signed root
   // before serving (kAuth on a mismatch), kNotFound when the manifest does

@@ -491,6 +491,14 @@ TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
     EXPECT_EQ(Stored("c3", next), next.data);
     EXPECT_EQ(c->relay->Progress(old.ref).status().code(), Code::kNotFound);
     EXPECT_EQ(c->Failures(), 0u);
+    // The lead changes its mind (catch-up needs the old patch): FETCH.
+    c->refuse_up_to = 0;
+    c->relay->Fetch(0, old.ref);
+    ASSERT_TRUE(WaitFor([&] {
+      auto p = c->relay->Progress(old.ref);
+      return p.ok() && p->complete;
+    }));
+    EXPECT_EQ(Stored("c3", old), old.data);
   }
 }
 
