@@ -110,6 +110,8 @@ void RelayNode::Impl::Handle(Event& e) {
       Log(internal::StrCat("relay: no parent on stripe ", e.stripe, " to fetch ",
                            ObjectFileName(e.ref), " from"));
       return;
+    case Event::kForget:
+      return ForgetObject(e.ref);
     case Event::kOverflow:
       if (Link* link = Find(e.link)) {
         DropPeer(*link, TERN_ERROR(kResourceExhausted, "more than ", options.inbox_messages_max,
@@ -189,6 +191,10 @@ void RelayNode::Impl::CloseLink(Link& link) {
   }
   if (link.parent && parent_of[link.stats.stripe] == link.id) parent_of[link.stats.stripe] = 0;
   links.erase(link.id);
+  // Its sends ended with the Close above: a retired object may now go.
+  std::vector<ObjectRef> draining;
+  for (auto& [ref, obj] : retired) draining.push_back(ref);
+  for (const ObjectRef& ref : draining) RetireIfDrained(ref);
 }
 
 void RelayNode::Impl::FailParent(Link& link, Status why) {
@@ -233,11 +239,12 @@ RelayNode::~RelayNode() {
   impl_->inbox->Close();
   impl_->worker.join();
   std::map<uint64_t, std::unique_ptr<Link>> links;
-  std::map<ObjectRef, std::shared_ptr<Object>> objects;
+  std::map<ObjectRef, std::shared_ptr<Object>> objects, retired;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     links.swap(impl_->links);
     objects.swap(impl_->objects);
+    retired.swap(impl_->retired);
   }
   // After every Close the backend no longer touches the mappings, which the
   // objects then deregister and unmap.
@@ -246,6 +253,7 @@ RelayNode::~RelayNode() {
   }
   links.clear();
   objects.clear();
+  retired.clear();
 }
 
 AcceptHandler RelayNode::ChildAcceptor() {
@@ -283,6 +291,13 @@ void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address
   e.stripe = stripe;
   e.stripes = stripes;
   e.payload = std::move(address);
+  impl_->inbox->Push(std::move(e));
+}
+
+void RelayNode::Forget(const ObjectRef& ref) {
+  Event e;
+  e.kind = Event::kForget;
+  e.ref = ref;
   impl_->inbox->Push(std::move(e));
 }
 

@@ -119,6 +119,12 @@ class RelayNode {
   // when the parent does not hold it, a logged GONE.
   void Fetch(uint32_t stripe, const ObjectRef& ref);
 
+  // Stops holding `ref` (the lead's retention): no more offers or chunks of
+  // it; windows still open for it are closed and its ".part" (if it was
+  // incomplete) is removed. A complete file is left for the lead. Sends
+  // already in flight finish first; until then an OFFER of `ref` is ignored.
+  void Forget(const ObjectRef& ref);
+
   // Root side: serves a complete object already on disk at `path`, listed
   // in `signed_manifest`. Hashes every chunk and checks the signed root
   // before serving (kAuth on a mismatch), kNotFound when the manifest does

@@ -46,6 +46,10 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     return;
   }
   if (!c.status.ok()) return FailParent(link, c.status);  // forged or foreign: drop the parent
+  if (retired.count(c.ref)) {
+    Log("relay: " + ObjectFileName(c.ref) + " offered while its last sends drain; ignored");
+    return;
+  }
   const ManifestObject& meta = c.manifest.objects[c.offer.object_index];
   auto it = objects.find(c.ref);
   if (it != objects.end() && it->second->meta != meta) {
@@ -317,28 +321,74 @@ void RelayNode::Impl::Forward(Object& obj, uint32_t i) {
 }
 
 void RelayNode::Impl::OnSent(const Event& e) {
+  struct Drain {  // however this returns, a retired object may now be dropped
+    Impl* im;
+    const ObjectRef& ref;
+    ~Drain() {
+      if (im->retired.count(ref)) im->RetireIfDrained(ref);
+    }
+  } drain{this, e.ref};
   Link* link = Find(e.link);
-  auto obj = objects.find(e.ref);
-  if (!link || obj == objects.end()) return;
+  auto live_it = objects.find(e.ref);
+  const bool live = live_it != objects.end();
+  Object* obj = live ? live_it->second.get() : nullptr;
+  if (!live) {
+    auto r = retired.find(e.ref);
+    if (r != retired.end()) obj = r->second.get();
+  }
+  if (!link || !obj) return;
   auto tc = link->to.find(e.ref);
   if (tc == link->to.end()) return;
   auto it = tc->second.inflight.find(e.chunk);
   if (it == tc->second.inflight.end()) return;
-  if (e.status.code() == Code::kCorrupt && it->second < options.send_retries_max) {
+  if (live && e.status.code() == Code::kCorrupt && it->second < options.send_retries_max) {
     ++it->second;  // damaged on the wire (the transport's XXH3): the same bytes again
     ++link->stats.retries;
-    return SendChunkTo(*link, *obj->second, e.chunk);
+    return SendChunkTo(*link, *obj, e.chunk);
   }
   tc->second.inflight.erase(it);
   --link->credits;
   if (e.status.ok()) {
     ++link->stats.chunks_out;
-    link->stats.bytes_out += obj->second->Length(e.chunk);
-  } else if (e.status.code() == Code::kCorrupt) {
+    link->stats.bytes_out += obj->Length(e.chunk);
+  } else if (live && e.status.code() == Code::kCorrupt) {
     DropPeer(*link, e.status.WithContext("chunk corrupt on every resend"));
   }
   // kNotFound/kOutOfRange: the child closed that window (it got the chunk
   // elsewhere); kUnavailable/kCancelled: on_closed follows.
+}
+
+// ---- Retention ----
+
+void RelayNode::Impl::ForgetObject(const ObjectRef& ref) {
+  auto it = objects.find(ref);
+  if (it == objects.end()) return;
+  std::shared_ptr<Object> obj = std::move(it->second);
+  objects.erase(it);
+  for (auto& [id, l] : links) {
+    if (l->parent) {
+      auto fp = l->from.find(ref);
+      if (fp == l->from.end()) continue;
+      // Off the transport's threads: when this returns nothing lands there.
+      for (uint32_t i : fp->second.open) l->conn->CancelReceive(fp->second.window_base + i);
+      l->from.erase(fp);
+    } else if (auto tc = l->to.find(ref); tc != l->to.end()) {
+      l->credits -= static_cast<uint32_t>(tc->second.waiting.size());
+      tc->second.waiting.clear();
+    }
+  }
+  if (!obj->complete) env.RemoveFile(obj->part_path).IgnoreError();
+  retired[ref] = std::move(obj);
+  RetireIfDrained(ref);
+}
+
+void RelayNode::Impl::RetireIfDrained(const ObjectRef& ref) {
+  for (auto& [id, l] : links) {
+    auto tc = l->to.find(ref);
+    if (tc != l->to.end() && !tc->second.inflight.empty()) return;
+  }
+  for (auto& [id, l] : links) l->to.erase(ref);
+  retired.erase(ref);  // unmapped and deregistered: no send reads it any more
 }
 
 // ---- Root side ----

@@ -28,7 +28,7 @@ struct Object;
 
 struct Event {
   enum Kind { kStop, kAccepted, kConnected, kMessage, kOverflow, kClosed, kLanded, kSent,
-              kSetParent, kOffer, kFetch };
+              kSetParent, kOffer, kFetch, kForget };
   Kind kind = kStop;
   uint64_t link = 0;
   std::shared_ptr<Connection> conn;

@@ -101,6 +101,9 @@ struct RelayNode::Impl {
 
   mutable std::mutex mu;
   std::map<ObjectRef, std::shared_ptr<Object>> objects;
+  // Forgotten objects whose chunks are still being sent: kept mapped until
+  // the last send completes.
+  std::map<ObjectRef, std::shared_ptr<Object>> retired;
   std::map<uint64_t, std::unique_ptr<Link>> links;
   uint64_t parent_of[kMaxStripes] = {};
   std::vector<std::function<void()>> calls;  // to the lead, made after mu is dropped
@@ -161,6 +164,8 @@ struct RelayNode::Impl {
   void SendChunkTo(Link& link, Object& obj, uint32_t i);
   void Forward(Object& obj, uint32_t i);
   void OnSent(const Event& e);
+  void ForgetObject(const ObjectRef& ref);
+  void RetireIfDrained(const ObjectRef& ref);
 };
 
 }  // namespace tern::agent

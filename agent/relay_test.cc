@@ -579,6 +579,10 @@ TEST_F(RelayTest, StuckChildDoesNotHoldBackAFastOne) {
   ASSERT_TRUE(WaitFor([&] { return fast->Complete(); }));
   EXPECT_EQ(Stored("fast", o), o.data);
   EXPECT_EQ(root->Link("stuck", false).chunks_out, 0u);  // not one acknowledged yet
+  // Forgotten while its chunks are in flight: the buffer stays mapped until
+  // the last send completes (ASan would see a read of freed memory).
+  root->relay->Forget(o.ref);
+  ASSERT_TRUE(WaitFor([&] { return !root->relay->Progress(o.ref).ok(); }));
   {
     std::lock_guard<std::mutex> lock(mu);
     gate_open = true;
@@ -617,6 +621,26 @@ TEST_F(RelayTest, ChainOverTcp) {
   };
   printf("tcp chain, 32 MiB in 1 MiB chunks: a done %.1f ms, b done %.1f ms (b after a: %.1f ms)\n",
          ms(a_done), ms(b_done), ms(b_done) - ms(a_done));
+}
+
+// A node holding max_objects takes a new one once the lead forgets an old one.
+TEST_F(RelayTest, ForgetMakesRoomForTheNextObject) {
+  auto root = MakeNode("root");
+  RelayOptions opt;
+  opt.max_objects = 1;
+  auto c = MakeNode("c", opt);
+  c->relay->SetParent(0, 1, "root");
+  const TestObject v2 = Publish(*root, 3 * 4096, 4096, 2);
+  ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
+  c->relay->Forget(v2.ref);  // queued before the next OFFER can arrive
+  const TestObject v3 = Publish(*root, 3 * 4096, 4096, 3);
+  ASSERT_TRUE(WaitFor([&] {
+    auto p = c->relay->Progress(v3.ref);
+    return p.ok() && p->complete;
+  }));
+  EXPECT_EQ(Stored("c", v3), v3.data);
+  EXPECT_EQ(c->relay->Progress(v2.ref).status().code(), Code::kNotFound);
+  EXPECT_EQ(Stored("c", v2), v2.data);  // the complete file is the lead's to delete
 }
 
 // Garbage from a child: that child is dropped, the others keep being served.
