@@ -97,10 +97,11 @@ std::string ReadAll(Env& env, const std::string& path) {
 // A RelayNode with its own transport and what its callbacks saw.
 struct Node {
   Node(LoopbackNetwork& net, Env& env, const ManifestVerifier& verifier, const BoardId& board,
-       std::string name, RelayOptions options = {}, std::optional<FaultPolicy> fault = {})
-      : Node(NewLoopbackTransport(net), env, verifier, board, name, name, options, fault) {}
+       std::string name, const std::string& base, RelayOptions options = {},
+       std::optional<FaultPolicy> fault = {})
+      : Node(NewLoopbackTransport(net), env, verifier, board, name, base, name, options, fault) {}
   Node(std::unique_ptr<Transport> t_, Env& env, const ManifestVerifier& verifier,
-       const BoardId& board, std::string name, const std::string& listen,
+       const BoardId& board, std::string name, const std::string& base, const std::string& listen,
        RelayOptions options = {}, std::optional<FaultPolicy> fault = {})
       : transport(std::move(t_)) {
     Transport* t = transport.get();
@@ -121,7 +122,7 @@ struct Node {
       std::lock_guard<std::mutex> lock(mu);
       failures.push_back({stripe, st});
     };
-    relay = std::make_unique<RelayNode>(*t, env, "/" + name + "/objects", verifier, board,
+    relay = std::make_unique<RelayNode>(*t, env, base + "/" + name + "/objects", verifier, board,
                                         [name](std::string_view line) {
                                           if (getenv("TERN_RELAY_TEST_LOG"))
                                             fprintf(stderr, "[%s] %.*s\n", name.c_str(),
@@ -267,7 +268,10 @@ class ScriptedParent {
 class RelayTest : public ::testing::Test {
  protected:
   RelayTest()
-      : signer_(std::move(ManifestSigner::FromSeed(Seed(7))).value()), env_(NewMemEnv()) {
+      : signer_(std::move(ManifestSigner::FromSeed(Seed(7))).value()), env_(DefaultEnv()) {
+    char tmpl[] = "/tmp/tern-relay-test-XXXXXX";
+    TERN_ASSERT(mkdtemp(tmpl) != nullptr);
+    base_ = tmpl;
     board_.fill(0xb0);
     TERN_ASSERT(verifier_.AddTrustedKey(signer_.public_key()).ok());
   }
@@ -275,27 +279,33 @@ class RelayTest : public ::testing::Test {
   TestObject Publish(Node& root, uint64_t bytes = 600 * 1024 + 123,
                      uint32_t chunk_bytes = 64 * 1024, uint64_t version = 2) {
     TestObject o = MakeObject(signer_, board_, bytes, chunk_bytes, version);
-    const std::string path = "/published-" + std::to_string(published_++);
-    TERN_ASSERT(WriteNewFile(*env_, path, {reinterpret_cast<const uint8_t*>(o.data.data()),
+    const std::string path = base_ + "/published-" + std::to_string(published_++);
+    TERN_ASSERT(WriteNewFile(env_, path, {reinterpret_cast<const uint8_t*>(o.data.data()),
                                            o.data.size()})
                     .ok());
     Status st = root.relay->Offer(o.signed_manifest, o.ref, path);
     TERN_ASSERT(st.ok(), st.ToString());
     return o;
   }
+  ~RelayTest() override { RemoveTree(env_, base_).IgnoreError(); }
+
   std::unique_ptr<Node> MakeNode(std::string name, RelayOptions options = {},
                                  std::optional<FaultPolicy> fault = {}) {
-    return std::make_unique<Node>(net_, *env_, verifier_, board_, std::move(name), options, fault);
+    return std::make_unique<Node>(net_, env_, verifier_, board_, std::move(name), base_, options,
+                                  fault);
   }
   std::string Stored(const std::string& node, const TestObject& o) {
-    return ReadAll(*env_, "/" + node + "/objects/" + ObjectFileName(o.ref));
+    return ReadAll(env_, base_ + "/" + node + "/objects/" + ObjectFileName(o.ref));
   }
 
   LoopbackNetwork net_;
   ManifestSigner signer_;
   ManifestVerifier verifier_;
   BoardId board_{};
-  std::unique_ptr<Env> env_;
+  // Real files and mappings (munmap makes a use after unmap crash, where
+  // the MemEnv would keep the bytes).
+  Env& env_;
+  std::string base_;
   int published_ = 0;
 };
 
@@ -306,10 +316,10 @@ TEST_F(RelayTest, OneObjectParentToChild) {
   child->relay->SetParent(0, 1, "root");
   ASSERT_TRUE(WaitFor([&] { return child->Complete(); }));
   EXPECT_EQ(Stored("child", o), o.data);
-  EXPECT_FALSE(env_->TypeOf("/child/objects/patch-1-2.part", false).value() == FileType::kRegular);
+  EXPECT_FALSE(env_.TypeOf(base_ + "/child/objects/patch-1-2.part", false).value() == FileType::kRegular);
   {
     std::lock_guard<std::mutex> lock(child->mu);
-    EXPECT_EQ(child->completed[0], "/child/objects/patch-1-2");
+    EXPECT_EQ(child->completed[0], base_ + "/child/objects/patch-1-2");
   }
   const LinkStats in = child->Link("root", true);
   EXPECT_EQ(in.chunks_in, o.count());
@@ -536,6 +546,16 @@ TEST_F(RelayTest, StuckChildDoesNotHoldBackAFastOne) {
   std::condition_variable cv;
   bool gate_open = false, offered = false;
   int landed = 0;
+  struct OpenGateOnExit {  // a failed assertion must not leave the transport thread stuck
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& open;
+    ~OpenGateOnExit() {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+      cv.notify_all();
+    }
+  } open_gate_on_exit{mu, cv, gate_open};
   std::promise<std::shared_ptr<Connection>> conn_p;
   ConnectionHandlers h;
   h.on_message = [&](std::string m) {
@@ -603,9 +623,12 @@ TEST_F(RelayTest, ChainOverTcp) {
   };
   RelayOptions opt;
   opt.window_chunks = 8;
-  auto root = std::make_unique<Node>(tcp(), *env_, verifier_, board_, "root", "127.0.0.1:0", opt);
-  auto a = std::make_unique<Node>(tcp(), *env_, verifier_, board_, "a", "127.0.0.1:0", opt);
-  auto b = std::make_unique<Node>(tcp(), *env_, verifier_, board_, "b", "127.0.0.1:0", opt);
+  auto root = std::make_unique<Node>(tcp(), env_, verifier_, board_, "root", base_, "127.0.0.1:0",
+                                   opt);
+  auto a = std::make_unique<Node>(tcp(), env_, verifier_, board_, "a", base_, "127.0.0.1:0",
+                                   opt);
+  auto b = std::make_unique<Node>(tcp(), env_, verifier_, board_, "b", base_, "127.0.0.1:0",
+                                   opt);
   b->relay->SetParent(0, 1, a->relay->address());
   a->relay->SetParent(0, 1, root->relay->address());
   ASSERT_TRUE(WaitFor([&] { return root->relay->Stats().size() == 1; }));  // a subscribed
