@@ -84,6 +84,10 @@ struct LinkStats {
   uint64_t chunks_in = 0, chunks_out = 0;  // verified chunks received / acknowledged chunks sent
   uint64_t retries = 0;     // chunks sent again (transport kCorrupt)
   uint64_t bad_chunks = 0;  // chunks received that failed SHA-256
+  // Parent links: bytes of the last completed object received here over the
+  // time from its OFFER to its completion (env clock; 0: none yet). With
+  // cut-through this is the rate the tree delivered, not the link's capacity.
+  double last_rate_in_bytes_per_s = 0;
 };
 
 struct ObjectProgress {

@@ -90,6 +90,7 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     fp.window_base = link.next_window_base;
     link.next_window_base += kMaxManifestChunks;  // ids never reused on this connection
     fp.cursor = link.stats.stripe;
+    fp.offered_us = env.clock().NowUs();
     link.from.emplace(c.ref, std::move(fp));
   }
   FillWindows(link, *it->second);
@@ -208,6 +209,7 @@ void RelayNode::Impl::OnLanded(const Event& e) {
   ++obj.verified_count;
   ++link->stats.chunks_in;
   link->stats.bytes_in += obj.Length(e.chunk);
+  fp->second.bytes_in += obj.Length(e.chunk);
   Forward(obj, e.chunk);
   if (obj.verified_count == obj.count()) return Completed(obj);
   FillWindows(*link, obj);
@@ -216,6 +218,13 @@ void RelayNode::Impl::OnLanded(const Event& e) {
 void RelayNode::Impl::Completed(Object& obj) {
   obj.complete = true;
   obj.requeue.clear();
+  const uint64_t now_us = env.clock().NowUs();
+  for (auto& [id, l] : links) {
+    auto fp = l->from.find(obj.ref);
+    if (!l->parent || fp == l->from.end() || fp->second.bytes_in == 0) continue;
+    const double s = std::max<uint64_t>(1, now_us - fp->second.offered_us) / 1e6;
+    l->stats.last_rate_in_bytes_per_s = double(fp->second.bytes_in) / s;
+  }
   Status st = obj.file->Sync();
   if (st.ok()) st = env.Rename(obj.part_path, obj.path, RenameMode::kReplace);
   if (!st.ok()) {

@@ -53,6 +53,8 @@ struct FromParent {
   std::set<uint32_t> open;          // chunks with a window posted on this link
   uint32_t cursor = 0;              // next chunk of this stripe to consider
   std::vector<Sha256Hash> hashes;   // the hash list as it arrives
+  uint64_t offered_us = 0;          // env clock at the OFFER
+  uint64_t bytes_in = 0;            // verified bytes of this object over this link
 };
 // What a child asked this node for, per object.
 struct ToChild {

@@ -325,6 +325,7 @@ TEST_F(RelayTest, OneObjectParentToChild) {
   EXPECT_EQ(in.chunks_in, o.count());
   EXPECT_EQ(in.bytes_in, o.data.size());
   EXPECT_EQ(in.bad_chunks, 0u);
+  EXPECT_GT(in.last_rate_in_bytes_per_s, 0);
   ASSERT_TRUE(WaitFor([&] { return root->Link("child", false).chunks_out == o.count(); }));
   EXPECT_EQ(child->Failures(), 0u);
 }
