@@ -1,0 +1,327 @@
+// RelayNode (agent/relay.h; docs/agent/relay.md). One worker thread owns
+// every state change; transport callbacks only queue events (relay_inbox.h).
+// mu_ guards the state against the readers (Progress, Stats); the worker
+// drops it around the callbacks it makes to the lead.
+#include "agent/relay.h"
+
+#include "agent/relay_internal.h"
+
+namespace tern::agent {
+
+void RelayNode::Impl::Run() {
+  for (;;) {
+    Event e = inbox->Pop();
+    if (e.kind == Event::kStop) return;
+    std::optional<CheckedOffer> offer;
+    if (e.kind == Event::kMessage && DataTypeOf(e.payload) == uint8_t(DataType::kOffer)) {
+      offer = CheckOffer(e.payload);  // the worker is the only writer: no lock needed to read
+    }
+    std::vector<std::function<void()>> todo;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (offer) {
+        if (Link* link = Find(e.link); link && link->parent) {
+          OnOffer(*link, *offer);
+        } else if (link) {
+          DropPeer(*link, TERN_ERROR(kProtocol, "OFFER from a child"));
+        }
+      } else {
+        Handle(e);
+      }
+      todo.swap(calls);
+    }
+    for (auto& call : todo) call();
+  }
+}
+
+void RelayNode::Impl::Handle(Event& e) {
+  switch (e.kind) {
+    case Event::kStop:
+      return;
+    case Event::kAccepted: {
+      size_t children = 0;
+      for (auto& [id, l] : links) children += !l->parent;
+      if (children >= options.max_children) {
+        Log(internal::StrCat("relay: refused child ", e.conn->peer_address(), ": ", children,
+                             " children already (max_children)"));
+        e.conn->Close();
+        return;
+      }
+      auto link = std::make_unique<Link>();
+      link->id = e.link;
+      link->conn = std::move(e.conn);
+      link->stats.peer = link->conn->peer_address();
+      links[e.link] = std::move(link);
+      return;
+    }
+    case Event::kSetParent: {
+      if (e.stripes < 1 || e.stripes > kMaxStripes || e.stripe >= e.stripes) {
+        Status st = TERN_ERROR(kInvalidArgument, "stripe ", e.stripe, " of ", e.stripes,
+                               " (at most ", kMaxStripes, " stripes)");
+        calls.push_back([this, s = e.stripe, st] {
+          if (callbacks.on_parent_failed) callbacks.on_parent_failed(s, st);
+        });
+        return;
+      }
+      if (Link* old = Find(parent_of[e.stripe])) CloseLink(*old);
+      auto link = std::make_unique<Link>();
+      const uint64_t id = inbox->NewLinkId();
+      link->id = id;
+      link->parent = true;
+      link->stats.parent = true;
+      link->stats.peer = e.payload;
+      link->stats.stripe = e.stripe;
+      link->stats.stripes = e.stripes;
+      links[id] = std::move(link);
+      parent_of[e.stripe] = id;
+      transport.Connect(e.payload, Handlers(inbox, id),
+                        [in = inbox, id](Result<std::shared_ptr<Connection>> r) {
+                          Event c;
+                          c.kind = Event::kConnected;
+                          c.link = id;
+                          if (r.ok()) {
+                            c.conn = std::move(*r);
+                          } else {
+                            c.status = r.status();
+                          }
+                          in->Push(std::move(c));
+                        });
+      return;
+    }
+    case Event::kConnected: {
+      Link* link = Find(e.link);
+      if (!link) {
+        if (e.conn) e.conn->Close();  // replaced while dialing
+        return;
+      }
+      if (!e.conn) return FailParent(*link, e.status);
+      link->conn = std::move(e.conn);
+      Subscribe s{options.member_id, static_cast<uint16_t>(link->stats.stripe),
+                  static_cast<uint16_t>(link->stats.stripes)};
+      Send(*link, EncodeSubscribe(s));
+      return;
+    }
+    case Event::kFetch:
+      if (e.stripe < kMaxStripes) {
+        if (Link* link = Find(parent_of[e.stripe]); link && link->conn) {
+          return Send(*link, EncodeFetch(e.ref));
+        }
+      }
+      Log(internal::StrCat("relay: no parent on stripe ", e.stripe, " to fetch ",
+                           ObjectFileName(e.ref), " from"));
+      return;
+    case Event::kForget:
+      return ForgetObject(e.ref);
+    case Event::kOverflow:
+      if (Link* link = Find(e.link)) {
+        DropPeer(*link, TERN_ERROR(kResourceExhausted, "more than ", options.inbox_messages_max,
+                                   " messages queued"));
+      }
+      return;
+    case Event::kClosed: {
+      inbox->ForgetLink(e.link);
+      Link* link = Find(e.link);
+      if (!link) return;
+      if (link->parent) {
+        return FailParent(*link, e.status.ok() ? TERN_ERROR(kUnavailable, "parent ",
+                                                            link->stats.peer, " closed the link")
+                                               : e.status);
+      }
+      return CloseLink(*link);
+    }
+    case Event::kMessage: {
+      Link* link = Find(e.link);
+      if (!link) return;
+      const auto type = static_cast<DataType>(DataTypeOf(e.payload));
+      if (link->parent && type == DataType::kHashes) return OnHashes(*link, e.payload);
+      if (link->parent && type == DataType::kGone) {
+        auto g = DecodeGone(e.payload);
+        if (!g.ok()) return DropPeer(*link, g.status());
+        Log(internal::StrCat("relay: parent ", link->stats.peer, " does not serve ",
+                             ObjectFileName(g->object), ": ", g->reason));
+        return;
+      }
+      if (!link->parent && type == DataType::kSubscribe) return OnSubscribe(*link, e.payload);
+      if (!link->parent && type == DataType::kWant) return OnWant(*link, e.payload);
+      if (!link->parent && type == DataType::kFetch) return OnFetch(*link, e.payload);
+      return DropPeer(*link, TERN_ERROR(kProtocol, "unexpected message type 0x", std::hex,
+                                        int(DataTypeOf(e.payload)), " on a ",
+                                        link->parent ? "parent" : "child", " link"));
+    }
+    case Event::kLanded:
+      return OnLanded(e);
+    case Event::kSent:
+      return OnSent(e);
+    case Event::kOffer: {
+      auto it = objects.find(e.object->ref);
+      if (it != objects.end() && it->second->complete) return;  // served already
+      if (it == objects.end() && objects.size() >= options.max_objects) {
+        Log("relay: object table full (max_objects), not serving " + ObjectFileName(e.object->ref));
+        return;
+      }
+      if (it != objects.end()) {
+        // Chunks of the buffer being received may be on their way to
+        // children: it stays; the complete copy is not needed.
+        Log("relay: " + ObjectFileName(e.object->ref) + " offered while being received; ignored");
+        return;
+      }
+      it = objects.emplace(e.object->ref, e.object).first;
+      for (auto& [id, l] : links) {
+        if (!l->parent && l->subscribed) OfferTo(*l, *it->second);
+      }
+      return;
+    }
+  }
+}
+
+// ---- Links ----
+
+void RelayNode::Impl::CloseLink(Link& link) {
+  // From the worker (never a callback of this connection): when Close
+  // returns the backend no longer writes our windows nor reads our chunks,
+  // so the chunks windowed here may be asked of another parent.
+  if (link.conn) link.conn->Close();
+  for (auto& [ref, fp] : link.from) {
+    auto it = objects.find(ref);
+    if (it == objects.end()) continue;
+    for (uint32_t i : fp.open) {
+      auto w = it->second->windows.find(i);
+      if (w != it->second->windows.end() && w->second == link.id) it->second->windows.erase(w);
+    }
+  }
+  if (link.parent && parent_of[link.stats.stripe] == link.id) parent_of[link.stats.stripe] = 0;
+  links.erase(link.id);
+  // Its sends ended with the Close above: a retired object may now go.
+  std::vector<ObjectRef> draining;
+  for (auto& [ref, obj] : retired) draining.push_back(ref);
+  for (const ObjectRef& ref : draining) RetireIfDrained(ref);
+}
+
+void RelayNode::Impl::FailParent(Link& link, Status why) {
+  const uint32_t stripe = link.stats.stripe;
+  const bool current = parent_of[stripe] == link.id;
+  Log(internal::StrCat("relay: parent ", link.stats.peer, " (stripe ", stripe,
+                       ") failed: ", why.ToString()));
+  CloseLink(link);
+  if (current) {
+    calls.push_back([this, stripe, why = std::move(why)] {
+      if (callbacks.on_parent_failed) callbacks.on_parent_failed(stripe, why);
+    });
+  }
+}
+
+void RelayNode::Impl::DropPeer(Link& link, const Status& why) {
+  if (link.parent) return FailParent(link, why);
+  Log(internal::StrCat("relay: dropping child ", link.stats.peer, ": ", why.ToString()));
+  CloseLink(link);
+}
+
+// ---- Public API ----
+
+RelayNode::RelayNode(Transport& transport, Env& env, std::string objects_dir,
+                     const ManifestVerifier& verifier, BoardId board, LogFn log,
+                     RelayOptions options, RelayCallbacks callbacks)
+    : impl_(std::make_unique<Impl>(transport, env, std::move(objects_dir), verifier, board,
+                                   std::move(log), std::move(options), std::move(callbacks))) {
+  if (Status st = CreateDirs(env, impl_->dir); !st.ok()) {
+    impl_->Log("relay: cannot create " + impl_->dir + ": " + st.ToString());
+  }
+  impl_->worker = std::thread([impl = impl_.get()] { impl->Run(); });
+}
+
+RelayNode::~RelayNode() {
+  std::unique_ptr<Listener> listener;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    listener = std::move(impl_->listener);
+  }
+  if (listener) listener->Close();  // the accept handler is done and never runs again
+  impl_->inbox->Close();
+  impl_->worker.join();
+  std::map<uint64_t, std::unique_ptr<Link>> links;
+  std::map<ObjectRef, std::shared_ptr<Object>> objects, retired;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    links.swap(impl_->links);
+    objects.swap(impl_->objects);
+    retired.swap(impl_->retired);
+  }
+  // After every Close the backend no longer touches the mappings, which the
+  // objects then deregister and unmap.
+  for (auto& [id, link] : links) {
+    if (link->conn) link->conn->Close();
+  }
+  links.clear();
+  objects.clear();
+  retired.clear();
+}
+
+AcceptHandler RelayNode::ChildAcceptor() {
+  return [in = impl_->inbox](std::shared_ptr<Connection> conn) {
+    const uint64_t id = in->NewLinkId();
+    Event e;
+    e.kind = Event::kAccepted;
+    e.link = id;
+    e.conn = std::move(conn);
+    in->Push(std::move(e));  // queued before any of its messages
+    return Impl::Handlers(in, id);
+  };
+}
+
+Status RelayNode::Listen(const std::string& address) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    TERN_REQUIRE(!impl_->listener, kAlreadyExists, "relay: already listening on ",
+                 impl_->listener->address());
+  }
+  TERN_ASSIGN_OR_RETURN(auto listener, impl_->transport.Listen(address, ChildAcceptor()));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->listener = std::move(listener);
+  return Status::Ok();
+}
+
+std::string RelayNode::address() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->listener ? impl_->listener->address() : std::string();
+}
+
+void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address) {
+  Event e;
+  e.kind = Event::kSetParent;
+  e.stripe = stripe;
+  e.stripes = stripes;
+  e.payload = std::move(address);
+  impl_->inbox->Push(std::move(e));
+}
+
+void RelayNode::Forget(const ObjectRef& ref) {
+  Event e;
+  e.kind = Event::kForget;
+  e.ref = ref;
+  impl_->inbox->Push(std::move(e));
+}
+
+void RelayNode::Fetch(uint32_t stripe, const ObjectRef& ref) {
+  Event e;
+  e.kind = Event::kFetch;
+  e.stripe = stripe;
+  e.ref = ref;
+  impl_->inbox->Push(std::move(e));
+}
+
+Result<ObjectProgress> RelayNode::Progress(const ObjectRef& ref) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->objects.find(ref);
+  TERN_REQUIRE(it != impl_->objects.end(), kNotFound, "relay: no object ", ObjectFileName(ref));
+  const Object& o = *it->second;
+  return ObjectProgress{o.count(), o.verified_count, o.hashes_ok, o.complete};
+}
+
+std::vector<LinkStats> RelayNode::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<LinkStats> out;
+  for (auto& [id, link] : impl_->links) out.push_back(link->stats);
+  return out;
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,173 @@
+// RelayNode's state (private to agent/relay*.cc): the objects a node holds,
+// its links, and the Impl whose worker changes them. relay.cc: the worker,
+// links and the public API; relay_flow.cc: the chunk flow in both
+// directions.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "agent/relay.h"
+#include "agent/relay_inbox.h"
+
+namespace tern::agent {
+
+// An object this node holds: complete (served), or being received.
+struct Object {
+  ObjectRef ref;
+  std::string signed_manifest;
+  uint32_t index = 0;
+  ManifestObject meta;
+  std::string part_path, path;  // path: set once complete
+  std::unique_ptr<MappedFile> file;
+  MemoryRegion region;
+  Transport* transport = nullptr;
+  std::vector<Sha256Hash> hashes;
+  bool hashes_ok = false;
+  std::vector<uint8_t> verified;
+  uint32_t verified_count = 0;
+  std::map<uint32_t, uint64_t> windows;  // chunk -> the parent link it has a window on
+  std::set<uint32_t> requeue;            // chunks to ask for again (failed SHA-256)
+  bool complete = false;
+
+  uint32_t count() const { return meta.chunk_count; }
+  uint64_t Offset(uint32_t i) const { return uint64_t{i} * meta.chunk_bytes; }
+  uint64_t Length(uint32_t i) const {
+    return std::min<uint64_t>(meta.chunk_bytes, meta.bytes - Offset(i));
+  }
+  std::span<const uint8_t> Chunk(uint32_t i) const {
+    return {file->data() + Offset(i), static_cast<size_t>(Length(i))};
+  }
+  ~Object() {
+    if (transport && region.handle) transport->DeregisterMemory(region).IgnoreError();
+  }
+};
+
+// What a parent link knows of one object it offered.
+struct FromParent {
+  uint64_t window_base = 0;
+  std::set<uint32_t> open;          // chunks with a window posted on this link
+  uint32_t cursor = 0;              // next chunk of this stripe to consider
+  std::vector<Sha256Hash> hashes;   // the hash list as it arrives
+  uint64_t offered_us = 0;          // env clock at the OFFER
+  uint64_t bytes_in = 0;            // verified bytes of this object over this link
+};
+// What a child asked this node for, per object.
+struct ToChild {
+  uint64_t window_base = 0;
+  std::set<uint32_t> waiting;                // credited, not verified here yet
+  std::map<uint32_t, uint32_t> inflight;     // chunk -> resends so far
+};
+
+struct Link {
+  uint64_t id = 0;
+  bool parent = false;
+  std::shared_ptr<Connection> conn;
+  bool subscribed = false;
+  uint64_t next_window_base = 1;
+  uint32_t bad_chunks = 0;
+  uint32_t credits = 0;  // child side: waiting + inflight over all objects
+  std::map<ObjectRef, FromParent> from;
+  std::map<ObjectRef, ToChild> to;
+  LinkStats stats;
+};
+
+struct RelayNode::Impl {
+  Impl(Transport& t, Env& e, std::string d, const ManifestVerifier& v, BoardId b, LogFn l,
+       RelayOptions o, RelayCallbacks c)
+      : transport(t), env(e), dir(std::move(d)), verifier(v), board(b), log(std::move(l)),
+        options(std::move(o)), callbacks(std::move(c)),
+        inbox(std::make_shared<Inbox>(std::max<uint32_t>(1, options.inbox_messages_max))) {
+    options.window_chunks = std::clamp<uint32_t>(options.window_chunks, 1, kMaxWantChunks);
+    options.bad_chunks_max = std::max<uint32_t>(1, options.bad_chunks_max);
+    if (options.member_id.empty() || options.member_id.size() > kMaxMemberIdBytes) {
+      options.member_id = "member";
+    }
+  }
+
+  Transport& transport;
+  Env& env;
+  const std::string dir;
+  const ManifestVerifier& verifier;
+  const BoardId board;
+  const LogFn log;
+  RelayOptions options;
+  const RelayCallbacks callbacks;
+  std::shared_ptr<Inbox> inbox;
+  std::unique_ptr<Listener> listener;
+  std::thread worker;
+
+  mutable std::mutex mu;
+  std::map<ObjectRef, std::shared_ptr<Object>> objects;
+  // Forgotten objects whose chunks are still being sent: kept mapped until
+  // the last send completes.
+  std::map<ObjectRef, std::shared_ptr<Object>> retired;
+  std::map<uint64_t, std::unique_ptr<Link>> links;
+  uint64_t parent_of[kMaxStripes] = {};
+  std::vector<std::function<void()>> calls;  // to the lead, made after mu is dropped
+
+  void Log(const std::string& line) const {
+    if (log) log(line);
+  }
+
+  static ConnectionHandlers Handlers(const std::shared_ptr<Inbox>& inbox, uint64_t id) {
+    ConnectionHandlers h;
+    h.on_message = [in = inbox, id](std::string payload) { in->PushMessage(id, std::move(payload)); };
+    h.on_closed = [in = inbox, id](Status why) {
+      Event e;
+      e.kind = Event::kClosed;
+      e.link = id;
+      e.status = std::move(why);
+      in->Push(std::move(e));
+    };
+    return h;
+  }
+
+  void Run();
+  void Handle(Event& e);
+  // OFFER's checks that need no state: decode, signature, board, the lead.
+  struct CheckedOffer {
+    Status status;
+    bool refused_by_lead = false;
+    agent::Offer offer;
+    VersionManifest manifest;
+    ObjectRef ref;
+  };
+  CheckedOffer CheckOffer(std::string_view payload) const;
+
+  Link* Find(uint64_t id) {
+    auto it = links.find(id);
+    return it == links.end() ? nullptr : it->second.get();
+  }
+  void CloseLink(Link& link);
+  void FailParent(Link& link, Status why);
+  void DropPeer(Link& link, const Status& why);
+  void Send(Link& link, std::string message) {
+    if (link.conn) link.conn->SendMessage(std::move(message), [](Status) {});
+  }
+
+  // Parent side of a link (this node receives).
+  void OnOffer(Link& link, CheckedOffer& c);
+  void OnHashes(Link& link, std::string_view payload);
+  void FillWindows(Link& link, Object& obj);
+  void OnLanded(const Event& e);
+  void OnHashListVerified(Object& obj);
+  void Completed(Object& obj);
+
+  // Child side of a link (this node sends).
+  void OnSubscribe(Link& link, std::string_view payload);
+  void OnWant(Link& link, std::string_view payload);
+  void OnFetch(Link& link, std::string_view payload);
+  void OfferTo(Link& link, const Object& obj);
+  void SendChunkTo(Link& link, Object& obj, uint32_t i);
+  void Forward(Object& obj, uint32_t i);
+  void OnSent(const Event& e);
+  void ForgetObject(const ObjectRef& ref);
+  void RetireIfDrained(const ObjectRef& ref);
+};
+
+}  // namespace tern::agent
