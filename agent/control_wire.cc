@@ -165,7 +165,7 @@ void PutBody(Writer& w, const CatchUpRequest& m) {
   w.U64(m.have);
   w.U64(m.target);
 }
-void PutBody(Writer& w, const CatchUpPlan& m) {
+void PutBody(Writer& w, const CatchUpReply& m) {
   if (m.signed_manifests.empty() || m.signed_manifests.size() > kMaxControlManifests)
     w.Fail("manifest count outside 1..64");
   if (m.objects.empty() || m.objects.size() > kMaxControlObjects) w.Fail("object count outside 1..4096");
@@ -174,6 +174,7 @@ void PutBody(Writer& w, const CatchUpPlan& m) {
   for (const auto& s : m.signed_manifests) w.Str(s, 1, kMaxControlManifestBytes, "signed manifest");
   w.U32(static_cast<uint32_t>(m.objects.size()));
   for (const auto& o : m.objects) {
+    if (!ValidateObjectRef(o).ok()) w.Fail("an object reference that does not fit its kind");
     w.U8(static_cast<uint8_t>(o.kind));
     w.U64(o.from);
     w.U64(o.to);
@@ -259,8 +260,8 @@ CatchUpRequest GetBody<CatchUpRequest>(Reader& r) {
   return m;
 }
 template <>
-CatchUpPlan GetBody<CatchUpPlan>(Reader& r) {
-  CatchUpPlan m;
+CatchUpReply GetBody<CatchUpReply>(Reader& r) {
+  CatchUpReply m;
   m.target = r.U64("target");
   const uint32_t nm = r.U32("manifest count");
   if (r.ok() && (nm < 1 || nm > kMaxControlManifests)) r.Fail("manifest count outside 1..64");
@@ -269,12 +270,16 @@ CatchUpPlan GetBody<CatchUpPlan>(Reader& r) {
   const uint32_t no = r.U32("object count");
   if (r.ok() && (no < 1 || no > kMaxControlObjects)) r.Fail("object count outside 1..4096");
   for (uint32_t i = 0; r.ok() && i < no; ++i) {
-    CatchUpObject o;
+    ObjectRef o;
     const uint8_t kind = r.U8("object kind");
     if (r.ok() && (kind < 1 || kind > 3)) r.Fail("object kind " + std::to_string(kind));
     o.kind = static_cast<ObjectKind>(kind);
     o.from = r.U64("object from");
     o.to = r.U64("object to");
+    if (r.ok()) {
+      Status valid = ValidateObjectRef(o);
+      if (!valid.ok()) r.Fail(valid.message());
+    }
     m.objects.push_back(o);
   }
   return m;
@@ -298,7 +303,7 @@ ControlType TypeOf(const ControlMessage& m) {
   static constexpr ControlType kTypes[] = {
       ControlType::kHello,          ControlType::kWelcome,     ControlType::kReject,
       ControlType::kHeartbeat,      ControlType::kParents,     ControlType::kHead,
-      ControlType::kCatchUpRequest, ControlType::kCatchUpPlan, ControlType::kLeave};
+      ControlType::kCatchUpRequest, ControlType::kCatchUpReply, ControlType::kLeave};
   return kTypes[m.index()];
 }
 
@@ -311,7 +316,7 @@ const char* ControlTypeName(ControlType t) {
     case ControlType::kParents: return "PARENTS";
     case ControlType::kHead: return "HEAD";
     case ControlType::kCatchUpRequest: return "CATCHUP_REQUEST";
-    case ControlType::kCatchUpPlan: return "CATCHUP_PLAN";
+    case ControlType::kCatchUpReply: return "CATCHUP_REPLY";
     case ControlType::kLeave: return "LEAVE";
   }
   return "?";
@@ -342,7 +347,7 @@ Result<ControlMessage> DecodeControl(std::string_view bytes) {
     case ControlType::kParents: return Finish<Parents>(r);
     case ControlType::kHead: return Finish<Head>(r);
     case ControlType::kCatchUpRequest: return Finish<CatchUpRequest>(r);
-    case ControlType::kCatchUpPlan: return Finish<CatchUpPlan>(r);
+    case ControlType::kCatchUpReply: return Finish<CatchUpReply>(r);
     case ControlType::kLeave: return Finish<Leave>(r);
   }
   return Status(Code::kCorrupt, "control message: unknown type 0x" +

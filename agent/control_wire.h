@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "agent/object_ref.h"
 #include "tern/status.h"
 #include "tern/version_manifest.h"
 
@@ -40,7 +41,7 @@ enum class ControlType : uint8_t {
   kParents = 0x05,    // root -> member: where to receive each stripe from
   kHead = 0x06,       // root -> member: a new HEAD and its signed manifest
   kCatchUpRequest = 0x07,  // member -> root: I hold `have`, I want `target`
-  kCatchUpPlan = 0x08,     // root -> member: the objects to fetch, in apply order
+  kCatchUpReply = 0x08,    // root -> member: the objects to fetch, in apply order
   kLeave = 0x09,           // member -> root: leaving on purpose
 };
 
@@ -118,17 +119,11 @@ struct CatchUpRequest {
   bool operator==(const CatchUpRequest&) const = default;
 };
 
-struct CatchUpObject {
-  ObjectKind kind = ObjectKind::kPatch;
-  uint64_t from = 0, to = 0;
-  bool operator==(const CatchUpObject&) const = default;
-};
-
-struct CatchUpPlan {
+struct CatchUpReply {
   uint64_t target = 0;
   std::vector<std::string> signed_manifests;  // covering every object, 1..64
-  std::vector<CatchUpObject> objects;         // apply order, 1..kMaxControlObjects
-  bool operator==(const CatchUpPlan&) const = default;
+  std::vector<ObjectRef> objects;             // apply order, 1..kMaxControlObjects
+  bool operator==(const CatchUpReply&) const = default;
 };
 
 struct Leave {
@@ -136,7 +131,7 @@ struct Leave {
 };
 
 using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
-                                    CatchUpRequest, CatchUpPlan, Leave>;
+                                    CatchUpRequest, CatchUpReply, Leave>;
 
 ControlType TypeOf(const ControlMessage& m);
 const char* ControlTypeName(ControlType t);

@@ -20,7 +20,7 @@ std::vector<ControlMessage> Samples() {
   Parents parents{5, {{0, "root", "127.0.0.1:7000"}, {1, "m-2", "127.0.0.1:7002"}}};
   Head head{43, std::string(200, 'm')};
   CatchUpRequest req{40, 43};
-  CatchUpPlan plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
+  CatchUpReply plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
   return {hello, welcome, Reject{"bad token"}, hb, parents, head, req, plan, Leave{}};
 }
 

@@ -60,28 +60,6 @@ Status RequireEnd(std::string_view in, const char* what) {
 
 }  // namespace
 
-Status ValidateObjectRef(const ObjectRef& ref) {
-  switch (ref.kind) {
-    case ObjectKind::kKeyframe:
-      TERN_REQUIRE(ref.from == ref.to && ref.to >= 1, kCorrupt, "keyframe reference ", ref.from,
-                   "->", ref.to, ": from must equal to (>= 1)");
-      return Status::Ok();
-    case ObjectKind::kPatch:
-    case ObjectKind::kSquash:
-      TERN_REQUIRE(ref.from < ref.to, kCorrupt, "object reference ", ref.from, "->", ref.to,
-                   ": from must be below to");
-      return Status::Ok();
-  }
-  return TERN_ERROR(kCorrupt, "unknown object kind ", static_cast<int>(ref.kind));
-}
-
-std::string ObjectFileName(const ObjectRef& ref) {
-  const char* kind = ref.kind == ObjectKind::kPatch      ? "patch"
-                     : ref.kind == ObjectKind::kKeyframe ? "keyframe"
-                                                         : "squash";
-  return internal::StrCat(kind, "-", ref.from, "-", ref.to);
-}
-
 uint8_t DataTypeOf(std::string_view message) {
   return message.empty() ? 0 : static_cast<uint8_t>(message[0]);
 }

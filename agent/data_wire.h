@@ -19,23 +19,12 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/object_ref.h"
 #include "tern/status.h"
 #include "tern/version_manifest.h"
 
 namespace tern::agent {
 
-// Names one object of a board: patch(from -> to), keyframe(to) (from == to),
-// squash(from -> to).
-struct ObjectRef {
-  ObjectKind kind = ObjectKind::kPatch;
-  uint64_t from = 0;
-  uint64_t to = 0;
-  auto operator<=>(const ObjectRef&) const = default;
-};
-// kCorrupt unless kind is known and from/to fit it.
-Status ValidateObjectRef(const ObjectRef& ref);
-// "patch-3-4": the file name under DIR/objects/.
-std::string ObjectFileName(const ObjectRef& ref);
 
 enum class DataType : uint8_t {
   kSubscribe = 0x40,  // child -> parent, once, first on a data connection

@@ -166,9 +166,9 @@ TEST(DataWire, BoundsAndOrder) {
 }
 
 TEST(DataWire, ObjectFileNames) {
-  EXPECT_EQ(ObjectFileName(kPatch34), "patch-3-4");
-  EXPECT_EQ(ObjectFileName({ObjectKind::kKeyframe, 9, 9}), "keyframe-9-9");
-  EXPECT_EQ(ObjectFileName({ObjectKind::kSquash, 2, 9}), "squash-2-9");
+  EXPECT_EQ(ObjectName(kPatch34), "patch-3-4");
+  EXPECT_EQ(ObjectName({ObjectKind::kKeyframe, 9, 9}), "keyframe-9-9");
+  EXPECT_EQ(ObjectName({ObjectKind::kSquash, 2, 9}), "squash-2-9");
 }
 
 }  // namespace

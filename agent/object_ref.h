@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tern/status.h"
 #include "tern/version_manifest.h"
 
 namespace tern::agent {
@@ -24,5 +25,8 @@ struct ObjectRef {
 const char* ObjectKindName(ObjectKind kind);
 // "patch-1-2", "keyframe-5-5", "squash-1-9": the file name under DIR/objects/.
 std::string ObjectName(const ObjectRef& ref);
+// kCorrupt unless the kind is known and from/to fit it (keyframe: from ==
+// to >= 1; patch and squash: from < to). For references read off the wire.
+Status ValidateObjectRef(const ObjectRef& ref);
 
 }  // namespace tern::agent

@@ -108,7 +108,7 @@ void RelayNode::Impl::Handle(Event& e) {
         }
       }
       Log(internal::StrCat("relay: no parent on stripe ", e.stripe, " to fetch ",
-                           ObjectFileName(e.ref), " from"));
+                           ObjectName(e.ref), " from"));
       return;
     case Event::kForget:
       return ForgetObject(e.ref);
@@ -138,7 +138,7 @@ void RelayNode::Impl::Handle(Event& e) {
         auto g = DecodeGone(e.payload);
         if (!g.ok()) return DropPeer(*link, g.status());
         Log(internal::StrCat("relay: parent ", link->stats.peer, " does not serve ",
-                             ObjectFileName(g->object), ": ", g->reason));
+                             ObjectName(g->object), ": ", g->reason));
         return;
       }
       if (!link->parent && type == DataType::kSubscribe) return OnSubscribe(*link, e.payload);
@@ -156,13 +156,13 @@ void RelayNode::Impl::Handle(Event& e) {
       auto it = objects.find(e.object->ref);
       if (it != objects.end() && it->second->complete) return;  // served already
       if (it == objects.end() && objects.size() >= options.max_objects) {
-        Log("relay: object table full (max_objects), not serving " + ObjectFileName(e.object->ref));
+        Log("relay: object table full (max_objects), not serving " + ObjectName(e.object->ref));
         return;
       }
       if (it != objects.end()) {
         // Chunks of the buffer being received may be on their way to
         // children: it stays; the complete copy is not needed.
-        Log("relay: " + ObjectFileName(e.object->ref) + " offered while being received; ignored");
+        Log("relay: " + ObjectName(e.object->ref) + " offered while being received; ignored");
         return;
       }
       it = objects.emplace(e.object->ref, e.object).first;
@@ -312,7 +312,7 @@ void RelayNode::Fetch(uint32_t stripe, const ObjectRef& ref) {
 Result<ObjectProgress> RelayNode::Progress(const ObjectRef& ref) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->objects.find(ref);
-  TERN_REQUIRE(it != impl_->objects.end(), kNotFound, "relay: no object ", ObjectFileName(ref));
+  TERN_REQUIRE(it != impl_->objects.end(), kNotFound, "relay: no object ", ObjectName(ref));
   const Object& o = *it->second;
   return ObjectProgress{o.count(), o.verified_count, o.hashes_ok, o.complete};
 }

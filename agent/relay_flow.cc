@@ -47,18 +47,18 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
   }
   if (!c.status.ok()) return FailParent(link, c.status);  // forged or foreign: drop the parent
   if (retired.count(c.ref)) {
-    Log("relay: " + ObjectFileName(c.ref) + " offered while its last sends drain; ignored");
+    Log("relay: " + ObjectName(c.ref) + " offered while its last sends drain; ignored");
     return;
   }
   const ManifestObject& meta = c.manifest.objects[c.offer.object_index];
   auto it = objects.find(c.ref);
   if (it != objects.end() && it->second->meta != meta) {
-    return FailParent(link, TERN_ERROR(kMismatch, "OFFER: ", ObjectFileName(c.ref),
+    return FailParent(link, TERN_ERROR(kMismatch, "OFFER: ", ObjectName(c.ref),
                                        " signed with other sizes or hashes than before"));
   }
   if (it == objects.end()) {
     if (objects.size() >= options.max_objects) {
-      Log("relay: object table full (max_objects), ignoring " + ObjectFileName(c.ref));
+      Log("relay: object table full (max_objects), ignoring " + ObjectName(c.ref));
       return;
     }
     auto obj = std::make_shared<Object>();
@@ -66,18 +66,18 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     obj->signed_manifest = c.offer.signed_manifest;
     obj->index = c.offer.object_index;
     obj->meta = meta;
-    obj->path = dir + "/" + ObjectFileName(c.ref);
+    obj->path = dir + "/" + ObjectName(c.ref);
     obj->part_path = obj->path + ".part";
     env.RemoveFile(obj->part_path).IgnoreError();  // a leftover of an earlier run
     auto file = env.CreateMapped(obj->part_path, meta.bytes);
     if (!file.ok()) {
-      Log("relay: cannot receive " + ObjectFileName(c.ref) + ": " + file.status().ToString());
+      Log("relay: cannot receive " + ObjectName(c.ref) + ": " + file.status().ToString());
       return;
     }
     obj->file = std::move(*file);
     auto region = transport.RegisterMemory(obj->file->data(), meta.bytes, MemoryKind::kHost);
     if (!region.ok()) {
-      Log("relay: cannot register " + ObjectFileName(c.ref) + ": " + region.status().ToString());
+      Log("relay: cannot register " + ObjectName(c.ref) + ": " + region.status().ToString());
       return;
     }
     obj->region = *region;
@@ -115,7 +115,7 @@ void RelayNode::Impl::OnHashes(Link& link, std::string_view payload) {
   if (list.size() < o.count()) return;
   if (ChunkHashRoot(list) != o.meta.chunk_hashes_root) {
     list.clear();
-    return FailParent(link, TERN_ERROR(kAuth, "hash list of ", ObjectFileName(o.ref),
+    return FailParent(link, TERN_ERROR(kAuth, "hash list of ", ObjectName(o.ref),
                                        " does not match its signed root"));
   }
   o.hashes = std::move(list);
@@ -197,7 +197,7 @@ void RelayNode::Impl::OnLanded(const Event& e) {
   if (!st.ok()) {
     ++link->stats.bad_chunks;
     obj.requeue.insert(e.chunk);
-    Log(internal::StrCat("relay: chunk ", e.chunk, " of ", ObjectFileName(obj.ref), " from ",
+    Log(internal::StrCat("relay: chunk ", e.chunk, " of ", ObjectName(obj.ref), " from ",
                          link->stats.peer, " failed SHA-256; asking again"));
     if (++link->bad_chunks >= options.bad_chunks_max) {
       return FailParent(*link, TERN_ERROR(kAuth, "parent ", link->stats.peer, " sent ",
@@ -229,7 +229,7 @@ void RelayNode::Impl::Completed(Object& obj) {
   if (st.ok()) st = env.Rename(obj.part_path, obj.path, RenameMode::kReplace);
   if (!st.ok()) {
     // Still served from memory; the lead hears nothing, so it fetches again.
-    Log("relay: cannot store " + ObjectFileName(obj.ref) + ": " + st.ToString());
+    Log("relay: cannot store " + ObjectName(obj.ref) + ": " + st.ToString());
     return;
   }
   calls.push_back([this, ref = obj.ref, path = obj.path] {
@@ -411,7 +411,7 @@ Status RelayNode::Offer(std::string signed_manifest, const ObjectRef& ref,
     return ObjectRef{o.kind, o.from_version, o.to_version} == ref;
   });
   TERN_REQUIRE(meta != m.objects.end(), kNotFound, "relay: manifest of version ", m.version,
-               " does not list ", ObjectFileName(ref));
+               " does not list ", ObjectName(ref));
   auto obj = std::make_shared<Object>();
   obj->ref = ref;
   obj->signed_manifest = std::move(signed_manifest);
@@ -424,7 +424,7 @@ Status RelayNode::Offer(std::string signed_manifest, const ObjectRef& ref,
   obj->hashes.resize(meta->chunk_count);
   for (uint32_t i = 0; i < meta->chunk_count; ++i) obj->hashes[i] = Sha256Of(obj->Chunk(i));
   TERN_REQUIRE(ChunkHashRoot(obj->hashes) == meta->chunk_hashes_root, kAuth, "relay: ", path,
-               " does not match the signed hashes of ", ObjectFileName(ref));
+               " does not match the signed hashes of ", ObjectName(ref));
   TERN_ASSIGN_OR_RETURN(obj->region,
                         im.transport.RegisterMemory(obj->file->data(), meta->bytes, MemoryKind::kHost));
   obj->transport = &im.transport;

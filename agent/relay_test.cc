@@ -295,7 +295,7 @@ class RelayTest : public ::testing::Test {
                                   fault);
   }
   std::string Stored(const std::string& node, const TestObject& o) {
-    return ReadAll(env_, base_ + "/" + node + "/objects/" + ObjectFileName(o.ref));
+    return ReadAll(env_, base_ + "/" + node + "/objects/" + ObjectName(o.ref));
   }
 
   LoopbackNetwork net_;
