@@ -64,6 +64,9 @@ struct AgentOptions {
   // root and every relay refuse a peer without it. Empty: no token (only for
   // trusted networks; use mutual TLS across untrusted ones).
   std::string join_token;
+  // Bearer token for the admin port's mutating routes (POST /publish);
+  // empty: none (bind the admin port to loopback then).
+  std::string admin_token;
 
   // ---- Policy (root) ----
   uint32_t stripes = 1;
@@ -142,5 +145,24 @@ class TERN_EXPORT Agent {
   // every thread. Idempotent; the destructor calls it.
   virtual void Stop() = 0;
 };
+
+// ---- Talking to an agent's admin port (tern publish / tern status, and
+// schedulers that embed tern) ----
+
+struct AgentClientOptions {
+  std::string token;            // bearer token for mutating requests
+  uint32_t timeout_ms = 600000;
+};
+
+// POST /publish to a root's admin port: the root diffs `checkpoint_path`
+// (a path the root can read) against HEAD and publishes it as `version`.
+// Returns once the version is on the board. Errors carry the root's reason
+// (kAuth for a bad token, kInvalidArgument for a stale version, kUnavailable
+// when the root cannot be reached).
+TERN_EXPORT Status PublishToRoot(const std::string& admin_address, const std::string& checkpoint_path,
+                                 uint64_t version, const AgentClientOptions& options = {});
+// GET /status: the agent's snapshot as JSON text (docs/agent/operations.md).
+TERN_EXPORT Result<std::string> AgentStatusJson(const std::string& admin_address,
+                                                const AgentClientOptions& options = {});
 
 }  // namespace tern

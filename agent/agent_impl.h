@@ -1,0 +1,164 @@
+// The Agent's implementation (include/tern/agent.h), private to agent/.
+// One class, three files by role: agent.cc (start, the shared listener, the
+// work thread, status), agent_root.cc (board, membership, publishing,
+// catch-up service), agent_member.cc (joining, parents, applying).
+//
+// Threads and locks. Transport callbacks (backend threads) only decode,
+// update state under mu_ and queue work; they never block. Work that takes
+// time — applying a version, fetching catch-up objects, re-planning
+// notifications — runs on the agent's one work thread, in order. The ticker
+// thread sends heartbeats, expires silent members and re-dials the root.
+// Calls into a Connection (SendMessage, Close) are made without mu_ held: a
+// backend may run on_closed inside Close, and on_closed takes mu_.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/board.h"
+#include "agent/publish.h"
+#include "agent/control_wire.h"
+#include "agent/membership.h"
+#include "agent/relay.h"
+#include "agent/view_store.h"
+#include "tern/agent.h"
+#include "tern/thread_pool.h"
+#include "tern/version_manifest.h"
+#include "tern/xfer.h"
+
+namespace tern::agent {
+
+class AdminServer;
+class MetricsRegistry;
+
+class AgentImpl final : public Agent {
+ public:
+  explicit AgentImpl(const AgentOptions& options);
+  ~AgentImpl() override;
+
+  Status Init();
+  Status Publish(const std::string& checkpoint_path, uint64_t version) override;
+  AgentSnapshot Snapshot() const override;
+  std::string PublicKeyPem() const override;
+  void Stop() override;
+
+ private:
+  // A message to send once mu_ is released.
+  struct Outgoing {
+    std::shared_ptr<Connection> conn;
+    std::string payload;
+  };
+  using Outbox = std::vector<Outgoing>;
+  void Flush(Outbox& out);
+  void Send(Outbox& out, const std::shared_ptr<Connection>& conn, const ControlMessage& m);
+  void Log(const std::string& line) const;
+  double NowS() const { return static_cast<double>(clock_.NowUs()) * 1e-6; }
+
+  // ---- agent.cc ----
+  Status StartListener();
+  ConnectionHandlers Accept(std::shared_ptr<Connection> conn);
+  void Post(std::function<void()> work);  // onto the work thread
+  void WorkLoop();
+  void TickLoop();
+  Status StartAdmin();
+  std::string StatusJson() const;
+  std::string MetricsText() const;
+
+  // ---- agent_root.cc ----
+  Status InitRoot();
+  void RootOnControl(const std::shared_ptr<Connection>& conn, std::string* member_id,
+                     ControlMessage m);
+  void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
+  void RootTick();
+  void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out);
+  Status PublishLocked(const std::string& checkpoint_path, uint64_t version);
+
+  // ---- agent_member.cc ----
+  Status InitMember();
+  void MemberDial();
+  void MemberOnControl(ControlMessage m);
+  void MemberOnClosed(const std::shared_ptr<Connection>& conn, const Status& why);
+  void MemberTick();
+  bool MemberAcceptManifest(const std::string& signed_manifest, const VersionManifest& m);
+  void MemberObjectComplete(const ObjectRef& ref, const std::string& path);
+  void MemberTryApply();
+  Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
+  void MemberCatchUp(CatchUpReply plan);
+  Status SaveMemberState();
+  Result<RelayNode*> EnsureRelay(const BoardId& board);
+  Heartbeat MakeHeartbeatLocked();
+
+  const AgentOptions opt_;
+  Env& env_;
+  Clock& clock_;
+  LogFn log_;
+  ThreadPool pool_;
+  std::string id_;
+  std::string objects_dir_;    // DIR/objects: what the relay receives and serves
+  std::string published_dir_;  // root: DIR/published, the board's objects
+
+  ManifestVerifier verifier_;
+  std::optional<ManifestSigner> signer_;  // root
+  std::unique_ptr<ViewStore> store_;
+  std::unique_ptr<RelayNode> relay_;
+  std::unique_ptr<Listener> listener_;
+  std::string listen_address_;
+  std::unique_ptr<MetricsRegistry> metrics_;
+  std::unique_ptr<AdminServer> admin_;
+  std::string admin_address_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::deque<std::function<void()>> work_;  // bounded by kMaxQueuedWork
+  bool stopping_ = false;
+  std::thread work_thread_, tick_thread_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+
+  // ---- root state (mu_) ----
+  std::unique_ptr<Board> board_;
+  std::unique_ptr<FileServer> fetch_server_;
+  std::unique_ptr<Membership> membership_;
+  std::map<std::string, std::shared_ptr<Connection>> member_conns_;
+  std::map<uint64_t, AgentVersionStatus> versions_;
+  std::map<uint64_t, std::set<std::string>> waiting_;  // version -> members not yet serving it
+  std::mutex publish_mu_;  // one publish at a time (not mu_: it takes seconds)
+
+  // ---- member state (mu_) ----
+  BoardId board_id_{};  // pinned at the first WELCOME (DIR/agent.json)
+  bool joined_ = false;
+  std::shared_ptr<Connection> root_conn_;
+  bool dialing_ = false;
+  uint64_t next_dial_us_ = 0;
+  uint64_t known_head_ = 0;
+  std::string fetch_address_;
+  Parents parents_;
+  uint32_t stripes_ = 1;
+  uint64_t heartbeat_seq_ = 0;
+  double last_apply_s_ = 0;
+  bool catching_up_ = false;
+  uint64_t catch_up_deadline_us_ = 0;  // a request unanswered by then is given up
+  uint64_t catch_up_next_us_ = 0;      // the next periodic check
+  bool need_catch_up_check_ = false;
+  bool redial_parents_ = false;
+  uint64_t store_version_ = 0;  // store_->version(), readable under mu_
+  uint64_t dial_backoff_us_ = 0;
+  bool dial_failed_logged_ = false;
+  // Complete, verified objects waiting to be applied, by target version.
+  std::map<uint64_t, std::pair<ObjectRef, std::string>> ready_;
+  // Manifests accepted, by version (publication target digests).
+  std::map<uint64_t, VersionManifest> manifests_;
+};
+
+}  // namespace tern::agent

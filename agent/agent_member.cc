@@ -1,0 +1,451 @@
+// A member agent: joins the root, follows the parents it is given, applies
+// what its relay receives, catches up from the root's object service when
+// the tree cannot help (agent/agent_impl.h).
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <utility>
+
+#include "agent/agent_impl.h"
+#include "base/text.h"
+
+namespace tern::agent {
+namespace {
+
+constexpr uint64_t kDialBackoffUsMin = 100'000;
+constexpr uint64_t kDialBackoffUsMax = 5'000'000;
+constexpr uint64_t kMaxStateBytes = 64 << 10;
+
+std::string Hex(std::span<const uint8_t> bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : bytes) {
+    out.push_back(kDigits[b >> 4]);
+    out.push_back(kDigits[b & 15]);
+  }
+  return out;
+}
+
+bool FromHex(std::string_view hex, std::span<uint8_t> out) {
+  if (hex.size() != out.size() * 2) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
+// The signed object's bytes, checked against its manifest entry without the
+// hash list: every chunk's SHA-256 folded into the Merkle root the publisher
+// signed. Used for catch-up objects, which arrive whole from the root's
+// object service rather than chunk by chunk through the tree.
+Status VerifyWholeObject(Env& env, const std::string& path, const ManifestObject& o) {
+  TERN_ASSIGN_OR_RETURN(auto file, env.Map(path, MapMode::kReadOnly));
+  const auto bytes = file->bytes();
+  TERN_REQUIRE(bytes.size() == o.bytes, kAuth, path, ": ", bytes.size(), " bytes, the manifest says ",
+               o.bytes);
+  std::vector<Sha256Hash> hashes(o.chunk_count);
+  for (uint32_t i = 0; i < o.chunk_count; ++i) {
+    const uint64_t at = uint64_t{i} * o.chunk_bytes;
+    hashes[i] = Sha256Of(bytes.subspan(at, std::min<uint64_t>(o.chunk_bytes, bytes.size() - at)));
+  }
+  TERN_REQUIRE(ChunkHashRoot(hashes) == o.chunk_hashes_root, kAuth, path,
+               ": chunk hashes do not match the signed root");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AgentImpl::InitMember() {
+  TERN_REQUIRE(verifier_.key_count() > 0, kInvalidArgument,
+               "agent: a member needs the publisher's public key (--trust-key)");
+  const std::string state_path = opt_.data_dir + "/agent.json";
+  TERN_ASSIGN_OR_RETURN(FileType type, env_.TypeOf(state_path, true));
+  if (type == FileType::kRegular) {
+    std::string text;
+    TERN_RETURN_IF_ERROR(ReadFileToString(env_, state_path, kMaxStateBytes, &text));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("board_id") || !j["board_id"].is_string() ||
+        !FromHex(j["board_id"].get<std::string>(), board_id_))
+      return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
+  }
+  if (board_id_ != BoardId{}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TERN_RETURN_IF_ERROR(EnsureRelay(board_id_).status());
+  }
+  return Status::Ok();
+}
+
+Status AgentImpl::SaveMemberState() {
+  nlohmann::json j;
+  j["member_id"] = id_;
+  j["board_id"] = Hex(board_id_);
+  const std::string text = j.dump(2) + "\n";
+  return WriteFileAtomic(env_, opt_.data_dir + "/agent.json",
+                         {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, true);
+}
+
+// Under mu_.
+Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
+  if (relay_) return relay_.get();
+  RelayCallbacks cb;
+  cb.on_manifest = [this](const std::string& signed_manifest, const VersionManifest& m) {
+    return MemberAcceptManifest(signed_manifest, m);
+  };
+  cb.on_object_complete = [this](const ObjectRef& ref, const std::string& path) {
+    Post([this, ref, path] { MemberObjectComplete(ref, path); });
+  };
+  cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
+    Log("parent of stripe " + std::to_string(stripe) + " failed: " + why.ToString());
+    std::lock_guard<std::mutex> lock(mu_);
+    // Dial again on a later tick unless the root moves us meanwhile (it
+    // re-plans when the parent is gone for good).
+    redial_parents_ = true;
+  };
+  RelayOptions ro;
+  ro.member_id = id_;
+  relay_ = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board, log_, ro,
+                                       std::move(cb));
+  return relay_.get();
+}
+
+void AgentImpl::MemberDial() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || root_conn_ || dialing_ || clock_.NowUs() < next_dial_us_) return;
+    dialing_ = true;
+  }
+  ConnectionHandlers h;
+  auto self_conn = std::make_shared<std::weak_ptr<Connection>>();
+  h.on_message = [this](std::string payload) {
+    auto m = DecodeControl(payload);
+    if (!m.ok()) {
+      Log("bad control message from the root: " + m.status().ToString());
+      std::shared_ptr<Connection> c;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        c = root_conn_;
+      }
+      if (c) c->Close();
+      return;
+    }
+    MemberOnControl(std::move(m).value());
+  };
+  h.on_closed = [this, self_conn](Status why) { MemberOnClosed(self_conn->lock(), why); };
+  opt_.transport->Connect(opt_.join, std::move(h), [this, self_conn](Result<std::shared_ptr<Connection>> r) {
+    Outbox out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dialing_ = false;
+      if (!r.ok()) {
+        dial_backoff_us_ = std::clamp<uint64_t>(dial_backoff_us_ * 2, kDialBackoffUsMin, kDialBackoffUsMax);
+        next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
+        if (!dial_failed_logged_) Log("cannot reach the root at " + opt_.join + ": " + r.status().ToString());
+        dial_failed_logged_ = true;
+        return;
+      }
+      if (stopping_) {
+        out.push_back({*r, ""});
+      } else {
+        *self_conn = *r;
+        root_conn_ = *r;
+        Hello hello;
+        hello.member.id = id_;
+        hello.member.region = opt_.region;
+        hello.member.cluster = opt_.cluster;
+        hello.member.island = opt_.island;
+        hello.member.data_address = listen_address_;
+        hello.member.may_relay = opt_.may_relay;
+        hello.member.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
+        hello.member.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
+        hello.board_id = board_id_;
+        hello.served_version = store_->version();
+        hello.join_token = opt_.join_token;
+        Send(out, *r, hello);
+      }
+    }
+    if (!out.empty() && out[0].payload.empty()) {
+      out[0].conn->Close();
+      return;
+    }
+    Flush(out);
+  });
+}
+
+void AgentImpl::MemberOnClosed(const std::shared_ptr<Connection>& conn, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn && root_conn_ != conn) return;
+  root_conn_.reset();
+  if (joined_) Log("lost the root: " + why.ToString());
+  joined_ = false;
+  dial_backoff_us_ = std::max(dial_backoff_us_, kDialBackoffUsMin);
+  next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
+}
+
+void AgentImpl::MemberOnControl(ControlMessage msg) {
+  Outbox out;
+  std::shared_ptr<Connection> close;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (auto* w = std::get_if<Welcome>(&msg)) {
+      if (board_id_ != BoardId{} && w->board_id != board_id_) {
+        Log("the root at " + opt_.join + " runs another board; not joining");
+        close = root_conn_;
+        next_dial_us_ = clock_.NowUs() + kDialBackoffUsMax;
+      } else {
+        const bool first = board_id_ == BoardId{};
+        board_id_ = w->board_id;
+        if (first) {
+          Status s = SaveMemberState();
+          if (!s.ok()) Log("cannot save DIR/agent.json: " + s.ToString());
+        }
+        auto relay = EnsureRelay(board_id_);
+        if (!relay.ok()) Log("no relay: " + relay.status().ToString());
+        joined_ = true;
+        dial_backoff_us_ = kDialBackoffUsMin;
+        dial_failed_logged_ = false;
+        known_head_ = std::max(known_head_, w->head);
+        fetch_address_ = w->fetch_address;
+        stripes_ = w->stripes;
+        Log("joined; HEAD " + std::to_string(w->head) + ", serving " + std::to_string(store_->version()));
+        need_catch_up_check_ = true;
+      }
+    } else if (auto* p = std::get_if<Parents>(&msg)) {
+      parents_ = *p;
+      redial_parents_ = true;
+    } else if (auto* h = std::get_if<Head>(&msg)) {
+      auto m = verifier_.Verify(h->signed_manifest);
+      if (!m.ok() || m->board_id != board_id_ || m->version != h->head) {
+        Log("ignoring a HEAD whose manifest does not verify: " +
+            (m.ok() ? std::string("board or version mismatch") : m.status().ToString()));
+      } else {
+        known_head_ = std::max(known_head_, h->head);
+        manifests_[h->head] = *m;
+        while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
+        need_catch_up_check_ = true;
+      }
+    } else if (auto* r = std::get_if<Reject>(&msg)) {
+      Log("the root refused to let us join: " + r->reason);
+      next_dial_us_ = clock_.NowUs() + kDialBackoffUsMax;
+      close = root_conn_;
+    } else if (auto* plan = std::get_if<CatchUpReply>(&msg)) {
+      CatchUpReply copy = *plan;
+      work_.push_back([this, copy]() mutable { MemberCatchUp(std::move(copy)); });
+      work_cv_.notify_one();
+    } else {
+      Log(std::string("unexpected ") + ControlTypeName(TypeOf(msg)) + " from the root");
+    }
+  }
+  Flush(out);
+  if (close) close->Close();
+}
+
+bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Replay protection: a version older than the one served is refused (a
+  // relay replaying an old, validly signed version cannot roll us back).
+  // The served version itself is accepted so that children still get it.
+  if (m.version < store_version_) {
+    Log("refusing a manifest for version " + std::to_string(m.version) + ": serving " +
+        std::to_string(store_version_));
+    return false;
+  }
+  known_head_ = std::max(known_head_, m.version);
+  return true;
+}
+
+void AgentImpl::MemberObjectComplete(const ObjectRef& ref, const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ref.to <= store_version_) return;  // already there (caught up meanwhile)
+    // Keep the cheapest route to each target: a patch beats a keyframe.
+    auto it = ready_.find(ref.to);
+    if (it == ready_.end() || (it->second.first.kind == ObjectKind::kKeyframe && ref.kind != ObjectKind::kKeyframe))
+      ready_[ref.to] = {ref, path};
+  }
+  MemberTryApply();
+}
+
+// On the work thread.
+void AgentImpl::MemberTryApply() {
+  for (;;) {
+    std::pair<ObjectRef, std::string> next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!ready_.empty() && ready_.begin()->first <= store_version_) ready_.erase(ready_.begin());
+      auto pick = ready_.end();
+      for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+        const ObjectRef& r = it->second.first;
+        if ((r.kind == ObjectKind::kKeyframe) || r.from == store_version_) {
+          // A keyframe only when nothing chains from what we serve.
+          if (r.kind == ObjectKind::kKeyframe && store_version_ != 0) {
+            bool chain = false;
+            for (auto& [v, o] : ready_) chain |= o.first.kind != ObjectKind::kKeyframe && o.first.from == store_version_;
+            if (chain) continue;
+          }
+          pick = it;
+          break;
+        }
+      }
+      if (pick == ready_.end()) return;
+      next = pick->second;
+      ready_.erase(pick);
+    }
+    Status s = MemberApplyObject(next.first, next.second);
+    if (!s.ok()) Log("cannot apply " + ObjectName(next.first) + ": " + s.ToString());
+  }
+}
+
+// On the work thread.
+Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& path) {
+  const double t0 = NowS();
+  TERN_ASSIGN_OR_RETURN(auto file, env_.Map(path, MapMode::kReadOnly));
+  const auto bytes = file->bytes();
+  if (ref.kind == ObjectKind::kKeyframe) {
+    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to));
+  } else {
+    TERN_RETURN_IF_ERROR(store_->Advance(bytes));
+  }
+  const double dt = NowS() - t0;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    store_version_ = store_->version();
+    last_apply_s_ = dt;
+    // Tell the root at once: time-to-serve is measured from this heartbeat.
+    if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+  }
+  Flush(out);
+  Log("serving version " + std::to_string(ref.to) + " (" + ObjectName(ref) + ", applied in " +
+      std::to_string(dt) + " s)");
+  return Status::Ok();
+}
+
+// On the work thread: fetch every object of the plan from the root's object
+// service, verify it against a signed manifest, apply in order.
+void AgentImpl::MemberCatchUp(CatchUpReply plan) {
+  std::string fetch_address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fetch_address = fetch_address_;
+    catching_up_ = true;
+  }
+  auto done = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    catching_up_ = false;
+  };
+  std::vector<VersionManifest> manifests;
+  for (const auto& s : plan.signed_manifests) {
+    auto m = verifier_.Verify(s);
+    if (!m.ok() || m->board_id != board_id_) {
+      Log("catch-up plan has a manifest that does not verify; ignoring the plan");
+      return done();
+    }
+    manifests.push_back(std::move(m).value());
+  }
+  for (const ObjectRef& ref : plan.objects) {
+    {
+      // The tree may have moved us on meanwhile: skip what no longer fits
+      // (the periodic check asks again if the rest does not come).
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ref.to <= store_version_) continue;
+      if (ref.kind != ObjectKind::kKeyframe && ref.from != store_version_) break;
+    }
+    const ManifestObject* entry = nullptr;
+    for (const auto& m : manifests)
+      for (const auto& mo : m.objects)
+        if (mo.kind == ref.kind && mo.from_version == ref.from && mo.to_version == ref.to && m.version == ref.to)
+          entry = &mo;
+    if (!entry) {
+      Log("catch-up object " + ObjectName(ref) + " is in no signed manifest; stopping");
+      return done();
+    }
+    const std::string local = opt_.data_dir + "/catchup/" + ObjectName(ref);
+    if (Status s = CreateDirs(env_, opt_.data_dir + "/catchup"); !s.ok()) {
+      Log("catch-up: " + s.ToString());
+      return done();
+    }
+    FetchOptions fo;
+    fo.chunk_bytes = entry->chunk_bytes;
+    auto fetched = FetchFile(*opt_.transport, fetch_address, ObjectName(ref), local, fo, clock_);
+    if (!fetched.ok()) {
+      Log("catch-up fetch of " + ObjectName(ref) + " failed: " + fetched.status().ToString());
+      return done();
+    }
+    Status s = VerifyWholeObject(env_, local, *entry);
+    if (s.ok()) s = MemberApplyObject(ref, local);
+    env_.RemoveFile(local).IgnoreError();
+    if (!s.ok()) {
+      Log("catch-up object " + ObjectName(ref) + " refused: " + s.ToString());
+      return done();
+    }
+  }
+  done();
+  MemberTryApply();
+}
+
+Heartbeat AgentImpl::MakeHeartbeatLocked() {
+  Heartbeat hb;
+  hb.seq = ++heartbeat_seq_;
+  hb.served_version = store_version_;
+  hb.last_apply_s = last_apply_s_;
+  if (relay_) {
+    for (const auto& l : relay_->Stats()) {
+      hb.bytes_in += l.bytes_in;
+      hb.bytes_out += l.bytes_out;
+      hb.chunk_retries += l.retries + l.bad_chunks;
+    }
+  }
+  return hb;
+}
+
+void AgentImpl::MemberTick() {
+  MemberDial();
+  Outbox out;
+  std::vector<ParentRef> redial;
+  uint32_t stripes = 1;
+  RelayNode* relay = nullptr;
+  bool catch_up = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (root_conn_ && joined_) {
+      Send(out, root_conn_, MakeHeartbeatLocked());
+      const uint64_t now_us = clock_.NowUs();
+      if (catching_up_ && now_us > catch_up_deadline_us_) catching_up_ = false;  // no answer came
+      if ((need_catch_up_check_ || now_us > catch_up_next_us_) && !catching_up_ &&
+          known_head_ > store_version_) {
+        catch_up_next_us_ = now_us + 2'000'000;
+        // The tree brings HEAD when we serve HEAD-1 (or hold the patches
+        // that lead there); anything older is caught up from the board.
+        uint64_t reach = store_version_;
+        for (auto& [v, o] : ready_)
+          if (o.first.from == reach || o.first.kind == ObjectKind::kKeyframe) reach = v;
+        if (reach + 1 < known_head_) {
+          Send(out, root_conn_, CatchUpRequest{store_version_, known_head_});
+          catching_up_ = true;
+          catch_up_deadline_us_ = now_us + 60'000'000;
+          catch_up = true;
+        }
+      }
+      need_catch_up_check_ = false;
+    }
+    if (redial_parents_ && relay_ && !parents_.parents.empty()) {
+      redial = parents_.parents;
+      stripes = static_cast<uint32_t>(parents_.parents.size());
+      relay = relay_.get();
+      redial_parents_ = false;
+    }
+  }
+  (void)catch_up;
+  Flush(out);
+  for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address);
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,353 @@
+// The agent end to end, in one process over the loopback transport: a root
+// and members in several regions, versions from a datagen trace, and every
+// member's DIR/current compared bit for bit with what was published.
+// (Multi-process runs over TCP: tests/agent/ and `tern demo`.)
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tern/agent.h"
+#include "tern/checkpoint.h"
+#include "tern/datagen.h"
+#include "tern/digest.h"
+#include "tern/fault_transport.h"
+#include "tern/loopback_transport.h"
+#include "tern/thread_pool.h"
+
+namespace tern {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Bounded waits on real time: the agents run their own threads.
+bool WaitFor(const std::function<bool()>& cond, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+// Every tensor's bytes equal (names, layouts and data).
+std::string FirstDifference(const std::string& a_path, const std::string& b_path) {
+  auto a = Checkpoint::Open(a_path);
+  auto b = Checkpoint::Open(b_path);
+  if (!a.ok()) return "cannot open " + a_path + ": " + a.status().ToString();
+  if (!b.ok()) return "cannot open " + b_path + ": " + b.status().ToString();
+  const ServeView& va = (*a)->view();
+  const ServeView& vb = (*b)->view();
+  if (va.tensors.size() != vb.tensors.size()) return "tensor counts differ";
+  for (size_t i = 0; i < va.tensors.size(); ++i) {
+    const auto& ta = va.tensors[i];
+    const auto& tb = vb.tensors[i];
+    if (!ta.desc->SameLayout(*tb.desc) || ta.desc->name != tb.desc->name) return "layout of " + ta.desc->name;
+    if (std::memcmp(ta.data, tb.data, ta.desc->bytes()) != 0) return "bytes of " + ta.desc->name;
+  }
+  return "";
+}
+
+class AgentSystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tern-agent-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "trace");
+    TraceConfig config;
+    auto shape = ChooseModelShape(400'000);
+    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+    config.shape = *shape;
+    config.seed = 7;
+    config.adam.lr = 1e-5;
+    auto gen = TraceGenerator::Create(config, pool_);
+    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+    gen_ = std::move(gen).value();
+  }
+
+  void TearDown() override {
+    for (auto& [id, a] : members_) a.agent.reset();
+    root_.reset();
+    transports_.clear();
+    fs::remove_all(dir_);
+  }
+
+  // The trace's next step as a checkpoint directory; returns its path.
+  std::string NextStep() {
+    EXPECT_TRUE(gen_->Step().ok());
+    const std::string path = (dir_ / "trace" / ("step-" + std::to_string(gen_->step()))).string();
+    CreateOptions co;
+    EXPECT_TRUE(WriteTraceCheckpoint(*gen_, path, {}, co, pool_).ok());
+    steps_[gen_->step()] = path;
+    return path;
+  }
+
+  Transport* NewTransportFor(const std::string& name, const FaultPolicy* fault = nullptr) {
+    auto& slot = transports_[name];
+    slot.inner = NewLoopbackTransport(net_);
+    if (fault) slot.fault = NewFaultTransport(*slot.inner, *fault);
+    return slot.fault ? static_cast<Transport*>(slot.fault.get()) : slot.inner.get();
+  }
+
+  AgentOptions BaseOptions(const std::string& name) {
+    AgentOptions o;
+    o.listen = name;
+    o.id = name;
+    o.data_dir = (dir_ / name).string();
+    o.heartbeat_ms = 100;
+    o.dead_after_ms = 1000;
+    o.threads = 1;
+    o.fanout_max = 2;
+    o.root_fanout_max = 3;
+    o.keyframe_every = 4;
+    return o;
+  }
+
+  void StartRoot(uint32_t root_fanout = 3) {
+    AgentOptions o = BaseOptions("root");
+    o.root_fanout_max = root_fanout;
+    o.root = true;
+    o.region = "us";
+    o.transport = NewTransportFor("root");
+    auto a = Agent::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    root_ = std::move(a).value();
+    root_key_ = root_->PublicKeyPem();
+  }
+
+  void StartMember(const std::string& name, const std::string& region,
+                   const FaultPolicy* fault = nullptr) {
+    AgentOptions o = BaseOptions(name);
+    o.join = "root";
+    o.region = region;
+    o.trusted_keys_pem = {root_key_};
+    o.transport = NewTransportFor(name, fault);
+    auto a = Agent::Start(o);
+    ASSERT_TRUE(a.ok()) << name << ": " << a.status().ToString();
+    members_[name].agent = std::move(a).value();
+    members_[name].dir = o.data_dir;
+  }
+
+  void StopMember(const std::string& name) {
+    members_[name].agent->Stop();
+    members_[name].agent.reset();
+    transports_.erase(name);
+  }
+
+  void Publish(uint64_t version) {
+    const std::string path = NextStep();
+    ASSERT_EQ(gen_->step(), version);
+    Status s = root_->Publish(path, version);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  bool AllServe(uint64_t version, double seconds = 60) {
+    return WaitFor(
+        [&] {
+          for (auto& [id, m] : members_)
+            if (m.agent && m.agent->Snapshot().served_version != version) return false;
+          return true;
+        },
+        seconds);
+  }
+
+  std::string Lagging(uint64_t version) {
+    std::string out;
+    for (auto& [id, m] : members_)
+      if (m.agent && m.agent->Snapshot().served_version != version)
+        out += id + "@" + std::to_string(m.agent->Snapshot().served_version) + " ";
+    return out;
+  }
+
+  void ExpectBitwiseEqual(uint64_t version) {
+    for (auto& [id, m] : members_) {
+      if (!m.agent) continue;
+      EXPECT_EQ(FirstDifference(m.dir + "/current", steps_[version]), "") << id << " at version " << version;
+    }
+  }
+
+  struct Slot {
+    std::unique_ptr<Transport> inner;
+    std::unique_ptr<FaultTransport> fault;
+  };
+  struct Member {
+    std::unique_ptr<Agent> agent;
+    std::string dir;
+  };
+
+  fs::path dir_;
+  ThreadPool pool_{1};
+  LoopbackNetwork net_;
+  std::unique_ptr<TraceGenerator> gen_;
+  std::map<uint64_t, std::string> steps_;
+  std::map<std::string, Slot> transports_;
+  std::unique_ptr<Agent> root_;
+  std::string root_key_;
+  std::map<std::string, Member> members_;
+};
+
+TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
+  StartRoot();
+  const char* regions[] = {"us", "eu", "ap"};
+  for (int i = 0; i < 16; ++i) StartMember("m" + std::to_string(i), regions[i % 3]);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 16; }, 30));
+  for (uint64_t v = 1; v <= 10; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << "version " << v << " not served by: " << Lagging(v);
+    ExpectBitwiseEqual(v);
+  }
+  // The root saw every member serve every version, and the tree was
+  // region-aware: a member's parent is in its own region or the root.
+  const AgentSnapshot s = root_->Snapshot();
+  std::map<std::string, std::string> region;
+  for (const auto& m : s.members) region[m.id] = m.region;
+  for (const auto& m : s.members) {
+    EXPECT_EQ(m.served_version, 10u) << m.id;
+    if (m.parent != "root") {
+      EXPECT_EQ(region[m.parent], m.region) << m.id << " under " << m.parent;
+    }
+  }
+  ASSERT_EQ(s.versions.size(), 10u);
+  for (const auto& v : s.versions) EXPECT_GE(v.last_served_s, 0) << "version " << v.version;
+}
+
+TEST_F(AgentSystemTest, LateAndLaggingMembersCatchUp) {
+  StartRoot();
+  StartMember("a", "us");
+  StartMember("b", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  for (uint64_t v = 1; v <= 2; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  // b goes away for five versions; c arrives after seven.
+  StopMember("b");
+  for (uint64_t v = 3; v <= 7; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  StartMember("b", "eu");
+  StartMember("c", "ap");
+  ASSERT_TRUE(AllServe(7)) << Lagging(7);
+  ExpectBitwiseEqual(7);
+  Publish(8);
+  ASSERT_TRUE(AllServe(8)) << Lagging(8);
+  ExpectBitwiseEqual(8);
+}
+
+TEST_F(AgentSystemTest, RootRestartLosesNothing) {
+  StartRoot();
+  StartMember("a", "us");
+  StartMember("b", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  for (uint64_t v = 1; v <= 3; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  root_->Stop();
+  root_.reset();
+  transports_.erase("root");
+  StartRoot();  // same DIR: same key, same board
+  EXPECT_EQ(root_->Snapshot().head, 3u);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  // A stale version is refused; the next one flows.
+  EXPECT_EQ(root_->Publish(steps_[3], 3).code(), Code::kInvalidArgument);
+  Publish(4);
+  ASSERT_TRUE(AllServe(4)) << Lagging(4);
+  ExpectBitwiseEqual(4);
+}
+
+TEST_F(AgentSystemTest, RelayKilledMidTransferChildrenReattach) {
+  // The root feeds one child, so the first member to join relays to all
+  // the others; its sends are slowed so that it dies mid-transfer.
+  StartRoot(/*root_fanout=*/1);
+  FaultPolicy slow;
+  slow.delay_us = 20'000;  // per send; the heartbeats (every 100 ms) must keep up
+  StartMember("relay", "eu", &slow);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  for (int i = 0; i < 5; ++i) StartMember("m" + std::to_string(i), "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 6; }, 30));
+  for (const auto& m : root_->Snapshot().members)
+    if (m.id != "relay") {
+      EXPECT_NE(m.parent, "root") << m.id;
+    }
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  const std::string relay = "relay";
+  Publish(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  StopMember(relay);
+  members_.erase(relay);
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  ExpectBitwiseEqual(2);
+  for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, relay) << m.id;
+}
+
+TEST_F(AgentSystemTest, MemberTrustingAnotherKeyAppliesNothing) {
+  StartRoot();
+  StartMember("a", "us");
+  // A member configured with a different publisher key: every manifest the
+  // tree brings fails verification, so it never serves.
+  AgentOptions o = BaseOptions("x");
+  o.join = "root";
+  o.region = "us";
+  o.trusted_keys_pem = {};
+  {
+    // Another root's key.
+    AgentOptions other = BaseOptions("other-root");
+    other.root = true;
+    other.transport = NewTransportFor("other-root");
+    auto other_root = Agent::Start(other);
+    ASSERT_TRUE(other_root.ok());
+    o.trusted_keys_pem = {(*other_root)->PublicKeyPem()};
+  }
+  o.transport = NewTransportFor("x");
+  auto x = Agent::Start(o);
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  Publish(1);
+  ASSERT_TRUE(WaitFor([&] { return members_["a"].agent->Snapshot().served_version == 1; }, 60));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ((*x)->Snapshot().served_version, 0u);
+}
+
+TEST_F(AgentSystemTest, GarbageOnTheAgentPortIsRefusedAndServiceGoesOn) {
+  StartRoot();
+  StartMember("a", "us");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  Transport* t = NewTransportFor("prober");
+  for (const std::string& junk : {std::string("GET / HTTP/1.1\r\n\r\n"), std::string("\x01\0\0\0garbage", 11),
+                                  std::string(1, '\xff'), std::string()}) {
+    std::promise<Result<std::shared_ptr<Connection>>> done;
+    std::promise<Status> closed;
+    auto closed_future = closed.get_future();
+    ConnectionHandlers h;
+    auto closed_once = std::make_shared<std::once_flag>();
+    h.on_closed = [&closed, closed_once](Status s) { std::call_once(*closed_once, [&] { closed.set_value(s); }); };
+    t->Connect("root", h, [&done](Result<std::shared_ptr<Connection>> r) { done.set_value(std::move(r)); });
+    auto conn = done.get_future().get();
+    ASSERT_TRUE(conn.ok());
+    (*conn)->SendMessage(junk, [](Status) {});
+    EXPECT_EQ(closed_future.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "the agent kept a connection that sent " << junk.size() << " junk bytes";
+    (*conn)->Close();
+  }
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ExpectBitwiseEqual(1);
+}
+
+}  // namespace
+}  // namespace tern
