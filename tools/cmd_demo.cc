@@ -1,4 +1,5 @@
-// tern demo: the codec end to end on a simulated RL run. A trainer-side trace
+// tern demo: the transfer agent end to end (tools/demo_agents.cc), or with
+// --codec the codec alone on a simulated RL run. A trainer-side trace
 // generator takes Adam steps on FP32 master weights; each step's serve view is
 // diffed against the previous one, the patch is applied to a replica (the
 // "engine"), and the replica is checked bit for bit against the trainer's view
@@ -14,6 +15,7 @@
 #include "tern/datagen.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/demo_agents.h"
 
 namespace tern::cli {
 namespace {
@@ -46,6 +48,8 @@ std::string FirstDifference(const ServeView& a, const MutableServeView& b) {
 
 struct DemoArgs {
   // Flags.
+  bool codec = false;
+  AgentDemoArgs agents;
   unsigned threads = 0;
   uint64_t params = 0, steps = 0;
   std::string dtype;
@@ -56,6 +60,14 @@ struct DemoArgs {
 };
 
 Status CheckDemo(DemoArgs& a) {
+  if (!a.codec) {
+    a.agents.params = a.params;
+    a.agents.threads = a.threads;
+    a.agents.config.seed = a.config.seed;
+    a.agents.config.adam.lr = a.config.adam.lr;
+    TERN_ASSIGN_OR_RETURN(a.agents.config.format, ServeFormatFromName(a.dtype));
+    return Status::Ok();
+  }
   TERN_REQUIRE(a.steps >= 1 && a.steps <= 10000, kInvalidArgument, "--steps must be 1..10000");
   TERN_ASSIGN_OR_RETURN(a.config.shape, ChooseModelShape(a.params));
   TERN_ASSIGN_OR_RETURN(a.config.format, ServeFormatFromName(a.dtype));
@@ -64,6 +76,7 @@ Status CheckDemo(DemoArgs& a) {
 }
 
 Status Demo(const DemoArgs& a) {
+  if (!a.codec) return RunAgentDemo(a.agents);
   const uint64_t steps = a.steps;
   const double link_gbps = a.link_gbps;
   const TraceConfig& config = a.config;
@@ -136,12 +149,24 @@ Status Demo(const DemoArgs& a) {
 
 void AddDemo(CLI::App& tern, Dispatch& dispatch) {
   auto a = std::make_shared<DemoArgs>();
-  CLI::App* cmd = tern.add_subcommand("demo", "run the codec end to end on a simulated RL run");
+  CLI::App* cmd = tern.add_subcommand(
+      "demo", "a root and members in three regions keep their weights in sync (or --codec)");
   cmd->footer(
-      "Adam steps on FP32 master weights, each step's serve view diffed against the last, the "
-      "patch applied to a replica and verified bit for bit and by digest.");
-  AddCount(*cmd, "--params", a->params, "model size in parameters (10M .. 1G style)", "50M");
-  AddUnsigned(*cmd, "--steps", a->steps, "optimizer steps (1..10000)", "5");
+      "Default: a root agent and --members member agents in --regions regions on this machine\n"
+      "(TCP on 127.0.0.1), a datagen RL trace published version by version, each member's\n"
+      "DIR/current checked bit for bit against what was published.\n"
+      "--codec: the codec alone: Adam steps on FP32 master weights, each step's serve view\n"
+      "diffed against the last, the patch applied to a replica and verified bit for bit.");
+  cmd->add_flag("--codec", a->codec, "run the codec alone (no agents)");
+  AddUnsigned(*cmd, "--members", a->agents.members, "member agents (1..64)", "12");
+  AddUnsigned(*cmd, "--regions", a->agents.regions, "regions the members are spread over (1..8)", "3");
+  AddUnsigned(*cmd, "--versions", a->agents.versions, "versions to publish (1..1000)", "8");
+  AddUnsigned(*cmd, "--stripes", a->agents.stripes, "relay trees a version is striped over (1..8)", "1", 8);
+  cmd->add_option("--dir", a->agents.dir, "where the agents keep their data (default: a temporary directory)");
+  cmd->add_flag("--keep", a->agents.keep, "keep the temporary directory");
+  cmd->add_flag("--verbose", a->agents.verbose, "print the agents' log lines");
+  AddCount(*cmd, "--params", a->params, "model size in parameters (10M .. 1G style)", "20M");
+  AddUnsigned(*cmd, "--steps", a->steps, "--codec: optimizer steps (1..10000)", "5");
   AddDouble(*cmd, "--lr", a->config.adam.lr, "Adam learning rate", "1e-6");
   AddUnsigned(*cmd, "--seed", a->config.seed, "trace seed", "1");
   cmd->add_option("--dtype", a->dtype, "serve view dtype: bf16 or fp16")->default_val("bf16");

@@ -19,5 +19,9 @@ void AddDigest(CLI::App& tern, Dispatch& dispatch);
 void AddCast(CLI::App& tern, Dispatch& dispatch);
 void AddXfer(CLI::App& tern, Dispatch& dispatch);
 void AddTransports(CLI::App& tern, Dispatch& dispatch);
+// tern agent / tern publish / tern status (cmd_agent.cc).
+void AddAgent(CLI::App& tern, Dispatch& dispatch);
+// The daemon's flags on `cmd` (tern-agent's root app, or `tern agent`).
+void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch);
 
 }  // namespace tern::cli

@@ -1,0 +1,244 @@
+// `tern-agent` (also `tern agent`): the transfer agent daemon, and the two
+// commands that talk to a root's admin port: `tern publish` and
+// `tern status`. docs/agent.md, docs/cli.md.
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tern/agent.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/transport_flags.h"
+
+namespace tern::cli {
+namespace {
+
+struct AgentArgs {
+  bool root = false;
+  std::string join, listen, admin, data, id, region, cluster, island;
+  bool no_relay = false;
+  double uplink_gbps = 10, downlink_gbps = 10;
+  std::string signing_key, join_token_file, admin_token_file;
+  std::vector<std::string> trust_keys;
+  uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
+  uint32_t heartbeat_ms = 500, dead_after_ms = 3000;
+  unsigned threads = 0;
+  TransportArgs transport;
+  TcpOptions options;
+  AgentOptions agent;
+};
+
+// A secret from a file (never from the command line, where `ps` shows it)
+// or from the environment variable; trailing newlines dropped.
+Result<std::string> ReadSecret(const std::string& file, const char* env_name) {
+  std::string out;
+  if (!file.empty()) {
+    TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), file, 64 << 10, &out));
+  } else if (const char* v = std::getenv(env_name)) {
+    out = v;
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+Status CheckAgent(AgentArgs& a) {
+  TERN_REQUIRE(a.root != !a.join.empty(), kInvalidArgument, "give exactly one of --root and --join HOST:PORT");
+  TERN_REQUIRE(a.uplink_gbps > 0 && a.downlink_gbps > 0, kInvalidArgument, "link rates must be > 0");
+  TERN_REQUIRE(a.root || !a.trust_keys.empty(), kInvalidArgument,
+               "a member needs --trust-key PEM (the root writes DIR/public-key.pem)");
+  TERN_ASSIGN_OR_RETURN(a.options, TransportOptions(a.transport));
+  AgentOptions& o = a.agent;
+  o.root = a.root;
+  o.join = a.join;
+  o.listen = a.listen;
+  o.admin_listen = a.admin;
+  o.data_dir = a.data;
+  o.id = a.id;
+  o.region = a.region;
+  o.cluster = a.cluster;
+  o.island = a.island;
+  o.may_relay = !a.no_relay;
+  o.uplink_bytes_per_s = a.uplink_gbps * 1e9 / 8;
+  o.downlink_bytes_per_s = a.downlink_gbps * 1e9 / 8;
+  if (!a.signing_key.empty()) {
+    TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), a.signing_key, 64 << 10, &o.signing_key_pem));
+  }
+  for (const auto& path : a.trust_keys) {
+    std::string pem;
+    TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), path, 64 << 10, &pem));
+    o.trusted_keys_pem.push_back(std::move(pem));
+  }
+  TERN_ASSIGN_OR_RETURN(o.join_token, ReadSecret(a.join_token_file, "TERN_JOIN_TOKEN"));
+  TERN_ASSIGN_OR_RETURN(o.admin_token, ReadSecret(a.admin_token_file, "TERN_ADMIN_TOKEN"));
+  o.stripes = a.stripes;
+  o.fanout_max = a.fanout;
+  o.root_fanout_max = a.root_fanout;
+  o.keep_patches = a.keep_patches;
+  o.keyframe_every = a.keyframe_every;
+  o.heartbeat_ms = a.heartbeat_ms;
+  o.dead_after_ms = a.dead_after_ms;
+  o.threads = a.threads;
+  return Status::Ok();
+}
+
+Status RunAgent(AgentArgs& a) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(a.transport, a.options));
+  a.agent.transport = transport.get();
+  TERN_ASSIGN_OR_RETURN(auto agent, Agent::Start(a.agent));
+  const AgentSnapshot s = agent->Snapshot();
+  if (a.root) {
+    // Members need this key (--trust-key); it is public.
+    const std::string pem = agent->PublicKeyPem();
+    TERN_RETURN_IF_ERROR(WriteFileAtomic(DefaultEnv(), a.data + "/public-key.pem",
+                                         {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()}, true));
+  }
+  std::printf("tern-agent: %s %s listening on %s%s%s\n", a.root ? "root" : "member", s.id.c_str(),
+              s.listen_address.c_str(), s.admin_address.empty() ? "" : ", admin http://",
+              s.admin_address.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "tern-agent: stopping on signal %d\n", sig);
+  agent->Stop();
+  return Status::Ok();
+}
+
+struct PublishArgs {
+  std::string board, checkpoint, token_file;
+  uint64_t version = 0;
+  uint32_t timeout_s = 600;
+};
+
+Status RunPublish(const PublishArgs& a) {
+  AgentClientOptions o;
+  TERN_ASSIGN_OR_RETURN(o.token, ReadSecret(a.token_file, "TERN_ADMIN_TOKEN"));
+  o.timeout_ms = a.timeout_s * 1000;
+  const double t0 = NowSeconds();
+  TERN_RETURN_IF_ERROR(PublishToRoot(a.board, a.checkpoint, a.version, o));
+  std::printf("published version %llu in %.2f s\n", static_cast<unsigned long long>(a.version),
+              NowSeconds() - t0);
+  return Status::Ok();
+}
+
+struct StatusArgs {
+  std::string board;
+  bool json = false;
+};
+
+Status RunStatus(const StatusArgs& a) {
+  AgentClientOptions o;
+  o.timeout_ms = 10000;
+  TERN_ASSIGN_OR_RETURN(std::string reply, AgentStatusJson(a.board, o));
+  if (a.json) {
+    std::fputs(reply.c_str(), stdout);
+    return Status::Ok();
+  }
+  nlohmann::json j = nlohmann::json::parse(reply, nullptr, false);
+  TERN_REQUIRE(j.is_object(), kCorrupt, "the agent at ", a.board, " answered /status with something not JSON");
+  auto u = [](const nlohmann::json& v, const char* k) -> unsigned long long {
+    return v.contains(k) && v[k].is_number_unsigned() ? v[k].get<unsigned long long>() : 0;
+  };
+  auto d = [](const nlohmann::json& v, const char* k) -> double {
+    return v.contains(k) && v[k].is_number() ? v[k].get<double>() : 0.0;
+  };
+  auto s = [](const nlohmann::json& v, const char* k) -> std::string {
+    return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : "";
+  };
+  std::printf("%s %s: HEAD %llu, serving %llu\n", s(j, "role").c_str(), s(j, "id").c_str(), u(j, "head"),
+              u(j, "served_version"));
+  if (j.contains("members") && j["members"].is_array() && !j["members"].empty()) {
+    std::printf("%-20s %-10s %-10s %8s %4s %-20s %5s %12s %12s %8s\n", "member", "region", "island",
+                "version", "lag", "parent", "depth", "in", "out", "rtt_ms");
+    for (const auto& m : j["members"]) {
+      if (!m.is_object()) continue;
+      std::printf("%-20s %-10s %-10s %8llu %4llu %-20s %5llu %12s %12s %8.1f\n", s(m, "id").c_str(),
+                  s(m, "region").c_str(), s(m, "island").c_str(), u(m, "version"), u(m, "lag"),
+                  s(m, "parent").c_str(), u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
+                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rtt_to_parent_s") * 1e3);
+    }
+  }
+  if (j.contains("versions") && j["versions"].is_array() && !j["versions"].empty()) {
+    std::printf("\n%8s %12s %12s %10s %10s\n", "version", "patch", "view", "first_s", "last_s");
+    for (const auto& v : j["versions"]) {
+      if (!v.is_object()) continue;
+      std::printf("%8llu %12s %12s %10.3f %10.3f\n", u(v, "version"), HumanBytes(u(v, "patch_bytes")).c_str(),
+                  HumanBytes(u(v, "view_bytes")).c_str(), d(v, "first_served_s"), d(v, "last_served_s"));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
+  auto a = std::make_shared<AgentArgs>();
+  cmd.set_config("--config", "", "read flags from a TOML/INI file (flag = value per line)");
+  cmd.add_flag("--root", a->root, "run the root: the board of versions, the signer, the planner");
+  cmd.add_option("--join", a->join, "member: the root's HOST:PORT");
+  cmd.add_option("--listen", a->listen, "HOST:PORT for control and data (port 0: any)")->required();
+  cmd.add_option("--admin", a->admin, "HOST:PORT for HTTP /metrics, /status (root: POST /publish)");
+  cmd.add_option("--data", a->data, "DIR: DIR/current is the served checkpoint")->required();
+  cmd.add_option("--id", a->id, "member id (default: the listen address)");
+  cmd.add_option("--region", a->region, "region (planning: one WAN crossing per region)")->default_val("default");
+  cmd.add_option("--cluster", a->cluster, "cluster inside the region (empty: its own)");
+  cmd.add_option("--island", a->island, "island (engines sharing this copy)");
+  cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
+  cmd.add_option("--uplink-gbps", a->uplink_gbps, "uplink rate for planning until measured")->default_val("10");
+  cmd.add_option("--downlink-gbps", a->downlink_gbps, "downlink rate for planning")->default_val("10");
+  cmd.add_option("--signing-key", a->signing_key,
+                 "root: Ed25519 private key PEM (default: DIR/signing-key.pem, generated once)");
+  cmd.add_option("--trust-key", a->trust_keys, "member: the publisher's public key PEM (repeatable)");
+  cmd.add_option("--join-token-file", a->join_token_file,
+                 "file with the join token (default: $TERN_JOIN_TOKEN; none: no token)");
+  cmd.add_option("--admin-token-file", a->admin_token_file,
+                 "file with the bearer token for POST /publish (default: $TERN_ADMIN_TOKEN)");
+  AddUnsigned(cmd, "--stripes", a->stripes, "root: trees a version is striped over (1-8)", "1", 8);
+  AddUnsigned(cmd, "--fanout", a->fanout, "root: children per member per stripe", "4", 1024);
+  AddUnsigned(cmd, "--root-fanout", a->root_fanout, "root: children of the root per stripe", "8", 1024);
+  AddUnsigned(cmd, "--keep-patches", a->keep_patches, "root: patches kept for catch-up", "16");
+  AddUnsigned(cmd, "--keyframe-every", a->keyframe_every, "root: a keyframe every N versions", "32");
+  AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms, "member heartbeat period", "500");
+  AddUnsigned(cmd, "--dead-after-ms", a->dead_after_ms, "root: drop a member silent this long", "3000");
+  AddThreadsFlag(cmd, a->threads);
+  AddTransportFlags(cmd, a->transport);
+  a->transport.tls_allow_client_flag = cmd.add_option(
+      "--tls-allow-client", a->transport.tls_allow_client,
+      "NAME[,NAME...]: a peer's certificate must hold one of these names (default: any the CA signed)");
+  dispatch.On(&cmd, {[a] { return CheckAgent(*a); }, [a] { return RunAgent(*a); }});
+}
+
+void AddAgent(CLI::App& tern, Dispatch& dispatch) {
+  CLI::App* agent = tern.add_subcommand("agent", "run the transfer agent (same as tern-agent)");
+  AddAgentFlags(*agent, dispatch);
+
+  auto p = std::make_shared<PublishArgs>();
+  CLI::App* publish = tern.add_subcommand("publish", "publish a checkpoint as a new version on a root");
+  publish->add_option("--board", p->board, "the root's admin HOST:PORT")->required();
+  AddUnsigned(*publish, "--version", p->version, "the new version (newer than HEAD)", "");
+  publish->get_option("--version")->required();
+  publish->add_option("--token-file", p->token_file, "bearer token file (default: $TERN_ADMIN_TOKEN)");
+  AddUnsigned(*publish, "--timeout-s", p->timeout_s, "give up after this long", "600");
+  publish->add_option("CHECKPOINT", p->checkpoint, "safetensors file or directory, as the root sees it")
+      ->required();
+  dispatch.On(publish, {nullptr, [p] { return RunPublish(*p); }});
+
+  auto s = std::make_shared<StatusArgs>();
+  CLI::App* status = tern.add_subcommand("status", "members, versions and lag of a root (or one agent)");
+  status->add_option("--board", s->board, "the agent's admin HOST:PORT")->required();
+  status->add_flag("--json", s->json, "print the /status JSON as it came");
+  dispatch.On(status, {nullptr, [s] { return RunStatus(*s); }});
+}
+
+}  // namespace tern::cli
