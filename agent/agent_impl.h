@@ -157,6 +157,11 @@ class AgentImpl final : public Agent {
   bool dial_failed_logged_ = false;
   // Complete, verified objects waiting to be applied, by target version.
   std::map<uint64_t, std::pair<ObjectRef, std::string>> ready_;
+  // Objects the relay holds, forgotten once every version they lead to is
+  // kKeepVersions behind what this agent serves (the relay's table is
+  // bounded: RelayOptions::max_objects).
+  std::set<ObjectRef> relay_held_;
+  void ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions);
   // Manifests accepted, by version (publication target digests).
   std::map<uint64_t, VersionManifest> manifests_;
 };

@@ -99,6 +99,10 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     return MemberAcceptManifest(signed_manifest, m);
   };
   cb.on_object_complete = [this](const ObjectRef& ref, const std::string& path) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      relay_held_.insert(ref);
+    }
     Post([this, ref, path] { MemberObjectComplete(ref, path); });
   };
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
@@ -319,6 +323,9 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     std::lock_guard<std::mutex> lock(mu_);
     store_version_ = store_->version();
     last_apply_s_ = dt;
+    // Children a few versions behind still get these from us; older ones
+    // come from the root's catch-up service.
+    ForgetOldObjectsLocked(store_version_, 4);
     // Tell the root at once: time-to-serve is measured from this heartbeat.
     if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
   }
@@ -389,6 +396,18 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
   }
   done();
   MemberTryApply();
+}
+
+void AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions) {
+  if (!relay_) return;
+  for (auto it = relay_held_.begin(); it != relay_held_.end();) {
+    if (it->to + keep_versions <= served) {
+      relay_->Forget(*it);
+      it = relay_held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 Heartbeat AgentImpl::MakeHeartbeatLocked() {

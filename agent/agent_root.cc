@@ -4,6 +4,7 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "agent/agent_impl.h"
@@ -80,8 +81,10 @@ Status AgentImpl::InitRoot() {
       for (const auto& o : m->objects) {
         const ObjectRef ref{o.kind, o.from_version, o.to_version};
         if (!board_->HasObject(ref)) continue;
+        if (v + std::min<uint64_t>(opt_.keep_patches, 32) <= board_->head()) continue;
         Status s = relay_->Offer(signed_manifest, ref, board_->ObjectPath(ref));
         if (!s.ok()) Log("not re-offering " + ObjectName(ref) + ": " + s.ToString());
+        relay_held_.insert(ref);
       }
     }
   }
@@ -294,6 +297,16 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
     Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));
     if (!s.ok()) Log("offer of " + ObjectName(ref) + " failed: " + s.ToString());
   }
+  std::set<uint64_t> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& ref : refs) relay_held_.insert(ref);
+    // The tree carries the newest versions; older ones are catch-up's.
+    ForgetOldObjectsLocked(version, std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
+    for (const auto& [id, rec] : membership_->members()) held.insert(rec.served_version);
+  }
+  // Disk: keep what the retention policy and the members' versions need.
+  if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -295,6 +295,21 @@ TEST_F(AgentSystemTest, RelayKilledMidTransferChildrenReattach) {
   for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, relay) << m.id;
 }
 
+// More versions than a relay's object table holds (64): the agents forget
+// old objects as they move on, so the tree never stalls on a full table.
+TEST_F(AgentSystemTest, ManyVersionsDoNotFillTheRelays) {
+  StartRoot(/*root_fanout=*/1);
+  StartMember("a", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  StartMember("b", "eu");  // below a
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  for (uint64_t v = 1; v <= 70; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << "version " << v << ": " << Lagging(v);
+  }
+  ExpectBitwiseEqual(70);
+}
+
 TEST_F(AgentSystemTest, MemberTrustingAnotherKeyAppliesNothing) {
   StartRoot();
   StartMember("a", "us");
