@@ -109,7 +109,9 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
   st->hold = conn;
   std::weak_ptr<Connection> weak = conn;
   ConnectionHandlers h;
-  h.on_message = [this, st, weak](std::string payload) {
+  h.on_message = [this, st, weak, gate = gate_](std::string payload) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) return;
     auto conn = weak.lock();
     if (!conn) return;
     std::unique_lock<std::mutex> lock(st->mu);
@@ -155,11 +157,18 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
       conn->Close();
       return;
     }
-    // Control messages of one connection are serialized by the transport;
-    // st->mu keeps member_id consistent with on_closed.
-    RootOnControl(conn, &st->member_id, std::move(m).value());
+    // Control messages of one connection are serialized by the transport,
+    // so member_id is this handler's to update; st->mu is not held while
+    // the root works (it may close the connection, and on_closed takes it).
+    std::string member_id = st->member_id;
+    lock.unlock();
+    RootOnControl(conn, &member_id, std::move(m).value());
+    lock.lock();
+    st->member_id = member_id;
   };
-  h.on_closed = [this, st, weak](Status why) {
+  h.on_closed = [this, st, weak, gate = gate_](Status why) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) return;
     std::unique_lock<std::mutex> lock(st->mu);
     auto held = std::move(st->hold);  // released when this handler returns
     if (st->mode == State::kData) {
@@ -236,16 +245,23 @@ void AgentImpl::Stop() {
   std::lock_guard<std::mutex> stop_lock(stop_mu_);
   if (stopped_) return;
   stopped_ = true;
+  {
+    // From here on no transport handler touches the agent.
+    std::unique_lock<std::shared_mutex> shut(gate_->mu);
+    gate_->open = false;
+  }
   std::shared_ptr<Connection> root_conn;
   std::vector<std::shared_ptr<Connection>> conns;
+  bool joined = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     work_cv_.notify_all();
     root_conn = root_conn_;
     for (auto& [id, c] : member_conns_) conns.push_back(c);
+    joined = joined_;
   }
-  if (root_conn && joined_) {
+  if (root_conn && joined) {
     // Say goodbye so the root re-plans at once instead of after the silence.
     if (auto bytes = EncodeControl(Leave{}); bytes.ok()) root_conn->SendMessage(*bytes, [](Status) {});
   }

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +42,17 @@ namespace tern::agent {
 
 class AdminServer;
 class MetricsRegistry;
+
+// Transport handlers may run after the agent stopped (a connection's
+// on_closed during the transport's own shutdown): each handler holds this
+// gate shared for its whole run and does nothing once it is shut; Stop
+// shuts it (waiting for handlers in flight) before anything else. A handler
+// may re-enter (Close can run on_closed inline): glibc's rwlock prefers
+// readers, so a nested shared lock does not wait behind Stop.
+struct HandlerGate {
+  std::shared_mutex mu;
+  bool open = true;
+};
 
 class AgentImpl final : public Agent {
  public:
@@ -99,6 +111,7 @@ class AgentImpl final : public Agent {
   Result<RelayNode*> EnsureRelay(const BoardId& board);
   Heartbeat MakeHeartbeatLocked();
 
+  const std::shared_ptr<HandlerGate> gate_ = std::make_shared<HandlerGate>();
   const AgentOptions opt_;
   Env& env_;
   Clock& clock_;

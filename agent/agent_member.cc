@@ -127,7 +127,9 @@ void AgentImpl::MemberDial() {
   }
   ConnectionHandlers h;
   auto self_conn = std::make_shared<std::weak_ptr<Connection>>();
-  h.on_message = [this](std::string payload) {
+  h.on_message = [this, gate = gate_](std::string payload) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) return;
     auto m = DecodeControl(payload);
     if (!m.ok()) {
       Log("bad control message from the root: " + m.status().ToString());
@@ -141,8 +143,16 @@ void AgentImpl::MemberDial() {
     }
     MemberOnControl(std::move(m).value());
   };
-  h.on_closed = [this, self_conn](Status why) { MemberOnClosed(self_conn->lock(), why); };
-  opt_.transport->Connect(opt_.join, std::move(h), [this, self_conn](Result<std::shared_ptr<Connection>> r) {
+  h.on_closed = [this, self_conn, gate = gate_](Status why) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (gate->open) MemberOnClosed(self_conn->lock(), why);
+  };
+  opt_.transport->Connect(opt_.join, std::move(h), [this, self_conn, gate = gate_](Result<std::shared_ptr<Connection>> r) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) {
+      if (r.ok()) (*r)->Close();
+      return;
+    }
     Outbox out;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -238,15 +238,26 @@ void AgentImpl::RootOnClosed(const std::string& member_id, const std::shared_ptr
 
 void AgentImpl::RootTick() {
   std::vector<std::shared_ptr<Connection>> silent;
+  Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& id : membership_->Silent(clock_.NowUs())) {
       auto it = member_conns_.find(id);
-      if (it != member_conns_.end()) silent.push_back(it->second);
-      Log("member " + id + " silent for " + std::to_string(opt_.dead_after_ms) + " ms; dropping it");
+      if (it != member_conns_.end()) {
+        silent.push_back(it->second);
+        member_conns_.erase(it);
+      }
+      // Dropped here, not in on_closed: a connection that already closed
+      // (its on_closed raced the join) says nothing more.
+      std::vector<std::string> notify;
+      membership_->Leave(id, &notify);
+      for (auto& [v, ids] : waiting_) ids.erase(id);
+      RootNotifyParents(notify, out);
+      Log("member " + id + " silent for " + std::to_string(opt_.dead_after_ms) + " ms; dropped it");
     }
   }
-  for (auto& c : silent) c->Close();  // on_closed re-plans
+  Flush(out);
+  for (auto& c : silent) c->Close();
 }
 
 Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""`tern-agent`, `tern publish` and `tern status` as processes on 127.0.0.1.
+
+Usage: test_agent.py PATH_TO_TERN PATH_TO_TERN_AGENT. A root and three
+members (two regions) over mutual TLS: versions published with `tern
+publish` reach every member's DIR/current bit for bit (`tern digest` and a
+byte compare); `tern status --json` lists every member with its version; a
+stale version is refused with a clear message; a publish without the admin
+token is refused; a member with a wrong join token is refused and serves
+nothing; a member killed with SIGKILL and restarted catches up; every agent
+stops cleanly on SIGTERM.
+"""
+import filecmp
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+TERN = None
+AGENT = None
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-days", "2", "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    with open(os.path.join(d, "node.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=node",
+            "-keyout", "node.key", "-out", "node.csr", cwd=d)
+    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "node.cnf", "-out", "node.pem", cwd=d)
+
+
+def wait_for(cond, seconds, what):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class Agent:
+    """One tern-agent process; its address is read from its first line."""
+
+    def __init__(self, tmp, name, args, env=None):
+        self.dir = os.path.join(tmp, name)
+        self.log = open(os.path.join(tmp, name + ".log"), "w")
+        tls = ["--tls-cert", os.path.join(tmp, "node.pem"), "--tls-key", os.path.join(tmp, "node.key"),
+               "--tls-ca", os.path.join(tmp, "ca.pem")]
+        self.proc = subprocess.Popen([AGENT, "--listen", "127.0.0.1:0", "--data", self.dir, "--id", name,
+                                      "--heartbeat-ms", "100"] + tls + args,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=dict(os.environ, **(env or {})))
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (\S+?)(,|$)", line)
+        if not m:
+            self.proc.kill()
+            raise AssertionError("tern-agent %s did not start: %r (log %s)" % (name, line, self.log.name))
+        self.address = m.group(1)
+        m = re.search(r"admin http://(\S+)", line)
+        self.admin = m.group(1) if m else None
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise AssertionError("tern-agent did not stop on signal %d" % sig)
+        return self.proc.returncode
+
+
+class AgentCli(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp_ctx = tempfile.TemporaryDirectory(prefix="tern-agent-cli-")
+        cls.tmp = cls.tmp_ctx.name
+        make_pki(cls.tmp)
+        subprocess.run([TERN, "datagen", "--out", os.path.join(cls.tmp, "trace"), "--params", "2M",
+                        "--steps", "4", "--lr", "1e-5", "--threads", "1"], check=True, capture_output=True)
+        with open(os.path.join(cls.tmp, "join.token"), "w") as f:
+            f.write("s3cret-join\n")
+        with open(os.path.join(cls.tmp, "admin.token"), "w") as f:
+            f.write("s3cret-admin\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp_ctx.cleanup()
+
+    def step(self, n):
+        return os.path.join(self.tmp, "trace", "step-%06d" % n)
+
+    def publish(self, root, path, version, token=True):
+        args = [TERN, "publish", "--board", root.admin, path, "--version", str(version)]
+        if token:
+            args += ["--token-file", os.path.join(self.tmp, "admin.token")]
+        return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+    def status(self, root):
+        r = subprocess.run([TERN, "status", "--board", root.admin, "--json"], capture_output=True, text=True,
+                           timeout=30, check=True)
+        return json.loads(r.stdout)
+
+    def served(self, root):
+        return {m["id"]: m["version"] for m in self.status(root)["members"]}
+
+    @staticmethod
+    def tensors(path):
+        """name -> (dtype, shape, bytes) of every tensor of a checkpoint dir."""
+        out = {}
+        for n in sorted(os.listdir(path)):
+            if not n.endswith(".safetensors"):
+                continue
+            with open(os.path.join(path, n), "rb") as f:
+                size = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(size))
+                data = f.read()
+            for name, t in header.items():
+                if name == "__metadata__":
+                    continue
+                a, b = t["data_offsets"]
+                out[name] = (t["dtype"], tuple(t["shape"]), data[a:b])
+        return out
+
+    def same_bytes(self, member_dir, checkpoint):
+        """Every tensor bit for bit (file layout and metadata may differ: a
+        member that started from a keyframe writes its own files)."""
+        return self.tensors(os.path.join(member_dir, "current")) == self.tensors(checkpoint)
+
+    def test_publish_status_catch_up_and_refusals(self):
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        root = Agent(self.tmp, "root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                        "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        agents = [root]
+        try:
+            key = os.path.join(root.dir, "public-key.pem")
+            self.assertTrue(os.path.exists(key))
+            common = ["--join", root.address, "--trust-key", key]
+            members = {}
+            for name, region in (("eu-1", "eu"), ("eu-2", "eu"), ("ap-1", "ap")):
+                members[name] = Agent(self.tmp, name, common + tok + ["--region", region])
+                agents.append(members[name])
+            wait_for(lambda: len(self.served(root)) == 3, 30, "three members joined")
+
+            # A member with the wrong token is refused and serves nothing.
+            with open(os.path.join(self.tmp, "bad.token"), "w") as f:
+                f.write("wrong\n")
+            bad = Agent(self.tmp, "bad", common + ["--region", "eu", "--join-token-file",
+                                                   os.path.join(self.tmp, "bad.token")])
+            agents.append(bad)
+
+            for v in (1, 2):
+                r = self.publish(root, self.step(v - 1), v)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                wait_for(lambda: all(x == v for x in self.served(root).values()), 60, "version %d served" % v)
+                for name, m in members.items():
+                    self.assertTrue(self.same_bytes(m.dir, self.step(v - 1)), "%s at version %d" % (name, v))
+            self.assertNotIn("bad", self.served(root))
+            self.assertFalse(os.path.exists(os.path.join(bad.dir, "current")))
+            def refused():
+                with open(root.log.name) as f:
+                    return "refused a join" in f.read() and "bad join token" in open(root.log.name).read()
+            wait_for(refused, 10, "the root to log the refused join")
+
+            # Refusals: a stale version, a publish without the token.
+            r = self.publish(root, self.step(2), 2)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("not newer than HEAD", r.stderr)
+            r = self.publish(root, self.step(2), 3, token=False)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("auth", r.stderr.lower())
+
+            # A member killed without goodbye misses two versions, comes back
+            # and catches up.
+            self.assertEqual(members["ap-1"].stop(signal.SIGKILL), -signal.SIGKILL)
+            for v in (3, 4):
+                r = self.publish(root, self.step(v - 1), v)
+                self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: "ap-1" not in self.served(root), 30, "the killed member dropped")
+            members["ap-1"] = Agent(self.tmp, "ap-1", common + tok + ["--region", "ap"])
+            agents.append(members["ap-1"])
+            wait_for(lambda: self.served(root).get("ap-1") == 4 and all(
+                x == 4 for x in self.served(root).values()), 60, "every member at version 4")
+            for name, m in members.items():
+                self.assertTrue(self.same_bytes(m.dir, self.step(3)), name)
+
+            # The human-readable status names every member.
+            r = subprocess.run([TERN, "status", "--board", root.admin], capture_output=True, text=True,
+                               timeout=30, check=True)
+            for name in members:
+                self.assertIn(name, r.stdout)
+            metrics = subprocess.run(["curl", "-sf", "http://%s/metrics" % root.admin], capture_output=True,
+                                     text=True, timeout=30)
+            if metrics.returncode == 0:
+                self.assertIn('tern_agent_member_version{member="eu-1",region="eu"} 4', metrics.stdout)
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
+
+if __name__ == "__main__":
+    TERN, AGENT = sys.argv[1], sys.argv[2]
+    unittest.main(argv=sys.argv[:1], verbosity=2)
