@@ -7,6 +7,7 @@
 #include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
 #include "patch/container.h"
+#include "patch/context_codec.h"
 #include "patch/digest_mix.h"
 #include "patch/element_access.h"
 #include "tern/patch.h"
@@ -118,7 +119,11 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
     info.tensors.push_back(std::move(t));
   }
   for (const RecordView& r : p.records) {
-    Status s = patchfmt::DecodeRecord(r, p.tensors[r.h.tensor_index].width_bits, [](uint64_t, uint64_t) {});
+    // CONTEXT positions are class ranks: without the base only their streams
+    // can be checked (the rest is checked when the record is applied).
+    const int w = p.tensors[r.h.tensor_index].width_bits;
+    Status s = r.h.encoding == patchfmt::kContext ? patchfmt::ValidateContextStreams(r, w)
+                                                  : patchfmt::DecodeRecord(r, w, [](uint64_t, uint64_t) {});
     if (!s.ok()) return RecordContext(s, p, r);
     TensorPatchInfo& t = info.tensors[r.h.tensor_index];
     t.changed_elements += r.h.changed_count;
@@ -126,6 +131,7 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
     t.sparse_segments += r.h.encoding == patchfmt::kSparse;
     t.dense_segments += r.h.encoding == patchfmt::kDense;
     t.raw_segments += r.h.encoding == patchfmt::kRaw;
+    t.context_segments += r.h.encoding == patchfmt::kContext;
     t.position_bytes += r.h.position_bytes;
     t.value_bytes += r.h.value_bytes;
     t.header_bytes += sizeof(patchfmt::RecordHeader) + r.h.table_bytes + patchfmt::kChecksumBytes;
@@ -215,7 +221,8 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
           patchfmt::AddElementChange(seed, first + pos[j], old_value, new_value, sum);
           value[j] = new_value;
         };
-        TERN_RETURN_IF_ERROR(patchfmt::DecodeRecord(r, W, [&](uint64_t p_in_seg, uint64_t delta) {
+        TERN_RETURN_IF_ERROR(patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                                          [&](uint64_t p_in_seg, uint64_t delta) {
           if (n < cap) {
             pos[n] = static_cast<uint32_t>(p_in_seg);
             value[n] = delta;
@@ -242,9 +249,10 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         const uint64_t new_value = (old_value + delta) & kMask;
         patchfmt::AddElementChange(seed, first + pos, old_value, new_value, sum);
       };
-      Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
-        if (batch.Push(pos, delta)) batch.Flush(address, add, false);
-      });
+      Status s = patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                              [&](uint64_t pos, uint64_t delta) {
+                                                if (batch.Push(pos, delta)) batch.Flush(address, add, false);
+                                              });
       batch.Flush(address, add, false);
       for (int l = 0; l < 4; ++l) acc[l] = sum[l];
       return s;
@@ -292,9 +300,12 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         const uint64_t i = first + pos;
         patchfmt::StoreElement<W>(data, i, (patchfmt::LoadElement<W>(data, i) + delta) & kMask);
       };
-      Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
-        if (batch.Push(pos, delta)) batch.Flush(address, write, true);
-      });
+      // A CONTEXT record reads each block's base before it emits a change
+      // there, so writing the changes it has emitted is safe (context_codec.h).
+      Status s = patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                              [&](uint64_t pos, uint64_t delta) {
+                                                if (batch.Push(pos, delta)) batch.Flush(address, write, true);
+                                              });
       batch.Flush(address, write, true);
       return s;
     });
@@ -380,6 +391,12 @@ Status ApplyExclusive(MutableServeView& view, std::span<const uint8_t> patch, co
 
 Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
                       ThreadPool& pool, ViewDigest* new_digest) {
+  // Undoing a CONTEXT record means decoding it again, which needs its base,
+  // and the base is what the write changed: such patches verify, then write
+  // (the result and the errors are the same; only the speed differs).
+  for (const RecordView& r : p.records)
+    if (r.h.encoding == kContext)
+      return ApplyWithStaging(view, p, current_digest, pool, new_digest, kApplyStagingBytes);
   TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
   std::vector<ViewDigest> partial(p.records.size());
   std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
@@ -425,6 +442,9 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
   for (size_t i = 0; i < patches.size(); ++i) {
     auto p = patchfmt::ParsePatch(patches[i]);
     if (!p.ok()) return p.status().WithContext("patch " + std::to_string(i + 1));
+    for (const RecordView& r : p->records)
+      TERN_REQUIRE(r.h.encoding != patchfmt::kContext, kUnsupported, "patch ", i + 1,
+                   " codes segments given its base (format 2): squashing it needs the base view (SquashOnBase)");
     parsed.push_back(std::move(p).value());
   }
   const ParsedPatch& first = parsed.front();
@@ -490,6 +510,42 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
   for (const auto& t : first.tensors) out_descs.push_back(t.desc);
   return patchfmt::WritePatch(out_descs, first.base_version, parsed.back().target_version, first.base_digest,
                               parsed.back().target_digest, spans);
+}
+
+}  // namespace tern
+
+namespace tern {
+
+Result<std::vector<uint8_t>> SquashOnBase(const ServeView& base, std::span<const std::span<const uint8_t>> patches,
+                                          const DiffOptions& options, ThreadPool& pool) {
+  TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
+  // The base of patch k is the base plus patches 1..k-1: apply them in turn
+  // to a copy (Apply checks that the digests chain), then diff the ends.
+  std::vector<std::vector<uint8_t>> bytes;
+  MutableServeView work;
+  for (const TensorRef& t : base.tensors) {
+    bytes.emplace_back(t.data, t.data + t.desc->bytes());
+    work.tensors.push_back({t.desc, bytes.back().data()});
+  }
+  const ViewDigest base_digest = ComputeDigest(base, pool);
+  ViewDigest digest = base_digest;
+  uint64_t base_version = 0, target_version = 0;
+  ApplyOptions exclusive;
+  exclusive.exclusive_view = true;  // the copy is private
+  for (size_t i = 0; i < patches.size(); ++i) {
+    TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patches[i]));
+    if (i == 0) base_version = info.base_version;
+    target_version = info.target_version;
+    ViewDigest next;
+    Status s = Apply(work, patches[i], digest, pool, exclusive, &next);
+    if (!s.ok()) return s.WithContext("patch " + std::to_string(i + 1));
+    digest = next;
+  }
+  const ServeView result = AsConst(work);
+  DiffOptions d = options;
+  d.base_version = base_version;
+  d.target_version = target_version;
+  return Diff(base, result, d, pool, &base_digest);
 }
 
 }  // namespace tern
