@@ -204,41 +204,40 @@ void RankChanges(const uint64_t* positions, uint64_t n, const uint8_t* tensor, C
   }
 }
 
-// K and e0 that minimise the estimated size: the position bound
+// e0 that minimises the estimated size of K classes: the position bound
 // sum n_c H(p_c) from the exponent histograms of all elements (sampled) and
 // of the changes, plus about 10 bytes of table per class that has changes.
-// K is the most classes the field allows: fewer classes were tried (K chosen
-// per record from 2, 4, 8, 16 by this estimate) and made datagen patches 1%
-// larger, because the values, which the estimate leaves out, gain from the
-// classes too.
-struct ClassChoice {
-  int classes = 2;
-  uint32_t e0 = 0;
-};
-ClassChoice ChooseClasses(const std::vector<double>& all, const std::vector<double>& changed, int max_classes) {
+// Prefix sums make each candidate O(K).
+uint32_t ChooseE0(const std::vector<double>& all, const std::vector<double>& changed, int classes) {
   constexpr double kClassTableBits = 80;
   const int bins = static_cast<int>(all.size());
   int lo = bins, hi = -1;
   for (int x = 0; x < bins; ++x)
     if (changed[x] > 0) lo = std::min(lo, x), hi = std::max(hi, x);
-  ClassChoice best;
-  if (hi < 0) return best;
-  double best_bits = 1e300;
-  for (int classes = max_classes; classes <= max_classes; classes *= 2) {
-    for (int e0 = lo; e0 <= std::min(hi + classes, 4095); ++e0) {
-      double n[kMaxClasses] = {}, c[kMaxClasses] = {};
-      for (int x = 0; x < bins; ++x) {
-        const int k = std::clamp(e0 - x, 0, classes - 1);
-        n[k] += all[x];
-        c[k] += changed[x];
-      }
-      double bits = 0;
-      for (int k = 0; k < classes; ++k)
-        if (c[k] > 0) bits += kClassTableBits + (n[k] > c[k] ? n[k] * Entropy2(c[k] / n[k]) : 0.0);
-      if (bits < best_bits) best_bits = bits, best = {classes, static_cast<uint32_t>(e0)};
-    }
+  if (hi < 0) return 0;
+  std::vector<double> all_below(bins + 1, 0.0), changed_below(bins + 1, 0.0);  // sums over x < i
+  for (int x = 0; x < bins; ++x) {
+    all_below[x + 1] = all_below[x] + all[x];
+    changed_below[x + 1] = changed_below[x] + changed[x];
   }
-  return best;
+  auto range = [&](const std::vector<double>& below, int from, int to) {  // x in [from, to]
+    from = std::clamp(from, 0, bins);
+    to = std::clamp(to + 1, 0, bins);
+    return to > from ? below[to] - below[from] : 0.0;
+  };
+  uint32_t best_e0 = static_cast<uint32_t>(hi + 1);
+  double best = 1e300;
+  for (int e0 = lo; e0 <= std::min(hi + classes, 4095); ++e0) {
+    double bits = 0;
+    for (int k = 0; k < classes; ++k) {
+      // Class k: x == e0 - k; class 0 also takes x > e0, the last x < e0 - k.
+      const int from = k == classes - 1 ? 0 : e0 - k, to = k == 0 ? bins - 1 : e0 - k;
+      const double n = range(all_below, from, to), c = range(changed_below, from, to);
+      if (c > 0) bits += kClassTableBits + (n > c ? n * Entropy2(c / n) : 0.0);
+    }
+    if (bits < best) best = bits, best_e0 = static_cast<uint32_t>(e0);
+  }
+  return best_e0;
 }
 
 }  // namespace
@@ -246,8 +245,15 @@ ClassChoice ChooseClasses(const std::vector<double>& all, const std::vector<doub
 bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w, const uint8_t* tensor,
                    ContextField f, uint64_t first, uint64_t count, uint64_t limit_bytes, ContextPayload* out) {
   const int bins = static_cast<int>(f.mask) + 1;
-  const int max_classes = std::min<int>(kMaxClasses, bins);
-  if (max_classes < 2 || n == 0) return false;
+  // K: as many classes as the field has values, up to 16, but about 32
+  // changes per class at least, so that small records do not pay 16 tables.
+  // (Choosing K per record by the position estimate instead made datagen
+  // patches 1% larger: the values, which it leaves out, gain from classes.)
+  int classes = std::min<int>(kMaxClasses, bins);
+  while (classes > 2 && n < 32 * static_cast<uint64_t>(classes)) classes /= 2;
+  // The smallest CONTEXT payload: K, e0, a count per class and one class's
+  // fields, table and streams.
+  if (classes < 2 || n == 0 || limit_bytes <= 3 + static_cast<uint64_t>(classes) + 6) return false;
   // Exponent histograms: every change, and every 16th element of the segment.
   std::vector<double> all(bins, 0.0), changed(bins, 0.0);
   constexpr uint64_t kStride = 16;
@@ -256,9 +262,7 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
       all[(LoadElement<W>(tensor, first + i) >> f.shift) & f.mask] += double(kStride);
     for (uint64_t j = 0; j < n; ++j) changed[(LoadElement<W>(tensor, first + positions[j]) >> f.shift) & f.mask] += 1;
   });
-  const ClassChoice choice = ChooseClasses(all, changed, max_classes);
-  const int classes = choice.classes;
-  const uint32_t e0 = choice.e0;
+  const uint32_t e0 = ChooseE0(all, changed, classes);
 
   thread_local std::vector<uint8_t> klass;
   thread_local std::vector<uint64_t> rank, order;
