@@ -1,11 +1,14 @@
-// One-off generator of the golden patch files: `golden_gen DIR`. Run once
-// when adding a case; the committed outputs are then frozen (golden_test).
+// One-off generator of the golden patch files: `golden_gen DIR [CASE...]`.
+// Run once when adding a case, naming it (existing files are never
+// rewritten: a case's files are frozen once committed, see golden_test).
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <string>
 
 #include "tern/thread_pool.h"
 #include "patch/golden_cases.h"
+#include "patch/context_codec.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"
 
@@ -18,23 +21,32 @@ void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
 
 int main(int argc, char** argv) {
   using namespace tern;
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: golden_gen DIR\n");
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: golden_gen DIR [CASE...]\n");
     return 2;
   }
   ThreadPool pool(1);
   uint64_t seed = 1;
   for (const auto& c : golden::Cases()) {
     std::mt19937_64 rng(seed++);
+    bool wanted = argc == 2;
+    for (int i = 2; i < argc; ++i) wanted |= std::string(argv[i]) == c.file;
+    if (!wanted) continue;
     testing::OwnedView a;
     for (const auto& t : c.tensors) a.Add(t.name, t.dtype, t.shape);
-    for (auto& d : a.data) testing::FillRandom(d, rng);
+    auto physical = [&](size_t t) { return c.push > 0 && patchfmt::ContextFieldOf(a.descs[t].dtype).ok; };
+    for (size_t t = 0; t < a.descs.size(); ++t) {
+      if (physical(t)) testing::PhysicalFill(a.data[t], a.descs[t].dtype, a.descs[t].elements(), rng);
+      else testing::FillRandom(a.data[t], rng);
+    }
     testing::OwnedView b = a;
     for (size_t t = 0; t < b.descs.size(); ++t) {
-      if (c.density < 0) testing::FillRandom(b.data[t], rng);
+      if (physical(t)) testing::PhysicalMutate(b.data[t], b.descs[t].dtype, b.descs[t].elements(), c.push, rng);
+      else if (c.density < 0) testing::FillRandom(b.data[t], rng);
       else testing::Mutate(b.data[t], ElementBits(b.descs[t].dtype), b.descs[t].elements(), c.density, rng);
     }
     DiffOptions opt;
+    opt.format_version = c.format;
     opt.segment_elements = c.segment_elements;
     opt.base_version = 100;
     opt.target_version = 101;

@@ -507,44 +507,8 @@ TEST(PatchTest, BuilderAssemblesRanksSegmentsLikeDiff) {
 namespace tern {
 namespace {
 
-// A step with the physics of a served float view: exponent fields fall off
-// geometrically from the top one (most elements are large), and an element
-// changes with probability ~ push / ulp, doubling per binade down. Mostly
-// +-1 in bit-pattern space, like a rounding flip.
-OwnedView PhysicalBase(DType dt, uint64_t n, std::mt19937_64& rng) {
-  OwnedView a;
-  a.Add("w", dt, {n});
-  const patchfmt::ContextField f = patchfmt::ContextFieldOf(dt);
-  const int w = ElementBits(dt);
-  const uint64_t top = f.mask > 2 ? f.mask - 1 : f.mask;
-  for (uint64_t i = 0; i < n; ++i) {
-    uint64_t g = 0;
-    while (g < top && (rng() & 1)) ++g;
-    const uint64_t x = top - g;
-    const uint64_t mant = rng() & ((uint64_t{1} << f.shift) - 1);
-    const uint64_t sign = rng() & 1;
-    testing::Set(a.data[0], w, i, (sign << (w - 1)) | (x << f.shift) | mant);
-  }
-  return a;
-}
-
-OwnedView PhysicalStep(const OwnedView& a, double push, std::mt19937_64& rng) {
-  OwnedView b = a;
-  const DType dt = a.descs[0].dtype;
-  const patchfmt::ContextField f = patchfmt::ContextFieldOf(dt);
-  const int w = ElementBits(dt);
-  const uint64_t mask = patchfmt::WidthMask(w);
-  std::uniform_real_distribution<double> u(0, 1);
-  for (uint64_t i = 0; i < a.descs[0].elements(); ++i) {
-    const uint64_t v = testing::Get(a.data[0], w, i);
-    const uint64_t g = f.mask - ((v >> f.shift) & f.mask);
-    if (u(rng) >= std::min(0.9, push * std::ldexp(1.0, static_cast<int>(std::min<uint64_t>(g, 30))))) continue;
-    const uint64_t r = rng() % 8;
-    const uint64_t delta = r < 3 ? 1 : r < 6 ? mask : r < 7 ? 2 : mask - 1;
-    testing::Set(b.data[0], w, i, (v + delta) & mask);
-  }
-  return b;
-}
+using testing::PhysicalBase;
+using testing::PhysicalStep;
 
 uint64_t ContextSegments(std::span<const uint8_t> patch) {
   auto info = Inspect(patch);
