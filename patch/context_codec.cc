@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace tern::patchfmt {
 namespace {
 
@@ -108,40 +112,97 @@ void ClassMasksScalar(const uint8_t* cls, uint64_t n, int classes,
   for (uint64_t i = 0; i < n; ++i) masks[cls[i]][i / 64] |= uint64_t{1} << (i % 64);
 }
 
-void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
-  const uint64_t words = (n + 63) / 64;
-  const int planes = classes <= 2 ? 1 : classes <= 4 ? 2 : classes <= 8 ? 3 : 4;
-  const int slots = 1 << planes;
-  for (uint64_t j = 0; j < words; ++j) {
-    uint64_t plane[4];
+namespace {
+
+// Bit b of each of the 64 class bytes at p, as a word.
+template <int B>
+[[gnu::always_inline]] inline uint64_t Plane(const uint8_t* p) {
 #if defined(__AVX2__)
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cls + 64 * j));
-    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cls + 64 * j + 32));
-    // Bit b of every byte to its top bit (16-bit shifts: the top bit of each
-    // byte only ever receives that byte's own bit b).
-    for (int b = 0; b < planes; ++b) {
-      const __m128i s = _mm_cvtsi32_si128(7 - b);
-      const uint32_t l = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_sll_epi16(lo, s)));
-      const uint32_t u = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_sll_epi16(hi, s)));
-      plane[b] = uint64_t{l} | (uint64_t{u} << 32);
-    }
+  // A 16-bit shift moves bit B of every byte to that byte's top bit (the top
+  // bit of each byte only ever receives that byte's own bit B).
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  const uint32_t l = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(lo, 7 - B)));
+  const uint32_t u = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(hi, 7 - B)));
+  return uint64_t{l} | (uint64_t{u} << 32);
 #else
-    for (int b = 0; b < planes; ++b) {
-      uint64_t x = 0;
-      for (int i = 0; i < 64; ++i) x |= uint64_t{(cls[64 * j + i] >> b) & 1u} << i;
-      plane[b] = x;
-    }
+  uint64_t x = 0;
+  for (int i = 0; i < 64; ++i) x |= uint64_t{(p[i] >> B) & 1u} << i;
+  return x;
 #endif
+}
+
+// P bit planes, 2^P classes, everything unrolled so the split stays in
+// registers: P movemask pairs, 2^(P+1) - 2 and/andn, 2^P stores per word.
+template <int P>
+void ClassMasksPlanes(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  const uint64_t words = (n + 63) / 64;
+  for (uint64_t j = 0; j < words; ++j) {
+    const uint8_t* p = cls + 64 * j;
     const uint64_t valid = (j + 1) * 64 <= n ? ~uint64_t{0} : (uint64_t{1} << (n % 64)) - 1;
-    // Split the valid set on the top plane, then each half on the next one.
-    uint64_t m[kMaxClasses];
-    m[0] = valid;
-    for (int b = planes - 1, have = 1; b >= 0; --b, have *= 2)
-      for (int t = have - 1; t >= 0; --t) {
-        m[2 * t + 1] = m[t] & plane[b];
-        m[2 * t] = m[t] & ~plane[b];
-      }
-    for (int c = 0; c < classes && c < slots; ++c) masks[c][j] = m[c];
+    uint64_t m[16];
+    if constexpr (P == 1) {
+      const uint64_t b0 = Plane<0>(p);
+      m[0] = valid & ~b0, m[1] = valid & b0;
+    } else if constexpr (P == 2) {
+      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p);
+      const uint64_t h0 = valid & ~b1, h1 = valid & b1;
+      m[0] = h0 & ~b0, m[1] = h0 & b0, m[2] = h1 & ~b0, m[3] = h1 & b0;
+    } else if constexpr (P == 3) {
+      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p), b2 = Plane<2>(p);
+      const uint64_t q0 = valid & ~b2, q1 = valid & b2;
+      const uint64_t h[4] = {q0 & ~b1, q0 & b1, q1 & ~b1, q1 & b1};
+      for (int t = 0; t < 4; ++t) m[2 * t] = h[t] & ~b0, m[2 * t + 1] = h[t] & b0;
+    } else {
+      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p), b2 = Plane<2>(p), b3 = Plane<3>(p);
+      const uint64_t q0 = valid & ~b3, q1 = valid & b3;
+      const uint64_t r[4] = {q0 & ~b2, q0 & b2, q1 & ~b2, q1 & b2};
+      uint64_t h[8];
+      for (int t = 0; t < 4; ++t) h[2 * t] = r[t] & ~b1, h[2 * t + 1] = r[t] & b1;
+      for (int t = 0; t < 8; ++t) m[2 * t] = h[t] & ~b0, m[2 * t + 1] = h[t] & b0;
+    }
+    for (int c = 0; c < (1 << P); ++c)
+      if (c < classes) masks[c][j] = m[c];
+  }
+}
+
+}  // namespace
+
+void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  if (classes <= 2) return ClassMasksPlanes<1>(cls, n, classes, masks);
+  if (classes <= 4) return ClassMasksPlanes<2>(cls, n, classes, masks);
+  if (classes <= 8) return ClassMasksPlanes<3>(cls, n, classes, masks);
+  return ClassMasksPlanes<4>(cls, n, classes, masks);
+}
+
+void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d) {
+  int longest = 0;
+  uint32_t count[kMaxCodeBits + 1] = {};
+  for (int s = 0; s < kSymbols; ++s)
+    if (lengths[s]) ++count[lengths[s]], longest = std::max<int>(longest, lengths[s]);
+  d->bits = std::min(longest, ClassValueDecoder::kCapBits);
+  uint32_t code = 0, index = 0;
+  for (int len = 1; len <= kMaxCodeBits; ++len) {
+    code = (code + (len > 1 ? count[len - 1] : 0)) << (len > 1 ? 1 : 0);
+    d->first_code[len] = code;
+    d->count[len] = count[len];
+    d->first_index[len] = index;
+    index += count[len];
+  }
+  uint32_t fill[kMaxCodeBits + 1];
+  std::copy(d->first_index, d->first_index + kMaxCodeBits + 1, fill);
+  for (int s = 0; s < kSymbols; ++s)
+    if (lengths[s]) d->symbols[fill[lengths[s]]++] = static_cast<uint8_t>(s);
+  // Table entries for codes that fit: the stream holds a code MSB first, so
+  // the table is indexed by the bit-reversed code (as BuildDecoder's).
+  std::fill(std::begin(d->table), std::end(d->table), uint16_t{0});
+  uint16_t codes[kSymbols] = {};
+  CanonicalCodes(lengths, codes);
+  for (int s = 0; s < kSymbols; ++s) {
+    const int len = lengths[s];
+    if (!len || len > d->bits) continue;
+    const uint16_t entry = static_cast<uint16_t>((s << 4) | len);
+    for (uint32_t i = codes[s]; i < (1u << d->bits); i += 1u << len) d->table[i] = entry;
   }
 }
 
@@ -153,8 +214,8 @@ Status ValidateContextStreams(const RecordView& r, int w) {
     const ContextClass& cc = t.cls[c];
     if (cc.changes == 0) continue;
     BitReader pin(cc.positions, cc.position_bytes), vin(cc.values, cc.value_bytes);
-    HuffmanDecoder dec;
-    BuildDecoder(cc.lengths, &dec);
+    ClassValueDecoder dec;
+    BuildClassValueDecoder(cc.lengths, &dec);
     uint64_t next = 0;  // smallest class rank allowed for the next change
     for (uint64_t j = 0; j < cc.changes; ++j) {
       uint64_t q;
@@ -165,7 +226,7 @@ Status ValidateContextStreams(const RecordView& r, int w) {
         return TERN_ERROR(kCorrupt, "CONTEXT segment: position out of range in class ", c);
       next += gap + 1;
       uint64_t z;
-      if (!DecodeValue(vin, dec, w, &z) || vin.Overrun() || z == 0)
+      if (!DecodeClassValue(vin, dec, w, &z) || vin.Overrun())
         return TERN_ERROR(kCorrupt, "CONTEXT segment: bad value code in class ", c);
     }
     TERN_REQUIRE(pin.FinishedCleanly() && vin.FinishedCleanly(), kCorrupt, "CONTEXT segment: class ", c,

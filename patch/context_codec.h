@@ -63,26 +63,51 @@ struct ContextTable {
 Status ParseContextTable(const RecordView& r, ContextTable* t);
 
 // Class of every element [first, first + n) of a tensor (n <= kContextBlock)
-// into cls[0..n); cls is then zero-padded to a multiple of 64.
+// into cls[0..n); cls is then zero-padded to a multiple of 64. e0 <= 4095
+// (ParseContextTable); the 8-bit vector path needs e0 < 256 and leaves the
+// rest to the scalar loop.
 template <int W>
 inline void ComputeClasses(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f, uint32_t e0,
                            int classes, uint8_t* cls) {
   const int top = classes - 1;
   const int32_t base = static_cast<int32_t>(e0);
+  uint64_t i = 0;
+#if defined(__AVX2__)
+  // 32 elements a step: max(e0 - x, 0) by a saturating subtraction, then the
+  // top class by an unsigned min. The hot path of CONTEXT decode and encode.
   if constexpr (W == 16) {
     const uint8_t* p = tensor + first * 2;
-    for (uint64_t i = 0; i < n; ++i) {
-      uint16_t v;
-      std::memcpy(&v, p + 2 * i, 2);
-      const int32_t c = base - static_cast<int32_t>((v >> f.shift) & f.mask);
-      cls[i] = static_cast<uint8_t>(c < 0 ? 0 : (c > top ? top : c));
+    const __m128i shift = _mm_cvtsi32_si128(f.shift);
+    const __m256i mask = _mm256_set1_epi16(static_cast<int16_t>(f.mask));
+    const __m256i e0v = _mm256_set1_epi16(static_cast<int16_t>(e0));
+    const __m256i topv = _mm256_set1_epi16(static_cast<int16_t>(top));
+    for (; i + 32 <= n; i += 32) {
+      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i));
+      __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32));
+      a = _mm256_min_epu16(_mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(a, shift), mask)), topv);
+      b = _mm256_min_epu16(_mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(b, shift), mask)), topv);
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xd8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cls + i), packed);
     }
-  } else {
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t v = LoadElement<W>(tensor, first + i);
-      const int32_t c = base - static_cast<int32_t>((v >> f.shift) & f.mask);
-      cls[i] = static_cast<uint8_t>(c < 0 ? 0 : (c > top ? top : c));
+  } else if (W == 8 && e0 < 256) {
+    const uint8_t* p = tensor + first;
+    const __m128i shift = _mm_cvtsi32_si128(f.shift);
+    const __m256i mask = _mm256_set1_epi8(static_cast<int8_t>(f.mask));
+    const __m256i e0v = _mm256_set1_epi8(static_cast<int8_t>(e0));
+    const __m256i topv = _mm256_set1_epi8(static_cast<int8_t>(top));
+    for (; i + 32 <= n; i += 32) {
+      // A 16-bit shift brings the neighbour byte's bits into the top of each
+      // byte; the field mask clears them.
+      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+      a = _mm256_min_epu8(_mm256_subs_epu8(e0v, _mm256_and_si256(_mm256_srl_epi16(a, shift), mask)), topv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cls + i), a);
     }
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint64_t v = LoadElement<W>(tensor, first + i);
+    const int32_t c = base - static_cast<int32_t>((v >> f.shift) & f.mask);
+    cls[i] = static_cast<uint8_t>(c < 0 ? 0 : (c > top ? top : c));
   }
   const uint64_t padded = (n + 63) / 64 * 64;
   if (padded > n) std::memset(cls + n, 0, padded - n);
@@ -106,6 +131,70 @@ inline int SelectBit(uint64_t x, uint64_t r) {
 #endif
 }
 
+// A class's value code. Up to 16 classes per record: a full table of
+// 2^(longest code) entries each (up to 64 KiB) would cost more to build than
+// the class has values, so the table covers codes up to kCapBits and longer
+// ones (rare by construction) are decoded bit by bit, canonically.
+struct ClassValueDecoder {
+  static constexpr int kCapBits = 8;
+  int bits = 0;                          // table index bits: min(longest code, kCapBits)
+  uint16_t table[1 << kCapBits] = {};    // symbol << 4 | length, 0: longer code or none
+  uint32_t first_code[kMaxCodeBits + 1] = {}, count[kMaxCodeBits + 1] = {}, first_index[kMaxCodeBits + 1] = {};
+  uint8_t symbols[kSymbols] = {};        // by (length, symbol)
+};
+void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d);
+
+// Reads one zigzag value (non-zero, of at most w bits) or fails.
+[[gnu::always_inline]] inline bool DecodeClassValue(BitReader& in, const ClassValueDecoder& d, int w, uint64_t* z) {
+  // Fast path: one unchecked load while the stream has room; anything it
+  // cannot finish within that load goes to the checked path below.
+  if (in.FastReads() > 0) [[likely]] {
+    const uint64_t bits = in.PeekFast();
+    const uint16_t e = d.table[bits & ((uint64_t{1} << d.bits) - 1)];
+    if (e != 0) {
+      const int code_len = e & 15, sym = e >> 4;
+      if (sym < kLiteralSymbols) {
+        if (sym == 0 || static_cast<uint64_t>(sym) > WidthMask(w)) return false;
+        in.Skip(code_len);
+        *z = static_cast<uint64_t>(sym);
+        return true;
+      }
+      const int len = sym - kLiteralSymbols + 5;
+      if (len > w) return false;
+      if (code_len + len - 1 <= 56) {
+        in.Skip(code_len + len - 1);
+        *z = (uint64_t{1} << (len - 1)) | ((bits >> code_len) & WidthMask(len - 1));
+        return true;
+      }
+    }
+  }
+  int sym;
+  const uint16_t e = d.table[in.Peek(d.bits)];
+  if (e != 0) [[likely]] {
+    in.Skip(e & 15);
+    sym = e >> 4;
+  } else {
+    uint32_t code = 0;
+    sym = -1;
+    for (int len = 1; len <= kMaxCodeBits; ++len) {
+      code = (code << 1) | static_cast<uint32_t>(in.Read(1));
+      if (code - d.first_code[len] < d.count[len]) {
+        sym = d.symbols[d.first_index[len] + code - d.first_code[len]];
+        break;
+      }
+    }
+    if (sym < 0 || in.Overrun()) return false;
+  }
+  if (sym < kLiteralSymbols) {
+    *z = static_cast<uint64_t>(sym);
+    return sym != 0 && static_cast<uint64_t>(sym) <= WidthMask(w);
+  }
+  const int len = sym - kLiteralSymbols + 5;
+  if (len > w) return false;
+  *z = (uint64_t{1} << (len - 1)) | in.Read(len - 1);
+  return true;
+}
+
 // Decodes a CONTEXT record against the base tensor, calling fn(position in
 // segment, delta) once per change: block by block, within a block class by
 // class (so not in position order). Validates every stream; a class rank past
@@ -119,13 +208,25 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
   const int K = t.classes;
   struct Live {
     BitReader pos{nullptr, 0}, val{nullptr, 0};
-    HuffmanDecoder dec;
+    ClassValueDecoder dec;
     uint64_t left = 0;  // changes still to emit
     uint64_t skip = 0;  // class members before the next change
     int k = 0;
   };
   Live live[kMaxClasses];
   auto read_gap = [&](Live& l, uint64_t* gap) {
+    if (l.pos.FastReads() > 0) [[likely]] {  // one unchecked load (see DecodeClassValue)
+      const uint64_t bits = l.pos.PeekFast();
+      const int q = std::countr_zero(bits);
+      if (q + 1 + l.k <= 56) {
+        const uint64_t g = (static_cast<uint64_t>(q) << l.k) | ((bits >> (q + 1)) & WidthMask(l.k));
+        if (g < count) {
+          l.pos.SkipBits(static_cast<uint64_t>(q + 1 + l.k));
+          *gap = g;
+          return true;
+        }
+      }
+    }
     uint64_t q;
     if (!l.pos.ReadUnary((count - 1) >> l.k, &q)) return false;
     *gap = (q << l.k) | l.pos.Read(l.k);
@@ -141,7 +242,7 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
     l.k = cc.rice_k;
     l.pos = BitReader(cc.positions, cc.position_bytes);
     l.val = BitReader(cc.values, cc.value_bytes);
-    BuildDecoder(cc.lengths, &l.dec);
+    BuildClassValueDecoder(cc.lengths, &l.dec);
     if (!read_gap(l, &l.skip)) return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
   }
   alignas(64) uint8_t cls[kContextBlock];
@@ -155,16 +256,28 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
       Live& l = live[c];
       if (l.left == 0) continue;
       uint64_t* m = masks[c];
+      uint64_t skip = l.skip;  // in a register across the walk
       for (uint64_t j = 0; j < words;) {
+        // Eight words a step while the next change is further on: eight
+        // independent popcounts and one branch instead of eight.
+        while (j + 8 <= words) {
+          const uint64_t ones8 = static_cast<uint64_t>(
+              (std::popcount(m[j]) + std::popcount(m[j + 1])) + (std::popcount(m[j + 2]) + std::popcount(m[j + 3])) +
+              ((std::popcount(m[j + 4]) + std::popcount(m[j + 5])) + (std::popcount(m[j + 6]) + std::popcount(m[j + 7]))));
+          if (skip < ones8) break;
+          skip -= ones8;
+          j += 8;
+        }
+        if (j == words) break;
         const uint64_t ones = static_cast<uint64_t>(std::popcount(m[j]));
-        if (l.skip >= ones) {
-          l.skip -= ones;
+        if (skip >= ones) {
+          skip -= ones;
           ++j;
           continue;
         }
-        const int bit = SelectBit(m[j], l.skip);
+        const int bit = SelectBit(m[j], skip);
         uint64_t z;
-        if (!DecodeValue(l.val, l.dec, W, &z) || l.val.Overrun() || z == 0)
+        if (!DecodeClassValue(l.val, l.dec, W, &z) || l.val.Overrun())
           return TERN_ERROR(kCorrupt, "CONTEXT segment: bad value code in class ", c);
         fn(b0 + j * 64 + static_cast<uint64_t>(bit), UnZigZag(z, W));
         // Members up to and including this one are spent.
@@ -173,9 +286,10 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
           --active;
           break;
         }
-        if (!read_gap(l, &l.skip))
+        if (!read_gap(l, &skip))
           return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
       }
+      l.skip = skip;
     }
   }
   for (int c = 0; c < K; ++c) {
