@@ -304,13 +304,14 @@ uint32_t ChooseE0(const std::vector<double>& all, const std::vector<double>& cha
 }  // namespace
 
 bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w, const uint8_t* tensor,
-                   ContextField f, uint64_t first, uint64_t count, uint64_t limit_bytes, ContextPayload* out) {
+                   ContextField f, int max_classes, uint64_t first, uint64_t count, uint64_t limit_bytes,
+                   ContextPayload* out) {
   const int bins = static_cast<int>(f.mask) + 1;
   // K: as many classes as the field has values, up to 16, but about 32
   // changes per class at least, so that small records do not pay 16 tables.
   // (Choosing K per record by the position estimate instead made datagen
   // patches 1% larger: the values, which it leaves out, gain from classes.)
-  int classes = std::min<int>(kMaxClasses, bins);
+  int classes = std::min({max_classes, kMaxClasses, bins});
   while (classes > 2 && n < 32 * static_cast<uint64_t>(classes)) classes /= 2;
   // The smallest CONTEXT payload: K, e0, a count per class and one class's
   // fields, table and streams.

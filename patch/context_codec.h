@@ -325,6 +325,7 @@ struct ContextPayload {
   uint32_t table_bytes = 0, position_bytes = 0, value_bytes = 0;
 };
 bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w, const uint8_t* tensor,
-                   ContextField f, uint64_t first, uint64_t count, uint64_t limit_bytes, ContextPayload* out);
+                   ContextField f, int max_classes, uint64_t first, uint64_t count, uint64_t limit_bytes,
+                   ContextPayload* out);
 
 }  // namespace tern::patchfmt

@@ -131,7 +131,8 @@ Status CheckSameLayout(const ServeView& a, const ServeView& b) {
 
 // Shared by Diff (whose arguments are validated) and EncodeSegment.
 SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32_t tensor_index,
-                          uint64_t seed, uint64_t first, uint64_t count, uint16_t format_version) {
+                          uint64_t seed, uint64_t first, uint64_t count, uint16_t format_version,
+                          int max_context_classes = patchfmt::kMaxClasses) {
   thread_local std::vector<uint64_t> positions, deltas;  // scratch reused; CollectChanges sizes them
   SegmentRecord rec;
   rec.tensor_index = tensor_index;
@@ -142,7 +143,8 @@ SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32
     CollectChanges<W>(old_t.data, new_t.data, first, count, seed, &positions, &deltas, rec.digest_delta.lanes.data());
   });
   patchfmt::ContextBase base;
-  if (format_version >= patchfmt::kFormatVersion2) base = {old_t.data, patchfmt::ContextFieldOf(old_t.desc->dtype)};
+  if (format_version >= patchfmt::kFormatVersion2)
+    base = {old_t.data, patchfmt::ContextFieldOf(old_t.desc->dtype), max_context_classes};
   if (!positions.empty())
     patchfmt::EncodeRecord(positions.data(), deltas.data(), positions.size(), w, tensor_index, first, count,
                            &rec.bytes, base);
@@ -187,6 +189,8 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
   TERN_REQUIRE(options.segment_elements >= 1 && options.segment_elements < kMaxSegmentElements, kInvalidArgument,
                "segment_elements must be in [1, 2^24)");
   TERN_RETURN_IF_ERROR(CheckFormatVersion(options.format_version));
+  TERN_REQUIRE(options.max_context_classes >= 2 && options.max_context_classes <= patchfmt::kMaxClasses,
+               kInvalidArgument, "max_context_classes must be in [2, 16]");
   TERN_RETURN_IF_ERROR(CheckSameLayout(old_view, new_view));
   struct Item {
     uint32_t tensor;
@@ -207,7 +211,7 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
   pool.ParallelFor(items.size(), [&](uint64_t k) {
     const Item& it = items[k];
     records[k] = EncodeRange(old_view.tensors[it.tensor], new_view.tensors[it.tensor], it.tensor, seeds[it.tensor],
-                             it.first, it.count, options.format_version);
+                             it.first, it.count, options.format_version, options.max_context_classes);
   });
   const ViewDigest base = base_digest ? *base_digest : ComputeDigest(old_view, pool);
   ViewDigest target = base;

@@ -644,6 +644,39 @@ TEST(PatchFormat2Test, ContextRecordsNeedFormat2) {
   EXPECT_EQ(Diff(a.View(), b.View(), bad, pool).status().code(), Code::kInvalidArgument);
 }
 
+// DiffOptions::max_context_classes bounds K in every CONTEXT record.
+TEST(PatchFormat2Test, MaxContextClassesBoundsK) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(26);
+  const OwnedView a = PhysicalBase(DType::kBF16, 40000, rng);
+  const OwnedView b = PhysicalStep(a, 0.01, rng);
+  for (int max_classes : {2, 8, 16}) {
+    DiffOptions opt;
+    opt.format_version = 2;
+    opt.max_context_classes = max_classes;
+    auto limited = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(limited.ok());
+    auto parsed = patchfmt::ParsePatch(*limited);
+    ASSERT_TRUE(parsed.ok());
+    int most = 0;
+    for (const auto& r : parsed->records) {
+      if (r.h.encoding != patchfmt::kContext) continue;
+      patchfmt::ContextTable t;
+      ASSERT_TRUE(patchfmt::ParseContextTable(r, &t).ok());
+      most = std::max(most, t.classes);
+    }
+    EXPECT_EQ(most, max_classes);  // 40000 elements at ~4%: enough changes for 16 classes
+    OwnedView work = a;
+    MutableServeView mv = work.Mutable();
+    ASSERT_TRUE(Apply(mv, *limited, ComputeDigest(a.View(), pool), pool).ok());
+    EXPECT_EQ(work.data, b.data);
+  }
+  DiffOptions bad;
+  bad.format_version = 2;
+  bad.max_context_classes = 17;
+  EXPECT_EQ(Diff(a.View(), b.View(), bad, pool).status().code(), Code::kInvalidArgument);
+}
+
 TEST(PatchFormat2Test, SquashNeedsTheBase) {
   ThreadPool pool(2);
   std::mt19937_64 rng(25);

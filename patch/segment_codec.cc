@@ -168,7 +168,7 @@ void EncodeRecord(const uint64_t* positions, const uint64_t* deltas, uint64_t n,
   out->resize(start + sizeof(RecordHeader));
   thread_local ContextPayload context;
   if (base.tensor != nullptr && base.field.ok &&
-      EncodeContext(positions, deltas, n, w, base.tensor, base.field, first, count,
+      EncodeContext(positions, deltas, n, w, base.tensor, base.field, base.max_classes, first, count,
                     std::min({sparse_bytes, dense_bytes, raw_bytes}), &context)) {
     h.encoding = kContext;
     h.table_bytes = context.table_bytes;

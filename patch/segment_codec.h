@@ -61,6 +61,7 @@ struct ContextField {
 struct ContextBase {
   const uint8_t* tensor = nullptr;
   ContextField field;
+  int max_classes = kMaxClasses;  // 2 .. kMaxClasses
 };
 
 // Appends one complete record (header, payload, checksum). positions are
