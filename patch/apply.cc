@@ -389,14 +389,85 @@ Status ApplyExclusive(MutableServeView& view, std::span<const uint8_t> patch, co
   return ApplyExclusive(view, p, current_digest, pool, new_digest);
 }
 
+namespace {
+
+// The exclusive path for patches with CONTEXT records. Undoing a CONTEXT
+// record by decoding it again would need its base, which the writes changed,
+// so every written change is also kept (position, delta) and a failure
+// subtracts the kept deltas. Memory as the staging path's; over its budget,
+// verify-then-write instead (same result and errors).
+Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
+                                    ThreadPool& pool, ViewDigest* new_digest) {
+  uint64_t changes = 0;
+  for (const RecordView& r : p.records) changes += r.h.changed_count;
+  if (changes > kApplyStagingBytes / kStagedChangeBytes)
+    return ApplyWithStaging(view, p, current_digest, pool, new_digest, kApplyStagingBytes);
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
+  struct Kept {
+    std::unique_ptr<uint32_t[]> pos;  // relative to the segment: < 2^24
+    std::unique_ptr<uint64_t[]> delta;
+    uint64_t n = 0;
+  };
+  std::vector<Kept> kept(p.records.size());
+  std::vector<ViewDigest> partial(p.records.size());
+  Status s = ForEachRecord(p, pool, [&](uint64_t k) {
+    const RecordView& r = p.records[k];
+    const ManifestTensor& mt = p.tensors[r.h.tensor_index];
+    uint8_t* data = view.tensors[r.h.tensor_index].data;
+    const uint64_t seed = seeds[r.h.tensor_index];
+    const uint64_t first = r.h.first_element;
+    const uint64_t cap = r.h.changed_count;
+    Kept& kk = kept[k];
+    kk.pos = std::make_unique_for_overwrite<uint32_t[]>(cap);
+    kk.delta = std::make_unique_for_overwrite<uint64_t[]>(cap);
+    return DispatchWidth(mt.width_bits, [&]<int W>() -> Status {
+      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      uint64_t sum[4] = {};
+      // A CONTEXT decoder reads a block's base before it emits a change
+      // there, so writing each change as it comes is safe (context_codec.h).
+      Status st = DecodeRecordOnBase(r, W, data, mt.context, [&](uint64_t pos, uint64_t delta) {
+        if (kk.n == cap) return;  // a corrupt stream may yield more: the decoder rejects it
+        const uint64_t i = first + pos;
+        const uint64_t old_value = LoadElement<W>(data, i);
+        const uint64_t new_value = (old_value + delta) & kMask;
+        AddElementChange(seed, i, old_value, new_value, sum);
+        StoreElement<W>(data, i, new_value);
+        kk.pos[kk.n] = static_cast<uint32_t>(pos);
+        kk.delta[kk.n] = delta;
+        ++kk.n;
+      });
+      for (int l = 0; l < 4; ++l) partial[k].lanes[l] = sum[l];
+      return st;
+    });
+  });
+  ViewDigest target;
+  if (s.ok()) s = CheckTarget(p, partial, &target);
+  if (!s.ok()) {
+    // Each element was written at most once, so subtracting restores it, in any order.
+    pool.ParallelFor(p.records.size(), [&](uint64_t k) {
+      const RecordView& r = p.records[k];
+      uint8_t* data = view.tensors[r.h.tensor_index].data;
+      const uint64_t first = r.h.first_element;
+      DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+        constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+        for (uint64_t j = 0; j < kept[k].n; ++j) {
+          const uint64_t i = first + kept[k].pos[j];
+          StoreElement<W>(data, i, (LoadElement<W>(data, i) - kept[k].delta[j]) & kMask);
+        }
+      });
+    });
+    return s;
+  }
+  if (new_digest) *new_digest = target;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
                       ThreadPool& pool, ViewDigest* new_digest) {
-  // Undoing a CONTEXT record means decoding it again, which needs its base,
-  // and the base is what the write changed: such patches verify, then write
-  // (the result and the errors are the same; only the speed differs).
   for (const RecordView& r : p.records)
-    if (r.h.encoding == kContext)
-      return ApplyWithStaging(view, p, current_digest, pool, new_digest, kApplyStagingBytes);
+    if (r.h.encoding == kContext) return ApplyExclusiveKeepingChanges(view, p, current_digest, pool, new_digest);
   TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
   std::vector<ViewDigest> partial(p.records.size());
   std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
