@@ -50,7 +50,7 @@ struct SpeedRow {
   std::string label;
   unsigned threads = 1;
   Timing memcpy, diff, apply, apply_excl;
-  Timing diff2, apply2;  // format 2: diff+encode, decode+apply (Apply's default path)
+  Timing diff2, apply2, apply2_excl;  // format 2: diff+encode, decode+apply (default, exclusive)
   double pulse_encode_s = 0, pulse_apply_s = 0;
 };
 
@@ -183,6 +183,12 @@ Status Measure(const StepPair& p, const std::string& label, const Options& o, Th
     }, reset);
     TERN_RETURN_IF_ERROR(st);
     TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern format-2 apply is not bit-exact"));
+    r.apply2_excl = BestTiming(o.reps, [&] {
+      Status a = Apply(wv, patch2, base, *pool, excl);
+      if (!a.ok()) st = a;
+    }, reset);
+    TERN_RETURN_IF_ERROR(st);
+    TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern format-2 exclusive apply is not bit-exact"));
     if (pool == &one) {
       r.pulse_encode_s = BestSeconds(o.reps, [&] {
         auto r2 = PulseEncode(p.old_view, p.new_view);
@@ -264,14 +270,17 @@ void PrintFormat2Speeds(const std::vector<SpeedRow>& rows) {
   std::printf(
       "\n### Format 2 speed (same run; ratios against the memcpy above)\n\n"
       "| workload | threads | f1 diff/memcpy | f2 diff/memcpy | f1 apply/memcpy | f2 apply/memcpy | "
-      "f2/f1 apply | cpu f2 diff/memcpy | cpu f2 apply/memcpy |\n|---|---|---|---|---|---|---|---|---|\n");
+      "f2/f1 apply | f1 excl/memcpy | f2 excl/memcpy | cpu f2 diff/memcpy | cpu f2 apply/memcpy |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const SpeedRow& r : rows) {
     const bool one = r.threads == 1;
-    std::printf("| f2 %s | %u | %s | %s | %s | %s | %s | %s | %s |\n", r.label.c_str(), r.threads,
+    std::printf("| f2 %s | %u | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.label.c_str(), r.threads,
                 Fx(r.diff.wall_s / r.memcpy.wall_s).c_str(), Fx(r.diff2.wall_s / r.memcpy.wall_s).c_str(),
                 Fx(r.apply.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
                 Fx(r.apply2.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
                 Fx(r.apply2.wall_s / r.apply.wall_s).c_str(),
+                Fx(r.apply_excl.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
+                Fx(r.apply2_excl.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
                 one ? Fx(r.diff2.cpu_s / r.memcpy.cpu_s).c_str() : "-",
                 one ? Fx(r.apply2.cpu_s / r.memcpy.cpu_s, "%.3f").c_str() : "-");
   }
