@@ -43,12 +43,14 @@ struct SizeRow {
   int64_t xdelta = -1;
   double bound = 0, bound_per_tensor = 0, bound_exponent = 0, value_bits_per_change = 0;
   uint64_t position_bytes = 0, value_bytes = 0, header_bytes = 0;
+  uint64_t tern2 = 0;  // format 2 (CONTEXT segments given the base)
 };
 
 struct SpeedRow {
   std::string label;
   unsigned threads = 1;
   Timing memcpy, diff, apply, apply_excl;
+  Timing diff2, apply2, apply2_excl;  // format 2: diff+encode, decode+apply (default, exclusive)
   double pulse_encode_s = 0, pulse_apply_s = 0;
 };
 
@@ -64,6 +66,7 @@ Status Measure(const StepPair& p, const std::string& label, const Options& o, Th
   const ViewDigest base = ComputeDigest(p.old_view, all);
 
   DiffOptions d;
+  d.format_version = 1;
   d.segment_elements = o.segment_elements;
   d.base_version = 0;
   d.target_version = 1;
@@ -72,6 +75,14 @@ Status Measure(const StepPair& p, const std::string& label, const Options& o, Th
     TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> patch1, Diff(p.old_view, p.new_view, d, one, &base));
     TERN_RETURN_IF_ERROR(Check(patch1 == patch, "Diff output depends on the thread count"));
   }
+  DiffOptions d2 = d;
+  d2.format_version = 2;
+  TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> patch2, Diff(p.old_view, p.new_view, d2, all, &base));
+  {
+    TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> patch2_1, Diff(p.old_view, p.new_view, d2, one, &base));
+    TERN_RETURN_IF_ERROR(Check(patch2_1 == patch2, "format-2 Diff output depends on the thread count"));
+  }
+  s.tern2 = patch2.size();
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patch));
   s.tern = patch.size();
   s.elements = info.elements;
@@ -88,6 +99,9 @@ Status Measure(const StepPair& p, const std::string& label, const Options& o, Th
   TERN_RETURN_IF_ERROR(Apply(wv, patch, base, all, &target));
   TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern apply is not bit-exact"));
   TERN_RETURN_IF_ERROR(Check(target == ComputeDigest(p.new_view, all), "target digest differs"));
+  reset();
+  TERN_RETURN_IF_ERROR(Apply(wv, patch2, base, all));
+  TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern format-2 apply is not bit-exact"));
 
   EntropyCounter global;
   double per_tensor = 0;
@@ -158,6 +172,23 @@ Status Measure(const StepPair& p, const std::string& label, const Options& o, Th
     }, reset);
     TERN_RETURN_IF_ERROR(st);
     TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern exclusive apply is not bit-exact"));
+    r.diff2 = BestTiming(o.reps, [&] {
+      auto r2 = Diff(p.old_view, p.new_view, d2, *pool, &base);
+      if (!r2.ok()) st = r2.status();
+    });
+    TERN_RETURN_IF_ERROR(st);
+    r.apply2 = BestTiming(o.reps, [&] {
+      Status a = Apply(wv, patch2, base, *pool);
+      if (!a.ok()) st = a;
+    }, reset);
+    TERN_RETURN_IF_ERROR(st);
+    TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern format-2 apply is not bit-exact"));
+    r.apply2_excl = BestTiming(o.reps, [&] {
+      Status a = Apply(wv, patch2, base, *pool, excl);
+      if (!a.ok()) st = a;
+    }, reset);
+    TERN_RETURN_IF_ERROR(st);
+    TERN_RETURN_IF_ERROR(Check(work == p.new_bytes, "tern format-2 exclusive apply is not bit-exact"));
     if (pool == &one) {
       r.pulse_encode_s = BestSeconds(o.reps, [&] {
         auto r2 = PulseEncode(p.old_view, p.new_view);
@@ -217,6 +248,42 @@ void PrintSizes(const std::vector<SizeRow>& rows) {
                 Mb(double(r.pulse_flat)).c_str(), Mb(double(r.pulse_coo)).c_str(),
                 Mb(r.bound_exponent).c_str(), Fx(double(r.tern) / r.bound_exponent).c_str(),
                 Fx(double(r.zstd_xor) / r.bound_exponent).c_str());
+}
+
+void PrintFormat2Sizes(const std::vector<SizeRow>& rows) {
+  std::printf(
+      "\n### Format 2 (CONTEXT segments) against format 1 and the bounds\n\n"
+      "| workload | changed | format 1 MB | format 2 MB | f2/f1 | order-0 bound MB | f1/bound | f2/bound | "
+      "bound given base exponent MB | f2/that | PULSE/f2 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const SizeRow& r : rows) {
+    const double pulse = double(std::min(r.pulse_flat, r.pulse_coo));
+    std::printf("| %s | %s%% | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.label.c_str(),
+                Fx(100.0 * double(r.changed) / double(r.elements), "%.3f").c_str(), Mb(double(r.tern)).c_str(),
+                Mb(double(r.tern2)).c_str(), Fx(double(r.tern2) / double(r.tern), "%.3f").c_str(),
+                Mb(r.bound).c_str(), Fx(double(r.tern) / r.bound, "%.3f").c_str(),
+                Fx(double(r.tern2) / r.bound, "%.3f").c_str(), Mb(r.bound_exponent).c_str(),
+                Fx(double(r.tern2) / r.bound_exponent, "%.3f").c_str(), Fx(pulse / double(r.tern2)).c_str());
+  }
+}
+
+void PrintFormat2Speeds(const std::vector<SpeedRow>& rows) {
+  std::printf(
+      "\n### Format 2 speed (same run; ratios against the memcpy above)\n\n"
+      "| workload | threads | f1 diff/memcpy | f2 diff/memcpy | f1 apply/memcpy | f2 apply/memcpy | "
+      "f2/f1 apply | f1 excl/memcpy | f2 excl/memcpy | cpu f2 diff/memcpy | cpu f2 apply/memcpy |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const SpeedRow& r : rows) {
+    const bool one = r.threads == 1;
+    std::printf("| f2 %s | %u | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.label.c_str(), r.threads,
+                Fx(r.diff.wall_s / r.memcpy.wall_s).c_str(), Fx(r.diff2.wall_s / r.memcpy.wall_s).c_str(),
+                Fx(r.apply.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
+                Fx(r.apply2.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
+                Fx(r.apply2.wall_s / r.apply.wall_s).c_str(),
+                Fx(r.apply_excl.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
+                Fx(r.apply2_excl.wall_s / r.memcpy.wall_s, "%.3f").c_str(),
+                one ? Fx(r.diff2.cpu_s / r.memcpy.cpu_s).c_str() : "-",
+                one ? Fx(r.apply2.cpu_s / r.memcpy.cpu_s, "%.3f").c_str() : "-");
+  }
 }
 
 void PrintSpeeds(const std::vector<SpeedRow>& rows) {
@@ -346,7 +413,11 @@ Status Run(const Args& a) {
               all.size(), static_cast<unsigned long long>(o.segment_elements), load_start,
               LoadAverage());
   PrintSizes(sizes);
-  if (speed) PrintSpeeds(speeds);
+  PrintFormat2Sizes(sizes);
+  if (speed) {
+    PrintSpeeds(speeds);
+    PrintFormat2Speeds(speeds);
+  }
   return Status::Ok();
 }
 

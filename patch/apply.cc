@@ -1,5 +1,5 @@
 // Decoding side: Inspect, Apply (verify-then-write, or write-while-verifying
-// on an exclusive view), Squash.
+// on an exclusive view). Squash is in squash.cc.
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -7,6 +7,7 @@
 #include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
 #include "patch/container.h"
+#include "patch/context_codec.h"
 #include "patch/digest_mix.h"
 #include "patch/element_access.h"
 #include "tern/patch.h"
@@ -118,7 +119,11 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
     info.tensors.push_back(std::move(t));
   }
   for (const RecordView& r : p.records) {
-    Status s = patchfmt::DecodeRecord(r, p.tensors[r.h.tensor_index].width_bits, [](uint64_t, uint64_t) {});
+    // CONTEXT positions are class ranks: without the base only their streams
+    // can be checked (the rest is checked when the record is applied).
+    const int w = p.tensors[r.h.tensor_index].width_bits;
+    Status s = r.h.encoding == patchfmt::kContext ? patchfmt::ValidateContextStreams(r, w)
+                                                  : patchfmt::DecodeRecord(r, w, [](uint64_t, uint64_t) {});
     if (!s.ok()) return RecordContext(s, p, r);
     TensorPatchInfo& t = info.tensors[r.h.tensor_index];
     t.changed_elements += r.h.changed_count;
@@ -126,6 +131,7 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
     t.sparse_segments += r.h.encoding == patchfmt::kSparse;
     t.dense_segments += r.h.encoding == patchfmt::kDense;
     t.raw_segments += r.h.encoding == patchfmt::kRaw;
+    t.context_segments += r.h.encoding == patchfmt::kContext;
     t.position_bytes += r.h.position_bytes;
     t.value_bytes += r.h.value_bytes;
     t.header_bytes += sizeof(patchfmt::RecordHeader) + r.h.table_bytes + patchfmt::kChecksumBytes;
@@ -215,7 +221,8 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
           patchfmt::AddElementChange(seed, first + pos[j], old_value, new_value, sum);
           value[j] = new_value;
         };
-        TERN_RETURN_IF_ERROR(patchfmt::DecodeRecord(r, W, [&](uint64_t p_in_seg, uint64_t delta) {
+        TERN_RETURN_IF_ERROR(patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                                          [&](uint64_t p_in_seg, uint64_t delta) {
           if (n < cap) {
             pos[n] = static_cast<uint32_t>(p_in_seg);
             value[n] = delta;
@@ -242,9 +249,10 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         const uint64_t new_value = (old_value + delta) & kMask;
         patchfmt::AddElementChange(seed, first + pos, old_value, new_value, sum);
       };
-      Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
-        if (batch.Push(pos, delta)) batch.Flush(address, add, false);
-      });
+      Status s = patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                              [&](uint64_t pos, uint64_t delta) {
+                                                if (batch.Push(pos, delta)) batch.Flush(address, add, false);
+                                              });
       batch.Flush(address, add, false);
       for (int l = 0; l < 4; ++l) acc[l] = sum[l];
       return s;
@@ -292,9 +300,12 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         const uint64_t i = first + pos;
         patchfmt::StoreElement<W>(data, i, (patchfmt::LoadElement<W>(data, i) + delta) & kMask);
       };
-      Status s = patchfmt::DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
-        if (batch.Push(pos, delta)) batch.Flush(address, write, true);
-      });
+      // A CONTEXT record reads each block's base before it emits a change
+      // there, so writing the changes it has emitted is safe (context_codec.h).
+      Status s = patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                              [&](uint64_t pos, uint64_t delta) {
+                                                if (batch.Push(pos, delta)) batch.Flush(address, write, true);
+                                              });
       batch.Flush(address, write, true);
       return s;
     });
@@ -378,8 +389,85 @@ Status ApplyExclusive(MutableServeView& view, std::span<const uint8_t> patch, co
   return ApplyExclusive(view, p, current_digest, pool, new_digest);
 }
 
+namespace {
+
+// The exclusive path for patches with CONTEXT records. Undoing a CONTEXT
+// record by decoding it again would need its base, which the writes changed,
+// so every written change is also kept (position, delta) and a failure
+// subtracts the kept deltas. Memory as the staging path's; over its budget,
+// verify-then-write instead (same result and errors).
+Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
+                                    ThreadPool& pool, ViewDigest* new_digest) {
+  uint64_t changes = 0;
+  for (const RecordView& r : p.records) changes += r.h.changed_count;
+  if (changes > kApplyStagingBytes / kStagedChangeBytes)
+    return ApplyWithStaging(view, p, current_digest, pool, new_digest, kApplyStagingBytes);
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
+  struct Kept {
+    std::unique_ptr<uint32_t[]> pos;  // relative to the segment: < 2^24
+    std::unique_ptr<uint64_t[]> delta;
+    uint64_t n = 0;
+  };
+  std::vector<Kept> kept(p.records.size());
+  std::vector<ViewDigest> partial(p.records.size());
+  Status s = ForEachRecord(p, pool, [&](uint64_t k) {
+    const RecordView& r = p.records[k];
+    const ManifestTensor& mt = p.tensors[r.h.tensor_index];
+    uint8_t* data = view.tensors[r.h.tensor_index].data;
+    const uint64_t seed = seeds[r.h.tensor_index];
+    const uint64_t first = r.h.first_element;
+    const uint64_t cap = r.h.changed_count;
+    Kept& kk = kept[k];
+    kk.pos = std::make_unique_for_overwrite<uint32_t[]>(cap);
+    kk.delta = std::make_unique_for_overwrite<uint64_t[]>(cap);
+    return DispatchWidth(mt.width_bits, [&]<int W>() -> Status {
+      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      uint64_t sum[4] = {};
+      // A CONTEXT decoder reads a block's base before it emits a change
+      // there, so writing each change as it comes is safe (context_codec.h).
+      Status st = DecodeRecordOnBase(r, W, data, mt.context, [&](uint64_t pos, uint64_t delta) {
+        if (kk.n == cap) return;  // a corrupt stream may yield more: the decoder rejects it
+        const uint64_t i = first + pos;
+        const uint64_t old_value = LoadElement<W>(data, i);
+        const uint64_t new_value = (old_value + delta) & kMask;
+        AddElementChange(seed, i, old_value, new_value, sum);
+        StoreElement<W>(data, i, new_value);
+        kk.pos[kk.n] = static_cast<uint32_t>(pos);
+        kk.delta[kk.n] = delta;
+        ++kk.n;
+      });
+      for (int l = 0; l < 4; ++l) partial[k].lanes[l] = sum[l];
+      return st;
+    });
+  });
+  ViewDigest target;
+  if (s.ok()) s = CheckTarget(p, partial, &target);
+  if (!s.ok()) {
+    // Each element was written at most once, so subtracting restores it, in any order.
+    pool.ParallelFor(p.records.size(), [&](uint64_t k) {
+      const RecordView& r = p.records[k];
+      uint8_t* data = view.tensors[r.h.tensor_index].data;
+      const uint64_t first = r.h.first_element;
+      DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+        constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+        for (uint64_t j = 0; j < kept[k].n; ++j) {
+          const uint64_t i = first + kept[k].pos[j];
+          StoreElement<W>(data, i, (LoadElement<W>(data, i) - kept[k].delta[j]) & kMask);
+        }
+      });
+    });
+    return s;
+  }
+  if (new_digest) *new_digest = target;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
                       ThreadPool& pool, ViewDigest* new_digest) {
+  for (const RecordView& r : p.records)
+    if (r.h.encoding == kContext) return ApplyExclusiveKeepingChanges(view, p, current_digest, pool, new_digest);
   TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
   std::vector<ViewDigest> partial(p.records.size());
   std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
@@ -418,78 +506,5 @@ Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDi
 }  // namespace patchfmt
 
 Result<uint64_t> VerifiedPrefixBytes(std::span<const uint8_t> prefix) { return patchfmt::ParsePrefix(prefix); }
-
-Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches, ThreadPool& pool) {
-  TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
-  std::vector<ParsedPatch> parsed;
-  for (size_t i = 0; i < patches.size(); ++i) {
-    auto p = patchfmt::ParsePatch(patches[i]);
-    if (!p.ok()) return p.status().WithContext("patch " + std::to_string(i + 1));
-    parsed.push_back(std::move(p).value());
-  }
-  const ParsedPatch& first = parsed.front();
-  std::vector<const TensorDesc*> descs;
-  for (const auto& t : first.tensors) descs.push_back(&t.desc);
-  for (size_t i = 1; i < parsed.size(); ++i) {
-    Status s = patchfmt::CheckLayout(parsed[i].tensors, descs);
-    if (!s.ok()) return s.WithContext("patch " + std::to_string(i + 1) + " vs patch 1");
-    TERN_REQUIRE(parsed[i - 1].target_digest == parsed[i].base_digest, kMismatch, "patch ", i + 1,
-                 " does not start where patch ", i, " ends (digests do not chain)");
-  }
-  // Per tensor: every patch's changes as (element, delta), summed mod 2^w.
-  const size_t tensors = first.tensors.size();
-  std::vector<std::vector<std::vector<uint8_t>>> out_records(tensors);
-  std::vector<Status> errors(tensors);
-  std::vector<std::vector<const RecordView*>> by_tensor(tensors);
-  for (const auto& p : parsed)
-    for (const RecordView& r : p.records) by_tensor[r.h.tensor_index].push_back(&r);
-  pool.ParallelFor(tensors, [&](uint64_t t) {
-    const int w = first.tensors[t].width_bits;
-    const uint64_t mask = patchfmt::WidthMask(w);
-    std::vector<std::pair<uint64_t, uint64_t>> changes;
-    for (const RecordView* r : by_tensor[t]) {
-      const uint64_t base = r->h.first_element;
-      Status s = patchfmt::DecodeRecord(*r, w, [&](uint64_t pos, uint64_t d) { changes.emplace_back(base + pos, d); });
-      if (!s.ok()) {
-        errors[t] = s.WithContext("tensor '" + first.tensors[t].desc.name + "'");
-        return;
-      }
-    }
-    std::sort(changes.begin(), changes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    size_t n = 0;  // combine equal positions in place, dropping cancelled deltas
-    for (size_t i = 0; i < changes.size();) {
-      uint64_t sum = 0;
-      size_t j = i;
-      for (; j < changes.size() && changes[j].first == changes[i].first; ++j) sum = (sum + changes[j].second) & mask;
-      if (sum != 0) changes[n++] = {changes[i].first, sum};
-      i = j;
-    }
-    changes.resize(n);
-    const uint64_t seg = uint64_t{1} << 20;  // even, so packed 4-bit segments stay byte aligned
-    const uint64_t elements = first.tensors[t].elements;
-    std::vector<uint64_t> pos, delta;
-    for (size_t i = 0; i < n;) {
-      const uint64_t seg_first = changes[i].first / seg * seg;
-      const uint64_t count = std::min(seg, elements - seg_first);
-      pos.clear();
-      delta.clear();
-      for (; i < n && changes[i].first < seg_first + count; ++i) {
-        pos.push_back(changes[i].first - seg_first);
-        delta.push_back(changes[i].second);
-      }
-      out_records[t].emplace_back();
-      patchfmt::EncodeRecord(pos.data(), delta.data(), pos.size(), w, static_cast<uint32_t>(t), seg_first, count,
-                             &out_records[t].back());
-    }
-  });
-  for (const Status& s : errors) TERN_RETURN_IF_ERROR(s);
-  std::vector<std::span<const uint8_t>> spans;
-  for (const auto& recs : out_records)
-    for (const auto& r : recs) spans.emplace_back(r);
-  std::vector<TensorDesc> out_descs;
-  for (const auto& t : first.tensors) out_descs.push_back(t.desc);
-  return patchfmt::WritePatch(out_descs, first.base_version, parsed.back().target_version, first.base_digest,
-                              parsed.back().target_digest, spans);
-}
 
 }  // namespace tern

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/coding.h"
+#include "patch/context_codec.h"
 
 namespace tern::patchfmt {
 namespace {
@@ -60,6 +61,7 @@ Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
     TERN_REQUIRE(out->tensors.empty() || out->tensors.back().desc.name < mt.desc.name, kCorrupt,
                  "manifest: tensor names not strictly sorted at '", mt.desc.name, "'");
     mt.width_bits = ElementBits(mt.desc.dtype);
+    mt.context = ContextFieldOf(mt.desc.dtype);
     out->tensors.push_back(std::move(mt));
   }
   TERN_REQUIRE(at == n, kCorrupt, "manifest: ", n - at, " trailing bytes");
@@ -84,8 +86,8 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
   std::memcpy(&fh, p, sizeof(fh));
   TERN_REQUIRE(std::memcmp(fh.magic, kMagic, 8) == 0, kCorrupt, "not a tern patch (bad magic)");
   TERN_REQUIRE(XXH3_64bits(p, 24) == fh.checksum, kCorrupt, "patch file header checksum mismatch");
-  TERN_REQUIRE(fh.version == kFormatVersion, kUnsupported, "patch format version ", fh.version,
-               " (this build reads version ", kFormatVersion, ")");
+  TERN_REQUIRE(fh.version == kFormatVersion1 || fh.version == kFormatVersion2, kUnsupported,
+               "patch format version ", fh.version, " (this build reads versions 1 and 2)");
   TERN_REQUIRE(fh.flags == 0 && fh.reserved == 0, kCorrupt, "patch header: reserved bits not zero");
   TERN_REQUIRE(fh.manifest_bytes >= sizeof(ManifestFixed) && fh.manifest_bytes <= kMaxManifestBytes, kCorrupt,
                "patch header: manifest size ", fh.manifest_bytes, " out of range");
@@ -119,7 +121,8 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
     for (uint64_t s = 0; s < mt.segment_count; ++s) {
       uint64_t need = 0;
       if (prefix && size - at < sizeof(RecordHeader)) return stop(at);
-      auto rec = ParseRecord(p + at, size - at, mt.width_bits, &need);
+      auto rec = ParseRecord(p + at, size - at, mt.width_bits, &need,
+                             out->format_version >= kFormatVersion2 && mt.context.ok);
       if (!rec.ok()) {
         if (prefix && need > size - at) return stop(at);
         return rec.status().WithContext("tensor '" + mt.desc.name + "'");
@@ -177,12 +180,13 @@ Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix) {
 std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,
                                 uint64_t target_version, const ViewDigest& base_digest,
                                 const ViewDigest& target_digest,
-                                const std::vector<std::span<const uint8_t>>& records) {
+                                const std::vector<std::span<const uint8_t>>& records, uint16_t format_version) {
   std::vector<uint64_t> segments(descs.size(), 0);
   for (const auto& r : records) {
     RecordHeader h;
     std::memcpy(&h, r.data(), sizeof(h));
     TERN_ASSERT(h.tensor_index < descs.size());
+    TERN_ASSERT(h.encoding != kContext || format_version >= kFormatVersion2, "CONTEXT record in a format-1 patch");
     segments[h.tensor_index]++;
   }
   std::vector<uint8_t> manifest;
@@ -211,7 +215,8 @@ std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t b
   out.reserve(total);
   FileHeader fh{};
   std::memcpy(fh.magic, kMagic, 8);
-  fh.version = kFormatVersion;
+  TERN_ASSERT(format_version == kFormatVersion1 || format_version == kFormatVersion2);
+  fh.version = format_version;
   fh.manifest_bytes = manifest.size();
   fh.checksum = XXH3_64bits(&fh, 24);
   out.resize(sizeof(fh));

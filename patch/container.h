@@ -19,6 +19,7 @@ struct ManifestTensor {
   uint64_t elements = 0;
   uint64_t segment_count = 0;
   int width_bits = 0;
+  ContextField context;  // the dtype's exponent field (CONTEXT records)
 };
 
 struct ParsedPatch {
@@ -38,10 +39,12 @@ Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix);
 
 // Writes a patch; `records` are complete records sorted by (tensor, first
 // element) with disjoint ranges (our invariant: asserted).
+// format_version: 1 or 2 (records with CONTEXT need 2).
 std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,
                                 uint64_t target_version, const ViewDigest& base_digest,
                                 const ViewDigest& target_digest,
-                                const std::vector<std::span<const uint8_t>>& records);
+                                const std::vector<std::span<const uint8_t>>& records,
+                                uint16_t format_version = kFormatVersion1);
 
 // kMismatch naming the first tensor whose name, dtype or shape differs.
 Status CheckLayout(const std::vector<ManifestTensor>& tensors, const std::vector<const TensorDesc*>& view);

@@ -5,6 +5,7 @@
 
 #include "tern/thread_pool.h"
 #include "patch/container.h"
+#include "patch/context_codec.h"
 #include "patch/digest_mix.h"
 #include "patch/element_access.h"
 #include "tern/patch.h"
@@ -130,7 +131,8 @@ Status CheckSameLayout(const ServeView& a, const ServeView& b) {
 
 // Shared by Diff (whose arguments are validated) and EncodeSegment.
 SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32_t tensor_index,
-                          uint64_t seed, uint64_t first, uint64_t count) {
+                          uint64_t seed, uint64_t first, uint64_t count, uint16_t format_version,
+                          int max_context_classes = patchfmt::kMaxClasses) {
   thread_local std::vector<uint64_t> positions, deltas;  // scratch reused; CollectChanges sizes them
   SegmentRecord rec;
   rec.tensor_index = tensor_index;
@@ -140,9 +142,12 @@ SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32
   patchfmt::DispatchWidth(w, [&]<int W>() {
     CollectChanges<W>(old_t.data, new_t.data, first, count, seed, &positions, &deltas, rec.digest_delta.lanes.data());
   });
+  patchfmt::ContextBase base;
+  if (format_version >= patchfmt::kFormatVersion2)
+    base = {old_t.data, patchfmt::ContextFieldOf(old_t.desc->dtype), max_context_classes};
   if (!positions.empty())
     patchfmt::EncodeRecord(positions.data(), deltas.data(), positions.size(), w, tensor_index, first, count,
-                           &rec.bytes);
+                           &rec.bytes, base);
   return rec;
 }
 
@@ -152,10 +157,17 @@ uint64_t SegmentSizeFor(DType dtype, uint64_t segment_elements) {
   return segment_elements;
 }
 
+Status CheckFormatVersion(uint16_t v) {
+  TERN_REQUIRE(v == patchfmt::kFormatVersion1 || v == patchfmt::kFormatVersion2, kInvalidArgument,
+               "patch format version ", v, " (this build writes versions 1 and 2)");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<SegmentRecord> EncodeSegment(const ServeView& old_view, const ServeView& new_view, uint32_t tensor_index,
-                                    uint64_t first_element, uint64_t element_count) {
+                                    uint64_t first_element, uint64_t element_count, uint16_t format_version) {
+  TERN_RETURN_IF_ERROR(CheckFormatVersion(format_version));
   TERN_REQUIRE(tensor_index < old_view.tensors.size() && tensor_index < new_view.tensors.size(),
                kInvalidArgument, "tensor index ", tensor_index, " out of range");
   const TensorRef& a = old_view.tensors[tensor_index];
@@ -169,13 +181,16 @@ Result<SegmentRecord> EncodeSegment(const ServeView& old_view, const ServeView& 
   if (ElementBits(a.desc->dtype) == 4)
     TERN_REQUIRE(first_element % 2 == 0 && (element_count % 2 == 0 || first_element + element_count == n),
                  kInvalidArgument, "packed 4-bit segments must be byte aligned");
-  return EncodeRange(a, b, tensor_index, TensorSeed(*a.desc), first_element, element_count);
+  return EncodeRange(a, b, tensor_index, TensorSeed(*a.desc), first_element, element_count, format_version);
 }
 
 Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& new_view, const DiffOptions& options,
                                   ThreadPool& pool, const ViewDigest* base_digest) {
   TERN_REQUIRE(options.segment_elements >= 1 && options.segment_elements < kMaxSegmentElements, kInvalidArgument,
                "segment_elements must be in [1, 2^24)");
+  TERN_RETURN_IF_ERROR(CheckFormatVersion(options.format_version));
+  TERN_REQUIRE(options.max_context_classes >= 2 && options.max_context_classes <= patchfmt::kMaxClasses,
+               kInvalidArgument, "max_context_classes must be in [2, 16]");
   TERN_RETURN_IF_ERROR(CheckSameLayout(old_view, new_view));
   struct Item {
     uint32_t tensor;
@@ -196,7 +211,7 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
   pool.ParallelFor(items.size(), [&](uint64_t k) {
     const Item& it = items[k];
     records[k] = EncodeRange(old_view.tensors[it.tensor], new_view.tensors[it.tensor], it.tensor, seeds[it.tensor],
-                             it.first, it.count);
+                             it.first, it.count, options.format_version, options.max_context_classes);
   });
   const ViewDigest base = base_digest ? *base_digest : ComputeDigest(old_view, pool);
   ViewDigest target = base;
@@ -205,12 +220,14 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
     target += r.digest_delta;
     if (!r.bytes.empty()) spans.emplace_back(r.bytes);
   }
-  return patchfmt::WritePatch(descs, options.base_version, options.target_version, base, target, spans);
+  return patchfmt::WritePatch(descs, options.base_version, options.target_version, base, target, spans,
+                              options.format_version);
 }
 
 PatchBuilder::PatchBuilder(const ServeView& layout, uint64_t base_version, uint64_t target_version,
-                           const ViewDigest& base_digest)
-    : base_version_(base_version),
+                           const ViewDigest& base_digest, uint16_t format_version)
+    : format_version_(format_version),
+      base_version_(base_version),
       target_version_(target_version),
       base_digest_(base_digest),
       target_digest_(base_digest) {
@@ -225,7 +242,9 @@ Status PatchBuilder::Add(SegmentRecord record) {
   TERN_REQUIRE(record.element_count <= n && record.first_element <= n - record.element_count, kInvalidArgument,
                "record range outside tensor '", d.name, "'");
   if (!record.bytes.empty()) {
-    auto parsed = patchfmt::ParseRecord(record.bytes.data(), record.bytes.size(), ElementBits(d.dtype));
+    auto parsed = patchfmt::ParseRecord(record.bytes.data(), record.bytes.size(), ElementBits(d.dtype), nullptr,
+                                        format_version_ >= patchfmt::kFormatVersion2 &&
+                                            patchfmt::ContextFieldOf(d.dtype).ok);
     TERN_RETURN_IF_ERROR(parsed.status());
     TERN_REQUIRE(parsed->total_bytes == record.bytes.size() && parsed->h.tensor_index == record.tensor_index &&
                      parsed->h.first_element == record.first_element &&
@@ -249,7 +268,9 @@ Result<std::vector<uint8_t>> PatchBuilder::Finish() {
                    kInvalidArgument, "overlapping segments in tensor '", descs_[r.tensor_index].name, "'");
     if (!r.bytes.empty()) spans.emplace_back(r.bytes);
   }
-  return patchfmt::WritePatch(descs_, base_version_, target_version_, base_digest_, target_digest_, spans);
+  TERN_RETURN_IF_ERROR(CheckFormatVersion(format_version_));
+  return patchfmt::WritePatch(descs_, base_version_, target_version_, base_digest_, target_digest_, spans,
+                              format_version_);
 }
 
 }  // namespace tern

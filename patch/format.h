@@ -1,4 +1,4 @@
-// Constants and fixed-size layouts of "tern patch format 1".
+// Constants and fixed-size layouts of "tern patch format" versions 1 and 2.
 // The normative text is docs/format/patch.md; keep the two in step.
 #pragma once
 
@@ -13,7 +13,11 @@ static_assert(std::endian::native == std::endian::little,
 
 inline constexpr char kMagic[8] = {'T', 'E', 'R', 'N', 'P', 'T', 'C', 'H'};
 inline constexpr char kTrailerMagic[8] = {'T', 'E', 'R', 'N', 'E', 'N', 'D', '1'};
-inline constexpr uint16_t kFormatVersion = 1;
+// Version 2 adds the CONTEXT encoding (positions and values coded given the
+// base); everything else is version 1's. Readers accept both.
+inline constexpr uint16_t kFormatVersion1 = 1;
+inline constexpr uint16_t kFormatVersion2 = 2;
+inline constexpr uint16_t kNewestFormatVersion = kFormatVersion2;
 
 // Bounds a reader enforces before allocating or looping (spec "Limits").
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
@@ -22,7 +26,13 @@ inline constexpr uint32_t kMaxNameBytes = 1024;
 inline constexpr uint32_t kMaxRank = 8;
 inline constexpr uint64_t kMaxSegmentElements = uint64_t{1} << 24;
 
-enum Encoding : uint8_t { kSparse = 0, kDense = 1, kRaw = 2 };
+enum Encoding : uint8_t { kSparse = 0, kDense = 1, kRaw = 2, kContext = 3 };
+
+// CONTEXT (format 2, spec §6.4): elements fall into classes by their base
+// value's exponent field; at most kMaxClasses. The context table holds K,
+// e0 and one entry per class, so it is bounded by the entry's largest form.
+inline constexpr int kMaxClasses = 16;
+inline constexpr uint32_t kMaxContextTableBytes = 3 + kMaxClasses * (4 + 1 + 5 + 5 + 39);
 
 // Value alphabet: zigzag values 0..15 are their own symbol; larger values of
 // bit length L (5..64) are symbol 16 + (L - 5) followed by the L-1 bits below

@@ -23,6 +23,8 @@ struct GoldenCase {
   std::vector<GoldenTensor> tensors;  // sorted by name; .base/.target concatenate their bytes
   double density;                     // generator only
   uint64_t segment_elements;          // generator only
+  uint16_t format = 1;                // the patch's format version
+  double push = 0;                    // generator only: > 0, float tensors follow testing::PhysicalStep
 };
 
 inline std::vector<GoldenCase> Cases() {
@@ -37,6 +39,16 @@ inline std::vector<GoldenCase> Cases() {
         {"d.empty", DType::kF16, {0}}},
        0.2,
        16},
+      // Format 2 (CONTEXT segments, which decode only against the base).
+      {"bf16_context", {{"layer.0.w", DType::kBF16, {128, 128}}}, 0, 1 << 20, 2, 0.01},
+      {"f8_context", {{"q", DType::kF8E4M3, {8192}}}, 0, 1 << 20, 2, 0.05},
+      {"mixed_v2",
+       {{"a.bf16", DType::kBF16, {3000}}, {"b.f4", DType::kF4, {64}}, {"c.u8", DType::kU8, {100}},
+        {"d.f32", DType::kF32, {2000}}},
+       0.1,
+       2048,
+       2,
+       0.05},
   };
 }
 

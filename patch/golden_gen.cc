@@ -1,11 +1,16 @@
-// One-off generator of the golden patch files: `golden_gen DIR`. Run once
-// when adding a case; the committed outputs are then frozen (golden_test).
+// One-off generator of the golden patch files: `golden_gen DIR [CASE...]`;
+// `golden_gen --fuzz-seeds tests/fuzz/corpus` writes the format-2 fuzz seeds.
+// Run once when adding a case, naming it (existing files are never
+// rewritten: a case's files are frozen once committed, see golden_test).
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
 #include <random>
+#include <string>
 
 #include "tern/thread_pool.h"
 #include "patch/golden_cases.h"
+#include "patch/context_codec.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"
 
@@ -16,25 +21,78 @@ void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
 }
 }  // namespace
 
+// Seeds for the format-2 fuzzers (tests/fuzz/corpus/patch_context and
+// patch_roundtrip): steps with the physics of a served view, so that the
+// encoder chooses CONTEXT and the fuzzers start inside its streams.
+int WriteFuzzSeeds(const std::string& corpus) {
+  using namespace tern;
+  static constexpr DType kContextTypes[] = {DType::kBF16,   DType::kF16,    DType::kF32,    DType::kF64,
+                                            DType::kF8E4M3, DType::kF8E5M2, DType::kF8E8M0, DType::kF4};
+  std::mt19937_64 rng(99);
+  int written = 0;
+  for (int t = 0; t < 8; ++t) {
+    for (double push : {0.01, 0.05}) {
+      const DType dt = kContextTypes[t];
+      const uint64_t n = std::min<uint64_t>({6000 + 1000 * static_cast<uint64_t>(t), 131072 / ElementBits(dt), 12288});
+      testing::OwnedView a = testing::PhysicalBase(dt, n, rng);
+      testing::OwnedView b = testing::PhysicalStep(a, push, rng);
+      auto rec = EncodeSegment(a.View(), b.View(), 0, 0, n, 2);
+      if (!rec.ok() || rec->bytes.empty()) continue;
+      std::vector<uint8_t> seed = {static_cast<uint8_t>(t), static_cast<uint8_t>((n - 1) & 0xff),
+                                   static_cast<uint8_t>((n - 1) >> 8)};
+      seed.insert(seed.end(), a.data[0].begin(), a.data[0].end());
+      seed.insert(seed.end(), rec->bytes.begin(), rec->bytes.end());
+      char name[64];
+      std::snprintf(name, sizeof name, "/patch_context/%s_p%03d", DTypeName(dt).data(), static_cast<int>(push * 100));
+      WriteFile(corpus + name, seed);
+      ++written;
+    }
+  }
+  // patch_roundtrip: dtype index (BF16 = 2, F8_E4M3 = 5), format 2 and segment
+  // 64 * 128 elements, then old and new bytes.
+  for (uint8_t ti : {uint8_t{2}, uint8_t{5}}) {
+    const DType dt = ti == 2 ? DType::kBF16 : DType::kF8E4M3;
+    testing::OwnedView a = testing::PhysicalBase(dt, 4000, rng);
+    testing::OwnedView b = testing::PhysicalStep(a, 0.03, rng);
+    std::vector<uint8_t> seed = {ti, 0x80 | 63};
+    seed.insert(seed.end(), a.data[0].begin(), a.data[0].end());
+    seed.insert(seed.end(), b.data[0].begin(), b.data[0].end());
+    WriteFile(corpus + "/patch_roundtrip/v2_" + std::string(DTypeName(dt)), seed);
+    ++written;
+  }
+  std::printf("%d fuzz seeds\n", written);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   using namespace tern;
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: golden_gen DIR\n");
+  if (argc == 3 && std::string(argv[1]) == "--fuzz-seeds") return WriteFuzzSeeds(argv[2]);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: golden_gen DIR [CASE...]\n");
     return 2;
   }
   ThreadPool pool(1);
   uint64_t seed = 1;
   for (const auto& c : golden::Cases()) {
     std::mt19937_64 rng(seed++);
+    bool wanted = argc == 2;
+    for (int i = 2; i < argc; ++i) wanted |= std::string(argv[i]) == c.file;
+    if (!wanted) continue;
     testing::OwnedView a;
     for (const auto& t : c.tensors) a.Add(t.name, t.dtype, t.shape);
-    for (auto& d : a.data) testing::FillRandom(d, rng);
+    auto physical = [&](size_t t) { return c.push > 0 && patchfmt::ContextFieldOf(a.descs[t].dtype).ok; };
+    for (size_t t = 0; t < a.descs.size(); ++t) {
+      if (physical(t)) testing::PhysicalFill(a.data[t], a.descs[t].dtype, a.descs[t].elements(), rng);
+      else testing::FillRandom(a.data[t], rng);
+    }
     testing::OwnedView b = a;
     for (size_t t = 0; t < b.descs.size(); ++t) {
-      if (c.density < 0) testing::FillRandom(b.data[t], rng);
+      if (physical(t)) testing::PhysicalMutate(b.data[t], b.descs[t].dtype, b.descs[t].elements(), c.push, rng);
+      else if (c.density < 0) testing::FillRandom(b.data[t], rng);
       else testing::Mutate(b.data[t], ElementBits(b.descs[t].dtype), b.descs[t].elements(), c.density, rng);
     }
     DiffOptions opt;
+    opt.format_version = c.format;
     opt.segment_elements = c.segment_elements;
     opt.base_version = 100;
     opt.target_version = 101;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -8,6 +9,7 @@
 #include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
 #include "patch/container.h"
+#include "patch/context_codec.h"
 #include "patch/reference_decoder.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"
@@ -17,29 +19,41 @@ namespace {
 
 using testing::OwnedView;
 
+std::vector<patchfmt::RefChange> SortedChanges(std::vector<patchfmt::RefChange> v) {
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.element < b.element;
+  });
+  return v;
+}
+
 constexpr DType kWidthTypes[] = {DType::kF64, DType::kF32, DType::kBF16, DType::kU8, DType::kF4};
 
-// The fast decoder's change list, for comparison with the reference decoder.
-std::vector<patchfmt::RefChange> FastChanges(std::span<const uint8_t> patch) {
+// The fast decoder's change list against `base`, sorted by (tensor,
+// element), for comparison with the reference decoder.
+std::vector<patchfmt::RefChange> FastChanges(std::span<const uint8_t> patch, const OwnedView& base) {
   auto p = patchfmt::ParsePatch(patch);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   std::vector<patchfmt::RefChange> out;
   if (!p.ok()) return out;
   for (const auto& r : p->records) {
-    Status s = patchfmt::DecodeRecord(r, p->tensors[r.h.tensor_index].width_bits, [&](uint64_t pos, uint64_t d) {
-      out.push_back({r.h.tensor_index, r.h.first_element + pos, d});
-    });
+    const patchfmt::ManifestTensor& mt = p->tensors[r.h.tensor_index];
+    Status s = patchfmt::DecodeRecordOnBase(r, mt.width_bits, base.data[r.h.tensor_index].data(), mt.context,
+                                            [&](uint64_t pos, uint64_t d) {
+                                              out.push_back({r.h.tensor_index, r.h.first_element + pos, d});
+                                            });
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
-  return out;
+  return SortedChanges(out);
 }
 
-// Diff old->new, then check: Apply reproduces new bitwise with the right
-// digest, the reference decoder agrees with the fast one, and applying the
-// reference decoder's changes also reproduces new.
-std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& new_view, uint64_t segment_elements,
-                                    ThreadPool& pool) {
+// Diff old->new in format `format`, then check: Apply reproduces new bitwise
+// with the right digest, the reference decoder agrees with the fast one, and
+// applying the reference decoder's changes also reproduces new.
+std::vector<uint8_t> CheckRoundTripFormat(const OwnedView& old_view, const OwnedView& new_view,
+                                          uint64_t segment_elements, ThreadPool& pool, uint16_t format) {
+  SCOPED_TRACE("format " + std::to_string(format));
   DiffOptions opt;
+  opt.format_version = format;
   opt.segment_elements = segment_elements;
   opt.base_version = 7;
   opt.target_version = 8;
@@ -69,10 +83,11 @@ std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& 
   EXPECT_EQ(exclusive.data, new_view.data);
   EXPECT_EQ(got_exclusive, got);
 
-  auto ref = patchfmt::ReferenceDecode(*patch);
+  const ServeView base = old_view.View();
+  auto ref = patchfmt::ReferenceDecode(*patch, &base);
   EXPECT_TRUE(ref.ok()) << ref.status().ToString();
   if (ref.ok()) {
-    EXPECT_EQ(*ref, FastChanges(*patch));
+    EXPECT_EQ(SortedChanges(*ref), FastChanges(*patch, old_view));
     OwnedView by_ref = old_view;
     for (const auto& c : *ref) {
       const int w = ElementBits(by_ref.descs[c.tensor].dtype);
@@ -94,8 +109,21 @@ std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& 
     EXPECT_EQ(info->base_version, 7u);
     EXPECT_EQ(info->patch_bytes, patch->size());
     EXPECT_EQ(info->container_bytes + info->position_bytes + info->value_bytes + info->header_bytes, patch->size());
+    EXPECT_EQ(info->format_version, format);
+    if (format == 1) {
+      uint64_t context = 0;
+      for (const auto& t : info->tensors) context += t.context_segments;
+      EXPECT_EQ(context, 0u);
+    }
   }
   return std::move(patch).value();
+}
+
+// Both formats; returns the format-1 patch.
+std::vector<uint8_t> CheckRoundTrip(const OwnedView& old_view, const OwnedView& new_view, uint64_t segment_elements,
+                                    ThreadPool& pool) {
+  CheckRoundTripFormat(old_view, new_view, segment_elements, pool, 2);
+  return CheckRoundTripFormat(old_view, new_view, segment_elements, pool, 1);
 }
 
 TEST(PatchTest, RoundTripEveryWidthAndDensity) {
@@ -469,6 +497,218 @@ TEST(PatchTest, BuilderAssemblesRanksSegmentsLikeDiff) {
   ASSERT_TRUE(overlap.Add(EncodeSegment(av, bv, 0, 0, 100).value()).ok());
   ASSERT_TRUE(overlap.Add(EncodeSegment(av, bv, 0, 50, 100).value()).ok());
   EXPECT_EQ(overlap.Finish().status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tern
+
+// ---- Format 2: CONTEXT segments --------------------------------------------
+
+namespace tern {
+namespace {
+
+using testing::PhysicalBase;
+using testing::PhysicalStep;
+
+uint64_t ContextSegments(std::span<const uint8_t> patch) {
+  auto info = Inspect(patch);
+  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  uint64_t n = 0;
+  if (info.ok())
+    for (const auto& t : info->tensors) n += t.context_segments;
+  return n;
+}
+
+constexpr DType kFloatTypes[] = {DType::kBF16, DType::kF16,    DType::kF32,    DType::kF64,
+                                 DType::kF8E4M3, DType::kF8E5M2, DType::kF8E8M0, DType::kF4};
+
+TEST(PatchFormat2Test, ContextSegmentsRoundTripAndBeatFormat1) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(21);
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(DTypeName(dt));
+    const OwnedView a = PhysicalBase(dt, 50001, rng);
+    for (double push : {0.0005, 0.004, 0.05}) {
+      SCOPED_TRACE("push " + std::to_string(push));
+      const OwnedView b = PhysicalStep(a, push, rng);
+      const std::vector<uint8_t> p2 = CheckRoundTripFormat(a, b, 1 << 20, pool, 2);
+      const std::vector<uint8_t> p1 = CheckRoundTripFormat(a, b, 1 << 20, pool, 1);
+      CheckRoundTripFormat(a, b, 4096, pool, 2);
+      CheckRoundTripFormat(a, b, 333, pool, 2);  // blocks and segments do not align
+      // Where classes carry information, format 2 must use it.
+      if (ElementBits(dt) >= 8 && push > 0.001) {
+        EXPECT_GT(ContextSegments(p2), 0u);
+        EXPECT_LT(p2.size(), p1.size() * 0.9) << p2.size() << " vs " << p1.size();
+      }
+      EXPECT_LE(p2.size(), p1.size());  // the encoder takes CONTEXT only when it is smaller
+    }
+  }
+}
+
+TEST(PatchFormat2Test, WrongBaseWithItsDigestFailsAndLeavesTheView) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(22);
+  const OwnedView a = PhysicalBase(DType::kBF16, 20000, rng);
+  const OwnedView b = PhysicalStep(a, 0.004, rng);
+  DiffOptions opt;
+  opt.format_version = 2;
+  auto patch = Diff(a.View(), b.View(), opt, pool);
+  ASSERT_TRUE(patch.ok());
+  ASSERT_GT(ContextSegments(*patch), 0u);
+  const ViewDigest claimed = ComputeDigest(a.View(), pool);
+  // Another base whose classes differ (a caller whose digest is stale): the
+  // ranks land elsewhere, and the target digest or a rank check fails.
+  for (int variant = 0; variant < 3; ++variant) {
+    OwnedView other = variant == 0 ? PhysicalBase(DType::kBF16, 20000, rng) : a;
+    if (variant == 1) testing::Set(other.data[0], 16, 10, testing::Get(a.data[0], 16, 10) ^ 0x4000);
+    if (variant == 2)
+      for (uint64_t i = 0; i < 20000; i += 7) testing::Set(other.data[0], 16, i, 0);
+    const auto before = other.data;
+    MutableServeView mv = other.Mutable();
+    Status s = Apply(mv, *patch, claimed, pool);
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+    EXPECT_EQ(other.data, before);
+    Status sx = Apply(mv, *patch, claimed, pool, ApplyOptions{.exclusive_view = true});
+    EXPECT_EQ(sx.ToString(), s.ToString());
+    EXPECT_EQ(other.data, before);
+    Status su = patchfmt::ApplyWithStaging(mv, *patch, claimed, pool, nullptr, 0);
+    EXPECT_EQ(su.ToString(), s.ToString());
+    EXPECT_EQ(other.data, before);
+  }
+}
+
+TEST(PatchFormat2Test, EveryBitFlipAndTruncationIsRejected) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(23);
+  const OwnedView a = PhysicalBase(DType::kBF16, 4000, rng);
+  const OwnedView b = PhysicalStep(a, 0.03, rng);
+  DiffOptions opt;
+  opt.format_version = 2;
+  const std::vector<uint8_t> patch = Diff(a.View(), b.View(), opt, pool).value();
+  ASSERT_GT(ContextSegments(patch), 0u) << patch.size();
+  ASSERT_LT(patch.size(), 1500u);
+  const ViewDigest base = ComputeDigest(a.View(), pool);
+  OwnedView work = a;
+  MutableServeView mv = work.Mutable();
+  for (size_t bit = 0; bit < patch.size() * 8; ++bit) {
+    std::vector<uint8_t> bad = patch;
+    bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
+    Status s = patchfmt::ApplyWithStaging(mv, bad, base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
+    ASSERT_FALSE(s.ok()) << "bit " << bit;
+    EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
+    ASSERT_EQ(work.data, a.data) << "bit " << bit;
+    EXPECT_EQ(Apply(mv, bad, base, pool, ApplyOptions{.exclusive_view = true}).ToString(), s.ToString());
+    ASSERT_EQ(work.data, a.data) << "bit " << bit;
+    EXPECT_FALSE(Inspect(bad).ok()) << "bit " << bit;
+  }
+  for (size_t cut = 0; cut < patch.size(); ++cut) {
+    EXPECT_EQ(Apply(mv, std::span<const uint8_t>(patch.data(), cut), base, pool).code(), Code::kCorrupt);
+    ASSERT_EQ(work.data, a.data);
+  }
+  ASSERT_TRUE(Apply(mv, patch, base, pool).ok());
+  EXPECT_EQ(work.data, b.data);
+}
+
+// A CONTEXT record is only valid in a format-2 patch, for a float dtype.
+TEST(PatchFormat2Test, ContextRecordsNeedFormat2) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(24);
+  const OwnedView a = PhysicalBase(DType::kBF16, 20000, rng);
+  const OwnedView b = PhysicalStep(a, 0.004, rng);
+  DiffOptions opt;
+  opt.format_version = 2;
+  std::vector<uint8_t> patch = Diff(a.View(), b.View(), opt, pool).value();
+  ASSERT_GT(ContextSegments(patch), 0u);
+  // Relabel the file as format 1 (header checksum fixed): the record is refused.
+  patch[8] = 1;
+  const uint64_t sum = XXH3_64bits(patch.data(), 24);
+  std::memcpy(patch.data() + 24, &sum, 8);
+  auto info = Inspect(patch);
+  EXPECT_EQ(info.status().code(), Code::kCorrupt) << info.status().ToString();
+  EXPECT_NE(info.status().ToString().find("unknown encoding"), std::string::npos) << info.status().ToString();
+  // A format-1 builder refuses a format-2 record; a format-2 builder takes it.
+  auto rec = EncodeSegment(a.View(), b.View(), 0, 0, 20000, 2);
+  ASSERT_TRUE(rec.ok());
+  PatchBuilder v1(a.View(), 1, 2, ComputeDigest(a.View(), pool), 1);
+  EXPECT_EQ(v1.Add(*rec).code(), Code::kCorrupt);
+  PatchBuilder v2(a.View(), 1, 2, ComputeDigest(a.View(), pool), 2);
+  ASSERT_TRUE(v2.Add(*rec).ok());
+  auto built = v2.Finish();
+  ASSERT_TRUE(built.ok());
+  OwnedView work = a;
+  MutableServeView mv = work.Mutable();
+  ASSERT_TRUE(Apply(mv, *built, ComputeDigest(a.View(), pool), pool).ok());
+  EXPECT_EQ(work.data, b.data);
+  DiffOptions bad;
+  bad.format_version = 3;
+  EXPECT_EQ(Diff(a.View(), b.View(), bad, pool).status().code(), Code::kInvalidArgument);
+}
+
+// DiffOptions::max_context_classes bounds K in every CONTEXT record.
+TEST(PatchFormat2Test, MaxContextClassesBoundsK) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(26);
+  const OwnedView a = PhysicalBase(DType::kBF16, 40000, rng);
+  const OwnedView b = PhysicalStep(a, 0.01, rng);
+  for (int max_classes : {2, 8, 16}) {
+    DiffOptions opt;
+    opt.format_version = 2;
+    opt.max_context_classes = max_classes;
+    auto limited = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(limited.ok());
+    auto parsed = patchfmt::ParsePatch(*limited);
+    ASSERT_TRUE(parsed.ok());
+    int most = 0;
+    for (const auto& r : parsed->records) {
+      if (r.h.encoding != patchfmt::kContext) continue;
+      patchfmt::ContextTable t;
+      ASSERT_TRUE(patchfmt::ParseContextTable(r, &t).ok());
+      most = std::max(most, t.classes);
+    }
+    EXPECT_EQ(most, max_classes);  // 40000 elements at ~4%: enough changes for 16 classes
+    OwnedView work = a;
+    MutableServeView mv = work.Mutable();
+    ASSERT_TRUE(Apply(mv, *limited, ComputeDigest(a.View(), pool), pool).ok());
+    EXPECT_EQ(work.data, b.data);
+  }
+  DiffOptions bad;
+  bad.format_version = 2;
+  bad.max_context_classes = 17;
+  EXPECT_EQ(Diff(a.View(), b.View(), bad, pool).status().code(), Code::kInvalidArgument);
+}
+
+TEST(PatchFormat2Test, SquashNeedsTheBase) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(25);
+  const OwnedView a = PhysicalBase(DType::kBF16, 30000, rng);
+  const OwnedView b = PhysicalStep(a, 0.004, rng);
+  const OwnedView c = PhysicalStep(b, 0.004, rng);
+  DiffOptions o1, o2;
+  o1.format_version = o2.format_version = 2;
+  o1.base_version = 1, o1.target_version = 2, o2.base_version = 2, o2.target_version = 3;
+  o2.segment_elements = 7777;
+  auto ab = Diff(a.View(), b.View(), o1, pool), bc = Diff(b.View(), c.View(), o2, pool);
+  ASSERT_TRUE(ab.ok() && bc.ok());
+  std::vector<std::span<const uint8_t>> chain = {*ab, *bc};
+  EXPECT_EQ(Squash(chain, pool).status().code(), Code::kUnsupported);
+  for (uint16_t format : {1, 2}) {
+    DiffOptions out;
+    out.format_version = format;
+    auto ac = SquashOnBase(a.View(), chain, out, pool);
+    ASSERT_TRUE(ac.ok()) << ac.status().ToString();
+    auto info = Inspect(*ac);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->format_version, format);
+    EXPECT_EQ(info->base_version, 1u);
+    EXPECT_EQ(info->target_version, 3u);
+    OwnedView work = a;
+    MutableServeView mv = work.Mutable();
+    ASSERT_TRUE(Apply(mv, *ac, ComputeDigest(a.View(), pool), pool).ok());
+    EXPECT_EQ(work.data, c.data);
+  }
+  // Out of order: the second patch's base is not the first's target.
+  std::vector<std::span<const uint8_t>> wrong = {*bc, *ab};
+  EXPECT_EQ(SquashOnBase(a.View(), wrong, DiffOptions{}, pool).status().code(), Code::kMismatch);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "patch/reference_decoder.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "patch/container.h"
+#include "patch/context_codec.h"
+#include "patch/element_access.h"
 
 namespace tern::patchfmt {
 namespace {
@@ -86,16 +89,84 @@ uint64_t Unzigzag(uint64_t z, int w) {
   return w == 64 ? value : value % (uint64_t{1} << w);
 }
 
+uint64_t RiceGap(Bits& in, int k, uint64_t limit, bool* ok) {
+  uint64_t q = 0;
+  while (in.Bit() == 0) {
+    if (!in.ok || q >= limit) {
+      *ok = false;
+      return 0;
+    }
+    ++q;
+  }
+  const uint64_t gap = (q << k) + in.Number(k);
+  *ok = in.ok;
+  return gap;
+}
+
+// CONTEXT (spec §6.4): class c's changes are Rice gaps between ranks among
+// the segment's class-c elements, in element order; the class of an element
+// is clamp(e0 - exponent field of its base value, 0, K - 1).
+Status DecodeContextRecord(const RecordView& r, const ManifestTensor& mt, const uint8_t* base,
+                           const std::function<void(uint64_t, uint64_t)>& emit) {
+  const RecordHeader& h = r.h;
+  const int w = mt.width_bits;
+  ContextTable t;
+  TERN_RETURN_IF_ERROR(ParseContextTable(r, &t));
+  std::vector<std::vector<uint64_t>> members(t.classes);
+  if (base != nullptr) {
+    for (uint64_t i = 0; i < h.element_count; ++i) {
+      uint64_t v = 0;
+      DispatchWidth(w, [&]<int W>() { v = LoadElement<W>(base, h.first_element + i); });
+      const int64_t x = static_cast<int64_t>((v >> mt.context.shift) & mt.context.mask);
+      const int64_t c = std::clamp<int64_t>(int64_t{t.e0} - x, 0, t.classes - 1);
+      members[c].push_back(i);
+    }
+  }
+  for (int c = 0; c < t.classes; ++c) {
+    const ContextClass& cc = t.cls[c];
+    if (cc.changes == 0) continue;
+    const std::vector<Code> codes = CanonicalCode(cc.lengths);
+    Bits ps{cc.positions, cc.position_bytes}, vs{cc.values, cc.value_bytes};
+    uint64_t rank = 0;
+    for (uint64_t j = 0; j < cc.changes; ++j) {
+      bool ok;
+      const uint64_t gap = RiceGap(ps, cc.rice_k, h.element_count, &ok);
+      if (j > 0) rank += 1;
+      TERN_REQUIRE(ok && gap < h.element_count && rank + gap < h.element_count, kCorrupt,
+                   "reference: CONTEXT position out of range");
+      rank += gap;
+      uint64_t z;
+      TERN_REQUIRE(ReadValue(vs, codes, w, &z) && z != 0, kCorrupt, "reference: bad CONTEXT value");
+      if (base == nullptr) continue;
+      TERN_REQUIRE(rank < members[c].size(), kCorrupt, "reference: CONTEXT rank past its class");
+      emit(members[c][rank], Unzigzag(z, w));
+    }
+    TERN_REQUIRE(ps.Clean() && vs.Clean(), kCorrupt, "reference: CONTEXT streams not cleanly consumed");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
-Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch) {
+Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch, const ServeView* base) {
   TERN_ASSIGN_OR_RETURN(ParsedPatch p, ParsePatch(patch));
+  if (base != nullptr) {
+    TERN_REQUIRE(base->tensors.size() == p.tensors.size(), kMismatch, "reference: base has another layout");
+    for (size_t t = 0; t < p.tensors.size(); ++t)
+      TERN_REQUIRE(base->tensors[t].desc->SameLayout(p.tensors[t].desc), kMismatch,
+                   "reference: base has another layout");
+  }
   std::vector<RefChange> out;
   for (const RecordView& r : p.records) {
     const RecordHeader& h = r.h;
     const int w = p.tensors[h.tensor_index].width_bits;
     auto emit = [&](uint64_t pos, uint64_t delta) { out.push_back({h.tensor_index, h.first_element + pos, delta}); };
     uint64_t changed = 0;
+    if (h.encoding == kContext) {
+      TERN_RETURN_IF_ERROR(DecodeContextRecord(r, p.tensors[h.tensor_index],
+                                               base ? base->tensors[h.tensor_index].data : nullptr, emit));
+      continue;
+    }
     if (h.encoding == kRaw) {
       Bits v{r.values, h.value_bytes};
       for (uint64_t i = 0; i < h.element_count; ++i) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tern/status.h"
+#include "tern/view.h"
 
 namespace tern::patchfmt {
 
@@ -19,6 +20,10 @@ struct RefChange {
   bool operator==(const RefChange&) const = default;
 };
 
-Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch);
+// Changes in record order; within a CONTEXT record (format 2) class by
+// class. CONTEXT records need `base` (the view the patch applies to) to turn
+// class ranks into elements; without it they are only checked, and their
+// changes are left out.
+Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch, const ServeView* base = nullptr);
 
 }  // namespace tern::patchfmt

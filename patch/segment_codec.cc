@@ -1,12 +1,13 @@
 #include "patch/segment_codec.h"
 
+#include "patch/context_codec.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
 
 namespace tern::patchfmt {
-namespace {
 
 // Huffman code lengths for freq (0 = unused symbol), limited to kMaxCodeBits
 // by flattening the frequencies until the tree is shallow enough. Optimal
@@ -121,12 +122,13 @@ uint64_t RiceBits(const uint64_t* positions, uint64_t n, int k) {
   return bits;
 }
 
+namespace {
 uint64_t Bytes(uint64_t bits) { return (bits + 7) / 8; }
-
 }  // namespace
 
 void EncodeRecord(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w,
-                  uint32_t tensor_index, uint64_t first, uint64_t count, std::vector<uint8_t>* out) {
+                  uint32_t tensor_index, uint64_t first, uint64_t count, std::vector<uint8_t>* out,
+                  const ContextBase& base) {
   TERN_ASSERT(n >= 1 && n <= count && count <= kMaxSegmentElements);
   uint64_t freq[kSymbols] = {};
   uint64_t extra_bits = 0;
@@ -164,7 +166,16 @@ void EncodeRecord(const uint64_t* positions, const uint64_t* deltas, uint64_t n,
   h.changed_count = n;
   const size_t start = out->size();
   out->resize(start + sizeof(RecordHeader));
-  if (raw_bytes < sparse_bytes && raw_bytes < dense_bytes) {
+  thread_local ContextPayload context;
+  if (base.tensor != nullptr && base.field.ok &&
+      EncodeContext(positions, deltas, n, w, base.tensor, base.field, base.max_classes, first, count,
+                    std::min({sparse_bytes, dense_bytes, raw_bytes}), &context)) {
+    h.encoding = kContext;
+    h.table_bytes = context.table_bytes;
+    h.position_bytes = context.position_bytes;
+    h.value_bytes = context.value_bytes;
+    out->insert(out->end(), context.bytes.begin(), context.bytes.end());
+  } else if (raw_bytes < sparse_bytes && raw_bytes < dense_bytes) {
     h.encoding = kRaw;
     BitWriter bw(out);
     uint64_t j = 0;
@@ -228,13 +239,15 @@ void EncodeRecord(const uint64_t* positions, const uint64_t* deltas, uint64_t n,
   std::memcpy(out->data() + at, &sum, kChecksumBytes);
 }
 
-Result<RecordView> ParseRecord(const uint8_t* data, uint64_t available, int w, uint64_t* need_bytes) {
+Result<RecordView> ParseRecord(const uint8_t* data, uint64_t available, int w, uint64_t* need_bytes,
+                               bool context_ok) {
   TERN_REQUIRE(available >= sizeof(RecordHeader), kCorrupt, "truncated segment record header");
   RecordView r{};
   std::memcpy(&r.h, data, sizeof(RecordHeader));
   const RecordHeader& h = r.h;
   TERN_REQUIRE(h.reserved0 == 0 && h.reserved1 == 0, kCorrupt, "segment record: reserved field not zero");
-  TERN_REQUIRE(h.encoding <= kRaw, kCorrupt, "segment record: unknown encoding ", int{h.encoding});
+  TERN_REQUIRE(h.encoding <= kRaw || (h.encoding == kContext && context_ok), kCorrupt,
+               "segment record: unknown encoding ", int{h.encoding});
   TERN_REQUIRE(h.element_count >= 1 && h.element_count <= kMaxSegmentElements, kCorrupt,
                "segment record: element count ", h.element_count, " out of range");
   TERN_REQUIRE(h.changed_count <= h.element_count, kCorrupt, "segment record: changed count exceeds elements");
@@ -252,6 +265,11 @@ Result<RecordView> ParseRecord(const uint8_t* data, uint64_t available, int w, u
                    "RAW record: stray table or position fields");
       TERN_REQUIRE(h.value_bytes == (h.element_count * static_cast<uint64_t>(w) + 7) / 8, kCorrupt,
                    "RAW record: value bytes do not match element count");
+      break;
+    case kContext:
+      TERN_REQUIRE(h.changed_count >= 1 && h.rice_k == 0, kCorrupt, "CONTEXT record: bad count or Rice k");
+      TERN_REQUIRE(h.table_bytes >= 4 && h.table_bytes <= kMaxContextTableBytes, kCorrupt,
+                   "CONTEXT record: bad table size");
       break;
   }
   const uint64_t total = sizeof(RecordHeader) + uint64_t{h.table_bytes} + h.position_bytes + h.value_bytes +

@@ -37,11 +37,39 @@ inline int ValueSymbol(uint64_t z, int* extra_bits, uint64_t* extra) {
   return kLiteralSymbols + len - 5;
 }
 
+// Huffman code construction, shared by the SPARSE/DENSE and CONTEXT encoders.
+// Lengths for freq (0: unused), limited to kMaxCodeBits.
+void BuildLengths(const uint64_t freq[kSymbols], uint8_t lengths[kSymbols]);
+// Canonical codes, bit-reversed for LSB-first writing.
+void CanonicalCodes(const uint8_t lengths[kSymbols], uint16_t codes[kSymbols]);
+uint64_t CodeBits(const uint64_t freq[kSymbols], const uint8_t lengths[kSymbols]);
+uint32_t TableBytes(const uint8_t lengths[kSymbols]);
+void WriteTable(const uint8_t lengths[kSymbols], std::vector<uint8_t>* out);
+// Bits of the Rice codes of the gaps between sorted positions.
+uint64_t RiceBits(const uint64_t* positions, uint64_t n, int k);
+
+// The exponent field of a dtype's elements: (v >> shift) & mask. ok is false
+// for dtypes that have none (integers, BOOL): they never use CONTEXT.
+struct ContextField {
+  bool ok = false;
+  int shift = 0;
+  uint32_t mask = 0;
+};
+
+// Where a format-2 encoder finds the base (context_codec.h): the base
+// tensor's bytes. Null tensor or !field.ok: base-free encodings only.
+struct ContextBase {
+  const uint8_t* tensor = nullptr;
+  ContextField field;
+  int max_classes = kMaxClasses;  // 2 .. kMaxClasses
+};
+
 // Appends one complete record (header, payload, checksum). positions are
 // relative to `first`, strictly increasing, < count; deltas non-zero and
-// < 2^w; n >= 1.
+// < 2^w; n >= 1. With a base, CONTEXT competes with the other encodings.
 void EncodeRecord(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w,
-                  uint32_t tensor_index, uint64_t first, uint64_t count, std::vector<uint8_t>* out);
+                  uint32_t tensor_index, uint64_t first, uint64_t count, std::vector<uint8_t>* out,
+                  const ContextBase& base = {});
 
 struct RecordView {
   RecordHeader h;
@@ -55,8 +83,9 @@ struct RecordView {
 // Validates the record framing at data[0..available): reserved fields, bounds
 // of every length, encoding-specific rules, the checksum. Not the streams.
 // *need_bytes (optional) is set to the record size when only that is missing.
+// context_ok: CONTEXT is allowed (format 2, a dtype with an exponent field).
 Result<RecordView> ParseRecord(const uint8_t* data, uint64_t available, int w,
-                               uint64_t* need_bytes = nullptr);
+                               uint64_t* need_bytes = nullptr, bool context_ok = false);
 
 // Canonical code lengths from the stored table (validated: Kraft <= 1).
 Status ParseCodeLengths(const uint8_t* table, uint32_t bytes, uint8_t lengths[kSymbols]);
@@ -110,6 +139,7 @@ void BuildFastTable(int w, bool zero_ok, HuffmanDecoder* dec);
 template <class Fn>
 Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
   const RecordHeader& h = r.h;
+  TERN_REQUIRE(h.encoding != kContext, kInvalidArgument, "a CONTEXT segment decodes only against its base");
   if (h.encoding == kRaw) {
     BitReader in(r.values, h.value_bytes);
     uint64_t changed = 0;

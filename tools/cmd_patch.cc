@@ -41,6 +41,7 @@ uint64_t VersionOf(const CLI::Option* flag, uint64_t value, const Checkpoint& ck
 struct DiffArgs {
   std::string old_path, new_path, out;
   uint64_t segment_elements = 0, base_version = 0, target_version = 0;
+  uint16_t format_version = kDefaultPatchFormat;
   const CLI::Option* base_version_flag = nullptr;
   const CLI::Option* target_version_flag = nullptr;
   bool force = false;
@@ -53,6 +54,7 @@ Status Diff(const DiffArgs& a) {
   TERN_ASSIGN_OR_RETURN(auto new_ckpt, Checkpoint::Open(new_path));
   DiffOptions options;
   options.segment_elements = a.segment_elements;
+  options.format_version = a.format_version;
   options.base_version = VersionOf(a.base_version_flag, a.base_version, *old_ckpt);
   options.target_version = VersionOf(a.target_version_flag, a.target_version, *new_ckpt);
   ThreadPool pool(a.threads);
@@ -172,6 +174,11 @@ void AddDiff(CLI::App& tern, Dispatch& dispatch) {
                                      "version number of OLD (default: its metadata, else 0)", "");
   a->target_version_flag = AddUnsigned(*cmd, "--target-version", a->target_version,
                                        "version number of NEW (default: its metadata, else 0)", "");
+  AddUnsigned(*cmd, "--format-version", a->format_version,
+              "patch format: 1, or 2 (positions and values coded given the base: smaller, slower to "
+              "apply, squashed only with the base; docs/format/patch.md)",
+              std::to_string(kDefaultPatchFormat))
+      ->check(CLI::Range(1, 2));
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return Diff(*a); }});

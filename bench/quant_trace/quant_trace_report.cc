@@ -72,6 +72,7 @@ struct StepRow {
   double code_changed = 0, scale_changed = 0, kept_changed = 0;
   double groups_rescaled = 0, changed_in_rescaled = 0, rewrite = 0;
   double patch_bytes = 0, view_bytes = 0;
+  double patch2_bytes = 0;  // the same step in format 2
   double patch_q_bytes = 0, view_q_bytes = 0;  // quantized tensors only
 };
 
@@ -130,6 +131,9 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     options.base_version = step - 1;
     options.target_version = step;
     TERN_ASSIGN_OR_RETURN(auto patch, Diff(base.View(), now, options, pool));
+    DiffOptions options2 = options;  // format 2: CONTEXT segments for float codes, scales and kept tensors
+    options2.format_version = 2;
+    TERN_ASSIGN_OR_RETURN(auto patch2, Diff(base.View(), now, options2, pool));
     // The same step restricted to the quantized tensors (the projections).
     ServeView base_q, now_q;
     for (size_t k = 0; k < now.tensors.size(); ++k)
@@ -197,6 +201,7 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     row.changed_in_rescaled = frac(t.changed_in_rescaled, t.code_changed);
     row.rewrite = frac(t.changed_in_rescaled, t.values_in_rescaled);
     row.patch_bytes = static_cast<double>(patch.size());
+    row.patch2_bytes = static_cast<double>(patch2.size());
     row.view_bytes = static_cast<double>(now.total_bytes());
     row.patch_q_bytes = static_cast<double>(patch_q.size());
     row.view_q_bytes = static_cast<double>(now_q.total_bytes());
@@ -276,8 +281,9 @@ Status Run(const Args& a) {
               shape.num_hidden_layers, shape.vocab_size, steps, seed);
   std::printf("| lr | format | policy | codes changed | scales changed | kept BF16 changed | "
               "groups whose scale changed | changed codes in those groups | codes rewritten in those groups | "
-              "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE |\n");
-  std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE | "
+              "format 2 MB/step | f2/f1 |\n");
+  std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const std::string& lr_text : cli::SplitCommas(a.lrs)) {
     for (const std::string& format : cli::SplitCommas(a.formats)) {
       TERN_ASSIGN_OR_RETURN(const QuantSpec spec, ParseQuantFormat(format));
@@ -305,6 +311,7 @@ Status Run(const Args& a) {
           m.changed_in_rescaled += r.changed_in_rescaled / rows.size();
           m.rewrite += r.rewrite / rows.size();
           m.patch_bytes += r.patch_bytes / rows.size();
+          m.patch2_bytes += r.patch2_bytes / rows.size();
           m.view_bytes = r.view_bytes;
           m.patch_q_bytes += r.patch_q_bytes / rows.size();
           m.view_q_bytes = r.view_q_bytes;
@@ -314,14 +321,15 @@ Status Run(const Args& a) {
           std::snprintf(buf, sizeof buf, "%.3g%%", 100 * x);
           return std::string(buf);
         };
-        std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s | %s |\n",
+        std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s | %s | %.3f | %.3f |\n",
                     lr_text.c_str(), format.c_str(), plain ? "-" : policy.c_str(),
                     pct(m.code_changed).c_str(), plain ? "-" : pct(m.scale_changed).c_str(),
                     pct(m.kept_changed).c_str(), plain ? "-" : pct(m.groups_rescaled).c_str(),
                     plain ? "-" : pct(m.changed_in_rescaled).c_str(),
                     plain ? "-" : pct(m.rewrite).c_str(), m.patch_bytes / 1e6, m.view_bytes / 1e6,
                     pct(m.patch_bytes / m.view_bytes).c_str(),
-                    pct(m.patch_q_bytes / m.view_q_bytes).c_str(), plain ? "-" : pct(rmse).c_str());
+                    pct(m.patch_q_bytes / m.view_q_bytes).c_str(), plain ? "-" : pct(rmse).c_str(),
+                    m.patch2_bytes / 1e6, m.patch2_bytes / m.patch_bytes);
         std::fflush(stdout);
         // Per-step detail on stderr, for the record.
         for (size_t s = 0; s < rows.size(); ++s)

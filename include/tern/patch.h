@@ -1,5 +1,5 @@
 // The tern patch codec: lossless, bit-exact patches between two serve views.
-// Format: docs/format/patch.md ("tern patch format 1").
+// Format: docs/format/patch.md ("tern patch format", versions 1 and 2).
 //
 // A patch holds, per tensor, segments (contiguous element ranges) of changes
 // in bit-pattern space: delta = (new - old) mod 2^w on each element's raw
@@ -29,6 +29,9 @@ namespace tern {
 
 class ThreadPool;
 
+// The format Diff, EncodeSegment and PatchBuilder write unless told otherwise.
+inline constexpr uint16_t kDefaultPatchFormat = 1;
+
 struct DiffOptions {
   // Elements per segment (the unit of parallelism and verification).
   // 1 .. 2^24 - 1; packed 4-bit tensors round an odd value up (byte-aligned
@@ -36,6 +39,14 @@ struct DiffOptions {
   uint64_t segment_elements = uint64_t{1} << 20;
   uint64_t base_version = 0;
   uint64_t target_version = 0;
+  // Patch format to write (docs/format/patch.md): 1, or 2, whose segments
+  // may code positions and values given the base view (CONTEXT). Readers
+  // accept both; format 2 needs the base to squash (SquashOnBase).
+  uint16_t format_version = kDefaultPatchFormat;
+  // Format 2: the most classes a CONTEXT segment may use, 2 .. 16. Fewer
+  // decode and encode faster for a few percent more bytes (8 instead of 16
+  // on datagen BF16: ~1% larger, decode ~20% faster; docs/benchmarks.md).
+  int max_context_classes = 16;
 };
 
 // old/new views must have identical tensor sets and layouts (kMismatch naming
@@ -58,9 +69,12 @@ struct SegmentRecord {
 
 // Encodes the changes of elements [first_element, first_element+element_count)
 // of tensor `tensor_index` (same index in both views). Bounds as DiffOptions.
+// format_version as DiffOptions; a format-2 record goes only into a
+// format-2 PatchBuilder.
 TERN_EXPORT Result<SegmentRecord> EncodeSegment(const ServeView& old_view, const ServeView& new_view,
                                                 uint32_t tensor_index, uint64_t first_element,
-                                                uint64_t element_count);
+                                                uint64_t element_count,
+                                                uint16_t format_version = kDefaultPatchFormat);
 
 // Assembles a patch from records produced anywhere (e.g. one per trainer
 // rank). Records must be for disjoint ranges; they may arrive in any order.
@@ -69,13 +83,14 @@ class TERN_EXPORT PatchBuilder {
  public:
   // `layout`: the tensor table (names, dtypes, shapes); only descs are read.
   PatchBuilder(const ServeView& layout, uint64_t base_version, uint64_t target_version,
-               const ViewDigest& base_digest);
+               const ViewDigest& base_digest, uint16_t format_version = kDefaultPatchFormat);
   Status Add(SegmentRecord record);
   // Sorts records, rejects overlaps (kInvalidArgument), writes the patch.
   Result<std::vector<uint8_t>> Finish();
 
  private:
   std::vector<TensorDesc> descs_;
+  uint16_t format_version_;
   uint64_t base_version_, target_version_;
   ViewDigest base_digest_, target_digest_;
   std::vector<SegmentRecord> records_;
@@ -91,6 +106,7 @@ struct TensorPatchInfo {
   uint64_t changed_elements = 0;  // non-zero deltas
   uint64_t segments = 0;          // records in the patch (0: unchanged tensor)
   uint64_t sparse_segments = 0, dense_segments = 0, raw_segments = 0;
+  uint64_t context_segments = 0;  // format 2: coded given the base
   uint64_t position_bytes = 0;    // positions streams
   uint64_t value_bytes = 0;       // values streams (+ RAW payloads)
   uint64_t header_bytes = 0;      // record headers, code tables, checksums
@@ -145,9 +161,19 @@ TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
                          ViewDigest* new_digest = nullptr);
 
 // a->b, b->c, ... => a->z, exactly (deltas add mod 2^w), without the base.
-// Layouts must match and digests chain (kMismatch otherwise).
+// Layouts must match and digests chain (kMismatch otherwise). Writes format
+// 1. A patch with CONTEXT segments (format 2) cannot be decoded without its
+// base: kUnsupported, use SquashOnBase.
 TERN_EXPORT Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches,
                                                 ThreadPool& pool);
+
+// The same for patches of any format, given the first patch's base view:
+// applies them in turn to a copy of `base` (one view of memory) and diffs the
+// ends with `options` (versions are taken from the patches). Squashes are made
+// where a base is held: the trainer side, or a relay that keeps a version.
+TERN_EXPORT Result<std::vector<uint8_t>> SquashOnBase(const ServeView& base,
+                                                      std::span<const std::span<const uint8_t>> patches,
+                                                      const DiffOptions& options, ThreadPool& pool);
 
 // For cut-through forwarding: the length of the longest prefix of `prefix`
 // made of complete, checksum-verified units (file header, manifest, records,

@@ -44,14 +44,18 @@ TEST_P(GoldenTest, DecodesToTheCommittedTarget) {
   ThreadPool pool(1);
   auto info = Inspect(patch);
   ASSERT_TRUE(info.ok()) << info.status().ToString();
-  EXPECT_EQ(info->format_version, 1);
+  EXPECT_EQ(info->format_version, c.format);
+  uint64_t context_segments = 0;
+  for (const auto& t : info->tensors) context_segments += t.context_segments;
+  EXPECT_EQ(context_segments > 0, c.format == 2) << "format-2 cases exist to freeze CONTEXT segments";
   EXPECT_EQ(info->base_version, 100u);
   EXPECT_EQ(info->target_version, 101u);
   const ViewDigest base_digest = ComputeDigest(view.View(), pool);
   EXPECT_EQ(base_digest, info->base_digest) << "digest definition changed";
 
   // Reference decoder.
-  auto ref = patchfmt::ReferenceDecode(patch);
+  const ServeView base_view = view.View();
+  auto ref = patchfmt::ReferenceDecode(patch, &base_view);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   testing::OwnedView by_ref = view;
   for (const auto& ch : *ref) {

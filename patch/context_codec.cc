@@ -1,0 +1,438 @@
+#include "patch/context_codec.h"
+
+#include <algorithm>
+#include <cmath>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace tern::patchfmt {
+namespace {
+
+// LEB128, minimal form only (a reader rejects padded varints, so every
+// table has one spelling).
+void PutVarint(uint64_t v, std::vector<uint8_t>* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<uint8_t>(v));
+}
+
+bool GetVarint(const uint8_t* p, uint64_t n, uint64_t* at, uint64_t max, uint64_t* v) {
+  uint64_t x = 0;
+  for (int shift = 0; shift < 35; shift += 7) {
+    if (*at >= n) return false;
+    const uint8_t b = p[(*at)++];
+    x |= uint64_t{b & 0x7fu} << shift;
+    if (!(b & 0x80)) {
+      if (b == 0 && shift > 0) return false;  // not minimal
+      if (x > max) return false;
+      *v = x;
+      return true;
+    }
+  }
+  return false;
+}
+
+double Entropy2(double p) { return p <= 0 || p >= 1 ? 0.0 : -(p * std::log2(p) + (1 - p) * std::log2(1 - p)); }
+
+}  // namespace
+
+ContextField ContextFieldOf(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return {true, 7, 0xff};
+    case DType::kF16: return {true, 10, 0x1f};
+    case DType::kF32: return {true, 23, 0xff};
+    case DType::kF64: return {true, 52, 0x7ff};
+    case DType::kF8E4M3: return {true, 3, 0xf};
+    case DType::kF8E5M2: return {true, 2, 0x1f};
+    case DType::kF8E8M0: return {true, 0, 0xff};
+    case DType::kF4: return {true, 1, 0x3};
+    default: return {};
+  }
+}
+
+Status ParseContextTable(const RecordView& r, ContextTable* t) {
+  const RecordHeader& h = r.h;
+  const uint8_t* p = r.table;
+  const uint64_t n = h.table_bytes;
+  TERN_REQUIRE(n >= 3, kCorrupt, "CONTEXT table too short");
+  t->classes = p[0];
+  t->e0 = uint32_t{p[1]} | (uint32_t{p[2]} << 8);
+  TERN_REQUIRE(t->classes >= 2 && t->classes <= kMaxClasses, kCorrupt, "CONTEXT table: ", t->classes,
+               " classes");
+  TERN_REQUIRE(t->e0 <= 4095, kCorrupt, "CONTEXT table: e0 ", t->e0, " out of range");
+  uint64_t at = 3, changes = 0, pos_bytes = 0, val_bytes = 0;
+  const uint8_t* pos = r.positions;
+  const uint8_t* val = r.values;
+  for (int c = 0; c < t->classes; ++c) {
+    ContextClass& cc = t->cls[c];
+    cc = ContextClass{};
+    TERN_REQUIRE(GetVarint(p, n, &at, h.element_count, &cc.changes), kCorrupt, "CONTEXT table: bad count of class ",
+                 c);
+    changes += cc.changes;
+    TERN_REQUIRE(changes <= h.changed_count, kCorrupt, "CONTEXT table: class counts exceed the changed count");
+    if (cc.changes == 0) continue;
+    TERN_REQUIRE(at < n, kCorrupt, "CONTEXT table: truncated class ", c);
+    cc.rice_k = p[at++];
+    TERN_REQUIRE(cc.rice_k <= 24, kCorrupt, "CONTEXT table: Rice k ", cc.rice_k, " of class ", c);
+    uint64_t pb, vb;
+    TERN_REQUIRE(GetVarint(p, n, &at, h.position_bytes, &pb) && GetVarint(p, n, &at, h.value_bytes, &vb) &&
+                     pb >= 1 && vb >= 1,
+                 kCorrupt, "CONTEXT table: bad stream lengths of class ", c);
+    TERN_REQUIRE(pb <= h.position_bytes - pos_bytes && vb <= h.value_bytes - val_bytes, kCorrupt,
+                 "CONTEXT table: class streams exceed the record's streams");
+    cc.positions = pos + pos_bytes;
+    cc.position_bytes = static_cast<uint32_t>(pb);
+    cc.values = val + val_bytes;
+    cc.value_bytes = static_cast<uint32_t>(vb);
+    pos_bytes += pb;
+    val_bytes += vb;
+    TERN_REQUIRE(at < n, kCorrupt, "CONTEXT table: truncated class ", c);
+    const uint32_t nsym = p[at];
+    const uint32_t tb = 1 + (nsym + 1) / 2;
+    TERN_REQUIRE(tb <= n - at, kCorrupt, "CONTEXT table: truncated code table of class ", c);
+    TERN_RETURN_IF_ERROR(ParseCodeLengths(p + at, tb, cc.lengths));
+    at += tb;
+  }
+  TERN_REQUIRE(at == n, kCorrupt, "CONTEXT table: ", n - at, " trailing bytes");
+  TERN_REQUIRE(changes == h.changed_count, kCorrupt, "CONTEXT table: class counts do not sum to the changed count");
+  TERN_REQUIRE(pos_bytes == h.position_bytes && val_bytes == h.value_bytes, kCorrupt,
+               "CONTEXT table: class streams do not fill the record's streams");
+  return Status::Ok();
+}
+
+void ClassMasksScalar(const uint8_t* cls, uint64_t n, int classes,
+                      uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  const uint64_t words = (n + 63) / 64;
+  for (int c = 0; c < classes; ++c)
+    for (uint64_t j = 0; j < words; ++j) masks[c][j] = 0;
+  for (uint64_t i = 0; i < n; ++i) masks[cls[i]][i / 64] |= uint64_t{1} << (i % 64);
+}
+
+namespace {
+
+// Bit b of each of the 64 class bytes at p, as a word.
+template <int B>
+[[gnu::always_inline]] inline uint64_t Plane(const uint8_t* p) {
+#if defined(__AVX2__)
+  // A 16-bit shift moves bit B of every byte to that byte's top bit (the top
+  // bit of each byte only ever receives that byte's own bit B).
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  const uint32_t l = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(lo, 7 - B)));
+  const uint32_t u = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(hi, 7 - B)));
+  return uint64_t{l} | (uint64_t{u} << 32);
+#else
+  uint64_t x = 0;
+  for (int i = 0; i < 64; ++i) x |= uint64_t{(p[i] >> B) & 1u} << i;
+  return x;
+#endif
+}
+
+// P bit planes, 2^P classes, everything unrolled so the split stays in
+// registers: P movemask pairs, 2^(P+1) - 2 and/andn, 2^P stores per word.
+template <int P>
+void ClassMasksPlanes(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  const uint64_t words = (n + 63) / 64;
+  for (uint64_t j = 0; j < words; ++j) {
+    const uint8_t* p = cls + 64 * j;
+    const uint64_t valid = (j + 1) * 64 <= n ? ~uint64_t{0} : (uint64_t{1} << (n % 64)) - 1;
+    uint64_t m[16];
+    if constexpr (P == 1) {
+      const uint64_t b0 = Plane<0>(p);
+      m[0] = valid & ~b0, m[1] = valid & b0;
+    } else if constexpr (P == 2) {
+      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p);
+      const uint64_t h0 = valid & ~b1, h1 = valid & b1;
+      m[0] = h0 & ~b0, m[1] = h0 & b0, m[2] = h1 & ~b0, m[3] = h1 & b0;
+    } else if constexpr (P == 3) {
+      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p), b2 = Plane<2>(p);
+      const uint64_t q0 = valid & ~b2, q1 = valid & b2;
+      const uint64_t h[4] = {q0 & ~b1, q0 & b1, q1 & ~b1, q1 & b1};
+      for (int t = 0; t < 4; ++t) m[2 * t] = h[t] & ~b0, m[2 * t + 1] = h[t] & b0;
+    } else {
+      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p), b2 = Plane<2>(p), b3 = Plane<3>(p);
+      const uint64_t q0 = valid & ~b3, q1 = valid & b3;
+      const uint64_t r[4] = {q0 & ~b2, q0 & b2, q1 & ~b2, q1 & b2};
+      uint64_t h[8];
+      for (int t = 0; t < 4; ++t) h[2 * t] = r[t] & ~b1, h[2 * t + 1] = r[t] & b1;
+      for (int t = 0; t < 8; ++t) m[2 * t] = h[t] & ~b0, m[2 * t + 1] = h[t] & b0;
+    }
+    for (int c = 0; c < (1 << P); ++c)
+      if (c < classes) masks[c][j] = m[c];
+  }
+}
+
+}  // namespace
+
+void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  if (classes <= 2) return ClassMasksPlanes<1>(cls, n, classes, masks);
+  if (classes <= 4) return ClassMasksPlanes<2>(cls, n, classes, masks);
+  if (classes <= 8) return ClassMasksPlanes<3>(cls, n, classes, masks);
+  return ClassMasksPlanes<4>(cls, n, classes, masks);
+}
+
+void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d) {
+  int longest = 0;
+  uint32_t count[kMaxCodeBits + 1] = {};
+  for (int s = 0; s < kSymbols; ++s)
+    if (lengths[s]) ++count[lengths[s]], longest = std::max<int>(longest, lengths[s]);
+  d->bits = std::min(longest, ClassValueDecoder::kCapBits);
+  uint32_t code = 0, index = 0;
+  for (int len = 1; len <= kMaxCodeBits; ++len) {
+    code = (code + (len > 1 ? count[len - 1] : 0)) << (len > 1 ? 1 : 0);
+    d->first_code[len] = code;
+    d->count[len] = count[len];
+    d->first_index[len] = index;
+    index += count[len];
+  }
+  uint32_t fill[kMaxCodeBits + 1];
+  std::copy(d->first_index, d->first_index + kMaxCodeBits + 1, fill);
+  for (int s = 0; s < kSymbols; ++s)
+    if (lengths[s]) d->symbols[fill[lengths[s]]++] = static_cast<uint8_t>(s);
+  // Table entries for codes that fit: the stream holds a code MSB first, so
+  // the table is indexed by the bit-reversed code (as BuildDecoder's).
+  std::fill(std::begin(d->table), std::end(d->table), uint16_t{0});
+  uint16_t codes[kSymbols] = {};
+  CanonicalCodes(lengths, codes);
+  for (int s = 0; s < kSymbols; ++s) {
+    const int len = lengths[s];
+    if (!len || len > d->bits) continue;
+    const uint16_t entry = static_cast<uint16_t>((s << 4) | len);
+    for (uint32_t i = codes[s]; i < (1u << d->bits); i += 1u << len) d->table[i] = entry;
+  }
+}
+
+Status ValidateContextStreams(const RecordView& r, int w) {
+  ContextTable t;
+  TERN_RETURN_IF_ERROR(ParseContextTable(r, &t));
+  const uint64_t count = r.h.element_count;
+  for (int c = 0; c < t.classes; ++c) {
+    const ContextClass& cc = t.cls[c];
+    if (cc.changes == 0) continue;
+    BitReader pin(cc.positions, cc.position_bytes), vin(cc.values, cc.value_bytes);
+    ClassValueDecoder dec;
+    BuildClassValueDecoder(cc.lengths, &dec);
+    uint64_t next = 0;  // smallest class rank allowed for the next change
+    for (uint64_t j = 0; j < cc.changes; ++j) {
+      uint64_t q;
+      if (!pin.ReadUnary((count - 1) >> cc.rice_k, &q))
+        return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
+      const uint64_t gap = (q << cc.rice_k) | pin.Read(cc.rice_k);
+      if (pin.Overrun() || gap >= count - next)
+        return TERN_ERROR(kCorrupt, "CONTEXT segment: position out of range in class ", c);
+      next += gap + 1;
+      uint64_t z;
+      if (!DecodeClassValue(vin, dec, w, &z) || vin.Overrun())
+        return TERN_ERROR(kCorrupt, "CONTEXT segment: bad value code in class ", c);
+    }
+    TERN_REQUIRE(pin.FinishedCleanly() && vin.FinishedCleanly(), kCorrupt, "CONTEXT segment: class ", c,
+                 " streams not cleanly consumed");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Class ranks of the changes: rank[j] = members of class cls[j] before
+// positions[j] in the segment. One pass over the base in blocks.
+template <int W>
+void RankChanges(const uint64_t* positions, uint64_t n, const uint8_t* tensor, ContextField f, uint32_t e0,
+                 int classes, uint64_t first, uint64_t count, uint8_t* klass, uint64_t* rank) {
+  alignas(64) uint8_t cls[kContextBlock];
+  alignas(64) uint64_t masks[kMaxClasses][kContextBlockWords];
+  uint64_t before[kMaxClasses] = {};
+  uint64_t j = 0;
+  for (uint64_t b0 = 0; b0 < count; b0 += kContextBlock) {
+    const uint64_t len = std::min(kContextBlock, count - b0);
+    const uint64_t words = (len + 63) / 64;
+    ComputeClasses<W>(tensor, first + b0, len, f, e0, classes, cls);
+    ClassMasks(cls, len, classes, masks);
+    uint64_t cursor[kMaxClasses] = {};  // words of the block already counted into before[]
+    for (; j < n && positions[j] < b0 + len; ++j) {
+      const uint64_t q = positions[j] - b0;
+      const int c = cls[q];
+      const uint64_t word = q / 64;
+      for (; cursor[c] < word; ++cursor[c]) before[c] += static_cast<uint64_t>(std::popcount(masks[c][cursor[c]]));
+      klass[j] = static_cast<uint8_t>(c);
+      rank[j] = before[c] + static_cast<uint64_t>(std::popcount(masks[c][word] & ((uint64_t{1} << (q % 64)) - 1)));
+    }
+    for (int c = 0; c < classes; ++c)
+      for (; cursor[c] < words; ++cursor[c]) before[c] += static_cast<uint64_t>(std::popcount(masks[c][cursor[c]]));
+  }
+}
+
+// e0 that minimises the estimated size of K classes: the position bound
+// sum n_c H(p_c) from the exponent histograms of all elements (sampled) and
+// of the changes, plus about 10 bytes of table per class that has changes.
+// Prefix sums make each candidate O(K).
+uint32_t ChooseE0(const std::vector<double>& all, const std::vector<double>& changed, int classes) {
+  constexpr double kClassTableBits = 80;
+  const int bins = static_cast<int>(all.size());
+  int lo = bins, hi = -1;
+  for (int x = 0; x < bins; ++x)
+    if (changed[x] > 0) lo = std::min(lo, x), hi = std::max(hi, x);
+  if (hi < 0) return 0;
+  std::vector<double> all_below(bins + 1, 0.0), changed_below(bins + 1, 0.0);  // sums over x < i
+  for (int x = 0; x < bins; ++x) {
+    all_below[x + 1] = all_below[x] + all[x];
+    changed_below[x + 1] = changed_below[x] + changed[x];
+  }
+  auto range = [&](const std::vector<double>& below, int from, int to) {  // x in [from, to]
+    from = std::clamp(from, 0, bins);
+    to = std::clamp(to + 1, 0, bins);
+    return to > from ? below[to] - below[from] : 0.0;
+  };
+  uint32_t best_e0 = static_cast<uint32_t>(hi + 1);
+  double best = 1e300;
+  for (int e0 = lo; e0 <= std::min(hi + classes, 4095); ++e0) {
+    double bits = 0;
+    for (int k = 0; k < classes; ++k) {
+      // Class k: x == e0 - k; class 0 also takes x > e0, the last x < e0 - k.
+      const int from = k == classes - 1 ? 0 : e0 - k, to = k == 0 ? bins - 1 : e0 - k;
+      const double n = range(all_below, from, to), c = range(changed_below, from, to);
+      if (c > 0) bits += kClassTableBits + (n > c ? n * Entropy2(c / n) : 0.0);
+    }
+    if (bits < best) best = bits, best_e0 = static_cast<uint32_t>(e0);
+  }
+  return best_e0;
+}
+
+}  // namespace
+
+bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w, const uint8_t* tensor,
+                   ContextField f, int max_classes, uint64_t first, uint64_t count, uint64_t limit_bytes,
+                   ContextPayload* out) {
+  const int bins = static_cast<int>(f.mask) + 1;
+  // K: as many classes as the field has values, up to 16, but about 32
+  // changes per class at least, so that small records do not pay 16 tables.
+  // (Choosing K per record by the position estimate instead made datagen
+  // patches 1% larger: the values, which it leaves out, gain from classes.)
+  int classes = std::min({max_classes, kMaxClasses, bins});
+  while (classes > 2 && n < 32 * static_cast<uint64_t>(classes)) classes /= 2;
+  // The smallest CONTEXT payload: K, e0, a count per class and one class's
+  // fields, table and streams.
+  if (classes < 2 || n == 0 || limit_bytes <= 3 + static_cast<uint64_t>(classes) + 6) return false;
+  // Exponent histograms: every change, and every 16th element of the segment.
+  std::vector<double> all(bins, 0.0), changed(bins, 0.0);
+  constexpr uint64_t kStride = 16;
+  DispatchWidth(w, [&]<int W>() {
+    for (uint64_t i = 0; i < count; i += kStride)
+      all[(LoadElement<W>(tensor, first + i) >> f.shift) & f.mask] += double(kStride);
+    for (uint64_t j = 0; j < n; ++j) changed[(LoadElement<W>(tensor, first + positions[j]) >> f.shift) & f.mask] += 1;
+  });
+  const uint32_t e0 = ChooseE0(all, changed, classes);
+
+  thread_local std::vector<uint8_t> klass;
+  thread_local std::vector<uint64_t> rank, order;
+  klass.resize(n);
+  rank.resize(n);
+  DispatchWidth(w, [&]<int W>() {
+    RankChanges<W>(positions, n, tensor, f, e0, classes, first, count, klass.data(), rank.data());
+  });
+  // Changes grouped by class, in position order within a class.
+  uint64_t start[kMaxClasses + 1] = {};
+  for (uint64_t j = 0; j < n; ++j) start[klass[j] + 1]++;
+  for (int c = 0; c < classes; ++c) start[c + 1] += start[c];
+  order.resize(n);
+  {
+    uint64_t fill[kMaxClasses];
+    std::copy(start, start + kMaxClasses, fill);
+    for (uint64_t j = 0; j < n; ++j) order[fill[klass[j]]++] = j;
+  }
+  thread_local std::vector<uint64_t> ranks;
+  ranks.resize(n);
+  for (uint64_t j = 0; j < n; ++j) ranks[j] = rank[order[j]];
+
+  struct Plan {
+    int k = 0;
+    uint64_t pos_bits = 0, val_bits = 0;
+    uint8_t lengths[kSymbols] = {};
+  };
+  Plan plan[kMaxClasses];
+  auto varint_bytes = [](uint64_t v) {
+    uint64_t b = 1;
+    for (; v >= 0x80; v >>= 7) ++b;
+    return b;
+  };
+  uint64_t total = 3;  // K, e0
+  for (int c = 0; c < classes; ++c) {
+    const uint64_t m = start[c + 1] - start[c];
+    total += varint_bytes(m);
+    if (m == 0) continue;
+    Plan& p = plan[c];
+    const uint64_t* r = ranks.data() + start[c];
+    const uint64_t span = r[m - 1] + 1;
+    const uint64_t mean_gap = (span - m) / m;
+    const int k0 = mean_gap ? 63 - std::countl_zero(mean_gap) : 0;
+    p.pos_bits = ~uint64_t{0};
+    for (int k = std::max(0, k0 - 2); k <= std::min(24, k0 + 2); ++k) {
+      const uint64_t bits = RiceBits(r, m, k);
+      if (bits < p.pos_bits) p.pos_bits = bits, p.k = k;
+    }
+    uint64_t freq[kSymbols] = {}, extra = 0;
+    for (uint64_t j = start[c]; j < start[c + 1]; ++j) {
+      int eb;
+      uint64_t ex;
+      freq[ValueSymbol(ZigZag(deltas[order[j]], w), &eb, &ex)]++;
+      extra += static_cast<uint64_t>(eb);
+    }
+    BuildLengths(freq, p.lengths);
+    p.val_bits = CodeBits(freq, p.lengths) + extra;
+    const uint64_t pb = (p.pos_bits + 7) / 8, vb = (p.val_bits + 7) / 8;
+    total += 1 + varint_bytes(pb) + varint_bytes(vb) + TableBytes(p.lengths) + pb + vb;
+  }
+  if (total >= limit_bytes) return false;
+
+  std::vector<uint8_t>& o = out->bytes;
+  o.clear();
+  o.push_back(static_cast<uint8_t>(classes));
+  o.push_back(static_cast<uint8_t>(e0));
+  o.push_back(static_cast<uint8_t>(e0 >> 8));
+  for (int c = 0; c < classes; ++c) {
+    const uint64_t m = start[c + 1] - start[c];
+    PutVarint(m, &o);
+    if (m == 0) continue;
+    o.push_back(static_cast<uint8_t>(plan[c].k));
+    PutVarint((plan[c].pos_bits + 7) / 8, &o);
+    PutVarint((plan[c].val_bits + 7) / 8, &o);
+    WriteTable(plan[c].lengths, &o);
+  }
+  out->table_bytes = static_cast<uint32_t>(o.size());
+  for (int c = 0; c < classes; ++c) {
+    const uint64_t m = start[c + 1] - start[c];
+    if (m == 0) continue;
+    const int k = plan[c].k;
+    BitWriter bw(&o);
+    uint64_t next = 0;
+    for (uint64_t j = start[c]; j < start[c + 1]; ++j) {
+      const uint64_t gap = ranks[j] - next;
+      bw.PutUnary(gap >> k);
+      bw.Put(gap, k);
+      next = ranks[j] + 1;
+    }
+    bw.Finish();
+  }
+  out->position_bytes = static_cast<uint32_t>(o.size() - out->table_bytes);
+  for (int c = 0; c < classes; ++c) {
+    if (start[c + 1] == start[c]) continue;
+    uint16_t codes[kSymbols] = {};
+    CanonicalCodes(plan[c].lengths, codes);
+    BitWriter bw(&o);
+    for (uint64_t j = start[c]; j < start[c + 1]; ++j) {
+      int eb;
+      uint64_t ex;
+      const int sym = ValueSymbol(ZigZag(deltas[order[j]], w), &eb, &ex);
+      bw.Put(codes[sym], plan[c].lengths[sym]);
+      bw.Put(ex, eb);
+    }
+    bw.Finish();
+  }
+  out->value_bytes = static_cast<uint32_t>(o.size() - out->table_bytes - out->position_bytes);
+  return true;
+}
+
+}  // namespace tern::patchfmt

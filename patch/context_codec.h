@@ -1,0 +1,331 @@
+// The CONTEXT segment encoding of format 2 (docs/format/patch.md §6.4):
+// positions and values coded given the base.
+//
+// Every element of a segment falls into one of K classes computed from its
+// *base* value, clamp(e0 - exponent field, 0, K-1): class 0 holds the largest
+// magnitudes, which change least often (an element flips when the master's
+// push crosses a rounding step, and the step grows with |w|). Each class has
+// its own Rice parameter for the gaps between its changes, counted in class
+// members, and its own Huffman table for their values. The receiver holds the
+// base, so it recomputes the classes; a patch pays only for what the base
+// does not already say.
+//
+// Speed: the decoder walks the segment in blocks of kContextBlock elements;
+// per block it reads the base once (the classes), builds one bit mask per
+// class and finds each change by popcount/select in its class's mask. The
+// block is in L1 while its changes are applied, so the apply streams through
+// the view instead of missing the cache once per change.
+//
+// Writes during decoding: the decoder reads every base element of block b
+// before it emits a change in block b and never reads block b again, so `fn`
+// may write any element it has been given (the apply paths do).
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "patch/element_access.h"
+#include "patch/segment_codec.h"
+#include "tern/dtype.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace tern::patchfmt {
+
+ContextField ContextFieldOf(DType dtype);
+
+inline constexpr uint64_t kContextBlock = 4096;  // elements
+inline constexpr uint64_t kContextBlockWords = kContextBlock / 64;
+
+struct ContextClass {
+  uint64_t changes = 0;
+  int rice_k = 0;
+  const uint8_t* positions = nullptr;
+  uint32_t position_bytes = 0;
+  const uint8_t* values = nullptr;
+  uint32_t value_bytes = 0;
+  uint8_t lengths[kSymbols] = {};
+};
+
+struct ContextTable {
+  int classes = 0;  // K
+  uint32_t e0 = 0;
+  ContextClass cls[kMaxClasses];
+};
+
+// Parses and checks the context table of a CONTEXT record: K in 2..16,
+// per-class counts summing to changed_count, substream lengths summing to
+// position_bytes / value_bytes, valid code tables, canonical varints.
+Status ParseContextTable(const RecordView& r, ContextTable* t);
+
+// Class of every element [first, first + n) of a tensor (n <= kContextBlock)
+// into cls[0..n); cls is then zero-padded to a multiple of 64. e0 <= 4095
+// (ParseContextTable); the 8-bit vector path needs e0 < 256 and leaves the
+// rest to the scalar loop.
+template <int W>
+inline void ComputeClasses(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f, uint32_t e0,
+                           int classes, uint8_t* cls) {
+  const int top = classes - 1;
+  const int32_t base = static_cast<int32_t>(e0);
+  uint64_t i = 0;
+#if defined(__AVX2__)
+  // 32 elements a step: max(e0 - x, 0) by a saturating subtraction, then the
+  // top class by an unsigned min. The hot path of CONTEXT decode and encode.
+  if constexpr (W == 16) {
+    const uint8_t* p = tensor + first * 2;
+    const __m128i shift = _mm_cvtsi32_si128(f.shift);
+    const __m256i mask = _mm256_set1_epi16(static_cast<int16_t>(f.mask));
+    const __m256i e0v = _mm256_set1_epi16(static_cast<int16_t>(e0));
+    const __m256i topv = _mm256_set1_epi16(static_cast<int16_t>(top));
+    for (; i + 32 <= n; i += 32) {
+      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i));
+      __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32));
+      a = _mm256_min_epu16(_mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(a, shift), mask)), topv);
+      b = _mm256_min_epu16(_mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(b, shift), mask)), topv);
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xd8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cls + i), packed);
+    }
+  } else if (W == 8 && e0 < 256) {
+    const uint8_t* p = tensor + first;
+    const __m128i shift = _mm_cvtsi32_si128(f.shift);
+    const __m256i mask = _mm256_set1_epi8(static_cast<int8_t>(f.mask));
+    const __m256i e0v = _mm256_set1_epi8(static_cast<int8_t>(e0));
+    const __m256i topv = _mm256_set1_epi8(static_cast<int8_t>(top));
+    for (; i + 32 <= n; i += 32) {
+      // A 16-bit shift brings the neighbour byte's bits into the top of each
+      // byte; the field mask clears them.
+      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+      a = _mm256_min_epu8(_mm256_subs_epu8(e0v, _mm256_and_si256(_mm256_srl_epi16(a, shift), mask)), topv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cls + i), a);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint64_t v = LoadElement<W>(tensor, first + i);
+    const int32_t c = base - static_cast<int32_t>((v >> f.shift) & f.mask);
+    cls[i] = static_cast<uint8_t>(c < 0 ? 0 : (c > top ? top : c));
+  }
+  const uint64_t padded = (n + 63) / 64 * 64;
+  if (padded > n) std::memset(cls + n, 0, padded - n);
+}
+
+// masks[c][j] bit b: element 64j + b of the block is in class c (b < n).
+// Built from bit planes of the class bytes, so the cost is one pass of
+// log2(K) movemasks plus a few word operations per class per 64 elements.
+void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]);
+// The same, one bit at a time: the oracle for the fast version in tests.
+void ClassMasksScalar(const uint8_t* cls, uint64_t n, int classes,
+                      uint64_t masks[kMaxClasses][kContextBlockWords]);
+
+// Index of the (r+1)-th set bit of x (r < popcount(x)).
+inline int SelectBit(uint64_t x, uint64_t r) {
+#if defined(__BMI2__)
+  return std::countr_zero(_pdep_u64(uint64_t{1} << r, x));
+#else
+  for (; r > 0; --r) x &= x - 1;
+  return std::countr_zero(x);
+#endif
+}
+
+// A class's value code. Up to 16 classes per record: a full table of
+// 2^(longest code) entries each (up to 64 KiB) would cost more to build than
+// the class has values, so the table covers codes up to kCapBits and longer
+// ones (rare by construction) are decoded bit by bit, canonically.
+struct ClassValueDecoder {
+  static constexpr int kCapBits = 8;
+  int bits = 0;                          // table index bits: min(longest code, kCapBits)
+  uint16_t table[1 << kCapBits] = {};    // symbol << 4 | length, 0: longer code or none
+  uint32_t first_code[kMaxCodeBits + 1] = {}, count[kMaxCodeBits + 1] = {}, first_index[kMaxCodeBits + 1] = {};
+  uint8_t symbols[kSymbols] = {};        // by (length, symbol)
+};
+void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d);
+
+// Reads one zigzag value (non-zero, of at most w bits) or fails.
+[[gnu::always_inline]] inline bool DecodeClassValue(BitReader& in, const ClassValueDecoder& d, int w, uint64_t* z) {
+  // Fast path: one unchecked load while the stream has room; anything it
+  // cannot finish within that load goes to the checked path below.
+  if (in.FastReads() > 0) [[likely]] {
+    const uint64_t bits = in.PeekFast();
+    const uint16_t e = d.table[bits & ((uint64_t{1} << d.bits) - 1)];
+    if (e != 0) {
+      const int code_len = e & 15, sym = e >> 4;
+      if (sym < kLiteralSymbols) {
+        if (sym == 0 || static_cast<uint64_t>(sym) > WidthMask(w)) return false;
+        in.Skip(code_len);
+        *z = static_cast<uint64_t>(sym);
+        return true;
+      }
+      const int len = sym - kLiteralSymbols + 5;
+      if (len > w) return false;
+      if (code_len + len - 1 <= 56) {
+        in.Skip(code_len + len - 1);
+        *z = (uint64_t{1} << (len - 1)) | ((bits >> code_len) & WidthMask(len - 1));
+        return true;
+      }
+    }
+  }
+  int sym;
+  const uint16_t e = d.table[in.Peek(d.bits)];
+  if (e != 0) [[likely]] {
+    in.Skip(e & 15);
+    sym = e >> 4;
+  } else {
+    uint32_t code = 0;
+    sym = -1;
+    for (int len = 1; len <= kMaxCodeBits; ++len) {
+      code = (code << 1) | static_cast<uint32_t>(in.Read(1));
+      if (code - d.first_code[len] < d.count[len]) {
+        sym = d.symbols[d.first_index[len] + code - d.first_code[len]];
+        break;
+      }
+    }
+    if (sym < 0 || in.Overrun()) return false;
+  }
+  if (sym < kLiteralSymbols) {
+    *z = static_cast<uint64_t>(sym);
+    return sym != 0 && static_cast<uint64_t>(sym) <= WidthMask(w);
+  }
+  const int len = sym - kLiteralSymbols + 5;
+  if (len > w) return false;
+  *z = (uint64_t{1} << (len - 1)) | in.Read(len - 1);
+  return true;
+}
+
+// Decodes a CONTEXT record against the base tensor, calling fn(position in
+// segment, delta) once per change: block by block, within a block class by
+// class (so not in position order). Validates every stream; a class rank past
+// the class's members in the segment is kCorrupt.
+template <int W, class Fn>
+Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f, Fn&& fn) {
+  ContextTable t;
+  TERN_RETURN_IF_ERROR(ParseContextTable(r, &t));
+  const uint64_t count = r.h.element_count;
+  const uint64_t first = r.h.first_element;
+  const int K = t.classes;
+  struct Live {
+    BitReader pos{nullptr, 0}, val{nullptr, 0};
+    ClassValueDecoder dec;
+    uint64_t left = 0;  // changes still to emit
+    uint64_t skip = 0;  // class members before the next change
+    int k = 0;
+  };
+  Live live[kMaxClasses];
+  auto read_gap = [&](Live& l, uint64_t* gap) {
+    if (l.pos.FastReads() > 0) [[likely]] {  // one unchecked load (see DecodeClassValue)
+      const uint64_t bits = l.pos.PeekFast();
+      const int q = std::countr_zero(bits);
+      if (q + 1 + l.k <= 56) {
+        const uint64_t g = (static_cast<uint64_t>(q) << l.k) | ((bits >> (q + 1)) & WidthMask(l.k));
+        if (g < count) {
+          l.pos.SkipBits(static_cast<uint64_t>(q + 1 + l.k));
+          *gap = g;
+          return true;
+        }
+      }
+    }
+    uint64_t q;
+    if (!l.pos.ReadUnary((count - 1) >> l.k, &q)) return false;
+    *gap = (q << l.k) | l.pos.Read(l.k);
+    return !l.pos.Overrun() && *gap < count;
+  };
+  int active = 0;
+  for (int c = 0; c < K; ++c) {
+    const ContextClass& cc = t.cls[c];
+    Live& l = live[c];
+    l.left = cc.changes;
+    if (l.left == 0) continue;
+    ++active;
+    l.k = cc.rice_k;
+    l.pos = BitReader(cc.positions, cc.position_bytes);
+    l.val = BitReader(cc.values, cc.value_bytes);
+    BuildClassValueDecoder(cc.lengths, &l.dec);
+    if (!read_gap(l, &l.skip)) return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
+  }
+  alignas(64) uint8_t cls[kContextBlock];
+  alignas(64) uint64_t masks[kMaxClasses][kContextBlockWords];
+  for (uint64_t b0 = 0; b0 < count && active > 0; b0 += kContextBlock) {
+    const uint64_t n = std::min(kContextBlock, count - b0);
+    const uint64_t words = (n + 63) / 64;
+    ComputeClasses<W>(tensor, first + b0, n, f, t.e0, K, cls);
+    ClassMasks(cls, n, K, masks);
+    for (int c = 0; c < K; ++c) {
+      Live& l = live[c];
+      if (l.left == 0) continue;
+      uint64_t* m = masks[c];
+      uint64_t skip = l.skip;  // in a register across the walk
+      for (uint64_t j = 0; j < words;) {
+        // Eight words a step while the next change is further on: eight
+        // independent popcounts and one branch instead of eight.
+        while (j + 8 <= words) {
+          const uint64_t ones8 = static_cast<uint64_t>(
+              (std::popcount(m[j]) + std::popcount(m[j + 1])) + (std::popcount(m[j + 2]) + std::popcount(m[j + 3])) +
+              ((std::popcount(m[j + 4]) + std::popcount(m[j + 5])) + (std::popcount(m[j + 6]) + std::popcount(m[j + 7]))));
+          if (skip < ones8) break;
+          skip -= ones8;
+          j += 8;
+        }
+        if (j == words) break;
+        const uint64_t ones = static_cast<uint64_t>(std::popcount(m[j]));
+        if (skip >= ones) {
+          skip -= ones;
+          ++j;
+          continue;
+        }
+        const int bit = SelectBit(m[j], skip);
+        uint64_t z;
+        if (!DecodeClassValue(l.val, l.dec, W, &z) || l.val.Overrun())
+          return TERN_ERROR(kCorrupt, "CONTEXT segment: bad value code in class ", c);
+        fn(b0 + j * 64 + static_cast<uint64_t>(bit), UnZigZag(z, W));
+        // Members up to and including this one are spent.
+        m[j] &= bit == 63 ? 0 : (~uint64_t{0} << (bit + 1));
+        if (--l.left == 0) {
+          --active;
+          break;
+        }
+        if (!read_gap(l, &skip))
+          return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
+      }
+      l.skip = skip;
+    }
+  }
+  for (int c = 0; c < K; ++c) {
+    TERN_REQUIRE(live[c].left == 0, kCorrupt, "CONTEXT segment: class ", c,
+                 " position past the class's elements (wrong base?)");
+    if (t.cls[c].changes == 0) continue;
+    TERN_REQUIRE(live[c].pos.FinishedCleanly() && live[c].val.FinishedCleanly(), kCorrupt,
+                 "CONTEXT segment: class ", c, " streams not cleanly consumed");
+  }
+  return Status::Ok();
+}
+
+// Decodes any record: CONTEXT against the base tensor, the others without it.
+template <class Fn>
+Status DecodeRecordOnBase(const RecordView& r, int w, const uint8_t* tensor, ContextField f, Fn&& fn) {
+  if (r.h.encoding != kContext) return DecodeRecord(r, w, fn);
+  return DispatchWidth(w, [&]<int W>() { return DecodeContext<W>(r, tensor, f, fn); });
+}
+
+// Checks a CONTEXT record's streams without the base (Inspect, squash of
+// other encodings): every code decodes, class ranks stay below element_count,
+// every stream is consumed exactly. What needs the base (a rank past its
+// class's members) is checked when the record is applied.
+Status ValidateContextStreams(const RecordView& r, int w);
+
+// Encodes the changes as a CONTEXT record payload if that is smaller than
+// `limit_bytes` (table + streams); returns false otherwise (then nothing is
+// written to `out`). positions: sorted, relative to `first`.
+// out receives: table, then the position substreams, then the value substreams;
+// *table_bytes etc. say how long each part is.
+struct ContextPayload {
+  std::vector<uint8_t> bytes;
+  uint32_t table_bytes = 0, position_bytes = 0, value_bytes = 0;
+};
+bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w, const uint8_t* tensor,
+                   ContextField f, int max_classes, uint64_t first, uint64_t count, uint64_t limit_bytes,
+                   ContextPayload* out);
+
+}  // namespace tern::patchfmt

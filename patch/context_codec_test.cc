@@ -1,0 +1,55 @@
+// The CONTEXT encoding's building blocks (patch/context_codec.h); whole
+// patches are tested in patch_test.cc (PatchFormat2Test).
+#include "patch/context_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace tern::patchfmt {
+namespace {
+
+TEST(ContextCodecTest, ClassMasksMatchTheBitByBitVersion) {
+  std::mt19937_64 rng(31);
+  alignas(64) uint8_t cls[kContextBlock];
+  alignas(64) uint64_t fast[kMaxClasses][kContextBlockWords], slow[kMaxClasses][kContextBlockWords];
+  for (int classes = 2; classes <= kMaxClasses; ++classes) {
+    for (uint64_t n : {uint64_t{1}, uint64_t{63}, uint64_t{64}, uint64_t{65}, uint64_t{1000}, kContextBlock}) {
+      for (uint64_t i = 0; i < kContextBlock; ++i) cls[i] = i < n ? static_cast<uint8_t>(rng() % classes) : 0;
+      ClassMasks(cls, n, classes, fast);
+      ClassMasksScalar(cls, n, classes, slow);
+      for (int c = 0; c < classes; ++c)
+        for (uint64_t j = 0; j < (n + 63) / 64; ++j)
+          ASSERT_EQ(fast[c][j], slow[c][j]) << "K " << classes << " n " << n << " class " << c << " word " << j;
+    }
+  }
+}
+
+TEST(ContextCodecTest, SelectBitFindsTheNthOne) {
+  std::mt19937_64 rng(32);
+  for (int t = 0; t < 1000; ++t) {
+    const uint64_t x = rng() & rng();
+    uint64_t r = 0;
+    for (int b = 0; b < 64; ++b)
+      if ((x >> b) & 1) EXPECT_EQ(SelectBit(x, r++), b);
+  }
+}
+
+TEST(ContextCodecTest, ClassesClampToTheRange) {
+  // BF16 exponent field 0x7f (1.0) with e0 = 0x80: class 1; 0xff: class 0;
+  // 0x00: the last class.
+  const ContextField f = ContextFieldOf(DType::kBF16);
+  ASSERT_TRUE(f.ok);
+  const uint16_t v[3] = {0x3f80, 0x7f80, 0x0001};
+  alignas(64) uint8_t cls[64];
+  ComputeClasses<16>(reinterpret_cast<const uint8_t*>(v), 0, 3, f, 0x80, 16, cls);
+  EXPECT_EQ(cls[0], 1);
+  EXPECT_EQ(cls[1], 0);
+  EXPECT_EQ(cls[2], 15);
+  EXPECT_EQ(cls[3], 0);  // padding
+  EXPECT_FALSE(ContextFieldOf(DType::kU8).ok);
+  EXPECT_FALSE(ContextFieldOf(DType::kI32).ok);
+}
+
+}  // namespace
+}  // namespace tern::patchfmt

@@ -1,0 +1,123 @@
+// Squash: joining consecutive patches a->b, b->c, ... into a->z, without the
+// base (formats without CONTEXT segments) or with it (SquashOnBase).
+#include <algorithm>
+
+#include "patch/container.h"
+#include "tern/patch.h"
+#include "tern/thread_pool.h"
+
+namespace tern {
+
+using patchfmt::ParsedPatch;
+using patchfmt::RecordView;
+
+Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches, ThreadPool& pool) {
+  TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
+  std::vector<ParsedPatch> parsed;
+  for (size_t i = 0; i < patches.size(); ++i) {
+    auto p = patchfmt::ParsePatch(patches[i]);
+    if (!p.ok()) return p.status().WithContext("patch " + std::to_string(i + 1));
+    for (const RecordView& r : p->records)
+      TERN_REQUIRE(r.h.encoding != patchfmt::kContext, kUnsupported, "patch ", i + 1,
+                   " codes segments given its base (format 2): squashing it needs the base view (SquashOnBase)");
+    parsed.push_back(std::move(p).value());
+  }
+  const ParsedPatch& first = parsed.front();
+  std::vector<const TensorDesc*> descs;
+  for (const auto& t : first.tensors) descs.push_back(&t.desc);
+  for (size_t i = 1; i < parsed.size(); ++i) {
+    Status s = patchfmt::CheckLayout(parsed[i].tensors, descs);
+    if (!s.ok()) return s.WithContext("patch " + std::to_string(i + 1) + " vs patch 1");
+    TERN_REQUIRE(parsed[i - 1].target_digest == parsed[i].base_digest, kMismatch, "patch ", i + 1,
+                 " does not start where patch ", i, " ends (digests do not chain)");
+  }
+  // Per tensor: every patch's changes as (element, delta), summed mod 2^w.
+  const size_t tensors = first.tensors.size();
+  std::vector<std::vector<std::vector<uint8_t>>> out_records(tensors);
+  std::vector<Status> errors(tensors);
+  std::vector<std::vector<const RecordView*>> by_tensor(tensors);
+  for (const auto& p : parsed)
+    for (const RecordView& r : p.records) by_tensor[r.h.tensor_index].push_back(&r);
+  pool.ParallelFor(tensors, [&](uint64_t t) {
+    const int w = first.tensors[t].width_bits;
+    const uint64_t mask = patchfmt::WidthMask(w);
+    std::vector<std::pair<uint64_t, uint64_t>> changes;
+    for (const RecordView* r : by_tensor[t]) {
+      const uint64_t base = r->h.first_element;
+      Status s = patchfmt::DecodeRecord(*r, w, [&](uint64_t pos, uint64_t d) { changes.emplace_back(base + pos, d); });
+      if (!s.ok()) {
+        errors[t] = s.WithContext("tensor '" + first.tensors[t].desc.name + "'");
+        return;
+      }
+    }
+    std::sort(changes.begin(), changes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t n = 0;  // combine equal positions in place, dropping cancelled deltas
+    for (size_t i = 0; i < changes.size();) {
+      uint64_t sum = 0;
+      size_t j = i;
+      for (; j < changes.size() && changes[j].first == changes[i].first; ++j) sum = (sum + changes[j].second) & mask;
+      if (sum != 0) changes[n++] = {changes[i].first, sum};
+      i = j;
+    }
+    changes.resize(n);
+    const uint64_t seg = uint64_t{1} << 20;  // even, so packed 4-bit segments stay byte aligned
+    const uint64_t elements = first.tensors[t].elements;
+    std::vector<uint64_t> pos, delta;
+    for (size_t i = 0; i < n;) {
+      const uint64_t seg_first = changes[i].first / seg * seg;
+      const uint64_t count = std::min(seg, elements - seg_first);
+      pos.clear();
+      delta.clear();
+      for (; i < n && changes[i].first < seg_first + count; ++i) {
+        pos.push_back(changes[i].first - seg_first);
+        delta.push_back(changes[i].second);
+      }
+      out_records[t].emplace_back();
+      patchfmt::EncodeRecord(pos.data(), delta.data(), pos.size(), w, static_cast<uint32_t>(t), seg_first, count,
+                             &out_records[t].back());
+    }
+  });
+  for (const Status& s : errors) TERN_RETURN_IF_ERROR(s);
+  std::vector<std::span<const uint8_t>> spans;
+  for (const auto& recs : out_records)
+    for (const auto& r : recs) spans.emplace_back(r);
+  std::vector<TensorDesc> out_descs;
+  for (const auto& t : first.tensors) out_descs.push_back(t.desc);
+  return patchfmt::WritePatch(out_descs, first.base_version, parsed.back().target_version, first.base_digest,
+                              parsed.back().target_digest, spans);
+}
+
+
+Result<std::vector<uint8_t>> SquashOnBase(const ServeView& base, std::span<const std::span<const uint8_t>> patches,
+                                          const DiffOptions& options, ThreadPool& pool) {
+  TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
+  // The base of patch k is the base plus patches 1..k-1: apply them in turn
+  // to a copy (Apply checks that the digests chain), then diff the ends.
+  std::vector<std::vector<uint8_t>> bytes;
+  MutableServeView work;
+  for (const TensorRef& t : base.tensors) {
+    bytes.emplace_back(t.data, t.data + t.desc->bytes());
+    work.tensors.push_back({t.desc, bytes.back().data()});
+  }
+  const ViewDigest base_digest = ComputeDigest(base, pool);
+  ViewDigest digest = base_digest;
+  uint64_t base_version = 0, target_version = 0;
+  ApplyOptions exclusive;
+  exclusive.exclusive_view = true;  // the copy is private
+  for (size_t i = 0; i < patches.size(); ++i) {
+    TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patches[i]));
+    if (i == 0) base_version = info.base_version;
+    target_version = info.target_version;
+    ViewDigest next;
+    Status s = Apply(work, patches[i], digest, pool, exclusive, &next);
+    if (!s.ok()) return s.WithContext("patch " + std::to_string(i + 1));
+    digest = next;
+  }
+  const ServeView result = AsConst(work);
+  DiffOptions d = options;
+  d.base_version = base_version;
+  d.target_version = target_version;
+  return Diff(base, result, d, pool, &base_digest);
+}
+
+}  // namespace tern
