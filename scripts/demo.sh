@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: installs what it needs, builds tern, and runs a codec session
-# on a generated RL trace (datagen -> diff -> apply -> verify, per step).
+# The main job: installs what it needs, builds tern, and runs `tern demo`: a
+# root agent and 12 members in 3 regions on this machine keeping a generated
+# RL trace in sync, every member checked bit for bit (docs/agent.md).
+# `./scripts/demo.sh --codec` runs the codec alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
