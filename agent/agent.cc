@@ -79,10 +79,16 @@ Status AgentImpl::Init() {
   store_version_ = store_->version();
   metrics_ = std::make_unique<MetricsRegistry>();
 
+  // A standby root waits here, before it listens, until it leads.
+  if (opt_.root && !opt_.board_etcd.empty()) TERN_RETURN_IF_ERROR(CampaignForRoot());
   TERN_RETURN_IF_ERROR(StartListener());
   id_ = opt_.id.empty() ? listen_address_ : opt_.id;
   TERN_RETURN_IF_ERROR(opt_.root ? InitRoot() : InitMember());
   TERN_RETURN_IF_ERROR(StartAdmin());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_ = true;
+  }
   work_thread_ = std::thread([this] { WorkLoop(); });
   tick_thread_ = std::thread([this] { TickLoop(); });
   Log(std::string(opt_.root ? "root" : "member") + " listening on " + listen_address_ +
@@ -274,6 +280,9 @@ void AgentImpl::Stop() {
   fetch_server_.reset();
   relay_.reset();
   listener_.reset();
+  // Hand leadership over at once (revokes the lease) rather than after it
+  // lapses.
+  election_.reset();
 }
 
 }  // namespace agent

@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "agent/board.h"
+#include "agent/etcd.h"
+#include "agent/etcd_board_log.h"
 #include "agent/publish.h"
 #include "agent/control_wire.h"
 #include "agent/membership.h"
@@ -141,6 +143,10 @@ class AgentImpl final : public Agent {
 
   // ---- root state (mu_) ----
   std::unique_ptr<Board> board_;
+  std::unique_ptr<Election> election_;     // with board_etcd
+  std::atomic<bool> leadership_lost_{false};
+  bool started_ = false;                   // Init finished (mu_): control traffic is served
+  Status CampaignForRoot();
   std::unique_ptr<FileServer> fetch_server_;
   std::unique_ptr<Membership> membership_;
   std::map<std::string, std::shared_ptr<Connection>> member_conns_;
@@ -156,6 +162,9 @@ class AgentImpl final : public Agent {
   uint64_t next_dial_us_ = 0;
   uint64_t known_head_ = 0;
   std::string fetch_address_;
+  std::vector<std::string> join_addresses_;  // --join, split at commas
+  size_t join_index_ = 0;                    // the one dialled next
+  std::string dial_address_;                 // the one being dialled
   Parents parents_;
   uint32_t stripes_ = 1;
   uint64_t heartbeat_seq_ = 0;

@@ -65,6 +65,13 @@ Status VerifyWholeObject(Env& env, const std::string& path, const ManifestObject
 Status AgentImpl::InitMember() {
   TERN_REQUIRE(verifier_.key_count() > 0, kInvalidArgument,
                "agent: a member needs the publisher's public key (--trust-key)");
+  for (size_t at = 0; at <= opt_.join.size();) {
+    const size_t comma = std::min(opt_.join.find(',', at), opt_.join.size());
+    if (comma > at) join_addresses_.push_back(opt_.join.substr(at, comma - at));
+    at = comma + 1;
+  }
+  TERN_REQUIRE(!join_addresses_.empty() && join_addresses_.size() <= 16, kInvalidArgument,
+               "agent: --join wants 1..16 comma-separated root addresses");
   const std::string state_path = opt_.data_dir + "/agent.json";
   TERN_ASSIGN_OR_RETURN(FileType type, env_.TypeOf(state_path, true));
   if (type == FileType::kRegular) {
@@ -124,6 +131,7 @@ void AgentImpl::MemberDial() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || root_conn_ || dialing_ || clock_.NowUs() < next_dial_us_) return;
     dialing_ = true;
+    dial_address_ = join_addresses_[join_index_ % join_addresses_.size()];
   }
   ConnectionHandlers h;
   auto self_conn = std::make_shared<std::weak_ptr<Connection>>();
@@ -147,7 +155,7 @@ void AgentImpl::MemberDial() {
     std::shared_lock<std::shared_mutex> open(gate->mu);
     if (gate->open) MemberOnClosed(self_conn->lock(), why);
   };
-  opt_.transport->Connect(opt_.join, std::move(h), [this, self_conn, gate = gate_](Result<std::shared_ptr<Connection>> r) {
+  opt_.transport->Connect(dial_address_, std::move(h), [this, self_conn, gate = gate_](Result<std::shared_ptr<Connection>> r) {
     std::shared_lock<std::shared_mutex> open(gate->mu);
     if (!gate->open) {
       if (r.ok()) (*r)->Close();
@@ -158,6 +166,7 @@ void AgentImpl::MemberDial() {
       std::lock_guard<std::mutex> lock(mu_);
       dialing_ = false;
       if (!r.ok()) {
+        ++join_index_;  // a standby root may lead now
         dial_backoff_us_ = std::clamp<uint64_t>(dial_backoff_us_ * 2, kDialBackoffUsMin, kDialBackoffUsMax);
         next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
         if (!dial_failed_logged_) Log("cannot reach the root at " + opt_.join + ": " + r.status().ToString());
@@ -197,6 +206,7 @@ void AgentImpl::MemberOnClosed(const std::shared_ptr<Connection>& conn, const St
   if (conn && root_conn_ != conn) return;
   root_conn_.reset();
   if (joined_) Log("lost the root: " + why.ToString());
+  if (!joined_ || !why.ok()) ++join_index_;  // try the next root address
   joined_ = false;
   dial_backoff_us_ = std::max(dial_backoff_us_, kDialBackoffUsMin);
   next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
@@ -247,7 +257,8 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
       }
     } else if (auto* r = std::get_if<Reject>(&msg)) {
       Log("the root refused to let us join: " + r->reason);
-      next_dial_us_ = clock_.NowUs() + kDialBackoffUsMax;
+      // A standby that lost leadership refuses too: try the next address soon.
+      next_dial_us_ = clock_.NowUs() + (join_addresses_.size() > 1 ? kDialBackoffUsMin : kDialBackoffUsMax);
       close = root_conn_;
     } else if (auto* plan = std::get_if<CatchUpReply>(&msg)) {
       CatchUpReply copy = *plan;

@@ -22,6 +22,26 @@ bool TokenMatches(const std::string& expected, const std::string& given) {
 
 }  // namespace
 
+Status AgentImpl::CampaignForRoot() {
+  TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
+  EtcdOptions etcd;
+  etcd.endpoints = url.endpoints;
+  etcd.log = log_;
+  ElectionOptions eo;
+  eo.prefix = url.prefix;
+  eo.id = opt_.id.empty() ? opt_.listen : opt_.id;
+  eo.lease_ttl_s = opt_.etcd_lease_s;
+  eo.log = log_;
+  eo.on_lost = [this](const Status& why) {
+    leadership_lost_ = true;
+    Log("lost leadership of the board (" + why.ToString() + "); refusing to publish");
+  };
+  log_("agent: campaigning for the board at " + opt_.board_etcd + " (a standby waits here)");
+  TERN_ASSIGN_OR_RETURN(election_, Election::Campaign(etcd, eo, clock_, uint64_t{365} * 24 * 3600 * 1000));
+  log_("agent: leading the board at " + opt_.board_etcd);
+  return Status::Ok();
+}
+
 Status AgentImpl::InitRoot() {
   // The signing key: given, or the one kept in DIR, or a new one kept there.
   const std::string key_path = opt_.data_dir + "/signing-key.pem";
@@ -45,7 +65,20 @@ Status AgentImpl::InitRoot() {
   signer_.emplace(std::move(signer));
   TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_->public_key()));
 
-  TERN_ASSIGN_OR_RETURN(std::unique_ptr<BoardLog> log, OpenFileBoardLog(env_, opt_.data_dir + "/board"));
+  std::unique_ptr<BoardLog> log;
+  if (election_) {
+    TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
+    EtcdOptions etcd;
+    etcd.endpoints = url.endpoints;
+    etcd.log = log_;
+    EtcdBoardLogOptions lo;
+    lo.prefix = url.prefix + "/board";
+    lo.fence = election_->Fence();  // a deposed root's late write fails in etcd
+    TERN_ASSIGN_OR_RETURN(auto etcd_log, EtcdBoardLog::Open(etcd, lo));
+    log = std::move(etcd_log);
+  } else {
+    TERN_ASSIGN_OR_RETURN(log, OpenFileBoardLog(env_, opt_.data_dir + "/board"));
+  }
   BoardOptions board_options;
   board_options.keep_patches = opt_.keep_patches;
   board_options.keyframe_every = opt_.keyframe_every;
@@ -123,7 +156,11 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
     if (member_id->empty()) {
       auto* hello = std::get_if<Hello>(&msg);
       std::string why;
-      if (!hello) {
+      if (!started_) {
+        why = "the root is starting";
+      } else if (leadership_lost_) {
+        why = "this root no longer leads the board";
+      } else if (!hello) {
         why = std::string("expected HELLO, got ") + ControlTypeName(TypeOf(msg));
       } else if (!opt_.join_token.empty() && !TokenMatches(opt_.join_token, hello->join_token)) {
         why = "bad join token";
@@ -262,6 +299,7 @@ void AgentImpl::RootTick() {
 
 Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish: this agent is not the root");
+  TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish: this root no longer leads the board");
   std::lock_guard<std::mutex> publish_lock(publish_mu_);
   return PublishLocked(checkpoint_path, version);
 }
@@ -279,6 +317,9 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   }
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
+  // A root that took over the board does not hold HEAD's view: its first
+  // version is a keyframe on top of HEAD (members apply it like any other).
+  options.keyframe_only = !prev && board_->head() != 0;
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishVersion(*board_, *signer_, prev ? &prev->view() : nullptr,
                                        store_->digest(), next->view(), version, options, pool_));

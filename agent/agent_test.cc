@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/etcd_test_server.h"
 #include "tern/agent.h"
 #include "tern/checkpoint.h"
 #include "tern/datagen.h"
@@ -24,6 +26,7 @@
 #include "tern/fault_transport.h"
 #include "tern/loopback_transport.h"
 #include "tern/thread_pool.h"
+#include "tern/version_manifest.h"
 
 namespace tern {
 namespace {
@@ -308,6 +311,85 @@ TEST_F(AgentSystemTest, ManyVersionsDoNotFillTheRelays) {
     ASSERT_TRUE(AllServe(v)) << "version " << v << ": " << Lagging(v);
   }
   ExpectBitwiseEqual(70);
+}
+
+// The board in etcd: a standby root waits for leadership, takes over when
+// the root goes, and publishes on top of what the old root published; the
+// members, given both addresses, follow it. Nothing published is lost.
+TEST_F(AgentSystemTest, StandbyRootTakesOverThroughEtcd) {
+  auto etcd = agent::EtcdTestServer::Start();
+  if (etcd.status().code() == Code::kUnsupported) GTEST_SKIP() << etcd.status().ToString();
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  const std::string board = "etcd://" + (*etcd)->endpoint() + "/tern/test";
+  // Both roots sign with one key (a deployment's publisher key).
+  const std::string key_pem = [&] {
+    auto signer = ManifestSigner::Generate();
+    EXPECT_TRUE(signer.ok());
+    auto pem = signer->PrivateKeyPem();
+    EXPECT_TRUE(pem.ok());
+    return *pem;
+  }();
+  auto root_options = [&](const std::string& name) {
+    AgentOptions o = BaseOptions(name);
+    o.root = true;
+    o.region = "us";
+    o.board_etcd = board;
+    o.etcd_lease_s = 2;
+    o.signing_key_pem = key_pem;
+    o.transport = NewTransportFor(name);
+    return o;
+  };
+  auto a = Agent::Start(root_options("root-a"));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  root_key_ = (*a)->PublicKeyPem();
+  // The standby blocks in Start until it leads.
+  std::unique_ptr<Agent> b;
+  std::atomic<bool> b_started{false};
+  const AgentOptions b_options = root_options("root-b");
+  std::thread standby([&] {
+    auto r = Agent::Start(b_options);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) b = std::move(r).value();
+    b_started = true;
+  });
+  for (const char* name : {"m1", "m2", "m3"}) {
+    AgentOptions o = BaseOptions(name);
+    o.join = "root-a,root-b";
+    o.region = "eu";
+    o.trusted_keys_pem = {root_key_};
+    o.transport = NewTransportFor(name);
+    auto m = Agent::Start(o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    members_[name].agent = std::move(m).value();
+    members_[name].dir = o.data_dir;
+  }
+  ASSERT_TRUE(WaitFor([&] { return (*a)->Snapshot().members.size() == 3; }, 30));
+  for (uint64_t v = 1; v <= 2; ++v) {
+    const std::string path = NextStep();
+    ASSERT_TRUE((*a)->Publish(path, v).ok());
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  EXPECT_FALSE(b_started.load());
+  // The root goes away; the standby leads and the members follow it.
+  (*a)->Stop();
+  ASSERT_TRUE(WaitFor([&] { return b_started.load(); }, 30)) << "the standby never took over";
+  standby.join();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->Snapshot().head, 2u);  // nothing published was lost
+  ASSERT_TRUE(WaitFor([&] { return b->Snapshot().members.size() == 3; }, 30));
+  EXPECT_EQ(b->Publish(steps_[2], 2).code(), Code::kInvalidArgument);  // not newer than HEAD
+  const std::string path = NextStep();
+  Status s = b->Publish(path, 3);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(AllServe(3)) << Lagging(3);
+  ExpectBitwiseEqual(3);
+  const std::string path4 = NextStep();
+  ASSERT_TRUE(b->Publish(path4, 4).ok());  // and on from there with patches
+  ASSERT_TRUE(AllServe(4)) << Lagging(4);
+  ExpectBitwiseEqual(4);
+  for (auto& [id, m] : members_) m.agent.reset();
+  b.reset();
+  a->reset();
 }
 
 TEST_F(AgentSystemTest, MemberTrustingAnotherKeyAppliesNothing) {

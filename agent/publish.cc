@@ -139,7 +139,8 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
   const uint64_t head = board.head();
   TERN_REQUIRE(version > head, kInvalidArgument, "publish: version ", version,
                " is not newer than HEAD ", head);
-  TERN_REQUIRE((prev == nullptr) == (head == 0), kInvalidArgument,
+  TERN_REQUIRE((prev == nullptr) == (head == 0) || (options.keyframe_only && prev == nullptr),
+               kInvalidArgument,
                prev ? "publish: a previous view for an empty board"
                     : "publish: no previous view, but the board is at version ", head);
   VersionManifest m;
@@ -148,6 +149,10 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
   m.parent = head;
   m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
   std::vector<PendingObject> objects;
+  if (prev == nullptr && head != 0) {
+    TERN_ASSIGN_OR_RETURN(VersionManifest parent, board.Manifest(head));
+    m.base_digest = parent.target_digest;
+  }
   if (prev != nullptr) {
     TERN_ASSIGN_OR_RETURN(VersionManifest parent, board.Manifest(head));
     TERN_REQUIRE(prev_digest == parent.target_digest, kMismatch, "publish: prev_digest ",

@@ -48,6 +48,10 @@ struct PublishOptions {
   // Recompute D(prev) (a full read of prev) before trusting prev_digest: a
   // wrong prev would publish a patch no member can apply.
   bool verify_prev_digest = true;
+  // prev is null on a non-empty board: publish keyframe(version) only, on
+  // top of HEAD (base_digest = D(HEAD) from HEAD's manifest). For a root
+  // that took the board over without HEAD's view.
+  bool keyframe_only = false;
 };
 
 struct PublishResult {

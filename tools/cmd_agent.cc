@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <future>
+#include <thread>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -27,7 +30,8 @@ struct AgentArgs {
   std::string signing_key, join_token_file, admin_token_file;
   std::vector<std::string> trust_keys;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
-  uint32_t heartbeat_ms = 500, dead_after_ms = 3000;
+  uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3;
+  std::string board_etcd;
   unsigned threads = 0;
   TransportArgs transport;
   TcpOptions options;
@@ -81,6 +85,9 @@ Status CheckAgent(AgentArgs& a) {
   o.root_fanout_max = a.root_fanout;
   o.keep_patches = a.keep_patches;
   o.keyframe_every = a.keyframe_every;
+  o.board_etcd = a.board_etcd;
+  o.etcd_lease_s = a.etcd_lease_s;
+  TERN_REQUIRE(a.board_etcd.empty() || a.root, kInvalidArgument, "--board-etcd is a root's flag");
   o.heartbeat_ms = a.heartbeat_ms;
   o.dead_after_ms = a.dead_after_ms;
   o.threads = a.threads;
@@ -92,11 +99,33 @@ Status RunAgent(AgentArgs& a) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGUSR1);  // "started", from the starting thread
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const pthread_t main_thread = pthread_self();
 
   TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(a.transport, a.options));
   a.agent.transport = transport.get();
-  TERN_ASSIGN_OR_RETURN(auto agent, Agent::Start(a.agent));
+  // A standby root waits inside Start until it leads: start on a thread so
+  // that a signal meanwhile still stops the process.
+  std::promise<Result<std::unique_ptr<Agent>>> started;
+  auto started_future = started.get_future();
+  std::thread starter([&] {
+    started.set_value(Agent::Start(a.agent));
+    pthread_kill(main_thread, SIGUSR1);
+  });
+  int sig = 0;
+  while (started_future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    sigwait(&stop, &sig);
+    if (sig != SIGUSR1) {
+      std::fprintf(stderr, "tern-agent: stopping on signal %d while starting\n", sig);
+      std::fflush(stderr);
+      std::_Exit(0);  // nothing is served yet; a waiting standby holds no lease
+    }
+  }
+  starter.join();
+  Result<std::unique_ptr<Agent>> start_result = started_future.get();
+  if (!start_result.ok()) return start_result.status();
+  std::unique_ptr<Agent> agent = std::move(start_result).value();
   const AgentSnapshot s = agent->Snapshot();
   if (a.root) {
     // Members need this key (--trust-key); it is public.
@@ -108,8 +137,9 @@ Status RunAgent(AgentArgs& a) {
               s.listen_address.c_str(), s.admin_address.empty() ? "" : ", admin http://",
               s.admin_address.c_str());
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&stop, &sig);
+  do {
+    sigwait(&stop, &sig);
+  } while (sig == SIGUSR1);
   std::fprintf(stderr, "tern-agent: stopping on signal %d\n", sig);
   agent->Stop();
   return Status::Ok();
@@ -186,7 +216,12 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   auto a = std::make_shared<AgentArgs>();
   cmd.set_config("--config", "", "read flags from a TOML/INI file (flag = value per line)");
   cmd.add_flag("--root", a->root, "run the root: the board of versions, the signer, the planner");
-  cmd.add_option("--join", a->join, "member: the root's HOST:PORT");
+  cmd.add_option("--join", a->join, "member: the root's HOST:PORT (with standbys: HOST:PORT,HOST:PORT,...)");
+  cmd.add_option("--board-etcd", a->board_etcd,
+                 "root: etcd://HOST:PORT[,HOST:PORT]/PREFIX: the board in etcd; roots campaign there and a "
+                 "standby waits until it leads");
+  AddUnsigned(cmd, "--etcd-lease-s", a->etcd_lease_s, "root: leadership lease (a dead root is replaced after it)",
+              "3", 3600);
   cmd.add_option("--listen", a->listen, "HOST:PORT for control and data (port 0: any)")->required();
   cmd.add_option("--admin", a->admin, "HOST:PORT for HTTP /metrics, /status (root: POST /publish)");
   cmd.add_option("--data", a->data, "DIR: DIR/current is the served checkpoint")->required();

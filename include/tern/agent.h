@@ -34,7 +34,8 @@ namespace tern {
 struct AgentOptions {
   // ---- Role ----
   bool root = false;
-  // Member: the root's address (control), e.g. "10.0.0.1:7400".
+  // Member: the root's address (control), e.g. "10.0.0.1:7400"; with a
+  // standby root, a comma-separated list, tried in turn.
   std::string join;
   // The address this agent listens on (control and data on one port; the
   // first message of a connection says which it is). Port 0 picks one.
@@ -67,6 +68,15 @@ struct AgentOptions {
   // Bearer token for the admin port's mutating routes (POST /publish);
   // empty: none (bind the admin port to loopback then).
   std::string admin_token;
+
+  // ---- High availability (root) ----
+  // "etcd://HOST:PORT[,HOST:PORT...]/PREFIX": the board's log lives in etcd
+  // and roots campaign for leadership there; Start blocks until this root
+  // leads (a standby waits), and a root that took over publishes its first
+  // version as a keyframe (it does not hold the previous view). Empty: the
+  // log is DIR/board and there is one root.
+  std::string board_etcd;
+  uint32_t etcd_lease_s = 3;  // a dead leader is replaced after about this long
 
   // ---- Policy (root) ----
   uint32_t stripes = 1;
