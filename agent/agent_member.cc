@@ -441,6 +441,9 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
       hb.bytes_in += l.bytes_in;
       hb.bytes_out += l.bytes_out;
       hb.chunk_retries += l.retries + l.bad_chunks;
+      // The rate the last object arrived at from a parent (the planner's
+      // figure for this member's downlink as the tree sees it).
+      if (l.parent) hb.rate_in_bytes_per_s = std::max(hb.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
     }
   }
   return hb;

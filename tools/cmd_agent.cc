@@ -190,13 +190,13 @@ Status RunStatus(const StatusArgs& a) {
               u(j, "served_version"));
   if (j.contains("members") && j["members"].is_array() && !j["members"].empty()) {
     std::printf("%-20s %-10s %-10s %8s %4s %-20s %5s %12s %12s %8s\n", "member", "region", "island",
-                "version", "lag", "parent", "depth", "in", "out", "rtt_ms");
+                "version", "lag", "parent", "depth", "in", "out", "MB/s in");
     for (const auto& m : j["members"]) {
       if (!m.is_object()) continue;
       std::printf("%-20s %-10s %-10s %8llu %4llu %-20s %5llu %12s %12s %8.1f\n", s(m, "id").c_str(),
                   s(m, "region").c_str(), s(m, "island").c_str(), u(m, "version"), u(m, "lag"),
                   s(m, "parent").c_str(), u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
-                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rtt_to_parent_s") * 1e3);
+                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6);
     }
   }
   if (j.contains("versions") && j["versions"].is_array() && !j["versions"].empty()) {
