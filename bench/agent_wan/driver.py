@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""The transfer agent on the emulated WAN; run by bench/agent_wan/run.sh
+inside the root's host namespace (so the root's admin port is 127.0.0.1).
+
+Starts `tern-agent --root` in the first host of the first region and a member
+in every other host (each with `ip netns exec`), publishes a datagen trace
+version by version with `tern publish`, and per version records:
+  * publish: how long `tern publish` took (it returns once the root has
+    diffed, written and fsynced the objects and sent HEAD);
+  * first/last (status): when the root's /status (the JSON `tern status
+    --json` prints, fetched over HTTP every --poll-ms so that no process is
+    spawned per poll) first showed one member / every member serving it;
+    a member heartbeats the moment it serves, so this includes one member to
+    root one-way latency and up to one poll period;
+  * first/last (disk): the commit time of each member's view store (the
+    mtime of DIR/views/state.json, read once every member serves the
+    version and before the next is published): the moment it served;
+  * the root's own first_served_s/last_served_s from /status "versions";
+  * the physical bound: shipped bytes over the narrowest configured rate,
+    plus the one-way delay from the root's region to the farthest host.
+Then compares every member's DIR/current tensor by tensor, bit for bit, with
+the published checkpoint. Exit status 1 on a mismatch or a version not served
+by every member within --deadline-s.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def parse_wan_config(path):
+    regions, links = [], {}
+    for line in open(path):
+        w = line.split("#", 1)[0].split()
+        if not w:
+            continue
+        if w[0] == "region":
+            regions.append(w[1])
+        elif w[0] == "link":
+            kv = dict(x.split("=", 1) for x in w[3:])
+            spec = (float(kv.get("delay_ms", 0)), float(kv.get("rate_mbit", 0)))
+            links[(w[1], w[2])] = spec
+            links[(w[2], w[1])] = spec
+    return regions, links
+
+
+def tensors(path):
+    """name -> (dtype, shape, bytes) of every tensor of a checkpoint dir."""
+    out = {}
+    for n in sorted(os.listdir(path)):
+        if not n.endswith(".safetensors"):
+            continue
+        with open(os.path.join(path, n), "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(size))
+            data = f.read()
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = t["data_offsets"]
+            out[name] = (t["dtype"], tuple(t["shape"]), data[a:b])
+    return out
+
+
+class Agent:
+    def __init__(self, work, ns, name, argv):
+        self.name = name
+        self.dir = os.path.join(work, "agents", name)
+        self.log_path = os.path.join(work, "agents", name + ".log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", ns] + argv + ["--data", self.dir, "--id", name],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+
+    def wait_started(self):
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            raise SystemExit("tern-agent %s did not start: %r (log %s)" % (self.name, line, self.log_path))
+        m = re.search(r"admin http://(\S+)", line)
+        self.admin = m.group(1) if m else None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def make_pki(d, addresses):
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+            "-subj", "/CN=tern-bench-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    with open(os.path.join(d, "node.cnf"), "w") as f:
+        f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n" %
+                ",".join(["IP:127.0.0.1"] + ["IP:" + a for a in addresses]))
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=node",
+            "-keyout", "node.key", "-out", "node.csr")
+    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days",
+            "2", "-extfile", "node.cnf", "-out", "node.pem")
+    return ["--tls-cert", os.path.join(d, "node.pem"), "--tls-key", os.path.join(d, "node.key"),
+            "--tls-ca", os.path.join(d, "ca.pem")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", required=True, help="the testbed's hosts file (NAME NS ADDRESS lines)")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--tern", required=True)
+    ap.add_argument("--agent", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--params", default="20M")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--lr", default="1e-6")
+    ap.add_argument("--poll-ms", type=float, default=20)
+    ap.add_argument("--deadline-s", type=float, default=120, help="per version: publish to every member")
+    ap.add_argument("--no-tls", action="store_true")
+    ap.add_argument("--agent-args", default="", help="extra flags for every tern-agent")
+    a = ap.parse_args()
+
+    regions, links = parse_wan_config(a.config)
+    hosts = [l.split() for l in open(a.hosts) if l.strip()]  # name ns address
+    root_name, root_ns, root_addr = hosts[0]
+    root_region = root_name.rsplit("-", 1)[0]
+    os.makedirs(os.path.join(a.work, "agents"), exist_ok=True)
+
+    t0 = time.time()
+    trace = os.path.join(a.work, "trace")
+    subprocess.run([a.tern, "datagen", "--out", trace, "--params", a.params, "--steps", str(a.steps),
+                    "--lr", a.lr, "--threads", "1"], check=True, capture_output=True)
+    print("datagen: %s parameters, %d steps in %.1f s" % (a.params, a.steps, time.time() - t0), flush=True)
+
+    sec = ["--no-tls"] if a.no_tls else make_pki(a.work, [h[2] for h in hosts])
+    common = [a.agent, "--heartbeat-ms", "200"] + sec + a.agent_args.split()
+    agents = []
+    try:
+        root = Agent(a.work, root_ns, "root", common + ["--root", "--listen", root_addr + ":7400", "--admin",
+                                                         "127.0.0.1:0", "--region", root_region])
+        agents.append(root)
+        root.wait_started()
+        key = os.path.join(root.dir, "public-key.pem")
+        members = []
+        for name, ns, addr in hosts[1:]:
+            m = Agent(a.work, ns, name, common + ["--join", root_addr + ":7400", "--listen", addr + ":7400",
+                                                  "--region", name.rsplit("-", 1)[0], "--trust-key", key])
+            agents.append(m)
+            members.append(m)
+        for m in members:
+            m.wait_started()
+
+        def status():
+            with urllib.request.urlopen("http://%s/status" % root.admin, timeout=5) as r:
+                return json.loads(r.read())
+
+        deadline = time.time() + 60
+        while len(status()["members"]) < len(members):
+            if time.time() > deadline:
+                raise SystemExit("only %d of %d members joined in 60 s" % (len(status()["members"]), len(members)))
+            time.sleep(0.1)
+        s = status()
+        print("%d members joined in %.1f s; tree: %s" % (len(members), time.time() - t0, ", ".join(
+            "%s<-%s" % (m["id"], m["parent"] or "?") for m in sorted(s["members"], key=lambda m: m["id"]))),
+            flush=True)
+
+        rates = [r for (_, r) in links.values() if r > 0]
+        narrowest_mbit = min(rates) if rates else 0
+        far_s = max(links.get((root_region, h[0].rsplit("-", 1)[0]), (0, 0))[0] for h in hosts[1:]) / 1e3
+        rows, failed = [], False
+        for v in range(1, a.steps + 1):
+            ckpt = os.path.join(trace, "step-%06d" % (v - 1))
+            t_start = time.time()
+            r = subprocess.run([a.tern, "publish", "--board", root.admin, ckpt, "--version", str(v)],
+                               capture_output=True, text=True, timeout=300)
+            t_pub = time.time()
+            if r.returncode != 0:
+                raise SystemExit("tern publish version %d failed: %s" % (v, r.stderr.strip()))
+            first = last = None
+            deadline = t_pub + a.deadline_s
+            while time.time() < deadline:
+                now = time.time()
+                served = [m["version"] for m in status()["members"]]
+                if first is None and any(x >= v for x in served):
+                    first = now - t_pub
+                if len(served) == len(members) and all(x >= v for x in served):
+                    last = now - t_pub
+                    break
+                time.sleep(a.poll_ms / 1e3)
+            if last is None:
+                failed = True
+                print("FAIL: version %d not served by every member within %.0f s: %s" % (
+                    v, a.deadline_s, {m["id"]: m["version"] for m in status()["members"]}), flush=True)
+                break
+            # The commit record's mtime is when each member switched.
+            commits = []
+            for m in members:
+                st = os.path.join(m.dir, "views", "state.json")
+                if json.load(open(st))["version"] == v:
+                    commits.append(os.stat(st).st_mtime - t_pub)
+            # The root's own figures arrive with the last heartbeat.
+            rv = None
+            for _ in range(100):
+                rv = next(x for x in status()["versions"] if x["version"] == v)
+                if rv["last_served_s"] >= 0:
+                    break
+                time.sleep(0.02)
+            want = tensors(ckpt)
+            bad = [m.name for m in members if tensors(os.path.join(m.dir, "current")) != want]
+            if bad:
+                failed = True
+                print("FAIL: version %d differs from the published checkpoint at %s" % (v, ", ".join(bad)))
+            shipped = rv["patch_bytes"] or rv["keyframe_bytes"]
+            bound = (shipped * 8 / (narrowest_mbit * 1e6) if narrowest_mbit else 0) + far_s
+            rows.append(dict(version=v, shipped=shipped, keyframe=rv["patch_bytes"] == 0, view=rv["view_bytes"],
+                             publish=t_pub - t_start, first=first, last=last,
+                             disk_first=min(commits) if len(commits) == len(members) else None,
+                             disk_last=max(commits) if len(commits) == len(members) else None,
+                             root_first=rv["first_served_s"], root_last=rv["last_served_s"], bound=bound,
+                             verified=len(members) - len(bad)))
+            print("version %d served by all %d members %.3f s after publish returned; %d/%d bitwise" % (
+                v, len(members), last, len(members) - len(bad), len(members)), flush=True)
+
+        applied = {}
+        for m in members:
+            for line in open(m.log_path):
+                mm = re.search(r"serving version (\d+) .*applied in ([0-9.]+) s", line)
+                if mm:
+                    applied.setdefault(int(mm.group(1)), []).append(float(mm.group(2)))
+
+        print()
+        print("members %d (+ root in %s), regions %s, narrowest rate %g Mbit/s, one-way to the farthest "
+              "region %.0f ms, %s" % (len(members), root_name, "/".join(regions), narrowest_mbit, far_s * 1e3,
+                                       "plain TCP (--no-tls)" if a.no_tls else "mutual TLS"))
+        print("times in seconds after `tern publish` returned; bound = shipped bytes / narrowest rate + "
+              "one-way latency to the farthest region")
+        hdr = ("version", "shipped", "publish", "first", "last", "disk 1st", "disk last", "root 1st", "root last",
+               "bound", "last/bound", "apply med", "apply max", "verified")
+        print("%7s %11s %8s %7s %7s %8s %9s %8s %9s %7s %10s %9s %9s %9s" % hdr)
+        fmt = lambda x: "%.3f" % x if x is not None else "-"
+        for r in rows:
+            ap_ = sorted(applied.get(r["version"], [0]))
+            print("%7d %11s %8.3f %7s %7s %8s %9s %8s %9s %7.3f %10s %9.3f %9.3f %6d/%d" % (
+                r["version"], "%.2f MB%s" % (r["shipped"] / 1e6, "*" if r["keyframe"] else ""), r["publish"],
+                fmt(r["first"]), fmt(r["last"]), fmt(r["disk_first"]), fmt(r["disk_last"]), fmt(r["root_first"]),
+                fmt(r["root_last"]), r["bound"], "%.1fx" % (r["disk_last"] / r["bound"]) if r["disk_last"]
+                else "-", ap_[len(ap_) // 2], ap_[-1], r["verified"], len(members)))
+        print("(* keyframe)")
+        print(json.dumps({"rows": rows}), file=open(os.path.join(a.work, "result.json"), "w"))
+        return 1 if failed or len(rows) < a.steps else 0
+    finally:
+        for x in reversed(agents):
+            x.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
