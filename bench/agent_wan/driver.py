@@ -200,11 +200,12 @@ def main():
                     v, a.deadline_s, {m["id"]: m["version"] for m in status()["members"]}), flush=True)
                 break
             # The commit record's mtime is when each member switched.
-            commits = []
+            commits, commit_at = [], {}
             for m in members:
                 st = os.path.join(m.dir, "views", "state.json")
                 if json.load(open(st))["version"] == v:
                     commits.append(os.stat(st).st_mtime - t_pub)
+                    commit_at[m.name] = commits[-1]
             # The root's own figures arrive with the last heartbeat.
             rv = None
             for _ in range(100):
@@ -223,17 +224,29 @@ def main():
                              publish=t_pub - t_start, first=first, last=last,
                              disk_first=min(commits) if len(commits) == len(members) else None,
                              disk_last=max(commits) if len(commits) == len(members) else None,
-                             root_first=rv["first_served_s"], root_last=rv["last_served_s"], bound=bound,
+                             commit_at=commit_at, root_first=rv["first_served_s"], root_last=rv["last_served_s"], bound=bound,
                              verified=len(members) - len(bad)))
             print("version %d served by all %d members %.3f s after publish returned; %d/%d bitwise" % (
                 v, len(members), last, len(members) - len(bad), len(members)), flush=True)
 
-        applied = {}
+        # Where a member's time goes: "applied in" (the agent, from the
+        # object complete to serving) and the view store's phases.
+        applied, by_member, phases = {}, {}, {}
         for m in members:
             for line in open(m.log_path):
                 mm = re.search(r"serving version (\d+) .*applied in ([0-9.]+) s", line)
                 if mm:
                     applied.setdefault(int(mm.group(1)), []).append(float(mm.group(2)))
+                    by_member[(m.name, int(mm.group(1)))] = float(mm.group(2))
+                mm = re.search(r"view_store: serving version (\d+) .*: (\d+) ms = catch-up (\d+) \+ apply (\d+) "
+                               r"\+ sync (\d+) \+ state, kept patch, switch (\d+) ms", line)
+                if mm:
+                    phases.setdefault(int(mm.group(1)), []).append([int(x) for x in mm.groups()[1:]])
+        for r in rows:
+            # When the object was complete at each member: its commit minus its apply time.
+            got = [t - by_member[(n, r["version"])] for n, t in r["commit_at"].items()
+                   if (n, r["version"]) in by_member]
+            r["received_last"] = max(got) if len(got) == len(members) else None
 
         print()
         print("members %d (+ root in %s), regions %s, narrowest rate %g Mbit/s, one-way to the farthest "
@@ -242,17 +255,22 @@ def main():
         print("times in seconds after `tern publish` returned; bound = shipped bytes / narrowest rate + "
               "one-way latency to the farthest region")
         hdr = ("version", "shipped", "publish", "first", "last", "disk 1st", "disk last", "root 1st", "root last",
-               "bound", "last/bound", "apply med", "apply max", "verified")
-        print("%7s %11s %8s %7s %7s %8s %9s %8s %9s %7s %10s %9s %9s %9s" % hdr)
+               "bound", "last/bound", "recv last", "apply med", "apply max", "verified")
+        print("%7s %11s %8s %7s %7s %8s %9s %8s %9s %7s %10s %9s %9s %9s %9s" % hdr)
         fmt = lambda x: "%.3f" % x if x is not None else "-"
         for r in rows:
             ap_ = sorted(applied.get(r["version"], [0]))
-            print("%7d %11s %8.3f %7s %7s %8s %9s %8s %9s %7.3f %10s %9.3f %9.3f %6d/%d" % (
+            print("%7d %11s %8.3f %7s %7s %8s %9s %8s %9s %7.3f %10s %9s %9.3f %9.3f %6d/%d" % (
                 r["version"], "%.2f MB%s" % (r["shipped"] / 1e6, "*" if r["keyframe"] else ""), r["publish"],
                 fmt(r["first"]), fmt(r["last"]), fmt(r["disk_first"]), fmt(r["disk_last"]), fmt(r["root_first"]),
                 fmt(r["root_last"]), r["bound"], "%.1fx" % (r["disk_last"] / r["bound"]) if r["disk_last"]
-                else "-", ap_[len(ap_) // 2], ap_[-1], r["verified"], len(members)))
-        print("(* keyframe)")
+                else "-", fmt(r["received_last"]), ap_[len(ap_) // 2], ap_[-1], r["verified"], len(members)))
+        print("(* keyframe; recv last: the latest time a member held the whole object, its commit minus its "
+              "'applied in')")
+        print("view store phases, median over members, ms: version: total = catch-up + apply + sync + switch")
+        for v in sorted(phases):
+            med = [sorted(col)[len(col) // 2] for col in zip(*phases[v])]
+            print("  %d: %d = %d + %d + %d + %d (%d members)" % (v, *med, len(phases[v])))
         print(json.dumps({"rows": rows}), file=open(os.path.join(a.work, "result.json"), "w"))
         return 1 if failed or len(rows) < a.steps else 0
     finally:

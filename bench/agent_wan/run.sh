@@ -12,12 +12,12 @@
 #
 #   bench/agent_wan/run.sh [--config FILE] [--params 20M] [--steps 6] [--lr 1e-6]
 #        [--deadline-s 120] [--poll-ms 20] [--no-tls] [--agent-args "FLAGS"]
-#        [--tern PATH] [--agent PATH] [--fwd PATH] [--work-root DIR] [--keep]
+#        [--slow-start-after-idle 0|1] [--tern PATH] [--agent PATH] [--fwd PATH] [--work-root DIR] [--keep]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 WAN=$here/tools/wan/wan.sh
 config=$here/bench/agent_wan/wan.conf
-tern="" agent="" work_root=/var/tmp keep=0
+tern="" agent="" work_root=/var/tmp keep=0 ssai=""
 driver_args=()
 while (($#)); do
   case $1 in
@@ -27,6 +27,8 @@ while (($#)); do
     --tern) tern=$2; shift 2 ;; --agent) agent=$2; shift 2 ;;
     --fwd) export TERN_WAN_FWD=$2; shift 2 ;;
     --work-root) work_root=$2; shift 2 ;; --keep) keep=1; shift ;;
+    --slow-start-after-idle) [[ $2 =~ ^[01]$ ]] || { echo "run.sh: --slow-start-after-idle 0|1" >&2; exit 2; }
+      ssai=$2; shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +55,12 @@ trap 'exit 130' INT TERM
 prefix=$("$WAN" up "$config")
 root_host=$(awk 'NR == 1 {print $1}' "/run/tern-wan/$prefix/hosts")
 echo "testbed $prefix up ($(wc -l <"/run/tern-wan/$prefix/hosts") hosts; $(basename "$config")); load $(cut -d' ' -f1-3 /proc/loadavg)"
+# Per namespace; the kernel's default (1) unless --slow-start-after-idle.
+if [ -n "$ssai" ]; then
+  for h in $(awk '{print $1}' "/run/tern-wan/$prefix/hosts"); do
+    "$WAN" exec "$prefix" "$h" sysctl -qw net.ipv4.tcp_slow_start_after_idle="$ssai"
+  done
+fi
 echo "tcp_slow_start_after_idle in $root_host: $("$WAN" exec "$prefix" "$root_host" sysctl -n net.ipv4.tcp_slow_start_after_idle)"
 rc=0
 "$WAN" exec "$prefix" "$root_host" python3 "$here/bench/agent_wan/driver.py" \
