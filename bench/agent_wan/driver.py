@@ -196,7 +196,7 @@ def main():
                 time.sleep(a.poll_ms / 1e3)
             if last is None:
                 failed = True
-                print("FAIL: version %d not served by every member within %.0f s: %s" % (
+                print("FAIL: version %d not served by every member within %g s: %s" % (
                     v, a.deadline_s, {m["id"]: m["version"] for m in status()["members"]}), flush=True)
                 break
             # The commit record's mtime is when each member switched.
