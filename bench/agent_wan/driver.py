@@ -220,7 +220,7 @@ def main():
                 print("FAIL: version %d differs from the published checkpoint at %s" % (v, ", ".join(bad)))
             shipped = rv["patch_bytes"] or rv["keyframe_bytes"]
             bound = (shipped * 8 / (narrowest_mbit * 1e6) if narrowest_mbit else 0) + far_s
-            rows.append(dict(version=v, shipped=shipped, keyframe=rv["patch_bytes"] == 0, view=rv["view_bytes"],
+            rows.append(dict(version=v, t_publish_returned=t_pub, shipped=shipped, keyframe=rv["patch_bytes"] == 0, view=rv["view_bytes"],
                              publish=t_pub - t_start, first=first, last=last,
                              disk_first=min(commits) if len(commits) == len(members) else None,
                              disk_last=max(commits) if len(commits) == len(members) else None,
