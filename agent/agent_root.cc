@@ -104,7 +104,7 @@ Status AgentImpl::InitRoot() {
   membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000);
 
   relay_ = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_,
-                                       board_->id(), log_, RelayOptions{.member_id = id_},
+                                       board_->id(), log_, RelayOptions{.member_id = id_, .join_token = opt_.join_token},
                                        RelayCallbacks{});
   // Re-offer what the board holds, so a restarted root feeds its trees again.
   for (uint64_t v : board_->Versions()) {

@@ -72,6 +72,9 @@ std::string EncodeSubscribe(const Subscribe& m) {
   PutFixed16(&out, m.stripes);
   PutFixed32(&out, static_cast<uint32_t>(m.member_id.size()));
   out += m.member_id;
+  TERN_ASSERT(m.token.size() <= kMaxTokenBytes);
+  PutFixed32(&out, static_cast<uint32_t>(m.token.size()));
+  out += m.token;
   return out;
 }
 
@@ -84,10 +87,16 @@ Result<Subscribe> DecodeSubscribe(std::string_view in) {
                kCorrupt, "SUBSCRIBE truncated");
   TERN_REQUIRE(m.stripes >= 1 && m.stripes <= kMaxStripes && m.stripe < m.stripes, kCorrupt,
                "SUBSCRIBE: stripe ", m.stripe, " of ", m.stripes, " (at most ", kMaxStripes, ")");
-  TERN_REQUIRE(id_bytes >= 1 && id_bytes <= kMaxMemberIdBytes && id_bytes == in.size(), kCorrupt,
+  TERN_REQUIRE(id_bytes >= 1 && id_bytes <= kMaxMemberIdBytes && id_bytes <= in.size(), kCorrupt,
                "SUBSCRIBE: member id of ", id_bytes, " bytes with ", in.size(), " left (1..",
                kMaxMemberIdBytes, ")");
-  m.member_id.assign(in);
+  m.member_id.assign(in.substr(0, id_bytes));
+  in.remove_prefix(id_bytes);
+  uint32_t token_bytes = 0;
+  TERN_REQUIRE(GetFixed32(&in, &token_bytes), kCorrupt, "SUBSCRIBE truncated at the token");
+  TERN_REQUIRE(token_bytes <= kMaxTokenBytes && token_bytes == in.size(), kCorrupt, "SUBSCRIBE: token of ",
+               token_bytes, " bytes with ", in.size(), " left (at most ", kMaxTokenBytes, ")");
+  m.token.assign(in);
   return m;
 }
 

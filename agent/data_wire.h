@@ -44,6 +44,7 @@ inline constexpr uint64_t kMaxSignedManifestBytes =
 inline constexpr uint32_t kMaxHashesPerMessage = uint32_t{1} << 15;
 inline constexpr uint32_t kMaxWantChunks = 4096;
 inline constexpr uint32_t kMaxReasonBytes = 1024;
+inline constexpr uint32_t kMaxTokenBytes = 1024;
 // Window ids of one object on one connection: window_base + chunk index, so
 // a base must leave room for every chunk.
 inline constexpr uint64_t kMaxWindowBase = UINT64_MAX - kMaxManifestChunks;
@@ -55,6 +56,9 @@ struct Subscribe {
   std::string member_id;  // 1 .. kMaxMemberIdBytes
   uint16_t stripe = 0;    // < stripes
   uint16_t stripes = 1;   // 1 .. kMaxStripes
+  // The deployment's join token (0 .. kMaxTokenBytes): a parent configured
+  // with one serves no child that does not present it.
+  std::string token;
 };
 struct Offer {
   uint32_t object_index = 0;    // into the manifest's objects (checked after Verify)

@@ -17,7 +17,7 @@ std::vector<std::string> Samples() {
   h.hashes.resize(3);
   for (size_t i = 0; i < h.hashes.size(); ++i) h.hashes[i].fill(static_cast<uint8_t>(i + 1));
   return {
-      EncodeSubscribe({"member-a", 1, 3}),
+      EncodeSubscribe({"member-a", 1, 3, ""}),
       EncodeOffer({2, std::string(300, 'm')}),
       EncodeHashes(h),
       EncodeWant({kPatch34, 4097, {0, 2, 9}}),
@@ -40,7 +40,11 @@ Status DecodeAny(std::string_view in) {
 }
 
 TEST(DataWire, RoundTrips) {
-  auto s = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3}));
+  auto t = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, "tok"}));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->member_id, "member-a");
+  EXPECT_EQ(t->token, "tok");
+  auto s = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, ""}));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s->member_id, "member-a");
   EXPECT_EQ(s->stripe, 1);
@@ -123,10 +127,10 @@ TEST(DataWire, BoundsAndOrder) {
   // A type other than the one asked for.
   EXPECT_EQ(DecodeWant(EncodeFetch(kPatch34)).status().code(), Code::kProtocol);
   // Stripes past kMaxStripes, a stripe not below stripes.
-  std::string s = EncodeSubscribe({"m", 0, 1});
+  std::string s = EncodeSubscribe({"m", 0, 1, ""});
   EncodeFixed16(reinterpret_cast<uint8_t*>(s.data()) + 6, kMaxStripes + 1);
   EXPECT_FALSE(DecodeSubscribe(s).ok());
-  s = EncodeSubscribe({"m", 0, 2});
+  s = EncodeSubscribe({"m", 0, 2, ""});
   EncodeFixed16(reinterpret_cast<uint8_t*>(s.data()) + 4, 2);
   EXPECT_FALSE(DecodeSubscribe(s).ok());
   // Chunk indices repeated or descending.

@@ -97,7 +97,7 @@ void RelayNode::Impl::Handle(Event& e) {
       if (!e.conn) return FailParent(*link, e.status);
       link->conn = std::move(e.conn);
       Subscribe s{options.member_id, static_cast<uint16_t>(link->stats.stripe),
-                  static_cast<uint16_t>(link->stats.stripes)};
+                  static_cast<uint16_t>(link->stats.stripes), options.join_token};
       Send(*link, EncodeSubscribe(s));
       return;
     }

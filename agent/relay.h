@@ -57,6 +57,9 @@ namespace tern::agent {
 
 struct RelayOptions {
   std::string member_id = "member";  // sent in SUBSCRIBE (1 .. kMaxMemberIdBytes)
+  // Sent in SUBSCRIBE, and required of every child when non-empty (compared
+  // in constant time): without it a child gets nothing (its link is closed).
+  std::string join_token;
   uint32_t window_chunks = 16;       // chunk windows open per parent link (1 .. kMaxWantChunks)
   uint32_t bad_chunks_max = 3;       // SHA-256 failures from one parent before it is dropped
   uint32_t send_retries_max = 3;     // resends of a chunk the transport found corrupt (XXH3)

@@ -2,6 +2,8 @@
 // (OFFER -> HASHES -> windows + WANT -> landed -> SHA-256 -> verified) and
 // serving children (SUBSCRIBE -> OFFER + HASHES; WANT -> chunks as soon as
 // they are verified here: cut-through). Runs on the worker with mu held.
+#include <openssl/crypto.h>
+
 #include "agent/relay_internal.h"
 
 namespace tern::agent {
@@ -252,6 +254,11 @@ void RelayNode::Impl::OnSubscribe(Link& link, std::string_view payload) {
   auto s = DecodeSubscribe(payload);
   if (!s.ok()) return DropPeer(link, s.status());
   if (link.subscribed) return DropPeer(link, TERN_ERROR(kProtocol, "second SUBSCRIBE"));
+  if (!options.join_token.empty() &&
+      (s->token.size() != options.join_token.size() ||
+       CRYPTO_memcmp(s->token.data(), options.join_token.data(), s->token.size()) != 0)) {
+    return DropPeer(link, TERN_ERROR(kAuth, "SUBSCRIBE from '", s->member_id, "' without the join token"));
+  }
   link.subscribed = true;
   link.stats.peer = s->member_id;
   link.stats.stripe = s->stripe;

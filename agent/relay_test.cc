@@ -330,6 +330,30 @@ TEST_F(RelayTest, OneObjectParentToChild) {
   EXPECT_EQ(child->Failures(), 0u);
 }
 
+// A parent with a join token serves only children that present it: one
+// without it (or with another) gets nothing and its link is closed.
+TEST_F(RelayTest, ChildWithoutTheJoinTokenGetsNothing) {
+  RelayOptions with_token;
+  with_token.join_token = "s3cret";
+  auto root = MakeNode("root", with_token);
+  const TestObject o = Publish(*root);
+  RelayOptions wrong;
+  wrong.join_token = "guess";
+  auto intruder = MakeNode("intruder", wrong);
+  auto anonymous = MakeNode("anonymous");
+  auto member = MakeNode("member", with_token);
+  intruder->relay->SetParent(0, 1, "root");
+  anonymous->relay->SetParent(0, 1, "root");
+  member->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return member->Complete(); }));
+  EXPECT_EQ(Stored("member", o), o.data);
+  ASSERT_TRUE(WaitFor([&] { return intruder->Failures() > 0 && anonymous->Failures() > 0; }));
+  EXPECT_FALSE(intruder->Complete());
+  EXPECT_FALSE(anonymous->Complete());
+  EXPECT_EQ(intruder->Verified(o.ref), 0u);
+  EXPECT_EQ(anonymous->Verified(o.ref), 0u);
+}
+
 // root (scripted) -> a -> b -> c. The root sends chunk 0 and holds the rest:
 // c must verify chunk 0 while no relay can have the last chunk.
 TEST_F(RelayTest, ChainForwardsEachChunkBeforeTheObjectIsComplete) {
@@ -572,7 +596,7 @@ TEST_F(RelayTest, StuckChildDoesNotHoldBackAFastOne) {
   });
   std::shared_ptr<Connection> stuck = conn_p.get_future().get();
   ASSERT_TRUE(stuck);
-  stuck->SendMessage(EncodeSubscribe({"stuck", 0, 1}), [](Status) {});
+  stuck->SendMessage(EncodeSubscribe({"stuck", 0, 1, ""}), [](Status) {});
   {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return offered; }));
