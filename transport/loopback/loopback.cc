@@ -97,6 +97,14 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
       peer = peer_.lock();
       cv_.notify_all();
     }
+    {
+      // A peer may be copying out of one of our chunks (BeginCopy succeeded
+      // before closed_ was set): Close() promises the sources are ours
+      // again when it returns, so wait for those copies. No new one starts:
+      // BeginCopy refuses once closed_ is set.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return active_copies_ == 0; });
+    }
     // A copy into one of our windows may be under way; Close() promises
     // the memory is ours again when it returns.
     windows_.Close();
@@ -168,7 +176,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   // when the op already completed (its memory may be gone).
   bool BeginCopy(uint64_t op) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!pending_.count(op)) return false;
+    if (closed_ || !pending_.count(op)) return false;
     ++active_copies_;
     return true;
   }
