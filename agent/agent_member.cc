@@ -16,31 +16,6 @@ constexpr uint64_t kDialBackoffUsMin = 100'000;
 constexpr uint64_t kDialBackoffUsMax = 5'000'000;
 constexpr uint64_t kMaxStateBytes = 64 << 10;
 
-std::string Hex(std::span<const uint8_t> bytes) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : bytes) {
-    out.push_back(kDigits[b >> 4]);
-    out.push_back(kDigits[b & 15]);
-  }
-  return out;
-}
-
-bool FromHex(std::string_view hex, std::span<uint8_t> out) {
-  if (hex.size() != out.size() * 2) return false;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out[i] = static_cast<uint8_t>(hi * 16 + lo);
-  }
-  return true;
-}
-
 // The signed object's bytes, checked against its manifest entry without the
 // hash list: every chunk's SHA-256 folded into the Merkle root the publisher
 // signed. Used for catch-up objects, which arrive whole from the root's
@@ -79,7 +54,7 @@ Status AgentImpl::InitMember() {
     TERN_RETURN_IF_ERROR(ReadFileToString(env_, state_path, kMaxStateBytes, &text));
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("board_id") || !j["board_id"].is_string() ||
-        !FromHex(j["board_id"].get<std::string>(), board_id_))
+        !ParseHex(j["board_id"].get<std::string>(), board_id_))
       return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
   }
   if (board_id_ != BoardId{}) {

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "base/coding.h"
+#include "base/text.h"
 
 namespace tern::agent {
 namespace {
@@ -350,9 +351,7 @@ Result<ControlMessage> DecodeControl(std::string_view bytes) {
     case ControlType::kCatchUpReply: return Finish<CatchUpReply>(r);
     case ControlType::kLeave: return Finish<Leave>(r);
   }
-  return Status(Code::kCorrupt, "control message: unknown type 0x" +
-                         std::string(1, "0123456789abcdef"[type >> 4]) +
-                         std::string(1, "0123456789abcdef"[type & 15]));
+  return Status(Code::kCorrupt, "control message: unknown type 0x" + Hex({&type, 1}));
 }
 
 }  // namespace tern::agent

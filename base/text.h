@@ -3,6 +3,8 @@
 // become \xNN. At most 4 output bytes per input byte.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -11,5 +13,10 @@ namespace tern {
 std::string Printable(std::string_view bytes);
 // Whether every byte is printable ASCII (what Printable's output must be).
 bool IsPrintable(std::string_view s);
+
+// Lower-case hex of bytes ("0aff"), and back: false unless `hex` is exactly
+// 2 * out.size() hex digits (either case).
+std::string Hex(std::span<const uint8_t> bytes);
+bool ParseHex(std::string_view hex, std::span<uint8_t> out);
 
 }  // namespace tern
