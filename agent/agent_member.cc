@@ -378,6 +378,7 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
     }
     FetchOptions fo;
     fo.chunk_bytes = entry->chunk_bytes;
+    fo.access_token = opt_.join_token;  // the root's object service requires it
     auto fetched = FetchFile(*opt_.transport, fetch_address, ObjectName(ref), local, fo, clock_);
     if (!fetched.ok()) {
       Log("catch-up fetch of " + ObjectName(ref) + " failed: " + fetched.status().ToString());
@@ -390,6 +391,8 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
       Log("catch-up object " + ObjectName(ref) + " refused: " + s.ToString());
       return done();
     }
+    Log("catch-up: " + ObjectName(ref) + " (" + std::to_string(fetched->bytes) +
+        " bytes) came from the board's object service");
   }
   done();
   MemberTryApply();

@@ -115,6 +115,9 @@ class AgentSystemTest : public ::testing::Test {
     o.fanout_max = 2;
     o.root_fanout_max = 3;
     o.keyframe_every = 4;
+    // Every agent of the board holds it: joins, SUBSCRIBE and the root's
+    // catch-up object service (LateAndLaggingMembersCatchUp) all need it.
+    o.join_token = "join-token-of-this-board";
     return o;
   }
 
@@ -248,6 +251,47 @@ TEST_F(AgentSystemTest, LateAndLaggingMembersCatchUp) {
   Publish(8);
   ASSERT_TRUE(AllServe(8)) << Lagging(8);
   ExpectBitwiseEqual(8);
+}
+
+// A member away for longer than the relays keep objects (each keeps the
+// last few versions) cannot be fed by the tree: it fetches from the root's
+// object service, which requires the join token (xfer access token).
+TEST_F(AgentSystemTest, MemberAwayLongerThanTheRelaysKeepCatchesUpFromTheBoard) {
+  StartRoot();
+  StartMember("a", "us");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  auto start_b = [&] {
+    AgentOptions o = BaseOptions("b");
+    o.join = "root";
+    o.region = "eu";
+    o.trusted_keys_pem = {root_key_};
+    o.transport = NewTransportFor("b");
+    o.log = [&](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.emplace_back(line);
+    };
+    auto a = Agent::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    members_["b"].agent = std::move(a).value();
+    members_["b"].dir = o.data_dir;
+  };
+  start_b();
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  StopMember("b");
+  for (uint64_t v = 2; v <= 40; ++v) Publish(v);
+  ASSERT_TRUE(AllServe(40)) << Lagging(40);
+  start_b();
+  ASSERT_TRUE(AllServe(40)) << Lagging(40);
+  ExpectBitwiseEqual(40);
+  StopMember("b");
+  std::lock_guard<std::mutex> lock(mu);
+  bool from_board = false;
+  for (const auto& l : lines) from_board |= l.find("came from the board's object service") != std::string::npos;
+  EXPECT_TRUE(from_board) << "b was fed by the tree, not by the board's object service";
 }
 
 TEST_F(AgentSystemTest, RootRestartLosesNothing) {

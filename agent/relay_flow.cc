@@ -2,9 +2,9 @@
 // (OFFER -> HASHES -> windows + WANT -> landed -> SHA-256 -> verified) and
 // serving children (SUBSCRIBE -> OFFER + HASHES; WANT -> chunks as soon as
 // they are verified here: cut-through). Runs on the worker with mu held.
-#include <openssl/crypto.h>
 
 #include "agent/relay_internal.h"
+#include "base/text.h"
 
 namespace tern::agent {
 
@@ -254,9 +254,7 @@ void RelayNode::Impl::OnSubscribe(Link& link, std::string_view payload) {
   auto s = DecodeSubscribe(payload);
   if (!s.ok()) return DropPeer(link, s.status());
   if (link.subscribed) return DropPeer(link, TERN_ERROR(kProtocol, "second SUBSCRIBE"));
-  if (!options.join_token.empty() &&
-      (s->token.size() != options.join_token.size() ||
-       CRYPTO_memcmp(s->token.data(), options.join_token.data(), s->token.size()) != 0)) {
+  if (!options.join_token.empty() && !SecretEquals(options.join_token, s->token)) {
     return DropPeer(link, TERN_ERROR(kAuth, "SUBSCRIBE from '", s->member_id, "' without the join token"));
   }
   link.subscribed = true;

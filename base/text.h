@@ -19,4 +19,9 @@ bool IsPrintable(std::string_view s);
 std::string Hex(std::span<const uint8_t> bytes);
 bool ParseHex(std::string_view hex, std::span<uint8_t> out);
 
+// Whether a presented secret (a join token, a bearer token) equals the
+// expected one, in time that depends on the length only: a prober learns
+// nothing about how many leading bytes matched. The length is not secret.
+bool SecretEquals(std::string_view expected, std::string_view given);
+
 }  // namespace tern

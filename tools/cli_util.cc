@@ -2,6 +2,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+
+#include "tern/env.h"
 
 namespace tern::cli {
 
@@ -47,6 +50,17 @@ std::string HumanBytes(uint64_t bytes) {
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+Result<std::string> ReadSecret(const std::string& file, const char* env_name) {
+  std::string out;
+  if (!file.empty()) {
+    TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), file, 64 << 10, &out));
+  } else if (const char* v = std::getenv(env_name)) {
+    out = v;
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
 }
 
 }  // namespace tern::cli

@@ -33,6 +33,11 @@ CLI::Option* AddThreadsFlag(CLI::App& cmd, unsigned& threads);
 // "1.23 GB", "512 B" (decimal units).
 std::string HumanBytes(uint64_t bytes);
 
+// A secret (a token) from a file, never from the command line where `ps`
+// shows it, else from the environment variable `env_name`; "" when neither
+// is given. Trailing newlines dropped; a file over 64 KiB is refused.
+Result<std::string> ReadSecret(const std::string& file, const char* env_name);
+
 // Monotonic seconds.
 double NowSeconds();
 

@@ -38,19 +38,6 @@ struct AgentArgs {
   AgentOptions agent;
 };
 
-// A secret from a file (never from the command line, where `ps` shows it)
-// or from the environment variable; trailing newlines dropped.
-Result<std::string> ReadSecret(const std::string& file, const char* env_name) {
-  std::string out;
-  if (!file.empty()) {
-    TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), file, 64 << 10, &out));
-  } else if (const char* v = std::getenv(env_name)) {
-    out = v;
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 Status CheckAgent(AgentArgs& a) {
   TERN_REQUIRE(a.root != !a.join.empty(), kInvalidArgument, "give exactly one of --root and --join HOST:PORT");
   TERN_REQUIRE(a.uplink_gbps > 0 && a.downlink_gbps > 0, kInvalidArgument, "link rates must be > 0");

@@ -36,7 +36,7 @@ std::string Human(double bytes) {
 }
 
 struct ServeArgs {
-  std::string listen, root;
+  std::string listen, root, token_file;
   TransportArgs transport;
   TcpOptions options;  // from the flags, by the check step
 };
@@ -55,6 +55,8 @@ Status Serve(ServeArgs& a) {
 
   TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(f, std::move(o)));
   FileServerOptions so;
+  TERN_ASSIGN_OR_RETURN(so.access_token, ReadSecret(a.token_file, "TERN_XFER_TOKEN"));
+  TERN_REQUIRE(so.access_token.size() <= 1024, kInvalidArgument, "access token over 1024 bytes");
   TERN_ASSIGN_OR_RETURN(auto server, FileServer::Start(*transport, a.listen, a.root, so));
   std::printf("xfer: serving %s on %s (%s)\n", a.root.c_str(), server->address().c_str(),
               transport->name() != "tcp" ? transport->name().c_str() : tls ? "tls1.3" : "plain tcp");
@@ -68,7 +70,7 @@ Status Serve(ServeArgs& a) {
 
 struct GetArgs {
   // Flags.
-  std::string address, remote_name, output;
+  std::string address, remote_name, output, token_file;
   uint64_t streams = 0, rate_hint_bps = 0, rtt_ms = 0, chunk_bytes = 0, retries = 0;
   bool no_resume = false, quiet = false, force = false;
   TransportArgs transport;
@@ -89,6 +91,7 @@ Status CheckGet(GetArgs& a) {
   fo.chunk_bytes = a.chunk_bytes;
   fo.retry.attempts = static_cast<uint32_t>(std::min<uint64_t>(a.retries, 999) + 1);
   fo.resume = !a.no_resume;
+  TERN_ASSIGN_OR_RETURN(fo.access_token, ReadSecret(a.token_file, "TERN_XFER_TOKEN"));
   // The head window should cover the bandwidth-delay product (the rest
   // starts a round trip later); twice it when the link is described.
   if (o.rate_bps_hint > 0 && o.rtt_us_hint > 0) {
@@ -158,6 +161,9 @@ void AddXfer(CLI::App& tern, Dispatch& dispatch) {
       "--tls-allow-client", s->transport.tls_allow_client,
       "NAME[,NAME...]: a client's certificate must hold one of these DNS names or IPs "
       "(default: any the CA signed)");
+  serve->add_option("--token-file", s->token_file,
+                    "file with an access token every GET must carry (default: $TERN_XFER_TOKEN; none: "
+                    "no token)");
   serve->add_option("DIR_OR_FILE", s->root, "what to serve; names may not escape it")->required();
   dispatch.On(serve, {[s]() -> Status {
                         TERN_ASSIGN_OR_RETURN(s->options, TransportOptions(s->transport));
@@ -191,6 +197,8 @@ void AddXfer(CLI::App& tern, Dispatch& dispatch) {
               "8");
   get->add_flag("--no-resume", g->no_resume, "ignore LOCAL.tern-part.state, and keep no partial copy on failure");
   get->add_flag("--quiet", g->quiet, "no progress on stderr");
+  get->add_option("--token-file", g->token_file,
+                  "file with the server's access token (default: $TERN_XFER_TOKEN)");
   AddTransportFlags(*get, g->transport);
   g->transport.tls_server_name_flag = get->add_option(
       "--tls-server-name", g->transport.tls_server_name,

@@ -267,6 +267,34 @@ TEST_F(FileServiceServer, OversizedMessageClosesTheSession) {
   EXPECT_TRUE(Logged("bytes (at most"));
 }
 
+// A server with an access token serves nothing to a GET without it or with
+// another one (ERROR auth, no file created, not retried), and serves a GET
+// that carries it. Without the check every fetch here succeeds.
+TEST_F(FileServiceServer, AccessTokenIsRequiredBeforeAnyByte) {
+  Write("x.bin", 3 * kChunk + 17);
+  FileServerOptions so;
+  so.access_token = "join-token-of-this-board";
+  Start(so);
+  FetchOptions fo;
+  fo.chunk_bytes = kChunk;
+  fo.retry = RetryPolicy{3, 1, 1};
+  const std::string local = (dir_ / "got.bin").string();
+  for (const std::string token : {"", "join-token-of-this-boarD", "join-token-of-this-board-"}) {
+    fo.access_token = token;
+    auto r = FetchFile(*client_t_, server_->address(), "x.bin", local, fo);
+    ASSERT_FALSE(r.ok()) << "token '" << token << "' was served";
+    EXPECT_EQ(r.status().code(), Code::kAuth) << r.status().ToString();
+    EXPECT_FALSE(std::filesystem::exists(local)) << "bytes landed for token '" << token << "'";
+  }
+  fo.access_token = so.access_token;
+  auto r = FetchFile(*client_t_, server_->address(), "x.bin", local, fo);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->bytes, 3 * kChunk + 17);
+  EXPECT_EQ(r->reconnects, 0u);
+  server_.reset();
+  EXPECT_TRUE(Logged("access token"));
+}
+
 // A connection refused for lack of sessions gets ERROR and is then closed.
 TEST_F(FileServiceServer, BusyRefusalClosesTheConnection) {
   FileServerOptions so;

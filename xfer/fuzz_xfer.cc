@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         TERN_ASSERT(EncodeGet(*get) == in);
         TERN_ASSERT(get->chunk_bytes >= kMinChunkBytes && get->chunk_bytes <= kMaxChunkBytes &&
                     !get->name.empty() && get->name.size() <= kMaxNameBytes &&
-                    get->transfer_id != 0);
+                    get->transfer_id != 0 && get->access_token.size() <= kMaxAccessTokenBytes);
         TERN_ASSERT(get->head_bytes % get->chunk_bytes == 0 && get->head_bytes <= kMaxHeadBytes);
         if (get->have_tag == 0) {
           TERN_ASSERT(get->have_size == 0 && get->have_bitmap.empty());

@@ -85,6 +85,7 @@ std::string EncodeGet(const GetRequest& get) {
   PutFixed(&out, get.have_tag, 8);
   PutBytes(out, get.have_bitmap);
   PutFixed(&out, get.head_bytes, 8);
+  PutBytes(out, get.access_token);
   return out;
 }
 
@@ -106,6 +107,7 @@ Result<GetRequest> DecodeGet(std::string_view m) {
   TERN_ASSIGN_OR_RETURN(get.have_tag, in.Int(8));
   TERN_ASSIGN_OR_RETURN(std::string_view bitmap, in.Bytes(kMaxChunks / 8));
   TERN_ASSIGN_OR_RETURN(get.head_bytes, in.Int(8));
+  TERN_ASSIGN_OR_RETURN(std::string_view token, in.Bytes(kMaxAccessTokenBytes));
   TERN_RETURN_IF_ERROR(in.End());
   TERN_REQUIRE(get.head_bytes == 0 || (get.have_tag == 0 && get.head_bytes % get.chunk_bytes == 0 &&
                                        get.head_bytes <= kMaxHeadBytes),
@@ -123,6 +125,7 @@ Result<GetRequest> DecodeGet(std::string_view m) {
                "bad file name");
   get.name.assign(name);
   get.have_bitmap.assign(bitmap);
+  get.access_token.assign(token);
   return get;
 }
 

@@ -1,5 +1,5 @@
 // The xfer application protocol behind `tern xfer` (docs/format/xfer.md,
-// version 2) and the client's resume-state file, as pure encoders and
+// version 3) and the client's resume-state file, as pure encoders and
 // decoders: the file server and FetchFile parse peer bytes only through
 // these, and the fuzzers drive them directly. Every length and count is
 // bounded before it is used.
@@ -13,9 +13,10 @@
 
 namespace tern::xfer {
 
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kMaxNameBytes = 4096;
 inline constexpr uint32_t kMaxReasonBytes = 4096;
+inline constexpr uint32_t kMaxAccessTokenBytes = 1024;
 inline constexpr uint64_t kMinChunkBytes = 4096;
 // A transfer has at most this many chunks, so its WANT bitmap (<= 8 MiB)
 // always fits one message and the client's chunk map stays small.
@@ -52,6 +53,9 @@ struct GetRequest {
   // With have_tag 0: the client's window covers [0, head_bytes) of its
   // partial file (0: no window); a multiple of chunk_bytes <= kMaxHeadBytes.
   uint64_t head_bytes = 0;
+  // The server's access token (0 .. kMaxAccessTokenBytes); a server that has
+  // one sends nothing to a GET without it.
+  std::string access_token{};
 };
 struct Info {
   uint64_t size_bytes = 0;

@@ -15,9 +15,9 @@ GetRequest Fresh(uint64_t chunk_bytes, std::string name) {
 
 TEST(XferWire, GetIsLittleEndianAndRoundTrips) {
   const std::string m = EncodeGet(Fresh(65536, "a/b.bin"));
-  ASSERT_EQ(m.size(), 1u + 4 + 8 + 8 + 4 + 7 + 8 + 8 + 4 + 8);
+  ASSERT_EQ(m.size(), 1u + 4 + 8 + 8 + 4 + 7 + 8 + 8 + 4 + 8 + 4);
   EXPECT_EQ(m[0], 'G');
-  EXPECT_EQ(m[1], 2);          // version, low byte first, right after the type in every version
+  EXPECT_EQ(m[1], 3);          // version, low byte first, right after the type in every version
   EXPECT_EQ(m[1 + 4 + 2], 1);  // 65536 = 0x10000: third byte
   auto get = DecodeGet(m);
   ASSERT_TRUE(get.ok()) << get.status().ToString();
@@ -41,6 +41,14 @@ TEST(XferWire, GetIsLittleEndianAndRoundTrips) {
   EXPECT_EQ(back->have_tag, 0xfeedu);
   EXPECT_EQ(back->have_bitmap, resume.have_bitmap);
   EXPECT_EQ(EncodeGet(*back), EncodeGet(resume));
+
+  GetRequest with_token = Fresh(65536, "f");
+  with_token.access_token = "tok";
+  auto tok = DecodeGet(EncodeGet(with_token));
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ(tok->access_token, "tok");
+  with_token.access_token.assign(kMaxAccessTokenBytes + 1, 't');
+  EXPECT_EQ(DecodeGet(EncodeGet(with_token)).status().code(), Code::kCorrupt);
 }
 
 TEST(XferWire, GetRejections) {
@@ -49,7 +57,7 @@ TEST(XferWire, GetRejections) {
   v1[1] = 1;
   auto old = DecodeGet(v1);
   EXPECT_EQ(old.status().code(), Code::kProtocol);
-  EXPECT_NE(old.status().message().find("version 1, this side 2"), std::string::npos)
+  EXPECT_NE(old.status().message().find("version 1, this side 3"), std::string::npos)
       << old.status().ToString();
   EXPECT_EQ(DecodeGet(EncodeGet(Fresh(4095, "f"))).status().code(), Code::kOutOfRange);
   EXPECT_EQ(DecodeGet(EncodeGet(Fresh(kMaxChunkBytes + 1, "f"))).status().code(), Code::kOutOfRange);

@@ -50,6 +50,10 @@ struct FileServerOptions {
   // Called on a hashing thread before it reads a file (path as served); for
   // tests and monitoring. It may block: that file's hash waits for it.
   std::function<void(const std::string& path)> on_hash_start;
+  // Non-empty: a GET must carry this token (compared in constant time) or
+  // gets ERROR 15 (auth) and no byte of any file. At most 1024 bytes. It
+  // crosses the network as the transport carries it: in clear on plain TCP.
+  std::string access_token;
 };
 
 class FileServer {
@@ -90,6 +94,8 @@ struct FetchOptions {
   // product: the rest starts a round trip later.
   uint64_t head_bytes = 64ull << 20;
   std::function<void(const FetchProgress&)> on_progress;  // about every 250 ms
+  // The server's access token, sent with every GET (empty: none).
+  std::string access_token;
 };
 
 struct FetchResult {

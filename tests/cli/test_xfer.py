@@ -168,6 +168,25 @@ class XferTest(unittest.TestCase):
         finally:
             srv.stop()
 
+    def test_an_access_token_is_required_when_the_server_has_one(self):
+        token = os.path.join(self.dir, "xfer-token")
+        with open(token, "w") as f:
+            f.write("s3cret\n")  # the trailing newline is not part of it
+        srv = Server(self.root, "--no-tls", "--token-file", token)
+        try:
+            path = self.out("token.bin")
+            for env in ({}, {"TERN_XFER_TOKEN": "s3creT"}):
+                proc = get(srv.address, "sub/w.bin", path, "--no-tls", env=env)
+                self.assertEqual(proc.returncode, 1, proc.stderr)
+                self.assertIn("access token", proc.stderr)
+                self.assertFalse(os.path.exists(path + ".tern-part"))
+            self.assert_copy(get(srv.address, "sub/w.bin", path, "--no-tls",
+                                 env={"TERN_XFER_TOKEN": "s3cret"}), path)
+            path = self.out("token-file.bin")
+            self.assert_copy(get(srv.address, "sub/w.bin", path, "--no-tls", "--token-file", token), path)
+        finally:
+            srv.stop()
+
     def test_mutual_tls_copy_and_a_refused_client(self):
         srv = Server(self.root, *self.pki("server"))
         try:

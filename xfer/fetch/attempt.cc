@@ -83,7 +83,7 @@ class Attempt {
     PartFile& part = cx_.part;
     const uint64_t get_id = ++log_.last_window;
     const PartFile::Held held = part.held();
-    GetRequest get{o_.chunk_bytes, get_id, cx_.name, held.size_bytes, held.tag, held.bitmap, 0};
+    GetRequest get{o_.chunk_bytes, get_id, cx_.name, held.size_bytes, held.tag, held.bitmap, 0, o_.access_token};
     if (held.tag != 0 && held.size_bytes > 0) {
       // A version held: its window opens before GET (no WANT round trip).
       TERN_RETURN_IF_ERROR(conn.PostReceive(get_id, part.region(), 0, held.size_bytes, Landing()));

@@ -133,6 +133,11 @@ void Session::OnWant(const std::string& msg) {
 // bitmap when the server sends without waiting for WANT.
 Result<Info> Session::Open(std::string_view msg, std::string* have) {
   TERN_ASSIGN_OR_RETURN(GetRequest get, DecodeGet(msg));
+  // Before the name is even resolved: without the token a client learns
+  // nothing, not even which objects exist.
+  TERN_REQUIRE(cx_.options.access_token.empty() ||
+                   SecretEquals(cx_.options.access_token, get.access_token),
+               kAuth, "GET without this server's access token");
   TERN_ASSIGN_OR_RETURN(std::string path, cx_.sandbox.Resolve(get.name));
   TERN_ASSIGN_OR_RETURN(f_.file, MapServedFile(path));
   const uint64_t size = f_.file->size;
