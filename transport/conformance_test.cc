@@ -813,7 +813,7 @@ TEST_P(Conformance, FileFetchRefusesAServerBreakingTheProtocol) {
 }
 
 TEST_P(Conformance, FileFetchRefusesAnotherXferVersionClearly) {
-  // A version 2 server answers a version 1 GET with ERROR 14 naming both.
+  // A version 3 server answers a version 1 GET with ERROR 14 naming both.
   listener_->Close();
   auto f = ServeFile(pair_, "version-" + GetParam().name, 100000);
   ASSERT_TRUE(f->server);
@@ -830,7 +830,7 @@ TEST_P(Conformance, FileFetchRefusesAnotherXferVersionClearly) {
     ASSERT_TRUE(xfer::DecodeStatus(replies.messages[0], xfer::kError, &verdict).ok());
   }
   EXPECT_EQ(verdict.code(), Code::kProtocol);
-  EXPECT_NE(verdict.message().find("version 1, this side 2"), std::string::npos) << verdict.ToString();
+  EXPECT_NE(verdict.message().find("version 1, this side 3"), std::string::npos) << verdict.ToString();
   (*conn)->Close();
 }
 
