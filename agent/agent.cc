@@ -77,6 +77,9 @@ Status AgentImpl::Init() {
   for (const auto& pem : opt_.trusted_keys_pem) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKeyPem(pem));
   TERN_ASSIGN_OR_RETURN(store_, ViewStore::Open(env_, opt_.data_dir, pool_, log_));
   store_version_ = store_->version();
+  TERN_REQUIRE(opt_.seed_checkpoint.empty() || (!opt_.root && opt_.seed_version > 0), kInvalidArgument,
+               "agent: --seed is for members, with --seed-version N > 0");
+  seed_pending_ = !opt_.seed_checkpoint.empty() && store_version_ < opt_.seed_version;
   metrics_ = std::make_unique<MetricsRegistry>();
 
   // A standby root waits here, before it listens, until it leads.

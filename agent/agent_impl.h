@@ -173,6 +173,8 @@ class AgentImpl final : public Agent {
   uint64_t catch_up_deadline_us_ = 0;  // a request unanswered by then is given up
   uint64_t catch_up_next_us_ = 0;      // the next periodic check
   bool need_catch_up_check_ = false;
+  // A seed checkpoint not yet adopted or refused (AgentOptions::seed_*).
+  bool seed_pending_ = false;
   bool redial_parents_ = false;
   uint64_t store_version_ = 0;  // store_->version(), readable under mu_
   uint64_t dial_backoff_us_ = 0;
@@ -184,6 +186,9 @@ class AgentImpl final : public Agent {
   // bounded: RelayOptions::max_objects).
   std::set<ObjectRef> relay_held_;
   void ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions);
+  // Work thread: adopts the seed checkpoint if `m` (verified, its version
+  // the seed's) signs its digest; clears seed_pending_ either way.
+  void MemberSeed(const VersionManifest& m);
   // Manifests accepted, by version (publication target digests).
   std::map<uint64_t, VersionManifest> manifests_;
 };

@@ -332,6 +332,32 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   return Status::Ok();
 }
 
+void AgentImpl::MemberSeed(const VersionManifest& m) {
+  const double t0 = NowS();
+  // Seed copies the checkpoint and compares its full digest with the signed
+  // one before anything is switched: a wrong or damaged checkpoint changes
+  // nothing.
+  Status s = store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest);
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seed_pending_ = false;
+    if (s.ok()) {
+      store_version_ = store_->version();
+      last_apply_s_ = NowS() - t0;
+      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+    }
+  }
+  Flush(out);
+  if (!s.ok()) {
+    Log("seed checkpoint " + opt_.seed_checkpoint + " refused for version " + std::to_string(m.version) +
+        ": " + s.ToString() + "; catching up without it");
+    return;
+  }
+  Log("serving version " + std::to_string(m.version) + " (seeded from " + opt_.seed_checkpoint +
+      ", its digest is the signed one; " + std::to_string(NowS() - t0) + " s)");
+}
+
 // On the work thread: fetch every object of the plan from the root's object
 // service, verify it against a signed manifest, apply in order.
 void AgentImpl::MemberCatchUp(CatchUpReply plan) {
@@ -353,6 +379,24 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
       return done();
     }
     manifests.push_back(std::move(m).value());
+  }
+  bool seed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seed = seed_pending_;
+  }
+  if (seed) {
+    const VersionManifest* own = nullptr;
+    for (const auto& m : manifests)
+      if (m.version == opt_.seed_version) own = &m;
+    if (own) {
+      MemberSeed(*own);
+    } else {
+      Log("catch-up plan carries no manifest of seed version " + std::to_string(opt_.seed_version) +
+          "; seed dropped");
+      std::lock_guard<std::mutex> lock(mu_);
+      seed_pending_ = false;
+    }
   }
   for (const ObjectRef& ref : plan.objects) {
     {
@@ -435,13 +479,37 @@ void AgentImpl::MemberTick() {
   uint32_t stripes = 1;
   RelayNode* relay = nullptr;
   bool catch_up = false;
+  std::string note;  // logged outside mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (root_conn_ && joined_) {
       Send(out, root_conn_, MakeHeartbeatLocked());
       const uint64_t now_us = clock_.NowUs();
-      if (catching_up_ && now_us > catch_up_deadline_us_) catching_up_ = false;  // no answer came
-      if ((need_catch_up_check_ || now_us > catch_up_next_us_) && !catching_up_ &&
+      if (catching_up_ && now_us > catch_up_deadline_us_) {  // no answer came
+        catching_up_ = false;
+        if (seed_pending_) {
+          // The root has no manifest of that version (never published, or
+          // retention dropped it): go on without the seed.
+          seed_pending_ = false;
+          note = "no signed manifest of seed version " + std::to_string(opt_.seed_version) + " came; seed dropped";
+        }
+      }
+      if (seed_pending_ && store_version_ >= opt_.seed_version) seed_pending_ = false;  // the tree got there
+      if (seed_pending_ && known_head_ > 0 && known_head_ < opt_.seed_version) {
+        note = "seed checkpoint of version " + std::to_string(opt_.seed_version) + " is newer than HEAD " +
+               std::to_string(known_head_) + ": not this board's; dropped";
+        seed_pending_ = false;
+      }
+      if (seed_pending_) {
+        // Ask for the seed's signed manifest (and the route on from it).
+        if (known_head_ > 0 && !catching_up_ && now_us > catch_up_next_us_) {
+          catch_up_next_us_ = now_us + 2'000'000;
+          Send(out, root_conn_, CatchUpRequest{opt_.seed_version, known_head_});
+          catching_up_ = true;
+          catch_up_deadline_us_ = now_us + 10'000'000;
+          catch_up = true;
+        }
+      } else if ((need_catch_up_check_ || now_us > catch_up_next_us_) && !catching_up_ &&
           known_head_ > store_version_) {
         catch_up_next_us_ = now_us + 2'000'000;
         // The tree brings HEAD when we serve HEAD-1 (or hold the patches
@@ -467,6 +535,7 @@ void AgentImpl::MemberTick() {
   }
   (void)catch_up;
   Flush(out);
+  if (!note.empty()) Log(note);
   for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address);
 }
 

@@ -210,21 +210,42 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         std::lock_guard<std::mutex> publish_lock(publish_mu_);
         PublishOptions po;
         po.segment_elements = opt_.segment_elements;
-        auto plan = board_->PlanCatchUp(r.have, r.target, [&](uint64_t from, uint64_t to) {
-          return MakeSquash(*board_, *signer_, from, to, po, pool_).status();
-        });
+        CatchUpReply reply;
+        reply.target = r.target;
+        if (r.have > 0) {
+          // have's own publication manifest first: a member that holds a
+          // checkpoint of `have` checks it against its target digest.
+          // Retention may have dropped it: only the manifest-only request
+          // (target == have) needs it.
+          auto own = board_->SignedManifests(r.have);
+          if (!own.empty()) {
+            reply.signed_manifests.push_back(own.front());
+          } else if (r.target == r.have) {
+            Log("no manifest of version " + std::to_string(r.have) + " for " + id + ": not on the board");
+            return;
+          }
+        }
+        if (r.target > r.have) {
+          auto plan = board_->PlanCatchUp(r.have, r.target, [&](uint64_t from, uint64_t to) {
+            return MakeSquash(*board_, *signer_, from, to, po, pool_).status();
+          });
+          if (!plan.ok()) {
+            Log("no catch-up for " + id + " from " + std::to_string(r.have) + ": " + plan.status().ToString());
+            return;
+          }
+          if (plan->objects.empty()) return;  // nothing to do: the member is there
+          for (auto& m : plan->signed_manifests)
+            if (reply.signed_manifests.empty() || m != reply.signed_manifests.front())
+              reply.signed_manifests.push_back(std::move(m));
+          reply.objects = std::move(plan->objects);
+        }
+        // A route of 64 manifests leaves no room for have's: a member
+        // that was not checking a checkpoint does not need it.
+        if (reply.signed_manifests.size() > kMaxControlManifests && !reply.objects.empty())
+          reply.signed_manifests.erase(reply.signed_manifests.begin());
         auto c = weak.lock();
         if (!c) return;
         Outbox out;
-        if (!plan.ok()) {
-          Log("no catch-up for " + id + " from " + std::to_string(r.have) + ": " + plan.status().ToString());
-          return;
-        }
-        CatchUpReply reply;
-        reply.target = r.target;
-        reply.signed_manifests = plan->signed_manifests;
-        reply.objects = plan->objects;
-        if (reply.objects.empty()) return;  // nothing to do: the member is there
         Send(out, c, reply);
         Flush(out);
       });

@@ -294,6 +294,69 @@ TEST_F(AgentSystemTest, MemberAwayLongerThanTheRelaysKeepCatchesUpFromTheBoard) 
   EXPECT_TRUE(from_board) << "b was fed by the tree, not by the board's object service";
 }
 
+// Members that already hold a checkpoint start from it when its digest is
+// the signed one: one a few versions back, one at HEAD (the manifest-only
+// request), and one whose file is another version's (refused, caught up
+// from the board anyway). Keyframes only at version 1, so the tree alone
+// cannot bring a new member up: every one goes through the board.
+TEST_F(AgentSystemTest, MembersSeedFromACheckpointTheyHoldOnlyIfItsDigestIsSigned) {
+  {
+    AgentOptions o = BaseOptions("root");
+    o.root = true;
+    o.region = "us";
+    o.keyframe_every = 1000;
+    o.keep_patches = 4;
+    o.transport = NewTransportFor("root");
+    auto a = Agent::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    root_ = std::move(a).value();
+    root_key_ = root_->PublicKeyPem();
+  }
+  StartMember("a", "us");
+  for (uint64_t v = 1; v <= 12; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  std::mutex mu;
+  std::map<std::string, std::vector<std::string>> logs;
+  auto start_seeded = [&](const std::string& name, const std::string& checkpoint, uint64_t version) {
+    AgentOptions o = BaseOptions(name);
+    o.join = "root";
+    o.region = "eu";
+    o.trusted_keys_pem = {root_key_};
+    o.transport = NewTransportFor(name);
+    o.seed_checkpoint = checkpoint;
+    o.seed_version = version;
+    o.log = [&, name](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mu);
+      logs[name].emplace_back(line);
+    };
+    auto a = Agent::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    members_[name].agent = std::move(a).value();
+    members_[name].dir = o.data_dir;
+  };
+  start_seeded("behind", steps_[10], 10);
+  start_seeded("at-head", steps_[12], 12);
+  start_seeded("wrong", steps_[9], 10);
+  ASSERT_TRUE(AllServe(12)) << Lagging(12);
+  ExpectBitwiseEqual(12);
+  Publish(13);
+  ASSERT_TRUE(AllServe(13)) << Lagging(13);
+  ExpectBitwiseEqual(13);
+  auto logged = [&](const std::string& name, const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& l : logs[name])
+      if (l.find(part) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(logged("behind", "seeded from"));
+  EXPECT_TRUE(logged("at-head", "seeded from"));
+  EXPECT_TRUE(logged("wrong", "refused for version 10"));
+  EXPECT_FALSE(logged("wrong", "seeded from"));
+  for (const std::string name : {"behind", "at-head", "wrong"}) StopMember(name);
+}
+
 TEST_F(AgentSystemTest, RootRestartLosesNothing) {
   StartRoot();
   StartMember("a", "us");

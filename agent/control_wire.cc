@@ -162,14 +162,17 @@ void PutBody(Writer& w, const Head& m) {
   w.Str(m.signed_manifest, 1, kMaxControlManifestBytes, "signed manifest");
 }
 void PutBody(Writer& w, const CatchUpRequest& m) {
-  if (m.target <= m.have) w.Fail("catch-up target not newer than have");
+  // target == have asks for have's manifest alone (a member checking a
+  // checkpoint it already holds, docs/agent.md §7).
+  if (m.target < m.have || (m.target == m.have && m.have == 0))
+    w.Fail("catch-up target older than have, or both 0");
   w.U64(m.have);
   w.U64(m.target);
 }
 void PutBody(Writer& w, const CatchUpReply& m) {
   if (m.signed_manifests.empty() || m.signed_manifests.size() > kMaxControlManifests)
     w.Fail("manifest count outside 1..64");
-  if (m.objects.empty() || m.objects.size() > kMaxControlObjects) w.Fail("object count outside 1..4096");
+  if (m.objects.size() > kMaxControlObjects) w.Fail("object count above 4096");
   w.U64(m.target);
   w.U32(static_cast<uint32_t>(m.signed_manifests.size()));
   for (const auto& s : m.signed_manifests) w.Str(s, 1, kMaxControlManifestBytes, "signed manifest");
@@ -257,7 +260,8 @@ CatchUpRequest GetBody<CatchUpRequest>(Reader& r) {
   CatchUpRequest m;
   m.have = r.U64("have");
   m.target = r.U64("target");
-  if (r.ok() && m.target <= m.have) r.Fail("catch-up target not newer than have");
+  if (r.ok() && (m.target < m.have || (m.target == m.have && m.have == 0)))
+    r.Fail("catch-up target older than have, or both 0");
   return m;
 }
 template <>
@@ -269,7 +273,7 @@ CatchUpReply GetBody<CatchUpReply>(Reader& r) {
   for (uint32_t i = 0; r.ok() && i < nm; ++i)
     m.signed_manifests.push_back(r.Str(1, kMaxControlManifestBytes, "signed manifest"));
   const uint32_t no = r.U32("object count");
-  if (r.ok() && (no < 1 || no > kMaxControlObjects)) r.Fail("object count outside 1..4096");
+  if (r.ok() && no > kMaxControlObjects) r.Fail("object count above 4096");
   for (uint32_t i = 0; r.ok() && i < no; ++i) {
     ObjectRef o;
     const uint8_t kind = r.U8("object kind");

@@ -115,14 +115,14 @@ struct Head {
 
 struct CatchUpRequest {
   uint64_t have = 0;    // 0: nothing
-  uint64_t target = 0;  // > have
+  uint64_t target = 0;  // > have; == have (> 0): have's manifest only
   bool operator==(const CatchUpRequest&) const = default;
 };
 
 struct CatchUpReply {
   uint64_t target = 0;
   std::vector<std::string> signed_manifests;  // covering every object, 1..64
-  std::vector<ObjectRef> objects;             // apply order, 1..kMaxControlObjects
+  std::vector<ObjectRef> objects;             // apply order, 0..kMaxControlObjects
   bool operator==(const CatchUpReply&) const = default;
 };
 

@@ -72,10 +72,25 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   EXPECT_NE(r.status().message().find("protocol"), std::string::npos);
 }
 
+// A member holding a checkpoint of version 5 asks for version 5's manifest
+// alone (target == have); the answer carries manifests and no object.
+TEST(ControlWire, ManifestOnlyCatchUpRoundTrips) {
+  for (const ControlMessage& m : {ControlMessage{CatchUpRequest{5, 5}},
+                                  ControlMessage{CatchUpReply{5, {"signed"}, {}}}}) {
+    auto bytes = EncodeControl(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    auto back = DecodeControl(*bytes);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, m);
+  }
+}
+
 TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   Hello h;  // empty member id
   EXPECT_EQ(EncodeControl(h).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(EncodeControl(CatchUpRequest{5, 5}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(CatchUpRequest{5, 4}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(CatchUpRequest{0, 0}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(CatchUpReply{5, {}, {}}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EncodeControl(Parents{}).status().code(), Code::kInvalidArgument);
   Heartbeat hb;
   hb.rtt_to_parent_s = -1;

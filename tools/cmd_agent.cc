@@ -31,7 +31,8 @@ struct AgentArgs {
   std::vector<std::string> trust_keys;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
   uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3;
-  std::string board_etcd;
+  std::string board_etcd, seed;
+  uint64_t seed_version = 0;
   unsigned threads = 0;
   TransportArgs transport;
   TcpOptions options;
@@ -73,6 +74,8 @@ Status CheckAgent(AgentArgs& a) {
   o.keep_patches = a.keep_patches;
   o.keyframe_every = a.keyframe_every;
   o.board_etcd = a.board_etcd;
+  o.seed_checkpoint = a.seed;
+  o.seed_version = a.seed_version;
   o.etcd_lease_s = a.etcd_lease_s;
   TERN_REQUIRE(a.board_etcd.empty() || a.root, kInvalidArgument, "--board-etcd is a root's flag");
   o.heartbeat_ms = a.heartbeat_ms;
@@ -222,6 +225,11 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_option("--signing-key", a->signing_key,
                  "root: Ed25519 private key PEM (default: DIR/signing-key.pem, generated once)");
   cmd.add_option("--trust-key", a->trust_keys, "member: the publisher's public key PEM (repeatable)");
+  auto* seed = cmd.add_option("--seed", a->seed,
+                              "member: a checkpoint already held of --seed-version, adopted only if its digest "
+                              "is the signed one (saves fetching it)");
+  cmd.add_option("--seed-version", a->seed_version, "member: the version --seed holds")->needs(seed);
+  seed->needs(cmd.get_option("--seed-version"));
   cmd.add_option("--join-token-file", a->join_token_file,
                  "file with the join token (default: $TERN_JOIN_TOKEN; none: no token)");
   cmd.add_option("--admin-token-file", a->admin_token_file,

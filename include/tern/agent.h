@@ -69,6 +69,15 @@ struct AgentOptions {
   // empty: none (bind the admin port to loopback then).
   std::string admin_token;
 
+  // Members: a checkpoint this node already holds (a safetensors file or
+  // directory, e.g. pulled from the trainer's object store) of version
+  // `seed_version` of this board. Adopted (copied into the view store) only
+  // if its full digest is the one the publisher signed for that version;
+  // otherwise dropped with a logged reason, and the member catches up from
+  // what it serves. Ignored once the member serves seed_version or newer.
+  std::string seed_checkpoint;
+  uint64_t seed_version = 0;
+
   // ---- High availability (root) ----
   // "etcd://HOST:PORT[,HOST:PORT...]/PREFIX": the board's log lives in etcd
   // and roots campaign for leadership there; Start blocks until this root
