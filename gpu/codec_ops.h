@@ -175,12 +175,13 @@ TERN_HD uint64_t ShardGlobalIndex(const ShardBlock& b, uint64_t k) {
 // a read needs more than the cache holds: on a GPU thread the loads, not the
 // shifts, are the cost, and a change takes ~10 bits of each stream.
 struct BitReader {
-  const uint8_t* data;
-  uint64_t bytes;
+  const uint8_t* data = nullptr;
+  uint64_t bytes = 0;
   uint64_t pos = 0;     // bits consumed
   uint64_t cache = 0;   // stream bits [pos, pos + cached), zero past the end
   int cached = 0;
 
+  TERN_HD BitReader() {}
   TERN_HD BitReader(const uint8_t* d, uint64_t n) : data(d), bytes(n) {}
   TERN_HD uint64_t bits() const { return bytes * 8; }
   TERN_HD void Fill() {
