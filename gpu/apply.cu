@@ -1,9 +1,10 @@
-// GpuApply and GpuComputeDigest (include/tern/gpu.h): the format-1 apply on
-// device memory. Docs: docs/gpu.md, "Apply".
+// GpuApply and GpuComputeDigest (include/tern/gpu.h): the apply of format 1
+// and 2 patches on device memory. Docs: docs/gpu.md, "Apply".
 //
 // Pipeline per batch of records (bounded by GpuOptions::scratch_bytes):
 //   upload the records' bytes -> DecodeKernel (a thread per record, the
-//   TERN_HD decoder of codec_ops.h, changes to scratch) -> VerifyKernel (a
+//   TERN_HD decoders of codec_ops.h and context_ops.h, changes to scratch;
+//   a CONTEXT record reads its segment's base in the view) -> VerifyKernel (a
 //   thread per change: old value, new value, digest terms).
 // Then one synchronisation: decode errors and the target digest are checked
 // on the host, and only then WriteKernel (a thread per change) writes. A
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "gpu/codec_ops.h"
+#include "gpu/context_ops.h"
 #include "gpu/cuda_util.h"
 #include "gpu/device_access.cuh"
 #include "gpu/patch_walk.h"
@@ -33,7 +35,9 @@ struct DevRecord {
   uint64_t payload;    // offset of the record in the batch's uploaded bytes
   uint64_t change_at;  // first slot of its changes in the batch's scratch
   int32_t w;
-  int32_t pad;
+  int32_t ctx_shift;  // the dtype's exponent field (CONTEXT records)
+  uint32_t ctx_mask;  // 0: none
+  uint32_t pad;
 };
 
 // Scratch of one batch: changes as (record in batch, position, delta).
@@ -58,7 +62,12 @@ __global__ void DecodeKernel(const DevRecord* recs, uint32_t nrec, uint64_t rec_
     // fails (count mismatch) but must not write into the next record's.
     const uint64_t limit = s.h.changed_count;
     uint64_t j = 0;
-    const int e = DecodeSegment(s, d.w, [&](uint64_t p, uint64_t delta) {
+    // A CONTEXT record's classes come from the base values in the view: the
+    // verify pass runs before any write, and in the write pass of a
+    // many-batch patch earlier batches have written only their own
+    // segments, which never share a byte with this one's (spec §3.3).
+    const int e = DecodeRecordOnBase(s, d.w, d.data, ContextFieldHd{d.ctx_shift, d.ctx_mask},
+                                     [&](uint64_t p, uint64_t delta) {
       if (j < limit) {
         ch.rec[d.change_at + j] = r;
         ch.pos[d.change_at + j] = static_cast<uint32_t>(p);
@@ -118,7 +127,7 @@ const char* DecodeErrorText(int e) {
   switch (e) {
     case kBadTable: return "bad code table";
     case kBadValue: return "bad value code";
-    case kBadPosition: return "bad position code";
+    case kBadPosition: return "bad position code (CONTEXT: or a rank past its class, a wrong base?)";
     case kZeroDelta: return "zero delta in a SPARSE segment";
     case kCountMismatch: return "changed count mismatch";
     case kNotClean: return "stream not cleanly consumed";
@@ -165,7 +174,11 @@ Status GpuApply(MutableServeView& view, std::span<const uint8_t> patch, const Vi
       d.data = view.tensors[wr.h.tensor_index].data;
       d.seed = seeds[wr.h.tensor_index];
       d.first = wr.h.first_element;
-      d.w = ElementBits(wp.tensors[wr.h.tensor_index].desc.dtype);
+      const DType dt = wp.tensors[wr.h.tensor_index].desc.dtype;
+      d.w = ElementBits(dt);
+      const ContextFieldHd f = ContextFieldOfCode(static_cast<int>(dt));
+      d.ctx_shift = f.shift;
+      d.ctx_mask = f.mask;
       d.payload = wr.offset - b.bytes_begin;
       d.change_at = plan.change_at[r];
     }

@@ -156,7 +156,8 @@ Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_view, const ServeView&
   } else {
     TERN_ASSIGN_OR_RETURN(base, GpuComputeDigest(old_view, options));
   }
-  PatchBuilder builder(old_view, diff.base_version, diff.target_version, base);
+  // Format 1 always: no CONTEXT encoder on the device (docs/gpu.md).
+  PatchBuilder builder(old_view, diff.base_version, diff.target_version, base, /*format_version=*/1);
 
   // Segments as Diff cuts them, in batches (gpu/plan.h).
   const DiffPlan plan = PlanDiff(old_view, diff.segment_elements, options.scratch_bytes);

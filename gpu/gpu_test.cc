@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "base/coding.h"
 #include "base/hash.h"
 #include "gpu/patch_walk.h"
+#include "patch/golden_cases.h"
 #include "patch/segment_codec.h"
 #include "patch/test_util.h"
 #include "tern/digest.h"
@@ -162,6 +165,72 @@ TEST(GpuNccl, LoadsAtRunTimeOrSaysWhy) {
   EXPECT_EQ(NcclIsland::Join(2, 0, std::vector<uint8_t>(5)).status().code(), Code::kInvalidArgument);
 }
 
+std::vector<uint8_t> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing golden file " << path;
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), {});
+}
+
+// A served float view with the physics CONTEXT exploits (patch/test_util.h):
+// one tensor of each dtype with an exponent field (F4 of odd length) and one
+// without, so a format-2 Diff writes CONTEXT records beside the others.
+testing::OwnedView PhysicalView(std::mt19937_64& rng, uint64_t scale) {
+  testing::OwnedView v;
+  v.Add("a.bf16", DType::kBF16, {8, scale / 8});
+  v.Add("b.f4", DType::kF4, {scale + 1});
+  v.Add("c.f8", DType::kF8E4M3, {scale});
+  v.Add("d.f32", DType::kF32, {scale / 2});
+  v.Add("e.u8", DType::kU8, {scale / 4});
+  v.Add("f.f16", DType::kF16, {scale / 2});
+  for (size_t t = 0; t < v.descs.size(); ++t) {
+    if (v.descs[t].dtype == DType::kU8) {
+      testing::FillRandom(v.data[t], rng);
+    } else {
+      testing::PhysicalFill(v.data[t], v.descs[t].dtype, v.descs[t].elements(), rng);
+    }
+  }
+  return v;
+}
+
+Result<std::vector<uint8_t>> DiffFormat2(const testing::OwnedView& a, const testing::OwnedView& b,
+                                         uint64_t segment_elements, ThreadPool& pool, uint64_t* context_records) {
+  DiffOptions opt;
+  opt.segment_elements = segment_elements;
+  opt.format_version = 2;
+  auto patch = Diff(a.View(), b.View(), opt, pool);
+  if (!patch.ok()) return patch;
+  auto info = Inspect(*patch);
+  if (!info.ok()) return info.status();
+  *context_records = 0;
+  for (const auto& t : info->tensors) *context_records += t.context_segments;
+  return patch;
+}
+
+TEST(GpuPatchWalk, FindsEveryRecordOfFormat2Patches) {
+  std::mt19937_64 rng(21);
+  ThreadPool pool(2);
+  uint64_t context_total = 0;
+  for (double push : {0.001, 0.01, 0.1}) {
+    testing::OwnedView a = PhysicalView(rng, 40000);
+    testing::OwnedView b = testing::PhysicalStep(a, push, rng);
+    uint64_t context_records = 0;
+    auto patch = DiffFormat2(a, b, 4096, pool, &context_records);
+    ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+    context_total += context_records;
+    auto walked = gpu::WalkPatch(*patch);
+    ASSERT_TRUE(walked.ok()) << walked.status().ToString();
+    auto info = Inspect(*patch);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->format_version, 2);
+    uint64_t records = 0, context = 0;
+    for (const auto& t : info->tensors) records += t.segments;
+    ASSERT_EQ(walked->records.size(), records);
+    for (const auto& r : walked->records) context += r.h.encoding == 3;
+    EXPECT_EQ(context, context_records);
+  }
+  EXPECT_GT(context_total, 10u) << "the views must make CONTEXT records";
+}
+
 // ---- Device: equivalence with the CPU reference ------------------------------
 
 TEST(GpuDevice, DigestMatchesCpu) {
@@ -206,6 +275,77 @@ TEST(GpuDevice, ApplyMatchesCpuAtEveryDensity) {
         ASSERT_EQ(d.Download(t), b.data[t]) << "tensor " << t << " density " << density << " scratch " << scratch;
     }
   }
+}
+
+// Format 2: CONTEXT records decode against the view on the device. Golden
+// files first (frozen bytes), then physical steps at three densities, with
+// one batch and with many (the write pass then decodes batch b after the
+// batches before it have written).
+TEST(GpuDevice, ApplyOfFormat2MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(22);
+  ThreadPool pool(2);
+  for (const golden::GoldenCase& c : golden::Cases()) {
+    const std::string stem = std::string(TERN_GOLDEN_DIR) + "/" + c.file;
+    const std::vector<uint8_t> base = ReadFile(stem + ".base"), target = ReadFile(stem + ".target"),
+                               patch = ReadFile(stem + ".patch");
+    testing::OwnedView a;
+    for (const auto& t : c.tensors) a.Add(t.name, t.dtype, t.shape);
+    uint64_t at = 0;
+    for (auto& bytes : a.data) {
+      ASSERT_LE(at + bytes.size(), base.size());
+      std::copy(base.begin() + at, base.begin() + at + bytes.size(), bytes.begin());
+      at += bytes.size();
+    }
+    DeviceView d(a.View());
+    const Status s = GpuApply(d.view, patch, ComputeDigest(a.View(), pool), {}, nullptr);
+    ASSERT_TRUE(s.ok()) << c.file << ": " << s.ToString();
+    std::vector<uint8_t> got;
+    for (size_t t = 0; t < a.descs.size(); ++t) {
+      const std::vector<uint8_t> part = d.Download(t);
+      got.insert(got.end(), part.begin(), part.end());
+    }
+    ASSERT_EQ(got, target) << c.file;
+  }
+  for (double push : {0.0005, 0.01, 0.2}) {
+    for (uint64_t scratch : {uint64_t{256} << 20, uint64_t{1} << 16}) {
+      testing::OwnedView a = PhysicalView(rng, 60000);
+      testing::OwnedView b = testing::PhysicalStep(a, push, rng);
+      uint64_t context_records = 0;
+      auto patch = DiffFormat2(a, b, 4099, pool, &context_records);
+      ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+      EXPECT_GT(context_records, 0u) << "push " << push;
+      DeviceView d(a.View());
+      GpuOptions go;
+      go.scratch_bytes = scratch;
+      ViewDigest out;
+      const Status s = GpuApply(d.view, *patch, ComputeDigest(a.View(), pool), go, &out);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(out, ComputeDigest(b.View(), pool));
+      for (size_t t = 0; t < b.descs.size(); ++t)
+        ASSERT_EQ(d.Download(t), b.data[t]) << "tensor " << t << " push " << push << " scratch " << scratch;
+    }
+  }
+}
+
+// A format-2 patch applied to a view that is not its base but claims the
+// base digest: CONTEXT classes come out wrong, so the device refuses
+// (decode error or target digest), and the view stays as it was.
+TEST(GpuDevice, ApplyOfFormat2OnAWrongBaseLeavesTheViewUntouched) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(23);
+  ThreadPool pool(2);
+  testing::OwnedView a = PhysicalView(rng, 30000);
+  testing::OwnedView b = testing::PhysicalStep(a, 0.01, rng);
+  testing::OwnedView c = testing::PhysicalStep(a, 0.05, rng);  // not the base
+  uint64_t context_records = 0;
+  auto patch = DiffFormat2(a, b, 2048, pool, &context_records);
+  ASSERT_TRUE(patch.ok());
+  ASSERT_GT(context_records, 0u);
+  DeviceView d(c.View());
+  const Status s = GpuApply(d.view, *patch, ComputeDigest(a.View(), pool), {}, nullptr);
+  EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+  for (size_t t = 0; t < c.descs.size(); ++t) ASSERT_EQ(d.Download(t), c.data[t]);
 }
 
 TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {
@@ -348,6 +488,7 @@ TEST(GpuDevice, DiffWritesTheCpuPatch) {
     DiffOptions opt;
     opt.segment_elements = 5001;
     opt.target_version = 1;
+    opt.format_version = 1;  // GpuDiff writes format 1
     auto want = Diff(a.View(), b.View(), opt, pool);
     ASSERT_TRUE(want.ok());
     DeviceView da(a.View()), db(b.View());
@@ -378,6 +519,7 @@ TEST(GpuDevice, PublisherKeepsThePreviousViewAndWritesCpuPatches) {
       DiffOptions opt;
       opt.base_version = version - 1;
       opt.target_version = version;
+      opt.format_version = 1;  // GpuDiff writes format 1
       auto want = Diff(prev.View(), next.View(), opt, pool);
       ASSERT_TRUE(want.ok());
       auto got = (*pub)->Publish(AsConst(live.view), version, DiffOptions{});
@@ -510,13 +652,15 @@ TEST(GpuDevice, TensorsBeyondTwoToThe31Elements) {
     b.data[0][i] = static_cast<uint8_t>(i % 250 + 1);
   ThreadPool pool(0);
   const ViewDigest da = ComputeDigest(a.View(), pool), db = ComputeDigest(b.View(), pool);
-  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool, &da);
+  DiffOptions v1;
+  v1.format_version = 1;  // GpuDiff writes format 1
+  auto patch = Diff(a.View(), b.View(), v1, pool, &da);
   ASSERT_TRUE(patch.ok());
   DeviceView d(a.View()), e(b.View());
   auto got_digest = GpuComputeDigest(AsConst(d.view), {});
   ASSERT_TRUE(got_digest.ok());
   EXPECT_EQ(*got_digest, da);
-  auto gdiff = GpuDiff(AsConst(d.view), AsConst(e.view), DiffOptions{}, {}, &da);
+  auto gdiff = GpuDiff(AsConst(d.view), AsConst(e.view), v1, {}, &da);
   ASSERT_TRUE(gdiff.ok()) << gdiff.status().ToString();
   EXPECT_EQ(*gdiff, *patch);
   ViewDigest out;

@@ -62,7 +62,8 @@ struct GpuOptions {
   uint64_t scratch_bytes = uint64_t{256} << 20;
 };
 
-// Apply (tern::Apply's contract, on device memory): verifies the layout
+// Apply (tern::Apply's contract, on device memory), of format 1 and format 2
+// patches (CONTEXT segments decode against the view): verifies the layout
 // against the manifest and current_digest against the base digest
 // (kMismatch), decodes every segment on the GPU and verifies the target
 // digest from the changes alone (kCorrupt) before it writes anything; on any
@@ -76,8 +77,11 @@ TERN_EXPORT Status GpuApply(MutableServeView& device_view, std::span<const uint8
 TERN_EXPORT Result<ViewDigest> GpuComputeDigest(const ServeView& device_view, const GpuOptions& options);
 
 // Publishing from device tensors: tern::Diff with the compare, compaction and
-// segment encoding on the GPU; the same patch bytes as Diff. `base_digest`:
-// the old view's digest if known (else computed on the GPU).
+// segment encoding on the GPU; the same patch bytes as Diff with
+// format_version 1. It writes format 1 whatever diff.format_version says (the
+// device has no CONTEXT encoder yet; every reader reads format 1), so the
+// patch is Diff's only when that asks for version 1. `base_digest`: the old
+// view's digest if known (else computed on the GPU).
 TERN_EXPORT Result<std::vector<uint8_t>> GpuDiff(const ServeView& old_device_view,
                                                  const ServeView& new_device_view, const DiffOptions& diff,
                                                  const GpuOptions& options,
