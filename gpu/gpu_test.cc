@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -346,6 +347,52 @@ TEST(GpuDevice, ApplyOfFormat2OnAWrongBaseLeavesTheViewUntouched) {
   const Status s = GpuApply(d.view, *patch, ComputeDigest(a.View(), pool), {}, nullptr);
   EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
   for (size_t t = 0; t < c.descs.size(); ++t) ASSERT_EQ(d.Download(t), c.data[t]);
+}
+
+TEST(GpuProbe, StagingUploadWithoutADeviceIsUnavailable) {
+  if (ProbeGpu().devices > 0) GTEST_SKIP() << "a GPU is present";
+  int x = 0;
+  auto up = GpuStagingUpload::Create(&x, 4, 2, 4, {});
+  EXPECT_EQ(up.status().code(), Code::kUnavailable);
+}
+
+// A stream through 3 pinned slots of odd size (many wraps, back-pressure on
+// every Acquire after the third), received in place (Acquire/Submit) and
+// pushed; then the device bytes equal the stream.
+TEST(GpuDevice, StagingUploadDeliversTheStream) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(24);
+  std::vector<uint8_t> stream((uint64_t{3} << 20) + 12345);
+  testing::FillRandom(stream, rng);
+  void* dst = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dst, stream.size()));
+  cudaStream_t cs;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  {
+    GpuOptions go;
+    go.stream = cs;
+    auto up = GpuStagingUpload::Create(dst, stream.size(), 3, 65537, go);
+    ASSERT_TRUE(up.ok()) << up.status().ToString();
+    uint64_t at = 0;
+    while (at < stream.size() / 2) {  // received in place
+      auto slot = (*up)->Acquire();
+      ASSERT_TRUE(slot.ok()) << slot.status().ToString();
+      const uint64_t n = std::min<uint64_t>({slot->size(), 1 + rng() % 70000, stream.size() - at});
+      std::memcpy(slot->data(), stream.data() + at, n);
+      ASSERT_TRUE((*up)->Submit(n).ok());
+      at += n;
+      ASSERT_LE((*up)->bytes_done(), at);
+    }
+    ASSERT_TRUE((*up)->Push({stream.data() + at, stream.size() - at}).ok());
+    ASSERT_TRUE((*up)->Drain().ok());
+    EXPECT_EQ((*up)->bytes_done(), stream.size());
+    EXPECT_EQ((*up)->Push({stream.data(), 1}).code(), Code::kResourceExhausted);  // past the destination
+  }
+  std::vector<uint8_t> back(stream.size());
+  ASSERT_CUDA(cudaMemcpy(back.data(), dst, back.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, stream);
+  ASSERT_CUDA(cudaStreamDestroy(cs));
+  ASSERT_CUDA(cudaFree(dst));
 }
 
 TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {

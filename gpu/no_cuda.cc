@@ -35,6 +35,18 @@ Result<std::vector<uint8_t>> GpuPublisher::Publish(const ServeView&, uint64_t, c
   return TERN_ERROR(kUnavailable, kWhy);
 }
 ServeView GpuPublisher::Kept() const { return {}; }
+struct GpuStagingUpload::Impl {};
+GpuStagingUpload::GpuStagingUpload(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuStagingUpload::~GpuStagingUpload() = default;
+Result<std::unique_ptr<GpuStagingUpload>> GpuStagingUpload::Create(void*, uint64_t, int, uint64_t, const GpuOptions&) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
+Result<std::span<uint8_t>> GpuStagingUpload::Acquire() { return TERN_ERROR(kUnavailable, kWhy); }
+Status GpuStagingUpload::Submit(uint64_t) { return TERN_ERROR(kUnavailable, kWhy); }
+Status GpuStagingUpload::Push(std::span<const uint8_t>) { return TERN_ERROR(kUnavailable, kWhy); }
+Status GpuStagingUpload::Drain() { return TERN_ERROR(kUnavailable, kWhy); }
+uint64_t GpuStagingUpload::bytes_done() const { return 0; }
+
 Status NcclIsland::ApplyFromRoot(MutableServeView&, std::span<const uint8_t>, int, const ViewDigest&,
                                  const GpuOptions&, ViewDigest*) {
   return TERN_ERROR(kUnavailable, kWhy);

@@ -139,6 +139,56 @@ TERN_EXPORT Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType maste
                                               bool has_previous, const ScalePolicy& policy,
                                               const GpuOptions& options);
 
+// ---- Receive: how received bytes reach GPU memory (docs/gpu.md, "Receive") --
+
+// The ways, best first: the NIC writes into registered GPU memory (verbs with
+// a dma-buf of the device memory, verbs with nvidia-peermem, UCX built with
+// CUDA), else received bytes pass through pinned host slots and are copied
+// up (GpuStagingUpload).
+enum class GpuReceivePath : uint8_t { kVerbsDmaBuf, kVerbsPeermem, kUcxCuda, kStagingRing };
+TERN_EXPORT const char* GpuReceivePathName(GpuReceivePath path);
+
+struct GpuReceiveProbe {
+  GpuReceivePath best = GpuReceivePath::kStagingRing;  // the best this machine offers
+  // What tern uses: the staging ring, always for now (the transports do not
+  // register device memory yet, whatever `best` says).
+  GpuReceivePath used = GpuReceivePath::kStagingRing;
+  bool device = false;  // a CUDA device to receive into (the ring needs one too)
+  std::string reason;   // why each better path is out, and what was found
+};
+// Looks (no traffic, no allocation): CUDA devices, libibverbs and its
+// ibv_reg_dmabuf_mr, RDMA devices, the nvidia_peermem module, UCX's CUDA
+// transport module.
+TERN_EXPORT GpuReceiveProbe ProbeGpuReceive();
+
+// Received bytes to device memory through a ring of pinned host slots: the
+// receiver fills one slot (Acquire, then Submit the bytes it put there) while
+// the copies of earlier slots run on `options.stream`; with every slot in
+// flight Acquire waits for the oldest copy (back-pressure, bounded memory:
+// slots x slot_bytes of pinned memory). Bytes land at increasing offsets of
+// `device_dst`; bytes_done() is the prefix known to be there (a consumer may
+// start on it, e.g. decode the records it holds). Not thread safe.
+class TERN_EXPORT GpuStagingUpload {
+ public:
+  static Result<std::unique_ptr<GpuStagingUpload>> Create(void* device_dst, uint64_t dst_bytes, int slots,
+                                                          uint64_t slot_bytes, const GpuOptions& options);
+  ~GpuStagingUpload();
+  GpuStagingUpload(const GpuStagingUpload&) = delete;
+  GpuStagingUpload& operator=(const GpuStagingUpload&) = delete;
+
+  Result<std::span<uint8_t>> Acquire();
+  Status Submit(uint64_t bytes);
+  Status Push(std::span<const uint8_t> data);  // bytes the receiver holds elsewhere
+  Status Drain();                              // waits for every copy
+  uint64_t bytes_done() const;
+
+  struct Impl;
+
+ private:
+  explicit GpuStagingUpload(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // ---- Islands: several GPUs of one engine (docs/gpu.md, "Islands") ---------
 
 // NCCL, loaded at run time (libnccl.so.2): one communicator per rank of an
