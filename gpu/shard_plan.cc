@@ -69,4 +69,24 @@ bool SegmentInside(const ShardBlock& b, uint64_t first, uint64_t count) {
   return covered == count;
 }
 
+Result<std::vector<uint64_t>> RecordsForShards(const std::vector<WalkedRecord>& records,
+                                               const std::vector<TpShard>& shards) {
+  std::vector<uint64_t> out;
+  for (uint64_t r = 0; r < records.size(); ++r) {
+    const RecordHeader& h = records[r].h;
+    TERN_REQUIRE(h.tensor_index < shards.size(), kInvalidArgument, "shards: record ", r, " names tensor ",
+                 h.tensor_index, " of ", shards.size());
+    const ShardBlock& b = shards[h.tensor_index].block;
+    const std::vector<ShardRun> runs = SegmentRuns(b, h.first_element, h.element_count);
+    if (runs.empty()) continue;
+    if (h.encoding == 3) {  // CONTEXT
+      TERN_REQUIRE(runs.size() == 1 && runs[0].end - runs[0].begin == h.element_count, kUnsupported,
+                   "shards: CONTEXT record ", r, " (tensor ", h.tensor_index, ", elements ", h.first_element, "+",
+                   h.element_count, ") straddles this rank's shard; it decodes only against its whole segment");
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
 }  // namespace tern::gpu

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/codec_ops.h"
+#include "gpu/patch_walk.h"
 #include "tern/status.h"
 #include "tern/view.h"
 
@@ -53,5 +54,14 @@ std::vector<ShardRun> SegmentRuns(const ShardBlock& b, uint64_t first, uint64_t 
 // only then (otherwise the island would have to gather the segment's
 // classes; not built).
 bool SegmentInside(const ShardBlock& b, uint64_t first, uint64_t count);
+
+// The records of a patch a rank decodes for its shards (shards[t]: tensor
+// t's), in patch order: those whose segment has an element in the shard.
+// A CONTEXT record that touches the shard must lie inside it
+// (SegmentInside), else kUnsupported naming it: the encoder has to cut
+// segments at shard boundaries (row splits: segment_elements dividing a
+// shard's elements) or write format 1 for split tensors.
+Result<std::vector<uint64_t>> RecordsForShards(const std::vector<WalkedRecord>& records,
+                                               const std::vector<TpShard>& shards);
 
 }  // namespace tern::gpu

@@ -131,6 +131,37 @@ TEST(GpuShardPlan, PartialDigestsAddUpToTheViewDigest) {
   }
 }
 
+WalkedRecord Record(uint32_t tensor, uint8_t encoding, uint64_t first, uint64_t count) {
+  WalkedRecord r{};
+  r.h.tensor_index = tensor;
+  r.h.encoding = encoding;
+  r.h.first_element = first;
+  r.h.element_count = count;
+  return r;
+}
+
+TEST(GpuShardPlan, RecordsForShardsKeepsTouchingRecordsAndRefusesStraddlingContext) {
+  // Tensor 0: [8, 4] split by rows over 2 (rank 1 holds elements 16..31);
+  // tensor 1: [4, 8] split by columns (rank 1 holds columns 4..7).
+  const TensorDesc a = Desc(DType::kBF16, {8, 4}), b = Desc(DType::kBF16, {4, 8});
+  const std::vector<TpShard> shards = {*ShardOf(a, TpSplit::kRows, 2, 1), *ShardOf(b, TpSplit::kCols, 2, 1)};
+  const std::vector<WalkedRecord> ok = {Record(0, 0, 0, 16), Record(0, 3, 16, 8), Record(0, 1, 24, 8),
+                                        Record(1, 0, 0, 4),  Record(1, 3, 12, 4), Record(1, 2, 16, 16)};
+  auto got = RecordsForShards(ok, shards);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, (std::vector<uint64_t>{1, 2, 4, 5}));  // 0: rows 0-3; 3: columns 0-3 of row 0
+  // CONTEXT records that straddle: rows 3-4 of tensor 0; two rows of tensor 1.
+  for (const WalkedRecord& bad : {Record(0, 3, 12, 8), Record(1, 3, 4, 8)}) {
+    auto r = RecordsForShards({bad}, shards);
+    EXPECT_EQ(r.status().code(), Code::kUnsupported);
+  }
+  // The same segments in format-1 encodings are fine (every change maps on its own).
+  auto f1 = RecordsForShards({Record(0, 0, 12, 8), Record(1, 0, 4, 8)}, shards);
+  ASSERT_TRUE(f1.ok());
+  EXPECT_EQ(f1->size(), 2u);
+  EXPECT_EQ(RecordsForShards({Record(2, 0, 0, 1)}, shards).status().code(), Code::kInvalidArgument);
+}
+
 TEST(GpuShardPlan, RefusesSplitsThatDoNotFit) {
   EXPECT_FALSE(ShardOf(Desc(DType::kBF16, {10, 8}), TpSplit::kRows, 4, 0).ok());   // 10 rows over 4
   EXPECT_FALSE(ShardOf(Desc(DType::kBF16, {8, 10}), TpSplit::kCols, 4, 0).ok());   // 10 columns over 4
