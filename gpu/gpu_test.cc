@@ -7,7 +7,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -17,6 +21,7 @@
 
 #include "base/coding.h"
 #include "base/hash.h"
+#include "gpu/apply_internal.h"
 #include "gpu/patch_walk.h"
 #include "patch/golden_cases.h"
 #include "patch/segment_codec.h"
@@ -393,6 +398,164 @@ TEST(GpuDevice, StagingUploadDeliversTheStream) {
   EXPECT_EQ(back, stream);
   ASSERT_CUDA(cudaStreamDestroy(cs));
   ASSERT_CUDA(cudaFree(dst));
+}
+
+// ---- Tensor-parallel shards, an island simulated on one GPU ------------------
+
+// The island's all-reduce between threads (one per simulated rank): each
+// call k of every rank adds into sums_[k], waits for all, reads the total.
+class HostAllReduce {
+ public:
+  explicit HostAllReduce(int n) : barrier_(n) {}
+  Status Run(int rank, uint64_t* dev, uint64_t count, void* stream) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    std::vector<uint64_t> mine(count);
+    if (cudaMemcpyAsync(mine.data(), dev, count * 8, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+      return Status(Code::kInternal, "host all-reduce: copy");
+    const size_t k = calls_[rank]++;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (sums_.size() <= k) sums_.resize(k + 1);
+      if (sums_[k].empty()) sums_[k].assign(count, 0);
+      for (uint64_t i = 0; i < count; ++i) sums_[k][i] += mine[i];
+    }
+    barrier_.arrive_and_wait();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine = sums_[k];
+    }
+    if (cudaMemcpyAsync(dev, mine.data(), count * 8, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+      return Status(Code::kInternal, "host all-reduce: copy back");
+    return Status::Ok();
+  }
+
+ private:
+  std::barrier<> barrier_;
+  std::mutex mu_;
+  std::vector<std::vector<uint64_t>> sums_;
+  std::map<int, size_t> calls_ = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
+};
+
+// Rank r's block of every tensor of v, row-major (gpu/shard_plan.h).
+std::vector<std::vector<uint8_t>> ShardBytes(const testing::OwnedView& v, const std::vector<gpu::TpShard>& shards) {
+  std::vector<std::vector<uint8_t>> out;
+  for (size_t t = 0; t < v.descs.size(); ++t) {
+    const int w = ElementBits(v.descs[t].dtype);
+    std::vector<uint8_t> b(std::max<uint64_t>(DTypeBytes(v.descs[t].dtype, shards[t].elements), 1));
+    for (uint64_t k = 0; k < shards[t].elements; ++k)
+      gpu::StoreElement(b.data(), k, w, gpu::LoadElement(v.data[t].data(), gpu::ShardGlobalIndex(shards[t].block, k), w));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// Every simulated rank applies its shards; returns each rank's status and
+// checks every rank's shards against `want` (the target, or the base when
+// the island refuses).
+std::vector<Status> RunIsland(const testing::OwnedView& base, const testing::OwnedView& want,
+                              const std::vector<GpuTpSplit>& splits, int nranks, std::span<const uint8_t> patch,
+                              const ViewDigest& digest, uint64_t scratch) {
+  HostAllReduce reduce(nranks);
+  std::vector<Status> result(nranks, Status::Ok());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      gpu::ShardedApply sh;
+      for (size_t t = 0; t < splits.size(); ++t) sh.shards.push_back(*gpu::ShardOf(base.descs[t], splits[t], nranks, r));
+      sh.all_reduce = [&, r](uint64_t* d, uint64_t n, void* st) { return reduce.Run(r, d, n, st); };
+      const auto host = ShardBytes(base, sh.shards);
+      std::vector<void*> bufs;
+      MutableServeView mv;
+      for (size_t t = 0; t < host.size(); ++t) {
+        void* p = nullptr;
+        EXPECT_EQ(cudaMalloc(&p, host[t].size()), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(p, host[t].data(), host[t].size(), cudaMemcpyHostToDevice), cudaSuccess);
+        bufs.push_back(p);
+        mv.tensors.push_back({&base.descs[t], static_cast<uint8_t*>(p)});
+      }
+      cudaStream_t stream;
+      EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      GpuOptions go;
+      go.stream = stream;
+      go.scratch_bytes = scratch;
+      result[r] = gpu::ApplyOnDevice(mv, patch, digest, go, nullptr, &sh);
+      const auto expect = ShardBytes(want, sh.shards);
+      for (size_t t = 0; t < bufs.size(); ++t) {
+        std::vector<uint8_t> got(host[t].size());
+        EXPECT_EQ(cudaMemcpy(got.data(), bufs[t], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(got, expect[t]) << "rank " << r << " tensor " << t;
+        cudaFree(bufs[t]);
+      }
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return result;
+}
+
+testing::OwnedView TpView(std::mt19937_64& rng) {
+  testing::OwnedView v;
+  v.Add("a.bf16", DType::kBF16, {64, 96});  // column-parallel weight: rows
+  v.Add("b.f4", DType::kF4, {32, 64});      // row-parallel weight: columns
+  v.Add("c.f32", DType::kF32, {64});        // its bias: rows
+  v.Add("d.f16", DType::kF16, {96});        // a norm: replicated
+  v.Add("e.u8", DType::kU8, {16, 40});      // columns
+  for (size_t t = 0; t < v.descs.size(); ++t) testing::PhysicalFill(v.data[t], v.descs[t].dtype, v.descs[t].elements(), rng);
+  return v;
+}
+const std::vector<GpuTpSplit> kTpSplits = {GpuTpSplit::kRows, GpuTpSplit::kCols, GpuTpSplit::kRows,
+                                           GpuTpSplit::kReplicated, GpuTpSplit::kCols};
+
+TEST(GpuDevice, ShardedIslandAppliesEachRanksShare) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(25);
+  ThreadPool pool(2);
+  for (int nranks : {1, 2, 4}) {
+    for (double push : {0.001, 0.05}) {
+      for (uint64_t scratch : {uint64_t{256} << 20, uint64_t{1} << 12}) {
+        testing::OwnedView a = TpView(rng);
+        testing::OwnedView b = testing::PhysicalStep(a, push, rng);
+        DiffOptions opt;
+        opt.segment_elements = 1000;  // straddles shards: format 1 maps change by change
+        opt.format_version = 1;
+        auto patch = Diff(a.View(), b.View(), opt, pool);
+        ASSERT_TRUE(patch.ok());
+        for (const Status& s : RunIsland(a, b, kTpSplits, nranks, *patch, ComputeDigest(a.View(), pool), scratch))
+          EXPECT_TRUE(s.ok()) << s.ToString() << " ranks " << nranks;
+      }
+    }
+  }
+}
+
+TEST(GpuDevice, ShardedIslandRefusesTogether) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(26);
+  ThreadPool pool(2);
+  testing::OwnedView a = TpView(rng);
+  testing::OwnedView b = testing::PhysicalStep(a, 0.05, rng);
+  const ViewDigest da = ComputeDigest(a.View(), pool);
+  // A format-2 patch whose CONTEXT segments straddle the shards: kUnsupported
+  // on the ranks that see one, kCancelled on the others; nothing written.
+  DiffOptions opt;
+  opt.segment_elements = 1000;
+  opt.format_version = 2;
+  auto p2 = Diff(a.View(), b.View(), opt, pool);
+  ASSERT_TRUE(p2.ok());
+  int unsupported = 0;
+  for (const Status& s : RunIsland(a, a, kTpSplits, 2, *p2, da, uint64_t{256} << 20)) {
+    EXPECT_FALSE(s.ok());
+    unsupported += s.code() == Code::kUnsupported;
+  }
+  EXPECT_GT(unsupported, 0);
+  // A wrong digest change (the patch of another step claiming this base): every rank refuses.
+  opt.format_version = 1;
+  testing::OwnedView c = testing::PhysicalStep(a, 0.05, rng);
+  auto p1 = Diff(a.View(), b.View(), opt, pool);
+  ASSERT_TRUE(p1.ok());
+  for (const Status& s : RunIsland(c, c, kTpSplits, 2, *p1, da, uint64_t{256} << 20))
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
 }
 
 TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {

@@ -15,6 +15,8 @@ namespace {
 
 constexpr int kNcclSuccess = 0;
 constexpr int kNcclUint8 = 1;
+constexpr int kNcclUint64 = 5;
+constexpr int kNcclSum = 0;
 struct NcclUniqueId {
   char internal[128];
 };
@@ -26,6 +28,8 @@ struct NcclApi {
   int (*comm_destroy)(void* comm) = nullptr;
   int (*broadcast)(const void* send, void* recv, size_t count, int datatype, int root, void* comm,
                    void* stream) = nullptr;
+  int (*all_reduce)(const void* send, void* recv, size_t count, int datatype, int op, void* comm,
+                    void* stream) = nullptr;
   const char* (*error_string)(int) = nullptr;
   std::string error;  // why loading failed
 };
@@ -52,6 +56,7 @@ const NcclApi& Nccl() {
     api.comm_init_rank = reinterpret_cast<decltype(api.comm_init_rank)>(sym("ncclCommInitRank"));
     api.comm_destroy = reinterpret_cast<decltype(api.comm_destroy)>(sym("ncclCommDestroy"));
     api.broadcast = reinterpret_cast<decltype(api.broadcast)>(sym("ncclBroadcast"));
+    api.all_reduce = reinterpret_cast<decltype(api.all_reduce)>(sym("ncclAllReduce"));
     api.error_string = reinterpret_cast<decltype(api.error_string)>(sym("ncclGetErrorString"));
   });
   return api;
@@ -117,6 +122,12 @@ Status NcclIsland::Broadcast(void* device_buffer, uint64_t bytes, int root, void
   TERN_REQUIRE(root >= 0 && root < nranks_, kInvalidArgument, "root ", root, " of ", nranks_);
   return NcclStatus(Nccl().broadcast(device_buffer, device_buffer, bytes, kNcclUint8, root, comm_, stream),
                     "ncclBroadcast");
+}
+
+Status NcclIsland::AllReduceSum(uint64_t* device_buffer, uint64_t count, void* stream) {
+  TERN_REQUIRE(comm_ != nullptr, kInvalidArgument, "NCCL island was moved from");
+  return NcclStatus(Nccl().all_reduce(device_buffer, device_buffer, count, kNcclUint64, kNcclSum, comm_, stream),
+                    "ncclAllReduce");
 }
 
 }  // namespace tern

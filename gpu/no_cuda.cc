@@ -47,6 +47,10 @@ Status GpuStagingUpload::Push(std::span<const uint8_t>) { return TERN_ERROR(kUna
 Status GpuStagingUpload::Drain() { return TERN_ERROR(kUnavailable, kWhy); }
 uint64_t GpuStagingUpload::bytes_done() const { return 0; }
 
+Status NcclIsland::ApplyShardsFromRoot(MutableServeView&, std::span<const uint8_t>, int, const std::vector<GpuTpSplit>&,
+                                       const ViewDigest&, const GpuOptions&, ViewDigest*) {
+  return TERN_ERROR(kUnavailable, kWhy);
+}
 Status NcclIsland::ApplyFromRoot(MutableServeView&, std::span<const uint8_t>, int, const ViewDigest&,
                                  const GpuOptions&, ViewDigest*) {
   return TERN_ERROR(kUnavailable, kWhy);

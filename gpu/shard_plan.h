@@ -17,12 +17,13 @@
 
 #include "gpu/codec_ops.h"
 #include "gpu/patch_walk.h"
+#include "tern/gpu.h"
 #include "tern/status.h"
 #include "tern/view.h"
 
 namespace tern::gpu {
 
-enum class TpSplit : uint8_t { kReplicated, kRows, kCols };
+using TpSplit = GpuTpSplit;  // tern/gpu.h
 
 struct TpShard {
   ShardBlock block;

@@ -191,6 +191,13 @@ class TERN_EXPORT GpuStagingUpload {
 
 // ---- Islands: several GPUs of one engine (docs/gpu.md, "Islands") ---------
 
+// How a tensor is split over the ranks of a tensor-parallel island: rows of
+// its [rows, cols] folding (cols = last dimension; a column-parallel linear
+// and its bias), columns (a row-parallel linear), or replicated (norms).
+// Equal shards, rank r holding the r-th; a rank's buffer holds its block
+// row-major.
+enum class GpuTpSplit : uint8_t { kReplicated, kRows, kCols };
+
 // NCCL, loaded at run time (libnccl.so.2): one communicator per rank of an
 // island. The rank that receives a patch broadcasts its bytes to the others.
 class TERN_EXPORT NcclIsland {
@@ -220,6 +227,23 @@ class TERN_EXPORT NcclIsland {
   Status ApplyFromRoot(MutableServeView& device_view, std::span<const uint8_t> patch, int root,
                        const ViewDigest& current_digest, const GpuOptions& options,
                        ViewDigest* new_digest = nullptr);
+  // Tensor-parallel ranks: the patch from `root` reaches every rank, and
+  // each applies only its shards. device_view's tensors carry the full
+  // tensors' descs (the patch's layout) and point at this rank's shard of
+  // each (splits[t]: how tensor t is split); current_digest is the whole
+  // island view's digest. Each rank decodes the records that touch its
+  // shards and sums its partial digest change; the island all-reduces the
+  // sums (and any rank's failure), so every rank writes or none does.
+  // kUnsupported (on every rank) for a CONTEXT record that straddles a
+  // shard: it decodes only against its whole segment's base, so publish
+  // split tensors in format 1 or cut segments at shard boundaries.
+  // Collective.
+  Status ApplyShardsFromRoot(MutableServeView& device_view, std::span<const uint8_t> patch, int root,
+                             const std::vector<GpuTpSplit>& splits, const ViewDigest& current_digest,
+                             const GpuOptions& options, ViewDigest* new_digest = nullptr);
+  // Sums `count` uint64 values of device memory over the island, in place
+  // (mod 2^64, as the digest's lanes add).
+  Status AllReduceSum(uint64_t* device_buffer, uint64_t count, void* stream);
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
 
