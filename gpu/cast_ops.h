@@ -1,6 +1,7 @@
 // Per-element and per-group logic of the GPU cast and quantize kernels, as
-// TERN_HD functions (gpu/hd.h). Each mirrors a CPU reference in quant/
-// (float_cast.h, quant/minifloat.h, quant/quantize_fp8.cc, quantize_fp4.cc)
+// TERN_HD functions (base/hd.h). Each mirrors a CPU reference in quant/
+// (float_cast.h, quant/quantize_fp8.cc, quantize_fp4.cc) except the
+// minifloat codecs, which both sides share (base/minifloat.h)
 // and gpu/cast_ops_test.cc checks it against that reference bit for bit,
 // exhaustively where the domain allows (every BF16/FP16/FP8 code, every
 // E2M1/E8M0 code, edge FP32 patterns). The reference is the contract; any
@@ -9,7 +10,8 @@
 
 #include <cstdint>
 
-#include "gpu/hd.h"
+#include "base/hd.h"
+#include "base/minifloat.h"
 
 namespace tern::gpu {
 
@@ -45,70 +47,14 @@ TERN_HD uint32_t BF16ToF32Bits(uint16_t b) { return static_cast<uint32_t>(b) << 
 
 // ---- Minifloats: FP8 E4M3FN / E5M2, FP4 E2M1, E8M0 -----------------------
 
-struct MiniFormat {
-  int ebits, mbits, bias;
-  uint8_t max_code;
-  bool has_inf;
-  uint8_t nan_code;
-  float max_value;
-};
-// Functions rather than constants: device code may not take the address of
-// a host constant, and the formats are passed by reference.
-TERN_HD constexpr MiniFormat E4M3() { return {4, 3, 7, 0x7E, false, 0x7F, 448.0f}; }
-TERN_HD constexpr MiniFormat E5M2() { return {5, 2, 15, 0x7B, true, 0x7E, 57344.0f}; }
-TERN_HD constexpr MiniFormat E2M1() { return {2, 1, 1, 0x7, false, 0x7, 6.0f}; }
-
-// Round to nearest even from the exact FP32 value; overflow saturates or goes
-// to Inf/NaN as quant/minifloat.h's EncodeMini.
-TERN_HD uint8_t EncodeMini(float x, const MiniFormat& f, bool saturate) {
-  const uint32_t u = FloatBits(x);
-  const uint8_t sign = static_cast<uint8_t>((u >> 31) << (f.ebits + f.mbits));
-  const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | f.nan_code;
-  const int exp32 = static_cast<int>(a >> 23) - 127;
-  const int emin = 1 - f.bias;
-  uint32_t code;
-  if (exp32 >= emin) {
-    const int shift = 23 - f.mbits;
-    const uint32_t rounded = a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);
-    code = (rounded >> shift) - (static_cast<uint32_t>(127 - f.bias) << f.mbits);
-  } else if (exp32 < emin - f.mbits - 1) {
-    code = 0;
-  } else {
-    const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    const int shift = 23 + emin - f.mbits - exp32;
-    code = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (code & 1u))) ++code;
-  }
-  if (code > f.max_code) {
-    if (saturate) return sign | f.max_code;
-    return sign | (f.has_inf ? static_cast<uint8_t>(f.max_code + 1) : f.nan_code);
-  }
-  return sign | static_cast<uint8_t>(code);
-}
-
-// The reference decodes with std::ldexp and NAN/INFINITY; these are the same
-// bits built directly (every minifloat value is exact in FP32).
-TERN_HD float DecodeMini(uint8_t code, const MiniFormat& f) {
-  const int width = f.ebits + f.mbits;
-  const bool neg = (code >> width) & 1u;
-  const uint32_t mag = code & ((1u << width) - 1u);
-  const uint32_t e = mag >> f.mbits;
-  const uint32_t m = mag & ((1u << f.mbits) - 1u);
-  float v;
-  if (mag > f.max_code) {
-    v = BitsFloat((f.has_inf && mag == f.max_code + 1u) ? 0x7F800000u : 0x7FC00000u);
-  } else if (e == 0) {
-    v = static_cast<float>(m) * Pow2(1 - f.bias - f.mbits);
-  } else {
-    v = static_cast<float>(m | (1u << f.mbits)) * Pow2(static_cast<int>(e) - f.bias - f.mbits);
-  }
-  return neg ? BitsFloat(FloatBits(v) ^ 0x80000000u) : v;
-}
-
-TERN_HD float DecodeE8M0(uint8_t code) { return code == 0xFF ? BitsFloat(0x7FC00000u) : Pow2(code - 127); }
+// One copy, shared with quant/ (base/minifloat.h).
+using ::tern::minifloat::DecodeE8M0;
+using ::tern::minifloat::DecodeMini;
+using ::tern::minifloat::E2M1;
+using ::tern::minifloat::E4M3;
+using ::tern::minifloat::E5M2;
+using ::tern::minifloat::EncodeMini;
+using ::tern::minifloat::MiniFormat;
 
 // floor(log2(x)) for x > 0 as the reference's frexp-based FloorLog2; for
 // +Inf glibc's frexp leaves the exponent 0, so the reference answers -1.

@@ -65,39 +65,25 @@ TEST(GpuCastOps, EveryBF16PatternWidensAndRoundTrips) {
   }
 }
 
-TEST(GpuCastOps, MiniFloatEncodeMatchesReference) {
+// quant/'s names are the shared codecs (one copy, base/minifloat.h).
+TEST(GpuCastOps, QuantUsesTheSharedMiniFloatCodecs) {
+  EXPECT_EQ(&ref::EncodeMini, &EncodeMini);
+  EXPECT_EQ(&ref::DecodeMini, &DecodeMini);
+  EXPECT_EQ(&ref::DecodeE8M0, &DecodeE8M0);
   const std::pair<MiniFormat, ref::MiniFloat> formats[] = {
       {E4M3(), ref::kE4M3}, {E5M2(), ref::kE5M2}, {E2M1(), ref::kE2M1}};
   for (const auto& [f, r] : formats) {
-    for (bool sat : {false, true}) {
-      uint64_t bad = 0;
-      ForSweep([&](uint32_t u) {
-        const float x = BitsFloat(u);
-        bad += EncodeMini(x, f, sat) != ref::EncodeMini(x, r, sat);
-      });
-      EXPECT_EQ(bad, 0u) << "ebits " << f.ebits << " saturate " << sat;
-    }
+    EXPECT_EQ(f.ebits, r.ebits);
+    EXPECT_EQ(f.max_code, r.max_code);
+    EXPECT_EQ(f.max_value, r.max_value);
   }
-}
-
-TEST(GpuCastOps, EveryMiniFloatCodeDecodesLikeReference) {
-  const std::pair<MiniFormat, ref::MiniFloat> formats[] = {
-      {E4M3(), ref::kE4M3}, {E5M2(), ref::kE5M2}, {E2M1(), ref::kE2M1}};
-  for (const auto& [f, r] : formats) {
-    const int codes = 1 << (f.ebits + f.mbits + 1);
-    for (int c = 0; c < codes; ++c)
-      ASSERT_EQ(Bits(DecodeMini(static_cast<uint8_t>(c), f)), Bits(ref::DecodeMini(static_cast<uint8_t>(c), r)))
-          << "ebits " << f.ebits << " code " << c;
-  }
-  for (int c = 0; c < 256; ++c)
-    ASSERT_EQ(Bits(DecodeE8M0(static_cast<uint8_t>(c))), Bits(ref::DecodeE8M0(static_cast<uint8_t>(c)))) << c;
 }
 
 // The minifloat codecs' every answer over the sweep, as XXH3 digests frozen
-// from quant/'s ldexp-based implementation before the CPU and the GPU came
-// to share one copy (base/minifloat.h): the shared copy must answer
-// exactly as the reference always did, so a change of any encode or decode
-// result fails here.
+// from quant/'s former ldexp-based implementation (while the GPU's copy was
+// checked equal to it over this sweep) before the CPU and the GPU came to
+// share one copy (base/minifloat.h): a change of any encode or decode
+// result fails here. quant/minifloat_test.cc holds it to hand tables.
 TEST(GpuCastOps, MiniFloatCodecsAreFrozen) {
   const MiniFormat formats[] = {E4M3(), E5M2(), E2M1()};
   std::vector<uint8_t> enc;

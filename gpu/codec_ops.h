@@ -1,5 +1,5 @@
 // Per-element and per-segment logic of the GPU codec kernels, as TERN_HD
-// functions (gpu/hd.h): element access by width, deltas and zigzag, the view
+// functions (base/hd.h): element access by width, deltas and zigzag, the view
 // digest's element terms, and a bounds-checked decoder of one format-1
 // segment record's streams. An independent implementation of
 // docs/format/patch.md §1, §4-§6 and §8 (patch/'s own decoder is private to
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "gpu/hd.h"
+#include "base/hd.h"
 
 namespace tern::gpu {
 

@@ -1,5 +1,5 @@
 // Format 2's CONTEXT segments (docs/format/patch.md §6.4) for the GPU
-// apply, as TERN_HD functions (gpu/hd.h): the exponent field per dtype, the
+// apply, as TERN_HD functions (base/hd.h): the exponent field per dtype, the
 // context table, and a decoder of one CONTEXT record against its base.
 // A second implementation of patch/context_codec.h (host-only, private to
 // patch/); gpu/context_ops_test.cc holds it to that one on the golden files,
@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "gpu/codec_ops.h"
-#include "gpu/hd.h"
+#include "base/hd.h"
 
 namespace tern::gpu {
 

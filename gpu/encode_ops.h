@@ -1,4 +1,4 @@
-// Per-segment logic of the GPU encoder, as TERN_HD functions (gpu/hd.h):
+// Per-segment logic of the GPU encoder, as TERN_HD functions (base/hd.h):
 // from a segment's changes (positions, deltas) to one format-1 record, the
 // same bytes as patch/'s encoder writes (gpu/encode_ops_test.cc compares
 // them with tern::EncodeSegment). Same bytes, not just a valid record, so

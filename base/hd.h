@@ -1,7 +1,9 @@
-// Portability floor of the GPU path: functions marked TERN_HD compile for the
-// host (GCC, the CPU tests) and for the device (nvcc), so that every kernel's
+// Portability floor of host/device code: functions marked TERN_HD compile for
+// the host (GCC) and for the device (nvcc), so that every GPU kernel's
 // per-element and per-segment logic is the same source on both sides and the
-// CPU test suite checks it against the CPU reference bit for bit.
+// CPU test suite checks it against the CPU reference bit for bit; code both
+// sides share outright (base/minifloat.h, quant/'s and gpu/'s one copy)
+// lives on it too. In base/ so that any module may include it.
 //
 // Rules for TERN_HD code: no std:: library calls that lack device versions
 // (no <cmath>, no std::vector, no Status), no exceptions, every loop bounded
@@ -19,7 +21,7 @@
 #define TERN_HD inline
 #endif
 
-namespace tern::gpu {
+namespace tern::hd {
 
 TERN_HD uint32_t FloatBits(float f) {
 #if defined(__CUDA_ARCH__)
@@ -73,4 +75,9 @@ TERN_HD float Pow2(int e) {
   return BitsFloat(uint32_t{1} << (e + 149));
 }
 
+}  // namespace tern::hd
+
+// The GPU path's code calls these unqualified.
+namespace tern::gpu {
+using namespace ::tern::hd;
 }  // namespace tern::gpu
