@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
     std::printf("digest (full view): %.3f ms, %.2fx the D2D copy time\n", s * 1e3, s / copy_s);
   }
   std::printf("\n| changed | patch MB | apply ms | apply vs copy | of which host verify ms | upload ms |"
-              " encode ms | encode vs copy | CPU apply ms |\n|---|---|---|---|---|---|---|---|---|\n");
+              " encode ms | encode vs copy | CPU apply ms | f2 patch MB (CONTEXT segs) | f2 apply ms |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool goal_met = true;
   for (double density : densities) {
     testing::OwnedView next(base_view);
@@ -175,7 +176,9 @@ int main(int argc, char** argv) {
     for (uint32_t t = 0; t < tensors; ++t) changes += Mutate(next.data[t], density, 1000 + t);
     const ServeView next_view = next.View();
     const ViewDigest next_digest = ComputeDigest(next_view, pool);
-    auto patch = Diff(base_view, next_view, DiffOptions{}, pool, &base_digest);
+    DiffOptions v1;
+    v1.format_version = 1;  // GpuDiff writes format 1; its bytes are compared below
+    auto patch = Diff(base_view, next_view, v1, pool, &base_digest);
     Die(patch.status(), "Diff");
     // CPU apply, for reference (a private copy, exclusive view).
     double cpu_s = 1e30;
@@ -196,6 +199,31 @@ int main(int argc, char** argv) {
       Die(GpuApply(work.view, *patch, base_digest, {}, &out), "GpuApply");
       apply_s = std::min(apply_s, Seconds(t0, Clock::now()));
     }
+    // Format 2 (CONTEXT records decode against the view on the device).
+    DiffOptions v2;
+    v2.format_version = 2;
+    auto patch2 = Diff(base_view, next_view, v2, pool, &base_digest);
+    Die(patch2.status(), "Diff format 2");
+    auto info2 = Inspect(*patch2);
+    Die(info2.status(), "Inspect");
+    uint64_t context_segments = 0;
+    for (const auto& t : info2->tensors) context_segments += t.context_segments;
+    double apply2_s = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      work.CopyFrom(pristine);
+      ViewDigest out;
+      const auto t0 = Clock::now();
+      Die(GpuApply(work.view, *patch2, base_digest, {}, &out), "GpuApply format 2");
+      apply2_s = std::min(apply2_s, Seconds(t0, Clock::now()));
+    }
+    {
+      auto applied2 = GpuComputeDigest(AsConst(work.view), {});
+      Die(applied2.status(), "GpuComputeDigest");
+      if (*applied2 != next_digest)
+        Die(Status(Code::kInternal, "GPU apply of format 2 differs from the target"), "apply f2");
+    }
+    work.CopyFrom(pristine);
+    Die(GpuApply(work.view, *patch, base_digest, {}, nullptr), "GpuApply");
     // Where apply's time goes: the host's verification of the patch (every
     // checksum, gpu::WalkPatch) and its upload (pageable memory), the rest
     // being the kernels and the one synchronisation.
@@ -227,9 +255,10 @@ int main(int argc, char** argv) {
       Die(got.status(), "GpuDiff");
       if (*got != *patch) Die(Status(Code::kInternal, "GPU patch differs from the CPU patch"), "encode");
     }
-    std::printf("| %.4g%% (%llu) | %.2f | %.3f | %.2f | %.3f | %.3f | %.3f | %.2f | %.1f |\n", density * 100,
-                static_cast<unsigned long long>(changes), patch->size() / 1e6, apply_s * 1e3, copy_s / apply_s,
-                verify_s * 1e3, upload_s * 1e3, encode_s * 1e3, copy_s / encode_s, cpu_s * 1e3);
+    std::printf("| %.4g%% (%llu) | %.2f | %.3f | %.2f | %.3f | %.3f | %.3f | %.2f | %.1f | %.2f (%llu) | %.3f |\n",
+                density * 100, static_cast<unsigned long long>(changes), patch->size() / 1e6, apply_s * 1e3,
+                copy_s / apply_s, verify_s * 1e3, upload_s * 1e3, encode_s * 1e3, copy_s / encode_s, cpu_s * 1e3,
+                patch2->size() / 1e6, static_cast<unsigned long long>(context_segments), apply2_s * 1e3);
     if (density == 0.01 && copy_s / apply_s < 0.5) goal_met = false;
   }
   std::printf("\n(\"vs copy\" = D2D copy time / operation time: 1.0 is as fast as copying the view.)\n");

@@ -3,9 +3,11 @@
 #   1. builds the GPU path (only its targets, for this GPU's architecture),
 #   2. runs the kernel-logic tests (CPU) and the device equivalence tests
 #      against the CPU reference (they fail, not skip, when no GPU is seen),
-#      including a tensor of more than 2^31 elements,
-#   3. benchmarks apply, encode, digest and quantize against a device-to-
-#      device copy of the same view, measured in the same run.
+#      including a tensor of more than 2^31 elements, format-2 (CONTEXT)
+#      apply, the pinned staging upload and tensor-parallel shard apply
+#      (islands of 1, 2 and 4 ranks simulated on the one GPU),
+#   3. benchmarks apply (format 1 and 2), encode, digest and quantize
+#      against a device-to-device copy of the same view, in the same run.
 # The log goes to stdout and to $OUT/gpu_check.log (OUT: the device tool's
 # output folder; default the build folder). docs/gpu.md explains the figures.
 #
