@@ -385,13 +385,14 @@ TEST(GpuDevice, IslandOfOneRankAppliesTheRootsPatch) {
 
 // Quantizes on the device and compares every output with tern::Quantize,
 // for a first call and for a call with the previous state in the buffers.
-void CheckQuantize(const char* format, DType master_dtype) {
+void CheckQuantize(const char* format, DType master_dtype,
+                   const std::vector<uint64_t>& shape = {2, 192, 256}) {
   auto spec = ParseQuantFormat(format);
   ASSERT_TRUE(spec.ok());
   std::mt19937_64 rng(8);
   std::normal_distribution<float> normal(0.0f, 0.02f);
-  const std::vector<uint64_t> shape = {2, 192, 256};
-  const uint64_t n = 2 * 192 * 256;
+  uint64_t n = 1;
+  for (uint64_t dim : shape) n *= dim;
   std::vector<float> x(n);
   for (auto& v : x) v = normal(rng);
   for (uint64_t i = 0; i < 300; ++i) x[i] = 0.0f;
@@ -440,6 +441,52 @@ TEST(GpuDevice, QuantizeMatchesCpu) {
     CheckQuantize(f, DType::kF32);
     CheckQuantize(f, DType::kBF16);
   }
+}
+
+// INT4 layouts are per-Linear (2-D); 180 rows leave a partial zero-point
+// word, GPTQ needs rows in eights.
+TEST(GpuDevice, QuantizeInt4MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* f : {"int4-g32", "int4-g128", "int4-g64-asym", "int4-g128-asym"}) {
+    CheckQuantize(f, DType::kF32, {180, 256});
+    CheckQuantize(f, DType::kBF16, {180, 256});
+  }
+  for (const char* f : {"gptq-int4-g32", "gptq-int4-g128"}) {
+    CheckQuantize(f, DType::kF32, {192, 256});
+    CheckQuantize(f, DType::kBF16, {192, 256});
+  }
+}
+
+// A GPTQ scale beyond F16's range: kOutOfRange, as the CPU, and no output
+// written (the scale pass writes scratch only).
+TEST(GpuDevice, QuantizeInt4RefusesAnOverflowingScaleAndWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  auto spec = ParseQuantFormat("gptq-int4-g128");
+  ASSERT_TRUE(spec.ok());
+  const std::vector<uint64_t> shape = {8, 256};
+  std::vector<float> x(8 * 256, 0.01f);
+  x[300] = 1e7f;  // scale 1.3e6 > 65504
+  EXPECT_EQ(Quantize(*spec, x.data(), shape, nullptr, ScalePolicy{}).status().code(), Code::kOutOfRange);
+  void* d_master = nullptr;
+  ASSERT_CUDA(cudaMalloc(&d_master, x.size() * 4));
+  ASSERT_CUDA(cudaMemcpy(d_master, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  const size_t sizes[4] = {256 / 8 * 8 * 4, 2 * 8 * 2, 2 * 1 * 4, 256 * 4};  // qweight, scales, qzeros, g_idx
+  std::vector<void*> outs;
+  for (size_t b : sizes) {
+    void* p = nullptr;
+    ASSERT_CUDA(cudaMalloc(&p, b));
+    ASSERT_CUDA(cudaMemset(p, 0xAB, b));
+    outs.push_back(p);
+  }
+  auto r = GpuQuantize(*spec, DType::kF32, d_master, shape, outs, false, ScalePolicy{}, {});
+  EXPECT_EQ(r.status().code(), Code::kOutOfRange) << r.status().ToString();
+  for (size_t k = 0; k < outs.size(); ++k) {
+    std::vector<uint8_t> got(sizes[k]);
+    ASSERT_CUDA(cudaMemcpy(got.data(), outs[k], got.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, std::vector<uint8_t>(sizes[k], 0xAB)) << "output " << k;
+    cudaFree(outs[k]);
+  }
+  cudaFree(d_master);
 }
 
 TEST(GpuDevice, QuantizeRefusesNonFiniteAndWritesNothing) {

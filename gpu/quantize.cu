@@ -9,6 +9,8 @@
 //        previous scale in place) -> Fp8EncodeKernel (a thread per element);
 //   FP4: AmaxKernel (NVFP4's tensor amax) -> Fp4GlobalKernel (one thread) ->
 //        Fp4BlockKernel (a thread per 16/32-element block).
+//   INT4 (pack-quantized, GPTQ): Int4ScaleKernel -> Int4EncodeKernel ->
+//        Int4ConstKernel (a thread per 8 rows x one group; gpu/int4_ops.h).
 // The per-group and per-block arithmetic is cast_ops.h's, tested on the CPU
 // against quant/.
 #include <algorithm>
@@ -17,6 +19,7 @@
 
 #include "gpu/cast_ops.h"
 #include "gpu/cuda_util.h"
+#include "gpu/int4_ops.h"
 #include "tern/gpu.h"
 
 namespace tern {
@@ -129,6 +132,94 @@ __global__ void Fp4BlockKernel(const void* master, uint64_t blocks, Fp4Scheme s,
   }
 }
 
+// INT4 (gpu/int4_ops.h): a thread per (8 rows, group k), the rows that
+// share a zero-point word ((o / 8) * G + k). The scale pass reads the
+// previous state in place and writes only scratch, so an overflow (kOutOfRange)
+// or a NaN master leaves every output as it was; the encode pass then
+// writes scales, zero points and whole packed words (a group is g / 8 words
+// of one row: no two threads share a word).
+constexpr unsigned long long kNoOverflow = std::numeric_limits<unsigned long long>::max();
+
+struct Int4Shape {
+  uint64_t out, in, g, groups;  // groups per row
+  bool sym, gptq;
+};
+
+template <class M>
+__global__ void Int4ScaleKernel(const void* master, Int4Shape s, bool has_prev, const uint16_t* scales_prev,
+                                const uint32_t* zps_prev, QuantPolicy p, uint16_t* scale_scratch,
+                                uint32_t* zp_scratch, unsigned long long* rescaled,
+                                unsigned long long* first_overflow, const unsigned long long* first_bad) {
+  if (*first_bad != kAllFinite) return;
+  const uint64_t words = (s.out + 7) / 8 * s.groups;
+  TERN_GRID_STRIDE(t, words) {
+    const uint64_t o8 = t / s.groups, k = t % s.groups;
+    const uint32_t prev_word = has_prev && zps_prev != nullptr ? zps_prev[t] : 0;
+    uint32_t word = 0;
+    const uint64_t end = o8 * 8 + 8 < s.out ? o8 * 8 + 8 : s.out;
+    for (uint64_t o = o8 * 8; o < end; ++o) {
+      const uint64_t si = s.gptq ? k * s.out + o : o * s.groups + k;
+      const int pzp = zps_prev != nullptr ? static_cast<int>((prev_word >> (4 * (o % 8))) & 0xF) - 8 : 0;
+      const uint64_t base = o * s.in + k * s.g;
+      Int4Group r;
+      if (!Int4GroupScale([&](uint64_t i) { return LoadMaster<M>(master, base + i); }, s.g, s.sym, s.gptq,
+                          has_prev, has_prev ? scales_prev[si] : uint16_t{0}, pzp, p, &r)) {
+        atomicMin(first_overflow, static_cast<unsigned long long>(o * s.groups + k));
+        continue;
+      }
+      if (!r.kept) atomicAdd(rescaled, 1ull);
+      scale_scratch[si] = r.scale_bits;
+      if (!s.sym) word |= static_cast<uint32_t>(r.zp + 8) << (4 * (o % 8));
+    }
+    zp_scratch[t] = word;
+  }
+}
+
+template <class M>
+__global__ void Int4EncodeKernel(const void* master, Int4Shape s, const uint16_t* scale_scratch,
+                                 const uint32_t* zp_scratch, uint32_t* packed, uint16_t* scales, uint32_t* zps,
+                                 const unsigned long long* first_overflow, const unsigned long long* first_bad) {
+  if (*first_bad != kAllFinite || *first_overflow != kNoOverflow) return;
+  const uint64_t words = (s.out + 7) / 8 * s.groups;
+  TERN_GRID_STRIDE(t, words) {
+    const uint64_t o8 = t / s.groups, k = t % s.groups;
+    const uint64_t end = o8 * 8 + 8 < s.out ? o8 * 8 + 8 : s.out;
+    for (uint64_t o = o8 * 8; o < end; ++o) {
+      const uint64_t si = s.gptq ? k * s.out + o : o * s.groups + k;
+      const uint16_t bits = scale_scratch[si];
+      scales[si] = bits;
+      const int zp = s.sym ? 0 : static_cast<int>((zp_scratch[t] >> (4 * (o % 8))) & 0xF) - 8;
+      const float sd = DecodeInt4Scale(bits, s.gptq);
+      for (uint64_t w = 0; w < s.g / 8; ++w) {
+        const uint64_t col0 = k * s.g + w * 8;
+        uint32_t word = 0;
+        for (int j = 0; j < 8; ++j) word |= Int4Nibble(LoadMaster<M>(master, o * s.in + col0 + j), sd, zp) << (4 * j);
+        packed[s.gptq ? (col0 / 8) * s.out + o : o * (s.in / 8) + col0 / 8] = word;
+      }
+    }
+    if (!s.sym) zps[t] = zp_scratch[t];
+  }
+}
+
+// The constant outputs: GPTQ's qzeros (zero - 1 = 7 in every nibble) and
+// g_idx (i / g); compressed-tensors' weight_shape {out, in}.
+__global__ void Int4ConstKernel(Int4Shape s, uint32_t* qzeros, int32_t* g_idx, int64_t* shape,
+                                const unsigned long long* first_overflow, const unsigned long long* first_bad) {
+  if (*first_bad != kAllFinite || *first_overflow != kNoOverflow) return;
+  if (!s.gptq) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      shape[0] = static_cast<int64_t>(s.out);
+      shape[1] = static_cast<int64_t>(s.in);
+    }
+    return;
+  }
+  const uint64_t zwords = s.groups * s.out / 8, n = zwords > s.in ? zwords : s.in;
+  TERN_GRID_STRIDE(i, n) {
+    if (i < zwords) qzeros[i] = 0x77777777u;
+    if (i < s.in) g_idx[i] = static_cast<int32_t>(i / s.g);
+  }
+}
+
 struct Dims {
   uint64_t lead = 1, out = 0, in = 0, count = 0;
 };
@@ -172,6 +263,8 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, con
     case QuantScheme::kNvfp4: want_outputs = 4; break;
     case QuantScheme::kNvfp4Ct: want_outputs = 3; break;
     case QuantScheme::kMxfp4: want_outputs = 2; break;
+    case QuantScheme::kInt4Pack: want_outputs = spec.symmetric ? 3 : 4; break;
+    case QuantScheme::kGptqInt4: want_outputs = 4; break;
     default: return TERN_ERROR(kUnsupported, spec.name, " is not quantized on the GPU yet (use tern::Quantize)");
   }
   TERN_REQUIRE(outputs.size() == want_outputs, kInvalidArgument, spec.name, " writes ", want_outputs,
@@ -179,12 +272,16 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, con
   for (void* o : outputs) TERN_REQUIRE(o != nullptr, kInvalidArgument, "null output buffer");
   TERN_RETURN_IF_ERROR(RequireDevice());
   TERN_RETURN_IF_ERROR(CheckDevicePointer(master, master_dtype == DType::kBF16 ? 2 : 4, "master"));
+  const bool int4 = spec.scheme == QuantScheme::kInt4Pack || spec.scheme == QuantScheme::kGptqInt4;
   for (size_t k = 0; k < outputs.size(); ++k) {
     // Codes are bytes; casts write 16-bit values, scales and globals F32
-    // (MXFP4's E8M0 scales and NVFP4's E4M3 block scales are bytes).
+    // (MXFP4's E8M0 scales and NVFP4's E4M3 block scales are bytes). INT4:
+    // I32 words, 16-bit scales, compressed-tensors' I64 shape.
     const bool cast = spec.scheme == QuantScheme::kBF16 || spec.scheme == QuantScheme::kF16;
     const bool f32 = (k == 1 && want_outputs == 2 && spec.scheme != QuantScheme::kMxfp4 && !cast) || k >= 2;
-    TERN_RETURN_IF_ERROR(CheckDevicePointer(outputs[k], cast ? 2 : f32 ? 4 : 1, "output " + std::to_string(k)));
+    const uint64_t align = int4 ? (k == 1 ? 2 : (k == 2 && spec.scheme == QuantScheme::kInt4Pack) ? 8 : 4)
+                                : (cast ? 2 : f32 ? 4 : 1);
+    TERN_RETURN_IF_ERROR(CheckDevicePointer(outputs[k], align, "output " + std::to_string(k)));
   }
   const bool bf16 = master_dtype == DType::kBF16;
   const QuantPolicy p{policy.kind == ScalePolicy::Kind::kBand, policy.band_low, policy.headroom};
@@ -193,11 +290,12 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, con
 
   // Flags: first_bad, rescaled; then the amax bits and FP4 global state.
   DeviceBuffer d_flags;
-  TERN_RETURN_IF_ERROR(d_flags.Allocate(2 * sizeof(unsigned long long), stream));
-  const unsigned long long init[2] = {kAllFinite, 0};
+  TERN_RETURN_IF_ERROR(d_flags.Allocate(3 * sizeof(unsigned long long), stream));
+  const unsigned long long init[3] = {kAllFinite, 0, kNoOverflow};
   TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_flags.as<void>(), init, sizeof(init), cudaMemcpyHostToDevice, stream));
   unsigned long long* first_bad = d_flags.as<unsigned long long>();
   unsigned long long* rescaled = first_bad + 1;
+  unsigned long long* first_overflow = first_bad + 2;
   const unsigned grid = GridFor(d.count, 256);
   auto launch_check = [&]() -> Status {
     TERN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -214,8 +312,40 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, con
   } while (0)
 
   TERN_LAUNCH(FiniteKernel, grid, 256, master, d.count, first_bad);
-  DeviceBuffer d_amax, d_global;
+  DeviceBuffer d_amax, d_global, d_int4;
   switch (spec.scheme) {
+    case QuantScheme::kInt4Pack:
+    case QuantScheme::kGptqInt4: {
+      const bool gptq = spec.scheme == QuantScheme::kGptqInt4;
+      // quant/quantize_int4.cc's layout rules.
+      TERN_REQUIRE(d.lead == 1, kInvalidArgument, spec.name,
+                   " is a per-Linear layout: expects a 2-D [out, in] weight, one call per expert");
+      TERN_REQUIRE(spec.group == 32 || spec.group == 64 || spec.group == 128, kInvalidArgument,
+                   "INT4 group must be 32, 64 or 128, got ", spec.group);
+      TERN_REQUIRE(d.in % spec.group == 0, kInvalidArgument, spec.name, " needs in-features divisible by the group ",
+                   spec.group, "; got ", d.in, " (keep this tensor unquantized)");
+      TERN_REQUIRE(!gptq || spec.symmetric, kInvalidArgument, "GPTQ output is symmetric only");
+      TERN_REQUIRE(!gptq || d.out % 8 == 0, kInvalidArgument,
+                   "GPTQ packs qzeros eight per I32 along out-features; out = ", d.out, " is not a multiple of 8");
+      const Int4Shape s{d.out, d.in, spec.group, d.in / spec.group, spec.symmetric, gptq};
+      const uint64_t words = (d.out + 7) / 8 * s.groups, scales = d.out * s.groups;
+      TERN_RETURN_IF_ERROR(d_int4.Allocate(scales * sizeof(uint16_t) + words * sizeof(uint32_t) + 4, stream));
+      uint32_t* zp_scratch = reinterpret_cast<uint32_t*>(d_int4.as<uint8_t>() + (scales * 2 + 3) / 4 * 4);
+      uint16_t* scale_scratch = d_int4.as<uint16_t>();
+      uint32_t* zps = (!gptq && !spec.symmetric) ? static_cast<uint32_t*>(outputs[3]) : nullptr;
+      TERN_LAUNCH(Int4ScaleKernel, GridFor(words, 128), 128, master, s, has_previous,
+                  static_cast<const uint16_t*>(outputs[1]), zps, p, scale_scratch, zp_scratch, rescaled,
+                  first_overflow, first_bad);
+      TERN_LAUNCH(Int4EncodeKernel, GridFor(words, 128), 128, master, s, scale_scratch, zp_scratch,
+                  static_cast<uint32_t*>(outputs[0]), static_cast<uint16_t*>(outputs[1]), zps, first_overflow,
+                  first_bad);
+      Int4ConstKernel<<<GridFor(std::max<uint64_t>(d.in, s.groups * d.out / 8), 256), 256, 0, stream>>>(
+          s, gptq ? static_cast<uint32_t*>(outputs[2]) : nullptr, gptq ? static_cast<int32_t*>(outputs[3]) : nullptr,
+          gptq ? nullptr : static_cast<int64_t*>(outputs[2]), first_overflow, first_bad);
+      TERN_RETURN_IF_ERROR(launch_check());
+      stats.scale_groups = scales;
+      break;
+    }
     case QuantScheme::kBF16:
     case QuantScheme::kF16:
       TERN_LAUNCH(CastKernel, grid, 256, master, d.count, spec.scheme == QuantScheme::kF16,
@@ -272,11 +402,17 @@ Result<GpuQuantStats> GpuQuantize(const QuantSpec& spec, DType master_dtype, con
     }
   }
 #undef TERN_LAUNCH
-  unsigned long long flags[2];
+  unsigned long long flags[3];
   TERN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flags, d_flags.as<void>(), sizeof(flags), cudaMemcpyDeviceToHost, stream));
   TERN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   TERN_REQUIRE(flags[0] == kAllFinite, kInvalidArgument, "master weight element ", flags[0],
                " is not finite; NaN/Inf cannot be quantized (fix the trainer's weights)");
+  if (flags[2] != kNoOverflow) {  // INT4 only; the index is row * groups + group
+    const uint64_t groups = d.in / spec.group;
+    return TERN_ERROR(kOutOfRange, "row ", flags[2] / groups, " group ", flags[2] % groups,
+                      ": the INT4 scale does not fit ", spec.scheme == QuantScheme::kGptqInt4 ? "F16" : "BF16",
+                      " (outputs untouched)");
+  }
   if (spec.scheme != QuantScheme::kBF16 && spec.scheme != QuantScheme::kF16) stats.rescaled_groups = flags[1];
   return stats;
 }

@@ -129,7 +129,10 @@ class TERN_EXPORT GpuPublisher {
 // scales). With `has_previous` the scale buffers hold the previous state,
 // which the scale policy reads before they are overwritten. NaN/Inf in the
 // master: kInvalidArgument naming the first element, outputs untouched.
-// INT4 layouts: kUnsupported (CPU only for now).
+// INT4 (int4-g*, gptq-int4-g*; 2-D [out, in] only, as the CPU): outputs in
+// Quantize's order (pack: packed I32, BF16 scales, I64 shape, zero points
+// when asymmetric; GPTQ: qweight, F16 scales, qzeros, g_idx); a scale beyond
+// its dtype is kOutOfRange with the outputs untouched.
 struct GpuQuantStats {
   uint64_t rescaled_groups = 0;
   uint64_t scale_groups = 0;
