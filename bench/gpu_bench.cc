@@ -285,7 +285,8 @@ int main(int argc, char** argv) {
     }
     std::printf("\nquantize %llu x %llu F32 master (%.2f GB; its D2D copy %.3f ms):\n\n| format | ms | vs copy |\n|---|---|---|\n",
                 static_cast<unsigned long long>(rows), static_cast<unsigned long long>(in), n * 4 / 1e9, mcopy * 1e3);
-    for (const char* f : {"bf16", "fp8-e4m3-block128", "fp8-e4m3-channel", "nvfp4", "mxfp4"}) {
+    for (const char* f : {"bf16", "fp8-e4m3-block128", "fp8-e4m3-channel", "nvfp4", "mxfp4", "int4-g128",
+                          "gptq-int4-g128"}) {
       auto spec = ParseQuantFormat(f);
       Die(spec.status(), f);
       auto cpu = Quantize(*spec, master.data(), shape, nullptr, ScalePolicy{});
