@@ -307,12 +307,14 @@ void RankChanges(const uint64_t* positions, uint64_t n, const uint8_t* tensor, C
   for (uint64_t b0 = 0; b0 < count; b0 += kContextBlock) {
     const uint64_t len = std::min(kContextBlock, count - b0);
     const uint64_t words = (len + 63) / 64;
-    ComputeClasses<W>(tensor, first + b0, len, f, e0, classes, cls);
-    ClassMasks(cls, len, classes, masks);
+    BaseClassMasks<W>(tensor, first + b0, len, f, e0, classes, cls, masks);
     uint64_t cursor[kMaxClasses] = {};  // words of the block already counted into before[]
     for (; j < n && positions[j] < b0 + len; ++j) {
       const uint64_t q = positions[j] - b0;
-      const int c = cls[q];
+      // The changed element's class from the base (the fused path leaves
+      // no class bytes behind).
+      const int32_t x = static_cast<int32_t>((LoadElement<W>(tensor, first + b0 + q) >> f.shift) & f.mask);
+      const int c = std::clamp(static_cast<int32_t>(e0) - x, 0, classes - 1);
       const uint64_t word = q / 64;
       for (; cursor[c] < word; ++cursor[c]) before[c] += static_cast<uint64_t>(std::popcount(masks[c][cursor[c]]));
       klass[j] = static_cast<uint8_t>(c);
