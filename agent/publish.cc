@@ -104,7 +104,6 @@ Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, Version
   return r;
 }
 
-
 // The objects of a path, mapped read-only, in order.
 struct MappedChain {
   std::vector<std::unique_ptr<MappedFile>> maps;
@@ -124,9 +123,10 @@ Result<MappedChain> MapChain(Board& board, const std::vector<ObjectRef>& path) {
 // A view of version `version` (0: the zero view) in memory, laid out as a
 // patch's manifest says, rebuilt from the board's objects alone: the
 // cheapest chain from nothing (a keyframe and what follows it) applied to
-// zeros. Costs the view's size in memory and one apply per object; a root
+// zeros. Costs the view's size in memory and one apply per object (each
+// checked against the digests, so a damaged object file fails it); a root
 // that took the board over lacks the objects before the takeover, and then
-// this fails (kNotFound) and catch-up sends the chain instead.
+// this fails and catch-up sends the chain instead.
 struct RebuiltView {
   std::vector<TensorDesc> descs;
   std::vector<std::vector<uint8_t>> bytes;  // empty for the zero view
