@@ -134,8 +134,8 @@ struct RebuiltView {
   ServeView view;
 };
 
-Result<std::unique_ptr<RebuiltView>> RebuildView(Board& board, uint64_t version, const PatchInfo& layout,
-                                                ThreadPool& pool) {
+Result<std::unique_ptr<RebuiltView>> RebuildView(Board& board, uint64_t version,
+                                                 const PatchInfo& layout, ThreadPool& pool) {
   auto r = std::make_unique<RebuiltView>();
   uint64_t largest = 0;
   for (const TensorPatchInfo& t : layout.tensors) {
@@ -161,7 +161,9 @@ Result<std::unique_ptr<RebuiltView>> RebuildView(Board& board, uint64_t version,
   for (size_t i = 0; i < chain.parts.size(); ++i) {
     ViewDigest next;
     Status s = Apply(work, chain.parts[i], digest, pool, exclusive, &next);
-    if (!s.ok()) return s.WithContext("rebuilding v" + std::to_string(version) + " from " + ObjectName(path[i]));
+    if (!s.ok())
+      return s.WithContext("rebuilding v" + std::to_string(version) + " from " +
+                           ObjectName(path[i]));
     digest = next;
   }
   r->view = AsConst(work);

@@ -29,8 +29,8 @@ double CpuSeconds() {
 int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::patchfmt;
-  const uint64_t blocks = std::max<uint64_t>(1, (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : uint64_t{1} << 25) /
-                                                    kContextBlock);
+  const uint64_t blocks = std::max<uint64_t>(
+      1, (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : uint64_t{1} << 25) / kContextBlock);
   const int reps = std::clamp(argc > 2 ? std::atoi(argv[2]) : 9, 1, 100);
   const uint64_t n = blocks * kContextBlock;
   // BF16 weights ~ N(0, 0.02): the exponents of a real layer.
@@ -71,10 +71,11 @@ int main(int argc, char** argv) {
     fused = std::min(fused, t2 - t1);
     memcpy_s = std::min(memcpy_s, t3 - t2);
   }
-  std::printf("%llu BF16 elements, %d classes, min of %d: memcpy %.2f ms | two-pass %.2f ms (%.2fx memcpy) | "
-              "fused %.2f ms (%.2fx memcpy) | fused/two-pass %.3f  [%llu]\n",
-              static_cast<unsigned long long>(n), classes, reps, memcpy_s * 1e3, two_pass * 1e3,
-              two_pass / memcpy_s, fused * 1e3, fused / memcpy_s, fused / two_pass,
-              static_cast<unsigned long long>(sink % 10));
+  std::printf(
+      "%llu BF16 elements, %d classes, min of %d: memcpy %.2f ms | two-pass %.2f ms (%.2fx memcpy) | "
+      "fused %.2f ms (%.2fx memcpy) | fused/two-pass %.3f  [%llu]\n",
+      static_cast<unsigned long long>(n), classes, reps, memcpy_s * 1e3, two_pass * 1e3,
+      two_pass / memcpy_s, fused * 1e3, fused / memcpy_s, fused / two_pass,
+      static_cast<unsigned long long>(sink % 10));
   return 0;
 }

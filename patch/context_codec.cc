@@ -135,7 +135,8 @@ template <int B>
 // The 2^P class masks of one word from its P bit planes (b[B]: bit B of
 // each element's class), limited to `valid`: 2^(P+1) - 2 and/andn.
 template <int P>
-[[gnu::always_inline]] inline void SplitPlanes(const uint64_t b[4], uint64_t valid, uint64_t m[16]) {
+[[gnu::always_inline]] inline void SplitPlanes(const uint64_t b[4], uint64_t valid,
+                                               uint64_t m[16]) {
   if constexpr (P == 1) {
     m[0] = valid & ~b[0], m[1] = valid & b[0];
   } else if constexpr (P == 2) {
@@ -195,12 +196,15 @@ void ClassMasks16Planes(const uint8_t* p, ContextField f, uint32_t e0, int class
   const __m256i topv = _mm256_set1_epi16(static_cast<int16_t>(classes - 1));
   auto classes_of = [&](const uint8_t* at) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-    return _mm256_min_epu16(_mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(v, shift), mask)), topv);
+    return _mm256_min_epu16(
+        _mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(v, shift), mask)), topv);
   };
   for (uint64_t j = 0; j < kContextBlockWords; ++j) {
     const uint8_t* at = p + 128 * j;
-    const __m256i lo = _mm256_permute4x64_epi64(_mm256_packus_epi16(classes_of(at), classes_of(at + 32)), 0xd8);
-    const __m256i hi = _mm256_permute4x64_epi64(_mm256_packus_epi16(classes_of(at + 64), classes_of(at + 96)), 0xd8);
+    const __m256i lo =
+        _mm256_permute4x64_epi64(_mm256_packus_epi16(classes_of(at), classes_of(at + 32)), 0xd8);
+    const __m256i hi = _mm256_permute4x64_epi64(
+        _mm256_packus_epi16(classes_of(at + 64), classes_of(at + 96)), 0xd8);
     uint64_t b[4] = {};
     b[0] = PlaneOf<0>(lo, hi);
     if constexpr (P > 1) b[1] = PlaneOf<1>(lo, hi);
@@ -313,7 +317,8 @@ void RankChanges(const uint64_t* positions, uint64_t n, const uint8_t* tensor, C
       const uint64_t q = positions[j] - b0;
       // The changed element's class from the base (the fused path leaves
       // no class bytes behind).
-      const int32_t x = static_cast<int32_t>((LoadElement<W>(tensor, first + b0 + q) >> f.shift) & f.mask);
+      const int32_t x =
+          static_cast<int32_t>((LoadElement<W>(tensor, first + b0 + q) >> f.shift) & f.mask);
       const int c = std::clamp(static_cast<int32_t>(e0) - x, 0, classes - 1);
       const uint64_t word = q / 64;
       for (; cursor[c] < word; ++cursor[c]) before[c] += static_cast<uint64_t>(std::popcount(masks[c][cursor[c]]));

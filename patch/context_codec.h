@@ -133,8 +133,9 @@ void ClassMasksOfBlock16(const uint8_t* block, ContextField f, uint32_t e0, int 
 // the fused AVX2 path; the rest, and machines without AVX2, the two passes
 // (context_codec_test checks that both give the same masks).
 template <int W>
-inline void BaseClassMasks(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f, uint32_t e0,
-                           int classes, uint8_t* cls, uint64_t masks[kMaxClasses][kContextBlockWords]) {
+inline void BaseClassMasks(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f,
+                           uint32_t e0, int classes, uint8_t* cls,
+                           uint64_t masks[kMaxClasses][kContextBlockWords]) {
 #if defined(__AVX2__)
   if constexpr (W == 16) {
     if (n == kContextBlock) return ClassMasksOfBlock16(tensor + first * 2, f, e0, classes, masks);

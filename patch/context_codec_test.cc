@@ -42,16 +42,18 @@ TEST(ContextCodecTest, BaseClassMasksMatchTheDefinition) {
         for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{77}}) {
           for (uint64_t n : {kContextBlock, uint64_t{1000}, uint64_t{64}}) {
             for (uint64_t i = 0; i < n; ++i) {
-              const int32_t c = static_cast<int32_t>(e0) - static_cast<int32_t>((v[first + i] >> f.shift) & f.mask);
+              const int32_t c = static_cast<int32_t>(e0) -
+                                static_cast<int32_t>((v[first + i] >> f.shift) & f.mask);
               want_cls[i] = static_cast<uint8_t>(std::clamp(c, 0, classes - 1));
             }
             ClassMasksScalar(want_cls, n, classes, want);
-            BaseClassMasks<16>(reinterpret_cast<const uint8_t*>(v.data()), first, n, f, e0, classes, cls, got);
+            BaseClassMasks<16>(reinterpret_cast<const uint8_t*>(v.data()), first, n, f, e0, classes,
+                               cls, got);
             for (int c = 0; c < classes; ++c)
               for (uint64_t j = 0; j < (n + 63) / 64; ++j)
-                ASSERT_EQ(got[c][j], want[c][j]) << DTypeName(dtype) << " K " << classes << " e0 " << e0
-                                                 << " first " << first << " n " << n << " class " << c
-                                                 << " word " << j;
+                ASSERT_EQ(got[c][j], want[c][j])
+                    << DTypeName(dtype) << " K " << classes << " e0 " << e0 << " first " << first
+                    << " n " << n << " class " << c << " word " << j;
           }
         }
       }

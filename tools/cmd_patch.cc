@@ -130,8 +130,9 @@ Status SquashCmd(const SquashArgs& a) {
   ThreadPool pool(a.threads);
   std::vector<uint8_t> out;
   if (a.base_path.empty()) {
-    TERN_REQUIRE(a.format_version_flag->count() == 0, kInvalidArgument,
-                 "tern squash: --format-version needs --base (without the base a squash is format 1)");
+    TERN_REQUIRE(
+        a.format_version_flag->count() == 0, kInvalidArgument,
+        "tern squash: --format-version needs --base (without the base a squash is format 1)");
     auto squashed = tern::Squash(spans, pool);
     if (squashed.status().code() == Code::kUnsupported)
       return squashed.status().WithContext("pass the first patch's base checkpoint with --base");
@@ -235,10 +236,10 @@ void AddSquash(CLI::App& tern, Dispatch& dispatch) {
       ->type_name("CHECKPOINT");
   AddCount(*cmd, "--segment-elements", a->segment_elements,
            "with --base: elements per segment of the squash", "1048576");
-  a->format_version_flag =
-      AddUnsigned(*cmd, "--format-version", a->format_version, "with --base: the squash's patch format, 1 or 2",
-                  std::to_string(kDefaultPatchFormat))
-          ->check(CLI::Range(1, 2));
+  a->format_version_flag = AddUnsigned(*cmd, "--format-version", a->format_version,
+                                       "with --base: the squash's patch format, 1 or 2",
+                                       std::to_string(kDefaultPatchFormat))
+                               ->check(CLI::Range(1, 2));
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return SquashCmd(*a); }});

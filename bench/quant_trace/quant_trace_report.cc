@@ -97,7 +97,8 @@ struct NibbleBounds {
       const double p = static_cast<double>(cc[k]) / static_cast<double>(cn[k]);
       bits += static_cast<double>(cn[k]) * -(p * std::log2(p) + (1 - p) * std::log2(1 - p));
       for (int d = 0; d < 16; ++d)
-        if (cd[k][d]) bits += static_cast<double>(cd[k][d]) * std::log2(static_cast<double>(cc[k]) / cd[k][d]);
+        if (cd[k][d])
+          bits += static_cast<double>(cd[k][d]) * std::log2(static_cast<double>(cc[k]) / cd[k][d]);
     }
     return bits;
   }
@@ -237,7 +238,8 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
             const bool changed = bits ? ((va >> (bits * k2)) & 15) != ((vb >> (bits * k2)) & 15) : va != vb;
             const uint64_t g = GroupOf(*r.spec, r.out, r.in, e * per + k2);
             if (bits) {
-              const unsigned old_nibble = (va >> (bits * k2)) & 15, new_nibble = (vb >> (bits * k2)) & 15;
+              const unsigned old_nibble = (va >> (bits * k2)) & 15,
+                             new_nibble = (vb >> (bits * k2)) & 15;
               nb.Add(static_cast<int>(old_nibble + 16 * rescaled[g]), old_nibble, new_nibble);
             }
             t.code_changed += changed;
@@ -392,12 +394,14 @@ Status Run(const Args& a) {
         }
         if (m.bound0_bytes > 0) {
           char line[512];
-          std::snprintf(line, sizeof line, "| %s | %s | %s | %.4f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f |\n",
-                        lr_text.c_str(), format.c_str(), policy.c_str(), m.codes_f1_bytes / 1e6,
-                        m.codes_f2_bytes / 1e6, m.codes_f1_bytes / m.bound0_bytes, m.bound0_bytes / 1e6,
-                        m.bound_nibble_bytes / m.bound0_bytes, m.bound_nibble_bytes / 1e6,
-                        m.bound_nibble_rescaled_bytes / m.bound0_bytes, m.bound_nibble_rescaled_bytes / 1e6,
-                        m.bound_nibble_rescaled_bytes / m.codes_f1_bytes);
+          std::snprintf(
+              line, sizeof line,
+              "| %s | %s | %s | %.4f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f |\n",
+              lr_text.c_str(), format.c_str(), policy.c_str(), m.codes_f1_bytes / 1e6,
+              m.codes_f2_bytes / 1e6, m.codes_f1_bytes / m.bound0_bytes, m.bound0_bytes / 1e6,
+              m.bound_nibble_bytes / m.bound0_bytes, m.bound_nibble_bytes / 1e6,
+              m.bound_nibble_rescaled_bytes / m.bound0_bytes, m.bound_nibble_rescaled_bytes / 1e6,
+              m.bound_nibble_rescaled_bytes / m.codes_f1_bytes);
           nibble_table += line;
         }
         auto pct = [](double x) {
@@ -424,11 +428,13 @@ Status Run(const Args& a) {
     }
   }
   if (!nibble_table.empty()) {
-    std::printf("\nPacked 4-bit code tensors only (MB per step; bounds per tensor, values (new - old) mod 16):\n\n"
-                "| lr | format | policy | format 1 MB | format 2 MB | f1/order-0 | order-0 bound MB | "
-                "given base nibble / order-0 | MB | given nibble + group rescaled / order-0 | MB | "
-                "that / format 1 |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s",
-                nibble_table.c_str());
+    std::printf(
+        "\nPacked 4-bit code tensors only (MB per step; bounds per tensor, values (new - old) mod "
+        "16):\n\n"
+        "| lr | format | policy | format 1 MB | format 2 MB | f1/order-0 | order-0 bound MB | "
+        "given base nibble / order-0 | MB | given nibble + group rescaled / order-0 | MB | "
+        "that / format 1 |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s",
+        nibble_table.c_str());
   }
   return Status::Ok();
 }
