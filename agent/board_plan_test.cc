@@ -192,6 +192,84 @@ TEST_F(BoardPlanTest, LateKeyframeForANewMember) {
   EXPECT_FALSE(board->KeyframeDue(6, 1));
 }
 
+// BF16 weights whose changes follow the base's exponent: the board's
+// patches and keyframes are format 2 with CONTEXT segments, which Squash
+// cannot join without the base; MakeSquash rebuilds view(from) from the
+// board's own objects and squashes on it.
+class ContextModelTest : public BoardPlanTest {
+ protected:
+  void SetUp() override {
+    BoardPlanTest::SetUp();
+    model.views.clear();
+    auto v0 = std::make_unique<tern::testing::OwnedView>();
+    v0->Add("w", DType::kBF16, {kElements});
+    model.views.push_back(std::move(v0));
+    auto v1 = std::make_unique<tern::testing::OwnedView>(model.views[0]->View());
+    // Exponents 100..115 at random (not periodic: the encoder samples every
+    // 16th element to choose its classes).
+    std::vector<uint64_t> smallest;
+    for (uint64_t i = 0; i < kElements; ++i) {
+      const uint64_t e = model.rng() % 16;
+      Bf16(*v1, i) = static_cast<uint16_t>(((100 + e) << 7) | (model.rng() & 0x7f));
+      if (e == 0) smallest.push_back(i);
+    }
+    model.views.push_back(std::move(v1));
+    for (int v = 2; v <= 6; ++v) {
+      auto next = std::make_unique<tern::testing::OwnedView>(model.views.back()->View());
+      // Only the smallest exponent moves (mantissa bit 0), in overlapping steps.
+      for (int k = 0; k < 300; ++k) Bf16(*next, smallest[model.rng() % smallest.size()]) ^= 1;
+      model.views.push_back(std::move(next));
+    }
+  }
+  static uint16_t& Bf16(tern::testing::OwnedView& v, uint64_t i) {
+    return reinterpret_cast<uint16_t*>(v.data[0].data())[i];
+  }
+  uint64_t ContextSegments(const Board& board, const ObjectRef& ref) {
+    std::string bytes;
+    EXPECT_TRUE(ReadFileToString(*env, board.ObjectPath(ref), 1 << 30, &bytes).ok());
+    auto info = Inspect({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+    EXPECT_TRUE(info.ok()) << info.status().ToString();
+    EXPECT_EQ(info->format_version, kDefaultPatchFormat);
+    uint64_t n = 0;
+    for (const auto& t : info->tensors) n += t.context_segments;
+    return n;
+  }
+  static constexpr uint64_t kElements = 1 << 16;
+};
+
+TEST_F(ContextModelTest, SquashAndLateKeyframeOfFormat2Objects) {
+  auto board = MustOpen({.keep_patches = 16, .keyframe_every = 1000});
+  board_for_squash = board.get();
+  PublishMany(*board, 6, 0, 0);
+  ASSERT_GT(ContextSegments(*board, {ObjectKind::kPatch, 2, 3}), 0u);
+  int calls = 0;
+  auto plan = board->PlanCatchUp(2, 6, Squasher(&calls));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(plan->objects, (std::vector<ObjectRef>{{ObjectKind::kSquash, 2, 6}}));
+  EXPECT_GT(ContextSegments(*board, plan->objects[0]), 0u);
+  ExpectApplies(*board, *plan, 2, 6);
+  plan = board->PlanCatchUp(0, 6, Squasher(&calls));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->objects, (std::vector<ObjectRef>{{ObjectKind::kKeyframe, 6, 6}}));
+  ExpectApplies(*board, *plan, 0, 6);
+}
+
+// A root without the objects before `from` (one that took the board over)
+// cannot rebuild the base: no squash is recorded, catch-up sends the chain.
+TEST_F(ContextModelTest, Format2SquashWithoutTheBaseObjectsFallsBackToTheChain) {
+  auto board = MustOpen({.keep_patches = 16, .keyframe_every = 1000});
+  board_for_squash = board.get();
+  PublishMany(*board, 6, 0, 0);
+  ASSERT_TRUE(env->RemoveFile(board->ObjectPath({ObjectKind::kKeyframe, 1, 1})).ok());
+  EXPECT_FALSE(MakeSquash(*board, signer, 2, 6, {}, pool).ok());
+  EXPECT_FALSE(board->HasObject({ObjectKind::kSquash, 2, 6}));
+  auto plan = board->PlanCatchUp(2, 6, Squasher());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->objects.size(), 4u);
+  ExpectApplies(*board, *plan, 2, 6);
+}
+
 TEST_F(BoardPlanTest, FailedSquashFallsBackToTheChain) {
   auto board = MustOpen({.keep_patches = 16, .keyframe_every = 1000});
   PublishMany(*board, 4, 200, 256);

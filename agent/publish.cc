@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "tern/patch.h"
@@ -102,6 +104,72 @@ Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, Version
   return r;
 }
 
+// The objects of a path, mapped read-only, in order.
+struct MappedChain {
+  std::vector<std::unique_ptr<MappedFile>> maps;
+  std::vector<std::span<const uint8_t>> parts;
+};
+
+Result<MappedChain> MapChain(Board& board, const std::vector<ObjectRef>& path) {
+  MappedChain chain;
+  for (const ObjectRef& part : path) {
+    TERN_ASSIGN_OR_RETURN(auto map, board.env().Map(board.ObjectPath(part), MapMode::kReadOnly));
+    chain.parts.push_back(map->bytes());
+    chain.maps.push_back(std::move(map));
+  }
+  return chain;
+}
+
+// A view of version `version` (0: the zero view) in memory, laid out as a
+// patch's manifest says, rebuilt from the board's objects alone: the
+// cheapest chain from nothing (a keyframe and what follows it) applied to
+// zeros. Costs the view's size in memory and one apply per object (each
+// checked against the digests, so a damaged object file fails it); a root
+// that took the board over lacks the objects before the takeover, and then
+// this fails and catch-up sends the chain instead.
+struct RebuiltView {
+  std::vector<TensorDesc> descs;
+  std::vector<std::vector<uint8_t>> bytes;  // empty for the zero view
+  std::optional<ZeroBytes> zeros;           // the zero view's bytes
+  ServeView view;
+};
+
+Result<std::unique_ptr<RebuiltView>> RebuildView(Board& board, uint64_t version,
+                                                 const PatchInfo& layout, ThreadPool& pool) {
+  auto r = std::make_unique<RebuiltView>();
+  uint64_t largest = 0;
+  for (const TensorPatchInfo& t : layout.tensors) {
+    r->descs.push_back({t.name, t.dtype, t.shape});
+    largest = std::max(largest, r->descs.back().bytes());
+  }
+  if (version == 0) {
+    TERN_ASSIGN_OR_RETURN(ZeroBytes zeros, ZeroBytes::Map(largest));
+    r->zeros.emplace(std::move(zeros));
+    for (const TensorDesc& d : r->descs) r->view.tensors.push_back({&d, r->zeros->data()});
+    return r;
+  }
+  MutableServeView work;
+  for (const TensorDesc& d : r->descs) {
+    r->bytes.emplace_back(d.bytes(), uint8_t{0});
+    work.tensors.push_back({&d, r->bytes.back().data()});
+  }
+  TERN_ASSIGN_OR_RETURN(std::vector<ObjectRef> path, board.CheapestPath(0, version));
+  TERN_ASSIGN_OR_RETURN(MappedChain chain, MapChain(board, path));
+  ViewDigest digest = ComputeDigest(AsConst(work), pool);
+  ApplyOptions exclusive;
+  exclusive.exclusive_view = true;  // private memory
+  for (size_t i = 0; i < chain.parts.size(); ++i) {
+    ViewDigest next;
+    Status s = Apply(work, chain.parts[i], digest, pool, exclusive, &next);
+    if (!s.ok())
+      return s.WithContext("rebuilding v" + std::to_string(version) + " from " +
+                           ObjectName(path[i]));
+    digest = next;
+  }
+  r->view = AsConst(work);
+  return r;
+}
+
 }  // namespace
 
 uint32_t DefaultChunkBytes(uint64_t object_bytes) {
@@ -195,18 +263,22 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
                                   : ObjectRef{ObjectKind::kSquash, from, to};
   TERN_REQUIRE(!board.HasObject(ref), kAlreadyExists, "squash: ", ObjectName(ref), " exists");
   TERN_ASSIGN_OR_RETURN(std::vector<ObjectRef> path, board.CheapestPath(from, to));
-  std::vector<std::unique_ptr<MappedFile>> maps;
-  std::vector<std::span<const uint8_t>> parts;
-  for (const ObjectRef& part : path) {
-    TERN_ASSIGN_OR_RETURN(auto map, board.env().Map(board.ObjectPath(part), MapMode::kReadOnly));
-    parts.push_back(map->bytes());
-    maps.push_back(std::move(map));
+  TERN_ASSIGN_OR_RETURN(MappedChain chain, MapChain(board, path));
+  auto squash = Squash(chain.parts, pool);
+  if (squash.status().code() == Code::kUnsupported) {
+    // Format-2 objects code changes given their base: rebuild view(from)
+    // from the board's own objects and squash on it (format 2 again).
+    TERN_ASSIGN_OR_RETURN(PatchInfo layout, Inspect(chain.parts.front()));
+    TERN_ASSIGN_OR_RETURN(auto base, RebuildView(board, from, layout, pool));
+    DiffOptions diff;
+    diff.segment_elements = options.segment_elements;
+    squash = SquashOnBase(base->view, chain.parts, diff, pool);
   }
-  TERN_ASSIGN_OR_RETURN(auto squash, Squash(parts, pool));
-  maps.clear();
+  if (!squash.ok()) return squash.status().WithContext("squash " + ObjectName(ref));
+  chain = {};
   // The chain was signed object by object; the squash is checked against
   // the signed digests before it is signed itself.
-  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(squash)));
+  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(*squash)));
   TERN_REQUIRE(info.target_digest == pub.target_digest, kMismatch, "squash: ", ObjectName(ref),
                " does not reach D(", to, ")");
   if (from > 0) {
@@ -222,7 +294,7 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
   m.base_digest = pub.base_digest;
   m.target_digest = pub.target_digest;
   std::vector<PendingObject> objects;
-  objects.push_back({ref, std::move(squash)});
+  objects.push_back({ref, std::move(squash).value()});
   return Commit(board, signer, std::move(m), objects, options, pool);
 }
 

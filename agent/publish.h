@@ -12,7 +12,10 @@
 // MakeSquash(from, to): squash(from -> to) of the cheapest object chain, or
 // with from == 0 a late keyframe(to) (the newest keyframe squashed with the
 // patches after it), checked against D(to), signed as another manifest of
-// version `to`, written, recorded. Bind it into a MakeSquashFn for
+// version `to`, written, recorded. A chain with format-2 CONTEXT segments is
+// squashed on view(from), rebuilt from the board's own objects (memory: about
+// twice the view); without those objects it fails and catch-up falls back
+// to the chain (docs/agent/board.md §4). Bind it into a MakeSquashFn for
 // Board::PlanCatchUp.
 //
 // Errors: kInvalidArgument for a version not newer than HEAD, prev given

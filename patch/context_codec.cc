@@ -132,6 +132,29 @@ template <int B>
 #endif
 }
 
+// The 2^P class masks of one word from its P bit planes (b[B]: bit B of
+// each element's class), limited to `valid`: 2^(P+1) - 2 and/andn.
+template <int P>
+[[gnu::always_inline]] inline void SplitPlanes(const uint64_t b[4], uint64_t valid,
+                                               uint64_t m[16]) {
+  if constexpr (P == 1) {
+    m[0] = valid & ~b[0], m[1] = valid & b[0];
+  } else if constexpr (P == 2) {
+    const uint64_t h0 = valid & ~b[1], h1 = valid & b[1];
+    m[0] = h0 & ~b[0], m[1] = h0 & b[0], m[2] = h1 & ~b[0], m[3] = h1 & b[0];
+  } else if constexpr (P == 3) {
+    const uint64_t q0 = valid & ~b[2], q1 = valid & b[2];
+    const uint64_t h[4] = {q0 & ~b[1], q0 & b[1], q1 & ~b[1], q1 & b[1]};
+    for (int t = 0; t < 4; ++t) m[2 * t] = h[t] & ~b[0], m[2 * t + 1] = h[t] & b[0];
+  } else {
+    const uint64_t q0 = valid & ~b[3], q1 = valid & b[3];
+    const uint64_t r[4] = {q0 & ~b[2], q0 & b[2], q1 & ~b[2], q1 & b[2]};
+    uint64_t h[8];
+    for (int t = 0; t < 4; ++t) h[2 * t] = r[t] & ~b[1], h[2 * t + 1] = r[t] & b[1];
+    for (int t = 0; t < 8; ++t) m[2 * t] = h[t] & ~b[0], m[2 * t + 1] = h[t] & b[0];
+  }
+}
+
 // P bit planes, 2^P classes, everything unrolled so the split stays in
 // registers: P movemask pairs, 2^(P+1) - 2 and/andn, 2^P stores per word.
 template <int P>
@@ -140,33 +163,72 @@ void ClassMasksPlanes(const uint8_t* cls, uint64_t n, int classes, uint64_t mask
   for (uint64_t j = 0; j < words; ++j) {
     const uint8_t* p = cls + 64 * j;
     const uint64_t valid = (j + 1) * 64 <= n ? ~uint64_t{0} : (uint64_t{1} << (n % 64)) - 1;
+    uint64_t b[4] = {};
+    b[0] = Plane<0>(p);
+    if constexpr (P > 1) b[1] = Plane<1>(p);
+    if constexpr (P > 2) b[2] = Plane<2>(p);
+    if constexpr (P > 3) b[3] = Plane<3>(p);
     uint64_t m[16];
-    if constexpr (P == 1) {
-      const uint64_t b0 = Plane<0>(p);
-      m[0] = valid & ~b0, m[1] = valid & b0;
-    } else if constexpr (P == 2) {
-      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p);
-      const uint64_t h0 = valid & ~b1, h1 = valid & b1;
-      m[0] = h0 & ~b0, m[1] = h0 & b0, m[2] = h1 & ~b0, m[3] = h1 & b0;
-    } else if constexpr (P == 3) {
-      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p), b2 = Plane<2>(p);
-      const uint64_t q0 = valid & ~b2, q1 = valid & b2;
-      const uint64_t h[4] = {q0 & ~b1, q0 & b1, q1 & ~b1, q1 & b1};
-      for (int t = 0; t < 4; ++t) m[2 * t] = h[t] & ~b0, m[2 * t + 1] = h[t] & b0;
-    } else {
-      const uint64_t b0 = Plane<0>(p), b1 = Plane<1>(p), b2 = Plane<2>(p), b3 = Plane<3>(p);
-      const uint64_t q0 = valid & ~b3, q1 = valid & b3;
-      const uint64_t r[4] = {q0 & ~b2, q0 & b2, q1 & ~b2, q1 & b2};
-      uint64_t h[8];
-      for (int t = 0; t < 4; ++t) h[2 * t] = r[t] & ~b1, h[2 * t + 1] = r[t] & b1;
-      for (int t = 0; t < 8; ++t) m[2 * t] = h[t] & ~b0, m[2 * t + 1] = h[t] & b0;
-    }
+    SplitPlanes<P>(b, valid, m);
     for (int c = 0; c < (1 << P); ++c)
       if (c < classes) masks[c][j] = m[c];
   }
 }
 
+#if defined(__AVX2__)
+// Bit B of each class byte of the 64 in (lo, hi), as a word.
+template <int B>
+[[gnu::always_inline]] inline uint64_t PlaneOf(__m256i lo, __m256i hi) {
+  const uint32_t l = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(lo, 7 - B)));
+  const uint32_t u = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(hi, 7 - B)));
+  return uint64_t{l} | (uint64_t{u} << 32);
+}
+
+// ComputeClasses<16> and ClassMasksPlanes<P> of a whole block in one pass:
+// the class bytes of 64 elements stay in registers instead of a round trip
+// through the class array.
+template <int P>
+void ClassMasks16Planes(const uint8_t* p, ContextField f, uint32_t e0, int classes,
+                        uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  const __m128i shift = _mm_cvtsi32_si128(f.shift);
+  const __m256i mask = _mm256_set1_epi16(static_cast<int16_t>(f.mask));
+  const __m256i e0v = _mm256_set1_epi16(static_cast<int16_t>(e0));
+  const __m256i topv = _mm256_set1_epi16(static_cast<int16_t>(classes - 1));
+  auto classes_of = [&](const uint8_t* at) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+    return _mm256_min_epu16(
+        _mm256_subs_epu16(e0v, _mm256_and_si256(_mm256_srl_epi16(v, shift), mask)), topv);
+  };
+  for (uint64_t j = 0; j < kContextBlockWords; ++j) {
+    const uint8_t* at = p + 128 * j;
+    const __m256i lo =
+        _mm256_permute4x64_epi64(_mm256_packus_epi16(classes_of(at), classes_of(at + 32)), 0xd8);
+    const __m256i hi = _mm256_permute4x64_epi64(
+        _mm256_packus_epi16(classes_of(at + 64), classes_of(at + 96)), 0xd8);
+    uint64_t b[4] = {};
+    b[0] = PlaneOf<0>(lo, hi);
+    if constexpr (P > 1) b[1] = PlaneOf<1>(lo, hi);
+    if constexpr (P > 2) b[2] = PlaneOf<2>(lo, hi);
+    if constexpr (P > 3) b[3] = PlaneOf<3>(lo, hi);
+    uint64_t m[16];
+    SplitPlanes<P>(b, ~uint64_t{0}, m);
+    for (int c = 0; c < (1 << P); ++c)
+      if (c < classes) masks[c][j] = m[c];
+  }
+}
+#endif
+
 }  // namespace
+
+#if defined(__AVX2__)
+void ClassMasksOfBlock16(const uint8_t* block, ContextField f, uint32_t e0, int classes,
+                         uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  if (classes <= 2) return ClassMasks16Planes<1>(block, f, e0, classes, masks);
+  if (classes <= 4) return ClassMasks16Planes<2>(block, f, e0, classes, masks);
+  if (classes <= 8) return ClassMasks16Planes<3>(block, f, e0, classes, masks);
+  return ClassMasks16Planes<4>(block, f, e0, classes, masks);
+}
+#endif
 
 void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
   if (classes <= 2) return ClassMasksPlanes<1>(cls, n, classes, masks);
@@ -249,12 +311,15 @@ void RankChanges(const uint64_t* positions, uint64_t n, const uint8_t* tensor, C
   for (uint64_t b0 = 0; b0 < count; b0 += kContextBlock) {
     const uint64_t len = std::min(kContextBlock, count - b0);
     const uint64_t words = (len + 63) / 64;
-    ComputeClasses<W>(tensor, first + b0, len, f, e0, classes, cls);
-    ClassMasks(cls, len, classes, masks);
+    BaseClassMasks<W>(tensor, first + b0, len, f, e0, classes, cls, masks);
     uint64_t cursor[kMaxClasses] = {};  // words of the block already counted into before[]
     for (; j < n && positions[j] < b0 + len; ++j) {
       const uint64_t q = positions[j] - b0;
-      const int c = cls[q];
+      // The changed element's class from the base (the fused path leaves
+      // no class bytes behind).
+      const int32_t x =
+          static_cast<int32_t>((LoadElement<W>(tensor, first + b0 + q) >> f.shift) & f.mask);
+      const int c = std::clamp(static_cast<int32_t>(e0) - x, 0, classes - 1);
       const uint64_t word = q / 64;
       for (; cursor[c] < word; ++cursor[c]) before[c] += static_cast<uint64_t>(std::popcount(masks[c][cursor[c]]));
       klass[j] = static_cast<uint8_t>(c);

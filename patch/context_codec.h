@@ -121,6 +121,30 @@ void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMax
 void ClassMasksScalar(const uint8_t* cls, uint64_t n, int classes,
                       uint64_t masks[kMaxClasses][kContextBlockWords]);
 
+#if defined(__AVX2__)
+// ComputeClasses<16> and ClassMasks of one whole block (kContextBlock
+// elements at `block`) in one pass, the class bytes kept in registers.
+void ClassMasksOfBlock16(const uint8_t* block, ContextField f, uint32_t e0, int classes,
+                         uint64_t masks[kMaxClasses][kContextBlockWords]);
+#endif
+
+// ComputeClasses then ClassMasks of n <= kContextBlock elements from
+// `first`; `cls` is scratch (kContextBlock bytes). Whole 16-bit blocks take
+// the fused AVX2 path; the rest, and machines without AVX2, the two passes
+// (context_codec_test checks that both give the same masks).
+template <int W>
+inline void BaseClassMasks(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f,
+                           uint32_t e0, int classes, uint8_t* cls,
+                           uint64_t masks[kMaxClasses][kContextBlockWords]) {
+#if defined(__AVX2__)
+  if constexpr (W == 16) {
+    if (n == kContextBlock) return ClassMasksOfBlock16(tensor + first * 2, f, e0, classes, masks);
+  }
+#endif
+  ComputeClasses<W>(tensor, first, n, f, e0, classes, cls);
+  ClassMasks(cls, n, classes, masks);
+}
+
 // Index of the (r+1)-th set bit of x (r < popcount(x)).
 inline int SelectBit(uint64_t x, uint64_t r) {
 #if defined(__BMI2__)
@@ -250,8 +274,7 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
   for (uint64_t b0 = 0; b0 < count && active > 0; b0 += kContextBlock) {
     const uint64_t n = std::min(kContextBlock, count - b0);
     const uint64_t words = (n + 63) / 64;
-    ComputeClasses<W>(tensor, first + b0, n, f, t.e0, K, cls);
-    ClassMasks(cls, n, K, masks);
+    BaseClassMasks<W>(tensor, first + b0, n, f, t.e0, K, cls, masks);
     for (int c = 0; c < K; ++c) {
       Live& l = live[c];
       if (l.left == 0) continue;

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <vector>
 
 namespace tern::patchfmt {
 namespace {
@@ -21,6 +23,40 @@ TEST(ContextCodecTest, ClassMasksMatchTheBitByBitVersion) {
       for (int c = 0; c < classes; ++c)
         for (uint64_t j = 0; j < (n + 63) / 64; ++j)
           ASSERT_EQ(fast[c][j], slow[c][j]) << "K " << classes << " n " << n << " class " << c << " word " << j;
+    }
+  }
+}
+
+// The fused block path (AVX2, 16-bit elements) against classes computed one
+// element at a time from the definition and masks built bit by bit.
+TEST(ContextCodecTest, BaseClassMasksMatchTheDefinition) {
+  std::mt19937_64 rng(33);
+  std::vector<uint16_t> v(2 * kContextBlock + 100);
+  alignas(64) uint8_t cls[kContextBlock], want_cls[kContextBlock];
+  alignas(64) uint64_t got[kMaxClasses][kContextBlockWords], want[kMaxClasses][kContextBlockWords];
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const ContextField f = ContextFieldOf(dtype);
+    for (uint16_t& x : v) x = static_cast<uint16_t>(rng());
+    for (int classes = 2; classes <= kMaxClasses; ++classes) {
+      for (uint32_t e0 : {0u, 3u, 17u, 0x7fu, 0x80u, 0xffu, 0x100u, 4095u}) {
+        for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{77}}) {
+          for (uint64_t n : {kContextBlock, uint64_t{1000}, uint64_t{64}}) {
+            for (uint64_t i = 0; i < n; ++i) {
+              const int32_t c = static_cast<int32_t>(e0) -
+                                static_cast<int32_t>((v[first + i] >> f.shift) & f.mask);
+              want_cls[i] = static_cast<uint8_t>(std::clamp(c, 0, classes - 1));
+            }
+            ClassMasksScalar(want_cls, n, classes, want);
+            BaseClassMasks<16>(reinterpret_cast<const uint8_t*>(v.data()), first, n, f, e0, classes,
+                               cls, got);
+            for (int c = 0; c < classes; ++c)
+              for (uint64_t j = 0; j < (n + 63) / 64; ++j)
+                ASSERT_EQ(got[c][j], want[c][j])
+                    << DTypeName(dtype) << " K " << classes << " e0 " << e0 << " first " << first
+                    << " n " << n << " class " << c << " word " << j;
+          }
+        }
+      }
     }
   }
 }

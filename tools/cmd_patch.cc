@@ -110,7 +110,10 @@ Status Apply(const ApplyArgs& a) {
 
 struct SquashArgs {
   std::vector<std::string> inputs;
-  std::string out;
+  std::string out, base_path;
+  uint64_t segment_elements = 0;
+  uint16_t format_version = kDefaultPatchFormat;
+  const CLI::Option* format_version_flag = nullptr;
   bool force = false;
   unsigned threads = 0;
 };
@@ -125,7 +128,22 @@ Status SquashCmd(const SquashArgs& a) {
     files.push_back(std::move(f));
   }
   ThreadPool pool(a.threads);
-  TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> out, tern::Squash(spans, pool));
+  std::vector<uint8_t> out;
+  if (a.base_path.empty()) {
+    TERN_REQUIRE(
+        a.format_version_flag->count() == 0, kInvalidArgument,
+        "tern squash: --format-version needs --base (without the base a squash is format 1)");
+    auto squashed = tern::Squash(spans, pool);
+    if (squashed.status().code() == Code::kUnsupported)
+      return squashed.status().WithContext("pass the first patch's base checkpoint with --base");
+    TERN_ASSIGN_OR_RETURN(out, std::move(squashed));
+  } else {
+    TERN_ASSIGN_OR_RETURN(auto base, Checkpoint::Open(a.base_path));
+    DiffOptions options;
+    options.segment_elements = a.segment_elements;
+    options.format_version = a.format_version;
+    TERN_ASSIGN_OR_RETURN(out, tern::SquashOnBase(base->view(), spans, options, pool));
+  }
   TERN_RETURN_IF_ERROR(WriteFileAtomic(a.out, out, a.force));
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(out));
   uint64_t in_bytes = 0;
@@ -204,11 +222,24 @@ void AddApply(CLI::App& tern, Dispatch& dispatch) {
 void AddSquash(CLI::App& tern, Dispatch& dispatch) {
   auto a = std::make_shared<SquashArgs>();
   CLI::App* cmd = tern.add_subcommand("squash", "join consecutive patches into one");
-  cmd->footer("Join consecutive patches a->b, b->c, ... into one patch a->z, exactly.");
+  cmd->footer(
+      "Join consecutive patches a->b, b->c, ... into one patch a->z, exactly. Format-2 patches "
+      "(tern diff's default) code changes given their base: squashing them needs --base, the "
+      "first patch's base checkpoint. Without --base the squash is written in format 1.");
   cmd->add_option("PATCH", a->inputs, "patches in version order (at least two)")
       ->required()
       ->expected(2, CLI::detail::expected_max_vector_size);
   AddOutputFlag(*cmd, a->out, "patch file to write");
+  cmd->add_option("--base", a->base_path,
+                  "the first patch's base checkpoint: needed for format-2 patches; the squash is "
+                  "then re-encoded in --format-version")
+      ->type_name("CHECKPOINT");
+  AddCount(*cmd, "--segment-elements", a->segment_elements,
+           "with --base: elements per segment of the squash", "1048576");
+  a->format_version_flag = AddUnsigned(*cmd, "--format-version", a->format_version,
+                                       "with --base: the squash's patch format, 1 or 2",
+                                       std::to_string(kDefaultPatchFormat))
+                               ->check(CLI::Range(1, 2));
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return SquashCmd(*a); }});

@@ -68,12 +68,52 @@ uint64_t GroupOf(const QuantSpec& spec, uint64_t out, uint64_t in, uint64_t v) {
   }
 }
 
+// Entropy bounds of one packed 4-bit code tensor's changes (positions as
+// n·H(p), values (new - old) mod 16 by their histogram), with the values
+// split into contexts known to the receiver: none (order 0), the base nibble,
+// or the base nibble and whether the value's group changed its scale.
+struct NibbleBounds {
+  static constexpr int kContexts = 32;
+  uint64_t n[kContexts] = {}, changed[kContexts] = {}, delta[kContexts][16] = {};
+  void Add(int context, unsigned old_nibble, unsigned new_nibble) {
+    ++n[context];
+    if (old_nibble == new_nibble) return;
+    ++changed[context];
+    ++delta[context][(new_nibble - old_nibble) & 15];
+  }
+  // Bits for the contexts merged by `key` (context -> class).
+  template <class Key>
+  double Bits(Key key) const {
+    uint64_t cn[kContexts] = {}, cc[kContexts] = {}, cd[kContexts][16] = {};
+    for (int c = 0; c < kContexts; ++c) {
+      const int k = key(c);
+      cn[k] += n[c];
+      cc[k] += changed[c];
+      for (int d = 0; d < 16; ++d) cd[k][d] += delta[c][d];
+    }
+    double bits = 0;
+    for (int k = 0; k < kContexts; ++k) {
+      if (cc[k] == 0 || cc[k] == cn[k]) continue;
+      const double p = static_cast<double>(cc[k]) / static_cast<double>(cn[k]);
+      bits += static_cast<double>(cn[k]) * -(p * std::log2(p) + (1 - p) * std::log2(1 - p));
+      for (int d = 0; d < 16; ++d)
+        if (cd[k][d])
+          bits += static_cast<double>(cd[k][d]) * std::log2(static_cast<double>(cc[k]) / cd[k][d]);
+    }
+    return bits;
+  }
+};
+
 struct StepRow {
   double code_changed = 0, scale_changed = 0, kept_changed = 0;
   double groups_rescaled = 0, changed_in_rescaled = 0, rewrite = 0;
   double patch_bytes = 0, view_bytes = 0;
   double patch2_bytes = 0;  // the same step in format 2
   double patch_q_bytes = 0, view_q_bytes = 0;  // quantized tensors only
+  // Packed 4-bit code tensors only: format 1 and 2 patches of them, and
+  // the bounds of NibbleBounds summed per tensor (bytes).
+  double codes_f1_bytes = 0, codes_f2_bytes = 0;
+  double bound0_bytes = 0, bound_nibble_bytes = 0, bound_nibble_rescaled_bytes = 0;
 };
 
 struct Tally {
@@ -127,7 +167,8 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     const OwnedView base(gen->view());
     TERN_RETURN_IF_ERROR(gen->Step());
     const ServeView& now = gen->view();
-    DiffOptions options;
+    DiffOptions options;  // format 1
+    options.format_version = 1;
     options.base_version = step - 1;
     options.target_version = step;
     TERN_ASSIGN_OR_RETURN(auto patch, Diff(base.View(), now, options, pool));
@@ -142,6 +183,19 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
         now_q.tensors.push_back(now.tensors[k]);
       }
     TERN_ASSIGN_OR_RETURN(auto patch_q, Diff(base_q, now_q, options, pool));
+    ServeView base_c, now_c;  // packed 4-bit code tensors
+    for (size_t k = 0; k < now.tensors.size(); ++k)
+      if (quantized && roles[k].kind == 1 && ValuesPerElement(base.descs[k].dtype, true) > 1) {
+        base_c.tensors.push_back(base.View().tensors[k]);
+        now_c.tensors.push_back(now.tensors[k]);
+      }
+    double codes_f1 = 0, codes_f2 = 0, bound0 = 0, bound_nibble = 0, bound_nibble_rescaled = 0;
+    if (!base_c.tensors.empty()) {
+      TERN_ASSIGN_OR_RETURN(auto c1, Diff(base_c, now_c, options, pool));
+      TERN_ASSIGN_OR_RETURN(auto c2, Diff(base_c, now_c, options2, pool));
+      codes_f1 = static_cast<double>(c1.size());
+      codes_f2 = static_cast<double>(c2.size());
+    }
     Tally t;
     for (size_t k = 0; k < now.tensors.size(); ++k) {
       const TensorDesc& d = base.descs[k];
@@ -175,6 +229,7 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
         for (uint8_t x : rescaled) t.groups_changed += x;
         const unsigned per = ValuesPerElement(d.dtype, true);
         const unsigned bits = per == 1 ? 0 : 4;
+        NibbleBounds nb;
         for (uint64_t e = 0; e < n; ++e) {
           uint64_t va = 0, vb = 0;
           std::memcpy(&va, a + e * w, w);
@@ -182,6 +237,11 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
           for (unsigned k2 = 0; k2 < per; ++k2) {
             const bool changed = bits ? ((va >> (bits * k2)) & 15) != ((vb >> (bits * k2)) & 15) : va != vb;
             const uint64_t g = GroupOf(*r.spec, r.out, r.in, e * per + k2);
+            if (bits) {
+              const unsigned old_nibble = (va >> (bits * k2)) & 15,
+                             new_nibble = (vb >> (bits * k2)) & 15;
+              nb.Add(static_cast<int>(old_nibble + 16 * rescaled[g]), old_nibble, new_nibble);
+            }
             t.code_changed += changed;
             if (rescaled[g]) {
               t.changed_in_rescaled += changed;
@@ -190,6 +250,11 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
           }
         }
         t.code_values += n * per;
+        if (bits) {
+          bound0 += nb.Bits([](int) { return 0; }) / 8;
+          bound_nibble += nb.Bits([](int c) { return c % 16; }) / 8;
+          bound_nibble_rescaled += nb.Bits([](int c) { return c; }) / 8;
+        }
       }
     }
     auto frac = [](uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
@@ -205,6 +270,11 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     row.view_bytes = static_cast<double>(now.total_bytes());
     row.patch_q_bytes = static_cast<double>(patch_q.size());
     row.view_q_bytes = static_cast<double>(now_q.total_bytes());
+    row.codes_f1_bytes = codes_f1;
+    row.codes_f2_bytes = codes_f2;
+    row.bound0_bytes = bound0;
+    row.bound_nibble_bytes = bound_nibble;
+    row.bound_nibble_rescaled_bytes = bound_nibble_rescaled;
     rows.push_back(row);
   }
   // Quantization error of the last view against the master, over the
@@ -284,6 +354,7 @@ Status Run(const Args& a) {
               "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE | "
               "format 2 MB/step | f2/f1 |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::string nibble_table;  // printed after the main table
   for (const std::string& lr_text : cli::SplitCommas(a.lrs)) {
     for (const std::string& format : cli::SplitCommas(a.formats)) {
       TERN_ASSIGN_OR_RETURN(const QuantSpec spec, ParseQuantFormat(format));
@@ -315,6 +386,23 @@ Status Run(const Args& a) {
           m.view_bytes = r.view_bytes;
           m.patch_q_bytes += r.patch_q_bytes / rows.size();
           m.view_q_bytes = r.view_q_bytes;
+          m.codes_f1_bytes += r.codes_f1_bytes / rows.size();
+          m.codes_f2_bytes += r.codes_f2_bytes / rows.size();
+          m.bound0_bytes += r.bound0_bytes / rows.size();
+          m.bound_nibble_bytes += r.bound_nibble_bytes / rows.size();
+          m.bound_nibble_rescaled_bytes += r.bound_nibble_rescaled_bytes / rows.size();
+        }
+        if (m.bound0_bytes > 0) {
+          char line[512];
+          std::snprintf(
+              line, sizeof line,
+              "| %s | %s | %s | %.4f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f |\n",
+              lr_text.c_str(), format.c_str(), policy.c_str(), m.codes_f1_bytes / 1e6,
+              m.codes_f2_bytes / 1e6, m.codes_f1_bytes / m.bound0_bytes, m.bound0_bytes / 1e6,
+              m.bound_nibble_bytes / m.bound0_bytes, m.bound_nibble_bytes / 1e6,
+              m.bound_nibble_rescaled_bytes / m.bound0_bytes, m.bound_nibble_rescaled_bytes / 1e6,
+              m.bound_nibble_rescaled_bytes / m.codes_f1_bytes);
+          nibble_table += line;
         }
         auto pct = [](double x) {
           char buf[32];
@@ -338,6 +426,15 @@ Status Run(const Args& a) {
                        rows[s].scale_changed, rows[s].patch_bytes);
       }
     }
+  }
+  if (!nibble_table.empty()) {
+    std::printf(
+        "\nPacked 4-bit code tensors only (MB per step; bounds per tensor, values (new - old) mod "
+        "16):\n\n"
+        "| lr | format | policy | format 1 MB | format 2 MB | f1/order-0 | order-0 bound MB | "
+        "given base nibble / order-0 | MB | given nibble + group rescaled / order-0 | MB | "
+        "that / format 1 |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s",
+        nibble_table.c_str());
   }
   return Status::Ok();
 }

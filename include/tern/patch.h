@@ -30,7 +30,7 @@ namespace tern {
 class ThreadPool;
 
 // The format Diff, EncodeSegment and PatchBuilder write unless told otherwise.
-inline constexpr uint16_t kDefaultPatchFormat = 1;
+inline constexpr uint16_t kDefaultPatchFormat = 2;
 
 struct DiffOptions {
   // Elements per segment (the unit of parallelism and verification).

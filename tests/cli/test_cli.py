@@ -177,21 +177,51 @@ class PatchCommands(unittest.TestCase):
         os.remove(out)
 
     def test_squash_equals_chain(self):
+        # diff writes format 2 by default: its squash needs the first base.
         p01 = self.diff(self.steps[0], self.steps[1], "s01.patch")
         p12 = self.diff(self.steps[1], self.steps[2], "s12.patch")
         p23 = self.diff(self.steps[2], self.steps[3], "s23.patch")
+        self.assertEqual(json.loads(run("inspect", p01, "--json").stdout)["format_version"], 2)
         squashed = self.path("s03.patch")
-        run("squash", p01, p12, p23, "-o", squashed)
-        out = self.path("squashed-out")
-        run("apply", self.steps[0], squashed, "-o", out)
-        self.assertTrue(same_checkpoint(out, self.steps[3]))
-        info = json.loads(run("inspect", squashed, "--json").stdout)
-        self.assertEqual((info["base_version"], info["target_version"]), (0, 3))
-        shutil.rmtree(out)
+        if os.path.exists(squashed):
+            os.remove(squashed)
+        r = run("squash", p01, p12, p23, "-o", squashed, ok=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--base", r.stderr)
+        self.assertFalse(os.path.exists(squashed))
+        for fmt in (2, 1):
+            run("squash", p01, p12, p23, "--base", self.steps[0], "--format-version", fmt, "-o", squashed,
+                "--force")
+            self.assert_squash_reaches(squashed, fmt)
+        # Format-1 patches squash without the base, into format 1.
+        f1 = []
+        for a, b in ((0, 1), (1, 2), (2, 3)):
+            out = self.path(f"f1-{a}{b}.patch")
+            if os.path.exists(out):
+                os.remove(out)
+            run("diff", self.steps[a], self.steps[b], "-o", out, "--format-version", 1)
+            f1.append(out)
+        run("squash", *f1, "-o", squashed, "--force")
+        self.assert_squash_reaches(squashed, 1)
+        # --format-version means nothing without the base.
+        r = run("squash", *f1, "-o", self.path("f2.patch"), "--format-version", 2, ok=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertFalse(os.path.exists(self.path("f2.patch")))
         # Out of order: the digests do not chain.
         bad = run("squash", p12, p01, "-o", self.path("bad.patch"), ok=False)
         self.assertNotEqual(bad.returncode, 0)
         self.assertFalse(os.path.exists(self.path("bad.patch")))
+        bad = run("squash", p12, p01, "--base", self.steps[1], "-o", self.path("bad.patch"), ok=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertFalse(os.path.exists(self.path("bad.patch")))
+
+    def assert_squash_reaches(self, squashed, fmt):
+        out = self.path("squashed-out")
+        run("apply", self.steps[0], squashed, "-o", out)
+        self.assertTrue(same_checkpoint(out, self.steps[3]))
+        info = json.loads(run("inspect", squashed, "--json").stdout)
+        self.assertEqual((info["base_version"], info["target_version"], info["format_version"]), (0, 3, fmt))
+        shutil.rmtree(out)
 
     def assert_refused(self, proc, out, needle=None):
         self.assertNotEqual(proc.returncode, 0, proc.stdout + proc.stderr)
@@ -408,7 +438,7 @@ class ExitStatusAndFlags(unittest.TestCase):
             f.write(b"keep me")
         p12 = self.diff_with(7)  # any patch; squash needs a chain
         run("diff", self.v1, self.v2, "-o", self.path("p12.patch"))
-        keep(existing, ["squash", self.patch, self.path("p12.patch"), "-o", existing])
+        keep(existing, ["squash", self.patch, self.path("p12.patch"), "--base", self.v0, "-o", existing])
         with open(existing, "wb") as f:
             f.write(b"keep me")
         keep(existing, ["apply", self.v0, self.patch, "-o", existing])
