@@ -82,6 +82,12 @@ struct ViewStore::State {
   uint64_t kept_from = 0, kept_to = 0;
   // current was not re-pointed after the last commit (its rename failed).
   bool link_dirty = false;
+  // Not recorded: PrepareSpare brought the spare to `version` in place and
+  // kept its mapping, unsynced (state.json calls the spare unusable, so a
+  // crash costs a copy, never a wrong spare). Advance applies through the
+  // same mapping: its pages are dirty and mapped writable, so the apply
+  // takes no write faults, and one sync covers both patches.
+  std::shared_ptr<SlotWriter> prepared;
 
   std::string spare() const { return current == "a" ? "b" : "a"; }
 };
@@ -266,6 +272,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
     TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
     s.spare_usable = false;
   }
+  s.prepared.reset();  // the spare is rebuilt
   const std::string slot = s.current.empty() ? "a" : s.spare();
   TERN_RETURN_IF_ERROR(RemoveTree(env, p.slot(slot)));
   TERN_RETURN_IF_ERROR(build(p.slot(slot)));
@@ -394,23 +401,25 @@ Status MarkSpareUnusable(Env& env, const Paths& p, ViewStore::State& s) {
 
 Status ViewStore::PrepareSpare() {
   State& s = *state_;
-  if (s.current.empty() || (s.spare_usable && s.spare_version == s.version)) return Status::Ok();
+  if (s.current.empty() || spare_ready()) return Status::Ok();
   const Paths p(dir_);
   Clock& clock = env_.clock();
   const uint64_t start_us = clock.NowUs();
   const bool usable = s.spare_usable;
   TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
-  bool in_place = false;
   if (usable) {
     auto w = OpenSpareAtServed(env_, p, s, pool_);
     if (w.ok()) {
-      TERN_RETURN_IF_ERROR(w->Sync());
-      in_place = true;
-    } else {
-      log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
+      // Not synced and not recorded: see State::prepared.
+      s.prepared = std::make_shared<SlotWriter>(std::move(w).value());
+      log_(internal::StrCat("view_store: spare views/", s.spare(), " at version ", s.version,
+                            " (in place, synced with the next version) in ",
+                            (clock.NowUs() - start_us) / 1000, " ms"));
+      return Status::Ok();
     }
+    log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
   }
-  if (!in_place) {
+  {
     log_("view_store: copying views/" + s.current + " to views/" + s.spare());
     const std::string spare_path = p.slot(s.spare());
     TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
@@ -438,14 +447,14 @@ Status ViewStore::PrepareSpare() {
     Status removed = env_.RemoveFile(p.slot(old_kept));
     if (!removed.ok()) log_("view_store: " + removed.ToString());
   }
-  log_(internal::StrCat("view_store: spare views/", s.spare(), " at version ", s.version, " (",
-                        in_place ? "in place" : "copied", ") in ",
-                        (clock.NowUs() - start_us) / 1000, " ms"));
+  log_(internal::StrCat("view_store: spare views/", s.spare(), " at version ", s.version,
+                        " (copied) in ", (clock.NowUs() - start_us) / 1000, " ms"));
   return Status::Ok();
 }
 
 bool ViewStore::spare_ready() const {
-  return state_->spare_usable && state_->spare_version == state_->version;
+  return state_->prepared != nullptr ||
+         (state_->spare_usable && state_->spare_version == state_->version);
 }
 
 Status ViewStore::Advance(std::span<const uint8_t> patch) {
@@ -475,20 +484,21 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   const bool usable = s.spare_usable;
   TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
   ViewDigest target;
-  std::optional<SlotWriter> slot;
-  if (usable) {
+  std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
+  s.prepared.reset();
+  if (!slot && usable) {
     // Bring the spare to the served version: in place, with the kept patch
     // (nothing to do when PrepareSpare already did it).
     const uint64_t t_us = clock.NowUs();
     auto w = OpenSpareAtServed(env_, p, s, pool_);
     if (w.ok()) {
-      slot = std::move(w).value();
+      slot = std::make_shared<SlotWriter>(std::move(w).value());
     } else {
       log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
     }
     catch_up_us = clock.NowUs() - t_us;
   }
-  const bool in_place = slot.has_value();
+  const bool in_place = slot != nullptr;
   uint64_t t_us = clock.NowUs();
   if (slot) {
     Status st = Apply(slot->view, patch, s.digest, pool_, exclusive, &target);
