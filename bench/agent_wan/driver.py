@@ -276,7 +276,7 @@ def main():
         prepared = {}
         for m in members:
             for line in open(m.log_path):
-                mm = re.search(r"view_store: spare views/\S+ at version (\d+) \((in place|copied)\) in (\d+) ms", line)
+                mm = re.search(r"view_store: spare views/\S+ at version (\d+) \((in place|copied)[^)]*\) in (\d+) ms", line)
                 if mm:
                     prepared.setdefault(int(mm.group(1)), []).append(int(mm.group(3)))
         for v in sorted(phases):
