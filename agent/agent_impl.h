@@ -108,6 +108,7 @@ class AgentImpl final : public Agent {
   void MemberObjectComplete(const ObjectRef& ref, const std::string& path);
   void MemberTryApply();
   Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
+  void MemberPrepareSpare();
   void MemberCatchUp(CatchUpReply plan);
   Status SaveMemberState();
   Result<RelayNode*> EnsureRelay(const BoardId& board);
@@ -169,6 +170,7 @@ class AgentImpl final : public Agent {
   uint32_t stripes_ = 1;
   uint64_t heartbeat_seq_ = 0;
   double last_apply_s_ = 0;
+  uint64_t spare_due_us_ = 0;  // PrepareSpare after this (0: nothing due)
   bool catching_up_ = false;
   uint64_t catch_up_deadline_us_ = 0;  // a request unanswered by then is given up
   uint64_t catch_up_next_us_ = 0;      // the next periodic check

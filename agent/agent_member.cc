@@ -320,6 +320,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     std::lock_guard<std::mutex> lock(mu_);
     store_version_ = store_->version();
     last_apply_s_ = dt;
+    spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
     // come from the root's catch-up service.
     ForgetOldObjectsLocked(store_version_, 4);
@@ -345,6 +346,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
     if (s.ok()) {
       store_version_ = store_->version();
       last_apply_s_ = NowS() - t0;
+      spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
       if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
     }
   }
@@ -356,6 +358,19 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
   }
   Log("serving version " + std::to_string(m.version) + " (seeded from " + opt_.seed_checkpoint +
       ", its digest is the signed one; " + std::to_string(NowS() - t0) + " s)");
+}
+
+// On the work thread, a grace period after a switch (the reader rule): the
+// catch-up of the spare, so that the next version only applies its patch.
+// Anything that completed meanwhile was applied first (the work thread is
+// serial); a version arriving during it waits for it.
+void AgentImpl::MemberPrepareSpare() {
+  const double t0 = NowS();
+  if (Status s = store_->PrepareSpare(); !s.ok()) {
+    Log("cannot prepare the spare view: " + s.ToString());
+    return;
+  }
+  Log("spare view ready in " + std::to_string(NowS() - t0) + " s");
 }
 
 // On the work thread: fetch every object of the plan from the root's object
@@ -480,8 +495,13 @@ void AgentImpl::MemberTick() {
   RelayNode* relay = nullptr;
   bool catch_up = false;
   std::string note;  // logged outside mu_
+  bool prepare_spare = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (spare_due_us_ != 0 && clock_.NowUs() >= spare_due_us_) {
+      spare_due_us_ = 0;
+      prepare_spare = true;
+    }
     if (root_conn_ && joined_) {
       Send(out, root_conn_, MakeHeartbeatLocked());
       const uint64_t now_us = clock_.NowUs();
@@ -536,6 +556,7 @@ void AgentImpl::MemberTick() {
   (void)catch_up;
   Flush(out);
   if (!note.empty()) Log(note);
+  if (prepare_spare) Post([this] { MemberPrepareSpare(); });
   for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address);
 }
 

@@ -139,6 +139,7 @@ class AgentSystemTest : public ::testing::Test {
     o.join = "root";
     o.region = region;
     o.trusted_keys_pem = {root_key_};
+    o.spare_grace_ms = spare_grace_ms_;
     o.transport = NewTransportFor(name, fault);
     auto a = Agent::Start(o);
     ASSERT_TRUE(a.ok()) << name << ": " << a.status().ToString();
@@ -202,6 +203,7 @@ class AgentSystemTest : public ::testing::Test {
   std::unique_ptr<Agent> root_;
   std::string root_key_;
   std::map<std::string, Member> members_;
+  uint32_t spare_grace_ms_ = AgentOptions{}.spare_grace_ms;
 };
 
 TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
@@ -227,6 +229,36 @@ TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
   }
   ASSERT_EQ(s.versions.size(), 10u);
   for (const auto& v : s.versions) EXPECT_GE(v.last_served_s, 0) << "version " << v.version;
+}
+
+// The reader rule (docs/agent/apply.md): after a switch the slot switched
+// away from keeps the previous version for the grace period; then the
+// member brings it up to the served version (PrepareSpare), off the next
+// version's critical path.
+TEST_F(AgentSystemTest, SpareIsPreparedAfterTheGracePeriod) {
+  spare_grace_ms_ = 3000;
+  StartRoot();
+  StartMember("a", "us");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  const std::string dir = members_["a"].dir;
+  auto other_slot = [&] {
+    const std::string link = fs::read_symlink(dir + "/current").string();
+    return dir + "/views/" + (link == "views/a" ? "b" : "a");
+  };
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  // After the keyframe the spare is made by a copy, after the grace period.
+  ASSERT_TRUE(WaitFor([&] { return FirstDifference(other_slot(), steps_[1]).empty(); }, 30));
+  Publish(2);
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  const auto switched = std::chrono::steady_clock::now();
+  EXPECT_EQ(FirstDifference(other_slot(), steps_[1]), "");
+  ASSERT_TRUE(WaitFor([&] { return FirstDifference(other_slot(), steps_[2]).empty(); }, 30))
+      << "the spare was not brought to version 2";
+  EXPECT_GE(std::chrono::steady_clock::now() - switched, std::chrono::milliseconds(2500));
+  Publish(3);
+  ASSERT_TRUE(AllServe(3)) << Lagging(3);
+  ExpectBitwiseEqual(3);
 }
 
 TEST_F(AgentSystemTest, LateAndLaggingMembersCatchUp) {

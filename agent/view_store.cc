@@ -82,6 +82,12 @@ struct ViewStore::State {
   uint64_t kept_from = 0, kept_to = 0;
   // current was not re-pointed after the last commit (its rename failed).
   bool link_dirty = false;
+  // Not recorded: PrepareSpare brought the spare to `version` in place and
+  // kept its mapping, unsynced (state.json calls the spare unusable, so a
+  // crash costs a copy, never a wrong spare). Advance applies through the
+  // same mapping: its pages are dirty and mapped writable, so the apply
+  // takes no write faults, and one sync covers both patches.
+  std::shared_ptr<SlotWriter> prepared;
 
   std::string spare() const { return current == "a" ? "b" : "a"; }
 };
@@ -266,6 +272,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
     TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
     s.spare_usable = false;
   }
+  s.prepared.reset();  // the spare is rebuilt
   const std::string slot = s.current.empty() ? "a" : s.spare();
   TERN_RETURN_IF_ERROR(RemoveTree(env, p.slot(slot)));
   TERN_RETURN_IF_ERROR(build(p.slot(slot)));
@@ -358,6 +365,98 @@ Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t ve
   return InstallInSpare(env_, Paths(dir_), s, log_, version, info.target_digest, build);
 }
 
+namespace {
+
+// Opens the spare (which state.json must already call unusable) and brings
+// it to the served version with the kept patch, in place, unsynced. Fails
+// when no kept patch leads there or it does not reach the served digest.
+Result<SlotWriter> OpenSpareAtServed(Env& env, const Paths& p, const ViewStore::State& s,
+                                     ThreadPool& pool) {
+  TERN_ASSIGN_OR_RETURN(SlotWriter w, SlotWriter::Open(env, p.slot(s.spare())));
+  if (s.spare_version != s.version) {
+    TERN_REQUIRE(!s.kept.empty() && s.kept_from == s.spare_version && s.kept_to == s.version,
+                 kNotFound, "no kept patch from ", s.spare_version, " to ", s.version);
+    TERN_ASSIGN_OR_RETURN(auto kept, env.Map(p.slot(s.kept), MapMode::kReadOnly));
+    ApplyOptions exclusive;
+    exclusive.exclusive_view = true;  // the spare is private until the switch
+    ViewDigest reached;
+    TERN_RETURN_IF_ERROR(Apply(w.view, kept->bytes(), s.spare_digest, pool, exclusive, &reached));
+    TERN_REQUIRE(reached == s.digest, kMismatch, "kept patch reaches ", reached.ToString());
+  }
+  return w;
+}
+
+// Nothing writes the spare while state.json calls it usable. Written even
+// when memory already says unusable: a commit that failed after its rename
+// may have left state.json ahead of memory; this puts it back.
+Status MarkSpareUnusable(Env& env, const Paths& p, ViewStore::State& s) {
+  ViewStore::State marked = s;
+  marked.spare_usable = false;
+  TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
+  s.spare_usable = false;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ViewStore::PrepareSpare() {
+  State& s = *state_;
+  if (s.current.empty() || spare_ready()) return Status::Ok();
+  const Paths p(dir_);
+  Clock& clock = env_.clock();
+  const uint64_t start_us = clock.NowUs();
+  const bool usable = s.spare_usable;
+  TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
+  if (usable) {
+    auto w = OpenSpareAtServed(env_, p, s, pool_);
+    if (w.ok()) {
+      // Not synced and not recorded: see State::prepared.
+      s.prepared = std::make_shared<SlotWriter>(std::move(w).value());
+      log_(internal::StrCat("view_store: spare views/", s.spare(), " at version ", s.version,
+                            " (in place, synced with the next version) in ",
+                            (clock.NowUs() - start_us) / 1000, " ms"));
+      return Status::Ok();
+    }
+    log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
+  }
+  {
+    log_("view_store: copying views/" + s.current + " to views/" + s.spare());
+    const std::string spare_path = p.slot(s.spare());
+    TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
+    OpenOptions options;
+    options.env = &env_;
+    TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
+    CloneOptions clone_options;
+    clone_options.env = &env_;
+    TERN_ASSIGN_OR_RETURN(auto copy,
+                          WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
+    TERN_RETURN_IF_ERROR(copy->Commit());
+  }
+  // The spare's bytes are durable; now the record may say so. The kept
+  // patch is of no further use (a crash before its removal: Open removes it).
+  State next = s;
+  next.spare_usable = true;
+  next.spare_version = s.version;
+  next.spare_digest = s.digest;
+  next.kept.clear();
+  next.kept_from = next.kept_to = 0;
+  TERN_RETURN_IF_ERROR(WriteState(env_, p, next));
+  const std::string old_kept = s.kept;
+  s = next;
+  if (!old_kept.empty()) {
+    Status removed = env_.RemoveFile(p.slot(old_kept));
+    if (!removed.ok()) log_("view_store: " + removed.ToString());
+  }
+  log_(internal::StrCat("view_store: spare views/", s.spare(), " at version ", s.version,
+                        " (copied) in ", (clock.NowUs() - start_us) / 1000, " ms"));
+  return Status::Ok();
+}
+
+bool ViewStore::spare_ready() const {
+  return state_->prepared != nullptr ||
+         (state_->spare_usable && state_->spare_version == state_->version);
+}
+
 Status ViewStore::Advance(std::span<const uint8_t> patch) {
   State& s = *state_;
   const Paths p(dir_);
@@ -382,39 +481,24 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   ApplyOptions exclusive;
   exclusive.exclusive_view = true;  // the spare is private until the switch
 
-  // Nothing writes the spare while state.json calls it usable. Written even
-  // when memory already says unusable: a commit that failed after its rename
-  // may have left state.json ahead of memory; this puts it back.
   const bool usable = s.spare_usable;
-  {
-    State marked = s;
-    marked.spare_usable = false;
-    TERN_RETURN_IF_ERROR(WriteState(env_, p, marked));
-    s.spare_usable = false;
-  }
+  TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
   ViewDigest target;
-  std::optional<SlotWriter> slot;
-  if (usable) {
-    // Bring the spare to the served version: in place, with the kept patch.
+  std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
+  s.prepared.reset();
+  if (!slot && usable) {
+    // Bring the spare to the served version: in place, with the kept patch
+    // (nothing to do when PrepareSpare already did it).
     const uint64_t t_us = clock.NowUs();
-    Status st = [&]() -> Status {
-      TERN_ASSIGN_OR_RETURN(SlotWriter w, SlotWriter::Open(env_, spare_path));
-      if (s.spare_version != s.version) {
-        TERN_REQUIRE(!s.kept.empty() && s.kept_from == s.spare_version && s.kept_to == s.version,
-                     kNotFound, "no kept patch from ", s.spare_version, " to ", s.version);
-        TERN_ASSIGN_OR_RETURN(auto kept, env_.Map(p.slot(s.kept), MapMode::kReadOnly));
-        ViewDigest reached;
-        TERN_RETURN_IF_ERROR(
-            Apply(w.view, kept->bytes(), s.spare_digest, pool_, exclusive, &reached));
-        TERN_REQUIRE(reached == s.digest, kMismatch, "kept patch reaches ", reached.ToString());
-      }
-      slot = std::move(w);
-      return Status::Ok();
-    }();
-    if (!st.ok()) log_("view_store: spare views/" + s.spare() + " unusable: " + st.ToString());
+    auto w = OpenSpareAtServed(env_, p, s, pool_);
+    if (w.ok()) {
+      slot = std::make_shared<SlotWriter>(std::move(w).value());
+    } else {
+      log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
+    }
     catch_up_us = clock.NowUs() - t_us;
   }
-  const bool in_place = slot.has_value();
+  const bool in_place = slot != nullptr;
   uint64_t t_us = clock.NowUs();
   if (slot) {
     Status st = Apply(slot->view, patch, s.digest, pool_, exclusive, &target);

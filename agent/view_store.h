@@ -11,15 +11,17 @@
 // made only when the spare is unusable (first Advance after Seed or
 // InstallKeyframe, or after a crash or an I/O error touched it).
 //
-// Advance: bring the spare to version() (apply the kept patch in place), apply
+// Advance: bring the spare to version() (apply the kept patch in place, unless
+// PrepareSpare already did between versions), apply
 // the new patch in place, fsync, write the kept patch, commit state.json, then
 // re-point `current` (a new link renamed over the old one). A crash at any
 // point leaves `current` serving either the old or the new version, complete
 // and verified; Open repairs the link from state.json and never serves a
 // spare in an unknown state (state.json marks the spare unusable before any
 // write to it). Reader rule: a reader that resolved `current` to views/X must
-// be done with it before the Advance after the next one starts (that one
-// rewrites X in place); see docs/agent/apply.md.
+// be done with it before PrepareSpare or the next Advance runs after the
+// switch away from X (either rewrites X in place; the agent calls
+// PrepareSpare a grace period after each switch); see docs/agent/apply.md.
 //
 // Errors: kCorrupt / kUnsupported for damaged or newer-format patches (from
 // Inspect/Apply, including changes that do not reach the patch's target
@@ -84,6 +86,18 @@ class ViewStore {
   // Advances to the patch's target. Its base must be version()/digest(); a
   // squash (a -> b with a == version()) is a patch like any other.
   Status Advance(std::span<const uint8_t> patch);
+
+  // Brings the spare to version() (the kept patch applied in place, or a
+  // full copy of the served slot when the spare is unusable), syncs it and
+  // records it, so that the next Advance only applies its own patch. Meant
+  // to run between versions, off the critical path, once readers are done
+  // with the slot the last switch left (it rewrites that slot: the reader
+  // rule in docs/agent/apply.md). Nothing to do when spare_ready().
+  // Errors: the Env's; the served version is never touched, and a failure
+  // leaves the spare unusable (the next Advance copies).
+  Status PrepareSpare();
+  // The spare holds version() completely and durably (PrepareSpare done).
+  bool spare_ready() const;
 
   struct State;
 

@@ -297,6 +297,78 @@ TEST_F(ViewStoreTest, SquashAdvancesSeveralVersions) {
   EXPECT_EQ(Copies(), 1);
 }
 
+// PrepareSpare does between versions what Advance would do first (the kept
+// patch into the spare, or the copy after a seed), so Advance only applies;
+// the slot the last switch left holds the previous version until then.
+TEST_F(ViewStoreTest, PrepareSpareBringsTheSpareUpBetweenVersions) {
+  auto store = Seeded();
+  EXPECT_FALSE(store->spare_ready());
+  ASSERT_TRUE(store->PrepareSpare().ok());  // after a seed: the one copy
+  EXPECT_EQ(Copies(), 1);
+  EXPECT_TRUE(store->spare_ready());
+  const std::string a = dir_ + "/views/a", b = dir_ + "/views/b";
+  EXPECT_EQ(Differs(b, trace_, 1), "");
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 2), "");
+  EXPECT_FALSE(store->spare_ready());
+  // The reader rule: the slot switched away from is untouched until
+  // PrepareSpare (or the next Advance).
+  EXPECT_EQ(Differs(a, trace_, 1), "");
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  EXPECT_TRUE(store->spare_ready());
+  EXPECT_EQ(Differs(a, trace_, 2), "");
+  EXPECT_EQ(Differs(store->current_path(), trace_, 2), "");
+  ASSERT_TRUE(store->PrepareSpare().ok());  // nothing to do
+  // Advance needs the kept patch no more: without it, still no copy and no
+  // unusable spare.
+  std::filesystem::remove(dir_ + "/views/keep-1-2.patch");
+  ASSERT_TRUE(store->Advance(trace_.Patch(2, 3)).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
+  EXPECT_EQ(Differs(b, trace_, 2), "");
+  EXPECT_EQ(Copies(), 1);
+  for (const std::string& line : log_) EXPECT_EQ(line.find("unusable"), std::string::npos) << line;
+  // The prepared spare is not durable (state.json says unusable): after a
+  // restart the next Advance copies, and serves the right bytes.
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  store.reset();
+  store = OpenStore();
+  EXPECT_FALSE(store->spare_ready());
+  ASSERT_TRUE(store->Advance(trace_.Patch(3, 4)).ok());
+  EXPECT_EQ(Copies(), 2);
+  EXPECT_EQ(Differs(store->current_path(), trace_, 4), "");
+  // A keyframe leaves an unusable spare: PrepareSpare copies it.
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  ASSERT_TRUE(store->InstallKeyframe(trace_.Keyframe(5), 5).ok());
+  EXPECT_FALSE(store->spare_ready());
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  EXPECT_EQ(Copies(), 3);
+  ASSERT_TRUE(store->Advance(trace_.Patch(5, 6)).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 6), "");
+  EXPECT_EQ(Copies(), 3);
+}
+
+// A kept patch that no longer reaches the served digest (damaged on disk):
+// PrepareSpare says so and copies instead; nothing served changes.
+TEST_F(ViewStoreTest, PrepareSpareWithDamagedKeptPatchCopies) {
+  auto store = Seeded();
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  ASSERT_TRUE(store->Advance(trace_.Patch(2, 3)).ok());
+  const std::string kept = dir_ + "/views/keep-2-3.patch";
+  ASSERT_TRUE(std::filesystem::exists(kept));
+  {
+    std::fstream f(kept, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-8, std::ios::end);
+    f.write("XXXXXXXX", 8);
+  }
+  const int copies = Copies();
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  EXPECT_EQ(Copies(), copies + 1);
+  EXPECT_TRUE(store->spare_ready());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
+  ASSERT_TRUE(store->Advance(trace_.Patch(3, 4)).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 4), "");
+}
+
 TEST_F(ViewStoreTest, RestartKeepsVersionAndAdvancesInPlace) {
   {
     auto store = Seeded();
@@ -417,11 +489,14 @@ TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
         {
           auto s = ViewStore::Open(faulty, dir_, pool_, [](std::string_view) {});
           if (s.ok()) {
+            // Each version followed by PrepareSpare, as the agent does:
+            // in place (kept patch), then a copy after the keyframe.
             Status st = (*s)->Advance(trace_.Patch(3, 4));
-            if (st.ok()) {
-              st = (*s)->Advance(trace_.Patch(4, 5));
-              if (st.ok()) st = (*s)->InstallKeyframe(trace_.Keyframe(7), 7);
-            }
+            if (st.ok()) st = (*s)->PrepareSpare();
+            if (st.ok()) st = (*s)->Advance(trace_.Patch(4, 5));
+            if (st.ok()) st = (*s)->PrepareSpare();
+            if (st.ok()) st = (*s)->InstallKeyframe(trace_.Keyframe(7), 7);
+            if (st.ok()) st = (*s)->PrepareSpare();
             done = st.ok();
             EXPECT_EQ(done, faulty.stats().failed == 0) << st.ToString();
             reported = (*s)->version();

@@ -30,7 +30,7 @@ struct AgentArgs {
   std::string signing_key, join_token_file, admin_token_file;
   std::vector<std::string> trust_keys;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
-  uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3;
+  uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3, spare_grace_ms = 2000;
   std::string board_etcd, seed;
   uint64_t seed_version = 0;
   unsigned threads = 0;
@@ -80,6 +80,7 @@ Status CheckAgent(AgentArgs& a) {
   TERN_REQUIRE(a.board_etcd.empty() || a.root, kInvalidArgument, "--board-etcd is a root's flag");
   o.heartbeat_ms = a.heartbeat_ms;
   o.dead_after_ms = a.dead_after_ms;
+  o.spare_grace_ms = a.spare_grace_ms;
   o.threads = a.threads;
   return Status::Ok();
 }
@@ -241,6 +242,10 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   AddUnsigned(cmd, "--keyframe-every", a->keyframe_every, "root: a keyframe every N versions", "32");
   AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms, "member heartbeat period", "500");
   AddUnsigned(cmd, "--dead-after-ms", a->dead_after_ms, "root: drop a member silent this long", "3000");
+  AddUnsigned(cmd, "--spare-grace-ms", a->spare_grace_ms,
+              "member: readers of DIR/current keep the version switched away from this long, then "
+              "the spare is brought up (off the next version's critical path)",
+              "2000", 3'600'000);
   AddThreadsFlag(cmd, a->threads);
   AddTransportFlags(cmd, a->transport);
   a->transport.tls_allow_client_flag = cmd.add_option(

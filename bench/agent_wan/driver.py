@@ -125,6 +125,9 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=120, help="per version: publish to every member")
     ap.add_argument("--no-tls", action="store_true")
     ap.add_argument("--agent-args", default="", help="extra flags for every tern-agent")
+    ap.add_argument("--gap-s", type=float, default=4,
+                    help="pause after a version is verified before the next publish (a trainer step; "
+                         "members prepare their spare view in it, after --spare-grace-ms)")
     a = ap.parse_args()
 
     regions, links = parse_wan_config(a.config)
@@ -228,6 +231,8 @@ def main():
                              verified=len(members) - len(bad)))
             print("version %d served by all %d members %.3f s after publish returned; %d/%d bitwise" % (
                 v, len(members), last, len(members) - len(bad), len(members)), flush=True)
+            if v < a.steps:
+                time.sleep(a.gap_s)
 
         # Where a member's time goes: "applied in" (the agent, from the
         # object complete to serving) and the view store's phases.
@@ -268,10 +273,55 @@ def main():
         print("(* keyframe; recv last: the latest time a member held the whole object, its commit minus its "
               "'applied in')")
         print("view store phases, median over members, ms: version: total = catch-up + apply + sync + switch")
+        prepared = {}
+        for m in members:
+            for line in open(m.log_path):
+                mm = re.search(r"view_store: spare views/\S+ at version (\d+) \((in place|copied)[^)]*\) in (\d+) ms", line)
+                if mm:
+                    prepared.setdefault(int(mm.group(1)), []).append(int(mm.group(3)))
         for v in sorted(phases):
             med = [sorted(col)[len(col) // 2] for col in zip(*phases[v])]
             print("  %d: %d = %d + %d + %d + %d (%d members)" % (v, *med, len(phases[v])))
-        print(json.dumps({"rows": rows}), file=open(os.path.join(a.work, "result.json"), "w"))
+        for v in sorted(prepared):
+            print("  spare brought to %d between versions: median %d ms, max %d ms (%d members)" % (
+                v, sorted(prepared[v])[len(prepared[v]) // 2], max(prepared[v]), len(prepared[v])))
+        # CPU and memory of each agent (its process: `ip netns exec` execs
+        # the agent), and the bytes each member received and forwarded.
+        usage = {}
+        bytes_by_id = {m["id"]: m for m in status()["members"]}
+        tick = os.sysconf("SC_CLK_TCK")
+        for x in agents:
+            try:
+                stat = open("/proc/%d/stat" % x.proc.pid).read().rsplit(")", 1)[1].split()
+                mem = dict(l.split(":", 1) for l in open("/proc/%d/status" % x.proc.pid))
+            except OSError:
+                continue
+            kb = lambda k: int(mem.get(k, "0 kB").split()[0])
+            b = bytes_by_id.get(x.name, {})
+            usage[x.name] = dict(cpu_s=(int(stat[11]) + int(stat[12])) / tick, rss_kb=kb("VmRSS"),
+                                 hwm_kb=kb("VmHWM"), anon_kb=kb("RssAnon"), file_kb=kb("RssFile"),
+                                 bytes_in=b.get("bytes_in", 0), bytes_out=b.get("bytes_out", 0))
+        print("agents: cpu s (user+sys over the run), resident MB (peak; anonymous + file-backed now), "
+              "received/forwarded MB")
+        for name in sorted(usage, key=lambda n: (n != "root", n)):
+            u = usage[name]
+            print("  %-6s cpu %6.2f s  rss %6.1f MB (peak %6.1f; anon %6.1f + file %6.1f)  in %8.1f MB  out %8.1f MB" % (
+                name, u["cpu_s"], u["rss_kb"] / 1e3, u["hwm_kb"] / 1e3, u["anon_kb"] / 1e3, u["file_kb"] / 1e3,
+                u["bytes_in"] / 1e6, u["bytes_out"] / 1e6))
+        relays = [u for n, u in usage.items() if n != "root" and u["bytes_out"] > 0]
+        leaves = [u for n, u in usage.items() if n != "root" and u["bytes_out"] == 0]
+        if relays and leaves:
+            # Every member applies the same versions; what a relay spends
+            # beyond a leaf is what forwarding costs.
+            mean = lambda xs: sum(xs) / len(xs)
+            extra = mean([u["cpu_s"] for u in relays]) - mean([u["cpu_s"] for u in leaves])
+            out_gb = mean([u["bytes_out"] for u in relays]) / 1e9
+            print("forwarding: relays %d (mean cpu %.2f s, forwarded %.1f MB), leaves %d (mean cpu %.2f s): "
+                  "%.2f cpu s per forwarded GB (relay minus leaf); anonymous memory max %.1f MB relay, %.1f MB leaf" % (
+                      len(relays), mean([u["cpu_s"] for u in relays]), out_gb * 1e3, len(leaves),
+                      mean([u["cpu_s"] for u in leaves]), extra / out_gb if out_gb else 0,
+                      max(u["anon_kb"] for u in relays) / 1e3, max(u["anon_kb"] for u in leaves) / 1e3))
+        print(json.dumps({"rows": rows, "usage": usage}), file=open(os.path.join(a.work, "result.json"), "w"))
         return 1 if failed or len(rows) < a.steps else 0
     finally:
         for x in reversed(agents):

@@ -11,7 +11,7 @@
 # The testbed is always torn down.
 #
 #   bench/agent_wan/run.sh [--config FILE] [--params 20M] [--steps 6] [--lr 1e-6]
-#        [--deadline-s 120] [--poll-ms 20] [--no-tls] [--agent-args "FLAGS"]
+#        [--deadline-s 120] [--poll-ms 20] [--gap-s 4] [--no-tls] [--agent-args "FLAGS"]
 #        [--slow-start-after-idle 0|1] [--tern PATH] [--agent PATH] [--fwd PATH] [--work-root DIR] [--keep]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,7 +22,7 @@ driver_args=()
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
-    --params | --steps | --lr | --deadline-s | --poll-ms | --agent-args) driver_args+=("$1" "$2"); shift 2 ;;
+    --params | --steps | --lr | --deadline-s | --poll-ms | --agent-args | --gap-s) driver_args+=("$1" "$2"); shift 2 ;;
     --no-tls) driver_args+=("$1"); shift ;;
     --tern) tern=$2; shift 2 ;; --agent) agent=$2; shift 2 ;;
     --fwd) export TERN_WAN_FWD=$2; shift 2 ;;

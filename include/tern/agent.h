@@ -98,6 +98,13 @@ struct AgentOptions {
   // ---- Timing ----
   uint32_t heartbeat_ms = 500;
   uint32_t dead_after_ms = 3000;  // a member silent this long leaves the plan
+  // A member brings its spare view up to the served version this long after
+  // each switch (ViewStore::PrepareSpare), off the next version's critical
+  // path. The reader rule: a reader of DIR/current must be done with the
+  // slot it resolved within this grace after the switch away from it (or
+  // before the next version is applied, if that comes sooner), since both
+  // rewrite that slot (docs/agent/apply.md).
+  uint32_t spare_grace_ms = 2000;
 
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required

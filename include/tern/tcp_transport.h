@@ -1,5 +1,5 @@
 // The TCP backend: N parallel streams per connection with chunks striped over
-// them, autotuned socket buffers, BBR when the kernel has it, an XXH3-64 checksum
+// them (stream k takes chunks only while streams 0..k-1 are full), autotuned socket buffers, BBR when the kernel has it, an XXH3-64 checksum
 // and an acknowledgement per chunk, and optional TLS 1.3 with mutual
 // authentication. Wire format: docs/format/tcp.md.
 //

@@ -65,6 +65,10 @@ struct Stream {
   std::mutex mu;
   std::deque<OutFrame> control;  // guarded by mu: acks, pings, messages
   std::atomic<bool> stop{false};
+  // The socket took no more bytes at the last write (send buffer or
+  // TCP_NOTSENT_LOWAT reached): the next stream may take chunks.
+  std::atomic<bool> full{false};
+  std::atomic<uint64_t> chunks_sent{0};
   // Held by the stream thread around each socket read and write; Fail()
   // passes it once after setting stop, so once a connection has failed no
   // I/O touches registered memory (chunk sources, receive windows) again:
@@ -106,6 +110,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void CancelReceive(uint64_t transfer_id) override;
   void Close() override;
 
+  // Chunks each stream has written, in index order (tests, diagnostics).
+  std::vector<uint64_t> StreamChunkCounts() const;
+
   // Ends the connection once: pending operations get `ops`, on_closed gets
   // `closed`.
   void Fail(Status ops, Status closed);
@@ -120,6 +127,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool FinishFrame(Stream& s, Reader& r);
   bool ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us);
   bool WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blocked, uint64_t* last_write_us);
+  // Whether stream s may take a queued chunk: every stream before it is
+  // full (or stopped). See the stream choice in connection.cc.
+  bool MayTakeChunk(const Stream& s) const;
   void RunStream(Stream& s);
 
   const std::string peer_;

@@ -1,6 +1,7 @@
 // The TCP backend (docs/format/tcp.md): listening, dialing and the
 // per-stream handshake that assemble N accepted or dialed streams into one
 // TcpConnection (the stream engine is in connection.cc).
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -173,6 +174,28 @@ class TcpTransport final : public Transport {
  private:
   void Log(const std::string& line) { LogLine(options_.log, line); }
 
+  // tern does not change net.ipv4.tcp_slow_start_after_idle (a setting of
+  // the whole network namespace, and it needs CAP_NET_ADMIN); it says once
+  // when it costs: with 1 and a congestion control other than BBR, a
+  // connection idle longer than its retransmission timeout (a tree edge
+  // between versions) restarts from the initial window, a round trip per
+  // doubling for the next object. BBR keeps its window across idle periods
+  // (measured: docs/agent.md §8), so BBR needs nothing.
+  void NoteSlowStartAfterIdle(const std::string& congestion) {
+    if (congestion == "bbr" || warned_slow_start_.exchange(true)) return;
+    char c = 0;
+    const int fd = ::open("/proc/sys/net/ipv4/tcp_slow_start_after_idle", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const bool one = ::read(fd, &c, 1) == 1 && c == '1';
+    ::close(fd);
+    if (one) {
+      Log("tcp: congestion control " + congestion +
+          " with net.ipv4.tcp_slow_start_after_idle=1: a connection idle longer than its "
+          "retransmission timeout restarts from the initial window (extra round trips for small "
+          "objects over long RTTs); use BBR or set the sysctl to 0");
+    }
+  }
+
   void Track(const std::shared_ptr<TcpConnection>& c) {
     std::lock_guard<std::mutex> lock(mu_);
     conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](auto& w) { return w.expired(); }),
@@ -246,6 +269,7 @@ class TcpTransport final : public Transport {
       }
       TERN_RETURN_IF_ERROR(tcp::ParseHelloAck(h, conn_id, reason));
     }
+    NoteSlowStartAfterIdle(congestion);
     const std::string describe = "tcp " + std::to_string(n) + " streams " + congestion +
                                  (tls_ ? " tls1.3" : "");
     auto conn = std::make_shared<TcpConnection>(std::move(pipes), address, describe, options_, clock_);
@@ -381,6 +405,7 @@ class TcpTransport final : public Transport {
       for (auto& p : pipes) tell(*p, hello.connection_id, closed);
       return;
     }
+    NoteSlowStartAfterIdle(congestion);
     const std::string describe = "tcp " + std::to_string(hello.count) + " streams " + congestion +
                                  (tls_ ? " tls1.3" : "");
     auto conn = std::make_shared<TcpConnection>(std::move(pipes), peer, describe, options_, clock_);
@@ -405,6 +430,7 @@ class TcpTransport final : public Transport {
   std::unique_ptr<tcp::TlsContext> tls_;
   std::atomic<uint64_t> next_handle_{1};
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> warned_slow_start_{false};
   std::mutex mu_;
   std::vector<std::weak_ptr<ListenState>> listeners_;
   std::vector<std::weak_ptr<TcpConnection>> conns_;
