@@ -43,6 +43,9 @@ enum class ControlType : uint8_t {
   kCatchUpRequest = 0x07,  // member -> root: I hold `have`, I want `target`
   kCatchUpReply = 0x08,    // root -> member: the objects to fetch, in apply order
   kLeave = 0x09,           // member -> root: leaving on purpose
+  kPing = 0x0A,            // any -> agent: echo this nonce (round-trip time)
+  kPong = 0x0B,            // the echo of a PING
+  kParentReport = 0x0C,    // member -> root: my parent in a stripe is bad
 };
 
 struct MemberInfo {
@@ -91,6 +94,7 @@ struct Heartbeat {
   double rtt_to_parent_s = 0;       // finite, >= 0 (0: unknown)
   double rate_in_bytes_per_s = 0;   // the last transfer's rate, finite, >= 0
   double last_apply_s = 0;          // finite, >= 0
+  double rtt_to_root_s = 0;         // finite, >= 0 (0: unknown)
   bool operator==(const Heartbeat&) const = default;
 };
 
@@ -130,8 +134,36 @@ struct Leave {
   bool operator==(const Leave&) const = default;
 };
 
+// Round-trip probes. A member PINGs the root on its control connection and
+// each parent on a probe connection (a control connection whose first
+// message is PING, which every agent answers); the nonce is the sender's
+// own clock, so the echo alone gives the round trip.
+struct Ping {
+  uint64_t nonce = 0;
+  bool operator==(const Ping&) const = default;
+};
+struct Pong {
+  uint64_t nonce = 0;  // the PING's
+  bool operator==(const Pong&) const = default;
+};
+
+enum class ParentFault : uint8_t {
+  kStalled = 1,    // no bytes from it for the stall time while a version was due
+  kBadChunks = 2,  // chunks that failed SHA-256 against the signed hashes
+};
+const char* ParentFaultName(ParentFault f);
+
+// A member asks the root to plan around its parent in one stripe.
+struct ParentReport {
+  uint32_t stripe = 0;     // < kMaxControlParents
+  std::string parent_id;   // 1..kMaxControlIdBytes: the parent it was given
+  ParentFault fault = ParentFault::kStalled;
+  bool operator==(const ParentReport&) const = default;
+};
+
 using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
-                                    CatchUpRequest, CatchUpReply, Leave>;
+                                    CatchUpRequest, CatchUpReply, Leave, Ping, Pong,
+                                    ParentReport>;
 
 ControlType TypeOf(const ControlMessage& m);
 const char* ControlTypeName(ControlType t);
