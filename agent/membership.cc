@@ -73,6 +73,42 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   it->second.last = hb;
   it->second.last_seen_us = now_us;
   it->second.served_version = hb.served_version;
+  // Figures only: bad ones (the codec refuses them anyway) are ignored.
+  if (auto next = topology::UpdateFigures(plan_, id, 0, 0, hb.rtt_to_root_s); next.ok())
+    plan_ = std::move(next).value();
+  if (plan_.parent.size() == 1 && hb.rate_in_bytes_per_s > 0) {
+    auto p = plan_.parent[0].find(id);
+    auto parent = p == plan_.parent[0].end() ? members_.end() : members_.find(p->second);
+    if (parent != members_.end() && hb.rate_in_bytes_per_s > parent->second.measured_uplink_bytes_per_s) {
+      parent->second.measured_uplink_bytes_per_s = hb.rate_in_bytes_per_s;
+      if (auto next = topology::UpdateFigures(plan_, parent->first, hb.rate_in_bytes_per_s, 0, 0); next.ok())
+        plan_ = std::move(next).value();
+    }
+  }
+  return Status::Ok();
+}
+
+Status Membership::ReportParent(const std::string& id, const ParentReport& report,
+                                std::vector<std::string>* notify) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  TERN_REQUIRE(report.stripe < plan_.parent.size(), kMismatch, "stripe ", report.stripe,
+               " of ", plan_.parent.size());
+  auto p = plan_.parent[report.stripe].find(id);
+  TERN_REQUIRE(p != plan_.parent[report.stripe].end() && p->second == report.parent_id,
+               kMismatch, "'", report.parent_id, "' is not the parent of '", id,
+               "' in stripe ", report.stripe, " any more");
+  TERN_REQUIRE(report.parent_id != root_info_.id, kMismatch,
+               "the root is not planned around");
+  auto parent = members_.find(report.parent_id);
+  TERN_REQUIRE(parent != members_.end(), kMismatch, "'", report.parent_id, "' is not joined");
+  if (report.fault == ParentFault::kStalled)
+    TERN_REQUIRE(parent->second.served_version > it->second.served_version, kMismatch, "'",
+                 report.parent_id, "' serves ", parent->second.served_version, ", not newer than '", id,
+                 "' (", it->second.served_version, "): it is starved too");
+  TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
+  parent->second.demoted = true;
+  Replan(std::move(next), notify);
   return Status::Ok();
 }
 

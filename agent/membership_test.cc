@@ -115,5 +115,82 @@ TEST(Membership, BadPlanOptionsAreReportedByJoin) {
   EXPECT_EQ(m.Join(Info("a", "eu"), 0, 0, &notify).code(), Code::kInvalidArgument);
 }
 
+
+TEST(Membership, HeartbeatFiguresSteerLaterJoins) {
+  // root -> a; b and c under a (equal configured uplinks).
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  Membership m(Info("root", "us"), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("a", "eu", 2e9), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("c", "eu"), 0, 0, &notify).ok());
+  ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
+  ASSERT_EQ(m.ParentsOf("c")->parents[0].id, "a");
+  // b is far from the root, c near: a new member hangs below c.
+  Heartbeat hb;
+  hb.rtt_to_root_s = 0.150;
+  ASSERT_TRUE(m.Heartbeat("b", hb, 1).ok());
+  hb.rtt_to_root_s = 0.001;
+  ASSERT_TRUE(m.Heartbeat("c", hb, 1).ok());
+  const uint64_t epoch = m.epoch();
+  EXPECT_EQ(m.epoch(), epoch);  // measuring moves nobody
+  notify.clear();
+  ASSERT_TRUE(m.Join(Info("d", "eu"), 0, 1, &notify).ok());
+  EXPECT_EQ(m.ParentsOf("d")->parents[0].id, "c");
+  EXPECT_DOUBLE_EQ(m.plan().members.at("b").rtt_to_root_s, 0.150);
+  // A child's receive rate is a measured lower bound on its parent's uplink.
+  hb = {};
+  hb.rate_in_bytes_per_s = 3e9;
+  ASSERT_TRUE(m.Heartbeat("d", hb, 2).ok());
+  EXPECT_DOUBLE_EQ(m.members().at("c").measured_uplink_bytes_per_s, 3e9);
+  EXPECT_DOUBLE_EQ(m.plan().members.at("c").uplink_bytes_per_s, 3e9);
+}
+
+TEST(Membership, ParentReportPlansAroundTheParentOnly) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  Membership m(Info("root", "us"), o, 1000);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d", "e"}) ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  // a under the root; b, c under a; d, e under b.
+  ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
+  ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
+  const std::string bad = "b";
+  Heartbeat hb;
+  hb.served_version = 0;
+  ASSERT_TRUE(m.Heartbeat(bad, hb, 1).ok());
+  // A stalled parent that serves nothing newer than the child starves too.
+  notify.clear();
+  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, &notify).code(),
+            Code::kMismatch);
+  // Stale (not its parent), the root, an unknown reporter: refused.
+  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, &notify).code(), Code::kNotFound);
+  EXPECT_TRUE(notify.empty());
+  // b serves version 1, d still 0: the edge b -> d is at fault.
+  hb.served_version = 1;
+  ASSERT_TRUE(m.Heartbeat(bad, hb, 1).ok());
+  const topology::Plan before = m.plan();
+  ASSERT_TRUE(m.ReportParent("d", {0, bad, ParentFault::kStalled}, &notify).ok());
+  EXPECT_TRUE(m.members().at(bad).demoted);
+  EXPECT_FALSE(m.plan().members.at(bad).may_relay);
+  for (const auto& [id, p] : m.plan().parent[0]) EXPECT_NE(p, bad) << id;
+  // Only b's children and b itself moved; each mover is told.
+  std::vector<std::string> moved;
+  for (const auto& mv : topology::Diff(before, m.plan())) moved.push_back(mv.id);
+  std::sort(moved.begin(), moved.end());
+  for (const auto& id : moved) EXPECT_TRUE(id == "b" || id == "d" || id == "e") << id;
+  std::sort(notify.begin(), notify.end());
+  EXPECT_EQ(notify, moved);
+  // The second child's report now is stale: nothing more moves.
+  notify.clear();
+  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, &notify).code(), Code::kMismatch);
+  EXPECT_TRUE(notify.empty());
+}
+
 }  // namespace
 }  // namespace tern::agent
