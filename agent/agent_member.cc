@@ -90,6 +90,8 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
     Log("parent of stripe " + std::to_string(stripe) + " failed: " + why.ToString());
     std::lock_guard<std::mutex> lock(mu_);
+    // Dropped for chunks that failed verification: the root hears of it.
+    if (why.code() == Code::kAuth && stripe < watch_.size()) watch_[stripe].failed_auth = true;
     // Dial again on a later tick unless the root moves us meanwhile (it
     // re-plans when the parent is gone for good).
     redial_parents_ = true;
@@ -231,6 +233,8 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
         need_catch_up_check_ = true;
       }
+    } else if (auto* pong = std::get_if<Pong>(&msg)) {
+      if (const double rtt = RoundTripOf(pong->nonce); rtt > 0) rtt_to_root_s_ = rtt;
     } else if (auto* r = std::get_if<Reject>(&msg)) {
       Log("the root refused to let us join: " + r->reason);
       // A standby that lost leadership refuses too: try the next address soon.
@@ -459,6 +463,11 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   hb.seq = ++heartbeat_seq_;
   hb.served_version = store_version_;
   hb.last_apply_s = last_apply_s_;
+  hb.rtt_to_root_s = rtt_to_root_s_;
+  // The slowest current parent's round trip (stripes may have several).
+  for (const auto& p : parents_.parents)
+    if (auto it = probes_.find(p.data_address); it != probes_.end())
+      hb.rtt_to_parent_s = std::max(hb.rtt_to_parent_s, it->second.rtt_s);
   if (relay_) {
     for (const auto& l : relay_->Stats()) {
       hb.bytes_in += l.bytes_in;
@@ -484,6 +493,7 @@ void AgentImpl::MemberTick() {
     std::lock_guard<std::mutex> lock(mu_);
     if (root_conn_ && joined_) {
       Send(out, root_conn_, MakeHeartbeatLocked());
+      Send(out, root_conn_, Ping{clock_.NowUs()});
       const uint64_t now_us = clock_.NowUs();
       if (catching_up_ && now_us > catch_up_deadline_us_) {  // no answer came
         catching_up_ = false;
@@ -525,6 +535,7 @@ void AgentImpl::MemberTick() {
         }
       }
       need_catch_up_check_ = false;
+      MemberWatchParentsLocked(out);
     }
     if (redial_parents_ && relay_ && !parents_.parents.empty()) {
       redial = parents_.parents;
@@ -536,6 +547,7 @@ void AgentImpl::MemberTick() {
   (void)catch_up;
   Flush(out);
   if (!note.empty()) Log(note);
+  MemberProbeParents();
   for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address);
 }
 

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/admin_http.h"
 #include "agent/etcd_test_server.h"
 #include "tern/agent.h"
 #include "tern/checkpoint.h"
@@ -118,6 +119,7 @@ class AgentSystemTest : public ::testing::Test {
     // Every agent of the board holds it: joins, SUBSCRIBE and the root's
     // catch-up object service (LateAndLaggingMembersCatchUp) all need it.
     o.join_token = "join-token-of-this-board";
+    if (tweak_) tweak_(o);
     return o;
   }
 
@@ -202,6 +204,7 @@ class AgentSystemTest : public ::testing::Test {
   std::unique_ptr<Agent> root_;
   std::string root_key_;
   std::map<std::string, Member> members_;
+  std::function<void(AgentOptions&)> tweak_;  // applied to every agent's options
 };
 
 TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
@@ -551,6 +554,83 @@ TEST_F(AgentSystemTest, GarbageOnTheAgentPortIsRefusedAndServiceGoesOn) {
   Publish(1);
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
   ExpectBitwiseEqual(1);
+}
+
+
+// Members measure their round trips (PING/PONG) to the root and to their
+// parents and report them; the root shows them in /status and /metrics. A
+// member whose sends are held back 30 ms sees at least that.
+TEST_F(AgentSystemTest, RoundTripsAreMeasuredAndShown) {
+  tweak_ = [](AgentOptions& o) {
+    if (o.id == "root") o.admin_listen = "127.0.0.1:0";
+    o.dead_after_ms = 5000;
+  };
+  StartRoot(/*root_fanout=*/1);
+  FaultPolicy slow;
+  slow.delay_us = 30'000;
+  StartMember("head", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  StartMember("far", "eu", &slow);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  auto measured = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.rtt_to_root_s <= 0 || m.rtt_to_parent_s <= 0) return false;
+    return true;
+  };
+  ASSERT_TRUE(WaitFor(measured, 30));
+  for (const auto& m : root_->Snapshot().members) {
+    if (m.id == "far") {
+      EXPECT_EQ(m.parent, "head");
+      EXPECT_GE(m.rtt_to_root_s, 0.030);
+      EXPECT_GE(m.rtt_to_parent_s, 0.030);
+    }
+    EXPECT_LT(m.rtt_to_root_s, 10.0) << m.id;
+  }
+  const std::string admin = root_->Snapshot().admin_address;
+  auto status = AgentStatusJson(admin, {});
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->find("\"rtt_to_root_s\""), std::string::npos);
+  EXPECT_NE(status->find("\"rtt_to_parent_s\""), std::string::npos);
+  auto metrics = agent::AdminGet(admin, "/metrics", {});
+  ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
+  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_root_seconds{member=\"far\""), std::string::npos);
+  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_parent_seconds{member=\"far\""), std::string::npos);
+}
+
+// A relay whose every send is held back a long time starves its children:
+// they report it to the root, which plans around it (it becomes a leaf; its
+// children move, nobody else does), and every member still serves every
+// version bit for bit.
+TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
+  tweak_ = [](AgentOptions& o) {
+    o.dead_after_ms = 20'000;  // the stalled relay's heartbeats are late too
+    o.parent_stall_ms = 800;
+  };
+  StartRoot(/*root_fanout=*/1);
+  FaultPolicy stall;
+  stall.delay_us = 1'000'000;  // per send
+  StartMember("stalled", "eu", &stall);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  for (int i = 0; i < 4; ++i) StartMember("m" + std::to_string(i), "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 5; }, 30));
+  int below = 0;
+  for (const auto& m : root_->Snapshot().members) below += m.parent == "stalled";
+  ASSERT_GE(below, 1);
+  Publish(1);
+  auto planned_around = [&] {
+    for (const auto& m : root_->Snapshot().members) {
+      if (m.parent == "stalled") return false;
+      if (m.id == "stalled" && !m.demoted) return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(WaitFor(planned_around, 60)) << "children still below the stalled relay";
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ExpectBitwiseEqual(1);
+  Publish(2);
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  ExpectBitwiseEqual(2);
+  for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, "stalled") << m.id;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "agent/membership.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace tern::agent {
@@ -88,10 +89,12 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   return Status::Ok();
 }
 
-Status Membership::ReportParent(const std::string& id, const ParentReport& report,
+Status Membership::ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
                                 std::vector<std::string>* notify) {
   auto it = members_.find(id);
   if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  // Starving, whatever becomes of the report: reports on it are discounted.
+  if (report.fault == ParentFault::kStalled) it->second.stall_reported_us = std::max<uint64_t>(now_us, 1);
   TERN_REQUIRE(report.stripe < plan_.parent.size(), kMismatch, "stripe ", report.stripe,
                " of ", plan_.parent.size());
   auto p = plan_.parent[report.stripe].find(id);
@@ -102,10 +105,11 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
                "the root is not planned around");
   auto parent = members_.find(report.parent_id);
   TERN_REQUIRE(parent != members_.end(), kMismatch, "'", report.parent_id, "' is not joined");
+  const uint64_t reported = parent->second.stall_reported_us;
   if (report.fault == ParentFault::kStalled)
-    TERN_REQUIRE(parent->second.served_version > it->second.served_version, kMismatch, "'",
-                 report.parent_id, "' serves ", parent->second.served_version, ", not newer than '", id,
-                 "' (", it->second.served_version, "): it is starved too");
+    TERN_REQUIRE(reported == 0 || now_us > reported + dead_after_us_, kMismatch, "'", report.parent_id,
+                 "' reported its own parent stalled ", (now_us - std::min(now_us, reported)) / 1000,
+                 " ms ago: it starves too");
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;
   Replan(std::move(next), notify);

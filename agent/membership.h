@@ -34,6 +34,7 @@ struct MemberRecord {
   // around it (a leaf until it joins again).
   double measured_uplink_bytes_per_s = 0;
   bool demoted = false;
+  uint64_t stall_reported_us = 0;  // when it last reported its own parent stalled (0: never)
 };
 
 class Membership {
@@ -63,9 +64,9 @@ class Membership {
   // Refused, changing nothing: kNotFound (reporter not joined),
   // kMismatch for a stale report (that is not its parent in that
   // stripe any more), a report on the root, or a stall report on a parent
-  // that does not serve anything newer than the reporter (it starves too:
-  // the fault is further up, and its own report will name it).
-  Status ReportParent(const std::string& id, const ParentReport& report,
+  // that itself reported a stall within dead_after_us (it starves too: the
+  // fault is further up, and its own report names it).
+  Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
                       std::vector<std::string>* notify);
   // Members silent for longer than dead_after_us (not removed: the caller
   // closes their connections, which calls Leave).

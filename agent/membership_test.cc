@@ -157,25 +157,21 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
   ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
   const std::string bad = "b";
-  Heartbeat hb;
-  hb.served_version = 0;
-  ASSERT_TRUE(m.Heartbeat(bad, hb, 1).ok());
-  // A stalled parent that serves nothing newer than the child starves too.
+  // a reports the root stalled (refused: the root is not planned around,
+  // but a is starving now), then b reports a: a starves too, refused; and d
+  // reports b, which starves as well: refused. Within dead_after (1000 us).
   notify.clear();
-  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, &notify).code(),
-            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kStalled}, 10, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent(bad, {0, "a", ParentFault::kStalled}, 20, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 30, &notify).code(), Code::kMismatch);
   // Stale (not its parent), the root, an unknown reporter: refused.
-  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, &notify).code(),
-            Code::kMismatch);
-  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, &notify).code(),
-            Code::kMismatch);
-  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, &notify).code(), Code::kNotFound);
+  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, 20, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, 20, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, 20, &notify).code(), Code::kNotFound);
   EXPECT_TRUE(notify.empty());
-  // b serves version 1, d still 0: the edge b -> d is at fault.
-  hb.served_version = 1;
-  ASSERT_TRUE(m.Heartbeat(bad, hb, 1).ok());
+  // Later, b has not reported for longer than dead_after: the edge b -> d is at fault.
   const topology::Plan before = m.plan();
-  ASSERT_TRUE(m.ReportParent("d", {0, bad, ParentFault::kStalled}, &notify).ok());
+  ASSERT_TRUE(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 2000, &notify).ok());
   EXPECT_TRUE(m.members().at(bad).demoted);
   EXPECT_FALSE(m.plan().members.at(bad).may_relay);
   for (const auto& [id, p] : m.plan().parent[0]) EXPECT_NE(p, bad) << id;
@@ -188,7 +184,7 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   EXPECT_EQ(notify, moved);
   // The second child's report now is stale: nothing more moves.
   notify.clear();
-  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(), Code::kMismatch);
   EXPECT_TRUE(notify.empty());
 }
 

@@ -98,6 +98,11 @@ struct AgentOptions {
   // ---- Timing ----
   uint32_t heartbeat_ms = 500;
   uint32_t dead_after_ms = 3000;  // a member silent this long leaves the plan
+  // Member: a parent that sends no byte for this long while a version is
+  // due (HEAD is newer than what this member serves or holds) is reported
+  // to the root, which plans around it; 0: never report stalls (chunks
+  // that fail verification are reported regardless).
+  uint32_t parent_stall_ms = 10000;
 
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
@@ -114,8 +119,13 @@ struct AgentMemberStatus {
   uint64_t served_version = 0;
   uint64_t lag = 0;          // HEAD - served
   uint64_t bytes_in = 0, bytes_out = 0, chunk_retries = 0;
-  double rtt_to_parent_s = 0, rate_in_bytes_per_s = 0, last_apply_s = 0;
+  // Measured by the member: round trips (PING/PONG; to the parent: the
+  // slowest of its parents), the rate the last object arrived at.
+  double rtt_to_parent_s = 0, rtt_to_root_s = 0, rate_in_bytes_per_s = 0, last_apply_s = 0;
   double last_heartbeat_age_s = 0;
+  // The best rate its children reported receiving from it (bytes/s; 0: none).
+  double measured_uplink_bytes_per_s = 0;
+  bool demoted = false;  // children reported it bad: a leaf until it joins again
 };
 
 struct AgentVersionStatus {
