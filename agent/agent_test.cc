@@ -633,5 +633,64 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
   for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, "stalled") << m.id;
 }
 
+
+// Replay through the tree: after a re-plan, a member's new parent offers it
+// every object it holds, old versions included (validly signed). A member
+// that serves a newer version refuses them with a logged reason, and
+// DIR/current is untouched (same link target, same bytes); the tree then
+// delivers the next version as usual.
+TEST_F(AgentSystemTest, OldVersionsReofferedAfterReplanChangeNothing) {
+  // Shared with the agents' log functions, which outlive this body (TearDown).
+  struct Lines {
+    std::mutex mu;
+    std::vector<std::string> lines;
+  };
+  auto log = std::make_shared<Lines>();
+  std::mutex& mu = log->mu;
+  std::vector<std::string>& lines = log->lines;
+  tweak_ = [log](AgentOptions& o) {
+    o.log = [log](std::string_view line) {
+      std::lock_guard<std::mutex> lock(log->mu);
+      log->lines.emplace_back(line);
+    };
+  };
+  StartRoot(/*root_fanout=*/1);
+  StartMember("relay", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  StartMember("a", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  for (uint64_t v = 1; v <= 3; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  ASSERT_EQ(members_["a"].agent->Snapshot().parent, "relay");
+  const fs::path current = fs::path(members_["a"].dir) / "current";
+  const fs::path target = fs::read_symlink(current);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.clear();
+  }
+  // a's parent goes; the root takes a and offers it versions 1..3.
+  StopMember("relay");
+  members_.erase("relay");
+  ASSERT_TRUE(WaitFor([&] { return members_["a"].agent->Snapshot().parent == "root"; }, 30));
+  auto refused = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    bool v1 = false, v2 = false;
+    for (const auto& l : lines) {
+      v1 |= l.find("agent a: refusing a manifest for version 1: serving 3") != std::string::npos;
+      v2 |= l.find("agent a: refusing a manifest for version 2: serving 3") != std::string::npos;
+    }
+    return v1 && v2;
+  };
+  EXPECT_TRUE(WaitFor(refused, 30)) << "a did not log refusing the re-offered old versions";
+  EXPECT_EQ(members_["a"].agent->Snapshot().served_version, 3u);
+  EXPECT_EQ(fs::read_symlink(current), target);
+  ExpectBitwiseEqual(3);
+  Publish(4);
+  ASSERT_TRUE(AllServe(4)) << Lagging(4);
+  ExpectBitwiseEqual(4);
+}
+
 }  // namespace
 }  // namespace tern
