@@ -24,7 +24,8 @@
 
 namespace tern::agent {
 
-inline constexpr uint16_t kControlProtocol = 1;
+// 2: HEARTBEAT gained rtt_to_root_s; PING, PONG, PARENT_REPORT.
+inline constexpr uint16_t kControlProtocol = 2;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
