@@ -464,12 +464,20 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   hb.served_version = store_version_;
   hb.last_apply_s = last_apply_s_;
   hb.rtt_to_root_s = rtt_to_root_s_;
-  // The slowest current parent's round trip (stripes may have several).
-  for (const auto& p : parents_.parents)
-    if (auto it = probes_.find(p.data_address); it != probes_.end())
-      hb.rtt_to_parent_s = std::max(hb.rtt_to_parent_s, it->second.rtt_s);
+  // Per stripe: the parent's round trip and the rate the last object came
+  // at from it; rtt_to_parent_s is the slowest parent's.
+  std::vector<LinkStats> links;
+  if (relay_) links = relay_->Stats();
+  for (const auto& p : parents_.parents) {
+    ParentFigures f;
+    if (auto it = probes_.find(p.data_address); it != probes_.end()) f.rtt_s = it->second.rtt_s;
+    for (const auto& l : links)
+      if (l.parent && l.stripe == p.stripe) f.rate_in_bytes_per_s = std::max(f.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+    hb.rtt_to_parent_s = std::max(hb.rtt_to_parent_s, f.rtt_s);
+    hb.parents.push_back(f);
+  }
   if (relay_) {
-    for (const auto& l : relay_->Stats()) {
+    for (const auto& l : links) {
       hb.bytes_in += l.bytes_in;
       hb.bytes_out += l.bytes_out;
       hb.chunk_retries += l.retries + l.bad_chunks;

@@ -595,6 +595,16 @@ TEST_F(AgentSystemTest, RoundTripsAreMeasuredAndShown) {
   ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
   EXPECT_NE(metrics->find("tern_agent_member_rtt_to_root_seconds{member=\"far\""), std::string::npos);
   EXPECT_NE(metrics->find("tern_agent_member_rtt_to_parent_seconds{member=\"far\""), std::string::npos);
+  // After a version went head -> far, far's receive rate from head is the
+  // root's measured figure for head's uplink (and the planner's).
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  auto head_measured = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.id == "head") return m.measured_uplink_bytes_per_s > 0;
+    return false;
+  };
+  EXPECT_TRUE(WaitFor(head_measured, 30)) << "no measured uplink for head";
 }
 
 // A relay whose every send is held back a long time starves its children:

@@ -147,6 +147,12 @@ void PutBody(Writer& w, const Heartbeat& m) {
   w.F64(m.rate_in_bytes_per_s);
   w.F64(m.last_apply_s);
   w.F64(m.rtt_to_root_s);
+  if (m.parents.size() > kMaxControlParents) w.Fail("parent figures count above 8");
+  w.U32(static_cast<uint32_t>(m.parents.size()));
+  for (const auto& p : m.parents) {
+    w.F64(p.rtt_s);
+    w.F64(p.rate_in_bytes_per_s);
+  }
 }
 void PutBody(Writer& w, const Parents& m) {
   if (m.parents.empty() || m.parents.size() > kMaxControlParents) w.Fail("parents count outside 1..8");
@@ -242,6 +248,14 @@ Heartbeat GetBody<Heartbeat>(Reader& r) {
   m.rate_in_bytes_per_s = r.F64("rate in");
   m.last_apply_s = r.F64("apply time");
   m.rtt_to_root_s = r.F64("rtt to root");
+  const uint32_t n = r.U32("parent figures count");
+  if (r.ok() && n > kMaxControlParents) r.Fail("parent figures count above 8");
+  for (uint32_t i = 0; r.ok() && i < n; ++i) {
+    ParentFigures p;
+    p.rtt_s = r.F64("parent rtt");
+    p.rate_in_bytes_per_s = r.F64("parent rate in");
+    m.parents.push_back(p);
+  }
   return m;
 }
 template <>

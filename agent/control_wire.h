@@ -86,6 +86,13 @@ struct Reject {
   bool operator==(const Reject&) const = default;
 };
 
+// A member's figures for its parent in one stripe.
+struct ParentFigures {
+  double rtt_s = 0;                // finite, >= 0 (0: not measured)
+  double rate_in_bytes_per_s = 0;  // the last object's rate from it, finite, >= 0
+  bool operator==(const ParentFigures&) const = default;
+};
+
 struct Heartbeat {
   uint64_t seq = 0;
   uint64_t served_version = 0;
@@ -96,6 +103,7 @@ struct Heartbeat {
   double rate_in_bytes_per_s = 0;   // the last transfer's rate, finite, >= 0
   double last_apply_s = 0;          // finite, >= 0
   double rtt_to_root_s = 0;         // finite, >= 0 (0: unknown)
+  std::vector<ParentFigures> parents;  // per stripe, stripe order, 0..kMaxControlParents
   bool operator==(const Heartbeat&) const = default;
 };
 

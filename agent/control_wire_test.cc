@@ -16,7 +16,7 @@ std::vector<ControlMessage> Samples() {
   hello.served_version = 42;
   hello.join_token = "secret";
   Welcome welcome{hello.board_id, 43, 1000, 2, "127.0.0.1:7009"};
-  Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012, 0.075};
+  Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}}};
   Parents parents{5, {{0, "root", "127.0.0.1:7000"}, {1, "m-2", "127.0.0.1:7002"}}};
   Head head{43, std::string(200, 'm')};
   CatchUpRequest req{40, 43};
@@ -61,10 +61,21 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   std::memcpy(hb.data() + 4 + 6 * 8, &nan, 8);
   EXPECT_EQ(DecodeControl(hb).status().code(), Code::kCorrupt);
 
-  // The round trip to the root is a rate-like field too (the last one).
+  // The round trip to the root is a rate-like field too (before the count).
   std::string hb_rtt = *EncodeControl(Heartbeat{});
-  std::memcpy(hb_rtt.data() + hb_rtt.size() - 8, &nan, 8);
+  std::memcpy(hb_rtt.data() + hb_rtt.size() - 12, &nan, 8);
   EXPECT_EQ(DecodeControl(hb_rtt).status().code(), Code::kCorrupt);
+  // Per-parent figures: a negative rate, a count above 8 stripes.
+  Heartbeat with_parents;
+  with_parents.parents = {{0.01, 5}};
+  std::string hb_parent = *EncodeControl(with_parents);
+  const double negative = -1;
+  std::memcpy(hb_parent.data() + hb_parent.size() - 8, &negative, 8);
+  EXPECT_EQ(DecodeControl(hb_parent).status().code(), Code::kCorrupt);
+  std::string hb_count = *EncodeControl(Heartbeat{});
+  const uint32_t nine = 9;
+  std::memcpy(hb_count.data() + hb_count.size() - 4, &nine, 4);
+  EXPECT_EQ(DecodeControl(hb_count).status().code(), Code::kCorrupt);
 
   // A parent report with an unknown fault, or a stripe past the last.
   std::string report = *EncodeControl(ParentReport{0, "p", ParentFault::kStalled});
@@ -116,6 +127,9 @@ TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1, ""}).status().code(), Code::kInvalidArgument);
   hb.rtt_to_parent_s = 0;
   hb.rtt_to_root_s = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
+  hb.rtt_to_root_s = 0;
+  hb.parents.assign(9, ParentFigures{});
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EncodeControl(ParentReport{8, "p", ParentFault::kStalled}).status().code(),
             Code::kInvalidArgument);

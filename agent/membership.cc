@@ -77,14 +77,16 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   // Figures only: bad ones (the codec refuses them anyway) are ignored.
   if (auto next = topology::UpdateFigures(plan_, id, 0, 0, hb.rtt_to_root_s); next.ok())
     plan_ = std::move(next).value();
-  if (plan_.parent.size() == 1 && hb.rate_in_bytes_per_s > 0) {
-    auto p = plan_.parent[0].find(id);
-    auto parent = p == plan_.parent[0].end() ? members_.end() : members_.find(p->second);
-    if (parent != members_.end() && hb.rate_in_bytes_per_s > parent->second.measured_uplink_bytes_per_s) {
-      parent->second.measured_uplink_bytes_per_s = hb.rate_in_bytes_per_s;
-      if (auto next = topology::UpdateFigures(plan_, parent->first, hb.rate_in_bytes_per_s, 0, 0); next.ok())
-        plan_ = std::move(next).value();
-    }
+  // Each stripe's receive rate is a lower bound on that stripe's parent's
+  // uplink (the root's own figures are configured, not measured).
+  for (size_t st = 0; st < hb.parents.size() && st < plan_.parent.size(); ++st) {
+    const double rate = hb.parents[st].rate_in_bytes_per_s;
+    auto p = plan_.parent[st].find(id);
+    auto parent = p == plan_.parent[st].end() ? members_.end() : members_.find(p->second);
+    if (parent == members_.end() || rate <= parent->second.measured_uplink_bytes_per_s) continue;
+    parent->second.measured_uplink_bytes_per_s = rate;
+    if (auto next = topology::UpdateFigures(plan_, parent->first, rate, 0, 0); next.ok())
+      plan_ = std::move(next).value();
   }
   return Status::Ok();
 }

@@ -55,8 +55,8 @@ class Membership {
   void Leave(const std::string& id, std::vector<std::string>* notify);
   // kNotFound for an id that is not joined. The heartbeat's figures go to
   // the planner (topology::UpdateFigures; no edge moves): the member's
-  // round trip to the root, and — with one stripe, where a child has one
-  // parent — its receive rate as a lower bound on its parent's uplink.
+  // round trip to the root, and its receive rate in each stripe as a lower
+  // bound on that stripe's parent's uplink.
   Status Heartbeat(const std::string& id, const agent::Heartbeat& hb, uint64_t now_us);
   // A member's report of a bad parent. The root plans around that parent
   // (topology::DemoteRelay: it becomes a leaf, its children are

@@ -141,7 +141,7 @@ TEST(Membership, HeartbeatFiguresSteerLaterJoins) {
   EXPECT_DOUBLE_EQ(m.plan().members.at("b").rtt_to_root_s, 0.150);
   // A child's receive rate is a measured lower bound on its parent's uplink.
   hb = {};
-  hb.rate_in_bytes_per_s = 3e9;
+  hb.parents = {{0.001, 3e9}};
   ASSERT_TRUE(m.Heartbeat("d", hb, 2).ok());
   EXPECT_DOUBLE_EQ(m.members().at("c").measured_uplink_bytes_per_s, 3e9);
   EXPECT_DOUBLE_EQ(m.plan().members.at("c").uplink_bytes_per_s, 3e9);
@@ -186,6 +186,32 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   notify.clear();
   EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(), Code::kMismatch);
   EXPECT_TRUE(notify.empty());
+}
+
+
+TEST(Membership, EachStripesRateGoesToThatStripesParent) {
+  Membership m(Info("root", "us"), Options(/*fanout=*/2, /*stripes=*/2), 1000);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d"}) ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  // A member whose parents are two other members (one per stripe).
+  std::string child;
+  std::string parent0, parent1;
+  for (const auto& [id, rec] : m.members()) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok());
+    if (p->parents[0].id != "root" && p->parents[1].id != "root" && p->parents[0].id != p->parents[1].id) {
+      child = id;
+      parent0 = p->parents[0].id;
+      parent1 = p->parents[1].id;
+    }
+  }
+  ASSERT_FALSE(child.empty()) << "no member with two member parents";
+  Heartbeat hb;
+  hb.parents = {{0.002, 1e8}, {0.003, 7e8}};
+  ASSERT_TRUE(m.Heartbeat(child, hb, 1).ok());
+  EXPECT_DOUBLE_EQ(m.members().at(parent0).measured_uplink_bytes_per_s, 1e8);
+  EXPECT_DOUBLE_EQ(m.members().at(parent1).measured_uplink_bytes_per_s, 7e8);
+  EXPECT_DOUBLE_EQ(m.plan().members.at(parent1).uplink_bytes_per_s, 7e8);
 }
 
 }  // namespace
