@@ -114,7 +114,8 @@ class AgentImpl final : public Agent {
   Heartbeat MakeHeartbeatLocked();
   // ---- agent_member_links.cc: round trips and parent health ----
   void MemberProbeParents();
-  void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn, uint64_t nonce);
+  void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
+                    uint64_t nonce);
   void MemberWatchParentsLocked(Outbox& out);
   double RoundTripOf(uint64_t nonce) const;
 

@@ -472,7 +472,8 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
     ParentFigures f;
     if (auto it = probes_.find(p.data_address); it != probes_.end()) f.rtt_s = it->second.rtt_s;
     for (const auto& l : links)
-      if (l.parent && l.stripe == p.stripe) f.rate_in_bytes_per_s = std::max(f.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+      if (l.parent && l.stripe == p.stripe)
+        f.rate_in_bytes_per_s = std::max(f.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
     hb.rtt_to_parent_s = std::max(hb.rtt_to_parent_s, f.rtt_s);
     hb.parents.push_back(f);
   }

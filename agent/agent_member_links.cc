@@ -92,35 +92,36 @@ void AgentImpl::MemberProbeParents() {
         it->second.next_dial_us = clock_.NowUs() + kProbeRedialUs;
       }
     };
-    opt_.transport->Connect(address, std::move(h),
-                            [this, address, self, gate = gate_](Result<std::shared_ptr<Connection>> r) {
-      std::shared_lock<std::shared_mutex> open(gate->mu);
-      if (!gate->open) {
-        if (r.ok()) (*r)->Close();
-        return;
-      }
-      Outbox out;
-      std::shared_ptr<Connection> unwanted;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = probes_.find(address);
-        if (it == probes_.end() || !it->second.dialing || stopping_) {
-          // No longer a parent (or stopping): this probe is not wanted.
-          if (r.ok()) unwanted = *r;
-        } else {
-          it->second.dialing = false;
-          if (!r.ok()) {
-            it->second.next_dial_us = clock_.NowUs() + kProbeRedialUs;
-          } else {
-            *self = *r;
-            it->second.conn = *r;
-            Send(out, *r, Ping{clock_.NowUs()});
+    opt_.transport->Connect(
+        address, std::move(h),
+        [this, address, self, gate = gate_](Result<std::shared_ptr<Connection>> r) {
+          std::shared_lock<std::shared_mutex> open(gate->mu);
+          if (!gate->open) {
+            if (r.ok()) (*r)->Close();
+            return;
           }
-        }
-      }
-      Flush(out);
-      if (unwanted) unwanted->Close();
-    });
+          Outbox out;
+          std::shared_ptr<Connection> unwanted;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = probes_.find(address);
+            if (it == probes_.end() || !it->second.dialing || stopping_) {
+              // No longer a parent (or stopping): this probe is not wanted.
+              if (r.ok()) unwanted = *r;
+            } else {
+              it->second.dialing = false;
+              if (!r.ok()) {
+                it->second.next_dial_us = clock_.NowUs() + kProbeRedialUs;
+              } else {
+                *self = *r;
+                it->second.conn = *r;
+                Send(out, *r, Ping{clock_.NowUs()});
+              }
+            }
+          }
+          Flush(out);
+          if (unwanted) unwanted->Close();
+        });
   }
 }
 
@@ -165,14 +166,15 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
     std::optional<ParentFault> fault;
     if (bad_chunks) {
       fault = ParentFault::kBadChunks;
-    } else if (opt_.parent_stall_ms > 0 && now - w.progress_us > uint64_t{opt_.parent_stall_ms} * 1000) {
+    } else if (opt_.parent_stall_ms > 0 &&
+               now - w.progress_us > uint64_t{opt_.parent_stall_ms} * 1000) {
       fault = ParentFault::kStalled;
     }
     if (!fault) continue;
     w.progress_us = now;
-    Log("reporting parent " + p.id + " of stripe " + std::to_string(s) + " to the root: " +
-        ParentFaultName(*fault) + " (serving " + std::to_string(store_version_) + ", HEAD " +
-        std::to_string(known_head_) + ")");
+    Log("reporting parent " + p.id + " of stripe " + std::to_string(s) +
+        " to the root: " + ParentFaultName(*fault) + " (serving " + std::to_string(store_version_) +
+        ", HEAD " + std::to_string(known_head_) + ")");
     Send(out, root_conn_, ParentReport{s, p.id, *fault});
   }
 }

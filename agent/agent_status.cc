@@ -142,12 +142,13 @@ std::string AgentImpl::MetricsText() const {
       gauge("tern_agent_member_rtt_to_parent_seconds",
             "Round trip from a member to its parent (the slowest of its parents; 0: not measured).",
             m.rtt_to_parent_s, l);
-      gauge("tern_agent_member_rtt_to_root_seconds", "Round trip from a member to the root (0: not measured).",
-            m.rtt_to_root_s, l);
+      gauge("tern_agent_member_rtt_to_root_seconds",
+            "Round trip from a member to the root (0: not measured).", m.rtt_to_root_s, l);
       gauge("tern_agent_member_rate_in_bytes_per_second",
             "Rate a member received its last object at from its parent.", m.rate_in_bytes_per_s, l);
-      gauge("tern_agent_member_demoted", "1 when the root plans around a member its children reported bad.",
-            m.demoted ? 1 : 0, l);
+      gauge("tern_agent_member_demoted",
+            "1 when the root plans around a member its children reported bad.", m.demoted ? 1 : 0,
+            l);
     }
     // The newest versions only: the label set stays bounded.
     const size_t first = s.versions.size() > 16 ? s.versions.size() - 16 : 0;

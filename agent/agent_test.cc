@@ -2,6 +2,8 @@
 // and members in several regions, versions from a datagen trace, and every
 // member's DIR/current compared bit for bit with what was published.
 // (Multi-process runs over TCP: tests/agent/ and `tern demo`.)
+#include "tern/agent.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 
 #include "agent/admin_http.h"
 #include "agent/etcd_test_server.h"
-#include "tern/agent.h"
 #include "tern/checkpoint.h"
 #include "tern/datagen.h"
 #include "tern/digest.h"
@@ -556,7 +557,6 @@ TEST_F(AgentSystemTest, GarbageOnTheAgentPortIsRefusedAndServiceGoesOn) {
   ExpectBitwiseEqual(1);
 }
 
-
 // Members measure their round trips (PING/PONG) to the root and to their
 // parents and report them; the root shows them in /status and /metrics. A
 // member whose sends are held back 30 ms sees at least that.
@@ -593,8 +593,10 @@ TEST_F(AgentSystemTest, RoundTripsAreMeasuredAndShown) {
   EXPECT_NE(status->find("\"rtt_to_parent_s\""), std::string::npos);
   auto metrics = agent::AdminGet(admin, "/metrics", {});
   ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
-  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_root_seconds{member=\"far\""), std::string::npos);
-  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_parent_seconds{member=\"far\""), std::string::npos);
+  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_root_seconds{member=\"far\""),
+            std::string::npos);
+  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_parent_seconds{member=\"far\""),
+            std::string::npos);
   // After a version went head -> far, far's receive rate from head is the
   // root's measured figure for head's uplink (and the planner's).
   Publish(1);
@@ -642,7 +644,6 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
   ExpectBitwiseEqual(2);
   for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, "stalled") << m.id;
 }
-
 
 // Replay through the tree: after a re-plan, a member's new parent offers it
 // every object it holds, old versions included (validly signed). A member

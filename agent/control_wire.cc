@@ -197,7 +197,8 @@ void PutBody(Writer& w, const Ping& m) { w.U64(m.nonce); }
 void PutBody(Writer& w, const Pong& m) { w.U64(m.nonce); }
 void PutBody(Writer& w, const ParentReport& m) {
   if (m.stripe >= kMaxControlParents) w.Fail("report stripe outside 0..7");
-  if (m.fault != ParentFault::kStalled && m.fault != ParentFault::kBadChunks) w.Fail("unknown parent fault");
+  if (m.fault != ParentFault::kStalled && m.fault != ParentFault::kBadChunks)
+    w.Fail("unknown parent fault");
   w.U32(m.stripe);
   w.Str(m.parent_id, 1, kMaxControlIdBytes, "parent id");
   w.U8(static_cast<uint8_t>(m.fault));
@@ -351,10 +352,10 @@ Result<ControlMessage> Finish(Reader& r) {
 
 ControlType TypeOf(const ControlMessage& m) {
   static constexpr ControlType kTypes[] = {
-      ControlType::kHello,          ControlType::kWelcome,     ControlType::kReject,
-      ControlType::kHeartbeat,      ControlType::kParents,     ControlType::kHead,
+      ControlType::kHello,          ControlType::kWelcome,      ControlType::kReject,
+      ControlType::kHeartbeat,      ControlType::kParents,      ControlType::kHead,
       ControlType::kCatchUpRequest, ControlType::kCatchUpReply, ControlType::kLeave,
-      ControlType::kPing,           ControlType::kPong,        ControlType::kParentReport};
+      ControlType::kPing,           ControlType::kPong,         ControlType::kParentReport};
   static_assert(std::size(kTypes) == std::variant_size_v<ControlMessage>);
   return kTypes[m.index()];
 }

@@ -35,12 +35,12 @@ inline constexpr uint32_t kMaxControlObjects = 4096;
 inline constexpr uint32_t kMaxControlParents = 8;  // stripes (topology::kMaxStripes)
 
 enum class ControlType : uint8_t {
-  kHello = 0x01,      // member -> root: who I am, what I serve, my credentials
-  kWelcome = 0x02,    // root -> member: joined; the board and its HEAD
-  kReject = 0x03,     // root -> member: not joined, why (then the root closes)
-  kHeartbeat = 0x04,  // member -> root: progress and link figures
-  kParents = 0x05,    // root -> member: where to receive each stripe from
-  kHead = 0x06,       // root -> member: a new HEAD and its signed manifest
+  kHello = 0x01,           // member -> root: who I am, what I serve, my credentials
+  kWelcome = 0x02,         // root -> member: joined; the board and its HEAD
+  kReject = 0x03,          // root -> member: not joined, why (then the root closes)
+  kHeartbeat = 0x04,       // member -> root: progress and link figures
+  kParents = 0x05,         // root -> member: where to receive each stripe from
+  kHead = 0x06,            // root -> member: a new HEAD and its signed manifest
   kCatchUpRequest = 0x07,  // member -> root: I hold `have`, I want `target`
   kCatchUpReply = 0x08,    // root -> member: the objects to fetch, in apply order
   kLeave = 0x09,           // member -> root: leaving on purpose
@@ -164,15 +164,14 @@ const char* ParentFaultName(ParentFault f);
 
 // A member asks the root to plan around its parent in one stripe.
 struct ParentReport {
-  uint32_t stripe = 0;     // < kMaxControlParents
-  std::string parent_id;   // 1..kMaxControlIdBytes: the parent it was given
+  uint32_t stripe = 0;    // < kMaxControlParents
+  std::string parent_id;  // 1..kMaxControlIdBytes: the parent it was given
   ParentFault fault = ParentFault::kStalled;
   bool operator==(const ParentReport&) const = default;
 };
 
 using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
-                                    CatchUpRequest, CatchUpReply, Leave, Ping, Pong,
-                                    ParentReport>;
+                                    CatchUpRequest, CatchUpReply, Leave, Ping, Pong, ParentReport>;
 
 ControlType TypeOf(const ControlMessage& m);
 const char* ControlTypeName(ControlType t);

@@ -22,9 +22,8 @@ std::vector<ControlMessage> Samples() {
   CatchUpRequest req{40, 43};
   CatchUpReply plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
   ParentReport report{1, "m-2", ParentFault::kBadChunks};
-  return {hello, welcome, Reject{"bad token"}, hb,      parents,
-          head,  req,     plan,                Leave{}, Ping{0x0102030405060708ull},
-          Pong{77}, report};
+  return {hello, welcome, Reject{"bad token"},         hb,       parents, head, req,
+          plan,  Leave{}, Ping{0x0102030405060708ull}, Pong{77}, report};
 }
 
 TEST(ControlWire, RoundTripsEveryType) {

@@ -96,22 +96,22 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
   auto it = members_.find(id);
   if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
   // Starving, whatever becomes of the report: reports on it are discounted.
-  if (report.fault == ParentFault::kStalled) it->second.stall_reported_us = std::max<uint64_t>(now_us, 1);
-  TERN_REQUIRE(report.stripe < plan_.parent.size(), kMismatch, "stripe ", report.stripe,
-               " of ", plan_.parent.size());
+  if (report.fault == ParentFault::kStalled)
+    it->second.stall_reported_us = std::max<uint64_t>(now_us, 1);
+  TERN_REQUIRE(report.stripe < plan_.parent.size(), kMismatch, "stripe ", report.stripe, " of ",
+               plan_.parent.size());
   auto p = plan_.parent[report.stripe].find(id);
-  TERN_REQUIRE(p != plan_.parent[report.stripe].end() && p->second == report.parent_id,
-               kMismatch, "'", report.parent_id, "' is not the parent of '", id,
-               "' in stripe ", report.stripe, " any more");
-  TERN_REQUIRE(report.parent_id != root_info_.id, kMismatch,
-               "the root is not planned around");
+  TERN_REQUIRE(p != plan_.parent[report.stripe].end() && p->second == report.parent_id, kMismatch,
+               "'", report.parent_id, "' is not the parent of '", id, "' in stripe ", report.stripe,
+               " any more");
+  TERN_REQUIRE(report.parent_id != root_info_.id, kMismatch, "the root is not planned around");
   auto parent = members_.find(report.parent_id);
   TERN_REQUIRE(parent != members_.end(), kMismatch, "'", report.parent_id, "' is not joined");
   const uint64_t reported = parent->second.stall_reported_us;
   if (report.fault == ParentFault::kStalled)
-    TERN_REQUIRE(reported == 0 || now_us > reported + dead_after_us_, kMismatch, "'", report.parent_id,
-                 "' reported its own parent stalled ", (now_us - std::min(now_us, reported)) / 1000,
-                 " ms ago: it starves too");
+    TERN_REQUIRE(reported == 0 || now_us > reported + dead_after_us_, kMismatch, "'",
+                 report.parent_id, "' reported its own parent stalled ",
+                 (now_us - std::min(now_us, reported)) / 1000, " ms ago: it starves too");
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;
   Replan(std::move(next), notify);

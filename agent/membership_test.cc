@@ -115,7 +115,6 @@ TEST(Membership, BadPlanOptionsAreReportedByJoin) {
   EXPECT_EQ(m.Join(Info("a", "eu"), 0, 0, &notify).code(), Code::kInvalidArgument);
 }
 
-
 TEST(Membership, HeartbeatFiguresSteerLaterJoins) {
   // root -> a; b and c under a (equal configured uplinks).
   topology::PlanOptions o = Options(2);
@@ -152,7 +151,8 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   o.root_fanout_max = 1;
   Membership m(Info("root", "us"), o, 1000);
   std::vector<std::string> notify;
-  for (std::string id : {"a", "b", "c", "d", "e"}) ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
   // a under the root; b, c under a; d, e under b.
   ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
   ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
@@ -161,13 +161,19 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   // but a is starving now), then b reports a: a starves too, refused; and d
   // reports b, which starves as well: refused. Within dead_after (1000 us).
   notify.clear();
-  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kStalled}, 10, &notify).code(), Code::kMismatch);
-  EXPECT_EQ(m.ReportParent(bad, {0, "a", ParentFault::kStalled}, 20, &notify).code(), Code::kMismatch);
-  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 30, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kStalled}, 10, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent(bad, {0, "a", ParentFault::kStalled}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 30, &notify).code(),
+            Code::kMismatch);
   // Stale (not its parent), the root, an unknown reporter: refused.
-  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, 20, &notify).code(), Code::kMismatch);
-  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, 20, &notify).code(), Code::kMismatch);
-  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, 20, &notify).code(), Code::kNotFound);
+  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kNotFound);
   EXPECT_TRUE(notify.empty());
   // Later, b has not reported for longer than dead_after: the edge b -> d is at fault.
   const topology::Plan before = m.plan();
@@ -184,22 +190,24 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   EXPECT_EQ(notify, moved);
   // The second child's report now is stale: nothing more moves.
   notify.clear();
-  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(), Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(),
+            Code::kMismatch);
   EXPECT_TRUE(notify.empty());
 }
-
 
 TEST(Membership, EachStripesRateGoesToThatStripesParent) {
   Membership m(Info("root", "us"), Options(/*fanout=*/2, /*stripes=*/2), 1000);
   std::vector<std::string> notify;
-  for (std::string id : {"a", "b", "c", "d"}) ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  for (std::string id : {"a", "b", "c", "d"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
   // A member whose parents are two other members (one per stripe).
   std::string child;
   std::string parent0, parent1;
   for (const auto& [id, rec] : m.members()) {
     auto p = m.ParentsOf(id);
     ASSERT_TRUE(p.ok());
-    if (p->parents[0].id != "root" && p->parents[1].id != "root" && p->parents[0].id != p->parents[1].id) {
+    if (p->parents[0].id != "root" && p->parents[1].id != "root" &&
+        p->parents[0].id != p->parents[1].id) {
       child = id;
       parent0 = p->parents[0].id;
       parent1 = p->parents[1].id;

@@ -182,16 +182,19 @@ Status RunStatus(const StatusArgs& a) {
               u(j, "served_version"));
   if (j.contains("members") && j["members"].is_array() && !j["members"].empty()) {
     std::printf("%-20s %-10s %-10s %8s %4s %-20s %5s %12s %12s %8s %9s %9s\n", "member", "region",
-                "island", "version", "lag", "parent", "depth", "in", "out", "MB/s in", "rtt_p ms", "rtt_r ms");
+                "island", "version", "lag", "parent", "depth", "in", "out", "MB/s in", "rtt_p ms",
+                "rtt_r ms");
     for (const auto& m : j["members"]) {
       if (!m.is_object()) continue;
       // A demoted member (its children reported it bad) is marked with '!'.
-      const bool demoted = m.contains("demoted") && m["demoted"].is_boolean() && m["demoted"].get<bool>();
+      const bool demoted =
+          m.contains("demoted") && m["demoted"].is_boolean() && m["demoted"].get<bool>();
       std::printf("%-20s %-10s %-10s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f\n",
-                  (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(), s(m, "island").c_str(),
-                  u(m, "version"), u(m, "lag"), s(m, "parent").c_str(), u(m, "depth"),
-                  HumanBytes(u(m, "bytes_in")).c_str(), HumanBytes(u(m, "bytes_out")).c_str(),
-                  d(m, "rate_in_bytes_per_s") / 1e6, d(m, "rtt_to_parent_s") * 1e3, d(m, "rtt_to_root_s") * 1e3);
+                  (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(),
+                  s(m, "island").c_str(), u(m, "version"), u(m, "lag"), s(m, "parent").c_str(),
+                  u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
+                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6,
+                  d(m, "rtt_to_parent_s") * 1e3, d(m, "rtt_to_root_s") * 1e3);
     }
   }
   if (j.contains("versions") && j["versions"].is_array() && !j["versions"].empty()) {
@@ -246,8 +249,10 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   AddUnsigned(cmd, "--keyframe-every", a->keyframe_every, "root: a keyframe every N versions", "32");
   AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms, "member heartbeat period", "500");
   AddUnsigned(cmd, "--dead-after-ms", a->dead_after_ms, "root: drop a member silent this long", "3000");
-  AddUnsigned(cmd, "--parent-stall-ms", a->parent_stall_ms,
-              "member: report a parent that sends nothing this long while a version is due (0: never)", "10000");
+  AddUnsigned(
+      cmd, "--parent-stall-ms", a->parent_stall_ms,
+      "member: report a parent that sends nothing this long while a version is due (0: never)",
+      "10000");
   AddThreadsFlag(cmd, a->threads);
   AddTransportFlags(cmd, a->transport);
   a->transport.tls_allow_client_flag = cmd.add_option(

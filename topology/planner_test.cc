@@ -266,8 +266,9 @@ TEST(Planner, MeasuredRoundTripPicksTheCloserParent) {
   EXPECT_EQ(d->parent[0].at("d"), "b");
   // Bad figures are refused, unknown ids too.
   EXPECT_EQ(UpdateFigures(*plan, "b", -1, 0, 0).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(UpdateFigures(*plan, "b", 0, 0, std::numeric_limits<double>::quiet_NaN()).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      UpdateFigures(*plan, "b", 0, 0, std::numeric_limits<double>::quiet_NaN()).status().code(),
+      Code::kInvalidArgument);
   EXPECT_EQ(UpdateFigures(*plan, "zz", 1, 1, 0).status().code(), Code::kNotFound);
 }
 
@@ -286,7 +287,7 @@ TEST(Planner, DemotingARelayMovesOnlyItAndItsChildren) {
   EXPECT_FALSE(demoted->members.at(head).may_relay);
   EXPECT_EQ(demoted->relay_stripe.at(head), Plan::kLeafEverywhere);
   EXPECT_EQ(CrossRegionEdgesInto(*demoted, 0, "eu"), 1);  // still entered once
-  EXPECT_NE(demoted->parent[0].at(head), "root");           // a leaf inside its region now
+  EXPECT_NE(demoted->parent[0].at(head), "root");         // a leaf inside its region now
   for (const auto& mv : Diff(*plan, *demoted)) {
     const bool orphan = std::find(orphans.begin(), orphans.end(), mv.id) != orphans.end();
     EXPECT_TRUE(orphan || mv.id == head) << mv.id << " moved";

@@ -88,8 +88,9 @@ TERN_EXPORT Result<Plan> RemoveMember(const Plan& plan, std::string_view id);
 // old value). No edge moves: later attachments (joins, re-attached orphans)
 // use them. kNotFound for an unknown id, kInvalidArgument for figures that
 // are not finite and >= 0.
-TERN_EXPORT Result<Plan> UpdateFigures(const Plan& plan, std::string_view id, double uplink_bytes_per_s,
-                                       double downlink_bytes_per_s, double rtt_to_root_s);
+TERN_EXPORT Result<Plan> UpdateFigures(const Plan& plan, std::string_view id,
+                                       double uplink_bytes_per_s, double downlink_bytes_per_s,
+                                       double rtt_to_root_s);
 
 // Plans around a relay its children found bad (stalled, or sending chunks
 // that fail verification): the member becomes a leaf everywhere
