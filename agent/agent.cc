@@ -106,7 +106,9 @@ Status AgentImpl::Init() {
 ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
   struct State {
     std::mutex mu;
-    enum { kUnknown, kControl, kData, kRefused } mode = kUnknown;
+    // kProbe: a connection that opened with PING (a member measuring its
+    // round trip to this agent as its parent); it gets PONGs, nothing else.
+    enum { kUnknown, kControl, kData, kProbe, kRefused } mode = kUnknown;
     ConnectionHandlers data;  // the relay's, in data mode
     std::string member_id;    // control mode, once joined
     // The caller owns accepted connections (transport.h): held here until
@@ -126,7 +128,9 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
     std::unique_lock<std::mutex> lock(st->mu);
     if (st->mode == State::kUnknown) {
       const uint8_t type = payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);
-      if (type >= 0x01 && type <= 0x3F && opt_.root) {
+      if (type == static_cast<uint8_t>(ControlType::kPing)) {
+        st->mode = State::kProbe;
+      } else if (type >= 0x01 && type <= 0x3F && opt_.root) {
         st->mode = State::kControl;
       } else if (type >= 0x40 && type <= 0x7F) {
         RelayNode* relay = nullptr;
@@ -156,6 +160,20 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
       auto on_message = st->data.on_message;
       lock.unlock();
       if (on_message) on_message(std::move(payload));
+      return;
+    }
+    if (st->mode == State::kProbe) {
+      lock.unlock();
+      auto m = DecodeControl(payload);
+      auto* ping = m.ok() ? std::get_if<Ping>(&*m) : nullptr;
+      if (!ping) {
+        Log("closing probe connection from " + conn->peer_address() + ": not a PING");
+        conn->Close();
+        return;
+      }
+      Outbox out;
+      Send(out, conn, Pong{ping->nonce});
+      Flush(out);
       return;
     }
     if (st->mode != State::kControl) return;
@@ -268,6 +286,8 @@ void AgentImpl::Stop() {
     work_cv_.notify_all();
     root_conn = root_conn_;
     for (auto& [id, c] : member_conns_) conns.push_back(c);
+    for (auto& [address, p] : probes_)
+      if (p.conn) conns.push_back(p.conn);
     joined = joined_;
   }
   if (root_conn && joined) {

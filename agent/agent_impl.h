@@ -113,6 +113,12 @@ class AgentImpl final : public Agent {
   Status SaveMemberState();
   Result<RelayNode*> EnsureRelay(const BoardId& board);
   Heartbeat MakeHeartbeatLocked();
+  // ---- agent_member_links.cc: round trips and parent health ----
+  void MemberProbeParents();
+  void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
+                    uint64_t nonce);
+  void MemberWatchParentsLocked(Outbox& out);
+  double RoundTripOf(uint64_t nonce) const;
 
   const std::shared_ptr<HandlerGate> gate_ = std::make_shared<HandlerGate>();
   const AgentOptions opt_;
@@ -193,6 +199,24 @@ class AgentImpl final : public Agent {
   void MemberSeed(const VersionManifest& m);
   // Manifests accepted, by version (publication target digests).
   std::map<uint64_t, VersionManifest> manifests_;
+  // Round trips measured with PING/PONG (seconds; 0: not yet): to the root
+  // on the control connection, to each parent on a probe connection.
+  double rtt_to_root_s_ = 0;
+  struct ParentProbe {
+    std::shared_ptr<Connection> conn;
+    bool dialing = false;
+    uint64_t next_dial_us = 0;  // after a failed dial
+    double rtt_s = 0;
+  };
+  std::map<std::string, ParentProbe> probes_;  // by parent data address
+  // Per stripe: the parent's progress as the relay's link counters show it.
+  struct StripeWatch {
+    std::string parent_id;
+    uint64_t bytes_in = 0, bad_chunks = 0;
+    uint64_t progress_us = 0;  // when bytes_in last moved, the watch began, or we reported
+    bool failed_auth = false;  // the relay dropped it for chunks that failed verification
+  };
+  std::vector<StripeWatch> watch_;
 };
 
 }  // namespace tern::agent

@@ -90,6 +90,8 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
     Log("parent of stripe " + std::to_string(stripe) + " failed: " + why.ToString());
     std::lock_guard<std::mutex> lock(mu_);
+    // Dropped for chunks that failed verification: the root hears of it.
+    if (why.code() == Code::kAuth && stripe < watch_.size()) watch_[stripe].failed_auth = true;
     // Dial again on a later tick unless the root moves us meanwhile (it
     // re-plans when the parent is gone for good).
     redial_parents_ = true;
@@ -231,6 +233,8 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
         need_catch_up_check_ = true;
       }
+    } else if (auto* pong = std::get_if<Pong>(&msg)) {
+      if (const double rtt = RoundTripOf(pong->nonce); rtt > 0) rtt_to_root_s_ = rtt;
     } else if (auto* r = std::get_if<Reject>(&msg)) {
       Log("the root refused to let us join: " + r->reason);
       // A standby that lost leadership refuses too: try the next address soon.
@@ -474,8 +478,22 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   hb.seq = ++heartbeat_seq_;
   hb.served_version = store_version_;
   hb.last_apply_s = last_apply_s_;
+  hb.rtt_to_root_s = rtt_to_root_s_;
+  // Per stripe: the parent's round trip and the rate the last object came
+  // at from it; rtt_to_parent_s is the slowest parent's.
+  std::vector<LinkStats> links;
+  if (relay_) links = relay_->Stats();
+  for (const auto& p : parents_.parents) {
+    ParentFigures f;
+    if (auto it = probes_.find(p.data_address); it != probes_.end()) f.rtt_s = it->second.rtt_s;
+    for (const auto& l : links)
+      if (l.parent && l.stripe == p.stripe)
+        f.rate_in_bytes_per_s = std::max(f.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+    hb.rtt_to_parent_s = std::max(hb.rtt_to_parent_s, f.rtt_s);
+    hb.parents.push_back(f);
+  }
   if (relay_) {
-    for (const auto& l : relay_->Stats()) {
+    for (const auto& l : links) {
       hb.bytes_in += l.bytes_in;
       hb.bytes_out += l.bytes_out;
       hb.chunk_retries += l.retries + l.bad_chunks;
@@ -504,6 +522,7 @@ void AgentImpl::MemberTick() {
     }
     if (root_conn_ && joined_) {
       Send(out, root_conn_, MakeHeartbeatLocked());
+      Send(out, root_conn_, Ping{clock_.NowUs()});
       const uint64_t now_us = clock_.NowUs();
       if (catching_up_ && now_us > catch_up_deadline_us_) {  // no answer came
         catching_up_ = false;
@@ -545,6 +564,7 @@ void AgentImpl::MemberTick() {
         }
       }
       need_catch_up_check_ = false;
+      MemberWatchParentsLocked(out);
     }
     if (redial_parents_ && relay_ && !parents_.parents.empty()) {
       redial = parents_.parents;
@@ -557,6 +577,7 @@ void AgentImpl::MemberTick() {
   Flush(out);
   if (!note.empty()) Log(note);
   if (prepare_spare) Post([this] { MemberPrepareSpare(); });
+  MemberProbeParents();
   for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address);
 }
 

@@ -250,6 +250,20 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         Flush(out);
       });
       work_cv_.notify_one();
+    } else if (auto* ping = std::get_if<Ping>(&msg)) {
+      Send(out, conn, Pong{ping->nonce});
+    } else if (auto* report = std::get_if<ParentReport>(&msg)) {
+      std::vector<std::string> notify;
+      Status s = membership_->ReportParent(*member_id, *report, clock_.NowUs(), &notify);
+      if (s.ok()) {
+        RootNotifyParents(notify, out);
+        Log(*member_id + " reported its parent " + report->parent_id + " in stripe " +
+            std::to_string(report->stripe) + " (" + ParentFaultName(report->fault) +
+            "); planned around it, moved " + std::to_string(notify.size()) + " member(s)");
+      } else {
+        Log("ignoring " + *member_id + "'s report on " + report->parent_id + " (" +
+            ParentFaultName(report->fault) + "): " + s.message());
+      }
     } else if (std::holds_alternative<Leave>(msg)) {
       std::vector<std::string> notify;
       membership_->Leave(*member_id, &notify);

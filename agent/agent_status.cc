@@ -47,6 +47,9 @@ AgentSnapshot AgentImpl::Snapshot() const {
       m.bytes_out = rec.last.bytes_out;
       m.chunk_retries = rec.last.chunk_retries;
       m.rtt_to_parent_s = rec.last.rtt_to_parent_s;
+      m.rtt_to_root_s = rec.last.rtt_to_root_s;
+      m.measured_uplink_bytes_per_s = rec.measured_uplink_bytes_per_s;
+      m.demoted = rec.demoted;
       m.rate_in_bytes_per_s = rec.last.rate_in_bytes_per_s;
       m.last_apply_s = rec.last.last_apply_s;
       m.last_heartbeat_age_s = static_cast<double>(now_us - std::min(now_us, rec.last_seen_us)) * 1e-6;
@@ -86,7 +89,10 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                        {"bytes_out", m.bytes_out},
                        {"chunk_retries", m.chunk_retries},
                        {"rtt_to_parent_s", m.rtt_to_parent_s},
+                       {"rtt_to_root_s", m.rtt_to_root_s},
                        {"rate_in_bytes_per_s", m.rate_in_bytes_per_s},
+                       {"measured_uplink_bytes_per_s", m.measured_uplink_bytes_per_s},
+                       {"demoted", m.demoted},
                        {"last_apply_s", m.last_apply_s},
                        {"heartbeat_age_s", m.last_heartbeat_age_s}});
   }
@@ -133,6 +139,16 @@ std::string AgentImpl::MetricsText() const {
       counter("tern_agent_member_chunk_retries_total", "Chunks a member had to receive or send again.",
               m.chunk_retries, l);
       gauge("tern_agent_member_apply_seconds", "Duration of a member's last apply.", m.last_apply_s, l);
+      gauge("tern_agent_member_rtt_to_parent_seconds",
+            "Round trip from a member to its parent (the slowest of its parents; 0: not measured).",
+            m.rtt_to_parent_s, l);
+      gauge("tern_agent_member_rtt_to_root_seconds",
+            "Round trip from a member to the root (0: not measured).", m.rtt_to_root_s, l);
+      gauge("tern_agent_member_rate_in_bytes_per_second",
+            "Rate a member received its last object at from its parent.", m.rate_in_bytes_per_s, l);
+      gauge("tern_agent_member_demoted",
+            "1 when the root plans around a member its children reported bad.", m.demoted ? 1 : 0,
+            l);
     }
     // The newest versions only: the label set stays bounded.
     const size_t first = s.versions.size() > 16 ? s.versions.size() - 16 : 0;

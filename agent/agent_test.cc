@@ -2,6 +2,8 @@
 // and members in several regions, versions from a datagen trace, and every
 // member's DIR/current compared bit for bit with what was published.
 // (Multi-process runs over TCP: tests/agent/ and `tern demo`.)
+#include "tern/agent.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,8 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "agent/admin_http.h"
 #include "agent/etcd_test_server.h"
-#include "tern/agent.h"
 #include "tern/checkpoint.h"
 #include "tern/datagen.h"
 #include "tern/digest.h"
@@ -118,6 +120,7 @@ class AgentSystemTest : public ::testing::Test {
     // Every agent of the board holds it: joins, SUBSCRIBE and the root's
     // catch-up object service (LateAndLaggingMembersCatchUp) all need it.
     o.join_token = "join-token-of-this-board";
+    if (tweak_) tweak_(o);
     return o;
   }
 
@@ -204,6 +207,7 @@ class AgentSystemTest : public ::testing::Test {
   std::string root_key_;
   std::map<std::string, Member> members_;
   uint32_t spare_grace_ms_ = AgentOptions{}.spare_grace_ms;
+  std::function<void(AgentOptions&)> tweak_;  // applied to every agent's options
 };
 
 TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
@@ -583,6 +587,152 @@ TEST_F(AgentSystemTest, GarbageOnTheAgentPortIsRefusedAndServiceGoesOn) {
   Publish(1);
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
   ExpectBitwiseEqual(1);
+}
+
+// Members measure their round trips (PING/PONG) to the root and to their
+// parents and report them; the root shows them in /status and /metrics. A
+// member whose sends are held back 30 ms sees at least that.
+TEST_F(AgentSystemTest, RoundTripsAreMeasuredAndShown) {
+  tweak_ = [](AgentOptions& o) {
+    if (o.id == "root") o.admin_listen = "127.0.0.1:0";
+    o.dead_after_ms = 5000;
+  };
+  StartRoot(/*root_fanout=*/1);
+  FaultPolicy slow;
+  slow.delay_us = 30'000;
+  StartMember("head", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  StartMember("far", "eu", &slow);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  auto measured = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.rtt_to_root_s <= 0 || m.rtt_to_parent_s <= 0) return false;
+    return true;
+  };
+  ASSERT_TRUE(WaitFor(measured, 30));
+  for (const auto& m : root_->Snapshot().members) {
+    if (m.id == "far") {
+      EXPECT_EQ(m.parent, "head");
+      EXPECT_GE(m.rtt_to_root_s, 0.030);
+      EXPECT_GE(m.rtt_to_parent_s, 0.030);
+    }
+    EXPECT_LT(m.rtt_to_root_s, 10.0) << m.id;
+  }
+  const std::string admin = root_->Snapshot().admin_address;
+  auto status = AgentStatusJson(admin, {});
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->find("\"rtt_to_root_s\""), std::string::npos);
+  EXPECT_NE(status->find("\"rtt_to_parent_s\""), std::string::npos);
+  auto metrics = agent::AdminGet(admin, "/metrics", {});
+  ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
+  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_root_seconds{member=\"far\""),
+            std::string::npos);
+  EXPECT_NE(metrics->find("tern_agent_member_rtt_to_parent_seconds{member=\"far\""),
+            std::string::npos);
+  // After a version went head -> far, far's receive rate from head is the
+  // root's measured figure for head's uplink (and the planner's).
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  auto head_measured = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.id == "head") return m.measured_uplink_bytes_per_s > 0;
+    return false;
+  };
+  EXPECT_TRUE(WaitFor(head_measured, 30)) << "no measured uplink for head";
+}
+
+// A relay whose every send is held back a long time starves its children:
+// they report it to the root, which plans around it (it becomes a leaf; its
+// children move, nobody else does), and every member still serves every
+// version bit for bit.
+TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
+  tweak_ = [](AgentOptions& o) {
+    o.dead_after_ms = 20'000;  // the stalled relay's heartbeats are late too
+    o.parent_stall_ms = 800;
+  };
+  StartRoot(/*root_fanout=*/1);
+  FaultPolicy stall;
+  stall.delay_us = 1'000'000;  // per send
+  StartMember("stalled", "eu", &stall);
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  for (int i = 0; i < 4; ++i) StartMember("m" + std::to_string(i), "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 5; }, 30));
+  int below = 0;
+  for (const auto& m : root_->Snapshot().members) below += m.parent == "stalled";
+  ASSERT_GE(below, 1);
+  Publish(1);
+  auto planned_around = [&] {
+    for (const auto& m : root_->Snapshot().members) {
+      if (m.parent == "stalled") return false;
+      if (m.id == "stalled" && !m.demoted) return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(WaitFor(planned_around, 60)) << "children still below the stalled relay";
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ExpectBitwiseEqual(1);
+  Publish(2);
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  ExpectBitwiseEqual(2);
+  for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, "stalled") << m.id;
+}
+
+// Replay through the tree: after a re-plan, a member's new parent offers it
+// every object it holds, old versions included (validly signed). A member
+// that serves a newer version refuses them with a logged reason, and
+// DIR/current is untouched (same link target, same bytes); the tree then
+// delivers the next version as usual.
+TEST_F(AgentSystemTest, OldVersionsReofferedAfterReplanChangeNothing) {
+  // Shared with the agents' log functions, which outlive this body (TearDown).
+  struct Lines {
+    std::mutex mu;
+    std::vector<std::string> lines;
+  };
+  auto log = std::make_shared<Lines>();
+  std::mutex& mu = log->mu;
+  std::vector<std::string>& lines = log->lines;
+  tweak_ = [log](AgentOptions& o) {
+    o.log = [log](std::string_view line) {
+      std::lock_guard<std::mutex> lock(log->mu);
+      log->lines.emplace_back(line);
+    };
+  };
+  StartRoot(/*root_fanout=*/1);
+  StartMember("relay", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  StartMember("a", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  for (uint64_t v = 1; v <= 3; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  ASSERT_EQ(members_["a"].agent->Snapshot().parent, "relay");
+  const fs::path current = fs::path(members_["a"].dir) / "current";
+  const fs::path target = fs::read_symlink(current);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.clear();
+  }
+  // a's parent goes; the root takes a and offers it versions 1..3.
+  StopMember("relay");
+  members_.erase("relay");
+  ASSERT_TRUE(WaitFor([&] { return members_["a"].agent->Snapshot().parent == "root"; }, 30));
+  auto refused = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    bool v1 = false, v2 = false;
+    for (const auto& l : lines) {
+      v1 |= l.find("agent a: refusing a manifest for version 1: serving 3") != std::string::npos;
+      v2 |= l.find("agent a: refusing a manifest for version 2: serving 3") != std::string::npos;
+    }
+    return v1 && v2;
+  };
+  EXPECT_TRUE(WaitFor(refused, 30)) << "a did not log refusing the re-offered old versions";
+  EXPECT_EQ(members_["a"].agent->Snapshot().served_version, 3u);
+  EXPECT_EQ(fs::read_symlink(current), target);
+  ExpectBitwiseEqual(3);
+  Publish(4);
+  ASSERT_TRUE(AllServe(4)) << Lagging(4);
+  ExpectBitwiseEqual(4);
 }
 
 }  // namespace

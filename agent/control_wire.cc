@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -145,6 +146,13 @@ void PutBody(Writer& w, const Heartbeat& m) {
   w.F64(m.rtt_to_parent_s);
   w.F64(m.rate_in_bytes_per_s);
   w.F64(m.last_apply_s);
+  w.F64(m.rtt_to_root_s);
+  if (m.parents.size() > kMaxControlParents) w.Fail("parent figures count above 8");
+  w.U32(static_cast<uint32_t>(m.parents.size()));
+  for (const auto& p : m.parents) {
+    w.F64(p.rtt_s);
+    w.F64(p.rate_in_bytes_per_s);
+  }
 }
 void PutBody(Writer& w, const Parents& m) {
   if (m.parents.empty() || m.parents.size() > kMaxControlParents) w.Fail("parents count outside 1..8");
@@ -185,6 +193,16 @@ void PutBody(Writer& w, const CatchUpReply& m) {
   }
 }
 void PutBody(Writer&, const Leave&) {}
+void PutBody(Writer& w, const Ping& m) { w.U64(m.nonce); }
+void PutBody(Writer& w, const Pong& m) { w.U64(m.nonce); }
+void PutBody(Writer& w, const ParentReport& m) {
+  if (m.stripe >= kMaxControlParents) w.Fail("report stripe outside 0..7");
+  if (m.fault != ParentFault::kStalled && m.fault != ParentFault::kBadChunks)
+    w.Fail("unknown parent fault");
+  w.U32(m.stripe);
+  w.Str(m.parent_id, 1, kMaxControlIdBytes, "parent id");
+  w.U8(static_cast<uint8_t>(m.fault));
+}
 
 template <class T>
 T GetBody(Reader& r);
@@ -230,6 +248,15 @@ Heartbeat GetBody<Heartbeat>(Reader& r) {
   m.rtt_to_parent_s = r.F64("rtt");
   m.rate_in_bytes_per_s = r.F64("rate in");
   m.last_apply_s = r.F64("apply time");
+  m.rtt_to_root_s = r.F64("rtt to root");
+  const uint32_t n = r.U32("parent figures count");
+  if (r.ok() && n > kMaxControlParents) r.Fail("parent figures count above 8");
+  for (uint32_t i = 0; r.ok() && i < n; ++i) {
+    ParentFigures p;
+    p.rtt_s = r.F64("parent rtt");
+    p.rate_in_bytes_per_s = r.F64("parent rate in");
+    m.parents.push_back(p);
+  }
   return m;
 }
 template <>
@@ -293,6 +320,25 @@ template <>
 Leave GetBody<Leave>(Reader&) {
   return Leave{};
 }
+template <>
+Ping GetBody<Ping>(Reader& r) {
+  return Ping{r.U64("nonce")};
+}
+template <>
+Pong GetBody<Pong>(Reader& r) {
+  return Pong{r.U64("nonce")};
+}
+template <>
+ParentReport GetBody<ParentReport>(Reader& r) {
+  ParentReport m;
+  m.stripe = r.U32("report stripe");
+  if (r.ok() && m.stripe >= kMaxControlParents) r.Fail("report stripe outside 0..7");
+  m.parent_id = r.Str(1, kMaxControlIdBytes, "parent id");
+  const uint8_t fault = r.U8("parent fault");
+  if (r.ok() && fault != 1 && fault != 2) r.Fail("parent fault " + std::to_string(fault));
+  m.fault = static_cast<ParentFault>(fault);
+  return m;
+}
 
 template <class T>
 Result<ControlMessage> Finish(Reader& r) {
@@ -306,9 +352,11 @@ Result<ControlMessage> Finish(Reader& r) {
 
 ControlType TypeOf(const ControlMessage& m) {
   static constexpr ControlType kTypes[] = {
-      ControlType::kHello,          ControlType::kWelcome,     ControlType::kReject,
-      ControlType::kHeartbeat,      ControlType::kParents,     ControlType::kHead,
-      ControlType::kCatchUpRequest, ControlType::kCatchUpReply, ControlType::kLeave};
+      ControlType::kHello,          ControlType::kWelcome,      ControlType::kReject,
+      ControlType::kHeartbeat,      ControlType::kParents,      ControlType::kHead,
+      ControlType::kCatchUpRequest, ControlType::kCatchUpReply, ControlType::kLeave,
+      ControlType::kPing,           ControlType::kPong,         ControlType::kParentReport};
+  static_assert(std::size(kTypes) == std::variant_size_v<ControlMessage>);
   return kTypes[m.index()];
 }
 
@@ -323,6 +371,17 @@ const char* ControlTypeName(ControlType t) {
     case ControlType::kCatchUpRequest: return "CATCHUP_REQUEST";
     case ControlType::kCatchUpReply: return "CATCHUP_REPLY";
     case ControlType::kLeave: return "LEAVE";
+    case ControlType::kPing: return "PING";
+    case ControlType::kPong: return "PONG";
+    case ControlType::kParentReport: return "PARENT_REPORT";
+  }
+  return "?";
+}
+
+const char* ParentFaultName(ParentFault f) {
+  switch (f) {
+    case ParentFault::kStalled: return "stalled";
+    case ParentFault::kBadChunks: return "bad chunks";
   }
   return "?";
 }
@@ -354,6 +413,9 @@ Result<ControlMessage> DecodeControl(std::string_view bytes) {
     case ControlType::kCatchUpRequest: return Finish<CatchUpRequest>(r);
     case ControlType::kCatchUpReply: return Finish<CatchUpReply>(r);
     case ControlType::kLeave: return Finish<Leave>(r);
+    case ControlType::kPing: return Finish<Ping>(r);
+    case ControlType::kPong: return Finish<Pong>(r);
+    case ControlType::kParentReport: return Finish<ParentReport>(r);
   }
   return Status(Code::kCorrupt, "control message: unknown type 0x" + Hex({&type, 1}));
 }

@@ -24,7 +24,8 @@
 
 namespace tern::agent {
 
-inline constexpr uint16_t kControlProtocol = 1;
+// 2: HEARTBEAT gained rtt_to_root_s; PING, PONG, PARENT_REPORT.
+inline constexpr uint16_t kControlProtocol = 2;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -34,15 +35,18 @@ inline constexpr uint32_t kMaxControlObjects = 4096;
 inline constexpr uint32_t kMaxControlParents = 8;  // stripes (topology::kMaxStripes)
 
 enum class ControlType : uint8_t {
-  kHello = 0x01,      // member -> root: who I am, what I serve, my credentials
-  kWelcome = 0x02,    // root -> member: joined; the board and its HEAD
-  kReject = 0x03,     // root -> member: not joined, why (then the root closes)
-  kHeartbeat = 0x04,  // member -> root: progress and link figures
-  kParents = 0x05,    // root -> member: where to receive each stripe from
-  kHead = 0x06,       // root -> member: a new HEAD and its signed manifest
+  kHello = 0x01,           // member -> root: who I am, what I serve, my credentials
+  kWelcome = 0x02,         // root -> member: joined; the board and its HEAD
+  kReject = 0x03,          // root -> member: not joined, why (then the root closes)
+  kHeartbeat = 0x04,       // member -> root: progress and link figures
+  kParents = 0x05,         // root -> member: where to receive each stripe from
+  kHead = 0x06,            // root -> member: a new HEAD and its signed manifest
   kCatchUpRequest = 0x07,  // member -> root: I hold `have`, I want `target`
   kCatchUpReply = 0x08,    // root -> member: the objects to fetch, in apply order
   kLeave = 0x09,           // member -> root: leaving on purpose
+  kPing = 0x0A,            // any -> agent: echo this nonce (round-trip time)
+  kPong = 0x0B,            // the echo of a PING
+  kParentReport = 0x0C,    // member -> root: my parent in a stripe is bad
 };
 
 struct MemberInfo {
@@ -82,6 +86,13 @@ struct Reject {
   bool operator==(const Reject&) const = default;
 };
 
+// A member's figures for its parent in one stripe.
+struct ParentFigures {
+  double rtt_s = 0;                // finite, >= 0 (0: not measured)
+  double rate_in_bytes_per_s = 0;  // the last object's rate from it, finite, >= 0
+  bool operator==(const ParentFigures&) const = default;
+};
+
 struct Heartbeat {
   uint64_t seq = 0;
   uint64_t served_version = 0;
@@ -91,6 +102,8 @@ struct Heartbeat {
   double rtt_to_parent_s = 0;       // finite, >= 0 (0: unknown)
   double rate_in_bytes_per_s = 0;   // the last transfer's rate, finite, >= 0
   double last_apply_s = 0;          // finite, >= 0
+  double rtt_to_root_s = 0;         // finite, >= 0 (0: unknown)
+  std::vector<ParentFigures> parents;  // per stripe, stripe order, 0..kMaxControlParents
   bool operator==(const Heartbeat&) const = default;
 };
 
@@ -130,8 +143,35 @@ struct Leave {
   bool operator==(const Leave&) const = default;
 };
 
+// Round-trip probes. A member PINGs the root on its control connection and
+// each parent on a probe connection (a control connection whose first
+// message is PING, which every agent answers); the nonce is the sender's
+// own clock, so the echo alone gives the round trip.
+struct Ping {
+  uint64_t nonce = 0;
+  bool operator==(const Ping&) const = default;
+};
+struct Pong {
+  uint64_t nonce = 0;  // the PING's
+  bool operator==(const Pong&) const = default;
+};
+
+enum class ParentFault : uint8_t {
+  kStalled = 1,    // no bytes from it for the stall time while a version was due
+  kBadChunks = 2,  // chunks that failed SHA-256 against the signed hashes
+};
+const char* ParentFaultName(ParentFault f);
+
+// A member asks the root to plan around its parent in one stripe.
+struct ParentReport {
+  uint32_t stripe = 0;    // < kMaxControlParents
+  std::string parent_id;  // 1..kMaxControlIdBytes: the parent it was given
+  ParentFault fault = ParentFault::kStalled;
+  bool operator==(const ParentReport&) const = default;
+};
+
 using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
-                                    CatchUpRequest, CatchUpReply, Leave>;
+                                    CatchUpRequest, CatchUpReply, Leave, Ping, Pong, ParentReport>;
 
 ControlType TypeOf(const ControlMessage& m);
 const char* ControlTypeName(ControlType t);

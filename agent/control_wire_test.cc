@@ -16,12 +16,14 @@ std::vector<ControlMessage> Samples() {
   hello.served_version = 42;
   hello.join_token = "secret";
   Welcome welcome{hello.board_id, 43, 1000, 2, "127.0.0.1:7009"};
-  Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012};
+  Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}}};
   Parents parents{5, {{0, "root", "127.0.0.1:7000"}, {1, "m-2", "127.0.0.1:7002"}}};
   Head head{43, std::string(200, 'm')};
   CatchUpRequest req{40, 43};
   CatchUpReply plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
-  return {hello, welcome, Reject{"bad token"}, hb, parents, head, req, plan, Leave{}};
+  ParentReport report{1, "m-2", ParentFault::kBadChunks};
+  return {hello, welcome, Reject{"bad token"},         hb,       parents, head, req,
+          plan,  Leave{}, Ping{0x0102030405060708ull}, Pong{77}, report};
 }
 
 TEST(ControlWire, RoundTripsEveryType) {
@@ -58,6 +60,32 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   std::memcpy(hb.data() + 4 + 6 * 8, &nan, 8);
   EXPECT_EQ(DecodeControl(hb).status().code(), Code::kCorrupt);
 
+  // The round trip to the root is a rate-like field too (before the count).
+  std::string hb_rtt = *EncodeControl(Heartbeat{});
+  std::memcpy(hb_rtt.data() + hb_rtt.size() - 12, &nan, 8);
+  EXPECT_EQ(DecodeControl(hb_rtt).status().code(), Code::kCorrupt);
+  // Per-parent figures: a negative rate, a count above 8 stripes.
+  Heartbeat with_parents;
+  with_parents.parents = {{0.01, 5}};
+  std::string hb_parent = *EncodeControl(with_parents);
+  const double negative = -1;
+  std::memcpy(hb_parent.data() + hb_parent.size() - 8, &negative, 8);
+  EXPECT_EQ(DecodeControl(hb_parent).status().code(), Code::kCorrupt);
+  std::string hb_count = *EncodeControl(Heartbeat{});
+  const uint32_t nine = 9;
+  std::memcpy(hb_count.data() + hb_count.size() - 4, &nine, 4);
+  EXPECT_EQ(DecodeControl(hb_count).status().code(), Code::kCorrupt);
+
+  // A parent report with an unknown fault, or a stripe past the last.
+  std::string report = *EncodeControl(ParentReport{0, "p", ParentFault::kStalled});
+  report.back() = 3;
+  EXPECT_EQ(DecodeControl(report).status().code(), Code::kCorrupt);
+  report.back() = 0;
+  EXPECT_EQ(DecodeControl(report).status().code(), Code::kCorrupt);
+  report = *EncodeControl(ParentReport{0, "p", ParentFault::kStalled});
+  report[4] = 8;
+  EXPECT_EQ(DecodeControl(report).status().code(), Code::kCorrupt);
+
   // A string length past its bound, without the bytes behind it.
   std::string reject = *EncodeControl(Reject{"x"});
   const uint32_t huge = 0xFFFFFFFFu;
@@ -66,7 +94,7 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 2;
+  hello[4] = 1;  // the protocol before round trips
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("protocol"), std::string::npos);
@@ -96,6 +124,18 @@ TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   hb.rtt_to_parent_s = -1;
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1, ""}).status().code(), Code::kInvalidArgument);
+  hb.rtt_to_parent_s = 0;
+  hb.rtt_to_root_s = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
+  hb.rtt_to_root_s = 0;
+  hb.parents.assign(9, ParentFigures{});
+  EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(ParentReport{8, "p", ParentFault::kStalled}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(ParentReport{0, "", ParentFault::kStalled}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(ParentReport{0, "p", static_cast<ParentFault>(9)}).status().code(),
+            Code::kInvalidArgument);
 }
 
 }  // namespace

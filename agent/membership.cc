@@ -1,5 +1,6 @@
 #include "agent/membership.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace tern::agent {
@@ -73,6 +74,47 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   it->second.last = hb;
   it->second.last_seen_us = now_us;
   it->second.served_version = hb.served_version;
+  // Figures only: bad ones (the codec refuses them anyway) are ignored.
+  if (auto next = topology::UpdateFigures(plan_, id, 0, 0, hb.rtt_to_root_s); next.ok())
+    plan_ = std::move(next).value();
+  // Each stripe's receive rate is a lower bound on that stripe's parent's
+  // uplink (the root's own figures are configured, not measured).
+  for (size_t st = 0; st < hb.parents.size() && st < plan_.parent.size(); ++st) {
+    const double rate = hb.parents[st].rate_in_bytes_per_s;
+    auto p = plan_.parent[st].find(id);
+    auto parent = p == plan_.parent[st].end() ? members_.end() : members_.find(p->second);
+    if (parent == members_.end() || rate <= parent->second.measured_uplink_bytes_per_s) continue;
+    parent->second.measured_uplink_bytes_per_s = rate;
+    if (auto next = topology::UpdateFigures(plan_, parent->first, rate, 0, 0); next.ok())
+      plan_ = std::move(next).value();
+  }
+  return Status::Ok();
+}
+
+Status Membership::ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
+                                std::vector<std::string>* notify) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  // Starving, whatever becomes of the report: reports on it are discounted.
+  if (report.fault == ParentFault::kStalled)
+    it->second.stall_reported_us = std::max<uint64_t>(now_us, 1);
+  TERN_REQUIRE(report.stripe < plan_.parent.size(), kMismatch, "stripe ", report.stripe, " of ",
+               plan_.parent.size());
+  auto p = plan_.parent[report.stripe].find(id);
+  TERN_REQUIRE(p != plan_.parent[report.stripe].end() && p->second == report.parent_id, kMismatch,
+               "'", report.parent_id, "' is not the parent of '", id, "' in stripe ", report.stripe,
+               " any more");
+  TERN_REQUIRE(report.parent_id != root_info_.id, kMismatch, "the root is not planned around");
+  auto parent = members_.find(report.parent_id);
+  TERN_REQUIRE(parent != members_.end(), kMismatch, "'", report.parent_id, "' is not joined");
+  const uint64_t reported = parent->second.stall_reported_us;
+  if (report.fault == ParentFault::kStalled)
+    TERN_REQUIRE(reported == 0 || now_us > reported + dead_after_us_, kMismatch, "'",
+                 report.parent_id, "' reported its own parent stalled ",
+                 (now_us - std::min(now_us, reported)) / 1000, " ms ago: it starves too");
+  TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
+  parent->second.demoted = true;
+  Replan(std::move(next), notify);
   return Status::Ok();
 }
 

@@ -29,6 +29,12 @@ struct MemberRecord {
   Heartbeat last;          // the newest heartbeat (zeros until one came)
   uint64_t served_version = 0;
   uint64_t parents_epoch = 0;  // the epoch of the PARENTS it was last sent
+  // Measured: the best rate any of its children reported receiving from it
+  // (0: none yet), and whether children's reports made the root plan
+  // around it (a leaf until it joins again).
+  double measured_uplink_bytes_per_s = 0;
+  bool demoted = false;
+  uint64_t stall_reported_us = 0;  // when it last reported its own parent stalled (0: never)
 };
 
 class Membership {
@@ -47,8 +53,21 @@ class Membership {
   // Removes a member (leave, closed connection, silence); its children are
   // re-attached and appended to *notify. Unknown ids are ignored.
   void Leave(const std::string& id, std::vector<std::string>* notify);
-  // kNotFound for an id that is not joined.
+  // kNotFound for an id that is not joined. The heartbeat's figures go to
+  // the planner (topology::UpdateFigures; no edge moves): the member's
+  // round trip to the root, and its receive rate in each stripe as a lower
+  // bound on that stripe's parent's uplink.
   Status Heartbeat(const std::string& id, const agent::Heartbeat& hb, uint64_t now_us);
+  // A member's report of a bad parent. The root plans around that parent
+  // (topology::DemoteRelay: it becomes a leaf, its children are
+  // re-attached; nobody else moves) and the moved ids go to *notify.
+  // Refused, changing nothing: kNotFound (reporter not joined),
+  // kMismatch for a stale report (that is not its parent in that
+  // stripe any more), a report on the root, or a stall report on a parent
+  // that itself reported a stall within dead_after_us (it starves too: the
+  // fault is further up, and its own report names it).
+  Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
+                      std::vector<std::string>* notify);
   // Members silent for longer than dead_after_us (not removed: the caller
   // closes their connections, which calls Leave).
   std::vector<std::string> Silent(uint64_t now_us) const;

@@ -115,5 +115,112 @@ TEST(Membership, BadPlanOptionsAreReportedByJoin) {
   EXPECT_EQ(m.Join(Info("a", "eu"), 0, 0, &notify).code(), Code::kInvalidArgument);
 }
 
+TEST(Membership, HeartbeatFiguresSteerLaterJoins) {
+  // root -> a; b and c under a (equal configured uplinks).
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  Membership m(Info("root", "us"), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("a", "eu", 2e9), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("c", "eu"), 0, 0, &notify).ok());
+  ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
+  ASSERT_EQ(m.ParentsOf("c")->parents[0].id, "a");
+  // b is far from the root, c near: a new member hangs below c.
+  Heartbeat hb;
+  hb.rtt_to_root_s = 0.150;
+  ASSERT_TRUE(m.Heartbeat("b", hb, 1).ok());
+  hb.rtt_to_root_s = 0.001;
+  ASSERT_TRUE(m.Heartbeat("c", hb, 1).ok());
+  const uint64_t epoch = m.epoch();
+  EXPECT_EQ(m.epoch(), epoch);  // measuring moves nobody
+  notify.clear();
+  ASSERT_TRUE(m.Join(Info("d", "eu"), 0, 1, &notify).ok());
+  EXPECT_EQ(m.ParentsOf("d")->parents[0].id, "c");
+  EXPECT_DOUBLE_EQ(m.plan().members.at("b").rtt_to_root_s, 0.150);
+  // A child's receive rate is a measured lower bound on its parent's uplink.
+  hb = {};
+  hb.parents = {{0.001, 3e9}};
+  ASSERT_TRUE(m.Heartbeat("d", hb, 2).ok());
+  EXPECT_DOUBLE_EQ(m.members().at("c").measured_uplink_bytes_per_s, 3e9);
+  EXPECT_DOUBLE_EQ(m.plan().members.at("c").uplink_bytes_per_s, 3e9);
+}
+
+TEST(Membership, ParentReportPlansAroundTheParentOnly) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  Membership m(Info("root", "us"), o, 1000);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  // a under the root; b, c under a; d, e under b.
+  ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
+  ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
+  const std::string bad = "b";
+  // a reports the root stalled (refused: the root is not planned around,
+  // but a is starving now), then b reports a: a starves too, refused; and d
+  // reports b, which starves as well: refused. Within dead_after (1000 us).
+  notify.clear();
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kStalled}, 10, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent(bad, {0, "a", ParentFault::kStalled}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 30, &notify).code(),
+            Code::kMismatch);
+  // Stale (not its parent), the root, an unknown reporter: refused.
+  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kNotFound);
+  EXPECT_TRUE(notify.empty());
+  // Later, b has not reported for longer than dead_after: the edge b -> d is at fault.
+  const topology::Plan before = m.plan();
+  ASSERT_TRUE(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 2000, &notify).ok());
+  EXPECT_TRUE(m.members().at(bad).demoted);
+  EXPECT_FALSE(m.plan().members.at(bad).may_relay);
+  for (const auto& [id, p] : m.plan().parent[0]) EXPECT_NE(p, bad) << id;
+  // Only b's children and b itself moved; each mover is told.
+  std::vector<std::string> moved;
+  for (const auto& mv : topology::Diff(before, m.plan())) moved.push_back(mv.id);
+  std::sort(moved.begin(), moved.end());
+  for (const auto& id : moved) EXPECT_TRUE(id == "b" || id == "d" || id == "e") << id;
+  std::sort(notify.begin(), notify.end());
+  EXPECT_EQ(notify, moved);
+  // The second child's report now is stale: nothing more moves.
+  notify.clear();
+  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(),
+            Code::kMismatch);
+  EXPECT_TRUE(notify.empty());
+}
+
+TEST(Membership, EachStripesRateGoesToThatStripesParent) {
+  Membership m(Info("root", "us"), Options(/*fanout=*/2, /*stripes=*/2), 1000);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  // A member whose parents are two other members (one per stripe).
+  std::string child;
+  std::string parent0, parent1;
+  for (const auto& [id, rec] : m.members()) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok());
+    if (p->parents[0].id != "root" && p->parents[1].id != "root" &&
+        p->parents[0].id != p->parents[1].id) {
+      child = id;
+      parent0 = p->parents[0].id;
+      parent1 = p->parents[1].id;
+    }
+  }
+  ASSERT_FALSE(child.empty()) << "no member with two member parents";
+  Heartbeat hb;
+  hb.parents = {{0.002, 1e8}, {0.003, 7e8}};
+  ASSERT_TRUE(m.Heartbeat(child, hb, 1).ok());
+  EXPECT_DOUBLE_EQ(m.members().at(parent0).measured_uplink_bytes_per_s, 1e8);
+  EXPECT_DOUBLE_EQ(m.members().at(parent1).measured_uplink_bytes_per_s, 7e8);
+  EXPECT_DOUBLE_EQ(m.plan().members.at(parent1).uplink_bytes_per_s, 7e8);
+}
+
 }  // namespace
 }  // namespace tern::agent

@@ -33,6 +33,7 @@ struct AgentArgs {
   uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3, spare_grace_ms = 2000;
   std::string board_etcd, seed;
   uint64_t seed_version = 0;
+  uint32_t parent_stall_ms = 10000;
   unsigned threads = 0;
   TransportArgs transport;
   TcpOptions options;
@@ -81,6 +82,7 @@ Status CheckAgent(AgentArgs& a) {
   o.heartbeat_ms = a.heartbeat_ms;
   o.dead_after_ms = a.dead_after_ms;
   o.spare_grace_ms = a.spare_grace_ms;
+  o.parent_stall_ms = a.parent_stall_ms;
   o.threads = a.threads;
   return Status::Ok();
 }
@@ -180,14 +182,20 @@ Status RunStatus(const StatusArgs& a) {
   std::printf("%s %s: HEAD %llu, serving %llu\n", s(j, "role").c_str(), s(j, "id").c_str(), u(j, "head"),
               u(j, "served_version"));
   if (j.contains("members") && j["members"].is_array() && !j["members"].empty()) {
-    std::printf("%-20s %-10s %-10s %8s %4s %-20s %5s %12s %12s %8s\n", "member", "region", "island",
-                "version", "lag", "parent", "depth", "in", "out", "MB/s in");
+    std::printf("%-20s %-10s %-10s %8s %4s %-20s %5s %12s %12s %8s %9s %9s\n", "member", "region",
+                "island", "version", "lag", "parent", "depth", "in", "out", "MB/s in", "rtt_p ms",
+                "rtt_r ms");
     for (const auto& m : j["members"]) {
       if (!m.is_object()) continue;
-      std::printf("%-20s %-10s %-10s %8llu %4llu %-20s %5llu %12s %12s %8.1f\n", s(m, "id").c_str(),
-                  s(m, "region").c_str(), s(m, "island").c_str(), u(m, "version"), u(m, "lag"),
-                  s(m, "parent").c_str(), u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
-                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6);
+      // A demoted member (its children reported it bad) is marked with '!'.
+      const bool demoted =
+          m.contains("demoted") && m["demoted"].is_boolean() && m["demoted"].get<bool>();
+      std::printf("%-20s %-10s %-10s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f\n",
+                  (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(),
+                  s(m, "island").c_str(), u(m, "version"), u(m, "lag"), s(m, "parent").c_str(),
+                  u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
+                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6,
+                  d(m, "rtt_to_parent_s") * 1e3, d(m, "rtt_to_root_s") * 1e3);
     }
   }
   if (j.contains("versions") && j["versions"].is_array() && !j["versions"].empty()) {
@@ -246,6 +254,10 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "member: readers of DIR/current keep the version switched away from this long, then "
               "the spare is brought up (off the next version's critical path)",
               "2000", 3'600'000);
+  AddUnsigned(
+      cmd, "--parent-stall-ms", a->parent_stall_ms,
+      "member: report a parent that sends nothing this long while a version is due (0: never)",
+      "10000");
   AddThreadsFlag(cmd, a->threads);
   AddTransportFlags(cmd, a->transport);
   a->transport.tls_allow_client_flag = cmd.add_option(

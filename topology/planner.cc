@@ -48,6 +48,8 @@ Status CheckMember(const Member& m, const char* what) {
   TERN_REQUIRE(!m.region.empty(), kInvalidArgument, what, " '", m.id, "' has no region");
   TERN_REQUIRE(FinitePositive(m.uplink_bytes_per_s) && FinitePositive(m.downlink_bytes_per_s),
                kInvalidArgument, what, " '", m.id, "': rates must be finite and > 0");
+  TERN_REQUIRE(std::isfinite(m.rtt_to_root_s) && m.rtt_to_root_s >= 0, kInvalidArgument, what, " '",
+               m.id, "': round trip must be finite and >= 0");
   return Status::Ok();
 }
 
@@ -101,13 +103,20 @@ struct Index {
   const std::string& Id(uint32_t i) const { return member[i]->id; }
 };
 
+// When a parent's first chunk reaches a child: half its round trip to the
+// root (how late it gets the chunk) plus one chunk over its uplink. With
+// unknown round trips (0) this orders by uplink, fastest first.
+double FirstChunkCost(const Member& m) {
+  return m.rtt_to_root_s / 2 + kPlanChunkBytes / m.uplink_bytes_per_s;
+}
+
 struct SlotKey {
   uint32_t depth;
-  double uplink;
+  double cost;      // FirstChunkCost: lower is better
   uint32_t member;  // index: id order
   bool operator<(const SlotKey& o) const {
     if (depth != o.depth) return depth < o.depth;
-    if (uplink != o.uplink) return uplink > o.uplink;
+    if (cost != o.cost) return cost < o.cost;
     return member < o.member;
   }
 };
@@ -193,7 +202,7 @@ class StripeTree {
  private:
   uint32_t Kids(uint32_t m) const { return static_cast<uint32_t>(children_[m].size()); }
   bool Relays(uint32_t m) const { return ix_.relay_stripe[m] == stripe_; }
-  SlotKey KeyOf(uint32_t m) const { return SlotKey{depth_[m], ix_.member[m]->uplink_bytes_per_s, m}; }
+  SlotKey KeyOf(uint32_t m) const { return SlotKey{depth_[m], FirstChunkCost(*ix_.member[m]), m}; }
 
   // A relay with spare fan-out is open; these two keep the sets in step
   // with depth_ and children_ (close before a change, open after it).
@@ -372,6 +381,44 @@ Result<Plan> RemoveMember(const Plan& plan, std::string_view id_view) {
   }
   next.members.erase(id);
   next.relay_stripe.erase(id);
+  return next;
+}
+
+Result<Plan> UpdateFigures(const Plan& plan, std::string_view id_view, double uplink_bytes_per_s,
+                           double downlink_bytes_per_s, double rtt_to_root_s) {
+  const std::string id(id_view);
+  auto it = plan.members.find(id);
+  TERN_REQUIRE(it != plan.members.end(), kNotFound, "member '", id, "' is not in the plan");
+  for (double x : {uplink_bytes_per_s, downlink_bytes_per_s, rtt_to_root_s})
+    TERN_REQUIRE(std::isfinite(x) && x >= 0, kInvalidArgument, "member '", id,
+                 "': measured figures must be finite and >= 0");
+  Plan next = plan;
+  Member& m = next.members.at(id);
+  if (uplink_bytes_per_s > 0) m.uplink_bytes_per_s = uplink_bytes_per_s;
+  if (downlink_bytes_per_s > 0) m.downlink_bytes_per_s = downlink_bytes_per_s;
+  if (rtt_to_root_s > 0) m.rtt_to_root_s = rtt_to_root_s;
+  return next;
+}
+
+Result<Plan> DemoteRelay(const Plan& plan, std::string_view id_view) {
+  const std::string id(id_view);
+  TERN_REQUIRE(plan.members.count(id), kNotFound, "member '", id, "' is not in the plan");
+  const uint32_t stripe = plan.relay_stripe.at(id);
+  if (stripe == Plan::kLeafEverywhere) return plan;
+  Plan next = plan;
+  next.members.at(id).may_relay = false;
+  next.relay_stripe[id] = Plan::kLeafEverywhere;
+  // Indexed as a leaf: it opens no slot while its old children are moved.
+  const Index index(next);
+  StripeTree tree(next, index, stripe);
+  tree.Load();
+  const uint32_t m = index.At(id);
+  std::vector<uint32_t> orphans = tree.Remove(m);
+  TERN_RETURN_IF_ERROR(Reattach(index, stripe, tree, std::move(orphans)));
+  // Hung again after its children, so that one of them may take the slot
+  // it held (the root's, when it was a region head).
+  TERN_RETURN_IF_ERROR(tree.Attach(m));
+  next.parent[stripe] = tree.Parents();
   return next;
 }
 

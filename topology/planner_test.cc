@@ -217,6 +217,108 @@ TEST(Planner, RemovingAMemberMovesOnlyItsChildren) {
   }
 }
 
+// A chain root -> a, then b and c under a (fan-out 2): b and c are equal
+// candidates at depth 2 until measurements say otherwise.
+Result<Plan> TwoEqualCandidates() {
+  PlanOptions o;
+  o.fanout_max = 2;
+  o.root_fanout_max = 1;
+  return MakePlan(Root(), {M("a", "eu", "", 10), M("b", "eu", "", 5), M("c", "eu", "", 5)}, o);
+}
+
+TEST(Planner, MeasuredUplinkPicksTheFasterParent) {
+  auto plan = TwoEqualCandidates();
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->parent[0].at("b"), "a");
+  ASSERT_EQ(plan->parent[0].at("c"), "a");
+  // Equal figures: id order decides.
+  auto d = AddMember(*plan, M("d", "eu", "", 1));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->parent[0].at("d"), "b");
+  // c measured twice as fast as configured; b's figures stay: d goes to c.
+  auto measured = UpdateFigures(*plan, "c", 10 * kGbps, 0, 0);
+  ASSERT_TRUE(measured.ok()) << measured.status().ToString();
+  EXPECT_TRUE(Diff(*plan, *measured).empty());  // measuring moves nobody
+  d = AddMember(*measured, M("d", "eu", "", 1));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->parent[0].at("d"), "c");
+  ASSERT_TRUE(Validate(*d).ok());
+}
+
+TEST(Planner, MeasuredRoundTripPicksTheCloserParent) {
+  auto plan = TwoEqualCandidates();
+  ASSERT_TRUE(plan.ok());
+  // Same uplinks; b is 80 ms from the root, c 2 ms: c's first chunk comes
+  // ~39 ms sooner, which outweighs the 1 MiB at 5 Gbit/s either way.
+  auto measured = UpdateFigures(*plan, "b", 0, 0, 0.080);
+  ASSERT_TRUE(measured.ok());
+  measured = UpdateFigures(*measured, "c", 0, 0, 0.002);
+  ASSERT_TRUE(measured.ok());
+  EXPECT_DOUBLE_EQ(measured->members.at("b").uplink_bytes_per_s, 5 * kGbps);  // 0 keeps
+  auto d = AddMember(*measured, M("d", "eu", "", 1));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->parent[0].at("d"), "c");
+  // But a much faster uplink wins over a few milliseconds.
+  measured = UpdateFigures(*measured, "b", 1000 * kGbps, 0, 0.004);
+  ASSERT_TRUE(measured.ok());
+  d = AddMember(*measured, M("d", "eu", "", 1));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->parent[0].at("d"), "b");
+  // Bad figures are refused, unknown ids too.
+  EXPECT_EQ(UpdateFigures(*plan, "b", -1, 0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(
+      UpdateFigures(*plan, "b", 0, 0, std::numeric_limits<double>::quiet_NaN()).status().code(),
+      Code::kInvalidArgument);
+  EXPECT_EQ(UpdateFigures(*plan, "zz", 1, 1, 0).status().code(), Code::kNotFound);
+}
+
+TEST(Planner, DemotingARelayMovesOnlyItAndItsChildren) {
+  auto plan = MakePlan(Root(), ThreeRegions(), PlanOptions{});
+  ASSERT_TRUE(plan.ok());
+  // The eu head relays to its region; its children found it bad.
+  const std::string head = "eu-c1-2";
+  ASSERT_EQ(plan->parent[0].at(head), "root");
+  const auto orphans = Children(*plan, 0, head);
+  ASSERT_FALSE(orphans.empty());
+  auto demoted = DemoteRelay(*plan, head);
+  ASSERT_TRUE(demoted.ok()) << demoted.status().ToString();
+  ASSERT_TRUE(Validate(*demoted).ok()) << Validate(*demoted).ToString();
+  EXPECT_TRUE(Children(*demoted, 0, head).empty());
+  EXPECT_FALSE(demoted->members.at(head).may_relay);
+  EXPECT_EQ(demoted->relay_stripe.at(head), Plan::kLeafEverywhere);
+  EXPECT_EQ(CrossRegionEdgesInto(*demoted, 0, "eu"), 1);  // still entered once
+  EXPECT_NE(demoted->parent[0].at(head), "root");         // a leaf inside its region now
+  for (const auto& mv : Diff(*plan, *demoted)) {
+    const bool orphan = std::find(orphans.begin(), orphans.end(), mv.id) != orphans.end();
+    EXPECT_TRUE(orphan || mv.id == head) << mv.id << " moved";
+  }
+  // Again: nothing to do. Unknown: kNotFound. Later joins never pick it.
+  auto again = DemoteRelay(*demoted, head);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(Diff(*demoted, *again).empty());
+  EXPECT_EQ(DemoteRelay(*plan, "nobody").status().code(), Code::kNotFound);
+  auto grown = AddMember(*demoted, M("eu-c1-9", "eu", "c1", 1));
+  ASSERT_TRUE(grown.ok());
+  EXPECT_NE(grown->parent[0].at("eu-c1-9"), head);
+}
+
+TEST(Planner, DemotingTheOnlyRootChildFreesTheRootSlot) {
+  // root_fanout_max 1: the demoted relay held the root's only slot, which
+  // one of its children must take (else nobody could be re-attached).
+  PlanOptions o;
+  o.fanout_max = 2;
+  o.root_fanout_max = 1;
+  auto plan = MakePlan(Root(), {M("a", "eu", "", 10), M("b", "eu", "", 5), M("c", "eu", "", 4)}, o);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->parent[0].at("a"), "root");
+  auto demoted = DemoteRelay(*plan, "a");
+  ASSERT_TRUE(demoted.ok()) << demoted.status().ToString();
+  ASSERT_TRUE(Validate(*demoted).ok());
+  EXPECT_EQ(demoted->parent[0].at("b"), "root");
+  EXPECT_EQ(demoted->parent[0].at("c"), "b");
+  EXPECT_EQ(demoted->parent[0].at("a"), "b");
+}
+
 TEST(Planner, StripesHaveDisjointInteriors) {
   std::vector<Member> members;
   for (int r = 0; r < 3; ++r)

@@ -105,6 +105,11 @@ struct AgentOptions {
   // before the next version is applied, if that comes sooner), since both
   // rewrite that slot (docs/agent/apply.md).
   uint32_t spare_grace_ms = 2000;
+  // Member: a parent that sends no byte for this long while a version is
+  // due (HEAD is newer than what this member serves or holds) is reported
+  // to the root, which plans around it; 0: never report stalls (chunks
+  // that fail verification are reported regardless).
+  uint32_t parent_stall_ms = 10000;
 
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
@@ -121,8 +126,13 @@ struct AgentMemberStatus {
   uint64_t served_version = 0;
   uint64_t lag = 0;          // HEAD - served
   uint64_t bytes_in = 0, bytes_out = 0, chunk_retries = 0;
-  double rtt_to_parent_s = 0, rate_in_bytes_per_s = 0, last_apply_s = 0;
+  // Measured by the member: round trips (PING/PONG; to the parent: the
+  // slowest of its parents), the rate the last object arrived at.
+  double rtt_to_parent_s = 0, rtt_to_root_s = 0, rate_in_bytes_per_s = 0, last_apply_s = 0;
   double last_heartbeat_age_s = 0;
+  // The best rate its children reported receiving from it (bytes/s; 0: none).
+  double measured_uplink_bytes_per_s = 0;
+  bool demoted = false;  // children reported it bad: a leaf until it joins again
 };
 
 struct AgentVersionStatus {

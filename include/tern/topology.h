@@ -35,7 +35,14 @@ struct Member {
   double uplink_bytes_per_s = 0;
   double downlink_bytes_per_s = 0;
   bool may_relay = true;  // false: always a leaf (a node about to go, a busy engine)
+  // Measured round trip to the root (seconds; finite, >= 0; 0: unknown).
+  // Among parents at the same depth the planner prefers the one whose
+  // first chunk arrives soonest: rtt/2 + one chunk over its uplink.
+  double rtt_to_root_s = 0;
 };
+
+// The chunk size the parent choice assumes (the agent's 1 MiB chunks).
+inline constexpr double kPlanChunkBytes = 1 << 20;
 
 struct PlanOptions {
   uint32_t fanout_max = 4;       // children of a member, per stripe (>= 1)
@@ -76,6 +83,22 @@ TERN_EXPORT Result<Plan> MakePlan(const Member& root, const std::vector<Member>&
 // rates or relay flag changed is removed and added again by the caller.
 TERN_EXPORT Result<Plan> AddMember(const Plan& plan, const Member& member);
 TERN_EXPORT Result<Plan> RemoveMember(const Plan& plan, std::string_view id);
+
+// New measured figures for a member (rates and round trip; zero keeps the
+// old value). No edge moves: later attachments (joins, re-attached orphans)
+// use them. kNotFound for an unknown id, kInvalidArgument for figures that
+// are not finite and >= 0.
+TERN_EXPORT Result<Plan> UpdateFigures(const Plan& plan, std::string_view id,
+                                       double uplink_bytes_per_s, double downlink_bytes_per_s,
+                                       double rtt_to_root_s);
+
+// Plans around a relay its children found bad (stalled, or sending chunks
+// that fail verification): the member becomes a leaf everywhere
+// (may_relay false), its children in its relay stripe are re-attached as
+// RemoveMember would, and it is re-attached as a leaf. Every other edge
+// stays. kNotFound for an unknown id; a member that already is a leaf
+// everywhere gives the plan back unchanged.
+TERN_EXPORT Result<Plan> DemoteRelay(const Plan& plan, std::string_view id);
 
 // Checks every invariant: each member reaches the root in every stripe
 // without cycles, fan-out bounds hold, only a stripe's relays are interior in

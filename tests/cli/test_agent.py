@@ -196,15 +196,25 @@ class AgentCli(unittest.TestCase):
             for name, m in members.items():
                 self.assertTrue(self.same_bytes(m.dir, self.step(3)), name)
 
-            # The human-readable status names every member.
+            # Round trips, measured over the members' TLS connections (PING/PONG
+            # to the root and on a probe connection to each parent).
+            def measured():
+                ms = self.status(root)["members"]
+                return len(ms) == 3 and all(0 < m["rtt_to_root_s"] < 10 and 0 < m["rtt_to_parent_s"] < 10
+                                            for m in ms)
+            wait_for(measured, 30, "every member's round trips measured")
+
+            # The human-readable status names every member, with round trips.
             r = subprocess.run([TERN, "status", "--board", root.admin], capture_output=True, text=True,
                                timeout=30, check=True)
             for name in members:
                 self.assertIn(name, r.stdout)
+            self.assertIn("rtt_p ms", r.stdout)
             metrics = subprocess.run(["curl", "-sf", "http://%s/metrics" % root.admin], capture_output=True,
                                      text=True, timeout=30)
             if metrics.returncode == 0:
                 self.assertIn('tern_agent_member_version{member="eu-1",region="eu"} 4', metrics.stdout)
+                self.assertIn('tern_agent_member_rtt_to_root_seconds{member="eu-1",region="eu"}', metrics.stdout)
         finally:
             for a in reversed(agents):
                 if a.proc.poll() is None:
