@@ -102,6 +102,7 @@ void Put(Writer& w, const MemberInfo& m) {
   w.Str(m.cluster, 0, kMaxControlIdBytes, "cluster");
   w.Str(m.island, 0, kMaxControlIdBytes, "island");
   w.Str(m.data_address, 1, kMaxControlIdBytes, "data address");
+  w.Str(m.intra_address, 0, kMaxControlIdBytes, "intra address");
   w.U8(m.may_relay ? 1 : 0);
   w.F64(m.uplink_bytes_per_s);
   w.F64(m.downlink_bytes_per_s);
@@ -113,6 +114,7 @@ MemberInfo GetMember(Reader& r) {
   m.cluster = r.Str(0, kMaxControlIdBytes, "cluster");
   m.island = r.Str(0, kMaxControlIdBytes, "island");
   m.data_address = r.Str(1, kMaxControlIdBytes, "data address");
+  m.intra_address = r.Str(0, kMaxControlIdBytes, "intra address");
   m.may_relay = r.Bool("may_relay");
   m.uplink_bytes_per_s = r.F64("uplink rate");
   m.downlink_bytes_per_s = r.F64("downlink rate");
@@ -163,6 +165,7 @@ void PutBody(Writer& w, const Parents& m) {
     w.U32(m.parents[i].stripe);
     w.Str(m.parents[i].id, 1, kMaxControlIdBytes, "parent id");
     w.Str(m.parents[i].data_address, 1, kMaxControlIdBytes, "parent address");
+    w.U8(m.parents[i].intra ? 1 : 0);
   }
 }
 void PutBody(Writer& w, const Head& m) {
@@ -271,6 +274,7 @@ Parents GetBody<Parents>(Reader& r) {
     if (r.ok() && p.stripe != i) r.Fail("parents not in stripe order");
     p.id = r.Str(1, kMaxControlIdBytes, "parent id");
     p.data_address = r.Str(1, kMaxControlIdBytes, "parent address");
+    p.intra = r.Bool("intra");
     m.parents.push_back(std::move(p));
   }
   return m;

@@ -25,7 +25,8 @@
 namespace tern::agent {
 
 // 2: HEARTBEAT gained rtt_to_root_s; PING, PONG, PARENT_REPORT.
-inline constexpr uint16_t kControlProtocol = 2;
+// 3: HELLO's member gained intra_address, PARENTS' entries `intra`.
+inline constexpr uint16_t kControlProtocol = 3;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -55,6 +56,10 @@ struct MemberInfo {
   std::string cluster;       // 0..
   std::string island;        // 0..
   std::string data_address;  // where its children connect (1..)
+  // Where children in its own cluster connect with the intra-cluster
+  // transport (AgentOptions::intra_transport); empty: none, every child
+  // uses data_address (0..kMaxControlIdBytes).
+  std::string intra_address;
   bool may_relay = true;
   double uplink_bytes_per_s = 0;    // finite, >= 0 (0: unknown)
   double downlink_bytes_per_s = 0;  // finite, >= 0
@@ -111,6 +116,10 @@ struct ParentRef {
   uint32_t stripe = 0;
   std::string id;            // the parent's member id (the root's own id for the root)
   std::string data_address;  // 1..
+  // The edge stays inside one cluster and both ends have an intra-cluster
+  // transport: data_address is the parent's intra address, dialled with
+  // the member's intra transport.
+  bool intra = false;
   bool operator==(const ParentRef&) const = default;
 };
 

@@ -11,13 +11,13 @@ namespace {
 
 std::vector<ControlMessage> Samples() {
   Hello hello;
-  hello.member = {"m-1", "eu", "c1", "i1", "127.0.0.1:7001", true, 1.25e9, 2.5e9};
+  hello.member = {"m-1", "eu", "c1", "i1", "127.0.0.1:7001", "10.0.0.1:7101", true, 1.25e9, 2.5e9};
   hello.board_id[0] = 7;
   hello.served_version = 42;
   hello.join_token = "secret";
   Welcome welcome{hello.board_id, 43, 1000, 2, "127.0.0.1:7009"};
   Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}}};
-  Parents parents{5, {{0, "root", "127.0.0.1:7000"}, {1, "m-2", "127.0.0.1:7002"}}};
+  Parents parents{5, {{0, "root", "127.0.0.1:7000", false}, {1, "m-2", "10.0.0.2:7102", true}}};
   Head head{43, std::string(200, 'm')};
   CatchUpRequest req{40, 43};
   CatchUpReply plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
@@ -94,7 +94,7 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 1;  // the protocol before round trips
+  hello[4] = 2;  // the protocol before intra-cluster addresses
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("protocol"), std::string::npos);

@@ -126,7 +126,9 @@ std::vector<std::string> Membership::Silent(uint64_t now_us) const {
 }
 
 Result<Parents> Membership::ParentsOf(const std::string& id) const {
-  if (!members_.count(id)) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  auto self = members_.find(id);
+  if (self == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  const MemberInfo& child = self->second.info;
   Parents out;
   out.epoch = epoch_;
   for (uint32_t s = 0; s < plan_.parent.size(); ++s) {
@@ -135,13 +137,17 @@ Result<Parents> Membership::ParentsOf(const std::string& id) const {
     ParentRef ref;
     ref.stripe = s;
     ref.id = p->second;
-    if (p->second == root_info_.id) {
-      ref.data_address = root_info_.data_address;
-    } else {
+    const MemberInfo* parent = &root_info_;
+    if (p->second != root_info_.id) {
       auto m = members_.find(p->second);
       if (m == members_.end()) return TERN_ERROR(kInternal, "parent '", p->second, "' is not joined");
-      ref.data_address = m->second.info.data_address;
+      parent = &m->second.info;
     }
+    // The edge's transport: the intra-cluster one when the edge stays in
+    // one cluster and both ends have it, else the one every agent has.
+    ref.intra = !child.intra_address.empty() && !parent->intra_address.empty() &&
+                topology::Classify(ToTopologyMember(*parent), ToTopologyMember(child)) == topology::Link::kSameCluster;
+    ref.data_address = ref.intra ? parent->intra_address : parent->data_address;
     out.parents.push_back(std::move(ref));
   }
   return out;

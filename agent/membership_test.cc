@@ -25,6 +25,47 @@ topology::PlanOptions Options(uint32_t fanout = 2, uint32_t stripes = 1) {
   return o;
 }
 
+// PARENTS names the parent's intra-cluster address exactly for edges inside
+// one cluster whose two ends both listen with the intra transport; every
+// other edge (another cluster, another region, an end without one) gets the
+// address of the transport every agent has.
+TEST(Membership, IntraClusterEdgesGetTheParentsIntraAddress) {
+  auto in = [](const std::string& id, const std::string& region, const std::string& cluster,
+               bool intra) {
+    MemberInfo m = Info(id, region);
+    m.cluster = cluster;
+    if (intra) m.intra_address = id + ":intra";
+    return m;
+  };
+  topology::PlanOptions o = Options(/*fanout=*/1);
+  o.root_fanout_max = 1;  // a chain: root -> a -> b -> c -> d -> e
+  Membership m(in("root", "us", "c0", true), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(in("a", "us", "c0", true), 0, 0, &notify).ok());   // root's cluster
+  ASSERT_TRUE(m.Join(in("b", "us", "c0", false), 0, 0, &notify).ok());  // no intra transport
+  ASSERT_TRUE(m.Join(in("c", "us", "c1", true), 0, 0, &notify).ok());   // another cluster
+  ASSERT_TRUE(m.Join(in("d", "us", "c1", true), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("e", "eu", "c1", true), 0, 0, &notify).ok());   // same name, other region
+  for (const std::string id : {"a", "b", "c", "d", "e"}) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok()) << id;
+    const std::string parent = p->parents[0].id;
+    const auto& members = m.members();
+    const MemberInfo& pi = parent == "root" ? in("root", "us", "c0", true) : members.at(parent).info;
+    const MemberInfo& ci = members.at(id).info;
+    const bool want_intra = !pi.intra_address.empty() && !ci.intra_address.empty() &&
+                            pi.region == ci.region && pi.cluster == ci.cluster;
+    EXPECT_EQ(p->parents[0].intra, want_intra) << id << " <- " << parent;
+    EXPECT_EQ(p->parents[0].data_address, want_intra ? parent + ":intra" : parent + ":1")
+        << id << " <- " << parent;
+  }
+  // The cases above must include both kinds of edge.
+  int intra = 0, other = 0;
+  for (const std::string id : {"a", "b", "c", "d", "e"}) (m.ParentsOf(id)->parents[0].intra ? intra : other)++;
+  EXPECT_GT(intra, 0);
+  EXPECT_GT(other, 0);
+}
+
 TEST(Membership, JoinTellsTheNewMemberItsParentsWithAddresses) {
   Membership m(Info("root", "us"), Options(), 1000);
   std::vector<std::string> notify;
