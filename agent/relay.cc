@@ -47,17 +47,27 @@ void RelayNode::Impl::Handle(Event& e) {
         e.conn->Close();
         return;
       }
+      Transport* via = e.via ? e.via : &transport;
+      if (!Has(via)) {
+        Log("relay: refused child " + e.conn->peer_address() + ": accepted on a transport not added");
+        e.conn->Close();
+        return;
+      }
       auto link = std::make_unique<Link>();
       link->id = e.link;
+      link->transport = via;
       link->conn = std::move(e.conn);
       link->stats.peer = link->conn->peer_address();
       links[e.link] = std::move(link);
       return;
     }
     case Event::kSetParent: {
-      if (e.stripes < 1 || e.stripes > kMaxStripes || e.stripe >= e.stripes) {
-        Status st = TERN_ERROR(kInvalidArgument, "stripe ", e.stripe, " of ", e.stripes,
-                               " (at most ", kMaxStripes, " stripes)");
+      Transport* via = e.via ? e.via : &transport;
+      if (e.stripes < 1 || e.stripes > kMaxStripes || e.stripe >= e.stripes || !Has(via)) {
+        Status st = !Has(via) ? TERN_ERROR(kInvalidArgument, "parent of stripe ", e.stripe,
+                                           " on a transport not added (AddTransport)")
+                              : TERN_ERROR(kInvalidArgument, "stripe ", e.stripe, " of ", e.stripes,
+                                           " (at most ", kMaxStripes, " stripes)");
         calls.push_back([this, s = e.stripe, st] {
           if (callbacks.on_parent_failed) callbacks.on_parent_failed(s, st);
         });
@@ -68,13 +78,14 @@ void RelayNode::Impl::Handle(Event& e) {
       const uint64_t id = inbox->NewLinkId();
       link->id = id;
       link->parent = true;
+      link->transport = via;
       link->stats.parent = true;
       link->stats.peer = e.payload;
       link->stats.stripe = e.stripe;
       link->stats.stripes = e.stripes;
       links[id] = std::move(link);
       parent_of[e.stripe] = id;
-      transport.Connect(e.payload, Handlers(inbox, id),
+      via->Connect(e.payload, Handlers(inbox, id),
                         [in = inbox, id](Result<std::shared_ptr<Connection>> r) {
                           Event c;
                           c.kind = Event::kConnected;
@@ -256,12 +267,32 @@ RelayNode::~RelayNode() {
   retired.clear();
 }
 
-AcceptHandler RelayNode::ChildAcceptor() {
-  return [in = impl_->inbox](std::shared_ptr<Connection> conn) {
+Status RelayNode::Impl::RegisterEverywhere(Object& obj) {
+  for (Transport* t : transports) {
+    auto region = t->RegisterMemory(obj.file->data(), obj.meta.bytes, MemoryKind::kHost);
+    if (!region.ok()) return region.status().WithContext("with " + t->name());
+    obj.regions.push_back({t, *region});
+  }
+  return Status::Ok();
+}
+
+Status RelayNode::AddTransport(Transport& transport) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TERN_REQUIRE(impl_->objects.empty() && impl_->retired.empty() && impl_->links.empty(),
+               kInvalidArgument, "relay: AddTransport after objects or links exist");
+  TERN_REQUIRE(!impl_->Has(&transport), kAlreadyExists, "relay: transport ", transport.name(),
+               " added twice");
+  impl_->transports.push_back(&transport);
+  return Status::Ok();
+}
+
+AcceptHandler RelayNode::ChildAcceptor(Transport* via) {
+  return [in = impl_->inbox, via](std::shared_ptr<Connection> conn) {
     const uint64_t id = in->NewLinkId();
     Event e;
     e.kind = Event::kAccepted;
     e.link = id;
+    e.via = via;
     e.conn = std::move(conn);
     in->Push(std::move(e));  // queued before any of its messages
     return Impl::Handlers(in, id);
@@ -285,9 +316,10 @@ std::string RelayNode::address() const {
   return impl_->listener ? impl_->listener->address() : std::string();
 }
 
-void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address) {
+void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address, Transport* via) {
   Event e;
   e.kind = Event::kSetParent;
+  e.via = via;
   e.stripe = stripe;
   e.stripes = stripes;
   e.payload = std::move(address);

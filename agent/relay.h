@@ -109,17 +109,29 @@ class RelayNode {
   RelayNode(const RelayNode&) = delete;
   RelayNode& operator=(const RelayNode&) = delete;
 
+  // A second (third...) transport links may run on, e.g. RDMA for children
+  // and parents inside one cluster next to TCP for the rest. Every object's
+  // mapping is registered once with each transport, so a chunk is sent to
+  // a child from the same bytes whichever transport carries it (no copy
+  // per transport). Call before anything else (kInvalidArgument once an
+  // object or link exists); the transport must outlive the node.
+  Status AddTransport(Transport& transport);
+
   // Accepts children on `address` (Listen of the transport); address() is
   // the bound one. At most one listener.
   Status Listen(const std::string& address);
   std::string address() const;
   // For a caller that owns the listener: hand each data connection here.
-  AcceptHandler ChildAcceptor();
+  // `via`: the transport the listener belongs to (null: the first); a
+  // connection accepted on a transport not added is closed.
+  AcceptHandler ChildAcceptor(Transport* via = nullptr);
 
   // Dials the parent of `stripe` (0 .. stripes-1, stripes <= kMaxStripes),
   // replacing the previous one; chunks of this stripe still missing resume
   // from the new parent. Errors arrive through on_parent_failed.
-  void SetParent(uint32_t stripe, uint32_t stripes, std::string address);
+  // `via`: the transport to dial with (null: the first; one not added fails
+  // the stripe with kInvalidArgument through on_parent_failed).
+  void SetParent(uint32_t stripe, uint32_t stripes, std::string address, Transport* via = nullptr);
 
   // Asks the parent of `stripe` to offer `ref` again (catch-up of an older
   // object, or one on_manifest refused before); the answer is an OFFER or,

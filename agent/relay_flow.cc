@@ -77,13 +77,10 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
       return;
     }
     obj->file = std::move(*file);
-    auto region = transport.RegisterMemory(obj->file->data(), meta.bytes, MemoryKind::kHost);
-    if (!region.ok()) {
-      Log("relay: cannot register " + ObjectName(c.ref) + ": " + region.status().ToString());
+    if (Status st = RegisterEverywhere(*obj); !st.ok()) {
+      Log("relay: cannot register " + ObjectName(c.ref) + ": " + st.ToString());
       return;
     }
-    obj->region = *region;
-    obj->transport = &transport;
     obj->verified.assign(meta.chunk_count, 0);
     it = objects.emplace(c.ref, std::move(obj)).first;
   }
@@ -161,7 +158,7 @@ void RelayNode::Impl::FillWindows(Link& link, Object& obj) {
     }
     if (i == UINT32_MAX) break;
     Status st = link.conn->PostReceive(
-        fp.window_base + i, obj.region, obj.Offset(i), obj.Length(i),
+        fp.window_base + i, obj.RegionOn(link.transport), obj.Offset(i), obj.Length(i),
         [in = inbox, id = link.id, ref = obj.ref, i](uint64_t, uint64_t) {
           Event e;
           e.kind = Event::kLanded;
@@ -310,7 +307,7 @@ void RelayNode::Impl::SendChunkTo(Link& link, Object& obj, uint32_t i) {
   ToChild& tc = link.to.at(obj.ref);
   tc.inflight.try_emplace(i, 0);
   ChunkSend c;
-  c.src = obj.region;
+  c.src = obj.RegionOn(link.transport);
   c.src_offset = obj.Offset(i);
   c.length = obj.Length(i);
   c.transfer_id = tc.window_base + i;
@@ -430,9 +427,10 @@ Status RelayNode::Offer(std::string signed_manifest, const ObjectRef& ref,
   for (uint32_t i = 0; i < meta->chunk_count; ++i) obj->hashes[i] = Sha256Of(obj->Chunk(i));
   TERN_REQUIRE(ChunkHashRoot(obj->hashes) == meta->chunk_hashes_root, kAuth, "relay: ", path,
                " does not match the signed hashes of ", ObjectName(ref));
-  TERN_ASSIGN_OR_RETURN(obj->region,
-                        im.transport.RegisterMemory(obj->file->data(), meta->bytes, MemoryKind::kHost));
-  obj->transport = &im.transport;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);  // transports is read under mu
+    TERN_RETURN_IF_ERROR(im.RegisterEverywhere(*obj));
+  }
   obj->hashes_ok = true;
   obj->verified.assign(meta->chunk_count, 1);
   obj->verified_count = meta->chunk_count;

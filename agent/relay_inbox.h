@@ -38,6 +38,9 @@ struct Event {
   uint32_t chunk = 0;
   uint32_t stripe = 0, stripes = 1;
   std::shared_ptr<Object> object;  // kOffer
+  // kAccepted, kSetParent: the transport the link runs on (null: the
+  // node's first).
+  Transport* via = nullptr;
 };
 
 class Inbox {

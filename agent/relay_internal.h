@@ -24,8 +24,14 @@ struct Object {
   ManifestObject meta;
   std::string part_path, path;  // path: set once complete
   std::unique_ptr<MappedFile> file;
-  MemoryRegion region;
-  Transport* transport = nullptr;
+  // The mapping registered once with each transport of the node (a child
+  // reads it through whichever its link runs on; the payload itself is
+  // never copied for that). Deregistered before the file is unmapped.
+  struct Registration {
+    Transport* transport = nullptr;
+    MemoryRegion region;
+  };
+  std::vector<Registration> regions;
   std::vector<Sha256Hash> hashes;
   bool hashes_ok = false;
   std::vector<uint8_t> verified;
@@ -42,8 +48,16 @@ struct Object {
   std::span<const uint8_t> Chunk(uint32_t i) const {
     return {file->data() + Offset(i), static_cast<size_t>(Length(i))};
   }
+  // The region on `t` (registered with every transport of the node before
+  // the object is used).
+  const MemoryRegion& RegionOn(const Transport* t) const {
+    for (const auto& r : regions)
+      if (r.transport == t) return r.region;
+    return regions.front().region;  // unreachable: RegisterEverywhere covers every link's
+  }
   ~Object() {
-    if (transport && region.handle) transport->DeregisterMemory(region).IgnoreError();
+    for (auto& r : regions)
+      if (r.region.handle) r.transport->DeregisterMemory(r.region).IgnoreError();
   }
 };
 
@@ -66,6 +80,7 @@ struct ToChild {
 struct Link {
   uint64_t id = 0;
   bool parent = false;
+  Transport* transport = nullptr;  // the one conn runs on
   std::shared_ptr<Connection> conn;
   bool subscribed = false;
   uint64_t next_window_base = 1;
@@ -89,7 +104,8 @@ struct RelayNode::Impl {
     }
   }
 
-  Transport& transport;
+  Transport& transport;                          // the first: parents dialled by default
+  std::vector<Transport*> transports{&transport};  // every one a link may run on (mu)
   Env& env;
   const std::string dir;
   const ManifestVerifier& verifier;
@@ -113,6 +129,11 @@ struct RelayNode::Impl {
   void Log(const std::string& line) const {
     if (log) log(line);
   }
+  bool Has(const Transport* t) const {
+    return std::find(transports.begin(), transports.end(), t) != transports.end();
+  }
+  // Registers obj's mapping with every transport of the node.
+  Status RegisterEverywhere(Object& obj);
 
   static ConnectionHandlers Handlers(const std::shared_ptr<Inbox>& inbox, uint64_t id) {
     ConnectionHandlers h;
