@@ -66,6 +66,10 @@ Status AgentImpl::Init() {
   TERN_REQUIRE(opt_.transport != nullptr, kInvalidArgument, "agent: no transport");
   TERN_REQUIRE(!opt_.data_dir.empty(), kInvalidArgument, "agent: --data DIR is required");
   TERN_REQUIRE(!opt_.listen.empty(), kInvalidArgument, "agent: --listen HOST:PORT is required");
+  TERN_REQUIRE(!opt_.intra_transport || !opt_.listen_intra.empty(), kInvalidArgument,
+               "agent: an intra-cluster transport needs --listen-intra HOST:PORT");
+  TERN_REQUIRE(!opt_.intra_transport || opt_.intra_transport != opt_.transport, kInvalidArgument,
+               "agent: the intra-cluster transport must be another instance than the main one");
   TERN_REQUIRE(opt_.root || !opt_.join.empty(), kInvalidArgument,
                "agent: a member needs --join HOST:PORT (or --root)");
   TERN_REQUIRE(opt_.heartbeat_ms > 0 && opt_.dead_after_ms > opt_.heartbeat_ms, kInvalidArgument,
@@ -95,6 +99,8 @@ Status AgentImpl::Init() {
   work_thread_ = std::thread([this] { WorkLoop(); });
   tick_thread_ = std::thread([this] { TickLoop(); });
   Log(std::string(opt_.root ? "root" : "member") + " listening on " + listen_address_ +
+      (intra_address_.empty() ? "" : " and, inside cluster '" + opt_.cluster + "', on " + intra_address_ + " (" +
+                                         opt_.intra_transport->name() + ")") +
       (admin_address_.empty() ? "" : ", admin on http://" + admin_address_) + ", serving version " +
       std::to_string(store_->version()));
   return Status::Ok();
@@ -103,7 +109,7 @@ Status AgentImpl::Init() {
 // One port for both planes: the first message of a connection says which
 // one it speaks (control types 0x01-0x3F, data 0x40-0x7F); anything else is
 // refused and the connection closed.
-ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
+ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport* via) {
   struct State {
     std::mutex mu;
     // kProbe: a connection that opened with PING (a member measuring its
@@ -120,7 +126,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
   st->hold = conn;
   std::weak_ptr<Connection> weak = conn;
   ConnectionHandlers h;
-  h.on_message = [this, st, weak, gate = gate_](std::string payload) {
+  h.on_message = [this, st, weak, via, gate = gate_](std::string payload) {
     std::shared_lock<std::shared_mutex> open(gate->mu);
     if (!gate->open) return;
     auto conn = weak.lock();
@@ -130,7 +136,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
       const uint8_t type = payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);
       if (type == static_cast<uint8_t>(ControlType::kPing)) {
         st->mode = State::kProbe;
-      } else if (type >= 0x01 && type <= 0x3F && opt_.root) {
+      } else if (type >= 0x01 && type <= 0x3F && opt_.root && via == opt_.transport) {
         st->mode = State::kControl;
       } else if (type >= 0x40 && type <= 0x7F) {
         RelayNode* relay = nullptr;
@@ -139,7 +145,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
           relay = relay_.get();
         }
         if (relay) {
-          st->data = relay->ChildAcceptor()(conn);
+          st->data = relay->ChildAcceptor(via)(conn);
           st->mode = State::kData;
         } else {
           st->mode = State::kRefused;
@@ -214,11 +220,31 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn) {
 }
 
 Status AgentImpl::StartListener() {
-  auto listener = opt_.transport->Listen(
-      opt_.listen, [this](std::shared_ptr<Connection> conn) { return Accept(std::move(conn)); });
+  Transport* primary = opt_.transport;
+  auto listener = primary->Listen(
+      opt_.listen, [this, primary](std::shared_ptr<Connection> conn) { return Accept(std::move(conn), primary); });
   if (!listener.ok()) return listener.status().WithContext("agent: listen on " + opt_.listen);
   listener_ = std::move(listener).value();
   listen_address_ = listener_->address();
+  if (Transport* intra = opt_.intra_transport) {
+    // Data and probes only: control stays on the main listener.
+    auto l = intra->Listen(opt_.listen_intra,
+                           [this, intra](std::shared_ptr<Connection> conn) { return Accept(std::move(conn), intra); });
+    if (!l.ok()) return l.status().WithContext("agent: listen on " + opt_.listen_intra + " (" + intra->name() + ")");
+    intra_listener_ = std::move(l).value();
+    intra_address_ = intra_listener_->address();
+  }
+  return Status::Ok();
+}
+
+Status AgentImpl::MakeRelay(const BoardId& board, RelayCallbacks callbacks) {
+  RelayOptions ro;
+  ro.member_id = id_;
+  ro.join_token = opt_.join_token;  // presented to parents, required of children
+  auto relay = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board, log_, ro,
+                                           std::move(callbacks));
+  if (opt_.intra_transport) TERN_RETURN_IF_ERROR(relay->AddTransport(*opt_.intra_transport));
+  relay_ = std::move(relay);
   return Status::Ok();
 }
 
@@ -298,11 +324,13 @@ void AgentImpl::Stop() {
   if (tick_thread_.joinable()) tick_thread_.join();
   admin_.reset();
   if (listener_) listener_->Close();
+  if (intra_listener_) intra_listener_->Close();
   if (root_conn) root_conn->Close();
   for (auto& c : conns) c->Close();
   fetch_server_.reset();
   relay_.reset();
   listener_.reset();
+  intra_listener_.reset();
   // Hand leadership over at once (revokes the lease) rather than after it
   // lapses.
   election_.reset();

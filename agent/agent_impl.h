@@ -81,7 +81,12 @@ class AgentImpl final : public Agent {
 
   // ---- agent.cc ----
   Status StartListener();
-  ConnectionHandlers Accept(std::shared_ptr<Connection> conn);
+  // `via`: the transport whose listener accepted conn (data links remember
+  // it: the relay sends a child's chunks through the transport it came on).
+  ConnectionHandlers Accept(std::shared_ptr<Connection> conn, Transport* via);
+  // The relay, with the intra transport added when there is one. Under mu_
+  // for a member (Accept reads relay_ under it).
+  Status MakeRelay(const BoardId& board, RelayCallbacks callbacks);
   void Post(std::function<void()> work);  // onto the work thread
   void WorkLoop();
   void TickLoop();
@@ -119,6 +124,10 @@ class AgentImpl final : public Agent {
                     uint64_t nonce);
   void MemberWatchParentsLocked(Outbox& out);
   double RoundTripOf(uint64_t nonce) const;
+  // The transport a parent edge is dialled with (PARENTS says which).
+  Transport* TransportOf(const ParentRef& p) const {
+    return p.intra && opt_.intra_transport ? opt_.intra_transport : opt_.transport;
+  }
 
   const std::shared_ptr<HandlerGate> gate_ = std::make_shared<HandlerGate>();
   const AgentOptions opt_;
@@ -136,6 +145,8 @@ class AgentImpl final : public Agent {
   std::unique_ptr<RelayNode> relay_;
   std::unique_ptr<Listener> listener_;
   std::string listen_address_;
+  std::unique_ptr<Listener> intra_listener_;  // with opt_.intra_transport
+  std::string intra_address_;
   std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<AdminServer> admin_;
   std::string admin_address_;

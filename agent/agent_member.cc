@@ -96,11 +96,7 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     // re-plans when the parent is gone for good).
     redial_parents_ = true;
   };
-  RelayOptions ro;
-  ro.member_id = id_;
-  ro.join_token = opt_.join_token;  // presented to parents, required of children
-  relay_ = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board, log_, ro,
-                                       std::move(cb));
+  TERN_RETURN_IF_ERROR(MakeRelay(board, std::move(cb)));
   return relay_.get();
 }
 
@@ -162,6 +158,7 @@ void AgentImpl::MemberDial() {
         hello.member.cluster = opt_.cluster;
         hello.member.island = opt_.island;
         hello.member.data_address = listen_address_;
+        hello.member.intra_address = intra_address_;
         hello.member.may_relay = opt_.may_relay;
         hello.member.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
         hello.member.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
@@ -578,7 +575,7 @@ void AgentImpl::MemberTick() {
   if (!note.empty()) Log(note);
   if (prepare_spare) Post([this] { MemberPrepareSpare(); });
   MemberProbeParents();
-  for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address);
+  for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address, TransportOf(p));
 }
 
 }  // namespace tern::agent

@@ -3,6 +3,7 @@
 // each parent's progress that reports a stalled or bad parent to the root
 // (PARENT_REPORT), which plans around it.
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -36,14 +37,14 @@ void AgentImpl::MemberOnPong(const std::string& address, const std::shared_ptr<C
 // One probe connection per parent address (stripes may share a parent);
 // each tick sends a PING on it. Probes of former parents are closed.
 void AgentImpl::MemberProbeParents() {
-  std::vector<std::string> dial;
+  std::vector<std::pair<std::string, Transport*>> dial;  // a probe takes its edge's transport
   std::vector<std::shared_ptr<Connection>> close;
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
-    std::set<std::string> want;
-    for (const auto& p : parents_.parents) want.insert(p.data_address);
+    std::map<std::string, Transport*> want;
+    for (const auto& p : parents_.parents) want[p.data_address] = TransportOf(p);
     for (auto it = probes_.begin(); it != probes_.end();) {
       if (want.count(it->first)) {
         ++it;
@@ -53,19 +54,21 @@ void AgentImpl::MemberProbeParents() {
       it = probes_.erase(it);
     }
     const uint64_t now = clock_.NowUs();
-    for (const auto& address : want) {
+    for (const auto& [address, transport] : want) {
       ParentProbe& p = probes_[address];
       if (p.conn) {
         Send(out, p.conn, Ping{now});
       } else if (!p.dialing && now >= p.next_dial_us) {
         p.dialing = true;
-        dial.push_back(address);
+        dial.emplace_back(address, transport);
       }
     }
   }
   Flush(out);
   for (auto& c : close) c->Close();
-  for (const auto& address : dial) {
+  for (const auto& d : dial) {
+    const std::string address = d.first;
+    Transport* transport = d.second;
     auto self = std::make_shared<std::weak_ptr<Connection>>();
     ConnectionHandlers h;
     h.on_message = [this, address, self, gate = gate_](std::string payload) {
@@ -92,7 +95,7 @@ void AgentImpl::MemberProbeParents() {
         it->second.next_dial_us = clock_.NowUs() + kProbeRedialUs;
       }
     };
-    opt_.transport->Connect(
+    transport->Connect(
         address, std::move(h),
         [this, address, self, gate = gate_](Result<std::shared_ptr<Connection>> r) {
           std::shared_lock<std::shared_mutex> open(gate->mu);

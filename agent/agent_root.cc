@@ -85,6 +85,7 @@ Status AgentImpl::InitRoot() {
   root_info.cluster = opt_.cluster;
   root_info.island = opt_.island;
   root_info.data_address = listen_address_;
+  root_info.intra_address = intra_address_;
   root_info.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
   root_info.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
   topology::PlanOptions plan;
@@ -93,9 +94,10 @@ Status AgentImpl::InitRoot() {
   plan.stripes = opt_.stripes;
   membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000);
 
-  relay_ = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_,
-                                       board_->id(), log_, RelayOptions{.member_id = id_, .join_token = opt_.join_token},
-                                       RelayCallbacks{});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TERN_RETURN_IF_ERROR(MakeRelay(board_->id(), RelayCallbacks{}));
+  }
   // Re-offer what the board holds, so a restarted root feeds its trees again.
   for (uint64_t v : board_->Versions()) {
     for (const auto& signed_manifest : board_->SignedManifests(v)) {

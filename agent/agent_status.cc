@@ -21,6 +21,7 @@ AgentSnapshot AgentImpl::Snapshot() const {
   s.root = opt_.root;
   s.id = id_;
   s.listen_address = listen_address_;
+  s.intra_address = intra_address_;
   s.admin_address = admin_address_;
   std::lock_guard<std::mutex> lock(mu_);
   s.served_version = store_version_;
@@ -71,6 +72,7 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
   j["role"] = s.root ? "root" : "member";
   j["id"] = s.id;
   j["listen"] = s.listen_address;
+  if (!s.intra_address.empty()) j["listen_intra"] = s.intra_address;
   j["head"] = s.head;
   j["served_version"] = s.served_version;
   j["joined"] = s.joined;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tern/log.h"
 #include "tern/status.h"
 #include "tern/transport.h"
 #include "tern/transport_options.h"
@@ -42,5 +43,15 @@ Result<TcpOptions> TransportOptions(const TransportArgs& t);
 // The transport --transport names, from the registry (TLS on turns "tcp"
 // into "tcp+tls").
 Result<std::unique_ptr<Transport>> MakeTransport(const TransportArgs& f, TcpOptions o);
+// tern-agent --transport-intra NAME: the transport for edges inside the
+// agent's cluster. "tcp" is plain TCP (a cluster's private network; "tcp+tls"
+// keeps the main TLS files), "verbs" and "ucx" RDMA (--verbs-device). A
+// backend this machine cannot run (kUnavailable: no device, built without
+// it) is no error: `log` gets one line saying so and the result is null, so
+// the agent keeps `fallback` (the main transport's name) for those edges.
+// Other errors (an unknown name, bad options) are returned.
+Result<std::unique_ptr<Transport>> MakeIntraTransport(const std::string& name, const TransportArgs& f,
+                                                      TcpOptions o, const std::string& fallback,
+                                                      const LogFn& log);
 
 }  // namespace tern::cli

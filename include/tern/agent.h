@@ -113,6 +113,15 @@ struct AgentOptions {
 
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
+  // Optional: the transport for data edges inside this agent's cluster
+  // (same region, same non-empty cluster; RDMA there, say, and `transport`
+  // — TCP with TLS — for every other edge and for control). The agent
+  // listens with it on `listen_intra` too and names that address in HELLO;
+  // the root then gives each edge whose two ends both have one the
+  // parent's intra address (docs/agent.md §5). Every agent of a cluster
+  // must use the same kind. Null: every edge uses `transport`.
+  Transport* intra_transport = nullptr;
+  std::string listen_intra;  // required with intra_transport; port 0 picks one
   Env* env = nullptr;              // nullptr: DefaultEnv()
   LogFn log;                       // nullptr: stderr
   uint32_t threads = 0;            // apply/diff threads; 0: hardware
@@ -149,6 +158,7 @@ struct AgentSnapshot {
   bool root = false;
   std::string id;
   std::string listen_address;  // the bound address
+  std::string intra_address;   // the intra transport's bound address (empty: none)
   std::string admin_address;   // the bound admin address (empty: none)
   uint64_t head = 0;           // root: HEAD; member: the newest it knows
   uint64_t served_version = 0;
