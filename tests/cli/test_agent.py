@@ -63,6 +63,7 @@ class Agent:
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=dict(os.environ, **(env or {})))
         line = self.proc.stdout.readline()
+        self.startup_line = line
         m = re.search(r"listening on (\S+?)(,|$)", line)
         if not m:
             self.proc.kill()
@@ -215,6 +216,46 @@ class AgentCli(unittest.TestCase):
             if metrics.returncode == 0:
                 self.assertIn('tern_agent_member_version{member="eu-1",region="eu"} 4', metrics.stdout)
                 self.assertIn('tern_agent_member_rtt_to_root_seconds{member="eu-1",region="eu"}', metrics.stdout)
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
+    def test_intra_cluster_transport_and_the_fallback_for_a_missing_backend(self):
+        """--transport-intra: a member whose backend works (plain tcp) gets its
+        edge inside the cluster over it; one asking for verbs on a machine
+        without an RDMA device says so in one log line and uses the main
+        transport for every edge. Both serve the version bit for bit."""
+        probe = subprocess.run([TERN, "transports"], capture_output=True, text=True, timeout=60)
+        if re.search(r"^\s*verbs\s+(yes|available)", probe.stdout, re.M):
+            self.skipTest("this machine has an RDMA device: verbs would not fall back")
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        intra = ["--cluster", "c0", "--transport-intra", "tcp", "--listen-intra", "127.0.0.1:0"]
+        root = Agent(self.tmp, "ic-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                           "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok + intra)
+        agents = [root]
+        try:
+            common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
+                      "--region", "us"] + tok
+            tcp = Agent(self.tmp, "ic-tcp", common + intra)
+            agents.append(tcp)
+            verbs = Agent(self.tmp, "ic-verbs", common + ["--cluster", "c0", "--transport-intra", "verbs",
+                                                          "--listen-intra", "127.0.0.1:0"])
+            agents.append(verbs)
+            wait_for(lambda: len(self.served(root)) == 2, 30, "two members joined")
+            self.assertIn("intra-cluster on 127.0.0.1:", tcp.startup_line)
+            self.assertNotIn("intra-cluster on", verbs.startup_line)
+            r = self.publish(root, self.step(0), 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 1 for x in self.served(root).values()), 60, "version 1 served")
+            for m in (tcp, verbs):
+                self.assertTrue(self.same_bytes(m.dir, self.step(0)), m.log.name)
+            with open(verbs.log.name) as f:
+                lines = [l for l in f if "intra-cluster transport verbs is not available here" in l]
+            self.assertEqual(len(lines), 1, lines)
+            self.assertIn("edges inside the cluster use", lines[0])
+            with open(tcp.log.name) as f:
+                self.assertNotIn("is not available here", f.read())
         finally:
             for a in reversed(agents):
                 if a.proc.poll() is None:
