@@ -330,6 +330,70 @@ TEST_F(RelayTest, OneObjectParentToChild) {
   EXPECT_EQ(child->Failures(), 0u);
 }
 
+// A transport that counts the memory registered with it (a node on two
+// transports registers each object once with each).
+class RegisterCounting final : public Transport {
+ public:
+  explicit RegisterCounting(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  uint32_t capabilities() const override { return inner_->capabilities(); }
+  Result<MemoryRegion> RegisterMemory(void* base, uint64_t size, MemoryKind kind) override {
+    ++registered;
+    return inner_->RegisterMemory(base, size, kind);
+  }
+  Status DeregisterMemory(const MemoryRegion& region) override { return inner_->DeregisterMemory(region); }
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address, AcceptHandler on_accept) override {
+    return inner_->Listen(address, std::move(on_accept));
+  }
+  void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override {
+    inner_->Connect(address, std::move(handlers), std::move(done));
+  }
+  std::atomic<int> registered{0};
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
+// A node on two transports (two loopback networks: neither reaches the
+// other's listeners) serves and receives through each: root -> mid over
+// the "LAN", mid -> a child on the LAN and a child on the main network,
+// from one mapping per object registered with both transports.
+TEST_F(RelayTest, NodeOnTwoTransportsServesChildrenOnEach) {
+  LoopbackNetwork lan;
+  RegisterCounting root_lan(NewLoopbackTransport(lan)), mid_lan(NewLoopbackTransport(lan)),
+      stranger(NewLoopbackTransport(lan));
+  auto root = MakeNode("root");
+  ASSERT_TRUE(root->relay->AddTransport(root_lan).ok());
+  EXPECT_EQ(root->relay->AddTransport(root_lan).code(), Code::kAlreadyExists);
+  auto root_listener = root_lan.Listen("root@lan", root->relay->ChildAcceptor(&root_lan));
+  ASSERT_TRUE(root_listener.ok());
+  const TestObject o = Publish(*root);
+  EXPECT_EQ(root_lan.registered.load(), 1);
+
+  auto mid = MakeNode("mid");
+  ASSERT_TRUE(mid->relay->AddTransport(mid_lan).ok());
+  auto mid_listener = mid_lan.Listen("mid@lan", mid->relay->ChildAcceptor(&mid_lan));
+  ASSERT_TRUE(mid_listener.ok());
+  mid->relay->SetParent(0, 1, "root@lan", &mid_lan);
+  auto on_main = MakeNode("on-main");
+  on_main->relay->SetParent(0, 1, "mid");
+  Node on_lan(NewLoopbackTransport(lan), env_, verifier_, board_, "on-lan", base_, "on-lan@lan");
+  on_lan.relay->SetParent(0, 1, "mid@lan");
+  ASSERT_TRUE(WaitFor([&] { return mid->Complete() && on_main->Complete() && on_lan.Complete(); }));
+  EXPECT_EQ(Stored("mid", o), o.data);
+  EXPECT_EQ(Stored("on-main", o), o.data);
+  EXPECT_EQ(Stored("on-lan", o), o.data);
+  EXPECT_EQ(mid_lan.registered.load(), 1);  // the received object, once
+  EXPECT_EQ(mid->Failures(), 0u);
+
+  // Once links exist no transport is added; a parent on a transport the
+  // node does not have fails its stripe.
+  EXPECT_EQ(mid->relay->AddTransport(stranger).code(), Code::kInvalidArgument);
+  on_main->relay->SetParent(0, 1, "mid@lan", &stranger);
+  ASSERT_TRUE(WaitFor([&] { return on_main->Failures() > 0; }));
+  EXPECT_EQ(on_main->LastFailure().code(), Code::kInvalidArgument);
+}
+
 // A parent with a join token serves only children that present it: one
 // without it (or with another) gets nothing and its link is closed.
 TEST_F(RelayTest, ChildWithoutTheJoinTokenGetsNothing) {
