@@ -99,8 +99,9 @@ Status AgentImpl::Init() {
   work_thread_ = std::thread([this] { WorkLoop(); });
   tick_thread_ = std::thread([this] { TickLoop(); });
   Log(std::string(opt_.root ? "root" : "member") + " listening on " + listen_address_ +
-      (intra_address_.empty() ? "" : " and, inside cluster '" + opt_.cluster + "', on " + intra_address_ + " (" +
-                                         opt_.intra_transport->name() + ")") +
+      (intra_address_.empty() ? ""
+                              : " and, inside cluster '" + opt_.cluster + "', on " +
+                                    intra_address_ + " (" + opt_.intra_transport->name() + ")") +
       (admin_address_.empty() ? "" : ", admin on http://" + admin_address_) + ", serving version " +
       std::to_string(store_->version()));
   return Status::Ok();
@@ -221,16 +222,20 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
 
 Status AgentImpl::StartListener() {
   Transport* primary = opt_.transport;
-  auto listener = primary->Listen(
-      opt_.listen, [this, primary](std::shared_ptr<Connection> conn) { return Accept(std::move(conn), primary); });
+  auto listener = primary->Listen(opt_.listen, [this, primary](std::shared_ptr<Connection> conn) {
+    return Accept(std::move(conn), primary);
+  });
   if (!listener.ok()) return listener.status().WithContext("agent: listen on " + opt_.listen);
   listener_ = std::move(listener).value();
   listen_address_ = listener_->address();
   if (Transport* intra = opt_.intra_transport) {
     // Data and probes only: control stays on the main listener.
-    auto l = intra->Listen(opt_.listen_intra,
-                           [this, intra](std::shared_ptr<Connection> conn) { return Accept(std::move(conn), intra); });
-    if (!l.ok()) return l.status().WithContext("agent: listen on " + opt_.listen_intra + " (" + intra->name() + ")");
+    auto l = intra->Listen(opt_.listen_intra, [this, intra](std::shared_ptr<Connection> conn) {
+      return Accept(std::move(conn), intra);
+    });
+    if (!l.ok())
+      return l.status().WithContext("agent: listen on " + opt_.listen_intra + " (" + intra->name() +
+                                    ")");
     intra_listener_ = std::move(l).value();
     intra_address_ = intra_listener_->address();
   }
@@ -241,8 +246,8 @@ Status AgentImpl::MakeRelay(const BoardId& board, RelayCallbacks callbacks) {
   RelayOptions ro;
   ro.member_id = id_;
   ro.join_token = opt_.join_token;  // presented to parents, required of children
-  auto relay = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board, log_, ro,
-                                           std::move(callbacks));
+  auto relay = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board,
+                                           log_, ro, std::move(callbacks));
   if (opt_.intra_transport) TERN_RETURN_IF_ERROR(relay->AddTransport(*opt_.intra_transport));
   relay_ = std::move(relay);
   return Status::Ok();

@@ -49,7 +49,8 @@ std::string FirstDifference(const std::string& a_path, const std::string& b_path
   for (size_t i = 0; i < va.tensors.size(); ++i) {
     const auto& ta = va.tensors[i];
     const auto& tb = vb.tensors[i];
-    if (!ta.desc->SameLayout(*tb.desc) || ta.desc->name != tb.desc->name) return "layout of " + ta.desc->name;
+    if (!ta.desc->SameLayout(*tb.desc) || ta.desc->name != tb.desc->name)
+      return "layout of " + ta.desc->name;
     if (std::memcmp(ta.data, tb.data, ta.desc->bytes()) != 0) return "bytes of " + ta.desc->name;
   }
   return "";
@@ -64,16 +65,20 @@ class CountingTransport final : public Transport {
   Result<MemoryRegion> RegisterMemory(void* base, uint64_t size, MemoryKind kind) override {
     return inner_->RegisterMemory(base, size, kind);
   }
-  Status DeregisterMemory(const MemoryRegion& region) override { return inner_->DeregisterMemory(region); }
-  Result<std::unique_ptr<Listener>> Listen(const std::string& address, AcceptHandler on_accept) override {
+  Status DeregisterMemory(const MemoryRegion& region) override {
+    return inner_->DeregisterMemory(region);
+  }
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address,
+                                           AcceptHandler on_accept) override {
     return inner_->Listen(address, std::move(on_accept));
   }
   void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override {
     auto ok = ok_;
-    inner_->Connect(address, std::move(handlers), [ok, done = std::move(done)](Result<std::shared_ptr<Connection>> r) {
-      if (r.ok()) ++*ok;
-      done(std::move(r));
-    });
+    inner_->Connect(address, std::move(handlers),
+                    [ok, done = std::move(done)](Result<std::shared_ptr<Connection>> r) {
+                      if (r.ok()) ++*ok;
+                      done(std::move(r));
+                    });
   }
   uint64_t connected() const { return ok_->load(); }
 
@@ -132,7 +137,8 @@ class AgentEdgeTest : public ::testing::Test {
     main_[name] = std::make_unique<CountingTransport>(NewLoopbackTransport(wan_));
     o.transport = main_[name].get();
     if (place.intra) {
-      intra_[name] = std::make_unique<CountingTransport>(NewLoopbackTransport(lans_[place.region + "/" + place.cluster]));
+      intra_[name] = std::make_unique<CountingTransport>(
+          NewLoopbackTransport(lans_[place.region + "/" + place.cluster]));
       o.intra_transport = intra_[name].get();
       o.listen_intra = name + "@lan";  // exists on its cluster's LAN only
     }
@@ -174,10 +180,17 @@ class AgentEdgeTest : public ::testing::Test {
 TEST_F(AgentEdgeTest, EdgesInsideAClusterUseTheIntraTransportAndTheRestTheMainOne) {
   ASSERT_TRUE(Start("root", {"us", "c0"}).ok());
   std::map<std::string, Place> members = {
-      {"a0", {"us", "c0"}}, {"a1", {"us", "c0"}}, {"a2", {"us", "c0"}},
-      {"b0", {"us", "c1"}}, {"b1", {"us", "c1"}}, {"b2", {"us", "c1"}},
-      {"b3", {"us", "c1", /*intra=*/false}},  // a member of c1 without one: main transport both ways
-      {"e0", {"eu", "c1"}}, {"e1", {"eu", "c1"}}, {"e2", {"eu", "c1"}},  // "c1" again, another region
+      {"a0", {"us", "c0"}},
+      {"a1", {"us", "c0"}},
+      {"a2", {"us", "c0"}},
+      {"b0", {"us", "c1"}},
+      {"b1", {"us", "c1"}},
+      {"b2", {"us", "c1"}},
+      {"b3",
+       {"us", "c1", /*intra=*/false}},  // a member of c1 without one: main transport both ways
+      {"e0", {"eu", "c1"}},
+      {"e1", {"eu", "c1"}},
+      {"e2", {"eu", "c1"}},  // "c1" again, another region
   };
   for (const auto& [name, place] : members) ASSERT_TRUE(Start(name, place).ok()) << name;
   ASSERT_TRUE(WaitFor([&] { return root().Snapshot().members.size() == members.size(); }, 30));
@@ -189,7 +202,8 @@ TEST_F(AgentEdgeTest, EdgesInsideAClusterUseTheIntraTransportAndTheRestTheMainOn
   for (uint64_t v = 1; v <= 3; ++v) {
     steps[v] = NextStep();
     ASSERT_TRUE(root().Publish(steps[v], v).ok());
-    ASSERT_TRUE(WaitFor([&] { return Lagging(v).empty(); }, 60)) << "version " << v << " not served by: " << Lagging(v);
+    ASSERT_TRUE(WaitFor([&] { return Lagging(v).empty(); }, 60))
+        << "version " << v << " not served by: " << Lagging(v);
     for (auto& [id, a] : agents_) {
       if (id == "root") continue;
       EXPECT_EQ(FirstDifference((dir_ / id / "current").string(), steps[v]), "") << id;
@@ -205,7 +219,8 @@ TEST_F(AgentEdgeTest, EdgesInsideAClusterUseTheIntraTransportAndTheRestTheMainOn
   for (const auto& m : s.members) {
     const Place& child = places_[m.id];
     const Place& parent = places_[m.parent];
-    const bool intra = child.intra && parent.intra && child.region == parent.region && child.cluster == parent.cluster;
+    const bool intra = child.intra && parent.intra && child.region == parent.region &&
+                       child.cluster == parent.cluster;
     (intra ? intra_edges : main_edges)++;
     if (child.intra) {
       EXPECT_EQ(intra_[m.id]->connected() > 0, intra) << m.id << " under " << m.parent;

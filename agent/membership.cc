@@ -146,7 +146,8 @@ Result<Parents> Membership::ParentsOf(const std::string& id) const {
     // The edge's transport: the intra-cluster one when the edge stays in
     // one cluster and both ends have it, else the one every agent has.
     ref.intra = !child.intra_address.empty() && !parent->intra_address.empty() &&
-                topology::Classify(ToTopologyMember(*parent), ToTopologyMember(child)) == topology::Link::kSameCluster;
+                topology::Classify(ToTopologyMember(*parent), ToTopologyMember(child)) ==
+                    topology::Link::kSameCluster;
     ref.data_address = ref.intra ? parent->intra_address : parent->data_address;
     out.parents.push_back(std::move(ref));
   }

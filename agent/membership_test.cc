@@ -45,13 +45,14 @@ TEST(Membership, IntraClusterEdgesGetTheParentsIntraAddress) {
   ASSERT_TRUE(m.Join(in("b", "us", "c0", false), 0, 0, &notify).ok());  // no intra transport
   ASSERT_TRUE(m.Join(in("c", "us", "c1", true), 0, 0, &notify).ok());   // another cluster
   ASSERT_TRUE(m.Join(in("d", "us", "c1", true), 0, 0, &notify).ok());
-  ASSERT_TRUE(m.Join(in("e", "eu", "c1", true), 0, 0, &notify).ok());   // same name, other region
+  ASSERT_TRUE(m.Join(in("e", "eu", "c1", true), 0, 0, &notify).ok());  // same name, other region
   for (const std::string id : {"a", "b", "c", "d", "e"}) {
     auto p = m.ParentsOf(id);
     ASSERT_TRUE(p.ok()) << id;
     const std::string parent = p->parents[0].id;
     const auto& members = m.members();
-    const MemberInfo& pi = parent == "root" ? in("root", "us", "c0", true) : members.at(parent).info;
+    const MemberInfo& pi =
+        parent == "root" ? in("root", "us", "c0", true) : members.at(parent).info;
     const MemberInfo& ci = members.at(id).info;
     const bool want_intra = !pi.intra_address.empty() && !ci.intra_address.empty() &&
                             pi.region == ci.region && pi.cluster == ci.cluster;
@@ -61,7 +62,8 @@ TEST(Membership, IntraClusterEdgesGetTheParentsIntraAddress) {
   }
   // The cases above must include both kinds of edge.
   int intra = 0, other = 0;
-  for (const std::string id : {"a", "b", "c", "d", "e"}) (m.ParentsOf(id)->parents[0].intra ? intra : other)++;
+  for (const std::string id : {"a", "b", "c", "d", "e"})
+    (m.ParentsOf(id)->parents[0].intra ? intra : other)++;
   EXPECT_GT(intra, 0);
   EXPECT_GT(other, 0);
 }

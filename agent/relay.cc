@@ -49,7 +49,8 @@ void RelayNode::Impl::Handle(Event& e) {
       }
       Transport* via = e.via ? e.via : &transport;
       if (!Has(via)) {
-        Log("relay: refused child " + e.conn->peer_address() + ": accepted on a transport not added");
+        Log("relay: refused child " + e.conn->peer_address() +
+            ": accepted on a transport not added");
         e.conn->Close();
         return;
       }
@@ -86,17 +87,17 @@ void RelayNode::Impl::Handle(Event& e) {
       links[id] = std::move(link);
       parent_of[e.stripe] = id;
       via->Connect(e.payload, Handlers(inbox, id),
-                        [in = inbox, id](Result<std::shared_ptr<Connection>> r) {
-                          Event c;
-                          c.kind = Event::kConnected;
-                          c.link = id;
-                          if (r.ok()) {
-                            c.conn = std::move(*r);
-                          } else {
-                            c.status = r.status();
-                          }
-                          in->Push(std::move(c));
-                        });
+                   [in = inbox, id](Result<std::shared_ptr<Connection>> r) {
+                     Event c;
+                     c.kind = Event::kConnected;
+                     c.link = id;
+                     if (r.ok()) {
+                       c.conn = std::move(*r);
+                     } else {
+                       c.status = r.status();
+                     }
+                     in->Push(std::move(c));
+                   });
       return;
     }
     case Event::kConnected: {

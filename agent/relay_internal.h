@@ -104,7 +104,7 @@ struct RelayNode::Impl {
     }
   }
 
-  Transport& transport;                          // the first: parents dialled by default
+  Transport& transport;                            // the first: parents dialled by default
   std::vector<Transport*> transports{&transport};  // every one a link may run on (mu)
   Env& env;
   const std::string dir;

@@ -341,8 +341,11 @@ class RegisterCounting final : public Transport {
     ++registered;
     return inner_->RegisterMemory(base, size, kind);
   }
-  Status DeregisterMemory(const MemoryRegion& region) override { return inner_->DeregisterMemory(region); }
-  Result<std::unique_ptr<Listener>> Listen(const std::string& address, AcceptHandler on_accept) override {
+  Status DeregisterMemory(const MemoryRegion& region) override {
+    return inner_->DeregisterMemory(region);
+  }
+  Result<std::unique_ptr<Listener>> Listen(const std::string& address,
+                                           AcceptHandler on_accept) override {
     return inner_->Listen(address, std::move(on_accept));
   }
   void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override {

@@ -106,8 +106,10 @@ Status RunAgent(AgentArgs& a) {
   std::unique_ptr<Transport> intra;
   if (!a.transport_intra.empty()) {
     const LogFn log = StderrLog();
-    TERN_ASSIGN_OR_RETURN(intra, MakeIntraTransport(a.transport_intra, a.transport, a.options, transport->name(),
-                                                    [&](std::string_view line) { log("tern-agent: " + std::string(line)); }));
+    TERN_ASSIGN_OR_RETURN(intra, MakeIntraTransport(a.transport_intra, a.transport, a.options,
+                                                    transport->name(), [&](std::string_view line) {
+                                                      log("tern-agent: " + std::string(line));
+                                                    }));
     if (intra) {
       a.agent.intra_transport = intra.get();
       a.agent.listen_intra = a.listen_intra;
@@ -141,10 +143,10 @@ Status RunAgent(AgentArgs& a) {
     TERN_RETURN_IF_ERROR(WriteFileAtomic(DefaultEnv(), a.data + "/public-key.pem",
                                          {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()}, true));
   }
-  std::printf("tern-agent: %s %s listening on %s%s%s%s%s\n", a.root ? "root" : "member", s.id.c_str(),
-              s.listen_address.c_str(), s.intra_address.empty() ? "" : ", intra-cluster on ",
-              s.intra_address.c_str(), s.admin_address.empty() ? "" : ", admin http://",
-              s.admin_address.c_str());
+  std::printf("tern-agent: %s %s listening on %s%s%s%s%s\n", a.root ? "root" : "member",
+              s.id.c_str(), s.listen_address.c_str(),
+              s.intra_address.empty() ? "" : ", intra-cluster on ", s.intra_address.c_str(),
+              s.admin_address.empty() ? "" : ", admin http://", s.admin_address.c_str());
   std::fflush(stdout);
   do {
     sigwait(&stop, &sig);
@@ -243,10 +245,12 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_option("--id", a->id, "member id (default: the listen address)");
   cmd.add_option("--region", a->region, "region (planning: one WAN crossing per region)")->default_val("default");
   cmd.add_option("--cluster", a->cluster, "cluster inside the region (empty: its own)");
-  cmd.add_option("--transport-intra", a->transport_intra,
-                 "the transport for edges inside --cluster (verbs, ucx, tcp: plain; tcp+tls); one this "
-                 "machine lacks is logged and --transport used instead");
-  cmd.add_option("--listen-intra", a->listen_intra, "HOST:PORT for --transport-intra (port 0: any)");
+  cmd.add_option(
+      "--transport-intra", a->transport_intra,
+      "the transport for edges inside --cluster (verbs, ucx, tcp: plain; tcp+tls); one this "
+      "machine lacks is logged and --transport used instead");
+  cmd.add_option("--listen-intra", a->listen_intra,
+                 "HOST:PORT for --transport-intra (port 0: any)");
   cmd.add_option("--island", a->island, "island (engines sharing this copy)");
   cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
   cmd.add_option("--uplink-gbps", a->uplink_gbps, "uplink rate for planning until measured")->default_val("10");

@@ -120,19 +120,20 @@ Result<std::unique_ptr<Transport>> MakeTransport(const TransportArgs& f, TcpOpti
   return NewTransport(kind == "tcp" && tls ? "tcp+tls" : kind, options);
 }
 
-Result<std::unique_ptr<Transport>> MakeIntraTransport(const std::string& name, const TransportArgs& f,
-                                                      TcpOptions o, const std::string& fallback,
+Result<std::unique_ptr<Transport>> MakeIntraTransport(const std::string& name,
+                                                      const TransportArgs& f, TcpOptions o,
+                                                      const std::string& fallback,
                                                       const LogFn& log) {
   tern::TransportOptions options;
   if (name != "tcp+tls") o.tls.enabled = false;  // only tcp+tls carries TLS
   options.tcp = std::move(o);
-  if (f.verbs_device_flag && f.verbs_device_flag->count() > 0) options.verbs.device = f.verbs_device;
+  if (f.verbs_device_flag && f.verbs_device_flag->count() > 0)
+    options.verbs.device = f.verbs_device;
   auto t = NewTransport(name, options);
   if (t.ok() || t.status().code() != Code::kUnavailable) return t;
   log("intra-cluster transport " + name + " is not available here (" + t.status().message() +
       "); edges inside the cluster use " + fallback + " like the others");
   return std::unique_ptr<Transport>();
 }
-
 
 }  // namespace tern::cli

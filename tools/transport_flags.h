@@ -5,7 +5,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,8 +49,9 @@ Result<std::unique_ptr<Transport>> MakeTransport(const TransportArgs& f, TcpOpti
 // it) is no error: `log` gets one line saying so and the result is null, so
 // the agent keeps `fallback` (the main transport's name) for those edges.
 // Other errors (an unknown name, bad options) are returned.
-Result<std::unique_ptr<Transport>> MakeIntraTransport(const std::string& name, const TransportArgs& f,
-                                                      TcpOptions o, const std::string& fallback,
+Result<std::unique_ptr<Transport>> MakeIntraTransport(const std::string& name,
+                                                      const TransportArgs& f, TcpOptions o,
+                                                      const std::string& fallback,
                                                       const LogFn& log);
 
 }  // namespace tern::cli

@@ -121,7 +121,7 @@ struct AgentOptions {
   // parent's intra address (docs/agent.md §5). Every agent of a cluster
   // must use the same kind. Null: every edge uses `transport`.
   Transport* intra_transport = nullptr;
-  std::string listen_intra;  // required with intra_transport; port 0 picks one
+  std::string listen_intra;        // required with intra_transport; port 0 picks one
   Env* env = nullptr;              // nullptr: DefaultEnv()
   LogFn log;                       // nullptr: stderr
   uint32_t threads = 0;            // apply/diff threads; 0: hardware
