@@ -75,6 +75,7 @@ std::string EncodeSubscribe(const Subscribe& m) {
   TERN_ASSERT(m.token.size() <= kMaxTokenBytes);
   PutFixed32(&out, static_cast<uint32_t>(m.token.size()));
   out += m.token;
+  PutFixed64(&out, m.served_version);
   return out;
 }
 
@@ -94,9 +95,12 @@ Result<Subscribe> DecodeSubscribe(std::string_view in) {
   in.remove_prefix(id_bytes);
   uint32_t token_bytes = 0;
   TERN_REQUIRE(GetFixed32(&in, &token_bytes), kCorrupt, "SUBSCRIBE truncated at the token");
-  TERN_REQUIRE(token_bytes <= kMaxTokenBytes && token_bytes == in.size(), kCorrupt, "SUBSCRIBE: token of ",
-               token_bytes, " bytes with ", in.size(), " left (at most ", kMaxTokenBytes, ")");
-  m.token.assign(in);
+  TERN_REQUIRE(token_bytes <= kMaxTokenBytes && uint64_t{token_bytes} + 8 == in.size(), kCorrupt,
+               "SUBSCRIBE: token of ", token_bytes, " bytes and a served version with ", in.size(),
+               " left (token at most ", kMaxTokenBytes, ")");
+  m.token.assign(in.substr(0, token_bytes));
+  in.remove_prefix(token_bytes);
+  TERN_REQUIRE(GetFixed64(&in, &m.served_version), kCorrupt, "SUBSCRIBE truncated at the served version");
   return m;
 }
 

@@ -59,6 +59,9 @@ struct Subscribe {
   // The deployment's join token (0 .. kMaxTokenBytes): a parent configured
   // with one serves no child that does not present it.
   std::string token;
+  // The newest version the child serves (0: none). The parent offers it only
+  // objects whose target is newer: what it serves it needs no more of.
+  uint64_t served_version = 0;
 };
 struct Offer {
   uint32_t object_index = 0;    // into the manifest's objects (checked after Verify)

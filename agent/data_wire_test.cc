@@ -17,7 +17,7 @@ std::vector<std::string> Samples() {
   h.hashes.resize(3);
   for (size_t i = 0; i < h.hashes.size(); ++i) h.hashes[i].fill(static_cast<uint8_t>(i + 1));
   return {
-      EncodeSubscribe({"member-a", 1, 3, ""}),
+      EncodeSubscribe({"member-a", 1, 3, "", 9}),
       EncodeOffer({2, std::string(300, 'm')}),
       EncodeHashes(h),
       EncodeWant({kPatch34, 4097, {0, 2, 9}}),
@@ -40,10 +40,11 @@ Status DecodeAny(std::string_view in) {
 }
 
 TEST(DataWire, RoundTrips) {
-  auto t = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, "tok"}));
+  auto t = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, "tok", 0x0102030405060708}));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->member_id, "member-a");
   EXPECT_EQ(t->token, "tok");
+  EXPECT_EQ(t->served_version, 0x0102030405060708u);
   auto s = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, ""}));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s->member_id, "member-a");
@@ -98,6 +99,20 @@ TEST(DataWire, GoldenWant) {
             "02000000"
             "00000000"
             "0000000002000000");
+}
+
+// The spec's SUBSCRIBE example (docs/format/agent.md §7.3): the served
+// version is the last field, after the token.
+TEST(DataWire, GoldenSubscribe) {
+  EXPECT_EQ(Hex(EncodeSubscribe({"m1", 1, 2, "t", 7})),
+            "40000000"
+            "0100"
+            "0200"
+            "02000000"
+            "6d31"
+            "01000000"
+            "74"
+            "0700000000000000");
 }
 
 TEST(DataWire, EveryTruncationAndTrailingByteIsRefused) {

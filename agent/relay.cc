@@ -97,7 +97,8 @@ void RelayNode::Impl::Handle(Event& e) {
       if (!e.conn) return FailParent(*link, e.status);
       link->conn = std::move(e.conn);
       Subscribe s{options.member_id, static_cast<uint16_t>(link->stats.stripe),
-                  static_cast<uint16_t>(link->stats.stripes), options.join_token};
+                  static_cast<uint16_t>(link->stats.stripes), options.join_token,
+                  served_version.load()};
       Send(*link, EncodeSubscribe(s));
       return;
     }
@@ -293,6 +294,8 @@ void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address
   e.payload = std::move(address);
   impl_->inbox->Push(std::move(e));
 }
+
+void RelayNode::SetServedVersion(uint64_t version) { impl_->served_version.store(version); }
 
 void RelayNode::Forget(const ObjectRef& ref) {
   Event e;

@@ -120,6 +120,10 @@ class RelayNode {
   // replacing the previous one; chunks of this stripe still missing resume
   // from the new parent. Errors arrive through on_parent_failed.
   void SetParent(uint32_t stripe, uint32_t stripes, std::string address);
+  // The newest version this node serves, announced in the SUBSCRIBE of each
+  // later dial: a parent then offers only objects of newer versions (no
+  // re-offers of what the lead would refuse after a re-plan). 0: none.
+  void SetServedVersion(uint64_t version);
 
   // Asks the parent of `stripe` to offer `ref` again (catch-up of an older
   // object, or one on_manifest refused before); the answer is an OFFER or,

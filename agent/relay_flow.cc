@@ -129,7 +129,7 @@ void RelayNode::Impl::OnHashes(Link& link, std::string_view payload) {
 void RelayNode::Impl::OnHashListVerified(Object& obj) {
   // Children hear of the object now, before any of its data: cut-through.
   for (auto& [id, l] : links) {
-    if (!l->parent && l->subscribed) OfferTo(*l, obj);
+    if (!l->parent && l->subscribed) OfferIfNewer(*l, obj);
   }
   for (auto& [id, l] : links) {
     if (l->parent && l->from.count(obj.ref)) FillWindows(*l, obj);
@@ -261,8 +261,9 @@ void RelayNode::Impl::OnSubscribe(Link& link, std::string_view payload) {
   link.stats.peer = s->member_id;
   link.stats.stripe = s->stripe;
   link.stats.stripes = s->stripes;
+  link.served_version = s->served_version;
   for (auto& [ref, obj] : objects) {
-    if (obj->hashes_ok) OfferTo(link, *obj);
+    if (obj->hashes_ok) OfferIfNewer(link, *obj);
   }
 }
 

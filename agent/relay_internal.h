@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -68,6 +69,7 @@ struct Link {
   bool parent = false;
   std::shared_ptr<Connection> conn;
   bool subscribed = false;
+  uint64_t served_version = 0;  // child side: its SUBSCRIBE's; offered only newer objects
   uint64_t next_window_base = 1;
   uint32_t bad_chunks = 0;
   uint32_t credits = 0;  // child side: waiting + inflight over all objects
@@ -108,6 +110,7 @@ struct RelayNode::Impl {
   std::map<ObjectRef, std::shared_ptr<Object>> retired;
   std::map<uint64_t, std::unique_ptr<Link>> links;
   uint64_t parent_of[kMaxStripes] = {};
+  std::atomic<uint64_t> served_version{0};  // SetServedVersion: sent in SUBSCRIBE
   std::vector<std::function<void()>> calls;  // to the lead, made after mu is dropped
 
   void Log(const std::string& line) const {
@@ -163,6 +166,10 @@ struct RelayNode::Impl {
   void OnWant(Link& link, std::string_view payload);
   void OnFetch(Link& link, std::string_view payload);
   void OfferTo(Link& link, const Object& obj);
+  // Offers `obj` to a subscribed child unless the child serves its version.
+  void OfferIfNewer(Link& link, const Object& obj) {
+    if (obj.ref.to > link.served_version) OfferTo(link, obj);
+  }
   void SendChunkTo(Link& link, Object& obj, uint32_t i);
   void Forward(Object& obj, uint32_t i);
   void OnSent(const Event& e);

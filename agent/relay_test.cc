@@ -184,7 +184,10 @@ class ScriptedParent {
       ConnectionHandlers h;
       h.on_message = [this](std::string m) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (DataTypeOf(m) == uint8_t(DataType::kSubscribe)) subscribed_ = true;
+        if (auto sub = DecodeSubscribe(m); sub.ok()) {
+          subscribed_ = true;
+          served_ = sub->served_version;
+        }
         if (auto w = DecodeWant(m); w.ok()) {
           base_ = w->window_base;
           for (uint32_t i : w->chunks) ++wanted_[i];
@@ -206,6 +209,10 @@ class ScriptedParent {
       std::lock_guard<std::mutex> lock(mu_);
       return subscribed_;
     });
+  }
+  uint64_t served() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return served_;
   }
   void OfferAndHashes(std::string signed_manifest, bool with_hashes = true) {
     Send(EncodeOffer(agent::Offer{0, std::move(signed_manifest)}));
@@ -261,6 +268,7 @@ class ScriptedParent {
   std::mutex mu_;
   std::shared_ptr<Connection> conn_;
   bool subscribed_ = false;
+  uint64_t served_ = 0;  // the SUBSCRIBE's served version
   uint64_t base_ = 0;
   std::map<uint32_t, int> wanted_;
 };
@@ -328,6 +336,47 @@ TEST_F(RelayTest, OneObjectParentToChild) {
   EXPECT_GT(in.last_rate_in_bytes_per_s, 0);
   ASSERT_TRUE(WaitFor([&] { return root->Link("child", false).chunks_out == o.count(); }));
   EXPECT_EQ(child->Failures(), 0u);
+}
+
+// SUBSCRIBE carries the version the child serves, and a parent offers it
+// only objects of newer versions: a child that re-attaches after a re-plan
+// is not offered (and does not download) what it already serves. The child
+// here would accept version 2 if it were offered (refuse_up_to stays 0), so
+// only the parent's filter keeps it out.
+TEST_F(RelayTest, ChildServingAVersionIsOfferedOnlyNewerOnes) {
+  auto root = MakeNode("root");
+  const TestObject v2 = Publish(*root, 3 * 4096, 4096, 2);
+  const TestObject v3 = Publish(*root, 3 * 4096 + 7, 4096, 3);
+  ASSERT_TRUE(WaitFor([&] { return root->relay->Progress(v3.ref).ok(); }));
+  auto child = MakeNode("child");
+  child->relay->SetServedVersion(2);
+  child->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return child->Complete(); }));
+  EXPECT_EQ(Stored("child", v3), v3.data);
+  // OFFERs go out in ObjectRef order, so 1->2's would have come first.
+  EXPECT_FALSE(child->relay->Progress(v2.ref).ok());
+  {
+    std::lock_guard<std::mutex> lock(child->mu);
+    EXPECT_EQ(child->completed.size(), 1u);
+  }
+  // A fresh child (serves nothing) is offered both.
+  auto fresh = MakeNode("fresh");
+  fresh->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(fresh->mu);
+    return fresh->completed.size() == 2;
+  }));
+  EXPECT_EQ(Stored("fresh", v2), v2.data);
+}
+
+TEST_F(RelayTest, SubscribeCarriesTheServedVersion) {
+  const TestObject o = MakeObject(signer_, board_, 4096, 4096);
+  ScriptedParent parent(net_, "parent", o);
+  auto child = MakeNode("child");
+  child->relay->SetServedVersion(41);
+  child->relay->SetParent(0, 1, "parent");
+  ASSERT_TRUE(parent.WaitSubscribed());
+  EXPECT_EQ(parent.served(), 41u);
 }
 
 // A parent with a join token serves only children that present it: one
