@@ -66,6 +66,11 @@ struct RelayOptions {
   uint32_t max_objects = 64;
   uint32_t max_children = 64;
   uint32_t inbox_messages_max = 4096;
+  // Bytes of the standing receive window this node keeps posted on each
+  // parent link (announced in SUBSCRIBE, 0 .. kMaxPushWindowBytes; 0: none).
+  // A parent pushes a new object's first chunks of the stripe into it with
+  // the OFFER, without waiting for WANT (docs/agent/relay.md "Push").
+  uint32_t push_window_bytes = uint32_t{2} << 20;
 };
 
 struct RelayCallbacks {
