@@ -99,6 +99,7 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
   RelayOptions ro;
   ro.member_id = id_;
   ro.join_token = opt_.join_token;  // presented to parents, required of children
+  ro.push_window_bytes = opt_.push_window_bytes;
   relay_ = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board, log_, ro,
                                        std::move(cb));
   return relay_.get();
