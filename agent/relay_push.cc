@@ -120,7 +120,7 @@ void RelayNode::Impl::DrainPush(Link& link) {
   if (obj) layout = PushLayout(obj->meta, link.stats.stripe, link.stats.stripes, p.count);
   const uint64_t link_id = link.id;
   for (size_t k = 0; k < p.landed.size(); ++k) {
-    const auto [off, len] = p.landed[k];
+    const uint64_t off = p.landed[k].first, len = p.landed[k].second;  // (a lambda captures off)
     ++p.consumed;
     if (!obj) continue;
     auto at = std::find_if(layout.begin(), layout.end(), [&](const auto& e) { return e.second == off; });
