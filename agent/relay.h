@@ -10,8 +10,11 @@
 // chain up to a manifest the verifier accepts and on_manifest approves:
 //   signature -> manifest -> chunk_hashes_root -> hash list -> SHA-256 per chunk.
 // A chunk lands in a window opened for that chunk alone and the window is
-// cancelled before the chunk is hashed, so a parent cannot rewrite verified
-// bytes; a chunk is forwarded, counted or reported only after VerifyChunk.
+// cancelled before the chunk is hashed, or (pushed: a new object's first
+// chunks, sent with the OFFER without waiting for WANT) lands in the link's
+// standing push window and is copied into the object's buffer before it is
+// hashed; either way a parent cannot rewrite verified bytes. A chunk is
+// forwarded, counted or reported only after VerifyChunk.
 //
 // Errors: bad bytes from a peer (malformed message, forged or foreign
 // manifest, a hash list or chunk that fails its hash, a credit beyond the
@@ -24,8 +27,9 @@
 //
 // Bounds: objects held <= max_objects, children <= max_children, chunk
 // windows per parent link <= window_chunks, credits a child may hold at its
-// parent <= kMaxWantChunks, queued peer messages <= inbox_messages_max (a peer
-// past it is disconnected). A slow child holds only its own credits: sends
+// parent <= kMaxWantChunks (pushed chunks included), queued peer messages <=
+// inbox_messages_max (a peer past it is disconnected), one push window of
+// push_window_bytes per parent link. A slow child holds only its own credits: sends
 // to each child are independent and nothing is queued per child beyond the
 // indices it asked for.
 //
