@@ -567,6 +567,7 @@ void AgentImpl::MemberTick() {
       redial = parents_.parents;
       stripes = static_cast<uint32_t>(parents_.parents.size());
       relay = relay_.get();
+      relay->SetServedVersion(store_version_);  // in the SUBSCRIBE of these dials
       redial_parents_ = false;
     }
   }

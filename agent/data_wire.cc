@@ -75,6 +75,9 @@ std::string EncodeSubscribe(const Subscribe& m) {
   TERN_ASSERT(m.token.size() <= kMaxTokenBytes);
   PutFixed32(&out, static_cast<uint32_t>(m.token.size()));
   out += m.token;
+  PutFixed64(&out, m.served_version);
+  TERN_ASSERT(m.push_window_bytes <= kMaxPushWindowBytes);
+  PutFixed32(&out, m.push_window_bytes);
   return out;
 }
 
@@ -94,9 +97,15 @@ Result<Subscribe> DecodeSubscribe(std::string_view in) {
   in.remove_prefix(id_bytes);
   uint32_t token_bytes = 0;
   TERN_REQUIRE(GetFixed32(&in, &token_bytes), kCorrupt, "SUBSCRIBE truncated at the token");
-  TERN_REQUIRE(token_bytes <= kMaxTokenBytes && token_bytes == in.size(), kCorrupt, "SUBSCRIBE: token of ",
-               token_bytes, " bytes with ", in.size(), " left (at most ", kMaxTokenBytes, ")");
-  m.token.assign(in);
+  TERN_REQUIRE(token_bytes <= kMaxTokenBytes && uint64_t{token_bytes} + 12 == in.size(), kCorrupt,
+               "SUBSCRIBE: token of ", token_bytes, " bytes, a served version and a push window with ",
+               in.size(), " left (token at most ", kMaxTokenBytes, ")");
+  m.token.assign(in.substr(0, token_bytes));
+  in.remove_prefix(token_bytes);
+  TERN_REQUIRE(GetFixed64(&in, &m.served_version) && GetFixed32(&in, &m.push_window_bytes),
+               kCorrupt, "SUBSCRIBE truncated at the served version");
+  TERN_REQUIRE(m.push_window_bytes <= kMaxPushWindowBytes, kCorrupt, "SUBSCRIBE: push window of ",
+               m.push_window_bytes, " bytes (at most ", kMaxPushWindowBytes, ")");
   return m;
 }
 
@@ -207,6 +216,41 @@ Result<ObjectRef> DecodeFetch(std::string_view in) {
   TERN_RETURN_IF_ERROR(TakeHeader(&in, DataType::kFetch));
   TERN_ASSIGN_OR_RETURN(ObjectRef ref, TakeRef(&in));
   TERN_RETURN_IF_ERROR(RequireEnd(in, "FETCH"));
+  return ref;
+}
+
+std::string EncodePush(const Push& m) {
+  TERN_ASSERT(m.count >= 1 && m.count <= kMaxWantChunks);
+  std::string out = Header(DataType::kPush);
+  PutRef(&out, m.object);
+  PutFixed32(&out, m.count);
+  PutFixed32(&out, 0);
+  return out;
+}
+
+Result<Push> DecodePush(std::string_view in) {
+  TERN_RETURN_IF_ERROR(TakeHeader(&in, DataType::kPush));
+  Push m;
+  TERN_ASSIGN_OR_RETURN(m.object, TakeRef(&in));
+  uint32_t reserved = 0;
+  TERN_REQUIRE(GetFixed32(&in, &m.count) && GetFixed32(&in, &reserved), kCorrupt, "PUSH truncated");
+  TERN_REQUIRE(reserved == 0, kCorrupt, "PUSH: reserved field not zero");
+  TERN_REQUIRE(m.count >= 1 && m.count <= kMaxWantChunks, kCorrupt, "PUSH: ", m.count,
+               " chunks (1..", kMaxWantChunks, ")");
+  TERN_RETURN_IF_ERROR(RequireEnd(in, "PUSH"));
+  return m;
+}
+
+std::string EncodePushDone(const ObjectRef& m) {
+  std::string out = Header(DataType::kPushDone);
+  PutRef(&out, m);
+  return out;
+}
+
+Result<ObjectRef> DecodePushDone(std::string_view in) {
+  TERN_RETURN_IF_ERROR(TakeHeader(&in, DataType::kPushDone));
+  TERN_ASSIGN_OR_RETURN(ObjectRef ref, TakeRef(&in));
+  TERN_RETURN_IF_ERROR(RequireEnd(in, "PUSH_DONE"));
   return ref;
 }
 

@@ -33,6 +33,8 @@ enum class DataType : uint8_t {
   kWant = 0x43,       // child -> parent: receive windows open for these chunks
   kFetch = 0x44,      // child -> parent: offer me this (older) object
   kGone = 0x45,       // parent -> child: I do not have / no longer serve it
+  kPush = 0x46,       // parent -> child: these chunks come into your push window, unasked
+  kPushDone = 0x47,   // child -> parent: every pushed chunk copied out; the window is free
 };
 
 // Bounds (the spec's MUSTs).
@@ -48,6 +50,10 @@ inline constexpr uint32_t kMaxTokenBytes = 1024;
 // Window ids of one object on one connection: window_base + chunk index, so
 // a base must leave room for every chunk.
 inline constexpr uint64_t kMaxWindowBase = UINT64_MAX - kMaxManifestChunks;
+// A child's standing push window (SUBSCRIBE's push_window_bytes) has transfer
+// id 0, which no per-chunk window uses (bases start at 1).
+inline constexpr uint64_t kPushWindowId = 0;
+inline constexpr uint32_t kMaxPushWindowBytes = uint32_t{64} << 20;
 
 // The message's type byte, or 0 for an empty message.
 uint8_t DataTypeOf(std::string_view message);
@@ -59,6 +65,12 @@ struct Subscribe {
   // The deployment's join token (0 .. kMaxTokenBytes): a parent configured
   // with one serves no child that does not present it.
   std::string token;
+  // The newest version the child serves (0: none). The parent offers it only
+  // objects whose target is newer: what it serves it needs no more of.
+  uint64_t served_version = 0;
+  // The bytes of the receive window (transfer id kPushWindowId) the child
+  // keeps posted for pushed chunks, 0 .. kMaxPushWindowBytes; 0: no push.
+  uint32_t push_window_bytes = 0;
 };
 struct Offer {
   uint32_t object_index = 0;    // into the manifest's objects (checked after Verify)
@@ -73,6 +85,13 @@ struct Want {
   ObjectRef object;
   uint64_t window_base = 0;       // chunk i lands in window window_base + i; <= kMaxWindowBase
   std::vector<uint32_t> chunks;   // 1 .. kMaxWantChunks, strictly increasing, < kMaxManifestChunks
+};
+// The first `count` chunks of the child's stripe of `object` (indices
+// stripe, stripe + stripes, ...) travel unasked into its push window, packed
+// from offset 0 in that order. Sent before that object's OFFER.
+struct Push {
+  ObjectRef object;
+  uint32_t count = 0;  // 1 .. kMaxWantChunks
 };
 struct Gone {
   ObjectRef object;
@@ -90,6 +109,10 @@ std::string EncodeWant(const Want& m);
 Result<Want> DecodeWant(std::string_view in);
 std::string EncodeFetch(const ObjectRef& m);
 Result<ObjectRef> DecodeFetch(std::string_view in);
+std::string EncodePush(const Push& m);
+Result<Push> DecodePush(std::string_view in);
+std::string EncodePushDone(const ObjectRef& m);
+Result<ObjectRef> DecodePushDone(std::string_view in);
 std::string EncodeGone(const Gone& m);
 Result<Gone> DecodeGone(std::string_view in);
 

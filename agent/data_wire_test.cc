@@ -17,12 +17,14 @@ std::vector<std::string> Samples() {
   h.hashes.resize(3);
   for (size_t i = 0; i < h.hashes.size(); ++i) h.hashes[i].fill(static_cast<uint8_t>(i + 1));
   return {
-      EncodeSubscribe({"member-a", 1, 3, ""}),
+      EncodeSubscribe({"member-a", 1, 3, "", 9}),
       EncodeOffer({2, std::string(300, 'm')}),
       EncodeHashes(h),
       EncodeWant({kPatch34, 4097, {0, 2, 9}}),
       EncodeFetch({ObjectKind::kKeyframe, 7, 7}),
       EncodeGone({kPatch34, Code::kNotFound, "not held here"}),
+      EncodePush({kPatch34, 2}),
+      EncodePushDone(kPatch34),
   };
 }
 
@@ -35,15 +37,34 @@ Status DecodeAny(std::string_view in) {
     case DataType::kWant: return DecodeWant(in).status();
     case DataType::kFetch: return DecodeFetch(in).status();
     case DataType::kGone: return DecodeGone(in).status();
+    case DataType::kPush: return DecodePush(in).status();
+    case DataType::kPushDone: return DecodePushDone(in).status();
   }
   return TERN_ERROR(kCorrupt, "unknown type");
 }
 
 TEST(DataWire, RoundTrips) {
-  auto t = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, "tok"}));
+  auto t = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, "tok", 0x0102030405060708, 4096}));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->member_id, "member-a");
   EXPECT_EQ(t->token, "tok");
+  EXPECT_EQ(t->served_version, 0x0102030405060708u);
+  EXPECT_EQ(t->push_window_bytes, 4096u);
+  auto p = DecodePush(EncodePush({kPatch34, 7}));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->object, kPatch34);
+  EXPECT_EQ(p->count, 7u);
+  auto pd = DecodePushDone(EncodePushDone(kPatch34));
+  ASSERT_TRUE(pd.ok());
+  EXPECT_EQ(*pd, kPatch34);
+  std::string big = EncodeSubscribe({"m", 0, 1, "", 0, 0});
+  std::string field;
+  PutFixed32(&field, kMaxPushWindowBytes + 1);
+  big.replace(big.size() - 4, 4, field);
+  EXPECT_FALSE(DecodeSubscribe(big).ok());
+  std::string zero = EncodePush({kPatch34, 1});
+  zero.replace(28, 4, std::string(4, '\0'));
+  EXPECT_FALSE(DecodePush(zero).ok());
   auto s = DecodeSubscribe(EncodeSubscribe({"member-a", 1, 3, ""}));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s->member_id, "member-a");
@@ -98,6 +119,21 @@ TEST(DataWire, GoldenWant) {
             "02000000"
             "00000000"
             "0000000002000000");
+}
+
+// The spec's SUBSCRIBE example (docs/format/agent.md §7.3): the served
+// version is the last field, after the token.
+TEST(DataWire, GoldenSubscribe) {
+  EXPECT_EQ(Hex(EncodeSubscribe({"m1", 1, 2, "t", 7, 65536})),
+            "40000000"
+            "0100"
+            "0200"
+            "02000000"
+            "6d31"
+            "01000000"
+            "74"
+            "0700000000000000"
+            "00000100");
 }
 
 TEST(DataWire, EveryTruncationAndTrailingByteIsRefused) {

@@ -17,5 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto m = DecodeWant(in); m.ok()) TERN_ASSERT(EncodeWant(*m) == in);
   if (auto m = DecodeFetch(in); m.ok()) TERN_ASSERT(EncodeFetch(*m) == in);
   if (auto m = DecodeGone(in); m.ok()) TERN_ASSERT(EncodeGone(*m) == in);
+  if (auto m = DecodePush(in); m.ok()) TERN_ASSERT(EncodePush(*m) == in);
+  if (auto m = DecodePushDone(in); m.ok()) TERN_ASSERT(EncodePushDone(*m) == in);
   return 0;
 }

@@ -22,6 +22,7 @@ void RelayNode::Impl::Run() {
       if (offer) {
         if (Link* link = Find(e.link); link && link->parent) {
           OnOffer(*link, *offer);
+          AfterOffer(e.link, offer->ref);  // the link may be gone: by id
         } else if (link) {
           DropPeer(*link, TERN_ERROR(kProtocol, "OFFER from a child"));
         }
@@ -108,8 +109,10 @@ void RelayNode::Impl::Handle(Event& e) {
       }
       if (!e.conn) return FailParent(*link, e.status);
       link->conn = std::move(e.conn);
+      OpenPushWindow(*link);
       Subscribe s{options.member_id, static_cast<uint16_t>(link->stats.stripe),
-                  static_cast<uint16_t>(link->stats.stripes), options.join_token};
+                  static_cast<uint16_t>(link->stats.stripes), options.join_token,
+                  served_version.load(), link->push_in ? link->push_in->bytes : 0};
       Send(*link, EncodeSubscribe(s));
       return;
     }
@@ -146,6 +149,8 @@ void RelayNode::Impl::Handle(Event& e) {
       if (!link) return;
       const auto type = static_cast<DataType>(DataTypeOf(e.payload));
       if (link->parent && type == DataType::kHashes) return OnHashes(*link, e.payload);
+      if (link->parent && type == DataType::kPush) return OnPush(*link, e.payload);
+      if (!link->parent && type == DataType::kPushDone) return OnPushDone(*link, e.payload);
       if (link->parent && type == DataType::kGone) {
         auto g = DecodeGone(e.payload);
         if (!g.ok()) return DropPeer(*link, g.status());
@@ -162,6 +167,8 @@ void RelayNode::Impl::Handle(Event& e) {
     }
     case Event::kLanded:
       return OnLanded(e);
+    case Event::kPushed:
+      return OnPushed(e);
     case Event::kSent:
       return OnSent(e);
     case Event::kOffer: {
@@ -179,7 +186,7 @@ void RelayNode::Impl::Handle(Event& e) {
       }
       it = objects.emplace(e.object->ref, e.object).first;
       for (auto& [id, l] : links) {
-        if (!l->parent && l->subscribed) OfferTo(*l, *it->second);
+        if (!l->parent && l->subscribed) OfferIfNewer(*l, *it->second, /*push=*/true);
       }
       return;
     }
@@ -326,6 +333,8 @@ void RelayNode::SetParent(uint32_t stripe, uint32_t stripes, std::string address
   e.payload = std::move(address);
   impl_->inbox->Push(std::move(e));
 }
+
+void RelayNode::SetServedVersion(uint64_t version) { impl_->served_version.store(version); }
 
 void RelayNode::Forget(const ObjectRef& ref) {
   Event e;

@@ -10,8 +10,11 @@
 // chain up to a manifest the verifier accepts and on_manifest approves:
 //   signature -> manifest -> chunk_hashes_root -> hash list -> SHA-256 per chunk.
 // A chunk lands in a window opened for that chunk alone and the window is
-// cancelled before the chunk is hashed, so a parent cannot rewrite verified
-// bytes; a chunk is forwarded, counted or reported only after VerifyChunk.
+// cancelled before the chunk is hashed, or (pushed: a new object's first
+// chunks, sent with the OFFER without waiting for WANT) lands in the link's
+// standing push window and is copied into the object's buffer before it is
+// hashed; either way a parent cannot rewrite verified bytes. A chunk is
+// forwarded, counted or reported only after VerifyChunk.
 //
 // Errors: bad bytes from a peer (malformed message, forged or foreign
 // manifest, a hash list or chunk that fails its hash, a credit beyond the
@@ -24,8 +27,9 @@
 //
 // Bounds: objects held <= max_objects, children <= max_children, chunk
 // windows per parent link <= window_chunks, credits a child may hold at its
-// parent <= kMaxWantChunks, queued peer messages <= inbox_messages_max (a peer
-// past it is disconnected). A slow child holds only its own credits: sends
+// parent <= kMaxWantChunks (pushed chunks included), queued peer messages <=
+// inbox_messages_max (a peer past it is disconnected), one push window of
+// push_window_bytes per parent link. A slow child holds only its own credits: sends
 // to each child are independent and nothing is queued per child beyond the
 // indices it asked for.
 //
@@ -66,6 +70,11 @@ struct RelayOptions {
   uint32_t max_objects = 64;
   uint32_t max_children = 64;
   uint32_t inbox_messages_max = 4096;
+  // Bytes of the standing receive window this node keeps posted on each
+  // parent link (announced in SUBSCRIBE, 0 .. kMaxPushWindowBytes; 0: none).
+  // A parent pushes a new object's first chunks of the stripe into it with
+  // the OFFER, without waiting for WANT (docs/agent/relay.md "Push").
+  uint32_t push_window_bytes = uint32_t{2} << 20;
 };
 
 struct RelayCallbacks {
@@ -132,6 +141,10 @@ class RelayNode {
   // `via`: the transport to dial with (null: the first; one not added fails
   // the stripe with kInvalidArgument through on_parent_failed).
   void SetParent(uint32_t stripe, uint32_t stripes, std::string address, Transport* via = nullptr);
+  // The newest version this node serves, announced in the SUBSCRIBE of each
+  // later dial: a parent then offers only objects of newer versions (no
+  // re-offers of what the lead would refuse after a re-plan). 0: none.
+  void SetServedVersion(uint64_t version);
 
   // Asks the parent of `stripe` to offer `ref` again (catch-up of an older
   // object, or one on_manifest refused before); the answer is an OFFER or,

@@ -126,7 +126,15 @@ void RelayNode::Impl::OnHashes(Link& link, std::string_view payload) {
 void RelayNode::Impl::OnHashListVerified(Object& obj) {
   // Children hear of the object now, before any of its data: cut-through.
   for (auto& [id, l] : links) {
-    if (!l->parent && l->subscribed) OfferTo(*l, obj);
+    if (!l->parent && l->subscribed) OfferIfNewer(*l, obj, /*push=*/true);
+  }
+  // Pushed chunks that landed before the hash list: checked now.
+  std::vector<uint64_t> pushing;
+  for (auto& [id, l] : links) {
+    if (l->push_in && l->push_in->announced && l->push_in->ref == obj.ref) pushing.push_back(id);
+  }
+  for (uint64_t id : pushing) {
+    if (Link* l = Find(id)) DrainPush(*l);  // may drop that parent
   }
   for (auto& [id, l] : links) {
     if (l->parent && l->from.count(obj.ref)) FillWindows(*l, obj);
@@ -137,7 +145,9 @@ void RelayNode::Impl::FillWindows(Link& link, Object& obj) {
   if (!obj.hashes_ok || obj.complete || !link.conn) return;
   FromParent& fp = link.from.at(obj.ref);
   const uint32_t stripe = link.stats.stripe, stripes = link.stats.stripes;
-  const auto usable = [&](uint32_t i) { return !obj.verified[i] && !obj.windows.count(i); };
+  const auto usable = [&](uint32_t i) {
+    return !obj.verified[i] && !obj.windows.count(i) && !fp.pushed.count(i);
+  };
   std::vector<uint32_t> asked;
   while (fp.open.size() < options.window_chunks) {
     uint32_t i = UINT32_MAX;
@@ -192,26 +202,32 @@ void RelayNode::Impl::OnLanded(const Event& e) {
   link->conn->CancelReceive(fp->second.window_base + e.chunk);
   obj.windows.erase(e.chunk);
   if (obj.verified[e.chunk]) return;
-  Status st = VerifyChunk(obj.hashes[e.chunk], obj.Chunk(e.chunk));
+  if (!CheckLandedChunk(*link, obj, fp->second, e.chunk)) return;
+  if (!obj.complete) FillWindows(*link, obj);
+}
+
+bool RelayNode::Impl::CheckLandedChunk(Link& link, Object& obj, FromParent& fp, uint32_t i) {
+  Status st = VerifyChunk(obj.hashes[i], obj.Chunk(i));
   if (!st.ok()) {
-    ++link->stats.bad_chunks;
-    obj.requeue.insert(e.chunk);
-    Log(internal::StrCat("relay: chunk ", e.chunk, " of ", ObjectName(obj.ref), " from ",
-                         link->stats.peer, " failed SHA-256; asking again"));
-    if (++link->bad_chunks >= options.bad_chunks_max) {
-      return FailParent(*link, TERN_ERROR(kAuth, "parent ", link->stats.peer, " sent ",
-                                          link->bad_chunks, " chunks that failed SHA-256"));
+    ++link.stats.bad_chunks;
+    obj.requeue.insert(i);
+    Log(internal::StrCat("relay: chunk ", i, " of ", ObjectName(obj.ref), " from ",
+                         link.stats.peer, " failed SHA-256; asking again"));
+    if (++link.bad_chunks >= options.bad_chunks_max) {
+      FailParent(link, TERN_ERROR(kAuth, "parent ", link.stats.peer, " sent ", link.bad_chunks,
+                                  " chunks that failed SHA-256"));
+      return false;
     }
-    return FillWindows(*link, obj);
+    return true;
   }
-  obj.verified[e.chunk] = 1;
+  obj.verified[i] = 1;
   ++obj.verified_count;
-  ++link->stats.chunks_in;
-  link->stats.bytes_in += obj.Length(e.chunk);
-  fp->second.bytes_in += obj.Length(e.chunk);
-  Forward(obj, e.chunk);
-  if (obj.verified_count == obj.count()) return Completed(obj);
-  FillWindows(*link, obj);
+  ++link.stats.chunks_in;
+  link.stats.bytes_in += obj.Length(i);
+  fp.bytes_in += obj.Length(i);
+  Forward(obj, i);
+  if (obj.verified_count == obj.count()) Completed(obj);
+  return true;
 }
 
 void RelayNode::Impl::Completed(Object& obj) {
@@ -238,13 +254,20 @@ void RelayNode::Impl::Completed(Object& obj) {
 
 // ---- Serving ----
 
-void RelayNode::Impl::OfferTo(Link& link, const Object& obj) {
+void RelayNode::Impl::OfferTo(Link& link, Object& obj, bool push_allowed) {
+  // PUSH goes first so that the child knows, when the hash list checks,
+  // which chunks not to ask for; the chunks follow the hash list.
+  const auto push = push_allowed ? PlanPush(link, obj) : std::vector<std::pair<uint32_t, uint64_t>>{};
+  if (!push.empty()) {
+    Send(link, EncodePush(Push{obj.ref, static_cast<uint32_t>(push.size())}));
+  }
   Send(link, EncodeOffer(agent::Offer{obj.index, obj.signed_manifest}));
   for (uint32_t first = 0; first < obj.count(); first += kMaxHashesPerMessage) {
     const uint32_t n = std::min(kMaxHashesPerMessage, obj.count() - first);
     Hashes h{obj.ref, first, {obj.hashes.begin() + first, obj.hashes.begin() + first + n}};
     Send(link, EncodeHashes(h));
   }
+  if (!push.empty()) StartPush(link, obj, push);
 }
 
 void RelayNode::Impl::OnSubscribe(Link& link, std::string_view payload) {
@@ -258,8 +281,10 @@ void RelayNode::Impl::OnSubscribe(Link& link, std::string_view payload) {
   link.stats.peer = s->member_id;
   link.stats.stripe = s->stripe;
   link.stats.stripes = s->stripes;
+  link.served_version = s->served_version;
+  link.push_bytes = s->push_window_bytes;
   for (auto& [ref, obj] : objects) {
-    if (obj->hashes_ok) OfferTo(link, *obj);
+    if (obj->hashes_ok) OfferIfNewer(link, *obj);
   }
 }
 
@@ -272,8 +297,11 @@ void RelayNode::Impl::OnWant(Link& link, std::string_view payload) {
     return Send(link, EncodeGone(Gone{w->object, Code::kNotFound, "not held here"}));
   }
   Object& obj = *it->second;
-  auto [tc, fresh] = link.to.try_emplace(w->object);
-  if (fresh) tc->second.window_base = w->window_base;
+  auto tc = link.to.try_emplace(w->object).first;
+  if (!tc->second.based) {  // the first WANT (pushed chunks need no base)
+    tc->second.window_base = w->window_base;
+    tc->second.based = true;
+  }
   if (tc->second.window_base != w->window_base) {
     return DropPeer(link, TERN_ERROR(kProtocol, "WANT: window base changed"));
   }
@@ -310,8 +338,13 @@ void RelayNode::Impl::SendChunkTo(Link& link, Object& obj, uint32_t i) {
   c.src = obj.RegionOn(link.transport);
   c.src_offset = obj.Offset(i);
   c.length = obj.Length(i);
-  c.transfer_id = tc.window_base + i;
-  c.dst_offset = 0;
+  if (auto p = tc.push_at.find(i); p != tc.push_at.end()) {
+    c.transfer_id = kPushWindowId;
+    c.dst_offset = p->second;
+  } else {
+    c.transfer_id = tc.window_base + i;
+    c.dst_offset = 0;
+  }
   link.conn->SendChunk(c, [in = inbox, id = link.id, ref = obj.ref, i](Status st) {
     Event e;
     e.kind = Event::kSent;
@@ -358,6 +391,7 @@ void RelayNode::Impl::OnSent(const Event& e) {
     return SendChunkTo(*link, *obj, e.chunk);
   }
   tc->second.inflight.erase(it);
+  tc->second.push_at.erase(e.chunk);  // asked again later: into its own window
   --link->credits;
   if (e.status.ok()) {
     ++link->stats.chunks_out;

@@ -28,7 +28,7 @@ struct Object;
 
 struct Event {
   enum Kind { kStop, kAccepted, kConnected, kMessage, kOverflow, kClosed, kLanded, kSent,
-              kSetParent, kOffer, kFetch, kForget };
+              kSetParent, kOffer, kFetch, kForget, kPushed };
   Kind kind = kStop;
   uint64_t link = 0;
   std::shared_ptr<Connection> conn;
@@ -36,6 +36,7 @@ struct Event {
   std::string payload;  // a message; the address for kSetParent
   ObjectRef ref;
   uint32_t chunk = 0;
+  uint64_t offset = 0, length = 0;  // kPushed: where in the push window
   uint32_t stripe = 0, stripes = 1;
   std::shared_ptr<Object> object;  // kOffer
   // kAccepted, kSetParent: the transport the link runs on (null: the

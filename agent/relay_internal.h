@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -61,6 +62,41 @@ struct Object {
   }
 };
 
+// A parent link's standing push window (child side; relay_push.cc): posted
+// once per connection as transfer id kPushWindowId, reused per object. The
+// parent writes pushed chunks here; each is copied into the object's buffer
+// and hashed there, so rewriting this window after the copy changes nothing
+// verified. One PUSH at a time: PUSH_DONE frees it.
+struct PushIn {
+  std::unique_ptr<uint8_t[]> buf;
+  uint32_t bytes = 0;
+  MemoryRegion region;
+  Transport* transport = nullptr;
+  bool announced = false;  // a PUSH not yet answered with PUSH_DONE
+  bool offered = false;    // its object's OFFER was handled (taken or not)
+  ObjectRef ref;
+  uint32_t count = 0;
+  uint32_t consumed = 0;   // landings copied out or dropped
+  std::vector<std::pair<uint64_t, uint64_t>> landed;  // (offset, length) not handled yet
+  ~PushIn() {
+    if (transport && region.handle) transport->DeregisterMemory(region).IgnoreError();
+  }
+};
+
+// The chunks a PUSH of `count` names (stripe, stripe + stripes, ...) and
+// their offsets in the push window, packed in that order. Fewer than
+// `count` when the stripe has fewer chunks.
+inline std::vector<std::pair<uint32_t, uint64_t>> PushLayout(const ManifestObject& m, uint32_t stripe,
+                                                             uint32_t stripes, uint32_t count) {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  uint64_t off = 0;
+  for (uint64_t i = stripe; i < m.chunk_count && out.size() < count; i += stripes) {
+    out.emplace_back(static_cast<uint32_t>(i), off);
+    off += std::min<uint64_t>(m.chunk_bytes, m.bytes - i * m.chunk_bytes);
+  }
+  return out;
+}
+
 // What a parent link knows of one object it offered.
 struct FromParent {
   uint64_t window_base = 0;
@@ -69,10 +105,13 @@ struct FromParent {
   std::vector<Sha256Hash> hashes;   // the hash list as it arrives
   uint64_t offered_us = 0;          // env clock at the OFFER
   uint64_t bytes_in = 0;            // verified bytes of this object over this link
+  std::set<uint32_t> pushed;        // due in the push window: not asked for with WANT
 };
 // What a child asked this node for, per object.
 struct ToChild {
   uint64_t window_base = 0;
+  bool based = false;                        // window_base set by the first WANT
+  std::map<uint32_t, uint64_t> push_at;      // pushed chunk -> offset in the push window
   std::set<uint32_t> waiting;                // credited, not verified here yet
   std::map<uint32_t, uint32_t> inflight;     // chunk -> resends so far
 };
@@ -83,12 +122,17 @@ struct Link {
   Transport* transport = nullptr;  // the one conn runs on
   std::shared_ptr<Connection> conn;
   bool subscribed = false;
+  uint64_t served_version = 0;  // child side: its SUBSCRIBE's; offered only newer objects
   uint64_t next_window_base = 1;
   uint32_t bad_chunks = 0;
   uint32_t credits = 0;  // child side: waiting + inflight over all objects
   std::map<ObjectRef, FromParent> from;
   std::map<ObjectRef, ToChild> to;
   LinkStats stats;
+  std::unique_ptr<PushIn> push_in;  // parent link: its push window (null: none)
+  uint32_t push_bytes = 0;          // child link: the window its SUBSCRIBE announced
+  bool push_busy = false;           // child link: a PUSH not yet answered by PUSH_DONE
+  ObjectRef push_ref;
 };
 
 struct RelayNode::Impl {
@@ -124,6 +168,7 @@ struct RelayNode::Impl {
   std::map<ObjectRef, std::shared_ptr<Object>> retired;
   std::map<uint64_t, std::unique_ptr<Link>> links;
   uint64_t parent_of[kMaxStripes] = {};
+  std::atomic<uint64_t> served_version{0};  // SetServedVersion: sent in SUBSCRIBE
   std::vector<std::function<void()>> calls;  // to the lead, made after mu is dropped
 
   void Log(const std::string& line) const {
@@ -176,6 +221,9 @@ struct RelayNode::Impl {
   void OnHashes(Link& link, std::string_view payload);
   void FillWindows(Link& link, Object& obj);
   void OnLanded(const Event& e);
+  // A chunk now in obj's buffer, out of the parent's reach: SHA-256, then
+  // verified/forwarded, or asked again. False when the parent was dropped.
+  bool CheckLandedChunk(Link& link, Object& obj, FromParent& fp, uint32_t i);
   void OnHashListVerified(Object& obj);
   void Completed(Object& obj);
 
@@ -183,11 +231,29 @@ struct RelayNode::Impl {
   void OnSubscribe(Link& link, std::string_view payload);
   void OnWant(Link& link, std::string_view payload);
   void OnFetch(Link& link, std::string_view payload);
-  void OfferTo(Link& link, const Object& obj);
+  // `push`: the object is new here since the child subscribed (it cannot
+  // hold any of it), so its first chunks may go unasked; objects offered at
+  // SUBSCRIBE or on FETCH may be half-held by a resuming child: WANT only.
+  void OfferTo(Link& link, Object& obj, bool push = false);
+  // Offers `obj` to a subscribed child unless the child serves its version.
+  void OfferIfNewer(Link& link, Object& obj, bool push = false) {
+    if (obj.ref.to > link.served_version) OfferTo(link, obj, push);
+  }
   void SendChunkTo(Link& link, Object& obj, uint32_t i);
   void Forward(Object& obj, uint32_t i);
   void OnSent(const Event& e);
   void ForgetObject(const ObjectRef& ref);
+
+  // Push (relay_push.cc). Child side of a parent link:
+  void OpenPushWindow(Link& link);
+  void OnPush(Link& link, std::string_view payload);
+  void OnPushed(const Event& e);
+  void AfterOffer(uint64_t link_id, const ObjectRef& ref);
+  void DrainPush(Link& link);
+  // Parent side: which chunks of `obj` go unasked to `link`, and PUSH.
+  std::vector<std::pair<uint32_t, uint64_t>> PlanPush(Link& link, const Object& obj);
+  void StartPush(Link& link, Object& obj, const std::vector<std::pair<uint32_t, uint64_t>>& push);
+  void OnPushDone(Link& link, std::string_view payload);
   void RetireIfDrained(const ObjectRef& ref);
 };
 

@@ -184,7 +184,12 @@ class ScriptedParent {
       ConnectionHandlers h;
       h.on_message = [this](std::string m) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (DataTypeOf(m) == uint8_t(DataType::kSubscribe)) subscribed_ = true;
+        if (auto sub = DecodeSubscribe(m); sub.ok()) {
+          subscribed_ = true;
+          served_ = sub->served_version;
+          push_window_ = sub->push_window_bytes;
+        }
+        if (DataTypeOf(m) == uint8_t(DataType::kPushDone)) ++push_done_;
         if (auto w = DecodeWant(m); w.ok()) {
           base_ = w->window_base;
           for (uint32_t i : w->chunks) ++wanted_[i];
@@ -207,6 +212,24 @@ class ScriptedParent {
       return subscribed_;
     });
   }
+  uint64_t served() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return served_;
+  }
+  uint32_t push_window() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return push_window_;
+  }
+  bool WaitPushDone(int times = 1) {
+    return WaitFor([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return push_done_ >= times;
+    });
+  }
+  int Wanted(uint32_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return wanted_.count(i) ? wanted_[i] : 0;
+  }
   void OfferAndHashes(std::string signed_manifest, bool with_hashes = true) {
     Send(EncodeOffer(agent::Offer{0, std::move(signed_manifest)}));
     if (with_hashes) Send(EncodeHashes(Hashes{obj_.ref, 0, obj_.hashes}));
@@ -218,13 +241,15 @@ class ScriptedParent {
       return wanted_[i] >= times;
     });
   }
-  Status SendChunk(uint32_t i, bool bad = false) {
+  // Into chunk i's window, or (push_offset) into the child's push window.
+  Status SendChunk(uint32_t i, bool bad = false, std::optional<uint64_t> push_offset = {}) {
     std::shared_ptr<Connection> c;
     ChunkSend s;
     {
       std::lock_guard<std::mutex> lock(mu_);
       c = conn_;
-      s.transfer_id = base_ + i;
+      s.transfer_id = push_offset ? kPushWindowId : base_ + i;
+      s.dst_offset = push_offset.value_or(0);
     }
     s.src = bad ? bad_region_ : good_region_;
     s.src_offset = uint64_t{i} * obj_.chunk_bytes;
@@ -261,6 +286,9 @@ class ScriptedParent {
   std::mutex mu_;
   std::shared_ptr<Connection> conn_;
   bool subscribed_ = false;
+  uint64_t served_ = 0;  // the SUBSCRIBE's served version
+  uint32_t push_window_ = 0;
+  int push_done_ = 0;
   uint64_t base_ = 0;
   std::map<uint32_t, int> wanted_;
 };
@@ -395,6 +423,129 @@ TEST_F(RelayTest, NodeOnTwoTransportsServesChildrenOnEach) {
   on_main->relay->SetParent(0, 1, "mid@lan", &stranger);
   ASSERT_TRUE(WaitFor([&] { return on_main->Failures() > 0; }));
   EXPECT_EQ(on_main->LastFailure().code(), Code::kInvalidArgument);
+}
+
+// SUBSCRIBE carries the version the child serves, and a parent offers it
+// only objects of newer versions: a child that re-attaches after a re-plan
+// is not offered (and does not download) what it already serves. The child
+// here would accept version 2 if it were offered (refuse_up_to stays 0), so
+// only the parent's filter keeps it out.
+TEST_F(RelayTest, ChildServingAVersionIsOfferedOnlyNewerOnes) {
+  auto root = MakeNode("root");
+  const TestObject v2 = Publish(*root, 3 * 4096, 4096, 2);
+  const TestObject v3 = Publish(*root, 3 * 4096 + 7, 4096, 3);
+  ASSERT_TRUE(WaitFor([&] { return root->relay->Progress(v3.ref).ok(); }));
+  auto child = MakeNode("child");
+  child->relay->SetServedVersion(2);
+  child->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return child->Complete(); }));
+  EXPECT_EQ(Stored("child", v3), v3.data);
+  // OFFERs go out in ObjectRef order, so 1->2's would have come first.
+  EXPECT_FALSE(child->relay->Progress(v2.ref).ok());
+  {
+    std::lock_guard<std::mutex> lock(child->mu);
+    EXPECT_EQ(child->completed.size(), 1u);
+  }
+  // A fresh child (serves nothing) is offered both.
+  auto fresh = MakeNode("fresh");
+  fresh->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(fresh->mu);
+    return fresh->completed.size() == 2;
+  }));
+  EXPECT_EQ(Stored("fresh", v2), v2.data);
+}
+
+TEST_F(RelayTest, SubscribeCarriesTheServedVersion) {
+  const TestObject o = MakeObject(signer_, board_, 4096, 4096);
+  ScriptedParent parent(net_, "parent", o);
+  auto child = MakeNode("child");
+  child->relay->SetServedVersion(41);
+  child->relay->SetParent(0, 1, "parent");
+  ASSERT_TRUE(parent.WaitSubscribed());
+  EXPECT_EQ(parent.served(), 41u);
+}
+
+// Push: an object that reaches a parent after the child subscribed goes out
+// as PUSH + OFFER + HASHES and its chunks straight into the child's push
+// window, before (here: without) any WANT. The child is scripted: it posts
+// the window, subscribes, and never sends WANT.
+TEST_F(RelayTest, NewObjectIsPushedWithoutWaitingForWant) {
+  auto root = MakeNode("root");
+  std::unique_ptr<Transport> transport = NewLoopbackTransport(net_);
+  std::string window(64 * 1024, '\0');
+  MemoryRegion region =
+      *transport->RegisterMemory(window.data(), window.size(), MemoryKind::kHost);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint8_t> types;
+  uint64_t landed = 0;
+  ConnectionHandlers h;
+  h.on_message = [&](std::string m) {
+    std::lock_guard<std::mutex> lock(mu);
+    types.push_back(DataTypeOf(m));
+  };
+  h.on_closed = [](Status) {};
+  std::promise<std::shared_ptr<Connection>> conn_p;
+  transport->Connect("root", h, [&](Result<std::shared_ptr<Connection>> r) {
+    conn_p.set_value(r.ok() ? *r : nullptr);
+  });
+  std::shared_ptr<Connection> kid = conn_p.get_future().get();
+  ASSERT_TRUE(kid);
+  ASSERT_TRUE(kid->PostReceive(kPushWindowId, region, 0, window.size(),
+                               [&](uint64_t, uint64_t len) {
+                                 std::lock_guard<std::mutex> lock(mu);
+                                 landed += len;
+                                 cv.notify_all();
+                               })
+                  .ok());
+  kid->SendMessage(EncodeSubscribe({"kid", 0, 1, "", 0, uint32_t(window.size())}), [](Status) {});
+  ASSERT_TRUE(WaitFor([&] { return !root->Link("kid", false).peer.empty(); }));
+  const TestObject o = Publish(*root, 3 * 4096 + 100, 4096);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return landed == o.data.size(); }));
+    ASSERT_GE(types.size(), 3u);
+    EXPECT_EQ(types[0], uint8_t(DataType::kPush));
+    EXPECT_EQ(types[1], uint8_t(DataType::kOffer));
+    EXPECT_EQ(types[2], uint8_t(DataType::kHashes));
+  }
+  // One stripe: every chunk, packed in order, is the object itself.
+  EXPECT_EQ(window.substr(0, o.data.size()), o.data);
+  ASSERT_TRUE(WaitFor([&] { return root->Link("kid", false).chunks_out == o.count(); }));
+  kid->Close();
+}
+
+// The child side of push: chunks pushed into the window are copied into the
+// object's buffer and checked there. A pushed chunk that fails SHA-256 is
+// asked for again with WANT (and only it and the chunk that was not
+// pushed); the parent rewriting the window afterwards changes nothing.
+TEST_F(RelayTest, PushedChunksAreCheckedInTheBufferNotTheWindow) {
+  const TestObject o = MakeObject(signer_, board_, 3 * 4096 + 100, 4096);  // 4 chunks
+  ScriptedParent parent(net_, "parent", o);
+  RelayOptions opt;
+  opt.push_window_bytes = 64 * 1024;
+  auto c = MakeNode("c", opt);
+  c->relay->SetParent(0, 1, "parent");
+  ASSERT_TRUE(parent.WaitSubscribed());
+  EXPECT_EQ(parent.push_window(), 64u * 1024);
+  parent.Send(EncodePush(Push{o.ref, 3}));  // chunks 0, 1, 2 at offsets 0, 4096, 8192
+  parent.OfferAndHashes(o.signed_manifest);
+  ASSERT_TRUE(parent.SendChunk(0, false, 0).ok());
+  ASSERT_TRUE(parent.SendChunk(1, /*bad=*/true, 4096).ok());
+  ASSERT_TRUE(parent.SendChunk(2, false, 8192).ok());
+  ASSERT_TRUE(WaitFor([&] { return c->Verified(o.ref) == 2; }));
+  ASSERT_TRUE(parent.WaitPushDone());
+  ASSERT_TRUE(parent.SendChunk(0, /*bad=*/true, 0).ok());  // rewrites the window, not chunk 0
+  ASSERT_TRUE(parent.WaitWant(1));
+  ASSERT_TRUE(parent.WaitWant(3));
+  EXPECT_EQ(parent.Wanted(0), 0);
+  EXPECT_EQ(parent.Wanted(2), 0);
+  ASSERT_TRUE(parent.SendChunk(1).ok());
+  ASSERT_TRUE(parent.SendChunk(3).ok());
+  ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
+  EXPECT_EQ(Stored("c", o), o.data);
+  EXPECT_EQ(c->Link("parent", true).bad_chunks, 1u);
 }
 
 // A parent with a join token serves only children that present it: one

@@ -35,6 +35,7 @@ struct AgentArgs {
   std::string board_etcd, seed;
   uint64_t seed_version = 0;
   uint32_t parent_stall_ms = 10000;
+  uint32_t push_window_bytes = uint32_t{2} << 20;
   unsigned threads = 0;
   TransportArgs transport;
   TcpOptions options;
@@ -88,6 +89,7 @@ Status CheckAgent(AgentArgs& a) {
   o.dead_after_ms = a.dead_after_ms;
   o.spare_grace_ms = a.spare_grace_ms;
   o.parent_stall_ms = a.parent_stall_ms;
+  o.push_window_bytes = a.push_window_bytes;
   o.threads = a.threads;
   return Status::Ok();
 }
@@ -272,6 +274,10 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   AddUnsigned(cmd, "--root-fanout", a->root_fanout, "root: children of the root per stripe", "8", 1024);
   AddUnsigned(cmd, "--keep-patches", a->keep_patches, "root: patches kept for catch-up", "16");
   AddUnsigned(cmd, "--keyframe-every", a->keyframe_every, "root: a keyframe every N versions", "32");
+  AddUnsigned(cmd, "--push-window-bytes", a->push_window_bytes,
+              "member: bytes of the window per parent into which a new object's first chunks are "
+              "pushed without a WANT round trip (0: no push)",
+              "2097152", 64u << 20);
   AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms, "member heartbeat period", "500");
   AddUnsigned(cmd, "--dead-after-ms", a->dead_after_ms, "root: drop a member silent this long", "3000");
   AddUnsigned(cmd, "--spare-grace-ms", a->spare_grace_ms,

@@ -110,6 +110,10 @@ struct AgentOptions {
   // to the root, which plans around it; 0: never report stalls (chunks
   // that fail verification are reported regardless).
   uint32_t parent_stall_ms = 10000;
+  // Member: the standing receive window per parent link into which a parent
+  // pushes a new object's first chunks without waiting for WANT
+  // (docs/agent/relay.md "Push"); 0: no push. At most 64 MiB.
+  uint32_t push_window_bytes = uint32_t{2} << 20;
 
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
