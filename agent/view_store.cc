@@ -88,6 +88,11 @@ struct ViewStore::State {
   // same mapping: its pages are dirty and mapped writable, so the apply
   // takes no write faults, and one sync covers both patches.
   std::shared_ptr<SlotWriter> prepared;
+  // Not recorded: a streaming Advance in progress (AdvancePrefix), writing
+  // the spare through stream_slot; state.json calls the spare unusable.
+  std::shared_ptr<SlotWriter> stream_slot;
+  std::shared_ptr<PatchStreamApply> stream;
+  uint64_t stream_first_us = 0;  // env clock at the first write
 
   std::string spare() const { return current == "a" ? "b" : "a"; }
 };
@@ -273,6 +278,8 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
     s.spare_usable = false;
   }
   s.prepared.reset();  // the spare is rebuilt
+  s.stream.reset();
+  s.stream_slot.reset();
   const std::string slot = s.current.empty() ? "a" : s.spare();
   TERN_RETURN_IF_ERROR(RemoveTree(env, p.slot(slot)));
   TERN_RETURN_IF_ERROR(build(p.slot(slot)));
@@ -401,7 +408,8 @@ Status MarkSpareUnusable(Env& env, const Paths& p, ViewStore::State& s) {
 
 Status ViewStore::PrepareSpare() {
   State& s = *state_;
-  if (s.current.empty() || spare_ready()) return Status::Ok();
+  // A stream owns the spare (it was ready when the stream began).
+  if (s.current.empty() || spare_ready() || s.stream) return Status::Ok();
   const Paths p(dir_);
   Clock& clock = env_.clock();
   const uint64_t start_us = clock.NowUs();
@@ -457,12 +465,66 @@ bool ViewStore::spare_ready() const {
          (state_->spare_usable && state_->spare_version == state_->version);
 }
 
+Status ViewStore::AdvancePrefix(std::span<const uint8_t> prefix) {
+  State& s = *state_;
+  if (s.current.empty()) return Status::Ok();
+  const Paths p(dir_);
+  if (!s.stream) {
+    if (!spare_ready()) return Status::Ok();  // the whole-patch path will copy or catch up
+    // Nothing about the patch is known before its manifest: wait for it, so
+    // that a patch for another base never touches the spare.
+    TERN_ASSIGN_OR_RETURN(std::optional<PatchInfo> head, InspectHead(prefix));
+    if (!head) return Status::Ok();
+    const PatchInfo& info = *head;
+    if (info.base_version != s.version || info.base_digest != s.digest ||
+        info.target_version <= s.version)
+      return Status::Ok();
+    if (s.link_dirty) {
+      TERN_RETURN_IF_ERROR(Relink(env_, p, s.current));
+      s.link_dirty = false;
+    }
+    std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
+    s.prepared.reset();
+    TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
+    if (!slot) {
+      // spare_ready(): the spare holds version() durably; no patch to apply.
+      TERN_ASSIGN_OR_RETURN(SlotWriter w, SlotWriter::Open(env_, p.slot(s.spare())));
+      slot = std::make_shared<SlotWriter>(std::move(w));
+    }
+    s.stream_slot = std::move(slot);
+    s.stream = std::make_shared<PatchStreamApply>(s.stream_slot->view, s.digest, pool_);
+    s.stream_first_us = env_.clock().NowUs();
+  }
+  Status st = s.stream->Feed(prefix);
+  if (!st.ok()) {
+    log_("view_store: streamed apply into views/" + s.spare() + " failed: " + st.ToString() +
+         "; the spare is unusable");
+    AbortAdvance();
+  }
+  return st;
+}
+
+void ViewStore::AbortAdvance() {
+  State& s = *state_;
+  s.stream.reset();
+  s.stream_slot.reset();  // state.json already calls the spare unusable
+  s.spare_usable = false;
+}
+
+bool ViewStore::advancing() const { return state_->stream != nullptr; }
+
 Status ViewStore::Advance(std::span<const uint8_t> patch) {
   State& s = *state_;
   const Paths p(dir_);
   TERN_REQUIRE(!s.current.empty(), kInvalidArgument,
                "view store: nothing served yet (Seed or InstallKeyframe first)");
-  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(patch));
+  // A stream decodes the records itself (Finish); only the whole-patch
+  // path validates every stream up front, before the spare is touched.
+  TERN_ASSIGN_OR_RETURN(std::optional<PatchInfo> head, InspectHead(patch));
+  TERN_REQUIRE(head.has_value(), kCorrupt, "view store: truncated patch: ", patch.size(),
+               " bytes, no complete manifest");
+  if (!s.stream) TERN_RETURN_IF_ERROR(Inspect(patch).status());
+  const PatchInfo& info = *head;
   TERN_REQUIRE(info.base_version == s.version && info.base_digest == s.digest, kMismatch,
                "view store: patch base is version ", info.base_version, " (",
                info.base_digest.ToString(), "), serving ", s.version, " (", s.digest.ToString(),
@@ -481,62 +543,91 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   ApplyOptions exclusive;
   exclusive.exclusive_view = true;  // the spare is private until the switch
 
-  const bool usable = s.spare_usable;
-  TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
   ViewDigest target;
-  std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
-  s.prepared.reset();
-  if (!slot && usable) {
-    // Bring the spare to the served version: in place, with the kept patch
-    // (nothing to do when PrepareSpare already did it).
-    const uint64_t t_us = clock.NowUs();
-    auto w = OpenSpareAtServed(env_, p, s, pool_);
-    if (w.ok()) {
-      slot = std::make_shared<SlotWriter>(std::move(w).value());
+  const char* mode = "streamed";
+  bool streamed = false;
+  if (s.stream) {
+    // The records that arrived before the last chunk are in the spare; the
+    // rest, the digest check and the sync remain.
+    std::shared_ptr<PatchStreamApply> stream = std::move(s.stream);
+    std::shared_ptr<SlotWriter> slot = std::move(s.stream_slot);
+    s.stream.reset();
+    s.stream_slot.reset();
+    const uint64_t before = stream->records_written();
+    uint64_t t_us = clock.NowUs();
+    Status st = stream->target_version() == info.target_version
+                    ? stream->Finish(patch, &target)
+                    : TERN_ERROR(kMismatch, "it was for version ", stream->target_version());
+    if (st.ok()) {
+      apply_us = clock.NowUs() - t_us;
+      t_us = clock.NowUs();
+      TERN_RETURN_IF_ERROR(slot->Sync());
+      sync_us = clock.NowUs() - t_us;
+      streamed = true;
+      log_(internal::StrCat("view_store: ", before, " of ", stream->records_written(),
+                            " records applied while the patch arrived (from ",
+                            (start_us - s.stream_first_us) / 1000, " ms before it completed)"));
     } else {
-      log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
+      log_("view_store: streamed apply into views/" + s.spare() + " failed: " + st.ToString() +
+           "; applying the whole patch to a copy");
     }
-    catch_up_us = clock.NowUs() - t_us;
   }
-  const bool in_place = slot != nullptr;
-  uint64_t t_us = clock.NowUs();
-  if (slot) {
-    Status st = Apply(slot->view, patch, s.digest, pool_, exclusive, &target);
-    if (!st.ok()) {
-      // Apply restored the spare: it holds the served version, complete. Say
-      // so, to spare the next Advance a copy; an error here costs only that.
-      State restored = s;
-      if (slot->Sync().ok()) {
-        restored.spare_usable = true;
-        restored.spare_version = s.version;
-        restored.spare_digest = s.digest;
-        if (WriteState(env_, p, restored).ok()) s = restored;
+  if (!streamed) {
+    const bool usable = s.spare_usable;
+    TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
+    std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
+    s.prepared.reset();
+    if (!slot && usable) {
+      // Bring the spare to the served version: in place, with the kept patch
+      // (nothing to do when PrepareSpare already did it).
+      const uint64_t t_us = clock.NowUs();
+      auto w = OpenSpareAtServed(env_, p, s, pool_);
+      if (w.ok()) {
+        slot = std::make_shared<SlotWriter>(std::move(w).value());
+      } else {
+        log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
       }
-      return st;
+      catch_up_us = clock.NowUs() - t_us;
     }
-    apply_us = clock.NowUs() - t_us;
-    t_us = clock.NowUs();
-    TERN_RETURN_IF_ERROR(slot->Sync());
-    sync_us = clock.NowUs() - t_us;
-  } else {
-    // One full copy of the served slot (holes stay holes), patched before it
-    // is committed; Commit fsyncs it.
-    log_("view_store: copying views/" + s.current + " to views/" + s.spare());
-    TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
-    OpenOptions options;
-    options.env = &env_;
-    TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
-    CloneOptions clone_options;
-    clone_options.env = &env_;
-    TERN_ASSIGN_OR_RETURN(auto copy,
-                          WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
-    TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
-    apply_us = clock.NowUs() - t_us;  // with the copy
-    t_us = clock.NowUs();
-    TERN_RETURN_IF_ERROR(copy->Commit());
-    sync_us = clock.NowUs() - t_us;
+    mode = slot ? "in place" : "copied";
+    uint64_t t_us = clock.NowUs();
+    if (slot) {
+      Status st = Apply(slot->view, patch, s.digest, pool_, exclusive, &target);
+      if (!st.ok()) {
+        // Apply restored the spare: it holds the served version, complete. Say
+        // so, to spare the next Advance a copy; an error here costs only that.
+        State restored = s;
+        if (slot->Sync().ok()) {
+          restored.spare_usable = true;
+          restored.spare_version = s.version;
+          restored.spare_digest = s.digest;
+          if (WriteState(env_, p, restored).ok()) s = restored;
+        }
+        return st;
+      }
+      apply_us = clock.NowUs() - t_us;
+      t_us = clock.NowUs();
+      TERN_RETURN_IF_ERROR(slot->Sync());
+      sync_us = clock.NowUs() - t_us;
+    } else {
+      // One full copy of the served slot (holes stay holes), patched before it
+      // is committed; Commit fsyncs it.
+      log_("view_store: copying views/" + s.current + " to views/" + s.spare());
+      TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
+      OpenOptions options;
+      options.env = &env_;
+      TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
+      CloneOptions clone_options;
+      clone_options.env = &env_;
+      TERN_ASSIGN_OR_RETURN(auto copy,
+                            WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
+      TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
+      apply_us = clock.NowUs() - t_us;  // with the copy
+      t_us = clock.NowUs();
+      TERN_RETURN_IF_ERROR(copy->Commit());
+      sync_us = clock.NowUs() - t_us;
+    }
   }
-  slot.reset();  // unmap before the switch
 
   // The kept patch must be durable before state.json names it.
   const std::string kept = KeptName(s.version, info.target_version);
@@ -568,7 +659,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   }
   const uint64_t total_us = clock.NowUs() - start_us;
   log_(internal::StrCat("view_store: serving version ", s.version, " (",
-                        in_place ? "in place" : "copied", "): ", total_us / 1000, " ms = catch-up ",
+                        mode, "): ", total_us / 1000, " ms = catch-up ",
                         catch_up_us / 1000, " + apply ", apply_us / 1000, " + sync ",
                         sync_us / 1000, " + state, kept patch, switch ",
                         (total_us - catch_up_us - apply_us - sync_us) / 1000, " ms"));

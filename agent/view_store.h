@@ -84,8 +84,29 @@ class ViewStore {
   // The spare is created zero-filled (sparse) from the patch's layout.
   Status InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version);
   // Advances to the patch's target. Its base must be version()/digest(); a
-  // squash (a -> b with a == version()) is a patch like any other.
+  // squash (a -> b with a == version()) is a patch like any other. Finishes
+  // a stream of the same patch (AdvancePrefix); a stream that fails here is
+  // dropped and the whole patch applied to a copy instead.
   Status Advance(std::span<const uint8_t> patch);
+
+  // Streaming Advance (docs/agent/apply.md "Streaming apply"): `prefix` is
+  // the beginning of a patch still arriving, verified by the caller (every
+  // byte authentic), growing from call to call (the same bytes at the same
+  // offsets; the buffer may move). Each segment record complete in it is
+  // applied to the spare at once; Advance(whole patch) then applies the rest,
+  // checks the target digest, syncs and switches as usual. Streams only into
+  // a ready spare (spare_ready(): PrepareSpare ran, so the reader rule is
+  // kept); otherwise, and for a patch whose base is not version()/digest(),
+  // it does nothing and Advance takes the whole-patch path. state.json
+  // calls the spare unusable before the first write. Errors (a damaged
+  // record, a wrong layout): the stream is dropped, the spare is unusable
+  // (the next Advance copies), nothing is served or switched.
+  Status AdvancePrefix(std::span<const uint8_t> prefix);
+  // Drops a stream (the spare is left unusable). Seed, InstallKeyframe and an
+  // Advance of another patch drop it too.
+  void AbortAdvance();
+  // A stream has begun (AdvancePrefix wrote or will write the spare).
+  bool advancing() const;
 
   // Brings the spare to version() (the kept patch applied in place, or a
   // full copy of the served slot when the spare is unusable), syncs it and

@@ -246,6 +246,116 @@ TEST_F(ViewStoreTest, CorruptPatchSwitchesNothing) {
   EXPECT_EQ(Copies(), 1);
 }
 
+// Feeds `patch` to AdvancePrefix in pieces of `piece` bytes, all but the
+// last byte (the caller's Advance brings the whole patch).
+Status StreamAllButLast(ViewStore& store, std::span<const uint8_t> patch, uint64_t piece) {
+  for (uint64_t end = piece; end < patch.size(); end += piece)
+    TERN_RETURN_IF_ERROR(store.AdvancePrefix(patch.first(end)));
+  return store.AdvancePrefix(patch.first(patch.size() - 1));
+}
+
+int Count(const std::vector<std::string>& log, const std::string& what) {
+  return static_cast<int>(std::count_if(log.begin(), log.end(), [&](const std::string& l) {
+    return l.find(what) != std::string::npos;
+  }));
+}
+
+// Streamed into a prepared spare, every version is bitwise the published
+// one, nothing is served before Advance, and records were applied while the
+// patch "arrived".
+TEST_F(ViewStoreTest, StreamedAdvanceEqualsWholeAdvance) {
+  auto store = Seeded();
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  for (uint64_t v = 3; v <= 8; ++v) {
+    SCOPED_TRACE(v);
+    ASSERT_TRUE(store->PrepareSpare().ok());
+    const std::vector<uint8_t> patch = trace_.Patch(v - 1, v);
+    ASSERT_TRUE(StreamAllButLast(*store, patch, 1 + v * 37).ok());
+    EXPECT_TRUE(store->advancing());
+    EXPECT_EQ(store->version(), v - 1);
+    EXPECT_EQ(Differs(store->current_path(), trace_, v - 1), "");  // the spare is not served
+    ASSERT_TRUE(store->Advance(patch).ok());
+    EXPECT_FALSE(store->advancing());
+    EXPECT_EQ(store->version(), v);
+    EXPECT_EQ(store->digest(), trace_.digest(v));
+    EXPECT_EQ(Differs(store->current_path(), trace_, v), "");
+  }
+  EXPECT_EQ(Count(log_, "records applied while the patch arrived"), 6);
+  EXPECT_EQ(Count(log_, "(streamed)"), 6);
+  EXPECT_EQ(Copies(), 1);  // the first spare only
+  // Reopened, it advances in place from the kept patch like any other.
+  store.reset();
+  store = OpenStore();
+  ASSERT_TRUE(store->Advance(trace_.Patch(8, 9)).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 9), "");
+  EXPECT_EQ(Copies(), 1);
+}
+
+// Without PrepareSpare the spare may still be read (the reader rule): no
+// stream starts and Advance takes the whole path. A patch for another base
+// does not start one either.
+TEST_F(ViewStoreTest, StreamWaitsForAReadySpareAndItsBase) {
+  auto store = Seeded();
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  const std::vector<uint8_t> patch = trace_.Patch(2, 3);
+  ASSERT_TRUE(StreamAllButLast(*store, patch, 50).ok());
+  EXPECT_FALSE(store->advancing());
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  const std::vector<uint8_t> later = trace_.Patch(3, 4);
+  ASSERT_TRUE(StreamAllButLast(*store, later, 50).ok());
+  EXPECT_FALSE(store->advancing());
+  ASSERT_TRUE(store->Advance(patch).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
+  EXPECT_EQ(Count(log_, "(streamed)"), 0);
+}
+
+// A damaged record in a stream: nothing is served, the spare is given up
+// (recorded unusable, so a restart copies too), and the good patch then
+// advances through a copy.
+TEST_F(ViewStoreTest, DamagedStreamServesNothingAndTheSpareIsCopied) {
+  auto store = Seeded();
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  const std::vector<uint8_t> good = trace_.Patch(2, 3);
+  for (uint64_t at : {good.size() / 2, good.size() - 40, good.size() - 2}) {
+    SCOPED_TRACE(at);
+    ASSERT_TRUE(store->PrepareSpare().ok());
+    std::vector<uint8_t> bad = good;
+    bad[at] ^= 0x10;
+    Status fed = StreamAllButLast(*store, bad, 64);
+    Status st = store->Advance(bad);
+    EXPECT_FALSE(st.ok());
+    EXPECT_FALSE(store->advancing());
+    EXPECT_EQ(store->version(), 2u);
+    EXPECT_EQ(Differs(store->current_path(), trace_, 2), "");
+    EXPECT_FALSE(store->spare_ready());
+    // state.json says so too: a reopened store copies.
+    store.reset();
+    log_.clear();
+    store = OpenStore();
+    ASSERT_TRUE(store->PrepareSpare().ok());
+    EXPECT_EQ(Copies(), 1);
+  }
+  ASSERT_TRUE(StreamAllButLast(*store, good, 64).ok());
+  ASSERT_TRUE(store->Advance(good).ok());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
+}
+
+// A stream of one patch, then another patch to another version completes
+// first: the stream is dropped and the other patch applied to a copy.
+TEST_F(ViewStoreTest, AnotherPatchDropsTheStream) {
+  auto store = Seeded();
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  const std::vector<uint8_t> squash = trace_.Patch(2, 4);
+  ASSERT_TRUE(StreamAllButLast(*store, squash, 64).ok());
+  ASSERT_TRUE(store->advancing());
+  log_.clear();
+  ASSERT_TRUE(store->Advance(trace_.Patch(2, 3)).ok());
+  EXPECT_FALSE(store->advancing());
+  EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
+  EXPECT_EQ(Copies(), 1);
+}
+
 TEST_F(ViewStoreTest, WrongBaseIsRefused) {
   auto store = Seeded();
   ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
@@ -544,6 +654,70 @@ TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
   // Failures landed before and after each commit point (7: the keyframe
   // committed, its link not re-pointed until the next call or reopen).
   EXPECT_EQ(outcomes, (std::set<uint64_t>{3, 4, 5, 7}));
+}
+
+// The streamed path under a failure at the Nth write, sync or rename (and
+// a short write): reopened on a healthy disk the store serves one whole
+// version, never a spare a stream touched, and keeps advancing.
+TEST_F(ViewStoreTest, StreamedFailureAtEveryStepLeavesOldOrNew) {
+  enum Kind { kWrite, kSync, kRename };
+  {
+    auto store = Seeded();
+    ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+    ASSERT_TRUE(store->Advance(trace_.Patch(2, 3)).ok());
+  }
+  const std::string start = tmp_ / "start";
+  std::filesystem::rename(dir_, start);
+  std::set<uint64_t> outcomes;
+  for (Kind kind : {kWrite, kSync, kRename}) {
+    for (uint64_t n = 1; n < 100; ++n) {
+      SCOPED_TRACE(::testing::Message() << "kind " << kind << " n " << n);
+      std::filesystem::remove_all(dir_);
+      std::filesystem::copy(start, dir_,
+                            std::filesystem::copy_options::recursive |
+                                std::filesystem::copy_options::copy_symlinks);
+      EnvFaultPolicy policy;
+      (kind == kWrite  ? policy.fail_write_nth
+       : kind == kSync ? policy.fail_sync_nth
+                       : policy.fail_rename_nth) = n;
+      policy.short_writes = true;
+      FaultEnv faulty(DefaultEnv(), policy);
+      bool done = false;
+      uint64_t reported = 3;
+      {
+        auto s = ViewStore::Open(faulty, dir_, pool_, [](std::string_view) {});
+        if (s.ok()) {
+          Status st = Status::Ok();
+          for (uint64_t v = 4; v <= 5 && st.ok(); ++v) {
+            st = (*s)->PrepareSpare();
+            const std::vector<uint8_t> patch = trace_.Patch(v - 1, v);
+            if (st.ok()) st = StreamAllButLast(**s, patch, 64);
+            if (st.ok()) st = (*s)->Advance(patch);
+          }
+          done = st.ok();
+          EXPECT_EQ(done, faulty.stats().failed == 0) << st.ToString();
+          reported = (*s)->version();
+          if (!done) outcomes.insert(reported);
+        }
+      }
+      auto store = OpenStore();
+      ASSERT_NE(store, nullptr);
+      const uint64_t v = store->version();
+      EXPECT_TRUE(v == reported || v == reported + 1) << v << " " << reported;
+      EXPECT_EQ(store->digest(), trace_.digest(v));
+      EXPECT_EQ(Differs(store->current_path(), trace_, v), "");
+      log_.clear();
+      ASSERT_TRUE(store->PrepareSpare().ok());
+      const std::vector<uint8_t> next = trace_.Patch(v, v + 1);
+      ASSERT_TRUE(StreamAllButLast(*store, next, 64).ok());
+      ASSERT_TRUE(store->Advance(next).ok());
+      EXPECT_EQ(Differs(store->current_path(), trace_, v + 1), "");
+      for (const std::string& line : log_) EXPECT_EQ(line.find("unusable"), std::string::npos) << line;
+      if (done) break;
+    }
+  }
+  // Failures landed before the first commit and between the two.
+  EXPECT_TRUE(outcomes.count(3) && outcomes.count(4));
 }
 
 }  // namespace

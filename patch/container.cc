@@ -68,18 +68,16 @@ Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
   return Status::Ok();
 }
 
-// Walks the units; with `prefix` set, an incomplete unit ends the walk
-// successfully and *verified says how far it got.
-Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
-  const bool prefix = verified != nullptr;
+// Header and manifest. With `prefix` set, *at is how far they are complete
+// (0 or the header's size) and *complete false when `in` ends before them.
+Status WalkHead(std::span<const uint8_t> in, bool prefix, ParsedPatch* out, uint64_t* at,
+                uint64_t* manifest_sum, bool* complete) {
   const uint8_t* p = in.data();
   const uint64_t size = in.size();
-  auto stop = [&](uint64_t at) {
-    *verified = at;
-    return Status::Ok();
-  };
+  *at = 0;
+  *complete = false;
   if (size < sizeof(FileHeader)) {
-    if (prefix) return stop(0);
+    if (prefix) return Status::Ok();
     return TERN_ERROR(kCorrupt, "truncated patch: ", size, " bytes, no file header");
   }
   FileHeader fh;
@@ -92,15 +90,34 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
   TERN_REQUIRE(fh.manifest_bytes >= sizeof(ManifestFixed) && fh.manifest_bytes <= kMaxManifestBytes, kCorrupt,
                "patch header: manifest size ", fh.manifest_bytes, " out of range");
   out->format_version = fh.version;
-  uint64_t at = sizeof(FileHeader);
-  if (size - at < fh.manifest_bytes + kChecksumBytes) {
-    if (prefix) return stop(at);
+  *at = sizeof(FileHeader);
+  if (size - *at < fh.manifest_bytes + kChecksumBytes) {
+    if (prefix) return Status::Ok();
     return TERN_ERROR(kCorrupt, "truncated patch: manifest needs ", fh.manifest_bytes, " bytes");
   }
-  const uint64_t manifest_sum = DecodeFixed64(p + at + fh.manifest_bytes);
-  TERN_REQUIRE(XXH3_64bits(p + at, fh.manifest_bytes) == manifest_sum, kCorrupt, "manifest checksum mismatch");
-  TERN_RETURN_IF_ERROR(ParseManifest(p + at, fh.manifest_bytes, out));
-  at += fh.manifest_bytes + kChecksumBytes;
+  *manifest_sum = DecodeFixed64(p + *at + fh.manifest_bytes);
+  TERN_REQUIRE(XXH3_64bits(p + *at, fh.manifest_bytes) == *manifest_sum, kCorrupt, "manifest checksum mismatch");
+  TERN_RETURN_IF_ERROR(ParseManifest(p + *at, fh.manifest_bytes, out));
+  *at += fh.manifest_bytes + kChecksumBytes;
+  out->container_bytes = sizeof(FileHeader) + fh.manifest_bytes + kChecksumBytes + sizeof(Trailer);
+  *complete = true;
+  return Status::Ok();
+}
+
+// Walks the units; with `prefix` set, an incomplete unit ends the walk
+// successfully and *verified says how far it got.
+Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
+  const bool prefix = verified != nullptr;
+  const uint8_t* p = in.data();
+  const uint64_t size = in.size();
+  auto stop = [&](uint64_t at) {
+    *verified = at;
+    return Status::Ok();
+  };
+  uint64_t at = 0, manifest_sum = 0;
+  bool head_complete = false;
+  TERN_RETURN_IF_ERROR(WalkHead(in, prefix, out, &at, &manifest_sum, &head_complete));
+  if (!head_complete) return stop(at);
 
   uint64_t record_total = 0;
   for (const auto& t : out->tensors) {
@@ -115,35 +132,25 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
   if (!prefix) out->records.reserve(record_total);
   std::vector<uint64_t> sums;
   sums.reserve(prefix ? 0 : record_total);
-  for (uint32_t t = 0; t < out->tensors.size(); ++t) {
-    const ManifestTensor& mt = out->tensors[t];
-    uint64_t next_free = 0;
-    for (uint64_t s = 0; s < mt.segment_count; ++s) {
-      uint64_t need = 0;
-      if (prefix && size - at < sizeof(RecordHeader)) return stop(at);
-      auto rec = ParseRecord(p + at, size - at, mt.width_bits, &need,
-                             out->format_version >= kFormatVersion2 && mt.context.ok);
-      if (!rec.ok()) {
-        if (prefix && need > size - at) return stop(at);
-        return rec.status().WithContext("tensor '" + mt.desc.name + "'");
-      }
-      const RecordHeader& h = rec->h;
-      TERN_REQUIRE(h.tensor_index == t, kCorrupt, "segment record out of order: tensor index ", h.tensor_index,
-                   " where ", t, " ('", mt.desc.name, "') was expected");
-      TERN_REQUIRE(h.first_element >= next_free && h.element_count <= mt.elements &&
-                       h.first_element <= mt.elements - h.element_count,
-                   kCorrupt, "tensor '", mt.desc.name, "': segment at element ", h.first_element,
-                   " overlaps or exceeds the tensor");
-      if (mt.width_bits == 4)
-        TERN_REQUIRE(h.first_element % 2 == 0 &&
-                         (h.element_count % 2 == 0 || h.first_element + h.element_count == mt.elements),
-                     kCorrupt, "tensor '", mt.desc.name, "': packed 4-bit segment not byte aligned");
-      next_free = h.first_element + h.element_count;
-      at += rec->total_bytes;
-      sums.push_back(rec->checksum);
-      if (!prefix) out->records.push_back(*rec);
+  RecordCursor cursor;
+  cursor.at = at;
+  for (;;) {
+    RecordView rec;
+    TERN_ASSIGN_OR_RETURN(NextRecordResult next, NextRecord(in, *out, &cursor, &rec));
+    if (next == NextRecordResult::kEnd) break;
+    if (next == NextRecordResult::kIncomplete) {
+      if (prefix) return stop(cursor.at);
+      // ParseRecord's own error names what is missing.
+      const ManifestTensor& mt = out->tensors[cursor.tensor];
+      auto rec_again = ParseRecord(p + cursor.at, size - cursor.at, mt.width_bits, nullptr,
+                                   out->format_version >= kFormatVersion2 && mt.context.ok);
+      TERN_ASSERT(!rec_again.ok(), "NextRecord found a complete record incomplete");
+      return rec_again.status().WithContext("tensor '" + mt.desc.name + "'");
     }
+    sums.push_back(rec.checksum);
+    if (!prefix) out->records.push_back(rec);
   }
+  at = cursor.at;
   if (size - at < sizeof(Trailer)) {
     if (prefix) return stop(at);
     return TERN_ERROR(kCorrupt, "truncated patch: trailer missing");
@@ -156,7 +163,6 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
                "patch trailer checksum mismatch");
   at += sizeof(Trailer);
   TERN_REQUIRE(at == size, kCorrupt, "patch: ", size - at, " bytes after the trailer");
-  out->container_bytes = sizeof(FileHeader) + fh.manifest_bytes + kChecksumBytes + sizeof(Trailer);
   out->total_bytes = size;
   if (prefix) *verified = at;
   return Status::Ok();
@@ -175,6 +181,50 @@ Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix) {
   uint64_t verified = 0;
   TERN_RETURN_IF_ERROR(Walk(prefix, &out, &verified));
   return verified;
+}
+
+Result<bool> ParseHead(std::span<const uint8_t> prefix, ParsedPatch* out, uint64_t* records_at) {
+  uint64_t manifest_sum = 0;
+  bool complete = false;
+  TERN_RETURN_IF_ERROR(WalkHead(prefix, /*prefix=*/true, out, records_at, &manifest_sum, &complete));
+  return complete;
+}
+
+Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPatch& head, RecordCursor* c,
+                                    RecordView* rec) {
+  while (c->tensor < head.tensors.size() && c->segment == head.tensors[c->tensor].segment_count) {
+    ++c->tensor;
+    c->segment = 0;
+    c->next_free = 0;
+  }
+  if (c->tensor == head.tensors.size()) return NextRecordResult::kEnd;
+  const ManifestTensor& mt = head.tensors[c->tensor];
+  TERN_REQUIRE(c->at <= in.size(), kInvalidArgument, "record cursor past the bytes given");
+  const uint64_t available = in.size() - c->at;
+  if (available < sizeof(RecordHeader)) return NextRecordResult::kIncomplete;
+  uint64_t need = 0;
+  auto parsed = ParseRecord(in.data() + c->at, available, mt.width_bits, &need,
+                            head.format_version >= kFormatVersion2 && mt.context.ok);
+  if (!parsed.ok()) {
+    if (need > available) return NextRecordResult::kIncomplete;
+    return parsed.status().WithContext("tensor '" + mt.desc.name + "'");
+  }
+  const RecordHeader& h = parsed->h;
+  TERN_REQUIRE(h.tensor_index == c->tensor, kCorrupt, "segment record out of order: tensor index ",
+               h.tensor_index, " where ", c->tensor, " ('", mt.desc.name, "') was expected");
+  TERN_REQUIRE(h.first_element >= c->next_free && h.element_count <= mt.elements &&
+                   h.first_element <= mt.elements - h.element_count,
+               kCorrupt, "tensor '", mt.desc.name, "': segment at element ", h.first_element,
+               " overlaps or exceeds the tensor");
+  if (mt.width_bits == 4)
+    TERN_REQUIRE(h.first_element % 2 == 0 &&
+                     (h.element_count % 2 == 0 || h.first_element + h.element_count == mt.elements),
+                 kCorrupt, "tensor '", mt.desc.name, "': packed 4-bit segment not byte aligned");
+  c->next_free = h.first_element + h.element_count;
+  c->at += parsed->total_bytes;
+  ++c->segment;
+  *rec = *parsed;
+  return NextRecordResult::kRecord;
 }
 
 std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,

@@ -37,6 +37,27 @@ Result<ParsedPatch> ParsePatch(std::span<const uint8_t> patch);
 // Longest prefix of complete, valid units (for cut-through forwarding).
 Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix);
 
+// Streaming parse (patch/apply_stream.cc): the file header and manifest of a
+// prefix. False while the prefix ends before them; kCorrupt/kUnsupported as
+// ParsePatch. *records_at: the first record's offset. Sets tensors,
+// versions, digests, format_version and container_bytes of *out.
+Result<bool> ParseHead(std::span<const uint8_t> prefix, ParsedPatch* out, uint64_t* records_at);
+
+// Where the next record starts: its offset, tensor, segment within the
+// tensor and the first element it may cover.
+struct RecordCursor {
+  uint64_t at = 0;
+  uint32_t tensor = 0;
+  uint64_t segment = 0;
+  uint64_t next_free = 0;
+};
+enum class NextRecordResult { kRecord, kIncomplete, kEnd };
+// The record at c->at (every check ParsePatch makes of it, the checksum
+// included), advancing *c past it; kIncomplete when `in` ends inside it,
+// kEnd after the last record the manifest announces. `rec` points into `in`.
+Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPatch& head, RecordCursor* c,
+                                    RecordView* rec);
+
 // Writes a patch; `records` are complete records sorted by (tensor, first
 // element) with disjoint ranges (our invariant: asserted).
 // format_version: 1 or 2 (records with CONTEXT need 2).

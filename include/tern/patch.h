@@ -16,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -159,6 +161,54 @@ TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
 TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
                          const ViewDigest& current_digest, ThreadPool& pool, const ApplyOptions& options,
                          ViewDigest* new_digest = nullptr);
+
+// The header and manifest of a patch from its first bytes (versions,
+// digests, format and tensor layout; no segment counted): no value while
+// `prefix` ends before them; kCorrupt/kUnsupported as Inspect.
+TERN_EXPORT Result<std::optional<PatchInfo>> InspectHead(std::span<const uint8_t> prefix);
+
+// Applies a patch while it arrives: each segment record is decoded and
+// written as soon as its bytes are all there, so that when the last byte
+// lands only the records still missing, the target-digest check and the
+// caller's switch remain (the agent's cut-through apply, docs/agent/apply.md
+// "Streaming apply"). Records are independent given the base: a CONTEXT
+// record reads only its own segment's base.
+//
+// The view must be exclusive (ApplyOptions::exclusive_view) and, unlike
+// Apply, it is NOT restored on error: after any error from Feed or Finish its
+// bytes are unknown and the caller must discard it (the agent's spare is
+// marked unusable first). Errors are sticky: every later call returns the
+// first. The bytes fed must be authentic (the caller verified them, e.g. by
+// SHA-256 against a signed root): each record's XXH3 still guards against
+// damage, but the target digest is only checked by Finish, after the writes.
+// The view, pool and patch bytes of a call are borrowed for that call; the
+// view must stay the same object until Finish.
+class TERN_EXPORT PatchStreamApply {
+ public:
+  PatchStreamApply(MutableServeView& view, const ViewDigest& current_digest, ThreadPool& pool);
+  ~PatchStreamApply();
+  PatchStreamApply(const PatchStreamApply&) = delete;
+  PatchStreamApply& operator=(const PatchStreamApply&) = delete;
+
+  // `prefix`: the first bytes of the patch, longer or as long as at the last
+  // call, the same bytes at the same offsets (the buffer may move). Once the
+  // header and manifest are in, checks the base digest and layout (kMismatch)
+  // and then writes every record complete in `prefix` not yet written.
+  Status Feed(std::span<const uint8_t> prefix);
+  // The whole patch: parses and checks it as Apply does (trailer included),
+  // checks that the records already written are its records (kMismatch),
+  // writes the rest and verifies the target digest (kCorrupt).
+  Status Finish(std::span<const uint8_t> patch, ViewDigest* new_digest = nullptr);
+  // Header and manifest seen (base checked); what they say (only then).
+  bool started() const;
+  uint64_t target_version() const;
+  uint64_t records_written() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 // a->b, b->c, ... => a->z, exactly (deltas add mod 2^w), without the base.
 // Layouts must match and digests chain (kMismatch otherwise). Writes format
