@@ -111,6 +111,7 @@ class AgentImpl final : public Agent {
   void MemberTick();
   bool MemberAcceptManifest(const std::string& signed_manifest, const VersionManifest& m);
   void MemberObjectComplete(const ObjectRef& ref, const std::string& path);
+  void MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path, uint64_t bytes);
   void MemberTryApply();
   Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
   void MemberPrepareSpare();
@@ -188,6 +189,11 @@ class AgentImpl final : public Agent {
   uint64_t heartbeat_seq_ = 0;
   double last_apply_s_ = 0;
   uint64_t spare_due_us_ = 0;  // PrepareSpare after this (0: nothing due)
+  // Work thread only: the patch streaming into the spare
+  // (ViewStore::AdvancePrefix) and our own mapping of its ".part" file,
+  // valid whatever the relay does with the file meanwhile.
+  ObjectRef stream_ref_;
+  std::unique_ptr<MappedFile> stream_file_;
   bool catching_up_ = false;
   uint64_t catch_up_deadline_us_ = 0;  // a request unanswered by then is given up
   uint64_t catch_up_next_us_ = 0;      // the next periodic check

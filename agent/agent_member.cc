@@ -87,6 +87,11 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     }
     Post([this, ref, path] { MemberObjectComplete(ref, path); });
   };
+  if (opt_.stream_apply) {
+    cb.on_prefix_verified = [this](const ObjectRef& ref, const std::string& part_path, uint64_t bytes) {
+      Post([this, ref, part_path, bytes] { MemberObjectPrefix(ref, part_path, bytes); });
+    };
+  }
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
     Log("parent of stripe " + std::to_string(stripe) + " failed: " + why.ToString());
     std::lock_guard<std::mutex> lock(mu_);
@@ -305,6 +310,30 @@ void AgentImpl::MemberTryApply() {
   }
 }
 
+// On the work thread: the verified first `bytes` of an object still
+// arriving. A patch from the served version goes into the spare record by
+// record (ViewStore::AdvancePrefix), only if the spare is ready (the reader
+// rule) and no other patch is streaming; MemberApplyObject finishes it.
+void AgentImpl::MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path, uint64_t bytes) {
+  if (ref.kind != ObjectKind::kPatch || ref.from != store_->version()) return;
+  if (stream_file_ && stream_ref_ != ref) {
+    if (store_->advancing()) return;  // another patch streams
+    stream_file_.reset();             // its stream was dropped or never began
+  }
+  if (!stream_file_) {
+    if (!store_->spare_ready()) return;
+    auto file = env_.Map(part_path, MapMode::kReadOnly);
+    if (!file.ok()) return;  // completed and renamed meanwhile: applied whole
+    stream_file_ = std::move(file).value();
+    stream_ref_ = ref;
+  }
+  if (bytes > stream_file_->size()) return;
+  if (Status s = store_->AdvancePrefix(stream_file_->bytes().first(bytes)); !s.ok()) {
+    Log("cannot stream " + ObjectName(ref) + " into the spare: " + s.ToString() +
+        " (applied whole once complete)");
+  }
+}
+
 // On the work thread.
 Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& path) {
   const double t0 = NowS();
@@ -313,8 +342,12 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   if (ref.kind == ObjectKind::kKeyframe) {
     TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to));
   } else {
-    TERN_RETURN_IF_ERROR(store_->Advance(bytes));
+    // Finishes the stream of this patch, if one began (or drops another's).
+    Status s = store_->Advance(bytes);
+    stream_file_.reset();
+    TERN_RETURN_IF_ERROR(s);
   }
+  stream_file_.reset();  // any stream is over: the store dropped it
   const double dt = NowS() - t0;
   Outbox out;
   {

@@ -81,6 +81,12 @@ struct RelayCallbacks {
   // A verified manifest from a parent, before any byte of it is accepted:
   // return false to refuse (the lead's replay check). Null: accept.
   std::function<bool(const std::string& signed_manifest, const VersionManifest&)> on_manifest;
+  // Chunks 0 .. k-1 are verified and k grew: their bytes, `prefix_bytes`
+  // from the start of `part_path` (the ".part" file, mapped by the node; a
+  // verified chunk is never written again), are final. Not called for the
+  // chunk that completes the object (on_object_complete is). Null: nothing.
+  std::function<void(const ObjectRef&, const std::string& part_path, uint64_t prefix_bytes)>
+      on_prefix_verified;
   // Every chunk verified; the file is synced and renamed to its final path.
   std::function<void(const ObjectRef&, const std::string& path)> on_object_complete;
   // The parent link of `stripe` ended (closed, failed, or dropped for bad

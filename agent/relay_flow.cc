@@ -226,7 +226,17 @@ bool RelayNode::Impl::CheckLandedChunk(Link& link, Object& obj, FromParent& fp, 
   link.stats.bytes_in += obj.Length(i);
   fp.bytes_in += obj.Length(i);
   Forward(obj, i);
-  if (obj.verified_count == obj.count()) Completed(obj);
+  if (obj.verified_count == obj.count()) {
+    Completed(obj);
+    return true;
+  }
+  if (i == obj.prefix_chunks) {
+    while (obj.prefix_chunks < obj.count() && obj.verified[obj.prefix_chunks]) ++obj.prefix_chunks;
+    calls.push_back(
+        [this, ref = obj.ref, path = obj.part_path, bytes = obj.Offset(obj.prefix_chunks)] {
+          if (callbacks.on_prefix_verified) callbacks.on_prefix_verified(ref, path, bytes);
+        });
+  }
   return true;
 }
 

@@ -118,6 +118,10 @@ struct Node {
       std::lock_guard<std::mutex> lock(mu);
       completed.push_back(path);
     };
+    cb.on_prefix_verified = [this](const ObjectRef&, const std::string& part, uint64_t bytes) {
+      std::lock_guard<std::mutex> lock(mu);
+      prefixes.push_back({part, bytes});
+    };
     cb.on_parent_failed = [this](uint32_t stripe, const Status& st) {
       std::lock_guard<std::mutex> lock(mu);
       failures.push_back({stripe, st});
@@ -162,6 +166,7 @@ struct Node {
   std::atomic<uint64_t> refuse_up_to{0};
   std::mutex mu;
   std::vector<std::string> completed;
+  std::vector<std::pair<std::string, uint64_t>> prefixes;  // on_prefix_verified
   std::vector<std::pair<uint32_t, Status>> failures;
   std::unique_ptr<RelayNode> relay;  // last: destroyed first
 };
@@ -601,6 +606,49 @@ TEST_F(RelayTest, ChainForwardsEachChunkBeforeTheObjectIsComplete) {
   EXPECT_EQ(Stored("a", o), o.data);
   EXPECT_EQ(Stored("b", o), o.data);
   EXPECT_EQ(Stored("c", o), o.data);
+}
+
+// on_prefix_verified reports the verified chunks from the start, in order:
+// not chunk 1 alone, then 0 and 1 together (the streaming apply's input),
+// and the bytes it names are the object's.
+TEST_F(RelayTest, VerifiedPrefixIsReportedInOrder) {
+  const TestObject o = MakeObject(signer_, board_, 4 * 4096 + 10, 4096);
+  ScriptedParent root(net_, "root", o);
+  RelayOptions opt;
+  opt.window_chunks = 3;
+  auto a = MakeNode("a", opt);
+  a->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(root.WaitSubscribed());
+  root.OfferAndHashes(o.signed_manifest);
+  ASSERT_TRUE(root.WaitWant(1));
+  ASSERT_TRUE(root.SendChunk(1).ok());
+  ASSERT_TRUE(WaitFor([&] { return a->Verified(o.ref) == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(a->mu);
+    EXPECT_TRUE(a->prefixes.empty());
+  }
+  ASSERT_TRUE(root.SendChunk(0).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(a->mu);
+    return !a->prefixes.empty();
+  }));
+  {
+    std::lock_guard<std::mutex> lock(a->mu);
+    ASSERT_EQ(a->prefixes.size(), 1u);
+    EXPECT_EQ(a->prefixes[0].second, 2u * 4096);
+    EXPECT_EQ(a->prefixes[0].first, base_ + "/a/objects/patch-1-2.part");
+    EXPECT_EQ(ReadAll(env_, a->prefixes[0].first).substr(0, 2 * 4096), o.data.substr(0, 2 * 4096));
+  }
+  for (uint32_t i = 2; i < o.count(); ++i) {
+    ASSERT_TRUE(root.WaitWant(i)) << i;
+    ASSERT_TRUE(root.SendChunk(i).ok()) << i;
+  }
+  ASSERT_TRUE(WaitFor([&] { return a->Complete(); }));
+  std::lock_guard<std::mutex> lock(a->mu);
+  // Chunks 2 and 3 each grew the prefix; the last one completed the object.
+  ASSERT_EQ(a->prefixes.size(), 3u);
+  EXPECT_EQ(a->prefixes[1].second, 3u * 4096);
+  EXPECT_EQ(a->prefixes[2].second, 4u * 4096);
 }
 
 // c takes even chunks from a and odd ones from b; a and b take all from root.

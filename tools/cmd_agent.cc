@@ -27,6 +27,7 @@ struct AgentArgs {
   std::string join, listen, admin, data, id, region, cluster, island;
   std::string transport_intra, listen_intra;
   bool no_relay = false;
+  bool no_stream_apply = false;
   double uplink_gbps = 10, downlink_gbps = 10;
   std::string signing_key, join_token_file, admin_token_file;
   std::vector<std::string> trust_keys;
@@ -88,6 +89,7 @@ Status CheckAgent(AgentArgs& a) {
   o.heartbeat_ms = a.heartbeat_ms;
   o.dead_after_ms = a.dead_after_ms;
   o.spare_grace_ms = a.spare_grace_ms;
+  o.stream_apply = !a.no_stream_apply;
   o.parent_stall_ms = a.parent_stall_ms;
   o.push_window_bytes = a.push_window_bytes;
   o.threads = a.threads;
@@ -255,6 +257,8 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
                  "HOST:PORT for --transport-intra (port 0: any)");
   cmd.add_option("--island", a->island, "island (engines sharing this copy)");
   cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
+  cmd.add_flag("--no-stream-apply", a->no_stream_apply,
+               "member: apply a patch only once it is complete, not segment by segment as it arrives");
   cmd.add_option("--uplink-gbps", a->uplink_gbps, "uplink rate for planning until measured")->default_val("10");
   cmd.add_option("--downlink-gbps", a->downlink_gbps, "downlink rate for planning")->default_val("10");
   cmd.add_option("--signing-key", a->signing_key,

@@ -20,6 +20,7 @@ struct AgentDemoArgs {
   std::string dir;  // empty: a temporary directory
   bool keep = false;
   bool verbose = false;
+  bool stream_apply = true;  // AgentOptions::stream_apply of every member
   TraceConfig config;  // shape from params
 };
 

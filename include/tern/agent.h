@@ -105,6 +105,12 @@ struct AgentOptions {
   // before the next version is applied, if that comes sooner), since both
   // rewrite that slot (docs/agent/apply.md).
   uint32_t spare_grace_ms = 2000;
+  // Member: a patch from the served version is applied to the prepared
+  // spare segment by segment while its chunks arrive (verified, in order),
+  // so that its last chunk leaves only the rest, the digest check and the
+  // switch (docs/agent/apply.md "Streaming apply"). false: applied whole
+  // once complete.
+  bool stream_apply = true;
   // Member: a parent that sends no byte for this long while a version is
   // due (HEAD is newer than what this member serves or holds) is reported
   // to the root, which plans around it; 0: never report stalls (chunks
