@@ -114,7 +114,7 @@ Status RunAgentDemo(const AgentDemoArgs& a) {
     o.stripes = a.stripes;
     o.heartbeat_ms = 100;
     o.dead_after_ms = 3000;
-    o.stream_apply = a.stream_apply;
+    o.stream_apply = !a.no_stream_apply;
     if (!key.empty()) o.trusted_keys_pem = {key};
     TERN_ASSIGN_OR_RETURN(n.agent, Agent::Start(o));
     return Status::Ok();

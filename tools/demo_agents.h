@@ -20,7 +20,7 @@ struct AgentDemoArgs {
   std::string dir;  // empty: a temporary directory
   bool keep = false;
   bool verbose = false;
-  bool stream_apply = true;  // AgentOptions::stream_apply of every member
+  bool no_stream_apply = false;  // AgentOptions::stream_apply false for every member
   TraceConfig config;  // shape from params
 };
 
