@@ -88,7 +88,8 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     Post([this, ref, path] { MemberObjectComplete(ref, path); });
   };
   if (opt_.stream_apply) {
-    cb.on_prefix_verified = [this](const ObjectRef& ref, const std::string& part_path, uint64_t bytes) {
+    cb.on_prefix_verified = [this](const ObjectRef& ref, const std::string& part_path,
+                                   uint64_t bytes) {
       Post([this, ref, part_path, bytes] { MemberObjectPrefix(ref, part_path, bytes); });
     };
   }
@@ -314,7 +315,8 @@ void AgentImpl::MemberTryApply() {
 // arriving. A patch from the served version goes into the spare record by
 // record (ViewStore::AdvancePrefix), only if the spare is ready (the reader
 // rule) and no other patch is streaming; MemberApplyObject finishes it.
-void AgentImpl::MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path, uint64_t bytes) {
+void AgentImpl::MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path,
+                                   uint64_t bytes) {
   if (ref.kind != ObjectKind::kPatch || ref.from != store_->version()) return;
   if (stream_file_ && stream_ref_ != ref) {
     if (store_->advancing()) return;  // another patch streams

@@ -282,11 +282,13 @@ TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
   for (uint64_t v = 2; v <= 3; ++v) {
     // The spare must be ready (the reader rule) before a stream may start.
-    ASSERT_TRUE(WaitFor([&] {
-      for (const char* name : {"a", "b", "c"})
-        if (count(name, "spare view ready") < static_cast<long>(v - 1)) return false;
-      return true;
-    }, 30));
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          for (const char* name : {"a", "b", "c"})
+            if (count(name, "spare view ready") < static_cast<long>(v - 1)) return false;
+          return true;
+        },
+        30));
     Publish(v);
     ASSERT_TRUE(AllServe(v)) << Lagging(v);
     ExpectBitwiseEqual(v);

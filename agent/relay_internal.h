@@ -37,7 +37,7 @@ struct Object {
   bool hashes_ok = false;
   std::vector<uint8_t> verified;
   uint32_t verified_count = 0;
-  uint32_t prefix_chunks = 0;  // chunks 0 .. prefix_chunks-1 all verified
+  uint32_t prefix_chunks = 0;            // chunks 0 .. prefix_chunks-1 all verified
   std::map<uint32_t, uint64_t> windows;  // chunk -> the parent link it has a window on
   std::set<uint32_t> requeue;            // chunks to ask for again (failed SHA-256)
   bool complete = false;

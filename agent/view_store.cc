@@ -658,10 +658,10 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     if (!removed.ok()) log_("view_store: " + removed.ToString());
   }
   const uint64_t total_us = clock.NowUs() - start_us;
-  log_(internal::StrCat("view_store: serving version ", s.version, " (",
-                        mode, "): ", total_us / 1000, " ms = catch-up ",
-                        catch_up_us / 1000, " + apply ", apply_us / 1000, " + sync ",
-                        sync_us / 1000, " + state, kept patch, switch ",
+  log_(internal::StrCat("view_store: serving version ", s.version, " (", mode,
+                        "): ", total_us / 1000, " ms = catch-up ", catch_up_us / 1000, " + apply ",
+                        apply_us / 1000, " + sync ", sync_us / 1000,
+                        " + state, kept patch, switch ",
                         (total_us - catch_up_us - apply_us - sync_us) / 1000, " ms"));
   return Status::Ok();
 }

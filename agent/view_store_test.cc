@@ -673,9 +673,9 @@ TEST_F(ViewStoreTest, StreamedFailureAtEveryStepLeavesOldOrNew) {
     for (uint64_t n = 1; n < 100; ++n) {
       SCOPED_TRACE(::testing::Message() << "kind " << kind << " n " << n);
       std::filesystem::remove_all(dir_);
-      std::filesystem::copy(start, dir_,
-                            std::filesystem::copy_options::recursive |
-                                std::filesystem::copy_options::copy_symlinks);
+      std::filesystem::copy(
+          start, dir_,
+          std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
       EnvFaultPolicy policy;
       (kind == kWrite  ? policy.fail_write_nth
        : kind == kSync ? policy.fail_sync_nth
@@ -712,7 +712,8 @@ TEST_F(ViewStoreTest, StreamedFailureAtEveryStepLeavesOldOrNew) {
       ASSERT_TRUE(StreamAllButLast(*store, next, 64).ok());
       ASSERT_TRUE(store->Advance(next).ok());
       EXPECT_EQ(Differs(store->current_path(), trace_, v + 1), "");
-      for (const std::string& line : log_) EXPECT_EQ(line.find("unusable"), std::string::npos) << line;
+      for (const std::string& line : log_)
+        EXPECT_EQ(line.find("unusable"), std::string::npos) << line;
       if (done) break;
     }
   }

@@ -22,11 +22,11 @@ struct PatchStreamApply::Impl {
   MutableServeView& view;
   const ViewDigest base;
   ThreadPool& pool;
-  Status error;         // sticky: the first error
+  Status error;  // sticky: the first error
   bool started = false;
-  ParsedPatch head;     // header and manifest (records are not kept: they point into old prefixes)
+  ParsedPatch head;  // header and manifest (records are not kept: they point into old prefixes)
   std::vector<uint64_t> seeds;  // per tensor
-  RecordCursor cursor;  // the next record to write
+  RecordCursor cursor;          // the next record to write
   // Per record written: where it was and its checksum (Finish compares),
   // and its digest change (Finish sums).
   std::vector<uint64_t> offsets, checksums;
@@ -67,14 +67,16 @@ struct PatchStreamApply::Impl {
         uint64_t n = 0;
         // A CONTEXT decoder reads a block's base before it emits a change
         // there, so writing each change as it comes is safe (context_codec.h).
-        Status st = patchfmt::DecodeRecordOnBase(r, W, data, mt.context, [&](uint64_t pos, uint64_t delta) {
-          if (n++ == r.h.changed_count) return;  // a corrupt stream may yield more: the decoder rejects it
-          const uint64_t i = first_element + pos;
-          const uint64_t old_value = patchfmt::LoadElement<W>(data, i);
-          const uint64_t new_value = (old_value + delta) & kMask;
-          patchfmt::AddElementChange(seed, i, old_value, new_value, sum);
-          patchfmt::StoreElement<W>(data, i, new_value);
-        });
+        Status st =
+            patchfmt::DecodeRecordOnBase(r, W, data, mt.context, [&](uint64_t pos, uint64_t delta) {
+              if (n++ == r.h.changed_count)
+                return;  // a corrupt stream may yield more: the decoder rejects it
+              const uint64_t i = first_element + pos;
+              const uint64_t old_value = patchfmt::LoadElement<W>(data, i);
+              const uint64_t new_value = (old_value + delta) & kMask;
+              patchfmt::AddElementChange(seed, i, old_value, new_value, sum);
+              patchfmt::StoreElement<W>(data, i, new_value);
+            });
         for (int l = 0; l < 4; ++l) partial[first + k].lanes[l] = sum[l];
         return st;
       });
@@ -83,8 +85,9 @@ struct PatchStreamApply::Impl {
     if (failed.load())
       for (size_t k = 0; k < records.size(); ++k)
         if (!errors[k].ok())
-          return errors[k].WithContext("tensor '" + head.tensors[records[k].h.tensor_index].desc.name +
-                                       "' segment at element " + std::to_string(records[k].h.first_element));
+          return errors[k].WithContext(
+              "tensor '" + head.tensors[records[k].h.tensor_index].desc.name +
+              "' segment at element " + std::to_string(records[k].h.first_element));
     return Status::Ok();
   }
 
@@ -118,23 +121,26 @@ struct PatchStreamApply::Impl {
     TERN_RETURN_IF_ERROR(Feed(patch));
     TERN_ASSIGN_OR_RETURN(ParsedPatch whole, patchfmt::ParsePatch(patch));
     TERN_REQUIRE(started, kCorrupt, "patch: header incomplete");  // ParsePatch would have said so
-    TERN_REQUIRE(whole.base_digest == head.base_digest && whole.target_digest == head.target_digest &&
-                     whole.base_version == head.base_version && whole.target_version == head.target_version,
-                 kMismatch, "not the patch that was fed: its manifest differs");
+    TERN_REQUIRE(
+        whole.base_digest == head.base_digest && whole.target_digest == head.target_digest &&
+            whole.base_version == head.base_version && whole.target_version == head.target_version,
+        kMismatch, "not the patch that was fed: its manifest differs");
     TERN_REQUIRE(whole.records.size() == partial.size(), kMismatch, "streamed ", partial.size(),
                  " records, the patch has ", whole.records.size());
     for (size_t k = 0; k < whole.records.size(); ++k) {
       // A record's table follows its fixed header.
-      const uint64_t at =
-          static_cast<uint64_t>(whole.records[k].table - patch.data()) - sizeof(patchfmt::RecordHeader);
-      TERN_REQUIRE(at == offsets[k], kMismatch, "record ", k, " is at ", at, ", it was streamed from ", offsets[k]);
+      const uint64_t at = static_cast<uint64_t>(whole.records[k].table - patch.data()) -
+                          sizeof(patchfmt::RecordHeader);
+      TERN_REQUIRE(at == offsets[k], kMismatch, "record ", k, " is at ", at,
+                   ", it was streamed from ", offsets[k]);
       TERN_REQUIRE(whole.records[k].checksum == checksums[k], kMismatch, "record ", k,
                    " differs from the one streamed: not the patch that was fed");
     }
     ViewDigest sum = head.base_digest;
     for (const ViewDigest& d : partial) sum += d;
-    TERN_REQUIRE(sum == whole.target_digest, kCorrupt, "patch does not produce its target digest (", sum.ToString(),
-                 " instead of ", whole.target_digest.ToString(), "); the view must be discarded");
+    TERN_REQUIRE(sum == whole.target_digest, kCorrupt, "patch does not produce its target digest (",
+                 sum.ToString(), " instead of ", whole.target_digest.ToString(),
+                 "); the view must be discarded");
     if (new_digest) *new_digest = sum;
     return Status::Ok();
   }
@@ -164,7 +170,8 @@ Result<std::optional<PatchInfo>> InspectHead(std::span<const uint8_t> prefix) {
   return std::optional<PatchInfo>(std::move(info));
 }
 
-PatchStreamApply::PatchStreamApply(MutableServeView& view, const ViewDigest& current_digest, ThreadPool& pool)
+PatchStreamApply::PatchStreamApply(MutableServeView& view, const ViewDigest& current_digest,
+                                   ThreadPool& pool)
     : impl_(std::make_unique<Impl>(view, current_digest, pool)) {}
 PatchStreamApply::~PatchStreamApply() = default;
 

@@ -96,7 +96,8 @@ Status WalkHead(std::span<const uint8_t> in, bool prefix, ParsedPatch* out, uint
     return TERN_ERROR(kCorrupt, "truncated patch: manifest needs ", fh.manifest_bytes, " bytes");
   }
   *manifest_sum = DecodeFixed64(p + *at + fh.manifest_bytes);
-  TERN_REQUIRE(XXH3_64bits(p + *at, fh.manifest_bytes) == *manifest_sum, kCorrupt, "manifest checksum mismatch");
+  TERN_REQUIRE(XXH3_64bits(p + *at, fh.manifest_bytes) == *manifest_sum, kCorrupt,
+               "manifest checksum mismatch");
   TERN_RETURN_IF_ERROR(ParseManifest(p + *at, fh.manifest_bytes, out));
   *at += fh.manifest_bytes + kChecksumBytes;
   out->container_bytes = sizeof(FileHeader) + fh.manifest_bytes + kChecksumBytes + sizeof(Trailer);
@@ -186,12 +187,13 @@ Result<uint64_t> ParsePrefix(std::span<const uint8_t> prefix) {
 Result<bool> ParseHead(std::span<const uint8_t> prefix, ParsedPatch* out, uint64_t* records_at) {
   uint64_t manifest_sum = 0;
   bool complete = false;
-  TERN_RETURN_IF_ERROR(WalkHead(prefix, /*prefix=*/true, out, records_at, &manifest_sum, &complete));
+  TERN_RETURN_IF_ERROR(
+      WalkHead(prefix, /*prefix=*/true, out, records_at, &manifest_sum, &complete));
   return complete;
 }
 
-Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPatch& head, RecordCursor* c,
-                                    RecordView* rec) {
+Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPatch& head,
+                                    RecordCursor* c, RecordView* rec) {
   while (c->tensor < head.tensors.size() && c->segment == head.tensors[c->tensor].segment_count) {
     ++c->tensor;
     c->segment = 0;

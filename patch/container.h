@@ -55,8 +55,8 @@ enum class NextRecordResult { kRecord, kIncomplete, kEnd };
 // The record at c->at (every check ParsePatch makes of it, the checksum
 // included), advancing *c past it; kIncomplete when `in` ends inside it,
 // kEnd after the last record the manifest announces. `rec` points into `in`.
-Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPatch& head, RecordCursor* c,
-                                    RecordView* rec);
+Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPatch& head,
+                                    RecordCursor* c, RecordView* rec);
 
 // Writes a patch; `records` are complete records sorted by (tensor, first
 // element) with disjoint ranges (our invariant: asserted).

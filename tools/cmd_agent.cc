@@ -257,8 +257,9 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
                  "HOST:PORT for --transport-intra (port 0: any)");
   cmd.add_option("--island", a->island, "island (engines sharing this copy)");
   cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
-  cmd.add_flag("--no-stream-apply", a->no_stream_apply,
-               "member: apply a patch only once it is complete, not segment by segment as it arrives");
+  cmd.add_flag(
+      "--no-stream-apply", a->no_stream_apply,
+      "member: apply a patch only once it is complete, not segment by segment as it arrives");
   cmd.add_option("--uplink-gbps", a->uplink_gbps, "uplink rate for planning until measured")->default_val("10");
   cmd.add_option("--downlink-gbps", a->downlink_gbps, "downlink rate for planning")->default_val("10");
   cmd.add_option("--signing-key", a->signing_key,

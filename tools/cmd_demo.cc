@@ -165,8 +165,9 @@ void AddDemo(CLI::App& tern, Dispatch& dispatch) {
   cmd->add_option("--dir", a->agents.dir, "where the agents keep their data (default: a temporary directory)");
   cmd->add_flag("--keep", a->agents.keep, "keep the temporary directory");
   cmd->add_flag("--verbose", a->agents.verbose, "print the agents' log lines");
-  cmd->add_flag("--no-stream-apply", a->agents.no_stream_apply,
-                "members apply a patch only once complete (to compare with applying while it arrives)");
+  cmd->add_flag(
+      "--no-stream-apply", a->agents.no_stream_apply,
+      "members apply a patch only once complete (to compare with applying while it arrives)");
   AddCount(*cmd, "--params", a->params, "model size in parameters (10M .. 1G style)", "20M");
   AddUnsigned(*cmd, "--steps", a->steps, "--codec: optimizer steps (1..10000)", "5");
   AddDouble(*cmd, "--lr", a->config.adam.lr, "Adam learning rate", "1e-6");
