@@ -23,6 +23,10 @@
 // switch away from X (either rewrites X in place; the agent calls
 // PrepareSpare a grace period after each switch); see docs/agent/apply.md.
 //
+// AdvancePrefix streams a patch still arriving into a ready spare, record by
+// record (PatchStreamApply), and Advance finishes it: same commit and switch,
+// and a stream that fails leaves the spare unusable, never served.
+//
 // Errors: kCorrupt / kUnsupported for damaged or newer-format patches (from
 // Inspect/Apply, including changes that do not reach the patch's target
 // digest on this base: nothing is switched); kMismatch for a patch whose base is not
