@@ -393,6 +393,21 @@ Result<SlotWriter> OpenSpareAtServed(Env& env, const Paths& p, const ViewStore::
   return w;
 }
 
+// One full copy of the served slot into the spare's directory (holes stay
+// holes), not yet committed: the caller patches it or commits it as is.
+Result<std::unique_ptr<WritableCheckpoint>> CloneServedIntoSpare(Env& env, const Paths& p,
+                                                                 const ViewStore::State& s, LogFn& log) {
+  log("view_store: copying views/" + s.current + " to views/" + s.spare());
+  const std::string spare_path = p.slot(s.spare());
+  TERN_RETURN_IF_ERROR(RemoveTree(env, spare_path));
+  OpenOptions options;
+  options.env = &env;
+  TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
+  CloneOptions clone_options;
+  clone_options.env = &env;
+  return WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options);
+}
+
 // Nothing writes the spare while state.json calls it usable. Written even
 // when memory already says unusable: a commit that failed after its rename
 // may have left state.json ahead of memory; this puts it back.
@@ -428,16 +443,7 @@ Status ViewStore::PrepareSpare() {
     log_("view_store: spare views/" + s.spare() + " unusable: " + w.status().ToString());
   }
   {
-    log_("view_store: copying views/" + s.current + " to views/" + s.spare());
-    const std::string spare_path = p.slot(s.spare());
-    TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
-    OpenOptions options;
-    options.env = &env_;
-    TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
-    CloneOptions clone_options;
-    clone_options.env = &env_;
-    TERN_ASSIGN_OR_RETURN(auto copy,
-                          WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
+    TERN_ASSIGN_OR_RETURN(auto copy, CloneServedIntoSpare(env_, p, s, log_));
     TERN_RETURN_IF_ERROR(copy->Commit());
   }
   // The spare's bytes are durable; now the record may say so. The kept
@@ -539,7 +545,6 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   Clock& clock = env_.clock();
   const uint64_t start_us = clock.NowUs();
   uint64_t catch_up_us = 0, apply_us = 0, sync_us = 0;
-  const std::string spare_path = p.slot(s.spare());
   ApplyOptions exclusive;
   exclusive.exclusive_view = true;  // the spare is private until the switch
 
@@ -612,15 +617,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     } else {
       // One full copy of the served slot (holes stay holes), patched before it
       // is committed; Commit fsyncs it.
-      log_("view_store: copying views/" + s.current + " to views/" + s.spare());
-      TERN_RETURN_IF_ERROR(RemoveTree(env_, spare_path));
-      OpenOptions options;
-      options.env = &env_;
-      TERN_ASSIGN_OR_RETURN(auto served, Checkpoint::Open(p.slot(s.current), options));
-      CloneOptions clone_options;
-      clone_options.env = &env_;
-      TERN_ASSIGN_OR_RETURN(auto copy,
-                            WritableCheckpoint::CloneForWrite(*served, spare_path, clone_options));
+      TERN_ASSIGN_OR_RETURN(auto copy, CloneServedIntoSpare(env_, p, s, log_));
       TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
       apply_us = clock.NowUs() - t_us;  // with the copy
       t_us = clock.NowUs();
