@@ -21,7 +21,7 @@ build=$PWD/build/fuzz
 
 echo "== fuzz build ($build, clang)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ -DTERN_FUZZ=ON -DTERN_BUILD_BENCH=OFF >/dev/null
+  -DCMAKE_CXX_COMPILER=clang++ -DTERN_FUZZ=ON -DTERN_BUILD_BENCH=OFF -DTERN_CUDA=OFF >/dev/null
 cmake --build "$build" -j"$jobs" --target fuzzers
 
 # name<TAB>binary<TAB>corpus, one line per tern_fuzzer() (tests/fuzz/CMakeLists.txt).
