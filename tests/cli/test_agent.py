@@ -8,7 +8,10 @@ byte compare); `tern status --json` lists every member with its version; a
 stale version is refused with a clear message; a publish without the admin
 token is refused; a member with a wrong join token is refused and serves
 nothing; a member killed with SIGKILL and restarted catches up; every agent
-stops cleanly on SIGTERM.
+stops cleanly on SIGTERM. Over a real etcd (skipped without one): the root
+killed with SIGKILL while a standby root waits; the standby leads within
+its lease plus a margin, loses nothing, and versions published to it reach
+every member bit for bit.
 """
 import filecmp
 import json
@@ -19,8 +22,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
+
+from etcd_server import EtcdServer, die_with_parent, free_ports
 
 TERN = None
 AGENT = None
@@ -41,6 +47,11 @@ def make_pki(d):
             "-days", "2", "-extfile", "node.cnf", "-out", "node.pem", cwd=d)
 
 
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
 def wait_for(cond, seconds, what):
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -51,26 +62,54 @@ def wait_for(cond, seconds, what):
 
 
 class Agent:
-    """One tern-agent process; its address is read from its first line."""
+    """One tern-agent process in its own process group; its address is read
+    from its first line. A standby root prints that line only once it leads:
+    start it with wait=False and call wait_started later."""
 
-    def __init__(self, tmp, name, args, env=None):
+    def __init__(self, tmp, name, args, env=None, listen="127.0.0.1:0", wait=True):
+        self.name = name
         self.dir = os.path.join(tmp, name)
         self.log = open(os.path.join(tmp, name + ".log"), "w")
         tls = ["--tls-cert", os.path.join(tmp, "node.pem"), "--tls-key", os.path.join(tmp, "node.key"),
                "--tls-ca", os.path.join(tmp, "ca.pem")]
-        self.proc = subprocess.Popen([AGENT, "--listen", "127.0.0.1:0", "--data", self.dir, "--id", name,
+        self.proc = subprocess.Popen([AGENT, "--listen", listen, "--data", self.dir, "--id", name,
                                       "--heartbeat-ms", "100"] + tls + args,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=dict(os.environ, **(env or {})))
+                                     env=dict(os.environ, **(env or {})), start_new_session=True,
+                                     preexec_fn=die_with_parent)
+        self.startup_line = None
+        self.started_at = None  # time.time() when the first line came
+        self._reader = threading.Thread(target=self._read_first_line, daemon=True)
+        self._reader.start()
+        self.address = self.admin = None
+        if wait:
+            self.wait_started(60)
+
+    def _read_first_line(self):
         line = self.proc.stdout.readline()
+        self.started_at = time.time()
         self.startup_line = line
-        m = re.search(r"listening on (\S+?)(,|$)", line)
+
+    def wait_started(self, seconds):
+        self._reader.join(seconds)
+        line = self.startup_line
+        m = re.search(r"listening on (\S+?)(,|$)", line or "")
         if not m:
-            self.proc.kill()
-            raise AssertionError("tern-agent %s did not start: %r (log %s)" % (name, line, self.log.name))
+            self.kill()
+            raise AssertionError("tern-agent %s did not start within %d s: %r (log %s)" %
+                                 (self.name, seconds, line, self.log.name))
         self.address = m.group(1)
         m = re.search(r"admin http://(\S+)", line)
         self.admin = m.group(1) if m else None
+
+    def kill(self):
+        """SIGKILL to the process group: no goodbye, no resign."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return self.proc.wait(timeout=10)
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
@@ -78,7 +117,7 @@ class Agent:
             try:
                 return self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self.kill()
                 raise AssertionError("tern-agent did not stop on signal %d" % sig)
         return self.proc.returncode
 
@@ -260,6 +299,110 @@ class AgentCli(unittest.TestCase):
             for a in reversed(agents):
                 if a.proc.poll() is None:
                     self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
+    def test_root_killed_with_a_standby_over_etcd(self):
+        """Two roots over a real etcd: A leads, B waits. Two versions reach
+        every member; A dies by SIGKILL (no resign: its lease must lapse).
+        B leads within the lease plus a margin with HEAD 2, refuses 2
+        again, and versions 3 (a keyframe on top of HEAD) and 4 (a patch)
+        reach every member bit for bit through B."""
+        etcd = EtcdServer.start(self.tmp)
+        if etcd is None:
+            self.skipTest("no etcd binary (install Debian's etcd-server or set TERN_ETCD)")
+        lease_s = 2
+        agents = []
+        passed = False
+        try:
+            key = os.path.join(self.tmp, "publisher-key.pem")  # one key for both roots
+            openssl("genpkey", "-algorithm", "ed25519", "-out", key, cwd=self.tmp)
+            root = ["--root", "--region", "us", "--admin", "127.0.0.1:0", "--board-etcd",
+                    "etcd://%s/tern/cli" % etcd.endpoint, "--etcd-lease-s", str(lease_s), "--signing-key", key,
+                    "--admin-token-file", os.path.join(self.tmp, "admin.token"),
+                    "--join-token-file", os.path.join(self.tmp, "join.token")]
+            a = Agent(self.tmp, "sb-a", root)
+            agents.append(a)
+            # B's address must be known before it listens (members are given
+            # both), so it gets a port picked here.
+            b_listen = "127.0.0.1:%d" % free_ports(1)[0]
+            b = Agent(self.tmp, "sb-b", root, listen=b_listen, wait=False)
+            agents.append(b)
+            wait_for(lambda: "a standby waits here" in read(b.log.name), 30, "B campaigning")
+
+            common = ["--join", a.address + "," + b_listen, "--trust-key", os.path.join(a.dir, "public-key.pem"),
+                      "--join-token-file", os.path.join(self.tmp, "join.token")]
+            members = {}
+            for name, region in (("sb-eu-1", "eu"), ("sb-eu-2", "eu"), ("sb-ap-1", "ap")):
+                members[name] = Agent(self.tmp, name, common + ["--region", region])
+                agents.append(members[name])
+            wait_for(lambda: len(self.served(a)) == 3, 30, "three members joined A")
+
+            def all_serve(leader, v):
+                served = self.served(leader)
+                return len(served) == len(members) and all(x == v for x in served.values())
+
+            def check_bytes(v):
+                for name, m in members.items():
+                    self.assertTrue(self.same_bytes(m.dir, self.step(v - 1)), "%s at version %d" % (name, v))
+
+            for v in (1, 2):
+                r = self.publish(a, self.step(v - 1), v)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                wait_for(lambda: all_serve(a, v), 60, "version %d served through A" % v)
+                check_bytes(v)
+            self.assertIsNone(b.startup_line, "B started while A led")
+
+            # A dies: no resign, its lease lapses. B leads within the lease
+            # plus a margin (lease refresh every lease/3, B polls every 200
+            # ms, then recovers the board from etcd).
+            killed_at = time.time()
+            self.assertEqual(a.kill(), -signal.SIGKILL)
+            b.wait_started(30)
+            took_over_s = b.started_at - killed_at
+            self.assertLess(took_over_s, lease_s + 3, "B led %.1f s after A died" % took_over_s)
+
+            # Nothing published was lost, and HEAD stays strictly increasing.
+            r = subprocess.run([TERN, "status", "--board", b.admin], capture_output=True, text=True,
+                               timeout=30, check=True)
+            self.assertIn("root sb-b: HEAD 2,", r.stdout)
+            r = self.publish(b, self.step(1), 2)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("not newer than HEAD 2", r.stderr)
+
+            # Version 3 right away, while the members still find B: a keyframe
+            # on top of HEAD (B holds no view of 2).
+            r = self.publish(b, self.step(2), 3)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            joined_s = None
+            deadline = time.time() + 60
+            while not all_serve(b, 3):
+                if joined_s is None and len(self.served(b)) == len(members):
+                    joined_s = time.time() - killed_at
+                self.assertLess(time.time(), deadline, "timed out waiting for version 3 through B: %s" %
+                                self.served(b))
+                time.sleep(0.05)
+            served_s = time.time() - killed_at
+            joined_s = joined_s or served_s
+            check_bytes(3)
+            r = self.publish(b, self.step(3), 4)  # and on with patches
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all_serve(b, 4), 60, "version 4 served through B")
+            check_bytes(4)
+            self.assertEqual(self.status(b)["head"], 4)
+            print("\nroot killed: B led after %.2f s, every member joined B after %.2f s and served "
+                  "version 3 after %.2f s (lease %d s)" % (took_over_s, joined_s, served_s, lease_s),
+                  file=sys.stderr)
+            passed = True
+        finally:
+            codes = {}
+            for x in reversed(agents):
+                try:
+                    codes[x.name] = x.stop()
+                except AssertionError as e:
+                    codes[x.name] = str(e)
+            etcd.close()
+        if passed:
+            del codes["sb-a"]  # killed
+            self.assertEqual(codes, {name: 0 for name in codes}, "agents that did not exit cleanly")
 
 
 if __name__ == "__main__":

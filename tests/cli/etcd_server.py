@@ -1,0 +1,126 @@
+"""A real etcd on 127.0.0.1 for the CLI tests, as agent/etcd_test_server.cc
+starts one for the C++ tests: `$TERN_ETCD`, else `etcd` from PATH (Debian's
+etcd-server, installed by scripts/install-deps.sh), a one-member cluster on
+two free loopback ports with a fresh data directory, 50 ms heartbeats and a
+250 ms election timeout (so that 1-2 s leases work)."""
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+_PR_SET_PDEATHSIG = 1
+# Loopback only: never through a proxy from the environment.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def die_with_parent():
+    """preexec_fn: the child gets SIGKILL when the test process dies, even
+    when the test itself is killed (nothing outlives it)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_ports(n):
+    """n distinct free loopback ports (held open together so they differ). A
+    race with another process before they are bound again is possible: the
+    caller retries where it can."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def find_etcd():
+    env = os.environ.get("TERN_ETCD")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    return shutil.which("etcd")
+
+
+class EtcdServer:
+    """Start() returns None exactly when there is no etcd binary (a test
+    skips on that and fails on anything else)."""
+
+    def __init__(self, binary, parent_dir):
+        self.binary = binary
+        self.dir = tempfile.mkdtemp(prefix="etcd-", dir=parent_dir)
+        self.proc = None
+        self.client_port = 0
+
+    @classmethod
+    def start(cls, parent_dir, start_timeout_s=15):
+        binary = find_etcd()
+        if binary is None:
+            return None
+        server = cls(binary, parent_dir)
+        last = None
+        for attempt in range(3):
+            try:
+                server._launch(attempt)
+                server._wait_healthy(start_timeout_s)
+                return server
+            except AssertionError as e:
+                last = e
+                server.kill()
+        raise last
+
+    @property
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.client_port
+
+    def _launch(self, attempt):
+        self.client_port, peer_port = free_ports(2)
+        client = "http://127.0.0.1:%d" % self.client_port
+        peer = "http://127.0.0.1:%d" % peer_port
+        self.log_path = os.path.join(self.dir, "etcd-%d.log" % attempt)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--name=tern-test", "--data-dir=" + os.path.join(self.dir, "data-%d" % attempt),
+                 "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+                 "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+                 "--initial-cluster=tern-test=" + peer, "--initial-cluster-state=new",
+                 "--heartbeat-interval=50", "--election-timeout=250", "--logger=zap", "--log-level=warn"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                preexec_fn=die_with_parent)
+
+    def _log_tail(self):
+        with open(self.log_path) as f:
+            return f.read()[-600:]
+
+    def _wait_healthy(self, seconds):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("etcd exited during start (%d): %s" % (self.proc.returncode, self._log_tail()))
+            try:
+                # /health is true only once the member has a raft leader.
+                with _NO_PROXY.open("http://%s/health" % self.endpoint, timeout=0.5) as r:
+                    if r.status == 200 and b'"true"' in r.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("etcd not healthy after %d s: %s" % (seconds, self._log_tail()))
+
+    def kill(self):
+        """SIGKILL to etcd's process group, waited for (bounded)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+
+    def close(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
