@@ -7,13 +7,12 @@
 #include <utility>
 
 #include "agent/agent_impl.h"
+#include "agent/dial_backoff.h"
 #include "base/text.h"
 
 namespace tern::agent {
 namespace {
 
-constexpr uint64_t kDialBackoffUsMin = 100'000;
-constexpr uint64_t kDialBackoffUsMax = 5'000'000;
 constexpr uint64_t kMaxStateBytes = 64 << 10;
 
 // The signed object's bytes, checked against its manifest entry without the
@@ -147,8 +146,9 @@ void AgentImpl::MemberDial() {
       dialing_ = false;
       if (!r.ok()) {
         ++join_index_;  // a standby root may lead now
-        dial_backoff_us_ = std::clamp<uint64_t>(dial_backoff_us_ * 2, kDialBackoffUsMin, kDialBackoffUsMax);
-        next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
+        const DialRetry retry = AfterFailedDial(dial_backoff_us_, join_index_, join_addresses_.size());
+        dial_backoff_us_ = retry.backoff_us;
+        next_dial_us_ = clock_.NowUs() + retry.wait_us;
         if (!dial_failed_logged_) Log("cannot reach the root at " + opt_.join + ": " + r.status().ToString());
         dial_failed_logged_ = true;
         return;

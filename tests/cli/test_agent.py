@@ -382,6 +382,10 @@ class AgentCli(unittest.TestCase):
                 time.sleep(0.05)
             served_s = time.time() - killed_at
             joined_s = joined_s or served_s
+            # Members try A and B in turn, at most ~1.1 s apart with standbys
+            # (agent/dial_backoff.h), not after a backoff grown to 5 s.
+            self.assertLess(joined_s - took_over_s, 3, "members found B %.1f s after it led" %
+                            (joined_s - took_over_s))
             check_bytes(3)
             r = self.publish(b, self.step(3), 4)  # and on with patches
             self.assertEqual(r.returncode, 0, r.stderr)
