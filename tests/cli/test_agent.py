@@ -17,12 +17,12 @@ import filecmp
 import json
 import os
 import re
+import select
 import signal
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
@@ -64,7 +64,7 @@ def wait_for(cond, seconds, what):
 class Agent:
     """One tern-agent process in its own process group; its address is read
     from its first line. A standby root prints that line only once it leads:
-    start it with wait=False and call wait_started later."""
+    start it with wait=False and call poll_started or wait_started later."""
 
     def __init__(self, tmp, name, args, env=None, listen="127.0.0.1:0", wait=True):
         self.name = name
@@ -74,25 +74,34 @@ class Agent:
                "--tls-ca", os.path.join(tmp, "ca.pem")]
         self.proc = subprocess.Popen([AGENT, "--listen", listen, "--data", self.dir, "--id", name,
                                       "--heartbeat-ms", "100"] + tls + args,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     stdout=subprocess.PIPE, stderr=self.log,
                                      env=dict(os.environ, **(env or {})), start_new_session=True,
                                      preexec_fn=die_with_parent)
+        self._out = b""
         self.startup_line = None
         self.started_at = None  # time.time() when the first line came
-        self._reader = threading.Thread(target=self._read_first_line, daemon=True)
-        self._reader.start()
         self.address = self.admin = None
         if wait:
             self.wait_started(60)
 
-    def _read_first_line(self):
-        line = self.proc.stdout.readline()
-        self.started_at = time.time()
-        self.startup_line = line
+    def poll_started(self, seconds=0):
+        """The first line if it has come within `seconds` ('' if the agent
+        exited without one), else None. Reads the pipe with select rather
+        than on a thread: preexec_fn is only safe without threads."""
+        deadline = time.time() + seconds
+        fd = self.proc.stdout.fileno()
+        while self.startup_line is None:
+            if not select.select([fd], [], [], max(0, deadline - time.time()))[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            self._out += chunk
+            if not chunk or b"\n" in self._out:
+                self.started_at = time.time()
+                self.startup_line = self._out.split(b"\n")[0].decode(errors="replace")
+        return self.startup_line
 
     def wait_started(self, seconds):
-        self._reader.join(seconds)
-        line = self.startup_line
+        line = self.poll_started(seconds)
         m = re.search(r"listening on (\S+?)(,|$)", line or "")
         if not m:
             self.kill()
@@ -349,7 +358,7 @@ class AgentCli(unittest.TestCase):
                 self.assertEqual(r.returncode, 0, r.stderr)
                 wait_for(lambda: all_serve(a, v), 60, "version %d served through A" % v)
                 check_bytes(v)
-            self.assertIsNone(b.startup_line, "B started while A led")
+            self.assertIsNone(b.poll_started(), "B started (or exited) while A led")
 
             # A dies: no resign, its lease lapses. B leads within the lease
             # plus a margin (lease refresh every lease/3, B polls every 200
