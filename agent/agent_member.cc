@@ -598,7 +598,10 @@ void AgentImpl::MemberTick() {
       need_catch_up_check_ = false;
       MemberWatchParentsLocked(out);
     }
-    if (redial_parents_ && relay_ && !parents_.parents.empty()) {
+    // Not while the root is away: a failed parent would be redialled on
+    // every tick (it is often the root itself, dead), and the root we join
+    // next sends PARENTS anyway.
+    if (redial_parents_ && joined_ && relay_ && !parents_.parents.empty()) {
       redial = parents_.parents;
       stripes = static_cast<uint32_t>(parents_.parents.size());
       relay = relay_.get();

@@ -403,6 +403,11 @@ class AgentCli(unittest.TestCase):
             self.assertLess(joined_s - took_over_s, 2.5, "members found B %.1f s after it led" %
                             (joined_s - took_over_s))
             check_bytes(3)
+            # A member whose parent was A does not redial it while no root
+            # leads (it did on every tick: ~40 times in 2 s).
+            for name, m in members.items():
+                redials = read(m.log.name).count("parent of stripe 0 failed")
+                self.assertLessEqual(redials, 4, "%s redialled its dead parent %d times" % (name, redials))
             r = self.publish(b, self.step(3), 4)  # and on with patches
             self.assertEqual(r.returncode, 0, r.stderr)
             wait_for(lambda: all_serve(b, 4), 60, "version 4 served through B")
