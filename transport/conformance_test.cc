@@ -15,12 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "base/hash.h"
 #include "tern/fault_transport.h"
-#include "tern/xfer.h"
 #include "tern/loopback_transport.h"
 #include "tern/tcp_transport.h"
-#include "tern/xfer_chunks.h"
 #include "tern/verbs_transport.h"
+#include "tern/xfer.h"
+#include "tern/xfer_chunks.h"
 #include "transport/test_certs.h"
 #include "transport/ucx/test_pair.h"
 #include "xfer/xfer_wire.h"
@@ -409,6 +410,108 @@ TEST_P(Conformance, CorruptionIsDetectedAndRetried) {
   // Retrying the bad chunk on the same (still healthy) connection repairs it.
   ASSERT_TRUE(Move(*conn, *accepted, *faulty, src, dst, 2, *map).ok());
   EXPECT_EQ(src, dst);
+}
+
+// A sender that rewrites a chunk and its checksum (tamper_at_byte) is, by
+// design, invisible to the transport: the chunk lands, nothing is retried,
+// and only its bytes differ. Where corrupt_at_byte (above) is caught, this
+// is what the agent's signed SHA-256 per chunk exists for. tamper_chunks
+// makes the sender keep lying: that many chunks differ, one byte each.
+TEST_P(Conformance, TamperingAboveTheChecksumIsNotCaught) {
+  FaultPolicy fp;
+  fp.tamper_at_byte = (5 << 20) + 12345;
+  fp.tamper_chunks = 3;
+  auto faulty = NewFaultTransport(*pair_.client, fp);
+  auto conn = Dial(*faulty);
+  ASSERT_TRUE(conn);
+  auto accepted = Accepted(0);
+  ASSERT_TRUE(accepted);
+  auto src = Pattern(16 << 20, 5);
+  const auto sent = src;
+  std::vector<uint8_t> dst(src.size());
+  auto map = ChunkMap::Make(src.size(), 1 << 20);
+  SendOptions no_retry;
+  no_retry.max_chunk_retries = 0;
+  no_retry.window_chunks = 1;  // chunks leave in order, so the lies are chunks 5, 6 and 7
+  ASSERT_TRUE(Move(*conn, *accepted, *faulty, src, dst, 1, *map, no_retry).ok());
+  EXPECT_TRUE(map->complete());
+  EXPECT_EQ(faulty->stats().tampered, 3u);
+  EXPECT_EQ(faulty->stats().corrupted, 0u);
+  EXPECT_EQ(src, sent) << "the sender's own bytes were changed";
+  std::vector<uint64_t> differ;
+  for (uint64_t i = 0; i < src.size(); ++i)
+    if (src[i] != dst[i]) differ.push_back(i);
+  ASSERT_EQ(differ.size(), 3u);
+  EXPECT_EQ(differ[0], uint64_t{(5 << 20) + 12345});
+  EXPECT_EQ(differ[1] >> 20, 6u);
+  EXPECT_EQ(differ[2] >> 20, 7u);
+}
+
+// A relay forwards a chunk with the checksum it received it with
+// (ChunkSend::xxh3). A liar's chunk still lands: it carries the checksum of
+// the rewritten bytes. A flip on the wire keeps the given one and is refused.
+TEST_P(Conformance, TamperedChunkCarriesTheChecksumOfTheLie) {
+  size_t dialled = 0;
+  for (const bool tamper : {true, false}) {
+    SCOPED_TRACE(tamper ? "tamper" : "corrupt");
+    FaultPolicy fp;
+    (tamper ? fp.tamper_at_byte : fp.corrupt_at_byte) = 100;
+    auto faulty = NewFaultTransport(*pair_.client, fp);
+    auto conn = Dial(*faulty);
+    ASSERT_TRUE(conn);
+    auto accepted = Accepted(dialled++);
+    ASSERT_TRUE(accepted);
+    auto src = Pattern(64 << 10, 9);
+    std::vector<uint8_t> dst(src.size());
+    auto s = faulty->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
+    auto d = pair_.server->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
+    ASSERT_TRUE(s.ok() && d.ok());
+    ASSERT_TRUE(accepted->PostReceive(1, *d, 0, dst.size(), nullptr).ok());
+    auto done = std::make_shared<std::promise<Status>>();
+    conn->SendChunk(ChunkSend{*s, 0, src.size(), 1, 0, Xxh3(src.data(), src.size())},
+                    [done](Status st) { done->set_value(st); });
+    auto f = done->get_future();
+    ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+    const Status st = f.get();
+    accepted->CancelReceive(1);
+    if (tamper) {
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(faulty->stats().tampered, 1u);
+      std::vector<size_t> differ;
+      for (size_t i = 0; i < src.size(); ++i)
+        if (src[i] != dst[i]) differ.push_back(i);
+      EXPECT_EQ(differ, std::vector<size_t>{100});
+    } else {
+      EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
+      EXPECT_EQ(faulty->stats().corrupted, 1u);
+    }
+    EXPECT_TRUE(faulty->DeregisterMemory(*s).ok());
+    EXPECT_TRUE(pair_.server->DeregisterMemory(*d).ok());
+  }
+}
+
+// The man in the middle on messages: each is rewritten, multiplied or
+// dropped as rewrite_message says, in order; the transport passes them on.
+TEST_P(Conformance, RewrittenMessagesArriveAsRewritten) {
+  FaultPolicy fp;
+  fp.rewrite_message = [](std::string m) -> std::vector<std::string> {
+    if (m == "drop") return {};
+    if (m == "twice") return {"once", "again"};
+    return {"<" + m + ">"};
+  };
+  auto faulty = NewFaultTransport(*pair_.client, fp);
+  auto conn = Dial(*faulty);
+  ASSERT_TRUE(conn);
+  auto dropped = std::make_shared<std::promise<Status>>();
+  conn->SendMessage("a", nullptr);
+  conn->SendMessage("drop", [dropped](Status s) { dropped->set_value(s); });
+  conn->SendMessage("twice", nullptr);
+  conn->SendMessage("b", nullptr);
+  ASSERT_TRUE(sink_.WaitFor([&] { return sink_.messages.size() == 4; }));
+  EXPECT_EQ(sink_.messages, (std::vector<std::string>{"<a>", "once", "again", "<b>"}));
+  auto f = dropped->get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
 }
 
 TEST_P(Conformance, FileFetchSurvivesDropsAndVerifies) {

@@ -1,14 +1,20 @@
 // A fault-injecting decorator over any Transport, seeded and deterministic:
 // refuse connections, drop a connection after N bytes sent, delay sends,
 // corrupt one byte of a chunk in flight (below the chunk checksum, so the
-// receiver must detect it). Used by the conformance suite and by tests of the
-// layers above that must survive these faults.
+// receiver must detect it). It also plays an adversary the transport cannot
+// see: a sender that rewrites chunk bytes and their checksum (tamper), or
+// that rewrites, injects or drops messages (a man in the middle). Used by the
+// conformance suite and by tests of the layers above that must survive these
+// faults, or catch these lies themselves (the agent's signed chunk hashes).
 //
 // Thread safety: as transport.h. The inner transport must outlive this one.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "tern/export.h"
 #include "tern/transport.h"
@@ -33,6 +39,22 @@ struct FaultPolicy {
   // chunk bytes sent through this transport) gets one seeded byte flipped in
   // flight; UINT64_MAX = never. Only the first such chunk.
   uint64_t corrupt_at_byte = UINT64_MAX;
+  // A lying sender above the transport: the chunk that carries byte number
+  // tamper_at_byte (counted as for corrupt_at_byte) gets one seeded byte
+  // rewritten *and its XXH3 recomputed* over the rewritten bytes, so the
+  // receiving transport accepts it; only a check above the transport (the
+  // agent's signed SHA-256 per chunk) can catch it. The next
+  // tamper_chunks - 1 chunks sent after it are rewritten too (one seeded
+  // byte each; UINT32_MAX: every chunk from then on, a sender that keeps
+  // lying; 0 counts as 1). UINT64_MAX = never.
+  uint64_t tamper_at_byte = UINT64_MAX;
+  uint32_t tamper_chunks = 1;
+  // A man in the middle on the messages sent through this transport: each
+  // is passed to it, and what it returns is sent instead, in order (none:
+  // the message is dropped and its completion reports OK). Unset: messages
+  // pass unchanged. Called on the sending thread, for every connection made
+  // or accepted here; it must be thread safe.
+  std::function<std::vector<std::string>(std::string message)> rewrite_message;
 };
 
 // Counters for assertions in tests.
@@ -40,6 +62,7 @@ struct FaultStats {
   uint64_t refused = 0;
   uint64_t dropped = 0;
   uint64_t corrupted = 0;
+  uint64_t tampered = 0;  // chunks rewritten with a matching checksum
 };
 
 class FaultTransport : public Transport {

@@ -1,11 +1,16 @@
 // The fault-injecting decorator. Faults are applied on the sending side of
 // connections made or accepted through it, so one wrapped end is enough to
-// make a link misbehave in both directions' observable ways.
+// make a link misbehave in both directions' observable ways. A corrupted
+// chunk keeps the checksum of the bytes meant to go (a fault on the wire,
+// below it); a tampered one carries the checksum of the rewritten bytes (a
+// lie above it).
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tern/fault_transport.h"
@@ -27,8 +32,40 @@ struct Shared {
   uint32_t connections = 0;  // that carried traffic
   uint64_t chunk_bytes = 0;
   bool corrupted = false;
+  uint32_t tampered = 0;  // chunks rewritten so far, up to policy.tamper_chunks
   FaultStats stats;
 };
+
+// One byte of a chunk to change, and how.
+struct Flip {
+  uint64_t at = UINT64_MAX;  // offset in the chunk; UINT64_MAX: none
+  uint8_t mask = 0;
+  bool any() const { return at != UINT64_MAX; }
+};
+
+// What happens to the next chunk of `length` bytes: a corrupting flip
+// (below the checksum) and a tampering one (above it). Under shared.mu.
+std::pair<Flip, Flip> ChooseFlipsLocked(Shared& shared, uint64_t length) {
+  const FaultPolicy& p = shared.policy;
+  const uint64_t start = shared.chunk_bytes;
+  shared.chunk_bytes += length;
+  auto mask = [&shared] { return static_cast<uint8_t>(1u << (shared.rng() % 8)); };
+  Flip corrupt, tamper;
+  if (!shared.corrupted && p.corrupt_at_byte >= start && p.corrupt_at_byte - start < length) {
+    shared.corrupted = true;
+    ++shared.stats.corrupted;
+    corrupt = Flip{p.corrupt_at_byte - start, mask()};
+  }
+  const bool first =
+      shared.tampered == 0 && p.tamper_at_byte >= start && p.tamper_at_byte - start < length;
+  const bool more = shared.tampered > 0 && shared.tampered < p.tamper_chunks && length > 0;
+  if (first || more) {
+    ++shared.tampered;
+    ++shared.stats.tampered;
+    tamper = Flip{first ? p.tamper_at_byte - start : shared.rng() % length, mask()};
+  }
+  return {corrupt, tamper};
+}
 
 struct ConnState {
   std::atomic<bool> dropped{false};
@@ -93,46 +130,54 @@ class FaultConnection final : public Connection {
 
   void SendMessage(std::string payload, Completion done) override {
     if (!Admit(payload.size())) return Complete(done, Dropped());
-    inner_->SendMessage(std::move(payload), Wrap(std::move(done)));
+    if (!shared_->policy.rewrite_message)
+      return inner_->SendMessage(std::move(payload), Wrap(std::move(done)));
+    std::vector<std::string> out = shared_->policy.rewrite_message(std::move(payload));
+    if (out.empty()) return Complete(done, Status::Ok());
+    for (size_t i = 0; i + 1 < out.size(); ++i)
+      inner_->SendMessage(std::move(out[i]), [](Status) {});
+    inner_->SendMessage(std::move(out.back()), Wrap(std::move(done)));
   }
 
   void SendChunk(const ChunkSend& chunk, Completion done) override {
     if (!Admit(chunk.length)) return Complete(done, Dropped());
-    uint64_t flip_at = UINT64_MAX;
-    uint8_t mask = 0;
+    Flip corrupt, tamper;
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
-      const uint64_t start = shared_->chunk_bytes;
-      shared_->chunk_bytes += chunk.length;
-      const uint64_t target = shared_->policy.corrupt_at_byte;
-      if (!shared_->corrupted && target >= start && target - start < chunk.length) {
-        shared_->corrupted = true;
-        ++shared_->stats.corrupted;
-        flip_at = target - start;
-        mask = static_cast<uint8_t>(1u << (shared_->rng() % 8));
-      }
+      std::tie(corrupt, tamper) = ChooseFlipsLocked(*shared_, chunk.length);
     }
-    if (flip_at == UINT64_MAX || chunk.src.base == nullptr || chunk.src_offset > chunk.src.size_bytes ||
+    if ((!corrupt.any() && !tamper.any()) || chunk.src.base == nullptr ||
+        chunk.src_offset > chunk.src.size_bytes ||
         chunk.length > chunk.src.size_bytes - chunk.src_offset) {
       return inner_->SendChunk(chunk, Wrap(std::move(done)));
     }
-    // Corrupt a private copy, keeping the original's checksum, so the bytes
-    // go bad "on the wire" below the checksum the receiver verifies.
+    // Change a private copy: the sender's bytes stay as they were.
     const uint8_t* src = static_cast<const uint8_t*>(chunk.src.base) + chunk.src_offset;
     auto copy = std::make_shared<std::vector<uint8_t>>(src, src + chunk.length);
-    (*copy)[flip_at] ^= mask;
+    std::optional<uint64_t> xxh3 = chunk.xxh3;
+    if (tamper.any()) {
+      // The liar sends the checksum of its lie: the receiving transport
+      // finds nothing wrong.
+      (*copy)[tamper.at] ^= tamper.mask;
+      xxh3 = Xxh3(copy->data(), copy->size());
+    }
+    if (corrupt.any()) {
+      // The checksum of the bytes meant to go: the receiver must notice.
+      if (!xxh3) xxh3 = Xxh3(copy->data(), copy->size());
+      (*copy)[corrupt.at] ^= corrupt.mask;
+    }
     auto region = inner_transport_.RegisterMemory(copy->data(), copy->size(), MemoryKind::kHost);
     if (!region.ok()) return Complete(done, region.status());
-    ChunkSend bad = chunk;
-    bad.src = *region;
-    bad.src_offset = 0;
-    bad.xxh3 = chunk.xxh3 ? *chunk.xxh3 : Xxh3(src, chunk.length);
+    ChunkSend changed = chunk;
+    changed.src = *region;
+    changed.src_offset = 0;
+    changed.xxh3 = xxh3;
     Transport* t = &inner_transport_;
     MemoryRegion r = *region;
-    inner_->SendChunk(bad, Wrap([copy, t, r, done = std::move(done)](Status st) {
-      t->DeregisterMemory(r).IgnoreError();
-      Complete(done, std::move(st));
-    }));
+    inner_->SendChunk(changed, Wrap([copy, t, r, done = std::move(done)](Status st) {
+                        t->DeregisterMemory(r).IgnoreError();
+                        Complete(done, std::move(st));
+                      }));
   }
 
   Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
