@@ -21,8 +21,9 @@
 #include <vector>
 
 #include "agent/admin_http.h"
-#include "agent/etcd_test_server.h"
+#include "agent/agent_test_fixture.h"
 #include "agent/agent_test_util.h"
+#include "agent/etcd_test_server.h"
 #include "tern/checkpoint.h"
 #include "tern/datagen.h"
 #include "tern/digest.h"
@@ -39,152 +40,9 @@ namespace fs = std::filesystem;
 using agent_test::FirstDifference;
 using agent_test::WaitFor;
 
-class AgentSystemTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tern-agent-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "trace");
-    TraceConfig config;
-    auto shape = ChooseModelShape(400'000);
-    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
-    config.shape = *shape;
-    config.seed = 7;
-    config.adam.lr = 1e-5;
-    auto gen = TraceGenerator::Create(config, pool_);
-    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
-    gen_ = std::move(gen).value();
-  }
-
-  void TearDown() override {
-    for (auto& [id, a] : members_) a.agent.reset();
-    root_.reset();
-    transports_.clear();
-    fs::remove_all(dir_);
-  }
-
-  // The trace's next step as a checkpoint directory; returns its path.
-  std::string NextStep() {
-    EXPECT_TRUE(gen_->Step().ok());
-    const std::string path = (dir_ / "trace" / ("step-" + std::to_string(gen_->step()))).string();
-    CreateOptions co;
-    EXPECT_TRUE(WriteTraceCheckpoint(*gen_, path, {}, co, pool_).ok());
-    steps_[gen_->step()] = path;
-    return path;
-  }
-
-  Transport* NewTransportFor(const std::string& name, const FaultPolicy* fault = nullptr) {
-    auto& slot = transports_[name];
-    slot.inner = NewLoopbackTransport(net_);
-    if (fault) slot.fault = NewFaultTransport(*slot.inner, *fault);
-    return slot.fault ? static_cast<Transport*>(slot.fault.get()) : slot.inner.get();
-  }
-
-  AgentOptions BaseOptions(const std::string& name) {
-    AgentOptions o;
-    o.listen = name;
-    o.id = name;
-    o.data_dir = (dir_ / name).string();
-    o.heartbeat_ms = 100;
-    o.dead_after_ms = 1000;
-    o.threads = 1;
-    o.fanout_max = 2;
-    o.root_fanout_max = 3;
-    o.keyframe_every = 4;
-    // Every agent of the board holds it: joins, SUBSCRIBE and the root's
-    // catch-up object service (LateAndLaggingMembersCatchUp) all need it.
-    o.join_token = "join-token-of-this-board";
-    if (tweak_) tweak_(o);
-    return o;
-  }
-
-  void StartRoot(uint32_t root_fanout = 3) {
-    AgentOptions o = BaseOptions("root");
-    o.root_fanout_max = root_fanout;
-    o.root = true;
-    o.region = "us";
-    o.transport = NewTransportFor("root");
-    auto a = Agent::Start(o);
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    root_ = std::move(a).value();
-    root_key_ = root_->PublicKeyPem();
-  }
-
-  void StartMember(const std::string& name, const std::string& region,
-                   const FaultPolicy* fault = nullptr) {
-    AgentOptions o = BaseOptions(name);
-    o.join = "root";
-    o.region = region;
-    o.trusted_keys_pem = {root_key_};
-    o.spare_grace_ms = spare_grace_ms_;
-    o.transport = NewTransportFor(name, fault);
-    auto a = Agent::Start(o);
-    ASSERT_TRUE(a.ok()) << name << ": " << a.status().ToString();
-    members_[name].agent = std::move(a).value();
-    members_[name].dir = o.data_dir;
-  }
-
-  void StopMember(const std::string& name) {
-    members_[name].agent->Stop();
-    members_[name].agent.reset();
-    transports_.erase(name);
-  }
-
-  void Publish(uint64_t version) {
-    const std::string path = NextStep();
-    ASSERT_EQ(gen_->step(), version);
-    Status s = root_->Publish(path, version);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-
-  bool AllServe(uint64_t version, double seconds = 60) {
-    return WaitFor(
-        [&] {
-          for (auto& [id, m] : members_)
-            if (m.agent && m.agent->Snapshot().served_version != version) return false;
-          return true;
-        },
-        seconds);
-  }
-
-  std::string Lagging(uint64_t version) {
-    std::string out;
-    for (auto& [id, m] : members_)
-      if (m.agent && m.agent->Snapshot().served_version != version)
-        out += id + "@" + std::to_string(m.agent->Snapshot().served_version) + " ";
-    return out;
-  }
-
-  void ExpectBitwiseEqual(uint64_t version) {
-    for (auto& [id, m] : members_) {
-      if (!m.agent) continue;
-      EXPECT_EQ(FirstDifference(m.dir + "/current", steps_[version]), "") << id << " at version " << version;
-    }
-  }
-
-  struct Slot {
-    std::unique_ptr<Transport> inner;
-    std::unique_ptr<FaultTransport> fault;
-  };
-  struct Member {
-    std::unique_ptr<Agent> agent;
-    std::string dir;
-  };
-
-  fs::path dir_;
-  ThreadPool pool_{1};
-  LoopbackNetwork net_;
-  std::unique_ptr<TraceGenerator> gen_;
-  std::map<uint64_t, std::string> steps_;
-  std::map<std::string, Slot> transports_;
-  std::unique_ptr<Agent> root_;
-  std::string root_key_;
-  std::map<std::string, Member> members_;
-  uint32_t spare_grace_ms_ = AgentOptions{}.spare_grace_ms;
-  std::function<void(AgentOptions&)> tweak_;  // applied to every agent's options
-};
+// The fixture (agents on one loopback network, a datagen trace, bitwise
+// checks) is shared with agent_adversary_test.cc: agent/agent_test_fixture.h.
+class AgentSystemTest : public agent_test::AgentSystemFixture {};
 
 TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
   StartRoot();
@@ -724,8 +582,9 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
 // again (before data protocol 2 the root re-offered versions 1..3 and the
 // member logged a refusal for each), DIR/current is untouched (same link
 // target, same bytes), and the next version arrives as usual. The lead's
-// replay check (a parent that offers an old version anyway) is tested at the
-// relay: RelayTest.ForgedOrForeignManifestsAreRefused.
+// replay check (a parent that offers an old version anyway) is tested end to
+// end in AgentAdversaryTest.ForgedAndReplayedManifestsAreRefused and at the
+// relay in RelayTest.ForgedOrForeignManifestsAreRefused.
 TEST_F(AgentSystemTest, OldVersionsNotReofferedAfterReplan) {
   // Shared with the agents' log functions, which outlive this body (TearDown).
   struct Lines {

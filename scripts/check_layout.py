@@ -80,6 +80,7 @@ BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 TEST_SUPPORT = [
     "tests/*", "bench/*",
     "*_test.cc", "*/fuzz_*.cc", "*/test_util.h",
+    "*_test_fixture.h",  # a gtest fixture shared by several *_test.cc
     "transport/conformance_test.cc",
     "transport/test_certs.h", "transport/test_certs.cc",  # throwaway PKI for TLS tests
     "transport/ucx/test_pair.h",
