@@ -265,10 +265,15 @@ TEST_F(AgentAdversaryTest, ForgedAndReplayedManifestsAreRefused) {
     ASSERT_GE(mitm->replayed, 2);  // to each child
     mitm->replay_before = 0;
   }
+  // A replay is not blamed on the parent (a re-offer used to look the same);
+  // it can only hold a member back, and a parent that withholds the new
+  // version is reported as stalled.
   for (const char* name : {"a", "b"}) {
     EXPECT_GE(Logged(name, "refusing a manifest for version 1: serving 2"), 1u) << name;
+    EXPECT_EQ(MemberAtRoot(name).parent, "mitm") << name;
     EXPECT_EQ(MemberAtRoot(name).chunk_retries, 0u) << name;
   }
+  EXPECT_FALSE(MemberAtRoot("mitm").demoted);
 
   // The forgery.
   {
