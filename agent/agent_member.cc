@@ -525,14 +525,16 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
     hb.parents.push_back(f);
   }
   if (relay_) {
-    for (const auto& l : links) {
-      hb.bytes_in += l.bytes_in;
-      hb.bytes_out += l.bytes_out;
-      hb.chunk_retries += l.retries + l.bad_chunks;
-      // The rate the last object arrived at from a parent (the planner's
-      // figure for this member's downlink as the tree sees it).
+    // Totals over every link this member ever had: the root exports them
+    // as counters, which must not go down when a link closes.
+    const LinkTotals totals = relay_->Totals();
+    hb.bytes_in = totals.bytes_in;
+    hb.bytes_out = totals.bytes_out;
+    hb.chunk_retries = totals.retries + totals.bad_chunks;
+    // The rate the last object arrived at from a parent (the planner's
+    // figure for this member's downlink as the tree sees it).
+    for (const auto& l : links)
       if (l.parent) hb.rate_in_bytes_per_s = std::max(hb.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
-    }
   }
   return hb;
 }

@@ -209,6 +209,7 @@ void RelayNode::Impl::CloseLink(Link& link) {
     }
   }
   if (link.parent && parent_of[link.stats.stripe] == link.id) parent_of[link.stats.stripe] = 0;
+  closed_links.Add(link.stats);
   links.erase(link.id);
   // Its sends ended with the Close above: a retired object may now go.
   std::vector<ObjectRef> draining;
@@ -364,6 +365,13 @@ std::vector<LinkStats> RelayNode::Stats() const {
   std::vector<LinkStats> out;
   for (auto& [id, link] : impl_->links) out.push_back(link->stats);
   return out;
+}
+
+LinkTotals RelayNode::Totals() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  LinkTotals t = impl_->closed_links;
+  for (auto& [id, link] : impl_->links) t.Add(link->stats);
+  return t;
 }
 
 }  // namespace tern::agent

@@ -108,6 +108,17 @@ struct LinkStats {
   double last_rate_in_bytes_per_s = 0;
 };
 
+struct LinkTotals {
+  uint64_t bytes_in = 0, bytes_out = 0;
+  uint64_t retries = 0, bad_chunks = 0;
+  void Add(const LinkStats& l) {
+    bytes_in += l.bytes_in;
+    bytes_out += l.bytes_out;
+    retries += l.retries;
+    bad_chunks += l.bad_chunks;
+  }
+};
+
 struct ObjectProgress {
   uint32_t chunk_count = 0;
   uint32_t verified_chunks = 0;
@@ -171,7 +182,12 @@ class RelayNode {
 
   // kNotFound for an object this node does not hold.
   Result<ObjectProgress> Progress(const ObjectRef& ref) const;
+  // The links open now.
   std::vector<LinkStats> Stats() const;
+  // Everything this node ever moved, closed links included: what a
+  // heartbeat reports, so that the root's *_total counters never go down
+  // when a link closes (a child dropping a lying parent, a re-plan).
+  LinkTotals Totals() const;
 
   struct Impl;
 

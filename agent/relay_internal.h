@@ -168,6 +168,7 @@ struct RelayNode::Impl {
   // the last send completes.
   std::map<ObjectRef, std::shared_ptr<Object>> retired;
   std::map<uint64_t, std::unique_ptr<Link>> links;
+  LinkTotals closed_links;  // what links closed so far moved (Totals)
   uint64_t parent_of[kMaxStripes] = {};
   std::atomic<uint64_t> served_version{0};  // SetServedVersion: sent in SUBSCRIBE
   std::vector<std::function<void()>> calls;  // to the lead, made after mu is dropped

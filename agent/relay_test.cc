@@ -736,6 +736,14 @@ TEST_F(RelayTest, ParentSendingBadChunksRepeatedlyIsReported) {
   c->relay->SetParent(0, 1, "root");
   ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
   EXPECT_EQ(Stored("c", o), o.data);
+  // The dropped link's counts live on in the totals a heartbeat reports
+  // (the root's counters must not go down), though its LinkStats are gone.
+  uint64_t open_bad = 0;
+  for (const LinkStats& l : c->relay->Stats()) open_bad += l.bad_chunks;
+  EXPECT_EQ(open_bad, 0u);
+  const LinkTotals totals = c->relay->Totals();
+  EXPECT_EQ(totals.bad_chunks, 2u);
+  EXPECT_GE(totals.bytes_in, 5u * 4096);
 }
 
 // A byte flipped on the wire (below the transport's XXH3): the root's send
