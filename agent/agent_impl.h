@@ -206,6 +206,10 @@ class AgentImpl final : public Agent {
   bool dial_failed_logged_ = false;
   // Complete, verified objects waiting to be applied, by target version.
   std::map<uint64_t, std::pair<ObjectRef, std::string>> ready_;
+  // When the relay reported each of them complete (NowS), by target
+  // version: the apply's log line says how long it waited for the work
+  // thread (a PrepareSpare or another apply), the benchmark's breakdown.
+  std::map<uint64_t, double> complete_at_s_;
   // Objects the relay holds, forgotten once every version they lead to is
   // kKeepVersions behind what this agent serves (the relay's table is
   // bounded: RelayOptions::max_objects).

@@ -18,6 +18,14 @@ version by version with `tern publish`, and per version records:
   * the root's own first_served_s/last_served_s from /status "versions";
   * the physical bound: shipped bytes over the narrowest configured rate,
     plus the one-way delay from the root's region to the farthest host.
+  * the last member's breakdown: when it held the whole object, how long the
+    object waited for the agent's work thread, the view store's phases
+    (apply, sync, state + kept patch + switch), from its log lines;
+  * the CPU floor: the CPU every agent used between publish and the last
+    member serving (from /proc), and the members' CPU while applying, each
+    over the machine's cores: the time the version would take if CPU were
+    the only limit; and how busy the whole machine was meanwhile (other
+    work included).
 Then compares every member's DIR/current tensor by tensor, bit for bit, with
 the published checkpoint. Exit status 1 on a mismatch or a version not served
 by every member within --deadline-s.
@@ -93,6 +101,22 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def proc_cpu_s(pid):
+    """user + system CPU seconds of a process (0 once it is gone)."""
+    try:
+        stat = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_s():
+    """(busy, total) CPU seconds of the whole machine, all cores."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    total = sum(f[:8])  # user nice system idle iowait irq softirq steal
+    return (total - f[3] - f[4]) / os.sysconf("SC_CLK_TCK"), total / os.sysconf("SC_CLK_TCK")
 
 
 def make_pki(d, addresses):
@@ -180,6 +204,8 @@ def main():
         rows, failed = [], False
         for v in range(1, a.steps + 1):
             ckpt = os.path.join(trace, "step-%06d" % (v - 1))
+            cpu0 = {x.name: proc_cpu_s(x.proc.pid) for x in agents}
+            mach0 = machine_cpu_s()
             t_start = time.time()
             r = subprocess.run([a.tern, "publish", "--board", root.admin, ckpt, "--version", str(v)],
                                capture_output=True, text=True, timeout=300)
@@ -197,6 +223,9 @@ def main():
                     last = now - t_pub
                     break
                 time.sleep(a.poll_ms / 1e3)
+            t_end = time.time()
+            cpu_window = {x.name: proc_cpu_s(x.proc.pid) - cpu0[x.name] for x in agents}
+            mach1 = machine_cpu_s()
             if last is None:
                 failed = True
                 print("FAIL: version %d not served by every member within %g s: %s" % (
@@ -228,6 +257,8 @@ def main():
                              disk_first=min(commits) if len(commits) == len(members) else None,
                              disk_last=max(commits) if len(commits) == len(members) else None,
                              commit_at=commit_at, root_first=rv["first_served_s"], root_last=rv["last_served_s"], bound=bound,
+                             window=t_end - t_start, agents_cpu=sum(cpu_window.values()),
+                             machine_busy=mach1[0] - mach0[0], machine_total=mach1[1] - mach0[1],
                              verified=len(members) - len(bad)))
             print("version %d served by all %d members %.3f s after publish returned; %d/%d bitwise" % (
                 v, len(members), last, len(members) - len(bad), len(members)), flush=True)
@@ -236,17 +267,24 @@ def main():
 
         # Where a member's time goes: "applied in" (the agent, from the
         # object complete to serving) and the view store's phases.
-        applied, by_member, phases = {}, {}, {}
+        applied, by_member, phases, waited, apply_cpu, store_of = {}, {}, {}, {}, {}, {}
         for m in members:
             for line in open(m.log_path):
                 mm = re.search(r"serving version (\d+) .*applied in ([0-9.]+) s", line)
                 if mm:
                     applied.setdefault(int(mm.group(1)), []).append(float(mm.group(2)))
                     by_member[(m.name, int(mm.group(1)))] = float(mm.group(2))
+                    # Since the object was complete, and the process's CPU
+                    # while it applied (agents that log both).
+                    mw = re.search(r"waited ([0-9.]+) s for the work thread, process cpu ([0-9.]+) s", line)
+                    if mw:
+                        waited[(m.name, int(mm.group(1)))] = float(mw.group(1))
+                        apply_cpu.setdefault(int(mm.group(1)), []).append(float(mw.group(2)))
                 mm = re.search(r"view_store: serving version (\d+) .*: (\d+) ms = catch-up (\d+) \+ apply (\d+) "
                                r"\+ sync (\d+) \+ state, kept patch, switch (\d+) ms", line)
                 if mm:
                     phases.setdefault(int(mm.group(1)), []).append([int(x) for x in mm.groups()[1:]])
+                    store_of[(m.name, int(mm.group(1)))] = [int(x) for x in mm.groups()[1:]]
         for r in rows:
             # When the object was complete at each member: its commit minus its apply time.
             got = [t - by_member[(n, r["version"])] for n, t in r["commit_at"].items()
@@ -272,6 +310,39 @@ def main():
                 else "-", fmt(r["received_last"]), ap_[len(ap_) // 2], ap_[-1], r["verified"], len(members)))
         print("(* keyframe; recv last: the latest time a member held the whole object, its commit minus its "
               "'applied in')")
+        # The member that served last, step by step: what is on its critical
+        # path after the object is complete.
+        cores = os.cpu_count() or 1
+        print("last member, seconds after publish returned: held the object (+ waited for the work thread) "
+              "-> view store total = catch-up + apply + sync + state/kept/switch (+ agent rest) -> served")
+        for r in rows:
+            v = r["version"]
+            if not r["commit_at"]:
+                continue
+            name, t_serve = max(r["commit_at"].items(), key=lambda kv: kv[1])
+            ain = by_member.get((name, v))
+            w = waited.get((name, v))
+            ph = store_of.get((name, v))
+            if ain is None:
+                continue
+            start = t_serve - ain
+            held = start - w if w is not None else None
+            parts = ("%d = %d + %d + %d + %d ms" % tuple(ph)) if ph else "-"
+            rest = ain * 1e3 - ph[0] if ph else 0
+            print("  %d: %-5s held %s (+ waited %s) -> apply began %.3f -> %s (+ %d ms) -> served %.3f" % (
+                v, name, fmt(held), "%.3f" % w if w is not None else "-", start, parts, rest, t_serve))
+        print("CPU floor per version (%d cores): all agents' CPU from publish to the last member serving / cores; "
+              "members' CPU while applying (sum) / cores; machine busy = every process's CPU in that window "
+              "(other engineers' work included) / (window x cores)" % cores)
+        for r in rows:
+            v = r["version"]
+            ac = apply_cpu.get(v, [])
+            busy = r["machine_busy"] / r["machine_total"] if r["machine_total"] else 0
+            print("  %d: window %.3f s: agents %.2f cpu s -> floor %.3f s; apply %.2f cpu s over %d members -> "
+                  "floor %.3f s; machine busy %.0f%%, agents %.0f%% of it" % (
+                      v, r["window"], r["agents_cpu"], r["agents_cpu"] / cores, sum(ac), len(ac),
+                      sum(ac) / cores, busy * 100,
+                      100 * r["agents_cpu"] / r["machine_busy"] if r["machine_busy"] else 0))
         print("view store phases, median over members, ms: version: total = catch-up + apply + sync + switch")
         prepared = {}
         for m in members:
