@@ -189,16 +189,16 @@ struct Paths {
   std::string slot(const std::string& name) const { return views + "/" + name; }
 };
 
-// current.tmp-<hex> -> views/<slot>, renamed over DIR/current, DIR synced.
+// current.tmp-<hex> -> views/<slot>, renamed over DIR/current. Not synced:
+// the link is derived from state.json, and Open re-points it from there after
+// every restart, so a link the crash rolled back is repaired before anyone
+// reads it (a reader sees the rename at once, durable or not).
 Status Relink(Env& env, const Paths& p, const std::string& slot) {
   const std::string tmp = p.dir + "/current.tmp-" + RandomHex();
   TERN_RETURN_IF_ERROR(env.CreateSymlink("views/" + slot, tmp));
   Status st = env.Rename(tmp, p.dir + "/current", RenameMode::kReplace);
-  if (!st.ok()) {
-    (void)env.RemoveFile(tmp);
-    return st;
-  }
-  return env.SyncPath(p.dir);
+  if (!st.ok()) (void)env.RemoveFile(tmp);
+  return st;
 }
 
 }  // namespace
@@ -253,9 +253,14 @@ Result<std::unique_ptr<ViewStore>> ViewStore::Open(Env& env, std::string dir, Th
 
 namespace {
 
-Status WriteState(Env& env, const Paths& p, const ViewStore::State& s) {
-  const std::string text = EncodeState(s);
-  return WriteFileAtomic(env, p.state, Bytes(text), /*overwrite=*/true);
+// `recorded` is what state.json is known to hold (empty: unknown), so that
+// MarkSpareUnusable can skip a write that changes nothing.
+Status WriteState(Env& env, const Paths& p, const ViewStore::State& s, std::string& recorded) {
+  std::string text = EncodeState(s);
+  recorded.clear();  // a failed write may or may not have renamed
+  TERN_RETURN_IF_ERROR(WriteFileAtomic(env, p.state, Bytes(text), /*overwrite=*/true));
+  recorded = std::move(text);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -266,7 +271,8 @@ namespace {
 // directory at the spare's path (which is empty when it runs); then commit
 // and switch. The old current becomes an unusable spare (no patch leads from
 // its version to the new one).
-Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log, uint64_t version,
+Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string& recorded,
+                      LogFn& log, uint64_t version,
                       const ViewDigest& digest,
                       const std::function<Status(const std::string& slot_path)>& build) {
   if (!s.current.empty()) {
@@ -274,7 +280,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
     // its rename may have left state.json ahead of memory; this puts it back.
     ViewStore::State marked = s;
     marked.spare_usable = false;
-    TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
+    TERN_RETURN_IF_ERROR(WriteState(env, p, marked, recorded));
     s.spare_usable = false;
   }
   s.prepared.reset();  // the spare is rebuilt
@@ -287,7 +293,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, LogFn& log,
   next.current = slot;
   next.version = version;
   next.digest = digest;
-  TERN_RETURN_IF_ERROR(WriteState(env, p, next));  // the commit point
+  TERN_RETURN_IF_ERROR(WriteState(env, p, next, recorded));  // the commit point
   const std::string old_kept = s.kept;
   s = next;
   Status linked = Relink(env, p, slot);
@@ -340,7 +346,7 @@ Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
     if (!st.ok()) (void)RemoveTree(env_, staging);
     return st;
   };
-  return InstallInSpare(env_, Paths(dir_), s, log_, version, expected, build);
+  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, expected, build);
 }
 
 Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version) {
@@ -369,7 +375,7 @@ Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t ve
     return w->Commit();
   };
   // Apply verified that the bytes reach the patch's target digest.
-  return InstallInSpare(env_, Paths(dir_), s, log_, version, info.target_digest, build);
+  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, info.target_digest, build);
 }
 
 namespace {
@@ -409,12 +415,16 @@ Result<std::unique_ptr<WritableCheckpoint>> CloneServedIntoSpare(Env& env, const
 }
 
 // Nothing writes the spare while state.json calls it usable. Written even
-// when memory already says unusable: a commit that failed after its rename
-// may have left state.json ahead of memory; this puts it back.
-Status MarkSpareUnusable(Env& env, const Paths& p, ViewStore::State& s) {
+// when memory already says unusable (a commit that failed after its rename
+// may have left state.json ahead of memory; this puts it back), unless the
+// last write of state.json succeeded with exactly this record: then the
+// write and its two fsyncs would change nothing (Advance after an in-place
+// PrepareSpare, which marked the spare, saves them on the critical path).
+Status MarkSpareUnusable(Env& env, const Paths& p, ViewStore::State& s, std::string& recorded) {
   ViewStore::State marked = s;
   marked.spare_usable = false;
-  TERN_RETURN_IF_ERROR(WriteState(env, p, marked));
+  if (recorded.empty() || EncodeState(marked) != recorded)
+    TERN_RETURN_IF_ERROR(WriteState(env, p, marked, recorded));
   s.spare_usable = false;
   return Status::Ok();
 }
@@ -429,7 +439,7 @@ Status ViewStore::PrepareSpare() {
   Clock& clock = env_.clock();
   const uint64_t start_us = clock.NowUs();
   const bool usable = s.spare_usable;
-  TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
+  TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s, recorded_));
   if (usable) {
     auto w = OpenSpareAtServed(env_, p, s, pool_);
     if (w.ok()) {
@@ -454,7 +464,7 @@ Status ViewStore::PrepareSpare() {
   next.spare_digest = s.digest;
   next.kept.clear();
   next.kept_from = next.kept_to = 0;
-  TERN_RETURN_IF_ERROR(WriteState(env_, p, next));
+  TERN_RETURN_IF_ERROR(WriteState(env_, p, next, recorded_));
   const std::string old_kept = s.kept;
   s = next;
   if (!old_kept.empty()) {
@@ -491,7 +501,7 @@ Status ViewStore::AdvancePrefix(std::span<const uint8_t> prefix) {
     }
     std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
     s.prepared.reset();
-    TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
+    TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s, recorded_));
     if (!slot) {
       // spare_ready(): the spare holds version() durably; no patch to apply.
       TERN_ASSIGN_OR_RETURN(SlotWriter w, SlotWriter::Open(env_, p.slot(s.spare())));
@@ -579,7 +589,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   }
   if (!streamed) {
     const bool usable = s.spare_usable;
-    TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s));
+    TERN_RETURN_IF_ERROR(MarkSpareUnusable(env_, p, s, recorded_));
     std::shared_ptr<SlotWriter> slot = std::move(s.prepared);  // at version(), unsynced
     s.prepared.reset();
     if (!slot && usable) {
@@ -606,7 +616,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
           restored.spare_usable = true;
           restored.spare_version = s.version;
           restored.spare_digest = s.digest;
-          if (WriteState(env_, p, restored).ok()) s = restored;
+          if (WriteState(env_, p, restored, recorded_).ok()) s = restored;
         }
         return st;
       }
@@ -626,9 +636,22 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     }
   }
 
-  // The kept patch must be durable before state.json names it.
+  // The kept patch is written but not synced: it only saves a copy, and it
+  // is checked whenever it is used (every record's checksum, and the digest
+  // it reaches must be the served one, OpenSpareAtServed), so a kept file a
+  // power loss emptied, truncated or lost costs one copy of the served slot,
+  // never a wrong spare. Renamed into place so that no partial file carries
+  // its name while the store runs.
   const std::string kept = KeptName(s.version, info.target_version);
-  TERN_RETURN_IF_ERROR(WriteFileAtomic(env_, p.slot(kept), patch, /*overwrite=*/true));
+  {
+    const std::string tmp = p.slot(kept) + ".tmp-" + RandomHex();
+    TERN_RETURN_IF_ERROR(WriteNewFile(env_, tmp, patch));
+    Status st = env_.Rename(tmp, p.slot(kept), RenameMode::kReplace);
+    if (!st.ok()) {
+      (void)env_.RemoveFile(tmp);
+      return st;
+    }
+  }
   State next;
   next.current = s.spare();
   next.version = info.target_version;
@@ -642,7 +665,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   // The commit point. If it fails, state.json may hold either record (the
   // rename may have happened); memory keeps the old one with an unusable
   // spare, which the next call writes back before it touches anything.
-  TERN_RETURN_IF_ERROR(WriteState(env_, p, next));
+  TERN_RETURN_IF_ERROR(WriteState(env_, p, next, recorded_));
   const std::string old_kept = s.kept;
   s = next;
   Status linked = Relink(env_, p, s.current);

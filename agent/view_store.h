@@ -13,8 +13,9 @@
 //
 // Advance: bring the spare to version() (apply the kept patch in place, unless
 // PrepareSpare already did between versions), apply
-// the new patch in place, fsync, write the kept patch, commit state.json, then
-// re-point `current` (a new link renamed over the old one). A crash at any
+// the new patch in place, fsync, write the kept patch (not synced: checked
+// when used), commit state.json, then re-point `current` (a new link renamed
+// over the old one; not synced, Open re-derives it). A crash at any
 // point leaves `current` serving either the old or the new version, complete
 // and verified; Open repairs the link from state.json and never serves a
 // spare in an unknown state (state.json marks the spare unusable before any
@@ -133,6 +134,9 @@ class ViewStore {
   ThreadPool& pool_;
   LogFn log_;
   std::unique_ptr<State> state_;
+  // The text state.json is known to hold (the last successful write; empty
+  // after a failed one and at Open): a write of the same record is skipped.
+  std::string recorded_;
 };
 
 }  // namespace tern::agent
