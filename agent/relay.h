@@ -87,7 +87,8 @@ struct RelayCallbacks {
   // chunk that completes the object (on_object_complete is). Null: nothing.
   std::function<void(const ObjectRef&, const std::string& part_path, uint64_t prefix_bytes)>
       on_prefix_verified;
-  // Every chunk verified; the file is synced and renamed to its final path.
+  // Every chunk verified; the file is renamed to its final path (not synced:
+  // nothing reads a received object after a restart).
   std::function<void(const ObjectRef&, const std::string& path)> on_object_complete;
   // The parent link of `stripe` ended (closed, failed, or dropped for bad
   // chunks: kAuth). Not called for a link SetParent replaced.

@@ -250,8 +250,10 @@ void RelayNode::Impl::Completed(Object& obj) {
     const double s = std::max<uint64_t>(1, now_us - fp->second.offered_us) / 1e6;
     l->stats.last_rate_in_bytes_per_s = double(fp->second.bytes_in) / s;
   }
-  Status st = obj.file->Sync();
-  if (st.ok()) st = env.Rename(obj.part_path, obj.path, RenameMode::kReplace);
+  // Renamed, not synced: nothing reads a received object after a restart
+  // (a new OFFER recreates it; what a member serves is the view store's,
+  // which syncs what it commits), so an fsync here only delayed the apply.
+  Status st = env.Rename(obj.part_path, obj.path, RenameMode::kReplace);
   if (!st.ok()) {
     // Still served from memory; the lead hears nothing, so it fetches again.
     Log("relay: cannot store " + ObjectName(obj.ref) + ": " + st.ToString());
