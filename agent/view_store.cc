@@ -534,12 +534,14 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
   const Paths p(dir_);
   TERN_REQUIRE(!s.current.empty(), kInvalidArgument,
                "view store: nothing served yet (Seed or InstallKeyframe first)");
-  // A stream decodes the records itself (Finish); only the whole-patch
-  // path validates every stream up front, before the spare is touched.
+  // Only the manifest here: the records are decoded once, by Apply (which
+  // restores the spare if any of them is bad: exclusive_view) or by the
+  // stream's Finish. Inspecting them all first decoded every record twice,
+  // the first time single-threaded, on the critical path; only a full copy
+  // is worth avoiding for a bad patch, and that path still inspects first.
   TERN_ASSIGN_OR_RETURN(std::optional<PatchInfo> head, InspectHead(patch));
   TERN_REQUIRE(head.has_value(), kCorrupt, "view store: truncated patch: ", patch.size(),
                " bytes, no complete manifest");
-  if (!s.stream) TERN_RETURN_IF_ERROR(Inspect(patch).status());
   const PatchInfo& info = *head;
   TERN_REQUIRE(info.base_version == s.version && info.base_digest == s.digest, kMismatch,
                "view store: patch base is version ", info.base_version, " (",
@@ -626,7 +628,9 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
       sync_us = clock.NowUs() - t_us;
     } else {
       // One full copy of the served slot (holes stay holes), patched before it
-      // is committed; Commit fsyncs it.
+      // is committed; Commit fsyncs it. A damaged patch is refused before
+      // the copy is made.
+      TERN_RETURN_IF_ERROR(Inspect(patch).status());
       TERN_ASSIGN_OR_RETURN(auto copy, CloneServedIntoSpare(env_, p, s, log_));
       TERN_RETURN_IF_ERROR(Apply(copy->view(), patch, s.digest, pool_, exclusive, &target));
       apply_us = clock.NowUs() - t_us;  // with the copy
