@@ -3,9 +3,8 @@
 // the tree cannot help (agent/agent_impl.h).
 #include <nlohmann/json.hpp>
 
-#include <time.h>
-
 #include <algorithm>
+#include <ctime>
 #include <utility>
 
 #include "agent/agent_impl.h"
@@ -360,12 +359,14 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   const double dt = NowS() - t0;
   timespec cpu1{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
-  const double cpu_s = double(cpu1.tv_sec - cpu0.tv_sec) + double(cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
+  const double cpu_s =
+      double(cpu1.tv_sec - cpu0.tv_sec) + double(cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
   double waited_s = 0;
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end()) waited_s = t0 - it->second;
+    if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end())
+      waited_s = t0 - it->second;
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
     store_version_ = store_->version();
     last_apply_s_ = dt;

@@ -272,8 +272,7 @@ namespace {
 // and switch. The old current becomes an unusable spare (no patch leads from
 // its version to the new one).
 Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string& recorded,
-                      LogFn& log, uint64_t version,
-                      const ViewDigest& digest,
+                      LogFn& log, uint64_t version, const ViewDigest& digest,
                       const std::function<Status(const std::string& slot_path)>& build) {
   if (!s.current.empty()) {
     // Also when memory already says unusable: a commit that failed after
