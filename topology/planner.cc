@@ -38,6 +38,27 @@ const char* LinkName(Link link) {
   return "?";
 }
 
+EdgeTransport ChooseEdgeTransport(const Member& parent, const Member& child) {
+  if (Classify(parent, child) != Link::kSameCluster) return EdgeTransport::kMainAcrossClusters;
+  if (parent.intra_backend.empty() || child.intra_backend.empty()) return EdgeTransport::kMainNoIntra;
+  if (parent.intra_backend != child.intra_backend) return EdgeTransport::kMainBackendsDiffer;
+  return EdgeTransport::kIntra;
+}
+
+const char* EdgeTransportName(EdgeTransport t) {
+  switch (t) {
+    case EdgeTransport::kIntra:
+      return "intra-cluster";
+    case EdgeTransport::kMainAcrossClusters:
+      return "main (the edge leaves the cluster)";
+    case EdgeTransport::kMainNoIntra:
+      return "main (an end has no intra-cluster transport)";
+    case EdgeTransport::kMainBackendsDiffer:
+      return "main (the ends run different intra-cluster backends)";
+  }
+  return "?";
+}
+
 namespace {
 
 bool FinitePositive(double x) { return std::isfinite(x) && x > 0; }
@@ -50,6 +71,8 @@ Status CheckMember(const Member& m, const char* what) {
                kInvalidArgument, what, " '", m.id, "': rates must be finite and > 0");
   TERN_REQUIRE(std::isfinite(m.rtt_to_root_s) && m.rtt_to_root_s >= 0, kInvalidArgument, what, " '",
                m.id, "': round trip must be finite and >= 0");
+  TERN_REQUIRE(m.intra_backend.size() <= kMaxIdBytes, kInvalidArgument, what, " '", m.id,
+               "': intra backend name longer than ", kMaxIdBytes, " bytes");
   return Status::Ok();
 }
 
@@ -338,6 +361,19 @@ Result<Plan> MakePlan(const Member& root, const std::vector<Member>& members,
   return plan;
 }
 
+namespace {
+
+// The stripe in which a new relay of `region` goes: the one where that
+// region has the fewest relays (ties: the lowest stripe).
+uint32_t LeastRelayedStripe(const Plan& plan, const std::string& region) {
+  std::vector<uint32_t> relays(plan.options.stripes, 0);
+  for (const auto& [id, s] : plan.relay_stripe)
+    if (s != Plan::kLeafEverywhere && plan.members.at(id).region == region) ++relays[s];
+  return static_cast<uint32_t>(std::min_element(relays.begin(), relays.end()) - relays.begin());
+}
+
+}  // namespace
+
 Result<Plan> AddMember(const Plan& plan, const Member& member) {
   TERN_RETURN_IF_ERROR(CheckMember(member, "member"));
   TERN_REQUIRE(member.id != plan.root.id, kInvalidArgument, "member '", member.id,
@@ -348,15 +384,8 @@ Result<Plan> AddMember(const Plan& plan, const Member& member) {
                "members_max ", plan.options.members_max, " reached");
   Plan next = plan;
   next.members.emplace(member.id, member);
-  uint32_t stripe = Plan::kLeafEverywhere;
-  if (member.may_relay) {
-    // The stripe where this region has the fewest relays.
-    std::vector<uint32_t> relays(plan.options.stripes, 0);
-    for (const auto& [id, s] : plan.relay_stripe)
-      if (s != Plan::kLeafEverywhere && plan.members.at(id).region == member.region) ++relays[s];
-    stripe = static_cast<uint32_t>(std::min_element(relays.begin(), relays.end()) - relays.begin());
-  }
-  next.relay_stripe[member.id] = stripe;
+  next.relay_stripe[member.id] =
+      member.may_relay ? LeastRelayedStripe(plan, member.region) : Plan::kLeafEverywhere;
   const Index index(next);
   for (uint32_t s = 0; s < plan.options.stripes; ++s) {
     StripeTree tree(next, index, s);
@@ -419,6 +448,19 @@ Result<Plan> DemoteRelay(const Plan& plan, std::string_view id_view) {
   // it held (the root's, when it was a region head).
   TERN_RETURN_IF_ERROR(tree.Attach(m));
   next.parent[stripe] = tree.Parents();
+  return next;
+}
+
+Result<Plan> PromoteRelay(const Plan& plan, std::string_view id_view) {
+  const std::string id(id_view);
+  auto it = plan.members.find(id);
+  TERN_REQUIRE(it != plan.members.end(), kNotFound, "member '", id, "' is not in the plan");
+  if (plan.relay_stripe.at(id) != Plan::kLeafEverywhere) return plan;
+  Plan next = plan;
+  next.members.at(id).may_relay = true;
+  // A leaf has no children in any stripe, so relaying in the chosen one
+  // breaks no invariant and moves nobody.
+  next.relay_stripe[id] = LeastRelayedStripe(plan, it->second.region);
   return next;
 }
 

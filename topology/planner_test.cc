@@ -15,8 +15,13 @@ constexpr double kGbps = 1e9 / 8;
 
 Member M(std::string id, std::string region, std::string cluster, double up_gbps,
          double down_gbps = 0) {
-  return Member{std::move(id), std::move(region), std::move(cluster), up_gbps * kGbps,
-                (down_gbps > 0 ? down_gbps : up_gbps) * kGbps, true};
+  Member m;
+  m.id = std::move(id);
+  m.region = std::move(region);
+  m.cluster = std::move(cluster);
+  m.uplink_bytes_per_s = up_gbps * kGbps;
+  m.downlink_bytes_per_s = (down_gbps > 0 ? down_gbps : up_gbps) * kGbps;
+  return m;
 }
 
 Member Root() { return M("root", "us", "trainer", 100); }
@@ -300,6 +305,91 @@ TEST(Planner, DemotingARelayMovesOnlyItAndItsChildren) {
   auto grown = AddMember(*demoted, M("eu-c1-9", "eu", "c1", 1));
   ASSERT_TRUE(grown.ok());
   EXPECT_NE(grown->parent[0].at("eu-c1-9"), head);
+}
+
+TEST(Planner, APromotedRelayTakesChildrenAgainAndNobodyMoves) {
+  auto plan = MakePlan(Root(), ThreeRegions(), PlanOptions{});
+  ASSERT_TRUE(plan.ok());
+  const std::string head = "eu-c1-2";
+  auto demoted = DemoteRelay(*plan, head);
+  ASSERT_TRUE(demoted.ok());
+  auto promoted = PromoteRelay(*demoted, head);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  ASSERT_TRUE(Validate(*promoted).ok()) << Validate(*promoted).ToString();
+  EXPECT_TRUE(promoted->members.at(head).may_relay);
+  EXPECT_EQ(promoted->relay_stripe.at(head), 0u);
+  EXPECT_TRUE(Diff(*demoted, *promoted).empty()) << "promotion moved an edge";
+  // Relay-capable again: a later join in its cluster may hang under it
+  // (the demoted plan never let one).
+  std::vector<std::string> under;
+  Plan grown = *promoted;
+  for (int k = 9; k < 13; ++k) {
+    const std::string id = "eu-c1-" + std::to_string(k);
+    auto next = AddMember(grown, M(id, "eu", "c1", 1));
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    grown = std::move(next).value();
+    if (grown.parent[0].at(id) == head) under.push_back(id);
+  }
+  EXPECT_FALSE(under.empty()) << "no join picked the promoted relay";
+  // Again: nothing to do. Unknown: kNotFound.
+  auto again = PromoteRelay(*promoted, head);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->relay_stripe, promoted->relay_stripe);
+  EXPECT_EQ(PromoteRelay(*plan, "nobody").status().code(), Code::kNotFound);
+}
+
+TEST(Planner, APromotedRelayGoesToItsRegionsLeastRelayedStripe) {
+  std::vector<Member> members;
+  for (int i = 0; i < 6; ++i) members.push_back(M("m" + std::to_string(i), "eu", "", 10 + i));
+  PlanOptions o;
+  o.stripes = 2;
+  auto plan = MakePlan(Root(), members, o);
+  ASSERT_TRUE(plan.ok());
+  // Two relays demoted from stripe 1 leave it the poorer one.
+  Plan p = *plan;
+  std::vector<std::string> in1;
+  for (const auto& [id, s] : p.relay_stripe)
+    if (s == 1) in1.push_back(id);
+  ASSERT_GE(in1.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    auto d = DemoteRelay(p, in1[i]);
+    ASSERT_TRUE(d.ok());
+    p = std::move(d).value();
+  }
+  auto promoted = PromoteRelay(p, in1[0]);
+  ASSERT_TRUE(promoted.ok());
+  ASSERT_TRUE(Validate(*promoted).ok()) << Validate(*promoted).ToString();
+  EXPECT_EQ(promoted->relay_stripe.at(in1[0]), 1u);
+}
+
+TEST(Planner, AnIntraEdgeNeedsOneClusterAndTheSameBackendAtBothEnds) {
+  auto with = [](Member m, std::string backend) {
+    m.intra_backend = std::move(backend);
+    return m;
+  };
+  const Member a = with(M("a", "eu", "c1", 10), "verbs");
+  EXPECT_EQ(ChooseEdgeTransport(a, with(M("b", "eu", "c1", 10), "verbs")), EdgeTransport::kIntra);
+  // The ends chose differently, or one fell back to TCP: the main transport.
+  EXPECT_EQ(ChooseEdgeTransport(a, with(M("b", "eu", "c1", 10), "tcp")),
+            EdgeTransport::kMainBackendsDiffer);
+  EXPECT_EQ(ChooseEdgeTransport(with(M("b", "eu", "c1", 10), "ucx"), a),
+            EdgeTransport::kMainBackendsDiffer);
+  EXPECT_EQ(ChooseEdgeTransport(a, M("b", "eu", "c1", 10)), EdgeTransport::kMainNoIntra);
+  EXPECT_EQ(ChooseEdgeTransport(M("b", "eu", "c1", 10), a), EdgeTransport::kMainNoIntra);
+  // Leaving the cluster wins over everything, even with matching backends.
+  EXPECT_EQ(ChooseEdgeTransport(a, with(M("b", "eu", "c2", 10), "verbs")),
+            EdgeTransport::kMainAcrossClusters);
+  EXPECT_EQ(ChooseEdgeTransport(a, with(M("b", "us", "c1", 10), "verbs")),
+            EdgeTransport::kMainAcrossClusters);
+  EXPECT_EQ(ChooseEdgeTransport(with(M("x", "eu", "", 10), "verbs"), with(M("y", "eu", "", 10), "verbs")),
+            EdgeTransport::kMainAcrossClusters);  // no cluster: a cluster of its own
+  EXPECT_STREQ(EdgeTransportName(EdgeTransport::kMainBackendsDiffer),
+               "main (the ends run different intra-cluster backends)");
+  // The name is bounded like an id.
+  EXPECT_EQ(AddMember(*MakePlan(Root(), {}, PlanOptions{}), with(M("b", "eu", "c1", 1), std::string(kMaxIdBytes + 1, 'v')))
+                .status()
+                .code(),
+            Code::kInvalidArgument);
 }
 
 TEST(Planner, DemotingTheOnlyRootChildFreesTheRootSlot) {

@@ -39,6 +39,10 @@ struct Member {
   // Among parents at the same depth the planner prefers the one whose
   // first chunk arrives soonest: rtt/2 + one chunk over its uplink.
   double rtt_to_root_s = 0;
+  // The intra-cluster transport backend it actually runs (the transport's
+  // name after any fallback: "verbs", "ucx", "tcp", "tcp+tls"); empty: none.
+  // At most kMaxIdBytes. Only ChooseEdgeTransport reads it.
+  std::string intra_backend;
 };
 
 // The chunk size the parent choice assumes (the agent's 1 MiB chunks).
@@ -56,6 +60,20 @@ struct PlanOptions {
 enum class Link : uint8_t { kSameCluster = 0, kSameRegion = 1, kCrossRegion = 2 };
 TERN_EXPORT Link Classify(const Member& from, const Member& to);
 TERN_EXPORT const char* LinkName(Link link);
+
+// The transport an edge runs on, and why. An edge uses the intra-cluster
+// transport only when it stays inside one cluster and both ends run the
+// same intra backend; a cluster whose members chose different backends (or
+// one fell back to none) would otherwise dial an address its transport
+// cannot reach, and its members would stall.
+enum class EdgeTransport : uint8_t {
+  kIntra = 0,              // same cluster, the same intra backend at both ends
+  kMainAcrossClusters = 1, // the edge leaves the cluster (or the region)
+  kMainNoIntra = 2,        // an end has no intra-cluster transport
+  kMainBackendsDiffer = 3, // same cluster, different intra backends
+};
+TERN_EXPORT EdgeTransport ChooseEdgeTransport(const Member& parent, const Member& child);
+TERN_EXPORT const char* EdgeTransportName(EdgeTransport t);
 
 // A plan: the root, the members and, per stripe, every member's parent.
 struct Plan {
@@ -99,6 +117,14 @@ TERN_EXPORT Result<Plan> UpdateFigures(const Plan& plan, std::string_view id,
 // stays. kNotFound for an unknown id; a member that already is a leaf
 // everywhere gives the plan back unchanged.
 TERN_EXPORT Result<Plan> DemoteRelay(const Plan& plan, std::string_view id);
+
+// Undoes DemoteRelay once the member has served its probation (the agent's
+// policy decides when: agent/probation.h): it may relay again (may_relay
+// true) in the stripe where its region has the fewest relays, as AddMember
+// picks. No edge moves: later attachments (joins, re-attached orphans) may
+// hang under it. kNotFound for an unknown id; a member that already relays
+// gives the plan back unchanged.
+TERN_EXPORT Result<Plan> PromoteRelay(const Plan& plan, std::string_view id);
 
 // Checks every invariant: each member reaches the root in every stripe
 // without cycles, fan-out bounds hold, only a stripe's relays are interior in
