@@ -186,8 +186,17 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
     if (st->mode != State::kControl) return;
     auto m = DecodeControl(payload);
     if (!m.ok()) {
+      const bool joining = st->member_id.empty();
       lock.unlock();
       Log("closing control connection from " + conn->peer_address() + ": " + m.status().ToString());
+      // A HELLO this root cannot read (another release's control protocol,
+      // say) gets the reason in REJECT, whose layout every protocol shares,
+      // so the member logs it instead of a bare closed connection.
+      if (joining && !payload.empty() && payload[0] == static_cast<char>(ControlType::kHello)) {
+        Outbox out;
+        Send(out, conn, Reject{m.status().message()});
+        Flush(out);
+      }
       conn->Close();
       return;
     }

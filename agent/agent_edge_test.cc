@@ -33,11 +33,13 @@ namespace fs = std::filesystem;
 using agent_test::FirstDifference;
 using agent_test::WaitFor;
 
-// A transport that counts the connections dialled through it.
+// A transport that counts the connections dialled through it, under its
+// inner transport's name or another (a second "backend").
 class CountingTransport final : public Transport {
  public:
-  explicit CountingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
+  explicit CountingTransport(std::unique_ptr<Transport> inner, std::string name = "")
+      : inner_(std::move(inner)), name_(std::move(name)) {}
+  std::string name() const override { return name_.empty() ? inner_->name() : name_; }
   uint32_t capabilities() const override { return inner_->capabilities(); }
   Result<MemoryRegion> RegisterMemory(void* base, uint64_t size, MemoryKind kind) override {
     return inner_->RegisterMemory(base, size, kind);
@@ -61,12 +63,17 @@ class CountingTransport final : public Transport {
 
  private:
   std::unique_ptr<Transport> inner_;
+  std::string name_;
   std::shared_ptr<std::atomic<uint64_t>> ok_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 struct Place {
   std::string region, cluster;
   bool intra = true;  // has an intra-cluster transport
+  // Its intra backend's name; empty: the loopback's. Each backend of a
+  // cluster is a network of its own: members of one cluster whose backends
+  // differ cannot reach each other's intra listeners.
+  std::string backend = "";
 };
 
 class AgentEdgeTest : public ::testing::Test {
@@ -115,7 +122,8 @@ class AgentEdgeTest : public ::testing::Test {
     o.transport = main_[name].get();
     if (place.intra) {
       intra_[name] = std::make_unique<CountingTransport>(
-          NewLoopbackTransport(lans_[place.region + "/" + place.cluster]));
+          NewLoopbackTransport(lans_[place.region + "/" + place.cluster + "/" + place.backend]),
+          place.backend);
       o.intra_transport = intra_[name].get();
       o.listen_intra = name + "@lan";  // exists on its cluster's LAN only
     }
@@ -143,10 +151,44 @@ class AgentEdgeTest : public ::testing::Test {
     return out;
   }
 
+  // Publishes versions 1..n; every member serves each bit for bit.
+  void PublishAndCheck(uint64_t n) {
+    for (uint64_t v = 1; v <= n; ++v) {
+      const std::string step = NextStep();
+      ASSERT_TRUE(root().Publish(step, v).ok());
+      ASSERT_TRUE(WaitFor([&] { return Lagging(v).empty(); }, 60))
+          << "version " << v << " not served by: " << Lagging(v);
+      for (auto& [id, a] : agents_) {
+        if (id == "root") continue;
+        EXPECT_EQ(FirstDifference((dir_ / id / "current").string(), step), "") << id;
+      }
+    }
+  }
+
+  // Each member dialled its parent (and its probe) with the transport the
+  // edge called for, and nothing with the other: the intra one exactly
+  // when both ends are in one cluster and run the same intra backend. (A
+  // member's main transport also dials the root's control port: compared
+  // with >= 1.) Counts the edges of each kind.
+  void ExpectEdgeTransports(int* intra_edges, int* main_edges) {
+    const AgentSnapshot s = root().Snapshot();
+    for (const auto& m : s.members) {
+      const Place& child = places_[m.id];
+      const Place& parent = places_[m.parent];
+      const bool intra = child.intra && parent.intra && child.region == parent.region &&
+                         child.cluster == parent.cluster && child.backend == parent.backend;
+      (intra ? *intra_edges : *main_edges)++;
+      if (child.intra) {
+        EXPECT_EQ(intra_[m.id]->connected() > 0, intra) << m.id << " under " << m.parent;
+      }
+      EXPECT_GE(main_[m.id]->connected(), intra ? 1u : 2u) << m.id << " under " << m.parent;
+    }
+  }
+
   fs::path dir_;
   ThreadPool pool_{1};
   LoopbackNetwork wan_;
-  std::map<std::string, LoopbackNetwork> lans_;  // by region/cluster
+  std::map<std::string, LoopbackNetwork> lans_;  // by region/cluster/backend
   std::unique_ptr<TraceGenerator> gen_;
   std::map<std::string, std::unique_ptr<CountingTransport>> main_, intra_;
   std::map<std::string, Place> places_;
@@ -175,37 +217,38 @@ TEST_F(AgentEdgeTest, EdgesInsideAClusterUseTheIntraTransportAndTheRestTheMainOn
     EXPECT_EQ(a->Snapshot().intra_address.empty(), !places_[id].intra) << id;
   }
 
-  std::map<uint64_t, std::string> steps;
-  for (uint64_t v = 1; v <= 3; ++v) {
-    steps[v] = NextStep();
-    ASSERT_TRUE(root().Publish(steps[v], v).ok());
-    ASSERT_TRUE(WaitFor([&] { return Lagging(v).empty(); }, 60))
-        << "version " << v << " not served by: " << Lagging(v);
-    for (auto& [id, a] : agents_) {
-      if (id == "root") continue;
-      EXPECT_EQ(FirstDifference((dir_ / id / "current").string(), steps[v]), "") << id;
-    }
-  }
-
-  // Each member dialled its parent (and its probe) with the transport the
-  // edge called for, and nothing with the other; the plan must have held
-  // both kinds of edge for this to mean anything. (A member's main
-  // transport also dials the root's control port: compared with >= 1.)
-  const AgentSnapshot s = root().Snapshot();
+  PublishAndCheck(3);
+  // The plan must have held both kinds of edge for this to mean anything.
   int intra_edges = 0, main_edges = 0;
-  for (const auto& m : s.members) {
-    const Place& child = places_[m.id];
-    const Place& parent = places_[m.parent];
-    const bool intra = child.intra && parent.intra && child.region == parent.region &&
-                       child.cluster == parent.cluster;
-    (intra ? intra_edges : main_edges)++;
-    if (child.intra) {
-      EXPECT_EQ(intra_[m.id]->connected() > 0, intra) << m.id << " under " << m.parent;
-    }
-    EXPECT_GE(main_[m.id]->connected(), intra ? 1u : 2u) << m.id << " under " << m.parent;
-  }
+  ExpectEdgeTransports(&intra_edges, &main_edges);
   EXPECT_GE(intra_edges, 3) << "the plan kept few edges inside a cluster";
   EXPECT_GE(main_edges, 2);
+}
+
+// One cluster, two intra backends (two members chose another one, as a
+// member whose machine lacks the cluster's backend would after its own
+// choice): HELLO names each member's backend and the root gives an edge
+// inside the cluster the intra transport only when both ends run the same
+// one. Before, the "other" members were sent a parent's intra address their
+// transport cannot reach, and stalled.
+TEST_F(AgentEdgeTest, AMemberWithAnotherIntraBackendStillGetsEveryVersion) {
+  ASSERT_TRUE(Start("root", {"us", "c0"}).ok());
+  std::map<std::string, Place> members = {
+      {"a0", {"us", "c0"}},
+      {"a1", {"us", "c0"}},
+      {"a2", {"us", "c0"}},
+      {"x0", {"us", "c0", true, "other"}},
+      {"x1", {"us", "c0", true, "other"}},
+  };
+  for (const auto& [name, place] : members) ASSERT_TRUE(Start(name, place).ok()) << name;
+  ASSERT_TRUE(WaitFor([&] { return root().Snapshot().members.size() == members.size(); }, 30));
+  PublishAndCheck(3);
+  int intra_edges = 0, main_edges = 0;
+  ExpectEdgeTransports(&intra_edges, &main_edges);
+  // Every edge stays in c0, so each main edge is a mixed pair; one of the
+  // "other" members hangs under a loopback one (or the root) at least.
+  EXPECT_GE(main_edges, 1) << "no edge between backends: the test shows nothing";
+  EXPECT_GE(intra_edges, 1);
 }
 
 }  // namespace

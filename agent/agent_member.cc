@@ -167,6 +167,9 @@ void AgentImpl::MemberDial() {
         hello.member.island = opt_.island;
         hello.member.data_address = listen_address_;
         hello.member.intra_address = intra_address_;
+        // The backend actually running (a fallback leaves none at all), so
+        // the root pairs only members whose intra transports can talk.
+        if (!intra_address_.empty()) hello.member.intra_backend = opt_.intra_transport->name();
         hello.member.may_relay = opt_.may_relay;
         hello.member.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
         hello.member.downlink_bytes_per_s = opt_.downlink_bytes_per_s;

@@ -86,6 +86,7 @@ Status AgentImpl::InitRoot() {
   root_info.island = opt_.island;
   root_info.data_address = listen_address_;
   root_info.intra_address = intra_address_;
+  if (!intra_address_.empty()) root_info.intra_backend = opt_.intra_transport->name();
   root_info.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
   root_info.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
   topology::PlanOptions plan;
@@ -129,7 +130,9 @@ void AgentImpl::RootNotifyParents(const std::vector<std::string>& ids, Outbox& o
   for (const auto& id : ids) {
     auto conn = member_conns_.find(id);
     if (conn == member_conns_.end()) continue;
-    auto parents = membership_->ParentsOf(id);
+    std::vector<std::string> notes;
+    auto parents = membership_->ParentsOf(id, &notes);
+    for (const auto& note : notes) Log(note);
     if (!parents.ok()) {
       Log("no parents for " + id + ": " + parents.status().ToString());
       continue;

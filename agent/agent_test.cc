@@ -22,6 +22,7 @@
 
 #include "agent/admin_http.h"
 #include "agent/agent_test_fixture.h"
+#include "agent/control_wire.h"
 #include "agent/agent_test_util.h"
 #include "agent/etcd_test_server.h"
 #include "tern/checkpoint.h"
@@ -487,6 +488,41 @@ TEST_F(AgentSystemTest, GarbageOnTheAgentPortIsRefusedAndServiceGoesOn) {
   Publish(1);
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
   ExpectBitwiseEqual(1);
+}
+
+// A member of another release (control protocol 3, before HELLO named the
+// intra backend) is refused with a REJECT that says why, not a bare close.
+TEST_F(AgentSystemTest, AnOlderProtocolsHelloGetsARejectNamingTheProtocol) {
+  StartRoot();
+  Transport* t = NewTransportFor("old");
+  agent::Hello hello;
+  hello.member.id = "old";
+  hello.member.region = "us";
+  hello.member.data_address = "old";
+  hello.join_token = "join-token-of-this-board";
+  std::string bytes = *agent::EncodeControl(hello);
+  ASSERT_EQ(bytes[4], static_cast<char>(agent::kControlProtocol));  // the u16 after the header
+  bytes[4] = 3;
+  std::promise<std::string> first;
+  auto first_future = first.get_future();
+  auto once = std::make_shared<std::once_flag>();
+  ConnectionHandlers h;
+  h.on_message = [&first, once](std::string m) { std::call_once(*once, [&] { first.set_value(m); }); };
+  h.on_closed = [&first, once](Status) { std::call_once(*once, [&] { first.set_value(""); }); };
+  std::promise<Result<std::shared_ptr<Connection>>> done;
+  t->Connect("root", h, [&done](Result<std::shared_ptr<Connection>> r) { done.set_value(std::move(r)); });
+  auto conn = done.get_future().get();
+  ASSERT_TRUE(conn.ok());
+  (*conn)->SendMessage(bytes, [](Status) {});
+  ASSERT_EQ(first_future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto reply = agent::DecodeControl(first_future.get());
+  ASSERT_TRUE(reply.ok()) << "no REJECT before the close";
+  auto* reject = std::get_if<agent::Reject>(&*reply);
+  ASSERT_NE(reject, nullptr);
+  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks 4"), std::string::npos)
+      << reject->reason;
+  (*conn)->Close();
+  EXPECT_TRUE(root_->Snapshot().members.empty());
 }
 
 // Members measure their round trips (PING/PONG) to the root and to their

@@ -103,6 +103,9 @@ void Put(Writer& w, const MemberInfo& m) {
   w.Str(m.island, 0, kMaxControlIdBytes, "island");
   w.Str(m.data_address, 1, kMaxControlIdBytes, "data address");
   w.Str(m.intra_address, 0, kMaxControlIdBytes, "intra address");
+  w.Str(m.intra_backend, 0, kMaxControlIdBytes, "intra backend");
+  if (m.intra_address.empty() != m.intra_backend.empty())
+    w.Fail("intra address and intra backend: give both or neither");
   w.U8(m.may_relay ? 1 : 0);
   w.F64(m.uplink_bytes_per_s);
   w.F64(m.downlink_bytes_per_s);
@@ -115,6 +118,9 @@ MemberInfo GetMember(Reader& r) {
   m.island = r.Str(0, kMaxControlIdBytes, "island");
   m.data_address = r.Str(1, kMaxControlIdBytes, "data address");
   m.intra_address = r.Str(0, kMaxControlIdBytes, "intra address");
+  m.intra_backend = r.Str(0, kMaxControlIdBytes, "intra backend");
+  if (r.ok() && m.intra_address.empty() != m.intra_backend.empty())
+    r.Fail("intra address and intra backend: give both or neither");
   m.may_relay = r.Bool("may_relay");
   m.uplink_bytes_per_s = r.F64("uplink rate");
   m.downlink_bytes_per_s = r.F64("downlink rate");
@@ -214,9 +220,12 @@ template <>
 Hello GetBody<Hello>(Reader& r) {
   Hello m;
   m.protocol = r.U16("protocol");
+  // The protocol comes first in every version's HELLO, so an older or
+  // newer peer is refused with this reason, not a puzzling field error.
   if (r.ok() && m.protocol != kControlProtocol)
-    r.Fail("protocol " + std::to_string(m.protocol) + " (this agent speaks " +
-           std::to_string(kControlProtocol) + ")");
+    r.Fail("control protocol " + std::to_string(m.protocol) + " (this agent speaks " +
+           std::to_string(kControlProtocol) + "; run the same tern-agent release on the root and " +
+           "every member)");
   m.member = GetMember(r);
   r.Array(&m.board_id, "board id");
   m.served_version = r.U64("served version");

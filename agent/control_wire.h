@@ -26,7 +26,8 @@ namespace tern::agent {
 
 // 2: HEARTBEAT gained rtt_to_root_s; PING, PONG, PARENT_REPORT.
 // 3: HELLO's member gained intra_address, PARENTS' entries `intra`.
-inline constexpr uint16_t kControlProtocol = 3;
+// 4: HELLO's member gained intra_backend.
+inline constexpr uint16_t kControlProtocol = 4;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -60,6 +61,11 @@ struct MemberInfo {
   // transport (AgentOptions::intra_transport); empty: none, every child
   // uses data_address (0..kMaxControlIdBytes).
   std::string intra_address;
+  // The intra-cluster transport's backend, as it runs after any fallback
+  // (Transport::name(): "verbs", "ucx", "tcp", "tcp+tls"); the root gives an
+  // edge the intra transport only when both ends name the same one. Empty
+  // exactly when intra_address is (0..kMaxControlIdBytes).
+  std::string intra_backend;
   bool may_relay = true;
   double uplink_bytes_per_s = 0;    // finite, >= 0 (0: unknown)
   double downlink_bytes_per_s = 0;  // finite, >= 0

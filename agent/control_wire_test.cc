@@ -11,7 +11,7 @@ namespace {
 
 std::vector<ControlMessage> Samples() {
   Hello hello;
-  hello.member = {"m-1", "eu", "c1", "i1", "127.0.0.1:7001", "10.0.0.1:7101", true, 1.25e9, 2.5e9};
+  hello.member = {"m-1", "eu", "c1", "i1", "127.0.0.1:7001", "10.0.0.1:7101", "verbs", true, 1.25e9, 2.5e9};
   hello.board_id[0] = 7;
   hello.served_version = 42;
   hello.join_token = "secret";
@@ -94,10 +94,46 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 2;  // the protocol before intra-cluster addresses
+  hello[4] = 3;  // the protocol before intra backends
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("protocol"), std::string::npos);
+  EXPECT_NE(r.status().message().find("control protocol 3 (this agent speaks 4;"), std::string::npos)
+      << r.status().message();
+}
+
+// HELLO names the intra-cluster backend next to its address: both or
+// neither, so the root never plans an intra edge to a member that gave an
+// address but no backend to compare (or the reverse).
+TEST(ControlWire, IntraAddressAndBackendComeTogether) {
+  Hello h = std::get<Hello>(Samples()[0]);
+  const std::string with_both = *EncodeControl(h);
+  Hello neither = h;
+  neither.member.intra_address.clear();
+  neither.member.intra_backend.clear();
+  auto plain = EncodeControl(neither);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_TRUE(DecodeControl(*plain).ok());
+  EXPECT_EQ(std::get<Hello>(*DecodeControl(*plain)).member.intra_backend, "");
+
+  Hello address_only = h;
+  address_only.member.intra_backend.clear();
+  EXPECT_EQ(EncodeControl(address_only).status().code(), Code::kInvalidArgument);
+  Hello backend_only = h;
+  backend_only.member.intra_address.clear();
+  EXPECT_EQ(EncodeControl(backend_only).status().code(), Code::kInvalidArgument);
+
+  // The same on the wire: blank the backend's length (and drop its bytes).
+  const size_t at = with_both.find("verbs");
+  ASSERT_NE(at, std::string::npos);
+  std::string forged = with_both.substr(0, at - 4) + std::string(4, '\0') + with_both.substr(at + 5);
+  auto r = DecodeControl(forged);
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_NE(r.status().message().find("give both or neither"), std::string::npos)
+      << r.status().message();
+  // A backend name past the id bound.
+  Hello long_name = h;
+  long_name.member.intra_backend = std::string(kMaxControlIdBytes + 1, 'v');
+  EXPECT_EQ(EncodeControl(long_name).status().code(), Code::kInvalidArgument);
 }
 
 // A member holding a checkpoint of version 5 asks for version 5's manifest

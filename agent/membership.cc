@@ -15,6 +15,7 @@ topology::Member ToTopologyMember(const MemberInfo& info) {
   m.uplink_bytes_per_s = info.uplink_bytes_per_s > 0 ? info.uplink_bytes_per_s : 1.25e8;
   m.downlink_bytes_per_s = info.downlink_bytes_per_s > 0 ? info.downlink_bytes_per_s : 1.25e8;
   m.may_relay = info.may_relay;
+  m.intra_backend = info.intra_address.empty() ? "" : info.intra_backend;
   return m;
 }
 
@@ -118,6 +119,7 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
   return Status::Ok();
 }
 
+
 std::vector<std::string> Membership::Silent(uint64_t now_us) const {
   std::vector<std::string> out;
   for (const auto& [id, rec] : members_)
@@ -125,7 +127,7 @@ std::vector<std::string> Membership::Silent(uint64_t now_us) const {
   return out;
 }
 
-Result<Parents> Membership::ParentsOf(const std::string& id) const {
+Result<Parents> Membership::ParentsOf(const std::string& id, std::vector<std::string>* notes) {
   auto self = members_.find(id);
   if (self == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
   const MemberInfo& child = self->second.info;
@@ -144,10 +146,19 @@ Result<Parents> Membership::ParentsOf(const std::string& id) const {
       parent = &m->second.info;
     }
     // The edge's transport: the intra-cluster one when the edge stays in
-    // one cluster and both ends have it, else the one every agent has.
-    ref.intra = !child.intra_address.empty() && !parent->intra_address.empty() &&
-                topology::Classify(ToTopologyMember(*parent), ToTopologyMember(child)) ==
-                    topology::Link::kSameCluster;
+    // one cluster and both ends run the same backend, else the one every
+    // agent has.
+    const topology::Member from = ToTopologyMember(*parent), to = ToTopologyMember(child);
+    const topology::EdgeTransport t = topology::ChooseEdgeTransport(from, to);
+    ref.intra = t == topology::EdgeTransport::kIntra;
+    if (t == topology::EdgeTransport::kMainBackendsDiffer && notes) {
+      const auto [lo, hi] = std::minmax(from.intra_backend, to.intra_backend);
+      const std::string key = child.region + "/" + child.cluster + " " + lo + " " + hi;
+      if (backend_notes_.size() < kMaxBackendNotes && backend_notes_.insert(key).second)
+        notes->push_back("cluster " + child.region + "/" + child.cluster + " mixes intra-cluster backends: " +
+                         parent->id + " runs " + from.intra_backend + ", " + child.id + " runs " +
+                         to.intra_backend + "; edges between such members use the main transport");
+    }
     ref.data_address = ref.intra ? parent->intra_address : parent->data_address;
     out.parents.push_back(std::move(ref));
   }

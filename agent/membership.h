@@ -73,7 +73,13 @@ class Membership {
   std::vector<std::string> Silent(uint64_t now_us) const;
 
   // The PARENTS message for a member (epoch bumped on every plan change).
-  Result<Parents> ParentsOf(const std::string& id) const;
+  // An edge inside one cluster whose ends run different intra-cluster
+  // backends gets the main transport (topology::ChooseEdgeTransport); the
+  // first time a cluster shows a pair of backends (at most
+  // kMaxBackendNotes pairs), a line saying so is appended to *notes, for
+  // the log.
+  Result<Parents> ParentsOf(const std::string& id, std::vector<std::string>* notes = nullptr);
+  static constexpr size_t kMaxBackendNotes = 256;
   void MarkSent(const std::string& id, uint64_t epoch);
 
   bool Has(const std::string& id) const { return members_.count(id) != 0; }
@@ -91,6 +97,8 @@ class Membership {
   topology::Plan plan_;
   uint64_t dead_after_us_;
   uint64_t epoch_ = 0;
+  // "region/cluster backend backend" pairs already noted by ParentsOf.
+  std::set<std::string> backend_notes_;
   std::map<std::string, MemberRecord> members_;
 };
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 namespace tern::agent {
 namespace {
@@ -34,7 +35,10 @@ TEST(Membership, IntraClusterEdgesGetTheParentsIntraAddress) {
                bool intra) {
     MemberInfo m = Info(id, region);
     m.cluster = cluster;
-    if (intra) m.intra_address = id + ":intra";
+    if (intra) {
+      m.intra_address = id + ":intra";
+      m.intra_backend = "verbs";
+    }
     return m;
   };
   topology::PlanOptions o = Options(/*fanout=*/1);
@@ -66,6 +70,55 @@ TEST(Membership, IntraClusterEdgesGetTheParentsIntraAddress) {
     (m.ParentsOf(id)->parents[0].intra ? intra : other)++;
   EXPECT_GT(intra, 0);
   EXPECT_GT(other, 0);
+}
+
+// One cluster, two intra backends (one member chose ucx, or fell back):
+// an edge between members of different backends gets the parent's main
+// address and intra = false, edges between equal backends stay intra, and
+// the mix is noted once per cluster and pair of backends.
+TEST(Membership, AnIntraEdgeNeedsTheSameBackendAtBothEnds) {
+  auto in = [](const std::string& id, const std::string& backend) {
+    MemberInfo m = Info(id, "us");
+    m.cluster = "c0";
+    m.intra_address = id + ":intra";
+    m.intra_backend = backend;
+    return m;
+  };
+  topology::PlanOptions o = Options(/*fanout=*/1);
+  o.root_fanout_max = 1;  // a chain: root -> a -> b -> c -> d
+  Membership m(in("root", "verbs"), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(in("a", "verbs"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("b", "ucx"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("c", "verbs"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("d", "verbs"), 0, 0, &notify).ok());
+  std::vector<std::string> notes;
+  std::map<std::string, ParentRef> got;
+  for (const std::string id : {"a", "b", "c", "d"}) {
+    auto p = m.ParentsOf(id, &notes);
+    ASSERT_TRUE(p.ok()) << id;
+    got[id] = p->parents[0];
+  }
+  ASSERT_EQ(got["a"].id, "root");
+  ASSERT_EQ(got["b"].id, "a");
+  ASSERT_EQ(got["c"].id, "b");
+  ASSERT_EQ(got["d"].id, "c");
+  EXPECT_TRUE(got["a"].intra);
+  EXPECT_EQ(got["a"].data_address, "root:intra");
+  EXPECT_FALSE(got["b"].intra);  // verbs parent, ucx child
+  EXPECT_EQ(got["b"].data_address, "a:1");
+  EXPECT_FALSE(got["c"].intra);  // ucx parent, verbs child
+  EXPECT_EQ(got["c"].data_address, "b:1");
+  EXPECT_TRUE(got["d"].intra);
+  EXPECT_EQ(got["d"].data_address, "c:intra");
+  // Two mixed edges, one pair of backends in one cluster: one note, naming
+  // both backends; asking again notes nothing new.
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("us/c0"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("a runs verbs, b runs ucx"), std::string::npos) << notes[0];
+  notes.clear();
+  for (const std::string id : {"a", "b", "c", "d"}) ASSERT_TRUE(m.ParentsOf(id, &notes).ok());
+  EXPECT_TRUE(notes.empty());
 }
 
 TEST(Membership, JoinTellsTheNewMemberItsParentsWithAddresses) {
