@@ -93,7 +93,10 @@ Status AgentImpl::InitRoot() {
   plan.fanout_max = opt_.fanout_max;
   plan.root_fanout_max = opt_.root_fanout_max;
   plan.stripes = opt_.stripes;
-  membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000);
+  ProbationOptions probation;
+  probation.quiet_us = uint64_t{opt_.relay_probation_ms} * 1000;
+  membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000,
+                                             probation);
 
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -322,6 +325,13 @@ void AgentImpl::RootTick() {
       for (auto& [v, ids] : waiting_) ids.erase(id);
       RootNotifyParents(notify, out);
       Log("member " + id + " silent for " + std::to_string(opt_.dead_after_ms) + " ms; dropped it");
+    }
+    for (const auto& id : membership_->EndProbations(clock_.NowUs())) {
+      const RelayProbation& p = membership_->members().at(id).probation;
+      Log("member " + id + " may relay again: no report on it for " +
+          std::to_string((p.promoted_us - std::min(p.promoted_us, p.demoted_us)) / 1000) +
+          " ms since it was demoted (" + ParentFaultName(p.last_fault) + ", demotion " +
+          std::to_string(p.strikes) + ")");
     }
   }
   Flush(out);

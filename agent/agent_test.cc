@@ -580,11 +580,13 @@ TEST_F(AgentSystemTest, RoundTripsAreMeasuredAndShown) {
 // A relay whose every send is held back a long time starves its children:
 // they report it to the root, which plans around it (it becomes a leaf; its
 // children move, nobody else does), and every member still serves every
-// version bit for bit.
+// version bit for bit. After its probation it may relay again, and no edge
+// moves for that.
 TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
   tweak_ = [](AgentOptions& o) {
     o.dead_after_ms = 20'000;  // the stalled relay's heartbeats are late too
     o.parent_stall_ms = 800;
+    o.relay_probation_ms = 5000;
   };
   StartRoot(/*root_fanout=*/1);
   FaultPolicy stall;
@@ -611,6 +613,15 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
   ASSERT_TRUE(AllServe(2)) << Lagging(2);
   ExpectBitwiseEqual(2);
   for (const auto& m : root_->Snapshot().members) EXPECT_NE(m.parent, "stalled") << m.id;
+  std::map<std::string, std::string> parents;
+  for (const auto& m : root_->Snapshot().members) parents[m.id] = m.parent;
+  auto relays_again = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.id == "stalled") return !m.demoted;
+    return false;
+  };
+  EXPECT_TRUE(WaitFor(relays_again, 60)) << "still demoted long after its probation";
+  for (const auto& m : root_->Snapshot().members) EXPECT_EQ(m.parent, parents[m.id]) << m.id;
 }
 
 // After a re-plan a member's SUBSCRIBE tells its new parent the version it

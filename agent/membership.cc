@@ -19,8 +19,9 @@ topology::Member ToTopologyMember(const MemberInfo& info) {
   return m;
 }
 
-Membership::Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us)
-    : root_info_(std::move(root_info)), dead_after_us_(dead_after_us) {
+Membership::Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us,
+                       ProbationOptions probation)
+    : root_info_(std::move(root_info)), dead_after_us_(dead_after_us), probation_(probation) {
   auto empty = topology::MakePlan(ToTopologyMember(root_info_), {}, options);
   if (empty.ok()) {
     plan_ = std::move(empty).value();
@@ -115,10 +116,24 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
                  (now_us - std::min(now_us, reported)) / 1000, " ms ago: it starves too");
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;
+  RecordDemotion(probation_, report.fault, now_us, &parent->second.probation);
   Replan(std::move(next), notify);
   return Status::Ok();
 }
 
+std::vector<std::string> Membership::EndProbations(uint64_t now_us) {
+  std::vector<std::string> out;
+  for (auto& [id, rec] : members_) {
+    if (!rec.demoted || !rec.info.may_relay || !ProbationOver(rec.probation, now_us)) continue;
+    auto next = topology::PromoteRelay(plan_, id);
+    if (!next.ok()) continue;  // only an id missing from the plan, which Join prevents
+    plan_ = std::move(next).value();  // no edge moved: same epoch, nobody to tell
+    rec.demoted = false;
+    RecordPromotion(now_us, &rec.probation);
+    out.push_back(id);
+  }
+  return out;
+}
 
 std::vector<std::string> Membership::Silent(uint64_t now_us) const {
   std::vector<std::string> out;

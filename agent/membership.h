@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "agent/control_wire.h"
+#include "agent/probation.h"
 #include "tern/status.h"
 #include "tern/topology.h"
 
@@ -31,9 +32,10 @@ struct MemberRecord {
   uint64_t parents_epoch = 0;  // the epoch of the PARENTS it was last sent
   // Measured: the best rate any of its children reported receiving from it
   // (0: none yet), and whether children's reports made the root plan
-  // around it (a leaf until it joins again).
+  // around it (a leaf until its probation ends: agent/probation.h).
   double measured_uplink_bytes_per_s = 0;
   bool demoted = false;
+  RelayProbation probation;
   uint64_t stall_reported_us = 0;  // when it last reported its own parent stalled (0: never)
 };
 
@@ -41,7 +43,8 @@ class Membership {
  public:
   // root: the root agent as a tree node (its id and data address are in
   // root_info). Bad options: the first Join reports them (kInvalidArgument).
-  Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us);
+  Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us,
+             ProbationOptions probation = {});
 
   // Adds a member; the ids whose PARENTS must be (re)sent are appended to
   // *notify (the new member itself, first). kAlreadyExists for a joined id
@@ -60,7 +63,8 @@ class Membership {
   Status Heartbeat(const std::string& id, const agent::Heartbeat& hb, uint64_t now_us);
   // A member's report of a bad parent. The root plans around that parent
   // (topology::DemoteRelay: it becomes a leaf, its children are
-  // re-attached; nobody else moves) and the moved ids go to *notify.
+  // re-attached; nobody else moves) and the moved ids go to *notify. Its
+  // probation starts (agent/probation.h; EndProbations ends it).
   // Refused, changing nothing: kNotFound (reporter not joined),
   // kMismatch for a stale report (that is not its parent in that
   // stripe any more), a report on the root, or a stall report on a parent
@@ -68,6 +72,10 @@ class Membership {
   // fault is further up, and its own report names it).
   Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
                       std::vector<std::string>* notify);
+  // Demoted members whose probation is over at now_us relay again
+  // (topology::PromoteRelay: no edge moves, so nobody is told); their ids,
+  // sorted. A member that joined with may_relay false stays a leaf.
+  std::vector<std::string> EndProbations(uint64_t now_us);
   // Members silent for longer than dead_after_us (not removed: the caller
   // closes their connections, which calls Leave).
   std::vector<std::string> Silent(uint64_t now_us) const;
@@ -96,6 +104,7 @@ class Membership {
   Status init_status_;  // bad plan options, reported by Join
   topology::Plan plan_;
   uint64_t dead_after_us_;
+  ProbationOptions probation_;
   uint64_t epoch_ = 0;
   // "region/cluster backend backend" pairs already noted by ParentsOf.
   std::set<std::string> backend_notes_;

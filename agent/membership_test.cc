@@ -320,3 +320,115 @@ TEST(Membership, EachStripesRateGoesToThatStripesParent) {
 
 }  // namespace
 }  // namespace tern::agent
+
+namespace tern::agent {
+namespace {
+
+// The probation policy alone (agent/probation.h), on a fake clock in
+// microseconds.
+TEST(Probation, StallsBackOffUpToTheBoundAndBadChunksWaitTheLongest) {
+  ProbationOptions o;
+  o.quiet_us = 1000;
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 1), 1000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 2), 2000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 3), 4000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 5), 16000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 6), 16000u);  // bounded
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 4000000000u), 16000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kBadChunks, 1), 16000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kBadChunks, 9), 16000u);
+  // No probation: never (a leaf until it joins again).
+  ProbationOptions off;
+  off.quiet_us = 0;
+  EXPECT_EQ(ProbationWaitUs(off, ParentFault::kStalled, 1), 0u);
+  RelayProbation p;
+  RecordDemotion(off, ParentFault::kStalled, 500, &p);
+  EXPECT_FALSE(ProbationOver(p, ~uint64_t{0}));
+  // A huge quiet period saturates instead of wrapping round to "at once".
+  ProbationOptions huge;
+  huge.quiet_us = ~uint64_t{0} / 4;
+  RelayProbation q;
+  RecordDemotion(huge, ParentFault::kBadChunks, 10, &q);
+  EXPECT_FALSE(ProbationOver(q, ~uint64_t{0} - 1));
+}
+
+TEST(Probation, ARepeatOffenderWaitsLongerUntilACleanRunClearsItsRecord) {
+  ProbationOptions o;
+  o.quiet_us = 1000;
+  RelayProbation p;
+  uint64_t now = 5000;
+  RecordDemotion(o, ParentFault::kStalled, now, &p);
+  EXPECT_FALSE(ProbationOver(p, now + 999));
+  EXPECT_TRUE(ProbationOver(p, now + 1000));
+  now += 1000;
+  RecordPromotion(now, &p);
+  EXPECT_FALSE(ProbationOver(p, now + 100000));  // relaying: nothing to end
+  // Reported again soon after: twice the wait.
+  now += 10;
+  RecordDemotion(o, ParentFault::kStalled, now, &p);
+  EXPECT_EQ(p.strikes, 2u);
+  EXPECT_FALSE(ProbationOver(p, now + 1999));
+  EXPECT_TRUE(ProbationOver(p, now + 2000));
+  now += 2000;
+  RecordPromotion(now, &p);
+  // After relaying for the longest wait (16 quiet periods) without a
+  // report, the next demotion counts as a first again.
+  now += 16000;
+  RecordDemotion(o, ParentFault::kStalled, now, &p);
+  EXPECT_EQ(p.strikes, 1u);
+  EXPECT_TRUE(ProbationOver(p, now + 1000));
+  // Bad chunks: the longest wait, even as a first.
+  RelayProbation liar;
+  RecordDemotion(o, ParentFault::kBadChunks, 0, &liar);
+  EXPECT_FALSE(ProbationOver(liar, 15999));
+  EXPECT_TRUE(ProbationOver(liar, 16000));
+}
+
+// Through Membership: a demoted relay relays again once its probation is
+// over (no edge moves, nobody is told), later joins may hang under it, and
+// a second demotion waits twice as long.
+TEST(Membership, ADemotedRelayRelaysAgainAfterItsProbation) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  ProbationOptions probation;
+  probation.quiet_us = 10000;
+  Membership m(Info("root", "us"), o, 1000, probation);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
+  uint64_t now = 5000;
+  ASSERT_TRUE(m.ReportParent("d", {0, "b", ParentFault::kStalled}, now, &notify).ok());
+  ASSERT_TRUE(m.members().at("b").demoted);
+  EXPECT_TRUE(m.EndProbations(now + 9999).empty());
+  EXPECT_TRUE(m.members().at("b").demoted);
+  const topology::Plan before = m.plan();
+  const uint64_t epoch = m.epoch();
+  EXPECT_EQ(m.EndProbations(now + 10000), std::vector<std::string>{"b"});
+  EXPECT_FALSE(m.members().at("b").demoted);
+  EXPECT_TRUE(m.plan().members.at("b").may_relay);
+  EXPECT_TRUE(topology::Diff(before, m.plan()).empty());
+  EXPECT_EQ(m.epoch(), epoch);
+  EXPECT_TRUE(topology::Validate(m.plan()).ok());
+  EXPECT_TRUE(m.EndProbations(now + 20000).empty());  // once
+  // Relay-capable again: some later join lands under b.
+  bool under_b = false;
+  for (int i = 0; i < 6 && !under_b; ++i) {
+    const std::string id = "late" + std::to_string(i);
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, now, &notify).ok());
+    under_b = m.ParentsOf(id)->parents[0].id == "b";
+  }
+  ASSERT_TRUE(under_b) << "no join picked the promoted relay";
+  // Demoted again by its new child: now it waits 2 quiet periods.
+  std::string child;
+  for (const auto& [id, p] : m.plan().parent[0])
+    if (p == "b") child = id;
+  now += 30000;
+  ASSERT_TRUE(m.ReportParent(child, {0, "b", ParentFault::kStalled}, now, &notify).ok());
+  EXPECT_EQ(m.members().at("b").probation.strikes, 2u);
+  EXPECT_TRUE(m.EndProbations(now + 19999).empty());
+  EXPECT_EQ(m.EndProbations(now + 20000), std::vector<std::string>{"b"});
+}
+
+}  // namespace
+}  // namespace tern::agent

@@ -36,6 +36,7 @@ struct AgentArgs {
   std::string board_etcd, seed;
   uint64_t seed_version = 0;
   uint32_t parent_stall_ms = 10000;
+  uint32_t relay_probation_ms = 60000;
   uint32_t push_window_bytes = uint32_t{2} << 20;
   unsigned threads = 0;
   TransportArgs transport;
@@ -91,6 +92,7 @@ Status CheckAgent(AgentArgs& a) {
   o.spare_grace_ms = a.spare_grace_ms;
   o.stream_apply = !a.no_stream_apply;
   o.parent_stall_ms = a.parent_stall_ms;
+  o.relay_probation_ms = a.relay_probation_ms;
   o.push_window_bytes = a.push_window_bytes;
   o.threads = a.threads;
   return Status::Ok();
@@ -293,6 +295,11 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
       cmd, "--parent-stall-ms", a->parent_stall_ms,
       "member: report a parent that sends nothing this long while a version is due (0: never)",
       "10000");
+  AddUnsigned(cmd, "--relay-probation-ms", a->relay_probation_ms,
+              "root: a relay demoted for its children's reports relays again after this long "
+              "(doubled per repeat, up to 16x; 16x at once for chunks that failed SHA-256; 0: a "
+              "leaf until it rejoins)",
+              "60000");
   AddThreadsFlag(cmd, a->threads);
   AddTransportFlags(cmd, a->transport);
   a->transport.tls_allow_client_flag = cmd.add_option(

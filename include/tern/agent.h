@@ -116,6 +116,12 @@ struct AgentOptions {
   // to the root, which plans around it; 0: never report stalls (chunks
   // that fail verification are reported regardless).
   uint32_t parent_stall_ms = 10000;
+  // Root: a relay demoted for its children's reports relays again after
+  // this long without further reports; each repeat doubles the wait, up to
+  // 16 times this; a relay reported for chunks that failed SHA-256 waits
+  // the 16 times at once (docs/agent.md §4). 0: a demoted relay stays a
+  // leaf until it joins again.
+  uint32_t relay_probation_ms = 60000;
   // Member: the standing receive window per parent link into which a parent
   // pushes a new object's first chunks without waiting for WANT
   // (docs/agent/relay.md "Push"); 0: no push. At most 64 MiB.
