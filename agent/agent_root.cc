@@ -95,8 +95,8 @@ Status AgentImpl::InitRoot() {
   plan.stripes = opt_.stripes;
   ProbationOptions probation;
   probation.quiet_us = uint64_t{opt_.relay_probation_ms} * 1000;
-  membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000,
-                                             probation);
+  membership_ =
+      std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000, probation);
 
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -22,8 +22,8 @@
 
 #include "agent/admin_http.h"
 #include "agent/agent_test_fixture.h"
-#include "agent/control_wire.h"
 #include "agent/agent_test_util.h"
+#include "agent/control_wire.h"
 #include "agent/etcd_test_server.h"
 #include "tern/checkpoint.h"
 #include "tern/datagen.h"
@@ -507,10 +507,13 @@ TEST_F(AgentSystemTest, AnOlderProtocolsHelloGetsARejectNamingTheProtocol) {
   auto first_future = first.get_future();
   auto once = std::make_shared<std::once_flag>();
   ConnectionHandlers h;
-  h.on_message = [&first, once](std::string m) { std::call_once(*once, [&] { first.set_value(m); }); };
+  h.on_message = [&first, once](std::string m) {
+    std::call_once(*once, [&] { first.set_value(m); });
+  };
   h.on_closed = [&first, once](Status) { std::call_once(*once, [&] { first.set_value(""); }); };
   std::promise<Result<std::shared_ptr<Connection>>> done;
-  t->Connect("root", h, [&done](Result<std::shared_ptr<Connection>> r) { done.set_value(std::move(r)); });
+  t->Connect("root", h,
+             [&done](Result<std::shared_ptr<Connection>> r) { done.set_value(std::move(r)); });
   auto conn = done.get_future().get();
   ASSERT_TRUE(conn.ok());
   (*conn)->SendMessage(bytes, [](Status) {});

@@ -11,7 +11,8 @@ namespace {
 
 std::vector<ControlMessage> Samples() {
   Hello hello;
-  hello.member = {"m-1", "eu", "c1", "i1", "127.0.0.1:7001", "10.0.0.1:7101", "verbs", true, 1.25e9, 2.5e9};
+  hello.member = {"m-1",           "eu",    "c1", "i1",   "127.0.0.1:7001",
+                  "10.0.0.1:7101", "verbs", true, 1.25e9, 2.5e9};
   hello.board_id[0] = 7;
   hello.served_version = 42;
   hello.join_token = "secret";
@@ -97,7 +98,8 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   hello[4] = 3;  // the protocol before intra backends
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("control protocol 3 (this agent speaks 4;"), std::string::npos)
+  EXPECT_NE(r.status().message().find("control protocol 3 (this agent speaks 4;"),
+            std::string::npos)
       << r.status().message();
 }
 
@@ -125,7 +127,8 @@ TEST(ControlWire, IntraAddressAndBackendComeTogether) {
   // The same on the wire: blank the backend's length (and drop its bytes).
   const size_t at = with_both.find("verbs");
   ASSERT_NE(at, std::string::npos);
-  std::string forged = with_both.substr(0, at - 4) + std::string(4, '\0') + with_both.substr(at + 5);
+  std::string forged =
+      with_both.substr(0, at - 4) + std::string(4, '\0') + with_both.substr(at + 5);
   auto r = DecodeControl(forged);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("give both or neither"), std::string::npos)

@@ -126,7 +126,7 @@ std::vector<std::string> Membership::EndProbations(uint64_t now_us) {
   for (auto& [id, rec] : members_) {
     if (!rec.demoted || !rec.info.may_relay || !ProbationOver(rec.probation, now_us)) continue;
     auto next = topology::PromoteRelay(plan_, id);
-    if (!next.ok()) continue;  // only an id missing from the plan, which Join prevents
+    if (!next.ok()) continue;         // only an id missing from the plan, which Join prevents
     plan_ = std::move(next).value();  // no edge moved: same epoch, nobody to tell
     rec.demoted = false;
     RecordPromotion(now_us, &rec.probation);
@@ -170,9 +170,10 @@ Result<Parents> Membership::ParentsOf(const std::string& id, std::vector<std::st
       const auto [lo, hi] = std::minmax(from.intra_backend, to.intra_backend);
       const std::string key = child.region + "/" + child.cluster + " " + lo + " " + hi;
       if (backend_notes_.size() < kMaxBackendNotes && backend_notes_.insert(key).second)
-        notes->push_back("cluster " + child.region + "/" + child.cluster + " mixes intra-cluster backends: " +
-                         parent->id + " runs " + from.intra_backend + ", " + child.id + " runs " +
-                         to.intra_backend + "; edges between such members use the main transport");
+        notes->push_back("cluster " + child.region + "/" + child.cluster +
+                         " mixes intra-cluster backends: " + parent->id + " runs " +
+                         from.intra_backend + ", " + child.id + " runs " + to.intra_backend +
+                         "; edges between such members use the main transport");
     }
     ref.data_address = ref.intra ? parent->intra_address : parent->data_address;
     out.parents.push_back(std::move(ref));

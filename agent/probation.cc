@@ -8,19 +8,22 @@ namespace tern::agent {
 namespace {
 
 uint64_t SaturatingMul(uint64_t a, uint64_t b) {
-  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) return std::numeric_limits<uint64_t>::max();
+  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a)
+    return std::numeric_limits<uint64_t>::max();
   return a * b;
 }
 
 uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
-  return b > std::numeric_limits<uint64_t>::max() - a ? std::numeric_limits<uint64_t>::max() : a + b;
+  return b > std::numeric_limits<uint64_t>::max() - a ? std::numeric_limits<uint64_t>::max()
+                                                      : a + b;
 }
 
 }  // namespace
 
 uint64_t ProbationWaitUs(const ProbationOptions& options, ParentFault fault, uint32_t strikes) {
   if (options.quiet_us == 0) return 0;
-  if (fault == ParentFault::kBadChunks) return SaturatingMul(options.quiet_us, kProbationBackoffMax);
+  if (fault == ParentFault::kBadChunks)
+    return SaturatingMul(options.quiet_us, kProbationBackoffMax);
   // 2^(strikes-1), capped: the shift stays below 32 however many strikes.
   const uint32_t shift = std::min<uint32_t>(std::max<uint32_t>(strikes, 1) - 1, 31);
   const uint64_t factor = std::min<uint64_t>(uint64_t{1} << shift, kProbationBackoffMax);

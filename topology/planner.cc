@@ -40,7 +40,8 @@ const char* LinkName(Link link) {
 
 EdgeTransport ChooseEdgeTransport(const Member& parent, const Member& child) {
   if (Classify(parent, child) != Link::kSameCluster) return EdgeTransport::kMainAcrossClusters;
-  if (parent.intra_backend.empty() || child.intra_backend.empty()) return EdgeTransport::kMainNoIntra;
+  if (parent.intra_backend.empty() || child.intra_backend.empty())
+    return EdgeTransport::kMainNoIntra;
   if (parent.intra_backend != child.intra_backend) return EdgeTransport::kMainBackendsDiffer;
   return EdgeTransport::kIntra;
 }

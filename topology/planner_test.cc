@@ -381,12 +381,14 @@ TEST(Planner, AnIntraEdgeNeedsOneClusterAndTheSameBackendAtBothEnds) {
             EdgeTransport::kMainAcrossClusters);
   EXPECT_EQ(ChooseEdgeTransport(a, with(M("b", "us", "c1", 10), "verbs")),
             EdgeTransport::kMainAcrossClusters);
-  EXPECT_EQ(ChooseEdgeTransport(with(M("x", "eu", "", 10), "verbs"), with(M("y", "eu", "", 10), "verbs")),
-            EdgeTransport::kMainAcrossClusters);  // no cluster: a cluster of its own
+  EXPECT_EQ(
+      ChooseEdgeTransport(with(M("x", "eu", "", 10), "verbs"), with(M("y", "eu", "", 10), "verbs")),
+      EdgeTransport::kMainAcrossClusters);  // no cluster: a cluster of its own
   EXPECT_STREQ(EdgeTransportName(EdgeTransport::kMainBackendsDiffer),
                "main (the ends run different intra-cluster backends)");
   // The name is bounded like an id.
-  EXPECT_EQ(AddMember(*MakePlan(Root(), {}, PlanOptions{}), with(M("b", "eu", "c1", 1), std::string(kMaxIdBytes + 1, 'v')))
+  EXPECT_EQ(AddMember(*MakePlan(Root(), {}, PlanOptions{}),
+                      with(M("b", "eu", "c1", 1), std::string(kMaxIdBytes + 1, 'v')))
                 .status()
                 .code(),
             Code::kInvalidArgument);

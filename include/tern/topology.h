@@ -67,10 +67,10 @@ TERN_EXPORT const char* LinkName(Link link);
 // one fell back to none) would otherwise dial an address its transport
 // cannot reach, and its members would stall.
 enum class EdgeTransport : uint8_t {
-  kIntra = 0,              // same cluster, the same intra backend at both ends
-  kMainAcrossClusters = 1, // the edge leaves the cluster (or the region)
-  kMainNoIntra = 2,        // an end has no intra-cluster transport
-  kMainBackendsDiffer = 3, // same cluster, different intra backends
+  kIntra = 0,               // same cluster, the same intra backend at both ends
+  kMainAcrossClusters = 1,  // the edge leaves the cluster (or the region)
+  kMainNoIntra = 2,         // an end has no intra-cluster transport
+  kMainBackendsDiffer = 3,  // same cluster, different intra backends
 };
 TERN_EXPORT EdgeTransport ChooseEdgeTransport(const Member& parent, const Member& child);
 TERN_EXPORT const char* EdgeTransportName(EdgeTransport t);
