@@ -74,6 +74,8 @@ Status CheckMember(const Member& m, const char* what) {
                m.id, "': round trip must be finite and >= 0");
   TERN_REQUIRE(m.intra_backend.size() <= kMaxIdBytes, kInvalidArgument, what, " '", m.id,
                "': intra backend name longer than ", kMaxIdBytes, " bytes");
+  TERN_REQUIRE(!m.relay_only || m.may_relay, kInvalidArgument, what, " '", m.id,
+               "' is relay-only but may not relay");
   return Status::Ok();
 }
 
@@ -134,12 +136,16 @@ double FirstChunkCost(const Member& m) {
   return m.rtt_to_root_s / 2 + kPlanChunkBytes / m.uplink_bytes_per_s;
 }
 
+// Shallowest first (latency), then a relay-only member (nothing else
+// competes for its CPU; Member::relay_only), then the soonest first chunk.
 struct SlotKey {
   uint32_t depth;
+  bool serves;      // !relay_only: false sorts first
   double cost;      // FirstChunkCost: lower is better
   uint32_t member;  // index: id order
   bool operator<(const SlotKey& o) const {
     if (depth != o.depth) return depth < o.depth;
+    if (serves != o.serves) return !serves;
     if (cost != o.cost) return cost < o.cost;
     return member < o.member;
   }
@@ -226,7 +232,10 @@ class StripeTree {
  private:
   uint32_t Kids(uint32_t m) const { return static_cast<uint32_t>(children_[m].size()); }
   bool Relays(uint32_t m) const { return ix_.relay_stripe[m] == stripe_; }
-  SlotKey KeyOf(uint32_t m) const { return SlotKey{depth_[m], FirstChunkCost(*ix_.member[m]), m}; }
+  SlotKey KeyOf(uint32_t m) const {
+    const Member& member = *ix_.member[m];
+    return SlotKey{depth_[m], !member.relay_only, FirstChunkCost(member), m};
+  }
 
   // A relay with spare fan-out is open; these two keep the sets in step
   // with depth_ and children_ (close before a change, open after it).
@@ -289,8 +298,10 @@ class StripeTree {
   std::set<SlotKey> open_all_;
 };
 
-// Fastest first: they become the interior of the trees.
+// Relay-only members first, then fastest first: they become the interior
+// of the trees.
 bool FasterFirst(const Member& a, const Member& b) {
+  if (a.relay_only != b.relay_only) return a.relay_only;
   if (a.uplink_bytes_per_s != b.uplink_bytes_per_s)
     return a.uplink_bytes_per_s > b.uplink_bytes_per_s;
   return a.id < b.id;
@@ -437,6 +448,7 @@ Result<Plan> DemoteRelay(const Plan& plan, std::string_view id_view) {
   if (stripe == Plan::kLeafEverywhere) return plan;
   Plan next = plan;
   next.members.at(id).may_relay = false;
+  next.members.at(id).relay_only = false;  // relay_only needs may_relay; a leaf now
   next.relay_stripe[id] = Plan::kLeafEverywhere;
   // Indexed as a leaf: it opens no slot while its old children are moved.
   const Index index(next);

@@ -411,6 +411,91 @@ TEST(Planner, DemotingTheOnlyRootChildFreesTheRootSlot) {
   EXPECT_EQ(demoted->parent[0].at("a"), "b");
 }
 
+// Relay-only members (tern-agent --relay-only) serve nothing, so no apply
+// competes with forwarding on them: the planner makes them interior before
+// serving members, slower or not, within the region and cluster rules.
+Member RelayOnly(std::string id, std::string region, std::string cluster, double up_gbps) {
+  Member m = M(std::move(id), std::move(region), std::move(cluster), up_gbps);
+  m.relay_only = true;
+  return m;
+}
+
+TEST(Planner, RelayOnlyMemberHeadsItsRegionWithinTheRegionRules) {
+  auto members = ThreeRegions();
+  // The slowest member of eu; without the flag eu-c1-2 (uplink 17) leads eu.
+  members.push_back(RelayOnly("eu-c0-r", "eu", "c0", 1));
+  auto plan = MakePlan(Root(), members, PlanOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(Validate(*plan).ok()) << Validate(*plan).ToString();
+  EXPECT_EQ(Children(*plan, 0, "root"), (std::vector<std::string>{"ap-c1-2", "eu-c0-r", "us-c1-2"}));
+  EXPECT_EQ(Children(*plan, 0, "eu-c0-r").size(), PlanOptions{}.fanout_max);
+  // The region rules hold: eu is entered once, and each cluster hangs
+  // together (one same-region edge per region joins its two clusters).
+  EXPECT_EQ(CrossRegionEdgesInto(*plan, 0, "eu"), 1);
+  int cross_cluster = 0;
+  for (const auto& [id, p] : plan->parent[0]) {
+    if (p == "root") continue;
+    if (Classify(plan->members.at(p), plan->members.at(id)) == Link::kSameRegion) ++cross_cluster;
+  }
+  EXPECT_EQ(cross_cluster, 3);
+  // It may not relay: refused.
+  Member bad = RelayOnly("x", "eu", "", 1);
+  bad.may_relay = false;
+  EXPECT_EQ(AddMember(*plan, bad).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(MakePlan(Root(), {bad}, PlanOptions{}).status().code(), Code::kInvalidArgument);
+}
+
+TEST(Planner, LaterJoinsPreferARelayOnlyParentAtTheSameDepth) {
+  // The region head "a" serves; "r" (relay-only) and "b" (serving, faster,
+  // and first by id) join below it and fill it (fan-out 2). Joins after
+  // that find two slots at depth 2 and take r's, until it is full.
+  PlanOptions o;
+  o.fanout_max = 2;
+  o.root_fanout_max = 1;
+  for (bool relay_only : {true, false}) {
+    SCOPED_TRACE(relay_only ? "r relay-only" : "r serving (control)");
+    auto plan = MakePlan(Root(), {M("a", "eu", "", 10)}, o);
+    ASSERT_TRUE(plan.ok());
+    Member r = M("r", "eu", "", 1);
+    r.relay_only = relay_only;
+    for (const Member& m : {r, M("b", "eu", "", 5), M("c", "eu", "", 5), M("d", "eu", "", 5)}) {
+      auto next = AddMember(*plan, m);
+      ASSERT_TRUE(next.ok()) << next.status().ToString();
+      ASSERT_EQ(Diff(*plan, *next).size(), 1u);  // still only the newcomer's edge
+      plan = std::move(next);
+    }
+    ASSERT_TRUE(Validate(*plan).ok());
+    EXPECT_EQ(Children(*plan, 0, "a"), (std::vector<std::string>{"b", "r"}));
+    const std::vector<std::string> none, both{"c", "d"};
+    EXPECT_EQ(Children(*plan, 0, "r"), relay_only ? both : none);
+    EXPECT_EQ(Children(*plan, 0, "b"), relay_only ? none : both);
+  }
+}
+
+TEST(Planner, ARelayOnlyOrphanTakesTheDepartedHeadsSlot) {
+  PlanOptions o;
+  o.fanout_max = 2;
+  o.root_fanout_max = 1;
+  // a heads eu; r (relay-only, slowest) and b below it.
+  auto plan = MakePlan(Root(), {M("a", "eu", "", 10)}, o);
+  ASSERT_TRUE(plan.ok());
+  for (const Member& m : {RelayOnly("r", "eu", "", 1), M("b", "eu", "", 5)}) {
+    plan = AddMember(*plan, m);
+    ASSERT_TRUE(plan.ok());
+  }
+  auto headless = RemoveMember(*plan, "a");
+  ASSERT_TRUE(headless.ok()) << headless.status().ToString();
+  ASSERT_TRUE(Validate(*headless).ok());
+  EXPECT_EQ(headless->parent[0].at("r"), "root");
+  EXPECT_EQ(headless->parent[0].at("b"), "r");
+  // Demoted, it is an ordinary leaf: the flag goes with may_relay.
+  auto demoted = DemoteRelay(*headless, "r");
+  ASSERT_TRUE(demoted.ok());
+  ASSERT_TRUE(Validate(*demoted).ok());
+  EXPECT_FALSE(demoted->members.at("r").relay_only);
+  EXPECT_EQ(demoted->parent[0].at("b"), "root");
+}
+
 TEST(Planner, StripesHaveDisjointInteriors) {
   std::vector<Member> members;
   for (int r = 0; r < 3; ++r)

@@ -43,6 +43,11 @@ struct Member {
   // name after any fallback: "verbs", "ucx", "tcp", "tcp+tls"); empty: none.
   // At most kMaxIdBytes. Only ChooseEdgeTransport reads it.
   std::string intra_backend;
+  // Relays and serves nothing (tern-agent --relay-only): no apply competes
+  // with forwarding for its CPU, so the planner makes it interior before
+  // serving members (placed first, and its open slots taken first among
+  // slots at the same depth), within the region rules. Needs may_relay.
+  bool relay_only = false;
 };
 
 // The chunk size the parent choice assumes (the agent's 1 MiB chunks).
@@ -91,7 +96,7 @@ struct Plan {
 
 // Plans from scratch. kInvalidArgument for bad members or options (duplicate
 // or empty ids, a member with the root's id, rates not finite and > 0, empty
-// region), kResourceExhausted when the fan-out bounds cannot hold everyone.
+// region, relay_only without may_relay), kResourceExhausted when the fan-out bounds cannot hold everyone.
 TERN_EXPORT Result<Plan> MakePlan(const Member& root, const std::vector<Member>& members,
                                   const PlanOptions& options);
 
