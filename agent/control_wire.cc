@@ -107,6 +107,7 @@ void Put(Writer& w, const MemberInfo& m) {
   if (m.intra_address.empty() != m.intra_backend.empty())
     w.Fail("intra address and intra backend: give both or neither");
   w.U8(m.may_relay ? 1 : 0);
+  w.U8(m.relay_only ? 1 : 0);
   w.F64(m.uplink_bytes_per_s);
   w.F64(m.downlink_bytes_per_s);
 }
@@ -122,6 +123,7 @@ MemberInfo GetMember(Reader& r) {
   if (r.ok() && m.intra_address.empty() != m.intra_backend.empty())
     r.Fail("intra address and intra backend: give both or neither");
   m.may_relay = r.Bool("may_relay");
+  m.relay_only = r.Bool("relay_only");
   m.uplink_bytes_per_s = r.F64("uplink rate");
   m.downlink_bytes_per_s = r.F64("downlink rate");
   return m;

@@ -26,7 +26,7 @@ namespace tern::agent {
 
 // 2: HEARTBEAT gained rtt_to_root_s; PING, PONG, PARENT_REPORT.
 // 3: HELLO's member gained intra_address, PARENTS' entries `intra`.
-// 4: HELLO's member gained intra_backend.
+// 4: HELLO's member gained intra_backend and relay_only.
 inline constexpr uint16_t kControlProtocol = 4;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
@@ -69,6 +69,10 @@ struct MemberInfo {
   bool may_relay = true;
   double uplink_bytes_per_s = 0;    // finite, >= 0 (0: unknown)
   double downlink_bytes_per_s = 0;  // finite, >= 0
+  // Relays and serves nothing (AgentOptions::relay_only): the planner makes
+  // it interior first, and its version is the newest it holds completely.
+  // On the wire right after may_relay.
+  bool relay_only = false;
   bool operator==(const MemberInfo&) const = default;
 };
 

@@ -12,7 +12,7 @@ namespace {
 std::vector<ControlMessage> Samples() {
   Hello hello;
   hello.member = {"m-1",           "eu",    "c1", "i1",   "127.0.0.1:7001",
-                  "10.0.0.1:7101", "verbs", true, 1.25e9, 2.5e9};
+                  "10.0.0.1:7101", "verbs", true, 1.25e9, 2.5e9, true};
   hello.board_id[0] = 7;
   hello.served_version = 42;
   hello.join_token = "secret";
@@ -95,7 +95,7 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 3;  // the protocol before intra backends
+  hello[4] = 3;  // the protocol before intra backends and relay-only members
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("control protocol 3 (this agent speaks 4;"),

@@ -16,6 +16,7 @@ topology::Member ToTopologyMember(const MemberInfo& info) {
   m.downlink_bytes_per_s = info.downlink_bytes_per_s > 0 ? info.downlink_bytes_per_s : 1.25e8;
   m.may_relay = info.may_relay;
   m.intra_backend = info.intra_address.empty() ? "" : info.intra_backend;
+  m.relay_only = info.relay_only;
   return m;
 }
 

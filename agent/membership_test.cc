@@ -142,6 +142,27 @@ TEST(Membership, JoinTellsTheNewMemberItsParentsWithAddresses) {
   EXPECT_EQ(m.DepthOf("b"), 2u);
 }
 
+// HELLO's relay_only reaches the planner: later joins prefer the relay-only
+// member's slot among slots at the same depth; one that says relay-only
+// but may not relay is refused.
+TEST(Membership, RelayOnlyFlagReachesThePlanner) {
+  Membership m(Info("root", "us"), Options(/*fanout=*/2), 1000);
+  std::vector<std::string> notify;
+  MemberInfo relay = Info("r", "eu", 1e8);  // slower than the others
+  relay.relay_only = true;
+  ASSERT_TRUE(m.Join(Info("a", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(relay, 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("c", "eu"), 0, 0, &notify).ok());
+  EXPECT_TRUE(m.plan().members.at("r").relay_only);
+  EXPECT_EQ(m.ParentsOf("c")->parents[0].id, "r");
+  MemberInfo bad = Info("x", "eu");
+  bad.relay_only = true;
+  bad.may_relay = false;
+  EXPECT_EQ(m.Join(bad, 0, 0, &notify).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(m.Has("x"));
+}
+
 TEST(Membership, SecondJoinWithTheSameIdIsRefused) {
   Membership m(Info("root", "us"), Options(), 1000);
   std::vector<std::string> notify;
