@@ -79,8 +79,20 @@ Status AgentImpl::Init() {
   published_dir_ = opt_.data_dir + "/published";
   TERN_RETURN_IF_ERROR(CreateDirs(env_, objects_dir_));
   for (const auto& pem : opt_.trusted_keys_pem) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKeyPem(pem));
-  TERN_ASSIGN_OR_RETURN(store_, ViewStore::Open(env_, opt_.data_dir, pool_, log_));
-  store_version_ = store_->version();
+  TERN_REQUIRE(!opt_.relay_only || (!opt_.root && opt_.may_relay && opt_.seed_checkpoint.empty()),
+               kInvalidArgument,
+               "agent: --relay-only is for members that relay (not with --root, --no-relay or --seed)");
+  if (opt_.relay_only) {
+    // It keeps no view: a DIR that serves one belongs to a serving member,
+    // whose engines would go on reading a version nobody advances.
+    TERN_ASSIGN_OR_RETURN(FileType current, env_.TypeOf(opt_.data_dir + "/current", false));
+    TERN_REQUIRE(current == FileType::kMissing, kInvalidArgument, "agent: ", opt_.data_dir,
+                 "/current exists: that DIR serves a view; a relay-only member keeps none (give it "
+                 "another --data DIR)");
+  } else {
+    TERN_ASSIGN_OR_RETURN(store_, ViewStore::Open(env_, opt_.data_dir, pool_, log_));
+    store_version_ = store_->version();
+  }
   TERN_REQUIRE(opt_.seed_checkpoint.empty() || (!opt_.root && opt_.seed_version > 0), kInvalidArgument,
                "agent: --seed is for members, with --seed-version N > 0");
   seed_pending_ = !opt_.seed_checkpoint.empty() && store_version_ < opt_.seed_version;
@@ -98,12 +110,13 @@ Status AgentImpl::Init() {
   }
   work_thread_ = std::thread([this] { WorkLoop(); });
   tick_thread_ = std::thread([this] { TickLoop(); });
-  Log(std::string(opt_.root ? "root" : "member") + " listening on " + listen_address_ +
+  Log(std::string(opt_.root ? "root" : opt_.relay_only ? "relay-only member" : "member") +
+      " listening on " + listen_address_ +
       (intra_address_.empty() ? ""
                               : " and, inside cluster '" + opt_.cluster + "', on " +
                                     intra_address_ + " (" + opt_.intra_transport->name() + ")") +
-      (admin_address_.empty() ? "" : ", admin on http://" + admin_address_) + ", serving version " +
-      std::to_string(store_->version()));
+      (admin_address_.empty() ? "" : ", admin on http://" + admin_address_) +
+      (store_ ? ", serving version " + std::to_string(store_->version()) : ", serving nothing"));
   return Status::Ok();
 }
 

@@ -111,6 +111,7 @@ class AgentImpl final : public Agent {
   void MemberTick();
   bool MemberAcceptManifest(const std::string& signed_manifest, const VersionManifest& m);
   void MemberObjectComplete(const ObjectRef& ref, const std::string& path);
+  void RelayOnlyObjectComplete(const ObjectRef& ref);
   void MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path, uint64_t bytes);
   void MemberTryApply();
   Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
@@ -202,6 +203,13 @@ class AgentImpl final : public Agent {
   bool seed_pending_ = false;
   bool redial_parents_ = false;
   uint64_t store_version_ = 0;  // store_->version(), readable under mu_
+  // Relay-only (no store_): the newest version of which the relay holds an
+  // object completely, verified.
+  uint64_t held_version_ = 0;
+  // Under mu_: the version this member stands at, as the root, its parents
+  // (SUBSCRIBE) and the replay check see it: what it serves, or for a
+  // relay-only member what it holds.
+  uint64_t VersionLocked() const { return opt_.relay_only ? held_version_ : store_version_; }
   uint64_t dial_backoff_us_ = 0;
   bool dial_failed_logged_ = false;
   // Complete, verified objects waiting to be applied, by target version.
@@ -214,7 +222,8 @@ class AgentImpl final : public Agent {
   // kKeepVersions behind what this agent serves (the relay's table is
   // bounded: RelayOptions::max_objects).
   std::set<ObjectRef> relay_held_;
-  void ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions);
+  // Returns what it forgot (a member's relay leaves complete files behind).
+  std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions);
   // Work thread: adopts the seed checkpoint if `m` (verified, its version
   // the seed's) signs its digest; clears seed_pending_ either way.
   void MemberSeed(const VersionManifest& m);

@@ -57,6 +57,15 @@ Status AgentImpl::InitMember() {
         !ParseHex(j["board_id"].get<std::string>(), board_id_))
       return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
   }
+  if (opt_.relay_only) {
+    // The relay starts with an empty table: objects of an earlier run are
+    // never offered again, so they go rather than pile up.
+    if (auto names = env_.ListDir(objects_dir_, 4096); names.ok()) {
+      for (const auto& name : *names) env_.RemoveFile(objects_dir_ + "/" + name).IgnoreError();
+    } else {
+      Log("cannot clear " + objects_dir_ + ": " + names.status().ToString());
+    }
+  }
   if (board_id_ != BoardId{}) {
     std::lock_guard<std::mutex> lock(mu_);
     TERN_RETURN_IF_ERROR(EnsureRelay(board_id_).status());
@@ -81,6 +90,7 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     return MemberAcceptManifest(signed_manifest, m);
   };
   cb.on_object_complete = [this](const ObjectRef& ref, const std::string& path) {
+    if (opt_.relay_only) return RelayOnlyObjectComplete(ref);
     {
       std::lock_guard<std::mutex> lock(mu_);
       relay_held_.insert(ref);
@@ -88,7 +98,7 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     }
     Post([this, ref, path] { MemberObjectComplete(ref, path); });
   };
-  if (opt_.stream_apply) {
+  if (opt_.stream_apply && !opt_.relay_only) {
     cb.on_prefix_verified = [this](const ObjectRef& ref, const std::string& part_path,
                                    uint64_t bytes) {
       Post([this, ref, part_path, bytes] { MemberObjectPrefix(ref, part_path, bytes); });
@@ -171,10 +181,11 @@ void AgentImpl::MemberDial() {
         // the root pairs only members whose intra transports can talk.
         if (!intra_address_.empty()) hello.member.intra_backend = opt_.intra_transport->name();
         hello.member.may_relay = opt_.may_relay;
+        hello.member.relay_only = opt_.relay_only;
         hello.member.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
         hello.member.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
         hello.board_id = board_id_;
-        hello.served_version = store_->version();
+        hello.served_version = VersionLocked();
         hello.join_token = opt_.join_token;
         Send(out, *r, hello);
       }
@@ -224,8 +235,10 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         known_head_ = std::max(known_head_, w->head);
         fetch_address_ = w->fetch_address;
         stripes_ = w->stripes;
-        Log("joined; HEAD " + std::to_string(w->head) + ", serving " + std::to_string(store_->version()));
-        need_catch_up_check_ = true;
+        Log("joined; HEAD " + std::to_string(w->head) +
+            (opt_.relay_only ? ", relay-only, holding " : ", serving ") +
+            std::to_string(VersionLocked()));
+        need_catch_up_check_ = !opt_.relay_only;
       }
     } else if (auto* p = std::get_if<Parents>(&msg)) {
       parents_ = *p;
@@ -248,7 +261,7 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
       // A standby that lost leadership refuses too: try the next address soon.
       next_dial_us_ = clock_.NowUs() + (join_addresses_.size() > 1 ? kDialBackoffUsMin : kDialBackoffUsMax);
       close = root_conn_;
-    } else if (auto* plan = std::get_if<CatchUpReply>(&msg)) {
+    } else if (auto* plan = std::get_if<CatchUpReply>(&msg); plan && !opt_.relay_only) {
       CatchUpReply copy = *plan;
       work_.push_back([this, copy]() mutable { MemberCatchUp(std::move(copy)); });
       work_cv_.notify_one();
@@ -265,9 +278,11 @@ bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& 
   // Replay protection: a version older than the one served is refused (a
   // relay replaying an old, validly signed version cannot roll us back).
   // The served version itself is accepted so that children still get it.
-  if (m.version < store_version_) {
-    Log("refusing a manifest for version " + std::to_string(m.version) + ": serving " +
-        std::to_string(store_version_));
+  // A relay-only member applies nothing, but its children would refuse the
+  // same manifest: it neither holds nor forwards it.
+  if (m.version < VersionLocked()) {
+    Log("refusing a manifest for version " + std::to_string(m.version) + ": " +
+        (opt_.relay_only ? "holding " : "serving ") + std::to_string(VersionLocked()));
     return false;
   }
   known_head_ = std::max(known_head_, m.version);
@@ -284,6 +299,29 @@ void AgentImpl::MemberObjectComplete(const ObjectRef& ref, const std::string& pa
       ready_[ref.to] = {ref, path};
   }
   MemberTryApply();
+}
+
+// From the relay's thread: a relay-only member holds `ref` completely (every
+// chunk verified). It applies nothing; its version is the newest it holds,
+// and what is kKeepVersions older goes (from the relay and from disk), so
+// that what it keeps is bounded by versions, not by how long it runs.
+void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
+  Outbox out;
+  bool newer = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    relay_held_.insert(ref);
+    if (ref.to > held_version_) {
+      newer = true;
+      held_version_ = ref.to;
+      for (const ObjectRef& old : ForgetOldObjectsLocked(held_version_, 4))
+        env_.RemoveFile(objects_dir_ + "/" + ObjectName(old)).IgnoreError();
+      // The root's lag for this member follows at once.
+      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+    }
+  }
+  Flush(out);
+  if (newer) Log("holding version " + std::to_string(ref.to) + " (" + ObjectName(ref) + "), relay-only");
 }
 
 // On the work thread.
@@ -511,22 +549,25 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
   MemberTryApply();
 }
 
-void AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions) {
-  if (!relay_) return;
+std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions) {
+  std::vector<ObjectRef> forgotten;
+  if (!relay_) return forgotten;
   for (auto it = relay_held_.begin(); it != relay_held_.end();) {
     if (it->to + keep_versions <= served) {
       relay_->Forget(*it);
+      forgotten.push_back(*it);
       it = relay_held_.erase(it);
     } else {
       ++it;
     }
   }
+  return forgotten;
 }
 
 Heartbeat AgentImpl::MakeHeartbeatLocked() {
   Heartbeat hb;
   hb.seq = ++heartbeat_seq_;
-  hb.served_version = store_version_;
+  hb.served_version = VersionLocked();
   hb.last_apply_s = last_apply_s_;
   hb.rtt_to_root_s = rtt_to_root_s_;
   // Per stripe: the parent's round trip and the rate the last object came
@@ -601,7 +642,7 @@ void AgentImpl::MemberTick() {
           catch_up = true;
         }
       } else if ((need_catch_up_check_ || now_us > catch_up_next_us_) && !catching_up_ &&
-          known_head_ > store_version_) {
+                 !opt_.relay_only && known_head_ > store_version_) {
         catch_up_next_us_ = now_us + 2'000'000;
         // The tree brings HEAD when we serve HEAD-1 (or hold the patches
         // that lead there); anything older is caught up from the board.
@@ -625,7 +666,7 @@ void AgentImpl::MemberTick() {
       redial = parents_.parents;
       stripes = static_cast<uint32_t>(parents_.parents.size());
       relay = relay_.get();
-      relay->SetServedVersion(store_version_);  // in the SUBSCRIBE of these dials
+      relay->SetServedVersion(VersionLocked());  // in the SUBSCRIBE of these dials
       redial_parents_ = false;
     }
   }

@@ -139,7 +139,7 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
   const size_t n = parents_.parents.size();
   if (watch_.size() != n) watch_.assign(n, StripeWatch{});
   const uint64_t now = clock_.NowUs();
-  bool due = known_head_ > store_version_ && !catching_up_;
+  bool due = known_head_ > VersionLocked() && !catching_up_;
   for (const auto& ref : relay_held_) due &= ref.to < known_head_;
   for (const auto& [v, o] : ready_) due &= v < known_head_;
   const auto stats = relay_->Stats();
@@ -176,7 +176,7 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
     if (!fault) continue;
     w.progress_us = now;
     Log("reporting parent " + p.id + " of stripe " + std::to_string(s) +
-        " to the root: " + ParentFaultName(*fault) + " (serving " + std::to_string(store_version_) +
+         " to the root: " + ParentFaultName(*fault) + " (at version " + std::to_string(VersionLocked()) +
         ", HEAD " + std::to_string(known_head_) + ")");
     Send(out, root_conn_, ParentReport{s, p.id, *fault});
   }

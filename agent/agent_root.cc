@@ -412,7 +412,9 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
     versions_[version] = vs;
     while (versions_.size() > 1024) versions_.erase(versions_.begin());
     auto& waiting = waiting_[version];
-    for (const auto& [id, rec] : membership_->members()) waiting.insert(id);
+    // Time to serve counts serving members: a relay-only one serves nothing.
+    for (const auto& [id, rec] : membership_->members())
+      if (!rec.info.relay_only) waiting.insert(id);
     if (waiting.empty()) waiting_.erase(version);
     Head head{version, result.signed_manifest};
     for (const auto& [id, conn] : member_conns_) Send(out, conn, head);

@@ -24,8 +24,10 @@ AgentSnapshot AgentImpl::Snapshot() const {
   s.intra_address = intra_address_;
   s.admin_address = admin_address_;
   std::lock_guard<std::mutex> lock(mu_);
-  s.served_version = store_version_;
-  s.served_digest = store_->digest();
+  s.relay_only = opt_.relay_only;
+  s.served_version = store_version_;  // 0 without a store (relay-only)
+  if (store_) s.served_digest = store_->digest();
+  s.held_version = VersionLocked();
   if (opt_.root) {
     s.head = board_ ? board_->head() : 0;
     s.joined = true;
@@ -42,7 +44,8 @@ AgentSnapshot AgentImpl::Snapshot() const {
         if (p != parents[0].end()) m.parent = p->second;
       }
       m.depth = membership_->DepthOf(id);
-      m.served_version = rec.served_version;
+      m.served_version = rec.served_version;  // relay-only: the version it holds
+      m.relay_only = rec.info.relay_only;
       m.lag = s.head > rec.served_version ? s.head - rec.served_version : 0;
       m.bytes_in = rec.last.bytes_in;
       m.bytes_out = rec.last.bytes_out;
@@ -69,12 +72,13 @@ namespace {
 
 nlohmann::json ToJson(const AgentSnapshot& s) {
   nlohmann::json j;
-  j["role"] = s.root ? "root" : "member";
+  j["role"] = s.root ? "root" : s.relay_only ? "relay-only" : "member";
   j["id"] = s.id;
   j["listen"] = s.listen_address;
   if (!s.intra_address.empty()) j["listen_intra"] = s.intra_address;
   j["head"] = s.head;
   j["served_version"] = s.served_version;
+  if (s.relay_only) j["held_version"] = s.held_version;
   j["joined"] = s.joined;
   if (!s.root) j["parent"] = s.parent;
   auto& members = j["members"] = nlohmann::json::array();
@@ -83,6 +87,7 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                        {"region", m.region},
                        {"cluster", m.cluster},
                        {"island", m.island},
+                       {"role", m.relay_only ? "relay-only" : "serving"},
                        {"parent", m.parent},
                        {"depth", m.depth},
                        {"version", m.served_version},
@@ -127,15 +132,22 @@ std::string AgentImpl::MetricsText() const {
     if (auto c = r.GetCounter(name, help, labels); c.ok()) (*c)->Add(v);
   };
   gauge("tern_agent_head_version", "Newest version this agent knows (root: HEAD).", static_cast<double>(s.head));
-  gauge("tern_agent_served_version", "Version DIR/current serves.", static_cast<double>(s.served_version));
+  gauge("tern_agent_served_version", "Version DIR/current serves (0: none, e.g. relay-only).",
+        static_cast<double>(s.served_version));
+  if (s.relay_only)
+    gauge("tern_agent_held_version", "Relay-only: the newest version held completely.",
+          static_cast<double>(s.held_version));
   if (s.root) {
     gauge("tern_agent_members", "Members joined to this root.", static_cast<double>(s.members.size()));
     for (const auto& m : s.members) {
       const Labels l = {{"member", m.id}, {"region", m.region}};
-      gauge("tern_agent_member_version", "Version a member serves (from its heartbeat).",
+      gauge("tern_agent_member_version",
+            "Version a member serves (relay-only: the newest it holds), from its heartbeat.",
             static_cast<double>(m.served_version), l);
-      gauge("tern_agent_member_lag_versions", "HEAD minus the version a member serves.",
+      gauge("tern_agent_member_lag_versions", "HEAD minus tern_agent_member_version.",
             static_cast<double>(m.lag), l);
+      gauge("tern_agent_member_relay_only", "1 for a member that relays and serves nothing.",
+            m.relay_only ? 1 : 0, l);
       counter("tern_agent_member_bytes_in_total", "Bytes a member received (its own count).", m.bytes_in, l);
       counter("tern_agent_member_bytes_out_total", "Bytes a member forwarded to its children.", m.bytes_out, l);
       counter("tern_agent_member_chunk_retries_total", "Chunks a member had to receive or send again.",

@@ -50,6 +50,16 @@ struct AgentOptions {
   std::string cluster;  // empty: a cluster of its own
   std::string island;   // engines that share one copy of the weights
   bool may_relay = true;
+  // Member: relay and serve nothing (docs/agent.md §4a). It joins, is
+  // planned interior before serving members (within the region rules),
+  // verifies every chunk against the signed manifest and forwards it, and
+  // keeps objects only while the relay holds them (the last few versions);
+  // it never applies, so it has no view store, no DIR/current and no spare,
+  // and never catches up for itself (its children catch up from the root as
+  // usual). Its version is the newest it holds an object of completely.
+  // Needs may_relay; not with seed_checkpoint; refused on a DIR that
+  // serves a view (DIR/current exists).
+  bool relay_only = false;
   // Link rates for planning until measured (bytes/s).
   double uplink_bytes_per_s = 1.25e9;
   double downlink_bytes_per_s = 1.25e9;
@@ -148,8 +158,11 @@ struct AgentMemberStatus {
   std::string id, region, cluster, island;
   std::string parent;        // stripe 0's parent id
   uint32_t depth = 0;        // edges from the root in stripe 0
+  // Serving members: the version DIR/current serves. Relay-only members:
+  // the newest version they hold an object of completely.
   uint64_t served_version = 0;
-  uint64_t lag = 0;          // HEAD - served
+  uint64_t lag = 0;          // HEAD - served_version
+  bool relay_only = false;   // serves nothing (AgentOptions::relay_only)
   uint64_t bytes_in = 0, bytes_out = 0, chunk_retries = 0;
   // Measured by the member: round trips (PING/PONG; to the parent: the
   // slowest of its parents), the rate the last object arrived at.
@@ -177,8 +190,12 @@ struct AgentSnapshot {
   std::string intra_address;   // the intra transport's bound address (empty: none)
   std::string admin_address;   // the bound admin address (empty: none)
   uint64_t head = 0;           // root: HEAD; member: the newest it knows
-  uint64_t served_version = 0;
+  uint64_t served_version = 0; // 0 for a relay-only member (it serves nothing)
   ViewDigest served_digest;
+  bool relay_only = false;
+  // Relay-only: the newest version it holds an object of completely (what
+  // it reports to the root as its version); others: served_version.
+  uint64_t held_version = 0;
   std::vector<AgentMemberStatus> members;   // root only
   std::vector<AgentVersionStatus> versions; // root only, newest last
   std::string parent;                       // member: stripe 0's parent id
