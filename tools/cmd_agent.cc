@@ -27,6 +27,7 @@ struct AgentArgs {
   std::string join, listen, admin, data, id, region, cluster, island;
   std::string transport_intra, listen_intra;
   bool no_relay = false;
+  bool relay_only = false;
   bool no_stream_apply = false;
   double uplink_gbps = 10, downlink_gbps = 10;
   std::string signing_key, join_token_file, admin_token_file;
@@ -65,6 +66,7 @@ Status CheckAgent(AgentArgs& a) {
   o.cluster = a.cluster;
   o.island = a.island;
   o.may_relay = !a.no_relay;
+  o.relay_only = a.relay_only;
   o.uplink_bytes_per_s = a.uplink_gbps * 1e9 / 8;
   o.downlink_bytes_per_s = a.downlink_gbps * 1e9 / 8;
   if (!a.signing_key.empty()) {
@@ -149,7 +151,8 @@ Status RunAgent(AgentArgs& a) {
     TERN_RETURN_IF_ERROR(WriteFileAtomic(DefaultEnv(), a.data + "/public-key.pem",
                                          {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()}, true));
   }
-  std::printf("tern-agent: %s %s listening on %s%s%s%s%s\n", a.root ? "root" : "member",
+  std::printf("tern-agent: %s %s listening on %s%s%s%s%s\n",
+              a.root ? "root" : a.relay_only ? "relay-only member" : "member",
               s.id.c_str(), s.listen_address.c_str(),
               s.intra_address.empty() ? "" : ", intra-cluster on ", s.intra_address.c_str(),
               s.admin_address.empty() ? "" : ", admin http://", s.admin_address.c_str());
@@ -203,20 +206,27 @@ Status RunStatus(const StatusArgs& a) {
   auto s = [](const nlohmann::json& v, const char* k) -> std::string {
     return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : "";
   };
-  std::printf("%s %s: HEAD %llu, serving %llu\n", s(j, "role").c_str(), s(j, "id").c_str(), u(j, "head"),
-              u(j, "served_version"));
+  if (s(j, "role") == "relay-only") {
+    std::printf("relay-only %s: HEAD %llu, holding %llu (serves nothing)\n", s(j, "id").c_str(),
+                u(j, "head"), u(j, "held_version"));
+  } else {
+    std::printf("%s %s: HEAD %llu, serving %llu\n", s(j, "role").c_str(), s(j, "id").c_str(),
+                u(j, "head"), u(j, "served_version"));
+  }
   if (j.contains("members") && j["members"].is_array() && !j["members"].empty()) {
-    std::printf("%-20s %-10s %-10s %8s %4s %-20s %5s %12s %12s %8s %9s %9s\n", "member", "region",
-                "island", "version", "lag", "parent", "depth", "in", "out", "MB/s in", "rtt_p ms",
-                "rtt_r ms");
+    // role "relay": a relay-only member, whose version is the newest it holds.
+    std::printf("%-20s %-10s %-10s %-5s %8s %4s %-20s %5s %12s %12s %8s %9s %9s\n", "member",
+                "region", "island", "role", "version", "lag", "parent", "depth", "in", "out",
+                "MB/s in", "rtt_p ms", "rtt_r ms");
     for (const auto& m : j["members"]) {
       if (!m.is_object()) continue;
       // A demoted member (its children reported it bad) is marked with '!'.
       const bool demoted =
           m.contains("demoted") && m["demoted"].is_boolean() && m["demoted"].get<bool>();
-      std::printf("%-20s %-10s %-10s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f\n",
+      std::printf("%-20s %-10s %-10s %-5s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f\n",
                   (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(),
-                  s(m, "island").c_str(), u(m, "version"), u(m, "lag"), s(m, "parent").c_str(),
+                  s(m, "island").c_str(), s(m, "role") == "relay-only" ? "relay" : "serve",
+                  u(m, "version"), u(m, "lag"), s(m, "parent").c_str(),
                   u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
                   HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6,
                   d(m, "rtt_to_parent_s") * 1e3, d(m, "rtt_to_root_s") * 1e3);
@@ -258,7 +268,7 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_option("--listen-intra", a->listen_intra,
                  "HOST:PORT for --transport-intra (port 0: any)");
   cmd.add_option("--island", a->island, "island (engines sharing this copy)");
-  cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
+  auto* no_relay = cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
   cmd.add_flag(
       "--no-stream-apply", a->no_stream_apply,
       "member: apply a patch only once it is complete, not segment by segment as it arrives");
@@ -300,6 +310,17 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "(doubled per repeat, up to 16x; 16x at once for chunks that failed SHA-256; 0: a "
               "leaf until it rejoins)",
               "60000");
+  // The flags of a serving member (or of the root) make no sense with it:
+  // refused rather than ignored.
+  cmd.add_flag("--relay-only", a->relay_only,
+               "member: relay and serve nothing (no DIR/current, no apply; planned as an interior "
+               "relay first; its version is the newest it holds)")
+      ->excludes(no_relay)
+      ->excludes(seed)
+      ->excludes(cmd.get_option("--seed-version"))
+      ->excludes(cmd.get_option("--root"))
+      ->excludes(cmd.get_option("--no-stream-apply"))
+      ->excludes(cmd.get_option("--spare-grace-ms"));
   AddThreadsFlag(cmd, a->threads);
   AddTransportFlags(cmd, a->transport);
   a->transport.tls_allow_client_flag = cmd.add_option(

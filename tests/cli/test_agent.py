@@ -269,6 +269,72 @@ class AgentCli(unittest.TestCase):
                 if a.proc.poll() is None:
                     self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
 
+    def test_relay_only_member(self):
+        """--relay-only: listed in --help; refused with flags only a serving
+        member (or the root) has; as a process it relays to serving members
+        (who serve every version bit for bit), keeps no DIR/current, and
+        `tern status` shows it as a relay holding HEAD with lag 0."""
+        h = subprocess.run([AGENT, "--help"], capture_output=True, text=True, timeout=30)
+        self.assertIn("--relay-only", h.stdout)
+        base = [AGENT, "--listen", "127.0.0.1:0", "--data", os.path.join(self.tmp, "ro-refused"),
+                "--no-tls", "--relay-only"]
+        for extra, other in ((["--join", "127.0.0.1:1", "--trust-key", "k", "--seed", "x",
+                               "--seed-version", "1"], "--seed"),
+                             (["--root"], "--root"),
+                             (["--join", "127.0.0.1:1", "--trust-key", "k", "--no-relay"], "--no-relay"),
+                             (["--join", "127.0.0.1:1", "--trust-key", "k", "--spare-grace-ms", "5"],
+                              "--spare-grace-ms")):
+            r = subprocess.run(base + extra, capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(r.returncode, 0, extra)
+            self.assertIn("--relay-only", r.stderr + r.stdout, extra)
+            self.assertIn(other, r.stderr + r.stdout, extra)
+            self.assertLessEqual(len((r.stderr + r.stdout).strip().splitlines()), 3, r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "ro-refused", "current")))
+
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        root = Agent(self.tmp, "ro-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                           "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        agents = [root]
+        try:
+            common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
+                      "--region", "eu"] + tok
+            relay = Agent(self.tmp, "ro-relay", common + ["--relay-only", "--admin", "127.0.0.1:0"])
+            agents.append(relay)
+            self.assertIn("relay-only member ro-relay listening", relay.startup_line)
+            wait_for(lambda: len(self.served(root)) == 1, 30, "the relay-only member joined")
+            serving = []
+            for name in ("ro-s1", "ro-s2"):
+                serving.append(Agent(self.tmp, name, common))
+                agents.append(serving[-1])
+                wait_for(lambda: len(self.served(root)) == len(serving) + 1, 30, name + " joined")
+            for v in (1, 2):
+                r = self.publish(root, self.step(v - 1), v)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                wait_for(lambda: all(x == v for x in self.served(root).values()), 60, "version %d" % v)
+                for m in serving:
+                    self.assertTrue(self.same_bytes(m.dir, self.step(v - 1)), "%s at %d" % (m.log.name, v))
+            self.assertFalse(os.path.lexists(os.path.join(relay.dir, "current")))
+            self.assertFalse(os.path.exists(os.path.join(relay.dir, "views")))
+            members = {m["id"]: m for m in self.status(root)["members"]}
+            self.assertEqual(members["ro-relay"]["role"], "relay-only")
+            self.assertEqual(members["ro-relay"]["parent"], "ro-root")
+            self.assertEqual(members["ro-relay"]["lag"], 0)
+            for m in ("ro-s1", "ro-s2"):
+                self.assertEqual(members[m]["role"], "serving")
+                self.assertEqual(members[m]["parent"], "ro-relay")
+            own = subprocess.run([TERN, "status", "--board", relay.admin], capture_output=True, text=True,
+                                 timeout=30, check=True)
+            self.assertIn("relay-only ro-relay: HEAD 2, holding 2", own.stdout)
+            table = subprocess.run([TERN, "status", "--board", root.admin], capture_output=True, text=True,
+                                   timeout=30, check=True)
+            row = [l for l in table.stdout.splitlines() if l.startswith("ro-relay ")]
+            self.assertEqual(len(row), 1, table.stdout)
+            self.assertEqual(row[0].split()[2:4], ["relay", "2"], row[0])
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
     def test_intra_cluster_transport_and_the_fallback_for_a_missing_backend(self):
         """--transport-intra: a member whose backend works (plain tcp) gets its
         edge inside the cluster over it; one asking for verbs on a machine
