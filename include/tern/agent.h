@@ -50,9 +50,10 @@ struct AgentOptions {
   std::string cluster;  // empty: a cluster of its own
   std::string island;   // engines that share one copy of the weights
   bool may_relay = true;
-  // Member: relay and serve nothing (docs/agent.md §4a). It joins, is
-  // planned interior before serving members (within the region rules),
-  // verifies every chunk against the signed manifest and forwards it, and
+  // Member: relay and serve nothing (docs/agent.md §4, "Relay-only
+  // members"). It joins, is planned interior before serving members
+  // (within the region rules), verifies every chunk against the signed
+  // manifest and forwards it, and
   // keeps objects only while the relay holds them (the last few versions);
   // it never applies, so it has no view store, no DIR/current and no spare,
   // and never catches up for itself (its children catch up from the root as
