@@ -79,9 +79,10 @@ Status AgentImpl::Init() {
   published_dir_ = opt_.data_dir + "/published";
   TERN_RETURN_IF_ERROR(CreateDirs(env_, objects_dir_));
   for (const auto& pem : opt_.trusted_keys_pem) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKeyPem(pem));
-  TERN_REQUIRE(!opt_.relay_only || (!opt_.root && opt_.may_relay && opt_.seed_checkpoint.empty()),
-               kInvalidArgument,
-               "agent: --relay-only is for members that relay (not with --root, --no-relay or --seed)");
+  TERN_REQUIRE(
+      !opt_.relay_only || (!opt_.root && opt_.may_relay && opt_.seed_checkpoint.empty()),
+      kInvalidArgument,
+      "agent: --relay-only is for members that relay (not with --root, --no-relay or --seed)");
   if (opt_.relay_only) {
     // It keeps no view: a DIR that serves one belongs to a serving member,
     // whose engines would go on reading a version nobody advances.
@@ -110,7 +111,9 @@ Status AgentImpl::Init() {
   }
   work_thread_ = std::thread([this] { WorkLoop(); });
   tick_thread_ = std::thread([this] { TickLoop(); });
-  Log(std::string(opt_.root ? "root" : opt_.relay_only ? "relay-only member" : "member") +
+  Log(std::string(opt_.root         ? "root"
+                  : opt_.relay_only ? "relay-only member"
+                                    : "member") +
       " listening on " + listen_address_ +
       (intra_address_.empty() ? ""
                               : " and, inside cluster '" + opt_.cluster + "', on " +

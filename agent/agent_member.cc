@@ -321,7 +321,8 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
     }
   }
   Flush(out);
-  if (newer) Log("holding version " + std::to_string(ref.to) + " (" + ObjectName(ref) + "), relay-only");
+  if (newer)
+    Log("holding version " + std::to_string(ref.to) + " (" + ObjectName(ref) + "), relay-only");
 }
 
 // On the work thread.

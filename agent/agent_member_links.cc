@@ -176,8 +176,8 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
     if (!fault) continue;
     w.progress_us = now;
     Log("reporting parent " + p.id + " of stripe " + std::to_string(s) +
-         " to the root: " + ParentFaultName(*fault) + " (at version " + std::to_string(VersionLocked()) +
-        ", HEAD " + std::to_string(known_head_) + ")");
+        " to the root: " + ParentFaultName(*fault) + " (at version " +
+        std::to_string(VersionLocked()) + ", HEAD " + std::to_string(known_head_) + ")");
     Send(out, root_conn_, ParentReport{s, p.id, *fault});
   }
 }

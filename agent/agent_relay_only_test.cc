@@ -101,7 +101,8 @@ class RelayOnlyTest : public ::testing::Test {
     auto a = Agent::Start(o);
     ASSERT_TRUE(a.ok()) << name << ": " << a.status().ToString();
     members_[name] = std::move(a).value();
-    ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == before + 1; }, 30)) << name;
+    ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == before + 1; }, 30))
+        << name;
   }
 
   void Publish(uint64_t version) {
@@ -132,7 +133,8 @@ class RelayOnlyTest : public ::testing::Test {
     std::string out;
     for (auto& [id, a] : members_) {
       const AgentSnapshot s = a->Snapshot();
-      out += id + "@" + std::to_string(s.served_version) + "/" + std::to_string(s.held_version) + " ";
+      out +=
+          id + "@" + std::to_string(s.served_version) + "/" + std::to_string(s.held_version) + " ";
     }
     return out;
   }
@@ -254,7 +256,8 @@ TEST_F(RelayOnlyTest, RelayOnlyRefusesAServingDirAndServingMembersFlags) {
   o.relay_only = true;
   auto a = Agent::Start(o);
   ASSERT_EQ(a.status().code(), Code::kInvalidArgument) << a.status().ToString();
-  EXPECT_NE(a.status().message().find("current exists"), std::string::npos) << a.status().ToString();
+  EXPECT_NE(a.status().message().find("current exists"), std::string::npos)
+      << a.status().ToString();
   // A seed, or no relaying, makes no sense for it.
   AgentOptions seeded = Options("s");
   seeded.relay_only = true;

@@ -152,7 +152,9 @@ Status RunAgent(AgentArgs& a) {
                                          {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()}, true));
   }
   std::printf("tern-agent: %s %s listening on %s%s%s%s%s\n",
-              a.root ? "root" : a.relay_only ? "relay-only member" : "member",
+              a.root         ? "root"
+              : a.relay_only ? "relay-only member"
+                             : "member",
               s.id.c_str(), s.listen_address.c_str(),
               s.intra_address.empty() ? "" : ", intra-cluster on ", s.intra_address.c_str(),
               s.admin_address.empty() ? "" : ", admin http://", s.admin_address.c_str());
@@ -226,10 +228,10 @@ Status RunStatus(const StatusArgs& a) {
       std::printf("%-20s %-10s %-10s %-5s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f\n",
                   (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(),
                   s(m, "island").c_str(), s(m, "role") == "relay-only" ? "relay" : "serve",
-                  u(m, "version"), u(m, "lag"), s(m, "parent").c_str(),
-                  u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
-                  HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6,
-                  d(m, "rtt_to_parent_s") * 1e3, d(m, "rtt_to_root_s") * 1e3);
+                  u(m, "version"), u(m, "lag"), s(m, "parent").c_str(), u(m, "depth"),
+                  HumanBytes(u(m, "bytes_in")).c_str(), HumanBytes(u(m, "bytes_out")).c_str(),
+                  d(m, "rate_in_bytes_per_s") / 1e6, d(m, "rtt_to_parent_s") * 1e3,
+                  d(m, "rtt_to_root_s") * 1e3);
     }
   }
   if (j.contains("versions") && j["versions"].is_array() && !j["versions"].empty()) {
@@ -268,7 +270,8 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_option("--listen-intra", a->listen_intra,
                  "HOST:PORT for --transport-intra (port 0: any)");
   cmd.add_option("--island", a->island, "island (engines sharing this copy)");
-  auto* no_relay = cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
+  auto* no_relay =
+      cmd.add_flag("--no-relay", a->no_relay, "never forward to others (a leaf in every tree)");
   cmd.add_flag(
       "--no-stream-apply", a->no_stream_apply,
       "member: apply a patch only once it is complete, not segment by segment as it arrives");

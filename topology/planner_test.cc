@@ -427,7 +427,8 @@ TEST(Planner, RelayOnlyMemberHeadsItsRegionWithinTheRegionRules) {
   auto plan = MakePlan(Root(), members, PlanOptions{});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_TRUE(Validate(*plan).ok()) << Validate(*plan).ToString();
-  EXPECT_EQ(Children(*plan, 0, "root"), (std::vector<std::string>{"ap-c1-2", "eu-c0-r", "us-c1-2"}));
+  EXPECT_EQ(Children(*plan, 0, "root"),
+            (std::vector<std::string>{"ap-c1-2", "eu-c0-r", "us-c1-2"}));
   EXPECT_EQ(Children(*plan, 0, "eu-c0-r").size(), PlanOptions{}.fanout_max);
   // The region rules hold: eu is entered once, and each cluster hangs
   // together (one same-region edge per region joins its two clusters).

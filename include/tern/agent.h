@@ -162,8 +162,8 @@ struct AgentMemberStatus {
   // Serving members: the version DIR/current serves. Relay-only members:
   // the newest version they hold an object of completely.
   uint64_t served_version = 0;
-  uint64_t lag = 0;          // HEAD - served_version
-  bool relay_only = false;   // serves nothing (AgentOptions::relay_only)
+  uint64_t lag = 0;         // HEAD - served_version
+  bool relay_only = false;  // serves nothing (AgentOptions::relay_only)
   uint64_t bytes_in = 0, bytes_out = 0, chunk_retries = 0;
   // Measured by the member: round trips (PING/PONG; to the parent: the
   // slowest of its parents), the rate the last object arrived at.
@@ -191,7 +191,7 @@ struct AgentSnapshot {
   std::string intra_address;   // the intra transport's bound address (empty: none)
   std::string admin_address;   // the bound admin address (empty: none)
   uint64_t head = 0;           // root: HEAD; member: the newest it knows
-  uint64_t served_version = 0; // 0 for a relay-only member (it serves nothing)
+  uint64_t served_version = 0;  // 0 for a relay-only member (it serves nothing)
   ViewDigest served_digest;
   bool relay_only = false;
   // Relay-only: the newest version it holds an object of completely (what

@@ -96,7 +96,8 @@ struct Plan {
 
 // Plans from scratch. kInvalidArgument for bad members or options (duplicate
 // or empty ids, a member with the root's id, rates not finite and > 0, empty
-// region, relay_only without may_relay), kResourceExhausted when the fan-out bounds cannot hold everyone.
+// region, relay_only without may_relay), kResourceExhausted when the fan-out
+// bounds cannot hold everyone.
 TERN_EXPORT Result<Plan> MakePlan(const Member& root, const std::vector<Member>& members,
                                   const PlanOptions& options);
 
