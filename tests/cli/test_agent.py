@@ -330,6 +330,14 @@ class AgentCli(unittest.TestCase):
             row = [l for l in table.stdout.splitlines() if l.startswith("ro-relay ")]
             self.assertEqual(len(row), 1, table.stdout)
             self.assertEqual(row[0].split()[2:4], ["relay", "2"], row[0])
+            for admin, line in ((root.admin, 'tern_agent_member_relay_only{member="ro-relay",region="eu"} 1'),
+                                (root.admin, 'tern_agent_member_relay_only{member="ro-s1",region="eu"} 0'),
+                                (relay.admin, "tern_agent_held_version 2"),
+                                (relay.admin, "tern_agent_served_version 0")):
+                metrics = subprocess.run(["curl", "-sf", "http://%s/metrics" % admin], capture_output=True,
+                                         text=True, timeout=30)
+                if metrics.returncode == 0:
+                    self.assertIn(line, metrics.stdout.splitlines())
         finally:
             for a in reversed(agents):
                 if a.proc.poll() is None:
