@@ -57,9 +57,10 @@ Status AgentImpl::InitMember() {
         !ParseHex(j["board_id"].get<std::string>(), board_id_))
       return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
   }
-  if (opt_.relay_only) {
-    // The relay starts with an empty table: objects of an earlier run are
-    // never offered again, so they go rather than pile up.
+  {
+    // The relay starts with an empty table: objects (and partial ones) of
+    // an earlier run are never offered again, so they go rather than pile
+    // up. The served view and its kept patch live in views/, not here.
     if (auto names = env_.ListDir(objects_dir_, 4096); names.ok()) {
       for (const auto& name : *names) env_.RemoveFile(objects_dir_ + "/" + name).IgnoreError();
     } else {
@@ -314,8 +315,7 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
     if (ref.to > held_version_) {
       newer = true;
       held_version_ = ref.to;
-      for (const ObjectRef& old : ForgetOldObjectsLocked(held_version_, 4))
-        env_.RemoveFile(objects_dir_ + "/" + ObjectName(old)).IgnoreError();
+      ForgetOldObjectsLocked(held_version_, 4);
       // The root's lag for this member follows at once.
       if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
     }
@@ -555,7 +555,11 @@ std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64
   if (!relay_) return forgotten;
   for (auto it = relay_held_.begin(); it != relay_held_.end();) {
     if (it->to + keep_versions <= served) {
+      // A member's copy is unlinked here; the relay keeps its mapping until
+      // the last send of it completes (Forget), so a child being fed loses
+      // nothing. The root's objects are the board's (its retention).
       relay_->Forget(*it);
+      if (!opt_.root) env_.RemoveFile(objects_dir_ + "/" + ObjectName(*it)).IgnoreError();
       forgotten.push_back(*it);
       it = relay_held_.erase(it);
     } else {
