@@ -134,7 +134,14 @@ TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
     };
   };
   spare_grace_ms_ = 50;
-  StartRoot();
+  // The root holds each send back 100 ms, so a patch's chunks arrive that
+  // far apart whatever the machine's load: a streaming member has time to
+  // apply the records of one chunk before the next (at load 65 an
+  // unthrottled patch once landed whole before the apply thread ran, and
+  // the " 0 of " check below failed with nothing wrong).
+  FaultPolicy paced;
+  paced.delay_us = 100'000;
+  StartRoot(/*root_fanout=*/3, &paced);
   for (const char* name : {"a", "b", "c"}) StartMember(name, "us");
   ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 3; }, 30));
   Publish(1);

@@ -88,12 +88,12 @@ class AgentSystemFixture : public ::testing::Test {
     return o;
   }
 
-  void StartRoot(uint32_t root_fanout = 3) {
+  void StartRoot(uint32_t root_fanout = 3, const FaultPolicy* fault = nullptr) {
     AgentOptions o = BaseOptions("root");
     o.root_fanout_max = root_fanout;
     o.root = true;
     o.region = "us";
-    o.transport = NewTransportFor("root");
+    o.transport = NewTransportFor("root", fault);
     auto a = Agent::Start(o);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     root_ = std::move(a).value();
