@@ -76,27 +76,15 @@ struct Place {
   std::string backend = "";
 };
 
-class AgentEdgeTest : public ::testing::Test {
+class AgentEdgeTest : public agent_test::TraceTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tern-agent-edge-test-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "trace");
-    TraceConfig config;
-    auto shape = ChooseModelShape(400'000);
-    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
-    config.shape = *shape;
-    config.seed = 11;
-    config.adam.lr = 1e-5;
-    auto gen = TraceGenerator::Create(config, pool_);
-    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
-    gen_ = std::move(gen).value();
-  }
+  AgentEdgeTest() : TraceTest("tern-agent-edge-test-", 11) {}
+
   void TearDown() override {
     while (!agents_.empty()) agents_.pop_back();  // the root last: it was started first
     main_.clear();
     intra_.clear();
-    fs::remove_all(dir_);
+    TraceTest::TearDown();
   }
 
   Status Start(const std::string& name, const Place& place) {
@@ -134,14 +122,6 @@ class AgentEdgeTest : public ::testing::Test {
     return Status::Ok();
   }
   Agent& root() { return *agents_.front().second; }
-
-  std::string NextStep() {
-    EXPECT_TRUE(gen_->Step().ok());
-    const std::string path = (dir_ / "trace" / ("step-" + std::to_string(gen_->step()))).string();
-    CreateOptions co;
-    EXPECT_TRUE(WriteTraceCheckpoint(*gen_, path, {}, co, pool_).ok());
-    return path;
-  }
 
   std::string Lagging(uint64_t version) {
     std::string out;
@@ -185,11 +165,8 @@ class AgentEdgeTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
-  ThreadPool pool_{1};
   LoopbackNetwork wan_;
   std::map<std::string, LoopbackNetwork> lans_;  // by region/cluster/backend
-  std::unique_ptr<TraceGenerator> gen_;
   std::map<std::string, std::unique_ptr<CountingTransport>> main_, intra_;
   std::map<std::string, Place> places_;
   std::vector<std::pair<std::string, std::unique_ptr<Agent>>> agents_;

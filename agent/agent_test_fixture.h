@@ -26,41 +26,15 @@ namespace tern::agent_test {
 
 namespace fs = std::filesystem;
 
-class AgentSystemFixture : public ::testing::Test {
+class AgentSystemFixture : public TraceTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tern-agent-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "trace");
-    TraceConfig config;
-    auto shape = ChooseModelShape(400'000);
-    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
-    config.shape = *shape;
-    config.seed = 7;
-    config.adam.lr = 1e-5;
-    auto gen = TraceGenerator::Create(config, pool_);
-    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
-    gen_ = std::move(gen).value();
-  }
+  AgentSystemFixture() : TraceTest("tern-agent-test-", 7) {}
 
   void TearDown() override {
     for (auto& [id, a] : members_) a.agent.reset();
     root_.reset();
     transports_.clear();
-    fs::remove_all(dir_);
-  }
-
-  // The trace's next step as a checkpoint directory; returns its path.
-  std::string NextStep() {
-    EXPECT_TRUE(gen_->Step().ok());
-    const std::string path = (dir_ / "trace" / ("step-" + std::to_string(gen_->step()))).string();
-    CreateOptions co;
-    EXPECT_TRUE(WriteTraceCheckpoint(*gen_, path, {}, co, pool_).ok());
-    steps_[gen_->step()] = path;
-    return path;
+    TraceTest::TearDown();
   }
 
   Transport* NewTransportFor(const std::string& name, const FaultPolicy* fault = nullptr) {
@@ -162,11 +136,7 @@ class AgentSystemFixture : public ::testing::Test {
     std::string dir;
   };
 
-  fs::path dir_;
-  ThreadPool pool_{1};
   LoopbackNetwork net_;
-  std::unique_ptr<TraceGenerator> gen_;
-  std::map<uint64_t, std::string> steps_;
   std::map<std::string, Slot> transports_;
   std::unique_ptr<Agent> root_;
   std::string root_key_;
