@@ -6,6 +6,7 @@
 
 #include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
+#include "patch/apply_record.h"
 #include "patch/container.h"
 #include "patch/context_codec.h"
 #include "patch/digest_mix.h"
@@ -19,25 +20,10 @@ using patchfmt::ParsedPatch;
 using patchfmt::RecordView;
 
 Status RecordContext(const Status& s, const ParsedPatch& p, const RecordView& r) {
-  return s.WithContext("tensor '" + p.tensors[r.h.tensor_index].desc.name + "' segment at element " +
-                       std::to_string(r.h.first_element));
+  return patchfmt::RecordContext(s, p.tensors, r);
 }
 
-// Runs fn(k) over records in parallel; returns the error of the lowest
-// failing record, so the message does not depend on thread timing.
-template <class Fn>
-Status ForEachRecord(const ParsedPatch& p, ThreadPool& pool, Fn&& fn) {
-  std::vector<Status> errors(p.records.size());
-  std::atomic<bool> failed{false};
-  pool.ParallelFor(p.records.size(), [&](uint64_t k) {
-    errors[k] = fn(k);
-    if (!errors[k].ok()) failed.store(true, std::memory_order_relaxed);
-  });
-  if (failed.load())
-    for (size_t k = 0; k < errors.size(); ++k)
-      if (!errors[k].ok()) return RecordContext(errors[k], p, p.records[k]);
-  return Status::Ok();
-}
+using patchfmt::ForEachRecord;
 
 // Decoded changes are handled in batches so the view's cache lines can be
 // prefetched ahead: at 1% density every change touches a new line, and
@@ -74,20 +60,6 @@ class ChangeBatch {
 // How many staged changes ahead to prefetch: ~one memory latency of work.
 constexpr uint64_t kPrefetchAhead = 32;
 
-// The checks both apply paths make before touching the view, in one place so
-// both report the same errors. Returns each tensor's digest seed.
-Result<std::vector<uint64_t>> Prepare(const MutableServeView& view, const ParsedPatch& p,
-                                      const ViewDigest& current_digest) {
-  std::vector<const TensorDesc*> descs;
-  for (const auto& t : view.tensors) descs.push_back(t.desc);
-  TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
-  TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
-               ", the patch applies to ", p.base_digest.ToString());
-  std::vector<uint64_t> seeds(p.tensors.size());
-  for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(p.tensors[t].desc);
-  return seeds;
-}
-
 // The base digest plus every record's digest change must be the target.
 Status CheckTarget(const ParsedPatch& p, const std::vector<ViewDigest>& partial, ViewDigest* target) {
   ViewDigest sum = p.base_digest;
@@ -102,22 +74,8 @@ Status CheckTarget(const ParsedPatch& p, const std::vector<ViewDigest>& partial,
 
 Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
   TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
-  PatchInfo info;
-  info.format_version = p.format_version;
-  info.base_version = p.base_version;
-  info.target_version = p.target_version;
-  info.base_digest = p.base_digest;
-  info.target_digest = p.target_digest;
-  info.container_bytes = p.container_bytes;
+  PatchInfo info = patchfmt::HeadInfo(p);
   info.patch_bytes = p.total_bytes;
-  for (const auto& mt : p.tensors) {
-    TensorPatchInfo t;
-    t.name = mt.desc.name;
-    t.dtype = mt.desc.dtype;
-    t.shape = mt.desc.shape;
-    t.elements = mt.elements;
-    info.tensors.push_back(std::move(t));
-  }
   for (const RecordView& r : p.records) {
     // CONTEXT positions are class ranks: without the base only their streams
     // can be checked (the rest is checked when the record is applied).
@@ -137,7 +95,6 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
     t.header_bytes += sizeof(patchfmt::RecordHeader) + r.h.table_bytes + patchfmt::kChecksumBytes;
   }
   for (const TensorPatchInfo& t : info.tensors) {
-    info.elements += t.elements;
     info.changed_elements += t.changed_elements;
     info.segments += t.segments;
     info.position_bytes += t.position_bytes;
@@ -160,6 +117,38 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
 
 namespace patchfmt {
 
+PatchInfo HeadInfo(const ParsedPatch& p) {
+  PatchInfo info;
+  info.format_version = p.format_version;
+  info.base_version = p.base_version;
+  info.target_version = p.target_version;
+  info.base_digest = p.base_digest;
+  info.target_digest = p.target_digest;
+  info.container_bytes = p.container_bytes;
+  for (const auto& mt : p.tensors) {
+    TensorPatchInfo t;
+    t.name = mt.desc.name;
+    t.dtype = mt.desc.dtype;
+    t.shape = mt.desc.shape;
+    t.elements = mt.elements;
+    info.elements += mt.elements;
+    info.tensors.push_back(std::move(t));
+  }
+  return info;
+}
+
+Result<std::vector<uint64_t>> PrepareView(const MutableServeView& view, const ParsedPatch& p,
+                                          const ViewDigest& current_digest) {
+  std::vector<const TensorDesc*> descs;
+  for (const auto& t : view.tensors) descs.push_back(t.desc);
+  TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
+  TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
+               ", the patch applies to ", p.base_digest.ToString());
+  std::vector<uint64_t> seeds(p.tensors.size());
+  for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(p.tensors[t].desc);
+  return seeds;
+}
+
 Status ApplyParsed(MutableServeView& view, const ParsedPatch& patch, const ViewDigest& current_digest,
                    ThreadPool& pool, const ApplyOptions& options, ViewDigest* new_digest) {
   if (options.exclusive_view) return ApplyExclusive(view, patch, current_digest, pool, new_digest);
@@ -174,7 +163,7 @@ Status ApplyWithStaging(MutableServeView& view, std::span<const uint8_t> patch, 
 
 Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const ViewDigest& current_digest,
                         ThreadPool& pool, ViewDigest* new_digest, uint64_t staging_bytes_max) {
-  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, PrepareView(view, p, current_digest));
 
   // Pass 1: decode everything and compute the target digest from the changes
   // alone. Nothing is written until it matches. When the decoded changes fit
@@ -402,7 +391,7 @@ Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p
   for (const RecordView& r : p.records) changes += r.h.changed_count;
   if (changes > kApplyStagingBytes / kStagedChangeBytes)
     return ApplyWithStaging(view, p, current_digest, pool, new_digest, kApplyStagingBytes);
-  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, PrepareView(view, p, current_digest));
   struct Kept {
     std::unique_ptr<uint32_t[]> pos;  // relative to the segment: < 2^24
     std::unique_ptr<uint64_t[]> delta;
@@ -415,29 +404,14 @@ Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p
     const ManifestTensor& mt = p.tensors[r.h.tensor_index];
     uint8_t* data = view.tensors[r.h.tensor_index].data;
     const uint64_t seed = seeds[r.h.tensor_index];
-    const uint64_t first = r.h.first_element;
     const uint64_t cap = r.h.changed_count;
     Kept& kk = kept[k];
     kk.pos = std::make_unique_for_overwrite<uint32_t[]>(cap);
     kk.delta = std::make_unique_for_overwrite<uint64_t[]>(cap);
-    return DispatchWidth(mt.width_bits, [&]<int W>() -> Status {
-      constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
-      uint64_t sum[4] = {};
-      // A CONTEXT decoder reads a block's base before it emits a change
-      // there, so writing each change as it comes is safe (context_codec.h).
-      Status st = DecodeRecordOnBase(r, W, data, mt.context, [&](uint64_t pos, uint64_t delta) {
-        if (kk.n == cap) return;  // a corrupt stream may yield more: the decoder rejects it
-        const uint64_t i = first + pos;
-        const uint64_t old_value = LoadElement<W>(data, i);
-        const uint64_t new_value = (old_value + delta) & kMask;
-        AddElementChange(seed, i, old_value, new_value, sum);
-        StoreElement<W>(data, i, new_value);
-        kk.pos[kk.n] = static_cast<uint32_t>(pos);
-        kk.delta[kk.n] = delta;
-        ++kk.n;
-      });
-      for (int l = 0; l < 4; ++l) partial[k].lanes[l] = sum[l];
-      return st;
+    return WriteRecord(r, mt, data, seed, &partial[k], [&](uint64_t pos, uint64_t delta) {
+      kk.pos[kk.n] = static_cast<uint32_t>(pos);  // WriteRecord passes at most cap changes
+      kk.delta[kk.n] = delta;
+      ++kk.n;
     });
   });
   ViewDigest target;
@@ -468,7 +442,7 @@ Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDi
                       ThreadPool& pool, ViewDigest* new_digest) {
   for (const RecordView& r : p.records)
     if (r.h.encoding == kContext) return ApplyExclusiveKeepingChanges(view, p, current_digest, pool, new_digest);
-  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, Prepare(view, p, current_digest));
+  TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, PrepareView(view, p, current_digest));
   std::vector<ViewDigest> partial(p.records.size());
   std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
   Status s = ForEachRecord(p, pool, [&](uint64_t k) {

@@ -2,12 +2,8 @@
 // complete, the target digest checked at the end. The view is exclusive and
 // discarded on error, so each change is read, hashed and written in one
 // visit and nothing is kept for an undo.
-#include <atomic>
-
+#include "patch/apply_record.h"
 #include "patch/container.h"
-#include "patch/context_codec.h"
-#include "patch/digest_mix.h"
-#include "patch/element_access.h"
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
 
@@ -38,13 +34,7 @@ struct PatchStreamApply::Impl {
     uint64_t records_at = 0;
     TERN_ASSIGN_OR_RETURN(bool complete, patchfmt::ParseHead(prefix, &head, &records_at));
     if (!complete) return Status::Ok();
-    std::vector<const TensorDesc*> descs;
-    for (const auto& t : view.tensors) descs.push_back(t.desc);
-    TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(head.tensors, descs));
-    TERN_REQUIRE(base == head.base_digest, kMismatch, "wrong base: the view is ", base.ToString(),
-                 ", the patch applies to ", head.base_digest.ToString());
-    seeds.resize(head.tensors.size());
-    for (size_t t = 0; t < seeds.size(); ++t) seeds[t] = TensorSeed(head.tensors[t].desc);
+    TERN_ASSIGN_OR_RETURN(seeds, patchfmt::PrepareView(view, head, base));
     cursor.at = records_at;
     started = true;
     return Status::Ok();
@@ -53,42 +43,12 @@ struct PatchStreamApply::Impl {
   // Writes `records` (complete, checked framing) in parallel; their digest
   // changes go to partial[first ...].
   Status Write(const std::vector<RecordView>& records, size_t first) {
-    std::vector<Status> errors(records.size());
-    std::atomic<bool> failed{false};
-    pool.ParallelFor(records.size(), [&](uint64_t k) {
+    return patchfmt::ForEachRecord(records, head.tensors, pool, [&](uint64_t k) {
       const RecordView& r = records[k];
-      const patchfmt::ManifestTensor& mt = head.tensors[r.h.tensor_index];
-      uint8_t* data = view.tensors[r.h.tensor_index].data;
-      const uint64_t seed = seeds[r.h.tensor_index];
-      const uint64_t first_element = r.h.first_element;
-      errors[k] = patchfmt::DispatchWidth(mt.width_bits, [&]<int W>() -> Status {
-        constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
-        uint64_t sum[4] = {};
-        uint64_t n = 0;
-        // A CONTEXT decoder reads a block's base before it emits a change
-        // there, so writing each change as it comes is safe (context_codec.h).
-        Status st =
-            patchfmt::DecodeRecordOnBase(r, W, data, mt.context, [&](uint64_t pos, uint64_t delta) {
-              if (n++ == r.h.changed_count)
-                return;  // a corrupt stream may yield more: the decoder rejects it
-              const uint64_t i = first_element + pos;
-              const uint64_t old_value = patchfmt::LoadElement<W>(data, i);
-              const uint64_t new_value = (old_value + delta) & kMask;
-              patchfmt::AddElementChange(seed, i, old_value, new_value, sum);
-              patchfmt::StoreElement<W>(data, i, new_value);
-            });
-        for (int l = 0; l < 4; ++l) partial[first + k].lanes[l] = sum[l];
-        return st;
-      });
-      if (!errors[k].ok()) failed.store(true, std::memory_order_relaxed);
+      return patchfmt::WriteRecord(r, head.tensors[r.h.tensor_index],
+                                   view.tensors[r.h.tensor_index].data, seeds[r.h.tensor_index],
+                                   &partial[first + k], [](uint64_t, uint64_t) {});
     });
-    if (failed.load())
-      for (size_t k = 0; k < records.size(); ++k)
-        if (!errors[k].ok())
-          return errors[k].WithContext(
-              "tensor '" + head.tensors[records[k].h.tensor_index].desc.name +
-              "' segment at element " + std::to_string(records[k].h.first_element));
-    return Status::Ok();
   }
 
   // Writes every record complete in `in` past the cursor; *end: all written.
@@ -151,23 +111,7 @@ Result<std::optional<PatchInfo>> InspectHead(std::span<const uint8_t> prefix) {
   uint64_t records_at = 0;
   TERN_ASSIGN_OR_RETURN(bool complete, patchfmt::ParseHead(prefix, &head, &records_at));
   if (!complete) return std::optional<PatchInfo>();
-  PatchInfo info;
-  info.format_version = head.format_version;
-  info.base_version = head.base_version;
-  info.target_version = head.target_version;
-  info.base_digest = head.base_digest;
-  info.target_digest = head.target_digest;
-  info.container_bytes = head.container_bytes;
-  for (const auto& mt : head.tensors) {
-    TensorPatchInfo t;
-    t.name = mt.desc.name;
-    t.dtype = mt.desc.dtype;
-    t.shape = mt.desc.shape;
-    t.elements = mt.elements;
-    info.elements += mt.elements;
-    info.tensors.push_back(std::move(t));
-  }
-  return std::optional<PatchInfo>(std::move(info));
+  return std::optional<PatchInfo>(patchfmt::HeadInfo(head));
 }
 
 PatchStreamApply::PatchStreamApply(MutableServeView& view, const ViewDigest& current_digest,
