@@ -23,25 +23,16 @@
 
 namespace tern::hd {
 
-TERN_HD uint32_t FloatBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
+// std::bit_cast, which device code lacks (nvcc turns the copy into a move).
+template <class To, class From>
+TERN_HD To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  memcpy(&to, &from, sizeof(To));
+  return to;
 }
-
-TERN_HD float BitsFloat(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+TERN_HD uint32_t FloatBits(float f) { return BitCast<uint32_t>(f); }
+TERN_HD float BitsFloat(uint32_t u) { return BitCast<float>(u); }
 
 // Count of leading / trailing zero bits; 64 for x == 0.
 TERN_HD int Clz64(uint64_t x) {
