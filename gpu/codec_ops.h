@@ -1,10 +1,12 @@
 // Per-element and per-segment logic of the GPU codec kernels, as TERN_HD
-// functions (base/hd.h): element access by width, deltas and zigzag, the view
-// digest's element terms, and a bounds-checked decoder of one format-1
-// segment record's streams. An independent implementation of
-// docs/format/patch.md §1, §4-§6 and §8 (patch/'s own decoder is private to
-// it and uses host-only code); gpu/codec_ops_test.cc checks it against
-// patch/'s reference decoder and encoder, valid and corrupted streams alike.
+// functions (base/hd.h): element access by width, and a bounds-checked
+// decoder of one format-1 segment record's streams. An independent
+// implementation of docs/format/patch.md §1, §4 and §6 (patch/'s own decoder
+// is private to it, table-driven and host-only); gpu/codec_ops_test.cc checks
+// it against patch/'s reference decoder and encoder, valid and corrupted
+// streams alike. What both sides compute from one source lives in base/:
+// the values' zigzag and symbols (§5, base/value_code.h) and the digest's
+// element terms (§8, base/digest_terms.h; the golden files pin them).
 //
 // The decoder accepts exactly what the CPU decoder accepts: a segment either
 // decodes to the same (position, delta) list or fails. It reads only inside
@@ -14,14 +16,15 @@
 
 #include <cstdint>
 
+#include "base/digest_terms.h"
 #include "base/hd.h"
+#include "base/value_code.h"
 
 namespace tern::gpu {
 
 // ---- Record layout (spec §3.3), the same bytes as patch/format.h ---------
 
 enum Encoding : uint8_t { kSparse = 0, kDense = 1, kRaw = 2 };
-inline constexpr int kLiteralSymbols = 16;
 inline constexpr int kSymbols = 76;
 inline constexpr int kMaxCodeBits = 15;
 inline constexpr uint32_t kMaxTableBytes = 1 + (kSymbols + 1) / 2;
@@ -45,26 +48,7 @@ static_assert(sizeof(RecordHeader) == 48, "spec §3.3");
 
 // ---- Values -----------------------------------------------------------------
 
-TERN_HD uint64_t WidthMask(int w) { return w >= 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1; }
-TERN_HD uint64_t ZigZag(uint64_t d, int w) {
-  const uint64_t mask = WidthMask(w);
-  const uint64_t sign = (d >> (w - 1)) & 1;
-  return ((d << 1) ^ (sign ? mask : 0)) & mask;
-}
-TERN_HD uint64_t UnZigZag(uint64_t z, int w) { return ((z >> 1) ^ (uint64_t{0} - (z & 1))) & WidthMask(w); }
-
-// Symbol of zigzag value z and its extra bits (spec §5).
-TERN_HD int ValueSymbol(uint64_t z, int* extra_bits, uint64_t* extra) {
-  if (z < kLiteralSymbols) {
-    *extra_bits = 0;
-    *extra = 0;
-    return static_cast<int>(z);
-  }
-  const int len = 64 - Clz64(z);
-  *extra_bits = len - 1;
-  *extra = z & WidthMask(len - 1);
-  return kLiteralSymbols + len - 5;
-}
+// WidthMask, ZigZag, UnZigZag, ValueSymbol: base/value_code.h, shared with patch/.
 
 // Element i's raw bits (spec §1; F4: low nibble first). Byte-wise so any
 // alignment works; the kernels use wider accesses where they know better.
@@ -108,41 +92,8 @@ TERN_HD bool F4ByteToWrite(uint8_t old_byte, bool odd, uint64_t delta, bool prev
 
 // ---- Digest (spec §8) --------------------------------------------------------
 
-inline constexpr uint64_t kMixMul = 0xd6e8feb86659fd93ull;
-TERN_HD uint64_t LaneAdd(int l) {
-  return l == 0 ? 0x9e3779b97f4a7c15ull : l == 1 ? 0xc2b2ae3d27d4eb4full : l == 2 ? 0x165667b19e3779f9ull
-                                                                                  : 0x27d4eb2f165667c5ull;
-}
-TERN_HD uint64_t LaneMul(int l) {
-  return l == 0 ? 0xff51afd7ed558ccdull : l == 1 ? 0xc4ceb9fe1a85ec53ull : l == 2 ? 0x94d049bb133111ebull
-                                                                                  : 0xbf58476d1ce4e5b9ull;
-}
-TERN_HD uint64_t Mix64(uint64_t x) {
-  x ^= x >> 32;
-  x *= kMixMul;
-  x ^= x >> 32;
-  x *= kMixMul;
-  x ^= x >> 32;
-  return x;
-}
-TERN_HD uint64_t Lane(int l, uint64_t u, uint64_t v) {
-  const uint64_t t = (v ^ (u + LaneAdd(l))) * LaneMul(l);
-  return t ^ (t >> 29);
-}
-// h(seed, index, value) added into acc (the element's digest term).
-TERN_HD void AddElementHash(uint64_t seed, uint64_t index, uint64_t value, uint64_t acc[4]) {
-  const uint64_t u = Mix64(index ^ seed);
-  for (int l = 0; l < 4; ++l) acc[l] += Lane(l, u, value);
-}
-// D(after) - D(before) for one element changing from old_value to new_value.
-TERN_HD void AddElementChange(uint64_t seed, uint64_t index, uint64_t old_value, uint64_t new_value,
-                              uint64_t acc[4]) {
-  const uint64_t u = Mix64(index ^ seed);
-  for (int l = 0; l < 4; ++l) acc[l] += Lane(l, u, new_value) - Lane(l, u, old_value);
-}
-TERN_HD void AddTensorTerm(uint64_t seed, uint64_t acc[4]) {
-  for (int l = 0; l < 4; ++l) acc[l] += Mix64(seed + LaneAdd(l));
-}
+// The element and tensor terms (Mix64, Lane, AddElementHash,
+// AddElementChange, AddTensorTerm): base/digest_terms.h, shared with patch/.
 
 // ---- Tensor-parallel shards (docs/gpu.md, "Islands") -----------------------
 

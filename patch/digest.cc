@@ -14,8 +14,8 @@ namespace tern {
 namespace {
 
 using patchfmt::Lane;
+using patchfmt::LaneAdd;
 using patchfmt::Mix64;
-using patchfmt::kLaneAdd;
 
 // Elements per parallel work item: large enough to amortize scheduling.
 constexpr uint64_t kChunkElements = uint64_t{1} << 20;
@@ -35,7 +35,7 @@ void AccumulateRange(const uint8_t* data, uint64_t seed, uint64_t begin, uint64_
       u[j] = Mix64((b + j) ^ seed);
     }
     for (int l = 0; l < 4; ++l) {
-      const uint64_t add = patchfmt::kLaneAdd[l], mul = patchfmt::kLaneMul[l];
+      const uint64_t add = LaneAdd(l), mul = patchfmt::LaneMul(l);
       uint64_t sum = 0;
       for (uint64_t j = 0; j < n; ++j) {
         const uint64_t t = (v[j] ^ (u[j] + add)) * mul;
@@ -120,7 +120,7 @@ ViewDigest ElementHash(uint64_t seed, uint64_t index, uint64_t value) {
 
 ViewDigest TensorTerm(uint64_t seed) {
   ViewDigest d;
-  for (int l = 0; l < 4; ++l) d.lanes[l] = Mix64(seed + kLaneAdd[l]);
+  for (int l = 0; l < 4; ++l) d.lanes[l] = Mix64(seed + LaneAdd(l));
   return d;
 }
 

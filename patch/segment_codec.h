@@ -8,34 +8,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/value_code.h"
 #include "patch/bitio.h"
 #include "patch/format.h"
 #include "tern/status.h"
 
 namespace tern::patchfmt {
 
-inline uint64_t WidthMask(int w) { return w >= 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1; }
-
-// Zigzag of the w-bit two's-complement value d: 0,-1,1,-2,.. -> 0,1,2,3,..
-inline uint64_t ZigZag(uint64_t d, int w) {
-  const uint64_t mask = WidthMask(w);
-  const uint64_t sign = (d >> (w - 1)) & 1;
-  return ((d << 1) ^ (sign ? mask : 0)) & mask;
-}
-inline uint64_t UnZigZag(uint64_t z, int w) { return ((z >> 1) ^ (uint64_t{0} - (z & 1))) & WidthMask(w); }
-
-// Symbol of zigzag value z; *extra_bits raw bits (*extra) follow it.
-inline int ValueSymbol(uint64_t z, int* extra_bits, uint64_t* extra) {
-  if (z < kLiteralSymbols) {
-    *extra_bits = 0;
-    *extra = 0;
-    return static_cast<int>(z);
-  }
-  const int len = 64 - std::countl_zero(z);  // 5..64
-  *extra_bits = len - 1;
-  *extra = z & (WidthMask(len - 1));
-  return kLiteralSymbols + len - 5;
-}
+using hd::UnZigZag;
+using hd::ValueSymbol;
+using hd::WidthMask;
+using hd::ZigZag;
 
 // Huffman code construction, shared by the SPARSE/DENSE and CONTEXT encoders.
 // Lengths for freq (0: unused), limited to kMaxCodeBits.
