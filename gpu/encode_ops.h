@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "base/huffman_build.h"
 #include "gpu/codec_ops.h"
 
 namespace tern::gpu {
@@ -67,86 +68,14 @@ struct BitSink {
   }
 };
 
-// Huffman code lengths limited to 15 bits: the same algorithm, tie-breaking
-// and flattening as patch/segment_codec.cc's BuildLengths (the bytes must
-// match, not only the code's cost). Counts are 32-bit (a segment has at most
+// Huffman code lengths and canonical codes (base/huffman_build.h, the one
+// copy patch/'s encoders use too). Counts are 32-bit (a segment has at most
 // 2^24 elements, so every sum fits): half the local memory of a GPU thread.
-TERN_HD void BuildLengths(const uint32_t freq_in[kSymbols], uint8_t lengths[kSymbols]) {
-  uint32_t freq[kSymbols];
-  int used = 0, only = -1;
-  for (int s = 0; s < kSymbols; ++s) {
-    freq[s] = freq_in[s];
-    lengths[s] = 0;
-    if (freq[s]) ++used, only = s;
-  }
-  if (used == 0) return;
-  if (used == 1) {
-    lengths[only] = 1;
-    return;
-  }
-  constexpr int kNodes = 2 * kSymbols;
-  for (;;) {  // each round halves the frequencies: at most 64 rounds
-    uint32_t weight[kNodes];
-    int16_t parent[kNodes];
-    bool alive[kNodes];
-    int nodes = kSymbols;
-    for (int s = 0; s < kSymbols; ++s) {
-      weight[s] = freq[s];
-      parent[s] = -1;
-      alive[s] = freq[s] != 0;
-    }
-    for (int merges = 0; merges < used - 1; ++merges) {
-      int a = -1, b = -1;
-      for (int i = 0; i < nodes; ++i) {
-        if (!alive[i]) continue;
-        if (a < 0 || weight[i] < weight[a]) {
-          b = a;
-          a = i;
-        } else if (b < 0 || weight[i] < weight[b]) {
-          b = i;
-        }
-      }
-      weight[nodes] = weight[a] + weight[b];
-      parent[nodes] = -1;
-      alive[nodes] = true;
-      alive[a] = alive[b] = false;
-      parent[a] = parent[b] = static_cast<int16_t>(nodes);
-      ++nodes;
-    }
-    int max_len = 0;
-    for (int s = 0; s < kSymbols; ++s) {
-      if (!freq[s]) continue;
-      int len = 0;
-      for (int p = s; parent[p] >= 0; p = parent[p]) ++len;
-      lengths[s] = static_cast<uint8_t>(len);
-      if (len > max_len) max_len = len;
-    }
-    if (max_len <= kMaxCodeBits) return;
-    for (int s = 0; s < kSymbols; ++s)
-      if (freq[s]) freq[s] = (freq[s] >> 1) | 1;
-  }
+TERN_HD void BuildLengths(const uint32_t freq[kSymbols], uint8_t lengths[kSymbols]) {
+  hd::BuildLengths<kSymbols, kMaxCodeBits>(freq, lengths);
 }
-
-// Canonical codes, bit-reversed for the LSB-first stream.
 TERN_HD void CanonicalCodes(const uint8_t lengths[kSymbols], uint16_t codes[kSymbols]) {
-  int count[kMaxCodeBits + 1] = {};
-  for (int s = 0; s < kSymbols; ++s) count[lengths[s]]++;
-  count[0] = 0;
-  uint32_t next[kMaxCodeBits + 2] = {};
-  uint32_t code = 0;
-  for (int len = 1; len <= kMaxCodeBits; ++len) {
-    code = (code + count[len - 1]) << 1;
-    next[len] = code;
-  }
-  for (int s = 0; s < kSymbols; ++s) {
-    const int len = lengths[s];
-    codes[s] = 0;
-    if (!len) continue;
-    const uint32_t c = next[len]++;
-    uint32_t r = 0;
-    for (int i = 0; i < len; ++i) r |= ((c >> i) & 1) << (len - 1 - i);
-    codes[s] = static_cast<uint16_t>(r);
-  }
+  hd::CanonicalCodes<kSymbols, kMaxCodeBits>(lengths, codes);
 }
 
 TERN_HD int UsedSymbols(const uint8_t lengths[kSymbols]) {

@@ -1,5 +1,6 @@
 #include "patch/segment_codec.h"
 
+#include "base/huffman_build.h"
 #include "patch/context_codec.h"
 
 #include <xxhash.h>
@@ -9,85 +10,13 @@
 
 namespace tern::patchfmt {
 
-// Huffman code lengths for freq (0 = unused symbol), limited to kMaxCodeBits
-// by flattening the frequencies until the tree is shallow enough. Optimal
-// codes almost never need the limit for this alphabet; the fallback only has
-// to be valid, not optimal.
-void BuildLengths(const uint64_t freq_in[kSymbols], uint8_t lengths[kSymbols]) {
-  uint64_t freq[kSymbols];
-  std::memcpy(freq, freq_in, sizeof(freq));
-  std::memset(lengths, 0, kSymbols);
-  int used = 0, only = -1;
-  for (int s = 0; s < kSymbols; ++s)
-    if (freq[s]) ++used, only = s;
-  if (used == 0) return;
-  if (used == 1) {
-    lengths[only] = 1;
-    return;
-  }
-  constexpr int kNodes = 2 * kSymbols;
-  for (;;) {
-    uint64_t weight[kNodes];
-    int parent[kNodes];
-    bool alive[kNodes] = {};
-    int nodes = kSymbols;
-    for (int s = 0; s < kSymbols; ++s) {
-      weight[s] = freq[s];
-      parent[s] = -1;
-      alive[s] = freq[s] != 0;
-    }
-    for (int merges = 0; merges < used - 1; ++merges) {
-      int a = -1, b = -1;
-      for (int i = 0; i < nodes; ++i) {
-        if (!alive[i]) continue;
-        if (a < 0 || weight[i] < weight[a]) {
-          b = a;
-          a = i;
-        } else if (b < 0 || weight[i] < weight[b]) {
-          b = i;
-        }
-      }
-      weight[nodes] = weight[a] + weight[b];
-      parent[nodes] = -1;
-      alive[nodes] = true;
-      alive[a] = alive[b] = false;
-      parent[a] = parent[b] = nodes;
-      ++nodes;
-    }
-    int max_len = 0;
-    for (int s = 0; s < kSymbols; ++s) {
-      if (!freq[s]) continue;
-      int len = 0;
-      for (int p = s; parent[p] >= 0; p = parent[p]) ++len;
-      lengths[s] = static_cast<uint8_t>(len);
-      max_len = std::max(max_len, len);
-    }
-    if (max_len <= kMaxCodeBits) return;
-    for (int s = 0; s < kSymbols; ++s)
-      if (freq[s]) freq[s] = (freq[s] >> 1) | 1;
-  }
+// The construction is base/huffman_build.h's, shared with the GPU encoder.
+void BuildLengths(const uint64_t freq[kSymbols], uint8_t lengths[kSymbols]) {
+  hd::BuildLengths<kSymbols, kMaxCodeBits>(freq, lengths);
 }
 
-// Canonical codes (deflate order: by length, then symbol), bit-reversed so
-// that writing them LSB-first puts the code's first bit first.
 void CanonicalCodes(const uint8_t lengths[kSymbols], uint16_t codes[kSymbols]) {
-  int count[kMaxCodeBits + 1] = {};
-  for (int s = 0; s < kSymbols; ++s) count[lengths[s]]++;
-  count[0] = 0;
-  uint32_t next[kMaxCodeBits + 2] = {};
-  uint32_t code = 0;
-  for (int len = 1; len <= kMaxCodeBits; ++len) {
-    code = (code + count[len - 1]) << 1;
-    next[len] = code;
-  }
-  for (int s = 0; s < kSymbols; ++s) {
-    const int len = lengths[s];
-    if (!len) continue;
-    const uint32_t c = next[len]++;
-    uint32_t r = 0;
-    for (int i = 0; i < len; ++i) r |= ((c >> i) & 1) << (len - 1 - i);
-    codes[s] = static_cast<uint16_t>(r);
-  }
+  hd::CanonicalCodes<kSymbols, kMaxCodeBits>(lengths, codes);
 }
 
 uint64_t CodeBits(const uint64_t freq[kSymbols], const uint8_t lengths[kSymbols]) {
