@@ -6,7 +6,6 @@
 // version bit for bit, and a child of a relay-only member that falls behind
 // catching up from the root.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -16,12 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_test_fixture.h"
 #include "agent/agent_test_util.h"
 #include "tern/agent.h"
-#include "tern/checkpoint.h"
-#include "tern/datagen.h"
-#include "tern/loopback_transport.h"
-#include "tern/thread_pool.h"
 
 namespace tern {
 namespace {
@@ -31,98 +27,54 @@ namespace fs = std::filesystem;
 using agent_test::FirstDifference;
 using agent_test::WaitFor;
 
-class RelayOnlyTest : public ::testing::Test {
+// The system tests' fixture; members whose id names a relay are relay-only,
+// and every agent's log is kept for assertions.
+class RelayOnlyTest : public agent_test::AgentSystemFixture {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tern-agent-relay-only-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "trace");
-    TraceConfig config;
-    auto shape = ChooseModelShape(400'000);
-    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
-    config.shape = *shape;
-    config.seed = 13;
-    config.adam.lr = 1e-5;
-    auto gen = TraceGenerator::Create(config, pool_);
-    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
-    gen_ = std::move(gen).value();
+    AgentSystemFixture::SetUp();
+    tweak_ = [this](AgentOptions& o) {
+      o.relay_only = IsRelayOnly(o.id);
+      o.log = [this, name = o.id](std::string_view line) {
+        std::lock_guard<std::mutex> lock(log_mu_);
+        log_[name].emplace_back(line);
+      };
+    };
   }
   void TearDown() override {
-    members_.clear();
-    root_.reset();
-    transports_.clear();
-    fs::remove_all(dir_);
+    AgentSystemFixture::TearDown();  // stops the agents, whose logs write log_
+    tweak_ = nullptr;
   }
 
-  AgentOptions Options(const std::string& name) {
-    AgentOptions o;
-    o.listen = name;
-    o.id = name;
-    o.data_dir = (dir_ / name).string();
-    o.heartbeat_ms = 100;
-    o.dead_after_ms = 1000;
-    o.threads = 1;
-    o.fanout_max = 2;
-    o.root_fanout_max = 3;
-    o.keyframe_every = 4;
-    o.join_token = "join-token";
-    o.log = [this, name](std::string_view line) {
-      std::lock_guard<std::mutex> lock(log_mu_);
-      log_[name].emplace_back(line);
-    };
-    transports_[name] = NewLoopbackTransport(net_);
-    o.transport = transports_[name].get();
-    if (!root_key_.empty()) {
-      o.join = "root";
-      o.trusted_keys_pem = {root_key_};
-    }
-    return o;
-  }
-
-  void StartRoot() {
-    AgentOptions o = Options("root");
-    o.root = true;
-    o.region = "us";
-    auto a = Agent::Start(o);
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    root_ = std::move(a).value();
-    root_key_ = root_->PublicKeyPem();
+  static bool IsRelayOnly(const std::string& name) {
+    return name.find("relay") != std::string::npos;
   }
 
   // Joins one member and waits until the root has planned it, so that the
   // tree follows the join order.
-  void Join(const std::string& name, const std::string& region, bool relay_only = false) {
-    AgentOptions o = Options(name);
-    o.region = region;
-    o.relay_only = relay_only;
+  void Join(const std::string& name, const std::string& region) {
     const size_t before = root_->Snapshot().members.size();
-    auto a = Agent::Start(o);
-    ASSERT_TRUE(a.ok()) << name << ": " << a.status().ToString();
-    members_[name] = std::move(a).value();
+    StartMember(name, region);
     ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == before + 1; }, 30))
         << name;
   }
 
-  void Publish(uint64_t version) {
-    ASSERT_TRUE(gen_->Step().ok());
-    ASSERT_EQ(gen_->step(), version);
-    const std::string path = (dir_ / "trace" / ("step-" + std::to_string(version))).string();
-    ASSERT_TRUE(WriteTraceCheckpoint(*gen_, path, {}, CreateOptions{}, pool_).ok());
-    steps_[version] = path;
-    Status s = root_->Publish(path, version);
-    ASSERT_TRUE(s.ok()) << s.ToString();
+  // A member's options as StartMember makes them, for starts expected to fail.
+  AgentOptions Options(const std::string& name) {
+    AgentOptions o = BaseOptions(name);
+    o.join = "root";
+    o.region = "us";
+    o.trusted_keys_pem = {root_key_};
+    o.transport = NewTransportFor(name);
+    return o;
   }
-
-  bool IsRelayOnly(const std::string& name) { return name.find("relay") != std::string::npos; }
 
   // Serving members serve `version`; relay-only ones hold it.
   bool AllAt(uint64_t version) {
     return WaitFor(
         [&] {
-          for (auto& [id, a] : members_) {
-            const AgentSnapshot s = a->Snapshot();
+          for (auto& [id, m] : members_) {
+            const AgentSnapshot s = m.agent->Snapshot();
             if ((IsRelayOnly(id) ? s.held_version : s.served_version) != version) return false;
           }
           return true;
@@ -131,8 +83,8 @@ class RelayOnlyTest : public ::testing::Test {
   }
   std::string Where() {
     std::string out;
-    for (auto& [id, a] : members_) {
-      const AgentSnapshot s = a->Snapshot();
+    for (auto& [id, m] : members_) {
+      const AgentSnapshot s = m.agent->Snapshot();
       out +=
           id + "@" + std::to_string(s.served_version) + "/" + std::to_string(s.held_version) + " ";
     }
@@ -148,26 +100,17 @@ class RelayOnlyTest : public ::testing::Test {
 
   std::mutex log_mu_;
   std::map<std::string, std::vector<std::string>> log_;  // by agent
-  fs::path dir_;
-  ThreadPool pool_{1};
-  LoopbackNetwork net_;
-  std::unique_ptr<TraceGenerator> gen_;
-  std::map<uint64_t, std::string> steps_;
-  std::map<std::string, std::unique_ptr<Transport>> transports_;
-  std::unique_ptr<Agent> root_;
-  std::string root_key_;
-  std::map<std::string, std::unique_ptr<Agent>> members_;
 };
 
 TEST_F(RelayOnlyTest, RelayOnlyMembersRelayEveryVersionAndServeNothing) {
   StartRoot();
   // ap: the relay-only member joins first and heads the region.
-  Join("ap-relay", "ap", /*relay_only=*/true);
+  Join("ap-relay", "ap");
   for (const char* name : {"ap-a", "ap-b", "ap-c"}) Join(name, "ap");
   // eu: a serving head; the relay-only member and eu-b fill it (fan-out 2);
   // eu-c and eu-d then find two slots at depth 2 and take eu-relay's,
   // although eu-b sorts first (docs/topology.md, relay-only members).
-  for (const char* name : {"eu-a", "eu-relay"}) Join(name, "eu", IsRelayOnly(name));
+  for (const char* name : {"eu-a", "eu-relay"}) Join(name, "eu");
   for (const char* name : {"eu-b", "eu-c", "eu-d"}) Join(name, "eu");
   Join("us-a", "us");
 
@@ -189,14 +132,14 @@ TEST_F(RelayOnlyTest, RelayOnlyMembersRelayEveryVersionAndServeNothing) {
 
   auto check = [&](uint64_t v) {
     ASSERT_TRUE(AllAt(v)) << "version " << v << ": " << Where();
-    for (auto& [id, a] : members_) {
+    for (auto& [id, m] : members_) {
       const std::string dir = (dir_ / id).string();
       if (IsRelayOnly(id)) {
         // No view, no spare, nothing served; what it keeps on disk is the
         // last few versions' objects.
         EXPECT_FALSE(fs::exists(fs::symlink_status(dir + "/current"))) << id;
         EXPECT_FALSE(fs::exists(dir + "/views")) << id;
-        EXPECT_EQ(a->Snapshot().served_version, 0u) << id;
+        EXPECT_EQ(m.agent->Snapshot().served_version, 0u) << id;
         for (const auto& f : fs::directory_iterator(dir + "/objects")) {
           const std::string name = f.path().filename().string();
           const uint64_t to = std::stoull(name.substr(name.rfind('-') + 1));

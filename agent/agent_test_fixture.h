@@ -1,5 +1,5 @@
 // The fixture of the agent system tests (agent_test.cc,
-// agent_adversary_test.cc): one process, agents over one loopback network
+// agent_adversary_test.cc, agent_relay_only_test.cc): one process, agents over one loopback network
 // (each with its own transport, optionally behind a FaultTransport), a
 // datagen trace published version by version, and bitwise checks of every
 // member's DIR/current against the published checkpoint.
