@@ -32,6 +32,7 @@
 #include "agent/etcd_board_log.h"
 #include "agent/publish.h"
 #include "agent/control_wire.h"
+#include "agent/dial_backoff.h"
 #include "agent/membership.h"
 #include "agent/relay.h"
 #include "agent/view_store.h"
@@ -201,7 +202,9 @@ class AgentImpl final : public Agent {
   bool need_catch_up_check_ = false;
   // A seed checkpoint not yet adopted or refused (AgentOptions::seed_*).
   bool seed_pending_ = false;
-  bool redial_parents_ = false;
+  // Per stripe of parents_: when its parent is dialled (again), and the
+  // failures since PARENTS named it (agent/dial_backoff.h).
+  std::vector<ParentRedial> parent_redial_;
   uint64_t store_version_ = 0;  // store_->version(), readable under mu_
   // Relay-only (no store_): the newest version of which the relay holds an
   // object completely, verified.

@@ -15,6 +15,9 @@ namespace tern::agent {
 namespace {
 
 constexpr uint64_t kMaxStateBytes = 64 << 10;
+// While a parent keeps failing, one log line per this many failed dials
+// (at the 2 s backoff cap: about one a minute).
+constexpr uint32_t kParentFailuresPerSummary = 32;
 
 // The signed object's bytes, checked against its manifest entry without the
 // hash list: every chunk's SHA-256 folded into the Merkle root the publisher
@@ -106,13 +109,24 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     };
   }
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
-    Log("parent of stripe " + std::to_string(stripe) + " failed: " + why.ToString());
     std::lock_guard<std::mutex> lock(mu_);
     // Dropped for chunks that failed verification: the root hears of it.
     if (why.code() == Code::kAuth && stripe < watch_.size()) watch_[stripe].failed_auth = true;
-    // Dial again on a later tick unless the root moves us meanwhile (it
-    // re-plans when the parent is gone for good).
-    redial_parents_ = true;
+    if (stripe >= parent_redial_.size() || stripe >= parents_.parents.size()) return;
+    // Dial again with backoff unless the root moves us meanwhile (it
+    // re-plans when the parent is gone for good). The first failure is
+    // logged; the rest are summed up when the run ends (PARENTS) and every
+    // kParentFailuresPerSummary failures while it lasts.
+    ParentRedial& r = parent_redial_[stripe];
+    const bool first = ParentFailed(r, clock_.NowUs());
+    const std::string who = "parent " + parents_.parents[stripe].id + " of stripe " + std::to_string(stripe);
+    if (first) {
+      Log(who + " failed: " + why.ToString() + "; dialling it again with backoff (up to " +
+          std::to_string(kParentRedialUsMax / 1000) + " ms) until the root moves us");
+    } else if (r.failures % kParentFailuresPerSummary == 0) {
+      Log(who + ": " + std::to_string(r.failures) + " dials failed in " +
+          std::to_string((clock_.NowUs() - r.first_failure_us) / 1000) + " ms; last: " + why.ToString());
+    }
   };
   TERN_RETURN_IF_ERROR(MakeRelay(board, std::move(cb)));
   return relay_.get();
@@ -242,8 +256,18 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         need_catch_up_check_ = !opt_.relay_only;
       }
     } else if (auto* p = std::get_if<Parents>(&msg)) {
+      const uint64_t now_us = clock_.NowUs();
+      for (size_t s = 0; s < parent_redial_.size() && s < parents_.parents.size(); ++s) {
+        const ParentRedial& r = parent_redial_[s];
+        if (r.failures > 1)
+          Log("parent " + parents_.parents[s].id + " of stripe " + std::to_string(s) + ": " +
+              std::to_string(r.failures) + " dials failed in " +
+              std::to_string((now_us - r.first_failure_us) / 1000) + " ms before the root moved us");
+      }
       parents_ = *p;
-      redial_parents_ = true;
+      // A new parent (or the same one again) is dialled at once.
+      parent_redial_.assign(parents_.parents.size(), ParentRedial{});
+      for (auto& r : parent_redial_) ParentAssigned(r);
     } else if (auto* h = std::get_if<Head>(&msg)) {
       auto m = verifier_.Verify(h->signed_manifest);
       if (!m.ok() || m->board_id != board_id_ || m->version != h->head) {
@@ -667,12 +691,16 @@ void AgentImpl::MemberTick() {
     // Not while the root is away: a failed parent would be redialled on
     // every tick (it is often the root itself, dead), and the root we join
     // next sends PARENTS anyway.
-    if (redial_parents_ && joined_ && relay_ && !parents_.parents.empty()) {
-      redial = parents_.parents;
-      stripes = static_cast<uint32_t>(parents_.parents.size());
-      relay = relay_.get();
-      relay->SetServedVersion(VersionLocked());  // in the SUBSCRIBE of these dials
-      redial_parents_ = false;
+    if (joined_ && relay_ && !parents_.parents.empty() &&
+        parent_redial_.size() == parents_.parents.size()) {
+      const uint64_t now_us = clock_.NowUs();
+      for (size_t s = 0; s < parent_redial_.size(); ++s)
+        if (TakeParentRedial(parent_redial_[s], now_us)) redial.push_back(parents_.parents[s]);
+      if (!redial.empty()) {
+        stripes = static_cast<uint32_t>(parents_.parents.size());
+        relay = relay_.get();
+        relay->SetServedVersion(VersionLocked());  // in the SUBSCRIBE of these dials
+      }
     }
   }
   (void)catch_up;

@@ -55,6 +55,14 @@ struct FaultPolicy {
   // pass unchanged. Called on the sending thread, for every connection made
   // or accepted here; it must be thread safe.
   std::function<std::vector<std::string>(std::string message)> rewrite_message;
+  // A host cut off without a word (its link gone, not its process): while
+  // this returns true, connections made through this transport drop what
+  // is sent or received on them (sends report OK) and ignore Close, so the
+  // peers they were made to see silence, not a close, until this transport
+  // is destroyed. Connections it accepted behave as usual (an agent that
+  // stops closes them: its children see that at once). Checked on every
+  // call; it must be thread safe. Unset: never.
+  std::function<bool()> silence_made_connections;
 };
 
 // Counters for assertions in tests.

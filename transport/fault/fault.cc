@@ -34,6 +34,9 @@ struct Shared {
   bool corrupted = false;
   uint32_t tampered = 0;  // chunks rewritten so far, up to policy.tamper_chunks
   FaultStats stats;
+  // Made connections whose Close was ignored while silenced: kept open
+  // (their peers see silence) until the transport goes.
+  std::vector<std::shared_ptr<Connection>> held_open;
 };
 
 // One byte of a chunk to change, and how.
@@ -78,7 +81,13 @@ struct ConnState {
   std::mutex mu;
   std::weak_ptr<Connection> inner;  // guarded by mu
   std::shared_ptr<Shared> shared;
+  bool made = false;  // by Connect (FaultPolicy::silence_made_connections)
 };
+
+bool Silenced(const ConnState& state) {
+  return state.made && state.shared->policy.silence_made_connections &&
+         state.shared->policy.silence_made_connections();
+}
 
 // Only connections that carry traffic use up a scheduled drop: a connect
 // that failed, or succeeded too late and was closed unused (ConnectWait's
@@ -129,6 +138,7 @@ class FaultConnection final : public Connection {
   std::string Describe() const override { return "fault(" + inner_->Describe() + ")"; }
 
   void SendMessage(std::string payload, Completion done) override {
+    if (Silenced(*state_)) return Complete(done, Status::Ok());
     if (!Admit(payload.size())) return Complete(done, Dropped());
     if (!shared_->policy.rewrite_message)
       return inner_->SendMessage(std::move(payload), Wrap(std::move(done)));
@@ -140,6 +150,7 @@ class FaultConnection final : public Connection {
   }
 
   void SendChunk(const ChunkSend& chunk, Completion done) override {
+    if (Silenced(*state_)) return Complete(done, Status::Ok());
     if (!Admit(chunk.length)) return Complete(done, Dropped());
     Flip corrupt, tamper;
     {
@@ -196,7 +207,14 @@ class FaultConnection final : public Connection {
     if (!Admit(length)) return Complete(done, Dropped());
     inner_->Write(src, src_offset, key, dst_offset, length, Wrap(std::move(done)));
   }
-  void Close() override { inner_->Close(); }
+  void Close() override {
+    if (Silenced(*state_)) {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->held_open.push_back(inner_);
+      return;
+    }
+    inner_->Close();
+  }
 
  private:
   // Applies delay and the drop budget; false when the connection is dropped.
@@ -224,6 +242,14 @@ class FaultTransportImpl final : public FaultTransport {
  public:
   FaultTransportImpl(Transport& inner, FaultPolicy policy)
       : inner_(inner), shared_(std::make_shared<Shared>(policy)) {}
+  ~FaultTransportImpl() override {
+    std::vector<std::shared_ptr<Connection>> held;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      held.swap(shared_->held_open);
+    }
+    for (auto& c : held) c->Close();
+  }
 
   std::string name() const override { return "fault(" + inner_.name() + ")"; }
   uint32_t capabilities() const override { return inner_.capabilities(); }
@@ -263,6 +289,7 @@ class FaultTransportImpl final : public FaultTransport {
       }
     }
     auto state = NewState(shared_);
+    state->made = true;
     auto shared = shared_;
     Transport* inner = &inner_;
     inner_.Connect(address, WrapHandlers(std::move(handlers), state),
@@ -287,6 +314,7 @@ class FaultTransportImpl final : public FaultTransport {
   static ConnectionHandlers WrapHandlers(ConnectionHandlers h, std::shared_ptr<ConnState> state) {
     ConnectionHandlers out;
     out.on_message = [state, on_message = std::move(h.on_message)](std::string m) {
+      if (Silenced(*state)) return;
       if (Count(*state, m.size()) && on_message) on_message(std::move(m));
     };
     out.on_closed = [state, on_closed = std::move(h.on_closed)](Status why) {
