@@ -49,6 +49,14 @@ class AgentRedialTest : public agent_test::AgentSystemFixture {
     return "(not joined)";
   }
 
+  // Every captured line, for a failure's message.
+  std::string AllLines() {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    std::string out;
+    for (const auto& l : log_->lines) out += l + "\n";
+    return out;
+  }
+
   std::shared_ptr<Lines> log_ = std::make_shared<Lines>();
 };
 
@@ -98,6 +106,7 @@ TEST_F(AgentRedialTest, ChildrenOfASilentlyCutOffRelayRedialWithBackoff) {
     EXPECT_EQ(Logged(child, "parent relay of stripe 0 failed"), 1u) << child;
     EXPECT_LE(Logged(child, "parent relay of stripe 0"), 2u) << child;  // + the summary
   }
+  if (HasFailure()) ADD_FAILURE() << AllLines();
   Publish(2);
   ASSERT_TRUE(AllServe(2)) << Lagging(2);
   ExpectBitwiseEqual(2);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -82,6 +83,10 @@ struct ConnState {
   std::weak_ptr<Connection> inner;  // guarded by mu
   std::shared_ptr<Shared> shared;
   bool made = false;  // by Connect (FaultPolicy::silence_made_connections)
+  // Receive windows posted and not cancelled (guarded by mu): a Close
+  // ignored while silenced cancels them, since the caller frees their
+  // memory as if the connection had closed.
+  std::set<uint64_t> windows;
 };
 
 bool Silenced(const ConnState& state) {
@@ -193,12 +198,22 @@ class FaultConnection final : public Connection {
 
   Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
                      uint64_t length_bytes, ChunkLanded on_landed) override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->windows.insert(transfer_id);
+    }
     return inner_->PostReceive(transfer_id, dst, dst_offset, length_bytes,
                                [state = state_, on_landed = std::move(on_landed)](uint64_t off, uint64_t len) {
                                  if (Count(*state, len) && on_landed) on_landed(off, len);
                                });
   }
-  void CancelReceive(uint64_t transfer_id) override { inner_->CancelReceive(transfer_id); }
+  void CancelReceive(uint64_t transfer_id) override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->windows.erase(transfer_id);
+    }
+    inner_->CancelReceive(transfer_id);
+  }
   Result<std::string> ExportRegion(const MemoryRegion& region) override {
     return inner_->ExportRegion(region);
   }
@@ -209,6 +224,12 @@ class FaultConnection final : public Connection {
   }
   void Close() override {
     if (Silenced(*state_)) {
+      std::set<uint64_t> windows;
+      {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        windows.swap(state_->windows);
+      }
+      for (uint64_t id : windows) inner_->CancelReceive(id);
       std::lock_guard<std::mutex> lock(shared_->mu);
       shared_->held_open.push_back(inner_);
       return;
