@@ -28,12 +28,12 @@
 #include <vector>
 
 #include "agent/board.h"
-#include "agent/etcd.h"
-#include "agent/etcd_board_log.h"
-#include "agent/publish.h"
 #include "agent/control_wire.h"
 #include "agent/dial_backoff.h"
+#include "agent/etcd.h"
+#include "agent/etcd_board_log.h"
 #include "agent/membership.h"
+#include "agent/publish.h"
 #include "agent/relay.h"
 #include "agent/view_store.h"
 #include "tern/agent.h"

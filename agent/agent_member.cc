@@ -119,13 +119,15 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     // kParentFailuresPerSummary failures while it lasts.
     ParentRedial& r = parent_redial_[stripe];
     const bool first = ParentFailed(r, clock_.NowUs());
-    const std::string who = "parent " + parents_.parents[stripe].id + " of stripe " + std::to_string(stripe);
+    const std::string who =
+        "parent " + parents_.parents[stripe].id + " of stripe " + std::to_string(stripe);
     if (first) {
       Log(who + " failed: " + why.ToString() + "; dialling it again with backoff (up to " +
           std::to_string(kParentRedialUsMax / 1000) + " ms) until the root moves us");
     } else if (r.failures % kParentFailuresPerSummary == 0) {
       Log(who + ": " + std::to_string(r.failures) + " dials failed in " +
-          std::to_string((clock_.NowUs() - r.first_failure_us) / 1000) + " ms; last: " + why.ToString());
+          std::to_string((clock_.NowUs() - r.first_failure_us) / 1000) +
+          " ms; last: " + why.ToString());
     }
   };
   TERN_RETURN_IF_ERROR(MakeRelay(board, std::move(cb)));
@@ -262,7 +264,8 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         if (r.failures > 1)
           Log("parent " + parents_.parents[s].id + " of stripe " + std::to_string(s) + ": " +
               std::to_string(r.failures) + " dials failed in " +
-              std::to_string((now_us - r.first_failure_us) / 1000) + " ms before the root moved us");
+              std::to_string((now_us - r.first_failure_us) / 1000) +
+              " ms before the root moved us");
       }
       parents_ = *p;
       // A new parent (or the same one again) is dialled at once.

@@ -83,9 +83,12 @@ TEST_F(AgentRedialTest, ChildrenOfASilentlyCutOffRelayRedialWithBackoff) {
   ASSERT_EQ(ParentAtRoot("c1"), "relay");
   Publish(1);
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
-  ASSERT_TRUE(WaitFor([&] { return members_["c0"].agent->Snapshot().parent == "relay" &&
-                                   members_["c1"].agent->Snapshot().parent == "relay"; },
-                      30));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return members_["c0"].agent->Snapshot().parent == "relay" &&
+               members_["c1"].agent->Snapshot().parent == "relay";
+      },
+      30));
 
   // Cut off from the root, then stopped: the root hears nothing (no LEAVE,
   // no close), its children see their links close and their dials refused.
@@ -93,11 +96,14 @@ TEST_F(AgentRedialTest, ChildrenOfASilentlyCutOffRelayRedialWithBackoff) {
   members_["relay"].agent->Stop();
   members_["relay"].agent.reset();  // its transport stays: it holds the silent connections
   members_.erase("relay");
-  ASSERT_TRUE(WaitFor([&] { return ParentAtRoot("c0") != "relay" && ParentAtRoot("c1") != "relay"; },
-                      30));
-  ASSERT_TRUE(WaitFor([&] { return members_["c0"].agent->Snapshot().parent != "relay" &&
-                                   members_["c1"].agent->Snapshot().parent != "relay"; },
-                      30));
+  ASSERT_TRUE(
+      WaitFor([&] { return ParentAtRoot("c0") != "relay" && ParentAtRoot("c1") != "relay"; }, 30));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return members_["c0"].agent->Snapshot().parent != "relay" &&
+               members_["c1"].agent->Snapshot().parent != "relay";
+      },
+      30));
   for (const char* child : {"c0", "c1"}) {
     // One relay line per failed link: the link that closed, then each dial.
     const size_t dials = Logged(child, "relay: parent relay (stripe 0) failed");

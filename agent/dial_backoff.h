@@ -49,11 +49,11 @@ inline constexpr uint64_t kParentRedialUsMax = 2'000'000;
 
 // One stripe's parent. Values; the caller passes its clock's time in.
 struct ParentRedial {
-  bool due = false;          // a dial is wanted (from next_us on)
-  uint64_t next_us = 0;      // not before this
-  uint64_t backoff_us = 0;   // the wait after the last failure (0: none yet)
-  uint64_t dialled_us = 0;   // when it was last dialled
-  uint32_t failures = 0;     // since PARENTS named this parent, or the link held
+  bool due = false;         // a dial is wanted (from next_us on)
+  uint64_t next_us = 0;     // not before this
+  uint64_t backoff_us = 0;  // the wait after the last failure (0: none yet)
+  uint64_t dialled_us = 0;  // when it was last dialled
+  uint32_t failures = 0;    // since PARENTS named this parent, or the link held
   uint64_t first_failure_us = 0;
 };
 
