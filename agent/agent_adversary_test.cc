@@ -151,6 +151,22 @@ TEST_F(AgentAdversaryTest, RelayRewritingChunksAndTheirChecksumIsCaughtAndDemote
   EXPECT_NE(metrics->find("tern_agent_member_demoted{member=\"liar\",region=\"eu\"} 1"),
             std::string::npos)
       << *metrics;
+  // Its probation shows: bad chunks wait 16 quiet periods (16 x 60 s) at once.
+  EXPECT_NE(metrics->find("tern_agent_member_demotions_total{member=\"liar\",region=\"eu\"} 1\n"),
+            std::string::npos)
+      << *metrics;
+  EXPECT_NE(metrics->find("tern_agent_member_probation_seconds{member=\"liar\",region=\"eu\"} 9"),
+            std::string::npos)
+      << *metrics;
+  const AgentMemberStatus liar_status = MemberAtRoot("liar");
+  EXPECT_EQ(liar_status.demoted_for, "bad chunks");
+  EXPECT_EQ(liar_status.demotions, 1u);
+  EXPECT_GT(liar_status.relay_again_in_s, 900);
+  EXPECT_LE(liar_status.relay_again_in_s, 960);
+  auto status = agent::AdminGet(root_->Snapshot().admin_address, "/status", {});
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->find("\"demoted_for\": \"bad chunks\""), std::string::npos) << *status;
+  EXPECT_NE(status->find("\"demotions\": 1,"), std::string::npos) << *status;
 
   Publish(2);
   ASSERT_TRUE(AllServe(2)) << Lagging(2);

@@ -54,6 +54,13 @@ AgentSnapshot AgentImpl::Snapshot() const {
       m.rtt_to_root_s = rec.last.rtt_to_root_s;
       m.measured_uplink_bytes_per_s = rec.measured_uplink_bytes_per_s;
       m.demoted = rec.demoted;
+      const RelayProbation& p = rec.probation;
+      if (p.demotions_total > 0) m.demoted_for = ParentFaultName(p.last_fault);
+      m.demotions = p.demotions_total;
+      m.strikes = p.strikes;
+      if (rec.demoted && p.relay_again_us != 0)
+        m.relay_again_in_s =
+            static_cast<double>(p.relay_again_us - std::min(p.relay_again_us, now_us)) * 1e-6;
       m.rate_in_bytes_per_s = rec.last.rate_in_bytes_per_s;
       m.last_apply_s = rec.last.last_apply_s;
       m.last_heartbeat_age_s = static_cast<double>(now_us - std::min(now_us, rec.last_seen_us)) * 1e-6;
@@ -100,6 +107,10 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                        {"rate_in_bytes_per_s", m.rate_in_bytes_per_s},
                        {"measured_uplink_bytes_per_s", m.measured_uplink_bytes_per_s},
                        {"demoted", m.demoted},
+                       {"demoted_for", m.demoted_for},
+                       {"demotions", m.demotions},
+                       {"strikes", m.strikes},
+                       {"relay_again_in_s", m.relay_again_in_s},
                        {"last_apply_s", m.last_apply_s},
                        {"heartbeat_age_s", m.last_heartbeat_age_s}});
   }
@@ -163,6 +174,13 @@ std::string AgentImpl::MetricsText() const {
       gauge("tern_agent_member_demoted",
             "1 when the root plans around a member its children reported bad.", m.demoted ? 1 : 0,
             l);
+      counter("tern_agent_member_demotions_total",
+              "Times a member was demoted to a leaf for its children's reports, since it joined.",
+              m.demotions, l);
+      if (m.demoted)
+        gauge("tern_agent_member_probation_seconds",
+              "Seconds until a demoted member may relay again (-1: never, until it joins again).",
+              m.relay_again_in_s, l);
     }
     // The newest versions only: the label set stays bounded.
     const size_t first = s.versions.size() > 16 ? s.versions.size() - 16 : 0;

@@ -628,6 +628,15 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
     return true;
   };
   ASSERT_TRUE(WaitFor(planned_around, 60)) << "children still below the stalled relay";
+  for (const auto& m : root_->Snapshot().members) {
+    if (m.id != "stalled") continue;
+    // A first stall: one quiet period (5 s) from the demotion.
+    EXPECT_EQ(m.demoted_for, "stalled");
+    EXPECT_EQ(m.demotions, 1u);
+    EXPECT_EQ(m.strikes, 1u);
+    EXPECT_GE(m.relay_again_in_s, 0);
+    EXPECT_LE(m.relay_again_in_s, 5);
+  }
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
   ExpectBitwiseEqual(1);
   Publish(2);
@@ -642,6 +651,12 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
     return false;
   };
   EXPECT_TRUE(WaitFor(relays_again, 60)) << "still demoted long after its probation";
+  for (const auto& m : root_->Snapshot().members) {
+    if (m.id != "stalled") continue;
+    EXPECT_EQ(m.relay_again_in_s, -1);  // relays again: no probation left
+    EXPECT_EQ(m.demotions, 1u);         // but its record stays
+    EXPECT_EQ(m.demoted_for, "stalled");
+  }
   for (const auto& m : root_->Snapshot().members) EXPECT_EQ(m.parent, parents[m.id]) << m.id;
 }
 

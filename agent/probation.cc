@@ -37,6 +37,7 @@ void RecordDemotion(const ProbationOptions& options, ParentFault fault, uint64_t
   const uint64_t clean_us = SaturatingMul(options.quiet_us, kProbationBackoffMax);
   if (p->promoted_us != 0 && now_us >= SaturatingAdd(p->promoted_us, clean_us)) p->strikes = 0;
   if (p->strikes < std::numeric_limits<uint32_t>::max()) ++p->strikes;
+  if (p->demotions_total < std::numeric_limits<uint32_t>::max()) ++p->demotions_total;
   p->last_fault = fault;
   p->demoted_us = now_us;
   const uint64_t wait_us = ProbationWaitUs(options, fault, p->strikes);

@@ -38,6 +38,7 @@ struct ProbationOptions {
 // One member's demotions while it is joined (a rejoin starts afresh).
 struct RelayProbation {
   uint32_t strikes = 0;  // demotions counted (see the policy)
+  uint32_t demotions_total = 0;  // every demotion while joined, never forgotten
   ParentFault last_fault = ParentFault::kStalled;
   uint64_t demoted_us = 0;      // when it was last demoted
   uint64_t relay_again_us = 0;  // when it may relay again (0: not demoted, or never)

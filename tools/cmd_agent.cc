@@ -184,6 +184,32 @@ Status RunPublish(const PublishArgs& a) {
   return Status::Ok();
 }
 
+// The demoted column of `tern status`: why, how often, and when the member
+// may relay again ("stalled x2, relays in 37 s"; "-" when never demoted).
+std::string DemotionText(const nlohmann::json& m) {
+  const unsigned long long n = m.contains("demotions") && m["demotions"].is_number_unsigned()
+                                   ? m["demotions"].get<unsigned long long>()
+                                   : 0;
+  if (n == 0) return "-";
+  const std::string why = m.contains("demoted_for") && m["demoted_for"].is_string()
+                              ? m["demoted_for"].get<std::string>()
+                              : "?";
+  const bool demoted =
+      m.contains("demoted") && m["demoted"].is_boolean() && m["demoted"].get<bool>();
+  const double in_s = m.contains("relay_again_in_s") && m["relay_again_in_s"].is_number()
+                          ? m["relay_again_in_s"].get<double>()
+                          : -1;
+  char text[96];
+  if (!demoted) {
+    std::snprintf(text, sizeof text, "relays again (%s x%llu before)", why.c_str(), n);
+  } else if (in_s < 0) {
+    std::snprintf(text, sizeof text, "%s x%llu, a leaf until it rejoins", why.c_str(), n);
+  } else {
+    std::snprintf(text, sizeof text, "%s x%llu, relays in %.0f s", why.c_str(), n, in_s);
+  }
+  return text;
+}
+
 struct StatusArgs {
   std::string board;
   bool json = false;
@@ -217,21 +243,21 @@ Status RunStatus(const StatusArgs& a) {
   }
   if (j.contains("members") && j["members"].is_array() && !j["members"].empty()) {
     // role "relay": a relay-only member, whose version is the newest it holds.
-    std::printf("%-20s %-10s %-10s %-5s %8s %4s %-20s %5s %12s %12s %8s %9s %9s\n", "member",
+    std::printf("%-20s %-10s %-10s %-5s %8s %4s %-20s %5s %12s %12s %8s %9s %9s  %s\n", "member",
                 "region", "island", "role", "version", "lag", "parent", "depth", "in", "out",
-                "MB/s in", "rtt_p ms", "rtt_r ms");
+                "MB/s in", "rtt_p ms", "rtt_r ms", "demoted");
     for (const auto& m : j["members"]) {
       if (!m.is_object()) continue;
       // A demoted member (its children reported it bad) is marked with '!'.
       const bool demoted =
           m.contains("demoted") && m["demoted"].is_boolean() && m["demoted"].get<bool>();
-      std::printf("%-20s %-10s %-10s %-5s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f\n",
-                  (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(),
-                  s(m, "island").c_str(), s(m, "role") == "relay-only" ? "relay" : "serve",
-                  u(m, "version"), u(m, "lag"), s(m, "parent").c_str(), u(m, "depth"),
-                  HumanBytes(u(m, "bytes_in")).c_str(), HumanBytes(u(m, "bytes_out")).c_str(),
-                  d(m, "rate_in_bytes_per_s") / 1e6, d(m, "rtt_to_parent_s") * 1e3,
-                  d(m, "rtt_to_root_s") * 1e3);
+      std::printf(
+          "%-20s %-10s %-10s %-5s %8llu %4llu %-20s %5llu %12s %12s %8.1f %9.2f %9.2f  %s\n",
+          (s(m, "id") + (demoted ? "!" : "")).c_str(), s(m, "region").c_str(),
+          s(m, "island").c_str(), s(m, "role") == "relay-only" ? "relay" : "serve", u(m, "version"),
+          u(m, "lag"), s(m, "parent").c_str(), u(m, "depth"), HumanBytes(u(m, "bytes_in")).c_str(),
+          HumanBytes(u(m, "bytes_out")).c_str(), d(m, "rate_in_bytes_per_s") / 1e6,
+          d(m, "rtt_to_parent_s") * 1e3, d(m, "rtt_to_root_s") * 1e3, DemotionText(m).c_str());
     }
   }
   if (j.contains("versions") && j["versions"].is_array() && !j["versions"].empty()) {

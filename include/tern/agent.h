@@ -171,7 +171,16 @@ struct AgentMemberStatus {
   double last_heartbeat_age_s = 0;
   // The best rate its children reported receiving from it (bytes/s; 0: none).
   double measured_uplink_bytes_per_s = 0;
-  bool demoted = false;  // children reported it bad: a leaf until it joins again
+  // Children reported it bad (PARENT_REPORT): the root plans it as a leaf
+  // until its probation ends (docs/agent.md §4 "Probation").
+  bool demoted = false;
+  std::string demoted_for;  // the last demotion's fault: "stalled", "bad chunks"; empty: none
+  uint32_t demotions = 0;   // since it joined (a rejoin starts afresh)
+  uint32_t strikes = 0;     // those that count towards its next wait (the policy forgets)
+  // Demoted: seconds until it may relay again (0: due at the root's next
+  // tick); -1 when not demoted, or demoted with no probation (a leaf until
+  // it joins again).
+  double relay_again_in_s = -1;
 };
 
 struct AgentVersionStatus {

@@ -269,6 +269,65 @@ class AgentCli(unittest.TestCase):
                 if a.proc.poll() is None:
                     self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
 
+    def test_demoted_relay_in_status(self):
+        """A relay that stops sending (SIGSTOP) is reported stalled by its
+        child and demoted by the root; `tern status` shows why, how often and
+        when it may relay again (table and --json), and /metrics counts it."""
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        root = Agent(self.tmp, "dm-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                           "--admin-token-file", os.path.join(self.tmp, "admin.token"),
+                                           "--root-fanout", "1", "--dead-after-ms", "60000",
+                                           "--relay-probation-ms", "600000"] + tok)
+        agents = [root]
+        try:
+            common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
+                      "--region", "eu"] + tok
+            relay = Agent(self.tmp, "dm-relay", common)
+            agents.append(relay)
+            wait_for(lambda: len(self.served(root)) == 1, 30, "the relay joined")
+            leaf = Agent(self.tmp, "dm-leaf", common + ["--parent-stall-ms", "500"])
+            agents.append(leaf)
+            wait_for(lambda: len(self.served(root)) == 2, 30, "the leaf joined")
+            members = {m["id"]: m for m in self.status(root)["members"]}
+            self.assertEqual(members["dm-leaf"]["parent"], "dm-relay")
+            self.assertEqual(members["dm-relay"]["demotions"], 0)
+            self.assertEqual(members["dm-relay"]["relay_again_in_s"], -1)
+            os.killpg(relay.proc.pid, signal.SIGSTOP)
+            try:
+                r = self.publish(root, self.step(0), 1)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                wait_for(lambda: {m["id"]: m for m in self.status(root)["members"]}["dm-relay"]["demoted"],
+                         30, "the stalled relay demoted")
+                wait_for(lambda: self.served(root)["dm-leaf"] == 1, 60, "the leaf served 1 around it")
+                relay_row = {m["id"]: m for m in self.status(root)["members"]}["dm-relay"]
+                self.assertEqual(relay_row["demoted_for"], "stalled")
+                self.assertEqual(relay_row["demotions"], 1)
+                self.assertGreater(relay_row["relay_again_in_s"], 500)
+                self.assertLessEqual(relay_row["relay_again_in_s"], 600)
+                table = subprocess.run([TERN, "status", "--board", root.admin], capture_output=True, text=True,
+                                       timeout=30, check=True)
+                row = [l for l in table.stdout.splitlines() if l.startswith("dm-relay! ")]
+                self.assertEqual(len(row), 1, table.stdout)
+                self.assertRegex(row[0], r"stalled x1, relays in (5\d\d|600) s$")
+                leaf_row = [l for l in table.stdout.splitlines() if l.startswith("dm-leaf ")]
+                self.assertEqual(len(leaf_row), 1, table.stdout)
+                self.assertTrue(leaf_row[0].endswith(" -"), leaf_row[0])
+                metrics = subprocess.run(["curl", "-sf", "http://%s/metrics" % root.admin], capture_output=True,
+                                         text=True, timeout=30)
+                if metrics.returncode == 0:
+                    lines = metrics.stdout.splitlines()
+                    self.assertIn('tern_agent_member_demotions_total{member="dm-relay",region="eu"} 1', lines)
+                    self.assertIn('tern_agent_member_demotions_total{member="dm-leaf",region="eu"} 0', lines)
+                    self.assertTrue(any(l.startswith(
+                        'tern_agent_member_probation_seconds{member="dm-relay",region="eu"} 5') for l in lines),
+                        metrics.stdout)
+            finally:
+                os.killpg(relay.proc.pid, signal.SIGCONT)
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
     def test_relay_only_member(self):
         """--relay-only: listed in --help; refused with flags only a serving
         member (or the root) has; as a process it relays to serving members
