@@ -91,7 +91,14 @@ Status AgentImpl::Init() {
                  "/current exists: that DIR serves a view; a relay-only member keeps none (give it "
                  "another --data DIR)");
   } else {
-    TERN_ASSIGN_OR_RETURN(store_, ViewStore::Open(env_, opt_.data_dir, pool_, log_));
+    // The root diffs each new version against its view and its board's HEAD
+    // is durable: a view that a power loss could lower a version (the
+    // deferred sync, docs/agent/apply.md) would not match HEAD, so the root
+    // keeps the fully synced switch. Members defer the sync.
+    ViewStoreOptions store_options;
+    store_options.sync_at_switch = opt_.root;
+    TERN_ASSIGN_OR_RETURN(store_,
+                          ViewStore::Open(env_, opt_.data_dir, pool_, log_, store_options));
     store_version_ = store_->version();
   }
   TERN_REQUIRE(opt_.seed_checkpoint.empty() || (!opt_.root && opt_.seed_version > 0), kInvalidArgument,

@@ -12,17 +12,22 @@
 // InstallKeyframe, or after a crash or an I/O error touched it).
 //
 // Advance: bring the spare to version() (apply the kept patch in place, unless
-// PrepareSpare already did between versions), apply
-// the new patch in place, fsync, write the kept patch (not synced: checked
-// when used), commit state.json, then re-point `current` (a new link renamed
-// over the old one; not synced, Open re-derives it). A crash at any
-// point leaves `current` serving either the old or the new version, complete
-// and verified; Open repairs the link from state.json and never serves a
-// spare in an unknown state (state.json marks the spare unusable before any
-// write to it). Reader rule: a reader that resolved `current` to views/X must
-// be done with it before PrepareSpare or the next Advance runs after the
-// switch away from X (either rewrites X in place; the agent calls
-// PrepareSpare a grace period after each switch); see docs/agent/apply.md.
+// PrepareSpare already did between versions), apply the new patch in place,
+// write the kept patch (not synced: checked when used), commit state.json
+// with the new slot marked unsynced, then re-point `current` (a new link
+// renamed over the old one; not synced, Open re-derives it). The new slot's
+// bytes are synced later, off the critical path (the deferred sync:
+// PrepareSpare, or whatever next writes the spare, syncs the served slot
+// first). A process crash at any point leaves `current` serving the old or
+// the new version, complete and verified; after a power loss Open verifies
+// the digest of a slot committed unsynced and serves it, or else the
+// previous version (the spare, verified), or else nothing (version 0: the
+// agent catches up) — never bytes that are not the version named. Open
+// repairs the link from state.json and never serves a spare in an unknown
+// state (state.json marks the spare unusable before any write to it). Reader rule: a reader that
+// resolved `current` to views/X must be done with it before PrepareSpare or the next Advance runs
+// after the switch away from X (either rewrites X in place; the agent calls PrepareSpare a grace
+// period after each switch); see docs/agent/apply.md.
 //
 // AdvancePrefix streams a patch still arriving into a ready spare, record by
 // record (PatchStreamApply), and Advance finishes it: same commit and switch,
@@ -63,13 +68,25 @@ class ThreadPool;
 
 namespace tern::agent {
 
+struct ViewStoreOptions {
+  // The old, fully synced switch: Advance fsyncs the new slot before the
+  // commit (state.json then never says "unsynced"), so a power loss never
+  // costs a re-verification or the version. Off by default: that sync is
+  // the largest part of a member's switch (docs/agent/apply.md).
+  bool sync_at_switch = false;
+};
+
 class ViewStore {
  public:
   // Creates dir/views if missing, removes leftovers (staging copies, stale
   // kept patches), reads state.json and re-points dir/current at the served
   // slot. An empty store serves nothing (version() == 0).
+  // A served slot that state.json calls unsynced (a crash after a switch,
+  // before its deferred sync) is verified by its digest first and synced, or
+  // else the previous version (the spare, verified) is served, or else
+  // nothing (docs/agent/apply.md "Deferred sync").
   static Result<std::unique_ptr<ViewStore>> Open(Env& env, std::string dir, ThreadPool& pool,
-                                                 LogFn log);
+                                                 LogFn log, ViewStoreOptions options = {});
   ~ViewStore();
   ViewStore(const ViewStore&) = delete;
   ViewStore& operator=(const ViewStore&) = delete;
@@ -99,7 +116,7 @@ class ViewStore {
   // byte authentic), growing from call to call (the same bytes at the same
   // offsets; the buffer may move). Each segment record complete in it is
   // applied to the spare at once; Advance(whole patch) then applies the rest,
-  // checks the target digest, syncs and switches as usual. Streams only into
+  // checks the target digest and switches as usual (the data sync deferred). Streams only into
   // a ready spare (spare_ready(): PrepareSpare ran, so the reader rule is
   // kept); otherwise, and for a patch whose base is not version()/digest(),
   // it does nothing and Advance takes the whole-patch path. state.json
@@ -113,9 +130,10 @@ class ViewStore {
   // A stream has begun (AdvancePrefix wrote or will write the spare).
   bool advancing() const;
 
-  // Brings the spare to version() (the kept patch applied in place, or a
-  // full copy of the served slot when the spare is unusable), syncs it and
-  // records it, so that the next Advance only applies its own patch. Meant
+  // Makes the served slot durable if the switch left it unsynced (the
+  // deferred sync, recorded in state.json), then brings the spare to
+  // version() (the kept patch applied in place, or a full copy of the served
+  // slot when the spare is unusable), so that the next Advance only applies its own patch. Meant
   // to run between versions, off the critical path, once readers are done
   // with the slot the last switch left (it rewrites that slot: the reader
   // rule in docs/agent/apply.md). Nothing to do when spare_ready().
@@ -124,15 +142,19 @@ class ViewStore {
   Status PrepareSpare();
   // The spare holds version() completely and durably (PrepareSpare done).
   bool spare_ready() const;
+  // The served slot's bytes are durable (false between a switch and its
+  // deferred sync).
+  bool served_synced() const;
 
   struct State;
 
  private:
-  ViewStore(Env& env, std::string dir, ThreadPool& pool, LogFn log);
+  ViewStore(Env& env, std::string dir, ThreadPool& pool, LogFn log, ViewStoreOptions options);
   Env& env_;
   const std::string dir_;
   ThreadPool& pool_;
   LogFn log_;
+  const ViewStoreOptions options_;
   std::unique_ptr<State> state_;
   // The text state.json is known to hold (the last successful write; empty
   // after a failed one and at Open): a write of the same record is skipped.

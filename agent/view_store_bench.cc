@@ -3,6 +3,12 @@
 // the same run. Figures and the command: docs/agent/apply.md.
 //
 //   agent_view_store_bench TRACE_DIR DATA_DIR [threads]
+//   agent_view_store_bench TRACE_DIR DATA_DIR threads compare
+//
+// `compare`: the switch as the agent drives it (PrepareSpare between
+// versions, off the critical path), with the data sync deferred (the
+// default) and with ViewStoreOptions::sync_at_switch, two stores advanced
+// alternately in the same run; Advance and PrepareSpare timed apart.
 //
 // TRACE_DIR holds step-* checkpoint directories (`tern datagen --out`);
 // DATA_DIR must not exist (it is created and removed).
@@ -45,6 +51,65 @@ int Fail(const Status& st) {
   return 1;
 }
 
+// Two stores, deferred and synced at the switch, fed the same patches.
+int Compare(const std::vector<std::string>& steps,
+            const std::vector<std::unique_ptr<Checkpoint>>& views, const std::string& data,
+            ThreadPool& pool) {
+  std::unique_ptr<agent::ViewStore> stores[2];
+  std::string phases[2];
+  const ViewDigest d0 = ComputeDigest(views[0]->view(), pool);
+  for (int m = 0; m < 2; ++m) {
+    agent::ViewStoreOptions options;
+    options.sync_at_switch = m == 1;
+    auto store = agent::ViewStore::Open(
+        DefaultEnv(), data + (m == 0 ? "/deferred" : "/synced"), pool,
+        [&phases, m](std::string_view line) {
+          if (line.find(" ms = ") != std::string_view::npos) phases[m] = line;
+        },
+        options);
+    if (!store.ok()) return Fail(store.status());
+    stores[m] = std::move(*store);
+    if (Status st = stores[m]->Seed(steps[0], 1, d0); !st.ok()) return Fail(st);
+  }
+  std::printf("%-8s %9s %13s %14s %12s %13s %7s\n", "version", "patch_MB", "deferred_adv_s",
+              "deferred_prep_s", "synced_adv_s", "synced_prep_s", "ratio");
+  for (size_t k = 1; k < steps.size(); ++k) {
+    DiffOptions o;
+    o.base_version = k;
+    o.target_version = k + 1;
+    auto patch = Diff(views[k - 1]->view(), views[k]->view(), o, pool);
+    if (!patch.ok()) return Fail(patch.status());
+    double advance_s[2], prepare_s[2];
+    // Alternate which store goes first, so that neither always finds the
+    // other's writeback in flight.
+    for (int i = 0; i < 2; ++i) {
+      const int m = (static_cast<int>(k) + i) % 2;
+      auto t0 = std::chrono::steady_clock::now();
+      if (Status st = stores[m]->Advance(*patch); !st.ok()) return Fail(st);
+      advance_s[m] = Seconds(t0);
+      t0 = std::chrono::steady_clock::now();
+      if (Status st = stores[m]->PrepareSpare(); !st.ok()) return Fail(st);
+      prepare_s[m] = Seconds(t0);
+    }
+    std::printf("%-8zu %9.2f %13.3f %14.3f %12.3f %13.3f %7.2f\n", k + 1, patch->size() / 1e6,
+                advance_s[0], prepare_s[0], advance_s[1], prepare_s[1],
+                advance_s[0] / advance_s[1]);
+    std::printf("         deferred: %s\n         synced:   %s\n", phases[0].c_str(),
+                phases[1].c_str());
+  }
+  bool same = true;
+  const ViewDigest last = ComputeDigest(views.back()->view(), pool);
+  for (auto& store : stores) {
+    auto served = Checkpoint::Open(store->current_path());
+    if (!served.ok()) return Fail(served.status());
+    same = same && ComputeDigest((*served)->view(), pool) == last;
+    store.reset();
+  }
+  std::printf("both stores serve the trace's last step: %s\n", same ? "yes" : "NO");
+  fs::remove_all(data);
+  return same ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,6 +133,7 @@ int main(int argc, char** argv) {
     if (!c.ok()) return Fail(c.status());
     views.push_back(std::move(*c));
   }
+  if (argc > 4 && std::string(argv[4]) == "compare") return Compare(steps, views, data, pool);
   const uint64_t model_bytes = DiskBytes(steps[0]);
   std::printf("trace %s: %zu versions, model %.1f MB on disk (%.1f MB of tensors), %u threads\n",
               trace.c_str(), steps.size(), model_bytes / 1e6, views[0]->view().total_bytes() / 1e6,
