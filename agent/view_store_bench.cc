@@ -8,7 +8,8 @@
 // `compare`: the switch as the agent drives it (PrepareSpare between
 // versions, off the critical path), with the data sync deferred (the
 // default) and with ViewStoreOptions::sync_at_switch, two stores advanced
-// alternately in the same run; Advance and PrepareSpare timed apart.
+// alternately in the same run; Advance and PrepareSpare timed apart
+// (figures: docs/benchmarks.md).
 //
 // TRACE_DIR holds step-* checkpoint directories (`tern datagen --out`);
 // DATA_DIR must not exist (it is created and removed).
