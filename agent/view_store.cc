@@ -264,7 +264,7 @@ Status ViewStore::PrepareSpare() {
       // Not synced and not recorded: see State::prepared.
       s.prepared = std::make_shared<SlotWriter>(std::move(w).value());
       log_(internal::StrCat("view_store: spare views/", s.spare(), " at version ", s.version,
-                            " (in place, synced with the next version) in ",
+                            " (in place, synced after the next switch) in ",
                             (clock.NowUs() - start_us) / 1000, " ms"));
       return Status::Ok();
     }
