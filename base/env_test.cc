@@ -110,6 +110,29 @@ TEST_P(EnvTest, MapsReadOnlyReadWriteAndCreated) {
   EXPECT_EQ(env_->Map(root_, MapMode::kReadOnly).status().code(), Code::kInvalidArgument);
 }
 
+// Dropped pages keep their bytes (written through the mapping, never
+// synced): in memory on the next touch, and in the file after the unmap.
+TEST_P(EnvTest, DropPagesKeepsTheBytes) {
+  const uint64_t size = 64 * 4096 + 100;
+  auto c = env_->CreateMapped(P("d"), size);
+  ASSERT_TRUE(c.ok());
+  std::string want(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) want[i] = static_cast<char>(i * 131 + 7);
+  std::memcpy((*c)->data(), want.data(), size);
+  ASSERT_TRUE((*c)->DropPages(0, size).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*c)->data()), size), want);
+  ASSERT_TRUE((*c)->DropPages(4096 + 1, 3 * 4096).ok());  // partial pages at both ends
+  EXPECT_EQ((*c)->DropPages(size - 1, 2).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*c)->DropPages(size + 1, 0).code(), Code::kInvalidArgument);
+  (*c)->data()[5] = 'x';
+  want[5] = 'x';
+  ASSERT_TRUE((*c)->DropPages(0, 4096).ok());
+  c->reset();
+  std::string out;
+  ASSERT_TRUE(ReadFileToString(*env_, P("d"), size, &out).ok());
+  EXPECT_EQ(out, want);
+}
+
 TEST_P(EnvTest, DirectoriesListRemoveTree) {
   ASSERT_TRUE(CreateDirs(*env_, P("x/y/z")).ok());
   ASSERT_TRUE(CreateDirs(*env_, P("x/y/z")).ok());  // idempotent
@@ -207,6 +230,51 @@ TEST_P(EnvTest, ClockIsTheEnvs) {
 
 INSTANTIATE_TEST_SUITE_P(PosixAndMem, EnvTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Mem" : "Posix"; });
+
+// The kB of resident memory /proc/self/smaps reports for the mapping that
+// starts at `start` (-1: not found).
+long RssKbOfMapping(const void* start) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  char line[512];
+  bool in = false;
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+      in = lo == reinterpret_cast<unsigned long>(start);
+    } else if (in && std::sscanf(line, "Rss: %ld kB", &kb) == 1) {
+      break;
+    }
+  }
+  std::fclose(f);
+  return in ? kb : -1;
+}
+
+// On POSIX the pages really leave the resident set (a MAP_SHARED mapping:
+// MADV_DONTNEED), only whole ones, and come back when touched.
+TEST(PosixEnv, DropPagesLeavesTheResidentSet) {
+  Env& env = DefaultEnv();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("tern-env-drop-" + RandomHex())).string();
+  ASSERT_TRUE(env.CreateDir(dir).ok());
+  {
+    const uint64_t size = 256 * 4096;
+    auto c = env.CreateMapped(dir + "/d", size);
+    ASSERT_TRUE(c.ok());
+    std::memset((*c)->data(), 0x5a, size);
+    EXPECT_EQ(RssKbOfMapping((*c)->data()), 1024);
+    ASSERT_TRUE((*c)->DropPages(100, 4 * 4096).ok());  // 3 whole pages inside
+    EXPECT_EQ(RssKbOfMapping((*c)->data()), 1024 - 12);
+    ASSERT_TRUE((*c)->DropPages(0, size).ok());
+    EXPECT_EQ(RssKbOfMapping((*c)->data()), 0);
+    EXPECT_EQ((*c)->data()[size - 1], 0x5a);  // faulted back in from the page cache
+    const long back_kb = RssKbOfMapping((*c)->data());  // the page and the kernel's fault-around
+    EXPECT_GT(back_kb, 0);
+    EXPECT_LE(back_kb, 64 * 4);
+  }
+  EXPECT_TRUE(RemoveTree(env, dir).ok());
+}
 
 TEST(MemEnv, OpenHandlesSurviveRemoveAndRenameLikeInodes) {
   auto env = NewMemEnv();

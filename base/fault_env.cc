@@ -89,6 +89,9 @@ class FaultMapped final : public MappedFile {
     if (state_->Fail(Kind::kSync)) return TERN_ERROR(kIo, "fsync ", path(), ": injected fault");
     return inner_->Sync();
   }
+  Status DropPages(uint64_t offset, uint64_t length) override {
+    return inner_->DropPages(offset, length);
+  }
 
  private:
   std::unique_ptr<MappedFile> inner_;

@@ -129,6 +129,12 @@ class MemMapped final : public MappedFile {
     --inode_->maps;
   }
   Status Sync() override { return Status::Ok(); }
+  // The inode's buffer is the file: no other copy the pages could go back to.
+  Status DropPages(uint64_t offset, uint64_t length) override {
+    TERN_REQUIRE(offset <= size() && length <= size() - offset, kInvalidArgument, "DropPages ",
+                 path(), ": ", offset, "+", length, " past ", size(), " bytes");
+    return Status::Ok();
+  }
 
  private:
   std::shared_ptr<Fs> fs_;

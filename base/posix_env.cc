@@ -164,6 +164,24 @@ class PosixMapped final : public MappedFile {
     if (::fsync(fd_.get()) != 0) return TERN_ERRNO("fsync ", path());
     return Status::Ok();
   }
+  // MADV_DONTNEED, not MADV_PAGEOUT or posix_fadvise(POSIX_FADV_DONTNEED):
+  // on a MAP_SHARED file mapping it only unmaps the pages from this process
+  // (dirty ones stay dirty in the page cache), so nothing is written out now
+  // and a reader of the file (the view store applying it) still finds the
+  // bytes in the page cache. PAGEOUT would force write-back and evict them;
+  // fadvise leaves mapped pages alone.
+  Status DropPages(uint64_t offset, uint64_t length) override {
+    TERN_REQUIRE(offset <= size() && length <= size() - offset, kInvalidArgument, "DropPages ",
+                 path(), ": ", offset, "+", length, " past ", size(), " bytes");
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t first = (offset + page - 1) / page * page;
+    const uint64_t end = offset + length == size() ? size() : (offset + length) / page * page;
+    if (data() == nullptr || first >= end) return Status::Ok();
+    if (::madvise(data() + first, end - first, MADV_DONTNEED) != 0) {
+      return TERN_ERRNO("madvise ", path(), " ", first, "+", end - first);
+    }
+    return Status::Ok();
+  }
 
  private:
   Fd fd_;

@@ -67,6 +67,17 @@ class TERN_EXPORT MappedFile {
   bool writable() const { return writable_; }
   // The bytes written through the mapping are durable (msync + fsync).
   virtual Status Sync() = 0;
+  // Takes the whole pages inside [offset, offset + length) out of this
+  // process's resident set (a partial page at either end stays, unless the
+  // range ends at size()). The bytes stay the file's: pages written through
+  // a read-write (MAP_SHARED) mapping stay dirty in the page cache and the
+  // kernel writes them back; the next touch faults them in again, from the
+  // page cache or the file. Not a durability point (that is Sync). It is a
+  // hint about memory only, so callers may ignore its errors; the caller
+  // keeps other threads from touching the range meanwhile only to avoid
+  // faulting it straight back. kInvalidArgument past size(). POSIX:
+  // madvise(MADV_DONTNEED); in-memory Envs: nothing to give back.
+  virtual Status DropPages(uint64_t offset, uint64_t length) = 0;
 
  protected:
   MappedFile(std::string path, uint8_t* data, uint64_t size_bytes, bool writable)
