@@ -209,8 +209,16 @@ void RelayNode::Impl::CloseLink(Link& link) {
     }
   }
   if (link.parent && parent_of[link.stats.stripe] == link.id) parent_of[link.stats.stripe] = 0;
+  // The chunks only this child still had in flight: their pages may go.
+  std::vector<std::pair<ObjectRef, uint32_t>> was_sending;
+  for (const auto& [ref, tc] : link.to) {
+    for (const auto& [i, resends] : tc.inflight) was_sending.emplace_back(ref, i);
+  }
   closed_links.Add(link.stats);
   links.erase(link.id);
+  for (const auto& [ref, i] : was_sending) {
+    if (auto it = objects.find(ref); it != objects.end()) DropIfIdle(*it->second, i);
+  }
   // Its sends ended with the Close above: a retired object may now go.
   std::vector<ObjectRef> draining;
   for (auto& [ref, obj] : retired) draining.push_back(ref);

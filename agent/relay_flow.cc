@@ -226,6 +226,7 @@ bool RelayNode::Impl::CheckLandedChunk(Link& link, Object& obj, FromParent& fp, 
   link.stats.bytes_in += obj.Length(i);
   fp.bytes_in += obj.Length(i);
   Forward(obj, i);
+  DropIfIdle(obj, i);  // no child waits for it: not needed in memory any more
   if (obj.verified_count == obj.count()) {
     Completed(obj);
     return true;
@@ -376,6 +377,17 @@ void RelayNode::Impl::Forward(Object& obj, uint32_t i) {
   }
 }
 
+void RelayNode::Impl::DropIfIdle(Object& obj, uint32_t i) {
+  if (!obj.verified[i]) return;  // still being received: a window may write it
+  for (auto& [id, l] : links) {
+    if (l->parent) continue;
+    auto tc = l->to.find(obj.ref);
+    if (tc != l->to.end() && (tc->second.waiting.count(i) || tc->second.inflight.count(i))) return;
+  }
+  // A hint: on failure the pages just stay resident.
+  obj.file->DropPages(obj.Offset(i), obj.Length(i)).IgnoreError();
+}
+
 void RelayNode::Impl::OnSent(const Event& e) {
   struct Drain {  // however this returns, a retired object may now be dropped
     Impl* im;
@@ -405,6 +417,7 @@ void RelayNode::Impl::OnSent(const Event& e) {
   tc->second.inflight.erase(it);
   tc->second.push_at.erase(e.chunk);  // asked again later: into its own window
   --link->credits;
+  if (live) DropIfIdle(*obj, e.chunk);  // the last child's send of it ended
   if (e.status.ok()) {
     ++link->stats.chunks_out;
     link->stats.bytes_out += obj->Length(e.chunk);

@@ -243,6 +243,11 @@ struct RelayNode::Impl {
   }
   void SendChunkTo(Link& link, Object& obj, uint32_t i);
   void Forward(Object& obj, uint32_t i);
+  // Memory (docs/agent.md §8): once chunk i is verified and no child has it
+  // waiting or in flight, its pages leave the resident set (MappedFile::
+  // DropPages), so a relay holds about its windows, not its objects. A
+  // later WANT faults them back in from the page cache or the file.
+  void DropIfIdle(Object& obj, uint32_t i);
   void OnSent(const Event& e);
   void ForgetObject(const ObjectRef& ref);
 

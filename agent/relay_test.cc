@@ -3,7 +3,8 @@
 // root has not sent the last chunk when the far end holds the first),
 // striping, resume from another parent, corrupt chunks (transport XXH3 and
 // SHA-256) refetched, a parent that keeps lying dropped, forged manifests,
-// a stuck child not holding back a fast one, garbage from a child.
+// a stuck child not holding back a fast one, garbage from a child, and
+// chunk pages given back to the OS once no child waits for them.
 //
 // Every wait is bounded (WaitFor, 20 s) on a condition; nothing sleeps to
 // order events.
@@ -832,67 +833,199 @@ TEST_F(RelayTest, WrongHashListDropsTheParent) {
   EXPECT_FALSE(c->relay->Progress(o.ref)->hashes_verified);
 }
 
+// Forwards to a real Env and records every DropPages of the files it
+// mapped, so a test can tell when a relay gave a chunk's pages back.
+class DropRecordingEnv final : public EnvWrapper {
+ public:
+  explicit DropRecordingEnv(Env& target) : EnvWrapper(target) {}
+  Result<std::unique_ptr<MappedFile>> Map(const std::string& path, MapMode mode) override {
+    return Wrap(target().Map(path, mode));
+  }
+  Result<std::unique_ptr<MappedFile>> CreateMapped(const std::string& path,
+                                                   uint64_t size_bytes) override {
+    return Wrap(target().CreateMapped(path, size_bytes));
+  }
+  // How often [offset, offset + length) was dropped, per chunk offset.
+  std::map<uint64_t, int> Drops(uint64_t length) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<uint64_t, int> out;
+    for (const auto& [off, len] : drops_) {
+      if (len == length) ++out[off];
+    }
+    return out;
+  }
+  size_t DropCount() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return drops_.size();
+  }
+
+ private:
+  class Recorded final : public MappedFile {
+   public:
+    Recorded(std::unique_ptr<MappedFile> inner, DropRecordingEnv& env)
+        : MappedFile(inner->path(), inner->data(), inner->size(), inner->writable()),
+          inner_(std::move(inner)), env_(env) {}
+    Status Sync() override { return inner_->Sync(); }
+    Status DropPages(uint64_t offset, uint64_t length) override {
+      {
+        std::lock_guard<std::mutex> lock(env_.mu_);
+        env_.drops_.emplace_back(offset, length);
+      }
+      return inner_->DropPages(offset, length);
+    }
+
+   private:
+    std::unique_ptr<MappedFile> inner_;
+    DropRecordingEnv& env_;
+  };
+  Result<std::unique_ptr<MappedFile>> Wrap(Result<std::unique_ptr<MappedFile>> m) {
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<MappedFile>(new Recorded(std::move(*m), *this));
+  }
+
+  mutable std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint64_t>> drops_;
+};
+
+// A child speaking data_wire by hand that asks for every chunk of `o` and
+// whose transport thread then blocks in on_landed of the first until
+// Open(): every chunk sent to it stays in flight at its parent meanwhile.
+class GatedChild {
+ public:
+  GatedChild(LoopbackNetwork& net, const std::string& parent, const std::string& name,
+             const TestObject& o)
+      : transport_(NewLoopbackTransport(net)), o_(o), buffer_(o.data.size(), '\0') {
+    region_ = *transport_->RegisterMemory(buffer_.data(), buffer_.size(), MemoryKind::kHost);
+    ConnectionHandlers h;
+    h.on_message = [this](std::string m) {
+      if (DataTypeOf(m) != uint8_t(DataType::kOffer)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      offered_ = true;
+      cv_.notify_all();
+    };
+    h.on_closed = [](Status) {};
+    std::promise<std::shared_ptr<Connection>> conn_p;
+    transport_->Connect(parent, h, [&](Result<std::shared_ptr<Connection>> r) {
+      conn_p.set_value(r.ok() ? *r : nullptr);
+    });
+    conn_ = conn_p.get_future().get();
+    TERN_ASSERT(conn_);
+    conn_->SendMessage(EncodeSubscribe({name, 0, 1, ""}), [](Status) {});
+  }
+  ~GatedChild() {
+    Open();  // a failed assertion must not leave the transport thread stuck
+    conn_->Close();
+  }
+  // Waits for the OFFER, asks for every chunk, waits until it is stuck.
+  bool WantAllAndStick() {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, kWait, [&] { return offered_; })) return false;
+    }
+    Want w{o_.ref, 1000, {}};
+    for (uint32_t i = 0; i < o_.count(); ++i) {
+      const uint64_t off = uint64_t{i} * o_.chunk_bytes;
+      const uint64_t len = std::min<uint64_t>(o_.chunk_bytes, o_.data.size() - off);
+      Status st = conn_->PostReceive(1000 + i, region_, off, len, [this](uint64_t, uint64_t) {
+        std::unique_lock<std::mutex> lock(mu_);
+        ++landed_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return open_; });
+      });
+      if (!st.ok()) return false;
+      w.chunks.push_back(i);
+    }
+    conn_->SendMessage(EncodeWant(w), [](Status) {});
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kWait, [&] { return landed_ == 1; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool WaitAllLanded() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kWait, [&] { return landed_ == static_cast<int>(o_.count()); });
+  }
+  const std::string& buffer() const { return buffer_; }
+
+ private:
+  std::unique_ptr<Transport> transport_;
+  const TestObject& o_;
+  std::string buffer_;
+  MemoryRegion region_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool offered_ = false, open_ = false;
+  int landed_ = 0;
+  std::shared_ptr<Connection> conn_;  // last: closed first
+};
+
+// A chunk's pages leave the resident set once the last child's send of it
+// ended, not while one is still in flight; a child that asks afterwards
+// still gets the right bytes (faulted back in from the file).
+TEST_F(RelayTest, ChunkPagesAreDroppedAfterTheLastChildGotThem) {
+  DropRecordingEnv rec(env_);
+  auto root = std::make_unique<Node>(net_, rec, verifier_, board_, "root", base_);
+  const TestObject o = Publish(*root, 32 * 4096, 4096);
+  GatedChild stuck(net_, "root", "stuck", o);
+  ASSERT_TRUE(stuck.WantAllAndStick());
+  auto fast = MakeNode("fast");
+  fast->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return fast->Complete(); }));
+  EXPECT_EQ(Stored("fast", o), o.data);
+  ASSERT_EQ(root->Link("fast", false).chunks_out, o.count());
+  // Every chunk went to "fast", none has reached "stuck": nothing dropped.
+  EXPECT_EQ(rec.DropCount(), 0u);
+  stuck.Open();
+  ASSERT_TRUE(WaitFor([&] { return root->Link("stuck", false).chunks_out == o.count(); }));
+  ASSERT_TRUE(stuck.WaitAllLanded());
+  EXPECT_EQ(stuck.buffer(), o.data);
+  // chunks_out and the drop are counted under one lock: all are in by now.
+  const auto drops = rec.Drops(4096);
+  EXPECT_EQ(drops.size(), o.count());
+  for (const auto& [off, n] : drops) EXPECT_EQ(n, 1) << "chunk at " << off;
+  auto late = MakeNode("late");
+  late->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return late->Complete(); }));
+  EXPECT_EQ(Stored("late", o), o.data);
+  // Given back again once "late" got it (its last send may end just after).
+  EXPECT_TRUE(WaitFor([&] {
+    const auto d = rec.Drops(4096);
+    return d.size() == o.count() &&
+           std::all_of(d.begin(), d.end(), [](const auto& e) { return e.second == 2; });
+  }));
+}
+
+// A relay without children gives each chunk back as soon as it is
+// verified: written through the mapping, dropped, never synced, the bytes
+// still reach its file and a child that attaches afterwards.
+TEST_F(RelayTest, ChildlessRelayDropsEachChunkOnceVerified) {
+  auto root = MakeNode("root");
+  DropRecordingEnv rec(env_);
+  auto r = std::make_unique<Node>(net_, rec, verifier_, board_, "r", base_);
+  r->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return root->relay->Stats().size() == 1; }));  // r subscribed
+  const TestObject o = Publish(*root, 24 * 4096 + 100, 4096);
+  ASSERT_TRUE(WaitFor([&] { return r->Complete(); }));
+  const auto drops = rec.Drops(4096);
+  EXPECT_EQ(drops.size(), o.count() - 1);  // the whole chunks
+  EXPECT_EQ(rec.Drops(100).size(), 1u);    // and the short last one
+  EXPECT_EQ(Stored("r", o), o.data);
+  auto late = MakeNode("late");
+  late->relay->SetParent(0, 1, "r");
+  ASSERT_TRUE(WaitFor([&] { return late->Complete(); }));
+  EXPECT_EQ(Stored("late", o), o.data);
+}
+
 // A child whose transport thread is stuck in on_landed holds only its own
 // credits: a fast sibling completes meanwhile.
 TEST_F(RelayTest, StuckChildDoesNotHoldBackAFastOne) {
   auto root = MakeNode("root");
   const TestObject o = Publish(*root, 32 * 4096, 4096);
-  // The stuck child, speaking data_wire by hand.
-  auto transport = NewLoopbackTransport(net_);
-  std::string buffer(o.data.size(), '\0');
-  MemoryRegion region = *transport->RegisterMemory(buffer.data(), buffer.size(), MemoryKind::kHost);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool gate_open = false, offered = false;
-  int landed = 0;
-  struct OpenGateOnExit {  // a failed assertion must not leave the transport thread stuck
-    std::mutex& mu;
-    std::condition_variable& cv;
-    bool& open;
-    ~OpenGateOnExit() {
-      std::lock_guard<std::mutex> lock(mu);
-      open = true;
-      cv.notify_all();
-    }
-  } open_gate_on_exit{mu, cv, gate_open};
-  std::promise<std::shared_ptr<Connection>> conn_p;
-  ConnectionHandlers h;
-  h.on_message = [&](std::string m) {
-    if (DataTypeOf(m) == uint8_t(DataType::kOffer)) {
-      std::lock_guard<std::mutex> lock(mu);
-      offered = true;
-      cv.notify_all();
-    }
-  };
-  h.on_closed = [](Status) {};
-  transport->Connect("root", h, [&](Result<std::shared_ptr<Connection>> r) {
-    conn_p.set_value(r.ok() ? *r : nullptr);
-  });
-  std::shared_ptr<Connection> stuck = conn_p.get_future().get();
-  ASSERT_TRUE(stuck);
-  stuck->SendMessage(EncodeSubscribe({"stuck", 0, 1, ""}), [](Status) {});
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return offered; }));
-  }
-  Want w{o.ref, 1000, {}};
-  for (uint32_t i = 0; i < o.count(); ++i) {
-    ASSERT_TRUE(stuck
-                    ->PostReceive(1000 + i, region, uint64_t{i} * 4096, 4096,
-                                  [&](uint64_t, uint64_t) {
-                                    std::unique_lock<std::mutex> lock(mu);
-                                    ++landed;
-                                    cv.notify_all();
-                                    cv.wait(lock, [&] { return gate_open; });
-                                  })
-                    .ok());
-    w.chunks.push_back(i);
-  }
-  stuck->SendMessage(EncodeWant(w), [](Status) {});
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return landed == 1; }));  // now stuck
-  }
+  GatedChild stuck(net_, "root", "stuck", o);
+  ASSERT_TRUE(stuck.WantAllAndStick());
   auto fast = MakeNode("fast");
   fast->relay->SetParent(0, 1, "root");
   ASSERT_TRUE(WaitFor([&] { return fast->Complete(); }));
@@ -902,14 +1035,10 @@ TEST_F(RelayTest, StuckChildDoesNotHoldBackAFastOne) {
   // the last send completes (ASan would see a read of freed memory).
   root->relay->Forget(o.ref);
   ASSERT_TRUE(WaitFor([&] { return !root->relay->Progress(o.ref).ok(); }));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    gate_open = true;
-    cv.notify_all();
-  }
+  stuck.Open();
   ASSERT_TRUE(WaitFor([&] { return root->Link("stuck", false).chunks_out == o.count(); }));
-  EXPECT_EQ(buffer, o.data);
-  stuck->Close();
+  ASSERT_TRUE(stuck.WaitAllLanded());
+  EXPECT_EQ(stuck.buffer(), o.data);
 }
 
 // The same chain over tcp on 127.0.0.1 (a real backend: chunks cross
