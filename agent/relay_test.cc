@@ -864,7 +864,8 @@ class DropRecordingEnv final : public EnvWrapper {
    public:
     Recorded(std::unique_ptr<MappedFile> inner, DropRecordingEnv& env)
         : MappedFile(inner->path(), inner->data(), inner->size(), inner->writable()),
-          inner_(std::move(inner)), env_(env) {}
+          inner_(std::move(inner)),
+          env_(env) {}
     Status Sync() override { return inner_->Sync(); }
     Status DropPages(uint64_t offset, uint64_t length) override {
       {

@@ -241,7 +241,8 @@ long RssKbOfMapping(const void* start) {
   long kb = -1;
   while (std::fgets(line, sizeof line, f)) {
     unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+        std::strchr(line, '-') < std::strchr(line, ' ')) {
       in = lo == reinterpret_cast<unsigned long>(start);
     } else if (in && std::sscanf(line, "Rss: %ld kB", &kb) == 1) {
       break;
@@ -268,7 +269,7 @@ TEST(PosixEnv, DropPagesLeavesTheResidentSet) {
     EXPECT_EQ(RssKbOfMapping((*c)->data()), 1024 - 12);
     ASSERT_TRUE((*c)->DropPages(0, size).ok());
     EXPECT_EQ(RssKbOfMapping((*c)->data()), 0);
-    EXPECT_EQ((*c)->data()[size - 1], 0x5a);  // faulted back in from the page cache
+    EXPECT_EQ((*c)->data()[size - 1], 0x5a);            // faulted back in from the page cache
     const long back_kb = RssKbOfMapping((*c)->data());  // the page and the kernel's fault-around
     EXPECT_GT(back_kb, 0);
     EXPECT_LE(back_kb, 64 * 4);
