@@ -247,6 +247,8 @@ struct RelayNode::Impl {
   // waiting or in flight, its pages leave the resident set (MappedFile::
   // DropPages), so a relay holds about its windows, not its objects. A
   // later WANT faults them back in from the page cache or the file.
+  // Idle: verified and no child has it waiting or in flight.
+  bool Idle(const Object& obj, uint32_t i) const;
   void DropIfIdle(Object& obj, uint32_t i);
   void OnSent(const Event& e);
   void ForgetObject(const ObjectRef& ref);
