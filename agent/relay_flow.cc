@@ -391,22 +391,8 @@ bool RelayNode::Impl::Idle(const Object& obj, uint32_t i) const {
 
 void RelayNode::Impl::DropIfIdle(Object& obj, uint32_t i) {
   if (!Idle(obj, i)) return;
-  // The page cache holds a file in folios of up to kFolioBytesMax, and a
-  // fault maps a whole folio: writing or sending a neighbour maps this
-  // chunk's pages again. So the drop covers every idle chunk around i in
-  // the folio-aligned span(s) chunk i touches, and the last chunk of a
-  // span to go idle leaves none of it mapped.
-  constexpr uint64_t kFolioBytesMax = uint64_t{2} << 20;  // x86-64 PMD order
-  const uint64_t span_begin = obj.Offset(i) / kFolioBytesMax * kFolioBytesMax;
-  const uint64_t span_end = obj.Offset(i) + obj.Length(i) + kFolioBytesMax - 1;
-  uint32_t lo = i, hi = i;
-  while (lo > 0 && obj.Offset(lo - 1) >= span_begin && Idle(obj, lo - 1)) --lo;
-  while (hi + 1 < obj.count() && obj.Offset(hi + 1) < span_end / kFolioBytesMax * kFolioBytesMax &&
-         Idle(obj, hi + 1)) {
-    ++hi;
-  }
   // A hint: on failure the pages just stay resident.
-  obj.file->DropPages(obj.Offset(lo), obj.Offset(hi) + obj.Length(hi) - obj.Offset(lo)).IgnoreError();
+  obj.file->DropPages(obj.Offset(i), obj.Length(i)).IgnoreError();
 }
 
 void RelayNode::Impl::OnSent(const Event& e) {
