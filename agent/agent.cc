@@ -74,6 +74,8 @@ Status AgentImpl::Init() {
                "agent: a member needs --join HOST:PORT (or --root)");
   TERN_REQUIRE(opt_.heartbeat_ms > 0 && opt_.dead_after_ms > opt_.heartbeat_ms, kInvalidArgument,
                "agent: dead_after_ms must exceed heartbeat_ms > 0");
+  TERN_REQUIRE(opt_.patch_format <= 2, kInvalidArgument, "agent: patch format ", opt_.patch_format,
+               " (want 1 or 2)");
   TERN_RETURN_IF_ERROR(CreateDirs(env_, opt_.data_dir));
   objects_dir_ = opt_.data_dir + "/objects";
   published_dir_ = opt_.data_dir + "/published";

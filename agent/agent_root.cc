@@ -358,6 +358,7 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   }
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
+  if (opt_.patch_format != 0) options.format_version = opt_.patch_format;
   // A root that took over the board does not hold HEAD's view: its first
   // version is a keyframe on top of HEAD (members apply it like any other).
   options.keyframe_only = !prev && board_->head() != 0;

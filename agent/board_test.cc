@@ -90,6 +90,34 @@ TEST_F(BoardTest, FirstVersionIsAKeyframeThenPatchesChainAndApply) {
   EXPECT_EQ(board->Manifest(4)->target_digest, ComputeDigest(model.at(4).View(), pool));
 }
 
+// PublishOptions::format_version picks the objects' format (the root's
+// --patch-format); both chain and apply the same.
+TEST_F(BoardTest, PublishesTheFormatItIsAskedFor) {
+  for (uint16_t format : {uint16_t{1}, uint16_t{2}}) {
+    std::unique_ptr<Env> fresh = NewMemEnv();
+    auto board = MustOpen(*fresh);
+    PublishOptions options;
+    options.format_version = format;
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (model.views.size() <= v) model.Next(50, 1 << 20);
+      auto r = Publish(*board, v, options);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      for (const auto& o : r->manifest.objects) {
+        std::string bytes;
+        ASSERT_TRUE(ReadFileToString(*fresh, board->ObjectPath({o.kind, o.from_version, o.to_version}), 1 << 30, &bytes).ok());
+        auto info = Inspect({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+        ASSERT_TRUE(info.ok()) << info.status().ToString();
+        EXPECT_EQ(info->format_version, format) << "version " << v;
+      }
+    }
+    auto plan = board->PlanCatchUp(0, 3);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    auto applied = ApplyPlan(*fresh, *board, verifier, *plan, model.at(0), pool);
+    ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+    EXPECT_EQ(*applied, BytesOf(model.at(3)));
+  }
+}
+
 TEST_F(BoardTest, RefusesBadPublications) {
   auto board = MustOpen(*env);
   model.Next(10, 100);

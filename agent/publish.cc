@@ -231,6 +231,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
                    actual.ToString(), ", not D(", head, ")");
     }
     DiffOptions diff{options.segment_elements, head, version};
+    diff.format_version = options.format_version;
     TERN_ASSIGN_OR_RETURN(auto patch, Diff(*prev, next, diff, pool, &prev_digest));
     TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(patch)));
     m.base_digest = prev_digest;
@@ -244,6 +245,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     ServeView zero = next;
     for (auto& t : zero.tensors) t.data = zeros.data();
     DiffOptions diff{options.segment_elements, 0, version};
+    diff.format_version = options.format_version;
     TERN_ASSIGN_OR_RETURN(auto keyframe, Diff(zero, next, diff, pool));
     TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(keyframe)));
     TERN_REQUIRE(prev == nullptr || info.target_digest == m.target_digest, kInternal,

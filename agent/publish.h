@@ -37,6 +37,7 @@
 
 #include "agent/board.h"
 #include "tern/digest.h"
+#include "tern/patch.h"
 #include "tern/status.h"
 #include "tern/thread_pool.h"
 #include "tern/version_manifest.h"
@@ -46,6 +47,9 @@ namespace tern::agent {
 
 struct PublishOptions {
   uint64_t segment_elements = uint64_t{1} << 20;  // DiffOptions::segment_elements
+  // The patch and keyframe format (DiffOptions::format_version): 2 is
+  // smaller, 1 applies ~4x faster (docs/format/patch.md, docs/agent.md §8).
+  uint16_t format_version = kDefaultPatchFormat;
   uint32_t chunk_bytes = 0;       // 0: DefaultChunkBytes(object size)
   uint64_t created_unix_ms = 0;   // 0: the system clock (informative only)
   // Recompute D(prev) (a full read of prev) before trusting prev_digest: a
