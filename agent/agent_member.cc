@@ -625,7 +625,8 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
     // The rate the last object arrived at from a parent (the planner's
     // figure for this member's downlink as the tree sees it).
     for (const auto& l : links)
-      if (l.parent) hb.rate_in_bytes_per_s = std::max(hb.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+      if (l.parent)
+        hb.rate_in_bytes_per_s = std::max(hb.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
   }
   return hb;
 }

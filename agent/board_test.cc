@@ -104,7 +104,8 @@ TEST_F(BoardTest, PublishesTheFormatItIsAskedFor) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       for (const auto& o : r->manifest.objects) {
         std::string bytes;
-        ASSERT_TRUE(ReadFileToString(*fresh, board->ObjectPath({o.kind, o.from_version, o.to_version}), 1 << 30, &bytes).ok());
+        const ObjectRef ref{o.kind, o.from_version, o.to_version};
+        ASSERT_TRUE(ReadFileToString(*fresh, board->ObjectPath(ref), 1 << 30, &bytes).ok());
         auto info = Inspect({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
         ASSERT_TRUE(info.ok()) << info.status().ToString();
         EXPECT_EQ(info->format_version, format) << "version " << v;
