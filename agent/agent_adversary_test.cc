@@ -30,31 +30,6 @@ using agent_test::WaitFor;
 
 class AgentAdversaryTest : public agent_test::AgentSystemFixture {
  protected:
-  // Every agent's log, each line tagged "[id] ". Shared with the agents' log
-  // functions, which outlive a test body (TearDown).
-  struct Lines {
-    std::mutex mu;
-    std::vector<std::string> lines;
-  };
-
-  void CaptureLogs() {
-    tweak_ = [log = log_](AgentOptions& o) {
-      o.log = [log, id = o.id](std::string_view line) {
-        std::lock_guard<std::mutex> lock(log->mu);
-        log->lines.push_back("[" + id + "] " + std::string(line));
-      };
-    };
-  }
-
-  // Lines of agent `id` that contain `part`.
-  size_t Logged(const std::string& id, const std::string& part) {
-    std::lock_guard<std::mutex> lock(log_->mu);
-    size_t n = 0;
-    for (const auto& l : log_->lines)
-      n += l.rfind("[" + id + "] ", 0) == 0 && l.find(part) != std::string::npos;
-    return n;
-  }
-
   AgentMemberStatus MemberAtRoot(const std::string& id) {
     for (const auto& m : root_->Snapshot().members)
       if (m.id == id) return m;
@@ -68,8 +43,6 @@ class AgentAdversaryTest : public agent_test::AgentSystemFixture {
       if (m.parent == id) out.push_back(m.id);
     return out;
   }
-
-  std::shared_ptr<Lines> log_ = std::make_shared<Lines>();
 };
 
 // Samples what members serve while a test runs: a member must never serve

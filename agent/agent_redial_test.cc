@@ -19,30 +19,6 @@ using agent_test::WaitFor;
 
 class AgentRedialTest : public agent_test::AgentSystemFixture {
  protected:
-  struct Lines {
-    std::mutex mu;
-    std::vector<std::string> lines;
-  };
-
-  void CaptureLogs(uint32_t dead_after_ms) {
-    tweak_ = [log = log_, dead_after_ms](AgentOptions& o) {
-      o.dead_after_ms = dead_after_ms;
-      o.log = [log, id = o.id](std::string_view line) {
-        std::lock_guard<std::mutex> lock(log->mu);
-        log->lines.push_back("[" + id + "] " + std::string(line));
-      };
-    };
-  }
-
-  // Lines of agent `id` that contain `part`.
-  size_t Logged(const std::string& id, const std::string& part) {
-    std::lock_guard<std::mutex> lock(log_->mu);
-    size_t n = 0;
-    for (const auto& l : log_->lines)
-      n += l.rfind("[" + id + "] ", 0) == 0 && l.find(part) != std::string::npos;
-    return n;
-  }
-
   std::string ParentAtRoot(const std::string& id) {
     for (const auto& m : root_->Snapshot().members)
       if (m.id == id) return m.parent;
@@ -56,8 +32,6 @@ class AgentRedialTest : public agent_test::AgentSystemFixture {
     for (const auto& l : log_->lines) out += l + "\n";
     return out;
   }
-
-  std::shared_ptr<Lines> log_ = std::make_shared<Lines>();
 };
 
 // The relay's process stops (its children's links close, its port refuses
@@ -69,7 +43,7 @@ class AgentRedialTest : public agent_test::AgentSystemFixture {
 // dial. Then the children serve the next version bit for bit.
 TEST_F(AgentRedialTest, ChildrenOfASilentlyCutOffRelayRedialWithBackoff) {
   constexpr uint32_t kDeadAfterMs = 3000;
-  CaptureLogs(kDeadAfterMs);
+  CaptureLogs([](AgentOptions& o) { o.dead_after_ms = kDeadAfterMs; });
   StartRoot(/*root_fanout=*/1);
   auto cut = std::make_shared<std::atomic<bool>>(false);
   FaultPolicy silent;

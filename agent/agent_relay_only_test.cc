@@ -28,22 +28,12 @@ using agent_test::FirstDifference;
 using agent_test::WaitFor;
 
 // The system tests' fixture; members whose id names a relay are relay-only,
-// and every agent's log is kept for assertions.
+// and every agent's log is captured.
 class RelayOnlyTest : public agent_test::AgentSystemFixture {
  protected:
   void SetUp() override {
     AgentSystemFixture::SetUp();
-    tweak_ = [this](AgentOptions& o) {
-      o.relay_only = IsRelayOnly(o.id);
-      o.log = [this, name = o.id](std::string_view line) {
-        std::lock_guard<std::mutex> lock(log_mu_);
-        log_[name].emplace_back(line);
-      };
-    };
-  }
-  void TearDown() override {
-    AgentSystemFixture::TearDown();  // stops the agents, whose logs write log_
-    tweak_ = nullptr;
+    CaptureLogs([](AgentOptions& o) { o.relay_only = IsRelayOnly(o.id); });
   }
 
   static bool IsRelayOnly(const std::string& name) {
@@ -91,15 +81,6 @@ class RelayOnlyTest : public agent_test::AgentSystemFixture {
     return out;
   }
 
-  long LogLines(const std::string& name, const std::string& part) {
-    std::lock_guard<std::mutex> lock(log_mu_);
-    const auto& lines = log_[name];
-    return std::count_if(lines.begin(), lines.end(),
-                         [&](const std::string& l) { return l.find(part) != std::string::npos; });
-  }
-
-  std::mutex log_mu_;
-  std::map<std::string, std::vector<std::string>> log_;  // by agent
 };
 
 TEST_F(RelayOnlyTest, RelayOnlyMembersRelayEveryVersionAndServeNothing) {
@@ -168,7 +149,7 @@ TEST_F(RelayOnlyTest, RelayOnlyMembersRelayEveryVersionAndServeNothing) {
   Join("eu-c", "eu");
   EXPECT_EQ(tree()["eu-c"].parent, "eu-relay");
   check(8);
-  EXPECT_GE(LogLines("eu-c", "came from the board's object service"), 1);
+  EXPECT_GE(Logged("eu-c", "came from the board's object service"), 1u);
   Publish(9);
   check(9);
 
@@ -184,7 +165,7 @@ TEST_F(RelayOnlyTest, RelayOnlyMembersRelayEveryVersionAndServeNothing) {
         << id << ": version " << tree()[id].served_version << ", lag " << tree()[id].lag
         << ", bytes out " << tree()[id].bytes_out;
   }
-  EXPECT_EQ(LogLines("ap-relay", "serving version"), 0);
+  EXPECT_EQ(Logged("ap-relay", "serving version"), 0u);
   for (const auto& v : root_->Snapshot().versions) EXPECT_GE(v.last_served_s, 0) << v.version;
 }
 

@@ -115,23 +115,9 @@ TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
   auto gen = TraceGenerator::Create(config, pool_);
   ASSERT_TRUE(gen.ok()) << gen.status().ToString();
   gen_ = std::move(gen).value();
-  struct Lines {
-    std::mutex mu;
-    std::vector<std::string> lines;
-  };
-  auto log = std::make_shared<Lines>();
-  auto count = [log](const std::string& id, const std::string& part) {
-    std::lock_guard<std::mutex> lock(log->mu);
-    return std::count_if(log->lines.begin(), log->lines.end(), [&](const std::string& l) {
-      return l.find("[" + id + "]") == 0 && l.find(part) != std::string::npos;
-    });
-  };
-  tweak_ = [log](AgentOptions& o) {
-    o.stream_apply = o.id != "c";
-    o.log = [log, id = o.id](std::string_view line) {
-      std::lock_guard<std::mutex> lock(log->mu);
-      log->lines.push_back("[" + id + "] " + std::string(line));
-    };
+  CaptureLogs([](AgentOptions& o) { o.stream_apply = o.id != "c"; });
+  auto count = [this](const std::string& id, const std::string& part) {
+    return static_cast<long>(Logged(id, part));
   };
   spare_grace_ms_ = 50;
   // The root holds each send back 100 ms, so a patch's chunks arrive that
@@ -166,8 +152,8 @@ TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
   EXPECT_EQ(count("c", "records applied while the patch arrived"), 0);
   EXPECT_EQ(count("c", "serving version 3 (in place)"), 1);
   {
-    std::lock_guard<std::mutex> lock(log->mu);
-    for (const std::string& l : log->lines)
+    std::lock_guard<std::mutex> lock(log_->mu);
+    for (const std::string& l : log_->lines)
       if (l.find("view_store") != std::string::npos && l.find("[root]") == std::string::npos)
         std::printf("%s\n", l.c_str());
   }
@@ -201,41 +187,23 @@ TEST_F(AgentSystemTest, LateAndLaggingMembersCatchUp) {
 // last few versions) cannot be fed by the tree: it fetches from the root's
 // object service, which requires the join token (xfer access token).
 TEST_F(AgentSystemTest, MemberAwayLongerThanTheRelaysKeepCatchesUpFromTheBoard) {
+  CaptureLogs();
   StartRoot();
   StartMember("a", "us");
   ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
   Publish(1);
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
-  std::mutex mu;
-  std::vector<std::string> lines;
-  auto start_b = [&] {
-    AgentOptions o = BaseOptions("b");
-    o.join = "root";
-    o.region = "eu";
-    o.trusted_keys_pem = {root_key_};
-    o.transport = NewTransportFor("b");
-    o.log = [&](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu);
-      lines.emplace_back(line);
-    };
-    auto a = Agent::Start(o);
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    members_["b"].agent = std::move(a).value();
-    members_["b"].dir = o.data_dir;
-  };
-  start_b();
+  StartMember("b", "eu");
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
   StopMember("b");
   for (uint64_t v = 2; v <= 40; ++v) Publish(v);
   ASSERT_TRUE(AllServe(40)) << Lagging(40);
-  start_b();
+  StartMember("b", "eu");
   ASSERT_TRUE(AllServe(40)) << Lagging(40);
   ExpectBitwiseEqual(40);
   StopMember("b");
-  std::lock_guard<std::mutex> lock(mu);
-  bool from_board = false;
-  for (const auto& l : lines) from_board |= l.find("came from the board's object service") != std::string::npos;
-  EXPECT_TRUE(from_board) << "b was fed by the tree, not by the board's object service";
+  EXPECT_GT(Logged("b", "came from the board's object service"), 0u)
+      << "b was fed by the tree, not by the board's object service";
 }
 
 // Members that already hold a checkpoint start from it when its digest is
@@ -244,6 +212,7 @@ TEST_F(AgentSystemTest, MemberAwayLongerThanTheRelaysKeepCatchesUpFromTheBoard) 
 // from the board anyway). Keyframes only at version 1, so the tree alone
 // cannot bring a new member up: every one goes through the board.
 TEST_F(AgentSystemTest, MembersSeedFromACheckpointTheyHoldOnlyIfItsDigestIsSigned) {
+  CaptureLogs();
   {
     AgentOptions o = BaseOptions("root");
     o.root = true;
@@ -261,8 +230,6 @@ TEST_F(AgentSystemTest, MembersSeedFromACheckpointTheyHoldOnlyIfItsDigestIsSigne
     Publish(v);
     ASSERT_TRUE(AllServe(v)) << Lagging(v);
   }
-  std::mutex mu;
-  std::map<std::string, std::vector<std::string>> logs;
   auto start_seeded = [&](const std::string& name, const std::string& checkpoint, uint64_t version) {
     AgentOptions o = BaseOptions(name);
     o.join = "root";
@@ -271,10 +238,6 @@ TEST_F(AgentSystemTest, MembersSeedFromACheckpointTheyHoldOnlyIfItsDigestIsSigne
     o.transport = NewTransportFor(name);
     o.seed_checkpoint = checkpoint;
     o.seed_version = version;
-    o.log = [&, name](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu);
-      logs[name].emplace_back(line);
-    };
     auto a = Agent::Start(o);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     members_[name].agent = std::move(a).value();
@@ -289,10 +252,7 @@ TEST_F(AgentSystemTest, MembersSeedFromACheckpointTheyHoldOnlyIfItsDigestIsSigne
   ASSERT_TRUE(AllServe(13)) << Lagging(13);
   ExpectBitwiseEqual(13);
   auto logged = [&](const std::string& name, const std::string& part) {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& l : logs[name])
-      if (l.find(part) != std::string::npos) return true;
-    return false;
+    return Logged(name, part) > 0;
   };
   EXPECT_TRUE(logged("behind", "seeded from"));
   EXPECT_TRUE(logged("at-head", "seeded from"));
@@ -669,20 +629,9 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
 // end in AgentAdversaryTest.ForgedAndReplayedManifestsAreRefused and at the
 // relay in RelayTest.ForgedOrForeignManifestsAreRefused.
 TEST_F(AgentSystemTest, OldVersionsNotReofferedAfterReplan) {
-  // Shared with the agents' log functions, which outlive this body (TearDown).
-  struct Lines {
-    std::mutex mu;
-    std::vector<std::string> lines;
-  };
-  auto log = std::make_shared<Lines>();
-  std::mutex& mu = log->mu;
-  std::vector<std::string>& lines = log->lines;
-  tweak_ = [log](AgentOptions& o) {
-    o.log = [log](std::string_view line) {
-      std::lock_guard<std::mutex> lock(log->mu);
-      log->lines.emplace_back(line);
-    };
-  };
+  CaptureLogs();
+  std::mutex& mu = log_->mu;
+  std::vector<std::string>& lines = log_->lines;
   StartRoot(/*root_fanout=*/1);
   StartMember("relay", "eu");
   ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));

@@ -12,7 +12,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "agent/agent_test_util.h"
 #include "tern/agent.h"
@@ -135,6 +137,34 @@ class AgentSystemFixture : public TraceTest {
     std::unique_ptr<Agent> agent;
     std::string dir;
   };
+
+  // Agents started after CaptureLogs log into log_ as "[id] line"; `also`
+  // changes their options further (tweak_ is taken by the capture).
+  void CaptureLogs(std::function<void(AgentOptions&)> also = nullptr) {
+    tweak_ = [log = log_, also = std::move(also)](AgentOptions& o) {
+      if (also) also(o);
+      o.log = [log, id = o.id](std::string_view line) {
+        std::lock_guard<std::mutex> lock(log->mu);
+        log->lines.push_back("[" + id + "] " + std::string(line));
+      };
+    };
+  }
+
+  // Captured lines of agent `id` that contain `part`.
+  size_t Logged(const std::string& id, const std::string& part) {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    size_t n = 0;
+    for (const auto& l : log_->lines)
+      n += l.rfind("[" + id + "] ", 0) == 0 && l.find(part) != std::string::npos;
+    return n;
+  }
+
+  struct Lines {
+    std::mutex mu;
+    std::vector<std::string> lines;
+  };
+  // Shared with the agents' log functions, which may outlive a test body.
+  std::shared_ptr<Lines> log_ = std::make_shared<Lines>();
 
   LoopbackNetwork net_;
   std::map<std::string, Slot> transports_;
