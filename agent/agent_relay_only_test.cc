@@ -80,7 +80,6 @@ class RelayOnlyTest : public agent_test::AgentSystemFixture {
     }
     return out;
   }
-
 };
 
 TEST_F(RelayOnlyTest, RelayOnlyMembersRelayEveryVersionAndServeNothing) {

@@ -188,7 +188,6 @@ TEST_F(ViewStoreTest, PowerLossAfterAnUnsyncedSwitch) {
 // committing, or the one before as a fallback), never none (a usable spare
 // is durable), never a mix, and keeps advancing.
 TEST_F(ViewStoreTest, PowerLossAtEveryStepServesAWholeVersion) {
-  enum Kind { kWrite, kSync, kRename };
   {
     auto store = Seeded();
     ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
@@ -202,16 +201,8 @@ TEST_F(ViewStoreTest, PowerLossAtEveryStepServesAWholeVersion) {
   for (Kind kind : {kWrite, kSync, kRename}) {
     for (uint64_t n = 1; n < 100; ++n) {
       SCOPED_TRACE(::testing::Message() << "kind " << kind << " n " << n);
-      std::filesystem::remove_all(dir_);
-      std::filesystem::copy(
-          start, dir_,
-          std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
-      EnvFaultPolicy policy;
-      (kind == kWrite  ? policy.fail_write_nth
-       : kind == kSync ? policy.fail_sync_nth
-                       : policy.fail_rename_nth) = n;
-      policy.short_writes = true;
-      FaultEnv faulty(DefaultEnv(), policy);
+      RestoreDir(start);
+      FaultEnv faulty(DefaultEnv(), FailNth(kind, n));
       bool done = false;
       uint64_t reported = 3;
       {
@@ -300,7 +291,6 @@ TEST_F(ViewStoreTest, UnusableSpareIsRederivedNotServed) {
 // reopened on a healthy disk it serves one whole version, the one it
 // reported, and keeps advancing in place.
 TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
-  enum Kind { kWrite, kSync, kRename };
   std::set<uint64_t> outcomes;  // version() right after a failure
   {
     auto store = Seeded();  // serving 3 from views/a, spare views/b at 2
@@ -313,16 +303,8 @@ TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
     for (Kind kind : {kWrite, kSync, kRename}) {
       for (uint64_t n = 1; n < 100; ++n) {
         SCOPED_TRACE(::testing::Message() << "kind " << kind << " n " << n << " go_on " << go_on);
-        std::filesystem::remove_all(dir_);
-        std::filesystem::copy(start, dir_,
-                              std::filesystem::copy_options::recursive |
-                                  std::filesystem::copy_options::copy_symlinks);
-        EnvFaultPolicy policy;
-        (kind == kWrite  ? policy.fail_write_nth
-         : kind == kSync ? policy.fail_sync_nth
-                         : policy.fail_rename_nth) = n;
-        policy.short_writes = true;
-        FaultEnv faulty(DefaultEnv(), policy);
+        RestoreDir(start);
+        FaultEnv faulty(DefaultEnv(), FailNth(kind, n));
         bool done = false;
         uint64_t reported = 3, attempted = 4;
         {
@@ -389,7 +371,6 @@ TEST_F(ViewStoreTest, FailureAtEveryStepLeavesOldOrNew) {
 // a short write): reopened on a healthy disk the store serves one whole
 // version, never a spare a stream touched, and keeps advancing.
 TEST_F(ViewStoreTest, StreamedFailureAtEveryStepLeavesOldOrNew) {
-  enum Kind { kWrite, kSync, kRename };
   {
     auto store = Seeded();
     ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
@@ -401,16 +382,8 @@ TEST_F(ViewStoreTest, StreamedFailureAtEveryStepLeavesOldOrNew) {
   for (Kind kind : {kWrite, kSync, kRename}) {
     for (uint64_t n = 1; n < 100; ++n) {
       SCOPED_TRACE(::testing::Message() << "kind " << kind << " n " << n);
-      std::filesystem::remove_all(dir_);
-      std::filesystem::copy(
-          start, dir_,
-          std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
-      EnvFaultPolicy policy;
-      (kind == kWrite  ? policy.fail_write_nth
-       : kind == kSync ? policy.fail_sync_nth
-                       : policy.fail_rename_nth) = n;
-      policy.short_writes = true;
-      FaultEnv faulty(DefaultEnv(), policy);
+      RestoreDir(start);
+      FaultEnv faulty(DefaultEnv(), FailNth(kind, n));
       bool done = false;
       uint64_t reported = 3;
       {

@@ -130,6 +130,24 @@ class ViewStoreTest : public ::testing::Test {
       return l.find("copying") != std::string::npos;
     }));
   }
+  // The fault-at-every-step tests: which operation fails, and a policy
+  // failing the nth of that kind (with short writes).
+  enum Kind { kWrite, kSync, kRename };
+  static EnvFaultPolicy FailNth(Kind kind, uint64_t n) {
+    EnvFaultPolicy policy;
+    (kind == kWrite  ? policy.fail_write_nth
+     : kind == kSync ? policy.fail_sync_nth
+                     : policy.fail_rename_nth) = n;
+    policy.short_writes = true;
+    return policy;
+  }
+  // dir_ again as the copy at `start` holds it.
+  void RestoreDir(const std::string& start) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::copy(
+        start, dir_,
+        std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
+  }
   std::vector<std::string> Views() {
     std::vector<std::string> out;
     for (const auto& e : std::filesystem::directory_iterator(dir_ + "/views"))
