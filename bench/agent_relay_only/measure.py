@@ -25,20 +25,11 @@ import tempfile
 import threading
 import time
 
-
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def make_pki(d):
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-days", "2", "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    with open(os.path.join(d, "node.cnf"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=node",
-            "-keyout", "node.key", "-out", "node.csr", cwd=d)
-    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "node.cnf", "-out", "node.pem", cwd=d)
+# The CLI tests' throwaway PKI and the WAN driver's checkpoint reader.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "..", "tests", "cli"), os.path.join(HERE, "..", "agent_wan")]
+from driver import tensors  # noqa: E402
+from test_agent import make_pki  # noqa: E402
 
 
 def wait_for(cond, seconds, what):
@@ -109,22 +100,6 @@ class Sampler(threading.Thread):
                     self.peak[p][k] = max(self.peak[p].get(k, 0), v)
             time.sleep(0.05)
 
-
-def tensors(path):
-    import struct
-    out = {}
-    for n in sorted(os.listdir(path)):
-        if not n.endswith(".safetensors"):
-            continue
-        with open(os.path.join(path, n), "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(size))
-            data = f.read()
-        for name, t in header.items():
-            if name != "__metadata__":
-                a, b = t["data_offsets"]
-                out[name] = (t["dtype"], tuple(t["shape"]), data[a:b])
-    return out
 
 
 def main():
