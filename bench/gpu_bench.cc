@@ -9,9 +9,9 @@
 // apply and encode (GpuDiff) time, and their ratio to the time of one
 // cudaMemcpy of the whole view (device to device): a ratio of 1 is "as fast
 // as copying the view". Goal (issue 11): apply >= 0.5 at 1% changed.
-#include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/patch_walk.h"
+#include "gpu/host/patch_walk.h"
 #include "tern/gpu.h"
 #include "tern/patch.h"
 #include "tern/quantize.h"

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "base/digest_terms.h"
+#include "format/digest_terms.h"
 #include "tern/digest.h"
 
 namespace tern::patchfmt {

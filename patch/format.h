@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "base/value_code.h"
+#include "format/value_code.h"
 
 namespace tern::patchfmt {
 
@@ -39,7 +39,7 @@ inline constexpr uint32_t kMaxContextTableBytes = 3 + kMaxClasses * (4 + 1 + 5 +
 // Value alphabet: zigzag values 0..15 are their own symbol; larger values of
 // bit length L (5..64) are symbol 16 + (L - 5) followed by the L-1 bits below
 // the leading one.
-inline constexpr int kLiteralSymbols = hd::kLiteralSymbols;  // base/value_code.h
+inline constexpr int kLiteralSymbols = hd::kLiteralSymbols;  // format/value_code.h
 inline constexpr int kSymbols = kLiteralSymbols + 60;  // 76
 inline constexpr int kMaxCodeBits = 15;
 inline constexpr uint32_t kMaxTableBytes = 1 + (kSymbols + 1) / 2;

@@ -1,16 +1,16 @@
 #include "patch/segment_codec.h"
 
-#include "base/huffman_build.h"
-#include "patch/context_codec.h"
-
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "format/huffman_build.h"
+#include "patch/context_codec.h"
+
 namespace tern::patchfmt {
 
-// The construction is base/huffman_build.h's, shared with the GPU encoder.
+// The construction is format/huffman_build.h's, shared with the GPU encoder.
 void BuildLengths(const uint64_t freq[kSymbols], uint8_t lengths[kSymbols]) {
   hd::BuildLengths<kSymbols, kMaxCodeBits>(freq, lengths);
 }

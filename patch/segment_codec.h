@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/value_code.h"
+#include "format/value_code.h"
 #include "patch/bitio.h"
 #include "patch/format.h"
 #include "tern/status.h"

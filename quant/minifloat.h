@@ -1,13 +1,13 @@
 // Scalar codecs for the small float formats the quantizers emit: FP8 E4M3FN
 // and E5M2 (OCP FP8), FP4 E2M1 and the E8M0 scale (OCP Microscaling).
-// Internal. The codecs themselves are base/minifloat.h, the one copy the GPU
-// kernels (gpu/cast_ops.h) share, so CPU and GPU codes agree by
+// Internal. The codecs themselves are format/minifloat.h, the one copy the GPU
+// kernels (gpu/ops/cast_ops.h) share, so CPU and GPU codes agree by
 // construction; this header keeps quant/'s names for them.
 #pragma once
 
 #include <cstdint>
 
-#include "base/minifloat.h"
+#include "format/minifloat.h"
 
 namespace tern::quant_internal {
 

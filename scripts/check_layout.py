@@ -39,12 +39,19 @@ import sys
 LAYERS = [
     ("base", ["base"]),
     ("transport", ["transport"]),
+    ("format", ["format"]),
     ("domain", ["xfer", "patch", "quant", "checkpoint", "topology", "gpu", "datagen"]),
     ("agent", ["agent"]),
     ("front", ["tools", "capi", "python"]),
     ("harness", ["tests", "bench"]),  # may include anything
 ]
 LAYER_OF_MODULE = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
+
+# Modules whose headers every module above may include: base/ (the internal
+# floor: little-endian coding, wire codes, XXH3, thread tracking) and format/
+# (the host-device formats patch/, quant/ and gpu/ share). Neither is public
+# API, so neither is in include/tern/.
+FLOORS = ("base", "format")
 
 BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
 
@@ -168,7 +175,7 @@ def check_file(path, text):
             problems.append(f"{where}: layer: {module} ({LAYERS[LAYER_OF_MODULE[module]][0]}) must not "
                             f"depend on {inc_module} ({LAYERS[LAYER_OF_MODULE[inc_module]][0]})")
             continue
-        if private and inc_module != module and inc_module != "base" and not support:
+        if private and inc_module != module and inc_module not in FLOORS and not support:
             problems.append(f"{where}: private: {inc_module}'s private header; use its public header "
                             f"in include/tern/")
     return problems

@@ -17,7 +17,7 @@ def kinds(path, *includes):
 class Rules(unittest.TestCase):
     def test_backend_headers_only_from_the_registry_and_their_own_folder(self):
         self.assertEqual(kinds("tools/cmd_xfer.cc", "tern/tcp_transport.h"), ["backend"])
-        self.assertEqual(kinds("agent/agent.cc", "tern/verbs_transport.h"), ["backend"])
+        self.assertEqual(kinds("agent/daemon/agent.cc", "tern/verbs_transport.h"), ["backend"])
         self.assertEqual(kinds("xfer/transfer.cc", "transport/tcp/pipe.h"), ["backend"])
         self.assertEqual(kinds("transport/connect.cc", "tern/ucx_transport.h"), ["backend"])
         self.assertEqual(kinds("transport/net/socket.cc", "transport/tcp/pipe.h"), ["backend"])
@@ -47,7 +47,7 @@ class Rules(unittest.TestCase):
         self.assertEqual(kinds("transport/transport.cc", "tern/xfer.h"), ["layer"])
         self.assertEqual(kinds("transport/tcp/tcp.cc", "tern/patch.h"), ["layer"])
         self.assertEqual(kinds("xfer/transfer.cc", "tools/cli_util.h"), ["layer"])
-        self.assertEqual(kinds("patch/apply.cc", "agent/agent_impl.h"), ["layer"])
+        self.assertEqual(kinds("patch/apply.cc", "agent/daemon/agent_impl.h"), ["layer"])
         self.assertEqual(kinds("include/tern/status.h", "tern/transport.h"), ["layer"])
         # Down and sideways inside a layer are fine.
         self.assertEqual(kinds("xfer/transfer.cc", "tern/transport.h", "tern/status.h"), [])

@@ -125,7 +125,7 @@ TERN_EXPORT Result<Plan> UpdateFigures(const Plan& plan, std::string_view id,
 TERN_EXPORT Result<Plan> DemoteRelay(const Plan& plan, std::string_view id);
 
 // Undoes DemoteRelay once the member has served its probation (the agent's
-// policy decides when: agent/probation.h): it may relay again (may_relay
+// policy decides when: agent/membership/probation.h): it may relay again (may_relay
 // true) in the stripe where its region has the fewest relays, as AddMember
 // picks. No edge moves: later attachments (joins, re-attached orphans) may
 // hang under it. kNotFound for an unknown id; a member that already relays

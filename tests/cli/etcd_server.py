@@ -1,4 +1,4 @@
-"""A real etcd on 127.0.0.1 for the CLI tests, as agent/etcd_test_server.cc
+"""A real etcd on 127.0.0.1 for the CLI tests, as agent/testing/etcd_test_server.cc
 starts one for the C++ tests: `$TERN_ETCD`, else `etcd` from PATH (Debian's
 etcd-server, installed by scripts/install-deps.sh), a one-member cluster on
 two free loopback ports with a fresh data directory, 50 ms heartbeats and a

@@ -531,7 +531,7 @@ class AgentCli(unittest.TestCase):
             _, err = publish3.communicate(timeout=60)
             self.assertEqual(publish3.returncode, 0, err)
             # Members try A and B in turn, at most ~1.1 s apart with standbys
-            # (agent/dial_backoff.h), not after a backoff grown to 5 s (which
+            # (agent/daemon/dial_backoff.h), not after a backoff grown to 5 s (which
             # misses this bound in most runs; agent.DialBackoff.* always).
             self.assertLess(joined_s - took_over_s, 2.5, "members found B %.1f s after it led" %
                             (joined_s - took_over_s))

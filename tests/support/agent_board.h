@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/board.h"
-#include "agent/publish.h"
+#include "agent/board/board.h"
+#include "agent/board/publish.h"
 #include "tern/digest.h"
 #include "tern/patch.h"
 #include "tern/thread_pool.h"

@@ -1,0 +1,455 @@
+// The board and publishing: versions published and applied bit-exactly,
+// refusals, recovery (forged and damaged records refused, missing objects
+// routed around), crashes at every write of a publish, the keyframe policy.
+// Catch-up and retention: board_plan_test.cc.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "tern/fault_env.h"
+#include "tests/support/agent_board.h"
+
+namespace tern::agent {
+namespace {
+
+using testing::ApplyPlan;
+using testing::BytesOf;
+using testing::Model;
+
+class BoardTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(verifier.AddTrustedKey(signer.public_key()).ok()); }
+
+  Result<std::unique_ptr<Board>> Open(Env& env, BoardOptions options = {}) {
+    auto log = OpenFileBoardLog(env, "/root/board");
+    if (!log.ok()) return log.status();
+    return Board::Open(env, "/root/objects", std::move(*log), verifier, options,
+                       [this](std::string_view line) {
+                         std::lock_guard lock(mu);
+                         lines.emplace_back(line);
+                       });
+  }
+  std::unique_ptr<Board> MustOpen(Env& env, BoardOptions options = {}) {
+    auto board = Open(env, options);
+    EXPECT_TRUE(board.ok()) << board.status().ToString();
+    TERN_ASSERT(board.ok(), "opening the board");
+    return std::move(board).value();
+  }
+  // Publishes model.views[version] (which must exist) on top of HEAD.
+  Result<PublishResult> Publish(Board& board, uint64_t version, PublishOptions options = {}) {
+    const uint64_t head = board.head();
+    const ServeView next = model.at(version).View();
+    if (head == 0) return PublishVersion(board, signer, nullptr, {}, next, version, options, pool);
+    const ServeView prev = model.at(head).View();
+    auto m = board.Manifest(head);
+    if (!m.ok()) return m.status();
+    return PublishVersion(board, signer, &prev, m->target_digest, next, version, options, pool);
+  }
+  bool Logged(std::string_view what) {
+    std::lock_guard lock(mu);
+    for (const auto& l : lines)
+      if (l.find(what) != std::string::npos) return true;
+    return false;
+  }
+
+  ManifestSigner signer = testing::SignerFromByte(1);
+  ManifestVerifier verifier;
+  std::unique_ptr<Env> env = NewMemEnv();
+  ThreadPool pool{2};
+  Model model;
+  std::mutex mu;
+  std::vector<std::string> lines;
+};
+
+TEST_F(BoardTest, FirstVersionIsAKeyframeThenPatchesChainAndApply) {
+  auto board = MustOpen(*env);
+  const BoardId id = board->id();
+  for (uint64_t v = 1; v <= 4; ++v) {
+    model.Next(50, 1 << 20);
+    auto r = Publish(*board, v);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->manifest.board_id, id);
+    EXPECT_EQ(r->manifest.parent, v - 1);
+    EXPECT_EQ(r->patch_bytes > 0, v > 1);
+    EXPECT_EQ(r->keyframe_bytes > 0, v == 1);
+    EXPECT_EQ(board->head(), v);
+  }
+  auto m1 = board->Manifest(1);
+  ASSERT_EQ(m1->objects.size(), 1u);
+  EXPECT_EQ(m1->objects[0].kind, ObjectKind::kKeyframe);
+  // A new member: keyframe(1) + patches, verified against the signed manifests.
+  auto plan = board->PlanCatchUp(0, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->objects.size(), 4u);
+  EXPECT_EQ(plan->signed_manifests.size(), 4u);
+  auto applied = ApplyPlan(*env, *board, verifier, *plan, model.at(0), pool);
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ(*applied, BytesOf(model.at(4)));
+  EXPECT_EQ(board->Manifest(4)->target_digest, ComputeDigest(model.at(4).View(), pool));
+}
+
+// PublishOptions::format_version picks the objects' format (the root's
+// --patch-format); both chain and apply the same.
+TEST_F(BoardTest, PublishesTheFormatItIsAskedFor) {
+  for (uint16_t format : {uint16_t{1}, uint16_t{2}}) {
+    std::unique_ptr<Env> fresh = NewMemEnv();
+    auto board = MustOpen(*fresh);
+    PublishOptions options;
+    options.format_version = format;
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (model.views.size() <= v) model.Next(50, 1 << 20);
+      auto r = Publish(*board, v, options);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      for (const auto& o : r->manifest.objects) {
+        std::string bytes;
+        const ObjectRef ref{o.kind, o.from_version, o.to_version};
+        ASSERT_TRUE(ReadFileToString(*fresh, board->ObjectPath(ref), 1 << 30, &bytes).ok());
+        auto info = Inspect({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+        ASSERT_TRUE(info.ok()) << info.status().ToString();
+        EXPECT_EQ(info->format_version, format) << "version " << v;
+      }
+    }
+    auto plan = board->PlanCatchUp(0, 3);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    auto applied = ApplyPlan(*fresh, *board, verifier, *plan, model.at(0), pool);
+    ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+    EXPECT_EQ(*applied, BytesOf(model.at(3)));
+  }
+}
+
+TEST_F(BoardTest, RefusesBadPublications) {
+  auto board = MustOpen(*env);
+  model.Next(10, 100);
+  model.Next(10, 100);
+  const ServeView v1 = model.at(1).View(), v2 = model.at(2).View();
+  EXPECT_EQ(PublishVersion(*board, signer, &v1, {}, v2, 2, {}, pool).status().code(),
+            Code::kInvalidArgument);  // prev for an empty board
+  ASSERT_TRUE(Publish(*board, 1).ok());
+  const ViewDigest d1 = board->Manifest(1)->target_digest;
+  EXPECT_EQ(PublishVersion(*board, signer, &v1, d1, v2, 1, {}, pool).status().code(),
+            Code::kInvalidArgument);  // not newer
+  EXPECT_EQ(PublishVersion(*board, signer, nullptr, {}, v2, 2, {}, pool).status().code(),
+            Code::kInvalidArgument);  // no prev
+  EXPECT_EQ(PublishVersion(*board, signer, &v1, ViewDigest{}, v2, 2, {}, pool).status().code(),
+            Code::kMismatch);  // prev_digest is not D(HEAD)
+  EXPECT_EQ(PublishVersion(*board, signer, &v2, d1, v2, 2, {}, pool).status().code(),
+            Code::kMismatch);  // prev is not the view of HEAD
+  // A signer the board does not trust: nothing recorded, its files removed.
+  const ManifestSigner stranger = testing::SignerFromByte(9);
+  EXPECT_EQ(PublishVersion(*board, stranger, &v1, d1, v2, 2, {}, pool).status().code(), Code::kAuth);
+  EXPECT_EQ(board->head(), 1u);
+  EXPECT_EQ(*env->ListDir("/root/objects", 100), std::vector<std::string>{"keyframe-1-1"});
+  ASSERT_TRUE(PublishVersion(*board, signer, &v1, d1, v2, 5, {}, pool).ok());  // gaps are fine
+  EXPECT_EQ(board->Versions(), (std::vector<uint64_t>{1, 5}));
+}
+
+TEST_F(BoardTest, RestartRecoversEverything) {
+  BoardId id;
+  {
+    auto board = MustOpen(*env);
+    id = board->id();
+    for (uint64_t v = 1; v <= 3; ++v) {
+      model.Next(20, 1000);
+      ASSERT_TRUE(Publish(*board, v).ok());
+    }
+  }
+  auto board = Open(*env);
+  ASSERT_TRUE(board.ok()) << board.status().ToString();
+  EXPECT_EQ((*board)->id(), id);
+  EXPECT_EQ((*board)->head(), 3u);
+  EXPECT_EQ((*board)->Versions(), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_TRUE((*board)->HasObject({ObjectKind::kPatch, 2, 3}));
+  model.Next(20, 1000);
+  ASSERT_TRUE(Publish(**board, 4).ok());
+  auto plan = (*board)->PlanCatchUp(1, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto applied = ApplyPlan(*env, **board, verifier, *plan, model.at(1), pool);
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ(*applied, BytesOf(model.at(4)));
+}
+
+TEST_F(BoardTest, MissingObjectIsFlaggedAndRoutedAround) {
+  {
+    auto board = MustOpen(*env);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      model.Next(20, 1000);
+      ASSERT_TRUE(Publish(*board, v).ok());
+    }
+  }
+  ASSERT_TRUE(env->RemoveFile("/root/objects/patch-1-2").ok());
+  auto board = MustOpen(*env);
+  EXPECT_TRUE(Logged("not on disk"));
+  EXPECT_FALSE(board->HasObject({ObjectKind::kPatch, 1, 2}));
+  auto plan = board->PlanCatchUp(1, 3);  // 1 -> 2 is gone: keyframe(1) + 1->2 neither
+  EXPECT_EQ(plan.status().code(), Code::kNotFound) << plan.status().ToString();
+  plan = board->PlanCatchUp(2, 3);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->objects, (std::vector<ObjectRef>{{ObjectKind::kPatch, 2, 3}}));
+}
+
+// Records the board never signed (or not like this) make Open fail.
+TEST_F(BoardTest, ForgedOrInconsistentRecordsAreRefusedAtRecovery) {
+  const ManifestSigner stranger = testing::SignerFromByte(7);
+  struct Case {
+    const char* name;
+    Code code;
+    std::function<std::string(const VersionManifest&)> forge;  // bytes for record 3/0
+  };
+  const std::vector<Case> cases = {
+      {"signed by an untrusted key", Code::kAuth,
+       [&](const VersionManifest& m) { return *stranger.Sign(m); }},
+      {"a flipped byte", Code::kAuth,
+       [&](const VersionManifest& m) {
+         std::string s = *signer.Sign(m);
+         s[40] ^= 1;
+         return s;
+       }},
+      {"another board", Code::kMismatch,
+       [&](VersionManifest m) {
+         m.board_id[0] ^= 1;
+         return *signer.Sign(m);
+       }},
+      {"breaks the digest chain", Code::kMismatch,
+       [&](VersionManifest m) {
+         m.base_digest.lanes[0] ^= 1;
+         return *signer.Sign(m);
+       }},
+      {"another version's manifest", Code::kCorrupt,
+       [&](VersionManifest m) {
+         m.version = 4;
+         m.objects[0].to_version = 4;
+         return *signer.Sign(m);
+       }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto mem = NewMemEnv();
+    VersionManifest m3;
+    {
+      auto board = MustOpen(*mem);
+      model = Model();
+      for (uint64_t v = 1; v <= 2; ++v) {
+        model.Next(20, 1000);
+        ASSERT_TRUE(Publish(*board, v).ok());
+      }
+      m3 = *board->Manifest(2);
+      m3.version = 3;
+      m3.parent = 2;
+      m3.base_digest = m3.target_digest;
+      m3.objects[0].from_version = 2;
+      m3.objects.resize(1);  // the patch
+      m3.objects[0].to_version = 3;
+    }
+    {
+      auto log = OpenFileBoardLog(*mem, "/root/board").value();
+      ASSERT_TRUE(log->Append(3, 0, c.forge(m3), true, 2).ok());
+    }
+    auto board = Open(*mem);
+    ASSERT_FALSE(board.ok());
+    EXPECT_EQ(board.status().code(), c.code) << board.status().ToString();
+    EXPECT_NE(board.status().message().find("3/0"), std::string::npos) << board.status().ToString();
+  }
+}
+
+// A log backend (etcd, say) that hands back nonsense: refused, no crash.
+class CannedLog final : public BoardLog {
+ public:
+  explicit CannedLog(std::vector<BoardRecord> records) : records_(std::move(records)) {}
+  Result<BoardId> InitId(const BoardId&) override { return BoardId{}; }
+  Status Append(uint64_t, uint32_t, std::string, bool, uint64_t) override {
+    return Status(Code::kUnsupported, "canned");
+  }
+  Result<std::vector<BoardRecord>> LoadAll() override { return records_; }
+  Result<uint64_t> Head() override { return uint64_t{1}; }
+  Status DropBelow(uint64_t) override { return Status::Ok(); }
+
+ private:
+  std::vector<BoardRecord> records_;
+};
+
+// A log whose appends wait at a gate: a slow etcd round trip.
+class GatedLog final : public BoardLog {
+ public:
+  explicit GatedLog(std::unique_ptr<BoardLog> inner) : inner_(std::move(inner)) {}
+  Result<BoardId> InitId(const BoardId& c) override { return inner_->InitId(c); }
+  Status Append(uint64_t v, uint32_t seq, std::string bytes, bool advance, uint64_t expected) override {
+    entered.set_value();
+    if (release.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
+      return Status(Code::kTimeout, "gate never opened");
+    return inner_->Append(v, seq, std::move(bytes), advance, expected);
+  }
+  Result<std::vector<BoardRecord>> LoadAll() override { return inner_->LoadAll(); }
+  Result<uint64_t> Head() override { return inner_->Head(); }
+  Status DropBelow(uint64_t v) override { return inner_->DropBelow(v); }
+
+  std::promise<void> entered;
+  std::shared_future<void> release;
+
+ private:
+  std::unique_ptr<BoardLog> inner_;
+};
+
+TEST_F(BoardTest, ReadersAreNotHeldUpByTheLogsIo) {
+  for (int i = 0; i < 2; ++i) model.Next(20, 1000);
+  {
+    auto board = MustOpen(*env);
+    ASSERT_TRUE(Publish(*board, 1).ok());
+  }
+  auto gated = std::make_unique<GatedLog>(OpenFileBoardLog(*env, "/root/board").value());
+  GatedLog* gate = gated.get();
+  std::promise<void> open_gate;
+  gate->release = open_gate.get_future().share();
+  auto entered = gate->entered.get_future();
+  auto opened = Board::Open(*env, "/root/objects", std::move(gated), verifier, {},
+                            [](std::string_view) {});
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Board& board = **opened;
+  auto publish = std::async(std::launch::async, [&] { return Publish(board, 2).status(); });
+  ASSERT_EQ(entered.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  // The publish is inside the log's Append now; readers must still answer.
+  auto reader = std::async(std::launch::async, [&] {
+    return std::pair(board.head(), board.PlanCatchUp(0, 1).ok());
+  });
+  const bool answered = reader.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  open_gate.set_value();
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(reader.get(), std::pair(uint64_t{1}, true));
+  EXPECT_TRUE(publish.get().ok());
+  EXPECT_EQ(board.head(), 2u);
+}
+
+TEST_F(BoardTest, HostileLogRecordsAreRefused) {
+  VersionManifest m;  // of board 00..00, which CannedLog claims
+  m.version = 1;
+  m.objects.push_back({ObjectKind::kKeyframe, 1, 1, 10, 4, 3, {}});
+  const std::string good = *signer.Sign(m);
+  ASSERT_TRUE(Board::Open(*env, "/root/objects",
+                          std::make_unique<CannedLog>(std::vector<BoardRecord>{{1, 0, good}}),
+                          verifier, {}, [](std::string_view) {})
+                  .ok());
+  const std::vector<std::vector<BoardRecord>> cases = {
+      {{1, 0, good}, {1, uint32_t{1} << 31, good}},  // a seq no log may hold
+      {{1, uint32_t{1} << 31, "x"}},
+      {{0, 0, "x"}},
+      {{1, 0, std::string(100000, 'x')}},
+      {{1, 0, ""}},
+      {},  // HEAD 1 without its record
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    auto board = Board::Open(*env, "/root/objects", std::make_unique<CannedLog>(cases[i]),
+                             verifier, {}, [](std::string_view) {});
+    ASSERT_FALSE(board.ok());
+    EXPECT_EQ(board.status().code(), Code::kCorrupt) << board.status().ToString();
+  }
+}
+
+// Every write, sync and rename of a publish fails in turn, short writes
+// included: a restart finds version 2 wholly published or not at all, no
+// stray object files, and publishing goes on.
+TEST_F(BoardTest, CrashAtEveryStepOfAPublish) {
+  for (int kind = 0; kind < 3; ++kind) {
+    for (uint64_t nth = 1; nth <= 8; ++nth) {
+      SCOPED_TRACE(::testing::Message() << "kind " << kind << " nth " << nth);
+      auto mem = NewMemEnv();
+      model = Model();
+      for (int i = 0; i < 3; ++i) model.Next(30, 1000);
+      {
+        auto board = MustOpen(*mem);
+        ASSERT_TRUE(Publish(*board, 1).ok());
+      }
+      EnvFaultPolicy policy;
+      policy.seed = nth;
+      policy.short_writes = true;
+      (kind == 0 ? policy.fail_write_nth : kind == 1 ? policy.fail_sync_nth
+                                                     : policy.fail_rename_nth) = nth;
+      FaultEnv faulty(*mem, policy);
+      Status st;
+      {
+        auto board = Open(faulty, {.keep_patches = 16, .keyframe_every = 1});
+        ASSERT_TRUE(board.ok()) << board.status().ToString();
+        st = Publish(**board, 2).status();  // a patch and a keyframe: two objects, one record
+      }
+      auto board = Open(*mem, {.keep_patches = 16, .keyframe_every = 1});
+      ASSERT_TRUE(board.ok()) << board.status().ToString();
+      const uint64_t head = (*board)->head();
+      ASSERT_TRUE(head == 1 || head == 2) << head;
+      if (faulty.stats().failed == 0) {
+        EXPECT_TRUE(st.ok()) << st.ToString();
+      }
+      auto names = *mem->ListDir("/root/objects", 100);
+      if (head == 1) {
+        EXPECT_EQ(names, std::vector<std::string>{"keyframe-1-1"});
+        ASSERT_TRUE(Publish(**board, 2).ok());
+      } else {
+        EXPECT_EQ(names.size(), 3u);
+      }
+      auto plan = (*board)->PlanCatchUp(1, 2);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      auto applied = ApplyPlan(*mem, **board, verifier, *plan, model.at(1), pool);
+      ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+      EXPECT_EQ(*applied, BytesOf(model.at(2)));
+      ASSERT_TRUE(Publish(**board, 3).ok());
+    }
+  }
+}
+
+TEST_F(BoardTest, KeyframeEveryMVersions) {
+  auto board = MustOpen(*env, {.keep_patches = 16, .keyframe_every = 3});
+  std::vector<uint64_t> keyframes;
+  for (uint64_t v = 1; v <= 8; ++v) {
+    model.Next(5, 100);
+    auto r = Publish(*board, v);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (r->keyframe_bytes > 0) keyframes.push_back(v);
+  }
+  EXPECT_EQ(keyframes, (std::vector<uint64_t>{1, 4, 7}));
+}
+
+TEST_F(BoardTest, KeyframeWhenTheChainOutweighsIt) {
+  auto board = MustOpen(*env, {.keep_patches = 16, .keyframe_every = 1000});
+  uint64_t keyframe_bytes = 0, chain = 0;
+  for (uint64_t v = 1; v <= 6; ++v) {
+    model.Next(6000, 1 << 20);  // large patches: ~ a third of a keyframe each
+    auto r = Publish(*board, v);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (v == 1) {
+      keyframe_bytes = r->keyframe_bytes;
+      continue;
+    }
+    const bool due = chain + r->patch_bytes > keyframe_bytes;
+    EXPECT_EQ(r->keyframe_bytes > 0, due) << "v " << v;
+    chain = due ? 0 : chain + r->patch_bytes;
+    if (due) keyframe_bytes = r->keyframe_bytes;
+  }
+  EXPECT_GE(board->SignedManifests(1).size(), 1u);
+  int keyframes = 0;
+  for (uint64_t v = 2; v <= 6; ++v) keyframes += board->HasObject({ObjectKind::kKeyframe, v, v});
+  EXPECT_GE(keyframes, 1);
+  EXPECT_LT(keyframes, 5);
+}
+
+TEST_F(BoardTest, ReadersRunWhilePublishing) {
+  auto board = MustOpen(*env);
+  model.Next(20, 1000);
+  ASSERT_TRUE(Publish(*board, 1).ok());
+  for (int i = 0; i < 8; ++i) model.Next(20, 1000);
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done) {
+      const uint64_t h = board->head();
+      auto plan = board->PlanCatchUp(0, h);
+      EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+      EXPECT_TRUE(board->Manifest(h).ok());
+      EXPECT_FALSE(board->SignedManifests(h).empty());
+    }
+  });
+  for (uint64_t v = 2; v <= 9; ++v) EXPECT_TRUE(Publish(*board, v).ok());
+  done = true;
+  reader.join();
+}
+
+}  // namespace
+}  // namespace tern::agent

@@ -1,0 +1,295 @@
+// The file BoardLog (agent/board/board_log.h; format in docs/agent/board.md §2).
+//
+// One file per record, "<version:020>-<seq:010>.rec", written by
+// WriteFileAtomic (temporary, fsync, no-replace rename, directory fsync), so
+// a record is wholly there or absent and the rename is the commit point.
+// HEAD is not a file of its own: it is the newest record flagged
+// advance_head, and each such record stores the HEAD it replaced, so a
+// missing record in the middle of the chain is caught at open.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "agent/board/board_log.h"
+#include "base/coding.h"
+#include "base/hash.h"
+
+namespace tern::agent {
+namespace {
+
+constexpr char kRecordMagic[8] = {'T', 'E', 'R', 'N', 'B', 'R', 'E', 'C'};
+constexpr char kIdMagic[8] = {'T', 'E', 'R', 'N', 'B', 'I', 'D', '1'};
+constexpr uint16_t kRecordFormat = 1;
+constexpr uint16_t kFlagAdvanceHead = 1;
+constexpr size_t kRecordHeaderBytes = 48;
+constexpr size_t kIdFileBytes = 8 + 16 + 8;
+constexpr const char* kIdFile = "board_id";
+constexpr const char* kRecordSuffix = ".rec";
+// Directory entries a scan accepts: every record plus temporaries and the id.
+constexpr uint64_t kDirEntriesMax = kMaxBoardRecords + 1024;
+
+struct Key {
+  uint64_t version;
+  uint32_t seq;
+  auto operator<=>(const Key&) const = default;
+};
+
+struct Decoded {
+  Key key;
+  bool advance_head;
+  uint64_t expected_head;
+  std::string payload;
+};
+
+std::string RecordName(Key k) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%020" PRIu64 "-%010" PRIu32 "%s", k.version, k.seq,
+                kRecordSuffix);
+  return buf;
+}
+
+// "<20 digits>-<10 digits>.rec" exactly, or nullopt.
+std::optional<Key> ParseRecordName(const std::string& name) {
+  if (name.size() != 20 + 1 + 10 + 4 || name.compare(31, 4, kRecordSuffix) != 0 || name[20] != '-')
+    return std::nullopt;
+  uint64_t v = 0, s = 0;
+  for (size_t i = 0; i < 31; ++i) {
+    if (i == 20) continue;
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    uint64_t& x = i < 20 ? v : s;
+    const uint64_t digit = static_cast<uint64_t>(name[i] - '0');
+    if (x > (UINT64_MAX - digit) / 10) return std::nullopt;
+    x = x * 10 + digit;
+  }
+  if (s > UINT32_MAX) return std::nullopt;
+  return Key{v, static_cast<uint32_t>(s)};
+}
+
+std::string EncodeRecord(Key k, bool advance_head, uint64_t expected_head,
+                         const std::string& payload) {
+  std::string out(kRecordHeaderBytes, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  std::memcpy(p, kRecordMagic, 8);
+  EncodeFixed16(p + 8, kRecordFormat);
+  EncodeFixed16(p + 10, advance_head ? kFlagAdvanceHead : 0);
+  EncodeFixed32(p + 12, 0);
+  EncodeFixed64(p + 16, k.version);
+  EncodeFixed32(p + 24, k.seq);
+  EncodeFixed32(p + 28, static_cast<uint32_t>(payload.size()));
+  EncodeFixed64(p + 32, expected_head);
+  out += payload;
+  // The checksum covers everything but itself: header bytes 0..40 and the payload.
+  std::string covered = out.substr(0, 40) + payload;
+  EncodeFixed64(reinterpret_cast<uint8_t*>(out.data()) + 40,
+                Xxh3(covered.data(), covered.size()));
+  return out;
+}
+
+Result<Decoded> DecodeRecord(const std::string& name, Key expect, const std::string& bytes) {
+  TERN_REQUIRE(bytes.size() >= kRecordHeaderBytes, kCorrupt, "board record ", name, ": ",
+               bytes.size(), " bytes, shorter than its header");
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  TERN_REQUIRE(std::memcmp(p, kRecordMagic, 8) == 0, kCorrupt, "board record ", name,
+               ": bad magic");
+  TERN_REQUIRE(DecodeFixed16(p + 8) == kRecordFormat, kCorrupt, "board record ", name,
+               ": format ", DecodeFixed16(p + 8), ", expected ", kRecordFormat);
+  const uint16_t flags = DecodeFixed16(p + 10);
+  TERN_REQUIRE((flags & ~kFlagAdvanceHead) == 0 && DecodeFixed32(p + 12) == 0, kCorrupt,
+               "board record ", name, ": reserved bits set");
+  const uint32_t length = DecodeFixed32(p + 28);
+  TERN_REQUIRE(length >= 1 && length <= kMaxBoardRecordBytes &&
+                   bytes.size() == kRecordHeaderBytes + length,
+               kCorrupt, "board record ", name, ": length ", length, " does not match its ",
+               bytes.size(), " bytes");
+  std::string covered = bytes.substr(0, 40) + bytes.substr(kRecordHeaderBytes);
+  TERN_REQUIRE(DecodeFixed64(p + 40) == Xxh3(covered.data(), covered.size()), kCorrupt,
+               "board record ", name, ": checksum mismatch");
+  Decoded d{{DecodeFixed64(p + 16), DecodeFixed32(p + 24)},
+            (flags & kFlagAdvanceHead) != 0,
+            DecodeFixed64(p + 32),
+            bytes.substr(kRecordHeaderBytes)};
+  TERN_REQUIRE(d.key == expect, kCorrupt, "board record ", name, ": holds version ",
+               d.key.version, " seq ", d.key.seq);
+  TERN_REQUIRE(d.key.version >= 1 && d.key.seq < kMaxManifestsPerVersion, kCorrupt,
+               "board record ", name, ": version or seq out of range");
+  TERN_REQUIRE(d.advance_head == (d.key.seq == 0), kCorrupt, "board record ", name,
+               ": head flag on seq ", d.key.seq);
+  TERN_REQUIRE(!d.advance_head || d.expected_head < d.key.version, kCorrupt, "board record ",
+               name, ": replaced HEAD ", d.expected_head, " is not older");
+  return d;
+}
+
+class FileBoardLog final : public BoardLog {
+ public:
+  FileBoardLog(Env& env, std::string dir) : env_(env), dir_(std::move(dir)) {}
+
+  // Scans the directory: removes temporaries of interrupted writes, decodes
+  // every record, checks the HEAD chain.
+  Status Load() {
+    std::lock_guard lock(mu_);
+    TERN_ASSIGN_OR_RETURN(auto loaded, Scan(/*clean=*/true));
+    keys_.clear();
+    for (const auto& d : loaded) keys_.insert(d.key);
+    head_ = 0;
+    for (const auto& d : loaded)
+      if (d.advance_head) head_ = std::max(head_, d.key.version);
+    return Status::Ok();
+  }
+
+  Result<BoardId> InitId(const BoardId& candidate) override {
+    std::lock_guard lock(mu_);
+    const std::string path = dir_ + "/" + kIdFile;
+    std::string bytes(kIdFileBytes, '\0');
+    auto* p = reinterpret_cast<uint8_t*>(bytes.data());
+    std::memcpy(p, kIdMagic, 8);
+    std::memcpy(p + 8, candidate.data(), 16);
+    EncodeFixed64(p + 24, Xxh3(p, 24));
+    Status st = WriteFileAtomic(env_, path, AsBytes(bytes), /*overwrite=*/false);
+    if (!st.ok() && st.code() != Code::kAlreadyExists) return st;
+    std::string stored;
+    TERN_RETURN_IF_ERROR(ReadFileToString(env_, path, 4096, &stored));
+    const auto* q = reinterpret_cast<const uint8_t*>(stored.data());
+    TERN_REQUIRE(stored.size() == kIdFileBytes && std::memcmp(q, kIdMagic, 8) == 0 &&
+                     DecodeFixed64(q + 24) == Xxh3(q, 24),
+                 kCorrupt, path, ": not a board id file");
+    BoardId id;
+    std::memcpy(id.data(), q + 8, 16);
+    return id;
+  }
+
+  Status Append(uint64_t version, uint32_t seq, std::string signed_manifest, bool advance_head,
+                uint64_t expected_head) override {
+    TERN_REQUIRE(version >= 1, kInvalidArgument, "board record: version 0");
+    TERN_REQUIRE(seq < kMaxManifestsPerVersion, kInvalidArgument, "board record: seq ", seq,
+                 " >= ", kMaxManifestsPerVersion);
+    TERN_REQUIRE(!signed_manifest.empty() && signed_manifest.size() <= kMaxBoardRecordBytes,
+                 kInvalidArgument, "board record: ", signed_manifest.size(),
+                 " bytes, outside 1..", kMaxBoardRecordBytes);
+    TERN_REQUIRE(advance_head == (seq == 0), kInvalidArgument,
+                 "board record: advance_head must be exactly seq 0 (seq ", seq, ")");
+    TERN_REQUIRE(!advance_head || version > expected_head, kInvalidArgument,
+                 "board record: version ", version, " does not advance HEAD ", expected_head);
+    std::lock_guard lock(mu_);
+    const Key key{version, seq};
+    TERN_REQUIRE(!keys_.contains(key), kAlreadyExists, "board record ", version, "/", seq,
+                 " exists");
+    TERN_REQUIRE(!advance_head || head_ == expected_head, kMismatch, "board HEAD is ", head_,
+                 ", not ", expected_head);
+    TERN_REQUIRE(keys_.size() < kMaxBoardRecords, kResourceExhausted, "board log holds ",
+                 keys_.size(), " records");
+    const std::string path = dir_ + "/" + RecordName(key);
+    const std::string bytes = EncodeRecord(key, advance_head, expected_head, signed_manifest);
+    Status st = WriteFileAtomic(env_, path, AsBytes(bytes), /*overwrite=*/false);
+    if (!st.ok()) {
+      // The rename is the commit: if the file is there, the record is (maybe
+      // not yet durably); keep memory in step with what LoadAll would show.
+      auto type = env_.TypeOf(path, /*follow_links=*/false);
+      if (!type.ok() || *type != FileType::kMissing) Note(key, advance_head);
+      return st.WithContext("appending board record");
+    }
+    Note(key, advance_head);
+    return Status::Ok();
+  }
+
+  Result<std::vector<BoardRecord>> LoadAll() override {
+    std::lock_guard lock(mu_);
+    TERN_ASSIGN_OR_RETURN(auto loaded, Scan(/*clean=*/false));
+    std::vector<BoardRecord> out;
+    out.reserve(loaded.size());
+    for (auto& d : loaded) out.push_back({d.key.version, d.key.seq, std::move(d.payload)});
+    return out;
+  }
+
+  Result<uint64_t> Head() override {
+    std::lock_guard lock(mu_);
+    return head_;
+  }
+
+  Status DropBelow(uint64_t version) override {
+    std::lock_guard lock(mu_);
+    TERN_REQUIRE(version <= head_, kInvalidArgument, "board: cannot drop below ", version,
+                 ", past HEAD ", head_);
+    // Ascending, so a crash part-way leaves a suffix of the HEAD chain.
+    while (!keys_.empty() && keys_.begin()->version < version) {
+      const Key k = *keys_.begin();
+      Status st = env_.RemoveFile(dir_ + "/" + RecordName(k));
+      if (!st.ok() && st.code() != Code::kNotFound) return st.WithContext("dropping board record");
+      keys_.erase(keys_.begin());
+    }
+    return env_.SyncPath(dir_);
+  }
+
+ private:
+  static std::span<const uint8_t> AsBytes(const std::string& s) {
+    return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+  }
+
+  void Note(Key key, bool advance_head) {
+    keys_.insert(key);
+    if (advance_head) head_ = std::max(head_, key.version);
+  }
+
+  // Every record, sorted by key; the HEAD chain checked.
+  Result<std::vector<Decoded>> Scan(bool clean) {
+    TERN_ASSIGN_OR_RETURN(auto names, env_.ListDir(dir_, kDirEntriesMax));
+    std::vector<Decoded> out;
+    for (const auto& name : names) {
+      if (name.find(".tmp-") != std::string::npos) {
+        // An interrupted WriteFileAtomic: never renamed, so never committed.
+        if (clean) TERN_RETURN_IF_ERROR(env_.RemoveFile(dir_ + "/" + name));
+        continue;
+      }
+      if (name == kIdFile) continue;
+      auto key = ParseRecordName(name);
+      TERN_REQUIRE(key.has_value(), kCorrupt, dir_, ": unexpected file ", name,
+                   " in the board log");
+      TERN_REQUIRE(out.size() < kMaxBoardRecords, kResourceExhausted, dir_, ": more than ",
+                   kMaxBoardRecords, " board records");
+      std::string bytes;
+      Status st = ReadFileToString(env_, dir_ + "/" + name,
+                                   kRecordHeaderBytes + kMaxBoardRecordBytes, &bytes);
+      if (st.code() == Code::kResourceExhausted)
+        return TERN_ERROR(kCorrupt, "board record ", name, ": larger than any record");
+      TERN_RETURN_IF_ERROR(st);
+      TERN_ASSIGN_OR_RETURN(Decoded d, DecodeRecord(name, *key, bytes));
+      out.push_back(std::move(d));
+    }
+    std::sort(out.begin(), out.end(), [](const Decoded& a, const Decoded& b) { return a.key < b.key; });
+    // Each publication replaced the previous one; the oldest kept may follow
+    // records dropped by retention.
+    const Decoded* prev = nullptr;
+    for (const auto& d : out) {
+      if (!d.advance_head) continue;
+      TERN_REQUIRE(prev == nullptr || d.expected_head == prev->key.version, kCorrupt,
+                   "board log: version ", d.key.version, " replaced HEAD ", d.expected_head,
+                   " but the previous publication is ", prev ? prev->key.version : 0,
+                   " (a record is missing)");
+      prev = &d;
+    }
+    return out;
+  }
+
+  Env& env_;
+  const std::string dir_;
+  std::mutex mu_;
+  std::set<Key> keys_;  // guarded by mu_
+  uint64_t head_ = 0;   // guarded by mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BoardLog>> OpenFileBoardLog(Env& env, std::string dir) {
+  TERN_REQUIRE(!dir.empty(), kInvalidArgument, "board log: empty directory name");
+  TERN_RETURN_IF_ERROR(CreateDirs(env, dir));
+  auto log = std::make_unique<FileBoardLog>(env, std::move(dir));
+  TERN_RETURN_IF_ERROR(log->Load());
+  return std::unique_ptr<BoardLog>(std::move(log));
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,88 @@
+// Publishing a version on the root's Board (agent/board/board.h), and squashes
+// made on demand for catch-up (docs/agent/board.md §3).
+//
+// PublishVersion: diff prev -> next (prev null: the first version, a
+// keyframe only), keyframe(version) = Diff(zero view, next) when the board's
+// policy says so, SHA-256 chunk hashes and Merkle roots, the manifest, the
+// signature; then each object file written and fsynced, and only then the
+// record appended (Board::Record), so a crash never leaves a manifest without
+// its bytes. On any error nothing is recorded and the files this call wrote
+// are removed (a crash's leftovers are removed by the next Board::Open).
+//
+// MakeSquash(from, to): squash(from -> to) of the cheapest object chain, or
+// with from == 0 a late keyframe(to) (the newest keyframe squashed with the
+// patches after it), checked against D(to), signed as another manifest of
+// version `to`, written, recorded. A chain with format-2 CONTEXT segments is
+// squashed on view(from), rebuilt from the board's own objects (memory: about
+// twice the view); without those objects it fails and catch-up falls back
+// to the chain (docs/agent/board.md §4). Bind it into a MakeSquashFn for
+// Board::PlanCatchUp.
+//
+// Errors: kInvalidArgument for a version not newer than HEAD, prev given
+// for an empty board or missing for a non-empty one, from >= parent(to);
+// kMismatch when prev_digest is not D(HEAD) or (verify_prev_digest) not
+// D(prev), or when views do not share a layout; kAlreadyExists for a squash
+// or keyframe the board already holds; codec, Env and log errors as they come.
+//
+// Thread safety: PublishVersion and MakeSquash on one Board must be called
+// by one thread at a time (the daemon's publisher); Board readers may run
+// meanwhile. The pool is used by one call at a time (ThreadPool's rule).
+// The signer's key must be trusted by the board's verifier, or Record
+// refuses the manifest (kAuth).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "agent/board/board.h"
+#include "tern/digest.h"
+#include "tern/patch.h"
+#include "tern/status.h"
+#include "tern/thread_pool.h"
+#include "tern/version_manifest.h"
+#include "tern/view.h"
+
+namespace tern::agent {
+
+struct PublishOptions {
+  uint64_t segment_elements = uint64_t{1} << 20;  // DiffOptions::segment_elements
+  // The patch and keyframe format (DiffOptions::format_version): 2 is
+  // smaller, 1 applies ~4x faster (docs/format/patch.md, docs/agent.md §8).
+  uint16_t format_version = kDefaultPatchFormat;
+  uint32_t chunk_bytes = 0;       // 0: DefaultChunkBytes(object size)
+  uint64_t created_unix_ms = 0;   // 0: the system clock (informative only)
+  // Recompute D(prev) (a full read of prev) before trusting prev_digest: a
+  // wrong prev would publish a patch no member can apply.
+  bool verify_prev_digest = true;
+  // prev is null on a non-empty board: publish keyframe(version) only, on
+  // top of HEAD (base_digest = D(HEAD) from HEAD's manifest). For a root
+  // that took the board over without HEAD's view.
+  bool keyframe_only = false;
+};
+
+struct PublishResult {
+  VersionManifest manifest;
+  std::string signed_manifest;
+  uint64_t patch_bytes = 0;     // 0: no patch (first version) / not a publication
+  uint64_t keyframe_bytes = 0;  // 0: no keyframe in this manifest
+  uint64_t squash_bytes = 0;    // MakeSquash: the squash (from > 0)
+};
+
+// 4 MiB, or 1 MiB for objects under 16 MiB (docs/agent/board.md §3).
+uint32_t DefaultChunkBytes(uint64_t object_bytes);
+
+// The manifest entry for an object: size, chunking, Merkle root over the
+// SHA-256 of its chunks (hashed over the pool).
+Result<ManifestObject> DescribeObject(const ObjectRef& ref, std::span<const uint8_t> bytes,
+                                      uint32_t chunk_bytes, ThreadPool& pool);
+
+Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
+                                     const ServeView* prev, const ViewDigest& prev_digest,
+                                     const ServeView& next, uint64_t version,
+                                     const PublishOptions& options, ThreadPool& pool);
+
+Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uint64_t from,
+                                 uint64_t to, const PublishOptions& options, ThreadPool& pool);
+
+}  // namespace tern::agent

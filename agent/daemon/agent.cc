@@ -1,0 +1,380 @@
+// The agent's common half: start and stop, the one listener shared by the
+// control and data planes, the work and ticker threads (agent/daemon/agent_impl.h).
+#include <algorithm>
+#include <utility>
+
+#include "agent/daemon/agent_impl.h"
+#include "agent/ops/admin_http.h"
+#include "agent/ops/metrics.h"
+#include "base/log.h"
+
+namespace tern {
+
+Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options) {
+  auto agent = std::make_unique<agent::AgentImpl>(options);
+  Status s = agent->Init();
+  if (!s.ok()) {
+    agent->Stop();
+    return s;
+  }
+  return std::unique_ptr<Agent>(std::move(agent));
+}
+
+namespace agent {
+namespace {
+
+// Work items queued at once; past it the agent is hopelessly behind and
+// drops the oldest heartbeat-driven work rather than grow without bound.
+constexpr size_t kMaxQueuedWork = 4096;
+
+}  // namespace
+
+AgentImpl::AgentImpl(const AgentOptions& options)
+    : opt_(options),
+      env_(options.env ? *options.env : DefaultEnv()),
+      clock_(env_.clock()),
+      log_(options.log ? options.log : StderrLog()),
+      pool_(options.threads) {}
+
+AgentImpl::~AgentImpl() { Stop(); }
+
+void AgentImpl::Log(const std::string& line) const { log_("agent " + id_ + ": " + line); }
+
+void AgentImpl::Flush(Outbox& out) {
+  for (auto& o : out) {
+    if (!o.conn) continue;
+    std::weak_ptr<Connection> weak = o.conn;
+    o.conn->SendMessage(std::move(o.payload), [weak](Status s) {
+      // A failed send shows up as the connection closing; nothing to do here.
+      (void)weak;
+      s.IgnoreError();
+    });
+  }
+  out.clear();
+}
+
+void AgentImpl::Send(Outbox& out, const std::shared_ptr<Connection>& conn, const ControlMessage& m) {
+  auto bytes = EncodeControl(m);
+  if (!bytes.ok()) {
+    Log(std::string("not sending ") + ControlTypeName(TypeOf(m)) + ": " + bytes.status().ToString());
+    return;
+  }
+  out.push_back({conn, std::move(bytes).value()});
+}
+
+Status AgentImpl::Init() {
+  TERN_REQUIRE(opt_.transport != nullptr, kInvalidArgument, "agent: no transport");
+  TERN_REQUIRE(!opt_.data_dir.empty(), kInvalidArgument, "agent: --data DIR is required");
+  TERN_REQUIRE(!opt_.listen.empty(), kInvalidArgument, "agent: --listen HOST:PORT is required");
+  TERN_REQUIRE(!opt_.intra_transport || !opt_.listen_intra.empty(), kInvalidArgument,
+               "agent: an intra-cluster transport needs --listen-intra HOST:PORT");
+  TERN_REQUIRE(!opt_.intra_transport || opt_.intra_transport != opt_.transport, kInvalidArgument,
+               "agent: the intra-cluster transport must be another instance than the main one");
+  TERN_REQUIRE(opt_.root || !opt_.join.empty(), kInvalidArgument,
+               "agent: a member needs --join HOST:PORT (or --root)");
+  TERN_REQUIRE(opt_.heartbeat_ms > 0 && opt_.dead_after_ms > opt_.heartbeat_ms, kInvalidArgument,
+               "agent: dead_after_ms must exceed heartbeat_ms > 0");
+  TERN_REQUIRE(opt_.patch_format <= 2, kInvalidArgument, "agent: patch format ", opt_.patch_format,
+               " (want 1 or 2)");
+  TERN_RETURN_IF_ERROR(CreateDirs(env_, opt_.data_dir));
+  objects_dir_ = opt_.data_dir + "/objects";
+  published_dir_ = opt_.data_dir + "/published";
+  TERN_RETURN_IF_ERROR(CreateDirs(env_, objects_dir_));
+  for (const auto& pem : opt_.trusted_keys_pem) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKeyPem(pem));
+  TERN_REQUIRE(
+      !opt_.relay_only || (!opt_.root && opt_.may_relay && opt_.seed_checkpoint.empty()),
+      kInvalidArgument,
+      "agent: --relay-only is for members that relay (not with --root, --no-relay or --seed)");
+  if (opt_.relay_only) {
+    // It keeps no view: a DIR that serves one belongs to a serving member,
+    // whose engines would go on reading a version nobody advances.
+    TERN_ASSIGN_OR_RETURN(FileType current, env_.TypeOf(opt_.data_dir + "/current", false));
+    TERN_REQUIRE(current == FileType::kMissing, kInvalidArgument, "agent: ", opt_.data_dir,
+                 "/current exists: that DIR serves a view; a relay-only member keeps none (give it "
+                 "another --data DIR)");
+  } else {
+    // The root diffs each new version against its view and its board's HEAD
+    // is durable: a view that a power loss could lower a version (the
+    // deferred sync, docs/agent/apply.md) would not match HEAD, so the root
+    // keeps the fully synced switch. Members defer the sync.
+    ViewStoreOptions store_options;
+    store_options.sync_at_switch = opt_.root;
+    TERN_ASSIGN_OR_RETURN(store_,
+                          ViewStore::Open(env_, opt_.data_dir, pool_, log_, store_options));
+    store_version_ = store_->version();
+  }
+  TERN_REQUIRE(opt_.seed_checkpoint.empty() || (!opt_.root && opt_.seed_version > 0), kInvalidArgument,
+               "agent: --seed is for members, with --seed-version N > 0");
+  seed_pending_ = !opt_.seed_checkpoint.empty() && store_version_ < opt_.seed_version;
+  metrics_ = std::make_unique<MetricsRegistry>();
+
+  // A standby root waits here, before it listens, until it leads.
+  if (opt_.root && !opt_.board_etcd.empty()) TERN_RETURN_IF_ERROR(CampaignForRoot());
+  TERN_RETURN_IF_ERROR(StartListener());
+  id_ = opt_.id.empty() ? listen_address_ : opt_.id;
+  TERN_RETURN_IF_ERROR(opt_.root ? InitRoot() : InitMember());
+  TERN_RETURN_IF_ERROR(StartAdmin());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_ = true;
+  }
+  work_thread_ = std::thread([this] { WorkLoop(); });
+  tick_thread_ = std::thread([this] { TickLoop(); });
+  Log(std::string(opt_.root         ? "root"
+                  : opt_.relay_only ? "relay-only member"
+                                    : "member") +
+      " listening on " + listen_address_ +
+      (intra_address_.empty() ? ""
+                              : " and, inside cluster '" + opt_.cluster + "', on " +
+                                    intra_address_ + " (" + opt_.intra_transport->name() + ")") +
+      (admin_address_.empty() ? "" : ", admin on http://" + admin_address_) +
+      (store_ ? ", serving version " + std::to_string(store_->version()) : ", serving nothing"));
+  return Status::Ok();
+}
+
+// One port for both planes: the first message of a connection says which
+// one it speaks (control types 0x01-0x3F, data 0x40-0x7F); anything else is
+// refused and the connection closed.
+ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport* via) {
+  struct State {
+    std::mutex mu;
+    // kProbe: a connection that opened with PING (a member measuring its
+    // round trip to this agent as its parent); it gets PONGs, nothing else.
+    enum { kUnknown, kControl, kData, kProbe, kRefused } mode = kUnknown;
+    ConnectionHandlers data;  // the relay's, in data mode
+    std::string member_id;    // control mode, once joined
+    // The caller owns accepted connections (transport.h): held here until
+    // the connection closes (a decorator such as the fault transport's is
+    // owned by nobody else).
+    std::shared_ptr<Connection> hold;
+  };
+  auto st = std::make_shared<State>();
+  st->hold = conn;
+  std::weak_ptr<Connection> weak = conn;
+  ConnectionHandlers h;
+  h.on_message = [this, st, weak, via, gate = gate_](std::string payload) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) return;
+    auto conn = weak.lock();
+    if (!conn) return;
+    std::unique_lock<std::mutex> lock(st->mu);
+    if (st->mode == State::kUnknown) {
+      const uint8_t type = payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);
+      if (type == static_cast<uint8_t>(ControlType::kPing)) {
+        st->mode = State::kProbe;
+      } else if (type >= 0x01 && type <= 0x3F && opt_.root && via == opt_.transport) {
+        st->mode = State::kControl;
+      } else if (type >= 0x40 && type <= 0x7F) {
+        RelayNode* relay = nullptr;
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          relay = relay_.get();
+        }
+        if (relay) {
+          st->data = relay->ChildAcceptor(via)(conn);
+          st->mode = State::kData;
+        } else {
+          st->mode = State::kRefused;
+        }
+      } else {
+        st->mode = State::kRefused;
+      }
+      if (st->mode == State::kRefused) {
+        st->hold.reset();
+        lock.unlock();
+        Log("refused a connection from " + conn->peer_address() + ": first message type " +
+            std::to_string(type) + (opt_.root ? "" : " (a member takes no control connections)"));
+        conn->Close();
+        return;
+      }
+    }
+    if (st->mode == State::kData) {
+      auto on_message = st->data.on_message;
+      lock.unlock();
+      if (on_message) on_message(std::move(payload));
+      return;
+    }
+    if (st->mode == State::kProbe) {
+      lock.unlock();
+      auto m = DecodeControl(payload);
+      auto* ping = m.ok() ? std::get_if<Ping>(&*m) : nullptr;
+      if (!ping) {
+        Log("closing probe connection from " + conn->peer_address() + ": not a PING");
+        conn->Close();
+        return;
+      }
+      Outbox out;
+      Send(out, conn, Pong{ping->nonce});
+      Flush(out);
+      return;
+    }
+    if (st->mode != State::kControl) return;
+    auto m = DecodeControl(payload);
+    if (!m.ok()) {
+      const bool joining = st->member_id.empty();
+      lock.unlock();
+      Log("closing control connection from " + conn->peer_address() + ": " + m.status().ToString());
+      // A HELLO this root cannot read (another release's control protocol,
+      // say) gets the reason in REJECT, whose layout every protocol shares,
+      // so the member logs it instead of a bare closed connection.
+      if (joining && !payload.empty() && payload[0] == static_cast<char>(ControlType::kHello)) {
+        Outbox out;
+        Send(out, conn, Reject{m.status().message()});
+        Flush(out);
+      }
+      conn->Close();
+      return;
+    }
+    // Control messages of one connection are serialized by the transport,
+    // so member_id is this handler's to update; st->mu is not held while
+    // the root works (it may close the connection, and on_closed takes it).
+    std::string member_id = st->member_id;
+    lock.unlock();
+    RootOnControl(conn, &member_id, std::move(m).value());
+    lock.lock();
+    st->member_id = member_id;
+  };
+  h.on_closed = [this, st, weak, gate = gate_](Status why) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) return;
+    std::unique_lock<std::mutex> lock(st->mu);
+    auto held = std::move(st->hold);  // released when this handler returns
+    if (st->mode == State::kData) {
+      auto on_closed = st->data.on_closed;
+      lock.unlock();
+      if (on_closed) on_closed(std::move(why));
+      return;
+    }
+    if (st->mode == State::kControl && !st->member_id.empty()) {
+      const std::string id = st->member_id;
+      lock.unlock();
+      RootOnClosed(id, weak.lock());
+    }
+  };
+  return h;
+}
+
+Status AgentImpl::StartListener() {
+  Transport* primary = opt_.transport;
+  auto listener = primary->Listen(opt_.listen, [this, primary](std::shared_ptr<Connection> conn) {
+    return Accept(std::move(conn), primary);
+  });
+  if (!listener.ok()) return listener.status().WithContext("agent: listen on " + opt_.listen);
+  listener_ = std::move(listener).value();
+  listen_address_ = listener_->address();
+  if (Transport* intra = opt_.intra_transport) {
+    // Data and probes only: control stays on the main listener.
+    auto l = intra->Listen(opt_.listen_intra, [this, intra](std::shared_ptr<Connection> conn) {
+      return Accept(std::move(conn), intra);
+    });
+    if (!l.ok())
+      return l.status().WithContext("agent: listen on " + opt_.listen_intra + " (" + intra->name() +
+                                    ")");
+    intra_listener_ = std::move(l).value();
+    intra_address_ = intra_listener_->address();
+  }
+  return Status::Ok();
+}
+
+Status AgentImpl::MakeRelay(const BoardId& board, RelayCallbacks callbacks) {
+  RelayOptions ro;
+  ro.member_id = id_;
+  ro.join_token = opt_.join_token;  // presented to parents, required of children
+  ro.push_window_bytes = opt_.push_window_bytes;
+  auto relay = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board,
+                                           log_, ro, std::move(callbacks));
+  if (opt_.intra_transport) TERN_RETURN_IF_ERROR(relay->AddTransport(*opt_.intra_transport));
+  relay_ = std::move(relay);
+  return Status::Ok();
+}
+
+void AgentImpl::Post(std::function<void()> work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  if (work_.size() >= kMaxQueuedWork) {
+    Log("work queue full; dropping the oldest item");
+    work_.pop_front();
+  }
+  work_.push_back(std::move(work));
+  work_cv_.notify_one();
+}
+
+void AgentImpl::WorkLoop() {
+  for (;;) {
+    std::function<void()> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stopping_ || !work_.empty(); });
+      if (stopping_) return;
+      item = std::move(work_.front());
+      work_.pop_front();
+    }
+    item();
+  }
+}
+
+void AgentImpl::TickLoop() {
+  const uint64_t tick_us = std::max<uint64_t>(1000, uint64_t{opt_.heartbeat_ms} * 1000 / 2);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    if (opt_.root) {
+      RootTick();
+    } else {
+      MemberTick();
+    }
+    // Sleep in short steps so that Stop returns promptly.
+    for (uint64_t slept = 0; slept < tick_us; slept += 20000) {
+      clock_.SleepUs(std::min<uint64_t>(20000, tick_us - slept));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+  }
+}
+
+void AgentImpl::Stop() {
+  std::lock_guard<std::mutex> stop_lock(stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  {
+    // From here on no transport handler touches the agent.
+    std::unique_lock<std::shared_mutex> shut(gate_->mu);
+    gate_->open = false;
+  }
+  std::shared_ptr<Connection> root_conn;
+  std::vector<std::shared_ptr<Connection>> conns;
+  bool joined = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    work_cv_.notify_all();
+    root_conn = root_conn_;
+    for (auto& [id, c] : member_conns_) conns.push_back(c);
+    for (auto& [address, p] : probes_)
+      if (p.conn) conns.push_back(p.conn);
+    joined = joined_;
+  }
+  if (root_conn && joined) {
+    // Say goodbye so the root re-plans at once instead of after the silence.
+    if (auto bytes = EncodeControl(Leave{}); bytes.ok()) root_conn->SendMessage(*bytes, [](Status) {});
+  }
+  if (work_thread_.joinable()) work_thread_.join();
+  if (tick_thread_.joinable()) tick_thread_.join();
+  admin_.reset();
+  if (listener_) listener_->Close();
+  if (intra_listener_) intra_listener_->Close();
+  if (root_conn) root_conn->Close();
+  for (auto& c : conns) c->Close();
+  fetch_server_.reset();
+  relay_.reset();
+  listener_.reset();
+  intra_listener_.reset();
+  // Hand leadership over at once (revokes the lease) rather than after it
+  // lapses.
+  election_.reset();
+}
+
+}  // namespace agent
+}  // namespace tern

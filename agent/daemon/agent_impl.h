@@ -1,0 +1,266 @@
+// The Agent's implementation (include/tern/agent.h), private to agent/.
+// One class, five files in agent/daemon/ by role:
+//   agent.cc               start (Init), the shared listener (Accept,
+//                          StartListener), the relay (MakeRelay), the work
+//                          thread (Post, WorkLoop), the ticker (TickLoop), Stop
+//   agent_root.cc          the root: election (CampaignForRoot), InitRoot,
+//                          control from members, publishing (Publish,
+//                          PublishLocked), re-planning notices, RootTick
+//   agent_member.cc        a member: joining and redialling, manifests,
+//                          objects received, apply (MemberApplyObject), seed,
+//                          catch-up, forgetting old objects, heartbeats
+//   agent_member_links.cc  a member's parents: round trips, probes, watching
+//                          for stalled parents
+//   agent_status.cc        Snapshot, /status JSON, /metrics text and the admin
+//                          routes (StartAdmin)
+//
+// Threads and locks. Transport callbacks (backend threads) only decode,
+// update state under mu_ and queue work; they never block. Work that takes
+// time — applying a version, fetching catch-up objects, re-planning
+// notifications — runs on the agent's one work thread, in order. The ticker
+// thread sends heartbeats, expires silent members and re-dials the root.
+// Calls into a Connection (SendMessage, Close) are made without mu_ held: a
+// backend may run on_closed inside Close, and on_closed takes mu_.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/board/board.h"
+#include "agent/board/publish.h"
+#include "agent/control/control_wire.h"
+#include "agent/daemon/dial_backoff.h"
+#include "agent/etcd/etcd.h"
+#include "agent/etcd/etcd_board_log.h"
+#include "agent/membership/membership.h"
+#include "agent/relay/relay.h"
+#include "agent/view_store/view_store.h"
+#include "tern/agent.h"
+#include "tern/thread_pool.h"
+#include "tern/version_manifest.h"
+#include "tern/xfer.h"
+
+namespace tern::agent {
+
+class AdminServer;
+class MetricsRegistry;
+
+// Transport handlers may run after the agent stopped (a connection's
+// on_closed during the transport's own shutdown): each handler holds this
+// gate shared for its whole run and does nothing once it is shut; Stop
+// shuts it (waiting for handlers in flight) before anything else. A handler
+// may re-enter (Close can run on_closed inline): glibc's rwlock prefers
+// readers, so a nested shared lock does not wait behind Stop.
+struct HandlerGate {
+  std::shared_mutex mu;
+  bool open = true;
+};
+
+class AgentImpl final : public Agent {
+ public:
+  explicit AgentImpl(const AgentOptions& options);
+  ~AgentImpl() override;
+
+  Status Init();
+  Status Publish(const std::string& checkpoint_path, uint64_t version) override;
+  AgentSnapshot Snapshot() const override;
+  std::string PublicKeyPem() const override;
+  void Stop() override;
+
+ private:
+  // A message to send once mu_ is released.
+  struct Outgoing {
+    std::shared_ptr<Connection> conn;
+    std::string payload;
+  };
+  using Outbox = std::vector<Outgoing>;
+  void Flush(Outbox& out);
+  void Send(Outbox& out, const std::shared_ptr<Connection>& conn, const ControlMessage& m);
+  void Log(const std::string& line) const;
+  double NowS() const { return static_cast<double>(clock_.NowUs()) * 1e-6; }
+
+  // ---- agent.cc ----
+  Status StartListener();
+  // `via`: the transport whose listener accepted conn (data links remember
+  // it: the relay sends a child's chunks through the transport it came on).
+  ConnectionHandlers Accept(std::shared_ptr<Connection> conn, Transport* via);
+  // The relay, with the intra transport added when there is one. Under mu_
+  // for a member (Accept reads relay_ under it).
+  Status MakeRelay(const BoardId& board, RelayCallbacks callbacks);
+  void Post(std::function<void()> work);  // onto the work thread
+  void WorkLoop();
+  void TickLoop();
+  Status StartAdmin();
+  std::string StatusJson() const;
+  std::string MetricsText() const;
+
+  // ---- agent_root.cc ----
+  Status InitRoot();
+  void RootOnControl(const std::shared_ptr<Connection>& conn, std::string* member_id,
+                     ControlMessage m);
+  void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
+  void RootTick();
+  void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out);
+  Status PublishLocked(const std::string& checkpoint_path, uint64_t version);
+
+  // ---- agent_member.cc ----
+  Status InitMember();
+  void MemberDial();
+  void MemberOnControl(ControlMessage m);
+  void MemberOnClosed(const std::shared_ptr<Connection>& conn, const Status& why);
+  void MemberTick();
+  bool MemberAcceptManifest(const std::string& signed_manifest, const VersionManifest& m);
+  void MemberObjectComplete(const ObjectRef& ref, const std::string& path);
+  void RelayOnlyObjectComplete(const ObjectRef& ref);
+  void MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path, uint64_t bytes);
+  void MemberTryApply();
+  Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
+  void MemberPrepareSpare();
+  void MemberCatchUp(CatchUpReply plan);
+  Status SaveMemberState();
+  Result<RelayNode*> EnsureRelay(const BoardId& board);
+  Heartbeat MakeHeartbeatLocked();
+  // ---- agent_member_links.cc: round trips and parent health ----
+  void MemberProbeParents();
+  void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
+                    uint64_t nonce);
+  void MemberWatchParentsLocked(Outbox& out);
+  double RoundTripOf(uint64_t nonce) const;
+  // The transport a parent edge is dialled with (PARENTS says which).
+  Transport* TransportOf(const ParentRef& p) const {
+    return p.intra && opt_.intra_transport ? opt_.intra_transport : opt_.transport;
+  }
+
+  const std::shared_ptr<HandlerGate> gate_ = std::make_shared<HandlerGate>();
+  const AgentOptions opt_;
+  Env& env_;
+  Clock& clock_;
+  LogFn log_;
+  ThreadPool pool_;
+  std::string id_;
+  std::string objects_dir_;    // DIR/objects: what the relay receives and serves
+  std::string published_dir_;  // root: DIR/published, the board's objects
+
+  ManifestVerifier verifier_;
+  std::optional<ManifestSigner> signer_;  // root
+  std::unique_ptr<ViewStore> store_;
+  std::unique_ptr<RelayNode> relay_;
+  std::unique_ptr<Listener> listener_;
+  std::string listen_address_;
+  std::unique_ptr<Listener> intra_listener_;  // with opt_.intra_transport
+  std::string intra_address_;
+  std::unique_ptr<MetricsRegistry> metrics_;
+  std::unique_ptr<AdminServer> admin_;
+  std::string admin_address_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::deque<std::function<void()>> work_;  // bounded by kMaxQueuedWork
+  bool stopping_ = false;
+  std::thread work_thread_, tick_thread_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+
+  // ---- root state (mu_) ----
+  std::unique_ptr<Board> board_;
+  std::unique_ptr<Election> election_;     // with board_etcd
+  std::atomic<bool> leadership_lost_{false};
+  bool started_ = false;                   // Init finished (mu_): control traffic is served
+  Status CampaignForRoot();
+  std::unique_ptr<FileServer> fetch_server_;
+  std::unique_ptr<Membership> membership_;
+  std::map<std::string, std::shared_ptr<Connection>> member_conns_;
+  std::map<uint64_t, AgentVersionStatus> versions_;
+  std::map<uint64_t, std::set<std::string>> waiting_;  // version -> members not yet serving it
+  std::mutex publish_mu_;  // one publish at a time (not mu_: it takes seconds)
+
+  // ---- member state (mu_) ----
+  BoardId board_id_{};  // pinned at the first WELCOME (DIR/agent.json)
+  bool joined_ = false;
+  std::shared_ptr<Connection> root_conn_;
+  bool dialing_ = false;
+  uint64_t next_dial_us_ = 0;
+  uint64_t known_head_ = 0;
+  std::string fetch_address_;
+  std::vector<std::string> join_addresses_;  // --join, split at commas
+  size_t join_index_ = 0;                    // the one dialled next
+  std::string dial_address_;                 // the one being dialled
+  Parents parents_;
+  uint32_t stripes_ = 1;
+  uint64_t heartbeat_seq_ = 0;
+  double last_apply_s_ = 0;
+  uint64_t spare_due_us_ = 0;  // PrepareSpare after this (0: nothing due)
+  // Work thread only: the patch streaming into the spare
+  // (ViewStore::AdvancePrefix) and our own mapping of its ".part" file,
+  // valid whatever the relay does with the file meanwhile.
+  ObjectRef stream_ref_;
+  std::unique_ptr<MappedFile> stream_file_;
+  bool catching_up_ = false;
+  uint64_t catch_up_deadline_us_ = 0;  // a request unanswered by then is given up
+  uint64_t catch_up_next_us_ = 0;      // the next periodic check
+  bool need_catch_up_check_ = false;
+  // A seed checkpoint not yet adopted or refused (AgentOptions::seed_*).
+  bool seed_pending_ = false;
+  // Per stripe of parents_: when its parent is dialled (again), and the
+  // failures since PARENTS named it (agent/daemon/dial_backoff.h).
+  std::vector<ParentRedial> parent_redial_;
+  uint64_t store_version_ = 0;  // store_->version(), readable under mu_
+  // Relay-only (no store_): the newest version of which the relay holds an
+  // object completely, verified.
+  uint64_t held_version_ = 0;
+  // Under mu_: the version this member stands at, as the root, its parents
+  // (SUBSCRIBE) and the replay check see it: what it serves, or for a
+  // relay-only member what it holds.
+  uint64_t VersionLocked() const { return opt_.relay_only ? held_version_ : store_version_; }
+  uint64_t dial_backoff_us_ = 0;
+  bool dial_failed_logged_ = false;
+  // Complete, verified objects waiting to be applied, by target version.
+  std::map<uint64_t, std::pair<ObjectRef, std::string>> ready_;
+  // When the relay reported each of them complete (NowS), by target
+  // version: the apply's log line says how long it waited for the work
+  // thread (a PrepareSpare or another apply), the benchmark's breakdown.
+  std::map<uint64_t, double> complete_at_s_;
+  // Objects the relay holds, forgotten once every version they lead to is
+  // kKeepVersions behind what this agent serves (the relay's table is
+  // bounded: RelayOptions::max_objects).
+  std::set<ObjectRef> relay_held_;
+  // Returns what it forgot (a member's relay leaves complete files behind).
+  std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions);
+  // Work thread: adopts the seed checkpoint if `m` (verified, its version
+  // the seed's) signs its digest; clears seed_pending_ either way.
+  void MemberSeed(const VersionManifest& m);
+  // Manifests accepted, by version (publication target digests).
+  std::map<uint64_t, VersionManifest> manifests_;
+  // Round trips measured with PING/PONG (seconds; 0: not yet): to the root
+  // on the control connection, to each parent on a probe connection.
+  double rtt_to_root_s_ = 0;
+  struct ParentProbe {
+    std::shared_ptr<Connection> conn;
+    bool dialing = false;
+    uint64_t next_dial_us = 0;  // after a failed dial
+    double rtt_s = 0;
+  };
+  std::map<std::string, ParentProbe> probes_;  // by parent data address
+  // Per stripe: the parent's progress as the relay's link counters show it.
+  struct StripeWatch {
+    std::string parent_id;
+    uint64_t bytes_in = 0, bad_chunks = 0;
+    uint64_t progress_us = 0;  // when bytes_in last moved, the watch began, or we reported
+    bool failed_auth = false;  // the relay dropped it for chunks that failed verification
+  };
+  std::vector<StripeWatch> watch_;
+};
+
+}  // namespace tern::agent

@@ -1,0 +1,717 @@
+// A member agent: joins the root, follows the parents it is given, applies
+// what its relay receives, catches up from the root's object service when
+// the tree cannot help (agent/daemon/agent_impl.h).
+#include <algorithm>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "agent/daemon/agent_impl.h"
+#include "agent/daemon/dial_backoff.h"
+#include "base/text.h"
+
+namespace tern::agent {
+namespace {
+
+constexpr uint64_t kMaxStateBytes = 64 << 10;
+// While a parent keeps failing, one log line per this many failed dials
+// (at the 2 s backoff cap: about one a minute).
+constexpr uint32_t kParentFailuresPerSummary = 32;
+
+// The signed object's bytes, checked against its manifest entry without the
+// hash list: every chunk's SHA-256 folded into the Merkle root the publisher
+// signed. Used for catch-up objects, which arrive whole from the root's
+// object service rather than chunk by chunk through the tree.
+Status VerifyWholeObject(Env& env, const std::string& path, const ManifestObject& o) {
+  TERN_ASSIGN_OR_RETURN(auto file, env.Map(path, MapMode::kReadOnly));
+  const auto bytes = file->bytes();
+  TERN_REQUIRE(bytes.size() == o.bytes, kAuth, path, ": ", bytes.size(), " bytes, the manifest says ",
+               o.bytes);
+  std::vector<Sha256Hash> hashes(o.chunk_count);
+  for (uint32_t i = 0; i < o.chunk_count; ++i) {
+    const uint64_t at = uint64_t{i} * o.chunk_bytes;
+    hashes[i] = Sha256Of(bytes.subspan(at, std::min<uint64_t>(o.chunk_bytes, bytes.size() - at)));
+  }
+  TERN_REQUIRE(ChunkHashRoot(hashes) == o.chunk_hashes_root, kAuth, path,
+               ": chunk hashes do not match the signed root");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AgentImpl::InitMember() {
+  TERN_REQUIRE(verifier_.key_count() > 0, kInvalidArgument,
+               "agent: a member needs the publisher's public key (--trust-key)");
+  for (size_t at = 0; at <= opt_.join.size();) {
+    const size_t comma = std::min(opt_.join.find(',', at), opt_.join.size());
+    if (comma > at) join_addresses_.push_back(opt_.join.substr(at, comma - at));
+    at = comma + 1;
+  }
+  TERN_REQUIRE(!join_addresses_.empty() && join_addresses_.size() <= 16, kInvalidArgument,
+               "agent: --join wants 1..16 comma-separated root addresses");
+  const std::string state_path = opt_.data_dir + "/agent.json";
+  TERN_ASSIGN_OR_RETURN(FileType type, env_.TypeOf(state_path, true));
+  if (type == FileType::kRegular) {
+    std::string text;
+    TERN_RETURN_IF_ERROR(ReadFileToString(env_, state_path, kMaxStateBytes, &text));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("board_id") || !j["board_id"].is_string() ||
+        !ParseHex(j["board_id"].get<std::string>(), board_id_))
+      return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
+  }
+  {
+    // The relay starts with an empty table: objects (and partial ones) of
+    // an earlier run are never offered again, so they go rather than pile
+    // up. The served view and its kept patch live in views/, not here.
+    if (auto names = env_.ListDir(objects_dir_, 4096); names.ok()) {
+      for (const auto& name : *names) env_.RemoveFile(objects_dir_ + "/" + name).IgnoreError();
+    } else {
+      Log("cannot clear " + objects_dir_ + ": " + names.status().ToString());
+    }
+  }
+  if (board_id_ != BoardId{}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TERN_RETURN_IF_ERROR(EnsureRelay(board_id_).status());
+  }
+  return Status::Ok();
+}
+
+Status AgentImpl::SaveMemberState() {
+  nlohmann::json j;
+  j["member_id"] = id_;
+  j["board_id"] = Hex(board_id_);
+  const std::string text = j.dump(2) + "\n";
+  return WriteFileAtomic(env_, opt_.data_dir + "/agent.json",
+                         {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, true);
+}
+
+// Under mu_.
+Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
+  if (relay_) return relay_.get();
+  RelayCallbacks cb;
+  cb.on_manifest = [this](const std::string& signed_manifest, const VersionManifest& m) {
+    return MemberAcceptManifest(signed_manifest, m);
+  };
+  cb.on_object_complete = [this](const ObjectRef& ref, const std::string& path) {
+    if (opt_.relay_only) return RelayOnlyObjectComplete(ref);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      relay_held_.insert(ref);
+      if (ref.to > store_version_) complete_at_s_.try_emplace(ref.to, NowS());
+    }
+    Post([this, ref, path] { MemberObjectComplete(ref, path); });
+  };
+  if (opt_.stream_apply && !opt_.relay_only) {
+    cb.on_prefix_verified = [this](const ObjectRef& ref, const std::string& part_path,
+                                   uint64_t bytes) {
+      Post([this, ref, part_path, bytes] { MemberObjectPrefix(ref, part_path, bytes); });
+    };
+  }
+  cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Dropped for chunks that failed verification: the root hears of it.
+    if (why.code() == Code::kAuth && stripe < watch_.size()) watch_[stripe].failed_auth = true;
+    if (stripe >= parent_redial_.size() || stripe >= parents_.parents.size()) return;
+    // Dial again with backoff unless the root moves us meanwhile (it
+    // re-plans when the parent is gone for good). The first failure is
+    // logged; the rest are summed up when the run ends (PARENTS) and every
+    // kParentFailuresPerSummary failures while it lasts.
+    ParentRedial& r = parent_redial_[stripe];
+    const bool first = ParentFailed(r, clock_.NowUs());
+    const std::string who =
+        "parent " + parents_.parents[stripe].id + " of stripe " + std::to_string(stripe);
+    if (first) {
+      Log(who + " failed: " + why.ToString() + "; dialling it again with backoff (up to " +
+          std::to_string(kParentRedialUsMax / 1000) + " ms) until the root moves us");
+    } else if (r.failures % kParentFailuresPerSummary == 0) {
+      Log(who + ": " + std::to_string(r.failures) + " dials failed in " +
+          std::to_string((clock_.NowUs() - r.first_failure_us) / 1000) +
+          " ms; last: " + why.ToString());
+    }
+  };
+  TERN_RETURN_IF_ERROR(MakeRelay(board, std::move(cb)));
+  return relay_.get();
+}
+
+void AgentImpl::MemberDial() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || root_conn_ || dialing_ || clock_.NowUs() < next_dial_us_) return;
+    dialing_ = true;
+    dial_address_ = join_addresses_[join_index_ % join_addresses_.size()];
+  }
+  ConnectionHandlers h;
+  auto self_conn = std::make_shared<std::weak_ptr<Connection>>();
+  h.on_message = [this, gate = gate_](std::string payload) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) return;
+    auto m = DecodeControl(payload);
+    if (!m.ok()) {
+      Log("bad control message from the root: " + m.status().ToString());
+      std::shared_ptr<Connection> c;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        c = root_conn_;
+      }
+      if (c) c->Close();
+      return;
+    }
+    MemberOnControl(std::move(m).value());
+  };
+  h.on_closed = [this, self_conn, gate = gate_](Status why) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (gate->open) MemberOnClosed(self_conn->lock(), why);
+  };
+  opt_.transport->Connect(dial_address_, std::move(h), [this, self_conn, gate = gate_](Result<std::shared_ptr<Connection>> r) {
+    std::shared_lock<std::shared_mutex> open(gate->mu);
+    if (!gate->open) {
+      if (r.ok()) (*r)->Close();
+      return;
+    }
+    Outbox out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dialing_ = false;
+      if (!r.ok()) {
+        ++join_index_;  // a standby root may lead now
+        const DialRetry retry = AfterFailedDial(dial_backoff_us_, join_index_, join_addresses_.size());
+        dial_backoff_us_ = retry.backoff_us;
+        next_dial_us_ = clock_.NowUs() + retry.wait_us;
+        if (!dial_failed_logged_) Log("cannot reach the root at " + opt_.join + ": " + r.status().ToString());
+        dial_failed_logged_ = true;
+        return;
+      }
+      if (stopping_) {
+        out.push_back({*r, ""});
+      } else {
+        *self_conn = *r;
+        root_conn_ = *r;
+        Hello hello;
+        hello.member.id = id_;
+        hello.member.region = opt_.region;
+        hello.member.cluster = opt_.cluster;
+        hello.member.island = opt_.island;
+        hello.member.data_address = listen_address_;
+        hello.member.intra_address = intra_address_;
+        // The backend actually running (a fallback leaves none at all), so
+        // the root pairs only members whose intra transports can talk.
+        if (!intra_address_.empty()) hello.member.intra_backend = opt_.intra_transport->name();
+        hello.member.may_relay = opt_.may_relay;
+        hello.member.relay_only = opt_.relay_only;
+        hello.member.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
+        hello.member.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
+        hello.board_id = board_id_;
+        hello.served_version = VersionLocked();
+        hello.join_token = opt_.join_token;
+        Send(out, *r, hello);
+      }
+    }
+    if (!out.empty() && out[0].payload.empty()) {
+      out[0].conn->Close();
+      return;
+    }
+    Flush(out);
+  });
+}
+
+void AgentImpl::MemberOnClosed(const std::shared_ptr<Connection>& conn, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn && root_conn_ != conn) return;
+  root_conn_.reset();
+  if (joined_) Log("lost the root: " + why.ToString());
+  if (!joined_ || !why.ok()) ++join_index_;  // try the next root address
+  joined_ = false;
+  dial_backoff_us_ = std::max(dial_backoff_us_, kDialBackoffUsMin);
+  next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
+}
+
+void AgentImpl::MemberOnControl(ControlMessage msg) {
+  Outbox out;
+  std::shared_ptr<Connection> close;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (auto* w = std::get_if<Welcome>(&msg)) {
+      if (board_id_ != BoardId{} && w->board_id != board_id_) {
+        Log("the root at " + opt_.join + " runs another board; not joining");
+        close = root_conn_;
+        next_dial_us_ = clock_.NowUs() + kDialBackoffUsMax;
+      } else {
+        const bool first = board_id_ == BoardId{};
+        board_id_ = w->board_id;
+        if (first) {
+          Status s = SaveMemberState();
+          if (!s.ok()) Log("cannot save DIR/agent.json: " + s.ToString());
+        }
+        auto relay = EnsureRelay(board_id_);
+        if (!relay.ok()) Log("no relay: " + relay.status().ToString());
+        joined_ = true;
+        dial_backoff_us_ = kDialBackoffUsMin;
+        dial_failed_logged_ = false;
+        known_head_ = std::max(known_head_, w->head);
+        fetch_address_ = w->fetch_address;
+        stripes_ = w->stripes;
+        Log("joined; HEAD " + std::to_string(w->head) +
+            (opt_.relay_only ? ", relay-only, holding " : ", serving ") +
+            std::to_string(VersionLocked()));
+        need_catch_up_check_ = !opt_.relay_only;
+      }
+    } else if (auto* p = std::get_if<Parents>(&msg)) {
+      const uint64_t now_us = clock_.NowUs();
+      for (size_t s = 0; s < parent_redial_.size() && s < parents_.parents.size(); ++s) {
+        const ParentRedial& r = parent_redial_[s];
+        if (r.failures > 1)
+          Log("parent " + parents_.parents[s].id + " of stripe " + std::to_string(s) + ": " +
+              std::to_string(r.failures) + " dials failed in " +
+              std::to_string((now_us - r.first_failure_us) / 1000) +
+              " ms before the root moved us");
+      }
+      parents_ = *p;
+      // A new parent (or the same one again) is dialled at once.
+      parent_redial_.assign(parents_.parents.size(), ParentRedial{});
+      for (auto& r : parent_redial_) ParentAssigned(r);
+    } else if (auto* h = std::get_if<Head>(&msg)) {
+      auto m = verifier_.Verify(h->signed_manifest);
+      if (!m.ok() || m->board_id != board_id_ || m->version != h->head) {
+        Log("ignoring a HEAD whose manifest does not verify: " +
+            (m.ok() ? std::string("board or version mismatch") : m.status().ToString()));
+      } else {
+        known_head_ = std::max(known_head_, h->head);
+        manifests_[h->head] = *m;
+        while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
+        need_catch_up_check_ = true;
+      }
+    } else if (auto* pong = std::get_if<Pong>(&msg)) {
+      if (const double rtt = RoundTripOf(pong->nonce); rtt > 0) rtt_to_root_s_ = rtt;
+    } else if (auto* r = std::get_if<Reject>(&msg)) {
+      Log("the root refused to let us join: " + r->reason);
+      // A standby that lost leadership refuses too: try the next address soon.
+      next_dial_us_ = clock_.NowUs() + (join_addresses_.size() > 1 ? kDialBackoffUsMin : kDialBackoffUsMax);
+      close = root_conn_;
+    } else if (auto* plan = std::get_if<CatchUpReply>(&msg); plan && !opt_.relay_only) {
+      CatchUpReply copy = *plan;
+      work_.push_back([this, copy]() mutable { MemberCatchUp(std::move(copy)); });
+      work_cv_.notify_one();
+    } else {
+      Log(std::string("unexpected ") + ControlTypeName(TypeOf(msg)) + " from the root");
+    }
+  }
+  Flush(out);
+  if (close) close->Close();
+}
+
+bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Replay protection: a version older than the one served is refused (a
+  // relay replaying an old, validly signed version cannot roll us back).
+  // The served version itself is accepted so that children still get it.
+  // A relay-only member applies nothing, but its children would refuse the
+  // same manifest: it neither holds nor forwards it.
+  if (m.version < VersionLocked()) {
+    Log("refusing a manifest for version " + std::to_string(m.version) + ": " +
+        (opt_.relay_only ? "holding " : "serving ") + std::to_string(VersionLocked()));
+    return false;
+  }
+  known_head_ = std::max(known_head_, m.version);
+  return true;
+}
+
+void AgentImpl::MemberObjectComplete(const ObjectRef& ref, const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ref.to <= store_version_) return;  // already there (caught up meanwhile)
+    // Keep the cheapest route to each target: a patch beats a keyframe.
+    auto it = ready_.find(ref.to);
+    if (it == ready_.end() || (it->second.first.kind == ObjectKind::kKeyframe && ref.kind != ObjectKind::kKeyframe))
+      ready_[ref.to] = {ref, path};
+  }
+  MemberTryApply();
+}
+
+// From the relay's thread: a relay-only member holds `ref` completely (every
+// chunk verified). It applies nothing; its version is the newest it holds,
+// and what is kKeepVersions older goes (from the relay and from disk), so
+// that what it keeps is bounded by versions, not by how long it runs.
+void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
+  Outbox out;
+  bool newer = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    relay_held_.insert(ref);
+    if (ref.to > held_version_) {
+      newer = true;
+      held_version_ = ref.to;
+      ForgetOldObjectsLocked(held_version_, 4);
+      // The root's lag for this member follows at once.
+      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+    }
+  }
+  Flush(out);
+  if (newer)
+    Log("holding version " + std::to_string(ref.to) + " (" + ObjectName(ref) + "), relay-only");
+}
+
+// On the work thread.
+void AgentImpl::MemberTryApply() {
+  for (;;) {
+    std::pair<ObjectRef, std::string> next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!ready_.empty() && ready_.begin()->first <= store_version_) ready_.erase(ready_.begin());
+      auto pick = ready_.end();
+      for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+        const ObjectRef& r = it->second.first;
+        if ((r.kind == ObjectKind::kKeyframe) || r.from == store_version_) {
+          // A keyframe only when nothing chains from what we serve.
+          if (r.kind == ObjectKind::kKeyframe && store_version_ != 0) {
+            bool chain = false;
+            for (auto& [v, o] : ready_) chain |= o.first.kind != ObjectKind::kKeyframe && o.first.from == store_version_;
+            if (chain) continue;
+          }
+          pick = it;
+          break;
+        }
+      }
+      if (pick == ready_.end()) return;
+      next = pick->second;
+      ready_.erase(pick);
+    }
+    Status s = MemberApplyObject(next.first, next.second);
+    if (!s.ok()) Log("cannot apply " + ObjectName(next.first) + ": " + s.ToString());
+  }
+}
+
+// On the work thread: the verified first `bytes` of an object still
+// arriving. A patch from the served version goes into the spare record by
+// record (ViewStore::AdvancePrefix), only if the spare is ready (the reader
+// rule) and no other patch is streaming; MemberApplyObject finishes it.
+void AgentImpl::MemberObjectPrefix(const ObjectRef& ref, const std::string& part_path,
+                                   uint64_t bytes) {
+  if (ref.kind != ObjectKind::kPatch || ref.from != store_->version()) return;
+  if (stream_file_ && stream_ref_ != ref) {
+    if (store_->advancing()) return;  // another patch streams
+    stream_file_.reset();             // its stream was dropped or never began
+  }
+  if (!stream_file_) {
+    if (!store_->spare_ready()) return;
+    auto file = env_.Map(part_path, MapMode::kReadOnly);
+    if (!file.ok()) return;  // completed and renamed meanwhile: applied whole
+    stream_file_ = std::move(file).value();
+    stream_ref_ = ref;
+  }
+  if (bytes > stream_file_->size()) return;
+  if (Status s = store_->AdvancePrefix(stream_file_->bytes().first(bytes)); !s.ok()) {
+    Log("cannot stream " + ObjectName(ref) + " into the spare: " + s.ToString() +
+        " (applied whole once complete)");
+  }
+}
+
+// On the work thread.
+Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& path) {
+  const double t0 = NowS();
+  // The whole process's CPU (the pool's threads apply too; the network
+  // threads' share in the meantime is counted as well: an upper bound).
+  timespec cpu0{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+  TERN_ASSIGN_OR_RETURN(auto file, env_.Map(path, MapMode::kReadOnly));
+  const auto bytes = file->bytes();
+  if (ref.kind == ObjectKind::kKeyframe) {
+    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to));
+  } else {
+    // Finishes the stream of this patch, if one began (or drops another's).
+    Status s = store_->Advance(bytes);
+    stream_file_.reset();
+    TERN_RETURN_IF_ERROR(s);
+  }
+  stream_file_.reset();  // any stream is over: the store dropped it
+  const double dt = NowS() - t0;
+  timespec cpu1{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+  const double cpu_s =
+      double(cpu1.tv_sec - cpu0.tv_sec) + double(cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
+  double waited_s = 0;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end())
+      waited_s = t0 - it->second;
+    complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
+    store_version_ = store_->version();
+    last_apply_s_ = dt;
+    spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
+    // Children a few versions behind still get these from us; older ones
+    // come from the root's catch-up service.
+    ForgetOldObjectsLocked(store_version_, 4);
+    // Tell the root at once: time-to-serve is measured from this heartbeat.
+    if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+  }
+  Flush(out);
+  Log("serving version " + std::to_string(ref.to) + " (" + ObjectName(ref) + ", applied in " +
+      std::to_string(dt) + " s, waited " + std::to_string(waited_s) +
+      " s for the work thread, process cpu " + std::to_string(cpu_s) + " s)");
+  return Status::Ok();
+}
+
+void AgentImpl::MemberSeed(const VersionManifest& m) {
+  const double t0 = NowS();
+  // Seed copies the checkpoint and compares its full digest with the signed
+  // one before anything is switched: a wrong or damaged checkpoint changes
+  // nothing.
+  Status s = store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest);
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seed_pending_ = false;
+    if (s.ok()) {
+      store_version_ = store_->version();
+      last_apply_s_ = NowS() - t0;
+      spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
+      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+    }
+  }
+  Flush(out);
+  if (!s.ok()) {
+    Log("seed checkpoint " + opt_.seed_checkpoint + " refused for version " + std::to_string(m.version) +
+        ": " + s.ToString() + "; catching up without it");
+    return;
+  }
+  Log("serving version " + std::to_string(m.version) + " (seeded from " + opt_.seed_checkpoint +
+      ", its digest is the signed one; " + std::to_string(NowS() - t0) + " s)");
+}
+
+// On the work thread, a grace period after a switch (the reader rule): the
+// catch-up of the spare, so that the next version only applies its patch.
+// Anything that completed meanwhile was applied first (the work thread is
+// serial); a version arriving during it waits for it.
+void AgentImpl::MemberPrepareSpare() {
+  const double t0 = NowS();
+  if (Status s = store_->PrepareSpare(); !s.ok()) {
+    Log("cannot prepare the spare view: " + s.ToString());
+    return;
+  }
+  Log("spare view ready in " + std::to_string(NowS() - t0) + " s");
+}
+
+// On the work thread: fetch every object of the plan from the root's object
+// service, verify it against a signed manifest, apply in order.
+void AgentImpl::MemberCatchUp(CatchUpReply plan) {
+  std::string fetch_address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fetch_address = fetch_address_;
+    catching_up_ = true;
+  }
+  auto done = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    catching_up_ = false;
+  };
+  std::vector<VersionManifest> manifests;
+  for (const auto& s : plan.signed_manifests) {
+    auto m = verifier_.Verify(s);
+    if (!m.ok() || m->board_id != board_id_) {
+      Log("catch-up plan has a manifest that does not verify; ignoring the plan");
+      return done();
+    }
+    manifests.push_back(std::move(m).value());
+  }
+  bool seed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seed = seed_pending_;
+  }
+  if (seed) {
+    const VersionManifest* own = nullptr;
+    for (const auto& m : manifests)
+      if (m.version == opt_.seed_version) own = &m;
+    if (own) {
+      MemberSeed(*own);
+    } else {
+      Log("catch-up plan carries no manifest of seed version " + std::to_string(opt_.seed_version) +
+          "; seed dropped");
+      std::lock_guard<std::mutex> lock(mu_);
+      seed_pending_ = false;
+    }
+  }
+  for (const ObjectRef& ref : plan.objects) {
+    {
+      // The tree may have moved us on meanwhile: skip what no longer fits
+      // (the periodic check asks again if the rest does not come).
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ref.to <= store_version_) continue;
+      if (ref.kind != ObjectKind::kKeyframe && ref.from != store_version_) break;
+    }
+    const ManifestObject* entry = nullptr;
+    for (const auto& m : manifests)
+      for (const auto& mo : m.objects)
+        if (mo.kind == ref.kind && mo.from_version == ref.from && mo.to_version == ref.to && m.version == ref.to)
+          entry = &mo;
+    if (!entry) {
+      Log("catch-up object " + ObjectName(ref) + " is in no signed manifest; stopping");
+      return done();
+    }
+    const std::string local = opt_.data_dir + "/catchup/" + ObjectName(ref);
+    if (Status s = CreateDirs(env_, opt_.data_dir + "/catchup"); !s.ok()) {
+      Log("catch-up: " + s.ToString());
+      return done();
+    }
+    FetchOptions fo;
+    fo.chunk_bytes = entry->chunk_bytes;
+    fo.access_token = opt_.join_token;  // the root's object service requires it
+    auto fetched = FetchFile(*opt_.transport, fetch_address, ObjectName(ref), local, fo, clock_);
+    if (!fetched.ok()) {
+      Log("catch-up fetch of " + ObjectName(ref) + " failed: " + fetched.status().ToString());
+      return done();
+    }
+    Status s = VerifyWholeObject(env_, local, *entry);
+    if (s.ok()) s = MemberApplyObject(ref, local);
+    env_.RemoveFile(local).IgnoreError();
+    if (!s.ok()) {
+      Log("catch-up object " + ObjectName(ref) + " refused: " + s.ToString());
+      return done();
+    }
+    Log("catch-up: " + ObjectName(ref) + " (" + std::to_string(fetched->bytes) +
+        " bytes) came from the board's object service");
+  }
+  done();
+  MemberTryApply();
+}
+
+std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions) {
+  std::vector<ObjectRef> forgotten;
+  if (!relay_) return forgotten;
+  for (auto it = relay_held_.begin(); it != relay_held_.end();) {
+    if (it->to + keep_versions <= served) {
+      // A member's copy is unlinked here; the relay keeps its mapping until
+      // the last send of it completes (Forget), so a child being fed loses
+      // nothing. The root's objects are the board's (its retention).
+      relay_->Forget(*it);
+      if (!opt_.root) env_.RemoveFile(objects_dir_ + "/" + ObjectName(*it)).IgnoreError();
+      forgotten.push_back(*it);
+      it = relay_held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return forgotten;
+}
+
+Heartbeat AgentImpl::MakeHeartbeatLocked() {
+  Heartbeat hb;
+  hb.seq = ++heartbeat_seq_;
+  hb.served_version = VersionLocked();
+  hb.last_apply_s = last_apply_s_;
+  hb.rtt_to_root_s = rtt_to_root_s_;
+  // Per stripe: the parent's round trip and the rate the last object came
+  // at from it; rtt_to_parent_s is the slowest parent's.
+  std::vector<LinkStats> links;
+  if (relay_) links = relay_->Stats();
+  for (const auto& p : parents_.parents) {
+    ParentFigures f;
+    if (auto it = probes_.find(p.data_address); it != probes_.end()) f.rtt_s = it->second.rtt_s;
+    for (const auto& l : links)
+      if (l.parent && l.stripe == p.stripe)
+        f.rate_in_bytes_per_s = std::max(f.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+    hb.rtt_to_parent_s = std::max(hb.rtt_to_parent_s, f.rtt_s);
+    hb.parents.push_back(f);
+  }
+  if (relay_) {
+    // Totals over every link this member ever had: the root exports them
+    // as counters, which must not go down when a link closes.
+    const LinkTotals totals = relay_->Totals();
+    hb.bytes_in = totals.bytes_in;
+    hb.bytes_out = totals.bytes_out;
+    hb.chunk_retries = totals.retries + totals.bad_chunks;
+    // The rate the last object arrived at from a parent (the planner's
+    // figure for this member's downlink as the tree sees it).
+    for (const auto& l : links)
+      if (l.parent)
+        hb.rate_in_bytes_per_s = std::max(hb.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+  }
+  return hb;
+}
+
+void AgentImpl::MemberTick() {
+  MemberDial();
+  Outbox out;
+  std::vector<ParentRef> redial;
+  uint32_t stripes = 1;
+  RelayNode* relay = nullptr;
+  bool catch_up = false;
+  std::string note;  // logged outside mu_
+  bool prepare_spare = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_due_us_ != 0 && clock_.NowUs() >= spare_due_us_) {
+      spare_due_us_ = 0;
+      prepare_spare = true;
+    }
+    if (root_conn_ && joined_) {
+      Send(out, root_conn_, MakeHeartbeatLocked());
+      Send(out, root_conn_, Ping{clock_.NowUs()});
+      const uint64_t now_us = clock_.NowUs();
+      if (catching_up_ && now_us > catch_up_deadline_us_) {  // no answer came
+        catching_up_ = false;
+        if (seed_pending_) {
+          // The root has no manifest of that version (never published, or
+          // retention dropped it): go on without the seed.
+          seed_pending_ = false;
+          note = "no signed manifest of seed version " + std::to_string(opt_.seed_version) + " came; seed dropped";
+        }
+      }
+      if (seed_pending_ && store_version_ >= opt_.seed_version) seed_pending_ = false;  // the tree got there
+      if (seed_pending_ && known_head_ > 0 && known_head_ < opt_.seed_version) {
+        note = "seed checkpoint of version " + std::to_string(opt_.seed_version) + " is newer than HEAD " +
+               std::to_string(known_head_) + ": not this board's; dropped";
+        seed_pending_ = false;
+      }
+      if (seed_pending_) {
+        // Ask for the seed's signed manifest (and the route on from it).
+        if (known_head_ > 0 && !catching_up_ && now_us > catch_up_next_us_) {
+          catch_up_next_us_ = now_us + 2'000'000;
+          Send(out, root_conn_, CatchUpRequest{opt_.seed_version, known_head_});
+          catching_up_ = true;
+          catch_up_deadline_us_ = now_us + 10'000'000;
+          catch_up = true;
+        }
+      } else if ((need_catch_up_check_ || now_us > catch_up_next_us_) && !catching_up_ &&
+                 !opt_.relay_only && known_head_ > store_version_) {
+        catch_up_next_us_ = now_us + 2'000'000;
+        // The tree brings HEAD when we serve HEAD-1 (or hold the patches
+        // that lead there); anything older is caught up from the board.
+        uint64_t reach = store_version_;
+        for (auto& [v, o] : ready_)
+          if (o.first.from == reach || o.first.kind == ObjectKind::kKeyframe) reach = v;
+        if (reach + 1 < known_head_) {
+          Send(out, root_conn_, CatchUpRequest{store_version_, known_head_});
+          catching_up_ = true;
+          catch_up_deadline_us_ = now_us + 60'000'000;
+          catch_up = true;
+        }
+      }
+      need_catch_up_check_ = false;
+      MemberWatchParentsLocked(out);
+    }
+    // Not while the root is away: a failed parent would be redialled on
+    // every tick (it is often the root itself, dead), and the root we join
+    // next sends PARENTS anyway.
+    if (joined_ && relay_ && !parents_.parents.empty() &&
+        parent_redial_.size() == parents_.parents.size()) {
+      const uint64_t now_us = clock_.NowUs();
+      for (size_t s = 0; s < parent_redial_.size(); ++s)
+        if (TakeParentRedial(parent_redial_[s], now_us)) redial.push_back(parents_.parents[s]);
+      if (!redial.empty()) {
+        stripes = static_cast<uint32_t>(parents_.parents.size());
+        relay = relay_.get();
+        relay->SetServedVersion(VersionLocked());  // in the SUBSCRIBE of these dials
+      }
+    }
+  }
+  (void)catch_up;
+  Flush(out);
+  if (!note.empty()) Log(note);
+  if (prepare_spare) Post([this] { MemberPrepareSpare(); });
+  MemberProbeParents();
+  for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address, TransportOf(p));
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,428 @@
+// The root agent: the board, the signing key, membership and planning,
+// publishing and the catch-up service (agent/daemon/agent_impl.h).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "agent/board/publish.h"
+#include "agent/daemon/agent_impl.h"
+#include "base/text.h"
+#include "tern/checkpoint.h"
+
+namespace tern::agent {
+
+Status AgentImpl::CampaignForRoot() {
+  TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
+  EtcdOptions etcd;
+  etcd.endpoints = url.endpoints;
+  etcd.log = log_;
+  ElectionOptions eo;
+  eo.prefix = url.prefix;
+  eo.id = opt_.id.empty() ? opt_.listen : opt_.id;
+  eo.lease_ttl_s = opt_.etcd_lease_s;
+  eo.log = log_;
+  eo.on_lost = [this](const Status& why) {
+    leadership_lost_ = true;
+    Log("lost leadership of the board (" + why.ToString() + "); refusing to publish");
+  };
+  log_("agent: campaigning for the board at " + opt_.board_etcd + " (a standby waits here)");
+  TERN_ASSIGN_OR_RETURN(election_, Election::Campaign(etcd, eo, clock_, uint64_t{365} * 24 * 3600 * 1000));
+  log_("agent: leading the board at " + opt_.board_etcd);
+  return Status::Ok();
+}
+
+Status AgentImpl::InitRoot() {
+  // The signing key: given, or the one kept in DIR, or a new one kept there.
+  const std::string key_path = opt_.data_dir + "/signing-key.pem";
+  std::string pem = opt_.signing_key_pem;
+  if (pem.empty()) {
+    TERN_ASSIGN_OR_RETURN(FileType type, env_.TypeOf(key_path, true));
+    if (type == FileType::kRegular) {
+      TERN_RETURN_IF_ERROR(ReadFileToString(env_, key_path, 64 << 10, &pem));
+    } else {
+      TERN_ASSIGN_OR_RETURN(ManifestSigner fresh, ManifestSigner::Generate());
+      TERN_ASSIGN_OR_RETURN(pem, fresh.PrivateKeyPem());
+      TERN_RETURN_IF_ERROR(WriteFileAtomic(env_, key_path,
+                                           {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()}, false));
+      // TODO(security): create the file 0600 through the Env instead of
+      // narrowing it after the write.
+      ::chmod(key_path.c_str(), 0600);
+      Log("generated a signing key in " + key_path);
+    }
+  }
+  TERN_ASSIGN_OR_RETURN(ManifestSigner signer, ManifestSigner::FromPem(pem));
+  signer_.emplace(std::move(signer));
+  TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_->public_key()));
+
+  std::unique_ptr<BoardLog> log;
+  if (election_) {
+    TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
+    EtcdOptions etcd;
+    etcd.endpoints = url.endpoints;
+    etcd.log = log_;
+    EtcdBoardLogOptions lo;
+    lo.prefix = url.prefix + "/board";
+    lo.fence = election_->Fence();  // a deposed root's late write fails in etcd
+    TERN_ASSIGN_OR_RETURN(auto etcd_log, EtcdBoardLog::Open(etcd, lo));
+    log = std::move(etcd_log);
+  } else {
+    TERN_ASSIGN_OR_RETURN(log, OpenFileBoardLog(env_, opt_.data_dir + "/board"));
+  }
+  BoardOptions board_options;
+  board_options.keep_patches = opt_.keep_patches;
+  board_options.keyframe_every = opt_.keyframe_every;
+  TERN_RETURN_IF_ERROR(CreateDirs(env_, published_dir_));
+  TERN_ASSIGN_OR_RETURN(board_, Board::Open(env_, published_dir_, std::move(log), verifier_,
+                                            board_options, log_));
+  if (board_->head() != store_->version())
+    Log("board HEAD " + std::to_string(board_->head()) + " but DIR/current serves " +
+        std::to_string(store_->version()));
+
+  MemberInfo root_info;
+  root_info.id = id_;
+  root_info.region = opt_.region;
+  root_info.cluster = opt_.cluster;
+  root_info.island = opt_.island;
+  root_info.data_address = listen_address_;
+  root_info.intra_address = intra_address_;
+  if (!intra_address_.empty()) root_info.intra_backend = opt_.intra_transport->name();
+  root_info.uplink_bytes_per_s = opt_.uplink_bytes_per_s;
+  root_info.downlink_bytes_per_s = opt_.downlink_bytes_per_s;
+  topology::PlanOptions plan;
+  plan.fanout_max = opt_.fanout_max;
+  plan.root_fanout_max = opt_.root_fanout_max;
+  plan.stripes = opt_.stripes;
+  ProbationOptions probation;
+  probation.quiet_us = uint64_t{opt_.relay_probation_ms} * 1000;
+  membership_ =
+      std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000, probation);
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TERN_RETURN_IF_ERROR(MakeRelay(board_->id(), RelayCallbacks{}));
+  }
+  // Re-offer what the board holds, so a restarted root feeds its trees again.
+  for (uint64_t v : board_->Versions()) {
+    for (const auto& signed_manifest : board_->SignedManifests(v)) {
+      auto m = verifier_.Verify(signed_manifest);
+      if (!m.ok()) continue;
+      for (const auto& o : m->objects) {
+        const ObjectRef ref{o.kind, o.from_version, o.to_version};
+        if (!board_->HasObject(ref)) continue;
+        if (v + std::min<uint64_t>(opt_.keep_patches, 32) <= board_->head()) continue;
+        Status s = relay_->Offer(signed_manifest, ref, board_->ObjectPath(ref));
+        if (!s.ok()) Log("not re-offering " + ObjectName(ref) + ": " + s.ToString());
+        relay_held_.insert(ref);
+      }
+    }
+  }
+
+  // Catch-up objects are served by the file service (resumable, sandboxed
+  // to the objects directory), on the agent's host and any free port.
+  FileServerOptions fs;
+  fs.log = log_;
+  fs.access_token = opt_.join_token;  // a member presents it with every GET
+  const std::string host = listen_address_.substr(0, listen_address_.rfind(':'));
+  TERN_ASSIGN_OR_RETURN(fetch_server_, FileServer::Start(*opt_.transport, host + ":0", published_dir_,
+                                                         fs, clock_));
+  return Status::Ok();
+}
+
+void AgentImpl::RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) {
+  for (const auto& id : ids) {
+    auto conn = member_conns_.find(id);
+    if (conn == member_conns_.end()) continue;
+    std::vector<std::string> notes;
+    auto parents = membership_->ParentsOf(id, &notes);
+    for (const auto& note : notes) Log(note);
+    if (!parents.ok()) {
+      Log("no parents for " + id + ": " + parents.status().ToString());
+      continue;
+    }
+    membership_->MarkSent(id, parents->epoch);
+    Send(out, conn->second, *parents);
+  }
+}
+
+void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::string* member_id,
+                              ControlMessage msg) {
+  Outbox out;
+  bool close = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (member_id->empty()) {
+      auto* hello = std::get_if<Hello>(&msg);
+      std::string why;
+      if (!started_) {
+        why = "the root is starting";
+      } else if (leadership_lost_) {
+        why = "this root no longer leads the board";
+      } else if (!hello) {
+        why = std::string("expected HELLO, got ") + ControlTypeName(TypeOf(msg));
+      } else if (!opt_.join_token.empty() && !SecretEquals(opt_.join_token, hello->join_token)) {
+        why = "bad join token";
+      } else if (hello->board_id != BoardId{} && hello->board_id != board_->id()) {
+        why = "member belongs to another board";
+      } else if (hello->served_version > board_->head()) {
+        why = "member serves version " + std::to_string(hello->served_version) +
+              ", newer than this board's HEAD " + std::to_string(board_->head());
+      } else {
+        std::vector<std::string> notify;
+        Status s = membership_->Join(hello->member, hello->served_version, clock_.NowUs(), &notify);
+        if (!s.ok()) {
+          why = s.message();
+        } else {
+          *member_id = hello->member.id;
+          member_conns_[*member_id] = conn;
+          Welcome w;
+          w.board_id = board_->id();
+          w.head = board_->head();
+          w.heartbeat_ms = opt_.heartbeat_ms;
+          w.stripes = opt_.stripes;
+          w.fetch_address = fetch_server_ ? fetch_server_->address() : "";
+          Send(out, conn, w);
+          RootNotifyParents(notify, out);
+          Log("joined " + *member_id + " (" + hello->member.region + "/" + hello->member.cluster +
+              ") from " + conn->peer_address() + " serving " + std::to_string(hello->served_version));
+        }
+      }
+      if (!why.empty()) {
+        Log("refused a join from " + conn->peer_address() + ": " + why);
+        Send(out, conn, Reject{why});
+        close = true;
+      }
+    } else if (auto* hb = std::get_if<Heartbeat>(&msg)) {
+      if (membership_->Heartbeat(*member_id, *hb, clock_.NowUs()).ok()) {
+        const double now = NowS();
+        for (auto it = waiting_.begin(); it != waiting_.end() && it->first <= hb->served_version;) {
+          auto& vs = versions_[it->first];
+          if (it->second.erase(*member_id) && vs.first_served_s < 0) vs.first_served_s = now - vs.published_at_s;
+          if (it->second.empty()) {
+            vs.last_served_s = now - vs.published_at_s;
+            it = waiting_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+    } else if (auto* req = std::get_if<CatchUpRequest>(&msg)) {
+      const std::string id = *member_id;
+      const CatchUpRequest r = *req;
+      std::weak_ptr<Connection> weak = conn;
+      // mu_ is held: queue directly (Post would take it again).
+      work_.push_back([this, id, r, weak] {
+        // Squashes are made on the publisher's lock: one writer on the board
+        // and on the pool at a time.
+        std::lock_guard<std::mutex> publish_lock(publish_mu_);
+        PublishOptions po;
+        po.segment_elements = opt_.segment_elements;
+        CatchUpReply reply;
+        reply.target = r.target;
+        if (r.have > 0) {
+          // have's own publication manifest first: a member that holds a
+          // checkpoint of `have` checks it against its target digest.
+          // Retention may have dropped it: only the manifest-only request
+          // (target == have) needs it.
+          auto own = board_->SignedManifests(r.have);
+          if (!own.empty()) {
+            reply.signed_manifests.push_back(own.front());
+          } else if (r.target == r.have) {
+            Log("no manifest of version " + std::to_string(r.have) + " for " + id + ": not on the board");
+            return;
+          }
+        }
+        if (r.target > r.have) {
+          auto plan = board_->PlanCatchUp(r.have, r.target, [&](uint64_t from, uint64_t to) {
+            return MakeSquash(*board_, *signer_, from, to, po, pool_).status();
+          });
+          if (!plan.ok()) {
+            Log("no catch-up for " + id + " from " + std::to_string(r.have) + ": " + plan.status().ToString());
+            return;
+          }
+          if (plan->objects.empty()) return;  // nothing to do: the member is there
+          for (auto& m : plan->signed_manifests)
+            if (reply.signed_manifests.empty() || m != reply.signed_manifests.front())
+              reply.signed_manifests.push_back(std::move(m));
+          reply.objects = std::move(plan->objects);
+        }
+        // A route of 64 manifests leaves no room for have's: a member
+        // that was not checking a checkpoint does not need it.
+        if (reply.signed_manifests.size() > kMaxControlManifests && !reply.objects.empty())
+          reply.signed_manifests.erase(reply.signed_manifests.begin());
+        auto c = weak.lock();
+        if (!c) return;
+        Outbox out;
+        Send(out, c, reply);
+        Flush(out);
+      });
+      work_cv_.notify_one();
+    } else if (auto* ping = std::get_if<Ping>(&msg)) {
+      Send(out, conn, Pong{ping->nonce});
+    } else if (auto* report = std::get_if<ParentReport>(&msg)) {
+      std::vector<std::string> notify;
+      Status s = membership_->ReportParent(*member_id, *report, clock_.NowUs(), &notify);
+      if (s.ok()) {
+        RootNotifyParents(notify, out);
+        Log(*member_id + " reported its parent " + report->parent_id + " in stripe " +
+            std::to_string(report->stripe) + " (" + ParentFaultName(report->fault) +
+            "); planned around it, moved " + std::to_string(notify.size()) + " member(s)");
+      } else {
+        Log("ignoring " + *member_id + "'s report on " + report->parent_id + " (" +
+            ParentFaultName(report->fault) + "): " + s.message());
+      }
+    } else if (std::holds_alternative<Leave>(msg)) {
+      std::vector<std::string> notify;
+      membership_->Leave(*member_id, &notify);
+      member_conns_.erase(*member_id);
+      for (auto& [v, ids] : waiting_) ids.erase(*member_id);
+      RootNotifyParents(notify, out);
+      Log("member " + *member_id + " left");
+      member_id->clear();
+      close = true;
+    } else {
+      Log("closing " + *member_id + ": unexpected " + ControlTypeName(TypeOf(msg)));
+      close = true;
+    }
+  }
+  Flush(out);
+  if (close) conn->Close();
+}
+
+void AgentImpl::RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = member_conns_.find(member_id);
+    if (it == member_conns_.end() || (conn && it->second != conn)) return;
+    member_conns_.erase(it);
+    std::vector<std::string> notify;
+    membership_->Leave(member_id, &notify);
+    for (auto& [v, ids] : waiting_) ids.erase(member_id);
+    RootNotifyParents(notify, out);
+    Log("member " + member_id + " disconnected; re-planned " + std::to_string(notify.size()) +
+        " member(s)");
+  }
+  Flush(out);
+}
+
+void AgentImpl::RootTick() {
+  std::vector<std::shared_ptr<Connection>> silent;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : membership_->Silent(clock_.NowUs())) {
+      auto it = member_conns_.find(id);
+      if (it != member_conns_.end()) {
+        silent.push_back(it->second);
+        member_conns_.erase(it);
+      }
+      // Dropped here, not in on_closed: a connection that already closed
+      // (its on_closed raced the join) says nothing more.
+      std::vector<std::string> notify;
+      membership_->Leave(id, &notify);
+      for (auto& [v, ids] : waiting_) ids.erase(id);
+      RootNotifyParents(notify, out);
+      Log("member " + id + " silent for " + std::to_string(opt_.dead_after_ms) + " ms; dropped it");
+    }
+    for (const auto& id : membership_->EndProbations(clock_.NowUs())) {
+      const RelayProbation& p = membership_->members().at(id).probation;
+      Log("member " + id + " may relay again: no report on it for " +
+          std::to_string((p.promoted_us - std::min(p.promoted_us, p.demoted_us)) / 1000) +
+          " ms since it was demoted (" + ParentFaultName(p.last_fault) + ", demotion " +
+          std::to_string(p.strikes) + ")");
+    }
+  }
+  Flush(out);
+  for (auto& c : silent) c->Close();
+}
+
+Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {
+  TERN_REQUIRE(opt_.root, kInvalidArgument, "publish: this agent is not the root");
+  TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish: this root no longer leads the board");
+  std::lock_guard<std::mutex> publish_lock(publish_mu_);
+  return PublishLocked(checkpoint_path, version);
+}
+
+Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t version) {
+  const double t0 = NowS();
+  TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish: version ", version,
+               " is not newer than HEAD ", board_->head());
+  OpenOptions open;
+  open.env = &env_;
+  TERN_ASSIGN_OR_RETURN(auto next, Checkpoint::Open(checkpoint_path, open));
+  std::unique_ptr<Checkpoint> prev;
+  if (store_->version() != 0) {
+    TERN_ASSIGN_OR_RETURN(prev, Checkpoint::Open(store_->current_path(), open));
+  }
+  PublishOptions options;
+  options.segment_elements = opt_.segment_elements;
+  if (opt_.patch_format != 0) options.format_version = opt_.patch_format;
+  // A root that took over the board does not hold HEAD's view: its first
+  // version is a keyframe on top of HEAD (members apply it like any other).
+  options.keyframe_only = !prev && board_->head() != 0;
+  TERN_ASSIGN_OR_RETURN(PublishResult result,
+                        PublishVersion(*board_, *signer_, prev ? &prev->view() : nullptr,
+                                       store_->digest(), next->view(), version, options, pool_));
+  // The root serves what it published (DIR/current), and diffs the next
+  // version against it.
+  prev.reset();
+  std::vector<ObjectRef> refs;
+  std::optional<ObjectRef> patch;
+  for (const auto& o : result.manifest.objects) {
+    refs.push_back({o.kind, o.from_version, o.to_version});
+    if (o.kind == ObjectKind::kPatch) patch = refs.back();
+  }
+  const uint64_t view_bytes = next->view().total_bytes();
+  next.reset();
+  if (store_->version() == 0 || !patch) {
+    TERN_RETURN_IF_ERROR(store_->Seed(checkpoint_path, version, result.manifest.target_digest));
+  } else {
+    std::string bytes;
+    TERN_RETURN_IF_ERROR(ReadFileToString(env_, board_->ObjectPath(*patch), uint64_t{1} << 40, &bytes));
+    TERN_RETURN_IF_ERROR(store_->Advance({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    store_version_ = store_->version();
+  }
+  for (const auto& ref : refs) {
+    Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));
+    if (!s.ok()) Log("offer of " + ObjectName(ref) + " failed: " + s.ToString());
+  }
+  std::set<uint64_t> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& ref : refs) relay_held_.insert(ref);
+    // The tree carries the newest versions; older ones are catch-up's.
+    ForgetOldObjectsLocked(version, std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
+    for (const auto& [id, rec] : membership_->members()) held.insert(rec.served_version);
+  }
+  // Disk: keep what the retention policy and the members' versions need.
+  if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    AgentVersionStatus vs;
+    vs.version = version;
+    vs.patch_bytes = result.patch_bytes;
+    vs.keyframe_bytes = result.keyframe_bytes;
+    vs.view_bytes = view_bytes;
+    vs.published_at_s = NowS();
+    versions_[version] = vs;
+    while (versions_.size() > 1024) versions_.erase(versions_.begin());
+    auto& waiting = waiting_[version];
+    // Time to serve counts serving members: a relay-only one serves nothing.
+    for (const auto& [id, rec] : membership_->members())
+      if (!rec.info.relay_only) waiting.insert(id);
+    if (waiting.empty()) waiting_.erase(version);
+    Head head{version, result.signed_manifest};
+    for (const auto& [id, conn] : member_conns_) Send(out, conn, head);
+  }
+  Flush(out);
+  Log("published version " + std::to_string(version) + " in " + std::to_string(NowS() - t0) + " s");
+  return Status::Ok();
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,273 @@
+// What the agent tells operators: the snapshot, /status JSON, /metrics, and
+// the admin routes (agent/daemon/agent_impl.h; docs/agent/operations.md).
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "agent/daemon/agent_impl.h"
+#include "agent/ops/admin_http.h"
+#include "agent/ops/metrics.h"
+
+namespace tern::agent {
+
+std::string AgentImpl::PublicKeyPem() const {
+  if (!signer_) return {};
+  auto pem = signer_->PublicKeyPem();
+  return pem.ok() ? *pem : std::string();
+}
+
+AgentSnapshot AgentImpl::Snapshot() const {
+  AgentSnapshot s;
+  s.root = opt_.root;
+  s.id = id_;
+  s.listen_address = listen_address_;
+  s.intra_address = intra_address_;
+  s.admin_address = admin_address_;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.relay_only = opt_.relay_only;
+  s.served_version = store_version_;  // 0 without a store (relay-only)
+  if (store_) s.served_digest = store_->digest();
+  s.held_version = VersionLocked();
+  if (opt_.root) {
+    s.head = board_ ? board_->head() : 0;
+    s.joined = true;
+    const uint64_t now_us = clock_.NowUs();
+    for (const auto& [id, rec] : membership_->members()) {
+      AgentMemberStatus m;
+      m.id = id;
+      m.region = rec.info.region;
+      m.cluster = rec.info.cluster;
+      m.island = rec.info.island;
+      const auto& parents = membership_->plan().parent;
+      if (!parents.empty()) {
+        auto p = parents[0].find(id);
+        if (p != parents[0].end()) m.parent = p->second;
+      }
+      m.depth = membership_->DepthOf(id);
+      m.served_version = rec.served_version;  // relay-only: the version it holds
+      m.relay_only = rec.info.relay_only;
+      m.lag = s.head > rec.served_version ? s.head - rec.served_version : 0;
+      m.bytes_in = rec.last.bytes_in;
+      m.bytes_out = rec.last.bytes_out;
+      m.chunk_retries = rec.last.chunk_retries;
+      m.rtt_to_parent_s = rec.last.rtt_to_parent_s;
+      m.rtt_to_root_s = rec.last.rtt_to_root_s;
+      m.measured_uplink_bytes_per_s = rec.measured_uplink_bytes_per_s;
+      m.demoted = rec.demoted;
+      const RelayProbation& p = rec.probation;
+      if (p.demotions_total > 0) m.demoted_for = ParentFaultName(p.last_fault);
+      m.demotions = p.demotions_total;
+      m.strikes = p.strikes;
+      if (rec.demoted && p.relay_again_us != 0)
+        m.relay_again_in_s =
+            static_cast<double>(p.relay_again_us - std::min(p.relay_again_us, now_us)) * 1e-6;
+      m.rate_in_bytes_per_s = rec.last.rate_in_bytes_per_s;
+      m.last_apply_s = rec.last.last_apply_s;
+      m.last_heartbeat_age_s = static_cast<double>(now_us - std::min(now_us, rec.last_seen_us)) * 1e-6;
+      s.members.push_back(std::move(m));
+    }
+    for (const auto& [v, vs] : versions_) s.versions.push_back(vs);
+  } else {
+    s.head = known_head_;
+    s.joined = joined_;
+    if (!parents_.parents.empty()) s.parent = parents_.parents[0].id;
+  }
+  return s;
+}
+
+namespace {
+
+nlohmann::json ToJson(const AgentSnapshot& s) {
+  nlohmann::json j;
+  j["role"] = s.root ? "root" : s.relay_only ? "relay-only" : "member";
+  j["id"] = s.id;
+  j["listen"] = s.listen_address;
+  if (!s.intra_address.empty()) j["listen_intra"] = s.intra_address;
+  j["head"] = s.head;
+  j["served_version"] = s.served_version;
+  if (s.relay_only) j["held_version"] = s.held_version;
+  j["joined"] = s.joined;
+  if (!s.root) j["parent"] = s.parent;
+  auto& members = j["members"] = nlohmann::json::array();
+  for (const auto& m : s.members) {
+    members.push_back({{"id", m.id},
+                       {"region", m.region},
+                       {"cluster", m.cluster},
+                       {"island", m.island},
+                       {"role", m.relay_only ? "relay-only" : "serving"},
+                       {"parent", m.parent},
+                       {"depth", m.depth},
+                       {"version", m.served_version},
+                       {"lag", m.lag},
+                       {"bytes_in", m.bytes_in},
+                       {"bytes_out", m.bytes_out},
+                       {"chunk_retries", m.chunk_retries},
+                       {"rtt_to_parent_s", m.rtt_to_parent_s},
+                       {"rtt_to_root_s", m.rtt_to_root_s},
+                       {"rate_in_bytes_per_s", m.rate_in_bytes_per_s},
+                       {"measured_uplink_bytes_per_s", m.measured_uplink_bytes_per_s},
+                       {"demoted", m.demoted},
+                       {"demoted_for", m.demoted_for},
+                       {"demotions", m.demotions},
+                       {"strikes", m.strikes},
+                       {"relay_again_in_s", m.relay_again_in_s},
+                       {"last_apply_s", m.last_apply_s},
+                       {"heartbeat_age_s", m.last_heartbeat_age_s}});
+  }
+  auto& versions = j["versions"] = nlohmann::json::array();
+  for (const auto& v : s.versions) {
+    versions.push_back({{"version", v.version},
+                        {"patch_bytes", v.patch_bytes},
+                        {"keyframe_bytes", v.keyframe_bytes},
+                        {"view_bytes", v.view_bytes},
+                        {"first_served_s", v.first_served_s},
+                        {"last_served_s", v.last_served_s}});
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string AgentImpl::StatusJson() const { return ToJson(Snapshot()).dump(2) + "\n"; }
+
+// Built fresh on every scrape from the snapshot and the relay's link
+// figures: totals come from the members' own counters (heartbeats), so
+// nothing here accumulates, and a departed member's series simply vanish.
+std::string AgentImpl::MetricsText() const {
+  const AgentSnapshot s = Snapshot();
+  MetricsRegistry r;
+  auto gauge = [&](const char* name, const char* help, double v, const Labels& labels = {}) {
+    if (auto g = r.GetGauge(name, help, labels); g.ok()) (*g)->Set(v);
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t v, const Labels& labels = {}) {
+    if (auto c = r.GetCounter(name, help, labels); c.ok()) (*c)->Add(v);
+  };
+  gauge("tern_agent_head_version", "Newest version this agent knows (root: HEAD).", static_cast<double>(s.head));
+  gauge("tern_agent_served_version", "Version DIR/current serves (0: none, e.g. relay-only).",
+        static_cast<double>(s.served_version));
+  if (s.relay_only)
+    gauge("tern_agent_held_version", "Relay-only: the newest version held completely.",
+          static_cast<double>(s.held_version));
+  if (s.root) {
+    gauge("tern_agent_members", "Members joined to this root.", static_cast<double>(s.members.size()));
+    for (const auto& m : s.members) {
+      const Labels l = {{"member", m.id}, {"region", m.region}};
+      gauge("tern_agent_member_version",
+            "Version a member serves (relay-only: the newest it holds), from its heartbeat.",
+            static_cast<double>(m.served_version), l);
+      gauge("tern_agent_member_lag_versions", "HEAD minus tern_agent_member_version.",
+            static_cast<double>(m.lag), l);
+      gauge("tern_agent_member_relay_only", "1 for a member that relays and serves nothing.",
+            m.relay_only ? 1 : 0, l);
+      counter("tern_agent_member_bytes_in_total", "Bytes a member received (its own count).", m.bytes_in, l);
+      counter("tern_agent_member_bytes_out_total", "Bytes a member forwarded to its children.", m.bytes_out, l);
+      counter("tern_agent_member_chunk_retries_total", "Chunks a member had to receive or send again.",
+              m.chunk_retries, l);
+      gauge("tern_agent_member_apply_seconds", "Duration of a member's last apply.", m.last_apply_s, l);
+      gauge("tern_agent_member_rtt_to_parent_seconds",
+            "Round trip from a member to its parent (the slowest of its parents; 0: not measured).",
+            m.rtt_to_parent_s, l);
+      gauge("tern_agent_member_rtt_to_root_seconds",
+            "Round trip from a member to the root (0: not measured).", m.rtt_to_root_s, l);
+      gauge("tern_agent_member_rate_in_bytes_per_second",
+            "Rate a member received its last object at from its parent.", m.rate_in_bytes_per_s, l);
+      gauge("tern_agent_member_demoted",
+            "1 when the root plans around a member its children reported bad.", m.demoted ? 1 : 0,
+            l);
+      counter("tern_agent_member_demotions_total",
+              "Times a member was demoted to a leaf for its children's reports, since it joined.",
+              m.demotions, l);
+      if (m.demoted)
+        gauge("tern_agent_member_probation_seconds",
+              "Seconds until a demoted member may relay again (-1: never, until it joins again).",
+              m.relay_again_in_s, l);
+    }
+    // The newest versions only: the label set stays bounded.
+    const size_t first = s.versions.size() > 16 ? s.versions.size() - 16 : 0;
+    for (size_t i = first; i < s.versions.size(); ++i) {
+      const auto& v = s.versions[i];
+      const Labels l = {{"version", std::to_string(v.version)}};
+      gauge("tern_agent_version_patch_bytes", "Bytes of a version's patch.", static_cast<double>(v.patch_bytes), l);
+      if (v.first_served_s >= 0)
+        gauge("tern_agent_version_first_served_seconds", "Publish to the first member serving it.",
+              v.first_served_s, l);
+      if (v.last_served_s >= 0)
+        gauge("tern_agent_version_last_served_seconds", "Publish to every member serving it.",
+              v.last_served_s, l);
+    }
+  }
+  RelayNode* relay = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    relay = relay_.get();
+  }
+  if (relay) {
+    for (const auto& l : relay->Stats()) {
+      const Labels labels = {{"peer", l.peer}, {"role", l.parent ? "parent" : "child"},
+                             {"stripe", std::to_string(l.stripe)}};
+      counter("tern_agent_link_bytes_in_total", "Bytes received on a link.", l.bytes_in, labels);
+      counter("tern_agent_link_bytes_out_total", "Bytes sent on a link.", l.bytes_out, labels);
+      counter("tern_agent_link_retries_total", "Chunks resent on a link.", l.retries, labels);
+      counter("tern_agent_link_bad_chunks_total", "Chunks that failed SHA-256 on a link.", l.bad_chunks, labels);
+    }
+  }
+  return r.Render();
+}
+
+Status AgentImpl::StartAdmin() {
+  if (opt_.admin_listen.empty()) return Status::Ok();
+  std::vector<AdminRoute> routes;
+  routes.push_back(MetricsRoute([this] { return MetricsText(); }));
+  routes.push_back({"GET", "/status", [this](const AdminRequest&) {
+                      return AdminResponse{200, "application/json", StatusJson()};
+                    }});
+  if (opt_.root) {
+    routes.push_back({"POST", "/publish",
+                      [this](const AdminRequest& req) {
+                        nlohmann::json j = nlohmann::json::parse(req.body, nullptr, false);
+                        if (!j.is_object() || !j.contains("checkpoint") || !j["checkpoint"].is_string() ||
+                            !j.contains("version") || !j["version"].is_number_unsigned())
+                          return AdminResponse{400, "text/plain",
+                                               "expected {\"checkpoint\": PATH, \"version\": N}\n"};
+                        Status s = Publish(j["checkpoint"].get<std::string>(), j["version"].get<uint64_t>());
+                        if (!s.ok()) {
+                          const int code = s.code() == Code::kInvalidArgument || s.code() == Code::kMismatch
+                                               ? 409
+                                               : s.code() == Code::kNotFound ? 404 : 500;
+                          return AdminResponse{code, "text/plain", s.ToString() + "\n"};
+                        }
+                        nlohmann::json out = {{"published", j["version"]}};
+                        return AdminResponse{200, "application/json", out.dump() + "\n"};
+                      },
+                      /*mutating=*/true});
+  }
+  AdminOptions ao;
+  ao.address = opt_.admin_listen;
+  ao.token = opt_.admin_token;
+  ao.log = log_;
+  TERN_ASSIGN_OR_RETURN(admin_, AdminServer::Start(ao, std::move(routes)));
+  admin_address_ = admin_->address();
+  return Status::Ok();
+}
+
+}  // namespace tern::agent
+
+namespace tern {
+
+Status PublishToRoot(const std::string& admin_address, const std::string& checkpoint_path,
+                     uint64_t version, const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.timeout_ms = options.timeout_ms;
+  nlohmann::json body = {{"checkpoint", checkpoint_path}, {"version", version}};
+  auto reply = agent::AdminPost(admin_address, "/publish", body.dump(), o);
+  return reply.ok() ? Status::Ok() : reply.status();
+}
+
+Result<std::string> AgentStatusJson(const std::string& admin_address, const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.timeout_ms = options.timeout_ms;
+  return agent::AdminGet(admin_address, "/status", o);
+}
+
+}  // namespace tern

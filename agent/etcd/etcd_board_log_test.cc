@@ -1,0 +1,350 @@
+// EtcdBoardLog against a real etcd on loopback: board_log.h's contract, CAS
+// conflicts between two roots, fencing across a leader change, and what a
+// foreign writer can leave under the prefix.
+#include "agent/etcd/etcd_board_log.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "agent/testing/etcd_test_server.h"
+
+namespace tern::agent {
+namespace {
+
+class EtcdBoardLogTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto s = EtcdTestServer::Start();
+    if (s.ok()) {
+      server_ = std::move(*s);
+    } else {
+      start_error_ = new Status(s.status());
+    }
+  }
+  static void TearDownTestSuite() {
+    server_.reset();
+    delete start_error_;
+    start_error_ = nullptr;
+  }
+  void SetUp() override {
+    if (server_ == nullptr) {
+      if (start_error_ && start_error_->code() == Code::kUnsupported) {
+        GTEST_SKIP() << start_error_->ToString();
+      }
+      FAIL() << (start_error_ ? start_error_->ToString() : "no etcd");
+    }
+    // A prefix per test: the tests share one etcd.
+    prefix_ = std::string("/b/") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    auto c = EtcdClient::Create(Etcd());
+    ASSERT_TRUE(c.ok());
+    raw_ = std::move(*c);
+  }
+  static EtcdOptions Etcd(uint32_t timeout_ms = 3000) {
+    EtcdOptions o;
+    o.endpoints = {server_->endpoint()};
+    o.timeout_ms = timeout_ms;
+    o.log = [](std::string_view) {};
+    return o;
+  }
+  std::unique_ptr<EtcdBoardLog> Open(uint32_t page_records = 256) {
+    EtcdBoardLogOptions o;
+    o.prefix = prefix_;
+    o.page_records = page_records;
+    auto log = EtcdBoardLog::Open(Etcd(), o);
+    EXPECT_TRUE(log.ok()) << log.status().ToString();
+    return log.ok() ? std::move(*log) : nullptr;
+  }
+  static std::string Bytes(uint64_t v, uint32_t seq) {
+    return "signed manifest v" + std::to_string(v) + " seq " + std::to_string(seq);
+  }
+  static std::vector<std::pair<uint64_t, uint32_t>> Sorted(const std::vector<BoardRecord>& rs) {
+    std::vector<std::pair<uint64_t, uint32_t>> out;
+    for (const BoardRecord& r : rs) {
+      EXPECT_EQ(r.signed_manifest, Bytes(r.version, r.seq));
+      out.emplace_back(r.version, r.seq);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  static std::unique_ptr<EtcdTestServer> server_;
+  static Status* start_error_;
+  std::string prefix_;
+  std::unique_ptr<EtcdClient> raw_;
+};
+std::unique_ptr<EtcdTestServer> EtcdBoardLogTest::server_;
+Status* EtcdBoardLogTest::start_error_ = nullptr;
+
+using Names = std::vector<std::pair<uint64_t, uint32_t>>;
+
+TEST_F(EtcdBoardLogTest, AppendsLoadsAndAdvancesHead) {
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(*log->Head(), 0u);
+  auto all = log->LoadAll();
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->empty());
+  ASSERT_TRUE(log->Append(1, 0, Bytes(1, 0), true, 0).ok());
+  ASSERT_TRUE(log->Append(1, 1, Bytes(1, 1), false, 0).ok());  // a late squash for v1
+  ASSERT_TRUE(log->Append(2, 0, Bytes(2, 0), true, 1).ok());
+  ASSERT_TRUE(log->Append(10, 0, Bytes(10, 0), true, 2).ok());  // gaps are fine
+  EXPECT_EQ(*log->Head(), 10u);
+  all = log->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(Sorted(*all), (Names{{1, 0}, {1, 1}, {2, 0}, {10, 0}}));
+  // A second process sees the same log.
+  auto other = Open();
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(*other->Head(), 10u);
+  EXPECT_EQ(Sorted(*other->LoadAll()), (Names{{1, 0}, {1, 1}, {2, 0}, {10, 0}}));
+}
+
+TEST_F(EtcdBoardLogTest, CompareAndSwapConflictsChangeNothing) {
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  ASSERT_TRUE(log->Append(1, 0, Bytes(1, 0), true, 0).ok());
+  ASSERT_TRUE(log->Append(2, 0, Bytes(2, 0), true, 1).ok());
+  // HEAD moved: expected 1, it is 2.
+  Status s = log->Append(3, 0, Bytes(3, 0), true, 1);
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  EXPECT_NE(s.message().find("HEAD is 2"), std::string::npos) << s.ToString();
+  // Expected an empty log, it is not.
+  EXPECT_EQ(log->Append(3, 0, Bytes(3, 0), true, 0).code(), Code::kMismatch);
+  // The same (v, seq) twice, with or without HEAD.
+  s = log->Append(2, 1, Bytes(2, 1), false, 0);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(log->Append(2, 1, "other bytes", false, 0).code(), Code::kAlreadyExists);
+  EXPECT_EQ(log->Append(3, 0, Bytes(3, 0), true, 2).code(), Code::kOk);
+  EXPECT_EQ(log->Append(3, 0, Bytes(3, 0), true, 3).code(), Code::kInvalidArgument);
+  EXPECT_EQ(*log->Head(), 3u);
+  EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{1, 0}, {2, 0}, {2, 1}, {3, 0}}));
+}
+
+TEST_F(EtcdBoardLogTest, TwoRootsRacingForTheNextVersionOneWins) {
+  auto a = Open();
+  auto b = Open();
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Append(1, 0, Bytes(1, 0), true, 0).ok());
+  for (uint64_t v = 2; v < 12; ++v) {
+    Status sa, sb;
+    std::thread ta([&] { sa = a->Append(v, 0, Bytes(v, 0), true, v - 1); });
+    std::thread tb([&] { sb = b->Append(v, 0, Bytes(v, 0), true, v - 1); });
+    ta.join();
+    tb.join();
+    EXPECT_NE(sa.ok(), sb.ok()) << "v" << v << ": " << sa.ToString() << " / " << sb.ToString();
+    const Status& loser = sa.ok() ? sb : sa;
+    EXPECT_TRUE(loser.code() == Code::kAlreadyExists || loser.code() == Code::kMismatch)
+        << loser.ToString();
+  }
+  EXPECT_EQ(*a->Head(), 11u);
+  EXPECT_EQ(a->LoadAll()->size(), 11u);
+}
+
+TEST_F(EtcdBoardLogTest, RefusesBadArguments) {
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(log->Append(0, 0, "x", true, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, kMaxManifestsPerVersion, "x", false, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, 0, "", true, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, 0, std::string(kMaxBoardRecordBytes + 1, 'x'), true, 0).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, 1, "x", true, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(1, 0, "x", false, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append(5, 0, "x", true, 5).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(log->LoadAll()->empty()) << "nothing refused was written";
+  // The largest record fits (etcd's 1.5 MiB request limit is above it).
+  EXPECT_TRUE(log->Append(1, 0, std::string(kMaxBoardRecordBytes, 'x'), true, 0).ok());
+  EtcdBoardLogOptions o;
+  o.prefix = "/b/";
+  EXPECT_EQ(EtcdBoardLog::Open(Etcd(), o).status().code(), Code::kInvalidArgument);
+  o.prefix = "";
+  EXPECT_EQ(EtcdBoardLog::Open(Etcd(), o).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(EtcdBoardLogTest, InitIdFirstWriterWins) {
+  auto a = Open();
+  auto b = Open();
+  ASSERT_TRUE(a && b);
+  BoardId ida{}, idb{};
+  ida.fill(0xaa);
+  idb.fill(0xbb);
+  Result<BoardId> ra = Status(Code::kInternal, ""), rb = Status(Code::kInternal, "");
+  std::thread ta([&] { ra = a->InitId(ida); });
+  std::thread tb([&] { rb = b->InitId(idb); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().ToString() << rb.status().ToString();
+  EXPECT_EQ(*ra, *rb);
+  EXPECT_TRUE(*ra == ida || *ra == idb);
+  auto again = a->InitId(idb == *ra ? ida : idb);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *ra);
+}
+
+TEST_F(EtcdBoardLogTest, LoadAllPagesThroughOneSnapshot) {
+  auto log = Open(/*page_records=*/3);
+  ASSERT_NE(log, nullptr);
+  Names want;
+  for (uint64_t v = 1; v <= 8; ++v) {
+    ASSERT_TRUE(log->Append(v, 0, Bytes(v, 0), true, v - 1).ok());
+    want.emplace_back(v, 0);
+    if (v % 3 == 0) {
+      ASSERT_TRUE(log->Append(v, 1, Bytes(v, 1), false, 0).ok());
+      want.emplace_back(v, 1);
+    }
+  }
+  auto all = log->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(Sorted(*all), want);
+  // Version 1e19 sorts after 9 (fixed-width keys).
+  ASSERT_TRUE(
+      log->Append(10'000'000'000'000'000'000u, 0, Bytes(10'000'000'000'000'000'000u, 0), true, 8)
+          .ok());
+  EXPECT_EQ(log->LoadAll()->size(), want.size() + 1);
+}
+
+TEST_F(EtcdBoardLogTest, DropBelowKeepsHead) {
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  for (uint64_t v = 1; v <= 5; ++v) ASSERT_TRUE(log->Append(v, 0, Bytes(v, 0), true, v - 1).ok());
+  ASSERT_TRUE(log->Append(2, 1, Bytes(2, 1), false, 0).ok());
+  EXPECT_EQ(log->DropBelow(6).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(log->DropBelow(3).ok());
+  EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{3, 0}, {4, 0}, {5, 0}}));
+  ASSERT_TRUE(log->DropBelow(3).ok());  // idempotent
+  ASSERT_TRUE(log->DropBelow(5).ok());
+  EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{5, 0}}));
+  EXPECT_EQ(*log->Head(), 5u);
+  // Keys beside the versions are not touched.
+  EXPECT_TRUE(log->Append(6, 0, Bytes(6, 0), true, 5).ok());
+}
+
+TEST_F(EtcdBoardLogTest, ForeignDataUnderThePrefixIsCorruptNotACrash) {
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  ASSERT_TRUE(log->Append(1, 0, Bytes(1, 0), true, 0).ok());
+  const std::string versions = prefix_ + "/versions/";
+  for (const std::string& bad :
+       {versions + "junk", versions + "00000000000000000001/64",
+        versions + "00000000000000000000/00", versions + "0000000000000000000x/00",
+        versions + "00000000000000000001/001", versions + "99999999999999999999/00"}) {
+    ASSERT_TRUE(raw_->Put(bad, "x").ok());
+    auto all = log->LoadAll();
+    EXPECT_EQ(all.status().code(), Code::kCorrupt) << bad;
+    EXPECT_NE(all.status().message().find("foreign key"), std::string::npos);
+    ASSERT_TRUE(raw_->Delete(bad).ok());
+  }
+  ASSERT_TRUE(raw_->Put(versions + "00000000000000000002/00", "").ok());
+  EXPECT_EQ(log->LoadAll().status().code(), Code::kCorrupt);
+  ASSERT_TRUE(
+      raw_->Put(versions + "00000000000000000002/00", std::string(kMaxBoardRecordBytes + 1, 'x'))
+          .ok());
+  EXPECT_EQ(log->LoadAll().status().code(), Code::kCorrupt);
+  ASSERT_TRUE(raw_->Delete(versions + "00000000000000000002/00").ok());
+  EXPECT_TRUE(log->LoadAll().ok());
+
+  for (const char* head : {"", "0", "-1", "01", "abc", "18446744073709551616"}) {
+    ASSERT_TRUE(raw_->Put(prefix_ + "/head", head).ok());
+    EXPECT_EQ(log->Head().status().code(), Code::kCorrupt) << head;
+    EXPECT_EQ(log->Append(2, 0, Bytes(2, 0), true, 1).code(), Code::kCorrupt) << head;
+  }
+  ASSERT_TRUE(raw_->Put(prefix_ + "/id", "short").ok());
+  BoardId id{};
+  EXPECT_EQ(log->InitId(id).status().code(), Code::kCorrupt);
+}
+
+TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
+  ElectionOptions e;
+  e.prefix = prefix_;
+  e.id = "root-a";
+  e.lease_ttl_s = 3;
+  e.log = [](std::string_view) {};
+  auto a = Election::Campaign(Etcd(), e, SteadyClock(), 5000);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto log_a = Open();
+  ASSERT_NE(log_a, nullptr);
+  log_a->SetFence((*a)->Fence());
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ASSERT_TRUE(log_a->Append(v, 0, Bytes(v, 0), true, v - 1).ok());
+  }
+  // Root a stalls long enough to lose its lease (revoked here, as if it expired).
+  ASSERT_TRUE(raw_->LeaseRevoke((*a)->lease_id()).ok());
+  Status late = log_a->Append(4, 0, Bytes(4, 0), true, 3);
+  EXPECT_EQ(late.code(), Code::kMismatch) << late.ToString();
+  EXPECT_NE(late.message().find("no longer holds"), std::string::npos) << late.ToString();
+  EXPECT_EQ(log_a->DropBelow(2).code(), Code::kMismatch);
+  // Standby b takes over and continues the log: nothing a published is lost.
+  e.id = "root-b";
+  auto b = Election::Campaign(Etcd(), e, SteadyClock(), 5000);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto log_b = Open();
+  ASSERT_NE(log_b, nullptr);
+  log_b->SetFence((*b)->Fence());
+  auto head = log_b->Head();
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(*head, 3u);
+  EXPECT_EQ(Sorted(*log_b->LoadAll()), (Names{{1, 0}, {2, 0}, {3, 0}}));
+  ASSERT_TRUE(log_b->Append(4, 0, Bytes(4, 0), true, 3).ok());
+  // a's fence still fails under b's leadership.
+  EXPECT_EQ(log_a->Append(5, 0, Bytes(5, 0), true, 4).code(), Code::kMismatch);
+  EXPECT_EQ(*log_b->Head(), 4u);
+}
+
+TEST(EtcdBoardUrlTest, ParsesTheBoardFlag) {
+  auto one = ParseEtcdBoardUrl("etcd://127.0.0.1:2379/tern/main");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->endpoints, std::vector<std::string>{"127.0.0.1:2379"});
+  EXPECT_EQ(one->prefix, "/tern/main");
+  auto three = ParseEtcdBoardUrl("etcd://a:1,b:2,[::1]:3/x");
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(three->endpoints, (std::vector<std::string>{"a:1", "b:2", "[::1]:3"}));
+  EXPECT_EQ(three->prefix, "/x");
+  for (const char* bad :
+       {"", "etcd://", "etcd:///x", "http://a:1/x", "etcd://a:1", "etcd://a:1/", "etcd://a:1/x/",
+        "etcd://a/x", "etcd://a:1,/x", "etcd://a:99999/x", "etcd://a:1,,b:2/x"}) {
+    EXPECT_EQ(ParseEtcdBoardUrl(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseEtcdBoardUrl("etcd://a:1/" + std::string(600, 'p')).status().code(),
+            Code::kInvalidArgument);
+}
+
+TEST(EtcdBoardLogServerTest, SurvivesAnEtcdRestartAndReportsAnOutage) {
+  auto started = EtcdTestServer::Start();
+  if (!started.ok() && started.status().code() == Code::kUnsupported) {
+    GTEST_SKIP() << started.status().ToString();
+  }
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  EtcdTestServer& server = **started;
+  EtcdOptions o;
+  o.endpoints = {server.endpoint()};
+  o.timeout_ms = 1000;
+  o.log = [](std::string_view) {};
+  EtcdBoardLogOptions lo;
+  lo.prefix = "/restart";
+  auto log = EtcdBoardLog::Open(o, lo);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_TRUE((*log)->Append(1, 0, "one", true, 0).ok());
+  ASSERT_TRUE((*log)->Append(2, 0, "two", true, 1).ok());
+  ASSERT_TRUE(server.Kill().ok());  // a crash, not a clean stop
+  Status down = (*log)->Append(3, 0, "three", true, 2);
+  EXPECT_EQ(down.code(), Code::kUnavailable) << down.ToString();
+  EXPECT_EQ(EtcdBoardLog::Open(o, lo).status().code(), Code::kUnavailable);
+  ASSERT_TRUE(server.Restart().ok());
+  Status up;
+  for (int i = 0; i < 50; ++i) {  // the client reconnects on its own
+    up = (*log)->Append(3, 0, "three", true, 2);
+    if (up.code() != Code::kUnavailable) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(up.ok()) << up.ToString();
+  EXPECT_EQ(*(*log)->Head(), 3u);
+  auto all = (*log)->LoadAll();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 3u);
+}
+
+}  // namespace
+}  // namespace tern::agent

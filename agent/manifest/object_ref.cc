@@ -1,0 +1,35 @@
+// ObjectRef names (agent/manifest/object_ref.h).
+#include "agent/manifest/object_ref.h"
+
+namespace tern::agent {
+
+const char* ObjectKindName(ObjectKind kind) {
+  switch (kind) {
+    case ObjectKind::kPatch: return "patch";
+    case ObjectKind::kKeyframe: return "keyframe";
+    case ObjectKind::kSquash: return "squash";
+  }
+  return "unknown";
+}
+
+std::string ObjectName(const ObjectRef& ref) {
+  return std::string(ObjectKindName(ref.kind)) + "-" + std::to_string(ref.from) + "-" +
+         std::to_string(ref.to);
+}
+
+Status ValidateObjectRef(const ObjectRef& ref) {
+  switch (ref.kind) {
+    case ObjectKind::kKeyframe:
+      TERN_REQUIRE(ref.from == ref.to && ref.to >= 1, kCorrupt, "keyframe reference ", ref.from,
+                   "->", ref.to, ": from must equal to (>= 1)");
+      return Status::Ok();
+    case ObjectKind::kPatch:
+    case ObjectKind::kSquash:
+      TERN_REQUIRE(ref.from < ref.to, kCorrupt, "object reference ", ref.from, "->", ref.to,
+                   ": from must be below to");
+      return Status::Ok();
+  }
+  return TERN_ERROR(kCorrupt, "unknown object kind ", static_cast<int>(ref.kind));
+}
+
+}  // namespace tern::agent

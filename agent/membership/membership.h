@@ -1,0 +1,117 @@
+// The root's view of its members: who is joined, where each sits in the
+// relay trees, what each serves, and who is silent too long. No I/O and no
+// clock of its own (times are passed in), so it is tested without sockets;
+// the root agent feeds it joins, heartbeats and departures and sends what it
+// returns (PARENTS to the members whose parent changed).
+//
+// Planning is incremental (topology::AddMember / RemoveMember): one join or
+// leave moves only the edges it must, and only those members are told.
+//
+// Thread safety: none; the root agent holds its lock around every call.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/control/control_wire.h"
+#include "agent/membership/probation.h"
+#include "tern/status.h"
+#include "tern/topology.h"
+
+namespace tern::agent {
+
+struct MemberRecord {
+  MemberInfo info;
+  uint64_t joined_us = 0;
+  uint64_t last_seen_us = 0;
+  Heartbeat last;          // the newest heartbeat (zeros until one came)
+  uint64_t served_version = 0;
+  uint64_t parents_epoch = 0;  // the epoch of the PARENTS it was last sent
+  // Measured: the best rate any of its children reported receiving from it
+  // (0: none yet), and whether children's reports made the root plan
+  // around it (a leaf until its probation ends: agent/membership/probation.h).
+  double measured_uplink_bytes_per_s = 0;
+  bool demoted = false;
+  RelayProbation probation;
+  uint64_t stall_reported_us = 0;  // when it last reported its own parent stalled (0: never)
+};
+
+class Membership {
+ public:
+  // root: the root agent as a tree node (its id and data address are in
+  // root_info). Bad options: the first Join reports them (kInvalidArgument).
+  Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us,
+             ProbationOptions probation = {});
+
+  // Adds a member; the ids whose PARENTS must be (re)sent are appended to
+  // *notify (the new member itself, first). kAlreadyExists for a joined id
+  // (a member claiming another's identity, or a restart racing its own
+  // departure: the caller refuses it), kInvalidArgument for bad fields,
+  // kResourceExhausted when the plan is full.
+  Status Join(const MemberInfo& info, uint64_t served_version, uint64_t now_us,
+              std::vector<std::string>* notify);
+  // Removes a member (leave, closed connection, silence); its children are
+  // re-attached and appended to *notify. Unknown ids are ignored.
+  void Leave(const std::string& id, std::vector<std::string>* notify);
+  // kNotFound for an id that is not joined. The heartbeat's figures go to
+  // the planner (topology::UpdateFigures; no edge moves): the member's
+  // round trip to the root, and its receive rate in each stripe as a lower
+  // bound on that stripe's parent's uplink.
+  Status Heartbeat(const std::string& id, const agent::Heartbeat& hb, uint64_t now_us);
+  // A member's report of a bad parent. The root plans around that parent
+  // (topology::DemoteRelay: it becomes a leaf, its children are
+  // re-attached; nobody else moves) and the moved ids go to *notify. Its
+  // probation starts (agent/membership/probation.h; EndProbations ends it).
+  // Refused, changing nothing: kNotFound (reporter not joined),
+  // kMismatch for a stale report (that is not its parent in that
+  // stripe any more), a report on the root, or a stall report on a parent
+  // that itself reported a stall within dead_after_us (it starves too: the
+  // fault is further up, and its own report names it).
+  Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
+                      std::vector<std::string>* notify);
+  // Demoted members whose probation is over at now_us relay again
+  // (topology::PromoteRelay: no edge moves, so nobody is told); their ids,
+  // sorted. A member that joined with may_relay false stays a leaf.
+  std::vector<std::string> EndProbations(uint64_t now_us);
+  // Members silent for longer than dead_after_us (not removed: the caller
+  // closes their connections, which calls Leave).
+  std::vector<std::string> Silent(uint64_t now_us) const;
+
+  // The PARENTS message for a member (epoch bumped on every plan change).
+  // An edge inside one cluster whose ends run different intra-cluster
+  // backends gets the main transport (topology::ChooseEdgeTransport); the
+  // first time a cluster shows a pair of backends (at most
+  // kMaxBackendNotes pairs), a line saying so is appended to *notes, for
+  // the log.
+  Result<Parents> ParentsOf(const std::string& id, std::vector<std::string>* notes = nullptr);
+  static constexpr size_t kMaxBackendNotes = 256;
+  void MarkSent(const std::string& id, uint64_t epoch);
+
+  bool Has(const std::string& id) const { return members_.count(id) != 0; }
+  const std::map<std::string, MemberRecord>& members() const { return members_; }
+  const topology::Plan& plan() const { return plan_; }
+  uint64_t epoch() const { return epoch_; }
+  // Depth in stripe 0 (0 when unknown).
+  uint32_t DepthOf(const std::string& id) const;
+
+ private:
+  void Replan(topology::Plan next, std::vector<std::string>* notify);
+
+  MemberInfo root_info_;
+  Status init_status_;  // bad plan options, reported by Join
+  topology::Plan plan_;
+  uint64_t dead_after_us_;
+  ProbationOptions probation_;
+  uint64_t epoch_ = 0;
+  // "region/cluster backend backend" pairs already noted by ParentsOf.
+  std::set<std::string> backend_notes_;
+  std::map<std::string, MemberRecord> members_;
+};
+
+// The planner's view of a member.
+topology::Member ToTopologyMember(const MemberInfo& info);
+
+}  // namespace tern::agent

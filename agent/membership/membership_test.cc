@@ -1,0 +1,455 @@
+#include "agent/membership/membership.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+namespace tern::agent {
+namespace {
+
+MemberInfo Info(const std::string& id, const std::string& region, double up = 1e9) {
+  MemberInfo m;
+  m.id = id;
+  m.region = region;
+  m.data_address = id + ":1";
+  m.uplink_bytes_per_s = up;
+  m.downlink_bytes_per_s = 1e9;
+  return m;
+}
+
+topology::PlanOptions Options(uint32_t fanout = 2, uint32_t stripes = 1) {
+  topology::PlanOptions o;
+  o.fanout_max = fanout;
+  o.root_fanout_max = 2;
+  o.stripes = stripes;
+  return o;
+}
+
+// PARENTS names the parent's intra-cluster address exactly for edges inside
+// one cluster whose two ends both listen with the intra transport; every
+// other edge (another cluster, another region, an end without one) gets the
+// address of the transport every agent has.
+TEST(Membership, IntraClusterEdgesGetTheParentsIntraAddress) {
+  auto in = [](const std::string& id, const std::string& region, const std::string& cluster,
+               bool intra) {
+    MemberInfo m = Info(id, region);
+    m.cluster = cluster;
+    if (intra) {
+      m.intra_address = id + ":intra";
+      m.intra_backend = "verbs";
+    }
+    return m;
+  };
+  topology::PlanOptions o = Options(/*fanout=*/1);
+  o.root_fanout_max = 1;  // a chain: root -> a -> b -> c -> d -> e
+  Membership m(in("root", "us", "c0", true), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(in("a", "us", "c0", true), 0, 0, &notify).ok());   // root's cluster
+  ASSERT_TRUE(m.Join(in("b", "us", "c0", false), 0, 0, &notify).ok());  // no intra transport
+  ASSERT_TRUE(m.Join(in("c", "us", "c1", true), 0, 0, &notify).ok());   // another cluster
+  ASSERT_TRUE(m.Join(in("d", "us", "c1", true), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("e", "eu", "c1", true), 0, 0, &notify).ok());  // same name, other region
+  for (const std::string id : {"a", "b", "c", "d", "e"}) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok()) << id;
+    const std::string parent = p->parents[0].id;
+    const auto& members = m.members();
+    const MemberInfo& pi =
+        parent == "root" ? in("root", "us", "c0", true) : members.at(parent).info;
+    const MemberInfo& ci = members.at(id).info;
+    const bool want_intra = !pi.intra_address.empty() && !ci.intra_address.empty() &&
+                            pi.region == ci.region && pi.cluster == ci.cluster;
+    EXPECT_EQ(p->parents[0].intra, want_intra) << id << " <- " << parent;
+    EXPECT_EQ(p->parents[0].data_address, want_intra ? parent + ":intra" : parent + ":1")
+        << id << " <- " << parent;
+  }
+  // The cases above must include both kinds of edge.
+  int intra = 0, other = 0;
+  for (const std::string id : {"a", "b", "c", "d", "e"})
+    (m.ParentsOf(id)->parents[0].intra ? intra : other)++;
+  EXPECT_GT(intra, 0);
+  EXPECT_GT(other, 0);
+}
+
+// One cluster, two intra backends (one member chose ucx, or fell back):
+// an edge between members of different backends gets the parent's main
+// address and intra = false, edges between equal backends stay intra, and
+// the mix is noted once per cluster and pair of backends.
+TEST(Membership, AnIntraEdgeNeedsTheSameBackendAtBothEnds) {
+  auto in = [](const std::string& id, const std::string& backend) {
+    MemberInfo m = Info(id, "us");
+    m.cluster = "c0";
+    m.intra_address = id + ":intra";
+    m.intra_backend = backend;
+    return m;
+  };
+  topology::PlanOptions o = Options(/*fanout=*/1);
+  o.root_fanout_max = 1;  // a chain: root -> a -> b -> c -> d
+  Membership m(in("root", "verbs"), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(in("a", "verbs"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("b", "ucx"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("c", "verbs"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(in("d", "verbs"), 0, 0, &notify).ok());
+  std::vector<std::string> notes;
+  std::map<std::string, ParentRef> got;
+  for (const std::string id : {"a", "b", "c", "d"}) {
+    auto p = m.ParentsOf(id, &notes);
+    ASSERT_TRUE(p.ok()) << id;
+    got[id] = p->parents[0];
+  }
+  ASSERT_EQ(got["a"].id, "root");
+  ASSERT_EQ(got["b"].id, "a");
+  ASSERT_EQ(got["c"].id, "b");
+  ASSERT_EQ(got["d"].id, "c");
+  EXPECT_TRUE(got["a"].intra);
+  EXPECT_EQ(got["a"].data_address, "root:intra");
+  EXPECT_FALSE(got["b"].intra);  // verbs parent, ucx child
+  EXPECT_EQ(got["b"].data_address, "a:1");
+  EXPECT_FALSE(got["c"].intra);  // ucx parent, verbs child
+  EXPECT_EQ(got["c"].data_address, "b:1");
+  EXPECT_TRUE(got["d"].intra);
+  EXPECT_EQ(got["d"].data_address, "c:intra");
+  // Two mixed edges, one pair of backends in one cluster: one note, naming
+  // both backends; asking again notes nothing new.
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("us/c0"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("a runs verbs, b runs ucx"), std::string::npos) << notes[0];
+  notes.clear();
+  for (const std::string id : {"a", "b", "c", "d"}) ASSERT_TRUE(m.ParentsOf(id, &notes).ok());
+  EXPECT_TRUE(notes.empty());
+}
+
+TEST(Membership, JoinTellsTheNewMemberItsParentsWithAddresses) {
+  Membership m(Info("root", "us"), Options(), 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("a", "eu"), 0, 0, &notify).ok());
+  EXPECT_EQ(notify, std::vector<std::string>{"a"});
+  auto p = m.ParentsOf("a");
+  ASSERT_TRUE(p.ok());
+  ASSERT_EQ(p->parents.size(), 1u);
+  EXPECT_EQ(p->parents[0].id, "root");
+  EXPECT_EQ(p->parents[0].data_address, "root:1");
+
+  notify.clear();
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  p = m.ParentsOf("b");
+  ASSERT_TRUE(p.ok());
+  // Region-aware: the second eu member hangs below the first, not the root.
+  EXPECT_EQ(p->parents[0].id, "a");
+  EXPECT_EQ(p->parents[0].data_address, "a:1");
+  EXPECT_EQ(m.DepthOf("b"), 2u);
+}
+
+// HELLO's relay_only reaches the planner: later joins prefer the relay-only
+// member's slot among slots at the same depth; one that says relay-only
+// but may not relay is refused.
+TEST(Membership, RelayOnlyFlagReachesThePlanner) {
+  Membership m(Info("root", "us"), Options(/*fanout=*/2), 1000);
+  std::vector<std::string> notify;
+  MemberInfo relay = Info("r", "eu", 1e8);  // slower than the others
+  relay.relay_only = true;
+  ASSERT_TRUE(m.Join(Info("a", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(relay, 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("c", "eu"), 0, 0, &notify).ok());
+  EXPECT_TRUE(m.plan().members.at("r").relay_only);
+  EXPECT_EQ(m.ParentsOf("c")->parents[0].id, "r");
+  MemberInfo bad = Info("x", "eu");
+  bad.relay_only = true;
+  bad.may_relay = false;
+  EXPECT_EQ(m.Join(bad, 0, 0, &notify).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(m.Has("x"));
+}
+
+TEST(Membership, SecondJoinWithTheSameIdIsRefused) {
+  Membership m(Info("root", "us"), Options(), 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("a", "eu"), 0, 0, &notify).ok());
+  EXPECT_EQ(m.Join(Info("a", "us"), 0, 0, &notify).code(), Code::kAlreadyExists);
+  EXPECT_EQ(m.Join(Info("root", "us"), 0, 0, &notify).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m.members().size(), 1u);
+}
+
+TEST(Membership, LeaveReattachesOnlyTheOrphans) {
+  Membership m(Info("root", "us"), Options(2), 1000);
+  std::vector<std::string> notify;
+  for (auto id : {"a", "b", "c", "d", "e"}) ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  auto pa = m.ParentsOf("a");
+  ASSERT_TRUE(pa.ok());
+  ASSERT_EQ(pa->parents[0].id, "root");
+  std::vector<std::string> orphans;
+  for (const auto& [id, rec] : m.members()) {
+    auto p = m.ParentsOf(id);
+    if (p.ok() && p->parents[0].id == "a") orphans.push_back(id);
+  }
+  ASSERT_FALSE(orphans.empty());
+  const uint64_t epoch = m.epoch();
+  notify.clear();
+  m.Leave("a", &notify);
+  EXPECT_GT(m.epoch(), epoch);
+  std::sort(notify.begin(), notify.end());
+  EXPECT_EQ(notify, orphans);  // exactly a's children, nobody else
+  EXPECT_FALSE(m.Has("a"));
+  for (const auto& id : orphans) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok());
+    EXPECT_NE(p->parents[0].id, "a");
+  }
+  EXPECT_TRUE(topology::Validate(m.plan()).ok());
+}
+
+TEST(Membership, SilentMembersAreReportedAfterTheDeadline) {
+  Membership m(Info("root", "us"), Options(), 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("a", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  Heartbeat hb;
+  hb.served_version = 7;
+  ASSERT_TRUE(m.Heartbeat("b", hb, 900).ok());
+  EXPECT_TRUE(m.Silent(1000).empty());
+  EXPECT_EQ(m.Silent(1001), std::vector<std::string>{"a"});
+  EXPECT_EQ(m.members().at("b").served_version, 7u);
+  EXPECT_EQ(m.Heartbeat("zz", hb, 1).code(), Code::kNotFound);
+}
+
+TEST(Membership, StripedPlansGiveOneParentPerStripe) {
+  Membership m(Info("root", "us"), Options(2, 2), 1000);
+  std::vector<std::string> notify;
+  for (auto id : {"a", "b", "c", "d"}) ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  for (auto id : {"a", "b", "c", "d"}) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok());
+    ASSERT_EQ(p->parents.size(), 2u);
+    EXPECT_EQ(p->parents[1].stripe, 1u);
+  }
+}
+
+TEST(Membership, BadPlanOptionsAreReportedByJoin) {
+  Membership m(Info("root", "us"), Options(0), 1000);
+  std::vector<std::string> notify;
+  EXPECT_EQ(m.Join(Info("a", "eu"), 0, 0, &notify).code(), Code::kInvalidArgument);
+}
+
+TEST(Membership, HeartbeatFiguresSteerLaterJoins) {
+  // root -> a; b and c under a (equal configured uplinks).
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  Membership m(Info("root", "us"), o, 1000);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("a", "eu", 2e9), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 0, 0, &notify).ok());
+  ASSERT_TRUE(m.Join(Info("c", "eu"), 0, 0, &notify).ok());
+  ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
+  ASSERT_EQ(m.ParentsOf("c")->parents[0].id, "a");
+  // b is far from the root, c near: a new member hangs below c.
+  Heartbeat hb;
+  hb.rtt_to_root_s = 0.150;
+  ASSERT_TRUE(m.Heartbeat("b", hb, 1).ok());
+  hb.rtt_to_root_s = 0.001;
+  ASSERT_TRUE(m.Heartbeat("c", hb, 1).ok());
+  const uint64_t epoch = m.epoch();
+  EXPECT_EQ(m.epoch(), epoch);  // measuring moves nobody
+  notify.clear();
+  ASSERT_TRUE(m.Join(Info("d", "eu"), 0, 1, &notify).ok());
+  EXPECT_EQ(m.ParentsOf("d")->parents[0].id, "c");
+  EXPECT_DOUBLE_EQ(m.plan().members.at("b").rtt_to_root_s, 0.150);
+  // A child's receive rate is a measured lower bound on its parent's uplink.
+  hb = {};
+  hb.parents = {{0.001, 3e9}};
+  ASSERT_TRUE(m.Heartbeat("d", hb, 2).ok());
+  EXPECT_DOUBLE_EQ(m.members().at("c").measured_uplink_bytes_per_s, 3e9);
+  EXPECT_DOUBLE_EQ(m.plan().members.at("c").uplink_bytes_per_s, 3e9);
+}
+
+TEST(Membership, ParentReportPlansAroundTheParentOnly) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  Membership m(Info("root", "us"), o, 1000);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  // a under the root; b, c under a; d, e under b.
+  ASSERT_EQ(m.ParentsOf("b")->parents[0].id, "a");
+  ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
+  const std::string bad = "b";
+  // a reports the root stalled (refused: the root is not planned around,
+  // but a is starving now), then b reports a: a starves too, refused; and d
+  // reports b, which starves as well: refused. Within dead_after (1000 us).
+  notify.clear();
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kStalled}, 10, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent(bad, {0, "a", ParentFault::kStalled}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 30, &notify).code(),
+            Code::kMismatch);
+  // Stale (not its parent), the root, an unknown reporter: refused.
+  EXPECT_EQ(m.ReportParent("d", {0, "c", ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("a", {0, "root", ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.ReportParent("zz", {0, bad, ParentFault::kBadChunks}, 20, &notify).code(),
+            Code::kNotFound);
+  EXPECT_TRUE(notify.empty());
+  // Later, b has not reported for longer than dead_after: the edge b -> d is at fault.
+  const topology::Plan before = m.plan();
+  ASSERT_TRUE(m.ReportParent("d", {0, bad, ParentFault::kStalled}, 2000, &notify).ok());
+  EXPECT_TRUE(m.members().at(bad).demoted);
+  EXPECT_FALSE(m.plan().members.at(bad).may_relay);
+  for (const auto& [id, p] : m.plan().parent[0]) EXPECT_NE(p, bad) << id;
+  // Only b's children and b itself moved; each mover is told.
+  std::vector<std::string> moved;
+  for (const auto& mv : topology::Diff(before, m.plan())) moved.push_back(mv.id);
+  std::sort(moved.begin(), moved.end());
+  for (const auto& id : moved) EXPECT_TRUE(id == "b" || id == "d" || id == "e") << id;
+  std::sort(notify.begin(), notify.end());
+  EXPECT_EQ(notify, moved);
+  // The second child's report now is stale: nothing more moves.
+  notify.clear();
+  EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(),
+            Code::kMismatch);
+  EXPECT_TRUE(notify.empty());
+}
+
+TEST(Membership, EachStripesRateGoesToThatStripesParent) {
+  Membership m(Info("root", "us"), Options(/*fanout=*/2, /*stripes=*/2), 1000);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  // A member whose parents are two other members (one per stripe).
+  std::string child;
+  std::string parent0, parent1;
+  for (const auto& [id, rec] : m.members()) {
+    auto p = m.ParentsOf(id);
+    ASSERT_TRUE(p.ok());
+    if (p->parents[0].id != "root" && p->parents[1].id != "root" &&
+        p->parents[0].id != p->parents[1].id) {
+      child = id;
+      parent0 = p->parents[0].id;
+      parent1 = p->parents[1].id;
+    }
+  }
+  ASSERT_FALSE(child.empty()) << "no member with two member parents";
+  Heartbeat hb;
+  hb.parents = {{0.002, 1e8}, {0.003, 7e8}};
+  ASSERT_TRUE(m.Heartbeat(child, hb, 1).ok());
+  EXPECT_DOUBLE_EQ(m.members().at(parent0).measured_uplink_bytes_per_s, 1e8);
+  EXPECT_DOUBLE_EQ(m.members().at(parent1).measured_uplink_bytes_per_s, 7e8);
+  EXPECT_DOUBLE_EQ(m.plan().members.at(parent1).uplink_bytes_per_s, 7e8);
+}
+
+}  // namespace
+}  // namespace tern::agent
+
+namespace tern::agent {
+namespace {
+
+// The probation policy alone (agent/membership/probation.h), on a fake clock in
+// microseconds.
+TEST(Probation, StallsBackOffUpToTheBoundAndBadChunksWaitTheLongest) {
+  ProbationOptions o;
+  o.quiet_us = 1000;
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 1), 1000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 2), 2000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 3), 4000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 5), 16000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 6), 16000u);  // bounded
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kStalled, 4000000000u), 16000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kBadChunks, 1), 16000u);
+  EXPECT_EQ(ProbationWaitUs(o, ParentFault::kBadChunks, 9), 16000u);
+  // No probation: never (a leaf until it joins again).
+  ProbationOptions off;
+  off.quiet_us = 0;
+  EXPECT_EQ(ProbationWaitUs(off, ParentFault::kStalled, 1), 0u);
+  RelayProbation p;
+  RecordDemotion(off, ParentFault::kStalled, 500, &p);
+  EXPECT_FALSE(ProbationOver(p, ~uint64_t{0}));
+  // A huge quiet period saturates instead of wrapping round to "at once".
+  ProbationOptions huge;
+  huge.quiet_us = ~uint64_t{0} / 4;
+  RelayProbation q;
+  RecordDemotion(huge, ParentFault::kBadChunks, 10, &q);
+  EXPECT_FALSE(ProbationOver(q, ~uint64_t{0} - 1));
+}
+
+TEST(Probation, ARepeatOffenderWaitsLongerUntilACleanRunClearsItsRecord) {
+  ProbationOptions o;
+  o.quiet_us = 1000;
+  RelayProbation p;
+  uint64_t now = 5000;
+  RecordDemotion(o, ParentFault::kStalled, now, &p);
+  EXPECT_FALSE(ProbationOver(p, now + 999));
+  EXPECT_TRUE(ProbationOver(p, now + 1000));
+  now += 1000;
+  RecordPromotion(now, &p);
+  EXPECT_FALSE(ProbationOver(p, now + 100000));  // relaying: nothing to end
+  // Reported again soon after: twice the wait.
+  now += 10;
+  RecordDemotion(o, ParentFault::kStalled, now, &p);
+  EXPECT_EQ(p.strikes, 2u);
+  EXPECT_FALSE(ProbationOver(p, now + 1999));
+  EXPECT_TRUE(ProbationOver(p, now + 2000));
+  now += 2000;
+  RecordPromotion(now, &p);
+  // After relaying for the longest wait (16 quiet periods) without a
+  // report, the next demotion counts as a first again.
+  now += 16000;
+  RecordDemotion(o, ParentFault::kStalled, now, &p);
+  EXPECT_EQ(p.strikes, 1u);
+  EXPECT_TRUE(ProbationOver(p, now + 1000));
+  // Bad chunks: the longest wait, even as a first.
+  RelayProbation liar;
+  RecordDemotion(o, ParentFault::kBadChunks, 0, &liar);
+  EXPECT_FALSE(ProbationOver(liar, 15999));
+  EXPECT_TRUE(ProbationOver(liar, 16000));
+}
+
+// Through Membership: a demoted relay relays again once its probation is
+// over (no edge moves, nobody is told), later joins may hang under it, and
+// a second demotion waits twice as long.
+TEST(Membership, ADemotedRelayRelaysAgainAfterItsProbation) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  ProbationOptions probation;
+  probation.quiet_us = 10000;
+  Membership m(Info("root", "us"), o, 1000, probation);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  ASSERT_EQ(m.ParentsOf("d")->parents[0].id, "b");
+  uint64_t now = 5000;
+  ASSERT_TRUE(m.ReportParent("d", {0, "b", ParentFault::kStalled}, now, &notify).ok());
+  ASSERT_TRUE(m.members().at("b").demoted);
+  EXPECT_TRUE(m.EndProbations(now + 9999).empty());
+  EXPECT_TRUE(m.members().at("b").demoted);
+  const topology::Plan before = m.plan();
+  const uint64_t epoch = m.epoch();
+  EXPECT_EQ(m.EndProbations(now + 10000), std::vector<std::string>{"b"});
+  EXPECT_FALSE(m.members().at("b").demoted);
+  EXPECT_TRUE(m.plan().members.at("b").may_relay);
+  EXPECT_TRUE(topology::Diff(before, m.plan()).empty());
+  EXPECT_EQ(m.epoch(), epoch);
+  EXPECT_TRUE(topology::Validate(m.plan()).ok());
+  EXPECT_TRUE(m.EndProbations(now + 20000).empty());  // once
+  // Relay-capable again: some later join lands under b.
+  bool under_b = false;
+  for (int i = 0; i < 6 && !under_b; ++i) {
+    const std::string id = "late" + std::to_string(i);
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, now, &notify).ok());
+    under_b = m.ParentsOf(id)->parents[0].id == "b";
+  }
+  ASSERT_TRUE(under_b) << "no join picked the promoted relay";
+  // Demoted again by its new child: now it waits 2 quiet periods.
+  std::string child;
+  for (const auto& [id, p] : m.plan().parent[0])
+    if (p == "b") child = id;
+  now += 30000;
+  ASSERT_TRUE(m.ReportParent(child, {0, "b", ParentFault::kStalled}, now, &notify).ok());
+  EXPECT_EQ(m.members().at("b").probation.strikes, 2u);
+  EXPECT_TRUE(m.EndProbations(now + 19999).empty());
+  EXPECT_EQ(m.EndProbations(now + 20000), std::vector<std::string>{"b"});
+}
+
+}  // namespace
+}  // namespace tern::agent

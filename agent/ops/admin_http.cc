@@ -1,0 +1,355 @@
+#include "agent/ops/admin_http.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "agent/ops/admin_guard.h"
+#include "base/text.h"
+
+namespace tern::agent {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Route paths are plain so that they can be regex patterns for httplib
+// without surprises: '/' then [A-Za-z0-9_./-].
+bool ValidRoutePath(std::string_view p) {
+  if (p.empty() || p[0] != '/' || p.size() > 200) return false;
+  for (char c : p) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' ||
+          c == '_' || c == '.' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string RegexOf(std::string_view path) {
+  std::string out;
+  for (char c : path) {
+    if (c == '.') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+bool TokenMatches(const std::string& header, const std::string& token) {
+  return SecretEquals("Bearer " + token, header);
+}
+
+// httplib 0.11 does not export its reason table.
+const char* Reason(int status) {
+  switch (status) {
+    case 400:
+      return "bad request (not HTTP/1.x this server can parse)";
+    case 404:
+      return "no such route";
+    case 405:
+      return "method not allowed";
+    case 413:
+      return "payload too large";
+    case 414:
+      return "URI too long";
+    case 416:
+      return "range not satisfiable";
+    default:
+      return "refused";
+  }
+}
+
+void SetText(httplib::Response& res, int status, std::string_view why) {
+  res.status = status;
+  res.set_content("admin: " + std::string(why) + "\n", "text/plain");
+}
+
+}  // namespace
+
+struct AdminServer::Impl {
+  AdminOptions options;
+  std::string bound_address;
+  std::string socket_dir, socket_path;
+  httplib::Server http;
+  std::thread http_thread;
+  std::unique_ptr<AdminGuard> guard;
+  std::once_flag stop_once;
+
+  void StopAll() {
+    if (guard) guard->Stop();
+    if (http_thread.joinable()) {
+      http.stop();
+      http_thread.join();  // httplib joins its workers: handlers in flight are done
+    }
+    if (!socket_path.empty()) ::unlink(socket_path.c_str());
+    if (!socket_dir.empty()) ::rmdir(socket_dir.c_str());
+  }
+};
+
+Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
+                                                        std::vector<AdminRoute> routes) {
+  auto hp = ParseHostPort(options.address);
+  if (!hp.ok()) return hp.status();
+  TERN_REQUIRE(options.max_connections >= 1 && options.max_connections <= 1024, kInvalidArgument,
+               "admin: max_connections must be 1..1024");
+  TERN_REQUIRE(options.workers >= 1 && options.workers <= 64, kInvalidArgument,
+               "admin: workers must be 1..64");
+  TERN_REQUIRE(options.max_head_bytes >= 1024 && options.request_timeout_ms >= 1 &&
+                   options.io_timeout_ms >= 1,
+               kInvalidArgument, "admin: max_head_bytes >= 1024 and timeouts > 0 required");
+  TERN_REQUIRE(options.token.size() <= 1024 && IsPrintable(options.token) &&
+                   options.token.find(' ') == std::string::npos,
+               kInvalidArgument, "admin: token must be printable ASCII without spaces");
+  std::set<std::pair<std::string, std::string>> seen;
+  for (const auto& r : routes) {
+    TERN_REQUIRE(r.method == "GET" || r.method == "POST", kInvalidArgument,
+                 "admin: route method must be GET or POST, not ", Printable(r.method));
+    TERN_REQUIRE(ValidRoutePath(r.path), kInvalidArgument, "admin: bad route path ",
+                 Printable(r.path), " (want /[A-Za-z0-9_./-]*)");
+    TERN_REQUIRE(r.handler != nullptr, kInvalidArgument, "admin: route ", r.path,
+                 " has no handler");
+    TERN_REQUIRE(seen.emplace(r.method, r.path).second, kInvalidArgument, "admin: route ", r.method,
+                 " ", r.path, " given twice");
+  }
+  if (!options.log) options.log = StderrLog();
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  // The Unix socket lives in a fresh 0700 directory: only this user can
+  // reach httplib without going through the guard's bounds.
+  std::string dir = options.socket_dir;
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    dir = tmp && *tmp ? tmp : "/tmp";
+  }
+  std::string templ = dir + "/tern-admin-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) return TERN_ERRNO("admin: mkdtemp in ", dir);
+  impl->socket_dir = templ;
+  impl->socket_path = templ + "/http.sock";
+  if (impl->socket_path.size() >= 100) {  // sockaddr_un::sun_path is 108 bytes
+    impl->StopAll();
+    return TERN_ERROR(kInvalidArgument, "admin: unix socket path too long (", impl->socket_path,
+                      "): set AdminOptions::socket_dir or TMPDIR to a shorter directory");
+  }
+
+  httplib::Server& http = impl->http;
+  // Every httplib limit that can be set at run time is set here; the rest
+  // are compiled into Debian's libcpp-httplib0.11 (header line and URI
+  // 8192 bytes, listen backlog 5) or bounded by the guard (docs/agent/operations.md).
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_read_timeout(std::chrono::milliseconds(options.io_timeout_ms));
+  http.set_write_timeout(std::chrono::milliseconds(options.io_timeout_ms));
+  http.set_keep_alive_max_count(1);
+  http.set_keep_alive_timeout(1);
+  const uint32_t workers = options.workers;
+  // The queue never holds more than max_connections: the guard relays at
+  // most that many connections at once.
+  http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  LogFn log = options.log;
+  http.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (res.body.empty()) {
+          SetText(res, res.status, std::to_string(res.status) + " " + Reason(res.status));
+        }
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  http.set_exception_handler([log](const httplib::Request& req, httplib::Response& res,
+                                   std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    log("admin: " + req.method + " " + Printable(req.path) + ": handler threw: " + Printable(what));
+    SetText(res, 500, "internal error");
+  });
+  http.set_logger([log](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status >= 400) {
+      log("admin: " + std::to_string(res.status) + " for " + Printable(req.method) + " " +
+          Printable(req.path.substr(0, 200)));
+    }
+  });
+  const std::string token = options.token;
+  for (auto& route : routes) {
+    auto fn = [route, token](const httplib::Request& req, httplib::Response& res) {
+      if (route.mutating && !token.empty() &&
+          !TokenMatches(req.get_header_value("Authorization"), token)) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        return SetText(res, 401, "missing or wrong bearer token");
+      }
+      AdminResponse out = route.handler(AdminRequest{req.method, req.path, req.body});
+      res.status = out.status;
+      res.set_content(std::move(out.body), out.content_type.c_str());
+    };
+    if (route.method == "GET") {
+      http.Get(RegexOf(route.path), fn);
+    } else {
+      http.Post(RegexOf(route.path), fn);
+    }
+  }
+  http.set_address_family(AF_UNIX);
+  if (!http.bind_to_port(impl->socket_path, 80)) {
+    impl->StopAll();
+    return TERN_ERROR(kIo, "admin: cannot listen on unix socket ", impl->socket_path);
+  }
+  impl->http_thread = std::thread([p = impl.get()] { p->http.listen_after_bind(); });
+  // stop() before the loop runs would be lost (httplib checks is_running).
+  for (int i = 0; i < 5000 && !impl->http.is_running(); ++i) std::this_thread::sleep_for(1ms);
+  if (!impl->http.is_running()) {
+    impl->StopAll();
+    return TERN_ERROR(kInternal, "admin: http server did not start");
+  }
+
+  GuardOptions g;
+  g.max_connections = options.max_connections;
+  g.max_request_bytes = uint64_t{options.max_head_bytes} + options.max_body_bytes;
+  g.request_timeout_ms = options.request_timeout_ms;
+  g.log = log;
+  auto guard = AdminGuard::Start(hp->host, hp->port, impl->socket_path, g);
+  if (!guard.ok()) {
+    impl->StopAll();
+    return guard.status();
+  }
+  impl->guard = std::move(*guard);
+  const bool v6 = hp->host.find(':') != std::string::npos;
+  impl->bound_address =
+      (v6 ? "[" + hp->host + "]" : hp->host) + ":" + std::to_string(impl->guard->port());
+  return std::unique_ptr<AdminServer>(new AdminServer(std::move(impl)));
+}
+
+AdminServer::AdminServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AdminServer::~AdminServer() { Stop(); }
+std::string AdminServer::address() const { return impl_->bound_address; }
+void AdminServer::Stop() {
+  std::call_once(impl_->stop_once, [this] { impl_->StopAll(); });
+}
+
+AdminRoute MetricsRoute(std::function<std::string()> render) {
+  return AdminRoute{
+      "GET", "/metrics",
+      [render = std::move(render)](const AdminRequest&) {
+        return AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
+      },
+      false};
+}
+
+Result<HostPort> ParseHostPort(std::string_view address) {
+  TERN_REQUIRE(address.size() <= 300, kInvalidArgument, "address longer than 300 bytes");
+  const size_t colon = address.rfind(':');
+  TERN_REQUIRE(colon != std::string_view::npos, kInvalidArgument, "address ", Printable(address),
+               ": want HOST:PORT");
+  std::string_view host = address.substr(0, colon), port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else {
+    TERN_REQUIRE(host.find(':') == std::string_view::npos, kInvalidArgument, "address ",
+                 Printable(address), ": an IPv6 host goes in brackets, [::1]:PORT");
+  }
+  TERN_REQUIRE(!host.empty() && IsPrintable(host) && host.find(' ') == std::string_view::npos &&
+                   host.find('/') == std::string_view::npos,
+               kInvalidArgument, "address ", Printable(address), ": bad host");
+  uint32_t p = 0;
+  TERN_REQUIRE(!port.empty() && port.size() <= 5, kInvalidArgument, "address ", Printable(address),
+               ": bad port");
+  for (char c : port) {
+    TERN_REQUIRE(c >= '0' && c <= '9', kInvalidArgument, "address ", Printable(address),
+                 ": bad port");
+    p = p * 10 + static_cast<uint32_t>(c - '0');
+  }
+  TERN_REQUIRE(p <= 65535, kInvalidArgument, "address ", Printable(address), ": port > 65535");
+  return HostPort{std::string(host), static_cast<uint16_t>(p)};
+}
+
+namespace {
+
+Result<std::string> AdminCall(const char* method, std::string_view address, std::string_view path,
+                              std::string_view body, const AdminClientOptions& options) {
+  auto hp = ParseHostPort(address);
+  if (!hp.ok()) return hp.status();
+  TERN_REQUIRE(ValidRoutePath(path), kInvalidArgument, "admin: bad path ", Printable(path));
+  TERN_REQUIRE(options.timeout_ms > 0, kInvalidArgument, "admin: timeout_ms must be > 0");
+  const std::string where = std::string(method) + " " + std::string(address) + std::string(path);
+  const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  try {
+    httplib::Client cli(hp->host, hp->port);
+    cli.set_connection_timeout(timeout);
+    cli.set_read_timeout(timeout);
+    cli.set_write_timeout(timeout);
+    cli.set_keep_alive(false);
+    httplib::Request req;
+    req.method = method;
+    req.path = std::string(path);
+    if (!options.token.empty()) req.set_header("Authorization", "Bearer " + options.token);
+    if (std::string_view(method) == "POST") {
+      req.body = std::string(body);
+      req.set_header("Content-Type", "application/json");
+    }
+    std::string reply;
+    bool too_big = false, too_slow = false;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (reply.size() + n > options.max_reply_bytes) return !(too_big = true);
+      if (std::chrono::steady_clock::now() > deadline) return !(too_slow = true);
+      reply.append(data, n);
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    const bool sent = cli.send(req, res, err);
+    TERN_REQUIRE(!too_big, kResourceExhausted, "admin ", where, ": reply over ",
+                 options.max_reply_bytes, " bytes");
+    TERN_REQUIRE(!too_slow, kTimeout, "admin ", where, ": reply took over ", options.timeout_ms,
+                 " ms");
+    if (!sent) {
+      if (err == httplib::Error::ConnectionTimeout || err == httplib::Error::Read) {
+        return TERN_ERROR(kTimeout, "admin ", where, ": ", httplib::to_string(err));
+      }
+      return TERN_ERROR(kUnavailable, "admin ", where, ": ", httplib::to_string(err));
+    }
+    if (res.status >= 200 && res.status < 300) return reply;
+    std::string_view text(reply);
+    text = text.substr(0, 300);
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+    const std::string why = Printable(text);
+    const std::string msg =
+        "admin " + where + ": " + std::to_string(res.status) + (why.empty() ? "" : ": " + why);
+    switch (res.status) {
+      case 401:
+      case 403:
+        return Status(Code::kAuth, msg);
+      case 404:
+        return Status(Code::kNotFound, msg);
+      case 408:
+        return Status(Code::kTimeout, msg);
+      case 413:
+        return Status(Code::kResourceExhausted, msg);
+      default:
+        return Status(
+            res.status >= 400 && res.status < 500 ? Code::kInvalidArgument : Code::kUnavailable,
+            msg);
+    }
+  } catch (const std::exception& e) {
+    return TERN_ERROR(kInternal, "admin ", where, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+Result<std::string> AdminGet(std::string_view address, std::string_view path,
+                             const AdminClientOptions& options) {
+  return AdminCall("GET", address, path, {}, options);
+}
+
+Result<std::string> AdminPost(std::string_view address, std::string_view path,
+                              std::string_view json_body, const AdminClientOptions& options) {
+  return AdminCall("POST", address, path, json_body, options);
+}
+
+}  // namespace tern::agent

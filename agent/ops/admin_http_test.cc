@@ -1,0 +1,459 @@
+#include "agent/ops/admin_http.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "agent/ops/metrics.h"
+
+namespace tern::agent {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+AdminClientOptions WithToken(std::string t) {
+  AdminClientOptions o;
+  o.token = std::move(t);
+  return o;
+}
+AdminClientOptions WithTimeout(uint32_t ms) {
+  AdminClientOptions o;
+  o.timeout_ms = ms;
+  return o;
+}
+AdminClientOptions WithMaxReply(uint64_t bytes) {
+  AdminClientOptions o;
+  o.max_reply_bytes = bytes;
+  return o;
+}
+
+uint16_t PortOf(const AdminServer& s) { return ParseHostPort(s.address())->port; }
+
+int Dial(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  return fd;
+}
+
+// Reads until EOF or the deadline; the bytes read.
+std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
+  std::string out;
+  const auto end = Clock::now() + timeout;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// Sends `request` (as much as the server takes; it may refuse and close
+// early) and returns the whole reply, on a real loopback socket.
+std::string Exchange(uint16_t port, const std::string& request,
+                     std::chrono::milliseconds timeout = 5000ms) {
+  int fd = Dial(port);
+  size_t off = 0;
+  while (off < request.size()) {
+    const ssize_t n = ::send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) break;  // refused mid-send: read what it said
+    off += static_cast<size_t>(n);
+  }
+  std::string reply = ReadAll(fd, timeout);
+  ::close(fd);
+  return reply;
+}
+
+struct Logs {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  LogFn fn() {
+    return [this](std::string_view l) {
+      std::lock_guard lock(mu);
+      lines.emplace_back(l);
+    };
+  }
+  bool Has(std::string_view needle) {
+    std::lock_guard lock(mu);
+    for (auto& l : lines) {
+      if (l.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  }
+};
+
+class AdminTest : public ::testing::Test {
+ protected:
+  void StartServer(AdminOptions o = {}) {
+    o.log = logs_.fn();
+    auto status = [](const AdminRequest&) {
+      return AdminResponse{200, "application/json", R"({"version":7})"};
+    };
+    auto publish = [this](const AdminRequest& r) {
+      std::lock_guard lock(mu_);
+      published_.emplace_back(r.body);
+      return AdminResponse{200, "application/json", R"({"ok":true})"};
+    };
+    auto boom = [](const AdminRequest&) -> AdminResponse { throw std::runtime_error("boom"); };
+    auto big = [](const AdminRequest&) {
+      return AdminResponse{200, "text/plain", std::string(100000, 'x')};
+    };
+    auto huge = [](const AdminRequest&) {
+      return AdminResponse{200, "text/plain", std::string(size_t{32} << 20, 'x')};
+    };
+    auto slow = [](const AdminRequest&) {
+      std::this_thread::sleep_for(1500ms);
+      return AdminResponse{200, "text/plain", "late"};
+    };
+    auto c = registry_.GetCounter("tern_test_total", "A test counter.", {{"member", "m1"}});
+    ASSERT_TRUE(c.ok());
+    (*c)->Add(3);
+    auto s = AdminServer::Start(o, {MetricsRoute([this] { return registry_.Render(); }),
+                                    {"GET", "/status", status, false},
+                                    {"POST", "/publish", publish, true},
+                                    {"GET", "/boom", boom, false},
+                                    {"GET", "/big", big, false},
+                                    {"GET", "/huge", huge, false},
+                                    {"GET", "/slow", slow, false}});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(*s);
+    port_ = PortOf(*server_);
+  }
+  std::vector<std::string> Published() {
+    std::lock_guard lock(mu_);
+    return published_;
+  }
+  // The server still answers a well-formed request.
+  void ExpectServing() {
+    auto r = AdminGet(server_->address(), "/status");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, R"({"version":7})");
+  }
+
+  Logs logs_;
+  MetricsRegistry registry_;
+  std::unique_ptr<AdminServer> server_;
+  uint16_t port_ = 0;
+  std::mutex mu_;
+  std::vector<std::string> published_;
+};
+
+TEST_F(AdminTest, RoutesServeStatusMetricsAndPublish) {
+  StartServer();
+  ExpectServing();
+  const std::string metrics = Exchange(port_, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(metrics.rfind("HTTP/1.1 200", 0), 0u) << metrics;
+  EXPECT_NE(metrics.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
+  EXPECT_NE(metrics.find("tern_test_total{member=\"m1\"} 3\n"), std::string::npos) << metrics;
+  auto p = AdminPost(server_->address(), "/publish", R"({"version":8})");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(*p, R"({"ok":true})");
+  EXPECT_EQ(Published(), std::vector<std::string>{R"({"version":8})"});
+  auto missing = AdminGet(server_->address(), "/nope");
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  EXPECT_NE(missing.status().message().find("404: admin: 404 no such route"), std::string::npos)
+      << missing.status().ToString();
+  // A POST route is not a GET route.
+  EXPECT_EQ(AdminGet(server_->address(), "/publish").status().code(), Code::kNotFound);
+}
+
+TEST_F(AdminTest, MutatingRoutesNeedTheToken) {
+  AdminOptions o;
+  o.token = "s3cret";
+  StartServer(o);
+  auto none = AdminPost(server_->address(), "/publish", "{}");
+  EXPECT_EQ(none.status().code(), Code::kAuth) << none.status().ToString();
+  EXPECT_NE(none.status().message().find("missing or wrong bearer token"), std::string::npos);
+  auto wrong = AdminPost(server_->address(), "/publish", "{}", WithToken("s3cres"));
+  EXPECT_EQ(wrong.status().code(), Code::kAuth);
+  auto longer = AdminPost(server_->address(), "/publish", "{}", WithToken("s3cret2"));
+  EXPECT_EQ(longer.status().code(), Code::kAuth);
+  EXPECT_TRUE(Published().empty());
+  auto right = AdminPost(server_->address(), "/publish", "{}", WithToken("s3cret"));
+  EXPECT_TRUE(right.ok()) << right.status().ToString();
+  EXPECT_EQ(Published().size(), 1u);
+  ExpectServing();  // reads need no token
+  EXPECT_TRUE(logs_.Has("admin: 401 for POST /publish"));
+}
+
+TEST_F(AdminTest, OversizedBodyIsRefusedBeforeTheHandler) {
+  AdminOptions o;
+  o.max_body_bytes = 1000;
+  StartServer(o);
+  auto r = AdminPost(server_->address(), "/publish", std::string(1001, 'x'));
+  EXPECT_EQ(r.status().code(), Code::kResourceExhausted) << r.status().ToString();
+  EXPECT_TRUE(Published().empty());
+  EXPECT_TRUE(AdminPost(server_->address(), "/publish", std::string(1000, 'x')).ok());
+  // A lying Content-Length that promises little but sends a lot is cut by the relay.
+  const std::string flood =
+      "POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      std::string(200000, 'a');
+  const std::string reply = Exchange(port_, flood);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 4", 0), 0u) << reply.substr(0, 200);
+  EXPECT_EQ(Published().size(), 1u);
+  ExpectServing();
+}
+
+TEST_F(AdminTest, MalformedHttpIsRefusedAndServingContinues) {
+  StartServer();
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* status;
+  };
+  const std::vector<Case> cases = {
+      {"garbage", std::string("\x00\x01\xff garbage\r\n\r\n", 15), "HTTP/1.1 400"},
+      {"http/0.9", "GET /status\r\n\r\n", "HTTP/1.1 400"},
+      {"bad version", "GET /status HTTP/9.9\r\n\r\n", "HTTP/1.1 400"},
+      {"binary request line", std::string(100, '\x80') + "\r\n\r\n", "HTTP/1.1 400"},
+      {"header line over 8 KiB",
+       "GET /status HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n", "HTTP/1.1 400"},
+      {"URI over 8 KiB", "GET /" + std::string(9000, 'a') + " HTTP/1.1\r\n\r\n", "HTTP/1.1 414"},
+      // 0.11 has no bound on header lines or on one line without newline:
+      // the relay cuts both at max_head_bytes + max_body_bytes.
+      {"200k header lines",
+       [] {
+         std::string s = "GET /status HTTP/1.1\r\n";
+         for (int i = 0; i < 200000; ++i) s += "X-" + std::to_string(i) + ": v\r\n";
+         return s + "\r\n";
+       }(),
+       "HTTP/1.1 413"},
+      {"endless line", "GET /" + std::string(3 << 20, 'a'), "HTTP/1.1 413"},
+  };
+  for (const auto& c : cases) {
+    const std::string reply = Exchange(port_, c.bytes);
+    EXPECT_EQ(reply.rfind(c.status, 0), 0u) << c.name << ": " << reply.substr(0, 200);
+    EXPECT_NE(reply.find("admin: "), std::string::npos) << c.name << ": no reason given";
+    ExpectServing();
+  }
+  EXPECT_TRUE(logs_.Has("request over"));
+}
+
+TEST_F(AdminTest, SlowlorisGetsTimedOutAndOthersAreServed) {
+  AdminOptions o;
+  o.max_connections = 4;
+  o.request_timeout_ms = 600;
+  StartServer(o);
+  const auto start = Clock::now();
+  std::vector<int> slow;
+  for (int i = 0; i < 3; ++i) {  // one slot stays free
+    slow.push_back(Dial(port_));
+    ASSERT_EQ(::send(slow.back(), "GET /status HTTP/1.1\r\n", 22, MSG_NOSIGNAL), 22);
+  }
+  ExpectServing();
+  // Drip one header byte every 100 ms: each recv is quick, the request never ends.
+  std::string replies[3];
+  for (int tick = 0; tick < 20; ++tick) {
+    for (int fd : slow) (void)::send(fd, "X", 1, MSG_NOSIGNAL);
+    std::this_thread::sleep_for(100ms);
+  }
+  for (int i = 0; i < 3; ++i) {
+    replies[i] = ReadAll(slow[i], 2000ms);
+    ::close(slow[i]);
+    EXPECT_EQ(replies[i].rfind("HTTP/1.1 408", 0), 0u) << replies[i];
+  }
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_TRUE(logs_.Has("no complete exchange within 600 ms"));
+  ExpectServing();
+}
+
+// A client that sends its request and never reads a 32 MiB answer (more
+// than the kernel's socket buffers take) holds a slot only until the request
+// deadline, not forever.
+TEST_F(AdminTest, ClientThatDoesNotReadIsCutAtTheDeadline) {
+  AdminOptions o;
+  o.request_timeout_ms = 500;
+  StartServer(o);
+  int fd = Dial(port_);
+  const std::string req = "GET /huge HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_TRUE(logs_.Has("no complete exchange within 500 ms"));
+  ExpectServing();
+  const auto t0 = Clock::now();
+  const std::string got = ReadAll(fd, 5000ms);
+  ::close(fd);
+  EXPECT_LT(Clock::now() - t0, 4s) << "no end of stream after the cut";
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_LT(got.size(), size_t{32} << 20) << "the stalled answer should have been cut";
+}
+
+TEST_F(AdminTest, ServesOnIpv6Loopback) {
+  int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool v6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (probe >= 0) ::close(probe);
+  if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  AdminOptions o;
+  o.address = "[::1]:0";
+  StartServer(o);
+  EXPECT_EQ(server_->address().rfind("[::1]:", 0), 0u) << server_->address();
+  ExpectServing();
+}
+
+TEST_F(AdminTest, ConnectionsOverTheBoundAreRefusedAtOnce) {
+  AdminOptions o;
+  o.max_connections = 2;
+  o.request_timeout_ms = 1500;
+  StartServer(o);
+  int a = Dial(port_), b = Dial(port_);
+  std::this_thread::sleep_for(100ms);  // both accepted and relayed
+  const auto t0 = Clock::now();
+  const std::string third = Exchange(port_, "GET /status HTTP/1.1\r\n\r\n", 3000ms);
+  EXPECT_EQ(third.rfind("HTTP/1.1 503", 0), 0u) << third;
+  EXPECT_LT(Clock::now() - t0, 1s);
+  EXPECT_TRUE(logs_.Has("busy (2 connections open)"));
+  ::close(a);
+  ::close(b);
+  std::this_thread::sleep_for(200ms);  // the relays notice and finish
+  ExpectServing();
+}
+
+TEST_F(AdminTest, HandlerExceptionIs500AndServingContinues) {
+  StartServer();
+  auto r = AdminGet(server_->address(), "/boom");
+  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_NE(r.status().message().find("500: admin: internal error"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_TRUE(logs_.Has("handler threw: boom"));
+  ExpectServing();
+}
+
+TEST_F(AdminTest, ManyClientsAtOnce) {
+  AdminOptions o;
+  o.max_connections = 64;
+  o.workers = 2;
+  StartServer(o);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        auto r = AdminGet(server_->address(), "/status");
+        EXPECT_TRUE(r.ok()) << r.status().ToString();
+        ok += r.ok();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(ok.load(), 200);
+}
+
+TEST_F(AdminTest, StopEndsOpenConnectionsPromptly) {
+  AdminOptions o;
+  o.request_timeout_ms = 60000;
+  o.io_timeout_ms = 30000;
+  StartServer(o);
+  const std::string addr = server_->address();
+  int idle = Dial(port_);
+  int half = Dial(port_);
+  ASSERT_EQ(::send(half, "GET /status HTTP/1.1\r\n", 22, MSG_NOSIGNAL), 22);
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = Clock::now();
+  server_->Stop();
+  // Neither the 60 s request deadline nor httplib's 30 s read wait: Stop
+  // closes the relayed sockets, which ends httplib's reads at once.
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_EQ(ReadAll(idle, 1000ms), "");  // closed
+  ::close(idle);
+  ::close(half);
+  server_->Stop();  // idempotent
+  auto after = AdminGet(addr, "/status", WithTimeout(1000));
+  EXPECT_EQ(after.status().code(), Code::kUnavailable) << after.status().ToString();
+}
+
+TEST_F(AdminTest, ClientBoundsReplySizeAndTime) {
+  StartServer();
+  auto big = AdminGet(server_->address(), "/big", WithMaxReply(1000));
+  EXPECT_EQ(big.status().code(), Code::kResourceExhausted) << big.status().ToString();
+  EXPECT_TRUE(AdminGet(server_->address(), "/big", WithMaxReply(100000)).ok());
+  const auto t0 = Clock::now();
+  auto slow = AdminGet(server_->address(), "/slow", WithTimeout(300));
+  EXPECT_EQ(slow.status().code(), Code::kTimeout) << slow.status().ToString();
+  EXPECT_LT(Clock::now() - t0, 1200ms);
+}
+
+TEST(AdminClient, NobodyListeningIsUnavailable) {
+  // A port that was just free: bind, read it, close.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  auto r = AdminGet("127.0.0.1:" + std::to_string(ntohs(a.sin_port)), "/status", WithTimeout(1000));
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(AdminGet("127.0.0.1:1", "/bad path").status().code(), Code::kInvalidArgument);
+}
+
+TEST(AdminStart, RefusesBadOptionsAndRoutes) {
+  auto h = [](const AdminRequest&) { return AdminResponse{}; };
+  auto with = [](auto set) {
+    AdminOptions o;
+    set(o);
+    return AdminServer::Start(o, {}).status().code();
+  };
+  EXPECT_EQ(with([](AdminOptions& o) { o.address = "nope"; }), Code::kInvalidArgument);
+  EXPECT_EQ(with([](AdminOptions& o) { o.max_connections = 0; }), Code::kInvalidArgument);
+  EXPECT_EQ(with([](AdminOptions& o) { o.workers = 0; }), Code::kInvalidArgument);
+  EXPECT_EQ(with([](AdminOptions& o) { o.token = "has space"; }), Code::kInvalidArgument);
+  EXPECT_EQ(with([](AdminOptions& o) { o.request_timeout_ms = 0; }), Code::kInvalidArgument);
+  EXPECT_EQ(AdminServer::Start({}, {{"PUT", "/x", h, false}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(AdminServer::Start({}, {{"GET", "x", h, false}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(AdminServer::Start({}, {{"GET", "/a(b)", h, false}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(AdminServer::Start({}, {{"GET", "/x", nullptr, false}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(
+      AdminServer::Start({}, {{"GET", "/x", h, false}, {"GET", "/x", h, false}}).status().code(),
+      Code::kInvalidArgument);
+  // A port in use.
+  auto first = AdminServer::Start({}, {});
+  ASSERT_TRUE(first.ok());
+  AdminOptions same;
+  same.address = (*first)->address();
+  auto second = AdminServer::Start(same, {});
+  EXPECT_EQ(second.status().code(), Code::kIo) << second.status().ToString();
+}
+
+TEST(AdminAddress, ParseHostPort) {
+  auto a = ParseHostPort("127.0.0.1:8080");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->port, 8080);
+  auto b = ParseHostPort("[::1]:0");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->host, "::1");
+  EXPECT_EQ(b->port, 0);
+  for (const char* bad :
+       {"", "host", ":80", "h:", "h:65536", "h:8a", "::1:80", "h:123456", "a b:1", "[]:1"}) {
+    EXPECT_EQ(ParseHostPort(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseHostPort(std::string(400, 'a') + ":1").status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tern::agent

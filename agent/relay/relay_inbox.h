@@ -1,0 +1,125 @@
+// RelayNode's event queue (private to agent/relay/relay.cc): transport callbacks
+// push here and return at once; the node's worker pops. Transport callbacks
+// hold a shared_ptr to the inbox, never to the node, so a callback that runs
+// after the node is gone finds a closed inbox and drops its event (closing a
+// connection it carried, so none leaks open).
+//
+// Bound: peer messages queued at once <= messages_max; the first message past
+// it queues one kOverflow for its link (the worker disconnects that peer) and
+// later ones from that link are dropped. Other events are bounded by what
+// the node itself started (windows it posted, chunks it sent, dials).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "agent/relay/data_wire.h"
+#include "tern/transport.h"
+
+namespace tern::agent {
+
+struct Object;
+
+struct Event {
+  enum Kind { kStop, kAccepted, kConnected, kMessage, kOverflow, kClosed, kLanded, kSent,
+              kSetParent, kOffer, kFetch, kForget, kPushed };
+  Kind kind = kStop;
+  uint64_t link = 0;
+  std::shared_ptr<Connection> conn;
+  Status status;
+  std::string payload;  // a message; the address for kSetParent
+  ObjectRef ref;
+  uint32_t chunk = 0;
+  uint64_t offset = 0, length = 0;  // kPushed: where in the push window
+  uint32_t stripe = 0, stripes = 1;
+  std::shared_ptr<Object> object;  // kOffer
+  // kAccepted, kSetParent: the transport the link runs on (null: the
+  // node's first).
+  Transport* via = nullptr;
+};
+
+class Inbox {
+ public:
+  explicit Inbox(uint32_t messages_max) : messages_max_(messages_max) {}
+
+  uint64_t NewLinkId() { return next_link_.fetch_add(1); }
+
+  void Push(Event e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!closed_) {
+        if (e.kind == Event::kMessage) ++messages_;
+        events_.push_back(std::move(e));
+        cv_.notify_one();
+        return;
+      }
+    }
+    if (e.conn) e.conn->Close();
+  }
+
+  void PushMessage(uint64_t link, std::string payload) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || overflowed_.count(link)) return;
+    Event e;
+    e.link = link;
+    if (messages_ >= messages_max_) {
+      overflowed_.insert(link);
+      e.kind = Event::kOverflow;
+    } else {
+      e.kind = Event::kMessage;
+      e.payload = std::move(payload);
+      ++messages_;
+    }
+    events_.push_back(std::move(e));
+    cv_.notify_one();
+  }
+
+  // Blocks until an event is queued; kStop once closed.
+  Event Pop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return closed_ || !events_.empty(); });
+    if (closed_) return Event{};
+    Event e = std::move(events_.front());
+    events_.pop_front();
+    if (e.kind == Event::kMessage) --messages_;
+    return e;
+  }
+
+  void ForgetLink(uint64_t link) {
+    std::lock_guard<std::mutex> lock(mu_);
+    overflowed_.erase(link);
+  }
+
+  // Drops what is queued (closing the connections it carried); later pushes
+  // are dropped too.
+  void Close() {
+    std::deque<Event> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      left.swap(events_);
+      cv_.notify_all();
+    }
+    for (Event& e : left) {
+      if (e.conn) e.conn->Close();
+    }
+  }
+
+ private:
+  const uint32_t messages_max_;
+  std::atomic<uint64_t> next_link_{1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  uint32_t messages_ = 0;
+  std::set<uint64_t> overflowed_;
+  bool closed_ = false;
+};
+
+}  // namespace tern::agent

@@ -1,0 +1,211 @@
+#include "agent/testing/etcd_test_server.h"
+
+#include <fcntl.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace tern::agent {
+namespace {
+
+using SteadyTime = std::chrono::steady_clock;
+
+std::string FindEtcd() {
+  if (const char* env = std::getenv("TERN_ETCD"); env != nullptr && *env != '\0') {
+    return access(env, X_OK) == 0 ? env : "";
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (dir.empty()) continue;
+    const std::string candidate = dir + "/etcd";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// Two distinct free loopback ports (held open together so they differ). A
+// race with another process between this and etcd's bind is possible;
+// Start retries with fresh ports.
+Status FreePorts(int* a, int* b) {
+  int fds[2] = {-1, -1};
+  int ports[2] = {0, 0};
+  Status status;
+  for (int i = 0; i < 2 && status.ok(); ++i) {
+    fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fds[i] < 0 || bind(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fds[i], reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      status = TERN_ERRNO("etcd test server: picking a free port");
+    } else {
+      ports[i] = ntohs(addr.sin_port);
+    }
+  }
+  for (int fd : fds) {
+    if (fd >= 0) close(fd);
+  }
+  *a = ports[0];
+  *b = ports[1];
+  return status;
+}
+
+std::string LogTail(const std::string& path) {
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return all.size() > 600 ? all.substr(all.size() - 600) : all;
+}
+
+}  // namespace
+
+EtcdTestServer::EtcdTestServer(EtcdTestServerOptions options, std::string binary, std::string dir)
+    : options_(options), binary_(std::move(binary)), dir_(std::move(dir)) {}
+
+EtcdTestServer::~EtcdTestServer() {
+  if (pid_ > 0) Kill().IgnoreError();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(EtcdTestServerOptions options) {
+  std::string binary = FindEtcd();
+  TERN_REQUIRE(!binary.empty(), kUnsupported,
+               "no etcd binary (set TERN_ETCD or install Debian's etcd-server)");
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/tern-etcd-XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) return TERN_ERRNO("mkdtemp ", pattern);
+  std::unique_ptr<EtcdTestServer> server(
+      new EtcdTestServer(options, std::move(binary), std::string(buf.data())));
+  Status last;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    TERN_RETURN_IF_ERROR(FreePorts(&server->client_port_, &server->peer_port_));
+    last = server->Launch();
+    if (last.ok()) last = server->WaitHealthy();
+    if (last.ok()) return server;
+    if (server->pid_ > 0) server->Kill().IgnoreError();
+    std::error_code ec;
+    std::filesystem::remove_all(server->dir_ + "/data", ec);
+  }
+  return last;
+}
+
+std::string EtcdTestServer::endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+
+Status EtcdTestServer::Launch() {
+  TERN_REQUIRE(pid_ <= 0, kInvalidArgument, "etcd test server: already running");
+  const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+  const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+  const std::vector<std::string> args = {
+      binary_,
+      "--name=tern-test",
+      "--data-dir=" + dir_ + "/data",
+      "--listen-client-urls=" + client,
+      "--advertise-client-urls=" + client,
+      "--listen-peer-urls=" + peer,
+      "--initial-advertise-peer-urls=" + peer,
+      "--initial-cluster=tern-test=" + peer,
+      "--initial-cluster-state=new",
+      "--heartbeat-interval=" + std::to_string(options_.heartbeat_ms),
+      "--election-timeout=" + std::to_string(options_.election_ms),
+      "--logger=zap",
+      "--log-level=warn",
+  };
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string log = dir_ + "/etcd.log";
+  const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return TERN_ERRNO("open ", log);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return TERN_ERRNO("fork");
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec. etcd dies with the
+    // test process, even when the test is killed.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, 0);
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(log_fd);
+  pid_ = pid;
+  return Status::Ok();
+}
+
+Status EtcdTestServer::WaitHealthy() {
+  const auto deadline = SteadyTime::now() + std::chrono::milliseconds(options_.start_timeout_ms);
+  httplib::Client http("127.0.0.1", client_port_);
+  http.set_connection_timeout(0, 200'000);
+  http.set_read_timeout(0, 500'000);
+  while (SteadyTime::now() < deadline) {
+    int wstatus = 0;
+    if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
+      pid_ = -1;
+      return TERN_ERROR(kUnavailable, "etcd exited during start (status ", wstatus,
+                        "): ", LogTail(dir_ + "/etcd.log"));
+    }
+    // /health is true only once the member has a raft leader.
+    auto res = http.Get("/health");
+    if (res && res->status == 200 && res->body.find("\"true\"") != std::string::npos) {
+      return Status::Ok();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return TERN_ERROR(kTimeout, "etcd not healthy after ", options_.start_timeout_ms,
+                    " ms: ", LogTail(dir_ + "/etcd.log"));
+}
+
+Status EtcdTestServer::Signal(int sig) {
+  TERN_REQUIRE(pid_ > 0, kInvalidArgument, "etcd test server: not running");
+  if (kill(pid_, sig) != 0 && errno != ESRCH) return TERN_ERRNO("kill etcd");
+  const auto deadline = SteadyTime::now() + std::chrono::seconds(10);
+  while (true) {
+    int wstatus = 0;
+    const pid_t r = waitpid(pid_, &wstatus, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) break;
+    if (SteadyTime::now() >= deadline) {
+      if (sig == SIGKILL) return TERN_ERROR(kTimeout, "etcd did not exit after SIGKILL");
+      kill(pid_, SIGKILL);
+      sig = SIGKILL;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pid_ = -1;
+  return Status::Ok();
+}
+
+Status EtcdTestServer::Kill() { return Signal(SIGKILL); }
+Status EtcdTestServer::Stop() { return Signal(SIGTERM); }
+
+Status EtcdTestServer::Restart() {
+  TERN_RETURN_IF_ERROR(Launch());
+  Status s = WaitHealthy();
+  if (!s.ok() && pid_ > 0) Kill().IgnoreError();
+  return s;
+}
+
+}  // namespace tern::agent
