@@ -173,12 +173,14 @@ struct PublishArgs {
   std::string board, checkpoint, token_file;
   uint64_t version = 0;
   uint32_t timeout_s = 600;
+  bool force = false;
 };
 
 Status RunPublish(const PublishArgs& a) {
   AgentClientOptions o;
   TERN_ASSIGN_OR_RETURN(o.token, ReadSecret(a.token_file, "TERN_ADMIN_TOKEN"));
   o.timeout_ms = a.timeout_s * 1000;
+  o.force = a.force;
   const double t0 = NowSeconds();
   TERN_RETURN_IF_ERROR(PublishToRoot(a.board, a.checkpoint, a.version, o));
   std::printf("published version %llu in %.2f s\n", static_cast<unsigned long long>(a.version),
@@ -317,6 +319,15 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
                  "file with the join token (default: $TERN_JOIN_TOKEN; none: no token)");
   cmd.add_option("--admin-token-file", a->admin_token_file,
                  "file with the bearer token for POST /publish (default: $TERN_ADMIN_TOKEN)");
+  cmd.add_flag("--admin-insecure", a->agent.admin_insecure,
+               "root: allow --admin off loopback without a token (anyone reaching it can publish)");
+  cmd.add_option(
+      "--publish-dir", a->agent.publish_dir,
+      "root: POST /publish reads checkpoints only under this directory (default: anywhere)");
+  AddUnsigned(cmd, "--max-version-jump", a->agent.max_version_jump,
+              "root: POST /publish refuses a version more than this beyond HEAD unless forced "
+              "(0: no bound)",
+              "1000000");
   AddUnsigned(cmd, "--stripes", a->stripes, "root: trees a version is striped over (1-8)", "1", 8);
   AddUnsigned(cmd, "--fanout", a->fanout, "root: children per member per stripe", "4", 1024);
   AddUnsigned(cmd, "--root-fanout", a->root_fanout, "root: children of the root per stripe", "8", 1024);
@@ -375,7 +386,10 @@ void AddAgent(CLI::App& tern, Dispatch& dispatch) {
   AddUnsigned(*publish, "--version", p->version, "the new version (newer than HEAD)", "");
   publish->get_option("--version")->required();
   publish->add_option("--token-file", p->token_file, "bearer token file (default: $TERN_ADMIN_TOKEN)");
-  AddUnsigned(*publish, "--timeout-s", p->timeout_s, "give up after this long", "600");
+  AddUnsigned(*publish, "--timeout-s", p->timeout_s,
+              "wait this long for the outcome (the root goes on publishing after it)", "600");
+  publish->add_flag("--force", p->force,
+                    "publish a version far beyond HEAD (the root's --max-version-jump)");
   publish->add_option("CHECKPOINT", p->checkpoint, "safetensors file or directory, as the root sees it")
       ->required();
   dispatch.On(publish, {nullptr, [p] { return RunPublish(*p); }});

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
 #include "base/log.h"
@@ -363,6 +364,7 @@ void AgentImpl::Stop() {
   if (work_thread_.joinable()) work_thread_.join();
   if (tick_thread_.joinable()) tick_thread_.join();
   admin_.reset();
+  publish_jobs_.reset();  // waits for a publish still running
   if (listener_) listener_->Close();
   if (intra_listener_) intra_listener_->Close();
   if (root_conn) root_conn->Close();

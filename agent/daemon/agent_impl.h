@@ -56,6 +56,7 @@ namespace tern::agent {
 
 class AdminServer;
 class MetricsRegistry;
+class PublishJobs;
 
 // Transport handlers may run after the agent stopped (a connection's
 // on_closed during the transport's own shutdown): each handler holds this
@@ -103,6 +104,8 @@ class AgentImpl final : public Agent {
   void WorkLoop();
   void TickLoop();
   Status StartAdmin();
+  Result<std::string> AdmitAdminPublish(const std::string& checkpoint, uint64_t version,
+                                        bool force) const;
   std::string StatusJson() const;
   std::string MetricsText() const;
 
@@ -162,6 +165,7 @@ class AgentImpl final : public Agent {
   std::unique_ptr<Listener> intra_listener_;  // with opt_.intra_transport
   std::string intra_address_;
   std::unique_ptr<MetricsRegistry> metrics_;
+  std::unique_ptr<PublishJobs> publish_jobs_;  // root: publishes behind POST /publish
   std::unique_ptr<AdminServer> admin_;
   std::string admin_address_;
 

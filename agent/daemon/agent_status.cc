@@ -1,9 +1,16 @@
 // What the agent tells operators: the snapshot, /status JSON, /metrics, and
 // the admin routes (agent/daemon/agent_impl.h; docs/agent/operations.md).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
 
@@ -213,6 +220,47 @@ std::string AgentImpl::MetricsText() const {
   return r.Render();
 }
 
+namespace {
+
+// Whether `host` (an address or "localhost") names this machine's loopback.
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
+}
+
+}  // namespace
+
+// A POST /publish from the admin port (docs/security.md, "The admin port"):
+// the path confined to publish_dir, the version within max_version_jump of
+// HEAD unless forced. Returns the path to read: the resolved one, so that a
+// link swapped after this check cannot lead outside.
+Result<std::string> AgentImpl::AdmitAdminPublish(const std::string& checkpoint, uint64_t version,
+                                                 bool force) const {
+  std::string path = checkpoint;
+  if (!opt_.publish_dir.empty()) {
+    char dir[PATH_MAX], real[PATH_MAX];
+    TERN_REQUIRE(::realpath(opt_.publish_dir.c_str(), dir) != nullptr, kNotFound,
+                 "publish: the publish directory ", opt_.publish_dir, " is not there");
+    TERN_REQUIRE(::realpath(checkpoint.c_str(), real) != nullptr, kNotFound,
+                 "publish: ", checkpoint, ": ", std::strerror(errno));
+    const std::string d = std::string(dir) == "/" ? "/" : std::string(dir) + "/";
+    TERN_REQUIRE(std::string(real).rfind(d, 0) == 0, kAuth, "publish: ", checkpoint,
+                 " is outside the publish directory ", opt_.publish_dir);
+    path = real;
+  }
+  const uint64_t head = board_ ? board_->head() : 0;
+  TERN_REQUIRE(force || opt_.max_version_jump == 0 || version <= head ||
+                   version - head <= opt_.max_version_jump,
+               kOutOfRange, "publish: version ", version, " is ", version - head, " beyond HEAD ",
+               head, " (the bound is ", opt_.max_version_jump,
+               "; versions only increase, so say \"force\": true if you mean it)");
+  return path;
+}
+
 Status AgentImpl::StartAdmin() {
   if (opt_.admin_listen.empty()) return Status::Ok();
   std::vector<AdminRoute> routes;
@@ -221,24 +269,29 @@ Status AgentImpl::StartAdmin() {
                       return AdminResponse{200, "application/json", StatusJson()};
                     }});
   if (opt_.root) {
-    routes.push_back({"POST", "/publish",
-                      [this](const AdminRequest& req) {
-                        nlohmann::json j = nlohmann::json::parse(req.body, nullptr, false);
-                        if (!j.is_object() || !j.contains("checkpoint") || !j["checkpoint"].is_string() ||
-                            !j.contains("version") || !j["version"].is_number_unsigned())
-                          return AdminResponse{400, "text/plain",
-                                               "expected {\"checkpoint\": PATH, \"version\": N}\n"};
-                        Status s = Publish(j["checkpoint"].get<std::string>(), j["version"].get<uint64_t>());
-                        if (!s.ok()) {
-                          const int code = s.code() == Code::kInvalidArgument || s.code() == Code::kMismatch
-                                               ? 409
-                                               : s.code() == Code::kNotFound ? 404 : 500;
-                          return AdminResponse{code, "text/plain", s.ToString() + "\n"};
-                        }
-                        nlohmann::json out = {{"published", j["version"]}};
-                        return AdminResponse{200, "application/json", out.dump() + "\n"};
-                      },
-                      /*mutating=*/true});
+    publish_jobs_ =
+        std::make_unique<PublishJobs>([this](const std::string& checkpoint, uint64_t version) {
+          return Publish(checkpoint, version);
+        });
+    // Half the admin deadline: a publish that ends within it answers at
+    // once; a longer one answers 202 and the client polls GET /publish.
+    for (AdminRoute& r :
+         publish_jobs_->Routes(AdminOptions{}.request_timeout_ms / 2,
+                               [this](const std::string&checkpoint, uint64_t version, bool force) {
+                                 return AdmitAdminPublish(checkpoint, version, force);
+                               }))
+      routes.push_back(std::move(r));
+  }
+  // Secure by default: mutating routes are never open to the network
+  // without a token.
+  const bool mutating =
+      std::any_of(routes.begin(), routes.end(), [](const AdminRoute& r) { return r.mutating; });
+  if (mutating && opt_.admin_token.empty() && !opt_.admin_insecure) {
+    TERN_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(opt_.admin_listen));
+    TERN_REQUIRE(IsLoopbackHost(hp.host), kInvalidArgument, "admin: ", opt_.admin_listen,
+                 " is not a loopback address and no admin token is set, so anyone who reaches it "
+                 "could publish: set an admin token (--admin-token-file), bind the admin port to "
+                 "127.0.0.1, or say --admin-insecure");
   }
   AdminOptions ao;
   ao.address = opt_.admin_listen;
@@ -257,10 +310,8 @@ Status PublishToRoot(const std::string& admin_address, const std::string& checkp
                      uint64_t version, const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
-  o.timeout_ms = options.timeout_ms;
-  nlohmann::json body = {{"checkpoint", checkpoint_path}, {"version", version}};
-  auto reply = agent::AdminPost(admin_address, "/publish", body.dump(), o);
-  return reply.ok() ? Status::Ok() : reply.status();
+  return agent::PublishAndWait(admin_address, checkpoint_path, version, options.force, o,
+                               options.timeout_ms);
 }
 
 Result<std::string> AgentStatusJson(const std::string& admin_address, const AgentClientOptions& options) {

@@ -77,8 +77,19 @@ struct AgentOptions {
   // trusted networks; use mutual TLS across untrusted ones).
   std::string join_token;
   // Bearer token for the admin port's mutating routes (POST /publish);
-  // empty: none (bind the admin port to loopback then).
+  // empty: none. Init refuses an admin address off loopback with mutating
+  // routes and no token (anyone who reaches the port could publish) unless
+  // admin_insecure says the operator means it.
   std::string admin_token;
+  bool admin_insecure = false;
+  // Root, POST /publish only: the checkpoints it may read lie under this
+  // directory (symbolic links resolved; the resolved path is what is read).
+  // Empty: any path the root can read.
+  std::string publish_dir;
+  // Root, POST /publish only: a version more than this beyond HEAD is refused
+  // unless the request says "force": true. Versions only increase, so one
+  // wrong number would hold back every later publish. 0: no bound.
+  uint64_t max_version_jump = 1000000;
 
   // Members: a checkpoint this node already holds (a safetensors file or
   // directory, e.g. pulled from the trainer's object store) of version
@@ -245,13 +256,16 @@ class TERN_EXPORT Agent {
 struct AgentClientOptions {
   std::string token;            // bearer token for mutating requests
   uint32_t timeout_ms = 600000;
+  bool force = false;  // PublishToRoot: a version far beyond HEAD is meant (max_version_jump)
 };
 
 // POST /publish to a root's admin port: the root diffs `checkpoint_path`
 // (a path the root can read) against HEAD and publishes it as `version`.
-// Returns once the version is on the board. Errors carry the root's reason
-// (kAuth for a bad token, kInvalidArgument for a stale version, kUnavailable
-// when the root cannot be reached).
+// Returns once the version is on the board, however long the publish takes
+// (it polls the root's GET /publish: docs/agent/operations.md); kTimeout when
+// options.timeout_ms passes first while the root is still publishing. Errors
+// carry the root's code and reason (kAuth for a bad token, kInvalidArgument
+// for a stale version, kUnavailable when the root cannot be reached).
 TERN_EXPORT Status PublishToRoot(const std::string& admin_address, const std::string& checkpoint_path,
                                  uint64_t version, const AgentClientOptions& options = {});
 // GET /status: the agent's snapshot as JSON text (docs/agent/operations.md).

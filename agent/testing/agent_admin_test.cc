@@ -1,0 +1,95 @@
+// The root's admin port is secure by default (docs/security.md, "The admin
+// port"): no mutating route off loopback without a token, publishable paths
+// confined to --publish-dir, a version far beyond HEAD refused unless forced.
+// Real agents, real admin HTTP.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "agent/testing/agent_test_fixture.h"
+#include "tern/agent.h"
+
+namespace tern::agent_test {
+namespace {
+
+class AgentAdminTest : public AgentSystemFixture {};
+
+TEST_F(AgentAdminTest, ARootRefusesAnAdminPortOffLoopbackWithoutAToken) {
+  AgentOptions o = BaseOptions("root");
+  o.root = true;
+  o.transport = NewTransportFor("root");
+  o.admin_listen = "0.0.0.0:0";
+  auto refused = Agent::Start(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--admin-insecure"), std::string::npos)
+      << refused.status().ToString();
+
+  // With a token, or said to be insecure on purpose, it starts.
+  for (int variant = 0; variant < 2; ++variant) {
+    AgentOptions ok = BaseOptions("root");
+    ok.root = true;
+    ok.transport = NewTransportFor("root-" + std::to_string(variant));
+    ok.data_dir += "-" + std::to_string(variant);
+    ok.admin_listen = "0.0.0.0:0";
+    if (variant == 0) ok.admin_token = "s3cret";
+    if (variant == 1) ok.admin_insecure = true;
+    auto a = Agent::Start(ok);
+    ASSERT_TRUE(a.ok()) << variant << ": " << a.status().ToString();
+    (*a)->Stop();
+  }
+}
+
+TEST_F(AgentAdminTest, AMemberMayServeStatusOffLoopbackWithoutAToken) {
+  // Members have no mutating route: /metrics and /status for a scraper.
+  StartRoot();
+  tweak_ = [](AgentOptions& o) { o.admin_listen = "0.0.0.0:0"; };
+  StartMember("m1", "us");
+  EXPECT_FALSE(members_["m1"].agent->Snapshot().admin_address.empty());
+}
+
+TEST_F(AgentAdminTest, PublishReadsOnlyUnderThePublishDirAndBoundsTheVersionJump) {
+  const std::string inside = NextStep();  // under dir_/trace
+  tweak_ = [this](AgentOptions& o) {
+    if (o.id != "root") return;
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = "t0ken";
+    o.publish_dir = (dir_ / "trace").string();
+    o.max_version_jump = 100;
+  };
+  StartRoot();
+  const std::string admin = root_->Snapshot().admin_address;
+  AgentClientOptions c;
+  c.token = "t0ken";
+  c.timeout_ms = 60000;
+
+  // Outside the directory, also through a link that points out of it.
+  namespace fs = std::filesystem;
+  fs::create_directories(dir_ / "elsewhere");
+  fs::copy(inside, dir_ / "elsewhere" / "ckpt", fs::copy_options::recursive);
+  Status out = PublishToRoot(admin, (dir_ / "elsewhere" / "ckpt").string(), 1, c);
+  EXPECT_EQ(out.code(), Code::kAuth) << out.ToString();
+  EXPECT_NE(out.message().find("outside the publish directory"), std::string::npos)
+      << out.ToString();
+  fs::create_directory_symlink(dir_ / "elsewhere" / "ckpt", dir_ / "trace" / "link");
+  out = PublishToRoot(admin, (dir_ / "trace" / "link").string(), 1, c);
+  EXPECT_EQ(out.code(), Code::kAuth) << out.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 0u);
+
+  // Far beyond HEAD: refused, then accepted when forced.
+  Status far = PublishToRoot(admin, inside, 1000, c);
+  EXPECT_EQ(far.code(), Code::kInvalidArgument) << far.ToString();
+  EXPECT_NE(far.message().find("beyond HEAD"), std::string::npos) << far.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 0u);
+  Status near = PublishToRoot(admin, inside, 100, c);
+  EXPECT_TRUE(near.ok()) << near.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 100u);
+  const std::string next = NextStep();
+  c.force = true;
+  Status forced = PublishToRoot(admin, next, 5000, c);
+  EXPECT_TRUE(forced.ok()) << forced.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 5000u);
+}
+
+}  // namespace
+}  // namespace tern::agent_test
