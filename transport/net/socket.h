@@ -58,13 +58,6 @@ Status WriteFull(Pipe& pipe, const void* buf, size_t size, uint64_t deadline_us,
 // Waits for readability (want_write false) or writability; kTimeout at deadline.
 Status WaitFd(int fd, bool want_write, uint64_t deadline_us, Clock& clock);
 
-struct HostPort {
-  std::string host;
-  std::string port;
-};
-// "HOST:PORT" or "[V6]:PORT"; kInvalidArgument otherwise.
-Result<HostPort> ParseHostPort(const std::string& address);
-
 // SO_SNDBUF/SO_RCVBUF (capped at 1 GiB); 0 leaves the kernel's autotuning.
 void SetSocketBuffers(int fd, uint64_t buffer_bytes);
 // Non-blocking listening socket with SO_REUSEADDR and buffer sizes set (they

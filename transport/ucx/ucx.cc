@@ -9,6 +9,7 @@
 #include <cstring>
 #include <future>
 
+#include "base/text.h"
 #include "transport/internal.h"
 #include "transport/ucx/ucx_impl.h"
 
@@ -42,16 +43,14 @@ std::string FormatSockaddr(const sockaddr* sa) {
 }
 
 Status Resolve(const std::string& address, bool passive, sockaddr_storage* out, socklen_t* len) {
-  std::string host;
-  uint16_t port = 0;
-  TERN_RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
+  TERN_ASSIGN_OR_RETURN(const HostPort hp, ParseHostPort(address));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  const std::string service = std::to_string(hp.port);
+  const int rc = getaddrinfo(hp.host.c_str(), service.c_str(), &hints, &res);
   TERN_REQUIRE(rc == 0, kInvalidArgument, "ucx: cannot resolve '", address, "': ", gai_strerror(rc));
   std::memcpy(out, res->ai_addr, res->ai_addrlen);
   *len = res->ai_addrlen;

@@ -1,7 +1,5 @@
 #include "transport/ucx/wire.h"
 
-#include <charconv>
-
 #include "base/coding.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
@@ -123,35 +121,6 @@ Status DecodeRemoteKey(std::string_view bytes, RemoteKey* out) {
   TERN_REQUIRE(out->base + out->size_bytes >= out->base, kCorrupt,
                "ucx remote key region wraps the address space");
   out->rkey.assign(bytes.substr(kKeyFixedBytes));
-  return Status::Ok();
-}
-
-Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port) {
-  size_t colon;
-  if (!address.empty() && address.front() == '[') {
-    const size_t close = address.find(']');
-    TERN_REQUIRE(close != std::string_view::npos && close > 1 && close + 1 < address.size() &&
-                     address[close + 1] == ':',
-                 kInvalidArgument, "address '", address, "' is not [V6]:PORT");
-    *host = std::string(address.substr(1, close - 1));
-    colon = close + 1;
-  } else {
-    colon = address.rfind(':');
-    TERN_REQUIRE(colon != std::string_view::npos && colon > 0, kInvalidArgument, "address '",
-                 address, "' is not HOST:PORT");
-    *host = std::string(address.substr(0, colon));
-    TERN_REQUIRE(host->find(':') == std::string::npos, kInvalidArgument, "IPv6 address '", address,
-                 "' needs brackets: [V6]:PORT");
-  }
-  TERN_REQUIRE(host->find_first_of("[]") == std::string::npos, kInvalidArgument, "address '",
-               address, "' has a bracket inside its host");
-  const std::string_view digits = address.substr(colon + 1);
-  unsigned value = 0;
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  TERN_REQUIRE(!digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
-                   value <= 65535,
-               kInvalidArgument, "bad port in address '", address, "'");
-  *port = static_cast<uint16_t>(value);
   return Status::Ok();
 }
 
