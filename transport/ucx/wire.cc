@@ -1,6 +1,7 @@
 #include "transport/ucx/wire.h"
 
 #include "base/coding.h"
+#include "base/wire_status.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
 
@@ -10,7 +11,6 @@ namespace {
 
 constexpr uint32_t kKeyMagic = 0x594B5554;  // bytes "TUKY"
 constexpr size_t kKeyFixedBytes = 4 + 2 + 2 + 8 + 8 + 4;
-constexpr uint16_t kMaxCode = 15;  // Code::kAuth, the last registered code
 
 }  // namespace
 
@@ -48,7 +48,7 @@ Status DecodeStatus(std::string_view bytes, StatusHeader* out) {
                " bytes, expected ", kStatusBytes);
   out->op = DecodeFixedAt(bytes, 0, 8);
   out->code = static_cast<uint16_t>(DecodeFixedAt(bytes, 8, 2));
-  TERN_REQUIRE(out->code <= kMaxCode, kProtocol, "ucx status with unknown code ", out->code);
+  TERN_REQUIRE(out->code <= kMaxWireCode, kProtocol, "ucx status with unknown code ", out->code);
   TERN_REQUIRE(DecodeFixedAt(bytes, 10, 2) == 0 && DecodeFixedAt(bytes, 12, 4) == 0, kProtocol,
                "ucx status with reserved bytes set");
   return Status::Ok();
