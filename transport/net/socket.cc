@@ -148,24 +148,27 @@ Result<int> ListenSocket(const std::string& address, uint64_t buffer_bytes) {
   return last;
 }
 
+std::string SockaddrText(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (address->sa_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(address);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (address->sa_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(address);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  return "?";
+}
+
 std::string SocketAddress(int fd, bool peer) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
                 : ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  if (rc != 0) return "?";
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
-  }
-  auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-  ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-  port = ntohs(a->sin6_port);
-  return "[" + std::string(host) + "]:" + std::to_string(port);
+  return rc == 0 ? SockaddrText(reinterpret_cast<const sockaddr*>(&ss)) : "?";
 }
 
 Result<int> ConnectSocket(const std::string& address, uint64_t buffer_bytes, uint64_t deadline_us,

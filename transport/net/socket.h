@@ -8,6 +8,8 @@
 // SSL object, and the TLS pipe of transport/tcp/ is a Pipe too).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -65,6 +67,10 @@ void SetSocketBuffers(int fd, uint64_t buffer_bytes);
 Result<int> ListenSocket(const std::string& address, uint64_t buffer_bytes);
 // "host:port" of a socket's local or remote end ("?" when unknown).
 std::string SocketAddress(int fd, bool peer);
+// "host:port" or "[v6]:port" of an IPv4 or IPv6 socket address ("?" for
+// another family): what SocketAddress says, for addresses a library hands
+// over (UCX's listener and connection requests).
+std::string SockaddrText(const sockaddr* address);
 // Non-blocking connect with deadline; buffers are sized before connect so
 // the window scale fits them.
 Result<int> ConnectSocket(const std::string& address, uint64_t buffer_bytes, uint64_t deadline_us,
