@@ -57,13 +57,14 @@ Status WriteNewFile(Env& env, const std::string& path, std::span<const uint8_t> 
 }
 
 Status WriteFileAtomic(Env& env, const std::string& path, std::span<const uint8_t> bytes,
-                       bool overwrite) {
+                       bool overwrite, CreateMode create) {
+  TERN_ASSERT(create != CreateMode::kTruncate, "WriteFileAtomic writes a fresh temporary");
   if (!overwrite) {
     TERN_ASSIGN_OR_RETURN(FileType type, env.TypeOf(path, /*follow_links=*/false));
     TERN_REQUIRE(type == FileType::kMissing, kAlreadyExists, path, " exists");
   }
   const std::string tmp = path + ".tmp-" + RandomHex();
-  TERN_ASSIGN_OR_RETURN(auto file, env.OpenWritable(tmp, CreateMode::kNew));
+  TERN_ASSIGN_OR_RETURN(auto file, env.OpenWritable(tmp, create));
   Status st = file->Append(bytes);
   if (st.ok()) st = file->Sync();
   if (st.ok()) st = file->Close();

@@ -3,6 +3,7 @@
 #include "tern/env.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -220,6 +221,19 @@ TEST_P(EnvTest, WriteFileAtomicReplacesOrRefuses) {
   EXPECT_EQ(*env_->ListDir(root_, 10), (std::vector<std::string>{"f"}));  // no temporaries
 }
 
+TEST_P(EnvTest, OwnerOnlyCreatesANewFile) {
+  auto f = env_->OpenWritable(P("secret"), CreateMode::kNewOwnerOnly);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE((*f)->Append(Bytes("k")).ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  EXPECT_EQ(Read(P("secret")), "k");
+  EXPECT_EQ(env_->OpenWritable(P("secret"), CreateMode::kNewOwnerOnly).status().code(),
+            Code::kAlreadyExists);
+  ASSERT_TRUE(
+      WriteFileAtomic(*env_, P("key"), Bytes("pem"), false, CreateMode::kNewOwnerOnly).ok());
+  EXPECT_EQ(Read(P("key")), "pem");
+}
+
 TEST_P(EnvTest, ClockIsTheEnvs) {
   if (!GetParam()) {
     EXPECT_EQ(&env_->clock(), &SteadyClock());
@@ -230,6 +244,31 @@ TEST_P(EnvTest, ClockIsTheEnvs) {
 
 INSTANTIATE_TEST_SUITE_P(PosixAndMem, EnvTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Mem" : "Posix"; });
+
+// Owner-only files are 0600 whatever the umask lets through: the mode is the
+// one they are created with, not a chmod after the bytes are in.
+TEST(PosixEnv, OwnerOnlyFilesAre0600FromTheStart) {
+  Env& env = DefaultEnv();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("tern-env-mode-" + RandomHex())).string();
+  ASSERT_TRUE(env.CreateDir(dir).ok());
+  const mode_t old_umask = ::umask(0);
+  auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? st.st_mode & 0777 : 01000u;
+  };
+  auto f = env.OpenWritable(dir + "/open", CreateMode::kNewOwnerOnly);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(mode_of(dir + "/open"), 0600u);  // before a byte is written
+  f->reset();
+  ASSERT_TRUE(
+      WriteFileAtomic(env, dir + "/atomic", Bytes("pem"), false, CreateMode::kNewOwnerOnly).ok());
+  EXPECT_EQ(mode_of(dir + "/atomic"), 0600u);
+  ASSERT_TRUE(WriteFileAtomic(env, dir + "/shared", Bytes("pub"), false).ok());
+  EXPECT_EQ(mode_of(dir + "/shared"), 0644u);
+  ::umask(old_umask);
+  EXPECT_TRUE(RemoveTree(env, dir).ok());
+}
 
 // The kB of resident memory /proc/self/smaps reports for the mapping that
 // starts at `start` (-1: not found).

@@ -211,8 +211,9 @@ class PosixEnv final : public Env {
 
   Result<std::unique_ptr<WritableFile>> OpenWritable(const std::string& path,
                                                      CreateMode mode) override {
-    const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (mode == CreateMode::kNew ? O_EXCL : O_TRUNC);
-    Fd fd(::open(path.c_str(), flags, 0644));
+    const int flags =
+        O_WRONLY | O_CREAT | O_CLOEXEC | (mode == CreateMode::kTruncate ? O_TRUNC : O_EXCL);
+    Fd fd(::open(path.c_str(), flags, mode == CreateMode::kNewOwnerOnly ? 0600 : 0644));
     if (fd.get() < 0) return OpenError("create", path);
     return std::unique_ptr<WritableFile>(new PosixWritable(fd.release(), path));
   }

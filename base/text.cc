@@ -67,4 +67,60 @@ bool SecretEquals(std::string_view expected, std::string_view given) {
   return diff == 0;
 }
 
+namespace {
+
+// Quoted for an error message, cut so one bad argument keeps it one line.
+std::string Quote(std::string_view text) {
+  return "'" + Printable(text.substr(0, 64)) + (text.size() > 64 ? "...'" : "'");
+}
+
+}  // namespace
+
+Result<uint64_t> ParseDecimal(std::string_view text, uint64_t max) {
+  TERN_REQUIRE(!text.empty(), kInvalidArgument, "'' is not an unsigned decimal integer");
+  uint64_t v = 0;
+  bool overflow = false;
+  for (char c : text) {
+    TERN_REQUIRE(c >= '0' && c <= '9', kInvalidArgument, Quote(text),
+                 " is not an unsigned decimal integer");
+    overflow = overflow || __builtin_mul_overflow(v, 10, &v) ||
+               __builtin_add_overflow(v, static_cast<uint64_t>(c - '0'), &v);
+  }
+  TERN_REQUIRE(!overflow && v <= max, kOutOfRange, Quote(text), " is larger than ", max);
+  return v;
+}
+
+Result<uint64_t> ParseCanonicalDecimal(std::string_view text, uint64_t max) {
+  TERN_REQUIRE(text.size() <= 1 || text[0] != '0', kInvalidArgument, Quote(text),
+               " has a leading zero");
+  return ParseDecimal(text, max);
+}
+
+Result<HostPort> ParseHostPort(std::string_view address) {
+  TERN_REQUIRE(address.size() <= 300, kInvalidArgument, "address longer than 300 bytes");
+  const size_t colon = address.rfind(':');
+  TERN_REQUIRE(colon != std::string_view::npos, kInvalidArgument, "address ", Quote(address),
+               ": want HOST:PORT");
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else {
+    TERN_REQUIRE(host.find(':') == std::string_view::npos, kInvalidArgument, "address ",
+                 Quote(address), ": an IPv6 host goes in brackets, [::1]:PORT");
+  }
+  TERN_REQUIRE(
+      !host.empty() && IsPrintable(host) && host.find_first_of(" /[]") == std::string_view::npos,
+      kInvalidArgument, "address ", Quote(address), ": bad host");
+  auto p = ParseDecimal(port, 65535);
+  TERN_REQUIRE(port.size() <= 5 && p.ok(), kInvalidArgument, "address ", Quote(address),
+               ": bad port (want 0 to 65535)");
+  return HostPort{std::string(host), static_cast<uint16_t>(*p)};
+}
+
+std::string FormatHostPort(const HostPort& address) {
+  const bool v6 = address.host.find(':') != std::string::npos;
+  return (v6 ? "[" + address.host + "]" : address.host) + ":" + std::to_string(address.port);
+}
+
 }  // namespace tern

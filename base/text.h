@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "tern/status.h"
+
 namespace tern {
 
 std::string Printable(std::string_view bytes);
@@ -23,5 +25,29 @@ bool ParseHex(std::string_view hex, std::span<uint8_t> out);
 // expected one, in time that depends on the length only: a prober learns
 // nothing about how many leading bytes matched. The length is not secret.
 bool SecretEquals(std::string_view expected, std::string_view given);
+
+// Strict unsigned decimal: one or more ASCII digits and nothing else (no
+// sign, space, "0x", exponent or fraction), at most `max`. kInvalidArgument
+// for anything but digits, kOutOfRange beyond `max` (or 2^64 - 1); the
+// messages quote the text, made Printable and cut to 64 bytes. Leading
+// zeros are accepted ("007" is 7): fixed-width fields are written so.
+Result<uint64_t> ParseDecimal(std::string_view text, uint64_t max = UINT64_MAX);
+// As ParseDecimal, and the one spelling std::to_string writes: no leading
+// zero except "0" itself (kInvalidArgument). For numbers that are names or
+// keys, where "07" and "7" must not both mean 7.
+Result<uint64_t> ParseCanonicalDecimal(std::string_view text, uint64_t max = UINT64_MAX);
+
+// A listen or dial address: "HOST:PORT", or "[V6]:PORT" for an IPv6 host.
+// HOST is non-empty printable ASCII without space, '/', '[' or ']', and
+// without ':' unless in brackets; PORT is 1 to 5 digits, 0 to 65535 (0: any
+// free port, for a listener); at most 300 bytes in all. kInvalidArgument
+// otherwise, naming the address (Printable).
+struct HostPort {
+  std::string host;  // without the brackets
+  uint16_t port = 0;
+};
+Result<HostPort> ParseHostPort(std::string_view address);
+// The spelling ParseHostPort reads back: brackets around a host with ':'.
+std::string FormatHostPort(const HostPort& address);
 
 }  // namespace tern

@@ -28,5 +28,54 @@ TEST(TextTest, SecretEqualsComparesEveryByteAndTheLength) {
   EXPECT_FALSE(SecretEquals("x", ""));
 }
 
+TEST(TextTest, ParseDecimalTakesDigitsOnly) {
+  EXPECT_EQ(*ParseDecimal("0"), 0u);
+  EXPECT_EQ(*ParseDecimal("007"), 7u);
+  EXPECT_EQ(*ParseDecimal("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(*ParseDecimal("65535", 65535), 65535u);
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "0x10", "1e3", "1.0", "1,000", "\xff"})
+    EXPECT_EQ(ParseDecimal(bad).status().code(), Code::kInvalidArgument) << bad;
+  EXPECT_EQ(ParseDecimal("18446744073709551616").status().code(), Code::kOutOfRange);
+  EXPECT_EQ(ParseDecimal("99999999999999999999999").status().code(), Code::kOutOfRange);
+  EXPECT_EQ(ParseDecimal("65536", 65535).status().code(), Code::kOutOfRange);
+  // Not digits wins over too large, and the message quotes the text safely.
+  const Status s = ParseDecimal("99999999999999999999999x\n").status();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("is not an unsigned decimal integer"), std::string::npos);
+  EXPECT_TRUE(IsPrintable(ParseDecimal(std::string(100, '\n')).status().message()));
+}
+
+TEST(TextTest, ParseCanonicalDecimalRefusesLeadingZeros) {
+  EXPECT_EQ(*ParseCanonicalDecimal("0"), 0u);
+  EXPECT_EQ(*ParseCanonicalDecimal("70"), 70u);
+  EXPECT_EQ(ParseCanonicalDecimal("07").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ParseCanonicalDecimal("00").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ParseCanonicalDecimal("").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ParseCanonicalDecimal("8", 7).status().code(), Code::kOutOfRange);
+}
+
+TEST(TextTest, ParseHostPortAndBack) {
+  auto a = ParseHostPort("127.0.0.1:8080");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->port, 8080);
+  auto b = ParseHostPort("[::1]:0");
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->host, "::1");
+  EXPECT_EQ(b->port, 0);
+  EXPECT_EQ(FormatHostPort(*a), "127.0.0.1:8080");
+  EXPECT_EQ(FormatHostPort(*b), "[::1]:0");
+  EXPECT_EQ(ParseHostPort("h:00080")->port, 80);
+  // "[[]:80" would split into host "[", which does not spell back.
+  for (const char* bad :
+       {"", "host", "127.0.0.1", ":80", "h:", "host:", "h:65536", "h:8a", "h:123456", "h:-1",
+        "h: 1", "::1:80", "a b:1", "a/b:1", "[]:1", "[::1]80", "[::1", "[[]:80", "[[::1]:80",
+        "a]:80", "a\x01:1"}) {
+    EXPECT_EQ(ParseHostPort(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseHostPort(std::string(400, 'a') + ":1").status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(IsPrintable(ParseHostPort("\xff\n:1").status().message()));
+}
+
 }  // namespace
 }  // namespace tern

@@ -6,14 +6,14 @@
 
 namespace tern {
 
-// The last registered code; a new one must move this bound with it.
-static_assert(static_cast<int>(Code::kAuth) == 15);
+// The last registered code; a new one must move kMaxWireCode with it.
+static_assert(kMaxWireCode == 15);
 
 Status StatusFromWire(uint64_t code, std::string_view who, std::string_view text) {
   if (code == 0) return Status::Ok();
   std::string message(who);
   message += ": ";
-  if (code > static_cast<uint64_t>(Code::kAuth)) {
+  if (code > kMaxWireCode) {
     message += "(unknown error code " + std::to_string(code) + ") ";
     return Status(Code::kInternal, message + Printable(text));
   }

@@ -14,6 +14,11 @@ namespace tern {
 
 inline uint16_t WireCode(const Status& status) { return static_cast<uint16_t>(status.code()); }
 
+// The last registered code: a wire that refuses codes it does not know (ucx
+// status headers, verbs acks) bounds them with this. A new code moves it
+// (base/wire_status.cc checks the pair).
+inline constexpr uint16_t kMaxWireCode = static_cast<uint16_t>(Code::kAuth);
+
 // The Status a peer reported with `code`: OK for 0; the registered Code
 // otherwise, or kInternal for a number this side does not know (a newer
 // peer), naming it. The message is "<who>: <text>" with text made printable

@@ -33,8 +33,6 @@ class HeaderSax final : public json::StrictSax {
     kTop,
     kTopKey,
     kMetadata,
-    kMetadataKey,
-    kMetadataValue,
     kTensor,
     kTensorKey,
     kDType,
@@ -63,27 +61,16 @@ class HeaderSax final : public json::StrictSax {
         have_dtype_ = have_shape_ = have_offsets_ = false;
         state_ = State::kTensor;
         return true;
-      case State::kMetadata:
-        if (e != Event::kBeginObject)
-          return Fail(TERN_ERROR(kCorrupt, "__metadata__ must be an object of strings"));
-        state_ = State::kMetadataKey;
+      case State::kMetadata: {
+        Result<bool> done = metadata_.Next(e, t, [this](std::string key, std::string value) {
+          auto [at, fresh] = out_->metadata.try_emplace(std::move(key), std::move(value));
+          TERN_REQUIRE(fresh, kCorrupt, "duplicate __metadata__ key ", Quoted(at->first));
+          return Status::Ok();
+        });
+        if (!done.ok()) return Fail(done.status());
+        if (*done) state_ = State::kTopKey;
         return true;
-      case State::kMetadataKey:
-        if (e == Event::kEndObject) {
-          state_ = State::kTopKey;
-          return true;
-        }
-        metadata_key_ = std::move(*t.text);
-        state_ = State::kMetadataValue;
-        return true;
-      case State::kMetadataValue:
-        if (e != Event::kString)
-          return Fail(TERN_ERROR(kCorrupt, "__metadata__ value of ", Quoted(metadata_key_),
-                                 " is not a string"));
-        if (!out_->metadata.emplace(std::move(metadata_key_), std::move(*t.text)).second)
-          return Fail(TERN_ERROR(kCorrupt, "duplicate __metadata__ key ", Quoted(metadata_key_)));
-        state_ = State::kMetadataKey;
-        return true;
+      }
       default:
         return OnTensor(e, t);
     }
@@ -180,7 +167,7 @@ class HeaderSax final : public json::StrictSax {
 
   ParsedHeader* out_;
   State state_ = State::kTop;
-  std::string metadata_key_;
+  json::StringMapReader metadata_{"__metadata__"};
   HeaderTensor tensor_;
   bool have_dtype_ = false, have_shape_ = false, have_offsets_ = false;
   int offsets_seen_ = 0;

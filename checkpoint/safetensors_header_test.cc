@@ -109,7 +109,7 @@ TEST(SafetensorsHeader, RejectsCorruptHeaders) {
       {"one offset", File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8), "two integers"},
       {"tensor not object", File(R"({"a":[1]})", 0), "expected '{'"},
       {"non-string metadata", File(R"({"__metadata__":{"step":3}})", 0), "not a string"},
-      {"metadata not object", File(R"({"__metadata__":"x"})", 0), "must be an object"},
+      {"metadata not object", File(R"({"__metadata__":"x"})", 0), "not an object of strings"},
       {"duplicate metadata key", File(R"({"__metadata__":{"k":"a","k":"b"}})", 0), "duplicate __metadata__ key"},
       {"duplicate metadata", File(R"({"__metadata__":{},"__metadata__":{}})", 0), "duplicate __metadata__"},
       {"invalid utf-8 name", File("{\"\xff\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0), "UTF-8"},

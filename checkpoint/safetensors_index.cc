@@ -20,7 +20,7 @@ class IndexSax final : public json::StrictSax {
   bool have_map() const { return have_map_; }
 
  private:
-  enum class State { kTop, kTopKey, kIgnored, kMap, kMapKey, kMapFile };
+  enum class State { kTop, kTopKey, kIgnored, kMap };
 
   bool On(Event e, Token t) override {
     switch (state_) {
@@ -42,30 +42,19 @@ class IndexSax final : public json::StrictSax {
         SkipValue(e);
         state_ = State::kTopKey;
         return true;
-      case State::kMap:
-        if (e != Event::kBeginObject)
-          return Fail(TERN_ERROR(kCorrupt, "\"weight_map\" is not an object"));
-        state_ = State::kMapKey;
+      case State::kMap: {
+        // Duplicate tensors are found once the map is sorted (ParseIndex).
+        Result<bool> done = map_.Next(e, t, [this](std::string tensor, std::string file) {
+          TERN_REQUIRE(PlainFileName(file), kCorrupt, "weight_map entry ", Quoted(tensor),
+                       " names ", Quoted(file),
+                       ", which is not a plain file name in the directory");
+          out_->emplace_back(std::move(tensor), std::move(file));
+          return Status::Ok();
+        });
+        if (!done.ok()) return Fail(done.status());
+        if (*done) state_ = State::kTopKey;
         return true;
-      case State::kMapKey:
-        if (e == Event::kEndObject) {
-          state_ = State::kTopKey;
-          return true;
-        }
-        tensor_ = std::move(*t.text);
-        state_ = State::kMapFile;
-        return true;
-      case State::kMapFile:
-        if (e != Event::kString)
-          return Fail(TERN_ERROR(kCorrupt, "weight_map entry ", Quoted(tensor_),
-                                 " is not a file name string"));
-        if (!PlainFileName(*t.text))
-          return Fail(TERN_ERROR(kCorrupt, "weight_map entry ", Quoted(tensor_), " names ",
-                                 Quoted(*t.text),
-                                 ", which is not a plain file name in the directory"));
-        out_->emplace_back(std::move(tensor_), std::move(*t.text));
-        state_ = State::kMapKey;
-        return true;
+      }
     }
     return true;
   }
@@ -73,7 +62,7 @@ class IndexSax final : public json::StrictSax {
   WeightMap* out_;
   State state_ = State::kTop;
   bool have_map_ = false;
-  std::string tensor_;
+  json::StringMapReader map_{"\"weight_map\""};
 };
 
 }  // namespace

@@ -127,6 +127,33 @@ Status ParseObject(std::string_view text, std::string_view what, StrictSax* sax)
   return Status::Ok();
 }
 
+Result<bool> StringMapReader::Next(Event e, Token t, const Entry& entry) {
+  switch (state_) {
+    case State::kBegin:
+      TERN_REQUIRE(e == Event::kBeginObject, kCorrupt, what_, " is not an object of strings");
+      state_ = State::kKey;
+      return false;
+    case State::kKey:
+      if (e == Event::kEndObject) {
+        state_ = State::kDone;
+        return true;
+      }
+      key_ = std::move(*t.text);  // inside an object, anything but '}' is a key
+      state_ = State::kValue;
+      return false;
+    case State::kValue:
+      TERN_REQUIRE(e == Event::kString, kCorrupt, what_, " entry ", Quoted(key_),
+                   " is not a string");
+      state_ = State::kKey;
+      TERN_RETURN_IF_ERROR(entry(std::move(key_), std::move(*t.text)));
+      return false;
+    case State::kDone:
+      break;
+  }
+  TERN_ASSERT(false, "StringMapReader fed past the end of its object");
+  return true;
+}
+
 std::string Quoted(std::string_view s) {
   return nlohmann::json(std::string(s.substr(0, kQuotedBytesMax)))
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

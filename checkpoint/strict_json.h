@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -99,6 +100,28 @@ class StrictSax : public nlohmann::json_sax<nlohmann::json> {
   int skip_depth_ = 0;  // > 0 while inside a skipped object or array
   bool started_ = false;
   Status status_;
+};
+
+// A {string: string, ...} value inside a consumer's schema (safetensors'
+// __metadata__, an index's weight_map), read event by event: the consumer
+// hands it every event from the value's first one until Next returns true,
+// after the closing '}'. Each pair goes to `entry` (which may refuse it), so
+// duplicate keys are the consumer's to reject. One value per reader.
+class StringMapReader {
+ public:
+  using Entry = std::function<Status(std::string key, std::string value)>;
+  // `what` names the value in errors: "<what> is not an object of strings",
+  // "<what> entry <key> is not a string".
+  explicit StringMapReader(std::string what) : what_(std::move(what)) {}
+
+  // kCorrupt for a value that is not an object of strings, or entry's error.
+  Result<bool> Next(Event e, Token t, const Entry& entry);
+
+ private:
+  enum class State : uint8_t { kBegin, kKey, kValue, kDone };
+  const std::string what_;
+  State state_ = State::kBegin;
+  std::string key_;
 };
 
 // Parses `text` into `sax`. `text` must be one JSON object, then only

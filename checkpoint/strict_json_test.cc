@@ -171,7 +171,7 @@ TEST(SafetensorsIndex, ParsesAndRejects) {
       {R"({"weight_map":{},"weight_map":{}})", "duplicate \"weight_map\""},
       {R"({"metadata":{}})", "no \"weight_map\""},
       {R"({"weight_map":[]})", "not an object"},
-      {R"({"weight_map":{"a":1}})", "not a file name string"},
+      {R"({"weight_map":{"a":1}})", "entry \"a\" is not a string"},
       {R"({"weight_map":{"a":"../s"}})", "not a plain file name"},
       {R"({"weight_map":{"a":".."}})", "not a plain file name"},
       {R"({"weight_map":{"a":""}})", "not a plain file name"},

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "base/text.h"
+
 namespace tern::cli {
 namespace {
 
@@ -41,15 +43,11 @@ CLI::Validator Canonical(std::function<Result<uint64_t>(std::string_view)> parse
 }  // namespace
 
 Result<uint64_t> ParseUnsigned(std::string_view text, uint64_t max) {
-  if (!AllDigits(text))
-    return Status(Code::kInvalidArgument, Quote(text) + " is not an unsigned decimal integer");
-  uint64_t v = 0;
-  for (char c : text) {
-    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, uint64_t(c - '0'), &v))
-      return TooLarge(text, max);
-  }
-  if (v > max) return TooLarge(text, max);
-  return v;
+  // The parse is base's; the messages quote the user's own text unescaped.
+  Result<uint64_t> v = ParseDecimal(text, max);
+  if (v.ok()) return v;
+  if (v.status().code() == Code::kOutOfRange) return TooLarge(text, max);
+  return Status(Code::kInvalidArgument, Quote(text) + " is not an unsigned decimal integer");
 }
 
 std::vector<std::string> SplitCommas(std::string_view text) {

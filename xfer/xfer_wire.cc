@@ -1,7 +1,6 @@
 #include "xfer/xfer_wire.h"
 
 #include <algorithm>
-#include <charconv>
 
 #include "base/coding.h"
 #include "base/text.h"
@@ -55,22 +54,6 @@ Status ExpectType(std::string_view m, char type) {
 void PutBytes(std::string& out, std::string_view bytes) {
   PutFixed(&out, bytes.size(), 4);
   out.append(bytes);
-}
-
-Result<uint64_t> ParseDecimal(std::string_view s) {
-  uint64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
-  TERN_REQUIRE(!s.empty() && ec == std::errc() && end == s.data() + s.size(), kCorrupt,
-               "resume state field '", Printable(s.substr(0, 32)),
-               "' is not a number");
-  return v;
-}
-
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 }  // namespace
@@ -241,29 +224,28 @@ std::string Hex16(uint64_t v) {
   return out;
 }
 
+Result<uint64_t> Number(std::string_view s) {
+  Result<uint64_t> v = ParseDecimal(s);
+  TERN_REQUIRE(v.ok(), kCorrupt, "resume state field: ", v.status().message());
+  return v;
+}
+
 // Exactly 16 hex digits.
 Result<uint64_t> ParseHex16(std::string_view s, const char* what) {
   TERN_REQUIRE(s.size() == 16, kCorrupt, "resume state ", what, " of ", s.size(),
                " hex digits, expected 16");
+  uint8_t bytes[8];
+  TERN_REQUIRE(ParseHex(s, bytes), kCorrupt, "resume state ", what, " is not hex");
   uint64_t v = 0;
-  for (char c : s) {
-    const int d = HexDigit(c);
-    TERN_REQUIRE(d >= 0, kCorrupt, "resume state ", what, " is not hex");
-    v = (v << 4) | static_cast<uint64_t>(d);
-  }
+  for (uint8_t b : bytes) v = (v << 8) | b;
   return v;
 }
 
 }  // namespace
 
 std::string FormatPartState(const PartState& st) {
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(st.bitmap.size() * 2);
-  for (char c : st.bitmap) {
-    hex.push_back(kHex[(static_cast<uint8_t>(c) >> 4) & 15]);
-    hex.push_back(kHex[static_cast<uint8_t>(c) & 15]);
-  }
+  const std::string hex =
+      Hex({reinterpret_cast<const uint8_t*>(st.bitmap.data()), st.bitmap.size()});
   return "tern-part 2 " + std::to_string(st.size_bytes) + " " + Hex16(st.tag) + " " +
          (st.hash_known ? Hex16(st.xxh3) : "-") + " " + std::to_string(st.chunk_bytes) + " " +
          (hex.empty() ? "-" : hex) + "\n";
@@ -292,25 +274,22 @@ Result<PartState> ParsePartState(std::string_view text) {
   TERN_REQUIRE(n == kFields && text.empty(), kCorrupt,
                "resume state is not 'tern-part 2 SIZE TAG XXH3 CHUNK BITMAP'");
   PartState st;
-  TERN_ASSIGN_OR_RETURN(st.size_bytes, ParseDecimal(fields[2]));
+  TERN_ASSIGN_OR_RETURN(st.size_bytes, Number(fields[2]));
   TERN_ASSIGN_OR_RETURN(st.tag, ParseHex16(fields[3], "tag"));
   TERN_REQUIRE(st.tag != 0, kCorrupt, "resume state with a zero tag");
   if (fields[4] != "-") {
     TERN_ASSIGN_OR_RETURN(st.xxh3, ParseHex16(fields[4], "checksum"));
     st.hash_known = true;
   }
-  TERN_ASSIGN_OR_RETURN(st.chunk_bytes, ParseDecimal(fields[5]));
+  TERN_ASSIGN_OR_RETURN(st.chunk_bytes, Number(fields[5]));
   auto chunks = ChunkCount(st.size_bytes, st.chunk_bytes);
   TERN_REQUIRE(chunks.ok(), kCorrupt, "resume state: ", chunks.status().message());
   const std::string_view hex = fields[6] == "-" ? std::string_view() : fields[6];
   TERN_REQUIRE(hex.size() == 2 * ((*chunks + 7) / 8), kCorrupt, "resume state bitmap of ",
                hex.size(), " hex digits, expected ", 2 * ((*chunks + 7) / 8));
-  st.bitmap.reserve(hex.size() / 2);
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = HexDigit(hex[i]), lo = HexDigit(hex[i + 1]);
-    TERN_REQUIRE(hi >= 0 && lo >= 0, kCorrupt, "resume state bitmap is not hex");
-    st.bitmap.push_back(static_cast<char>((hi << 4) | lo));
-  }
+  st.bitmap.resize(hex.size() / 2);
+  TERN_REQUIRE(ParseHex(hex, {reinterpret_cast<uint8_t*>(st.bitmap.data()), st.bitmap.size()}),
+               kCorrupt, "resume state bitmap is not hex");
   TERN_RETURN_IF_ERROR(CheckBitmap(st.bitmap, *chunks).WithContext("resume state"));
   return st;
 }

@@ -5,24 +5,17 @@
 #include <sys/random.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <optional>
 #include <utility>
+
+#include "base/text.h"
 
 namespace tern::agent {
 namespace {
 
 // Entries a scan of objects_dir accepts (objects, temporaries, the relay's parts).
 constexpr uint64_t kObjectDirEntriesMax = uint64_t{1} << 20;
-
-std::optional<uint64_t> ParseU64(std::string_view s) {
-  uint64_t v = 0;
-  if (s.empty() || (s.size() > 1 && s[0] == '0')) return std::nullopt;  // canonical only
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
 
 // The inverse of ObjectName, or nullopt for any other name.
 std::optional<ObjectRef> ParseObjectName(std::string_view name) {
@@ -34,9 +27,10 @@ std::optional<ObjectRef> ParseObjectName(std::string_view name) {
     const std::string_view rest = name.substr(prefix.size() + 1);
     const size_t dash = rest.find('-');
     if (dash == std::string_view::npos) return std::nullopt;
-    auto from = ParseU64(rest.substr(0, dash));
-    auto to = ParseU64(rest.substr(dash + 1));
-    if (!from || !to) return std::nullopt;
+    // Canonical only: one spelling per object, as ObjectName writes it.
+    auto from = ParseCanonicalDecimal(rest.substr(0, dash));
+    auto to = ParseCanonicalDecimal(rest.substr(dash + 1));
+    if (!from.ok() || !to.ok()) return std::nullopt;
     return ObjectRef{kind, *from, *to};
   }
   return std::nullopt;

@@ -19,6 +19,7 @@
 #include "agent/board/board_log.h"
 #include "base/coding.h"
 #include "base/hash.h"
+#include "base/text.h"
 
 namespace tern::agent {
 namespace {
@@ -58,17 +59,10 @@ std::string RecordName(Key k) {
 std::optional<Key> ParseRecordName(const std::string& name) {
   if (name.size() != 20 + 1 + 10 + 4 || name.compare(31, 4, kRecordSuffix) != 0 || name[20] != '-')
     return std::nullopt;
-  uint64_t v = 0, s = 0;
-  for (size_t i = 0; i < 31; ++i) {
-    if (i == 20) continue;
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    uint64_t& x = i < 20 ? v : s;
-    const uint64_t digit = static_cast<uint64_t>(name[i] - '0');
-    if (x > (UINT64_MAX - digit) / 10) return std::nullopt;
-    x = x * 10 + digit;
-  }
-  if (s > UINT32_MAX) return std::nullopt;
-  return Key{v, static_cast<uint32_t>(s)};
+  auto v = ParseDecimal(std::string_view(name).substr(0, 20));
+  auto s = ParseDecimal(std::string_view(name).substr(21, 10), UINT32_MAX);
+  if (!v.ok() || !s.ok()) return std::nullopt;
+  return Key{*v, static_cast<uint32_t>(*s)};
 }
 
 std::string EncodeRecord(Key k, bool advance_head, uint64_t expected_head,

@@ -1,7 +1,5 @@
 // The root agent: the board, the signing key, membership and planning,
 // publishing and the catch-up service (agent/daemon/agent_impl.h).
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -43,11 +41,10 @@ Status AgentImpl::InitRoot() {
     } else {
       TERN_ASSIGN_OR_RETURN(ManifestSigner fresh, ManifestSigner::Generate());
       TERN_ASSIGN_OR_RETURN(pem, fresh.PrivateKeyPem());
-      TERN_RETURN_IF_ERROR(WriteFileAtomic(env_, key_path,
-                                           {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()}, false));
-      // TODO(security): create the file 0600 through the Env instead of
-      // narrowing it after the write.
-      ::chmod(key_path.c_str(), 0600);
+      // Owner-only from its creation: the key is never readable by others.
+      TERN_RETURN_IF_ERROR(WriteFileAtomic(
+          env_, key_path, {reinterpret_cast<const uint8_t*>(pem.data()), pem.size()},
+          /*overwrite=*/false, CreateMode::kNewOwnerOnly));
       Log("generated a signing key in " + key_path);
     }
   }

@@ -32,22 +32,12 @@ Result<Endpoint> ParseEndpoint(const std::string& text) {
   TERN_REQUIRE(rest.find("://") == std::string::npos, kUnsupported, "etcd endpoint '",
                Printable(text), "': only http:// is supported");
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
-  const size_t colon = rest.rfind(':');
-  TERN_REQUIRE(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(), kInvalidArgument,
-               "etcd endpoint '", Printable(text), "': want host:port");
-  int port = 0;
-  for (size_t i = colon + 1; i < rest.size(); ++i) {
-    TERN_REQUIRE(rest[i] >= '0' && rest[i] <= '9' && port < 100000, kInvalidArgument,
-                 "etcd endpoint '", Printable(text), "': bad port");
-    port = port * 10 + (rest[i] - '0');
-  }
-  TERN_REQUIRE(port >= 1 && port <= 65535, kInvalidArgument, "etcd endpoint '", Printable(text),
-               "': port out of range");
-  std::string host = rest.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return Endpoint{std::move(host), port};
+  auto address = ParseHostPort(rest);
+  TERN_REQUIRE(address.ok(), kInvalidArgument, "etcd endpoint '", Printable(text),
+               "': want host:port (", address.status().message(), ")");
+  TERN_REQUIRE(address->port >= 1, kInvalidArgument, "etcd endpoint '", Printable(text),
+               "': port 0");
+  return Endpoint{std::move(address->host), address->port};
 }
 
 Status CheckKey(const std::string& key) {

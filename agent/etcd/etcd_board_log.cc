@@ -13,41 +13,20 @@ constexpr uint32_t kMaxPageRecords = 1024;  // * 64 KiB * 4/3 (base64) < 88 MiB
 constexpr size_t kVersionDigits = 20;       // UINT64_MAX has 20
 constexpr size_t kSeqDigits = 2;            // kMaxManifestsPerVersion = 64
 
-// Strict decimal: 1..20 digits, no sign, no leading zero (except "0"),
-// fits u64. For HEAD, which this log writes with std::to_string.
-bool ParseU64(const std::string& s, uint64_t* out) {
-  if (s.empty() || s.size() > kVersionDigits || (s.size() > 1 && s[0] == '0')) return false;
-  uint64_t n = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (n > (UINT64_MAX - d) / 10) return false;
-    n = n * 10 + d;
-  }
-  *out = n;
-  return true;
-}
-
-// Fixed-width digits (zero-padded), as RecordKey writes them.
-bool ParseFixed(std::string_view s, size_t width, uint64_t* out) {
+// <version>/<seq> keys: fixed-width digits (zero-padded), as RecordKey writes them.
+bool FixedDigits(std::string_view s, size_t width, uint64_t* out) {
   if (s.size() != width) return false;
-  uint64_t n = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (n > (UINT64_MAX - d) / 10) return false;
-    n = n * 10 + d;
-  }
-  *out = n;
-  return true;
+  const Result<uint64_t> v = ParseDecimal(s);
+  if (v.ok()) *out = *v;
+  return v.ok();
 }
 
 Result<uint64_t> ParseHead(const EtcdRange& range) {
   if (range.kvs.empty()) return uint64_t{0};
-  uint64_t head = 0;
-  TERN_REQUIRE(ParseU64(range.kvs[0].value, &head) && head > 0, kCorrupt,
-               "etcd board log: ", Printable(range.kvs[0].key), " holds '",
-               Printable(range.kvs[0].value.substr(0, 40)), "', not a version");
+  // HEAD is written with std::to_string: canonical decimal only.
+  const Result<uint64_t> head = ParseCanonicalDecimal(range.kvs[0].value);
+  TERN_REQUIRE(head.ok() && *head > 0, kCorrupt, "etcd board log: ", Printable(range.kvs[0].key),
+               " holds '", Printable(range.kvs[0].value.substr(0, 40)), "', not a version");
   return head;
 }
 
@@ -209,8 +188,8 @@ Result<std::vector<BoardRecord>> EtcdBoardLog::LoadAll() {
       uint64_t version = 0, seq = 0;
       const bool well_formed =
           tail.size() == kVersionDigits + 1 + kSeqDigits && tail[kVersionDigits] == '/' &&
-          ParseFixed(tail.substr(0, kVersionDigits), kVersionDigits, &version) &&
-          ParseFixed(tail.substr(kVersionDigits + 1), kSeqDigits, &seq) && version > 0 &&
+          FixedDigits(tail.substr(0, kVersionDigits), kVersionDigits, &version) &&
+          FixedDigits(tail.substr(kVersionDigits + 1), kSeqDigits, &seq) && version > 0 &&
           seq < kMaxManifestsPerVersion;
       TERN_REQUIRE(well_formed, kCorrupt, "etcd board log: foreign key '", Printable(kv.key), "'");
       TERN_REQUIRE(!kv.value.empty() && kv.value.size() <= kMaxBoardRecordBytes, kCorrupt,

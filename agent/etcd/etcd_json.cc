@@ -100,24 +100,15 @@ Result<int64_t> Int64Field(const json& object, const char* name) {
   if (v.is_number_integer()) return v.get<int64_t>();
   TERN_REQUIRE(v.is_string(), kProtocol, "etcd: field '", name, "' is not an integer");
   const std::string& s = v.get_ref<const std::string&>();
-  TERN_REQUIRE(!s.empty() && s.size() <= 20, kProtocol, "etcd: field '", name,
-               "' is not an int64: '", Printable(s.substr(0, 40)), "'");
-  size_t i = s[0] == '-' ? 1 : 0;
-  TERN_REQUIRE(i < s.size(), kProtocol, "etcd: field '", name, "' is not an int64");
-  // Accumulate negatively so that INT64_MIN parses; refuse overflow.
-  int64_t n = 0;
-  for (; i < s.size(); ++i) {
-    TERN_REQUIRE(s[i] >= '0' && s[i] <= '9', kProtocol, "etcd: field '", name,
-                 "' is not an int64: '", Printable(s.substr(0, 40)), "'");
-    const int d = s[i] - '0';
-    TERN_REQUIRE(n >= (INT64_MIN + d) / 10, kProtocol, "etcd: field '", name, "' overflows int64");
-    n = n * 10 - d;
-  }
-  if (s[0] != '-') {
-    TERN_REQUIRE(n != INT64_MIN, kProtocol, "etcd: field '", name, "' overflows int64");
-    n = -n;
-  }
-  return n;
+  // The gateway writes int64s as JSON strings: "-" and the magnitude's digits.
+  const bool negative = !s.empty() && s[0] == '-';
+  const uint64_t magnitude_max = negative ? uint64_t{1} << 63 : uint64_t{INT64_MAX};
+  const Result<uint64_t> magnitude =
+      ParseDecimal(std::string_view(s).substr(negative ? 1 : 0), magnitude_max);
+  TERN_REQUIRE(magnitude.ok(), kProtocol, "etcd: field '", name, "' is not an int64: '",
+               Printable(s.substr(0, 40)), "'");
+  // Two's complement (C++20): 0 - 2^63 is INT64_MIN.
+  return static_cast<int64_t>(negative ? 0 - *magnitude : *magnitude);
 }
 
 Result<bool> BoolField(const json& object, const char* name) {

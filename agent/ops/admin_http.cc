@@ -218,9 +218,7 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
     return guard.status();
   }
   impl->guard = std::move(*guard);
-  const bool v6 = hp->host.find(':') != std::string::npos;
-  impl->bound_address =
-      (v6 ? "[" + hp->host + "]" : hp->host) + ":" + std::to_string(impl->guard->port());
+  impl->bound_address = FormatHostPort({hp->host, impl->guard->port()});
   return std::unique_ptr<AdminServer>(new AdminServer(std::move(impl)));
 }
 
@@ -238,33 +236,6 @@ AdminRoute MetricsRoute(std::function<std::string()> render) {
         return AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
       },
       false};
-}
-
-Result<HostPort> ParseHostPort(std::string_view address) {
-  TERN_REQUIRE(address.size() <= 300, kInvalidArgument, "address longer than 300 bytes");
-  const size_t colon = address.rfind(':');
-  TERN_REQUIRE(colon != std::string_view::npos, kInvalidArgument, "address ", Printable(address),
-               ": want HOST:PORT");
-  std::string_view host = address.substr(0, colon), port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  } else {
-    TERN_REQUIRE(host.find(':') == std::string_view::npos, kInvalidArgument, "address ",
-                 Printable(address), ": an IPv6 host goes in brackets, [::1]:PORT");
-  }
-  TERN_REQUIRE(!host.empty() && IsPrintable(host) && host.find(' ') == std::string_view::npos &&
-                   host.find('/') == std::string_view::npos,
-               kInvalidArgument, "address ", Printable(address), ": bad host");
-  uint32_t p = 0;
-  TERN_REQUIRE(!port.empty() && port.size() <= 5, kInvalidArgument, "address ", Printable(address),
-               ": bad port");
-  for (char c : port) {
-    TERN_REQUIRE(c >= '0' && c <= '9', kInvalidArgument, "address ", Printable(address),
-                 ": bad port");
-    p = p * 10 + static_cast<uint32_t>(c - '0');
-  }
-  TERN_REQUIRE(p <= 65535, kInvalidArgument, "address ", Printable(address), ": port > 65535");
-  return HostPort{std::string(host), static_cast<uint16_t>(p)};
 }
 
 namespace {

@@ -122,11 +122,4 @@ Result<std::string> AdminGet(std::string_view address, std::string_view path,
 Result<std::string> AdminPost(std::string_view address, std::string_view path,
                               std::string_view json_body, const AdminClientOptions& options = {});
 
-// "HOST:PORT" or "[V6]:PORT" (port 0-65535) -> host, port (kInvalidArgument).
-struct HostPort {
-  std::string host;
-  uint16_t port = 0;
-};
-Result<HostPort> ParseHostPort(std::string_view address);
-
 }  // namespace tern::agent

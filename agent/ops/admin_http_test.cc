@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "agent/ops/metrics.h"
+#include "base/text.h"
 
 namespace tern::agent {
 namespace {
@@ -437,22 +438,6 @@ TEST(AdminStart, RefusesBadOptionsAndRoutes) {
   same.address = (*first)->address();
   auto second = AdminServer::Start(same, {});
   EXPECT_EQ(second.status().code(), Code::kIo) << second.status().ToString();
-}
-
-TEST(AdminAddress, ParseHostPort) {
-  auto a = ParseHostPort("127.0.0.1:8080");
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->host, "127.0.0.1");
-  EXPECT_EQ(a->port, 8080);
-  auto b = ParseHostPort("[::1]:0");
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->host, "::1");
-  EXPECT_EQ(b->port, 0);
-  for (const char* bad :
-       {"", "host", ":80", "h:", "h:65536", "h:8a", "::1:80", "h:123456", "a b:1", "[]:1"}) {
-    EXPECT_EQ(ParseHostPort(bad).status().code(), Code::kInvalidArgument) << bad;
-  }
-  EXPECT_EQ(ParseHostPort(std::string(400, 'a') + ":1").status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

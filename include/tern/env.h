@@ -95,6 +95,10 @@ enum class FileType : uint8_t { kMissing, kRegular, kDirectory, kSymlink, kOther
 enum class CreateMode : uint8_t {
   kNew,       // the file must not exist (kAlreadyExists)
   kTruncate,  // create, or empty an existing file
+  // As kNew, and readable and writable by its owner only (0600 on POSIX)
+  // from the moment it exists: for secrets such as a private key, which a
+  // chmod after the write would leave readable in between.
+  kNewOwnerOnly,
 };
 
 enum class MapMode : uint8_t {
@@ -216,9 +220,11 @@ TERN_EXPORT Status WriteNewFile(Env& env, const std::string& path, std::span<con
 // fsyncs it, renames it over `path` (kAlreadyExists, untouched, if path
 // exists and !overwrite), then fsyncs the directory. At every instant `path`
 // holds either its old contents or all of the new ones; on error the
-// temporary is removed.
+// temporary is removed. `create` is kNew or kNewOwnerOnly (a secret: the
+// temporary is created owner-only, so the bytes are never readable by others).
 TERN_EXPORT Status WriteFileAtomic(Env& env, const std::string& path,
-                                   std::span<const uint8_t> bytes, bool overwrite);
+                                   std::span<const uint8_t> bytes, bool overwrite,
+                                   CreateMode create = CreateMode::kNew);
 // mkdir -p.
 TERN_EXPORT Status CreateDirs(Env& env, const std::string& path);
 // Removes a file, symlink or directory tree (never following links out of

@@ -1,7 +1,7 @@
 // The options of every shipped backend, in one neutral header: the backend
 // headers (tcp_transport.h, ucx_transport.h, verbs_transport.h) and the
 // transport registry (transport_registry.h) share them, so that code choosing
-// a backend by name or by peer fills them in without including a backend.
+// a backend by name fills them in without including a backend.
 // Plain structs; each backend reads only its own.
 #pragma once
 

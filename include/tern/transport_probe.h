@@ -1,7 +1,7 @@
 // Which transport backends this process can use, found at run time (not by
 // #ifdef): a backend absent here says why ("verbs: libibverbs.so.1 loaded,
-// 0 devices"). Used by the CLI (`tern transports`), by peer selection and by
-// tests that skip a backend with the probe's reason.
+// 0 devices"). Used by the CLI (`tern transports`), by the registry's
+// reasons and by tests that skip a backend with the probe's reason.
 //
 // Probing is cheap (no connections, no traffic) but not free: the UCX probe
 // creates and destroys a UCX context. Thread safety: safe from any thread.

@@ -1,22 +1,23 @@
 // The transport registry: the one place that knows the shipped backends.
-// Everything above the transport contract (the CLI, the agent) makes its
-// transports here, by name or by peer, and never includes a backend header
+// Everything above the transport contract (the CLI, the agent's driver)
+// makes its transports here, by name, and never includes a backend header
 // (docs/architecture.md; scripts/check_layout.py enforces it).
 //
-//   By name:  NewTransport("tcp+tls", options) — what `--transport` names.
-//   By peer:  ChooseTransport(policy, self, peer, probes) applies the rule
-//             "RDMA (verbs, else UCX) inside one cluster, multi-stream TCP
-//             with TLS across clusters and regions" to what the run-time
-//             probe found; NewTransportForPeer makes the chosen one.
+//   By name:  NewTransport("tcp+tls", options) — what `--transport` and
+//             `--transport-intra` name.
 //   Probe:    ProbeTransports() says which backends work on this machine
 //             and why the others do not (`tern transports`).
+//
+// Which backend carries which link is the operator's choice, not this
+// header's: an agent runs its main transport (TCP with TLS) for every link
+// and, inside its cluster, may run a second one (RDMA); the root picks one
+// of the two per edge (docs/agent.md, "Transport per edge").
 //
 // Thread safety: every function may be called from any thread; they keep no
 // state. NewTransport("ucx") sets UCX_TCP_CM_REUSEADDR (see below), the only
 // process-wide effect.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,46 +67,5 @@ TERN_EXPORT Result<std::unique_ptr<Transport>> NewTransport(const std::string& n
 // Every backend, probed at run time, in preference order for peers inside
 // one cluster (verbs, ucx, tcp, loopback).
 TERN_EXPORT std::vector<BackendProbe> ProbeTransports();
-
-// ---- choosing by peer ----
-
-struct PeerLocation {
-  std::string id;  // stable peer name, the key of overrides
-  std::string region;
-  std::string cluster;
-};
-
-// Two peers are in one cluster when both name the same region and the same
-// non-empty cluster; everything else (another cluster, another region, an
-// unknown location) leaves the cluster.
-struct PeerPolicy {
-  // Preference inside one cluster, the first available wins.
-  std::vector<std::string> same_cluster = {"verbs", "ucx", "tcp"};
-  std::string cross_cluster = "tcp";
-  // TLS on links that leave the cluster (and inside it). Only tcp carries
-  // TLS: where TLS is on, an RDMA backend is not chosen, and an override
-  // pinning one is refused; turn TLS off for a trusted private interconnect.
-  bool tls_leaving_cluster = true;
-  bool tls_inside_cluster = false;
-  std::map<std::string, std::string> overrides;  // peer id -> backend name
-};
-
-// The backend name (as NewTransport takes it: "verbs", "ucx", "tcp",
-// "tcp+tls") for `peer`, given what the probe found (`probes`: usually
-// ProbeTransports()). kUnavailable when no available backend fits, with
-// the probe's reasons for the preferred ones; kInvalidArgument for a policy
-// naming an unknown backend, or an override that is unavailable here or
-// carries no TLS where TLS is required. Pure function of its inputs.
-TERN_EXPORT Result<std::string> ChooseTransport(const PeerPolicy& policy, const PeerLocation& self,
-                                                const PeerLocation& peer,
-                                                const std::vector<BackendProbe>& probes);
-
-// ChooseTransport with ProbeTransports(), then NewTransport. An agent that
-// talks to many peers chooses per peer and keeps one transport per name.
-TERN_EXPORT Result<std::unique_ptr<Transport>> NewTransportForPeer(const PeerPolicy& policy,
-                                                                   const PeerLocation& self,
-                                                                   const PeerLocation& peer,
-                                                                   const TransportOptions& options,
-                                                                   Clock& clock = SteadyClock());
 
 }  // namespace tern

@@ -26,8 +26,8 @@
 // Trust: every region registered with this transport is readable and
 // writable by connected peers that learn its rkey (a chunk announcement or
 // ExportRegion hands one out); no encryption. Use it inside one cluster's
-// trust domain; across clusters the registry's peer rule picks TCP with TLS
-// (tern/transport_registry.h).
+// trust domain; across clusters the agent's edges run on its main
+// transport, TCP with TLS (docs/agent.md, "Transport per edge").
 //
 // Close() and CancelReceive() from outside this transport's callbacks are
 // synchronous as transport.h asks (the queue pair is moved to the error

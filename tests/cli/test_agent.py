@@ -196,6 +196,9 @@ class AgentCli(unittest.TestCase):
         try:
             key = os.path.join(root.dir, "public-key.pem")
             self.assertTrue(os.path.exists(key))
+            # The private key it generated is the owner's only, from its creation.
+            private = os.stat(os.path.join(root.dir, "signing-key.pem"))
+            self.assertEqual(private.st_mode & 0o777, 0o600)
             common = ["--join", root.address, "--trust-key", key]
             members = {}
             for name, region in (("eu-1", "eu"), ("eu-2", "eu"), ("ap-1", "ap")):

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/text.h"
+
 namespace tern::net {
 
 Pipe::~Pipe() {
@@ -102,28 +104,6 @@ Status WriteFull(Pipe& pipe, const void* buf, size_t size, uint64_t deadline_us,
   return Status::Ok();
 }
 
-Result<HostPort> ParseHostPort(const std::string& address) {
-  HostPort hp;
-  if (!address.empty() && address[0] == '[') {
-    const size_t close = address.find(']');
-    TERN_REQUIRE(close != std::string::npos && close + 1 < address.size() && address[close + 1] == ':',
-                 kInvalidArgument, "bad address '", address, "' (want [V6]:PORT)");
-    hp.host = address.substr(1, close - 1);
-    hp.port = address.substr(close + 2);
-  } else {
-    const size_t colon = address.rfind(':');
-    TERN_REQUIRE(colon != std::string::npos, kInvalidArgument, "bad address '", address,
-                 "' (want HOST:PORT)");
-    hp.host = address.substr(0, colon);
-    hp.port = address.substr(colon + 1);
-  }
-  TERN_REQUIRE(!hp.port.empty() && hp.port.size() <= 5 &&
-                   hp.port.find_first_not_of("0123456789") == std::string::npos &&
-                   std::stoul(hp.port) <= 65535,
-               kInvalidArgument, "bad port in '", address, "'");
-  return hp;
-}
-
 namespace {
 Result<addrinfo*> Resolve(const std::string& address, bool passive) {
   TERN_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address));
@@ -132,7 +112,8 @@ Result<addrinfo*> Resolve(const std::string& address, bool passive) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(hp.host.empty() ? nullptr : hp.host.c_str(), hp.port.c_str(), &hints, &res);
+  const std::string service = std::to_string(hp.port);
+  int rc = ::getaddrinfo(hp.host.c_str(), service.c_str(), &hints, &res);
   TERN_REQUIRE(rc == 0 && res != nullptr, kUnavailable, "cannot resolve '", address,
                "': ", gai_strerror(rc));
   return res;
@@ -167,24 +148,27 @@ Result<int> ListenSocket(const std::string& address, uint64_t buffer_bytes) {
   return last;
 }
 
+std::string SockaddrText(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (address->sa_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(address);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (address->sa_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(address);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  return "?";
+}
+
 std::string SocketAddress(int fd, bool peer) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
                 : ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  if (rc != 0) return "?";
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
-  }
-  auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-  ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-  port = ntohs(a->sin6_port);
-  return "[" + std::string(host) + "]:" + std::to_string(port);
+  return rc == 0 ? SockaddrText(reinterpret_cast<const sockaddr*>(&ss)) : "?";
 }
 
 Result<int> ConnectSocket(const std::string& address, uint64_t buffer_bytes, uint64_t deadline_us,

@@ -8,6 +8,8 @@
 // SSL object, and the TLS pipe of transport/tcp/ is a Pipe too).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,13 +60,6 @@ Status WriteFull(Pipe& pipe, const void* buf, size_t size, uint64_t deadline_us,
 // Waits for readability (want_write false) or writability; kTimeout at deadline.
 Status WaitFd(int fd, bool want_write, uint64_t deadline_us, Clock& clock);
 
-struct HostPort {
-  std::string host;
-  std::string port;
-};
-// "HOST:PORT" or "[V6]:PORT"; kInvalidArgument otherwise.
-Result<HostPort> ParseHostPort(const std::string& address);
-
 // SO_SNDBUF/SO_RCVBUF (capped at 1 GiB); 0 leaves the kernel's autotuning.
 void SetSocketBuffers(int fd, uint64_t buffer_bytes);
 // Non-blocking listening socket with SO_REUSEADDR and buffer sizes set (they
@@ -72,6 +67,10 @@ void SetSocketBuffers(int fd, uint64_t buffer_bytes);
 Result<int> ListenSocket(const std::string& address, uint64_t buffer_bytes);
 // "host:port" of a socket's local or remote end ("?" when unknown).
 std::string SocketAddress(int fd, bool peer);
+// "host:port" or "[v6]:port" of an IPv4 or IPv6 socket address ("?" for
+// another family): what SocketAddress says, for addresses a library hands
+// over (UCX's listener and connection requests).
+std::string SockaddrText(const sockaddr* address);
 // Non-blocking connect with deadline; buffers are sized before connect so
 // the window scale fits them.
 Result<int> ConnectSocket(const std::string& address, uint64_t buffer_bytes, uint64_t deadline_us,

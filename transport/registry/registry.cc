@@ -4,8 +4,6 @@
 
 #include <cstdlib>
 
-#include <algorithm>
-
 #include "tern/loopback_transport.h"
 #include "tern/tcp_transport.h"
 #include "tern/ucx_transport.h"
@@ -15,39 +13,10 @@ namespace tern {
 
 namespace {
 
-bool Known(const std::string& name) {
-  const auto& names = TransportNames();
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
-
 std::string KnownList() {
   std::string out;
   for (const auto& n : TransportNames()) out += (out.empty() ? "" : ", ") + n;
   return out;
-}
-
-// Only tcp encrypts (kCapEncrypted); the RDMA backends and loopback do not.
-bool CarriesTls(const std::string& name) { return name == "tcp" || name == "tcp+tls"; }
-
-// The probe's name for a registry name ("tcp+tls" is tcp's).
-std::string ProbeName(const std::string& name) { return name == "tcp+tls" ? "tcp" : name; }
-
-const BackendProbe* Find(const std::vector<BackendProbe>& probes, const std::string& name) {
-  for (const auto& p : probes) {
-    if (p.backend == ProbeName(name)) return &p;
-  }
-  return nullptr;
-}
-
-bool Available(const std::vector<BackendProbe>& probes, const std::string& name) {
-  const BackendProbe* p = Find(probes, name);
-  return p != nullptr && p->available;
-}
-
-std::string WhyNot(const std::vector<BackendProbe>& probes, const std::string& name) {
-  const BackendProbe* p = Find(probes, name);
-  if (p == nullptr) return name + ": not probed";
-  return name + ": " + (p->detail.empty() ? "unavailable" : p->detail);
 }
 
 // A backend that cannot run here says why; the probe may know more (which
@@ -58,11 +27,6 @@ Result<std::unique_ptr<Transport>> WithProbeReason(Result<std::unique_ptr<Transp
   const BackendProbe p = probe();
   if (p.detail.empty() || made.status().message().find(p.detail) != std::string::npos) return made;
   return Status(Code::kUnavailable, made.status().message() + " (probe: " + p.detail + ")");
-}
-
-// The name to make for a backend chosen with or without TLS.
-std::string WithTls(const std::string& backend, bool tls) {
-  return backend == "tcp" && tls ? "tcp+tls" : backend;
 }
 
 }  // namespace
@@ -103,58 +67,6 @@ Result<std::unique_ptr<Transport>> NewTransport(const std::string& name,
     return NewLoopbackTransport(*options.loopback_network);
   }
   return TERN_ERROR(kInvalidArgument, "unknown transport '", name, "' (known: ", KnownList(), ")");
-}
-
-Result<std::string> ChooseTransport(const PeerPolicy& policy, const PeerLocation& self,
-                                    const PeerLocation& peer, const std::vector<BackendProbe>& probes) {
-  for (const auto& name : policy.same_cluster) {
-    TERN_REQUIRE(Known(name), kInvalidArgument, "peer policy: unknown backend '", name,
-                 "' in same_cluster (known: ", KnownList(), ")");
-  }
-  TERN_REQUIRE(Known(policy.cross_cluster), kInvalidArgument, "peer policy: unknown backend '",
-               policy.cross_cluster, "' in cross_cluster (known: ", KnownList(), ")");
-  const bool same_cluster =
-      !self.cluster.empty() && self.region == peer.region && self.cluster == peer.cluster;
-  const bool tls = same_cluster ? policy.tls_inside_cluster : policy.tls_leaving_cluster;
-
-  if (auto it = policy.overrides.find(peer.id); it != policy.overrides.end()) {
-    const std::string& pinned = it->second;
-    TERN_REQUIRE(Known(pinned), kInvalidArgument, "peer ", peer.id, " is pinned to unknown backend '",
-                 pinned, "' (known: ", KnownList(), ")");
-    TERN_REQUIRE(Available(probes, pinned), kInvalidArgument, "peer ", peer.id,
-                 " is pinned to backend '", pinned, "', which is not available here (",
-                 WhyNot(probes, pinned), ")");
-    TERN_REQUIRE(!tls || CarriesTls(pinned), kInvalidArgument, "peer ", peer.id, " is pinned to '",
-                 pinned, "', which carries no TLS, but its link ",
-                 same_cluster ? "inside the cluster" : "leaves the cluster",
-                 " must be encrypted (turn TLS off for a trusted interconnect)");
-    return WithTls(pinned, tls);
-  }
-
-  const std::vector<std::string> candidates =
-      same_cluster ? policy.same_cluster : std::vector<std::string>{policy.cross_cluster};
-  std::string why;
-  for (const auto& name : candidates) {
-    if (tls && !CarriesTls(name)) {
-      why += "; " + name + ": carries no TLS";
-    } else if (!Available(probes, name)) {
-      why += "; " + WhyNot(probes, name);
-    } else {
-      return WithTls(name, tls);
-    }
-  }
-  return TERN_ERROR(kUnavailable, "no available backend reaches peer ", peer.id, " (",
-                    same_cluster ? "same cluster" : "other cluster or region",
-                    tls ? ", TLS required" : "", why, ")");
-}
-
-Result<std::unique_ptr<Transport>> NewTransportForPeer(const PeerPolicy& policy,
-                                                       const PeerLocation& self,
-                                                       const PeerLocation& peer,
-                                                       const TransportOptions& options,
-                                                       Clock& clock) {
-  TERN_ASSIGN_OR_RETURN(std::string name, ChooseTransport(policy, self, peer, ProbeTransports()));
-  return NewTransport(name, options, clock);
 }
 
 }  // namespace tern

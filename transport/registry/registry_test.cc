@@ -1,5 +1,4 @@
-// The transport registry: making a backend by name, choosing one by peer,
-// and the probe's reasons when a backend cannot run here.
+// The transport registry: making a backend by name, and the probe's reasons when a backend cannot run here.
 #include "tern/transport_registry.h"
 
 #include <gtest/gtest.h>
@@ -108,98 +107,6 @@ TEST(TransportRegistry, ProbeListsEveryBackendOnce) {
     EXPECT_FALSE(p.detail.empty()) << p.backend << " without a word of what was found or why not";
   }
   EXPECT_EQ(names, (std::vector<std::string>{"verbs", "ucx", "tcp", "loopback"}));
-}
-
-// ---- by peer, over a probe result the test chooses ----
-
-std::vector<BackendProbe> Probes(bool verbs, bool ucx) {
-  return {{"verbs", verbs, verbs ? "mlx5_0:1 active" : "libibverbs.so.1 loaded, 0 devices"},
-          {"ucx", ucx, ucx ? "tcp,rc" : "built without UCX"},
-          {"tcp", true, "congestion control available: bbr"},
-          {"loopback", true, "in-process"}};
-}
-
-const PeerLocation kSelf{"a", "us", "c1"};
-const PeerLocation kNear{"b", "us", "c1"};
-const PeerLocation kOtherCluster{"c", "us", "c2"};
-const PeerLocation kOtherRegion{"d", "eu", "c1"};  // same cluster name, elsewhere
-
-std::string Choose(const PeerPolicy& p, const PeerLocation& peer, const std::vector<BackendProbe>& probes) {
-  Result<std::string> r = ChooseTransport(p, kSelf, peer, probes);
-  return r.ok() ? *r : "error: " + Text(r.status());
-}
-
-TEST(TransportRegistry, RdmaInsideOneClusterTcpWithTlsAcross) {
-  PeerPolicy p;
-  EXPECT_EQ(Choose(p, kNear, Probes(true, true)), "verbs");
-  EXPECT_EQ(Choose(p, kNear, Probes(false, true)), "ucx");
-  EXPECT_EQ(Choose(p, kNear, Probes(false, false)), "tcp");  // no TLS inside by default
-  EXPECT_EQ(Choose(p, kOtherCluster, Probes(true, true)), "tcp+tls");
-  EXPECT_EQ(Choose(p, kOtherRegion, Probes(true, true)), "tcp+tls");
-  // A location we do not know leaves the cluster.
-  EXPECT_EQ(Choose(p, PeerLocation{"e", "", ""}, Probes(true, true)), "tcp+tls");
-  PeerLocation nowhere{"z", "", ""};
-  Result<std::string> unknown_self = ChooseTransport(p, nowhere, nowhere, Probes(true, true));
-  ASSERT_TRUE(unknown_self.ok());
-  EXPECT_EQ(*unknown_self, "tcp+tls");
-}
-
-TEST(TransportRegistry, TlsSettingsDecideWhatMayCarryALink) {
-  PeerPolicy p;
-  p.tls_inside_cluster = true;  // only tcp encrypts: RDMA is passed over
-  EXPECT_EQ(Choose(p, kNear, Probes(true, true)), "tcp+tls");
-  p = PeerPolicy{};
-  p.tls_leaving_cluster = false;  // a trusted private interconnect
-  EXPECT_EQ(Choose(p, kOtherCluster, Probes(true, true)), "tcp");
-  p.cross_cluster = "ucx";
-  EXPECT_EQ(Choose(p, kOtherCluster, Probes(true, true)), "ucx");
-}
-
-TEST(TransportRegistry, OverridesPinABackendWithinTheRules) {
-  PeerPolicy p;
-  p.overrides["b"] = "tcp";
-  EXPECT_EQ(Choose(p, kNear, Probes(true, true)), "tcp");
-  p.overrides["c"] = "ucx";
-  Result<std::string> no_tls = ChooseTransport(p, kSelf, kOtherCluster, Probes(true, true));
-  EXPECT_EQ(no_tls.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(no_tls.status().message().find("carries no TLS"), std::string::npos) << Text(no_tls.status());
-  p.tls_leaving_cluster = false;
-  EXPECT_EQ(Choose(p, kOtherCluster, Probes(true, true)), "ucx");
-  Result<std::string> missing = ChooseTransport(p, kSelf, kOtherCluster, Probes(true, false));
-  EXPECT_EQ(missing.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(missing.status().message().find("built without UCX"), std::string::npos)
-      << Text(missing.status());
-  p.overrides["c"] = "rdma";
-  EXPECT_EQ(ChooseTransport(p, kSelf, kOtherCluster, Probes(true, true)).status().code(),
-            Code::kInvalidArgument);
-}
-
-TEST(TransportRegistry, NothingAvailableSaysWhyForEachCandidate) {
-  PeerPolicy p;
-  p.same_cluster = {"verbs", "ucx"};
-  Result<std::string> r = ChooseTransport(p, kSelf, kNear, Probes(false, false));
-  EXPECT_EQ(r.status().code(), Code::kUnavailable);
-  EXPECT_NE(r.status().message().find("verbs: libibverbs.so.1 loaded, 0 devices"), std::string::npos)
-      << Text(r.status());
-  EXPECT_NE(r.status().message().find("ucx: built without UCX"), std::string::npos) << Text(r.status());
-  p.same_cluster = {"verbs", "infiniband"};
-  EXPECT_EQ(ChooseTransport(p, kSelf, kNear, Probes(true, true)).status().code(), Code::kInvalidArgument);
-  p = PeerPolicy{};
-  p.cross_cluster = "carrier-pigeon";
-  EXPECT_EQ(ChooseTransport(p, kSelf, kOtherCluster, Probes(true, true)).status().code(),
-            Code::kInvalidArgument);
-}
-
-TEST(TransportRegistry, NewTransportForPeerMakesTheChoice) {
-  PeerPolicy p;
-  p.same_cluster = {"tcp"};
-  auto near = NewTransportForPeer(p, kSelf, kNear, TransportOptions{});
-  ASSERT_TRUE(near.ok()) << Text(near.status());
-  EXPECT_EQ((*near)->name(), "tcp");
-  // Across clusters TLS is required and no files were given: refused, not
-  // silently plain.
-  auto far = NewTransportForPeer(p, kSelf, kOtherCluster, TransportOptions{});
-  EXPECT_EQ(far.status().code(), Code::kInvalidArgument) << Text(far.status());
 }
 
 }  // namespace

@@ -18,11 +18,9 @@ namespace tern::tcp {
 
 // The TCP backend's pipes are the shared ones (transport/net/); TLS adds a
 // pipe type here.
-using net::HostPort;
 using net::Io;
 using net::IoResult;
 using net::NewPlainPipe;
-using net::ParseHostPort;
 using net::Pipe;
 using net::ReadFull;
 using net::WaitFd;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/text.h"
 #include "base/wire_status.h"
 #include "tern/tcp_transport.h"
 #include "transport/internal.h"
@@ -205,7 +206,7 @@ class TcpTransport final : public Transport {
 
   Result<std::shared_ptr<TcpConnection>> Dial(const std::string& address, ConnectionHandlers handlers) {
     const uint32_t n = ChooseTcpStreams(options_);
-    TERN_ASSIGN_OR_RETURN(const tcp::HostPort dialled, tcp::ParseHostPort(address));
+    TERN_ASSIGN_OR_RETURN(const HostPort dialled, ParseHostPort(address));
     const uint64_t deadline = clock_.NowUs() + options_.connect_timeout_ms * 1000;
     const uint64_t conn_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
     // The streams connect (and shake hands) at once: one after the other

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/text.h"
 #include "tern/status.h"
 #include "tern/transport.h"
 #include "transport/ucx/wire.h"
@@ -57,17 +58,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 5: {
-      std::string host;
-      uint16_t port = 0;
-      if (SplitHostPort(in, &host, &port).ok()) {
-        // Non-empty, and splitting its canonical spelling gives it back.
-        TERN_ASSERT(!host.empty(), "empty host accepted from '", std::string(in), "'");
-        const std::string again = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
-                                  ":" + std::to_string(port);
-        std::string host2;
-        uint16_t port2 = 0;
-        TERN_ASSERT(SplitHostPort(again, &host2, &port2).ok() && host2 == host && port2 == port,
-                    "'", again, "' does not split back");
+      // The address parser ucx dials and listens with (base/text.h).
+      if (Result<HostPort> hp = ParseHostPort(in); hp.ok()) {
+        // Non-empty, and parsing its canonical spelling gives it back.
+        TERN_ASSERT(!hp->host.empty(), "empty host accepted from '", std::string(in), "'");
+        const std::string again = FormatHostPort(*hp);
+        Result<HostPort> back = ParseHostPort(again);
+        TERN_ASSERT(back.ok() && back->host == hp->host && back->port == hp->port, "'", again,
+                    "' does not parse back");
       }
       break;
     }

@@ -1,6 +1,5 @@
 // The UCX backend: context, worker, progress thread, listeners, memory
 // registration. One endpoint's protocol lives in ucx_conn.cc.
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -9,7 +8,9 @@
 #include <cstring>
 #include <future>
 
+#include "base/text.h"
 #include "transport/internal.h"
+#include "transport/net/socket.h"
 #include "transport/ucx/ucx_impl.h"
 
 namespace tern {
@@ -23,35 +24,15 @@ constexpr int kPollMs = 5;
 constexpr uint64_t kDeadlineCheckUs = 20'000;
 constexpr uint64_t kCloseDrainUs = 2'000'000;
 
-std::string FormatSockaddr(const sockaddr* sa) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (sa->sa_family == AF_INET) {
-    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
-  }
-  if (sa->sa_family == AF_INET6) {
-    auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  return "?";
-}
-
 Status Resolve(const std::string& address, bool passive, sockaddr_storage* out, socklen_t* len) {
-  std::string host;
-  uint16_t port = 0;
-  TERN_RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
+  TERN_ASSIGN_OR_RETURN(const HostPort hp, ParseHostPort(address));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  const std::string service = std::to_string(hp.port);
+  const int rc = getaddrinfo(hp.host.c_str(), service.c_str(), &hints, &res);
   TERN_REQUIRE(rc == 0, kInvalidArgument, "ucx: cannot resolve '", address, "': ", gai_strerror(rc));
   std::memcpy(out, res->ai_addr, res->ai_addrlen);
   *len = res->ai_addrlen;
@@ -453,7 +434,7 @@ void UcxTransport::Accept(ListenState* state, ucp_conn_request_h request) {
   ucp_conn_request_attr_t attr{};
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   if (ucp_conn_request_query(request, &attr) == UCS_OK) {
-    peer = FormatSockaddr(reinterpret_cast<const sockaddr*>(&attr.client_address));
+    peer = net::SockaddrText(reinterpret_cast<const sockaddr*>(&attr.client_address));
   }
   if (eps_.size() >= options_.max_connections) {
     Log("ucx: rejected " + peer + ": " + std::to_string(eps_.size()) + " connections open");
@@ -504,7 +485,7 @@ Result<std::unique_ptr<Listener>> UcxTransport::Listen(const std::string& addres
     ucp_listener_attr_t attr{};
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
     st = ucp_listener_query(state->listener, &attr);
-    bound = st == UCS_OK ? FormatSockaddr(reinterpret_cast<const sockaddr*>(&attr.sockaddr))
+    bound = st == UCS_OK ? net::SockaddrText(reinterpret_cast<const sockaddr*>(&attr.sockaddr))
                          : address;
     listens_.push_back(state);
   });

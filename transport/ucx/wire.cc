@@ -1,8 +1,7 @@
 #include "transport/ucx/wire.h"
 
-#include <charconv>
-
 #include "base/coding.h"
+#include "base/wire_status.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
 
@@ -12,7 +11,6 @@ namespace {
 
 constexpr uint32_t kKeyMagic = 0x594B5554;  // bytes "TUKY"
 constexpr size_t kKeyFixedBytes = 4 + 2 + 2 + 8 + 8 + 4;
-constexpr uint16_t kMaxCode = 15;  // Code::kAuth, the last registered code
 
 }  // namespace
 
@@ -50,7 +48,7 @@ Status DecodeStatus(std::string_view bytes, StatusHeader* out) {
                " bytes, expected ", kStatusBytes);
   out->op = DecodeFixedAt(bytes, 0, 8);
   out->code = static_cast<uint16_t>(DecodeFixedAt(bytes, 8, 2));
-  TERN_REQUIRE(out->code <= kMaxCode, kProtocol, "ucx status with unknown code ", out->code);
+  TERN_REQUIRE(out->code <= kMaxWireCode, kProtocol, "ucx status with unknown code ", out->code);
   TERN_REQUIRE(DecodeFixedAt(bytes, 10, 2) == 0 && DecodeFixedAt(bytes, 12, 4) == 0, kProtocol,
                "ucx status with reserved bytes set");
   return Status::Ok();
@@ -123,35 +121,6 @@ Status DecodeRemoteKey(std::string_view bytes, RemoteKey* out) {
   TERN_REQUIRE(out->base + out->size_bytes >= out->base, kCorrupt,
                "ucx remote key region wraps the address space");
   out->rkey.assign(bytes.substr(kKeyFixedBytes));
-  return Status::Ok();
-}
-
-Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port) {
-  size_t colon;
-  if (!address.empty() && address.front() == '[') {
-    const size_t close = address.find(']');
-    TERN_REQUIRE(close != std::string_view::npos && close > 1 && close + 1 < address.size() &&
-                     address[close + 1] == ':',
-                 kInvalidArgument, "address '", address, "' is not [V6]:PORT");
-    *host = std::string(address.substr(1, close - 1));
-    colon = close + 1;
-  } else {
-    colon = address.rfind(':');
-    TERN_REQUIRE(colon != std::string_view::npos && colon > 0, kInvalidArgument, "address '",
-                 address, "' is not HOST:PORT");
-    *host = std::string(address.substr(0, colon));
-    TERN_REQUIRE(host->find(':') == std::string::npos, kInvalidArgument, "IPv6 address '", address,
-                 "' needs brackets: [V6]:PORT");
-  }
-  TERN_REQUIRE(host->find_first_of("[]") == std::string::npos, kInvalidArgument, "address '",
-               address, "' has a bracket inside its host");
-  const std::string_view digits = address.substr(colon + 1);
-  unsigned value = 0;
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  TERN_REQUIRE(!digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
-                   value <= 65535,
-               kInvalidArgument, "bad port in address '", address, "'");
-  *port = static_cast<uint16_t>(value);
   return Status::Ok();
 }
 

@@ -74,7 +74,4 @@ inline constexpr uint32_t kMaxRkeyBytes = 4096;
 std::string EncodeRemoteKey(const RemoteKey& key);
 Status DecodeRemoteKey(std::string_view bytes, RemoteKey* out);
 
-// "HOST:PORT" / "[V6]:PORT" into host and port (port may be 0 for Listen).
-Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port);
-
 }  // namespace tern::ucx

@@ -75,22 +75,5 @@ TEST(UcxWire, RemoteKeyRoundTripAndRejections) {
   EXPECT_EQ(DecodeRemoteKey(EncodeRemoteKey({~0ull - 10, 100, "k"}), &out).code(), Code::kCorrupt);
 }
 
-TEST(UcxWire, SplitHostPort) {
-  std::string host;
-  uint16_t port = 0;
-  ASSERT_TRUE(SplitHostPort("127.0.0.1:13337", &host, &port).ok());
-  EXPECT_EQ(host, "127.0.0.1");
-  EXPECT_EQ(port, 13337);
-  ASSERT_TRUE(SplitHostPort("[::1]:0", &host, &port).ok());
-  EXPECT_EQ(host, "::1");
-  EXPECT_EQ(port, 0);
-  // "[]:80": an empty bracketed host is refused like an empty plain one;
-  // "[[]:80" split into host "[", which does not spell back (ucx_wire_fuzz).
-  for (const char* bad : {"127.0.0.1", ":80", "host:", "host:65536", "host:8x", "::1:80", "[::1]80",
-                          "[::1", "[]:80", "[[]:80", "[[::1]:80", "a]:80"}) {
-    EXPECT_EQ(SplitHostPort(bad, &host, &port).code(), Code::kInvalidArgument) << bad;
-  }
-}
-
 }  // namespace
 }  // namespace tern::ucx

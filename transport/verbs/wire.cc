@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/coding.h"
+#include "base/wire_status.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
 
@@ -11,7 +12,6 @@ namespace tern::verbs {
 namespace {
 
 constexpr uint16_t kFlagEthernet = 1;
-constexpr uint64_t kMaxCode = 15;  // Code::kAuth, the last registered code
 
 }  // namespace
 
@@ -118,9 +118,10 @@ Status DecodeControl(std::string_view bytes, ControlHeader* out) {
       TERN_REQUIRE(out->a[5] + out->a[3] >= out->a[5], kProtocol, "verbs chunk source range wraps");
       break;
     case ControlType::kAck:
-      TERN_REQUIRE(out->a[1] <= kMaxCode && out->payload_bytes <= kMaxAckReason && unused_zero(2),
-                   kProtocol, "verbs ack with unknown code ", out->a[1], " or a reason over ",
-                   kMaxAckReason, " bytes");
+      TERN_REQUIRE(
+          out->a[1] <= kMaxWireCode && out->payload_bytes <= kMaxAckReason && unused_zero(2),
+          kProtocol, "verbs ack with unknown code ", out->a[1], " or a reason over ", kMaxAckReason,
+          " bytes");
       break;
     case ControlType::kCredit:
     case ControlType::kBye:
