@@ -1,6 +1,6 @@
 // Per-element and per-segment logic of the GPU codec kernels, as TERN_HD
-// functions (format/hd.h): element access by width, the packed-F4 write
-// rule, shard index maps, and the device's decoder of one format-1 segment
+// functions (format/hd.h): the packed-F4 write rule, shard index maps, and
+// the device's decoder of one format-1 segment
 // record: one thread per record, canonical codes decoded bit by bit (a
 // lookup table per record would not fit a thread). What a record is and how
 // each header, table, value and gap is read is format/record.h's, the one
