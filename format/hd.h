@@ -3,7 +3,8 @@
 // per-element and per-segment logic is the same source on both sides and the
 // CPU test suite checks it against the CPU reference bit for bit; code both
 // sides share outright (format/minifloat.h, quant/'s and gpu/'s one copy)
-// lives on it too. In base/ so that any module may include it.
+// lives on it too. The floor of format/, so that patch/, quant/ and gpu/ may
+// include it.
 //
 // Rules for TERN_HD code: no std:: library calls that lack device versions
 // (no <cmath>, no std::vector, no Status), no exceptions, every loop bounded
@@ -17,8 +18,12 @@
 
 #if defined(__CUDACC__)
 #define TERN_HD __host__ __device__ __forceinline__
+#define TERN_HD_ALWAYS_INLINE __host__ __device__ __forceinline__
 #else
 #define TERN_HD inline
+// For the few per-symbol functions that the CPU's decode loops call once
+// per change, where an out-of-line call would cost as much as the work.
+#define TERN_HD_ALWAYS_INLINE [[gnu::always_inline]] inline
 #endif
 
 namespace tern::hd {

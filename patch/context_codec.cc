@@ -10,97 +10,33 @@
 namespace tern::patchfmt {
 namespace {
 
-// LEB128, minimal form only (a reader rejects padded varints, so every
-// table has one spelling).
-void PutVarint(uint64_t v, std::vector<uint8_t>* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<uint8_t>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<uint8_t>(v));
-}
-
-bool GetVarint(const uint8_t* p, uint64_t n, uint64_t* at, uint64_t max, uint64_t* v) {
-  uint64_t x = 0;
-  for (int shift = 0; shift < 35; shift += 7) {
-    if (*at >= n) return false;
-    const uint8_t b = p[(*at)++];
-    x |= uint64_t{b & 0x7fu} << shift;
-    if (!(b & 0x80)) {
-      if (b == 0 && shift > 0) return false;  // not minimal
-      if (x > max) return false;
-      *v = x;
-      return true;
-    }
-  }
-  return false;
-}
-
 double Entropy2(double p) { return p <= 0 || p >= 1 ? 0.0 : -(p * std::log2(p) + (1 - p) * std::log2(1 - p)); }
 
 }  // namespace
 
 ContextField ContextFieldOf(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return {true, 7, 0xff};
-    case DType::kF16: return {true, 10, 0x1f};
-    case DType::kF32: return {true, 23, 0xff};
-    case DType::kF64: return {true, 52, 0x7ff};
-    case DType::kF8E4M3: return {true, 3, 0xf};
-    case DType::kF8E5M2: return {true, 2, 0x1f};
-    case DType::kF8E8M0: return {true, 0, 0xff};
-    case DType::kF4: return {true, 1, 0x3};
-    default: return {};
-  }
+  return format::ContextFieldOfCode(static_cast<int>(dtype));
 }
 
 Status ParseContextTable(const RecordView& r, ContextTable* t) {
-  const RecordHeader& h = r.h;
-  const uint8_t* p = r.table;
-  const uint64_t n = h.table_bytes;
-  TERN_REQUIRE(n >= 3, kCorrupt, "CONTEXT table too short");
-  t->classes = p[0];
-  t->e0 = uint32_t{p[1]} | (uint32_t{p[2]} << 8);
-  TERN_REQUIRE(t->classes >= 2 && t->classes <= kMaxClasses, kCorrupt, "CONTEXT table: ", t->classes,
-               " classes");
-  TERN_REQUIRE(t->e0 <= 4095, kCorrupt, "CONTEXT table: e0 ", t->e0, " out of range");
-  uint64_t at = 3, changes = 0, pos_bytes = 0, val_bytes = 0;
-  const uint8_t* pos = r.positions;
-  const uint8_t* val = r.values;
+  format::ContextLayout layout;
+  if (const char* why = format::ParseContextLayout(r.h, r.table, &layout))
+    return TERN_ERROR(kCorrupt, why);
+  t->classes = layout.classes;
+  t->e0 = layout.e0;
   for (int c = 0; c < t->classes; ++c) {
+    const format::ContextClassLayout& l = layout.cls[c];
     ContextClass& cc = t->cls[c];
     cc = ContextClass{};
-    TERN_REQUIRE(GetVarint(p, n, &at, h.element_count, &cc.changes), kCorrupt, "CONTEXT table: bad count of class ",
-                 c);
-    changes += cc.changes;
-    TERN_REQUIRE(changes <= h.changed_count, kCorrupt, "CONTEXT table: class counts exceed the changed count");
+    cc.changes = l.changes;
     if (cc.changes == 0) continue;
-    TERN_REQUIRE(at < n, kCorrupt, "CONTEXT table: truncated class ", c);
-    cc.rice_k = p[at++];
-    TERN_REQUIRE(cc.rice_k <= 24, kCorrupt, "CONTEXT table: Rice k ", cc.rice_k, " of class ", c);
-    uint64_t pb, vb;
-    TERN_REQUIRE(GetVarint(p, n, &at, h.position_bytes, &pb) && GetVarint(p, n, &at, h.value_bytes, &vb) &&
-                     pb >= 1 && vb >= 1,
-                 kCorrupt, "CONTEXT table: bad stream lengths of class ", c);
-    TERN_REQUIRE(pb <= h.position_bytes - pos_bytes && vb <= h.value_bytes - val_bytes, kCorrupt,
-                 "CONTEXT table: class streams exceed the record's streams");
-    cc.positions = pos + pos_bytes;
-    cc.position_bytes = static_cast<uint32_t>(pb);
-    cc.values = val + val_bytes;
-    cc.value_bytes = static_cast<uint32_t>(vb);
-    pos_bytes += pb;
-    val_bytes += vb;
-    TERN_REQUIRE(at < n, kCorrupt, "CONTEXT table: truncated class ", c);
-    const uint32_t nsym = p[at];
-    const uint32_t tb = 1 + (nsym + 1) / 2;
-    TERN_REQUIRE(tb <= n - at, kCorrupt, "CONTEXT table: truncated code table of class ", c);
-    TERN_RETURN_IF_ERROR(ParseCodeLengths(p + at, tb, cc.lengths));
-    at += tb;
+    cc.rice_k = l.rice_k;
+    cc.positions = r.positions + l.position_at;
+    cc.position_bytes = l.position_bytes;
+    cc.values = r.values + l.value_at;
+    cc.value_bytes = l.value_bytes;
+    TERN_RETURN_IF_ERROR(ParseCodeLengths(r.table + l.table_at, l.table_bytes, cc.lengths));
   }
-  TERN_REQUIRE(at == n, kCorrupt, "CONTEXT table: ", n - at, " trailing bytes");
-  TERN_REQUIRE(changes == h.changed_count, kCorrupt, "CONTEXT table: class counts do not sum to the changed count");
-  TERN_REQUIRE(pos_bytes == h.position_bytes && val_bytes == h.value_bytes, kCorrupt,
-               "CONTEXT table: class streams do not fill the record's streams");
   return Status::Ok();
 }
 
@@ -239,22 +175,9 @@ void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMax
 
 void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d) {
   int longest = 0;
-  uint32_t count[kMaxCodeBits + 1] = {};
-  for (int s = 0; s < kSymbols; ++s)
-    if (lengths[s]) ++count[lengths[s]], longest = std::max<int>(longest, lengths[s]);
+  for (int s = 0; s < kSymbols; ++s) longest = std::max<int>(longest, lengths[s]);
   d->bits = std::min(longest, ClassValueDecoder::kCapBits);
-  uint32_t code = 0, index = 0;
-  for (int len = 1; len <= kMaxCodeBits; ++len) {
-    code = (code + (len > 1 ? count[len - 1] : 0)) << (len > 1 ? 1 : 0);
-    d->first_code[len] = code;
-    d->count[len] = count[len];
-    d->first_index[len] = index;
-    index += count[len];
-  }
-  uint32_t fill[kMaxCodeBits + 1];
-  std::copy(d->first_index, d->first_index + kMaxCodeBits + 1, fill);
-  for (int s = 0; s < kSymbols; ++s)
-    if (lengths[s]) d->symbols[fill[lengths[s]]++] = static_cast<uint8_t>(s);
+  format::BuildCanonicalDecoder(lengths, &d->canonical);
   // Table entries for codes that fit: the stream holds a code MSB first, so
   // the table is indexed by the bit-reversed code (as BuildDecoder's).
   std::fill(std::begin(d->table), std::end(d->table), uint16_t{0});
@@ -280,10 +203,9 @@ Status ValidateContextStreams(const RecordView& r, int w) {
     BuildClassValueDecoder(cc.lengths, &dec);
     uint64_t next = 0;  // smallest class rank allowed for the next change
     for (uint64_t j = 0; j < cc.changes; ++j) {
-      uint64_t q;
-      if (!pin.ReadUnary((count - 1) >> cc.rice_k, &q))
+      uint64_t gap;
+      if (!format::ReadRice(pin, cc.rice_k, count, &gap))
         return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
-      const uint64_t gap = (q << cc.rice_k) | pin.Read(cc.rice_k);
       if (pin.Overrun() || gap >= count - next)
         return TERN_ERROR(kCorrupt, "CONTEXT segment: position out of range in class ", c);
       next += gap + 1;
@@ -317,9 +239,7 @@ void RankChanges(const uint64_t* positions, uint64_t n, const uint8_t* tensor, C
       const uint64_t q = positions[j] - b0;
       // The changed element's class from the base (the fused path leaves
       // no class bytes behind).
-      const int32_t x =
-          static_cast<int32_t>((LoadElement<W>(tensor, first + b0 + q) >> f.shift) & f.mask);
-      const int c = std::clamp(static_cast<int32_t>(e0) - x, 0, classes - 1);
+      const int c = format::ContextClassOf(LoadElement<W>(tensor, first + b0 + q), f, e0, classes);
       const uint64_t word = q / 64;
       for (; cursor[c] < word; ++cursor[c]) before[c] += static_cast<uint64_t>(std::popcount(masks[c][cursor[c]]));
       klass[j] = static_cast<uint8_t>(c);
@@ -418,26 +338,14 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
     uint8_t lengths[kSymbols] = {};
   };
   Plan plan[kMaxClasses];
-  auto varint_bytes = [](uint64_t v) {
-    uint64_t b = 1;
-    for (; v >= 0x80; v >>= 7) ++b;
-    return b;
-  };
   uint64_t total = 3;  // K, e0
   for (int c = 0; c < classes; ++c) {
     const uint64_t m = start[c + 1] - start[c];
-    total += varint_bytes(m);
+    total += format::VarintBytes(m);
     if (m == 0) continue;
     Plan& p = plan[c];
     const uint64_t* r = ranks.data() + start[c];
-    const uint64_t span = r[m - 1] + 1;
-    const uint64_t mean_gap = (span - m) / m;
-    const int k0 = mean_gap ? 63 - std::countl_zero(mean_gap) : 0;
-    p.pos_bits = ~uint64_t{0};
-    for (int k = std::max(0, k0 - 2); k <= std::min(24, k0 + 2); ++k) {
-      const uint64_t bits = RiceBits(r, m, k);
-      if (bits < p.pos_bits) p.pos_bits = bits, p.k = k;
-    }
+    p.k = format::BestRiceK(r, m, /*span=*/r[m - 1] + 1, /*k_max=*/24, &p.pos_bits);
     uint64_t freq[kSymbols] = {}, extra = 0;
     for (uint64_t j = start[c]; j < start[c + 1]; ++j) {
       int eb;
@@ -448,23 +356,25 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
     BuildLengths(freq, p.lengths);
     p.val_bits = CodeBits(freq, p.lengths) + extra;
     const uint64_t pb = (p.pos_bits + 7) / 8, vb = (p.val_bits + 7) / 8;
-    total += 1 + varint_bytes(pb) + varint_bytes(vb) + TableBytes(p.lengths) + pb + vb;
+    total +=
+        1 + format::VarintBytes(pb) + format::VarintBytes(vb) + TableBytes(p.lengths) + pb + vb;
   }
   if (total >= limit_bytes) return false;
 
   std::vector<uint8_t>& o = out->bytes;
   o.clear();
+  VectorSink sink{&o};
   o.push_back(static_cast<uint8_t>(classes));
   o.push_back(static_cast<uint8_t>(e0));
   o.push_back(static_cast<uint8_t>(e0 >> 8));
   for (int c = 0; c < classes; ++c) {
     const uint64_t m = start[c + 1] - start[c];
-    PutVarint(m, &o);
+    format::PutVarint(m, &sink);
     if (m == 0) continue;
     o.push_back(static_cast<uint8_t>(plan[c].k));
-    PutVarint((plan[c].pos_bits + 7) / 8, &o);
-    PutVarint((plan[c].val_bits + 7) / 8, &o);
-    WriteTable(plan[c].lengths, &o);
+    format::PutVarint((plan[c].pos_bits + 7) / 8, &sink);
+    format::PutVarint((plan[c].val_bits + 7) / 8, &sink);
+    format::WriteTable(plan[c].lengths, &sink);
   }
   out->table_bytes = static_cast<uint32_t>(o.size());
   for (int c = 0; c < classes; ++c) {
@@ -474,9 +384,7 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
     BitWriter bw(&o);
     uint64_t next = 0;
     for (uint64_t j = start[c]; j < start[c + 1]; ++j) {
-      const uint64_t gap = ranks[j] - next;
-      bw.PutUnary(gap >> k);
-      bw.Put(gap, k);
+      format::PutRice(bw, ranks[j] - next, k);
       next = ranks[j] + 1;
     }
     bw.Finish();
@@ -487,13 +395,8 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
     uint16_t codes[kSymbols] = {};
     CanonicalCodes(plan[c].lengths, codes);
     BitWriter bw(&o);
-    for (uint64_t j = start[c]; j < start[c + 1]; ++j) {
-      int eb;
-      uint64_t ex;
-      const int sym = ValueSymbol(ZigZag(deltas[order[j]], w), &eb, &ex);
-      bw.Put(codes[sym], plan[c].lengths[sym]);
-      bw.Put(ex, eb);
-    }
+    for (uint64_t j = start[c]; j < start[c + 1]; ++j)
+      format::PutValue(bw, codes, plan[c].lengths, deltas[order[j]], w);
     bw.Finish();
   }
   out->value_bytes = static_cast<uint32_t>(o.size() - out->table_bytes - out->position_bytes);

@@ -67,12 +67,11 @@ Status ParseContextTable(const RecordView& r, ContextTable* t);
 // (ParseContextTable); the 8-bit vector path needs e0 < 256 and leaves the
 // rest to the scalar loop.
 template <int W>
-inline void ComputeClasses(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f, uint32_t e0,
-                           int classes, uint8_t* cls) {
-  const int top = classes - 1;
-  const int32_t base = static_cast<int32_t>(e0);
+inline void ComputeClasses(const uint8_t* tensor, uint64_t first, uint64_t n, ContextField f,
+                           uint32_t e0, int classes, uint8_t* cls) {
   uint64_t i = 0;
 #if defined(__AVX2__)
+  const int top = classes - 1;
   // 32 elements a step: max(e0 - x, 0) by a saturating subtraction, then the
   // top class by an unsigned min. The hot path of CONTEXT decode and encode.
   if constexpr (W == 16) {
@@ -104,11 +103,9 @@ inline void ComputeClasses(const uint8_t* tensor, uint64_t first, uint64_t n, Co
     }
   }
 #endif
-  for (; i < n; ++i) {
-    const uint64_t v = LoadElement<W>(tensor, first + i);
-    const int32_t c = base - static_cast<int32_t>((v >> f.shift) & f.mask);
-    cls[i] = static_cast<uint8_t>(c < 0 ? 0 : (c > top ? top : c));
-  }
+  for (; i < n; ++i)
+    cls[i] = static_cast<uint8_t>(
+        format::ContextClassOf(LoadElement<W>(tensor, first + i), f, e0, classes));
   const uint64_t padded = (n + 63) / 64 * 64;
   if (padded > n) std::memset(cls + n, 0, padded - n);
 }
@@ -158,13 +155,13 @@ inline int SelectBit(uint64_t x, uint64_t r) {
 // A class's value code. Up to 16 classes per record: a full table of
 // 2^(longest code) entries each (up to 64 KiB) would cost more to build than
 // the class has values, so the table covers codes up to kCapBits and longer
-// ones (rare by construction) are decoded bit by bit, canonically.
+// ones (rare by construction) are decoded bit by bit, canonically (the
+// GPU's decoder, format/record.h).
 struct ClassValueDecoder {
   static constexpr int kCapBits = 8;
   int bits = 0;                          // table index bits: min(longest code, kCapBits)
   uint16_t table[1 << kCapBits] = {};    // symbol << 4 | length, 0: longer code or none
-  uint32_t first_code[kMaxCodeBits + 1] = {}, count[kMaxCodeBits + 1] = {}, first_index[kMaxCodeBits + 1] = {};
-  uint8_t symbols[kSymbols] = {};        // by (length, symbol)
+  format::CanonicalDecoder canonical;
 };
 void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d);
 
@@ -183,7 +180,7 @@ void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* 
         *z = static_cast<uint64_t>(sym);
         return true;
       }
-      const int len = sym - kLiteralSymbols + 5;
+      const int len = format::SymbolValueBits(sym);
       if (len > w) return false;
       if (code_len + len - 1 <= 56) {
         in.Skip(code_len + len - 1);
@@ -198,25 +195,10 @@ void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* 
     in.Skip(e & 15);
     sym = e >> 4;
   } else {
-    uint32_t code = 0;
-    sym = -1;
-    for (int len = 1; len <= kMaxCodeBits; ++len) {
-      code = (code << 1) | static_cast<uint32_t>(in.Read(1));
-      if (code - d.first_code[len] < d.count[len]) {
-        sym = d.symbols[d.first_index[len] + code - d.first_code[len]];
-        break;
-      }
-    }
+    sym = format::DecodeSymbol(in, d.canonical);
     if (sym < 0 || in.Overrun()) return false;
   }
-  if (sym < kLiteralSymbols) {
-    *z = static_cast<uint64_t>(sym);
-    return sym != 0 && static_cast<uint64_t>(sym) <= WidthMask(w);
-  }
-  const int len = sym - kLiteralSymbols + 5;
-  if (len > w) return false;
-  *z = (uint64_t{1} << (len - 1)) | in.Read(len - 1);
-  return true;
+  return sym != 0 && format::ReadSymbolValue(in, sym, w, z);  // zero: not a change
 }
 
 // Decodes a CONTEXT record against the base tensor, calling fn(position in
@@ -251,10 +233,7 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
         }
       }
     }
-    uint64_t q;
-    if (!l.pos.ReadUnary((count - 1) >> l.k, &q)) return false;
-    *gap = (q << l.k) | l.pos.Read(l.k);
-    return !l.pos.Overrun() && *gap < count;
+    return format::ReadRice(l.pos, l.k, count, gap) && !l.pos.Overrun() && *gap < count;
   };
   int active = 0;
   for (int c = 0; c < K; ++c) {

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "format/value_code.h"
+#include "format/record.h"
 
 namespace tern::patchfmt {
 
@@ -26,23 +26,21 @@ inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 inline constexpr uint32_t kMaxTensors = uint32_t{1} << 20;
 inline constexpr uint32_t kMaxNameBytes = 1024;
 inline constexpr uint32_t kMaxRank = 8;
-inline constexpr uint64_t kMaxSegmentElements = uint64_t{1} << 24;
-
-enum Encoding : uint8_t { kSparse = 0, kDense = 1, kRaw = 2, kContext = 3 };
-
-// CONTEXT (format 2, spec §6.4): elements fall into classes by their base
-// value's exponent field; at most kMaxClasses. The context table holds K,
-// e0 and one entry per class, so it is bounded by the entry's largest form.
-inline constexpr int kMaxClasses = 16;
-inline constexpr uint32_t kMaxContextTableBytes = 3 + kMaxClasses * (4 + 1 + 5 + 5 + 39);
-
-// Value alphabet: zigzag values 0..15 are their own symbol; larger values of
-// bit length L (5..64) are symbol 16 + (L - 5) followed by the L-1 bits below
-// the leading one.
-inline constexpr int kLiteralSymbols = hd::kLiteralSymbols;  // format/value_code.h
-inline constexpr int kSymbols = kLiteralSymbols + 60;  // 76
-inline constexpr int kMaxCodeBits = 15;
-inline constexpr uint32_t kMaxTableBytes = 1 + (kSymbols + 1) / 2;
+// The segment record's layout, encodings and alphabet are format/record.h's
+// (the one definition that patch/ and gpu/ share).
+using format::Encoding;
+using format::kContext;
+using format::kDense;
+using format::kLiteralSymbols;
+using format::kMaxClasses;
+using format::kMaxCodeBits;
+using format::kMaxContextTableBytes;
+using format::kMaxSegmentElements;
+using format::kMaxTableBytes;
+using format::kRaw;
+using format::kSparse;
+using format::kSymbols;
+using format::RecordHeader;
 
 struct FileHeader {
   char magic[8];
@@ -71,24 +69,7 @@ static_assert(offsetof(ManifestFixed, base_digest) == 16 && offsetof(ManifestFix
 // rank x u64 shape, u64 elements, u64 segment_count.
 inline constexpr size_t kTensorEntryFixedBytes = 8;
 
-struct RecordHeader {
-  uint32_t tensor_index;
-  uint8_t encoding;
-  uint8_t rice_k;          // SPARSE: 0..63; otherwise MUST be 0
-  uint16_t reserved0;      // MUST be 0
-  uint64_t first_element;
-  uint64_t element_count;  // 1 .. kMaxSegmentElements
-  uint64_t changed_count;  // elements with a non-zero delta
-  uint32_t table_bytes;
-  uint32_t position_bytes;
-  uint32_t value_bytes;
-  uint32_t reserved1;      // MUST be 0
-};
-static_assert(sizeof(RecordHeader) == 48);
-static_assert(offsetof(RecordHeader, first_element) == 8 && offsetof(RecordHeader, changed_count) == 24 &&
-              offsetof(RecordHeader, table_bytes) == 32 && offsetof(RecordHeader, reserved1) == 44);
-
-inline constexpr size_t kChecksumBytes = 8;
+inline constexpr size_t kChecksumBytes = format::kRecordChecksumBytes;
 
 struct Trailer {
   char magic[8];

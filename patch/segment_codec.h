@@ -8,36 +8,29 @@
 #include <cstdint>
 #include <vector>
 
-#include "format/value_code.h"
+#include "format/context.h"
+#include "format/record.h"
 #include "patch/bitio.h"
 #include "patch/format.h"
 #include "tern/status.h"
 
 namespace tern::patchfmt {
 
-using hd::UnZigZag;
-using hd::ValueSymbol;
-using hd::WidthMask;
-using hd::ZigZag;
+using format::UnZigZag;
+using format::ValueSymbol;
+using format::WidthMask;
+using format::ZigZag;
 
-// Huffman code construction, shared by the SPARSE/DENSE and CONTEXT encoders.
-// Lengths for freq (0: unused), limited to kMaxCodeBits.
-void BuildLengths(const uint64_t freq[kSymbols], uint8_t lengths[kSymbols]);
-// Canonical codes, bit-reversed for LSB-first writing.
-void CanonicalCodes(const uint8_t lengths[kSymbols], uint16_t codes[kSymbols]);
-uint64_t CodeBits(const uint64_t freq[kSymbols], const uint8_t lengths[kSymbols]);
-uint32_t TableBytes(const uint8_t lengths[kSymbols]);
-void WriteTable(const uint8_t lengths[kSymbols], std::vector<uint8_t>* out);
-// Bits of the Rice codes of the gaps between sorted positions.
-uint64_t RiceBits(const uint64_t* positions, uint64_t n, int k);
+// Huffman code construction, code tables and Rice sizes: format/record.h's,
+// shared with the GPU encoder.
+using format::BuildLengths;
+using format::CanonicalCodes;
+using format::CodeBits;
+using format::RiceBits;
+using format::TableBytes;
 
-// The exponent field of a dtype's elements: (v >> shift) & mask. ok is false
-// for dtypes that have none (integers, BOOL): they never use CONTEXT.
-struct ContextField {
-  bool ok = false;
-  int shift = 0;
-  uint32_t mask = 0;
-};
+// The exponent field of a dtype's elements (format/context.h).
+using format::ContextField;
 
 // Where a format-2 encoder finds the base (context_codec.h): the base
 // tensor's bytes. Null tensor or !field.ok: base-free encodings only.
@@ -70,7 +63,8 @@ struct RecordView {
 Result<RecordView> ParseRecord(const uint8_t* data, uint64_t available, int w,
                                uint64_t* need_bytes = nullptr, bool context_ok = false);
 
-// Canonical code lengths from the stored table (validated: Kraft <= 1).
+// Canonical code lengths from the stored table (format::ParseCodeLengths's
+// rules: size, padding, minimal, Kraft <= 1).
 Status ParseCodeLengths(const uint8_t* table, uint32_t bytes, uint8_t lengths[kSymbols]);
 
 struct HuffmanDecoder {
@@ -106,15 +100,7 @@ void BuildFastTable(int w, bool zero_ok, HuffmanDecoder* dec);
   const uint16_t e = dec.table[in.Peek(dec.max_bits)];
   if (e == 0) return false;
   in.Skip(e & 15);
-  const int sym = e >> 4;
-  if (sym < kLiteralSymbols) {
-    *z = static_cast<uint64_t>(sym);
-    return static_cast<uint64_t>(sym) <= WidthMask(w);
-  }
-  const int len = sym - kLiteralSymbols + 5;
-  if (len > w) return false;
-  *z = (uint64_t{1} << (len - 1)) | in.Read(len - 1);
-  return true;
+  return format::ReadSymbolValue(in, e >> 4, w, z);
 }
 
 // Decodes a parsed record, calling fn(position_in_segment, delta) for every
@@ -226,11 +212,9 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
     }
     if (j == h.changed_count) break;
     // Checked path: one change.
-    uint64_t q;
-    // gap < count, so q <= (count - 1) >> k bounds the unary run.
-    if (!pin.ReadUnary((count - 1) >> k, &q))
+    uint64_t gap;
+    if (!format::ReadRice(pin, k, count, &gap))
       return TERN_ERROR(kCorrupt, "SPARSE segment: bad position code at change ", j);
-    const uint64_t gap = (q << k) | pin.Read(k);
     if (pin.Overrun() || gap >= count - next)
       return TERN_ERROR(kCorrupt, "SPARSE segment: position out of range at change ", j);
     const uint64_t pos = next + gap;

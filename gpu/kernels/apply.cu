@@ -85,8 +85,8 @@ __global__ void DecodeKernel(const DevRecord* recs, uint32_t nrec, uint64_t rec_
     // verify pass runs before any write, and in the write pass of a
     // many-batch patch earlier batches have written only their own
     // segments, which never share a byte with this one's (spec §3.3).
-    const int e = DecodeRecordOnBase(s, d.w, d.data, ContextFieldHd{d.ctx_shift, d.ctx_mask},
-                                     [&](uint64_t p, uint64_t delta) {
+    const ContextField f{d.ctx_mask != 0, d.ctx_shift, d.ctx_mask};
+    const int e = DecodeRecordOnBase(s, d.w, d.data, f, [&](uint64_t p, uint64_t delta) {
       uint64_t at;
       if (!DataIndex(d, d.first + p, &at)) return;  // another rank's
       if (j < limit) {
@@ -253,7 +253,7 @@ Status ApplyOnDevice(MutableServeView& view, std::span<const uint8_t> patch, con
       d.first = wr.h.first_element;
       const DType dt = wp.tensors[t].desc.dtype;
       d.w = ElementBits(dt);
-      const ContextFieldHd f = ContextFieldOfCode(static_cast<int>(dt));
+      const ContextField f = ContextFieldOfCode(static_cast<int>(dt));
       d.ctx_shift = f.shift;
       d.ctx_mask = f.mask;
       d.change_at = plan.change_at[r];

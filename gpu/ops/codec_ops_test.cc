@@ -264,7 +264,7 @@ TEST(GpuCodecOps, DecoderRejectsBadTables) {
   const std::vector<std::vector<uint8_t>> tables = {
       {0x00, 0x00}, {77, 0x11}, {0x03, 0x10}, {0x03, 0x10, 0x11}, {0x02, 0x01}, {0x03, 0x11, 0x01}};
   for (const auto& t : tables) {
-    HuffmanCode c;
+    CanonicalDecoder c;
     EXPECT_NE(ParseCodeTable(t.data(), static_cast<uint32_t>(t.size()), &c), kDecodeOk);
     uint8_t lengths[patchfmt::kSymbols];
     EXPECT_FALSE(patchfmt::ParseCodeLengths(t.data(), static_cast<uint32_t>(t.size()), lengths).ok());

@@ -63,7 +63,7 @@ TEST(GpuContextOps, ExponentFieldsMatchReference) {
   int with_field = 0;
   for (int code = 0; code <= 16; ++code) {
     const patchfmt::ContextField want = patchfmt::ContextFieldOf(static_cast<DType>(code));
-    const ContextFieldHd got = ContextFieldOfCode(code);
+    const ContextField got = ContextFieldOfCode(code);
     ASSERT_EQ(got.mask != 0, want.ok) << "dtype " << code;
     if (!want.ok) continue;
     ++with_field;
@@ -112,7 +112,7 @@ TEST(GpuContextOps, GoldenPatchesDecodeAsTheReference) {
         StoreElement(t, i, w, (LoadElement(t, i, w) + d) & WidthMask(w));
       }
       ++records;
-      context_records += r.h.encoding == kContextEncoding;
+      context_records += r.h.encoding == kContext;
     }
     EXPECT_EQ(view, target) << c.file;
   }
@@ -144,7 +144,7 @@ bool MakeContextCase(DType dt, uint64_t count, double push, int max_classes, std
                                max_classes, 0, count, ~uint64_t{0} >> 1, &payload))
     return false;
   RecordHeader h{};
-  h.encoding = kContextEncoding;
+  h.encoding = kContext;
   h.element_count = count;
   h.changed_count = pos.size();
   h.table_bytes = payload.table_bytes;
@@ -254,7 +254,7 @@ TEST(GpuContextOps, TableRulesMatchReference) {
   // Hand-made tables on a record of 100 elements, 3 changes, one byte of
   // positions and values: each breaks one rule of §6.4 (or none: the first).
   RecordHeader h{};
-  h.encoding = kContextEncoding;
+  h.encoding = kContext;
   h.element_count = 100;
   h.changed_count = 3;
   h.position_bytes = 1;
