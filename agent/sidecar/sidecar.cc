@@ -202,6 +202,7 @@ struct Sidecar::Impl {
   }
   void EngineUnavailable(httplib::Response& res, const Status& why) {
     options.log("sidecar: engine unavailable: " + why.ToString());
+    res.headers.erase("X-Tern-Version");  // nothing was served
     Error(res, 503, "engine_unavailable", "EngineUnavailable",
           "the local inference engine is unavailable", true);
     res.set_header("Retry-After", "1");
