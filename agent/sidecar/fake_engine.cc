@@ -95,6 +95,7 @@ FakeEngine::FakeEngine() : impl_(std::make_unique<Impl>()) {
   int listen_fd = -1;  // httplib 0.11's backlog is 5 (sidecar.cc says why that matters)
   http.set_socket_options([&listen_fd](int fd) { listen_fd = fd; });
   http.set_keep_alive_timeout(1);
+  http.set_tcp_nodelay(true);  // as uvicorn (vLLM, SGLang) does
   impl_->port = http.bind_to_any_port("127.0.0.1");
   if (listen_fd >= 0) ::listen(listen_fd, 1024);
   impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
