@@ -33,7 +33,7 @@ FakeEngine::FakeEngine() : impl_(std::make_unique<Impl>()) {
       return;
     }
     const bool gen = req.path == "/generate";
-    if (body.value("stream", false)) {
+    if (body.contains("stream") && body["stream"] == true) {
       const uint64_t tokens = body.value("max_tokens", 4);
       res.set_chunked_content_provider(
           "text/event-stream",

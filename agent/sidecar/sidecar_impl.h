@@ -94,6 +94,8 @@ struct Sidecar::Impl {
   void Versioned(const httplib::Request& req, httplib::Response& res, const std::string& path);
   void WholeReply(httplib::Response& res, const std::string& path, HeaderList headers,
                   std::string body, std::optional<VersionGate::Ticket> ticket);
+  void SendWhole(httplib::Response& res, const EngineHead& head, std::string reply, uint64_t start,
+                 uint64_t end);
   void Streamed(httplib::Response& res, const std::string& path, HeaderList headers,
                 std::string body, VersionGate::Ticket ticket);
 };

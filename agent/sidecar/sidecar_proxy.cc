@@ -144,7 +144,9 @@ void Sidecar::Impl::Versioned(const httplib::Request& req, httplib::Response& re
   const uint64_t start = admission.ticket->start_version();
   CountServed(path, start);
   if (options.cache_salt) SaltForVersion(body, path == "/generate", start);
-  const bool stream = body.value("stream", false) == true;
+  // Not body.value("stream", false): it throws on a non-boolean.
+  auto stream_field = body.find("stream");
+  const bool stream = stream_field != body.end() && *stream_field == true;
   std::string forwarded = body.dump(-1, ' ', false, Json::error_handler_t::replace);
   HeaderList headers = ForwardHeaders(req.headers);
   headers.emplace_back("Content-Type", kJson);
@@ -180,6 +182,13 @@ void Sidecar::Impl::WholeReply(httplib::Response& res, const std::string& path, 
     return Error(res, 502, "engine_reply_too_large", "EngineReplyTooLarge",
                  "the engine's reply is over the sidecar's max_response_bytes");
   if (!s.ok()) return EngineUnavailable(res, s);
+  SendWhole(res, head, std::move(reply), start, end);
+}
+
+// A whole reply to the client: a 2xx JSON object stamped, anything else
+// (the engine's errors) as it came.
+void Sidecar::Impl::SendWhole(httplib::Response& res, const EngineHead& head, std::string reply,
+                              uint64_t start, uint64_t end) {
   CopyReplyHeaders(head, res);
   res.status = head.status;
   res.set_header("X-Tern-Version-End", std::to_string(end));
@@ -238,6 +247,8 @@ void Sidecar::Impl::Streamed(httplib::Response& res, const std::string& path, He
     lock.unlock();
     if (overflow) st->Cancel();
     st->Join();
+    const uint64_t start = st->ticket->start_version();
+    const uint64_t end = gate.SettledVersion().value_or(start);
     st->ticket.reset();
     if (overflow)
       return Error(res, 502, "engine_reply_too_large", "EngineReplyTooLarge",
@@ -245,10 +256,7 @@ void Sidecar::Impl::Streamed(httplib::Response& res, const std::string& path, He
     if (!st->head_ready) return EngineUnavailable(res, st->result);
     std::string reply;
     for (auto& p : st->pieces) reply += p;
-    CopyReplyHeaders(st->head, res);
-    res.status = st->head.status;
-    return res.set_content(std::move(reply),
-                           st->head.content_type.empty() ? "text/plain" : st->head.content_type);
+    return SendWhole(res, st->head, std::move(reply), start, end);
   }
   CopyReplyHeaders(st->head, res);
   lock.unlock();

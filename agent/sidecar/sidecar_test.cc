@@ -177,6 +177,10 @@ TEST_F(SidecarTest, SeedSystemClientWorksUnchanged) {
   EXPECT_EQ(ok.json()["weight_version_end"], 3);
   EXPECT_EQ(ok.json()["choices"][0]["text"], "ok");
   EXPECT_EQ(ok.header("X-Tern-Version"), "3");
+  EXPECT_NE(
+      client_->Send("GET", "/metrics")
+          .body.find("tern_sidecar_requests_total{route=\"/v1/completions\",version=\"3\"} 1"),
+      std::string::npos);
   Json forwarded = Json::parse(engine_.last_body());
   EXPECT_FALSE(forwarded.contains("weight_version"));
   EXPECT_EQ(forwarded["cache_salt"], "tern-v3");
@@ -218,6 +222,10 @@ TEST_F(SidecarTest, BadInputIsRefusedAndTheSidecarGoesOn) {
   bad(R"({"weight_version": {"min_version": "3"}})", "min_version");
   bad(R"({"weight_version": {"exact_version": -2}})", "exact_version");
   bad(R"({"weight_version": {"exact": 2}})", "unknown key");
+  // Not the lane's business: forwarded, the engine's reply stamped.
+  Reply odd = client_->Send("POST", "/v1/completions", R"({"stream":"yes"})");
+  EXPECT_EQ(odd.status, 200) << odd.body;
+  EXPECT_EQ(odd.json()["weight_version_start"], 1);
   Reply header = client_->Send("POST", "/v1/completions", "{}", {{"X-Tern-Min-Version", "two"}});
   EXPECT_EQ(header.status, 400);
 
