@@ -190,7 +190,10 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(SidecarOptions options, VersionG
   p->bound_address = (hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host) +
                      ":" + std::to_string(port);
   p->http_thread = std::thread([p] { p->http.listen_after_bind(); });
-  while (!p->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The port already queues connections; the wait only keeps an immediate
+  // Stop from racing httplib's start (bounded: listen_after_bind may fail).
+  for (int i = 0; i < 5000 && !p->http.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return std::unique_ptr<Sidecar>(new Sidecar(std::move(impl)));
 }
 
