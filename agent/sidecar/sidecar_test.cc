@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <future>
 #include <random>
 #include <regex>
 #include <thread>
@@ -332,12 +333,20 @@ TEST_F(SidecarTest, EngineDownIs503) {
   StartSidecar();
   Serve(1);
   engine_.delay_ms = 30;
+  // Killed once the stream has begun (the client holds its first event).
+  std::promise<void> begun;
   std::thread killer([&] {
-    std::this_thread::sleep_for(100ms);
+    begun.get_future().wait();
     engine_.Stop();
   });
+  bool first = true;
   Reply cut =
-      client_->Send("POST", "/v1/completions", R"({"prompt":"p","stream":true,"max_tokens":1000})");
+      client_->Send("POST", "/v1/completions", R"({"prompt":"p","stream":true,"max_tokens":1000})",
+                    {}, [&](std::string_view) {
+                      if (std::exchange(first, false)) begun.set_value();
+                      return true;
+                    });
+  if (first) begun.set_value();  // no stream at all: the assertions below say so
   killer.join();
   auto events = Events(cut.body);
   ASSERT_FALSE(events.empty());
