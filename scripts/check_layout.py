@@ -79,6 +79,7 @@ HEADER_MODULE = {
     # agent/
     "version_manifest.h": "agent",
     "agent.h": "agent",
+    "sidecar.h": "agent",
 }
 BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 

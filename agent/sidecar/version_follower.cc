@@ -1,0 +1,116 @@
+#include "agent/sidecar/version_follower.h"
+
+#include <charconv>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "agent/ops/admin_http.h"
+
+namespace tern::agent {
+
+Result<MemberVersions> ParseMemberStatus(std::string_view json) {
+  auto j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  TERN_REQUIRE(j.is_object(), kCorrupt, "member /status is not a JSON object");
+  MemberVersions v;
+  for (auto [key, out] : {std::pair{"served_version", &v.served}, std::pair{"head", &v.head}}) {
+    auto it = j.find(key);
+    TERN_REQUIRE(it != j.end() && it->is_number_unsigned(), kCorrupt, "member /status has no ", key,
+                 " (a non-negative integer)");
+    *out = it->get<uint64_t>();
+  }
+  return v;
+}
+
+Result<uint64_t> ParseVersionFile(std::string_view text) {
+  size_t a = text.find_first_not_of(" \t\r\n");
+  size_t b = text.find_last_not_of(" \t\r\n");
+  TERN_REQUIRE(a != std::string_view::npos, kCorrupt, "version file is empty");
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data() + a, text.data() + b + 1, v);
+  TERN_REQUIRE(ec == std::errc() && end == text.data() + b + 1, kCorrupt,
+               "version file does not hold one decimal version");
+  return v;
+}
+
+Result<std::unique_ptr<VersionFollower>> VersionFollower::Start(FollowerOptions options,
+                                                                VersionGate& gate) {
+  TERN_REQUIRE(options.agent_admin.empty() != options.version_file.empty(), kInvalidArgument,
+               "sidecar: follow either the member's admin port or a version file, not ",
+               options.agent_admin.empty() ? "neither" : "both");
+  TERN_REQUIRE(options.poll_ms >= 1, kInvalidArgument, "sidecar: poll_ms must be > 0");
+  if (!options.log) options.log = StderrLog();
+  std::unique_ptr<VersionFollower> f(new VersionFollower(std::move(options), gate));
+  f->thread_ = std::thread([p = f.get()] { p->Run(); });
+  return f;
+}
+
+VersionFollower::VersionFollower(FollowerOptions options, VersionGate& gate)
+    : options_(std::move(options)), gate_(gate) {}
+
+VersionFollower::~VersionFollower() { Stop(); }
+
+void VersionFollower::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Result<MemberVersions> VersionFollower::Poll() {
+  if (!options_.agent_admin.empty()) {
+    AdminClientOptions client;
+    client.token = options_.admin_token;
+    client.timeout_ms = std::max<uint32_t>(1000, options_.poll_ms * 5);
+    client.max_reply_bytes = 4 << 20;
+    TERN_ASSIGN_OR_RETURN(std::string body, AdminGet(options_.agent_admin, "/status", client));
+    return ParseMemberStatus(body);
+  }
+  std::ifstream in(options_.version_file, std::ios::binary);
+  TERN_REQUIRE(in, kNotFound, "cannot open version file ", options_.version_file);
+  std::string text(64, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  TERN_ASSIGN_OR_RETURN(uint64_t v, ParseVersionFile(text));
+  return MemberVersions{v, v};
+}
+
+void VersionFollower::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    std::string error;
+    auto polled = Poll();
+    if (!polled.ok()) {
+      error = polled.status().ToString();
+    } else {
+      gate_.SetHead(polled->head);
+      if (polled->served != 0 && gate_.applied() != polled->served) {
+        Status s = gate_.Commit(polled->served, nullptr, options_.drain_timeout_ms);
+        if (!s.ok()) error = s.ToString();
+      }
+    }
+    lock.lock();
+    if (error != last_error_ && !error.empty()) options_.log("sidecar: " + error);
+    last_error_ = error;
+    cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [&] { return stop_; });
+  }
+}
+
+std::string VersionFollower::sync_state() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!last_error_.empty()) return "ERROR";
+  }
+  if (gate_.committing()) return "COMMITTING";
+  auto applied = gate_.applied();
+  return applied && gate_.head() > *applied ? "FETCHING" : "IDLE";
+}
+
+std::string VersionFollower::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+}  // namespace tern::agent

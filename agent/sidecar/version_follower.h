@@ -1,0 +1,80 @@
+// How the sidecar learns the version its replica serves (docs/engines.md).
+//
+// Until the agent drives the engine itself, the served version is the one
+// the local member reports: the follower polls, every poll_ms, either
+//  * the member's admin port: GET /status (agent/daemon/agent_status.cc),
+//    "served_version" (0: none yet) and "head" (the newest it knows), with
+//    the admin token when one is set; or
+//  * a version file holding one decimal version (whoever loads the engine
+//    writes it, e.g. with an atomic rename), for engines driven by other
+//    tools;
+// and commits each new version through the gate (VersionGate::Commit with
+// nothing to apply: the engine already serves it), so requests in flight
+// are attributed by the gate's rules. A failed poll keeps the last version
+// and sets the sync state to "ERROR" with the reason until a poll succeeds.
+//
+// Thread-safe. Start runs one thread; Stop (also the destructor) joins it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "agent/sidecar/version_gate.h"
+#include "tern/log.h"
+#include "tern/status.h"
+
+namespace tern::agent {
+
+struct MemberVersions {
+  uint64_t served = 0;  // 0: none
+  uint64_t head = 0;
+};
+
+// The two fields of a member's /status JSON (kCorrupt when absent or not
+// non-negative integers).
+Result<MemberVersions> ParseMemberStatus(std::string_view json);
+// One decimal version, surrounding whitespace allowed (kCorrupt otherwise).
+Result<uint64_t> ParseVersionFile(std::string_view text);
+
+struct FollowerOptions {
+  std::string agent_admin;   // HOST:PORT of the member's admin port, or
+  std::string version_file;  // a path (exactly one of the two)
+  std::string admin_token;   // the member's admin token, if it has one
+  uint32_t poll_ms = 200;
+  uint32_t drain_timeout_ms = 60000;  // per commit; a timed-out commit is retried
+  LogFn log;                          // null: stderr
+};
+
+class VersionFollower {
+ public:
+  static Result<std::unique_ptr<VersionFollower>> Start(FollowerOptions options, VersionGate& gate);
+  ~VersionFollower();
+  void Stop();
+
+  // The seed system's sync_state ("IDLE", "FETCHING" while the member knows
+  // a newer version than it serves, "COMMITTING", "ERROR") and the reason
+  // of the last failed poll (empty when the last poll succeeded).
+  std::string sync_state() const;
+  std::string last_error() const;
+
+ private:
+  VersionFollower(FollowerOptions options, VersionGate& gate);
+  void Run();
+  Result<MemberVersions> Poll();
+
+  const FollowerOptions options_;
+  VersionGate& gate_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::string last_error_;
+};
+
+}  // namespace tern::agent

@@ -1,0 +1,109 @@
+// `tern-sidecar`: the version-aware reverse proxy in front of one
+// OpenAI-compatible engine on a replica (docs/engines.md, "The sidecar";
+// include/tern/sidecar.h).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+
+#include "tern/sidecar.h"
+#include "tools/cli_util.h"
+
+namespace {
+
+using namespace tern;
+using namespace tern::cli;
+
+struct SidecarArgs {
+  SidecarConfig config;
+  std::string agent_token_file, admin_token_file, commit_mode = "in_place";
+  bool no_cache_salt = false;
+};
+
+Status Check(SidecarArgs& a) {
+  SidecarConfig& c = a.config;
+  TERN_REQUIRE(!c.agent_admin.empty() || !c.version_file.empty(), kInvalidArgument,
+               "one of --agent-admin or --version-file is required");
+  TERN_REQUIRE(a.commit_mode == "in_place" || a.commit_mode == "quiesce", kInvalidArgument,
+               "--commit-mode must be in_place or quiesce, not ", a.commit_mode);
+  c.quiesce = a.commit_mode == "quiesce";
+  c.cache_salt = !a.no_cache_salt;
+  TERN_ASSIGN_OR_RETURN(c.admin_token, ReadSecret(a.admin_token_file, "TERN_SIDECAR_ADMIN_TOKEN"));
+  TERN_ASSIGN_OR_RETURN(c.agent_token, ReadSecret(a.agent_token_file, "TERN_ADMIN_TOKEN"));
+  return Status::Ok();
+}
+
+Status Run(SidecarArgs& a) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before any thread starts
+  TERN_ASSIGN_OR_RETURN(auto sidecar, SidecarService::Start(a.config));
+  const SidecarConfig& c = a.config;
+  std::printf(
+      "tern-sidecar: http://%s in front of %s, served version from %s\n",
+      sidecar->address().c_str(), c.engine_url.c_str(),
+      c.agent_admin.empty() ? c.version_file.c_str() : ("the member at " + c.agent_admin).c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "tern-sidecar: stopping on signal %d\n", sig);
+  sidecar->Stop();
+  return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app(
+      "tern-sidecar: serve an engine's generation routes only on the versions each request "
+      "accepts.\n"
+      "  tern-sidecar --engine-url http://127.0.0.1:8000 --agent-admin 127.0.0.1:9090 "
+      "[--listen HOST:PORT]",
+      "tern-sidecar");
+  Configure(app);
+  app.footer(
+      "The request lane, status codes and metrics: docs/engines.md. Exit statuses: docs/cli.md. "
+      "Stops on SIGINT/SIGTERM.");
+  SidecarArgs a;
+  app.add_option("--listen", a.config.listen, "HOST:PORT clients connect to (port 0: any)")
+      ->default_str(a.config.listen);
+  app.add_option("--engine-url", a.config.engine_url, "the engine, http://HOST:PORT")->required();
+  auto* admin = app.add_option("--agent-admin", a.config.agent_admin,
+                               "HOST:PORT of the local member's admin port: the served version is "
+                               "its /status served_version");
+  auto* file = app.add_option("--version-file", a.config.version_file,
+                              "instead: a file holding the served version (one decimal number)");
+  admin->excludes(file);
+  app.add_option("--agent-token-file", a.agent_token_file,
+                 "file with the member's admin token (default: $TERN_ADMIN_TOKEN)");
+  app.add_option("--admin-token-file", a.admin_token_file,
+                 "file with the token that lets a request through to the engine's control routes "
+                 "(header X-Tern-Admin-Token; default: $TERN_SIDECAR_ADMIN_TOKEN; none: refused "
+                 "to all)");
+  app.add_option("--commit-mode", a.commit_mode,
+                 "in_place: only exact-version requests finish before the version changes; "
+                 "quiesce: all do")
+      ->default_str(a.commit_mode);
+  AddUnsigned(app, "--catchup-wait-ms", a.config.catchup_wait_ms,
+              "how long a request for a known, not yet applied version waits before 409", "2000");
+  AddUnsigned(app, "--poll-ms", a.config.poll_ms, "how often the served version is read", "200");
+  AddUnsigned(app, "--drain-timeout-ms", a.config.drain_timeout_ms,
+              "how long a version change waits for requests that must finish first (then retried)",
+              "60000");
+  AddUnsigned(app, "--workers", a.config.workers, "requests handled at once", "128", 4096);
+  AddUnsigned(app, "--client-timeout-ms", a.config.client_timeout_ms,
+              "per read or write from a client (a slower one is dropped)", "30000");
+  AddUnsigned(app, "--engine-timeout-ms", a.config.engine_timeout_ms,
+              "per read from the engine (a long prefill sends nothing for a while)", "3600000");
+  AddCount(app, "--max-body-bytes", a.config.max_body_bytes, "largest request body (413 over it)",
+           "16M");
+  AddCount(app, "--max-response-bytes", a.config.max_response_bytes,
+           "largest whole (unstreamed) engine reply (502 over it)", "64M");
+  app.add_flag("--no-cache-salt", a.no_cache_salt,
+               "do not key the engine's prefix cache by version (cache_salt / extra_key)");
+  Dispatch dispatch;
+  dispatch.On(&app, {[&] { return Check(a); }, [&] { return Run(a); }});
+  return dispatch.Run(app, argc, argv);
+}
