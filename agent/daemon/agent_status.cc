@@ -13,6 +13,7 @@
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
+#include "base/text.h"
 
 namespace tern::agent {
 
