@@ -3,7 +3,7 @@
 // ways in one run: ComputeClasses + ClassMasks (two passes through the class
 // bytes) and BaseClassMasks (fused for 16-bit blocks with AVX2), against a
 // memcpy of the same view. One thread, CPU time, min of the repetitions,
-// alternating the three so load hits each alike (docs/benchmarks.md).
+// alternating the three so load hits each alike (docs/benchmarks-journal.md).
 //
 // Usage: context_masks_bench [elements (default 2^25)] [repetitions (9)]
 #include <algorithm>

@@ -1,5 +1,5 @@
 // CPU cost of validating one safetensors header (ParseHeader: JSON, schema,
-// layout checks), per tensor, for the record of docs/benchmarks.md
+// layout checks), per tensor, for the record of docs/benchmarks-journal.md
 // ("Safetensors header parse"). The header is built here as plain text, so
 // the same source measures any version of the parser.
 //

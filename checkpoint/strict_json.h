@@ -8,7 +8,7 @@
 // and the consumer keeps only what its schema asks for, so memory follows
 // what is kept, not the input (a DOM of a 100 MB header of `[0,0,...]` would
 // take gigabytes). simdjson parses faster, but a 10k-tensor header parses in
-// milliseconds here (docs/benchmarks.md, "Safetensors header parse"), far
+// milliseconds here (docs/benchmarks-journal.md, "Safetensors header parse"), far
 // below the cost of mapping the files, and simdjson needs padded input.
 //
 // What this layer adds to nlohmann: the input must be exactly one object
