@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
     const double c0 = CpuNow();
-    auto parsed = tern::safetensors::ParseHeader(file, header.size() + data_bytes);
+    auto parsed = tern::checkpoint::ParseHeader(file, header.size() + data_bytes);
     ms.push_back((CpuNow() - c0) * 1e3);
     if (!parsed.ok() || parsed->tensors.size() != tensors) {
       std::fprintf(stderr, "header_parse_bench: %s\n", parsed.status().ToString().c_str());

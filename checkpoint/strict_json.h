@@ -29,7 +29,7 @@
 
 #include "tern/status.h"
 
-namespace tern::json {
+namespace tern::checkpoint::json {
 
 // One SAX event, as a consumer of StrictSax sees it.
 enum class Event : uint8_t {
@@ -111,4 +111,4 @@ Status ParseObject(std::string_view text, std::string_view what, StrictSax* sax)
 // characters escaped, invalid UTF-8 replaced.
 std::string Quoted(std::string_view s);
 
-}  // namespace tern::json
+}  // namespace tern::checkpoint::json
