@@ -28,7 +28,7 @@ double CpuSeconds() {
 
 int main(int argc, char** argv) {
   using namespace tern;
-  using namespace tern::patchfmt;
+  using namespace tern::patch;
   const uint64_t blocks = std::max<uint64_t>(
       1, (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : uint64_t{1} << 25) / kContextBlock);
   const int reps = std::clamp(argc > 2 ? std::atoi(argv[2]) : 9, 1, 100);

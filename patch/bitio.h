@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 class BitWriter {
  public:
@@ -156,4 +156,4 @@ class BitReader {
   uint64_t pos_ = 0;
 };
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-namespace tern::patchfmt {
+namespace tern::patch {
 namespace {
 
 // LEB128, minimal form only (a reader rejects padded varints, so every
@@ -500,4 +500,4 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
   return true;
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 template <int W>
 inline uint64_t LoadElement(const uint8_t* data, uint64_t i) {
@@ -58,4 +58,4 @@ inline decltype(auto) DispatchWidth(int w, Fn&& fn) {
   }
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

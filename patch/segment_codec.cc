@@ -8,7 +8,7 @@
 #include "format/huffman_build.h"
 #include "patch/context_codec.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 // The construction is format/huffman_build.h's, shared with the GPU encoder.
 void BuildLengths(const uint64_t freq[kSymbols], uint8_t lengths[kSymbols]) {
@@ -272,4 +272,4 @@ void BuildFastTable(int w, bool zero_ok, HuffmanDecoder* dec) {
   }
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

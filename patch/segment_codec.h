@@ -13,7 +13,7 @@
 #include "patch/format.h"
 #include "tern/status.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 using hd::UnZigZag;
 using hd::ValueSymbol;
@@ -246,4 +246,4 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
   return Status::Ok();
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch
