@@ -3,7 +3,7 @@
 // ways in one run: ComputeClasses + ClassMasks (two passes through the class
 // bytes) and BaseClassMasks (fused for 16-bit blocks with AVX2), against a
 // memcpy of the same view. One thread, CPU time, min of the repetitions,
-// alternating the three so load hits each alike (docs/benchmarks.md).
+// alternating the three so load hits each alike (docs/benchmarks-journal.md).
 //
 // Usage: context_masks_bench [elements (default 2^25)] [repetitions (9)]
 #include <algorithm>
@@ -28,7 +28,7 @@ double CpuSeconds() {
 
 int main(int argc, char** argv) {
   using namespace tern;
-  using namespace tern::patchfmt;
+  using namespace tern::patch;
   const uint64_t blocks = std::max<uint64_t>(
       1, (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : uint64_t{1} << 25) / kContextBlock);
   const int reps = std::clamp(argc > 2 ? std::atoi(argv[2]) : 9, 1, 100);

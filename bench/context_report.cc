@@ -1,5 +1,5 @@
 // context_report: where the bits of a BF16 patch go when positions and values
-// are coded given the base (issue 10, docs/benchmarks.md "Patch format 2").
+// are coded given the base (docs/benchmarks.md "Patch format 2").
 //
 // Steps a datagen trace and, per step, compares the order-0 bound (every
 // element equally likely to change; values by one histogram), format 1 and
@@ -198,7 +198,7 @@ Status Run(const Args& a) {
 
 int main(int argc, char** argv) {
   using namespace tern;
-  CLI::App app("per-step context-conditioned bounds vs format 1 and 2 (issue 10)", "context_report");
+  CLI::App app("per-step context-conditioned bounds vs format 1 and 2", "context_report");
   cli::Configure(app);
   bench::Args a;
   cli::AddCount(app, "--params", a.params, "trace model size in parameters", "20M");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 11, in one run (< 5 min on one H100/H200):
+# The GPU path's check (docs/gpu.md), in one run (< 5 min on one H100/H200):
 #   1. builds the GPU path (only its targets, for this GPU's architecture),
 #   2. runs the kernel-logic tests (CPU) and the device equivalence tests
 #      against the CPU reference (they fail, not skip, when no GPU is seen),

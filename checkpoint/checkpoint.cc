@@ -11,7 +11,7 @@
 namespace tern {
 namespace {
 
-using json::Quoted;
+using checkpoint::json::Quoted;
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -61,7 +61,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
   impl->path = path;
   Env& env = *impl->env;
   TERN_ASSIGN_OR_RETURN(FileType type, env.TypeOf(path, /*follow_links=*/true));
-  safetensors::WeightMap weight_map;
+  checkpoint::WeightMap weight_map;
   if (type == FileType::kMissing) {
     return TERN_ERROR(kNotFound, path, ": no such file or directory");
   } else if (type == FileType::kRegular) {
@@ -73,10 +73,10 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
     if (index_type != FileType::kMissing) {
       impl->sharded = true;
       std::string text;
-      Status read = ReadFileToString(env, index_path, safetensors::kIndexBytesMax, &text);
+      Status read = ReadFileToString(env, index_path, checkpoint::kIndexBytesMax, &text);
       if (read.code() == Code::kResourceExhausted) return Status(Code::kCorrupt, read.message());
       TERN_RETURN_IF_ERROR(read);
-      auto parsed = safetensors::ParseIndex(text);
+      auto parsed = checkpoint::ParseIndex(text);
       if (!parsed.ok()) return parsed.status().WithContext(index_path);
       weight_map = std::move(parsed).value();
       for (const auto& [tensor, file] : weight_map) impl->files.push_back(file);
@@ -99,7 +99,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
   }
 
   std::vector<Found> found;
-  std::vector<safetensors::ParsedHeader> headers;
+  std::vector<checkpoint::ParsedHeader> headers;
   for (size_t i = 0; i < impl->files.size(); ++i) {
     const std::string file_path = impl->FilePath(i);
     auto opened =
@@ -108,7 +108,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path,
       return TERN_ERROR(kCorrupt, path, "/", kSafetensorsIndexName, ": names shard ",
                         impl->files[i], ", which does not exist");
     TERN_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map, std::move(opened));
-    auto header = safetensors::ParseHeader(map->bytes(), map->size());
+    auto header = checkpoint::ParseHeader(map->bytes(), map->size());
     if (!header.ok()) return header.status().WithContext(file_path);
     impl->header_bytes.push_back(header->data_offset_bytes());
     if (header->has_metadata) impl->metadata[impl->files[i]] = header->metadata;

@@ -1,5 +1,5 @@
 // CPU cost of validating one safetensors header (ParseHeader: JSON, schema,
-// layout checks), per tensor, for the record of docs/benchmarks.md
+// layout checks), per tensor, for the record of docs/benchmarks-journal.md
 // ("Safetensors header parse"). The header is built here as plain text, so
 // the same source measures any version of the parser.
 //
@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
     const double c0 = CpuNow();
-    auto parsed = tern::safetensors::ParseHeader(file, header.size() + data_bytes);
+    auto parsed = tern::checkpoint::ParseHeader(file, header.size() + data_bytes);
     ms.push_back((CpuNow() - c0) * 1e3);
     if (!parsed.ok() || parsed->tensors.size() != tensors) {
       std::fprintf(stderr, "header_parse_bench: %s\n", parsed.status().ToString().c_str());

@@ -7,7 +7,7 @@
 #include "checkpoint/strict_json.h"
 #include "tern/checkpoint.h"
 
-namespace tern::safetensors {
+namespace tern::checkpoint {
 namespace {
 
 // Dtypes the reference library knows that tern has no DType for yet.
@@ -283,4 +283,4 @@ Result<std::string> SerializeHeader(const std::map<std::string, std::string>& me
   return out + json;
 }
 
-}  // namespace tern::safetensors
+}  // namespace tern::checkpoint

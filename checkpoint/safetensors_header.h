@@ -13,7 +13,7 @@
 #include "tern/status.h"
 #include "tern/view.h"
 
-namespace tern::safetensors {
+namespace tern::checkpoint {
 
 inline constexpr uint64_t kLengthBytes = 8;
 // Far beyond any real model (HF rank <= 8) yet small enough to bound memory.
@@ -54,4 +54,4 @@ struct PlacedTensor {
 Result<std::string> SerializeHeader(const std::map<std::string, std::string>& metadata,
                                     std::span<const PlacedTensor> tensors);
 
-}  // namespace tern::safetensors
+}  // namespace tern::checkpoint

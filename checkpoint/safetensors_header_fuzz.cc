@@ -9,10 +9,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
-  auto parsed = safetensors::ParseHeader({data, size}, size);
+  auto parsed = checkpoint::ParseHeader({data, size}, size);
   if (!parsed.ok()) return 0;
   uint64_t end = 0;
-  std::vector<safetensors::PlacedTensor> placed;
+  std::vector<checkpoint::PlacedTensor> placed;
   for (const auto& t : parsed->tensors) {
     TERN_ASSERT(t.begin_bytes == end && t.end_bytes >= t.begin_bytes);
     TERN_ASSERT(t.end_bytes - t.begin_bytes == t.desc.bytes());
@@ -20,11 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     placed.push_back({&t.desc, t.begin_bytes, t.end_bytes});
   }
   TERN_ASSERT(parsed->data_offset_bytes() + end == size);
-  auto header = safetensors::SerializeHeader(parsed->metadata, placed);
+  auto header = checkpoint::SerializeHeader(parsed->metadata, placed);
   TERN_ASSERT(header.ok(), header.status().ToString());
   std::vector<uint8_t> file(header->begin(), header->end());
   file.resize(file.size() + end);
-  auto again = safetensors::ParseHeader(file, file.size());
+  auto again = checkpoint::ParseHeader(file, file.size());
   TERN_ASSERT(again.ok(), again.status().ToString());
   TERN_ASSERT(again->tensors.size() == parsed->tensors.size());
   TERN_ASSERT(again->metadata == parsed->metadata);

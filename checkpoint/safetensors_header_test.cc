@@ -8,7 +8,7 @@
 
 #include "tern/checkpoint.h"
 
-namespace tern::safetensors {
+namespace tern::checkpoint {
 namespace {
 
 std::vector<uint8_t> FileWithLength(uint64_t n, std::string_view json, uint64_t data_bytes) {
@@ -160,9 +160,9 @@ TEST(SafetensorsHeader, SerializeMatchesReferenceLayoutAndParsesBack) {
 }
 
 }  // namespace
-}  // namespace tern::safetensors
+}  // namespace tern::checkpoint
 
-namespace tern::safetensors {
+namespace tern::checkpoint {
 namespace {
 
 // Keeps the fuzz seed corpus honest: valid_* seeds parse, bad_* seeds do not.
@@ -185,4 +185,4 @@ TEST(SafetensorsHeader, SeedCorpusMeansWhatItsNamesSay) {
 }
 
 }  // namespace
-}  // namespace tern::safetensors
+}  // namespace tern::checkpoint

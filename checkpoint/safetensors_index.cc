@@ -5,7 +5,7 @@
 #include "base/path.h"
 #include "checkpoint/strict_json.h"
 
-namespace tern::safetensors {
+namespace tern::checkpoint {
 namespace {
 
 using json::Event;
@@ -96,4 +96,4 @@ Result<std::string> SerializeIndex(uint64_t total_size, const WeightMap& weight_
   }
 }
 
-}  // namespace tern::safetensors
+}  // namespace tern::checkpoint

@@ -10,7 +10,7 @@
 
 #include "tern/status.h"
 
-namespace tern::safetensors {
+namespace tern::checkpoint {
 
 // The reader's limit on the index file (bytes); real indexes are well under
 // 10 MB even for 100k tensors.
@@ -31,4 +31,4 @@ Result<WeightMap> ParseIndex(std::string_view text);
 // metadata.total_size. kInvalidArgument for a name that is not valid UTF-8.
 Result<std::string> SerializeIndex(uint64_t total_size, const WeightMap& weight_map);
 
-}  // namespace tern::safetensors
+}  // namespace tern::checkpoint

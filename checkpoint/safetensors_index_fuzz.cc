@@ -9,7 +9,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  auto parsed = safetensors::ParseIndex(text);
+  auto parsed = checkpoint::ParseIndex(text);
   if (!parsed.ok()) {
     TERN_ASSERT(parsed.status().code() == Code::kCorrupt, parsed.status().ToString());
     return 0;
@@ -20,9 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TERN_ASSERT(!file.empty() && file != "." && file != ".." &&
                 file.find('/') == std::string::npos);
   }
-  auto written = safetensors::SerializeIndex(size, *parsed);
+  auto written = checkpoint::SerializeIndex(size, *parsed);
   TERN_ASSERT(written.ok(), written.status().ToString());
-  auto again = safetensors::ParseIndex(*written);
+  auto again = checkpoint::ParseIndex(*written);
   TERN_ASSERT(again.ok(), again.status().ToString());
   TERN_ASSERT(*again == *parsed);
   return 0;

@@ -2,7 +2,7 @@
 
 #include <new>
 
-namespace tern::json {
+namespace tern::checkpoint::json {
 namespace {
 
 constexpr size_t kQuotedBytesMax = 200;
@@ -159,4 +159,4 @@ std::string Quoted(std::string_view s) {
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace tern::json
+}  // namespace tern::checkpoint::json

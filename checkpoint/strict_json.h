@@ -8,7 +8,7 @@
 // and the consumer keeps only what its schema asks for, so memory follows
 // what is kept, not the input (a DOM of a 100 MB header of `[0,0,...]` would
 // take gigabytes). simdjson parses faster, but a 10k-tensor header parses in
-// milliseconds here (docs/benchmarks.md, "Safetensors header parse"), far
+// milliseconds here (docs/benchmarks-journal.md, "Safetensors header parse"), far
 // below the cost of mapping the files, and simdjson needs padded input.
 //
 // What this layer adds to nlohmann: the input must be exactly one object
@@ -30,7 +30,7 @@
 
 #include "tern/status.h"
 
-namespace tern::json {
+namespace tern::checkpoint::json {
 
 // One SAX event, as a consumer of StrictSax sees it.
 enum class Event : uint8_t {
@@ -134,4 +134,4 @@ Status ParseObject(std::string_view text, std::string_view what, StrictSax* sax)
 // characters escaped, invalid UTF-8 replaced.
 std::string Quoted(std::string_view s);
 
-}  // namespace tern::json
+}  // namespace tern::checkpoint::json

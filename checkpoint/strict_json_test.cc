@@ -9,7 +9,7 @@
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/safetensors_index.h"
 
-namespace tern::json {
+namespace tern::checkpoint::json {
 namespace {
 
 // Accepts any document, skipping every value of the top object, and records
@@ -129,13 +129,13 @@ TEST(StrictJson, QuotedIsBoundedAndAlwaysValid) {
 TEST(StrictJson, WritersQuoteLikeSerdeAndPython) {
   const std::string name = "q\"b\\\n\x01\x7f/\xC3\xA9\xF0\x9F\x98\x80";
   TensorDesc t{name, DType::kU8, {1}};
-  safetensors::PlacedTensor placed{&t, 0, 1};
-  auto header = safetensors::SerializeHeader({}, {&placed, 1});
+  checkpoint::PlacedTensor placed{&t, 0, 1};
+  auto header = checkpoint::SerializeHeader({}, {&placed, 1});
   ASSERT_TRUE(header.ok()) << header.status().ToString();
   EXPECT_NE(header->find("{\"q\\\"b\\\\\\n\\u0001\x7f/\xC3\xA9\xF0\x9F\x98\x80\":{\"dtype\":"),
             std::string::npos)
       << *header;
-  auto index = safetensors::SerializeIndex(1, {{name, "model-00001-of-00001.safetensors"}});
+  auto index = checkpoint::SerializeIndex(1, {{name, "model-00001-of-00001.safetensors"}});
   ASSERT_TRUE(index.ok()) << index.status().ToString();
   EXPECT_EQ(*index,
             "{\n  \"metadata\": {\n    \"total_size\": 1\n  },\n  \"weight_map\": {\n"
@@ -144,28 +144,27 @@ TEST(StrictJson, WritersQuoteLikeSerdeAndPython) {
   // Both read back to the original name.
   std::vector<uint8_t> file(header->begin(), header->end());
   file.push_back(0);
-  auto parsed = safetensors::ParseHeader(file, file.size());
+  auto parsed = checkpoint::ParseHeader(file, file.size());
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(parsed->tensors[0].desc.name, name);
-  auto map = safetensors::ParseIndex(*index);
+  auto map = checkpoint::ParseIndex(*index);
   ASSERT_TRUE(map.ok()) << map.status().ToString();
   EXPECT_EQ(map->at(0).first, name);
   // Invalid UTF-8 is refused, not written.
   TensorDesc bad{"\xff", DType::kU8, {1}};
-  safetensors::PlacedTensor placed_bad{&bad, 0, 1};
-  EXPECT_EQ(safetensors::SerializeHeader({}, {&placed_bad, 1}).status().code(),
+  checkpoint::PlacedTensor placed_bad{&bad, 0, 1};
+  EXPECT_EQ(checkpoint::SerializeHeader({}, {&placed_bad, 1}).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(safetensors::SerializeHeader({{"k", "\xC0\xAF"}}, {}).status().code(),
+  EXPECT_EQ(checkpoint::SerializeHeader({{"k", "\xC0\xAF"}}, {}).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(safetensors::SerializeIndex(0, {{"\xff", "f"}}).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(checkpoint::SerializeIndex(0, {{"\xff", "f"}}).status().code(), Code::kInvalidArgument);
 }
 
 TEST(SafetensorsIndex, ParsesAndRejects) {
-  auto map = safetensors::ParseIndex(
+  auto map = checkpoint::ParseIndex(
       R"({"metadata":{"total_size":3,"x":[1.5,{"y":null}]},"weight_map":{"b":"s2","a":"s1"},"z":"w"})");
   ASSERT_TRUE(map.ok()) << map.status().ToString();
-  EXPECT_EQ(*map, (safetensors::WeightMap{{"a", "s1"}, {"b", "s2"}}));
+  EXPECT_EQ(*map, (checkpoint::WeightMap{{"a", "s1"}, {"b", "s2"}}));
   const std::vector<std::pair<const char*, const char*>> bad = {
       {R"({"weight_map":{"a":"s","a":"s"}})", "twice"},
       {R"({"weight_map":{},"weight_map":{}})", "duplicate \"weight_map\""},
@@ -179,7 +178,7 @@ TEST(SafetensorsIndex, ParsesAndRejects) {
       {R"([])", "index is not a JSON object"},
   };
   for (const auto& [text, message] : bad) {
-    auto r = safetensors::ParseIndex(text);
+    auto r = checkpoint::ParseIndex(text);
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_EQ(r.status().code(), Code::kCorrupt) << text;
     EXPECT_NE(r.status().message().find(message), std::string::npos)
@@ -195,7 +194,7 @@ TEST(SafetensorsIndex, SeedCorpusMeansWhatItsNamesSay) {
     std::ifstream in(e.path(), std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), {});
     const std::string name = e.path().filename().string();
-    auto map = safetensors::ParseIndex(text);
+    auto map = checkpoint::ParseIndex(text);
     if (name.starts_with("valid_")) {
       EXPECT_TRUE(map.ok()) << name << ": " << map.status().ToString();
     } else {
@@ -208,4 +207,4 @@ TEST(SafetensorsIndex, SeedCorpusMeansWhatItsNamesSay) {
 }
 
 }  // namespace
-}  // namespace tern::json
+}  // namespace tern::checkpoint::json

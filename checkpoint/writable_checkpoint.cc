@@ -170,7 +170,7 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
   std::vector<std::string> header_texts(shards);
   std::vector<uint64_t> file_bytes(shards);
   for (size_t k = 0; k < shards; ++k) {
-    std::vector<safetensors::PlacedTensor> placed;
+    std::vector<checkpoint::PlacedTensor> placed;
     uint64_t offset = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (shard_of[i] != k) continue;
@@ -179,8 +179,8 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
       offset += sizes[i];
     }
     // Also where names and metadata that are not valid UTF-8 are refused.
-    TERN_ASSIGN_OR_RETURN(header_texts[k], safetensors::SerializeHeader(metadata, placed));
-    TERN_REQUIRE(header_texts[k].size() - safetensors::kLengthBytes <= kSafetensorsHeaderBytesMax,
+    TERN_ASSIGN_OR_RETURN(header_texts[k], checkpoint::SerializeHeader(metadata, placed));
+    TERN_REQUIRE(header_texts[k].size() - checkpoint::kLengthBytes <= kSafetensorsHeaderBytesMax,
                  kInvalidArgument, path, ": header of ", header_texts[k].size(),
                  " bytes exceeds the format's limit");
     for (size_t i = 0; i < tensors.size(); ++i)
@@ -196,14 +196,14 @@ Result<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(
     impl->maps.push_back(std::move(map));
   }
   if (shards > 1) {
-    safetensors::WeightMap weight_map;
+    checkpoint::WeightMap weight_map;
     uint64_t total = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       weight_map.emplace_back(tensors[i].name, impl->files[shard_of[i]]);
       total += sizes[i];
     }
     std::sort(weight_map.begin(), weight_map.end());
-    TERN_ASSIGN_OR_RETURN(const std::string index, safetensors::SerializeIndex(total, weight_map));
+    TERN_ASSIGN_OR_RETURN(const std::string index, checkpoint::SerializeIndex(total, weight_map));
     TERN_RETURN_IF_ERROR(WriteNewFile(
         env, impl->staging + "/" + kSafetensorsIndexName,
         {reinterpret_cast<const uint8_t*>(index.data()), index.size()}));

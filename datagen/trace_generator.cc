@@ -80,7 +80,8 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 }
 
 // The serve-view half. Every format maps a tile of master floats to view
-// bytes; issue 3's quantized formats (with per-group scales) plug in here.
+// bytes; quantized formats (with per-group scales) cast whole tensors at
+// once instead (Impl::ServeQuantized).
 void CastTile(ServeFormat format, const float* in, uint16_t* out, uint64_t n) {
   switch (format) {
     case ServeFormat::kBF16:

@@ -16,14 +16,14 @@
 namespace tern {
 namespace {
 
-using patchfmt::ParsedPatch;
-using patchfmt::RecordView;
+using patch::ParsedPatch;
+using patch::RecordView;
 
 Status RecordContext(const Status& s, const ParsedPatch& p, const RecordView& r) {
-  return patchfmt::RecordContext(s, p.tensors, r);
+  return patch::RecordContext(s, p.tensors, r);
 }
 
-using patchfmt::ForEachRecord;
+using patch::ForEachRecord;
 
 // Decoded changes are handled in batches so the view's cache lines can be
 // prefetched ahead: at 1% density every change touches a new line, and
@@ -73,26 +73,27 @@ Status CheckTarget(const ParsedPatch& p, const std::vector<ViewDigest>& partial,
 }  // namespace
 
 Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
-  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
-  PatchInfo info = patchfmt::HeadInfo(p);
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patch::ParsePatch(patch));
+  PatchInfo info = patch::HeadInfo(p);
   info.patch_bytes = p.total_bytes;
   for (const RecordView& r : p.records) {
     // CONTEXT positions are class ranks: without the base only their streams
     // can be checked (the rest is checked when the record is applied).
     const int w = p.tensors[r.h.tensor_index].width_bits;
-    Status s = r.h.encoding == patchfmt::kContext ? patchfmt::ValidateContextStreams(r, w)
-                                                  : patchfmt::DecodeRecord(r, w, [](uint64_t, uint64_t) {});
+    Status s = r.h.encoding == patch::kContext
+                   ? patch::ValidateContextStreams(r, w)
+                   : patch::DecodeRecord(r, w, [](uint64_t, uint64_t) {});
     if (!s.ok()) return RecordContext(s, p, r);
     TensorPatchInfo& t = info.tensors[r.h.tensor_index];
     t.changed_elements += r.h.changed_count;
     t.segments++;
-    t.sparse_segments += r.h.encoding == patchfmt::kSparse;
-    t.dense_segments += r.h.encoding == patchfmt::kDense;
-    t.raw_segments += r.h.encoding == patchfmt::kRaw;
-    t.context_segments += r.h.encoding == patchfmt::kContext;
+    t.sparse_segments += r.h.encoding == patch::kSparse;
+    t.dense_segments += r.h.encoding == patch::kDense;
+    t.raw_segments += r.h.encoding == patch::kRaw;
+    t.context_segments += r.h.encoding == patch::kContext;
     t.position_bytes += r.h.position_bytes;
     t.value_bytes += r.h.value_bytes;
-    t.header_bytes += sizeof(patchfmt::RecordHeader) + r.h.table_bytes + patchfmt::kChecksumBytes;
+    t.header_bytes += sizeof(patch::RecordHeader) + r.h.table_bytes + patch::kChecksumBytes;
   }
   for (const TensorPatchInfo& t : info.tensors) {
     info.changed_elements += t.changed_elements;
@@ -111,11 +112,11 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
 
 Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewDigest& current_digest,
              ThreadPool& pool, const ApplyOptions& options, ViewDigest* new_digest) {
-  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patchfmt::ParsePatch(patch));
-  return patchfmt::ApplyParsed(view, p, current_digest, pool, options, new_digest);
+  TERN_ASSIGN_OR_RETURN(ParsedPatch p, patch::ParsePatch(patch));
+  return patch::ApplyParsed(view, p, current_digest, pool, options, new_digest);
 }
 
-namespace patchfmt {
+namespace patch {
 
 PatchInfo HeadInfo(const ParsedPatch& p) {
   PatchInfo info;
@@ -141,7 +142,7 @@ Result<std::vector<uint64_t>> PrepareView(const MutableServeView& view, const Pa
                                           const ViewDigest& current_digest) {
   std::vector<const TensorDesc*> descs;
   for (const auto& t : view.tensors) descs.push_back(t.desc);
-  TERN_RETURN_IF_ERROR(patchfmt::CheckLayout(p.tensors, descs));
+  TERN_RETURN_IF_ERROR(patch::CheckLayout(p.tensors, descs));
   TERN_REQUIRE(current_digest == p.base_digest, kMismatch, "wrong base: the view is ", current_digest.ToString(),
                ", the patch applies to ", p.base_digest.ToString());
   std::vector<uint64_t> seeds(p.tensors.size());
@@ -185,7 +186,7 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
     const uint64_t seed = seeds[r.h.tensor_index];
     const uint64_t first = r.h.first_element;
     uint64_t* acc = partial[k].lanes.data();
-    return patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() -> Status {
+    return patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() -> Status {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
       uint64_t sum[4] = {};
       if (staging) {
@@ -205,27 +206,28 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         uint64_t n = 0, done = 0;
         uintptr_t last_line = 0;
         auto consume = [&](uint64_t j) {
-          const uint64_t old_value = patchfmt::LoadElement<W>(data, first + pos[j]);
+          const uint64_t old_value = patch::LoadElement<W>(data, first + pos[j]);
           const uint64_t new_value = (old_value + value[j]) & kMask;
-          patchfmt::AddElementChange(seed, first + pos[j], old_value, new_value, sum);
+          patch::AddElementChange(seed, first + pos[j], old_value, new_value, sum);
           value[j] = new_value;
         };
-        TERN_RETURN_IF_ERROR(patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
-                                                          [&](uint64_t p_in_seg, uint64_t delta) {
-          if (n < cap) {
-            pos[n] = static_cast<uint32_t>(p_in_seg);
-            value[n] = delta;
-            // One prefetch per cache line: repeats would only occupy
-            // the miss queue that the other lines are waiting for.
-            const uint8_t* line = base + p_in_seg * W / 8;
-            if ((reinterpret_cast<uintptr_t>(line) >> 6) != last_line) {
-              __builtin_prefetch(line, 0);
-              last_line = reinterpret_cast<uintptr_t>(line) >> 6;
-            }
-            if (n >= kPrefetchAhead) consume(done++);
-          }
-          ++n;
-        }));
+        TERN_RETURN_IF_ERROR(patch::DecodeRecordOnBase(
+            r, W, data, p.tensors[r.h.tensor_index].context,
+            [&](uint64_t p_in_seg, uint64_t delta) {
+              if (n < cap) {
+                pos[n] = static_cast<uint32_t>(p_in_seg);
+                value[n] = delta;
+                // One prefetch per cache line: repeats would only occupy
+                // the miss queue that the other lines are waiting for.
+                const uint8_t* line = base + p_in_seg * W / 8;
+                if ((reinterpret_cast<uintptr_t>(line) >> 6) != last_line) {
+                  __builtin_prefetch(line, 0);
+                  last_line = reinterpret_cast<uintptr_t>(line) >> 6;
+                }
+                if (n >= kPrefetchAhead) consume(done++);
+              }
+              ++n;
+            }));
         TERN_ASSERT(n == cap, "decoder accepted a wrong changed count");
         while (done < n) consume(done++);
         for (int l = 0; l < 4; ++l) acc[l] = sum[l];
@@ -234,14 +236,15 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
       ChangeBatch batch;
       auto address = [&](uint64_t pos) { return data + (first + pos) * W / 8; };
       auto add = [&](uint64_t pos, uint64_t delta) {
-        const uint64_t old_value = patchfmt::LoadElement<W>(data, first + pos);
+        const uint64_t old_value = patch::LoadElement<W>(data, first + pos);
         const uint64_t new_value = (old_value + delta) & kMask;
-        patchfmt::AddElementChange(seed, first + pos, old_value, new_value, sum);
+        patch::AddElementChange(seed, first + pos, old_value, new_value, sum);
       };
-      Status s = patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
-                                              [&](uint64_t pos, uint64_t delta) {
-                                                if (batch.Push(pos, delta)) batch.Flush(address, add, false);
-                                              });
+      Status s = patch::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                           [&](uint64_t pos, uint64_t delta) {
+                                             if (batch.Push(pos, delta))
+                                               batch.Flush(address, add, false);
+                                           });
       batch.Flush(address, add, false);
       for (int l = 0; l < 4; ++l) acc[l] = sum[l];
       return s;
@@ -262,13 +265,14 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
       uint8_t* data = view.tensors[r.h.tensor_index].data;
       const uint64_t first = r.h.first_element;
       const Staged& st = staged[k];
-      patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+      patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
         const uint32_t* pos = st.pos.get();
         const uint64_t* value = st.value.get();
         uint8_t* base = data + first * W / 8;
         for (uint64_t j = st.n; j-- > 0;) {
-          if (j >= kPrefetchAhead) __builtin_prefetch(base + uint64_t{pos[j - kPrefetchAhead]} * W / 8, 1);
-          patchfmt::StoreElement<W>(data, first + pos[j], value[j]);
+          if (j >= kPrefetchAhead)
+            __builtin_prefetch(base + uint64_t{pos[j - kPrefetchAhead]} * W / 8, 1);
+          patch::StoreElement<W>(data, first + pos[j], value[j]);
         }
       });
     });
@@ -281,20 +285,21 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
     const RecordView& r = p.records[k];
     uint8_t* data = view.tensors[r.h.tensor_index].data;
     const uint64_t first = r.h.first_element;
-    return patchfmt::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+    return patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
       ChangeBatch batch;
       auto address = [&](uint64_t pos) { return data + (first + pos) * W / 8; };
       auto write = [&](uint64_t pos, uint64_t delta) {
         const uint64_t i = first + pos;
-        patchfmt::StoreElement<W>(data, i, (patchfmt::LoadElement<W>(data, i) + delta) & kMask);
+        patch::StoreElement<W>(data, i, (patch::LoadElement<W>(data, i) + delta) & kMask);
       };
       // A CONTEXT record reads each block's base before it emits a change
       // there, so writing the changes it has emitted is safe (context_codec.h).
-      Status s = patchfmt::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
-                                              [&](uint64_t pos, uint64_t delta) {
-                                                if (batch.Push(pos, delta)) batch.Flush(address, write, true);
-                                              });
+      Status s = patch::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
+                                           [&](uint64_t pos, uint64_t delta) {
+                                             if (batch.Push(pos, delta))
+                                               batch.Flush(address, write, true);
+                                           });
       batch.Flush(address, write, true);
       return s;
     });
@@ -477,8 +482,10 @@ Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDi
   return Status::Ok();
 }
 
-}  // namespace patchfmt
+}  // namespace patch
 
-Result<uint64_t> VerifiedPrefixBytes(std::span<const uint8_t> prefix) { return patchfmt::ParsePrefix(prefix); }
+Result<uint64_t> VerifiedPrefixBytes(std::span<const uint8_t> prefix) {
+  return patch::ParsePrefix(prefix);
+}
 
 }  // namespace tern

@@ -25,7 +25,7 @@ Result<ApplyCheckpointResult> ApplyCheckpoint(const Checkpoint& base, std::span<
   auto t = std::chrono::steady_clock::now();
   // Framing and checksums now; the segment streams are decoded (and so
   // validated) by the apply itself, on the staged copy.
-  TERN_ASSIGN_OR_RETURN(const patchfmt::ParsedPatch parsed, patchfmt::ParsePatch(patch));
+  TERN_ASSIGN_OR_RETURN(const patch::ParsedPatch parsed, patch::ParsePatch(patch));
   result.base_version = parsed.base_version;
   result.target_version = parsed.target_version;
   result.base_digest = ComputeDigest(base.view(), pool);
@@ -44,15 +44,15 @@ Result<ApplyCheckpointResult> ApplyCheckpoint(const Checkpoint& base, std::span<
   // it verifies: one pass over the changed lines.
   ApplyOptions apply_options;
   apply_options.exclusive_view = true;
-  TERN_RETURN_IF_ERROR(patchfmt::ApplyParsed(staged->view(), parsed, result.base_digest, pool, apply_options,
-                                             &result.target_digest));
+  TERN_RETURN_IF_ERROR(patch::ApplyParsed(staged->view(), parsed, result.base_digest, pool,
+                                          apply_options, &result.target_digest));
   if (options.verify_full) {
     const ViewDigest scrub = ComputeDigest(AsConst(staged->view()), pool);
     if (!(scrub == result.target_digest))
       return TERN_ERROR(kInternal, "full re-digest of the result disagrees with the patch: ", scrub.ToString(),
                         " vs ", result.target_digest.ToString());
   }
-  for (const patchfmt::RecordView& r : parsed.records) result.changed_elements += r.h.changed_count;
+  for (const patch::RecordView& r : parsed.records) result.changed_elements += r.h.changed_count;
   result.apply_s = SecondsSince(t);
 
   t = std::chrono::steady_clock::now();

@@ -8,7 +8,7 @@
 #include "patch/container.h"
 #include "tern/patch.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 // Bytes staged per decoded change: a u32 position and a u64 new value.
 inline constexpr uint64_t kStagedChangeBytes = 12;
@@ -37,4 +37,4 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& patch, const 
 Status ApplyExclusive(MutableServeView& view, const ParsedPatch& patch, const ViewDigest& current_digest,
                       ThreadPool& pool, ViewDigest* new_digest);
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -19,7 +19,7 @@
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 // s, with the tensor and segment of record r.
 inline Status RecordContext(const Status& s, const std::vector<ManifestTensor>& tensors,
@@ -92,4 +92,4 @@ Status WriteRecord(const RecordView& r, const ManifestTensor& mt, uint8_t* data,
   });
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -9,10 +9,10 @@
 
 namespace tern {
 
-using patchfmt::NextRecordResult;
-using patchfmt::ParsedPatch;
-using patchfmt::RecordCursor;
-using patchfmt::RecordView;
+using patch::NextRecordResult;
+using patch::ParsedPatch;
+using patch::RecordCursor;
+using patch::RecordView;
 
 struct PatchStreamApply::Impl {
   MutableServeView& view;
@@ -32,9 +32,9 @@ struct PatchStreamApply::Impl {
 
   Status Start(std::span<const uint8_t> prefix) {
     uint64_t records_at = 0;
-    TERN_ASSIGN_OR_RETURN(bool complete, patchfmt::ParseHead(prefix, &head, &records_at));
+    TERN_ASSIGN_OR_RETURN(bool complete, patch::ParseHead(prefix, &head, &records_at));
     if (!complete) return Status::Ok();
-    TERN_ASSIGN_OR_RETURN(seeds, patchfmt::PrepareView(view, head, base));
+    TERN_ASSIGN_OR_RETURN(seeds, patch::PrepareView(view, head, base));
     cursor.at = records_at;
     started = true;
     return Status::Ok();
@@ -43,11 +43,11 @@ struct PatchStreamApply::Impl {
   // Writes `records` (complete, checked framing) in parallel; their digest
   // changes go to partial[first ...].
   Status Write(const std::vector<RecordView>& records, size_t first) {
-    return patchfmt::ForEachRecord(records, head.tensors, pool, [&](uint64_t k) {
+    return patch::ForEachRecord(records, head.tensors, pool, [&](uint64_t k) {
       const RecordView& r = records[k];
-      return patchfmt::WriteRecord(r, head.tensors[r.h.tensor_index],
-                                   view.tensors[r.h.tensor_index].data, seeds[r.h.tensor_index],
-                                   &partial[first + k], [](uint64_t, uint64_t) {});
+      return patch::WriteRecord(r, head.tensors[r.h.tensor_index],
+                                view.tensors[r.h.tensor_index].data, seeds[r.h.tensor_index],
+                                &partial[first + k], [](uint64_t, uint64_t) {});
     });
   }
 
@@ -58,7 +58,7 @@ struct PatchStreamApply::Impl {
     for (;;) {
       RecordView rec;
       const uint64_t at = cursor.at;
-      TERN_ASSIGN_OR_RETURN(NextRecordResult next, patchfmt::NextRecord(in, head, &cursor, &rec));
+      TERN_ASSIGN_OR_RETURN(NextRecordResult next, patch::NextRecord(in, head, &cursor, &rec));
       if (next == NextRecordResult::kEnd) *end = true;
       if (next != NextRecordResult::kRecord) break;
       batch.push_back(rec);
@@ -79,7 +79,7 @@ struct PatchStreamApply::Impl {
 
   Status Finish(std::span<const uint8_t> patch, ViewDigest* new_digest) {
     TERN_RETURN_IF_ERROR(Feed(patch));
-    TERN_ASSIGN_OR_RETURN(ParsedPatch whole, patchfmt::ParsePatch(patch));
+    TERN_ASSIGN_OR_RETURN(ParsedPatch whole, patch::ParsePatch(patch));
     TERN_REQUIRE(started, kCorrupt, "patch: header incomplete");  // ParsePatch would have said so
     TERN_REQUIRE(
         whole.base_digest == head.base_digest && whole.target_digest == head.target_digest &&
@@ -90,7 +90,7 @@ struct PatchStreamApply::Impl {
     for (size_t k = 0; k < whole.records.size(); ++k) {
       // A record's table follows its fixed header.
       const uint64_t at = static_cast<uint64_t>(whole.records[k].table - patch.data()) -
-                          sizeof(patchfmt::RecordHeader);
+                          sizeof(patch::RecordHeader);
       TERN_REQUIRE(at == offsets[k], kMismatch, "record ", k, " is at ", at,
                    ", it was streamed from ", offsets[k]);
       TERN_REQUIRE(whole.records[k].checksum == checksums[k], kMismatch, "record ", k,
@@ -109,9 +109,9 @@ struct PatchStreamApply::Impl {
 Result<std::optional<PatchInfo>> InspectHead(std::span<const uint8_t> prefix) {
   ParsedPatch head;
   uint64_t records_at = 0;
-  TERN_ASSIGN_OR_RETURN(bool complete, patchfmt::ParseHead(prefix, &head, &records_at));
+  TERN_ASSIGN_OR_RETURN(bool complete, patch::ParseHead(prefix, &head, &records_at));
   if (!complete) return std::optional<PatchInfo>();
-  return std::optional<PatchInfo>(patchfmt::HeadInfo(head));
+  return std::optional<PatchInfo>(patch::HeadInfo(head));
 }
 
 PatchStreamApply::PatchStreamApply(MutableServeView& view, const ViewDigest& current_digest,

@@ -8,7 +8,7 @@
 
 #include "format/bit_stream.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 using format::BitReader;
 
@@ -33,4 +33,4 @@ class BitWriter : private VectorSink, public format::BitWriter<VectorSink> {
   BitWriter& operator=(const BitWriter&) = delete;
 };
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

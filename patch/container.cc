@@ -7,7 +7,7 @@
 #include "base/coding.h"
 #include "patch/context_codec.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 namespace {
 
 uint64_t TrailerChecksum(uint64_t record_count, uint64_t manifest_checksum,
@@ -312,4 +312,4 @@ Status CheckLayout(const std::vector<ManifestTensor>& tensors, const std::vector
   return Status::Ok();
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

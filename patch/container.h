@@ -12,7 +12,7 @@
 #include "tern/status.h"
 #include "tern/view.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 struct ManifestTensor {
   TensorDesc desc;
@@ -70,4 +70,4 @@ std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t b
 // kMismatch naming the first tensor whose name, dtype or shape differs.
 Status CheckLayout(const std::vector<ManifestTensor>& tensors, const std::vector<const TensorDesc*>& view);
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-namespace tern::patchfmt {
+namespace tern::patch {
 namespace {
 
 double Entropy2(double p) { return p <= 0 || p >= 1 ? 0.0 : -(p * std::log2(p) + (1 - p) * std::log2(1 - p)); }
@@ -403,4 +403,4 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
   return true;
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

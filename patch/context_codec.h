@@ -34,7 +34,7 @@
 #include <immintrin.h>
 #endif
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 ContextField ContextFieldOf(DType dtype);
 
@@ -330,4 +330,4 @@ bool EncodeContext(const uint64_t* positions, const uint64_t* deltas, uint64_t n
                    ContextField f, int max_classes, uint64_t first, uint64_t count, uint64_t limit_bytes,
                    ContextPayload* out);
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

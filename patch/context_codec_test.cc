@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-namespace tern::patchfmt {
+namespace tern::patch {
 namespace {
 
 TEST(ContextCodecTest, ClassMasksMatchTheBitByBitVersion) {
@@ -88,4 +88,4 @@ TEST(ContextCodecTest, ClassesClampToTheRange) {
 }
 
 }  // namespace
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

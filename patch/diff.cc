@@ -13,7 +13,7 @@
 namespace tern {
 namespace {
 
-using patchfmt::kMaxSegmentElements;
+using patch::kMaxSegmentElements;
 
 // Whether two 64-byte blocks are equal: two 32-byte vector compares (GCC
 // vector extensions, so it stays portable and needs no intrinsics).
@@ -62,7 +62,7 @@ void CollectChanges(const uint8_t* old_data, const uint8_t* new_data, uint64_t f
     pos[n] = i;
     del[n] = (b - a) & kMask;
     ++n;
-    patchfmt::AddElementChange(seed, first + i, a, b, acc);
+    patch::AddElementChange(seed, first + i, a, b, acc);
   };
   // first is even for W == 4 (segments are byte aligned), so byte offsets are exact.
   const uint64_t start_byte = first * W / 8;
@@ -98,8 +98,8 @@ void CollectChanges(const uint8_t* old_data, const uint8_t* new_data, uint64_t f
   }
   reserve(count - blocks * kBlockElements);
   for (uint64_t i = blocks * kBlockElements; i < count; ++i) {
-    const uint64_t a = patchfmt::LoadElement<W>(old_data, first + i);
-    const uint64_t b = patchfmt::LoadElement<W>(new_data, first + i);
+    const uint64_t a = patch::LoadElement<W>(old_data, first + i);
+    const uint64_t b = patch::LoadElement<W>(new_data, first + i);
     if (a != b) changed(i, a, b);
   }
   positions->resize(n);
@@ -121,33 +121,34 @@ Status CheckSameLayout(const ServeView& a, const ServeView& b) {
                    "view tensors must be sorted by name (SortAndCheck) at '", x.name, "'");
     auto checked = CheckedElements(x.dtype, x.shape);
     TERN_REQUIRE(checked.ok(), kOutOfRange, "tensor '", x.name, "': shape too large");
-    TERN_REQUIRE(x.name.size() >= 1 && x.name.size() <= patchfmt::kMaxNameBytes &&
-                     x.shape.size() <= patchfmt::kMaxRank,
-                 kInvalidArgument, "tensor '", x.name, "': name length or rank outside the format limits");
+    TERN_REQUIRE(x.name.size() >= 1 && x.name.size() <= patch::kMaxNameBytes &&
+                     x.shape.size() <= patch::kMaxRank,
+                 kInvalidArgument, "tensor '", x.name,
+                 "': name length or rank outside the format limits");
   }
-  TERN_REQUIRE(a.tensors.size() <= patchfmt::kMaxTensors, kInvalidArgument, "too many tensors");
+  TERN_REQUIRE(a.tensors.size() <= patch::kMaxTensors, kInvalidArgument, "too many tensors");
   return Status::Ok();
 }
 
 // Shared by Diff (whose arguments are validated) and EncodeSegment.
 SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32_t tensor_index,
                           uint64_t seed, uint64_t first, uint64_t count, uint16_t format_version,
-                          int max_context_classes = patchfmt::kMaxClasses) {
+                          int max_context_classes = patch::kMaxClasses) {
   thread_local std::vector<uint64_t> positions, deltas;  // scratch reused; CollectChanges sizes them
   SegmentRecord rec;
   rec.tensor_index = tensor_index;
   rec.first_element = first;
   rec.element_count = count;
   const int w = ElementBits(old_t.desc->dtype);
-  patchfmt::DispatchWidth(w, [&]<int W>() {
+  patch::DispatchWidth(w, [&]<int W>() {
     CollectChanges<W>(old_t.data, new_t.data, first, count, seed, &positions, &deltas, rec.digest_delta.lanes.data());
   });
-  patchfmt::ContextBase base;
-  if (format_version >= patchfmt::kFormatVersion2)
-    base = {old_t.data, patchfmt::ContextFieldOf(old_t.desc->dtype), max_context_classes};
+  patch::ContextBase base;
+  if (format_version >= patch::kFormatVersion2)
+    base = {old_t.data, patch::ContextFieldOf(old_t.desc->dtype), max_context_classes};
   if (!positions.empty())
-    patchfmt::EncodeRecord(positions.data(), deltas.data(), positions.size(), w, tensor_index, first, count,
-                           &rec.bytes, base);
+    patch::EncodeRecord(positions.data(), deltas.data(), positions.size(), w, tensor_index, first,
+                        count, &rec.bytes, base);
   return rec;
 }
 
@@ -158,7 +159,7 @@ uint64_t SegmentSizeFor(DType dtype, uint64_t segment_elements) {
 }
 
 Status CheckFormatVersion(uint16_t v) {
-  TERN_REQUIRE(v == patchfmt::kFormatVersion1 || v == patchfmt::kFormatVersion2, kInvalidArgument,
+  TERN_REQUIRE(v == patch::kFormatVersion1 || v == patch::kFormatVersion2, kInvalidArgument,
                "patch format version ", v, " (this build writes versions 1 and 2)");
   return Status::Ok();
 }
@@ -189,8 +190,9 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
   TERN_REQUIRE(options.segment_elements >= 1 && options.segment_elements < kMaxSegmentElements, kInvalidArgument,
                "segment_elements must be in [1, 2^24)");
   TERN_RETURN_IF_ERROR(CheckFormatVersion(options.format_version));
-  TERN_REQUIRE(options.max_context_classes >= 2 && options.max_context_classes <= patchfmt::kMaxClasses,
-               kInvalidArgument, "max_context_classes must be in [2, 16]");
+  TERN_REQUIRE(
+      options.max_context_classes >= 2 && options.max_context_classes <= patch::kMaxClasses,
+      kInvalidArgument, "max_context_classes must be in [2, 16]");
   TERN_RETURN_IF_ERROR(CheckSameLayout(old_view, new_view));
   struct Item {
     uint32_t tensor;
@@ -220,8 +222,8 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
     target += r.digest_delta;
     if (!r.bytes.empty()) spans.emplace_back(r.bytes);
   }
-  return patchfmt::WritePatch(descs, options.base_version, options.target_version, base, target, spans,
-                              options.format_version);
+  return patch::WritePatch(descs, options.base_version, options.target_version, base, target, spans,
+                           options.format_version);
 }
 
 PatchBuilder::PatchBuilder(const ServeView& layout, uint64_t base_version, uint64_t target_version,
@@ -242,9 +244,9 @@ Status PatchBuilder::Add(SegmentRecord record) {
   TERN_REQUIRE(record.element_count <= n && record.first_element <= n - record.element_count, kInvalidArgument,
                "record range outside tensor '", d.name, "'");
   if (!record.bytes.empty()) {
-    auto parsed = patchfmt::ParseRecord(record.bytes.data(), record.bytes.size(), ElementBits(d.dtype), nullptr,
-                                        format_version_ >= patchfmt::kFormatVersion2 &&
-                                            patchfmt::ContextFieldOf(d.dtype).ok);
+    auto parsed = patch::ParseRecord(
+        record.bytes.data(), record.bytes.size(), ElementBits(d.dtype), nullptr,
+        format_version_ >= patch::kFormatVersion2 && patch::ContextFieldOf(d.dtype).ok);
     TERN_RETURN_IF_ERROR(parsed.status());
     TERN_REQUIRE(parsed->total_bytes == record.bytes.size() && parsed->h.tensor_index == record.tensor_index &&
                      parsed->h.first_element == record.first_element &&
@@ -269,8 +271,8 @@ Result<std::vector<uint8_t>> PatchBuilder::Finish() {
     if (!r.bytes.empty()) spans.emplace_back(r.bytes);
   }
   TERN_RETURN_IF_ERROR(CheckFormatVersion(format_version_));
-  return patchfmt::WritePatch(descs_, base_version_, target_version_, base_digest_, target_digest_, spans,
-                              format_version_);
+  return patch::WritePatch(descs_, base_version_, target_version_, base_digest_, target_digest_,
+                           spans, format_version_);
 }
 
 }  // namespace tern

@@ -13,9 +13,9 @@
 namespace tern {
 namespace {
 
-using patchfmt::Lane;
-using patchfmt::LaneAdd;
-using patchfmt::Mix64;
+using patch::Lane;
+using patch::LaneAdd;
+using patch::Mix64;
 
 // Elements per parallel work item: large enough to amortize scheduling.
 constexpr uint64_t kChunkElements = uint64_t{1} << 20;
@@ -31,11 +31,11 @@ void AccumulateRange(const uint8_t* data, uint64_t seed, uint64_t begin, uint64_
   for (uint64_t b = begin; b < end; b += kBlock) {
     const uint64_t n = std::min(kBlock, end - b);
     for (uint64_t j = 0; j < n; ++j) {
-      v[j] = patchfmt::LoadElement<W>(data, b + j);
+      v[j] = patch::LoadElement<W>(data, b + j);
       u[j] = Mix64((b + j) ^ seed);
     }
     for (int l = 0; l < 4; ++l) {
-      const uint64_t add = LaneAdd(l), mul = patchfmt::LaneMul(l);
+      const uint64_t add = LaneAdd(l), mul = patch::LaneMul(l);
       uint64_t sum = 0;
       for (uint64_t j = 0; j < n; ++j) {
         const uint64_t t = (v[j] ^ (u[j] + add)) * mul;

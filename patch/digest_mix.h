@@ -8,7 +8,7 @@
 #include "format/digest_terms.h"
 #include "tern/digest.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 using hd::AddElementChange;
 using hd::Lane;
@@ -16,4 +16,4 @@ using hd::LaneAdd;
 using hd::LaneMul;
 using hd::Mix64;
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -6,7 +6,7 @@
 
 #include "format/element.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 // Element access is format/element.h's, shared with the GPU kernels.
 using format::LoadElement;
@@ -24,4 +24,4 @@ inline decltype(auto) DispatchWidth(int w, Fn&& fn) {
   }
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

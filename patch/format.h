@@ -8,7 +8,7 @@
 
 #include "format/record.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 static_assert(std::endian::native == std::endian::little,
               "the fixed headers are memcpy'd; a big-endian port must byte-swap them");
@@ -78,4 +78,4 @@ struct Trailer {
 };
 static_assert(sizeof(Trailer) == 24);
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -21,7 +21,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
-  using namespace tern::patchfmt;
+  using namespace tern::patch;
   static constexpr DType kTypes[] = {DType::kBF16,   DType::kF16,    DType::kF32,    DType::kF64,
                                      DType::kF8E4M3, DType::kF8E5M2, DType::kF8E8M0, DType::kF4};
   if (size < 3) return 0;

@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
   std::span<const uint8_t> in(data, size);
   auto info = Inspect(in);
-  auto ref = patchfmt::ReferenceDecode(in);
+  auto ref = patch::ReferenceDecode(in);
   TERN_ASSERT(info.ok() == ref.ok(), "fast and reference decoders disagree on validity");
   auto prefix = VerifiedPrefixBytes(in);
   if (prefix.ok()) TERN_ASSERT(*prefix <= size);

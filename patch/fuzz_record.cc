@@ -16,7 +16,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
-  using namespace tern::patchfmt;
+  using namespace tern::patch;
   if (size < 1) return 0;
   static constexpr int kWidths[] = {4, 8, 16, 32, 64};
   const int w = kWidths[data[0] % 5];

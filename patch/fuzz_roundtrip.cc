@@ -47,6 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TERN_ASSERT(s.ok(), s.ToString());
   TERN_ASSERT(x.data[0] == b.data[0], "exclusive round trip not bitwise");
   const ServeView base_view = old.View();
-  TERN_ASSERT(patchfmt::ReferenceDecode(*patch, &base_view).ok(), "reference decoder rejects a fresh patch");
+  TERN_ASSERT(patch::ReferenceDecode(*patch, &base_view).ok(),
+              "reference decoder rejects a fresh patch");
   return 0;
 }

@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
     if (!wanted) continue;
     testing::OwnedView a;
     for (const auto& t : c.tensors) a.Add(t.name, t.dtype, t.shape);
-    auto physical = [&](size_t t) { return c.push > 0 && patchfmt::ContextFieldOf(a.descs[t].dtype).ok; };
+    auto physical = [&](size_t t) {
+      return c.push > 0 && patch::ContextFieldOf(a.descs[t].dtype).ok;
+    };
     for (size_t t = 0; t < a.descs.size(); ++t) {
       if (physical(t)) testing::PhysicalFill(a.data[t], a.descs[t].dtype, a.descs[t].elements(), rng);
       else testing::FillRandom(a.data[t], rng);

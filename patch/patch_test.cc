@@ -19,7 +19,7 @@ namespace {
 
 using testing::OwnedView;
 
-std::vector<patchfmt::RefChange> SortedChanges(std::vector<patchfmt::RefChange> v) {
+std::vector<patch::RefChange> SortedChanges(std::vector<patch::RefChange> v) {
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
     return a.tensor != b.tensor ? a.tensor < b.tensor : a.element < b.element;
   });
@@ -30,17 +30,18 @@ constexpr DType kWidthTypes[] = {DType::kF64, DType::kF32, DType::kBF16, DType::
 
 // The fast decoder's change list against `base`, sorted by (tensor,
 // element), for comparison with the reference decoder.
-std::vector<patchfmt::RefChange> FastChanges(std::span<const uint8_t> patch, const OwnedView& base) {
-  auto p = patchfmt::ParsePatch(patch);
+std::vector<patch::RefChange> FastChanges(std::span<const uint8_t> patch, const OwnedView& base) {
+  auto p = patch::ParsePatch(patch);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
-  std::vector<patchfmt::RefChange> out;
+  std::vector<patch::RefChange> out;
   if (!p.ok()) return out;
   for (const auto& r : p->records) {
-    const patchfmt::ManifestTensor& mt = p->tensors[r.h.tensor_index];
-    Status s = patchfmt::DecodeRecordOnBase(r, mt.width_bits, base.data[r.h.tensor_index].data(), mt.context,
-                                            [&](uint64_t pos, uint64_t d) {
-                                              out.push_back({r.h.tensor_index, r.h.first_element + pos, d});
-                                            });
+    const patch::ManifestTensor& mt = p->tensors[r.h.tensor_index];
+    Status s =
+        patch::DecodeRecordOnBase(r, mt.width_bits, base.data[r.h.tensor_index].data(), mt.context,
+                                  [&](uint64_t pos, uint64_t d) {
+                                    out.push_back({r.h.tensor_index, r.h.first_element + pos, d});
+                                  });
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
   return SortedChanges(out);
@@ -70,7 +71,7 @@ std::vector<uint8_t> CheckRoundTripFormat(const OwnedView& old_view, const Owned
   // Same through the unstaged path (decode twice, O(1) memory).
   OwnedView unstaged = old_view;
   MutableServeView uv = unstaged.Mutable();
-  s = patchfmt::ApplyWithStaging(uv, *patch, ComputeDigest(old_view.View(), pool), pool, nullptr, 0);
+  s = patch::ApplyWithStaging(uv, *patch, ComputeDigest(old_view.View(), pool), pool, nullptr, 0);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(unstaged.data, new_view.data);
   // Same through the exclusive-view path (write while verifying).
@@ -84,7 +85,7 @@ std::vector<uint8_t> CheckRoundTripFormat(const OwnedView& old_view, const Owned
   EXPECT_EQ(got_exclusive, got);
 
   const ServeView base = old_view.View();
-  auto ref = patchfmt::ReferenceDecode(*patch, &base);
+  auto ref = patch::ReferenceDecode(*patch, &base);
   EXPECT_TRUE(ref.ok()) << ref.status().ToString();
   if (ref.ok()) {
     EXPECT_EQ(SortedChanges(*ref), FastChanges(*patch, old_view));
@@ -92,7 +93,8 @@ std::vector<uint8_t> CheckRoundTripFormat(const OwnedView& old_view, const Owned
     for (const auto& c : *ref) {
       const int w = ElementBits(by_ref.descs[c.tensor].dtype);
       auto& d = by_ref.data[c.tensor];
-      testing::Set(d, w, c.element, (testing::Get(d, w, c.element) + c.delta) & patchfmt::WidthMask(w));
+      testing::Set(d, w, c.element,
+                   (testing::Get(d, w, c.element) + c.delta) & patch::WidthMask(w));
     }
     EXPECT_EQ(by_ref.data, new_view.data);
   }
@@ -153,7 +155,7 @@ TEST(PatchTest, AdversarialPatterns) {
   std::mt19937_64 rng(12);
   for (DType dt : kWidthTypes) {
     const int w = ElementBits(dt);
-    const uint64_t n = 9001, mask = patchfmt::WidthMask(w);
+    const uint64_t n = 9001, mask = patch::WidthMask(w);
     OwnedView a;
     a.Add("w", dt, {n});
     testing::FillRandom(a.data[0], rng);
@@ -279,7 +281,7 @@ TEST(PatchTest, EveryBitFlipAndTruncationIsRejected) {
   for (size_t bit = 0; bit < c.patch.size() * 8; ++bit) {
     std::vector<uint8_t> bad = c.patch;
     bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
-    Status s = patchfmt::ApplyWithStaging(mv, bad, c.base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
+    Status s = patch::ApplyWithStaging(mv, bad, c.base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
     ASSERT_FALSE(s.ok()) << "bit " << bit;
     EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
     ASSERT_EQ(work.data, c.a.data) << "bit " << bit;
@@ -571,7 +573,7 @@ TEST(PatchFormat2Test, WrongBaseWithItsDigestFailsAndLeavesTheView) {
     Status sx = Apply(mv, *patch, claimed, pool, ApplyOptions{.exclusive_view = true});
     EXPECT_EQ(sx.ToString(), s.ToString());
     EXPECT_EQ(other.data, before);
-    Status su = patchfmt::ApplyWithStaging(mv, *patch, claimed, pool, nullptr, 0);
+    Status su = patch::ApplyWithStaging(mv, *patch, claimed, pool, nullptr, 0);
     EXPECT_EQ(su.ToString(), s.ToString());
     EXPECT_EQ(other.data, before);
   }
@@ -593,7 +595,7 @@ TEST(PatchFormat2Test, EveryBitFlipAndTruncationIsRejected) {
   for (size_t bit = 0; bit < patch.size() * 8; ++bit) {
     std::vector<uint8_t> bad = patch;
     bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
-    Status s = patchfmt::ApplyWithStaging(mv, bad, base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
+    Status s = patch::ApplyWithStaging(mv, bad, base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
     ASSERT_FALSE(s.ok()) << "bit " << bit;
     EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
     ASSERT_EQ(work.data, a.data) << "bit " << bit;
@@ -656,13 +658,13 @@ TEST(PatchFormat2Test, MaxContextClassesBoundsK) {
     opt.max_context_classes = max_classes;
     auto limited = Diff(a.View(), b.View(), opt, pool);
     ASSERT_TRUE(limited.ok());
-    auto parsed = patchfmt::ParsePatch(*limited);
+    auto parsed = patch::ParsePatch(*limited);
     ASSERT_TRUE(parsed.ok());
     int most = 0;
     for (const auto& r : parsed->records) {
-      if (r.h.encoding != patchfmt::kContext) continue;
-      patchfmt::ContextTable t;
-      ASSERT_TRUE(patchfmt::ParseContextTable(r, &t).ok());
+      if (r.h.encoding != patch::kContext) continue;
+      patch::ContextTable t;
+      ASSERT_TRUE(patch::ParseContextTable(r, &t).ok());
       most = std::max(most, t.classes);
     }
     EXPECT_EQ(most, max_classes);  // 40000 elements at ~4%: enough changes for 16 classes

@@ -7,7 +7,7 @@
 #include "patch/context_codec.h"
 #include "patch/element_access.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 namespace {
 
 // Bit i of a stream is bit (i mod 8) of byte i / 8.
@@ -213,4 +213,4 @@ Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch, c
   return out;
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

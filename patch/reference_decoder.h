@@ -11,7 +11,7 @@
 #include "tern/status.h"
 #include "tern/view.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 struct RefChange {
   uint32_t tensor;
@@ -26,4 +26,4 @@ struct RefChange {
 // changes are left out.
 Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch, const ServeView* base = nullptr);
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

@@ -8,7 +8,7 @@
 #include "format/record_encode.h"
 #include "patch/context_codec.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 void EncodeRecord(const uint64_t* positions, const uint64_t* deltas, uint64_t n, int w,
                   uint32_t tensor_index, uint64_t first, uint64_t count, std::vector<uint8_t>* out,
@@ -112,4 +112,4 @@ void BuildFastTable(int w, bool zero_ok, HuffmanDecoder* dec) {
   }
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

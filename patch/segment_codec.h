@@ -14,7 +14,7 @@
 #include "patch/format.h"
 #include "tern/status.h"
 
-namespace tern::patchfmt {
+namespace tern::patch {
 
 using format::UnZigZag;
 using format::ValueSymbol;
@@ -230,4 +230,4 @@ Status DecodeRecord(const RecordView& r, int w, Fn&& fn) {
   return Status::Ok();
 }
 
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

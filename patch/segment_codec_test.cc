@@ -4,7 +4,7 @@
 
 #include <random>
 
-namespace tern::patchfmt {
+namespace tern::patch {
 namespace {
 
 struct Decoded {
@@ -269,4 +269,4 @@ TEST(SegmentCodecTest, FastPathMatchesCheckedDecode) {
 }
 
 }  // namespace
-}  // namespace tern::patchfmt
+}  // namespace tern::patch

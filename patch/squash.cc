@@ -8,25 +8,26 @@
 
 namespace tern {
 
-using patchfmt::ParsedPatch;
-using patchfmt::RecordView;
+using patch::ParsedPatch;
+using patch::RecordView;
 
 Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches, ThreadPool& pool) {
   TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
   std::vector<ParsedPatch> parsed;
   for (size_t i = 0; i < patches.size(); ++i) {
-    auto p = patchfmt::ParsePatch(patches[i]);
+    auto p = patch::ParsePatch(patches[i]);
     if (!p.ok()) return p.status().WithContext("patch " + std::to_string(i + 1));
     for (const RecordView& r : p->records)
-      TERN_REQUIRE(r.h.encoding != patchfmt::kContext, kUnsupported, "patch ", i + 1,
-                   " codes segments given its base (format 2): squashing it needs the base view (SquashOnBase)");
+      TERN_REQUIRE(r.h.encoding != patch::kContext, kUnsupported, "patch ", i + 1,
+                   " codes segments given its base (format 2): squashing it needs the base view "
+                   "(SquashOnBase)");
     parsed.push_back(std::move(p).value());
   }
   const ParsedPatch& first = parsed.front();
   std::vector<const TensorDesc*> descs;
   for (const auto& t : first.tensors) descs.push_back(&t.desc);
   for (size_t i = 1; i < parsed.size(); ++i) {
-    Status s = patchfmt::CheckLayout(parsed[i].tensors, descs);
+    Status s = patch::CheckLayout(parsed[i].tensors, descs);
     if (!s.ok()) return s.WithContext("patch " + std::to_string(i + 1) + " vs patch 1");
     TERN_REQUIRE(parsed[i - 1].target_digest == parsed[i].base_digest, kMismatch, "patch ", i + 1,
                  " does not start where patch ", i, " ends (digests do not chain)");
@@ -40,11 +41,12 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
     for (const RecordView& r : p.records) by_tensor[r.h.tensor_index].push_back(&r);
   pool.ParallelFor(tensors, [&](uint64_t t) {
     const int w = first.tensors[t].width_bits;
-    const uint64_t mask = patchfmt::WidthMask(w);
+    const uint64_t mask = patch::WidthMask(w);
     std::vector<std::pair<uint64_t, uint64_t>> changes;
     for (const RecordView* r : by_tensor[t]) {
       const uint64_t base = r->h.first_element;
-      Status s = patchfmt::DecodeRecord(*r, w, [&](uint64_t pos, uint64_t d) { changes.emplace_back(base + pos, d); });
+      Status s = patch::DecodeRecord(
+          *r, w, [&](uint64_t pos, uint64_t d) { changes.emplace_back(base + pos, d); });
       if (!s.ok()) {
         errors[t] = s.WithContext("tensor '" + first.tensors[t].desc.name + "'");
         return;
@@ -73,8 +75,8 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
         delta.push_back(changes[i].second);
       }
       out_records[t].emplace_back();
-      patchfmt::EncodeRecord(pos.data(), delta.data(), pos.size(), w, static_cast<uint32_t>(t), seg_first, count,
-                             &out_records[t].back());
+      patch::EncodeRecord(pos.data(), delta.data(), pos.size(), w, static_cast<uint32_t>(t),
+                          seg_first, count, &out_records[t].back());
     }
   });
   for (const Status& s : errors) TERN_RETURN_IF_ERROR(s);
@@ -83,8 +85,8 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
     for (const auto& r : recs) spans.emplace_back(r);
   std::vector<TensorDesc> out_descs;
   for (const auto& t : first.tensors) out_descs.push_back(t.desc);
-  return patchfmt::WritePatch(out_descs, first.base_version, parsed.back().target_version, first.base_digest,
-                              parsed.back().target_digest, spans);
+  return patch::WritePatch(out_descs, first.base_version, parsed.back().target_version,
+                           first.base_digest, parsed.back().target_digest, spans);
 }
 
 

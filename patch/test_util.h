@@ -17,10 +17,10 @@
 namespace tern::testing {
 
 inline uint64_t Get(const std::vector<uint8_t>& d, int w, uint64_t i) {
-  return patchfmt::DispatchWidth(w, [&]<int W>() { return patchfmt::LoadElement<W>(d.data(), i); });
+  return patch::DispatchWidth(w, [&]<int W>() { return patch::LoadElement<W>(d.data(), i); });
 }
 inline void Set(std::vector<uint8_t>& d, int w, uint64_t i, uint64_t v) {
-  patchfmt::DispatchWidth(w, [&]<int W>() { patchfmt::StoreElement<W>(d.data(), i, v); });
+  patch::DispatchWidth(w, [&]<int W>() { patch::StoreElement<W>(d.data(), i, v); });
 }
 
 inline void FillRandom(std::vector<uint8_t>& d, std::mt19937_64& rng) {
@@ -46,7 +46,7 @@ inline void Mutate(std::vector<uint8_t>& d, int w, uint64_t n, double density, s
 // changes with probability ~ push / ulp, doubling per binade down. Mostly
 // +-1 in bit-pattern space, like a rounding flip.
 inline void PhysicalFill(std::vector<uint8_t>& d, DType dt, uint64_t n, std::mt19937_64& rng) {
-  const patchfmt::ContextField f = patchfmt::ContextFieldOf(dt);
+  const patch::ContextField f = patch::ContextFieldOf(dt);
   const int w = ElementBits(dt);
   const uint64_t top = f.mask > 2 ? f.mask - 1 : f.mask;
   for (uint64_t i = 0; i < n; ++i) {
@@ -54,14 +54,14 @@ inline void PhysicalFill(std::vector<uint8_t>& d, DType dt, uint64_t n, std::mt1
     while (g < top && (rng() & 1)) ++g;
     const uint64_t mant = rng() & ((uint64_t{1} << f.shift) - 1);
     const uint64_t sign = rng() & 1;
-    Set(d, w, i, ((sign << (w - 1)) | ((top - g) << f.shift) | mant) & patchfmt::WidthMask(w));
+    Set(d, w, i, ((sign << (w - 1)) | ((top - g) << f.shift) | mant) & patch::WidthMask(w));
   }
 }
 
 inline void PhysicalMutate(std::vector<uint8_t>& d, DType dt, uint64_t n, double push, std::mt19937_64& rng) {
-  const patchfmt::ContextField f = patchfmt::ContextFieldOf(dt);
+  const patch::ContextField f = patch::ContextFieldOf(dt);
   const int w = ElementBits(dt);
-  const uint64_t mask = patchfmt::WidthMask(w);
+  const uint64_t mask = patch::WidthMask(w);
   std::uniform_real_distribution<double> u(0, 1);
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t v = Get(d, w, i);

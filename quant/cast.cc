@@ -11,7 +11,7 @@
 #endif
 
 namespace tern {
-namespace quant_internal {
+namespace quant {
 
 uint16_t F32BitsToBF16(uint32_t u) {
   // PyTorch's AVX2/AVX-512 kernels write 0xFFFF for any NaN.
@@ -65,12 +65,12 @@ uint32_t F16ToF32Bits(uint16_t h) {
   return sign | (e << 23) | ((mant & 0x3FFu) << 13);
 }
 
-}  // namespace quant_internal
+}  // namespace quant
 
 namespace {
-using quant_internal::F32BitsToBF16;
-using quant_internal::F32BitsToF16;
-using quant_internal::F16ToF32Bits;
+using quant::F16ToF32Bits;
+using quant::F32BitsToBF16;
+using quant::F32BitsToF16;
 
 uint32_t Bits(float f) {
   uint32_t u;

@@ -71,7 +71,7 @@ Result<std::string> ReadConfig(const fs::path& path) {
 // The output's config.json, or "" for none (see the header's contract).
 Result<std::string> OutputConfig(const std::string& in_path, const QuantSpec& spec,
                                  const std::vector<std::string>& unquantized) {
-  const nlohmann::ordered_json qconfig = quant_internal::QuantizationConfig(spec, unquantized);
+  const nlohmann::ordered_json qconfig = quant::QuantizationConfig(spec, unquantized);
   const fs::path config_path = fs::path(in_path) / "config.json";
   std::error_code ec;  // the non-throwing overloads: an error reads as "no config"
   const bool have_config = fs::is_directory(in_path, ec) && fs::exists(config_path, ec);
@@ -159,7 +159,7 @@ Status ShareTensorScales(const QuantSpec& spec, const ScalePolicy& policy, const
       if (first_error.ok()) first_error = f.status();
       return;
     }
-    amax[parts[k]] = quant_internal::AbsMax(f->data(), f->size());
+    amax[parts[k]] = quant::AbsMax(f->data(), f->size());
   });
   TERN_RETURN_IF_ERROR(first_error);
   for (const auto& [key, members] : layers) {

@@ -20,8 +20,8 @@ TEST(CastExhaustiveTest, EveryF32MatchesScalarReference) {
     CastF32ToBF16(reinterpret_cast<const float*>(in.data()), bf.data(), kChunk);
     CastF32ToF16(reinterpret_cast<const float*>(in.data()), h.data(), kChunk);
     for (uint64_t i = 0; i < kChunk; ++i) {
-      mismatches += bf[i] != quant_internal::F32BitsToBF16(in[i]);
-      mismatches += h[i] != quant_internal::F32BitsToF16(in[i]);
+      mismatches += bf[i] != quant::F32BitsToBF16(in[i]);
+      mismatches += h[i] != quant::F32BitsToF16(in[i]);
     }
     ASSERT_EQ(mismatches, 0u) << "in chunk starting at " << base;
   }

@@ -1,6 +1,7 @@
 // CastCheckpoint and the engines' fused layers: the parts of q/k/v and
 // gate/up share one per-tensor scale (engines load them as one matrix with
-// one), and MXFP4 quantizes only what its config says it does (issue 12).
+// one), and MXFP4 quantizes only what its config says it does (an engine
+// loads the rest unquantized).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
-namespace tern::quant_internal {
+namespace tern::quant {
 
 uint16_t F32BitsToBF16(uint32_t f32_bits);
 uint16_t F32BitsToF16(uint32_t f32_bits);
 uint32_t F16ToF32Bits(uint16_t f16_bits);
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

@@ -14,9 +14,9 @@
 namespace tern {
 namespace {
 
-using quant_internal::F16ToF32Bits;
-using quant_internal::F32BitsToBF16;
-using quant_internal::F32BitsToF16;
+using quant::F16ToF32Bits;
+using quant::F32BitsToBF16;
+using quant::F32BitsToF16;
 
 uint32_t U(float f) {
   uint32_t u;

@@ -9,7 +9,7 @@
 
 #include "format/minifloat.h"
 
-namespace tern::quant_internal {
+namespace tern::quant {
 
 using MiniFloat = ::tern::minifloat::MiniFormat;
 
@@ -21,4 +21,4 @@ using ::tern::minifloat::DecodeE8M0;
 using ::tern::minifloat::DecodeMini;
 using ::tern::minifloat::EncodeMini;
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

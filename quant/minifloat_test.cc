@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-namespace tern::quant_internal {
+namespace tern::quant {
 namespace {
 
 TEST(MiniFloatTest, E2M1MatchesHandTable) {
@@ -92,4 +92,4 @@ TEST(MiniFloatTest, EveryCodeRoundTripsAndMidpointsTieToEven) {
 }
 
 }  // namespace
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

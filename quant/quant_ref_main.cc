@@ -58,12 +58,11 @@ int Bytes(const std::vector<unsigned char>& data, size_t in_size, size_t out_siz
   return fflush(stdout) == 0 ? 0 : Fail("flush failed");
 }
 
-int Encode(const std::vector<unsigned char>& data, const tern::quant_internal::MiniFloat& f,
-           bool saturate) {
+int Encode(const std::vector<unsigned char>& data, const tern::quant::MiniFloat& f, bool saturate) {
   return Bytes(data, 4, 1, [&](const unsigned char* in, unsigned char* out) {
     float x;
     std::memcpy(&x, in, 4);
-    *out = tern::quant_internal::EncodeMini(x, f, saturate);
+    *out = tern::quant::EncodeMini(x, f, saturate);
   });
 }
 
@@ -106,7 +105,7 @@ int QuantizeOp(int argc, char** argv, const std::vector<unsigned char>& data) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace tern::quant_internal;
+  using namespace tern::quant;
   if (argc < 2) return Fail("usage: tern_quant_ref OP < in > out");
   const std::string op = argv[1];
   const std::vector<unsigned char> data = ReadAll(stdin);

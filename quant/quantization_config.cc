@@ -1,7 +1,7 @@
 #include "quant/quantization_config.h"
 
 namespace tern {
-namespace quant_internal {
+namespace quant {
 namespace {
 
 using nlohmann::ordered_json;
@@ -127,10 +127,10 @@ ordered_json QuantizationConfig(const QuantSpec& spec, const std::vector<std::st
   return nullptr;
 }
 
-}  // namespace quant_internal
+}  // namespace quant
 
 std::string QuantizationConfigJson(const QuantSpec& spec) {
-  const nlohmann::ordered_json config = quant_internal::QuantizationConfig(spec);
+  const nlohmann::ordered_json config = quant::QuantizationConfig(spec);
   // Only ASCII literals and numbers: dump cannot throw.
   return config.is_null() ? std::string() : config.dump();
 }

@@ -10,7 +10,7 @@
 
 #include "tern/quantize.h"
 
-namespace tern::quant_internal {
+namespace tern::quant {
 
 // null for plain casts (bf16, fp16), which need no quantization_config.
 // ordered_json: keys stay in the order the engines' own writers use.
@@ -23,4 +23,4 @@ namespace tern::quant_internal {
 nlohmann::ordered_json QuantizationConfig(const QuantSpec& spec,
                                           const std::vector<std::string>& unquantized = {});
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

@@ -6,7 +6,7 @@
 #include "tern/float_cast.h"
 
 namespace tern {
-namespace quant_internal {
+namespace quant {
 
 Result<Dims> CheckShape(const std::vector<uint64_t>& shape) {
   TERN_REQUIRE(shape.size() >= 2, kInvalidArgument,
@@ -139,9 +139,9 @@ Result<float> ChooseTensorScale(const QuantSpec& spec, float amax, const float* 
   return s;
 }
 
-}  // namespace quant_internal
+}  // namespace quant
 
-using namespace quant_internal;
+using namespace quant;
 
 bool HasTensorScale(const QuantSpec& spec) {
   return spec.scheme == QuantScheme::kFp8Tensor || spec.scheme == QuantScheme::kNvfp4 ||

@@ -13,7 +13,7 @@
 #include "quant/minifloat.h"
 #include "quant/quantize_internal.h"
 
-namespace tern::quant_internal {
+namespace tern::quant {
 namespace {
 
 struct Fp4Layout {
@@ -191,4 +191,4 @@ Result<std::vector<float>> DequantizeFp4(const QuantSpec& spec, const Quantized&
   return out;
 }
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

@@ -7,7 +7,7 @@
 #include "quant/minifloat.h"
 #include "quant/quantize_internal.h"
 
-namespace tern::quant_internal {
+namespace tern::quant {
 namespace {
 
 constexpr uint64_t kBlock = 128;
@@ -165,4 +165,4 @@ Result<std::vector<float>> DequantizeFp8(const QuantSpec& spec, const Quantized&
   return out;
 }
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

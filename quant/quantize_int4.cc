@@ -16,7 +16,7 @@
 #include "quant/cast_internal.h"
 #include "quant/quantize_internal.h"
 
-namespace tern::quant_internal {
+namespace tern::quant {
 namespace {
 
 struct Int4Layout {
@@ -201,4 +201,4 @@ Result<std::vector<float>> DequantizeInt4(const QuantSpec& spec, const Quantized
   return res;
 }
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

@@ -9,7 +9,7 @@
 
 #include "tern/quantize.h"
 
-namespace tern::quant_internal {
+namespace tern::quant {
 
 static_assert(std::endian::native == std::endian::little,
               "tensor bytes are little-endian; add byte swaps for big-endian hosts");
@@ -97,4 +97,4 @@ Result<Quantized> QuantizeInt4(const QuantSpec& spec, const float* master,
 Result<std::vector<float>> DequantizeInt4(const QuantSpec& spec, const Quantized& q,
                                           const std::vector<uint64_t>& shape, const Dims& d);
 
-}  // namespace tern::quant_internal
+}  // namespace tern::quant

@@ -13,9 +13,9 @@
 namespace tern {
 namespace {
 
-using quant_internal::DecodeMini;
-using quant_internal::kE4M3;
-using quant_internal::kE5M2;
+using quant::DecodeMini;
+using quant::kE4M3;
+using quant::kE5M2;
 
 std::vector<float> Random(uint64_t n, uint32_t seed, float stddev = 0.02f) {
   std::mt19937 rng(seed);

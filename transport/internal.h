@@ -18,7 +18,7 @@
 #include "base/thread_tracker.h"
 #include "tern/transport.h"
 
-namespace tern::transport_internal {
+namespace tern::transport {
 
 // Moved down to base (xfer and the backends share them); the names stay
 // here so backend code reads the same.
@@ -82,4 +82,4 @@ inline void Complete(const Completion& done, Status status) {
 Status CheckWriteRanges(std::string_view backend, const MemoryRegion& src, uint64_t src_offset,
                         uint64_t exported_bytes, uint64_t dst_offset, uint64_t length);
 
-}  // namespace tern::transport_internal
+}  // namespace tern::transport

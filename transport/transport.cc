@@ -10,10 +10,10 @@ Result<std::string> Connection::ExportRegion(const MemoryRegion&) {
 
 void Connection::Write(const MemoryRegion&, uint64_t, std::string_view, uint64_t, uint64_t,
                        Completion done) {
-  transport_internal::Complete(done, TERN_ERROR(kUnsupported, "this transport has no one-sided writes"));
+  transport::Complete(done, TERN_ERROR(kUnsupported, "this transport has no one-sided writes"));
 }
 
-namespace transport_internal {
+namespace transport {
 
 Status CheckWriteRanges(std::string_view backend, const MemoryRegion& src, uint64_t src_offset,
                         uint64_t exported_bytes, uint64_t dst_offset, uint64_t length) {
@@ -25,6 +25,6 @@ Status CheckWriteRanges(std::string_view backend, const MemoryRegion& src, uint6
   return Status::Ok();
 }
 
-}  // namespace transport_internal
+}  // namespace transport
 
 }  // namespace tern

@@ -5,7 +5,7 @@
 
 #include "transport/internal.h"
 
-namespace tern::transport_internal {
+namespace tern::transport {
 
 namespace {
 
@@ -163,4 +163,4 @@ uint64_t WindowTable::landings() const {
   return landing_gen_.size();
 }
 
-}  // namespace tern::transport_internal
+}  // namespace tern::transport

@@ -35,7 +35,7 @@
 #include "tern/status.h"
 #include "tern/transport.h"
 
-namespace tern::transport_internal {
+namespace tern::transport {
 
 // One chunk landing in a window, from Begin to Finish or Abort.
 struct Landing {
@@ -141,4 +141,4 @@ class WindowTable {
   std::map<uint64_t, uint32_t> gen_landings_;  // generation -> landings in progress
 };
 
-}  // namespace tern::transport_internal
+}  // namespace tern::transport

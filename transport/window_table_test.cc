@@ -15,7 +15,7 @@
 
 #include "transport/internal.h"
 
-namespace tern::transport_internal {
+namespace tern::transport {
 namespace {
 
 using std::chrono::milliseconds;
@@ -246,4 +246,4 @@ TEST(WindowTable, EndAllWakesWaitersAndLateFinishesDoNothing) {
 }
 
 }  // namespace
-}  // namespace tern::transport_internal
+}  // namespace tern::transport

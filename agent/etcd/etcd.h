@@ -1,6 +1,6 @@
 // A small etcd v3 client over etcd's JSON gateway (docs/agent/etcd.md), and
 // leader election on top of it. etcd holds the root's board when a standby
-// root must be able to take over (issue 9 item 2).
+// root must be able to take over: the log outlives the root that wrote it.
 //
 // The client speaks HTTP/1.1 + JSON to the gateway's /v3/kv/{put,range,
 // deleterange,txn} and /v3/lease/{grant,keepalive,revoke} (etcd >= 3.4; keys

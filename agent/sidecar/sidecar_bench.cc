@@ -17,6 +17,7 @@
 #include "agent/ops/admin_http.h"
 #include "agent/sidecar/fake_engine.h"
 #include "agent/sidecar/sidecar.h"
+#include "base/text.h"
 
 namespace {
 

@@ -21,6 +21,7 @@
 #include "agent/ops/admin_http.h"
 #include "agent/sidecar/fake_engine.h"
 #include "agent/sidecar/version_follower.h"
+#include "base/text.h"
 
 namespace tern::agent {
 namespace {

@@ -1,11 +1,11 @@
-// Adversaries in the tree, end to end through real agents (issue 9's tests
-// "a byte flipped in a forwarded chunk; a forged manifest; a relay that
-// rewrites a chunk and its checksum; a replayed old version"): a relay
-// member whose transport lies above the chunk checksum, one whose link flips
-// a byte below it, and one whose transport rewrites the OFFERs it sends (a
-// forged manifest, a replayed old one). The relay-level tests of the same
-// checks, with a scripted parent, are in relay_test.cc; the trust model is
-// docs/security.md.
+// Adversaries in the tree, end to end through real agents (attacks on the
+// trust model of docs/security.md: "a byte flipped in a forwarded chunk; a
+// forged manifest; a relay that rewrites a chunk and its checksum; a
+// replayed old version"): a relay member whose transport lies above the
+// chunk checksum, one whose link flips a byte below it, and one whose
+// transport rewrites the OFFERs it sends (a forged manifest, a replayed old
+// one). The relay-level tests of the same checks, with a scripted parent,
+// are in relay_test.cc.
 #include <gtest/gtest.h>
 
 #include <atomic>

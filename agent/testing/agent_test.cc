@@ -101,9 +101,9 @@ TEST_F(AgentSystemTest, SpareIsPreparedAfterTheGracePeriod) {
 }
 
 // A patch of several chunks goes into each member's prepared spare record
-// by record while it arrives (issue 9 item 6): the members log records
-// applied before the last chunk, and serve the version bit for bit. With
-// --no-stream-apply (stream_apply false) nothing streams.
+// by record while it arrives, so that applying overlaps the transfer: the
+// members log records applied before the last chunk, and serve the version
+// bit for bit. With --no-stream-apply (stream_apply false) nothing streams.
 TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
   // Patches of a few MB (1 MiB chunks) instead of the fixture's ~100 kB.
   TraceConfig config;

@@ -1,5 +1,5 @@
 // quant_trace_report: per-step patch statistics of quantized datagen traces
-// next to BF16 (docs/benchmarks.md, "Quantized traces").
+// next to BF16 (docs/benchmarks-journal.md, "Quantized traces").
 //
 // For every (lr, format, scale policy) it runs the trace generator for
 // --steps steps and, per step, measures on the serve view: the changed

@@ -1,7 +1,7 @@
 // A ring of pinned host slots through which received bytes reach device
-// memory (issue 11, item 4's fallback when the NIC cannot write into GPU
-// memory): the receiver fills one slot while the copies of the slots before
-// it run, so the upload overlaps the transfer. Docs: docs/gpu.md, "Receive".
+// memory (the fallback when the NIC cannot write into GPU memory): the
+// receiver fills one slot while the copies of the slots before it run, so
+// the upload overlaps the transfer. Docs: docs/gpu.md, "Receive".
 //
 // The ring's logic is plain host code behind a CopyEngine (what it needs of
 // CUDA: start an asynchronous copy of a slot, ask whether it has finished,

@@ -211,13 +211,13 @@ std::vector<uint8_t> BreakOneRecordsStreams(const std::vector<uint8_t>& patch, s
     const uint64_t payload = rec.total_bytes - 8 - sizeof(gpu::RecordHeader);
     if (payload == 0) continue;
     out[rec.offset + sizeof(gpu::RecordHeader) + rng() % payload] ^= static_cast<uint8_t>(1u << (rng() % 8));
-    patchfmt::RecordView view{};
+    patch::RecordView view{};
     std::memcpy(&view.h, out.data() + rec.offset, sizeof(view.h));
     view.table = out.data() + rec.offset + sizeof(view.h);
     view.positions = view.table + view.h.table_bytes;
     view.values = view.positions + view.h.position_bytes;
     const int w = ElementBits(wp->tensors[rec.h.tensor_index].desc.dtype);
-    if (patchfmt::DecodeRecord(view, w, [](uint64_t, uint64_t) {}).ok()) continue;
+    if (patch::DecodeRecord(view, w, [](uint64_t, uint64_t) {}).ok()) continue;
     // Re-seal: the record's checksum, then the trailer's over all of them.
     const uint64_t sum = Xxh3(out.data() + rec.offset, rec.total_bytes - 8);
     std::memcpy(out.data() + rec.offset + rec.total_bytes - 8, &sum, 8);

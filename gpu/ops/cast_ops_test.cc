@@ -21,7 +21,7 @@
 namespace tern::gpu {
 namespace {
 
-namespace ref = tern::quant_internal;
+namespace ref = tern::quant;
 
 // Low halves that cover every rounding case of a 16-bit result (below, at
 // and above the halfway point, both parities) and of the minifloats (their

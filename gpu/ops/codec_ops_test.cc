@@ -39,11 +39,11 @@ TEST(GpuCodecOps, ZigZagAndSymbolsMatchReference) {
     for (int i = 0; i < 20000; ++i) {
       uint64_t d = (i < 64 ? static_cast<uint64_t>(i) : (i & 1 ? rng() >> (rng() % 64) : 0 - (rng() % 100))) &
                    WidthMask(w);
-      ASSERT_EQ(ZigZag(d, w), patchfmt::ZigZag(d, w));
+      ASSERT_EQ(ZigZag(d, w), patch::ZigZag(d, w));
       ASSERT_EQ(UnZigZag(ZigZag(d, w), w), d);
       int eb, reb;
       uint64_t ex, rex;
-      ASSERT_EQ(ValueSymbol(ZigZag(d, w), &eb, &ex), patchfmt::ValueSymbol(ZigZag(d, w), &reb, &rex));
+      ASSERT_EQ(ValueSymbol(ZigZag(d, w), &eb, &ex), patch::ValueSymbol(ZigZag(d, w), &reb, &rex));
       ASSERT_EQ(eb, reb);
       ASSERT_EQ(ex, rex);
     }
@@ -118,13 +118,13 @@ SegmentStreams StreamsOf(const uint8_t* rec) {
 // patch/'s decoder on the record as it stands, checksum not consulted (the
 // corruption tests change payload bytes without fixing it).
 bool ReferenceDecode(const std::vector<uint8_t>& rec, int w, Changes* out) {
-  patchfmt::RecordView r{};
+  patch::RecordView r{};
   std::memcpy(&r.h, rec.data(), sizeof(r.h));
   r.table = rec.data() + sizeof(r.h);
   r.positions = r.table + r.h.table_bytes;
   r.values = r.positions + r.h.position_bytes;
   out->clear();
-  return patchfmt::DecodeRecord(r, w, [&](uint64_t p, uint64_t d) { out->emplace_back(p, d); }).ok();
+  return patch::DecodeRecord(r, w, [&](uint64_t p, uint64_t d) { out->emplace_back(p, d); }).ok();
 }
 
 bool GpuDecode(const std::vector<uint8_t>& rec, int w, Changes* out, int* err = nullptr) {
@@ -266,8 +266,8 @@ TEST(GpuCodecOps, DecoderRejectsBadTables) {
   for (const auto& t : tables) {
     CanonicalDecoder c;
     EXPECT_NE(ParseCodeTable(t.data(), static_cast<uint32_t>(t.size()), &c), kDecodeOk);
-    uint8_t lengths[patchfmt::kSymbols];
-    EXPECT_FALSE(patchfmt::ParseCodeLengths(t.data(), static_cast<uint32_t>(t.size()), lengths).ok());
+    uint8_t lengths[patch::kSymbols];
+    EXPECT_FALSE(patch::ParseCodeLengths(t.data(), static_cast<uint32_t>(t.size()), lengths).ok());
   }
 }
 

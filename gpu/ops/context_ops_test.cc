@@ -41,13 +41,13 @@ SegmentStreams StreamsOf(const uint8_t* rec) {
 // corruption tests change payload bytes without fixing it), sorted by
 // position (it emits block by block, class by class).
 bool ReferenceDecode(const uint8_t* rec, int w, const uint8_t* base, DType dt, Changes* out) {
-  patchfmt::RecordView r{};
+  patch::RecordView r{};
   std::memcpy(&r.h, rec, sizeof(r.h));
   r.table = rec + sizeof(r.h);
   r.positions = r.table + r.h.table_bytes;
   r.values = r.positions + r.h.position_bytes;
   out->clear();
-  const Status st = patchfmt::DecodeRecordOnBase(r, w, base, patchfmt::ContextFieldOf(dt),
+  const Status st = patch::DecodeRecordOnBase(r, w, base, patch::ContextFieldOf(dt),
                                                  [&](uint64_t p, uint64_t d) { out->emplace_back(p, d); });
   std::sort(out->begin(), out->end());
   return st.ok();
@@ -62,7 +62,7 @@ int GpuDecode(const uint8_t* rec, int w, const uint8_t* base, DType dt, Changes*
 TEST(GpuContextOps, ExponentFieldsMatchReference) {
   int with_field = 0;
   for (int code = 0; code <= 16; ++code) {
-    const patchfmt::ContextField want = patchfmt::ContextFieldOf(static_cast<DType>(code));
+    const patch::ContextField want = patch::ContextFieldOf(static_cast<DType>(code));
     const ContextField got = ContextFieldOfCode(code);
     ASSERT_EQ(got.mask != 0, want.ok) << "dtype " << code;
     if (!want.ok) continue;
@@ -139,8 +139,8 @@ bool MakeContextCase(DType dt, uint64_t count, double push, int max_classes, std
     if (x != y) pos.push_back(i), del.push_back((y - x) & WidthMask(w));
   }
   if (pos.empty()) return false;
-  patchfmt::ContextPayload payload;
-  if (!patchfmt::EncodeContext(pos.data(), del.data(), pos.size(), w, a.data[0].data(), patchfmt::ContextFieldOf(dt),
+  patch::ContextPayload payload;
+  if (!patch::EncodeContext(pos.data(), del.data(), pos.size(), w, a.data[0].data(), patch::ContextFieldOf(dt),
                                max_classes, 0, count, ~uint64_t{0} >> 1, &payload))
     return false;
   RecordHeader h{};
@@ -280,14 +280,14 @@ TEST(GpuContextOps, TableRulesMatchReference) {
     hh.table_bytes = static_cast<uint32_t>(table.size());
     ContextTableHd t;
     const bool gpu_ok = ParseContextTable(hh, table.data(), &t) == kDecodeOk;
-    patchfmt::RecordView r{};
+    patch::RecordView r{};
     std::memcpy(&r.h, &hh, sizeof(hh));
     const uint8_t streams[2] = {0, 0};
     r.table = table.data();
     r.positions = streams;
     r.values = streams + 1;
-    patchfmt::ContextTable rt;
-    const bool ref_ok = patchfmt::ParseContextTable(r, &rt).ok();
+    patch::ContextTable rt;
+    const bool ref_ok = patch::ParseContextTable(r, &rt).ok();
     EXPECT_EQ(gpu_ok, ref_ok);
     return gpu_ok;
   };

@@ -47,7 +47,7 @@ struct DiffOptions {
   uint16_t format_version = kDefaultPatchFormat;
   // Format 2: the most classes a CONTEXT segment may use, 2 .. 16. Fewer
   // decode and encode faster for a few percent more bytes (8 instead of 16
-  // on datagen BF16: ~1% larger, decode ~20% faster; docs/benchmarks.md).
+  // on datagen BF16: ~1% larger, decode ~20% faster; docs/benchmarks-journal.md).
   int max_context_classes = 16;
 };
 

@@ -9,8 +9,14 @@
 //    into a receive window the peer has posted, each verified on landing with
 //    an XXH3-64 checksum and acknowledged. Chunks may land out of order (a
 //    multi-stream backend stripes them).
-// Retry, resume, windows, scheduling and failover do NOT live here; they live
-// in one place above (include/tern/xfer_chunks.h), which works with any backend.
+// Retry, resume, windows, scheduling and failover do NOT live here; they
+// live above, in each of the two users of chunks, over any backend:
+//  * xfer (include/tern/xfer_chunks.h, xfer.h): point-to-point copies of a
+//    byte range or file, with their chunk scheduler, bounded window, retry
+//    of corrupt chunks and resume from the acknowledged chunks;
+//  * the agent's relay (agent/relay/relay.h): a cut-through tree that
+//    forwards each chunk once verified, with its own per-chunk windows,
+//    credits per child and resends.
 //
 // Asynchrony: every operation completes exactly once through its callback
 // (OK, or the error that ended it; kCancelled after Close()). Callbacks run on

@@ -1,5 +1,8 @@
-// The transfer layer: the one place above the backends where windows, retry
-// and resume live. Works with any Transport.
+// The transfer layer for point-to-point copies: the windows, retry and
+// resume of one byte range sent from one peer to another, over any
+// Transport. (The agent's relay tree keeps its own per-chunk windows and
+// resends, agent/relay/relay.h: it forwards each chunk as soon as it is
+// verified, to several children, which a point-to-point copy never does.)
 //
 //  * ChunkMap: which fixed-size chunks of a byte range are acknowledged; the
 //    state a resumed transfer starts from (serializable).

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 # Big enough for every group size (128) and NVFP4/MXFP4 blocks; hidden 256
-# makes a wrongly quantized lm_head a size mismatch, as in issue 12.
+# makes a wrongly quantized lm_head a size mismatch the engine refuses to load.
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",

@@ -55,13 +55,14 @@ TEST_P(GoldenTest, DecodesToTheCommittedTarget) {
 
   // Reference decoder.
   const ServeView base_view = view.View();
-  auto ref = patchfmt::ReferenceDecode(patch, &base_view);
+  auto ref = patch::ReferenceDecode(patch, &base_view);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   testing::OwnedView by_ref = view;
   for (const auto& ch : *ref) {
     const int w = ElementBits(by_ref.descs[ch.tensor].dtype);
     auto& d = by_ref.data[ch.tensor];
-    testing::Set(d, w, ch.element, (testing::Get(d, w, ch.element) + ch.delta) & patchfmt::WidthMask(w));
+    testing::Set(d, w, ch.element,
+                 (testing::Get(d, w, ch.element) + ch.delta) & patch::WidthMask(w));
   }
   std::vector<uint8_t> got;
   for (const auto& d : by_ref.data) got.insert(got.end(), d.begin(), d.end());

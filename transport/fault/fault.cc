@@ -19,8 +19,8 @@
 
 namespace tern {
 
-using transport_internal::Complete;
-using transport_internal::Xxh3;
+using transport::Complete;
+using transport::Xxh3;
 
 namespace {
 

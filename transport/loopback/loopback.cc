@@ -14,13 +14,13 @@
 
 namespace tern {
 
-using transport_internal::AcceptGate;
-using transport_internal::Complete;
-using transport_internal::Landing;
-using transport_internal::LandingWait;
-using transport_internal::ThreadTracker;
-using transport_internal::WindowTable;
-using transport_internal::Xxh3;
+using transport::AcceptGate;
+using transport::Complete;
+using transport::Landing;
+using transport::LandingWait;
+using transport::ThreadTracker;
+using transport::WindowTable;
+using transport::Xxh3;
 
 namespace {
 

@@ -15,9 +15,9 @@
 
 namespace tern::tcp {
 
-using transport_internal::Complete;
-using transport_internal::LogLine;
-using transport_internal::Xxh3;
+using transport::Complete;
+using transport::LogLine;
+using transport::Xxh3;
 
 void BlockSigpipe() {
   sigset_t set;
@@ -70,7 +70,7 @@ bool TcpConnection::SendHelloAcks(const uint8_t header[kHeaderBytes], uint64_t d
   return true;
 }
 
-void TcpConnection::Start(transport_internal::ThreadTracker& threads) {
+void TcpConnection::Start(transport::ThreadTracker& threads) {
   for (auto& s : streams_) {
     auto self = shared_from_this();
     Stream* stream = s.get();
@@ -129,7 +129,7 @@ Status TcpConnection::PostReceive(uint64_t transfer_id, const MemoryRegion& dst,
 // minimum-rate timeouts), so the wait needs no bound of its own; another
 // stream's thread may wait here, a stream's own landing is not waited for.
 void TcpConnection::CancelReceive(uint64_t transfer_id) {
-  windows_.Cancel(transfer_id, transport_internal::LandingWait{});
+  windows_.Cancel(transfer_id, transport::LandingWait{});
 }
 
 void TcpConnection::Close() { Fail(TERN_ERROR(kCancelled, "connection closed"), Status::Ok()); }
@@ -214,7 +214,7 @@ struct TcpConnection::Reader {
   uint8_t* dest = nullptr;
   uint64_t got = 0;
   std::string message;
-  std::optional<transport_internal::Landing> landing;
+  std::optional<transport::Landing> landing;
   Status refuse;  // chunk read and dropped, then refused with this
   uint8_t scratch[64 * 1024];
 };
@@ -239,7 +239,7 @@ bool TcpConnection::StartPayload(Stream& s, Reader& r) {
       r.dest = reinterpret_cast<uint8_t*>(r.message.data());
       break;
     case FrameType::kChunk: {
-      Result<transport_internal::Landing> landing = windows_.Begin(h.arg[0], h.arg[1], h.payload_bytes);
+      Result<transport::Landing> landing = windows_.Begin(h.arg[0], h.arg[1], h.payload_bytes);
       if (landing.ok()) {
         r.landing = *landing;
         r.dest = landing->dst;

@@ -93,7 +93,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   // Before Start: answers every stream's hello.
   bool SendHelloAcks(const uint8_t header[kHeaderBytes], uint64_t deadline_us);
   // Spawns one I/O thread per stream.
-  void Start(transport_internal::ThreadTracker& threads);
+  void Start(transport::ThreadTracker& threads);
 
   std::string peer_address() const override { return peer_; }
   uint32_t capabilities() const override {
@@ -151,7 +151,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   Status close_status_;
   ConnectionHandlers handlers_;
   // Streams landing chunks in parallel; CancelReceive waits for them.
-  transport_internal::WindowTable windows_{"tcp"};
+  transport::WindowTable windows_{"tcp"};
   std::map<uint64_t, Completion> pending_;
   std::deque<OutFrame> chunks_;
   uint64_t next_op_ = 1;

@@ -86,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TERN_ASSERT(h.type == FrameType::kHelloAck && h.arg[0] == ours && h.arg[1] == 0 &&
                 reason.empty());
   } else {
-    TERN_ASSERT(tern::transport_internal::IsPrintable(ack.message()),
+    TERN_ASSERT(tern::transport::IsPrintable(ack.message()),
                 "peer text reached an error message unescaped");
     TERN_ASSERT(ack.message().size() <= 4 * kMaxReasonBytes + 256, "unbounded error message");
   }

@@ -26,17 +26,17 @@
 
 namespace tern {
 
-using tcp::IoThreadScope;
 using tcp::FrameHeader;
 using tcp::FrameType;
+using tcp::IoThreadScope;
 using tcp::kHeaderBytes;
 using tcp::MakeFrame;
 using tcp::OutFrame;
 using tcp::Pipe;
 using tcp::TcpConnection;
-using transport_internal::AcceptGate;
-using transport_internal::LogLine;
-using transport_internal::ThreadTracker;
+using transport::AcceptGate;
+using transport::LogLine;
+using transport::ThreadTracker;
 
 uint32_t ChooseTcpStreams(const TcpOptions& o) {
   const uint32_t cap = std::max<uint32_t>(1, o.max_streams);

@@ -465,7 +465,7 @@ Result<std::unique_ptr<Listener>> UcxTransport::Listen(const std::string& addres
   socklen_t sa_len = 0;
   TERN_RETURN_IF_ERROR(Resolve(address, /*passive=*/true, &sa, &sa_len));
   auto state = std::make_shared<ListenState>();
-  state->on_accept = std::make_shared<transport_internal::AcceptGate>(std::move(on_accept));
+  state->on_accept = std::make_shared<transport::AcceptGate>(std::move(on_accept));
   state->transport = this;
   Status status;
   std::string bound;

@@ -10,9 +10,9 @@
 
 namespace tern::ucx {
 
-using transport_internal::Complete;
-using transport_internal::CheckWriteRanges;
-using transport_internal::Xxh3;
+using transport::CheckWriteRanges;
+using transport::Complete;
+using transport::Xxh3;
 
 namespace {
 
@@ -62,7 +62,7 @@ struct UcxConn::Landing {
   std::shared_ptr<UcxConn> conn;
   // Chunks: the sender's op, the checksum it announced, the window landing.
   uint64_t op = 0, xxh3 = 0;
-  transport_internal::Landing window;
+  transport::Landing window;
   // Messages: the buffer a rendezvous message lands in.
   uint64_t seq = 0;
   std::string message;
@@ -236,8 +236,8 @@ void UcxConn::CancelReceive(uint64_t transfer_id) {
   // A landing in progress may still write (UCX owns the receive); wait for
   // it unless we are the thread that would finish it. Bounded: a receive
   // that never completes is failed by the op timeout of its connection.
-  windows_.Cancel(transfer_id, transport_internal::LandingWait{!t_->OnProgressThread(),
-                                                               t_->options().op_timeout_ms});
+  windows_.Cancel(transfer_id,
+                  transport::LandingWait{!t_->OnProgressThread(), t_->options().op_timeout_ms});
 }
 
 Result<std::string> UcxConn::ExportRegion(const MemoryRegion& region) { return t_->PackKey(region); }
@@ -427,7 +427,7 @@ ucs_status_t UcxConn::OnChunk(std::string_view header, void* data, size_t length
     ProtocolError(st);
     return rndv ? UCS_ERR_REJECTED : UCS_OK;
   }
-  Result<transport_internal::Landing> placed = windows_.Begin(h.transfer_id, h.dst_offset, h.length);
+  Result<transport::Landing> placed = windows_.Begin(h.transfer_id, h.dst_offset, h.length);
   if (!placed.ok()) {
     SendAck(h.op, placed.status());
     return UCS_OK;  // drops a rendezvous descriptor; the sender sees our ack

@@ -98,7 +98,7 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   ucp_ep_h ep = nullptr;
   State state;
   ConnectDone connect_done;                  // client, until open
-  std::shared_ptr<transport_internal::AcceptGate> on_accept;  // server, until open
+  std::shared_ptr<transport::AcceptGate> on_accept;  // server, until open
   ConnectionHandlers handlers;
 
  private:
@@ -149,12 +149,12 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   uint64_t next_op_ = 1;
   std::map<uint64_t, PendingOp> pending_;
   // Handle: the window memory's ucp_mem_h (rendezvous receives need it).
-  transport_internal::WindowTable windows_{"ucx"};
+  transport::WindowTable windows_{"ucx"};
 };
 
 struct ListenState {
   std::atomic<bool> closed{false};
-  std::shared_ptr<transport_internal::AcceptGate> on_accept;
+  std::shared_ptr<transport::AcceptGate> on_accept;
   UcxTransport* transport = nullptr;
   ucp_listener_h listener = nullptr;  // progress thread
 };
@@ -186,7 +186,7 @@ class UcxTransport final : public Transport {
   Result<ucp_mem_h> Lookup(const MemoryRegion& region) const;
   Result<std::string> PackKey(const MemoryRegion& region);
 
-  void Log(std::string_view line) const { transport_internal::LogLine(options_.log, line); }
+  void Log(std::string_view line) const { transport::LogLine(options_.log, line); }
   uint64_t NowUs() const { return clock_.NowUs(); }
   const UcxOptions& options() const { return options_; }
   ucp_worker_h worker() const { return worker_; }

@@ -17,14 +17,14 @@
 namespace tern {
 namespace verbs {
 
-using transport_internal::Printable;
+using transport::Printable;
 
 struct ListenState {
   ~ListenState() {
     if (wake_fd >= 0) ::close(wake_fd);
   }
   std::atomic<bool> closed{false};
-  std::unique_ptr<transport_internal::AcceptGate> gate;  // the accept handler
+  std::unique_ptr<transport::AcceptGate> gate;  // the accept handler
   int fd = -1;
   int wake_fd = -1;
   std::string address;
@@ -296,7 +296,7 @@ Result<std::unique_ptr<Listener>> VerbsTransport::Listen(const std::string& addr
   TERN_ASSIGN_OR_RETURN(int fd, net::ListenSocket(address, /*buffer_bytes=*/0));
   auto state = std::make_shared<ListenState>();
   state->fd = fd;
-  state->gate = std::make_unique<transport_internal::AcceptGate>(std::move(on_accept));
+  state->gate = std::make_unique<transport::AcceptGate>(std::move(on_accept));
   state->address = net::SocketAddress(fd, false);
   state->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (state->wake_fd < 0) {

@@ -15,10 +15,10 @@
 
 namespace tern::verbs {
 
-using transport_internal::Complete;
-using transport_internal::Printable;
-using transport_internal::CheckWriteRanges;
-using transport_internal::Xxh3;
+using transport::CheckWriteRanges;
+using transport::Complete;
+using transport::Printable;
+using transport::Xxh3;
 
 namespace {
 
@@ -247,8 +247,8 @@ void VerbsConn::CancelReceive(uint64_t transfer_id) {
   // unless we are the thread that handles it. Bounded: a read that never
   // completes fails its connection by the op timeout (and Release ends
   // every landing).
-  windows_.WaitLandings(*generation, transport_internal::LandingWait{!t_->OnProgressThread(),
-                                                                     t_->options().op_timeout_ms});
+  windows_.WaitLandings(
+      *generation, transport::LandingWait{!t_->OnProgressThread(), t_->options().op_timeout_ms});
 }
 
 Result<std::string> VerbsConn::ExportRegion(const MemoryRegion& region) {
@@ -569,7 +569,7 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
         case ControlType::kChunk: {
           const uint64_t op = h.a[0], transfer = h.a[1], offset = h.a[2], length = h.a[3];
           if (closed_) break;
-          Result<transport_internal::Landing> w = windows_.Begin(transfer, offset, length);
+          Result<transport::Landing> w = windows_.Begin(transfer, offset, length);
           if (!w.ok()) {
             QueueAckLocked(op, w.status());
             break;

@@ -116,7 +116,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   // A chunk being pulled into a window by an RDMA READ.
   struct Landing {
     uint64_t op = 0, xxh3 = 0;
-    transport_internal::Landing window;  // handle: the window memory's lkey
+    transport::Landing window;  // handle: the window memory's lkey
     uint64_t remote_address = 0;
     uint32_t rkey = 0;
     bool posted = false;  // the read is on the wire (the NIC may write the window)
@@ -221,7 +221,7 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   uint64_t next_op_ = 1;
   uint64_t next_message_seq_ = 0;
   std::map<uint64_t, PendingOp> pending_;
-  transport_internal::WindowTable windows_{"verbs"};
+  transport::WindowTable windows_{"verbs"};
 };
 
 struct ListenState;
@@ -256,7 +256,7 @@ class VerbsTransport final : public Transport {
   uint64_t max_message_bytes() const { return max_msg_bytes_; }
   const std::string& device_name() const { return device_name_; }
   uint64_t NowUs() const { return clock_.NowUs(); }
-  void Log(std::string_view line) const { transport_internal::LogLine(options_.log, line); }
+  void Log(std::string_view line) const { transport::LogLine(options_.log, line); }
   bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_.load(); }
 
   struct LocalMemory {
@@ -321,7 +321,7 @@ class VerbsTransport final : public Transport {
   std::mutex listen_mu_;
   std::vector<std::shared_ptr<ListenState>> listens_;
 
-  transport_internal::ThreadTracker threads_;  // accept and handshake threads
+  transport::ThreadTracker threads_;  // accept and handshake threads
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_;
 };

@@ -128,7 +128,7 @@ class PartFile {
   bool hash_known_ = false;
   uint64_t xxh3_ = 0;
   bool mapped_ = false;
-  // TODO(env): the Env's MappedFile (issue 8) replaces these two mappings.
+  // TODO(env): the Env's MappedFile (tern/env.h) replaces these two mappings.
   int fd_ = -1;
   void* base_ = nullptr;
   MemoryRegion region_;

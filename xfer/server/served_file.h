@@ -34,7 +34,8 @@ struct Identity {
 Result<int> OpenRegular(const std::string& path, struct stat* st, bool nofollow);
 
 // A read-only shared mapping of a whole file, for sending its chunks.
-// TODO(env): one MappedFile type in base/ (issue 8) replaces this mapping.
+// TODO(env): the Env's MappedFile (tern/env.h) replaces this mapping, so
+// that fault tests reach it.
 struct ServedFile {
   int fd = -1;
   void* base = nullptr;  // null for an empty file
