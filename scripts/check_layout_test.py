@@ -185,9 +185,11 @@ class Rules(unittest.TestCase):
                         add_subdirectory(patch)""",
                     "checkpoint/CMakeLists.txt": f"""
                         add_library(tern_checkpoint INTERFACE)
+                        tern_headers(tern_checkpoint PUBLIC)
                         target_link_libraries(tern_checkpoint INTERFACE {checkpoint_links})""",
                     "patch/CMakeLists.txt": """
                         add_library(tern_patch INTERFACE)
+                        tern_headers(tern_patch PUBLIC)
                         target_link_libraries(tern_patch INTERFACE tern_checkpoint)""",
                 }.items():
                     os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
