@@ -80,6 +80,8 @@ MODULES = {
 }
 HARNESS = ("tests", "bench")  # may use any module, backends included
 
+BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
+
 # Rooms inside a module, floor first: a room may use the rooms listed before
 # it (and its own), never those after. "" is the module's own folder (and its
 # public headers unless ROOM_OF_HEADER says otherwise). Test support
@@ -97,13 +99,12 @@ ROOMS = {
     # the contract and the helpers backends share < socket helpers < backends
     # (leaves: never one another, see "sibling") < the registry that makes
     # them.
-    "transport": ["", "net", "loopback", "tcp", "ucx", "verbs", "fault", "registry"],
+    "transport": ["", "net", *BACKENDS, "registry"],
 }
 ROOM_OF_HEADER = {
     "agent.h": "daemon", "version_manifest.h": "manifest",
     "transport_registry.h": "registry",
-    "loopback_transport.h": "loopback", "tcp_transport.h": "tcp", "ucx_transport.h": "ucx",
-    "verbs_transport.h": "verbs", "fault_transport.h": "fault",
+    **{f"{b}_transport.h": b for b in BACKENDS},
 }
 
 
@@ -140,8 +141,6 @@ def may_use(module, used):
 # API, so neither is in include/tern/.
 FLOORS = ("base", "format")
 
-BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
-
 # The module each public header belongs to (include/tern/<name>).
 HEADER_MODULE = {
     # base/
@@ -150,7 +149,7 @@ HEADER_MODULE = {
     # transport/: the contract, the shared options and probes, the registry
     "transport.h": "transport", "connect.h": "transport", "transport_options.h": "transport",
     "transport_probe.h": "transport", "transport_registry.h": "transport",
-    # transport/<backend>/ (see BACKEND_HEADERS)
+    # transport/<backend>/ (their rooms: ROOM_OF_HEADER)
     "loopback_transport.h": "transport", "tcp_transport.h": "transport",
     "ucx_transport.h": "transport", "verbs_transport.h": "transport",
     "fault_transport.h": "transport",
@@ -167,7 +166,6 @@ HEADER_MODULE = {
     "version_manifest.h": "agent",
     "agent.h": "agent",
 }
-BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 
 # Files that may include any backend and other modules' private headers:
 # tests and their support, the conformance suite, fuzzers, benchmarks.
