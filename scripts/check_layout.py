@@ -1,59 +1,146 @@
 #!/usr/bin/env python3
-"""Checks tern's dependency rule (docs/architecture.md) on every #include.
+"""Checks tern's dependency rule (docs/architecture.md) on every #include and
+on every link edge between tern libraries.
 
-    tools/ capi/ python/  ->  agent/  ->  domain modules  ->  transport  ->  base/
-    (domain: xfer/ patch/ quant/ checkpoint/ topology/ gpu/ datagen/)
+    tools/ capi/ python/  ->  agent/  ->  domain modules  ->  transport/, format/  ->  base/
+
+The order is explicit: MODULES lists what each module may use, each edge with
+its reason (a module may use those and what lies below them, nothing else);
+ROOMS orders the rooms inside agent/, gpu/ and transport/, floor first.
 
 Fails (exit 1, one line per violation) when
-  backend  a backend header (include/tern/<b>_transport.h, transport/<b>/*.h)
-           is included from outside transport/registry/ and that backend's
-           own folder (tests, the conformance suite, fuzzers and benchmarks
-           excepted: TEST_SUPPORT below);
-  sibling  a backend (transport/<b>/) includes another backend's folder or
-           header, tests included: shared helpers move down to transport/net/
-           or transport/*.h;
-  layer    a file includes a module of a higher layer (base must not include
-           transport, transport must not include xfer, a domain module must
-           not include agent/ or tools/);
+  backend  a backend (transport/<b>/, include/tern/<b>_transport.h) is
+           included or linked from outside transport/registry/ and that
+           backend's own folder (tests, the conformance suite, fuzzers and
+           benchmarks excepted: TEST_SUPPORT below);
+  sibling  a backend includes or links another backend, tests included:
+           shared helpers move down to transport/net/ or transport/*.h;
+  layer    a module uses a module that is not below it in MODULES (base must
+           not include transport, checkpoint must not include patch, no
+           domain module includes agent/ or tools/);
+  room     a room uses a room listed after it in ROOMS (agent/board must not
+           include agent/etcd; gpu/ops must not include gpu/host);
   private  a module includes another module's private header (a path inside
            its folder rather than include/tern/) — tests excepted, and
-           base/'s headers, which are the internal floor every module may
-           use (little-endian coding, wire codes, XXH3, thread tracking;
-           not public API, so not in include/tern/);
-  unknown  a public header has no module below (HEADER_MODULE), so the rule
-           cannot place it: add it.
+           base/'s and format/'s headers, the internal floors (FLOORS);
+  test     a library links a test-support library (tern_test_certs);
+  unknown  a public header has no module (HEADER_MODULE), a sub-folder of a
+           module with rooms is not in ROOMS, or a library lies outside every
+           module: the rule cannot place it, so add it.
 
 Known exceptions are listed in EXCEPTIONS with the reason, the one place to
-look; remove an entry when its reason is gone. Run by CMake at configure
-time and before every build (the build fails), and by ctest (layout_check).
+look; remove an entry when its reason is gone. The #include check runs at
+configure time and before every build (the build fails), the link check at
+the end of configure (cmake/TernLayout.cmake writes the link table), and both
+as the ctest layout_check.
 
-Usage: check_layout.py [-q] [REPO_ROOT]  (default: this script's repository;
--q: print nothing when the rule holds)
+Usage: check_layout.py [-q] [--links TABLE] [REPO_ROOT]  (default: this
+script's repository; -q: print nothing when the rule holds; --links: also
+check the link table CMake wrote, build/tern_links.tsv)
 """
 import fnmatch
 import os
 import re
 import sys
 
-# Layers, lowest first. A file may include its own layer and those below.
-LAYERS = [
-    ("base", ["base"]),
-    ("transport", ["transport"]),
-    ("format", ["format"]),
-    ("domain", ["xfer", "patch", "quant", "checkpoint", "topology", "gpu", "datagen"]),
-    ("agent", ["agent"]),
-    ("front", ["tools", "capi", "python"]),
-    ("harness", ["tests", "bench"]),  # may include anything
-]
-LAYER_OF_MODULE = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
+# The modules and what each may use directly, lowest first, each edge with
+# its reason. A module may use what it lists and, through those, everything
+# below them (the transitive closure); nothing else: two modules that list
+# neither each other are strangers (topology/ knows nothing of patch/). The
+# graph must stay acyclic (checked at load). tests/ and bench/ (HARNESS) may
+# use anything.
+MODULES = {
+    "base": {},
+    "format": {"base": "tern_format links tern_base; its headers need only each other today"},
+    "transport": {"base": "Status, Env, byte coding and XXH3 for frames"},
+    "checkpoint": {"base": "files, maps and Status through the Env"},
+    "topology": {"base": "pure planning functions returning Status; no sockets, no clock"},
+    "patch": {"format": "value codes, digest terms and Huffman construction shared with gpu/",
+              "checkpoint": "ApplyCheckpoint (tern/apply_checkpoint.h) applies patches to "
+                            "checkpoint files (its own library, tern_apply_checkpoint)"},
+    "quant": {"format": "minifloat bit layouts shared with gpu/",
+              "checkpoint": "CastCheckpoint reads and writes whole checkpoints"},
+    "datagen": {"quant": "traces are cast and quantized into served formats",
+                "checkpoint": "traces are written as checkpoints"},
+    "gpu": {"patch": "the kernels decode, apply and digest patches (the CPU codec is the oracle)",
+            "quant": "the kernels cast and quantize as quant/ does (tern/gpu.h takes its formats)",
+            "format": "the record codec and value codes compiled for the device"},
+    "xfer": {"transport": "chunks and files move over any transport"},
+    "agent": {"xfer": "the daemon serves and fetches objects with xfer's file service",
+              "patch": "the root encodes versions, members verify and apply them",
+              "checkpoint": "versions are read from and views kept as checkpoints",
+              "topology": "the root plans the relay tree",
+              "transport": "the relay's links (through xfer for the daemon)"},
+    "tools": {"agent": "tern agent, tern publish, tern status, tern demo",
+              "xfer": "tern xfer (and the registry below it: tern transports)",
+              "datagen": "tern datagen", "quant": "tern cast",
+              "patch": "tern diff, apply, inspect"},
+    "capi": {"agent": "the C ABI embeds the agent"},
+    "python": {"capi": "bindings over the C ABI", "agent": "bindings embed the agent"},
+}
+HARNESS = ("tests", "bench")  # may use any module, backends included
+
+BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
+
+# Rooms inside a module, floor first: a room may use the rooms listed before
+# it (and its own), never those after. "" is the module's own folder (and its
+# public headers unless ROOM_OF_HEADER says otherwise). Test support
+# (TEST_SUPPORT) may reach across, as across modules.
+ROOMS = {
+    # agent/CMakeLists.txt lists them in this order with what each holds.
+    # control, board and relay name objects (manifest/object_ref.h);
+    # membership tracks members by control messages; etcd's board log
+    # implements board/board_log.h; the sidecar polls a member over ops'
+    # admin client; daemon wires them all; testing tests them.
+    "agent": ["", "manifest", "control", "membership", "board", "relay", "view_store", "etcd",
+              "ops", "sidecar", "daemon", "testing"],
+    # host-device ops (TERN_HD) < host code that plans over them < the kernels
+    # that run both.
+    "gpu": ["", "ops", "host", "kernels"],
+    # the contract and the helpers backends share < socket helpers < backends
+    # (leaves: never one another, see "sibling") < the registry that makes
+    # them.
+    "transport": ["", "net", *BACKENDS, "registry"],
+}
+ROOM_OF_HEADER = {
+    "agent.h": "daemon", "version_manifest.h": "manifest",
+    "transport_registry.h": "registry",
+    **{f"{b}_transport.h": b for b in BACKENDS},
+}
+
+
+def _closure(modules):
+    """Module -> every module it may use (itself included); raises on a cycle."""
+    below = {}
+
+    def visit(m, path):
+        if m in path:
+            raise ValueError("check_layout: MODULES has a cycle: " + " -> ".join(path + (m,)))
+        if m not in below:
+            seen = {m}
+            for d in modules[m]:
+                seen |= visit(d, path + (m,))
+            below[m] = seen
+        return below[m]
+
+    for m in modules:
+        visit(m, ())
+    return below
+
+
+MAY_USE = _closure(MODULES)
+KNOWN_MODULES = set(MODULES) | set(HARNESS)
+
+
+def may_use(module, used):
+    return module in HARNESS or used in MAY_USE.get(module, ())
+
 
 # Modules whose headers every module above may include: base/ (the internal
 # floor: little-endian coding, wire codes, XXH3, thread tracking) and format/
 # (the host-device formats patch/, quant/ and gpu/ share). Neither is public
 # API, so neither is in include/tern/.
 FLOORS = ("base", "format")
-
-BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
 
 # The module each public header belongs to (include/tern/<name>).
 HEADER_MODULE = {
@@ -63,7 +150,7 @@ HEADER_MODULE = {
     # transport/: the contract, the shared options and probes, the registry
     "transport.h": "transport", "connect.h": "transport", "transport_options.h": "transport",
     "transport_probe.h": "transport", "transport_registry.h": "transport",
-    # transport/<backend>/ (see BACKEND_HEADERS)
+    # transport/<backend>/ (their rooms: ROOM_OF_HEADER)
     "loopback_transport.h": "transport", "tcp_transport.h": "transport",
     "ucx_transport.h": "transport", "verbs_transport.h": "transport",
     "fault_transport.h": "transport",
@@ -81,7 +168,6 @@ HEADER_MODULE = {
     "agent.h": "agent",
     "sidecar.h": "agent",
 }
-BACKEND_HEADERS = {f"tern/{b}_transport.h": b for b in BACKENDS}
 
 # Files that may include any backend and other modules' private headers:
 # tests and their support, the conformance suite, fuzzers, benchmarks.
@@ -89,6 +175,8 @@ TEST_SUPPORT = [
     "tests/*", "bench/*",
     "*_test.cc", "*/fuzz_*.cc", "*/test_util.h",
     "*_test_fixture.h",  # a gtest fixture shared by several *_test.cc
+    "*_bench.cc",  # benchmarks beside their module (quant_bench links patch/ to measure)
+    "agent/testing/*",  # the agent's system tests, their fixtures, an etcd for tests
     "transport/conformance_test.cc",
     "transport/test_certs.h", "transport/test_certs.cc",  # throwaway PKI for TLS tests
     "transport/ucx/test_pair.h",
@@ -104,7 +192,7 @@ EXCEPTIONS = [
      "as above: xfer's wire helpers for the scheduler cases"),
 ]
 
-SOURCE_DIRS = sorted(set(LAYER_OF_MODULE) | {"include"})
+SOURCE_DIRS = sorted(KNOWN_MODULES | {"include"})
 EXTENSIONS = (".h", ".hpp", ".cc", ".cpp", ".c", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -113,26 +201,37 @@ def matches(path, patterns):
     return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
-def module_of_file(path):
-    """(module, backend or None) of a repository path."""
+def room_of_path(module, parts):
+    """Room of a folder path split in parts (module first); None: a sub-folder
+    of a module with rooms that ROOMS does not list."""
+    if module not in ROOMS or len(parts) < 2:
+        return ""
+    return parts[1] if parts[1] in ROOMS[module] else None
+
+
+def place_of_file(path):
+    """(module, room) of a repository file path; module None: a public header
+    HEADER_MODULE does not place."""
     parts = path.split("/")
     if parts[0] == "include" and len(parts) >= 3 and parts[1] == "tern":
         name = "/".join(parts[2:])
-        return HEADER_MODULE.get(name), BACKEND_HEADERS.get("tern/" + name)
-    backend = parts[1] if parts[0] == "transport" and len(parts) > 2 and parts[1] in BACKENDS else None
-    return parts[0], backend
+        return HEADER_MODULE.get(name), ROOM_OF_HEADER.get(name, "")
+    return parts[0], room_of_path(parts[0], parts[:-1])
 
 
-def module_of_include(inc):
-    """(module, backend, private) of an include path; module None if unknown."""
+def place_of_include(inc):
+    """(module, room, private) of an include path; module None if unknown."""
     parts = inc.split("/")
     if parts[0] == "tern":
         name = "/".join(parts[1:])
-        return HEADER_MODULE.get(name), BACKEND_HEADERS.get(inc), False
-    if parts[0] in LAYER_OF_MODULE:
-        backend = parts[1] if parts[0] == "transport" and len(parts) > 2 and parts[1] in BACKENDS else None
-        return parts[0], backend, True
+        return HEADER_MODULE.get(name), ROOM_OF_HEADER.get(name, ""), False
+    if parts[0] in KNOWN_MODULES:
+        return parts[0], room_of_path(parts[0], parts[:-1]), True
     return None, None, False
+
+
+def backend_of(module, room):
+    return room if module == "transport" and room in BACKENDS else None
 
 
 def exception_for(path, inc):
@@ -142,18 +241,48 @@ def exception_for(path, inc):
     return None
 
 
+def edge_problem(module, room, used_module, used_room, support):
+    """(kind, message) when code placed at (module, room) may not use
+    (used_module, used_room), or None. Shared by #includes and link edges."""
+    own_backend, used_backend = backend_of(module, room), backend_of(used_module, used_room)
+    if used_backend and own_backend and used_backend != own_backend:
+        return "sibling", (f"backend '{own_backend}' uses backend '{used_backend}' "
+                           f"(shared helpers belong in transport/net/)")
+    if support:
+        return None
+    if used_backend and used_backend != own_backend and not (module == "transport" and room == "registry"):
+        return "backend", (f"only transport/registry/ and transport/{used_backend}/ may use a backend "
+                           f"(use tern/transport_registry.h)")
+    if module != used_module and not may_use(module, used_module):
+        return "layer", (f"{module} must not depend on {used_module} ({used_module} is not below "
+                         f"{module}: MODULES in scripts/check_layout.py)")
+    if module == used_module and module in ROOMS:
+        order = ROOMS[module]
+        if order.index(used_room) > order.index(room):
+            return "room", (f"{module}/{room or '.'} must not depend on {module}/{used_room}, a room "
+                            f"above it (ROOMS in scripts/check_layout.py, floor first: "
+                            f"{', '.join(r for r in order if r)})")
+    return None
+
+
+def unknown_room(module, what):
+    return (f"unknown: {what} is in a sub-folder of {module}/ that is not a room; add it to "
+            f"ROOMS['{module}'] in scripts/check_layout.py")
+
+
 def check_file(path, text):
     problems = []
-    module, own_backend = module_of_file(path)
+    module, room = place_of_file(path)
     if module is None:
         return [f"{path}: unknown: public header has no module; add it to HEADER_MODULE in "
                 f"scripts/check_layout.py"]
+    if room is None:
+        return [f"{path}: {unknown_room(module, path)}"]
     support = matches(path, TEST_SUPPORT)
-    in_registry = path.startswith("transport/registry/")
     for inc in INCLUDE.findall(text):
         if "/" not in inc:
             continue  # a neighbour in the same folder
-        inc_module, inc_backend, private = module_of_include(inc)
+        inc_module, inc_room, private = place_of_include(inc)
         if inc_module is None:
             if inc.startswith("tern/"):
                 problems.append(f"{path}: unknown: {inc} has no module; add it to HEADER_MODULE in "
@@ -162,23 +291,77 @@ def check_file(path, text):
         if exception_for(path, inc):
             continue
         where = f"{path}: includes {inc}"
-        if inc_backend and own_backend and inc_backend != own_backend:
-            problems.append(f"{where}: sibling: backend '{own_backend}' includes backend "
-                            f"'{inc_backend}' (shared helpers belong in transport/net/)")
-            continue
-        if inc_backend and inc_backend != own_backend and not in_registry and not support:
-            problems.append(f"{where}: backend: only transport/registry/ and transport/{inc_backend}/ "
-                            f"may include a backend header (use tern/transport_registry.h)")
+        if inc_room is None:
+            problems.append(f"{where}: {unknown_room(inc_module, inc)}")
             continue
         if support and inc.startswith("tests/support/"):
             continue  # shared test helpers (OwnedView, TempDir) serve tests in every module
-        if LAYER_OF_MODULE[inc_module] > LAYER_OF_MODULE[module]:
-            problems.append(f"{where}: layer: {module} ({LAYERS[LAYER_OF_MODULE[module]][0]}) must not "
-                            f"depend on {inc_module} ({LAYERS[LAYER_OF_MODULE[inc_module]][0]})")
+        problem = edge_problem(module, room, inc_module, inc_room, support)
+        if problem:
+            problems.append(f"{where}: {problem[0]}: {problem[1]}")
             continue
         if private and inc_module != module and inc_module not in FLOORS and not support:
             problems.append(f"{where}: private: {inc_module}'s private header; use its public header "
                             f"in include/tern/")
+    return problems
+
+
+# Link edges. CMake writes one line per library of the build (tern_layout.cmake,
+# at the end of configure): name, type, source folder and sources relative to
+# the repository, and the targets it links, ';'-separated:
+#   tern_patch<TAB>STATIC_LIBRARY<TAB>patch<TAB>patch/diff.cc;...<TAB>tern_format;tern_base;...
+# Executables are leaves (nothing links them, so they make no cycle) and their
+# #includes are checked above; libraries are checked here with the rules of
+# #includes: the module order, the room order, backends linked only by the
+# registry. A library whose sources are all TEST_SUPPORT (tern_test_certs,
+# the etcd test server) or that lives in tests/, bench/ or the top folder may
+# link anything and only test code may link it.
+def read_link_table(text):
+    libs = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 5:
+            raise ValueError(f"check_layout: bad link table line: {line!r}")
+        name, kind, folder, sources, links = fields
+        libs[name] = (kind, folder, [s for s in sources.split(";") if s],
+                      [l for l in links.split(";") if l])
+    return libs
+
+
+def check_links(libs):
+    problems = []
+    places = {}
+    for name, (kind, folder, sources, links) in libs.items():
+        parts = folder.split("/") if folder not in ("", ".") else [""]
+        module = parts[0]
+        support = module in HARNESS or module == "" or (
+            bool(sources) and all(matches(s, TEST_SUPPORT) for s in sources))
+        if not support and module not in MODULES:
+            problems.append(f"{name} ({folder}/): unknown: a library outside every module; add "
+                            f"its folder to MODULES in scripts/check_layout.py")
+            continue
+        room = room_of_path(module, parts) if not support else ""
+        if room is None:
+            problems.append(f"{name}: {unknown_room(module, folder + '/')}")
+            continue
+        places[name] = (module, room, support)
+    for name, (kind, folder, sources, links) in sorted(libs.items()):
+        if name not in places:
+            continue
+        module, room, support = places[name]
+        for used in links:
+            if used not in places or used == name:
+                continue  # not a tern library (GTest::gtest, PkgConfig::ZSTD, -ldl)
+            used_module, used_room, used_support = places[used]
+            where = f"{name} ({folder}/) links {used} ({libs[used][1]}/)"
+            if used_support and not support:
+                problems.append(f"{where}: test: test support is for tests only")
+                continue
+            problem = edge_problem(module, room, used_module, used_room, support)
+            if problem:
+                problems.append(f"{where}: {problem[0]}: {problem[1]}")
     return problems
 
 
@@ -197,20 +380,31 @@ def main(argv):
     args = argv[1:]
     quiet = "-q" in args
     args = [a for a in args if a != "-q"]
+    link_table = None
+    if "--links" in args:
+        i = args.index("--links")
+        link_table = args[i + 1]
+        del args[i:i + 2]
     root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
     problems, files = [], 0
     for rel, full in source_files(root):
         files += 1
         with open(full, encoding="utf-8", errors="replace") as f:
             problems += check_file(rel, f.read())
+    libs = {}
+    if link_table:
+        with open(link_table, encoding="utf-8") as f:
+            libs = read_link_table(f.read())
+        problems += check_links(libs)
     for p in problems:
         print(p)
+    what = f"{files} files" + (f" and {len(libs)} libraries' link edges" if link_table else "")
     if problems:
-        print(f"check_layout: {len(problems)} violation(s) of the dependency rule in {files} files "
+        print(f"check_layout: {len(problems)} violation(s) of the dependency rule in {what} "
               f"(docs/architecture.md; exceptions: EXCEPTIONS in scripts/check_layout.py)")
         return 1
     if not quiet:
-        print(f"check_layout: {files} files follow the dependency rule "
+        print(f"check_layout: {what} follow the dependency rule "
               f"({len(EXCEPTIONS)} listed exceptions)")
     return 0
 
