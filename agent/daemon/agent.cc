@@ -101,7 +101,8 @@ Status AgentImpl::Init() {
     store_options.sync_at_switch = opt_.root;
     TERN_ASSIGN_OR_RETURN(store_,
                           ViewStore::Open(env_, opt_.data_dir, pool_, log_, store_options));
-    store_version_ = store_->version();
+    std::lock_guard<std::mutex> lock(mu_);
+    NoteServedLocked();
   }
   TERN_REQUIRE(opt_.seed_checkpoint.empty() || (!opt_.root && opt_.seed_version > 0), kInvalidArgument,
                "agent: --seed is for members, with --seed-version N > 0");

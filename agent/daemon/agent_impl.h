@@ -155,6 +155,9 @@ class AgentImpl final : public Agent {
 
   ManifestVerifier verifier_;
   std::optional<ManifestSigner> signer_;  // root
+  // Set by Init; then used by one thread at a time: a member's work thread,
+  // the root's Publish (under publish_mu_). Others read store_version_ and
+  // store_digest_ (mu_).
   std::unique_ptr<ViewStore> store_;
   std::unique_ptr<RelayNode> relay_;
   std::unique_ptr<Listener> listener_;
@@ -216,7 +219,17 @@ class AgentImpl final : public Agent {
   // Per stripe of parents_: when its parent is dialled (again), and the
   // failures since PARENTS named it (agent/daemon/dial_backoff.h).
   std::vector<ParentRedial> parent_redial_;
-  uint64_t store_version_ = 0;  // store_->version(), readable under mu_
+  // store_->version() and store_->digest(), copied under mu_ by the thread
+  // that changed the store (NoteServedLocked): the store itself has one
+  // caller at a time (the work thread; the root's publishing thread), so
+  // every other thread (Snapshot, heartbeats, transport callbacks) reads
+  // these copies, never store_.
+  uint64_t store_version_ = 0;
+  ViewDigest store_digest_{};
+  void NoteServedLocked() {
+    store_version_ = store_->version();
+    store_digest_ = store_->digest();
+  }
   // Relay-only (no store_): the newest version of which the relay holds an
   // object completely, verified.
   uint64_t held_version_ = 0;

@@ -436,7 +436,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end())
       waited_s = t0 - it->second;
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
-    store_version_ = store_->version();
+    NoteServedLocked();
     last_apply_s_ = dt;
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
@@ -463,7 +463,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
     std::lock_guard<std::mutex> lock(mu_);
     seed_pending_ = false;
     if (s.ok()) {
-      store_version_ = store_->version();
+      NoteServedLocked();
       last_apply_s_ = NowS() - t0;
       spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
       if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());

@@ -385,7 +385,7 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    store_version_ = store_->version();
+    NoteServedLocked();
   }
   for (const auto& ref : refs) {
     Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));

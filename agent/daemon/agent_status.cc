@@ -25,7 +25,7 @@ AgentSnapshot AgentImpl::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   s.relay_only = opt_.relay_only;
   s.served_version = store_version_;  // 0 without a store (relay-only)
-  if (store_) s.served_digest = store_->digest();
+  s.served_digest = store_digest_;
   s.held_version = VersionLocked();
   if (opt_.root) {
     s.head = board_ ? board_->head() : 0;
