@@ -22,7 +22,7 @@ AgentSnapshot AgentImpl::Snapshot() const {
   s.listen_address = listen_address_;
   s.intra_address = intra_address_;
   s.admin_address = admin_address_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   s.relay_only = opt_.relay_only;
   s.served_version = store_version_;  // 0 without a store (relay-only)
   s.served_digest = store_digest_;
@@ -197,7 +197,7 @@ std::string AgentImpl::MetricsText() const {
   }
   RelayNode* relay = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     relay = relay_.get();
   }
   if (relay) {
