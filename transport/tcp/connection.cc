@@ -91,7 +91,9 @@ void TcpConnection::SendMessage(std::string payload, Completion done) {
   f.size = f.owned.size();
   f.on_written = std::move(done);
   Status st = PushControl(*streams_[0], std::move(f), /*bounded=*/true);
-  if (!st.ok()) Complete(done, st);
+  // Refused, f is still ours (done was moved into it: completing `done`
+  // here completed nothing, and a send on a closed connection never did).
+  if (!st.ok()) Complete(f.on_written, st);
 }
 
 void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
@@ -181,7 +183,7 @@ void TcpConnection::Fail(Status ops, Status closed) {
   if (handlers.on_closed) handlers.on_closed(closed);
 }
 
-Status TcpConnection::PushControl(Stream& s, OutFrame f, bool bounded) {
+Status TcpConnection::PushControl(Stream& s, OutFrame&& f, bool bounded) {
   {
     MutexLock lock(s.mu);
     if (s.stop) return TERN_ERROR(kUnavailable, "connection closed");

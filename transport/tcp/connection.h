@@ -120,7 +120,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
  private:
   struct Reader;
 
-  Status PushControl(Stream& s, OutFrame f, bool bounded);
+  // Queues f on s; refused (an error), f is left as it was.
+  Status PushControl(Stream& s, OutFrame&& f, bool bounded);
   void ProtocolFailure(const Status& why);
   // Each returns false when the stream must stop.
   bool StartPayload(Stream& s, Reader& r);
