@@ -159,7 +159,15 @@ TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
   auto gen = TraceGenerator::Create(config, pool_);
   ASSERT_TRUE(gen.ok()) << gen.status().ToString();
   gen_ = std::move(gen).value();
-  CaptureLogs([](AgentOptions& o) { o.stream_apply = o.id != "c"; });
+  CaptureLogs([](AgentOptions& o) {
+    o.stream_apply = o.id != "c";
+    // Every send of the root waits 100 ms (below), its replies to
+    // heartbeats too: at one heartbeat per 100 ms a slow build (TSan, a
+    // loaded machine) queued them faster than the root answered, and Stop
+    // waited minutes for the backlog.
+    o.heartbeat_ms = 500;
+    o.dead_after_ms = 5000;
+  });
   auto count = [this](const std::string& id, const std::string& part) {
     return static_cast<long>(Logged(id, part));
   };
