@@ -115,7 +115,9 @@ class UcxTest : public ::testing::TestWithParam<Tls> {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     client_ = std::move(*c);
     auto l = server_->Listen("127.0.0.1:0", [this](std::shared_ptr<Connection> conn) {
+      std::lock_guard<std::mutex> lock(server_peer_.mu);
       server_peer_.conn = conn;
+      server_peer_.cv.notify_all();
       return server_peer_.Handlers();
     });
     ASSERT_TRUE(l.ok()) << l.status().ToString();
@@ -128,6 +130,11 @@ class UcxTest : public ::testing::TestWithParam<Tls> {
     auto r = connected.Wait();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     client_peer_.conn = *r;
+    // The server's accept handler runs on its progress thread, not
+    // necessarily before the client's connect completes: wait for it (and
+    // see its write of conn) before the test reads server_peer_.conn.
+    std::unique_lock<std::mutex> lock(server_peer_.mu);
+    ASSERT_TRUE(server_peer_.cv.wait_for(lock, kWait, [&] { return server_peer_.conn != nullptr; }));
   }
 
   Status SendChunkAndWait(const ChunkSend& chunk) {
