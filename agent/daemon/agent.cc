@@ -38,7 +38,10 @@ AgentImpl::AgentImpl(const AgentOptions& options)
 
 AgentImpl::~AgentImpl() { Stop(); }
 
-void AgentImpl::Log(const std::string& line) const { log_("agent " + id_ + ": " + line); }
+void AgentImpl::Log(const std::string& line) const {
+  const std::shared_ptr<const std::string> name = log_name_.load();
+  log_("agent " + (name ? *name : std::string()) + ": " + line);
+}
 
 void AgentImpl::Flush(Outbox& out) {
   for (auto& o : out) {
@@ -116,6 +119,7 @@ Status AgentImpl::Init() {
   if (opt_.root && !opt_.board_etcd.empty()) TERN_RETURN_IF_ERROR(CampaignForRoot());
   TERN_RETURN_IF_ERROR(StartListener());
   id_ = opt_.id.empty() ? listen_address_ : opt_.id;
+  log_name_.store(std::make_shared<const std::string>(id_));
   TERN_RETURN_IF_ERROR(opt_.root ? InitRoot() : InitMember());
   TERN_RETURN_IF_ERROR(StartAdmin());
   {

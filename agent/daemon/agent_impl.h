@@ -148,7 +148,11 @@ class AgentImpl final : public Agent {
   Clock& clock_;
   LogFn log_;
   ThreadPool pool_;
+  // Set by Init once the listener is up (it may be the listen address),
+  // before control traffic is served (started_); handlers that run earlier
+  // refuse and log, so Log reads its own copy, log_name_.
   std::string id_;
+  std::atomic<std::shared_ptr<const std::string>> log_name_;
   std::string objects_dir_;    // DIR/objects: what the relay receives and serves
   std::string published_dir_;  // root: DIR/published, the board's objects
 
