@@ -2,7 +2,10 @@
 # Builds and runs every test: the release build's full suite (unit, golden,
 # fuzz-corpus, CLI, Python reference and conformance tests), every fuzz
 # target for TERN_FUZZ_SECONDS (20 by default) with new inputs
-# (scripts/fuzz.sh) and an ASan+UBSan build of the unit tests. Installs what
+# (scripts/fuzz.sh), an ASan+UBSan build of the unit tests, Clang's
+# thread-safety analysis of the annotated lock rules
+# (scripts/check_thread_safety.py) and, with TERN_TSAN_TESTS=1, a
+# ThreadSanitizer build of the tests whose code starts threads. Installs what
 # it needs first, including the engine test environment (vLLM's CPU build,
 # ~6 GB, cached outside the tree: scripts/install-engine-env.sh); if that
 # cannot be installed the run fails. TERN_ENGINE_TESTS=0 leaves the engine
@@ -38,3 +41,23 @@ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DTERN_SANITIZE=ON -DTERN_BUIL
 cmake --build build/asan -j"$jobs"
 (cd build/asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j"$jobs" --timeout 900 -LE 'slow|system')
+
+echo "== thread-safety analysis (clang -Wthread-safety, annotated rooms)"
+python3 scripts/check_thread_safety.py build/release -j"$jobs"
+
+if [ "${TERN_TSAN_TESTS:-0}" != 1 ]; then
+  echo "== tsan build LEFT OUT (TERN_TSAN_TESTS=1 runs it: ~30-50 min cold on 2 cores)"
+  exit 0
+fi
+echo "== tsan build (tests that start threads)"
+# The test binaries are TERN_TSAN_TESTS (CMakeLists.txt): agent (system tests
+# included), relay, view store, admin HTTP, etcd, transport, xfer and the
+# thread pool's. Any report fails its test (halt_on_error). UCX_MEM_EVENTS=no:
+# libucm's madvise hook crashes TSan in exiting threads. tsan.supp names each
+# entry's reason; none is for tern's own code.
+cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERN_TSAN=ON -DTERN_BUILD_BENCH=OFF \
+  -DTERN_CUDA=OFF -DTERN_ENGINE_TESTS=OFF >/dev/null
+cmake --build build/tsan -j"$jobs" --target tsan_tests
+(cd build/tsan && UCX_MEM_EVENTS=no \
+   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../../scripts/tsan.supp" \
+   ctest --output-on-failure -j"$jobs" --timeout 900 -L tsan -LE 'slow')

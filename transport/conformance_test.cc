@@ -284,6 +284,10 @@ TEST_P(Conformance, CancelReceiveWaitsForALandingCallbackInProgress) {
   ASSERT_EQ(entered.get_future().wait_for(20s), std::future_status::ready);
   accepted->CancelReceive(1);
   EXPECT_TRUE(finished.load());
+  // src is the sender's until its op completes or Close returns: that the
+  // receiver holds the bytes says nothing about the sender's thread being
+  // done with them (TSan saw src freed under a send()).
+  conn->Close();
 }
 
 TEST_P(Conformance, ManyConcurrentPeers) {
@@ -357,6 +361,45 @@ TEST_P(Conformance, PeerDyingMidTransferSurfacesAnErrorWithoutHanging) {
   // returned on its callback thread; only CancelReceive (or our own Close)
   // says no stream still writes into dst.
   accepted->CancelReceive(1);
+}
+
+// A connection closed by its peer while another thread sends on it: every
+// send completes, the ones after the close with an error, and nothing races
+// (issue 24: the loopback end's delivery thread reset its peer pointer while
+// a sender read it; ThreadSanitizer's build runs this).
+TEST_P(Conformance, SendsRacingThePeersCloseFailCleanly) {
+  for (size_t round = 0; round < 10; ++round) {
+    auto conn = Dial(*pair_.client, replies_.Handlers());
+    ASSERT_TRUE(conn);
+    auto accepted = Accepted(round);
+    ASSERT_TRUE(accepted);
+    struct Sent {
+      std::atomic<int> done{0}, failed{0};
+    };
+    auto sent = std::make_shared<Sent>();  // completions may outlive the round
+    std::atomic<bool> started{false};
+    std::thread sender([&] {
+      for (int i = 0; i < 20000 && sent->failed == 0; ++i) {
+        conn->SendMessage("m", [sent](Status s) {
+          if (!s.ok()) ++sent->failed;
+          ++sent->done;
+        });
+        started = true;
+      }
+    });
+    while (!started) std::this_thread::yield();
+    accepted->Close();
+    sender.join();
+    EXPECT_TRUE(replies_.WaitFor([&] { return replies_.closed > int(round); }))
+        << "the client end never saw the close";
+    // Once the client end saw the close, a send fails.
+    auto after = std::make_shared<std::promise<Status>>();
+    conn->SendMessage("late", [after](Status s) { after->set_value(s); });
+    auto f = after->get_future();
+    ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+    EXPECT_FALSE(f.get().ok());
+    conn->Close();
+  }
 }
 
 TEST_P(Conformance, ResumesFromAcknowledgedChunksAfterADroppedConnection) {

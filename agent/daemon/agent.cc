@@ -39,7 +39,10 @@ AgentImpl::AgentImpl(const AgentOptions& options)
 
 AgentImpl::~AgentImpl() { Stop(); }
 
-void AgentImpl::Log(const std::string& line) const { log_("agent " + id_ + ": " + line); }
+void AgentImpl::Log(const std::string& line) const {
+  const std::shared_ptr<const std::string> name = log_name_.load();
+  log_("agent " + (name ? *name : std::string()) + ": " + line);
+}
 
 void AgentImpl::Flush(Outbox& out) {
   for (auto& o : out) {
@@ -102,21 +105,26 @@ Status AgentImpl::Init() {
     store_options.sync_at_switch = opt_.root;
     TERN_ASSIGN_OR_RETURN(store_,
                           ViewStore::Open(env_, opt_.data_dir, pool_, log_, store_options));
-    store_version_ = store_->version();
+    MutexLock lock(mu_);
+    NoteServedLocked();
   }
   TERN_REQUIRE(opt_.seed_checkpoint.empty() || (!opt_.root && opt_.seed_version > 0), kInvalidArgument,
                "agent: --seed is for members, with --seed-version N > 0");
-  seed_pending_ = !opt_.seed_checkpoint.empty() && store_version_ < opt_.seed_version;
+  {
+    MutexLock lock(mu_);
+    seed_pending_ = !opt_.seed_checkpoint.empty() && store_version_ < opt_.seed_version;
+  }
   metrics_ = std::make_unique<MetricsRegistry>();
 
   // A standby root waits here, before it listens, until it leads.
   if (opt_.root && !opt_.board_etcd.empty()) TERN_RETURN_IF_ERROR(CampaignForRoot());
   TERN_RETURN_IF_ERROR(StartListener());
   id_ = opt_.id.empty() ? listen_address_ : opt_.id;
+  log_name_.store(std::make_shared<const std::string>(id_));
   TERN_RETURN_IF_ERROR(opt_.root ? InitRoot() : InitMember());
   TERN_RETURN_IF_ERROR(StartAdmin());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     started_ = true;
   }
   work_thread_ = std::thread([this] { WorkLoop(); });
@@ -154,7 +162,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
   std::weak_ptr<Connection> weak = conn;
   ConnectionHandlers h;
   h.on_message = [this, st, weak, via, gate = gate_](std::string payload) {
-    std::shared_lock<std::shared_mutex> open(gate->mu);
+    ReaderLock open(gate->mu);
     if (!gate->open) return;
     auto conn = weak.lock();
     if (!conn) return;
@@ -168,7 +176,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
       } else if (type >= 0x40 && type <= 0x7F) {
         RelayNode* relay = nullptr;
         {
-          std::lock_guard<std::mutex> g(mu_);
+          MutexLock g(mu_);
           relay = relay_.get();
         }
         if (relay) {
@@ -236,7 +244,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
     st->member_id = member_id;
   };
   h.on_closed = [this, st, weak, gate = gate_](Status why) {
-    std::shared_lock<std::shared_mutex> open(gate->mu);
+    ReaderLock open(gate->mu);
     if (!gate->open) return;
     std::unique_lock<std::mutex> lock(st->mu);
     auto held = std::move(st->hold);  // released when this handler returns
@@ -290,22 +298,22 @@ Status AgentImpl::MakeRelay(const BoardId& board, RelayCallbacks callbacks) {
 }
 
 void AgentImpl::Post(std::function<void()> work) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return;
   if (work_.size() >= kMaxQueuedWork) {
     Log("work queue full; dropping the oldest item");
     work_.pop_front();
   }
   work_.push_back(std::move(work));
-  work_cv_.notify_one();
+  work_cv_.Signal();
 }
 
 void AgentImpl::WorkLoop() {
   for (;;) {
     std::function<void()> item;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || !work_.empty(); });
+      MutexLock lock(mu_);
+      work_cv_.Wait([&]() REQUIRES(mu_) { return stopping_ || !work_.empty(); });
       if (stopping_) return;
       item = std::move(work_.front());
       work_.pop_front();
@@ -318,7 +326,7 @@ void AgentImpl::TickLoop() {
   const uint64_t tick_us = std::max<uint64_t>(1000, uint64_t{opt_.heartbeat_ms} * 1000 / 2);
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
     if (opt_.root) {
@@ -329,28 +337,28 @@ void AgentImpl::TickLoop() {
     // Sleep in short steps so that Stop returns promptly.
     for (uint64_t slept = 0; slept < tick_us; slept += 20000) {
       clock_.SleepUs(std::min<uint64_t>(20000, tick_us - slept));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
   }
 }
 
 void AgentImpl::Stop() {
-  std::lock_guard<std::mutex> stop_lock(stop_mu_);
+  MutexLock stop_lock(stop_mu_);
   if (stopped_) return;
   stopped_ = true;
   {
     // From here on no transport handler touches the agent.
-    std::unique_lock<std::shared_mutex> shut(gate_->mu);
+    WriterLock shut(gate_->mu);
     gate_->open = false;
   }
   std::shared_ptr<Connection> root_conn;
   std::vector<std::shared_ptr<Connection>> conns;
   bool joined = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
     root_conn = root_conn_;
     for (auto& [id, c] : member_conns_) conns.push_back(c);
     for (auto& [address, p] : probes_)

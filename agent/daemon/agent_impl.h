@@ -24,7 +24,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,7 +32,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +45,7 @@
 #include "agent/membership/membership.h"
 #include "agent/relay/relay.h"
 #include "agent/view_store/view_store.h"
+#include "base/mutex.h"
 #include "tern/agent.h"
 #include "tern/thread_pool.h"
 #include "tern/version_manifest.h"
@@ -65,8 +64,8 @@ class PublishJobs;
 // may re-enter (Close can run on_closed inline): glibc's rwlock prefers
 // readers, so a nested shared lock does not wait behind Stop.
 struct HandlerGate {
-  std::shared_mutex mu;
-  bool open = true;
+  SharedMutex mu;
+  bool open GUARDED_BY(mu) = true;
 };
 
 class AgentImpl final : public Agent {
@@ -115,8 +114,8 @@ class AgentImpl final : public Agent {
                      ControlMessage m);
   void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
   void RootTick();
-  void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out);
-  Status PublishLocked(const std::string& checkpoint_path, uint64_t version);
+  void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) REQUIRES(mu_);
+  Status PublishLocked(const std::string& checkpoint_path, uint64_t version) REQUIRES(publish_mu_);
 
   // ---- agent_member.cc ----
   Status InitMember();
@@ -132,14 +131,14 @@ class AgentImpl final : public Agent {
   Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
   void MemberPrepareSpare();
   void MemberCatchUp(CatchUpReply plan);
-  Status SaveMemberState();
-  Result<RelayNode*> EnsureRelay(const BoardId& board);
-  Heartbeat MakeHeartbeatLocked();
+  Status SaveMemberState() REQUIRES(mu_);
+  Result<RelayNode*> EnsureRelay(const BoardId& board) REQUIRES(mu_);
+  Heartbeat MakeHeartbeatLocked() REQUIRES(mu_);
   // ---- agent_member_links.cc: round trips and parent health ----
   void MemberProbeParents();
   void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
                     uint64_t nonce);
-  void MemberWatchParentsLocked(Outbox& out);
+  void MemberWatchParentsLocked(Outbox& out) REQUIRES(mu_);
   double RoundTripOf(uint64_t nonce) const;
   // The transport a parent edge is dialled with (PARENTS says which).
   Transport* TransportOf(const ParentRef& p) const {
@@ -152,12 +151,19 @@ class AgentImpl final : public Agent {
   Clock& clock_;
   LogFn log_;
   ThreadPool pool_;
+  // Set by Init once the listener is up (it may be the listen address),
+  // before control traffic is served (started_); handlers that run earlier
+  // refuse and log, so Log reads its own copy, log_name_.
   std::string id_;
+  std::atomic<std::shared_ptr<const std::string>> log_name_;
   std::string objects_dir_;    // DIR/objects: what the relay receives and serves
   std::string published_dir_;  // root: DIR/published, the board's objects
 
   ManifestVerifier verifier_;
   std::optional<ManifestSigner> signer_;  // root
+  // Set by Init; then used by one thread at a time: a member's work thread,
+  // the root's Publish (under publish_mu_). Others read store_version_ and
+  // store_digest_ (mu_).
   std::unique_ptr<ViewStore> store_;
   std::unique_ptr<RelayNode> relay_;
   std::unique_ptr<Listener> listener_;
@@ -169,94 +175,108 @@ class AgentImpl final : public Agent {
   std::unique_ptr<AdminServer> admin_;
   std::string admin_address_;
 
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::deque<std::function<void()>> work_;  // bounded by kMaxQueuedWork
-  bool stopping_ = false;
+  mutable Mutex mu_;
+  CondVar work_cv_{&mu_};
+  std::deque<std::function<void()>> work_ GUARDED_BY(mu_);  // bounded by kMaxQueuedWork
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread work_thread_, tick_thread_;
-  std::mutex stop_mu_;
-  bool stopped_ = false;
+  Mutex stop_mu_ ACQUIRED_BEFORE(mu_);
+  bool stopped_ GUARDED_BY(stop_mu_) = false;
 
   // ---- root state (mu_) ----
   std::unique_ptr<Board> board_;
   std::unique_ptr<Election> election_;     // with board_etcd
   std::atomic<bool> leadership_lost_{false};
-  bool started_ = false;                   // Init finished (mu_): control traffic is served
+  bool started_ GUARDED_BY(mu_) = false;  // Init finished: control traffic is served
   Status CampaignForRoot();
   std::unique_ptr<FileServer> fetch_server_;
-  std::unique_ptr<Membership> membership_;
-  std::map<std::string, std::shared_ptr<Connection>> member_conns_;
-  std::map<uint64_t, AgentVersionStatus> versions_;
-  std::map<uint64_t, std::set<std::string>> waiting_;  // version -> members not yet serving it
-  std::mutex publish_mu_;  // one publish at a time (not mu_: it takes seconds)
+  std::unique_ptr<Membership> membership_ GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Connection>> member_conns_ GUARDED_BY(mu_);
+  std::map<uint64_t, AgentVersionStatus> versions_ GUARDED_BY(mu_);
+  // Version -> members not yet serving it.
+  std::map<uint64_t, std::set<std::string>> waiting_ GUARDED_BY(mu_);
+  Mutex publish_mu_ ACQUIRED_BEFORE(mu_);  // one publish at a time (not mu_: it takes seconds)
 
   // ---- member state (mu_) ----
-  BoardId board_id_{};  // pinned at the first WELCOME (DIR/agent.json)
-  bool joined_ = false;
-  std::shared_ptr<Connection> root_conn_;
-  bool dialing_ = false;
-  uint64_t next_dial_us_ = 0;
-  uint64_t known_head_ = 0;
-  std::string fetch_address_;
-  std::vector<std::string> join_addresses_;  // --join, split at commas
-  size_t join_index_ = 0;                    // the one dialled next
-  std::string dial_address_;                 // the one being dialled
-  Parents parents_;
-  uint32_t stripes_ = 1;
-  uint64_t heartbeat_seq_ = 0;
-  double last_apply_s_ = 0;
-  uint64_t spare_due_us_ = 0;  // PrepareSpare after this (0: nothing due)
+  BoardId board_id_ GUARDED_BY(mu_){};  // pinned at the first WELCOME (DIR/agent.json)
+  bool joined_ GUARDED_BY(mu_) = false;
+  std::shared_ptr<Connection> root_conn_ GUARDED_BY(mu_);
+  bool dialing_ GUARDED_BY(mu_) = false;
+  uint64_t next_dial_us_ GUARDED_BY(mu_) = 0;
+  uint64_t known_head_ GUARDED_BY(mu_) = 0;
+  std::string fetch_address_ GUARDED_BY(mu_);
+  std::vector<std::string> join_addresses_ GUARDED_BY(mu_);  // --join, split at commas
+  size_t join_index_ GUARDED_BY(mu_) = 0;                    // the one dialled next
+  std::string dial_address_ GUARDED_BY(mu_);                 // the one being dialled
+  Parents parents_ GUARDED_BY(mu_);
+  uint32_t stripes_ GUARDED_BY(mu_) = 1;
+  uint64_t heartbeat_seq_ GUARDED_BY(mu_) = 0;
+  double last_apply_s_ GUARDED_BY(mu_) = 0;
+  uint64_t spare_due_us_ GUARDED_BY(mu_) = 0;  // PrepareSpare after this (0: nothing due)
   // Work thread only: the patch streaming into the spare
   // (ViewStore::AdvancePrefix) and our own mapping of its ".part" file,
   // valid whatever the relay does with the file meanwhile.
   ObjectRef stream_ref_;
   std::unique_ptr<MappedFile> stream_file_;
-  bool catching_up_ = false;
-  uint64_t catch_up_deadline_us_ = 0;  // a request unanswered by then is given up
-  uint64_t catch_up_next_us_ = 0;      // the next periodic check
-  bool need_catch_up_check_ = false;
+  bool catching_up_ GUARDED_BY(mu_) = false;
+  uint64_t catch_up_deadline_us_ GUARDED_BY(mu_) = 0;  // a request unanswered by then is given up
+  uint64_t catch_up_next_us_ GUARDED_BY(mu_) = 0;      // the next periodic check
+  bool need_catch_up_check_ GUARDED_BY(mu_) = false;
   // A seed checkpoint not yet adopted or refused (AgentOptions::seed_*).
-  bool seed_pending_ = false;
+  bool seed_pending_ GUARDED_BY(mu_) = false;
   // Per stripe of parents_: when its parent is dialled (again), and the
   // failures since PARENTS named it (agent/daemon/dial_backoff.h).
-  std::vector<ParentRedial> parent_redial_;
-  uint64_t store_version_ = 0;  // store_->version(), readable under mu_
+  std::vector<ParentRedial> parent_redial_ GUARDED_BY(mu_);
+  // store_->version() and store_->digest(), copied under mu_ by the thread
+  // that changed the store (NoteServedLocked): the store itself has one
+  // caller at a time (the work thread; the root's publishing thread), so
+  // every other thread (Snapshot, heartbeats, transport callbacks) reads
+  // these copies, never store_.
+  uint64_t store_version_ GUARDED_BY(mu_) = 0;
+  ViewDigest store_digest_ GUARDED_BY(mu_){};
+  void NoteServedLocked() REQUIRES(mu_) {
+    store_version_ = store_->version();
+    store_digest_ = store_->digest();
+  }
   // Relay-only (no store_): the newest version of which the relay holds an
   // object completely, verified.
-  uint64_t held_version_ = 0;
+  uint64_t held_version_ GUARDED_BY(mu_) = 0;
   // Under mu_: the version this member stands at, as the root, its parents
   // (SUBSCRIBE) and the replay check see it: what it serves, or for a
   // relay-only member what it holds.
-  uint64_t VersionLocked() const { return opt_.relay_only ? held_version_ : store_version_; }
-  uint64_t dial_backoff_us_ = 0;
-  bool dial_failed_logged_ = false;
+  uint64_t VersionLocked() const REQUIRES(mu_) {
+    return opt_.relay_only ? held_version_ : store_version_;
+  }
+  uint64_t dial_backoff_us_ GUARDED_BY(mu_) = 0;
+  bool dial_failed_logged_ GUARDED_BY(mu_) = false;
   // Complete, verified objects waiting to be applied, by target version.
-  std::map<uint64_t, std::pair<ObjectRef, std::string>> ready_;
+  std::map<uint64_t, std::pair<ObjectRef, std::string>> ready_ GUARDED_BY(mu_);
   // When the relay reported each of them complete (NowS), by target
   // version: the apply's log line says how long it waited for the work
   // thread (a PrepareSpare or another apply), the benchmark's breakdown.
-  std::map<uint64_t, double> complete_at_s_;
+  std::map<uint64_t, double> complete_at_s_ GUARDED_BY(mu_);
   // Objects the relay holds, forgotten once every version they lead to is
   // kKeepVersions behind what this agent serves (the relay's table is
   // bounded: RelayOptions::max_objects).
-  std::set<ObjectRef> relay_held_;
+  std::set<ObjectRef> relay_held_ GUARDED_BY(mu_);
   // Returns what it forgot (a member's relay leaves complete files behind).
-  std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions);
+  std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions)
+      REQUIRES(mu_);
   // Work thread: adopts the seed checkpoint if `m` (verified, its version
   // the seed's) signs its digest; clears seed_pending_ either way.
   void MemberSeed(const VersionManifest& m);
   // Manifests accepted, by version (publication target digests).
-  std::map<uint64_t, VersionManifest> manifests_;
+  std::map<uint64_t, VersionManifest> manifests_ GUARDED_BY(mu_);
   // Round trips measured with PING/PONG (seconds; 0: not yet): to the root
   // on the control connection, to each parent on a probe connection.
-  double rtt_to_root_s_ = 0;
+  double rtt_to_root_s_ GUARDED_BY(mu_) = 0;
   struct ParentProbe {
     std::shared_ptr<Connection> conn;
     bool dialing = false;
     uint64_t next_dial_us = 0;  // after a failed dial
     double rtt_s = 0;
   };
-  std::map<std::string, ParentProbe> probes_;  // by parent data address
+  std::map<std::string, ParentProbe> probes_ GUARDED_BY(mu_);  // by parent data address
   // Per stripe: the parent's progress as the relay's link counters show it.
   struct StripeWatch {
     std::string parent_id;
@@ -264,7 +284,7 @@ class AgentImpl final : public Agent {
     uint64_t progress_us = 0;  // when bytes_in last moved, the watch began, or we reported
     bool failed_auth = false;  // the relay dropped it for chunks that failed verification
   };
-  std::vector<StripeWatch> watch_;
+  std::vector<StripeWatch> watch_ GUARDED_BY(mu_);
 };
 
 }  // namespace tern::agent

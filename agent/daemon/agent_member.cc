@@ -42,13 +42,15 @@ Status VerifyWholeObject(Env& env, const std::string& path, const ManifestObject
 Status AgentImpl::InitMember() {
   TERN_REQUIRE(verifier_.key_count() > 0, kInvalidArgument,
                "agent: a member needs the publisher's public key (--trust-key)");
+  std::vector<std::string> join;
   for (size_t at = 0; at <= opt_.join.size();) {
     const size_t comma = std::min(opt_.join.find(',', at), opt_.join.size());
-    if (comma > at) join_addresses_.push_back(opt_.join.substr(at, comma - at));
+    if (comma > at) join.push_back(opt_.join.substr(at, comma - at));
     at = comma + 1;
   }
-  TERN_REQUIRE(!join_addresses_.empty() && join_addresses_.size() <= 16, kInvalidArgument,
+  TERN_REQUIRE(!join.empty() && join.size() <= 16, kInvalidArgument,
                "agent: --join wants 1..16 comma-separated root addresses");
+  BoardId board{};
   const std::string state_path = opt_.data_dir + "/agent.json";
   TERN_ASSIGN_OR_RETURN(FileType type, env_.TypeOf(state_path, true));
   if (type == FileType::kRegular) {
@@ -56,7 +58,7 @@ Status AgentImpl::InitMember() {
     TERN_RETURN_IF_ERROR(ReadFileToString(env_, state_path, kMaxStateBytes, &text));
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("board_id") || !j["board_id"].is_string() ||
-        !ParseHex(j["board_id"].get<std::string>(), board_id_))
+        !ParseHex(j["board_id"].get<std::string>(), board))
       return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
   }
   {
@@ -69,10 +71,10 @@ Status AgentImpl::InitMember() {
       Log("cannot clear " + objects_dir_ + ": " + names.status().ToString());
     }
   }
-  if (board_id_ != BoardId{}) {
-    std::lock_guard<std::mutex> lock(mu_);
-    TERN_RETURN_IF_ERROR(EnsureRelay(board_id_).status());
-  }
+  MutexLock lock(mu_);
+  join_addresses_ = std::move(join);
+  board_id_ = board;
+  if (board_id_ != BoardId{}) TERN_RETURN_IF_ERROR(EnsureRelay(board_id_).status());
   return Status::Ok();
 }
 
@@ -95,7 +97,7 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
   cb.on_object_complete = [this](const ObjectRef& ref, const std::string& path) {
     if (opt_.relay_only) return RelayOnlyObjectComplete(ref);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       relay_held_.insert(ref);
       if (ref.to > store_version_) complete_at_s_.try_emplace(ref.to, NowS());
     }
@@ -108,7 +110,7 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
     };
   }
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // Dropped for chunks that failed verification: the root hears of it.
     if (why.code() == Code::kAuth && stripe < watch_.size()) watch_[stripe].failed_auth = true;
     if (stripe >= parent_redial_.size() || stripe >= parents_.parents.size()) return;
@@ -134,23 +136,25 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
 }
 
 void AgentImpl::MemberDial() {
+  std::string address;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ || root_conn_ || dialing_ || clock_.NowUs() < next_dial_us_) return;
     dialing_ = true;
     dial_address_ = join_addresses_[join_index_ % join_addresses_.size()];
+    address = dial_address_;
   }
   ConnectionHandlers h;
   auto self_conn = std::make_shared<std::weak_ptr<Connection>>();
   h.on_message = [this, gate = gate_](std::string payload) {
-    std::shared_lock<std::shared_mutex> open(gate->mu);
+    ReaderLock open(gate->mu);
     if (!gate->open) return;
     auto m = DecodeControl(payload);
     if (!m.ok()) {
       Log("bad control message from the root: " + m.status().ToString());
       std::shared_ptr<Connection> c;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         c = root_conn_;
       }
       if (c) c->Close();
@@ -159,18 +163,18 @@ void AgentImpl::MemberDial() {
     MemberOnControl(std::move(m).value());
   };
   h.on_closed = [this, self_conn, gate = gate_](Status why) {
-    std::shared_lock<std::shared_mutex> open(gate->mu);
+    ReaderLock open(gate->mu);
     if (gate->open) MemberOnClosed(self_conn->lock(), why);
   };
-  opt_.transport->Connect(dial_address_, std::move(h), [this, self_conn, gate = gate_](Result<std::shared_ptr<Connection>> r) {
-    std::shared_lock<std::shared_mutex> open(gate->mu);
+  opt_.transport->Connect(address, std::move(h), [this, self_conn, gate = gate_](Result<std::shared_ptr<Connection>> r) {
+    ReaderLock open(gate->mu);
     if (!gate->open) {
       if (r.ok()) (*r)->Close();
       return;
     }
     Outbox out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       dialing_ = false;
       if (!r.ok()) {
         ++join_index_;  // a standby root may lead now
@@ -215,7 +219,7 @@ void AgentImpl::MemberDial() {
 }
 
 void AgentImpl::MemberOnClosed(const std::shared_ptr<Connection>& conn, const Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (conn && root_conn_ != conn) return;
   root_conn_.reset();
   if (joined_) Log("lost the root: " + why.ToString());
@@ -229,7 +233,7 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
   Outbox out;
   std::shared_ptr<Connection> close;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     if (auto* w = std::get_if<Welcome>(&msg)) {
       if (board_id_ != BoardId{} && w->board_id != board_id_) {
@@ -291,7 +295,7 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
     } else if (auto* plan = std::get_if<CatchUpReply>(&msg); plan && !opt_.relay_only) {
       CatchUpReply copy = *plan;
       work_.push_back([this, copy]() mutable { MemberCatchUp(std::move(copy)); });
-      work_cv_.notify_one();
+      work_cv_.Signal();
     } else {
       Log(std::string("unexpected ") + ControlTypeName(TypeOf(msg)) + " from the root");
     }
@@ -301,7 +305,7 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
 }
 
 bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Replay protection: a version older than the one served is refused (a
   // relay replaying an old, validly signed version cannot roll us back).
   // The served version itself is accepted so that children still get it.
@@ -318,7 +322,7 @@ bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& 
 
 void AgentImpl::MemberObjectComplete(const ObjectRef& ref, const std::string& path) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (ref.to <= store_version_) return;  // already there (caught up meanwhile)
     // Keep the cheapest route to each target: a patch beats a keyframe.
     auto it = ready_.find(ref.to);
@@ -336,7 +340,7 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
   Outbox out;
   bool newer = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     relay_held_.insert(ref);
     if (ref.to > held_version_) {
       newer = true;
@@ -356,7 +360,7 @@ void AgentImpl::MemberTryApply() {
   for (;;) {
     std::pair<ObjectRef, std::string> next;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       while (!ready_.empty() && ready_.begin()->first <= store_version_) ready_.erase(ready_.begin());
       auto pick = ready_.end();
       for (auto it = ready_.begin(); it != ready_.end(); ++it) {
@@ -432,11 +436,11 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   double waited_s = 0;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end())
       waited_s = t0 - it->second;
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
-    store_version_ = store_->version();
+    NoteServedLocked();
     last_apply_s_ = dt;
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
@@ -460,10 +464,10 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
   Status s = store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest);
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     seed_pending_ = false;
     if (s.ok()) {
-      store_version_ = store_->version();
+      NoteServedLocked();
       last_apply_s_ = NowS() - t0;
       spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
       if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
@@ -496,19 +500,21 @@ void AgentImpl::MemberPrepareSpare() {
 // service, verify it against a signed manifest, apply in order.
 void AgentImpl::MemberCatchUp(CatchUpReply plan) {
   std::string fetch_address;
+  BoardId board{};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     fetch_address = fetch_address_;
+    board = board_id_;
     catching_up_ = true;
   }
   auto done = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     catching_up_ = false;
   };
   std::vector<VersionManifest> manifests;
   for (const auto& s : plan.signed_manifests) {
     auto m = verifier_.Verify(s);
-    if (!m.ok() || m->board_id != board_id_) {
+    if (!m.ok() || m->board_id != board) {
       Log("catch-up plan has a manifest that does not verify; ignoring the plan");
       return done();
     }
@@ -516,7 +522,7 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
   }
   bool seed = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     seed = seed_pending_;
   }
   if (seed) {
@@ -528,7 +534,7 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
     } else {
       Log("catch-up plan carries no manifest of seed version " + std::to_string(opt_.seed_version) +
           "; seed dropped");
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       seed_pending_ = false;
     }
   }
@@ -536,7 +542,7 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
     {
       // The tree may have moved us on meanwhile: skip what no longer fits
       // (the periodic check asks again if the rest does not come).
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (ref.to <= store_version_) continue;
       if (ref.kind != ObjectKind::kKeyframe && ref.from != store_version_) break;
     }
@@ -640,7 +646,7 @@ void AgentImpl::MemberTick() {
   std::string note;  // logged outside mu_
   bool prepare_spare = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (spare_due_us_ != 0 && clock_.NowUs() >= spare_due_us_) {
       spare_due_us_ = 0;
       prepare_spare = true;

@@ -28,7 +28,7 @@ double AgentImpl::RoundTripOf(uint64_t nonce) const {
 
 void AgentImpl::MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
                              uint64_t nonce) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = probes_.find(address);
   if (it == probes_.end() || it->second.conn != conn) return;
   if (const double rtt = RoundTripOf(nonce); rtt > 0) it->second.rtt_s = rtt;
@@ -41,7 +41,7 @@ void AgentImpl::MemberProbeParents() {
   std::vector<std::shared_ptr<Connection>> close;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     std::map<std::string, Transport*> want;
     for (const auto& p : parents_.parents) want[p.data_address] = TransportOf(p);
@@ -72,7 +72,7 @@ void AgentImpl::MemberProbeParents() {
     auto self = std::make_shared<std::weak_ptr<Connection>>();
     ConnectionHandlers h;
     h.on_message = [this, address, self, gate = gate_](std::string payload) {
-      std::shared_lock<std::shared_mutex> open(gate->mu);
+      ReaderLock open(gate->mu);
       if (!gate->open) return;
       auto conn = self->lock();
       auto m = DecodeControl(payload);
@@ -85,10 +85,10 @@ void AgentImpl::MemberProbeParents() {
       MemberOnPong(address, conn, pong->nonce);
     };
     h.on_closed = [this, address, self, gate = gate_](Status) {
-      std::shared_lock<std::shared_mutex> open(gate->mu);
+      ReaderLock open(gate->mu);
       if (!gate->open) return;
       auto conn = self->lock();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = probes_.find(address);
       if (it != probes_.end() && it->second.conn && it->second.conn == conn) {
         it->second.conn.reset();
@@ -98,7 +98,7 @@ void AgentImpl::MemberProbeParents() {
     transport->Connect(
         address, std::move(h),
         [this, address, self, gate = gate_](Result<std::shared_ptr<Connection>> r) {
-          std::shared_lock<std::shared_mutex> open(gate->mu);
+          ReaderLock open(gate->mu);
           if (!gate->open) {
             if (r.ok()) (*r)->Close();
             return;
@@ -106,7 +106,7 @@ void AgentImpl::MemberProbeParents() {
           Outbox out;
           std::shared_ptr<Connection> unwanted;
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(mu_);
             auto it = probes_.find(address);
             if (it == probes_.end() || !it->second.dialing || stopping_) {
               // No longer a parent (or stopping): this probe is not wanted.

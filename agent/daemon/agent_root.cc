@@ -92,11 +92,10 @@ Status AgentImpl::InitRoot() {
   plan.stripes = opt_.stripes;
   ProbationOptions probation;
   probation.quiet_us = uint64_t{opt_.relay_probation_ms} * 1000;
-  membership_ =
-      std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000, probation);
-
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
+    membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000,
+                                               probation);
     TERN_RETURN_IF_ERROR(MakeRelay(board_->id(), RelayCallbacks{}));
   }
   // Re-offer what the board holds, so a restarted root feeds its trees again.
@@ -110,6 +109,7 @@ Status AgentImpl::InitRoot() {
         if (v + std::min<uint64_t>(opt_.keep_patches, 32) <= board_->head()) continue;
         Status s = relay_->Offer(signed_manifest, ref, board_->ObjectPath(ref));
         if (!s.ok()) Log("not re-offering " + ObjectName(ref) + ": " + s.ToString());
+        MutexLock lock(mu_);
         relay_held_.insert(ref);
       }
     }
@@ -147,7 +147,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
   Outbox out;
   bool close = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     if (member_id->empty()) {
       auto* hello = std::get_if<Hello>(&msg);
@@ -212,7 +212,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
       work_.push_back([this, id, r, weak] {
         // Squashes are made on the publisher's lock: one writer on the board
         // and on the pool at a time.
-        std::lock_guard<std::mutex> publish_lock(publish_mu_);
+        MutexLock publish_lock(publish_mu_);
         PublishOptions po;
         po.segment_elements = opt_.segment_elements;
         CatchUpReply reply;
@@ -254,7 +254,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         Send(out, c, reply);
         Flush(out);
       });
-      work_cv_.notify_one();
+      work_cv_.Signal();
     } else if (auto* ping = std::get_if<Ping>(&msg)) {
       Send(out, conn, Pong{ping->nonce});
     } else if (auto* report = std::get_if<ParentReport>(&msg)) {
@@ -290,7 +290,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
 void AgentImpl::RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = member_conns_.find(member_id);
     if (it == member_conns_.end() || (conn && it->second != conn)) return;
     member_conns_.erase(it);
@@ -308,7 +308,7 @@ void AgentImpl::RootTick() {
   std::vector<std::shared_ptr<Connection>> silent;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& id : membership_->Silent(clock_.NowUs())) {
       auto it = member_conns_.find(id);
       if (it != member_conns_.end()) {
@@ -338,7 +338,7 @@ void AgentImpl::RootTick() {
 Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish: this root no longer leads the board");
-  std::lock_guard<std::mutex> publish_lock(publish_mu_);
+  MutexLock publish_lock(publish_mu_);
   return PublishLocked(checkpoint_path, version);
 }
 
@@ -381,8 +381,8 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
     TERN_RETURN_IF_ERROR(store_->Advance({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    store_version_ = store_->version();
+    MutexLock lock(mu_);
+    NoteServedLocked();
   }
   for (const auto& ref : refs) {
     Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));
@@ -390,7 +390,7 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   }
   std::set<uint64_t> held;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& ref : refs) relay_held_.insert(ref);
     // The tree carries the newest versions; older ones are catch-up's.
     ForgetOldObjectsLocked(version, std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
@@ -400,7 +400,7 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     AgentVersionStatus vs;
     vs.version = version;
     vs.patch_bytes = result.patch_bytes;

@@ -30,10 +30,10 @@ AgentSnapshot AgentImpl::Snapshot() const {
   s.listen_address = listen_address_;
   s.intra_address = intra_address_;
   s.admin_address = admin_address_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   s.relay_only = opt_.relay_only;
   s.served_version = store_version_;  // 0 without a store (relay-only)
-  if (store_) s.served_digest = store_->digest();
+  s.served_digest = store_digest_;
   s.held_version = VersionLocked();
   if (opt_.root) {
     s.head = board_ ? board_->head() : 0;
@@ -205,7 +205,7 @@ std::string AgentImpl::MetricsText() const {
   }
   RelayNode* relay = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     relay = relay_.get();
   }
   if (relay) {

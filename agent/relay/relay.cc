@@ -18,7 +18,7 @@ void RelayNode::Impl::Run() {
     }
     std::vector<std::function<void()>> todo;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (offer) {
         if (Link* link = Find(e.link); link && link->parent) {
           OnOffer(*link, *offer);
@@ -260,7 +260,7 @@ RelayNode::RelayNode(Transport& transport, Env& env, std::string objects_dir,
 RelayNode::~RelayNode() {
   std::unique_ptr<Listener> listener;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     listener = std::move(impl_->listener);
   }
   if (listener) listener->Close();  // the accept handler is done and never runs again
@@ -269,7 +269,7 @@ RelayNode::~RelayNode() {
   std::map<uint64_t, std::unique_ptr<Link>> links;
   std::map<ObjectRef, std::shared_ptr<Object>> objects, retired;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     links.swap(impl_->links);
     objects.swap(impl_->objects);
     retired.swap(impl_->retired);
@@ -294,7 +294,7 @@ Status RelayNode::Impl::RegisterEverywhere(Object& obj) {
 }
 
 Status RelayNode::AddTransport(Transport& transport) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   TERN_REQUIRE(impl_->objects.empty() && impl_->retired.empty() && impl_->links.empty(),
                kInvalidArgument, "relay: AddTransport after objects or links exist");
   TERN_REQUIRE(!impl_->Has(&transport), kAlreadyExists, "relay: transport ", transport.name(),
@@ -318,18 +318,18 @@ AcceptHandler RelayNode::ChildAcceptor(Transport* via) {
 
 Status RelayNode::Listen(const std::string& address) {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     TERN_REQUIRE(!impl_->listener, kAlreadyExists, "relay: already listening on ",
                  impl_->listener->address());
   }
   TERN_ASSIGN_OR_RETURN(auto listener, impl_->transport.Listen(address, ChildAcceptor()));
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   impl_->listener = std::move(listener);
   return Status::Ok();
 }
 
 std::string RelayNode::address() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->listener ? impl_->listener->address() : std::string();
 }
 
@@ -361,7 +361,7 @@ void RelayNode::Fetch(uint32_t stripe, const ObjectRef& ref) {
 }
 
 Result<ObjectProgress> RelayNode::Progress(const ObjectRef& ref) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   auto it = impl_->objects.find(ref);
   TERN_REQUIRE(it != impl_->objects.end(), kNotFound, "relay: no object ", ObjectName(ref));
   const Object& o = *it->second;
@@ -369,14 +369,14 @@ Result<ObjectProgress> RelayNode::Progress(const ObjectRef& ref) const {
 }
 
 std::vector<LinkStats> RelayNode::Stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   std::vector<LinkStats> out;
   for (auto& [id, link] : impl_->links) out.push_back(link->stats);
   return out;
 }
 
 LinkTotals RelayNode::Totals() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   LinkTotals t = impl_->closed_links;
   for (auto& [id, link] : impl_->links) t.Add(link->stats);
   return t;

@@ -494,7 +494,7 @@ Status RelayNode::Offer(std::string signed_manifest, const ObjectRef& ref,
   TERN_REQUIRE(ChunkHashRoot(obj->hashes) == meta->chunk_hashes_root, kAuth, "relay: ", path,
                " does not match the signed hashes of ", ObjectName(ref));
   {
-    std::lock_guard<std::mutex> lock(im.mu);  // transports is read under mu
+    MutexLock lock(im.mu);  // transports is read under mu
     TERN_RETURN_IF_ERROR(im.RegisterEverywhere(*obj));
   }
   obj->hashes_ok = true;

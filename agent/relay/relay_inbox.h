@@ -11,15 +11,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "agent/relay/data_wire.h"
+#include "base/mutex.h"
 #include "tern/transport.h"
 
 namespace tern::agent {
@@ -52,11 +51,11 @@ class Inbox {
 
   void Push(Event e) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!closed_) {
         if (e.kind == Event::kMessage) ++messages_;
         events_.push_back(std::move(e));
-        cv_.notify_one();
+        cv_.Signal();
         return;
       }
     }
@@ -64,7 +63,7 @@ class Inbox {
   }
 
   void PushMessage(uint64_t link, std::string payload) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (closed_ || overflowed_.count(link)) return;
     Event e;
     e.link = link;
@@ -77,13 +76,13 @@ class Inbox {
       ++messages_;
     }
     events_.push_back(std::move(e));
-    cv_.notify_one();
+    cv_.Signal();
   }
 
   // Blocks until an event is queued; kStop once closed.
   Event Pop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || !events_.empty(); });
+    MutexLock lock(mu_);
+    cv_.Wait([&]() REQUIRES(mu_) { return closed_ || !events_.empty(); });
     if (closed_) return Event{};
     Event e = std::move(events_.front());
     events_.pop_front();
@@ -92,7 +91,7 @@ class Inbox {
   }
 
   void ForgetLink(uint64_t link) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     overflowed_.erase(link);
   }
 
@@ -101,10 +100,10 @@ class Inbox {
   void Close() {
     std::deque<Event> left;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       closed_ = true;
       left.swap(events_);
-      cv_.notify_all();
+      cv_.SignalAll();
     }
     for (Event& e : left) {
       if (e.conn) e.conn->Close();
@@ -114,12 +113,12 @@ class Inbox {
  private:
   const uint32_t messages_max_;
   std::atomic<uint64_t> next_link_{1};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Event> events_;
-  uint32_t messages_ = 0;
-  std::set<uint64_t> overflowed_;
-  bool closed_ = false;
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  std::deque<Event> events_ GUARDED_BY(mu_);
+  uint32_t messages_ GUARDED_BY(mu_) = 0;
+  std::set<uint64_t> overflowed_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tern::agent

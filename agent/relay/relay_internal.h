@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "agent/relay/relay.h"
 #include "agent/relay/relay_inbox.h"
+#include "base/mutex.h"
 
 namespace tern::agent {
 
@@ -150,7 +150,7 @@ struct RelayNode::Impl {
   }
 
   Transport& transport;                            // the first: parents dialled by default
-  std::vector<Transport*> transports{&transport};  // every one a link may run on (mu)
+  std::vector<Transport*> transports GUARDED_BY(mu){&transport};  // every one a link may run on
   Env& env;
   const std::string dir;
   const ManifestVerifier& verifier;
@@ -159,28 +159,32 @@ struct RelayNode::Impl {
   RelayOptions options;
   const RelayCallbacks callbacks;
   std::shared_ptr<Inbox> inbox;
-  std::unique_ptr<Listener> listener;
   std::thread worker;
 
-  mutable std::mutex mu;
-  std::map<ObjectRef, std::shared_ptr<Object>> objects;
+  // The worker changes the state below with mu held, the readers (Progress,
+  // Stats, Totals, address) take it; every method from Handle down runs on
+  // the worker with mu held (REQUIRES(mu)).
+  mutable Mutex mu;
+  std::unique_ptr<Listener> listener GUARDED_BY(mu);
+  std::map<ObjectRef, std::shared_ptr<Object>> objects GUARDED_BY(mu);
   // Forgotten objects whose chunks are still being sent: kept mapped until
   // the last send completes.
-  std::map<ObjectRef, std::shared_ptr<Object>> retired;
-  std::map<uint64_t, std::unique_ptr<Link>> links;
-  LinkTotals closed_links;  // what links closed so far moved (Totals)
-  uint64_t parent_of[kMaxStripes] = {};
+  std::map<ObjectRef, std::shared_ptr<Object>> retired GUARDED_BY(mu);
+  std::map<uint64_t, std::unique_ptr<Link>> links GUARDED_BY(mu);
+  LinkTotals closed_links GUARDED_BY(mu);  // what links closed so far moved (Totals)
+  uint64_t parent_of[kMaxStripes] GUARDED_BY(mu) = {};
   std::atomic<uint64_t> served_version{0};  // SetServedVersion: sent in SUBSCRIBE
-  std::vector<std::function<void()>> calls;  // to the lead, made after mu is dropped
+  // To the lead, made after mu is dropped.
+  std::vector<std::function<void()>> calls GUARDED_BY(mu);
 
   void Log(const std::string& line) const {
     if (log) log(line);
   }
-  bool Has(const Transport* t) const {
+  bool Has(const Transport* t) const REQUIRES(mu) {
     return std::find(transports.begin(), transports.end(), t) != transports.end();
   }
   // Registers obj's mapping with every transport of the node.
-  Status RegisterEverywhere(Object& obj);
+  Status RegisterEverywhere(Object& obj) REQUIRES(mu);
 
   static ConnectionHandlers Handlers(const std::shared_ptr<Inbox>& inbox, uint64_t id) {
     ConnectionHandlers h;
@@ -196,7 +200,7 @@ struct RelayNode::Impl {
   }
 
   void Run();
-  void Handle(Event& e);
+  void Handle(Event& e) REQUIRES(mu);
   // OFFER's checks that need no state: decode, signature, board, the lead.
   struct CheckedOffer {
     Status status;
@@ -207,63 +211,64 @@ struct RelayNode::Impl {
   };
   CheckedOffer CheckOffer(std::string_view payload) const;
 
-  Link* Find(uint64_t id) {
+  Link* Find(uint64_t id) REQUIRES(mu) {
     auto it = links.find(id);
     return it == links.end() ? nullptr : it->second.get();
   }
-  void CloseLink(Link& link);
-  void FailParent(Link& link, Status why);
-  void DropPeer(Link& link, const Status& why);
-  void Send(Link& link, std::string message) {
+  void CloseLink(Link& link) REQUIRES(mu);
+  void FailParent(Link& link, Status why) REQUIRES(mu);
+  void DropPeer(Link& link, const Status& why) REQUIRES(mu);
+  void Send(Link& link, std::string message) REQUIRES(mu) {
     if (link.conn) link.conn->SendMessage(std::move(message), [](Status) {});
   }
 
   // Parent side of a link (this node receives).
-  void OnOffer(Link& link, CheckedOffer& c);
-  void OnHashes(Link& link, std::string_view payload);
-  void FillWindows(Link& link, Object& obj);
-  void OnLanded(const Event& e);
+  void OnOffer(Link& link, CheckedOffer& c) REQUIRES(mu);
+  void OnHashes(Link& link, std::string_view payload) REQUIRES(mu);
+  void FillWindows(Link& link, Object& obj) REQUIRES(mu);
+  void OnLanded(const Event& e) REQUIRES(mu);
   // A chunk now in obj's buffer, out of the parent's reach: SHA-256, then
   // verified/forwarded, or asked again. False when the parent was dropped.
-  bool CheckLandedChunk(Link& link, Object& obj, FromParent& fp, uint32_t i);
-  void OnHashListVerified(Object& obj);
-  void Completed(Object& obj);
+  bool CheckLandedChunk(Link& link, Object& obj, FromParent& fp, uint32_t i) REQUIRES(mu);
+  void OnHashListVerified(Object& obj) REQUIRES(mu);
+  void Completed(Object& obj) REQUIRES(mu);
 
   // Child side of a link (this node sends).
-  void OnSubscribe(Link& link, std::string_view payload);
-  void OnWant(Link& link, std::string_view payload);
-  void OnFetch(Link& link, std::string_view payload);
+  void OnSubscribe(Link& link, std::string_view payload) REQUIRES(mu);
+  void OnWant(Link& link, std::string_view payload) REQUIRES(mu);
+  void OnFetch(Link& link, std::string_view payload) REQUIRES(mu);
   // `push`: the object is new here since the child subscribed (it cannot
   // hold any of it), so its first chunks may go unasked; objects offered at
   // SUBSCRIBE or on FETCH may be half-held by a resuming child: WANT only.
-  void OfferTo(Link& link, Object& obj, bool push = false);
+  void OfferTo(Link& link, Object& obj, bool push = false) REQUIRES(mu);
   // Offers `obj` to a subscribed child unless the child serves its version.
-  void OfferIfNewer(Link& link, Object& obj, bool push = false) {
+  void OfferIfNewer(Link& link, Object& obj, bool push = false) REQUIRES(mu) {
     if (obj.ref.to > link.served_version) OfferTo(link, obj, push);
   }
-  void SendChunkTo(Link& link, Object& obj, uint32_t i);
-  void Forward(Object& obj, uint32_t i);
+  void SendChunkTo(Link& link, Object& obj, uint32_t i) REQUIRES(mu);
+  void Forward(Object& obj, uint32_t i) REQUIRES(mu);
   // Memory (docs/agent.md §8): once chunk i is verified and no child has it
   // waiting or in flight, its pages leave the resident set (MappedFile::
   // DropPages), so a relay holds about its windows, not its objects. A
   // later WANT faults them back in from the page cache or the file.
   // Idle: verified and no child has it waiting or in flight.
-  bool Idle(const Object& obj, uint32_t i) const;
-  void DropIfIdle(Object& obj, uint32_t i);
-  void OnSent(const Event& e);
-  void ForgetObject(const ObjectRef& ref);
+  bool Idle(const Object& obj, uint32_t i) const REQUIRES(mu);
+  void DropIfIdle(Object& obj, uint32_t i) REQUIRES(mu);
+  void OnSent(const Event& e) REQUIRES(mu);
+  void ForgetObject(const ObjectRef& ref) REQUIRES(mu);
 
   // Push (relay_push.cc). Child side of a parent link:
-  void OpenPushWindow(Link& link);
-  void OnPush(Link& link, std::string_view payload);
-  void OnPushed(const Event& e);
-  void AfterOffer(uint64_t link_id, const ObjectRef& ref);
-  void DrainPush(Link& link);
+  void OpenPushWindow(Link& link) REQUIRES(mu);
+  void OnPush(Link& link, std::string_view payload) REQUIRES(mu);
+  void OnPushed(const Event& e) REQUIRES(mu);
+  void AfterOffer(uint64_t link_id, const ObjectRef& ref) REQUIRES(mu);
+  void DrainPush(Link& link) REQUIRES(mu);
   // Parent side: which chunks of `obj` go unasked to `link`, and PUSH.
-  std::vector<std::pair<uint32_t, uint64_t>> PlanPush(Link& link, const Object& obj);
-  void StartPush(Link& link, Object& obj, const std::vector<std::pair<uint32_t, uint64_t>>& push);
-  void OnPushDone(Link& link, std::string_view payload);
-  void RetireIfDrained(const ObjectRef& ref);
+  std::vector<std::pair<uint32_t, uint64_t>> PlanPush(Link& link, const Object& obj) REQUIRES(mu);
+  void StartPush(Link& link, Object& obj, const std::vector<std::pair<uint32_t, uint64_t>>& push)
+      REQUIRES(mu);
+  void OnPushDone(Link& link, std::string_view payload) REQUIRES(mu);
+  void RetireIfDrained(const ObjectRef& ref) REQUIRES(mu);
 };
 
 }  // namespace tern::agent

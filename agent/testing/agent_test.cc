@@ -70,6 +70,50 @@ TEST_F(AgentSystemTest, SixteenMembersInThreeRegionsServeTenVersionsBitForBit) {
   for (const auto& v : s.versions) EXPECT_GE(v.last_served_s, 0) << "version " << v.version;
 }
 
+// Status is read by other threads (the admin port, `tern status`, an
+// embedding scheduler) while the work thread applies versions: every
+// snapshot names a version with that version's digest, never a torn or
+// mismatched pair (issue 24: Snapshot read ViewStore's state while the work
+// thread assigned it; ThreadSanitizer's build runs this).
+TEST_F(AgentSystemTest, StatusReadWhileVersionsApplyIsConsistent) {
+  StartRoot();
+  StartMember("a", "us");
+  StartMember("b", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  std::mutex mu;
+  std::map<uint64_t, ViewDigest> published;  // version -> the root's digest of it
+  published[0] = ViewDigest{};
+  std::vector<std::pair<uint64_t, ViewDigest>> seen;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done) {
+      for (auto* m : {members_["a"].agent.get(), members_["b"].agent.get()}) {
+        const AgentSnapshot s = m->Snapshot();
+        std::lock_guard<std::mutex> lock(mu);
+        seen.emplace_back(s.served_version, s.served_digest);
+      }
+    }
+  });
+  // Keyframes every 4 versions (the fixture): both kinds of apply run.
+  for (uint64_t v = 1; v <= 6; ++v) {
+    Publish(v);
+    {
+      const AgentSnapshot r = root_->Snapshot();
+      std::lock_guard<std::mutex> lock(mu);
+      published[r.served_version] = r.served_digest;
+    }
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+  }
+  done = true;
+  reader.join();
+  ExpectBitwiseEqual(6);
+  ASSERT_FALSE(seen.empty());
+  for (const auto& [version, digest] : seen) {
+    ASSERT_TRUE(published.count(version)) << "version " << version;
+    EXPECT_TRUE(digest == published[version]) << "version " << version;
+  }
+}
+
 // The reader rule (docs/agent/apply.md): after a switch the slot switched
 // away from keeps the previous version for the grace period; then the
 // member brings it up to the served version (PrepareSpare), off the next
@@ -115,7 +159,15 @@ TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
   auto gen = TraceGenerator::Create(config, pool_);
   ASSERT_TRUE(gen.ok()) << gen.status().ToString();
   gen_ = std::move(gen).value();
-  CaptureLogs([](AgentOptions& o) { o.stream_apply = o.id != "c"; });
+  CaptureLogs([](AgentOptions& o) {
+    o.stream_apply = o.id != "c";
+    // Every send of the root waits 100 ms (below), its replies to
+    // heartbeats too: at one heartbeat per 100 ms a slow build (TSan, a
+    // loaded machine) queued them faster than the root answered, and Stop
+    // waited minutes for the backlog.
+    o.heartbeat_ms = 500;
+    o.dead_after_ms = 5000;
+  });
   auto count = [this](const std::string& id, const std::string& part) {
     return static_cast<long>(Logged(id, part));
   };

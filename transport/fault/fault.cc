@@ -6,7 +6,6 @@
 // lie above it).
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -14,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "tern/fault_transport.h"
 #include "transport/internal.h"
 
@@ -27,17 +27,18 @@ namespace {
 struct Shared {
   explicit Shared(const FaultPolicy& p) : policy(p), rng(p.seed) {}
   const FaultPolicy policy;
-  std::mutex mu;
-  std::mt19937_64 rng;
-  uint32_t connects = 0;
-  uint32_t connections = 0;  // that carried traffic
-  uint64_t chunk_bytes = 0;
-  bool corrupted = false;
-  uint32_t tampered = 0;  // chunks rewritten so far, up to policy.tamper_chunks
-  FaultStats stats;
+  Mutex mu;
+  std::mt19937_64 rng GUARDED_BY(mu);
+  uint32_t connects GUARDED_BY(mu) = 0;
+  uint32_t connections GUARDED_BY(mu) = 0;  // that carried traffic
+  uint64_t chunk_bytes GUARDED_BY(mu) = 0;
+  bool corrupted GUARDED_BY(mu) = false;
+  // Chunks rewritten so far, up to policy.tamper_chunks.
+  uint32_t tampered GUARDED_BY(mu) = 0;
+  FaultStats stats GUARDED_BY(mu);
   // Made connections whose Close was ignored while silenced: kept open
   // (their peers see silence) until the transport goes.
-  std::vector<std::shared_ptr<Connection>> held_open;
+  std::vector<std::shared_ptr<Connection>> held_open GUARDED_BY(mu);
 };
 
 // One byte of a chunk to change, and how.
@@ -48,12 +49,14 @@ struct Flip {
 };
 
 // What happens to the next chunk of `length` bytes: a corrupting flip
-// (below the checksum) and a tampering one (above it). Under shared.mu.
-std::pair<Flip, Flip> ChooseFlipsLocked(Shared& shared, uint64_t length) {
+// (below the checksum) and a tampering one (above it).
+std::pair<Flip, Flip> ChooseFlipsLocked(Shared& shared, uint64_t length) REQUIRES(shared.mu) {
   const FaultPolicy& p = shared.policy;
   const uint64_t start = shared.chunk_bytes;
   shared.chunk_bytes += length;
-  auto mask = [&shared] { return static_cast<uint8_t>(1u << (shared.rng() % 8)); };
+  auto mask = [&shared]() REQUIRES(shared.mu) {
+    return static_cast<uint8_t>(1u << (shared.rng() % 8));
+  };
   Flip corrupt, tamper;
   if (!shared.corrupted && p.corrupt_at_byte >= start && p.corrupt_at_byte - start < length) {
     shared.corrupted = true;
@@ -79,14 +82,15 @@ struct ConnState {
   std::atomic<bool> armed{false};
   std::atomic<uint64_t> drop_after{0};
   std::atomic<uint64_t> bytes{0};  // sent and received
-  std::mutex mu;
-  std::weak_ptr<Connection> inner;  // guarded by mu
+  Mutex mu;
+  std::weak_ptr<Connection> inner GUARDED_BY(mu);
+  // Set before the connection is shared with other threads, then read-only.
   std::shared_ptr<Shared> shared;
   bool made = false;  // by Connect (FaultPolicy::silence_made_connections)
-  // Receive windows posted and not cancelled (guarded by mu): a Close
-  // ignored while silenced cancels them, since the caller frees their
-  // memory as if the connection had closed.
-  std::set<uint64_t> windows;
+  // Receive windows posted and not cancelled: a Close ignored while
+  // silenced cancels them, since the caller frees their memory as if the
+  // connection had closed.
+  std::set<uint64_t> windows GUARDED_BY(mu);
 };
 
 bool Silenced(const ConnState& state) {
@@ -99,7 +103,7 @@ bool Silenced(const ConnState& state) {
 // timeout), must not, or how many drops a transfer sees would depend on
 // timing.
 void Arm(ConnState& state) {
-  std::lock_guard<std::mutex> lock(state.shared->mu);
+  MutexLock lock(state.shared->mu);
   if (state.armed) return;
   if (state.shared->connections++ < state.shared->policy.drop_connections) {
     state.drop_after = state.shared->policy.drop_after_bytes;
@@ -116,12 +120,12 @@ bool Count(ConnState& state, uint64_t bytes) {
   if (drop_after == 0 || total <= drop_after) return true;
   if (!state.dropped.exchange(true)) {
     {
-      std::lock_guard<std::mutex> lock(state.shared->mu);
+      MutexLock lock(state.shared->mu);
       ++state.shared->stats.dropped;
     }
     std::shared_ptr<Connection> inner;
     {
-      std::lock_guard<std::mutex> lock(state.mu);
+      MutexLock lock(state.mu);
       inner = state.inner.lock();
     }
     if (inner) inner->Close();
@@ -159,7 +163,7 @@ class FaultConnection final : public Connection {
     if (!Admit(chunk.length)) return Complete(done, Dropped());
     Flip corrupt, tamper;
     {
-      std::lock_guard<std::mutex> lock(shared_->mu);
+      MutexLock lock(shared_->mu);
       std::tie(corrupt, tamper) = ChooseFlipsLocked(*shared_, chunk.length);
     }
     if ((!corrupt.any() && !tamper.any()) || chunk.src.base == nullptr ||
@@ -199,7 +203,7 @@ class FaultConnection final : public Connection {
   Status PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uint64_t dst_offset,
                      uint64_t length_bytes, ChunkLanded on_landed) override {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(state_->mu);
       state_->windows.insert(transfer_id);
     }
     return inner_->PostReceive(transfer_id, dst, dst_offset, length_bytes,
@@ -209,7 +213,7 @@ class FaultConnection final : public Connection {
   }
   void CancelReceive(uint64_t transfer_id) override {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(state_->mu);
       state_->windows.erase(transfer_id);
     }
     inner_->CancelReceive(transfer_id);
@@ -226,11 +230,11 @@ class FaultConnection final : public Connection {
     if (Silenced(*state_)) {
       std::set<uint64_t> windows;
       {
-        std::lock_guard<std::mutex> lock(state_->mu);
+        MutexLock lock(state_->mu);
         windows.swap(state_->windows);
       }
       for (uint64_t id : windows) inner_->CancelReceive(id);
-      std::lock_guard<std::mutex> lock(shared_->mu);
+      MutexLock lock(shared_->mu);
       shared_->held_open.push_back(inner_);
       return;
     }
@@ -266,7 +270,7 @@ class FaultTransportImpl final : public FaultTransport {
   ~FaultTransportImpl() override {
     std::vector<std::shared_ptr<Connection>> held;
     {
-      std::lock_guard<std::mutex> lock(shared_->mu);
+      MutexLock lock(shared_->mu);
       held.swap(shared_->held_open);
     }
     for (auto& c : held) c->Close();
@@ -275,7 +279,7 @@ class FaultTransportImpl final : public FaultTransport {
   std::string name() const override { return "fault(" + inner_.name() + ")"; }
   uint32_t capabilities() const override { return inner_.capabilities(); }
   FaultStats stats() const override {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     return shared_->stats;
   }
 
@@ -292,7 +296,7 @@ class FaultTransportImpl final : public FaultTransport {
     return inner_.Listen(address, [shared, inner, on_accept](std::shared_ptr<Connection> c) {
       auto state = NewState(shared);
       {
-        std::lock_guard<std::mutex> lock(state->mu);
+        MutexLock lock(state->mu);
         state->inner = c;
       }
       auto fc = std::make_shared<FaultConnection>(std::move(c), shared, state, *inner);
@@ -302,7 +306,7 @@ class FaultTransportImpl final : public FaultTransport {
 
   void Connect(const std::string& address, ConnectionHandlers handlers, ConnectDone done) override {
     {
-      std::lock_guard<std::mutex> lock(shared_->mu);
+      MutexLock lock(shared_->mu);
       if (shared_->connects++ < shared_->policy.refuse_connects) {
         ++shared_->stats.refused;
         done(TERN_ERROR(kUnavailable, "fault: connection to ", address, " refused"));
@@ -317,7 +321,7 @@ class FaultTransportImpl final : public FaultTransport {
                    [shared, state, inner, done = std::move(done)](Result<std::shared_ptr<Connection>> r) {
                      if (!r.ok()) return done(std::move(r).take_status());
                      {
-                       std::lock_guard<std::mutex> lock(state->mu);
+                       MutexLock lock(state->mu);
                        state->inner = *r;
                      }
                      done(std::shared_ptr<Connection>(

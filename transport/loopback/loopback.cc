@@ -5,9 +5,9 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "tern/loopback_transport.h"
 #include "transport/internal.h"
 #include "transport/window_table.h"
@@ -47,7 +47,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   uint32_t capabilities() const override { return kCapChunkChecksum; }
   std::string Describe() const override { return "loopback"; }
 
-  void SendMessage(std::string payload, Completion done) override {
+  void SendMessage(std::string payload, Completion done) override EXCLUDES(mu_) {
     if (payload.size() > kMaxMessageBytes) {
       return Complete(done, TERN_ERROR(kOutOfRange, "message of ", payload.size(), " bytes exceeds ",
                                        kMaxMessageBytes));
@@ -57,7 +57,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
     Complete(done, PushToPeer(std::move(item)));
   }
 
-  void SendChunk(const ChunkSend& chunk, Completion done) override {
+  void SendChunk(const ChunkSend& chunk, Completion done) override EXCLUDES(mu_) {
     if (chunk.length == 0 || chunk.length > kMaxChunkBytes || chunk.src.base == nullptr ||
         chunk.src.handle == 0 || chunk.src_offset > chunk.src.size_bytes ||
         chunk.length > chunk.src.size_bytes - chunk.src_offset) {
@@ -69,7 +69,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
                            : Xxh3(static_cast<const uint8_t*>(chunk.src.base) + chunk.src_offset,
                                   chunk.length);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) return Complete(done, TERN_ERROR(kUnavailable, "connection closed"));
       item.op = next_op_++;
       pending_[item.op] = std::move(done);
@@ -87,23 +87,23 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   // itself.
   void CancelReceive(uint64_t transfer_id) override { windows_.Cancel(transfer_id, OffDelivery()); }
 
-  void Close() override {
+  void Close() override EXCLUDES(mu_) {
     std::shared_ptr<Endpoint> peer;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) return;
       closed_ = true;
       inbox_.push_back(Item(Item::kShutdown));
       peer = peer_.lock();
-      cv_.notify_all();
+      cv_.SignalAll();
     }
     {
       // A peer may be copying out of one of our chunks (BeginCopy succeeded
       // before closed_ was set): Close() promises the sources are ours
       // again when it returns, so wait for those copies. No new one starts:
       // BeginCopy refuses once closed_ is set.
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return active_copies_ == 0; });
+      MutexLock lock(mu_);
+      cv_.Wait([&]() REQUIRES(mu_) { return active_copies_ == 0; });
     }
     // A copy into one of our windows may be under way; Close() promises
     // the memory is ours again when it returns.
@@ -112,25 +112,29 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
     if (peer) peer->Push(Item(Item::kPeerClosed), /*force=*/true).IgnoreError();
   }
 
-  void Bind(std::weak_ptr<Endpoint> peer, ConnectionHandlers handlers) {
-    peer_ = std::move(peer);
+  // Before the delivery thread starts (Run) and before any send.
+  void Bind(std::weak_ptr<Endpoint> peer, ConnectionHandlers handlers) EXCLUDES(mu_) {
+    {
+      MutexLock lock(mu_);
+      peer_ = std::move(peer);
+    }
     handlers_ = std::move(handlers);
   }
 
   // The delivery loop; runs on this end's thread until shutdown.
-  void Run() {
+  void Run() EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       thread_id_ = std::this_thread::get_id();
     }
     for (;;) {
       Item item(Item::kShutdown);
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !inbox_.empty(); });
+        MutexLock lock(mu_);
+        cv_.Wait([&]() REQUIRES(mu_) { return !inbox_.empty(); });
         item = std::move(inbox_.front());
         inbox_.pop_front();
-        cv_.notify_all();
+        cv_.SignalAll();
       }
       switch (item.kind) {
         case Item::kMessage:
@@ -147,17 +151,17 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
           const bool by_peer = item.kind == Item::kPeerClosed;
           std::map<uint64_t, Completion> pending;
           {
-            std::unique_lock<std::mutex> lock(mu_);
+            MutexLock lock(mu_);
             closed_ = true;
             pending.swap(pending_);
             inbox_.clear();
             // The peer may be copying out of our memory for an op we are
             // about to fail; the caller may free it once the op completes.
-            cv_.wait(lock, [&] { return active_copies_ == 0; });
+            cv_.Wait([&]() REQUIRES(mu_) { return active_copies_ == 0; });
           }
           windows_.Close();
           if (by_peer) {
-            if (auto peer = peer_.lock()) peer->Push(Item(Item::kPeerClosed), true).IgnoreError();
+            if (auto peer = Peer()) peer->Push(Item(Item::kPeerClosed), true).IgnoreError();
           }
           for (auto& [op, done] : pending) {
             Complete(done, by_peer ? TERN_ERROR(kUnavailable, "peer closed the connection")
@@ -165,7 +169,11 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
           }
           if (handlers_.on_closed) handlers_.on_closed(Status::Ok());
           handlers_ = {};
-          peer_.reset();
+          {
+            // Other threads read peer_ (PushToPeer from SendMessage).
+            MutexLock lock(mu_);
+            peer_.reset();
+          }
           return;
         }
       }
@@ -174,50 +182,55 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
 
   // The receiver brackets every copy out of our memory with these; false
   // when the op already completed (its memory may be gone).
-  bool BeginCopy(uint64_t op) {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool BeginCopy(uint64_t op) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (closed_ || !pending_.count(op)) return false;
     ++active_copies_;
     return true;
   }
-  void EndCopy() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void EndCopy() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     --active_copies_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  Status Push(Item item, bool force = false) {
-    std::lock_guard<std::mutex> lock(mu_);
+  Status Push(Item item, bool force = false) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (closed_ && !force) return TERN_ERROR(kUnavailable, "connection closed");
     if (closed_ && item.kind == Item::kPeerClosed) return Status::Ok();  // already shutting down
     TERN_REQUIRE(force || inbox_.size() < kMaxInbox, kResourceExhausted, "peer inbox full (",
                  kMaxInbox, " frames)");
     inbox_.push_back(std::move(item));
-    cv_.notify_all();
+    cv_.SignalAll();
     return Status::Ok();
   }
 
  private:
-  LandingWait OffDelivery() {
-    std::lock_guard<std::mutex> lock(mu_);
+  LandingWait OffDelivery() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return LandingWait{std::this_thread::get_id() != thread_id_, 0};
   }
 
-  bool IsClosed() {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool IsClosed() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return closed_;
   }
 
-  Status PushToPeer(Item item) {
-    auto peer = peer_.lock();
+  std::shared_ptr<Endpoint> Peer() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return peer_.lock();
+  }
+
+  Status PushToPeer(Item item) EXCLUDES(mu_) {
+    auto peer = Peer();
     if (!peer || IsClosed()) return TERN_ERROR(kUnavailable, "connection closed");
     return peer->Push(std::move(item));
   }
 
-  void FinishOp(uint64_t op, Status status) {
+  void FinishOp(uint64_t op, Status status) EXCLUDES(mu_) {
     Completion done;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = pending_.find(op);
       if (it == pending_.end()) return;
       done = std::move(it->second);
@@ -227,9 +240,9 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   }
 
   // Places a chunk from the peer into our window and acknowledges it.
-  void Land(const Item& item) {
+  void Land(const Item& item) EXCLUDES(mu_) {
     const ChunkSend& c = item.chunk;
-    std::shared_ptr<Endpoint> sender = peer_.lock();
+    std::shared_ptr<Endpoint> sender = Peer();
     if (!sender || !sender->BeginCopy(item.op)) return;  // the sender gave up on it
     Result<Landing> landing = windows_.Begin(c.transfer_id, c.dst_offset, c.length);
     Status result = landing.status();
@@ -247,17 +260,19 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   }
 
   const std::string peer_name_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> inbox_;
-  bool closed_ = false;
-  std::weak_ptr<Endpoint> peer_;
-  ConnectionHandlers handlers_;  // used by the delivery thread only after Bind
+  Mutex mu_;
+  CondVar cv_{&mu_};  // inbox_ grew or shrank, a copy ended
+  std::deque<Item> inbox_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
+  // Read by every thread that sends (PushToPeer) and reset by the delivery
+  // thread at shutdown: read through Peer().
+  std::weak_ptr<Endpoint> peer_ GUARDED_BY(mu_);
+  ConnectionHandlers handlers_;  // the delivery thread's only, after Bind
   WindowTable windows_{"loopback"};
-  std::map<uint64_t, Completion> pending_;
-  uint64_t next_op_ = 1;
-  uint32_t active_copies_ = 0;  // peers copying out of our chunks now
-  std::thread::id thread_id_;
+  std::map<uint64_t, Completion> pending_ GUARDED_BY(mu_);
+  uint64_t next_op_ GUARDED_BY(mu_) = 1;
+  uint32_t active_copies_ GUARDED_BY(mu_) = 0;  // peers copying out of our chunks now
+  std::thread::id thread_id_ GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -267,8 +282,8 @@ struct LoopbackNetwork::Impl {
     LoopTransport* owner;
     std::shared_ptr<AcceptGate> gate;
   };
-  std::mutex mu;
-  std::map<std::string, Entry> listeners;
+  Mutex mu;
+  std::map<std::string, Entry> listeners GUARDED_BY(mu);
 };
 
 LoopbackNetwork::LoopbackNetwork() : impl_(std::make_unique<Impl>()) {}
@@ -282,7 +297,7 @@ class LoopTransport final : public Transport {
   ~LoopTransport() override {
     std::vector<std::shared_ptr<AcceptGate>> gates;  // of listeners left open (a caller's bug)
     {
-      std::lock_guard<std::mutex> lock(net_->mu);
+      MutexLock lock(net_->mu);
       for (auto it = net_->listeners.begin(); it != net_->listeners.end();) {
         if (it->second.owner == this) {
           gates.push_back(it->second.gate);
@@ -295,7 +310,7 @@ class LoopTransport final : public Transport {
     for (auto& g : gates) g->Close();  // no Connect is starting an end on us after this
     std::vector<std::weak_ptr<Endpoint>> ends;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ends.swap(ends_);
     }
     for (auto& weak : ends) {
@@ -319,7 +334,7 @@ class LoopTransport final : public Transport {
 
   void Start(const std::shared_ptr<Endpoint>& end) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ends_.erase(std::remove_if(ends_.begin(), ends_.end(), [](auto& w) { return w.expired(); }),
                   ends_.end());
       ends_.push_back(end);
@@ -332,8 +347,8 @@ class LoopTransport final : public Transport {
  private:
   LoopbackNetwork::Impl* net_;
   std::atomic<uint64_t> next_handle_{1};
-  std::mutex mu_;
-  std::vector<std::weak_ptr<Endpoint>> ends_;
+  Mutex mu_;
+  std::vector<std::weak_ptr<Endpoint>> ends_ GUARDED_BY(mu_);
   std::atomic<uint64_t> next_client_{1};
   ThreadTracker threads_;  // last: waited for in the destructor body
 };
@@ -346,7 +361,7 @@ class LoopListener final : public Listener {
   std::string address() const override { return name_; }
   void Close() override {
     {
-      std::lock_guard<std::mutex> lock(net_->mu);
+      MutexLock lock(net_->mu);
       auto it = net_->listeners.find(name_);
       if (it != net_->listeners.end() && it->second.gate == gate_) net_->listeners.erase(it);
     }
@@ -362,7 +377,7 @@ class LoopListener final : public Listener {
 Result<std::unique_ptr<Listener>> LoopTransport::Listen(const std::string& address,
                                                         AcceptHandler on_accept) {
   TERN_REQUIRE(!address.empty(), kInvalidArgument, "empty loopback address");
-  std::lock_guard<std::mutex> lock(net_->mu);
+  MutexLock lock(net_->mu);
   TERN_REQUIRE(!net_->listeners.count(address), kAlreadyExists, "loopback address '", address,
                "' in use");
   auto gate = std::make_shared<AcceptGate>(std::move(on_accept));
@@ -374,7 +389,7 @@ void LoopTransport::Connect(const std::string& address, ConnectionHandlers handl
                             ConnectDone done) {
   LoopbackNetwork::Impl::Entry entry{};
   {
-    std::lock_guard<std::mutex> lock(net_->mu);
+    MutexLock lock(net_->mu);
     auto it = net_->listeners.find(address);
     if (it != net_->listeners.end()) entry = it->second;
   }

@@ -59,7 +59,7 @@ TcpConnection::TcpConnection(std::vector<std::unique_ptr<Pipe>> pipes, std::stri
 }
 
 void TcpConnection::SetHandlers(ConnectionHandlers handlers) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   handlers_ = std::move(handlers);
 }
 
@@ -91,7 +91,9 @@ void TcpConnection::SendMessage(std::string payload, Completion done) {
   f.size = f.owned.size();
   f.on_written = std::move(done);
   Status st = PushControl(*streams_[0], std::move(f), /*bounded=*/true);
-  if (!st.ok()) Complete(done, st);
+  // Refused, f is still ours (done was moved into it: completing `done`
+  // here completed nothing, and a send on a closed connection never did).
+  if (!st.ok()) Complete(f.on_written, st);
 }
 
 void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
@@ -102,7 +104,7 @@ void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
   const uint8_t* data = static_cast<const uint8_t*>(c.src.base) + c.src_offset;
   const uint64_t sum = c.xxh3 ? *c.xxh3 : Xxh3(data, c.length);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return Complete(done, close_status_);
     if (chunks_.size() + pending_.size() >= options_.max_queued_frames) {
       return Complete(done, TERN_ERROR(kResourceExhausted, "more than ", options_.max_queued_frames,
@@ -138,12 +140,12 @@ void TcpConnection::Fail(Status ops, Status closed) {
   std::map<uint64_t, Completion> pending;
   std::vector<Completion> written;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) {
       // Close() promises quiet memory when it returns, even when another
       // thread's Fail is still at the barrier below; a stream thread of
       // this connection must not wait (the barrier may be waiting for it).
-      if (stream_owner_ != this) quiesced_cv_.wait(lock, [&] { return quiesced_; });
+      if (stream_owner_ != this) quiesced_cv_.Wait([&]() REQUIRES(mu_) { return quiesced_; });
       return;
     }
     closed_ = true;
@@ -155,7 +157,7 @@ void TcpConnection::Fail(Status ops, Status closed) {
   // is mid-chunk into one before the caller may free the memory.
   windows_.Close();
   for (auto& s : streams_) {
-    std::lock_guard<std::mutex> lock(s->mu);
+    MutexLock lock(s->mu);
     for (auto& f : s->control) {
       if (f.on_written) written.push_back(std::move(f.on_written));
     }
@@ -166,24 +168,24 @@ void TcpConnection::Fail(Status ops, Status closed) {
   }
   for (auto& s : streams_) std::lock_guard<std::mutex> barrier(s->io_mu);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     quiesced_ = true;
   }
-  quiesced_cv_.notify_all();
+  quiesced_cv_.SignalAll();
   for (auto& [op, done] : pending) Complete(done, ops);
   for (auto& done : written) Complete(done, ops);
   ConnectionHandlers handlers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     handlers = std::move(handlers_);
     handlers_ = {};
   }
   if (handlers.on_closed) handlers.on_closed(closed);
 }
 
-Status TcpConnection::PushControl(Stream& s, OutFrame f, bool bounded) {
+Status TcpConnection::PushControl(Stream& s, OutFrame&& f, bool bounded) {
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.stop) return TERN_ERROR(kUnavailable, "connection closed");
     if (bounded && s.control.size() >= options_.max_queued_frames) {
       return TERN_ERROR(kResourceExhausted, "more than ", options_.max_queued_frames,
@@ -268,7 +270,7 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
     case FrameType::kMessage: {
       std::function<void(std::string)> on_message;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         on_message = handlers_.on_message;
       }
       if (on_message) on_message(std::move(r.message));
@@ -292,7 +294,7 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
     case FrameType::kAck: {
       Completion done;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         auto it = pending_.find(h.arg[0]);
         if (it != pending_.end()) {
           done = std::move(it->second);
@@ -401,14 +403,14 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
   for (;;) {
     if (!cur) {
       {
-        std::lock_guard<std::mutex> lock(s.mu);
+        MutexLock lock(s.mu);
         if (!s.control.empty()) {
           cur = std::move(s.control.front());
           s.control.pop_front();
         }
       }
       if (!cur && MayTakeChunk(s)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         if (!chunks_.empty()) {
           cur = std::move(chunks_.front());
           chunks_.pop_front();
@@ -475,7 +477,7 @@ void TcpConnection::RunStream(Stream& s) {
     if (blocked != s.full.exchange(blocked) && blocked && s.index + 1 < streams_.size()) {
       bool waiting;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         waiting = !chunks_.empty();
       }
       if (waiting) streams_[s.index + 1]->Wake();
@@ -512,7 +514,7 @@ void TcpConnection::RunStream(Stream& s) {
   if (cur && cur->on_written) {
     Status why;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       why = close_status_;
     }
     Complete(cur->on_written, why.ok() ? TERN_ERROR(kUnavailable, "connection closed") : why);

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "tern/tcp_transport.h"
 #include "tern/transport.h"
 #include "transport/internal.h"
@@ -62,8 +62,8 @@ struct Stream {
   std::unique_ptr<Pipe> pipe;
   int wake_fd = -1;
   uint32_t index = 0;
-  std::mutex mu;
-  std::deque<OutFrame> control;  // guarded by mu: acks, pings, messages
+  Mutex mu;
+  std::deque<OutFrame> control GUARDED_BY(mu);  // acks, pings, messages
   std::atomic<bool> stop{false};
   // The socket took no more bytes at the last write (send buffer or
   // TCP_NOTSENT_LOWAT reached): the next stream may take chunks.
@@ -120,7 +120,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
  private:
   struct Reader;
 
-  Status PushControl(Stream& s, OutFrame f, bool bounded);
+  // Queues f on s; refused (an error), f is left as it was.
+  Status PushControl(Stream& s, OutFrame&& f, bool bounded);
   void ProtocolFailure(const Status& why);
   // Each returns false when the stream must stop.
   bool StartPayload(Stream& s, Reader& r);
@@ -144,17 +145,17 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   // The connection whose stream this thread serves (null elsewhere).
   static thread_local const TcpConnection* stream_owner_;
 
-  std::mutex mu_;
-  bool closed_ = false;
-  bool quiesced_ = false;  // the first Fail has passed its I/O barrier
-  std::condition_variable quiesced_cv_;
-  Status close_status_;
-  ConnectionHandlers handlers_;
+  Mutex mu_;
+  bool closed_ GUARDED_BY(mu_) = false;
+  bool quiesced_ GUARDED_BY(mu_) = false;  // the first Fail has passed its I/O barrier
+  CondVar quiesced_cv_{&mu_};
+  Status close_status_ GUARDED_BY(mu_);
+  ConnectionHandlers handlers_ GUARDED_BY(mu_);
   // Streams landing chunks in parallel; CancelReceive waits for them.
   transport::WindowTable windows_{"tcp"};
-  std::map<uint64_t, Completion> pending_;
-  std::deque<OutFrame> chunks_;
-  uint64_t next_op_ = 1;
+  std::map<uint64_t, Completion> pending_ GUARDED_BY(mu_);
+  std::deque<OutFrame> chunks_ GUARDED_BY(mu_);
+  uint64_t next_op_ GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace tern::tcp

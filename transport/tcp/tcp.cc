@@ -71,10 +71,10 @@ struct ListenState {
     std::string identity;  // of the first stream; every stream must match it
     std::vector<std::unique_ptr<Pipe>> pipes;
   };
-  std::mutex mu;
-  std::map<uint64_t, Partial> partial;  // by connection id
-  std::condition_variable cv;
-  bool loop_done = false;  // the accept loop ended and closed fd (under mu)
+  Mutex mu;
+  std::map<uint64_t, Partial> partial GUARDED_BY(mu);  // by connection id
+  CondVar cv{&mu};
+  bool loop_done GUARDED_BY(mu) = false;  // the accept loop ended and closed fd
 
   ~ListenState() {
     if (fd >= 0) ::close(fd);
@@ -97,8 +97,8 @@ class TcpListener final : public Listener {
     {
       // The port is free once Close returns: a dialer is refused at once
       // rather than left waiting for a hello-ack, and it can be listened on.
-      std::unique_lock<std::mutex> lock(state_->mu);
-      state_->cv.wait(lock, [&] { return state_->loop_done; });
+      MutexLock lock(state_->mu);
+      state_->cv.Wait([&]() REQUIRES(state_->mu) { return state_->loop_done; });
     }
     state_->gate->Close();  // a handshake thread may be in the handler
   }
@@ -116,7 +116,7 @@ class TcpTransport final : public Transport {
     std::vector<std::weak_ptr<ListenState>> listeners;
     std::vector<std::weak_ptr<TcpConnection>> conns;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       listeners.swap(listeners_);
       conns.swap(conns_);
     }
@@ -151,7 +151,7 @@ class TcpTransport final : public Transport {
     state->gate = std::make_unique<AcceptGate>(std::move(on_accept));
     state->address = net::SocketAddress(fd, false);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       listeners_.push_back(state);
     }
     threads_.Spawn([this, state] {
@@ -198,7 +198,7 @@ class TcpTransport final : public Transport {
   }
 
   void Track(const std::shared_ptr<TcpConnection>& c) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](auto& w) { return w.expired(); }),
                  conns_.end());
     conns_.push_back(c);
@@ -301,16 +301,16 @@ class TcpTransport final : public Transport {
         });
       }
     }
-    std::lock_guard<std::mutex> lock(st->mu);
+    MutexLock lock(st->mu);
     st->partial.clear();
     ::close(st->fd);
     st->fd = -1;
     st->loop_done = true;
-    st->cv.notify_all();
+    st->cv.SignalAll();
   }
 
   void ExpirePartial(ListenState& st) {
-    std::lock_guard<std::mutex> lock(st.mu);
+    MutexLock lock(st.mu);
     // Read the clock under the lock: a handshake thread may have stamped a
     // partial after an earlier reading, and `now - started_us` would then
     // wrap and expire a connection that had just begun (seen in CI as a
@@ -377,7 +377,7 @@ class TcpTransport final : public Transport {
     }
     std::vector<std::unique_ptr<Pipe>> pipes;
     {
-      std::lock_guard<std::mutex> lock(st->mu);
+      MutexLock lock(st->mu);
       if (st->closed) return reject(closed);
       ListenState::Partial& p = st->partial[hello.connection_id];
       if (p.count == 0) {
@@ -432,9 +432,9 @@ class TcpTransport final : public Transport {
   std::atomic<uint64_t> next_handle_{1};
   std::atomic<bool> shutting_down_{false};
   std::atomic<bool> warned_slow_start_{false};
-  std::mutex mu_;
-  std::vector<std::weak_ptr<ListenState>> listeners_;
-  std::vector<std::weak_ptr<TcpConnection>> conns_;
+  Mutex mu_;
+  std::vector<std::weak_ptr<ListenState>> listeners_ GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<TcpConnection>> conns_ GUARDED_BY(mu_);
   ThreadTracker threads_;
 };
 

@@ -180,7 +180,7 @@ class UcxTransport final : public Transport {
   void RunSync(const std::function<void()>& fn);
   // Progress thread: runs fn after the current UCX progress call returns.
   void Defer(std::function<void()> fn) { deferred_.push_back(std::move(fn)); }
-  bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_; }
+  bool OnProgressThread() const { return std::this_thread::get_id() == thread_id_.load(); }
 
   // The registration behind a region, checked against its base and size.
   Result<ucp_mem_h> Lookup(const MemoryRegion& region) const;
@@ -236,7 +236,9 @@ class UcxTransport final : public Transport {
   std::set<std::shared_ptr<UcxConn>> releasing_;  // endpoint close in flight
 
   std::thread thread_;
-  std::thread::id thread_id_;
+  // Set by the progress thread as it starts, read by any thread
+  // (OnProgressThread): until then no thread is the progress thread.
+  std::atomic<std::thread::id> thread_id_{};
 };
 
 }  // namespace tern::ucx

@@ -115,7 +115,9 @@ class UcxTest : public ::testing::TestWithParam<Tls> {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     client_ = std::move(*c);
     auto l = server_->Listen("127.0.0.1:0", [this](std::shared_ptr<Connection> conn) {
+      std::lock_guard<std::mutex> lock(server_peer_.mu);
       server_peer_.conn = conn;
+      server_peer_.cv.notify_all();
       return server_peer_.Handlers();
     });
     ASSERT_TRUE(l.ok()) << l.status().ToString();
@@ -128,6 +130,11 @@ class UcxTest : public ::testing::TestWithParam<Tls> {
     auto r = connected.Wait();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     client_peer_.conn = *r;
+    // The server's accept handler runs on its progress thread, not
+    // necessarily before the client's connect completes: wait for it (and
+    // see its write of conn) before the test reads server_peer_.conn.
+    std::unique_lock<std::mutex> lock(server_peer_.mu);
+    ASSERT_TRUE(server_peer_.cv.wait_for(lock, kWait, [&] { return server_peer_.conn != nullptr; }));
   }
 
   Status SendChunkAndWait(const ChunkSend& chunk) {
@@ -214,13 +221,16 @@ TEST_P(UcxTest, ChunksLandVerifiedInPostedWindow) {
     client_peer_.conn->SendChunk(c, results[i].Fn());
   }
   for (auto& r : results) EXPECT_TRUE(r.Wait().ok());
-  EXPECT_EQ(std::memcmp(dst.data() + 4096, src.data(), size), 0);
-  EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + 4096, [](uint8_t b) { return b == 0; }));
   {
+    // Under mu first: the landing callbacks ran after their copies into
+    // dst on the server's thread; the sender's completions order nothing
+    // on this side (UCX's own synchronization is invisible to TSan).
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_EQ(landed.size(), 4u);
     for (auto& [off, len] : chunks) EXPECT_TRUE(landed.count({off, len})) << off;
   }
+  EXPECT_EQ(std::memcmp(dst.data() + 4096, src.data(), size), 0);
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + 4096, [](uint8_t b) { return b == 0; }));
 
   // Refusals leave the connection up.
   EXPECT_EQ(SendChunkAndWait({*src_reg, 0, 100, 77, 0, std::nullopt}).code(), Code::kNotFound);
@@ -259,6 +269,11 @@ TEST_P(UcxTest, OneSidedWriteIntoExportedRegion) {
   Done<> written;
   client_peer_.conn->Write(*src_reg, 0, remote_key, 1 << 20, src.size(), written.Fn());
   ASSERT_TRUE(written.Wait().ok());
+  // A message after the write, received: orders this thread's reads of dst
+  // after the server's progress thread placed the bytes (TSan sees no
+  // other edge through UCX).
+  client_peer_.conn->SendMessage("written", nullptr);
+  ASSERT_TRUE(server_peer_.WaitMessages(1));
   EXPECT_EQ(std::memcmp(dst.data() + (1 << 20), src.data(), src.size()), 0);
   EXPECT_EQ(dst[(1 << 20) - 1], 0);
 
