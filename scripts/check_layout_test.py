@@ -106,7 +106,10 @@ class Rules(unittest.TestCase):
         self.assertEqual(kinds("agent/etcd/etcd_test.cc", "agent/testing/etcd_test_server.h"), [])
         self.assertEqual(kinds("gpu/ops/context_ops_test.cc", "gpu/host/patch_walk.h"), [])
         # A sub-folder that is not a room must be named.
-        self.assertEqual(kinds("agent/sidecar/x.cc"), ["unknown"])
+        self.assertEqual(kinds("agent/engines/x.cc"), ["unknown"])
+        # The sidecar sits above ops (its admin client), below the daemon.
+        self.assertEqual(kinds("agent/sidecar/x.cc", "agent/ops/admin_http.h"), [])
+        self.assertEqual(kinds("agent/sidecar/x.cc", "agent/daemon/agent_impl.h"), ["room"])
         self.assertEqual(kinds("agent/daemon/x.cc", "agent/nowhere/y.h"), ["unknown"])
 
     def test_private_headers_stay_in_their_module(self):
