@@ -266,8 +266,9 @@ TEST_F(SidecarTest, BadInputIsRefusedAndTheSidecarGoesOn) {
     ::close(fd);
     return n > 0 ? std::string(buf, n) : std::string();
   };
-  EXPECT_TRUE(raw(std::string("\x16\x03\x01garbage\0\xff\r\n\r\n", 19), nullptr)
-                  .starts_with("HTTP/1.1 400"));
+  // A TLS ClientHello's first bytes, a NUL and a non-ASCII byte.
+  static constexpr char kGarbage[] = "\x16\x03\x01garbage\0\xff\r\n\r\n";
+  EXPECT_TRUE(raw(std::string(kGarbage, sizeof kGarbage - 1), nullptr).starts_with("HTTP/1.1 400"));
   // A slow client: half a body, then nothing. Refused after the sidecar's
   // 500 ms client timeout, not held.
   std::chrono::milliseconds took{};
