@@ -18,6 +18,7 @@ PACKAGES=(
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
   gdb  # the test watchdog prints the stacks of a hung test with it
+  curl  # tests/cli/test_agent.py reads /metrics with it
 )
 
 missing=()
