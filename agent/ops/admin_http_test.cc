@@ -247,7 +247,21 @@ TEST_F(AdminTest, MalformedHttpIsRefusedAndServingContinues) {
   EXPECT_TRUE(logs_.Has("request over"));
 }
 
+// The two deadline tests below measure a 500-600 ms request deadline against
+// well-behaved requests served beside the bad ones. Under ThreadSanitizer
+// (5-15x slower, more on a loaded machine) a well-behaved /status or the
+// 32 MiB answer itself outlasts the deadline, so they ran flaky there (one
+// failure in two runs on a machine shared with six builds); they run in the
+// release and ASan builds, and TSan covers the server's threads through the
+// other AdminTest cases.
+#if defined(__SANITIZE_THREAD__)
+#define SKIP_TIMING_UNDER_TSAN() GTEST_SKIP() << "deadline margins do not hold under TSan"
+#else
+#define SKIP_TIMING_UNDER_TSAN() (void)0
+#endif
+
 TEST_F(AdminTest, SlowlorisGetsTimedOutAndOthersAreServed) {
+  SKIP_TIMING_UNDER_TSAN();
   AdminOptions o;
   o.max_connections = 4;
   o.request_timeout_ms = 600;
@@ -279,6 +293,7 @@ TEST_F(AdminTest, SlowlorisGetsTimedOutAndOthersAreServed) {
 // than the kernel's socket buffers take) holds a slot only until the request
 // deadline, not forever.
 TEST_F(AdminTest, ClientThatDoesNotReadIsCutAtTheDeadline) {
+  SKIP_TIMING_UNDER_TSAN();
   AdminOptions o;
   o.request_timeout_ms = 500;
   StartServer(o);
