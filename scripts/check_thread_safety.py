@@ -24,6 +24,7 @@ import time
 # base/mutex.h is checked through them; ViewStore has no lock (one caller
 # at a time: its owner's rule, in agent/daemon/agent_impl.h).
 ROOMS = [
+    "agent/board",
     "agent/daemon",
     "agent/relay",
     "transport/loopback",

@@ -73,7 +73,7 @@ Result<std::unique_ptr<Board>> Board::Open(Env& env, std::string objects_dir,
 }
 
 Status Board::Recover() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   TERN_ASSIGN_OR_RETURN(std::vector<BoardRecord> records, log_->LoadAll());
   TERN_ASSIGN_OR_RETURN(const uint64_t head, log_->Head());
   std::sort(records.begin(), records.end(), [](const BoardRecord& a, const BoardRecord& b) {
@@ -176,12 +176,12 @@ Status Board::RemoveStrayFiles() {
 }
 
 uint64_t Board::head() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return head_;
 }
 
 std::vector<uint64_t> Board::Versions() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<uint64_t> out;
   out.reserve(versions_.size());
   for (const auto& [v, info] : versions_) out.push_back(v);
@@ -189,14 +189,14 @@ std::vector<uint64_t> Board::Versions() const {
 }
 
 Result<VersionManifest> Board::Manifest(uint64_t v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = versions_.find(v);
   TERN_REQUIRE(it != versions_.end(), kNotFound, "board: no version ", v);
   return it->second.publication;
 }
 
 std::vector<std::string> Board::SignedManifests(uint64_t v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = versions_.find(v);
   if (it == versions_.end()) return {};
   std::vector<std::string> out;
@@ -210,13 +210,13 @@ std::string Board::ObjectPath(const ObjectRef& ref) const {
 }
 
 bool Board::HasObject(const ObjectRef& ref) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = objects_.find(ref);
   return it != objects_.end() && it->second.present;
 }
 
 Result<uint64_t> Board::ObjectBytes(const ObjectRef& ref) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = objects_.find(ref);
   TERN_REQUIRE(it != objects_.end(), kNotFound, "board: no object ", ObjectName(ref));
   return it->second.bytes;
@@ -230,12 +230,12 @@ Status Board::Record(std::string signed_manifest) {
                " is of another board");
   // record_mu_ orders writers; mu_ is dropped around the log's I/O (an etcd
   // round trip, an fsync) so readers are not held up by it.
-  std::lock_guard writer(record_mu_);
+  MutexLock writer(record_mu_);
   bool publication = false;
   uint32_t seq = 0;
   uint64_t head = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     head = head_;
     auto it = versions_.find(m.version);
     publication = it == versions_.end();
@@ -271,7 +271,7 @@ Status Board::Record(std::string signed_manifest) {
         appended.code() == Code::kInvalidArgument || !RecordStored(m.version, seq, publication))
       return appended;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (publication) {
     versions_[m.version].publication = m;
     head_ = m.version;

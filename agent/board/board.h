@@ -40,13 +40,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "agent/board/board_log.h"
 #include "agent/manifest/object_ref.h"
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "tern/env.h"
 #include "tern/log.h"
 #include "tern/status.h"
@@ -153,10 +154,11 @@ class Board {
         const ManifestVerifier& verifier, BoardOptions options, LogFn log_fn);
   Status Recover();
   Status CheckAndIndex(uint64_t version, uint32_t seq, const std::string& signed_bytes,
-                       const VersionManifest& m, bool check_files);
-  Result<Path> CheapestPathLocked(uint64_t from, uint64_t to, bool also_from_nothing) const;
-  CatchUpRoute RouteFromPathLocked(const Path& path) const;
-  Status RemoveStrayFiles();
+                       const VersionManifest& m, bool check_files) REQUIRES(mu_);
+  Result<Path> CheapestPathLocked(uint64_t from, uint64_t to, bool also_from_nothing) const
+      REQUIRES(mu_);
+  CatchUpRoute RouteFromPathLocked(const Path& path) const REQUIRES(mu_);
+  Status RemoveStrayFiles() REQUIRES(mu_);
   bool RecordStored(uint64_t version, uint32_t seq, bool publication);
 
   Env& env_;
@@ -167,11 +169,13 @@ class Board {
   const LogFn log_fn_;
   BoardId id_{};
 
-  std::mutex record_mu_;  // orders Record and Retain; taken before mu_
-  mutable std::mutex mu_;
-  uint64_t head_ = 0;                             // guarded by mu_
-  std::map<uint64_t, VersionInfo> versions_;      // guarded by mu_
-  std::map<ObjectRef, ObjectInfo> objects_;       // guarded by mu_
+  // record_mu_ orders Record and Retain (writers of the log); mu_ guards the
+  // index and is dropped around the log's I/O.
+  Mutex record_mu_ ACQUIRED_BEFORE(mu_);
+  mutable Mutex mu_;
+  uint64_t head_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, VersionInfo> versions_ GUARDED_BY(mu_);
+  std::map<ObjectRef, ObjectInfo> objects_ GUARDED_BY(mu_);
 };
 
 }  // namespace tern::agent

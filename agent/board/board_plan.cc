@@ -62,7 +62,7 @@ Result<Board::Path> Board::CheapestPathLocked(uint64_t from, uint64_t to,
 }
 
 Result<std::vector<ObjectRef>> Board::CheapestPath(uint64_t from, uint64_t to) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return CheapestPathLocked(from, to, /*also_from_nothing=*/from == 0);
 }
 
@@ -85,7 +85,7 @@ Result<CatchUpRoute> Board::PlanCatchUp(uint64_t have, uint64_t target,
                                        const MakeSquashFn& make_squash) {
   uint64_t start = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     TERN_REQUIRE(versions_.contains(target), kNotFound, "board: no version ", target);
     TERN_REQUIRE(have <= target, kInvalidArgument, "board: member at ", have,
                  " is ahead of target ", target);
@@ -105,13 +105,13 @@ Result<CatchUpRoute> Board::PlanCatchUp(uint64_t have, uint64_t target,
   if (!st.ok())
     log_fn_("board: squash " + std::to_string(start) + "->" + std::to_string(target) +
             " failed, sending the chain: " + st.ToString());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   TERN_ASSIGN_OR_RETURN(Path path, CheapestPathLocked(have, target, true));
   return RouteFromPathLocked(path);
 }
 
 bool Board::KeyframeDue(uint64_t version, uint64_t patch_bytes) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::pair<const ObjectRef, ObjectInfo>* newest = nullptr;
   for (const auto& entry : objects_)
     if (entry.first.kind == ObjectKind::kKeyframe && entry.first.to < version &&
@@ -130,11 +130,12 @@ bool Board::KeyframeDue(uint64_t version, uint64_t patch_bytes) const {
 }
 
 Status Board::Retain(const std::set<uint64_t>& held) {
-  std::lock_guard writer(record_mu_);
-  std::lock_guard lock(mu_);
+  MutexLock writer(record_mu_);
+  MutexLock lock(mu_);
   if (head_ == 0) return Status::Ok();
   std::set<ObjectRef> keep;
   auto keep_path = [&](uint64_t from) {
+    mu_.AssertHeld();  // called below, under the lock (lambdas are not analysed)
     auto path = CheapestPathLocked(from, head_, true);
     if (path.ok()) keep.insert(path->begin(), path->end());
   };
