@@ -11,13 +11,14 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <utility>
 
 #include "agent/board/board_log.h"
 #include "base/coding.h"
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "base/hash.h"
 #include "base/text.h"
 
@@ -126,7 +127,7 @@ class FileBoardLog final : public BoardLog {
   // Scans the directory: removes temporaries of interrupted writes, decodes
   // every record, checks the HEAD chain.
   Status Load() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     TERN_ASSIGN_OR_RETURN(auto loaded, Scan(/*clean=*/true));
     keys_.clear();
     for (const auto& d : loaded) keys_.insert(d.key);
@@ -137,7 +138,7 @@ class FileBoardLog final : public BoardLog {
   }
 
   Result<BoardId> InitId(const BoardId& candidate) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const std::string path = dir_ + "/" + kIdFile;
     std::string bytes(kIdFileBytes, '\0');
     auto* p = reinterpret_cast<uint8_t*>(bytes.data());
@@ -169,7 +170,7 @@ class FileBoardLog final : public BoardLog {
                  "board record: advance_head must be exactly seq 0 (seq ", seq, ")");
     TERN_REQUIRE(!advance_head || version > expected_head, kInvalidArgument,
                  "board record: version ", version, " does not advance HEAD ", expected_head);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const Key key{version, seq};
     TERN_REQUIRE(!keys_.contains(key), kAlreadyExists, "board record ", version, "/", seq,
                  " exists");
@@ -192,7 +193,7 @@ class FileBoardLog final : public BoardLog {
   }
 
   Result<std::vector<BoardRecord>> LoadAll() override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     TERN_ASSIGN_OR_RETURN(auto loaded, Scan(/*clean=*/false));
     std::vector<BoardRecord> out;
     out.reserve(loaded.size());
@@ -201,12 +202,12 @@ class FileBoardLog final : public BoardLog {
   }
 
   Result<uint64_t> Head() override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return head_;
   }
 
   Status DropBelow(uint64_t version) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     TERN_REQUIRE(version <= head_, kInvalidArgument, "board: cannot drop below ", version,
                  ", past HEAD ", head_);
     // Ascending, so a crash part-way leaves a suffix of the HEAD chain.
@@ -224,13 +225,14 @@ class FileBoardLog final : public BoardLog {
     return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
   }
 
-  void Note(Key key, bool advance_head) {
+  void Note(Key key, bool advance_head) REQUIRES(mu_) {
     keys_.insert(key);
     if (advance_head) head_ = std::max(head_, key.version);
   }
 
   // Every record, sorted by key; the HEAD chain checked.
-  Result<std::vector<Decoded>> Scan(bool clean) {
+  // Under mu_: the directory is this object's, scanned as one snapshot.
+  Result<std::vector<Decoded>> Scan(bool clean) REQUIRES(mu_) {
     TERN_ASSIGN_OR_RETURN(auto names, env_.ListDir(dir_, kDirEntriesMax));
     std::vector<Decoded> out;
     for (const auto& name : names) {
@@ -271,9 +273,12 @@ class FileBoardLog final : public BoardLog {
 
   Env& env_;
   const std::string dir_;
-  std::mutex mu_;
-  std::set<Key> keys_;  // guarded by mu_
-  uint64_t head_ = 0;   // guarded by mu_
+  // Every call takes mu_ for its whole run, I/O included: one writer or
+  // reader of the directory at a time (the board's record_mu_ already
+  // orders its writers).
+  Mutex mu_;
+  std::set<Key> keys_ GUARDED_BY(mu_);
+  uint64_t head_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

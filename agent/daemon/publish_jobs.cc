@@ -57,7 +57,7 @@ PublishJobs::~PublishJobs() { Join(); }
 void PublishJobs::Join() {
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     t = std::move(thread_);
   }
@@ -66,7 +66,7 @@ void PublishJobs::Join() {
 
 Result<PublishJobs::Job> PublishJobs::Start(const std::string& checkpoint, uint64_t version,
                                             uint32_t wait_ms) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   TERN_REQUIRE(!closed_, kCancelled, "publish: the agent is stopping");
   if (running_) {
     const Job& r = jobs_.back();
@@ -82,7 +82,8 @@ Result<PublishJobs::Job> PublishJobs::Start(const std::string& checkpoint, uint6
     running_ = true;
     thread_ = std::thread([this, checkpoint, version] { Run(checkpoint, version); });
   }
-  cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return !running_; });
+  cv_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
+                [&]() REQUIRES(mu_) { return !running_; });
   // The job is the newest entry with this version (it cannot have been
   // pushed out: a newer job needs this one to end and the caller to ask).
   for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it)
@@ -92,17 +93,17 @@ Result<PublishJobs::Job> PublishJobs::Start(const std::string& checkpoint, uint6
 
 void PublishJobs::Run(std::string checkpoint, uint64_t version) {
   Status s = publish_(checkpoint, version);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Job& j = jobs_.back();
   j.state = s.ok() ? State::kPublished : State::kFailed;
   j.status = std::move(s);
   j.finished_s = NowS();
   running_ = false;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::vector<PublishJobs::Job> PublishJobs::Recent() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return {jobs_.begin(), jobs_.end()};
 }
 

@@ -28,16 +28,16 @@
 // (and Join) waits for a running job.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "agent/ops/admin_http.h"
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "tern/status.h"
 
 namespace tern::agent {
@@ -81,12 +81,15 @@ class PublishJobs {
   void Run(std::string checkpoint, uint64_t version);
 
   const PublishFn publish_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;  // guarded by mu_; the running one, if any, is last
-  bool running_ = false;  // guarded by mu_
-  bool closed_ = false;   // guarded by mu_
-  std::thread thread_;    // the last job's thread; joined before the next starts and by Join
+  mutable Mutex mu_;
+  CondVar cv_{&mu_};
+  std::deque<Job> jobs_ GUARDED_BY(mu_);  // the running one, if any, is last
+  bool running_ GUARDED_BY(mu_) = false;
+  bool closed_ GUARDED_BY(mu_) = false;
+  // The last job's thread: joined before the next starts (its work is done
+  // then: running_ is false) and by Join (moved out under mu_, joined
+  // without it).
+  std::thread thread_ GUARDED_BY(mu_);
 };
 
 // POST /publish, then GET /publish until the job for `version` has ended or
