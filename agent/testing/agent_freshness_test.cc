@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/control/control_wire.h"
@@ -96,6 +97,16 @@ TEST_F(AgentFreshnessTest, ACutOffMemberGoesStaleWithinTheBoundAndFreshAfterReco
   EXPECT_TRUE(!Fresh("cut")) << Describe("cut");
   EXPECT_EQ(members_["cut"].agent->Snapshot().served_version, 1u);
   EXPECT_GE(Logged("cut", "no valid HEAD beacon from the root"), 1u);
+  // The root drops it (silent for dead_after_ms), and its next dial is cut
+  // too: its HELLO is lost on a connection that looks open. Only dropping a
+  // connection that brings no beacon gets it back.
+  auto at_root = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.id == "cut") return true;
+    return false;
+  };
+  ASSERT_TRUE(WaitFor([&] { return !at_root(); }, 10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
   cut->store(false);
   // It drops the silent connection, dials again, joins, catches up.
