@@ -87,9 +87,10 @@ TEST_F(AgentFreshnessTest, ACutOffMemberGoesStaleWithinTheBoundAndFreshAfterReco
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(WaitFor([&] { return !Fresh("cut"); }, 10)) << Describe("cut");
   const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // The bound plus one beacon interval and the test's polling.
-  EXPECT_LE(took_s, (kStaleAfterMs + kIntervalMs) * 1e-3 + 0.5) << Describe("cut");
-  EXPECT_GE(took_s, (kStaleAfterMs - kIntervalMs) * 1e-3) << "stale before the bound";
+  // Within the bound of the last beacon it had (one interval before the
+  // cut, or less), plus the test's polling and a loaded machine's slack.
+  EXPECT_LE(took_s, (kStaleAfterMs + kIntervalMs) * 1e-3 + 1.0) << Describe("cut");
+  EXPECT_GT(FreshnessOf("cut").last_beacon_age_s, kStaleAfterMs * 1e-3) << "stale early";
   EXPECT_EQ(FreshnessOf("cut").stale_reason, "cut off");
   Publish(2);  // it cannot hear of this one
   ASSERT_TRUE(WaitFor([&] { return members_["ok"].agent->Snapshot().served_version == 2; }, 30));
