@@ -1,7 +1,7 @@
 // The agent's control messages: a member and the root talk over one
 // long-lived connection (join, heartbeats, parent assignments, HEAD
-// announcements, catch-up plans, leave). Byte layout: docs/format/agent.md
-// ("Control messages"). The data plane (objects parent -> child) has its own
+// announcements, signed HEAD beacons, catch-up plans, leave). Byte layout:
+// docs/format/agent.md ("Control messages"). The data plane (objects parent -> child) has its own
 // messages (agent/relay/data_wire.h) in type range 0x40-0x7F; control uses 0x01-0x3F.
 //
 // Contract: DecodeControl takes untrusted bytes and returns exactly one

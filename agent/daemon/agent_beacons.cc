@@ -66,6 +66,10 @@ void AgentImpl::RootBeaconTick() {
 }
 
 void AgentImpl::MemberOnBeaconLocked(const Beacon& m) {
+  // The root's tick thread may send a new member's first beacon before the
+  // joining thread has sent its WELCOME: before it, the member may have no
+  // board to judge it by, and the next one comes an interval later.
+  if (!joined_) return;
   std::string why;
   const BeaconVerdict v =
       freshness_.Offer(verifier_, m.signed_beacon, board_id_, clock_.NowUs(), WallUnixMs(), &why);
