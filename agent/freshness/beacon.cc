@@ -10,10 +10,14 @@ namespace {
 
 Status Validate(const HeadBeacon& b, Code code) {
   const char* why = nullptr;
-  if (b.incarnation == 0) why = "incarnation 0";
-  else if (b.seq == 0) why = "sequence number 0";
-  else if (b.interval_ms == 0 || b.interval_ms > kMaxBeaconIntervalMs) why = "interval outside 1..600000 ms";
-  else if (b.root_id.empty() || b.root_id.size() > kMaxBeaconRootIdBytes) why = "root id outside 1..256 bytes";
+  if (b.incarnation == 0)
+    why = "incarnation 0";
+  else if (b.seq == 0)
+    why = "sequence number 0";
+  else if (b.interval_ms == 0 || b.interval_ms > kMaxBeaconIntervalMs)
+    why = "interval outside 1..600000 ms";
+  else if (b.root_id.empty() || b.root_id.size() > kMaxBeaconRootIdBytes)
+    why = "root id outside 1..256 bytes";
   if (why) return Status(code, std::string("HEAD beacon: ") + why);
   return Status::Ok();
 }

@@ -23,7 +23,8 @@ BeaconVerdict FreshnessTracker::Offer(const ManifestVerifier& verifier,
   auto b = VerifyBeacon(verifier, signed_beacon);
   if (!b.ok()) {
     *why = b.status().ToString();
-    return Count(b.status().code() == Code::kAuth ? BeaconVerdict::kForged : BeaconVerdict::kMalformed);
+    return Count(b.status().code() == Code::kAuth ? BeaconVerdict::kForged
+                                                  : BeaconVerdict::kMalformed);
   }
   if (board == BoardId{} || b->board_id != board) {
     *why = "a beacon of another board";

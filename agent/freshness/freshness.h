@@ -83,8 +83,8 @@ class FreshnessTracker {
 
   const FreshnessOptions options_;
   bool accepted_any_ = false;
-  HeadBeacon last_;        // the last accepted
-  uint64_t last_us_ = 0;   // when
+  HeadBeacon last_;       // the last accepted
+  uint64_t last_us_ = 0;  // when
   int64_t skew_ms_ = 0;
   bool skew_exceeded_ = false;
   std::array<uint64_t, kBeaconVerdicts> counts_{};

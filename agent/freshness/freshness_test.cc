@@ -38,12 +38,12 @@ TEST(HeadBeacon, RoundTripsWithTheSpecifiedLayout) {
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   ASSERT_EQ(bytes->size(), kBeaconFixedBytes + 6);
   EXPECT_EQ(bytes->substr(0, 8), "TERNBEAC");
-  EXPECT_EQ(uint8_t((*bytes)[8]), 1);          // format
-  EXPECT_EQ(uint8_t((*bytes)[12]), 0xB0);      // board id
-  EXPECT_EQ(uint8_t((*bytes)[28]), 7);         // incarnation
-  EXPECT_EQ(uint8_t((*bytes)[36]), 1);         // seq
-  EXPECT_EQ(uint8_t((*bytes)[44]), 42);        // head
-  EXPECT_EQ(uint8_t((*bytes)[64]), 6);         // root id length
+  EXPECT_EQ(uint8_t((*bytes)[8]), 1);      // format
+  EXPECT_EQ(uint8_t((*bytes)[12]), 0xB0);  // board id
+  EXPECT_EQ(uint8_t((*bytes)[28]), 7);     // incarnation
+  EXPECT_EQ(uint8_t((*bytes)[36]), 1);     // seq
+  EXPECT_EQ(uint8_t((*bytes)[44]), 42);    // head
+  EXPECT_EQ(uint8_t((*bytes)[64]), 6);     // root id length
   EXPECT_EQ(bytes->substr(68), "root-a");
   auto back = DecodeBeacon(*bytes);
   ASSERT_TRUE(back.ok()) << back.status().ToString();

@@ -86,7 +86,8 @@ TEST_F(AgentFreshnessTest, ACutOffMemberGoesStaleWithinTheBoundAndFreshAfterReco
   cut->store(true);
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(WaitFor([&] { return !Fresh("cut"); }, 10)) << Describe("cut");
-  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Within the bound of the last beacon it had (one interval before the
   // cut, or less), plus the test's polling and a loaded machine's slack.
   EXPECT_LE(took_s, (kStaleAfterMs + kIntervalMs) * 1e-3 + 1.0) << Describe("cut");
@@ -129,7 +130,7 @@ TEST_F(AgentFreshnessTest, ForgedAndReplayedBeaconsAreRefusedAndCounted) {
     std::mutex mu;
     ManifestVerifier root_key;
     ManifestSigner mallory = std::move(ManifestSigner::Generate()).value();
-    std::string first;        // the first BEACON message seen
+    std::string first;  // the first BEACON message seen
     bool drop_real = false;
     int forged = 0, replayed = 0;
   };
