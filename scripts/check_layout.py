@@ -89,10 +89,12 @@ BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
 ROOMS = {
     # agent/CMakeLists.txt lists them in this order with what each holds.
     # control, board and relay name objects (manifest/object_ref.h);
+    # freshness signs and checks HEAD beacons with manifest's keys, and
+    # control carries them;
     # membership tracks members by control messages; etcd's board log
     # implements board/board_log.h; the sidecar polls a member over ops'
     # admin client; daemon wires them all; testing tests them.
-    "agent": ["", "manifest", "control", "membership", "board", "relay", "view_store", "etcd",
+    "agent": ["", "manifest", "freshness", "control", "membership", "board", "relay", "view_store", "etcd",
               "ops", "sidecar", "daemon", "testing"],
     # host-device ops (TERN_HD) < host code that plans over them < the kernels
     # that run both.

@@ -38,6 +38,8 @@ struct AgentArgs {
   uint64_t seed_version = 0;
   uint32_t parent_stall_ms = 10000;
   uint32_t relay_probation_ms = 60000;
+  uint32_t beacon_interval_ms = 1000, stale_after_ms = 5000, beacon_max_skew_ms = 30000;
+  uint64_t max_lag_versions = 1;
   uint16_t patch_format = 2;
   uint32_t push_window_bytes = uint32_t{2} << 20;
   unsigned threads = 0;
@@ -97,6 +99,10 @@ Status CheckAgent(AgentArgs& a) {
   o.stream_apply = !a.no_stream_apply;
   o.parent_stall_ms = a.parent_stall_ms;
   o.relay_probation_ms = a.relay_probation_ms;
+  o.beacon_interval_ms = a.beacon_interval_ms;
+  o.stale_after_ms = a.stale_after_ms;
+  o.beacon_max_skew_ms = a.beacon_max_skew_ms;
+  o.max_lag_versions = a.max_lag_versions;
   o.push_window_bytes = a.push_window_bytes;
   o.threads = a.threads;
   return Status::Ok();
@@ -357,6 +363,19 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "(doubled per repeat, up to 16x; 16x at once for chunks that failed SHA-256; 0: a "
               "leaf until it rejoins)",
               "60000");
+  AddUnsigned(cmd, "--beacon-interval-ms", a->beacon_interval_ms,
+              "root: send every member a signed HEAD beacon this often", "1000", 600'000);
+  AddUnsigned(cmd, "--stale-after-ms", a->stale_after_ms,
+              "member: stale (cut off) when no valid HEAD beacon came for this long; the control "
+              "connection is then dropped and dialled again",
+              "5000", 3'600'000);
+  AddUnsigned(cmd, "--beacon-max-skew-ms", a->beacon_max_skew_ms,
+              "member: refuse a beacon whose root wall time is further than this from ours",
+              "30000", 86'400'000);
+  AddUnsigned(cmd, "--max-lag-versions", a->max_lag_versions,
+              "member: stale (behind) when the signed HEAD is more than this many versions ahead "
+              "of what it serves",
+              "1");
   // The flags of a serving member (or of the root) make no sense with it:
   // refused rather than ignored.
   cmd.add_flag("--relay-only", a->relay_only,

@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
                  "in_place: only exact-version requests finish before the version changes; "
                  "quiesce: all do")
       ->default_str(a.commit_mode);
+  app.add_flag("--refuse-when-stale", a.config.refuse_when_stale,
+               "refuse every versioned request (503 MemberStale, retryable) while the member "
+               "reports itself stale; without it only requests with X-Tern-Max-Staleness are");
   AddUnsigned(app, "--catchup-wait-ms", a.config.catchup_wait_ms,
               "how long a request for a known, not yet applied version waits before 409", "2000");
   AddUnsigned(app, "--poll-ms", a.config.poll_ms, "how often the served version is read", "200");

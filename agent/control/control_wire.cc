@@ -214,6 +214,9 @@ void PutBody(Writer& w, const ParentReport& m) {
   w.Str(m.parent_id, 1, kMaxControlIdBytes, "parent id");
   w.U8(static_cast<uint8_t>(m.fault));
 }
+void PutBody(Writer& w, const Beacon& m) {
+  w.Str(m.signed_beacon, 1, kMaxSignedBeaconBytes, "signed beacon");
+}
 
 template <class T>
 T GetBody(Reader& r);
@@ -354,6 +357,10 @@ ParentReport GetBody<ParentReport>(Reader& r) {
   m.fault = static_cast<ParentFault>(fault);
   return m;
 }
+template <>
+Beacon GetBody<Beacon>(Reader& r) {
+  return Beacon{r.Str(1, kMaxSignedBeaconBytes, "signed beacon")};
+}
 
 template <class T>
 Result<ControlMessage> Finish(Reader& r) {
@@ -370,7 +377,8 @@ ControlType TypeOf(const ControlMessage& m) {
       ControlType::kHello,          ControlType::kWelcome,      ControlType::kReject,
       ControlType::kHeartbeat,      ControlType::kParents,      ControlType::kHead,
       ControlType::kCatchUpRequest, ControlType::kCatchUpReply, ControlType::kLeave,
-      ControlType::kPing,           ControlType::kPong,         ControlType::kParentReport};
+      ControlType::kPing,           ControlType::kPong,         ControlType::kParentReport,
+      ControlType::kBeacon};
   static_assert(std::size(kTypes) == std::variant_size_v<ControlMessage>);
   return kTypes[m.index()];
 }
@@ -389,6 +397,7 @@ const char* ControlTypeName(ControlType t) {
     case ControlType::kPing: return "PING";
     case ControlType::kPong: return "PONG";
     case ControlType::kParentReport: return "PARENT_REPORT";
+    case ControlType::kBeacon: return "BEACON";
   }
   return "?";
 }
@@ -431,6 +440,7 @@ Result<ControlMessage> DecodeControl(std::string_view bytes) {
     case ControlType::kPing: return Finish<Ping>(r);
     case ControlType::kPong: return Finish<Pong>(r);
     case ControlType::kParentReport: return Finish<ParentReport>(r);
+    case ControlType::kBeacon: return Finish<Beacon>(r);
   }
   return Status(Code::kCorrupt, "control message: unknown type 0x" + Hex({&type, 1}));
 }

@@ -1,7 +1,7 @@
 // The agent's control messages: a member and the root talk over one
 // long-lived connection (join, heartbeats, parent assignments, HEAD
-// announcements, catch-up plans, leave). Byte layout: docs/format/agent.md
-// ("Control messages"). The data plane (objects parent -> child) has its own
+// announcements, signed HEAD beacons, catch-up plans, leave). Byte layout:
+// docs/format/agent.md ("Control messages"). The data plane (objects parent -> child) has its own
 // messages (agent/relay/data_wire.h) in type range 0x40-0x7F; control uses 0x01-0x3F.
 //
 // Contract: DecodeControl takes untrusted bytes and returns exactly one
@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "agent/freshness/beacon.h"
 #include "agent/manifest/object_ref.h"
 #include "tern/status.h"
 #include "tern/version_manifest.h"
@@ -27,7 +28,8 @@ namespace tern::agent {
 // 2: HEARTBEAT gained rtt_to_root_s; PING, PONG, PARENT_REPORT.
 // 3: HELLO's member gained intra_address, PARENTS' entries `intra`.
 // 4: HELLO's member gained intra_backend and relay_only.
-inline constexpr uint16_t kControlProtocol = 4;
+// 5: BEACON (signed HEAD beacons, root -> member).
+inline constexpr uint16_t kControlProtocol = 5;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -49,6 +51,7 @@ enum class ControlType : uint8_t {
   kPing = 0x0A,            // any -> agent: echo this nonce (round-trip time)
   kPong = 0x0B,            // the echo of a PING
   kParentReport = 0x0C,    // member -> root: my parent in a stripe is bad
+  kBeacon = 0x0D,          // root -> member: a signed HEAD beacon, every beacon interval
 };
 
 struct MemberInfo {
@@ -189,8 +192,16 @@ struct ParentReport {
   bool operator==(const ParentReport&) const = default;
 };
 
+// The root's signed HEAD beacon (agent/freshness/beacon.h), opaque here:
+// the member verifies it (freshness.h).
+struct Beacon {
+  std::string signed_beacon;  // 1..kMaxSignedBeaconBytes
+  bool operator==(const Beacon&) const = default;
+};
+
 using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
-                                    CatchUpRequest, CatchUpReply, Leave, Ping, Pong, ParentReport>;
+                                    CatchUpRequest, CatchUpReply, Leave, Ping, Pong, ParentReport,
+                                    Beacon>;
 
 ControlType TypeOf(const ControlMessage& m);
 const char* ControlTypeName(ControlType t);

@@ -23,8 +23,9 @@ std::vector<ControlMessage> Samples() {
   CatchUpRequest req{40, 43};
   CatchUpReply plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
   ParentReport report{1, "m-2", ParentFault::kBadChunks};
-  return {hello, welcome, Reject{"bad token"},         hb,       parents, head, req,
-          plan,  Leave{}, Ping{0x0102030405060708ull}, Pong{77}, report};
+  Beacon beacon{std::string(140, 'b')};
+  return {hello, welcome, Reject{"bad token"},         hb,       parents, head,  req,
+          plan,  Leave{}, Ping{0x0102030405060708ull}, Pong{77}, report,  beacon};
 }
 
 TEST(ControlWire, RoundTripsEveryType) {
@@ -48,6 +49,19 @@ TEST(ControlWire, EveryTruncationAndTrailingByteIsCorrupt) {
     auto r = DecodeControl(bytes + '\0');
     EXPECT_EQ(r.status().code(), Code::kCorrupt) << ControlTypeName(TypeOf(m));
   }
+}
+
+TEST(ControlWire, BeaconIsBounded) {
+  EXPECT_EQ(EncodeControl(Beacon{}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(Beacon{std::string(kMaxSignedBeaconBytes + 1, 'b')}).status().code(),
+            Code::kInvalidArgument);
+  ASSERT_TRUE(EncodeControl(Beacon{std::string(kMaxSignedBeaconBytes, 'b')}).ok());
+  // A length past the bound is refused before anything is read.
+  std::string big = *EncodeControl(Beacon{std::string(kMaxSignedBeaconBytes, 'b')});
+  const uint32_t n = kMaxSignedBeaconBytes + 1;
+  std::memcpy(&big[4], &n, 4);
+  big.push_back('b');
+  EXPECT_EQ(DecodeControl(big).status().code(), Code::kCorrupt);
 }
 
 TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
@@ -95,10 +109,10 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 3;  // the protocol before intra backends and relay-only members
+  hello[4] = 4;  // the protocol before HEAD beacons
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("control protocol 3 (this agent speaks 4;"),
+  EXPECT_NE(r.status().message().find("control protocol 4 (this agent speaks 5;"),
             std::string::npos)
       << r.status().message();
 }

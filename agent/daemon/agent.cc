@@ -80,6 +80,7 @@ Status AgentImpl::Init() {
                "agent: dead_after_ms must exceed heartbeat_ms > 0");
   TERN_REQUIRE(opt_.patch_format <= 2, kInvalidArgument, "agent: patch format ", opt_.patch_format,
                " (want 1 or 2)");
+  TERN_RETURN_IF_ERROR(CheckFreshnessOptions());
   TERN_RETURN_IF_ERROR(CreateDirs(env_, opt_.data_dir));
   objects_dir_ = opt_.data_dir + "/objects";
   published_dir_ = opt_.data_dir + "/published";

@@ -13,6 +13,8 @@
 //                          for stalled parents
 //   agent_status.cc        Snapshot, /status JSON, /metrics text and the admin
 //                          routes (StartAdmin)
+//   agent_beacons.cc       signed HEAD beacons: the root sends them, a member
+//                          checks them and tracks its freshness
 //
 // Threads and locks. Transport callbacks (backend threads) only decode,
 // update state under mu_ and queue work; they never block. Work that takes
@@ -42,6 +44,7 @@
 #include "agent/daemon/dial_backoff.h"
 #include "agent/etcd/etcd.h"
 #include "agent/etcd/etcd_board_log.h"
+#include "agent/freshness/freshness.h"
 #include "agent/membership/membership.h"
 #include "agent/relay/relay.h"
 #include "agent/view_store/view_store.h"
@@ -140,6 +143,14 @@ class AgentImpl final : public Agent {
                     uint64_t nonce);
   void MemberWatchParentsLocked(Outbox& out) REQUIRES(mu_);
   double RoundTripOf(uint64_t nonce) const;
+  // ---- agent_beacons.cc: signed HEAD beacons and freshness ----
+  Status CheckFreshnessOptions() const;
+  uint64_t WallUnixMs() const;
+  void RootBeaconTick();  // the tick thread only
+  void MemberOnBeaconLocked(const Beacon& m) REQUIRES(mu_);
+  // The control connection to drop: no valid beacon on it for stale_after_ms.
+  std::shared_ptr<Connection> MemberCutOffLocked() REQUIRES(mu_);
+  void FreshnessSnapshotLocked(AgentSnapshot& s) const REQUIRES(mu_);
   // The transport a parent edge is dialled with (PARENTS says which).
   Transport* TransportOf(const ParentRef& p) const {
     return p.intra && opt_.intra_transport ? opt_.intra_transport : opt_.transport;
@@ -285,6 +296,20 @@ class AgentImpl final : public Agent {
     bool failed_auth = false;  // the relay dropped it for chunks that failed verification
   };
   std::vector<StripeWatch> watch_ GUARDED_BY(mu_);
+
+  // ---- freshness (agent_beacons.cc) ----
+  // Root: its term (the etcd leader key's create revision, or its wall
+  // time at start), the last beacon's number, when the next is due, and
+  // beacons sent (one per member per interval).
+  uint64_t beacon_incarnation_ GUARDED_BY(mu_) = 0;
+  uint64_t beacon_seq_ GUARDED_BY(mu_) = 0;
+  uint64_t next_beacon_us_ GUARDED_BY(mu_) = 0;  // 0: at the next tick (a member joined)
+  uint64_t beacons_sent_ GUARDED_BY(mu_) = 0;
+  // Member: the beacons accepted and refused, and when the control
+  // connection to the root was made (its beacon deadline starts there).
+  FreshnessTracker freshness_ GUARDED_BY(mu_){
+      FreshnessOptions{opt_.stale_after_ms, opt_.beacon_max_skew_ms, opt_.max_lag_versions}};
+  uint64_t root_link_since_us_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tern::agent

@@ -190,6 +190,7 @@ void AgentImpl::MemberDial() {
       } else {
         *self_conn = *r;
         root_conn_ = *r;
+        root_link_since_us_ = clock_.NowUs();
         Hello hello;
         hello.member.id = id_;
         hello.member.region = opt_.region;
@@ -285,6 +286,8 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
         need_catch_up_check_ = true;
       }
+    } else if (auto* beacon = std::get_if<Beacon>(&msg)) {
+      MemberOnBeaconLocked(*beacon);
     } else if (auto* pong = std::get_if<Pong>(&msg)) {
       if (const double rtt = RoundTripOf(pong->nonce); rtt > 0) rtt_to_root_s_ = rtt;
     } else if (auto* r = std::get_if<Reject>(&msg)) {
@@ -645,8 +648,10 @@ void AgentImpl::MemberTick() {
   bool catch_up = false;
   std::string note;  // logged outside mu_
   bool prepare_spare = false;
+  std::shared_ptr<Connection> cut_off;
   {
     MutexLock lock(mu_);
+    cut_off = MemberCutOffLocked();
     if (spare_due_us_ != 0 && clock_.NowUs() >= spare_due_us_) {
       spare_due_us_ = 0;
       prepare_spare = true;
@@ -714,6 +719,12 @@ void AgentImpl::MemberTick() {
   }
   (void)catch_up;
   Flush(out);
+  if (cut_off) {
+    // As if it had closed (a silent link may never say so), then closed.
+    MemberOnClosed(cut_off, Status(Code::kTimeout, "no valid HEAD beacon for " +
+                                                       std::to_string(opt_.stale_after_ms) + " ms"));
+    cut_off->Close();
+  }
   if (!note.empty()) Log(note);
   if (prepare_spare) Post([this] { MemberPrepareSpare(); });
   MemberProbeParents();

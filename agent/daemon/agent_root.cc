@@ -96,6 +96,9 @@ Status AgentImpl::InitRoot() {
     MutexLock lock(mu_);
     membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000,
                                                probation);
+    // A standby that takes over has a larger leader revision than the root
+    // it replaces; a lone root's next start a later wall time.
+    beacon_incarnation_ = election_ ? static_cast<uint64_t>(election_->created_revision()) : WallUnixMs();
     TERN_RETURN_IF_ERROR(MakeRelay(board_->id(), RelayCallbacks{}));
   }
   // Re-offer what the board holds, so a restarted root feeds its trees again.
@@ -180,6 +183,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
           w.stripes = opt_.stripes;
           w.fetch_address = fetch_server_ ? fetch_server_->address() : "";
           Send(out, conn, w);
+          next_beacon_us_ = 0;  // its first beacon at the next tick, in sequence
           RootNotifyParents(notify, out);
           Log("joined " + *member_id + " (" + hello->member.region + "/" + hello->member.cluster +
               ") from " + conn->peer_address() + " serving " + std::to_string(hello->served_version));
@@ -333,6 +337,7 @@ void AgentImpl::RootTick() {
   }
   Flush(out);
   for (auto& c : silent) c->Close();
+  RootBeaconTick();
 }
 
 Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {

@@ -79,6 +79,7 @@ AgentSnapshot AgentImpl::Snapshot() const {
     s.joined = joined_;
     if (!parents_.parents.empty()) s.parent = parents_.parents[0].id;
   }
+  FreshnessSnapshotLocked(s);
   return s;
 }
 
@@ -95,6 +96,29 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
   if (s.relay_only) j["held_version"] = s.held_version;
   j["joined"] = s.joined;
   if (!s.root) j["parent"] = s.parent;
+  const AgentFreshness& f = s.freshness;
+  if (s.root) {
+    j["freshness"] = {{"incarnation", f.incarnation},
+                      {"beacon_seq", f.seq},
+                      {"beacons_sent", f.beacons_sent}};
+  } else {
+    j["freshness"] = {{"stale", f.stale},
+                      {"stale_reason", f.stale_reason},
+                      {"last_beacon_age_s", f.last_beacon_age_s},
+                      {"beacon_head", f.beacon_head},
+                      {"lag_versions", f.lag_versions},
+                      {"incarnation", f.incarnation},
+                      {"beacon_seq", f.seq},
+                      {"root_id", f.root_id},
+                      {"clock_skew_ms", f.clock_skew_ms},
+                      {"clock_skew_exceeded", f.clock_skew_exceeded},
+                      {"beacons", {{"accepted", f.beacons_accepted},
+                                   {"malformed", f.beacons_malformed},
+                                   {"forged", f.beacons_forged},
+                                   {"foreign", f.beacons_foreign},
+                                   {"replayed", f.beacons_replayed},
+                                   {"skewed", f.beacons_skewed}}}};
+  }
   auto& members = j["members"] = nlohmann::json::array();
   for (const auto& m : s.members) {
     members.push_back({{"id", m.id},
@@ -155,6 +179,32 @@ std::string AgentImpl::MetricsText() const {
   if (s.relay_only)
     gauge("tern_agent_held_version", "Relay-only: the newest version held completely.",
           static_cast<double>(s.held_version));
+  const AgentFreshness& f = s.freshness;
+  if (s.root) {
+    counter("tern_agent_beacons_sent_total", "Signed HEAD beacons sent (one per member per interval).",
+            f.beacons_sent);
+  } else {
+    gauge("tern_agent_stale",
+          "1 when this member cannot show it is fresh: no valid HEAD beacon within stale-after, "
+          "or the signed HEAD past the lag bound.",
+          f.stale ? 1 : 0);
+    gauge("tern_agent_beacon_age_seconds", "Age of the last accepted HEAD beacon (-1: none).",
+          f.last_beacon_age_s);
+    gauge("tern_agent_beacon_head_version", "HEAD named by the last accepted beacon.",
+          static_cast<double>(f.beacon_head));
+    gauge("tern_agent_beacon_lag_versions", "Beacon HEAD minus the version this member serves.",
+          static_cast<double>(f.lag_versions));
+    gauge("tern_agent_beacon_clock_skew_seconds",
+          "Root wall time minus ours at the last validly signed beacon.",
+          static_cast<double>(f.clock_skew_ms) * 1e-3);
+    const std::pair<const char*, uint64_t> verdicts[] = {
+        {"accepted", f.beacons_accepted}, {"malformed", f.beacons_malformed},
+        {"forged", f.beacons_forged},     {"foreign", f.beacons_foreign},
+        {"replayed", f.beacons_replayed}, {"skewed", f.beacons_skewed}};
+    for (const auto& [verdict, n] : verdicts)
+      counter("tern_agent_beacons_total", "HEAD beacons received, by verdict.", n,
+              {{"verdict", verdict}});
+  }
   if (s.root) {
     gauge("tern_agent_members", "Members joined to this root.", static_cast<double>(s.members.size()));
     for (const auto& m : s.members) {

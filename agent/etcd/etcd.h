@@ -196,6 +196,9 @@ class Election {
   // leader's late write fails in etcd rather than racing its successor.
   EtcdCompare Fence() const { return EtcdCompare::CreatedAt(key_, created_revision_); }
   int64_t lease_id() const { return lease_id_; }
+  // The revision our key was created at: each new leader's is larger (the
+  // root's incarnation in its HEAD beacons).
+  int64_t created_revision() const { return created_revision_; }
   const std::string& key() const { return key_; }
   // Gives leadership up now (deletes our key with the lease). Idempotent.
   Status Resign();

@@ -181,6 +181,18 @@ Result<std::string> ManifestSigner::PublicKeyPem() const { return WritePem(Pkey(
 
 Result<std::string> ManifestSigner::Sign(const VersionManifest& m) const {
   TERN_ASSIGN_OR_RETURN(std::string out, EncodeManifest(m));
+  return SignFramed(std::move(out));
+}
+
+Result<std::string> ManifestSigner::SignRecord(std::string_view record) const {
+  TERN_REQUIRE(record.size() >= kRecordMagicBytes, kInvalidArgument, "a signed record of ",
+               record.size(), " bytes has no magic");
+  TERN_REQUIRE(record.substr(0, kRecordMagicBytes) != kManifestMagic, kInvalidArgument,
+               "a signed record may not open with the manifest's magic");
+  return SignFramed(std::string(record));
+}
+
+Result<std::string> ManifestSigner::SignFramed(std::string out) const {
   out.append(reinterpret_cast<const char*>(key_id_.data()), key_id_.size());
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
   TERN_REQUIRE(ctx != nullptr, kResourceExhausted, "EVP_MD_CTX_new: ", OpenSslErrors());
@@ -222,6 +234,36 @@ Status ManifestVerifier::AddTrustedKeyPem(std::string_view pem) {
   return AddTrustedKey(pub);
 }
 
+Status ManifestVerifier::VerifyFramed(std::string_view in, size_t body, const char* what) const {
+  ManifestKeyId id;
+  std::memcpy(id.data(), in.data() + body, id.size());
+  const Key* key = nullptr;
+  for (const Key& k : keys_)
+    if (k.id == id) key = &k;
+  TERN_REQUIRE(key != nullptr, kAuth, what, " signed by an untrusted key id");
+  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  TERN_REQUIRE(ctx != nullptr, kResourceExhausted, "EVP_MD_CTX_new: ", OpenSslErrors());
+  TERN_REQUIRE(EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, Pkey(key->pkey)) == 1,
+               kInternal, "EVP_DigestVerifyInit: ", OpenSslErrors());
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  const int r = EVP_DigestVerify(ctx.get(), p + body + 8, kManifestSignatureBytes, p, body + 8);
+  if (r != 1) {
+    ERR_clear_error();  // a bad signature is the expected refusal, not a library fault
+    return TERN_ERROR(kAuth, what, " signature does not verify");
+  }
+  return Status::Ok();
+}
+
+Result<std::string_view> ManifestVerifier::VerifyRecord(std::string_view in) const {
+  TERN_REQUIRE(in.size() >= kRecordMagicBytes + kManifestTrailerBytes, kCorrupt,
+               "signed record of ", in.size(), " bytes is too short");
+  TERN_REQUIRE(in.substr(0, kRecordMagicBytes) != kManifestMagic, kCorrupt,
+               "a manifest is not a signed record");
+  const size_t body = in.size() - kManifestTrailerBytes;
+  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "record"));
+  return in.substr(0, body);
+}
+
 Result<VersionManifest> ManifestVerifier::Verify(std::string_view in) const {
   // Framing first (the length follows from the object count), then the
   // signature, and only then the full parse: the parser sees untrusted bytes
@@ -235,22 +277,7 @@ Result<VersionManifest> ManifestVerifier::Verify(std::string_view in) const {
   const size_t body = kManifestHeaderBytes + kManifestObjectBytes * count;
   TERN_REQUIRE(in.size() == body + kManifestTrailerBytes, kCorrupt, "signed manifest of ",
                count, " objects is ", body + kManifestTrailerBytes, " bytes, got ", in.size());
-  ManifestKeyId id;
-  std::memcpy(id.data(), in.data() + body, id.size());
-  const Key* key = nullptr;
-  for (const Key& k : keys_)
-    if (k.id == id) key = &k;
-  TERN_REQUIRE(key != nullptr, kAuth, "manifest signed by an untrusted key id");
-  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
-  TERN_REQUIRE(ctx != nullptr, kResourceExhausted, "EVP_MD_CTX_new: ", OpenSslErrors());
-  TERN_REQUIRE(EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, Pkey(key->pkey)) == 1,
-               kInternal, "EVP_DigestVerifyInit: ", OpenSslErrors());
-  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  const int r = EVP_DigestVerify(ctx.get(), p + body + 8, kManifestSignatureBytes, p, body + 8);
-  if (r != 1) {
-    ERR_clear_error();  // a bad signature is the expected refusal, not a library fault
-    return TERN_ERROR(kAuth, "manifest signature does not verify");
-  }
+  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "manifest"));
   return DecodeManifest(in.substr(0, body));
 }
 

@@ -13,6 +13,7 @@ namespace tern {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'R', 'N', 'M', 'A', 'N', 'I'};
+static_assert(std::string_view(kMagic, sizeof(kMagic)) == kManifestMagic);
 
 const char* KindName(ObjectKind k) {
   switch (k) {

@@ -73,6 +73,10 @@ struct SidecarOptions {
   uint32_t catchup_wait_ms = 2000;
   uint32_t client_timeout_ms = 30000;
   bool cache_salt = true;
+  // Refuse every versioned request while the member reports itself stale
+  // (ReplicaState::member_stale) with a retryable 503 MemberStale; false:
+  // only those with X-Tern-Max-Staleness (they ask for a fresh version).
+  bool refuse_when_stale = false;
   std::vector<std::string> control_routes = DefaultControlRoutes();
   LogFn log;  // null: stderr
 };
@@ -81,6 +85,10 @@ struct SidecarOptions {
 struct ReplicaState {
   std::string sync_state = "IDLE";
   std::string reason;
+  // The member cannot show that its version is fresh (VersionFollower::
+  // member_stale), and why.
+  bool member_stale = false;
+  std::string stale_reason;
 };
 
 class Sidecar {

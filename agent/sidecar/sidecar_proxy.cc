@@ -131,6 +131,20 @@ void Sidecar::Impl::Versioned(const httplib::Request& req, httplib::Response& re
     lane = WithHeaders(*lane, req.get_header_value("X-Tern-Min-Version"),
                        req.get_header_value("X-Tern-Max-Staleness"), gate.head());
   if (!lane.ok()) return Error(res, 400, "bad_request", "BadRequest", lane.status().message());
+  // A request bounding its staleness wants a version the member can show is
+  // fresh; a cut-off member's own HEAD may be old, so the header alone
+  // cannot tell (docs/security.md "Freshness").
+  if (options.refuse_when_stale || req.has_header("X-Tern-Max-Staleness")) {
+    const ReplicaState s = State();
+    if (s.member_stale) {
+      Error(res, 503, "stale", "MemberStale",
+            "the local member cannot show that its weights are fresh (" + s.stale_reason +
+                "); retry later or elsewhere",
+            /*retryable=*/true);
+      res.set_header("Retry-After", "1");
+      return;
+    }
+  }
 
   VersionGate::Admission admission = gate.Admit(*lane, options.catchup_wait_ms);
   if (admission.waited)

@@ -33,12 +33,17 @@ class Service final : public SidecarService {
     s.catchup_wait_ms = c.catchup_wait_ms;
     s.client_timeout_ms = c.client_timeout_ms;
     s.cache_salt = c.cache_salt;
+    s.refuse_when_stale = c.refuse_when_stale;
     s.log = c.log;
     TERN_ASSIGN_OR_RETURN(follower_, agent::VersionFollower::Start(std::move(f), gate_));
     agent::VersionFollower* follower = follower_.get();
     TERN_ASSIGN_OR_RETURN(
         sidecar_, agent::Sidecar::Start(std::move(s), gate_, [follower] {
-          return agent::ReplicaState{follower->sync_state(), follower->last_error()};
+          agent::ReplicaState r;
+          r.sync_state = follower->sync_state();
+          r.reason = follower->last_error();
+          r.member_stale = follower->member_stale(&r.stale_reason);
+          return r;
         }));
     return Status::Ok();
   }

@@ -104,7 +104,8 @@ std::vector<Json> Events(const std::string& stream, bool* done = nullptr) {
 
 class SidecarTest : public ::testing::Test {
  protected:
-  void StartSidecar(CommitMode mode = CommitMode::kInPlace) {
+  void StartSidecar(CommitMode mode = CommitMode::kInPlace,
+                    std::function<ReplicaState()> state = nullptr, bool refuse_when_stale = false) {
     gate_ = std::make_unique<VersionGate>(mode);
     SidecarOptions o;
     o.listen = "127.0.0.1:0";
@@ -116,7 +117,8 @@ class SidecarTest : public ::testing::Test {
     o.catchup_wait_ms = 300;
     o.client_timeout_ms = 500;
     o.log = [](std::string_view) {};
-    auto s = Sidecar::Start(std::move(o), *gate_);
+    o.refuse_when_stale = refuse_when_stale;
+    auto s = Sidecar::Start(std::move(o), *gate_, std::move(state));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     sidecar_ = std::move(*s);
     client_ = std::make_unique<Client>(sidecar_->address());
@@ -408,9 +410,71 @@ TEST_F(SidecarTest, BehindButReachableWaitsForTheCatchUp) {
             std::string::npos);
 }
 
+// A member cut off from the root reports itself stale (docs/security.md
+// "Freshness"); its own HEAD may be old, so X-Tern-Max-Staleness alone
+// would pass. Requests that bound their staleness get a retryable 503, the
+// rest are served unless --refuse-when-stale.
+TEST_F(SidecarTest, AStaleMemberRefusesRequestsThatNeedFreshVersions) {
+  auto stale = std::make_shared<std::atomic<bool>>(false);
+  auto state = [stale] {
+    ReplicaState r;
+    r.member_stale = stale->load();
+    r.stale_reason = "cut off";
+    return r;
+  };
+  StartSidecar(CommitMode::kInPlace, state);
+  Serve(3);
+  const Json body = {{"prompt", "p"}};
+  EXPECT_EQ(client_->Post("/v1/completions", body, {{"X-Tern-Max-Staleness", "0"}}).status, 200);
+  stale->store(true);
+  Reply r = client_->Post("/v1/completions", body, {{"X-Tern-Max-Staleness", "5"}});
+  ASSERT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.json()["error"]["type"], "MemberStale");
+  EXPECT_EQ(r.json()["error"]["retryable"], true);
+  EXPECT_NE(r.body.find("cut off"), std::string::npos) << r.body;
+  EXPECT_EQ(r.header("Retry-After"), "1");
+  EXPECT_EQ(r.header("X-Tern-Version"), "");
+  EXPECT_EQ(client_->Post("/v1/completions", body).status, 200) << "no bound asked for";
+  const Json info = Json::parse(client_->Send("GET", "/server_info").body);
+  EXPECT_EQ(info["member_stale"], true);
+  EXPECT_EQ(info["stale_reason"], "cut off");
+  EXPECT_NE(client_->Send("GET", "/metrics").body.find(
+                "tern_sidecar_refusals_total{reason=\"stale\"} 1"),
+            std::string::npos);
+  stale->store(false);
+  EXPECT_EQ(client_->Post("/v1/completions", body, {{"X-Tern-Max-Staleness", "5"}}).status, 200);
+
+  sidecar_->Stop();
+  stale->store(true);
+  StartSidecar(CommitMode::kInPlace, state, /*refuse_when_stale=*/true);
+  Serve(3);
+  EXPECT_EQ(client_->Post("/v1/completions", body).status, 503);
+  stale->store(false);
+  EXPECT_EQ(client_->Post("/v1/completions", body).status, 200);
+}
+
+TEST(MemberStatus, FreshnessIsReadWhenPresentAndCheckedForType) {
+  auto v = ParseMemberStatus(
+      R"({"served_version": 2, "head": 3, "freshness": {"stale": true, "stale_reason": "behind"}})");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->stale);
+  EXPECT_EQ(v->stale_reason, "behind");
+  v = ParseMemberStatus(R"({"served_version": 2, "head": 3, "freshness": {"incarnation": 5}})");
+  ASSERT_TRUE(v.ok());  // a root's: no "stale"
+  EXPECT_FALSE(v->stale);
+  EXPECT_FALSE(ParseMemberStatus(R"({"served_version": 2, "head": 3})")->stale);
+  EXPECT_EQ(ParseMemberStatus(R"({"served_version": 2, "head": 3, "freshness": {"stale": 1}})")
+                .status()
+                .code(),
+            Code::kCorrupt);
+  EXPECT_EQ(ParseMemberStatus(R"({"served_version": 2, "head": 3, "freshness": []})").status().code(),
+            Code::kCorrupt);
+}
+
 TEST_F(SidecarTest, FollowsTheMembersStatusAndAVersionFile) {
   StartSidecar();
   std::atomic<uint64_t> served{0}, head{0};
+  std::atomic<bool> member_stale{false};
   AdminOptions ao;
   ao.address = "127.0.0.1:0";
   ao.token = "member-token";
@@ -419,7 +483,10 @@ TEST_F(SidecarTest, FollowsTheMembersStatusAndAVersionFile) {
             [&](const AdminRequest&) {
               return AdminResponse{
                   200, "application/json",
-                  Json{{"role", "member"}, {"served_version", served.load()}, {"head", head.load()}}
+                  Json{{"role", "member"},
+                       {"served_version", served.load()},
+                       {"head", head.load()},
+                       {"freshness", {{"stale", member_stale.load()}, {"stale_reason", "cut off"}}}}
                       .dump()};
             },
             /*mutating=*/true}});
@@ -441,8 +508,16 @@ TEST_F(SidecarTest, FollowsTheMembersStatusAndAVersionFile) {
   EXPECT_TRUE(wait_for([&] { return gate_->applied() == 2u; }));
   EXPECT_EQ(gate_->head(), 3u);
   EXPECT_EQ((*follower)->sync_state(), "FETCHING");
+  EXPECT_FALSE((*follower)->member_stale(nullptr));
+  member_stale = true;
+  std::string why;
+  EXPECT_TRUE(wait_for([&] { return (*follower)->member_stale(&why); }));
+  EXPECT_EQ(why, "cut off");
+  member_stale = false;
+  EXPECT_TRUE(wait_for([&] { return !(*follower)->member_stale(nullptr); }));
   (*member)->Stop();
   EXPECT_TRUE(wait_for([&] { return (*follower)->sync_state() == "ERROR"; }));
+  EXPECT_TRUE((*follower)->member_stale(&why)) << "an unreadable member cannot show it is fresh";
   EXPECT_EQ(gate_->applied(), 2u) << "a failed poll keeps the version";
   (*follower)->Stop();
 
@@ -453,6 +528,7 @@ TEST_F(SidecarTest, FollowsTheMembersStatusAndAVersionFile) {
   auto from_file = VersionFollower::Start(fo, *gate_);
   ASSERT_TRUE(from_file.ok());
   EXPECT_TRUE(wait_for([&] { return gate_->applied() == 7u; }));
+  EXPECT_FALSE((*from_file)->member_stale(nullptr)) << "a version file says nothing of freshness";
   std::ofstream(path) << "seven";
   EXPECT_TRUE(wait_for([&] { return (*from_file)->sync_state() == "ERROR"; }));
   EXPECT_EQ(Json::parse(client_->Send("GET", "/server_info").body)["applied"], "weight_v000007");

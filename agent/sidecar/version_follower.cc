@@ -18,6 +18,18 @@ Result<MemberVersions> ParseMemberStatus(std::string_view json) {
                  " (a non-negative integer)");
     *out = it->get<uint64_t>();
   }
+  if (auto f = j.find("freshness"); f != j.end()) {
+    TERN_REQUIRE(f->is_object(), kCorrupt, "member /status freshness is not an object");
+    if (auto s = f->find("stale"); s != f->end()) {
+      TERN_REQUIRE(s->is_boolean(), kCorrupt, "member /status freshness.stale is not a boolean");
+      v.stale = s->get<bool>();
+    }
+    if (auto r = f->find("stale_reason"); r != f->end()) {
+      TERN_REQUIRE(r->is_string(), kCorrupt,
+                   "member /status freshness.stale_reason is not a string");
+      v.stale_reason = r->get<std::string>().substr(0, 256);
+    }
+  }
   return v;
 }
 
@@ -73,7 +85,9 @@ Result<MemberVersions> VersionFollower::Poll() {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   TERN_ASSIGN_OR_RETURN(uint64_t v, ParseVersionFile(text));
-  return MemberVersions{v, v};
+  MemberVersions from_file;
+  from_file.served = from_file.head = v;
+  return from_file;
 }
 
 void VersionFollower::Run() {
@@ -82,9 +96,15 @@ void VersionFollower::Run() {
     lock.unlock();
     std::string error;
     auto polled = Poll();
+    bool stale = false;
+    std::string stale_reason;
     if (!polled.ok()) {
       error = polled.status().ToString();
+      stale = !options_.agent_admin.empty();
+      stale_reason = "the member's /status could not be read";
     } else {
+      stale = polled->stale;
+      stale_reason = polled->stale_reason;
       gate_.SetHead(polled->head);
       if (polled->served != 0 && gate_.applied() != polled->served) {
         Status s = gate_.Commit(polled->served, nullptr, options_.drain_timeout_ms);
@@ -94,6 +114,11 @@ void VersionFollower::Run() {
     lock.lock();
     if (error != last_error_ && !error.empty()) options_.log("sidecar: " + error);
     last_error_ = error;
+    if (stale != stale_)
+      options_.log(stale ? "sidecar: the member reports itself stale (" + stale_reason + ")"
+                         : std::string("sidecar: the member is fresh again"));
+    stale_ = stale;
+    stale_reason_ = stale_reason;
     cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [&] { return stop_; });
   }
 }
@@ -106,6 +131,12 @@ std::string VersionFollower::sync_state() const {
   if (gate_.committing()) return "COMMITTING";
   auto applied = gate_.applied();
   return applied && gate_.head() > *applied ? "FETCHING" : "IDLE";
+}
+
+bool VersionFollower::member_stale(std::string* reason) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reason) *reason = stale_reason_;
+  return stale_;
 }
 
 std::string VersionFollower::last_error() const {

@@ -34,10 +34,17 @@ namespace tern::agent {
 struct MemberVersions {
   uint64_t served = 0;  // 0: none
   uint64_t head = 0;
+  // The member's "freshness" (docs/security.md "Freshness"): it cannot show
+  // that its version is fresh (cut off from the root, behind, clock skew),
+  // for this reason. A /status without "freshness".stale (a root, an older
+  // member) counts as not stale.
+  bool stale = false;
+  std::string stale_reason;
 };
 
-// The two fields of a member's /status JSON (kCorrupt when absent or not
-// non-negative integers).
+// The fields of a member's /status JSON: served_version and head (kCorrupt
+// when absent or not non-negative integers) and freshness.stale,
+// freshness.stale_reason (optional; kCorrupt when of another type).
 Result<MemberVersions> ParseMemberStatus(std::string_view json);
 // One decimal version, surrounding whitespace allowed (kCorrupt otherwise).
 Result<uint64_t> ParseVersionFile(std::string_view text);
@@ -62,6 +69,10 @@ class VersionFollower {
   // of the last failed poll (empty when the last poll succeeded).
   std::string sync_state() const;
   std::string last_error() const;
+  // Whether the member reports itself stale, and why. Following the admin
+  // port, a failed poll counts as stale (the member could not show it is
+  // fresh); following a version file, never stale (a file says nothing).
+  bool member_stale(std::string* reason) const;
 
  private:
   VersionFollower(FollowerOptions options, VersionGate& gate);
@@ -75,6 +86,8 @@ class VersionFollower {
   std::condition_variable cv_;
   bool stop_ = false;
   std::string last_error_;
+  bool stale_ = false;
+  std::string stale_reason_;
 };
 
 }  // namespace tern::agent

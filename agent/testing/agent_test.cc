@@ -444,6 +444,16 @@ TEST_F(AgentSystemTest, StandbyRootTakesOverThroughEtcd) {
     ASSERT_TRUE(AllServe(v)) << Lagging(v);
   }
   EXPECT_FALSE(b_started.load());
+  // Fresh under the leader's beacons (docs/security.md "Freshness").
+  const uint64_t incarnation_a = (*a)->Snapshot().freshness.incarnation;
+  for (auto& [id, m] : members_)
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const AgentFreshness f = m.agent->Snapshot().freshness;
+          return !f.stale && f.incarnation == incarnation_a;
+        },
+        10))
+        << id << ": " << m.agent->Snapshot().freshness.stale_reason;
   // The root goes away; the standby leads and the members follow it.
   (*a)->Stop();
   ASSERT_TRUE(WaitFor([&] { return b_started.load(); }, 30)) << "the standby never took over";
@@ -457,6 +467,20 @@ TEST_F(AgentSystemTest, StandbyRootTakesOverThroughEtcd) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   ASSERT_TRUE(AllServe(3)) << Lagging(3);
   ExpectBitwiseEqual(3);
+  // The new leader's beacons start a larger incarnation at sequence 1:
+  // accepted at once, nothing counted as a replay.
+  EXPECT_GT(b->Snapshot().freshness.incarnation, incarnation_a);
+  for (auto& [id, m] : members_) {
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const AgentFreshness f = m.agent->Snapshot().freshness;
+          return !f.stale && f.incarnation == b->Snapshot().freshness.incarnation &&
+                 f.beacon_head == 3;
+        },
+        10))
+        << id << ": " << m.agent->Snapshot().freshness.stale_reason;
+    EXPECT_EQ(m.agent->Snapshot().freshness.beacons_replayed, 0u) << id;
+  }
   const std::string path4 = NextStep();
   ASSERT_TRUE(b->Publish(path4, 4).ok());  // and on from there with patches
   ASSERT_TRUE(AllServe(4)) << Lagging(4);
@@ -552,7 +576,7 @@ TEST_F(AgentSystemTest, AnOlderProtocolsHelloGetsARejectNamingTheProtocol) {
   ASSERT_TRUE(reply.ok()) << "no REJECT before the close";
   auto* reject = std::get_if<agent::Reject>(&*reply);
   ASSERT_NE(reject, nullptr);
-  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks 4"), std::string::npos)
+  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks 5"), std::string::npos)
       << reject->reason;
   (*conn)->Close();
   EXPECT_TRUE(root_->Snapshot().members.empty());

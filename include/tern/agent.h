@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -153,6 +154,25 @@ struct AgentOptions {
   // (docs/agent/relay.md "Push"); 0: no push. At most 64 MiB.
   uint32_t push_window_bytes = uint32_t{2} << 20;
 
+  // ---- Freshness (docs/security.md "Freshness") ----
+  // Root: sends every member a signed HEAD beacon this often (1..600000).
+  uint32_t beacon_interval_ms = 1000;
+  // Member: stale ("cut off") when no valid beacon came for this long; a
+  // member also drops its control connection then and dials the root (or
+  // the next --join address) again. 1..3600000; keep it several beacon
+  // intervals.
+  uint32_t stale_after_ms = 5000;
+  // Member: a beacon whose root wall time differs from ours by more than
+  // this is refused ("clock skew"), so a recorded beacon cannot be replayed
+  // to a restarted member long after. 1..86400000.
+  uint32_t beacon_max_skew_ms = 30000;
+  // Member: stale ("behind") when the signed HEAD is more than this many
+  // versions ahead of the version it serves (relay-only: holds).
+  uint64_t max_lag_versions = 1;
+  // The wall clock (ms since 1970) beacons carry and are checked against;
+  // nullptr: the system clock. Tests skew it.
+  std::function<uint64_t()> wall_clock_unix_ms;
+
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
   // Optional: the transport for data edges inside this agent's cluster
@@ -208,6 +228,31 @@ struct AgentVersionStatus {
   double last_served_s = -1;     // when every member known at publish served it
 };
 
+// Freshness from the root's signed HEAD beacons (docs/security.md
+// "Freshness"). A member is fresh when it accepted a beacon within
+// stale_after_ms whose HEAD is at most max_lag_versions ahead of what it
+// serves; stale otherwise, for the reason given.
+struct AgentFreshness {
+  bool stale = false;
+  // Empty when fresh; "no beacon yet", "cut off" (no valid beacon for
+  // stale_after_ms), "clock skew" (cut off, the last signed beacons refused
+  // for skew), "behind" (the signed HEAD past the lag bound).
+  std::string stale_reason;
+  double last_beacon_age_s = -1;  // -1: none accepted
+  uint64_t beacon_head = 0;       // the last accepted beacon's HEAD (root: its HEAD)
+  uint64_t lag_versions = 0;      // beacon_head - the version it serves, 0 when not ahead
+  uint64_t incarnation = 0;       // the root's term (root: its own)
+  uint64_t seq = 0;               // the last accepted (root: sent) beacon's number
+  std::string root_id;
+  // The root's wall time minus ours at the last validly signed beacon.
+  int64_t clock_skew_ms = 0;
+  bool clock_skew_exceeded = false;
+  // Member: beacons received, by verdict; root: beacons sent (all members).
+  uint64_t beacons_accepted = 0, beacons_malformed = 0, beacons_forged = 0,
+           beacons_foreign = 0, beacons_replayed = 0, beacons_skewed = 0;
+  uint64_t beacons_sent = 0;
+};
+
 struct AgentSnapshot {
   bool root = false;
   std::string id;
@@ -225,6 +270,7 @@ struct AgentSnapshot {
   std::vector<AgentVersionStatus> versions; // root only, newest last
   std::string parent;                       // member: stripe 0's parent id
   bool joined = false;
+  AgentFreshness freshness;
 };
 
 class TERN_EXPORT Agent {

@@ -37,6 +37,11 @@ struct SidecarConfig {
   std::string admin_token;  // lets a request reach control routes; empty: none can
   bool quiesce = false;     // false: in place (only exact-version requests drain)
   bool cache_salt = true;   // key the engine's prefix cache by version
+  // While the member reports itself stale (no valid HEAD beacon, behind, or
+  // its /status unreadable; docs/security.md "Freshness"): true refuses
+  // every versioned request with a retryable 503 MemberStale; false only
+  // those that say X-Tern-Max-Staleness.
+  bool refuse_when_stale = false;
   uint32_t catchup_wait_ms = 2000;
   uint32_t poll_ms = 200;
   uint32_t drain_timeout_ms = 60000;

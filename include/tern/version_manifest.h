@@ -48,6 +48,10 @@ inline constexpr size_t kManifestObjectBytes = 72;
 inline constexpr size_t kManifestSignatureBytes = 64;
 // What Sign appends to the canonical manifest: key_id + signature.
 inline constexpr size_t kManifestTrailerBytes = 8 + kManifestSignatureBytes;
+// Every signed record (a manifest, a HEAD beacon) opens with its own magic
+// of this many bytes; a manifest's is "TERNMANI".
+inline constexpr size_t kRecordMagicBytes = 8;
+inline constexpr std::string_view kManifestMagic{"TERNMANI", kRecordMagicBytes};
 
 enum class ObjectKind : uint8_t { kPatch = 1, kKeyframe = 2, kSquash = 3 };
 
@@ -119,9 +123,16 @@ class TERN_EXPORT ManifestSigner {
 
   // Canonical manifest + key_id + Ed25519(canonical manifest + key_id).
   Result<std::string> Sign(const VersionManifest& m) const;
+  // The same framing over another signed record of the board (a HEAD
+  // beacon, agent/freshness/beacon.h): record + key_id + Ed25519(record +
+  // key_id). The record must open with its own 8-byte magic, never the
+  // manifest's (kInvalidArgument otherwise), so that no signature over one
+  // kind of record verifies as another.
+  Result<std::string> SignRecord(std::string_view record) const;
 
  private:
   static Result<ManifestSigner> FromPkey(void* pkey);  // takes ownership
+  Result<std::string> SignFramed(std::string body) const;  // body + key_id + signature
   std::unique_ptr<void, PkeyDeleter> pkey_;
   std::array<uint8_t, 32> public_key_{};
   ManifestKeyId key_id_{};
@@ -137,8 +148,15 @@ class TERN_EXPORT ManifestVerifier {
   // trusted key. kCorrupt: bad framing or manifest; kAuth: unknown key id or
   // bad signature.
   Result<VersionManifest> Verify(std::string_view signed_bytes) const;
+  // The record inside bytes made by ManifestSigner::SignRecord, only when a
+  // trusted key signed them (a view into signed_bytes). kCorrupt: shorter
+  // than a magic and the trailer, or a manifest's magic; kAuth: unknown
+  // key id or bad signature. The caller parses the record.
+  Result<std::string_view> VerifyRecord(std::string_view signed_bytes) const;
 
  private:
+  // bytes[0, body) + key_id signed by a trusted key; `what` names it in errors.
+  Status VerifyFramed(std::string_view bytes, size_t body, const char* what) const;
   struct Key {
     ManifestKeyId id;
     std::unique_ptr<void, PkeyDeleter> pkey;

@@ -1,0 +1,242 @@
+// Freshness end to end (docs/security.md "Freshness"): the root's signed
+// HEAD beacons reach every member on its control connection; a member cut
+// off from the root becomes stale within the bound and fresh again once
+// the link is back; forged and replayed beacons (a man in the middle on the
+// root's link) are refused and counted, and blocking the real ones makes a
+// member stale, never fresh; a clock past the skew bound is reported. A
+// standby's takeover is in agent_test.cc (StandbyRootTakesOverThroughEtcd).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/control/control_wire.h"
+#include "agent/freshness/beacon.h"
+#include "agent/ops/admin_http.h"
+#include "agent/testing/agent_test_fixture.h"
+
+namespace tern {
+namespace {
+
+using agent_test::WaitFor;
+
+constexpr uint32_t kIntervalMs = 100;
+constexpr uint32_t kStaleAfterMs = 600;
+
+class AgentFreshnessTest : public agent_test::AgentSystemFixture {
+ protected:
+  void SetUp() override {
+    AgentSystemFixture::SetUp();
+    CaptureLogs([](AgentOptions& o) {
+      o.beacon_interval_ms = kIntervalMs;
+      o.stale_after_ms = kStaleAfterMs;
+    });
+  }
+
+  AgentFreshness FreshnessOf(const std::string& name) {
+    return members_[name].agent->Snapshot().freshness;
+  }
+  bool Fresh(const std::string& name) { return !FreshnessOf(name).stale; }
+  std::string Describe(const std::string& name) {
+    const AgentFreshness f = FreshnessOf(name);
+    return name + ": " + (f.stale ? "stale (" + f.stale_reason + ")" : std::string("fresh")) +
+           ", beacon age " + std::to_string(f.last_beacon_age_s) + " s, HEAD " +
+           std::to_string(f.beacon_head) + ", accepted " + std::to_string(f.beacons_accepted) +
+           ", forged " + std::to_string(f.beacons_forged) + ", replayed " +
+           std::to_string(f.beacons_replayed) + ", skewed " + std::to_string(f.beacons_skewed);
+  }
+};
+
+TEST_F(AgentFreshnessTest, ACutOffMemberGoesStaleWithinTheBoundAndFreshAfterReconnect) {
+  StartRoot();
+  auto cut = std::make_shared<std::atomic<bool>>(false);
+  FaultPolicy silent;
+  silent.silence_made_connections = [cut] { return cut->load(); };
+  StartMember("cut", "eu", &silent);
+  StartMember("ok", "eu");
+  // A relay-only member gets beacons too (its control link is its own).
+  {
+    AgentOptions o = BaseOptions("relay");
+    o.join = "root";
+    o.region = "eu";
+    o.relay_only = true;
+    o.trusted_keys_pem = {root_key_};
+    o.transport = NewTransportFor("relay");
+    auto a = Agent::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    members_["relay"].agent = std::move(a).value();
+    members_["relay"].dir = o.data_dir;
+  }
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 3; }, 30));
+  // Not fresh before the first beacon: a member never assumes it.
+  for (const char* name : {"cut", "ok", "relay"})
+    ASSERT_TRUE(WaitFor([&] { return Fresh(name); }, 10)) << Describe(name);
+  members_.erase("relay");  // AllServe counts serving members
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ASSERT_TRUE(WaitFor([&] { return FreshnessOf("cut").beacon_head == 1; }, 10)) << Describe("cut");
+  const uint64_t incarnation = FreshnessOf("cut").incarnation;
+  EXPECT_EQ(incarnation, root_->Snapshot().freshness.incarnation);
+
+  cut->store(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor([&] { return !Fresh("cut"); }, 10)) << Describe("cut");
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Within the bound of the last beacon it had (one interval before the
+  // cut, or less), plus the test's polling and a loaded machine's slack.
+  EXPECT_LE(took_s, (kStaleAfterMs + kIntervalMs) * 1e-3 + 1.0) << Describe("cut");
+  EXPECT_GT(FreshnessOf("cut").last_beacon_age_s, kStaleAfterMs * 1e-3) << "stale early";
+  EXPECT_EQ(FreshnessOf("cut").stale_reason, "cut off");
+  Publish(2);  // it cannot hear of this one
+  ASSERT_TRUE(WaitFor([&] { return members_["ok"].agent->Snapshot().served_version == 2; }, 30));
+  EXPECT_TRUE(WaitFor([&] { return Fresh("ok"); }, 10)) << Describe("ok");
+  EXPECT_TRUE(!Fresh("cut")) << Describe("cut");
+  EXPECT_EQ(members_["cut"].agent->Snapshot().served_version, 1u);
+  EXPECT_GE(Logged("cut", "no valid HEAD beacon from the root"), 1u);
+  // The root drops it (silent for dead_after_ms), and its next dial is cut
+  // too: its HELLO is lost on a connection that looks open. Only dropping a
+  // connection that brings no beacon gets it back.
+  auto at_root = [&] {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.id == "cut") return true;
+    return false;
+  };
+  ASSERT_TRUE(WaitFor([&] { return !at_root(); }, 10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  cut->store(false);
+  // It drops the silent connection, dials again, joins, catches up.
+  ASSERT_TRUE(AllServe(2, 30)) << Lagging(2) << Describe("cut");
+  ASSERT_TRUE(WaitFor([&] { return Fresh("cut"); }, 10)) << Describe("cut");
+  const AgentFreshness f = FreshnessOf("cut");
+  EXPECT_EQ(f.beacon_head, 2u);
+  EXPECT_EQ(f.incarnation, incarnation);
+  EXPECT_EQ(f.beacons_replayed + f.beacons_forged + f.beacons_malformed + f.beacons_foreign, 0u)
+      << Describe("cut");
+}
+
+// A man in the middle on the root's link: it records the root's beacons and
+// adds a forged one (a newer beacon signed by another key, carrying the
+// root's key id) and a replay of an old one to each; then it drops the
+// real ones, and the member must go stale on forged and replayed alone.
+TEST_F(AgentFreshnessTest, ForgedAndReplayedBeaconsAreRefusedAndCounted) {
+  struct Mitm {
+    std::mutex mu;
+    ManifestVerifier root_key;
+    ManifestSigner mallory = std::move(ManifestSigner::Generate()).value();
+    std::string first;  // the first BEACON message seen
+    bool drop_real = false;
+    int forged = 0, replayed = 0;
+  };
+  auto mitm = std::make_shared<Mitm>();
+  FaultPolicy policy;
+  policy.rewrite_message = [mitm](std::string m) -> std::vector<std::string> {
+    if (m.empty() || uint8_t(m[0]) != uint8_t(agent::ControlType::kBeacon)) return {m};
+    auto msg = agent::DecodeControl(m);
+    if (!msg.ok()) return {m};
+    const std::string& signed_beacon = std::get<agent::Beacon>(*msg).signed_beacon;
+    std::lock_guard<std::mutex> lock(mitm->mu);
+    auto b = agent::VerifyBeacon(mitm->root_key, signed_beacon);
+    if (!b.ok()) return {m};  // the key is not set yet
+    if (mitm->first.empty()) {
+      mitm->first = m;
+      return {m};
+    }
+    agent::HeadBeacon newer = *b;
+    newer.seq += 1000;
+    newer.head += 1000;
+    std::string forged = *agent::SignBeacon(mitm->mallory, newer);
+    forged.replace(forged.size() - kManifestTrailerBytes, 8,
+                   signed_beacon.substr(signed_beacon.size() - kManifestTrailerBytes, 8));
+    ++mitm->forged;
+    ++mitm->replayed;
+    std::vector<std::string> out;
+    if (!mitm->drop_real) out.push_back(m);
+    out.push_back(*agent::EncodeControl(agent::Beacon{forged}));
+    out.push_back(mitm->first);
+    return out;
+  };
+  StartRoot(3, &policy);
+  {
+    std::lock_guard<std::mutex> lock(mitm->mu);
+    ASSERT_TRUE(mitm->root_key.AddTrustedKeyPem(root_key_).ok());
+  }
+  StartMember("m", "eu");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const AgentFreshness f = FreshnessOf("m");
+        return f.beacons_forged >= 3 && f.beacons_replayed >= 3;
+      },
+      20))
+      << Describe("m");
+  // The real beacons still come (waited for: a loaded machine may delay one).
+  EXPECT_TRUE(WaitFor([&] { return Fresh("m"); }, 10)) << Describe("m");
+  AgentFreshness f = FreshnessOf("m");
+  EXPECT_LT(f.beacon_head, 1000u) << "a forged HEAD was taken";
+  EXPECT_GE(Logged("m", "refused a HEAD beacon (forged"), 1u);
+  EXPECT_GE(Logged("m", "refused a HEAD beacon (replayed"), 1u);
+  EXPECT_EQ(f.beacons_malformed + f.beacons_foreign + f.beacons_skewed, 0u) << Describe("m");
+
+  // Only forged and replayed beacons from now on: stale, never fresh.
+  {
+    std::lock_guard<std::mutex> lock(mitm->mu);
+    mitm->drop_real = true;
+  }
+  ASSERT_TRUE(WaitFor([&] { return !Fresh("m"); }, 10)) << Describe("m");
+  f = FreshnessOf("m");
+  EXPECT_EQ(f.stale_reason, "cut off");
+  EXPECT_LT(f.beacon_head, 1000u);
+  const uint64_t accepted = f.beacons_accepted;
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * kIntervalMs));
+  EXPECT_EQ(FreshnessOf("m").beacons_accepted, accepted);
+  EXPECT_TRUE(FreshnessOf("m").stale);
+}
+
+// A member whose wall clock runs a minute ahead of the root's: every beacon
+// is refused for skew, the member is stale for "clock skew", and /status and
+// /metrics say so.
+TEST_F(AgentFreshnessTest, ClockSkewBeyondTheBoundIsRefusedAndReported) {
+  StartRoot();
+  tweak_ = [inner = tweak_](AgentOptions& o) {
+    inner(o);
+    o.beacon_max_skew_ms = 2000;
+    o.admin_listen = "127.0.0.1:0";
+    o.wall_clock_unix_ms = [] {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count()) +
+             60'000;
+    };
+  };
+  StartMember("ahead", "eu");
+  ASSERT_TRUE(WaitFor([&] { return FreshnessOf("ahead").beacons_skewed >= 3; }, 20))
+      << Describe("ahead");
+  ASSERT_TRUE(WaitFor([&] { return FreshnessOf("ahead").stale_reason == "clock skew"; }, 10))
+      << Describe("ahead");
+  const AgentFreshness f = FreshnessOf("ahead");
+  EXPECT_TRUE(f.stale);
+  EXPECT_TRUE(f.clock_skew_exceeded);
+  EXPECT_NEAR(static_cast<double>(f.clock_skew_ms), -60'000, 2'000);
+  EXPECT_EQ(f.beacons_accepted, 0u);
+  EXPECT_GE(Logged("ahead", "refused a HEAD beacon (skewed"), 1u);
+
+  const std::string admin = members_["ahead"].agent->Snapshot().admin_address;
+  auto status = agent::AdminGet(admin, "/status", {});
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->find("\"stale_reason\": \"clock skew\""), std::string::npos) << *status;
+  EXPECT_NE(status->find("\"clock_skew_exceeded\": true"), std::string::npos) << *status;
+  auto metrics = agent::AdminGet(admin, "/metrics", {});
+  ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
+  EXPECT_NE(metrics->find("\ntern_agent_stale 1\n"), std::string::npos) << *metrics;
+  EXPECT_NE(metrics->find("tern_agent_beacons_total{verdict=\"skewed\"}"), std::string::npos)
+      << *metrics;
+}
+
+}  // namespace
+}  // namespace tern
