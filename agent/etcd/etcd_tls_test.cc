@@ -1,0 +1,339 @@
+// The etcd client over TLS and as an etcd user, against a real etcd with
+// https, --client-cert-auth and auth enabled (agent/testing/etcd_test_server.h
+// makes the certificates); skipped only when there is no etcd binary. Also
+// the client's secure-by-default rule, which needs no etcd.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "agent/etcd/etcd.h"
+#include "agent/etcd/etcd_board_log.h"
+#include "agent/testing/etcd_test_server.h"
+#include "tern/clock.h"
+#include "tern/version_manifest.h"
+
+namespace tern::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  EXPECT_TRUE(in.good() || in.eof()) << path;
+  return s.str();
+}
+
+// Expects `status` to be `code` with every one of `words` in its message.
+void ExpectError(const Status& status, Code code, std::initializer_list<const char*> words) {
+  if (std::getenv("TERN_SHOW_ERRORS")) std::printf("  -> %s\n", status.ToString().c_str());
+  EXPECT_EQ(status.code(), code) << status.ToString();
+  for (const char* w : words) {
+    EXPECT_NE(status.message().find(w), std::string::npos) << "'" << w << "' not in "
+                                                           << status.ToString();
+  }
+}
+
+// A client for options that Create accepts (the request is what fails).
+std::unique_ptr<EtcdClient> Client(const EtcdOptions& o) {
+  auto c = EtcdClient::Create(o);
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status().ToString();
+    std::abort();  // the test cannot go on without it
+  }
+  return std::move(*c);
+}
+
+// Collects log lines (the client logs re-authentication).
+struct LogSink {
+  std::mutex mu;
+  std::string text;
+  LogFn Fn() {
+    return [this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mu);
+      text += std::string(line) + "\n";
+    };
+  }
+  std::string Get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return text;
+  }
+};
+
+TEST(EtcdSecurityTest, RefusesInsecureEndpointsOffLoopbackUnlessInsecure) {
+  EtcdOptions o;
+  o.endpoints = {"http://10.0.0.1:2379"};
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument,
+              {"plain http off loopback", "--etcd-insecure"});
+  o.user = "tern";
+  o.password = "secret-password";
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"plain http off loopback"});
+  o.insecure = true;
+  EXPECT_TRUE(EtcdClient::Create(o).ok());  // said so: allowed (the password travels in clear)
+
+  // TLS off loopback, but nobody authenticates.
+  o = {};
+  o.endpoints = {"https://etcd.example:2379"};
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument,
+              {"does not authenticate", "--etcd-cert", "--etcd-user"});
+  o.user = "tern";
+  o.password = "secret-password";
+  EXPECT_TRUE(EtcdClient::Create(o).ok());
+  // One bad endpoint among good ones is enough to refuse.
+  o.endpoints = {"https://etcd.example:2379", "http://10.0.0.2:2379"};
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"10.0.0.2:2379"});
+
+  // Loopback: plain and unauthenticated stays allowed (tests, one machine).
+  for (const char* local : {"127.0.0.1:2379", "http://localhost:2379", "http://[::1]:2379"}) {
+    o = {};
+    o.endpoints = {local};
+    EXPECT_TRUE(EtcdClient::Create(o).ok()) << local;
+  }
+
+  // TLS files with a plain endpoint: a mistake, refused even on loopback.
+  o = {};
+  o.endpoints = {"127.0.0.1:2379"};
+  o.ca_pem = "-----BEGIN CERTIFICATE-----\n";
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"plain http", "https://"});
+
+  // A user needs a password and the other way round; neither is echoed.
+  o = {};
+  o.endpoints = {"127.0.0.1:2379"};
+  o.user = "tern";
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"password"});
+  o.user.clear();
+  o.password = "secret-password";
+  auto refused = EtcdClient::Create(o);
+  ExpectError(refused.status(), Code::kInvalidArgument, {"user"});
+  EXPECT_EQ(refused.status().message().find("secret-password"), std::string::npos);
+  o.user = std::string(300, 'u');
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"user name"});
+  o.user = "tern";
+  o.password = std::string(5000, 'p');
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"password"});
+
+  // The board URL is syntax; the rule applies where the client is made.
+  auto url = ParseEtcdBoardUrl("etcd://10.0.0.1:2379/tern/main");
+  ASSERT_TRUE(url.ok()) << url.status().ToString();
+  o = {};
+  o.endpoints = url->endpoints;
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"plain http off loopback"});
+}
+
+#define START_ETCD(var, options)                                                  \
+  auto var##_started = EtcdTestServer::Start(options);                            \
+  if (!var##_started.ok() && var##_started.status().code() == Code::kUnsupported) \
+    GTEST_SKIP() << var##_started.status().ToString();                            \
+  ASSERT_TRUE(var##_started.ok()) << var##_started.status().ToString();           \
+  EtcdTestServer& var = **var##_started
+
+EtcdOptions TlsOptions(const EtcdTestServer& server) {
+  EtcdOptions o;
+  o.endpoints = {server.endpoint()};
+  o.timeout_ms = 3000;
+  o.ca_pem = Slurp(server.pki().ca_cert);
+  o.cert_pem = Slurp(server.pki().client_cert);
+  o.key_pem = Slurp(server.pki().client_key);
+  o.log = [](std::string_view) {};
+  return o;
+}
+
+// The board log and the election, end to end with these options.
+void ExpectBoardAndElectionWork(const EtcdOptions& o, const std::string& prefix) {
+  EtcdBoardLogOptions lo;
+  lo.prefix = prefix + "/board";
+  auto log = EtcdBoardLog::Open(o, lo);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  BoardId id{};
+  id[0] = 7;
+  auto got = (*log)->InitId(id);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, id);
+  ASSERT_TRUE((*log)->Append(1, 0, std::string(100, 'm'), true, 0).ok());
+  auto all = (*log)->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->size(), 1u);
+  EXPECT_EQ(*(*log)->Head(), 1u);
+
+  ElectionOptions eo;
+  eo.prefix = prefix;
+  eo.id = "root-a";
+  eo.lease_ttl_s = 2;
+  auto election = Election::Campaign(o, eo, SteadyClock(), 5000);
+  ASSERT_TRUE(election.ok()) << election.status().ToString();
+  EXPECT_TRUE((*election)->IsLeader());
+  auto reader = EtcdClient::Create(o);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ(*Election::Leader(**reader, prefix), "root-a");
+  // A fenced append under this leadership.
+  (*log)->SetFence((*election)->Fence());
+  EXPECT_TRUE((*log)->Append(2, 0, std::string(100, 'n'), true, 1).ok());
+  ASSERT_TRUE((*election)->Resign().ok());
+  EXPECT_EQ(*Election::Leader(**reader, prefix), "");
+}
+
+// etcd with https and --client-cert-auth, without users.
+TEST(EtcdTlsTest, BoardAndElectionWorkWithAClientCertificateAndEachMistakeIsNamed) {
+  EtcdTestServerOptions so;
+  so.tls = true;
+  so.client_cert_auth = true;
+  START_ETCD(server, so);
+  const EtcdOptions good = TlsOptions(server);
+  ExpectBoardAndElectionWork(good, "/tern/tls");
+
+  // A CA that did not sign etcd's certificate.
+  EtcdOptions o = good;
+  o.ca_pem = Slurp(server.pki().other_ca_cert);
+  ExpectError(Client(o)->Get("/k").status(), Code::kAuth,
+              {"certificate was refused", "--etcd-cacert"});
+  // The system's trust store does not know the test CA either.
+  o.ca_pem.clear();
+  ExpectError(Client(o)->Get("/k").status(), Code::kAuth,
+              {"certificate was refused"});
+
+  // No client certificate: etcd refuses the handshake.
+  o = good;
+  o.cert_pem.clear();
+  o.key_pem.clear();
+  auto no_cert = Client(o)->Get("/k").status();
+  ExpectError(no_cert, no_cert.code(), {});
+  EXPECT_FALSE(no_cert.ok());
+  EXPECT_NE(no_cert.message().find("client certificate"), std::string::npos) << no_cert.ToString();
+
+  // A client certificate from a CA etcd does not trust.
+  o = good;
+  o.cert_pem = Slurp(server.pki().other_client_cert);
+  o.key_pem = Slurp(server.pki().other_client_key);
+  auto foreign = Client(o)->Get("/k").status();
+  ExpectError(foreign, foreign.code(), {});
+  EXPECT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.message().find("client certificate"), std::string::npos) << foreign.ToString();
+
+  // A user given to an etcd whose auth is off: said, not silently ignored.
+  o = good;
+  o.user = "tern";
+  o.password = "tern-password";
+  ExpectError(Client(o)->Get("/k").status(), Code::kAuth,
+              {"user 'tern' given, but etcd does not check users"});
+
+  // Plain http to etcd's TLS port.
+  o = {};
+  o.endpoints = {"http://" + server.host_port()};
+  o.timeout_ms = 2000;
+  const auto start = steady_clock::now();
+  auto plain = Client(o)->Get("/k").status();
+  EXPECT_EQ(plain.code(), Code::kUnavailable) << plain.ToString();
+  EXPECT_NE(plain.message().find("https://"), std::string::npos) << plain.ToString();
+  EXPECT_LT(steady_clock::now() - start, milliseconds(4000));  // within the deadline
+
+  // Bad material is refused before anything is sent.
+  o = good;
+  o.ca_pem = "not a certificate";
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"--etcd-cacert"});
+  o = good;
+  o.key_pem = Slurp(server.pki().other_client_key);
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"does not match"});
+  o = good;
+  o.key_pem.clear();
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"both"});
+  o = good;
+  o.cert_pem = std::string(65 << 10, 'x');
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"PEM of"});
+}
+
+// etcd with https, --client-cert-auth and users: the deployment the docs
+// recommend.
+TEST(EtcdTlsTest, BoardAndElectionWorkAsAUserAndEachRefusalIsNamed) {
+  EtcdTestServerOptions so;
+  so.tls = true;
+  so.client_cert_auth = true;
+  so.auth_token_ttl_s = 2;
+  START_ETCD(server, so);
+  ASSERT_TRUE(server.AddUser("tern", "tern-password", "/tern/").ok());
+  ASSERT_TRUE(server.AddUser("stranger", "stranger-password", "/elsewhere/").ok());
+  ASSERT_TRUE(server.EnableAuth("root-password").ok());
+
+  EtcdOptions good = TlsOptions(server);
+  good.user = "tern";
+  good.password = "tern-password";
+  ExpectBoardAndElectionWork(good, "/tern/auth");
+
+  // Wrong password: named, and the password is in no message.
+  EtcdOptions o = good;
+  o.password = "wrong-password";
+  auto wrong = Client(o)->Put("/tern/k", "v").status();
+  ExpectError(wrong, Code::kAuth, {"user 'tern'", "wrong user or password"});
+  EXPECT_EQ(wrong.message().find("wrong-password"), std::string::npos);
+
+  // A user whose role does not cover the board's prefix.
+  o = good;
+  o.user = "stranger";
+  o.password = "stranger-password";
+  ExpectError(Client(o)->Put("/tern/k", "v").status(), Code::kAuth,
+              {"user 'stranger' has no permission"});
+  EtcdBoardLogOptions lo;
+  lo.prefix = "/tern/auth/board";
+  ExpectError(EtcdBoardLog::Open(o, lo).status(), Code::kAuth, {"no permission"});
+  ElectionOptions eo;
+  eo.prefix = "/tern/auth";
+  eo.id = "intruder";
+  ExpectError(Election::Campaign(o, eo, SteadyClock(), 1000).status(), Code::kAuth,
+              {"no permission"});
+
+  // No user at all: etcd's auth wants one.
+  o = good;
+  o.user.clear();
+  o.password.clear();
+  ExpectError(Client(o)->Put("/tern/k", "v").status(), Code::kAuth,
+              {"gave no user", "--etcd-user"});
+
+  // etcd's gateway refuses a client certificate with a Common Name here.
+  o = good;
+  o.cert_pem = Slurp(server.pki().cn_client_cert);
+  o.key_pem = Slurp(server.pki().cn_client_key);
+  ExpectError(Client(o)->Put("/tern/k", "v").status(), Code::kAuth,
+              {"Common Name"});
+}
+
+// etcd drops a token unused for --auth-token-ttl: the client authenticates
+// again on its own, says so in its log, and never logs a secret.
+TEST(EtcdTlsTest, AnExpiredTokenIsRenewedTransparently) {
+  EtcdTestServerOptions so;
+  so.tls = true;
+  so.client_cert_auth = true;
+  so.auth_token_ttl_s = 1;
+  START_ETCD(server, so);
+  ASSERT_TRUE(server.AddUser("tern", "tern-password", "/tern/").ok());
+  ASSERT_TRUE(server.EnableAuth("root-password").ok());
+  LogSink sink;
+  EtcdOptions o = TlsOptions(server);
+  o.user = "tern";
+  o.password = "tern-password";
+  o.log = sink.Fn();
+  auto client = EtcdClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE((*client)->Put("/tern/renew", "1").ok());
+  EXPECT_EQ(sink.Get().find("no longer valid"), std::string::npos) << sink.Get();
+  // etcd checks token TTLs once a second.
+  std::this_thread::sleep_for(milliseconds(3000));
+  auto put = (*client)->Put("/tern/renew", "2");
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  auto got = (*client)->Get("/tern/renew");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->kvs.size(), 1u);
+  EXPECT_EQ(got->kvs[0].value, "2");
+  const std::string log = sink.Get();
+  EXPECT_NE(log.find("no longer valid"), std::string::npos) << log;
+  EXPECT_EQ(log.find("tern-password"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace tern::agent
