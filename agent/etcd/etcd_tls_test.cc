@@ -2,7 +2,12 @@
 // https, --client-cert-auth and auth enabled (agent/testing/etcd_test_server.h
 // makes the certificates); skipped only when there is no etcd binary. Also
 // the client's secure-by-default rule, which needs no etcd.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -50,6 +55,12 @@ std::unique_ptr<EtcdClient> Client(const EtcdOptions& o) {
     std::abort();  // the test cannot go on without it
   }
   return std::move(*c);
+}
+
+size_t CountOf(const std::string& text, const std::string& word) {
+  size_t n = 0;
+  for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) ++n;
+  return n;
 }
 
 // Collects log lines (the client logs re-authentication).
@@ -126,6 +137,114 @@ TEST(EtcdSecurityTest, RefusesInsecureEndpointsOffLoopbackUnlessInsecure) {
   o = {};
   o.endpoints = url->endpoints;
   ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"plain http off loopback"});
+}
+
+// A fake gateway with etcd's auth: the client sends its token with every
+// request, renews it once when told it is invalid (never loops), and
+// refuses a token that could not go into a header.
+TEST(EtcdSecurityTest, TokensFromTheGatewayAreCheckedAndRenewedAtMostOnce) {
+  httplib::Server fake;
+  std::mutex mu;
+  int authentications = 0;
+  int requests = 0;
+  std::string token = "tok-1";  // what authenticate hands out
+  bool always_invalid = false;
+  std::string seen_password;
+  fake.Post("/v3/auth/authenticate", [&](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++authentications;
+    seen_password = req.body;
+    res.set_content(R"({"header":{},"token":")" + token + R"("})", "application/json");
+  });
+  fake.Post("/v3/kv/range", [&](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++requests;
+    if (always_invalid || req.get_header_value("Authorization") != token) {
+      res.status = 401;
+      res.set_content(R"({"error":"etcdserver: invalid auth token","code":16})",
+                      "application/json");
+      return;
+    }
+    res.set_content(R"({"header":{"revision":"1"}})", "application/json");
+  });
+  fake.set_keep_alive_timeout(1);
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serve([&] { fake.listen_after_bind(); });
+  const auto until = steady_clock::now() + milliseconds(5000);
+  while (!fake.is_running() && steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  LogSink sink;
+  EtcdOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(port)};
+  o.user = "tern";
+  o.password = "fake-password";
+  o.log = sink.Fn();
+  auto c = Client(o);
+
+  EXPECT_TRUE(c->Get("/k").ok());
+  EXPECT_TRUE(c->Get("/k").ok());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(authentications, 1);  // one token for both requests
+    EXPECT_NE(seen_password.find("fake-password"), std::string::npos);
+    token = "tok-2";  // the server forgot tok-1
+  }
+  EXPECT_TRUE(c->Get("/k").ok());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(authentications, 2);
+    always_invalid = true;
+    requests = 0;
+  }
+  // A server that refuses every token: one renewal, then the error.
+  ExpectError(c->Get("/k").status(), Code::kAuth, {"invalid auth token"});
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(authentications, 3);
+    EXPECT_EQ(requests, 2);
+    always_invalid = false;
+  }
+  // Tokens that cannot go into a header, or too long: refused.
+  for (const std::string& bad : {std::string("tok\\r\\nX-Evil: 1"), std::string("a b"),
+                                std::string(5000, 't'), std::string()}) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      token = bad;
+    }
+    auto fresh = Client(o);
+    ExpectError(fresh->Get("/k").status(), Code::kProtocol, {"no usable token"});
+  }
+  const std::string log = sink.Get();
+  EXPECT_NE(log.find("no longer valid"), std::string::npos) << log;
+  EXPECT_EQ(log.find("fake-password"), std::string::npos) << log;
+  EXPECT_EQ(log.find("tok-1"), std::string::npos) << log;
+  fake.stop();
+  serve.join();
+}
+
+// A TLS handshake that never completes ends within the request deadline.
+TEST(EtcdSecurityTest, AStalledTlsHandshakeEndsWithinTheDeadline) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);  // the kernel accepts; nobody ever answers
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  EtcdOptions o;
+  o.endpoints = {"https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
+  o.timeout_ms = 500;
+  auto c = Client(o);
+  const auto start = steady_clock::now();
+  auto r = c->Get("/k");
+  const auto took = steady_clock::now() - start;
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+  EXPECT_LT(took, milliseconds(2500));
+  ::close(fd);
 }
 
 #define START_ETCD(var, options)                                                  \
@@ -303,9 +422,10 @@ TEST(EtcdTlsTest, BoardAndElectionWorkAsAUserAndEachRefusalIsNamed) {
               {"Common Name"});
 }
 
-// etcd drops a token unused for --auth-token-ttl: the client authenticates
-// again on its own, says so in its log, and never logs a secret.
-TEST(EtcdTlsTest, AnExpiredTokenIsRenewedTransparently) {
+// etcd drops a token unused for --auth-token-ttl, and every token of a user
+// whose password changes: the client authenticates again on its own, says
+// so in its log, and never logs a secret.
+TEST(EtcdTlsTest, AnExpiredOrRevokedTokenIsRenewedTransparently) {
   EtcdTestServerOptions so;
   so.tls = true;
   so.client_cert_auth = true;
@@ -333,6 +453,12 @@ TEST(EtcdTlsTest, AnExpiredTokenIsRenewedTransparently) {
   const std::string log = sink.Get();
   EXPECT_NE(log.find("no longer valid"), std::string::npos) << log;
   EXPECT_EQ(log.find("tern-password"), std::string::npos) << log;
+
+  // Revoked: a password change drops the user's tokens at once.
+  ASSERT_TRUE(server.ChangePassword("tern", "tern-password").ok());
+  auto after = (*client)->Put("/tern/renew", "3");
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_GE(CountOf(sink.Get(), "no longer valid"), 2u) << sink.Get();
 }
 
 }  // namespace

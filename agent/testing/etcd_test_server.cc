@@ -240,6 +240,13 @@ Status EtcdTestServer::AddUser(const std::string& name, const std::string& passw
   return Api("/v3/auth/user/grant", R"({"user":")" + name + R"(","role":")" + name + R"("})");
 }
 
+Status EtcdTestServer::ChangePassword(const std::string& name, const std::string& password) {
+  TERN_REQUIRE(Plain(name) && Plain(password) && !name.empty() && !password.empty(),
+               kInvalidArgument, "etcd test server: user and password must be plain ASCII");
+  return Api("/v3/auth/user/changepw",
+             R"({"name":")" + name + R"(","password":")" + password + R"("})");
+}
+
 Status EtcdTestServer::EnableAuth(const std::string& root_password) {
   TERN_REQUIRE(Plain(root_password) && !root_password.empty(), kInvalidArgument,
                "etcd test server: the root password must be plain ASCII");

@@ -80,6 +80,8 @@ class EtcdTestServer {
   // role named after the user may read and write [prefix, prefix end);
   // empty prefix: no permission at all.
   Status AddUser(const std::string& name, const std::string& password, const std::string& prefix);
+  // As root: sets the user's password (etcd drops the user's tokens).
+  Status ChangePassword(const std::string& name, const std::string& password);
   // Creates root (with root_password) and enables etcd's auth.
   Status EnableAuth(const std::string& root_password);
   const std::string& data_dir() const { return dir_; }
