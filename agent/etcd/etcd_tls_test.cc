@@ -363,6 +363,15 @@ TEST(EtcdTlsTest, BoardAndElectionWorkWithAClientCertificateAndEachMistakeIsName
   o = good;
   o.key_pem.clear();
   ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"both"});
+  // A passphrase-protected key is refused, never prompted for.
+  const std::string encrypted = server.data_dir() + "/pki/client-encrypted.key";
+  ASSERT_EQ(std::system(("openssl pkey -in " + server.pki().client_key +
+                         " -aes256 -passout pass:x -out " + encrypted + " >/dev/null 2>&1")
+                            .c_str()),
+            0);
+  o = good;
+  o.key_pem = Slurp(encrypted);
+  ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"unencrypted"});
   o = good;
   o.cert_pem = std::string(65 << 10, 'x');
   ExpectError(EtcdClient::Create(o).status(), Code::kInvalidArgument, {"PEM of"});
