@@ -279,8 +279,10 @@ struct EtcdClient::Impl {
     if (err == httplib::Error::SSLServerVerification) {
       return TERN_ERROR(kAuth, "etcd ", where, ": etcd's TLS certificate was refused",
                         tls_detail.empty() ? " (it does not name " + ep.host + ")" : detail,
-                        ": it must chain to the CA given (--etcd-cacert) and name ", ep.host,
-                        " in its subjectAltName");
+                        tls->has_ca() ? ": it must chain to the CA given (--etcd-cacert)"
+                                      : ": it must chain to the system's trust store (or give "
+                                        "etcd's CA with --etcd-cacert)",
+                        " and name ", ep.host, " in its subjectAltName");
     }
     // Alerts that say etcd refused our certificate, or the lack of one.
     const bool refused_us =
