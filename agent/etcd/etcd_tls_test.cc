@@ -318,6 +318,14 @@ TEST(EtcdTlsTest, BoardAndElectionWorkWithAClientCertificateAndEachMistakeIsName
   ExpectError(Client(o)->Get("/k").status(), Code::kAuth,
               {"certificate was refused", "system's trust store"});
 
+  // The right CA, but a name etcd's certificate does not hold: the same
+  // 127.0.0.1, dialled as an IPv4-mapped IPv6 address (its SAN says
+  // IP:127.0.0.1 and DNS:localhost only).
+  o = good;
+  o.endpoints = {"https://[::ffff:" + server.host_port().substr(0, server.host_port().find(':')) +
+                 "]" + server.host_port().substr(server.host_port().find(':'))};
+  ExpectError(Client(o)->Get("/k").status(), Code::kAuth, {"certificate was refused", "name"});
+
   // No client certificate: etcd refuses the handshake.
   o = good;
   o.cert_pem.clear();
