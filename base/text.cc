@@ -1,5 +1,8 @@
 #include "base/text.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstdint>
 
 namespace tern {
@@ -121,6 +124,15 @@ Result<HostPort> ParseHostPort(std::string_view address) {
 std::string FormatHostPort(const HostPort& address) {
   const bool v6 = address.host.find(':') != std::string::npos;
   return (v6 ? "[" + address.host + "]" : address.host) + ":" + std::to_string(address.port);
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
 }
 
 }  // namespace tern

@@ -49,5 +49,9 @@ struct HostPort {
 Result<HostPort> ParseHostPort(std::string_view address);
 // The spelling ParseHostPort reads back: brackets around a host with ':'.
 std::string FormatHostPort(const HostPort& address);
+// Whether `host` (an address as ParseHostPort returns it, or "localhost")
+// names this machine's loopback: 127.0.0.0/8 or ::1. Names other than
+// "localhost" are not resolved (false).
+bool IsLoopbackHost(const std::string& host);
 
 }  // namespace tern

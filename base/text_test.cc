@@ -77,5 +77,16 @@ TEST(TextTest, ParseHostPortAndBack) {
   EXPECT_TRUE(IsPrintable(ParseHostPort("\xff\n:1").status().message()));
 }
 
+TEST(TextTest, IsLoopbackHost) {
+  for (const char* yes : {"localhost", "127.0.0.1", "127.1.2.3", "::1"}) {
+    EXPECT_TRUE(IsLoopbackHost(yes)) << yes;
+  }
+  // Names other than localhost are not resolved: "127.0.0.1.example" may be anywhere.
+  for (const char* no : {"", "10.0.0.1", "128.0.0.1", "::2", "0.0.0.0", "::", "etcd.example",
+                         "127.0.0.1.example", "localhost.example"}) {
+    EXPECT_FALSE(IsLoopbackHost(no)) << no;
+  }
+}
+
 }  // namespace
 }  // namespace tern

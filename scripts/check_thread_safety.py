@@ -26,6 +26,7 @@ import time
 ROOMS = [
     "agent/board",
     "agent/daemon",
+    "agent/etcd",
     "agent/relay",
     "transport/loopback",
     "transport/fault",

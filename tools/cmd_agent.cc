@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <future>
 #include <thread>
+#include <tuple>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -35,6 +36,7 @@ struct AgentArgs {
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
   uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3, spare_grace_ms = 2000;
   std::string board_etcd, seed;
+  std::string etcd_cacert, etcd_cert, etcd_key, etcd_password_file;
   uint64_t seed_version = 0;
   uint32_t parent_stall_ms = 10000;
   uint32_t relay_probation_ms = 60000;
@@ -47,6 +49,37 @@ struct AgentArgs {
   TcpOptions options;
   AgentOptions agent;
 };
+
+// The --etcd-* files, read as carefully as the admin token: bounded, and
+// the key and password never echoed.
+Status ReadEtcdAccess(AgentArgs& a) {
+  AgentOptions& o = a.agent;
+  const bool any = !a.etcd_cacert.empty() || !a.etcd_cert.empty() || !a.etcd_key.empty() ||
+                   !o.etcd_user.empty() || !a.etcd_password_file.empty() || o.etcd_insecure;
+  TERN_REQUIRE(!any || !a.board_etcd.empty(), kInvalidArgument,
+               "the --etcd-* flags go with --board-etcd");
+  for (auto [path, pem, flag] : {std::tuple{&a.etcd_cacert, &o.etcd_ca_pem, "--etcd-cacert"},
+                                 std::tuple{&a.etcd_cert, &o.etcd_cert_pem, "--etcd-cert"},
+                                 std::tuple{&a.etcd_key, &o.etcd_key_pem, "--etcd-key"}}) {
+    if (path->empty()) continue;
+    Status read = ReadFileToString(DefaultEnv(), *path, 64 << 10, pem);
+    if (!read.ok()) return read.WithContext(flag);
+  }
+  TERN_REQUIRE((a.etcd_cacert.empty() && a.etcd_cert.empty() && a.etcd_key.empty()) ||
+                   a.board_etcd.rfind("etcds://", 0) == 0,
+               kInvalidArgument,
+               "--etcd-cacert/--etcd-cert/--etcd-key are for TLS: use an etcds:// board URL");
+  TERN_REQUIRE(a.etcd_password_file.empty() || !o.etcd_user.empty(), kInvalidArgument,
+               "--etcd-password-file needs --etcd-user");
+  if (!o.etcd_user.empty()) {
+    auto password = ReadSecret(a.etcd_password_file, "TERN_ETCD_PASSWORD");
+    if (!password.ok()) return password.status().WithContext("--etcd-password-file");
+    o.etcd_password = std::move(*password);
+    TERN_REQUIRE(!o.etcd_password.empty(), kInvalidArgument, "--etcd-user ", o.etcd_user,
+                 " needs a password: --etcd-password-file FILE (or $TERN_ETCD_PASSWORD)");
+  }
+  return Status::Ok();
+}
 
 Status CheckAgent(AgentArgs& a) {
   TERN_REQUIRE(a.root != !a.join.empty(), kInvalidArgument, "give exactly one of --root and --join HOST:PORT");
@@ -93,6 +126,7 @@ Status CheckAgent(AgentArgs& a) {
   o.seed_version = a.seed_version;
   o.etcd_lease_s = a.etcd_lease_s;
   TERN_REQUIRE(a.board_etcd.empty() || a.root, kInvalidArgument, "--board-etcd is a root's flag");
+  TERN_RETURN_IF_ERROR(ReadEtcdAccess(a));
   o.heartbeat_ms = a.heartbeat_ms;
   o.dead_after_ms = a.dead_after_ms;
   o.spare_grace_ms = a.spare_grace_ms;
@@ -289,10 +323,22 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_flag("--root", a->root, "run the root: the board of versions, the signer, the planner");
   cmd.add_option("--join", a->join, "member: the root's HOST:PORT (with standbys: HOST:PORT,HOST:PORT,...)");
   cmd.add_option("--board-etcd", a->board_etcd,
-                 "root: etcd://HOST:PORT[,HOST:PORT]/PREFIX: the board in etcd; roots campaign there and a "
-                 "standby waits until it leads");
+                 "root: etcd://HOST:PORT[,HOST:PORT]/PREFIX (etcds:// for TLS): the board in etcd; roots "
+                 "campaign there and a standby waits until it leads");
   AddUnsigned(cmd, "--etcd-lease-s", a->etcd_lease_s, "root: leadership lease (a dead root is replaced after it)",
               "3", 3600);
+  cmd.add_option("--etcd-cacert", a->etcd_cacert,
+                 "root: PEM CA file etcd's certificate must chain to (etcds://; default: the system's "
+                 "trust store)");
+  cmd.add_option("--etcd-cert", a->etcd_cert,
+                 "root: PEM client certificate for etcd's --client-cert-auth (with --etcd-key)");
+  cmd.add_option("--etcd-key", a->etcd_key, "root: PEM private key of --etcd-cert (unencrypted)");
+  cmd.add_option("--etcd-user", a->agent.etcd_user, "root: etcd user (etcd's auth enabled)");
+  cmd.add_option("--etcd-password-file", a->etcd_password_file,
+                 "root: file with --etcd-user's password (default: $TERN_ETCD_PASSWORD)");
+  cmd.add_flag("--etcd-insecure", a->agent.etcd_insecure,
+               "root: allow an etcd endpoint off loopback over plain http or without a client "
+               "certificate or user (anyone reaching etcd could rewrite the board)");
   cmd.add_option("--listen", a->listen, "HOST:PORT for control and data (port 0: any)")->required();
   cmd.add_option("--admin", a->admin, "HOST:PORT for HTTP /metrics, /status (root: POST /publish)");
   cmd.add_option("--data", a->data, "DIR: DIR/current is the served checkpoint")->required();

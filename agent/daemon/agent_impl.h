@@ -200,6 +200,8 @@ class AgentImpl final : public Agent {
   std::atomic<bool> leadership_lost_{false};
   bool started_ GUARDED_BY(mu_) = false;  // Init finished: control traffic is served
   Status CampaignForRoot();
+  // The etcd client's options for board_etcd: its endpoints, TLS and user.
+  EtcdOptions BoardEtcdOptions(const EtcdBoardUrl& url) const;
   std::unique_ptr<FileServer> fetch_server_;
   std::unique_ptr<Membership> membership_ GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Connection>> member_conns_ GUARDED_BY(mu_);

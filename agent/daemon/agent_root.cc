@@ -10,11 +10,22 @@
 
 namespace tern::agent {
 
-Status AgentImpl::CampaignForRoot() {
-  TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
+EtcdOptions AgentImpl::BoardEtcdOptions(const EtcdBoardUrl& url) const {
   EtcdOptions etcd;
   etcd.endpoints = url.endpoints;
+  etcd.ca_pem = opt_.etcd_ca_pem;
+  etcd.cert_pem = opt_.etcd_cert_pem;
+  etcd.key_pem = opt_.etcd_key_pem;
+  etcd.user = opt_.etcd_user;
+  etcd.password = opt_.etcd_password;
+  etcd.insecure = opt_.etcd_insecure;
   etcd.log = log_;
+  return etcd;
+}
+
+Status AgentImpl::CampaignForRoot() {
+  TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
+  const EtcdOptions etcd = BoardEtcdOptions(url);
   ElectionOptions eo;
   eo.prefix = url.prefix;
   eo.id = opt_.id.empty() ? opt_.listen : opt_.id;
@@ -55,9 +66,7 @@ Status AgentImpl::InitRoot() {
   std::unique_ptr<BoardLog> log;
   if (election_) {
     TERN_ASSIGN_OR_RETURN(EtcdBoardUrl url, ParseEtcdBoardUrl(opt_.board_etcd));
-    EtcdOptions etcd;
-    etcd.endpoints = url.endpoints;
-    etcd.log = log_;
+    const EtcdOptions etcd = BoardEtcdOptions(url);
     EtcdBoardLogOptions lo;
     lo.prefix = url.prefix + "/board";
     lo.fence = election_->Fence();  // a deposed root's late write fails in etcd

@@ -271,20 +271,6 @@ std::string AgentImpl::MetricsText() const {
   return r.Render();
 }
 
-namespace {
-
-// Whether `host` (an address or "localhost") names this machine's loopback.
-bool IsLoopbackHost(const std::string& host) {
-  if (host == "localhost") return true;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
-  return false;
-}
-
-}  // namespace
-
 // A POST /publish from the admin port (docs/security.md, "The admin port"):
 // the path confined to publish_dir, the version within max_version_jump of
 // HEAD unless forced. Returns the path to read: the resolved one, so that a

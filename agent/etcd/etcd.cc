@@ -4,11 +4,16 @@
 #include "agent/etcd/etcd.h"
 
 #include <httplib.h>
+#include <openssl/err.h>
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
+
 #include "agent/etcd/etcd_json.h"
+#include "agent/etcd/etcd_tls.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "base/text.h"
 
 namespace tern::agent {
@@ -20,24 +25,68 @@ constexpr size_t kMaxTxnCompares = 64;
 constexpr size_t kMaxTxnOps = 64;
 constexpr uint32_t kMaxRangeLimit = 100'000;
 constexpr size_t kMaxEndpoints = 16;
+constexpr size_t kMaxUserBytes = 256;
+constexpr size_t kMaxPasswordBytes = 4096;
+constexpr int64_t kGrpcUnauthenticated = 16;
 
 struct Endpoint {
   std::string host;
   int port = 0;
+  bool tls = false;  // https://
 };
 
 Result<Endpoint> ParseEndpoint(const std::string& text) {
   std::string rest = text;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  bool tls = false;
+  if (rest.rfind("http://", 0) == 0) {
+    rest = rest.substr(7);
+  } else if (rest.rfind("https://", 0) == 0) {
+    rest = rest.substr(8);
+    tls = true;
+  }
   TERN_REQUIRE(rest.find("://") == std::string::npos, kUnsupported, "etcd endpoint '",
-               Printable(text), "': only http:// is supported");
+               Printable(text), "': only http:// and https:// are supported");
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
   auto address = ParseHostPort(rest);
   TERN_REQUIRE(address.ok(), kInvalidArgument, "etcd endpoint '", Printable(text),
                "': want host:port (", address.status().message(), ")");
   TERN_REQUIRE(address->port >= 1, kInvalidArgument, "etcd endpoint '", Printable(text),
                "': port 0");
-  return Endpoint{std::move(address->host), address->port};
+  return Endpoint{std::move(address->host), address->port, tls};
+}
+
+// The one place the client's security rule lives (docs/agent/etcd.md §1,
+// "Security"): off loopback, TLS and some authentication, unless insecure.
+Status CheckEndpointSecurity(const Endpoint& ep, const EtcdOptions& o) {
+  const std::string name = FormatHostPort({ep.host, static_cast<uint16_t>(ep.port)});
+  const bool tls_material = !o.ca_pem.empty() || !o.cert_pem.empty() || !o.key_pem.empty();
+  TERN_REQUIRE(ep.tls || !tls_material, kInvalidArgument, "etcd endpoint ", name,
+               " is plain http but TLS files were given (--etcd-cacert/--etcd-cert/--etcd-key): "
+               "use https:// (etcds:// in a board URL)");
+  if (o.insecure || IsLoopbackHost(ep.host)) return Status::Ok();
+  TERN_REQUIRE(ep.tls, kInvalidArgument, "etcd endpoint ", name,
+               " is plain http off loopback: anyone on the path could read and rewrite the board "
+               "or hold the leader key; use TLS (https://, etcds:// in a board URL) or say "
+               "--etcd-insecure");
+  TERN_REQUIRE(!o.cert_pem.empty() || !o.user.empty(), kInvalidArgument, "etcd endpoint ", name,
+               " is off loopback and this client does not authenticate: anyone who reaches etcd "
+               "could do what it does; give a client certificate (--etcd-cert, --etcd-key) or an "
+               "etcd user (--etcd-user, --etcd-password-file), or say --etcd-insecure");
+  return Status::Ok();
+}
+
+// What etcd's gateway answers, with its HTTP status 400, to a client
+// certificate that has a Common Name while etcd's auth is enabled (etcd 3.4
+// refuses CN-based identities through the gateway).
+constexpr std::string_view kGatewayCommonName = "CommonName of client sending a request";
+
+// An auth token goes into a header: printable, no space, bounded.
+bool ValidToken(const std::string& token) {
+  if (token.empty() || token.size() > 4096) return false;
+  for (char c : token) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
 }
 
 Status CheckKey(const std::string& key) {
@@ -156,32 +205,162 @@ Result<json> OpJson(const EtcdOp& op) {
 }  // namespace
 
 struct EtcdClient::Impl {
-  EtcdOptions options;
+  EtcdOptions options;  // constant after Create
   std::vector<Endpoint> endpoints;
-  std::mutex mu;
-  size_t current = 0;                       // guarded by mu
-  std::unique_ptr<httplib::Client> client;  // guarded by mu; null: reconnect
+  std::unique_ptr<EtcdTls> tls;  // with an https endpoint; constant after Create
+  Mutex mu;
+  size_t current GUARDED_BY(mu) = 0;
+  std::unique_ptr<httplib::ClientImpl> client GUARDED_BY(mu);  // null: reconnect
+  // etcd's auth token for options.user (empty: authenticate first). A
+  // secret: never logged.
+  std::string token GUARDED_BY(mu);
 
-  // POSTs `body` to `path` and returns the parsed JSON object of a 200
-  // response, or the error etcd or the connection gave.
+  // POSTs `request` to `path` as options.user (authenticating first when
+  // there is no token, and once more when etcd says the token is invalid:
+  // it expired or was revoked; etcd checks the token before anything else,
+  // so the refused request did nothing and may be sent again).
   Result<json> Call(const std::string& path, const json& request) {
-    std::lock_guard<std::mutex> lock(mu);
-    const Endpoint& ep = endpoints[current];
-    const std::string where = ep.host + ":" + std::to_string(ep.port) + path;
-    if (client == nullptr) {
-      client = std::make_unique<httplib::Client>(ep.host, ep.port);
-      const time_t s = options.timeout_ms / 1000;
-      const time_t us = (options.timeout_ms % 1000) * 1000;
-      client->set_connection_timeout(s, us);
-      client->set_read_timeout(s, us);
-      client->set_write_timeout(s, us);
-      client->set_keep_alive(true);
+    MutexLock lock(mu);
+    const std::string body = request.dump();
+    if (options.user.empty()) return Send(path, body, /*with_token=*/false);
+    if (token.empty()) TERN_RETURN_IF_ERROR(Authenticate());
+    bool invalid_token = false;
+    auto reply = Send(path, body, /*with_token=*/true, &invalid_token);
+    if (!invalid_token) return reply;
+    LogLine(options.log, "etcd: the auth token of user '" + Printable(options.user) +
+                             "' is no longer valid (expired or revoked); authenticating again");
+    token.clear();
+    TERN_RETURN_IF_ERROR(Authenticate());
+    return Send(path, body, /*with_token=*/true);
+  }
+
+  // POST /v3/auth/authenticate {name, password} -> token.
+  Status Authenticate() REQUIRES(mu) {
+    const json request = {{"name", options.user}, {"password", options.password}};
+    auto reply = Send("/v3/auth/authenticate", request.dump(), /*with_token=*/false);
+    if (!reply.ok()) {
+      return reply.status().WithContext("etcd: authenticating as user '" +
+                                        Printable(options.user) + "'");
     }
+    const json* t = reply->contains("token") ? &(*reply)["token"] : nullptr;
+    TERN_REQUIRE(t != nullptr && t->is_string() && ValidToken(t->get<std::string>()), kProtocol,
+                 "etcd: authenticating as user '", Printable(options.user),
+                 "': the reply has no usable token");
+    token = t->get<std::string>();
+    return Status::Ok();
+  }
+
+  // The client for the current endpoint, made on first use.
+  Result<httplib::ClientImpl*> Connection() REQUIRES(mu) {
+    if (client != nullptr) return client.get();
+    const Endpoint& ep = endpoints[current];
+    if (ep.tls) {
+      auto made = tls->Connect(ep.host, ep.port);
+      if (!made.ok()) return std::move(made).take_status();
+      client = std::move(*made);
+    } else {
+      client = std::make_unique<httplib::ClientImpl>(ep.host, ep.port);
+    }
+    const time_t s = options.timeout_ms / 1000;
+    const time_t us = (options.timeout_ms % 1000) * 1000;
+    client->set_connection_timeout(s, us);
+    client->set_read_timeout(s, us);
+    client->set_write_timeout(s, us);
+    client->set_keep_alive(true);
+    return client.get();
+  }
+
+  // Why a request to `ep` failed before a reply came: the cause in words,
+  // and whether it is a refusal of who we are (kAuth) rather than a
+  // connection that may work next time (kUnavailable).
+  Status ConnectionError(const Endpoint& ep, const std::string& where, httplib::Error err,
+                         const std::string& tls_detail) const {
+    const std::string detail = tls_detail.empty() ? "" : " (" + Printable(tls_detail) + ")";
+    if (err == httplib::Error::SSLServerVerification) {
+      return TERN_ERROR(kAuth, "etcd ", where, ": etcd's TLS certificate was refused",
+                        tls_detail.empty() ? " (it does not name " + ep.host + ")" : detail,
+                        tls->has_ca() ? ": it must chain to the CA given (--etcd-cacert)"
+                                      : ": it must chain to the system's trust store (or give "
+                                        "etcd's CA with --etcd-cacert)",
+                        " and name ", ep.host, " in its subjectAltName");
+    }
+    // Alerts that say etcd refused our certificate, or the lack of one.
+    const bool refused_us =
+        tls_detail.find("certificate required") != std::string::npos ||
+        tls_detail.find("alert bad certificate") != std::string::npos ||
+        tls_detail.find("alert unknown ca") != std::string::npos ||
+        tls_detail.find("alert handshake failure") != std::string::npos;
+    if (ep.tls && refused_us) {
+      return TERN_ERROR(kAuth, "etcd ", where, ": etcd refused the TLS handshake", detail,
+                        tls->has_client_cert()
+                            ? ": etcd does not accept our client certificate (--etcd-cert): is it "
+                              "signed by a CA in etcd's --trusted-ca-file?"
+                            : ": etcd wants a client certificate (--client-cert-auth): give "
+                              "--etcd-cert and --etcd-key");
+    }
+    std::string hint;
+    if (ep.tls && err == httplib::Error::SSLConnection) {
+      hint = "; is this an https endpoint? (a plain etcd wants http://, etcd:// in a board URL)";
+      if (!tls->has_client_cert()) hint += "; or etcd wants a client certificate (--etcd-cert)";
+    } else if (!ep.tls && (err == httplib::Error::Read || err == httplib::Error::Write)) {
+      // etcd's TLS port closes a plain connection without a word.
+      hint = "; the connection closed without an HTTP reply: if etcd serves TLS on this port, "
+             "use https:// (etcds:// in a board URL)";
+    } else if (ep.tls && (err == httplib::Error::Read || err == httplib::Error::Write)) {
+      // TLS 1.3: etcd checks our certificate after our side of the
+      // handshake is done, so its refusal may show as a failed write (the
+      // alert unread) or read.
+      hint = tls->has_client_cert()
+                 ? "; etcd closed the connection: it may not accept our client certificate "
+                   "(--etcd-cert: signed by a CA in etcd's --trusted-ca-file?)"
+                 : "; etcd closed the connection: it may want a client certificate "
+                   "(--client-cert-auth): give --etcd-cert and --etcd-key";
+    }
+    return TERN_ERROR(kUnavailable, "etcd ", where, ": ", httplib::to_string(err), detail, hint);
+  }
+
+  // An error etcd sent (gRPC code and message), with what it means for us.
+  Status EtcdError(const std::string& where, int64_t grpc, const std::string& message) const {
+    const std::string said = Printable(message.substr(0, 200));
+    const std::string user = Printable(options.user);
+    std::string hint;
+    Code code = CodeFromGrpc(grpc);
+    if (message.find("invalid user ID or password") != std::string::npos) {
+      code = Code::kAuth;
+      hint = ": wrong user or password (--etcd-user, --etcd-password-file)";
+    } else if (message.find("user name is empty") != std::string::npos) {
+      code = Code::kAuth;
+      hint = ": etcd's auth is enabled and we gave no user: give --etcd-user and "
+             "--etcd-password-file";
+    } else if (message.find("authentication is not enabled") != std::string::npos) {
+      code = Code::kAuth;
+      hint = ": user '" + user + "' given, but etcd does not check users (enable auth in etcd, "
+             "or give no --etcd-user)";
+    } else if (message.find("permission denied") != std::string::npos) {
+      code = Code::kAuth;
+      hint = options.user.empty()
+                 ? ": we gave no etcd user"
+                 : ": user '" + user + "' has no permission on these keys (grant its role "
+                   "readwrite on the board's prefix)";
+    }
+    return Status(code, internal::Where(__FILE__, __LINE__) + "etcd " + where + ": " + said + hint);
+  }
+
+  // One POST and its reply: the parsed JSON object of a 200 response, or the
+  // error etcd or the connection gave. *invalid_token: etcd refused our
+  // token (the caller authenticates again).
+  Result<json> Send(const std::string& path, const std::string& request_body, bool with_token,
+                    bool* invalid_token = nullptr) REQUIRES(mu) {
+    const Endpoint& ep = endpoints[current];
+    const std::string where = FormatHostPort({ep.host, static_cast<uint16_t>(ep.port)}) + path;
+    auto connection = Connection();
+    if (!connection.ok()) return std::move(connection).take_status();
     httplib::Request req;
     req.method = "POST";
     req.path = path;
-    req.body = request.dump();
+    req.body = request_body;
     req.set_header("Content-Type", "application/json");
+    if (with_token) req.set_header("Authorization", token);
     std::string body;
     bool too_big = false;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
@@ -194,7 +373,8 @@ struct EtcdClient::Impl {
     };
     httplib::Response res;
     httplib::Error err = httplib::Error::Success;
-    const bool sent = client->send(req, res, err);
+    if (ep.tls) ERR_clear_error();  // what is queued after send is this request's
+    const bool sent = (*connection)->send(req, res, err);
     if (too_big) {
       client.reset();
       return TERN_ERROR(kProtocol, "etcd ", where, ": response over ", options.max_response_bytes,
@@ -206,8 +386,10 @@ struct EtcdClient::Impl {
       // cpp-httplib 0.11 cannot parse (Error::Read after the whole body).
       // A complete JSON body after the status line is still the reply; the
       // connection is dropped either way.
+      const std::string tls_detail = ep.tls ? EtcdTls::HandshakeError(*client) : "";
       client.reset();
       if (err != httplib::Error::Read || res.status <= 0 || !reply.is_object()) {
+        Status why = ConnectionError(ep, where, err, tls_detail);
         // Try the next endpoint on the next call.
         current = (current + 1) % endpoints.size();
         if (endpoints.size() > 1) {
@@ -215,10 +397,16 @@ struct EtcdClient::Impl {
                                    "; next request goes to " + endpoints[current].host + ":" +
                                    std::to_string(endpoints[current].port));
         }
-        return TERN_ERROR(kUnavailable, "etcd ", where, ": ", httplib::to_string(err));
+        return why;
       }
     }
     if (!reply.is_object()) {
+      if (res.status == 400 && body.find(kGatewayCommonName) != std::string::npos) {
+        return TERN_ERROR(kAuth, "etcd ", where,
+                          ": etcd's gateway refuses a client certificate with a Common Name while "
+                          "etcd's auth is enabled: issue the client certificate (--etcd-cert) "
+                          "without a CN (subjectAltName only)");
+      }
       return TERN_ERROR(kProtocol, "etcd ", where, ": HTTP ", res.status,
                         ", not a JSON object: ", Printable(body.substr(0, 120)));
     }
@@ -237,8 +425,11 @@ struct EtcdClient::Impl {
         if (e.contains("message") && e["message"].is_string()) message = e["message"];
         if (e.contains("grpc_code") && e["grpc_code"].is_number_integer()) code = e["grpc_code"];
       }
-      return Status(CodeFromGrpc(code), internal::Where(__FILE__, __LINE__) + "etcd " + where +
-                                            ": " + Printable(message.substr(0, 200)));
+      if (invalid_token != nullptr && code == kGrpcUnauthenticated &&
+          message.find("invalid auth token") != std::string::npos) {
+        *invalid_token = true;
+      }
+      return EtcdError(where, code, message);
     }
     if (res.status != 200) {
       return TERN_ERROR(kProtocol, "etcd ", where, ": HTTP ", res.status);
@@ -246,12 +437,21 @@ struct EtcdClient::Impl {
     return reply;
   }
 
+  ~Impl() {
+    std::optional<SigpipeBlock> quiet;
+    if (tls != nullptr) quiet.emplace();  // closing a TLS connection writes
+    MutexLock lock(mu);
+    client.reset();
+  }
+
   // Call with a last line of defence: a library exception becomes a Status.
   Result<json> SafeCall(const std::string& path, const json& request) {
+    std::optional<SigpipeBlock> quiet;
+    if (tls != nullptr) quiet.emplace();
     try {
       return Call(path, request);
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       client.reset();
       return TERN_ERROR(kInternal, "etcd ", path, ": ", Printable(e.what()));
     }
@@ -278,11 +478,32 @@ Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions options) {
                "etcd: timeout_ms ", options.timeout_ms, " not in 1..600000");
   TERN_REQUIRE(options.max_response_bytes >= 4096, kInvalidArgument,
                "etcd: max_response_bytes below 4096");
+  TERN_REQUIRE(options.user.empty() == options.password.empty(), kInvalidArgument,
+               "etcd: give both a user and a password (--etcd-user, --etcd-password-file), or "
+               "neither");
+  TERN_REQUIRE(options.user.size() <= kMaxUserBytes && IsPrintable(options.user),
+               kInvalidArgument, "etcd: user name of ", options.user.size(),
+               " bytes or with unprintable bytes (max ", kMaxUserBytes, ")");
+  TERN_REQUIRE(options.password.size() <= kMaxPasswordBytes, kInvalidArgument,
+               "etcd: password of over ", kMaxPasswordBytes, " bytes");
   auto impl = std::make_unique<Impl>();
+  bool any_tls = false;
   for (const std::string& text : options.endpoints) {
     auto ep = ParseEndpoint(text);
     if (!ep.ok()) return std::move(ep).take_status();
+    TERN_RETURN_IF_ERROR(CheckEndpointSecurity(*ep, options));
+    any_tls = any_tls || ep->tls;
+    if (!ep->tls && !options.user.empty() && !IsLoopbackHost(ep->host)) {
+      LogLine(options.log, "etcd: WARNING: the password of etcd user '" +
+                               Printable(options.user) + "' travels in clear to " + text +
+                               " (--etcd-insecure)");
+    }
     impl->endpoints.push_back(std::move(*ep));
+  }
+  if (any_tls) {
+    auto tls = EtcdTls::Create(options.ca_pem, options.cert_pem, options.key_pem);
+    if (!tls.ok()) return std::move(tls).take_status();
+    impl->tls = std::move(*tls);
   }
   impl->options = std::move(options);
   return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(impl)));

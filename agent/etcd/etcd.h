@@ -4,8 +4,13 @@
 //
 // The client speaks HTTP/1.1 + JSON to the gateway's /v3/kv/{put,range,
 // deleterange,txn} and /v3/lease/{grant,keepalive,revoke} (etcd >= 3.4; keys
-// and values travel base64-encoded). Plain http only: TODO(security) TLS to
-// etcd.
+// and values travel base64-encoded), over http or https (TLS: etcd's
+// certificate verified against a given CA, optionally our client
+// certificate), optionally as an etcd user (a token from
+// /v3/auth/authenticate on every request, renewed when etcd says it is
+// invalid or expired). Secure by default: Create refuses an endpoint off
+// loopback that is plain http or that we would reach without authenticating
+// (no client certificate, no user), unless EtcdOptions::insecure.
 //
 // Errors (never exceptions):
 //  * kUnavailable: no connection, a timeout, or etcd said it cannot serve now
@@ -14,7 +19,13 @@
 //    compares first, as EtcdBoardLog and Election do).
 //  * kNotFound: an unknown or expired lease.
 //  * kInvalidArgument: an empty key, a key or value over the bounds below, a
-//    TTL out of range (checked before anything is sent).
+//    TTL out of range (checked before anything is sent); from Create, bad
+//    TLS material or an insecure endpoint (the message says which and why).
+//  * kAuth: etcd refused who we are: its certificate does not verify
+//    against our CA or name the host, it wants a client certificate we did
+//    not give, the user or password is wrong, the user may not touch the
+//    key, or etcd wants a user and we gave none. The message names which.
+//    Never contains the password or the token.
 //  * kProtocol: the peer is not an etcd gateway (non-JSON body, HTTP status
 //    other than 200 without an etcd error, a body over max_response_bytes,
 //    fields of the wrong type, bad base64). The message quotes the peer only
@@ -49,9 +60,29 @@ inline constexpr size_t kEtcdMaxValueBytes = size_t{1} << 20;
 inline constexpr int64_t kEtcdMaxLeaseTtlS = 9'000'000'000;  // etcd's own bound
 
 struct EtcdOptions {
-  // "host:port" or "http://host:port"; tried in turn: after a connection
-  // failure the next call goes to the next endpoint.
+  // "host:port" or "http://host:port" (plain), "https://host:port" (TLS);
+  // tried in turn: after a connection failure the next call goes to the
+  // next endpoint.
   std::vector<std::string> endpoints;
+  // TLS, for https endpoints: PEM text (the caller reads the files, bounded;
+  // each at most 64 KiB). ca_pem: the CA certificate(s) etcd's certificate
+  // must chain to, and only those (empty: the system's trust store).
+  // cert_pem + key_pem: our client certificate and its unencrypted key, for
+  // etcd's --client-cert-auth (both or neither). Given with an http
+  // endpoint: refused (kInvalidArgument).
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+  // An etcd user (etcd's auth enabled): the client authenticates with
+  // user + password and sends the token with every request. Both or
+  // neither; the password is never logged nor put in a message.
+  std::string user;
+  std::string password;
+  // Allow an endpoint off loopback over plain http, or without any
+  // authentication (no client certificate, no user): whoever reaches etcd
+  // could then rewrite the board or hold the leader key. Loopback endpoints
+  // are always allowed (tests, one machine).
+  bool insecure = false;
   uint32_t timeout_ms = 3000;  // connect, write and read of one request
   // A response body longer than this is refused (kProtocol); Range pages
   // with `limit` keep honest responses far below it.

@@ -33,11 +33,13 @@ Result<uint64_t> ParseHead(const EtcdRange& range) {
 }  // namespace
 
 Result<EtcdBoardUrl> ParseEtcdBoardUrl(std::string_view url) {
-  constexpr std::string_view kScheme = "etcd://";
+  constexpr std::string_view kPlain = "etcd://";
+  constexpr std::string_view kTls = "etcds://";
   TERN_REQUIRE(url.size() <= 4096, kInvalidArgument, "board URL of ", url.size(), " bytes");
-  TERN_REQUIRE(url.substr(0, kScheme.size()) == kScheme, kInvalidArgument, "board URL '",
-               Printable(url), "': want etcd://host:port[,host:port...]/prefix");
-  const std::string_view rest = url.substr(kScheme.size());
+  const bool tls = url.substr(0, kTls.size()) == kTls;
+  TERN_REQUIRE(tls || url.substr(0, kPlain.size()) == kPlain, kInvalidArgument, "board URL '",
+               Printable(url), "': want etcd://host:port[,host:port...]/prefix (etcds:// for TLS)");
+  const std::string_view rest = url.substr(tls ? kTls.size() : kPlain.size());
   const size_t slash = rest.find('/');
   TERN_REQUIRE(slash != std::string_view::npos, kInvalidArgument, "board URL '", Printable(url),
                "': no /prefix after the endpoints");
@@ -50,13 +52,14 @@ Result<EtcdBoardUrl> ParseEtcdBoardUrl(std::string_view url) {
   std::string_view hosts = rest.substr(0, slash);
   while (true) {
     const size_t comma = hosts.find(',');
-    out.endpoints.emplace_back(hosts.substr(0, comma));
+    out.endpoints.push_back((tls ? "https://" : "http://") + std::string(hosts.substr(0, comma)));
     if (comma == std::string_view::npos) break;
     hosts.remove_prefix(comma + 1);
   }
   // The client's own endpoint checks (host:port, count); it does not connect.
   EtcdOptions check;
   check.endpoints = out.endpoints;
+  check.insecure = true;  // syntax only: the security rule applies where the client is made
   auto client = EtcdClient::Create(check);
   if (!client.ok()) return client.status().WithContext("board URL '" + Printable(url) + "'");
   return out;

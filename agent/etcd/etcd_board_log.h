@@ -43,9 +43,10 @@ struct EtcdBoardLogOptions {
 };
 
 // The agent's --board flag for an etcd board (docs/agent.md §3):
-// "etcd://host:port[,host:port...]/prefix", e.g.
-// "etcd://127.0.0.1:2379/tern/main" -> endpoints {"127.0.0.1:2379"},
-// prefix "/tern/main". kInvalidArgument, naming what is wrong, otherwise.
+// "etcd://host:port[,host:port...]/prefix" (plain http) or "etcds://..."
+// (TLS), e.g. "etcd://127.0.0.1:2379/tern/main" -> endpoints
+// {"http://127.0.0.1:2379"}, prefix "/tern/main"; "etcds://" gives
+// "https://" endpoints. kInvalidArgument, naming what is wrong, otherwise.
 struct EtcdBoardUrl {
   std::vector<std::string> endpoints;
   std::string prefix;

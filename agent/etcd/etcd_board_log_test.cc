@@ -296,15 +296,23 @@ TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
 TEST(EtcdBoardUrlTest, ParsesTheBoardFlag) {
   auto one = ParseEtcdBoardUrl("etcd://127.0.0.1:2379/tern/main");
   ASSERT_TRUE(one.ok()) << one.status().ToString();
-  EXPECT_EQ(one->endpoints, std::vector<std::string>{"127.0.0.1:2379"});
+  EXPECT_EQ(one->endpoints, std::vector<std::string>{"http://127.0.0.1:2379"});
   EXPECT_EQ(one->prefix, "/tern/main");
   auto three = ParseEtcdBoardUrl("etcd://a:1,b:2,[::1]:3/x");
   ASSERT_TRUE(three.ok()) << three.status().ToString();
-  EXPECT_EQ(three->endpoints, (std::vector<std::string>{"a:1", "b:2", "[::1]:3"}));
+  EXPECT_EQ(three->endpoints,
+            (std::vector<std::string>{"http://a:1", "http://b:2", "http://[::1]:3"}));
   EXPECT_EQ(three->prefix, "/x");
+  // etcds://: TLS to every endpoint. The URL is syntax only: an endpoint off
+  // loopback is refused (or not) where the client is made.
+  auto tls = ParseEtcdBoardUrl("etcds://etcd-1.example:2379,10.0.0.2:2379/tern/main");
+  ASSERT_TRUE(tls.ok()) << tls.status().ToString();
+  EXPECT_EQ(tls->endpoints, (std::vector<std::string>{"https://etcd-1.example:2379",
+                                                      "https://10.0.0.2:2379"}));
   for (const char* bad :
        {"", "etcd://", "etcd:///x", "http://a:1/x", "etcd://a:1", "etcd://a:1/", "etcd://a:1/x/",
-        "etcd://a/x", "etcd://a:1,/x", "etcd://a:99999/x", "etcd://a:1,,b:2/x"}) {
+        "etcd://a/x", "etcd://a:1,/x", "etcd://a:99999/x", "etcd://a:1,,b:2/x", "etcds://a:1",
+        "etcdss://a:1/x", "etcd://https://a:1/x"}) {
     EXPECT_EQ(ParseEtcdBoardUrl(bad).status().code(), Code::kInvalidArgument) << bad;
   }
   EXPECT_EQ(ParseEtcdBoardUrl("etcd://a:1/" + std::string(600, 'p')).status().code(),

@@ -264,7 +264,7 @@ TEST(EtcdClientTest, RefusesBadArgumentsBeforeSending) {
     o.endpoints = {bad};
     EXPECT_EQ(EtcdClient::Create(o).status().code(), Code::kInvalidArgument) << bad;
   }
-  o.endpoints = {"https://127.0.0.1:1"};
+  o.endpoints = {"unix://127.0.0.1:1"};
   EXPECT_EQ(EtcdClient::Create(o).status().code(), Code::kUnsupported);
   // Port 1 on loopback: nothing listens, and nothing must be sent anyway.
   o.endpoints = {"http://127.0.0.1:1/"};

@@ -1,13 +1,16 @@
 // The root's admin port is secure by default (docs/security.md, "The admin
 // port"): no mutating route off loopback without a token, publishable paths
 // confined to --publish-dir, a version far beyond HEAD refused unless forced.
-// Real agents, real admin HTTP.
+// Real agents, real admin HTTP. So is its board in etcd ("The board in
+// etcd"): TLS and an etcd user, nothing plain off loopback.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "agent/testing/agent_test_fixture.h"
+#include "agent/testing/etcd_test_server.h"
 #include "tern/agent.h"
+#include "tern/env.h"
 
 namespace tern::agent_test {
 namespace {
@@ -38,6 +41,63 @@ TEST_F(AgentAdminTest, ARootRefusesAnAdminPortOffLoopbackWithoutAToken) {
     ASSERT_TRUE(a.ok()) << variant << ": " << a.status().ToString();
     (*a)->Stop();
   }
+}
+
+// The board in etcd is secure by default too (docs/agent/etcd.md §1,
+// "Security"): a plain endpoint off loopback is refused before any
+// connection; a root reaches a TLS etcd with --client-cert-auth and auth
+// enabled through AgentOptions' certificate and user, and publishes there; a
+// root with the wrong password fails at start, naming why, instead of
+// waiting as a standby.
+TEST_F(AgentAdminTest, ARootReachesEtcdOverTlsAsAUserAndRefusesAnInsecureOne) {
+  AgentOptions plain = BaseOptions("root-plain");
+  plain.root = true;
+  plain.transport = NewTransportFor("root-plain");
+  plain.board_etcd = "etcd://10.0.0.1:2379/tern/x";
+  auto refused = Agent::Start(plain);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--etcd-insecure"), std::string::npos)
+      << refused.status().ToString();
+
+  agent::EtcdTestServerOptions so;
+  so.tls = true;
+  so.client_cert_auth = true;
+  auto etcd = agent::EtcdTestServer::Start(so);
+  if (etcd.status().code() == Code::kUnsupported) GTEST_SKIP() << etcd.status().ToString();
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  ASSERT_TRUE((*etcd)->AddUser("tern", "tern-password", "/tern/").ok());
+  ASSERT_TRUE((*etcd)->EnableAuth("root-password").ok());
+  auto read = [](const std::string& path) {
+    std::string text;
+    EXPECT_TRUE(ReadFileToString(DefaultEnv(), path, 64 << 10, &text).ok()) << path;
+    return text;
+  };
+  auto root_options = [&](const std::string& name, const std::string& password) {
+    AgentOptions o = BaseOptions(name);
+    o.root = true;
+    o.transport = NewTransportFor(name);
+    o.board_etcd = "etcds://" + (*etcd)->host_port() + "/tern/secure";
+    o.etcd_ca_pem = read((*etcd)->pki().ca_cert);
+    o.etcd_cert_pem = read((*etcd)->pki().client_cert);
+    o.etcd_key_pem = read((*etcd)->pki().client_key);
+    o.etcd_user = "tern";
+    o.etcd_password = password;
+    o.etcd_lease_s = 2;
+    return o;
+  };
+  auto root = Agent::Start(root_options("root", "tern-password"));
+  ASSERT_TRUE(root.ok()) << root.status().ToString();
+  ASSERT_TRUE((*root)->Publish(NextStep(), 1).ok());
+  EXPECT_EQ((*root)->Snapshot().head, 1u);
+
+  auto wrong = Agent::Start(root_options("root-wrong", "wrong-password"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), Code::kAuth) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("wrong user or password"), std::string::npos)
+      << wrong.status().ToString();
+  EXPECT_EQ(wrong.status().message().find("wrong-password"), std::string::npos);
+  (*root)->Stop();
 }
 
 TEST_F(AgentAdminTest, AMemberMayServeStatusOffLoopbackWithoutAToken) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -65,6 +66,47 @@ Status FreePorts(int* a, int* b) {
   return status;
 }
 
+// Test names and passwords go into JSON unescaped: keep them plain.
+bool Plain(const std::string& s) {
+  for (char c : s) {
+    if (c <= ' ' || c > '~' || c == '"' || c == '\\') return false;
+  }
+  return true;
+}
+
+std::string Base64(const std::string& bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(bytes.data()),
+                                static_cast<int>(bytes.size()));
+  out.resize(n < 0 ? 0 : n);
+  return out;
+}
+
+bool Openssl(const std::string& args) {
+  return std::system(("openssl " + args + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// A P-256 CA, self-signed, for two days.
+bool MakeCa(const std::string& stem, const std::string& subject) {
+  return Openssl("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " +
+                 stem + ".key -out " + stem + ".pem -days 2 -subj " + subject);
+}
+
+// A P-256 certificate for `subject` with `sans` (may be empty), signed by ca.
+bool MakeLeaf(const std::string& stem, const std::string& subject, const std::string& sans,
+              const std::string& ca) {
+  {
+    std::ofstream ext(stem + ".ext");
+    if (!sans.empty()) ext << "subjectAltName=" << sans << "\n";
+    if (!ext) return false;
+  }
+  return Openssl("req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + stem +
+                 ".key -out " + stem + ".csr -subj " + subject) &&
+         Openssl("x509 -req -in " + stem + ".csr -CA " + ca + ".pem -CAkey " + ca +
+                 ".key -CAcreateserial -out " + stem + ".pem -days 2 -extfile " + stem + ".ext");
+}
+
 std::string LogTail(const std::string& path) {
   std::ifstream in(path);
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -91,8 +133,11 @@ Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(EtcdTestServerOpti
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
   if (mkdtemp(buf.data()) == nullptr) return TERN_ERRNO("mkdtemp ", pattern);
+  TERN_REQUIRE(options.tls || !options.client_cert_auth, kInvalidArgument,
+               "etcd test server: client_cert_auth needs tls");
   std::unique_ptr<EtcdTestServer> server(
       new EtcdTestServer(options, std::move(binary), std::string(buf.data())));
+  if (options.tls) TERN_RETURN_IF_ERROR(server->MakePki());
   Status last;
   for (int attempt = 0; attempt < 3; ++attempt) {
     TERN_RETURN_IF_ERROR(FreePorts(&server->client_port_, &server->peer_port_));
@@ -106,13 +151,120 @@ Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(EtcdTestServerOpti
   return last;
 }
 
-std::string EtcdTestServer::endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+std::string EtcdTestServer::host_port() const {
+  return "127.0.0.1:" + std::to_string(client_port_);
+}
+
+std::string EtcdTestServer::endpoint() const {
+  return (options_.tls ? "https://" : "") + host_port();
+}
+
+Status EtcdTestServer::MakePki() {
+  const std::string d = dir_ + "/pki";
+  std::error_code ec;
+  std::filesystem::create_directories(d, ec);
+  TERN_REQUIRE(!ec, kIo, "etcd test server: mkdir ", d, ": ", ec.message());
+  const bool ok = MakeCa(d + "/ca", "/CN=tern-etcd-test-ca") &&
+                  MakeCa(d + "/other-ca", "/CN=tern-etcd-other-ca") &&
+                  MakeLeaf(d + "/server", "/CN=etcd", "IP:127.0.0.1,DNS:localhost", d + "/ca") &&
+                  MakeLeaf(d + "/client", "/O=tern", "DNS:client.tern.test", d + "/ca") &&
+                  MakeLeaf(d + "/cn-client", "/CN=tern-client", "", d + "/ca") &&
+                  MakeLeaf(d + "/other-client", "/O=tern", "", d + "/other-ca");
+  TERN_REQUIRE(ok, kInternal, "etcd test server: the openssl CLI failed to make certificates in ",
+               d, " (is openssl installed? scripts/install-deps.sh)");
+  pki_.ca_cert = d + "/ca.pem";
+  pki_.client_cert = d + "/client.pem";
+  pki_.client_key = d + "/client.key";
+  pki_.cn_client_cert = d + "/cn-client.pem";
+  pki_.cn_client_key = d + "/cn-client.key";
+  pki_.other_ca_cert = d + "/other-ca.pem";
+  pki_.other_client_cert = d + "/other-client.pem";
+  pki_.other_client_key = d + "/other-client.key";
+  return Status::Ok();
+}
+
+std::unique_ptr<httplib::ClientImpl> EtcdTestServer::Http() const {
+  std::unique_ptr<httplib::ClientImpl> http;
+  if (options_.tls) {
+    auto ssl = std::make_unique<httplib::SSLClient>("127.0.0.1", client_port_, pki_.client_cert,
+                                                    pki_.client_key);
+    ssl->set_ca_cert_path(pki_.ca_cert);
+    ssl->enable_server_certificate_verification(true);
+    http = std::move(ssl);
+  } else {
+    http = std::make_unique<httplib::ClientImpl>("127.0.0.1", client_port_);
+  }
+  http->set_connection_timeout(0, 500'000);
+  http->set_read_timeout(5, 0);
+  http->set_write_timeout(5, 0);
+  return http;
+}
+
+Status EtcdTestServer::Api(const std::string& path, const std::string& body) {
+  auto http = Http();
+  httplib::Headers headers;
+  if (!root_password_.empty()) {
+    auto auth = http->Post("/v3/auth/authenticate",
+                           R"({"name":"root","password":")" + root_password_ + R"("})",
+                           "application/json");
+    TERN_REQUIRE(auth && auth->status == 200, kInternal,
+                 "etcd test server: authenticating as root failed");
+    const std::string marker = R"("token":")";
+    const size_t at = auth->body.find(marker);
+    const size_t end = at == std::string::npos ? at : auth->body.find('"', at + marker.size());
+    TERN_REQUIRE(end != std::string::npos, kInternal, "etcd test server: no root token");
+    headers.emplace("Authorization", auth->body.substr(at + marker.size(), end - at - marker.size()));
+  }
+  auto res = http->Post(path, headers, body, "application/json");
+  TERN_REQUIRE(res, kUnavailable, "etcd test server: ", path, ": ", httplib::to_string(res.error()));
+  TERN_REQUIRE(res->status == 200 && res->body.find("\"error\"") == std::string::npos, kInternal,
+               "etcd test server: ", path, ": HTTP ", res->status, ": ", res->body.substr(0, 300));
+  return Status::Ok();
+}
+
+Status EtcdTestServer::AddUser(const std::string& name, const std::string& password,
+                               const std::string& prefix) {
+  TERN_REQUIRE(Plain(name) && Plain(password) && !name.empty() && !password.empty(),
+               kInvalidArgument, "etcd test server: user and password must be plain ASCII");
+  TERN_RETURN_IF_ERROR(Api("/v3/auth/role/add", R"({"name":")" + name + R"("})"));
+  if (!prefix.empty()) {
+    std::string end = prefix;  // prefix's range end (the prefix has no 0xff bytes in tests)
+    end.back() = static_cast<char>(end.back() + 1);
+    TERN_RETURN_IF_ERROR(Api("/v3/auth/role/grant",
+                             R"({"name":")" + name + R"(","perm":{"key":")" + Base64(prefix) +
+                                 R"(","range_end":")" + Base64(end) +
+                                 R"(","permType":"READWRITE"}})"));
+  }
+  TERN_RETURN_IF_ERROR(Api("/v3/auth/user/add",
+                           R"({"name":")" + name + R"(","password":")" + password + R"("})"));
+  return Api("/v3/auth/user/grant", R"({"user":")" + name + R"(","role":")" + name + R"("})");
+}
+
+Status EtcdTestServer::ChangePassword(const std::string& name, const std::string& password) {
+  TERN_REQUIRE(Plain(name) && Plain(password) && !name.empty() && !password.empty(),
+               kInvalidArgument, "etcd test server: user and password must be plain ASCII");
+  return Api("/v3/auth/user/changepw",
+             R"({"name":")" + name + R"(","password":")" + password + R"("})");
+}
+
+Status EtcdTestServer::EnableAuth(const std::string& root_password) {
+  TERN_REQUIRE(Plain(root_password) && !root_password.empty(), kInvalidArgument,
+               "etcd test server: the root password must be plain ASCII");
+  TERN_REQUIRE(root_password_.empty(), kInvalidArgument, "etcd test server: auth already enabled");
+  TERN_RETURN_IF_ERROR(
+      Api("/v3/auth/user/add", R"({"name":"root","password":")" + root_password + R"("})"));
+  TERN_RETURN_IF_ERROR(Api("/v3/auth/user/grant", R"({"user":"root","role":"root"})"));
+  TERN_RETURN_IF_ERROR(Api("/v3/auth/enable", "{}"));
+  root_password_ = root_password;
+  return Status::Ok();
+}
 
 Status EtcdTestServer::Launch() {
   TERN_REQUIRE(pid_ <= 0, kInvalidArgument, "etcd test server: already running");
-  const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+  const std::string client =
+      (options_.tls ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(client_port_);
   const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-  const std::vector<std::string> args = {
+  std::vector<std::string> args = {
       binary_,
       "--name=tern-test",
       "--data-dir=" + dir_ + "/data",
@@ -127,6 +279,15 @@ Status EtcdTestServer::Launch() {
       "--logger=zap",
       "--log-level=warn",
   };
+  if (options_.tls) {
+    args.push_back("--cert-file=" + dir_ + "/pki/server.pem");
+    args.push_back("--key-file=" + dir_ + "/pki/server.key");
+    args.push_back("--trusted-ca-file=" + pki_.ca_cert);
+  }
+  if (options_.client_cert_auth) args.push_back("--client-cert-auth");
+  if (options_.auth_token_ttl_s != 0) {
+    args.push_back("--auth-token-ttl=" + std::to_string(options_.auth_token_ttl_s));
+  }
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -158,9 +319,9 @@ Status EtcdTestServer::Launch() {
 
 Status EtcdTestServer::WaitHealthy() {
   const auto deadline = SteadyTime::now() + std::chrono::milliseconds(options_.start_timeout_ms);
-  httplib::Client http("127.0.0.1", client_port_);
-  http.set_connection_timeout(0, 200'000);
-  http.set_read_timeout(0, 500'000);
+  auto http = Http();
+  http->set_connection_timeout(0, 200'000);
+  http->set_read_timeout(0, 500'000);
   while (SteadyTime::now() < deadline) {
     int wstatus = 0;
     if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
@@ -169,7 +330,7 @@ Status EtcdTestServer::WaitHealthy() {
                         "): ", LogTail(dir_ + "/etcd.log"));
     }
     // /health is true only once the member has a raft leader.
-    auto res = http.Get("/health");
+    auto res = http->Get("/health");
     if (res && res->status == 200 && res->body.find("\"true\"") != std::string::npos) {
       return Status::Ok();
     }

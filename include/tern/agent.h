@@ -107,8 +107,24 @@ struct AgentOptions {
   // leads (a standby waits), and a root that took over publishes its first
   // version as a keyframe (it does not hold the previous view). Empty: the
   // log is DIR/board and there is one root.
+  // "etcds://..." for TLS. Secure by default (docs/agent/etcd.md §1,
+  // "Security"): Start refuses an etcd endpoint off loopback that is plain
+  // http, or that this root would reach without authenticating (no client
+  // certificate, no user), unless etcd_insecure.
   std::string board_etcd;
   uint32_t etcd_lease_s = 3;  // a dead leader is replaced after about this long
+  // TLS to etcd, PEM text (tern-agent reads --etcd-cacert, --etcd-cert,
+  // --etcd-key): the CA(s) etcd's certificate must chain to (empty: the
+  // system's trust store), and our client certificate and key for etcd's
+  // --client-cert-auth (both or neither).
+  std::string etcd_ca_pem;
+  std::string etcd_cert_pem;
+  std::string etcd_key_pem;
+  // An etcd user (etcd's auth enabled) and its password (tern-agent reads
+  // --etcd-password-file); the password is never logged.
+  std::string etcd_user;
+  std::string etcd_password;
+  bool etcd_insecure = false;
 
   // ---- Policy (root) ----
   uint32_t stripes = 1;

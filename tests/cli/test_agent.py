@@ -445,6 +445,37 @@ class AgentCli(unittest.TestCase):
                 if a.proc.poll() is None:
                     self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
 
+    def test_etcd_flags_are_secure_by_default(self):
+        """--board-etcd off loopback over plain http, or unauthenticated, is
+        refused at start (status 1) naming --etcd-insecure; misused --etcd-*
+        flags are usage errors (status 2); the password is never echoed. No
+        etcd is needed: every refusal comes before a connection."""
+        secret = os.path.join(self.tmp, "etcd.password")
+        with open(secret, "w") as f:
+            f.write("etcd-secret-password\n")
+        base = [AGENT, "--root", "--listen", "127.0.0.1:0", "--no-tls"]
+        cases = (
+            (["--board-etcd", "etcd://10.0.0.1:2379/tern/x"], 1, "plain http off loopback"),
+            (["--board-etcd", "etcds://etcd.example:2379/tern/x"], 1, "does not authenticate"),
+            (["--board-etcd", "etcd://10.0.0.1:2379/tern/x", "--etcd-user", "tern",
+              "--etcd-password-file", secret], 1, "plain http off loopback"),
+            (["--board-etcd", "etcd://127.0.0.1:1/tern/x", "--etcd-cacert", secret], 2, "etcds://"),
+            (["--board-etcd", "etcds://127.0.0.1:1/tern/x", "--etcd-user", "tern"], 2,
+             "--etcd-password-file"),
+            (["--board-etcd", "etcds://127.0.0.1:1/tern/x", "--etcd-password-file", secret], 2,
+             "--etcd-user"),
+            (["--etcd-insecure"], 2, "--board-etcd"),
+        )
+        for i, (extra, status, words) in enumerate(cases):
+            r = subprocess.run(base + ["--data", os.path.join(self.tmp, "etcd-refused-%d" % i)] + extra,
+                               capture_output=True, text=True, timeout=30)
+            out = r.stderr + r.stdout
+            self.assertEqual(r.returncode, status, "%s: %s" % (extra, out))
+            self.assertIn(words, out, extra)
+            if status == 1:
+                self.assertIn("--etcd-insecure", out, extra)
+            self.assertNotIn("etcd-secret-password", out, extra)
+
     def test_root_killed_with_a_standby_over_etcd(self):
         """Two roots over a real etcd: A leads, B waits. Two versions reach
         every member; A dies by SIGKILL (no resign: its lease must lapse).

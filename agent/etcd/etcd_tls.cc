@@ -1,0 +1,184 @@
+// TLS material and connections for the etcd client (agent/etcd/etcd_tls.h).
+#include "agent/etcd/etcd_tls.h"
+
+#include <httplib.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <pthread.h>
+
+#include <cerrno>
+#include <climits>
+
+namespace tern::agent {
+namespace {
+
+// Bounds on what we parse: a CA bundle of a few certificates, not the world.
+constexpr size_t kMaxPemBytes = size_t{64} << 10;
+constexpr int kMaxCaCerts = 64;
+
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct KeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+using X509Ptr = std::unique_ptr<X509, X509Free>;
+using KeyPtr = std::unique_ptr<EVP_PKEY, KeyFree>;
+using BioPtr = std::unique_ptr<BIO, BioFree>;
+
+// A PEM key protected by a passphrase would make OpenSSL prompt on the
+// terminal; a daemon has none to give.
+int NoPassphrase(char*, int, int, void*) { return -1; }
+
+BioPtr MemBio(const std::string& pem) {
+  return BioPtr(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof buf);
+  return buf;
+}
+
+}  // namespace
+
+struct EtcdTls::Material {
+  STACK_OF(X509)* ca = nullptr;  // owned; null: the system's trust store
+  X509Ptr cert;
+  KeyPtr key;
+  ~Material() {
+    if (ca != nullptr) sk_X509_pop_free(ca, X509_free);
+  }
+};
+
+namespace {
+
+// Replaces OpenSSL's chain check: trust comes from our CA stack only, never
+// from the store cpp-httplib fills with the system's default paths.
+int VerifyAgainstOurCa(X509_STORE_CTX* ctx, void* arg) {
+  X509_STORE_CTX_set0_trusted_stack(ctx, static_cast<STACK_OF(X509)*>(arg));
+  return X509_verify_cert(ctx);
+}
+
+}  // namespace
+
+SigpipeBlock::SigpipeBlock() {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+  was_blocked_ = sigismember(&old_, SIGPIPE) == 1;
+  sigset_t pending;
+  sigemptyset(&pending);
+  was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+}
+
+SigpipeBlock::~SigpipeBlock() {
+  if (!was_blocked_ && !was_pending_) {
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      const timespec now{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &now) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+}
+
+EtcdTls::EtcdTls(std::unique_ptr<Material> material) : material_(std::move(material)) {}
+EtcdTls::~EtcdTls() = default;
+
+bool EtcdTls::has_client_cert() const { return material_->cert != nullptr; }
+bool EtcdTls::has_ca() const { return material_->ca != nullptr; }
+
+Result<std::unique_ptr<EtcdTls>> EtcdTls::Create(const std::string& ca_pem,
+                                                 const std::string& cert_pem,
+                                                 const std::string& key_pem) {
+  for (const std::string* pem : {&ca_pem, &cert_pem, &key_pem}) {
+    TERN_REQUIRE(pem->size() <= kMaxPemBytes, kInvalidArgument, "etcd TLS: a PEM of ",
+                 pem->size(), " bytes (max ", kMaxPemBytes, ")");
+  }
+  TERN_REQUIRE(cert_pem.empty() == key_pem.empty(), kInvalidArgument,
+               "etcd TLS: give both a client certificate and its key, or neither");
+  auto m = std::make_unique<Material>();
+  ERR_clear_error();
+  if (!ca_pem.empty()) {
+    BioPtr bio = MemBio(ca_pem);
+    TERN_REQUIRE(bio != nullptr, kResourceExhausted, "etcd TLS: out of memory");
+    m->ca = sk_X509_new_null();
+    TERN_REQUIRE(m->ca != nullptr, kResourceExhausted, "etcd TLS: out of memory");
+    while (true) {
+      X509* x = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr);
+      if (x == nullptr) break;
+      if (sk_X509_num(m->ca) >= kMaxCaCerts || sk_X509_push(m->ca, x) == 0) {
+        X509_free(x);
+        return TERN_ERROR(kInvalidArgument, "etcd TLS: the CA file holds over ", kMaxCaCerts,
+                          " certificates");
+      }
+    }
+    ERR_clear_error();  // the end of the PEM stream reads as an error
+    TERN_REQUIRE(sk_X509_num(m->ca) > 0, kInvalidArgument,
+                 "etcd TLS: the CA file (--etcd-cacert) holds no PEM certificate");
+  }
+  if (!cert_pem.empty()) {
+    BioPtr bio = MemBio(cert_pem);
+    TERN_REQUIRE(bio != nullptr, kResourceExhausted, "etcd TLS: out of memory");
+    m->cert.reset(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
+    TERN_REQUIRE(m->cert != nullptr, kInvalidArgument,
+                 "etcd TLS: the client certificate file (--etcd-cert) holds no PEM certificate");
+    BioPtr key_bio = MemBio(key_pem);
+    TERN_REQUIRE(key_bio != nullptr, kResourceExhausted, "etcd TLS: out of memory");
+    m->key.reset(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassphrase, nullptr));
+    ERR_clear_error();
+    TERN_REQUIRE(m->key != nullptr, kInvalidArgument,
+                 "etcd TLS: the client key file (--etcd-key) holds no unencrypted PEM private key");
+    TERN_REQUIRE(X509_check_private_key(m->cert.get(), m->key.get()) == 1, kInvalidArgument,
+                 "etcd TLS: the client key (--etcd-key) does not match the client certificate "
+                 "(--etcd-cert)");
+    ERR_clear_error();
+  }
+  return std::unique_ptr<EtcdTls>(new EtcdTls(std::move(m)));
+}
+
+Result<std::unique_ptr<httplib::ClientImpl>> EtcdTls::Connect(const std::string& host,
+                                                              int port) const {
+  auto client = std::make_unique<httplib::SSLClient>(host, port, material_->cert.get(),
+                                                     material_->key.get());
+  TERN_REQUIRE(client->is_valid() && client->ssl_context() != nullptr, kInternal,
+               "etcd TLS: cannot set up a TLS context: ", OpenSslError());
+  client->enable_server_certificate_verification(true);
+  SSL_CTX* ctx = client->ssl_context();
+  TERN_REQUIRE(SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) == 1, kInternal,
+               "etcd TLS: cannot require TLS 1.2");
+  if (material_->ca != nullptr) SSL_CTX_set_cert_verify_callback(ctx, VerifyAgainstOurCa, material_->ca);
+  return std::unique_ptr<httplib::ClientImpl>(std::move(client));
+}
+
+std::string EtcdTls::HandshakeError(const httplib::ClientImpl& client) {
+  std::string out;
+  if (const auto* ssl = dynamic_cast<const httplib::SSLClient*>(&client)) {
+    const long verify = ssl->get_openssl_verify_result();
+    if (verify != X509_V_OK) out = X509_verify_cert_error_string(verify);
+  }
+  const std::string openssl = OpenSslError();
+  if (!openssl.empty()) out += (out.empty() ? "" : "; ") + openssl;
+  return out;
+}
+
+}  // namespace tern::agent
