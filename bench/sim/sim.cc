@@ -58,11 +58,26 @@ struct Simulator::Impl {
     return id == kRootId ? region_index.at(sc.root_region) : islands.at(id).region;
   }
 
+  // "joins": the root's Membership (Join -> topology::AddMember, one island
+  // at a time, as the agent plans); "batch": topology::MakePlan over the
+  // whole fleet at once, then the same AddMember/RemoveMember for changes
+  // (each join copies the plan, so joins cost O(n^2) for n islands).
+  bool batch = false;
+  topology::Plan batch_plan;
+  const topology::Plan& plan() const { return batch ? batch_plan : membership->plan(); }
   Status Join(const std::string& id) {
+    if (batch) {
+      TERN_ASSIGN_OR_RETURN(batch_plan, topology::AddMember(batch_plan, agent::ToTopologyMember(islands.at(id).info)));
+      return Status::Ok();
+    }
     std::vector<std::string> notify;
     return membership->Join(islands.at(id).info, 0, 0, &notify);
   }
   void Leave(const std::string& id) {
+    if (batch) {
+      if (auto next = topology::RemoveMember(batch_plan, id); next.ok()) batch_plan = std::move(next).value();
+      return;
+    }
     std::vector<std::string> notify;
     membership->Leave(id, &notify);
   }
@@ -257,7 +272,7 @@ struct Simulator::Impl {
 
 Simulator::Simulator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Simulator::~Simulator() = default;
-const topology::Plan& Simulator::plan() const { return impl_->membership->plan(); }
+const topology::Plan& Simulator::plan() const { return impl_->plan(); }
 
 Result<std::unique_ptr<Simulator>> Simulator::Create(const Scenario& scenario, const Costs& costs) {
   auto impl = std::make_unique<Impl>();
@@ -287,6 +302,8 @@ Result<std::unique_ptr<Simulator>> Simulator::Create(const Scenario& scenario, c
   root.downlink_bytes_per_s = sc.root_uplink_bytes_per_s;
   impl->membership = std::make_unique<agent::Membership>(
       root, sc.plan, static_cast<uint64_t>(sc.failures.detect_s * 1e6));
+  impl->batch = sc.plan_build == "batch";
+  std::vector<topology::Member> all;
 
   // Regions interleaved: the k-th island of every region, then the next.
   uint32_t most = 0;
@@ -310,8 +327,15 @@ Result<std::unique_ptr<Simulator>> Simulator::Create(const Scenario& scenario, c
       const std::string id = is.info.id;
       impl->islands.emplace(id, std::move(is));
       impl->island_ids.push_back(id);
-      TERN_RETURN_IF_ERROR(impl->Join(id));
+      if (impl->batch) {
+        all.push_back(agent::ToTopologyMember(impl->islands.at(id).info));
+      } else {
+        TERN_RETURN_IF_ERROR(impl->Join(id));
+      }
     }
+  }
+  if (impl->batch) {
+    TERN_ASSIGN_OR_RETURN(impl->batch_plan, topology::MakePlan(agent::ToTopologyMember(root), all, sc.plan));
   }
   return std::unique_ptr<Simulator>(new Simulator(std::move(impl)));
 }
@@ -329,7 +353,7 @@ Result<RunResult> Simulator::Run() {
   m.Bound(r.patch_bytes, &r);
   m.Baselines(r.view_bytes, r.patch_bytes, r.apply_s, &r);
   {
-    const topology::Plan& p = m.membership->plan();
+    const topology::Plan& p = m.plan();
     TERN_RETURN_IF_ERROR(topology::Validate(p));
     r.members = static_cast<uint32_t>(p.members.size());
     std::set<std::string> relays;
@@ -365,6 +389,10 @@ Result<RunResult> Simulator::Run() {
     std::uniform_int_distribution<size_t> pick(0, m.island_ids.size() - 1);
     for (double t = gap(rng); t < horizon; t += gap(rng)) events.insert({t, false, m.island_ids[pick(rng)]});
   }
+  for (const auto& [t, id] : sc.failures.at) {
+    TERN_REQUIRE(m.islands.count(id), kInvalidArgument, "failures.at: no island '", id, "'");
+    events.insert({t, false, id});
+  }
   std::set<std::string> down;
   auto apply_event = [&](const Event& e) -> Status {
     if (e.repair) {
@@ -390,7 +418,7 @@ Result<RunResult> Simulator::Run() {
     vr.start_s = start;
     // Members that must receive this version: the plan's at publish.
     std::set<std::string> receivers;
-    for (const auto& [id, mem] : m.membership->plan().members) receivers.insert(id);
+    for (const auto& [id, mem] : m.plan().members) receivers.insert(id);
     std::unordered_map<std::string, std::vector<NodeStripe>> final_nodes;
     std::unordered_map<std::string, std::vector<uint32_t>> held;
     std::set<std::pair<uint32_t, std::string>> new_edges;
@@ -407,7 +435,7 @@ Result<RunResult> Simulator::Run() {
           break;
         }
       }
-      Impl::PassOut pass = m.Pass(m.membership->plan(), r.patch_bytes, t_restart, t_next, held, new_edges,
+      Impl::PassOut pass = m.Pass(m.plan(), r.patch_bytes, t_restart, t_next, held, new_edges,
                                   sc.failures.detect_s);
       for (auto& [id, ns] : pass.nodes) {
         auto& f = final_nodes[id];
@@ -428,7 +456,7 @@ Result<RunResult> Simulator::Run() {
       // (Membership::Leave); its orphans resume what they hold from new parents.
       const Event e = *next;
       events.erase(next);
-      const topology::Plan before = m.membership->plan();
+      const topology::Plan before = m.plan();
       TERN_RETURN_IF_ERROR(apply_event(e));
       failed.insert(e.id);
       held.clear();
@@ -437,7 +465,7 @@ Result<RunResult> Simulator::Run() {
         for (const NodeStripe& x : ns) h.push_back(x.held);
       }
       new_edges.clear();
-      const topology::Plan& after = m.membership->plan();
+      const topology::Plan& after = m.plan();
       for (uint32_t s = 0; s < after.options.stripes; ++s)
         for (const auto& [id, parent] : after.parent[s]) {
           auto b = before.parent[s].find(id);
@@ -469,7 +497,7 @@ Result<RunResult> Simulator::Run() {
     vr.last_serving_s = vr.last_holding_s + r.apply_s;
     vr.last_island = last;
     // The critical path: the last island's ancestors in its last stripe.
-    const topology::Plan& p = m.membership->plan();
+    const topology::Plan& p = m.plan();
     for (std::string at = last; !at.empty();) {
       Hop h;
       h.id = at;

@@ -205,6 +205,8 @@ Result<Scenario> ParseScenario(const std::string& text) {
   TERN_RETURN_IF_ERROR(Int(plan, "fanout_max", &s.plan.fanout_max));
   TERN_RETURN_IF_ERROR(Int(plan, "root_fanout_max", &s.plan.root_fanout_max));
   TERN_RETURN_IF_ERROR(Int(plan, "stripes", &s.plan.stripes));
+  TERN_RETURN_IF_ERROR(Str(plan, "build", &s.plan_build));
+  TERN_REQUIRE(s.plan_build == "joins" || s.plan_build == "batch", kInvalidArgument, "plan.build is joins or batch");
 
   const json& tr = j.contains("transport") ? j.at("transport") : empty;
   TERN_RETURN_IF_ERROR(Int(tr, "chunk_bytes", &s.chunk_bytes));
@@ -230,6 +232,18 @@ Result<Scenario> ParseScenario(const std::string& text) {
   TERN_RETURN_IF_ERROR(Num(f, "detect_s", &s.failures.detect_s, 0));
   TERN_RETURN_IF_ERROR(Num(f, "repair_s", &s.failures.repair_s, 0));
   TERN_RETURN_IF_ERROR(Int(f, "seed", &s.failures.seed));
+  if (f.contains("at")) {
+    TERN_REQUIRE(f.at("at").is_array() && f.at("at").size() <= 100000, kInvalidArgument,
+                 "failures.at must be a list of {t_s, island}");
+    for (const json& e : f.at("at")) {
+      double t = -1;
+      std::string island;
+      TERN_RETURN_IF_ERROR(Num(e, "t_s", &t, 0));
+      TERN_RETURN_IF_ERROR(Str(e, "island", &island));
+      TERN_REQUIRE(t >= 0 && !island.empty(), kInvalidArgument, "failures.at entries need t_s >= 0 and island");
+      s.failures.at.emplace_back(t, island);
+    }
+  }
   const json& b = j.contains("baselines") ? j.at("baselines") : empty;
   TERN_RETURN_IF_ERROR(Scaled(b, "store_egress_gbit_s", kGbit, &s.store_egress_bytes_per_s));
   TERN_RETURN_IF_ERROR(Int(b, "http_streams", &s.baseline_http_streams));

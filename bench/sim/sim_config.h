@@ -78,6 +78,9 @@ struct FailureSpec {
   double detect_s = 3.0;   // the root learns of it (closed connection: ~RTT; silent: --dead-after-ms)
   double repair_s = 600;   // a failed island joins again after this long
   uint64_t seed = 1;
+  // Failures at given times of the run (seconds from the first publish),
+  // besides the random ones: what-if runs and tests.
+  std::vector<std::pair<double, std::string>> at;
 };
 
 struct Scenario {
@@ -95,6 +98,7 @@ struct Scenario {
   std::vector<WanLinkSpec> links;
   // Planning (the agent's options) and the join order.
   topology::PlanOptions plan;
+  std::string plan_build = "joins";  // "joins" (the root's Membership) or "batch" (MakePlan)
   // Transport and relay.
   uint64_t chunk_bytes = 1 << 20;
   uint32_t window_chunks = 16;       // credits per parent link (RelayOptions)

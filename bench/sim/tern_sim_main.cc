@@ -47,7 +47,7 @@ nlohmann::json ToJson(const RunResult& r, const Scenario& sc, bool with_path) {
                 {"farthest_one_way_s", r.farthest_one_way_s}};
   j["planner_estimate_s"] = r.planner_estimate_s;
   j["plan"] = {{"members", r.members}, {"relays", r.relays}, {"depth_max", r.depth_max},
-               {"stripes", r.stripes}, {"fanout_max", sc.plan.fanout_max},
+               {"stripes", r.stripes}, {"fanout_max", sc.plan.fanout_max}, {"build", sc.plan_build},
                {"root_fanout_max", sc.plan.root_fanout_max}};
   auto base = [](const BaselineResult& b) {
     return json{{"last_holding_s", b.last_holding_s}, {"last_serving_s", b.last_serving_s}, {"wan_bytes", b.wan_bytes}};
