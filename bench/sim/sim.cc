@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "agent/board/publish.h"
 #include "agent/membership/membership.h"
 #include "bench/sim/sim_fluid.h"
 
@@ -152,10 +153,12 @@ struct Simulator::Impl {
     for (uint32_t s = 0; s < S; ++s) {
       // Stripe s carries bytes [s*B/S, (s+1)*B/S).
       const double stripe_bytes = patch_bytes / S;
-      const uint64_t n = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(stripe_bytes / sc.chunk_bytes)));
-      const double last_chunk = stripe_bytes - static_cast<double>(n - 1) * sc.chunk_bytes;
-      auto size_of = [&](uint64_t i) { return i + 1 == n ? last_chunk : static_cast<double>(sc.chunk_bytes); };
-      const uint64_t push_chunks = sc.push_window_bytes / sc.chunk_bytes + (sc.push_window_bytes % sc.chunk_bytes ? 1 : 0);
+      const uint64_t chunk = ChunkBytes(patch_bytes);
+      const uint64_t n = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(stripe_bytes / chunk)));
+      const double last_chunk = stripe_bytes - static_cast<double>(n - 1) * chunk;
+      auto size_of = [&](uint64_t i) { return i + 1 == n ? last_chunk : static_cast<double>(chunk); };
+      // Chunks that fit the push window go without the OFFER -> WANT round trip.
+      const uint64_t push_chunks = sc.push_window_bytes / chunk;
       std::vector<double> root_arrivals(n, 0.0);
       // Depth-first: a node's arrivals live while its subtree is visited.
       std::function<void(const std::string&, const std::vector<double>&)> visit =
@@ -202,6 +205,12 @@ struct Simulator::Impl {
       visit(kRootId, root_arrivals);
     }
     return out;
+  }
+
+  // The root's chunking: the scenario's, or what the agent publishes with
+  // (agent::DefaultChunkBytes: 1 MiB below 16 MiB, 4 MiB above).
+  uint64_t ChunkBytes(double object_bytes) const {
+    return sc.chunk_bytes ? sc.chunk_bytes : agent::DefaultChunkBytes(static_cast<uint64_t>(object_bytes));
   }
 
   double ApplySeconds(double view_bytes) const {
@@ -367,7 +376,7 @@ Result<RunResult> Simulator::Run() {
     lm.rtt_cross_region_s = cross;
     lm.rtt_same_region_s = region;
     lm.rtt_same_cluster_s = 2 * sc.regions[0].cluster_one_way_s;
-    const topology::Delivery d = topology::EstimateDelivery(p, static_cast<uint64_t>(r.patch_bytes), sc.chunk_bytes, lm);
+    const topology::Delivery d = topology::EstimateDelivery(p, static_cast<uint64_t>(r.patch_bytes), m.ChunkBytes(r.patch_bytes), lm);
     r.planner_estimate_s = d.last_byte_s;
     r.depth_max = d.depth_max;
   }

@@ -210,7 +210,7 @@ Result<Scenario> ParseScenario(const std::string& text) {
 
   const json& tr = j.contains("transport") ? j.at("transport") : empty;
   TERN_RETURN_IF_ERROR(Int(tr, "chunk_bytes", &s.chunk_bytes));
-  TERN_REQUIRE(s.chunk_bytes >= 4096 && s.chunk_bytes <= (1ull << 34), kInvalidArgument, "chunk_bytes out of range");
+  TERN_REQUIRE(s.chunk_bytes == 0 || (s.chunk_bytes >= 4096 && s.chunk_bytes <= (1ull << 32)), kInvalidArgument, "chunk_bytes out of range");
   TERN_RETURN_IF_ERROR(Int(tr, "window_chunks", &s.window_chunks));
   TERN_REQUIRE(s.window_chunks >= 1 && s.window_chunks <= 4096, kInvalidArgument, "window_chunks in 1..4096");
   TERN_RETURN_IF_ERROR(Int(tr, "push_window_bytes", &s.push_window_bytes));

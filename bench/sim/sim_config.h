@@ -100,8 +100,8 @@ struct Scenario {
   topology::PlanOptions plan;
   std::string plan_build = "joins";  // "joins" (the root's Membership) or "batch" (MakePlan)
   // Transport and relay.
-  uint64_t chunk_bytes = 1 << 20;
-  uint32_t window_chunks = 16;       // credits per parent link (RelayOptions)
+  uint64_t chunk_bytes = 0;          // 0: the root's (agent::DefaultChunkBytes)
+  uint32_t window_chunks = 16;       // chunk windows per parent link (RelayOptions::window_chunks)
   uint64_t push_window_bytes = 2 << 20;  // 0: push off (OFFER -> WANT first)
   uint32_t streams = 8;
   std::string congestion = "bbr";    // "bbr": not loss-bound; "cubic": Mathis per stream
