@@ -213,8 +213,9 @@ struct Simulator::Impl {
     return sc.chunk_bytes ? sc.chunk_bytes : agent::DefaultChunkBytes(static_cast<uint64_t>(object_bytes));
   }
 
+  double Memcpy() const { return sc.memcpy_bytes_per_s > 0 ? sc.memcpy_bytes_per_s : costs.memcpy_bytes_per_s; }
   double ApplySeconds(double view_bytes) const {
-    return view_bytes * costs.apply_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / costs.memcpy_bytes_per_s / sc.apply_cores;
+    return view_bytes * costs.apply_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / Memcpy() / sc.apply_cores;
   }
 
   void Baselines(double view_bytes, double patch_bytes, double apply_s, RunResult* r) const {
@@ -356,7 +357,7 @@ Result<RunResult> Simulator::Run() {
   TERN_ASSIGN_OR_RETURN(r.view_bytes, ViewBytes(sc, m.costs));
   TERN_ASSIGN_OR_RETURN(r.patch_bytes, PatchBytes(sc, m.costs));
   r.apply_s = m.ApplySeconds(r.view_bytes);
-  r.encode_s = r.view_bytes * m.costs.encode_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / m.costs.memcpy_bytes_per_s /
+  r.encode_s = r.view_bytes * m.costs.encode_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / m.Memcpy() /
                sc.encode_cores;
   r.stripes = sc.plan.stripes;
   m.Bound(r.patch_bytes, &r);

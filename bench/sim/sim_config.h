@@ -108,6 +108,7 @@ struct Scenario {
   // Islands' CPU for apply (cores), the root's for encode.
   double apply_cores = 16;
   double encode_cores = 32;
+  double memcpy_bytes_per_s = 0;  // the hosts' memcpy per core; 0: the costs file's
   // Versions and failures.
   uint32_t versions = 1;
   double version_interval_s = 60;
