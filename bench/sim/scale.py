@@ -250,9 +250,9 @@ def main():
               "(agent::DefaultChunkBytes: 4 MiB for these patches), 16-chunk windows per parent link (RelayOptions), push 2 MiB, 8 BBR streams, 0.01% loss on WAN links, root uplink and island "
               "downlinks 100 Gb/s, 32 islands per cluster, apply on 16 CPU cores per island (format 2).\n")
     md.append("| model | islands | regions | Gb/s | patch GB | first holds (s) | last holds (s) | bound (s) "
-              "| last / bound | depth | last serves (s) | (d) store pull (s) | (a) full HTTP star (s) "
-              "| WAN GB per link (root → each region) |")
-    md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| last / bound | depth | last holds, 256-chunk windows (s) | last serves (s) | (d) store pull (s) "
+              "| (a) full HTTP star (s) | WAN GB per link (root → each region) |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in MODELS:
         for n in islands_list:
             for reg in regions_list:
@@ -267,12 +267,16 @@ def main():
                            "full_star_s": r["baselines"]["a_full_star_http"]["last_holding_s"],
                            "wan_bytes": ver["wan_bytes"], "apply_s": r["apply_s"],
                            "planner_estimate_s": r["planner_estimate_s"]}
+                    # The same fleet with windows past the bandwidth-delay product.
+                    w = sim.run(scale_scenario(model, n, reg, g, window=256))
+                    row["last_holding_w256_s"] = w["versions"][0]["last_holding_s"]
                     grid.append(row)
                     wan = sorted(set(round(x / 1e9, 2) for x in ver["wan_bytes"].values()))
-                    md.append("| %s | %d | %d | %d | %s | %s | %s | %s | %.1f× | %d | %s | %s | %s | %s |" % (
+                    md.append("| %s | %d | %d | %d | %s | %s | %s | %s | %.1f× | %d | %s | %s | %s | %s | %s |" % (
                         model, n, reg, g, gb(r["patch_bytes"]), fmt_s(ver["first_holding_s"]),
                         fmt_s(ver["last_holding_s"]), fmt_s(r["bound"]["s"]),
                         ver["last_holding_s"] / r["bound"]["s"], r["plan"]["depth_max"],
+                        fmt_s(row["last_holding_w256_s"]),
                         fmt_s(ver["last_serving_s"]), fmt_s(row["store_pull_s"]), fmt_s(row["full_star_s"]),
                         ", ".join("%g" % w for w in wan) + " × %d links" % len(ver["wan_bytes"])))
     results["grid"] = grid
@@ -427,12 +431,14 @@ def plots(res, out):
                 fontsize=6, va="top")
 
     for model in MODELS:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(7, 5.2))
         rows = [g for g in res["grid"] if g["model"] == model and g["regions"] == 5]
         for gbit, c in zip([10, 25, 100], ["tab:blue", "tab:orange", "tab:green"]):
             pts = sorted((r["islands"], r) for r in rows if r["gbit"] == gbit)
             xs = [p[0] for p in pts]
             ax.plot(xs, [p[1]["last_holding_s"] for p in pts], "o-", color=c, label="tree, %d Gb/s" % gbit)
+            ax.plot(xs, [p[1]["last_holding_w256_s"] for p in pts], "s-.", ms=3, color=c,
+                    label="tree, 256-chunk windows, %d Gb/s" % gbit)
             ax.plot(xs, [p[1]["bound_s"] for p in pts], "--", color=c, lw=0.8, label="bound, %d Gb/s" % gbit)
             ax.plot(xs, [p[1]["store_pull_s"] for p in pts], ":", color=c, lw=1.2, label="(d) store pull, %d Gb/s" % gbit)
         ax.set_xscale("log")
@@ -443,6 +449,7 @@ def plots(res, out):
         ax.set_title("%s: %.2f GB patch per version" % (model, p), fontsize=10)
         anchors(ax, model)
         ax.legend(fontsize=6, ncol=3, loc="upper left", bbox_to_anchor=(0, -0.15))
+        ax.set_ylim(bottom=0.1)
         fig.text(0.01, 0.005, foot, fontsize=5)
         fig.tight_layout()
         fig.savefig(os.path.join(out, "time_%s.png" % ("1t_fp8" if model.startswith("1T") else "235b_bf16")), dpi=130)
