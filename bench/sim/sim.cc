@@ -181,7 +181,11 @@ struct Simulator::Impl {
                 const double ready = ap[i] + (parent_is_root ? 0 : sz * costs.relay_s_per_byte + costs.hop_s_per_chunk);
                 double credit;
                 if (i < k + sc.window_chunks) {
-                  credit = i - k < push_chunks ? t_offer : t_offer + 2 * e.one_way_s;  // OFFER -> WANT
+                  // A new object (or a new parent) starts with OFFER -> WANT
+                  // past the push window; an edge that carried on through a
+                  // re-plan keeps the credits it had.
+                  const bool standing = i - k < push_chunks || (k > 0 && !fresh);
+                  credit = standing ? t_offer : t_offer + 2 * e.one_way_s;
                 } else {
                   credit = ac[i - sc.window_chunks] + e.one_way_s;  // the credit comes back
                 }
