@@ -401,15 +401,18 @@ def main():
     anch = []
     md.append("### The public patch sizes through the same fleet\n\n" + header + "\n")
     md.append("1,000 islands in 5 regions; patch bytes given instead of computed.\n")
-    md.append("| patch | GB | Gb/s | last holds (s) | bound (s) | (d) store pull (s) |")
-    md.append("|---|---|---|---|---|---|")
+    md.append("| patch | GB | Gb/s | last holds (s) | with 256-chunk windows (s) | bound (s) | (d) store pull (s) |")
+    md.append("|---|---|---|---|---|---|---|")
     for label, b in list(ANCHORS_PATCH.items()):
         for g in rates:
             r = sim.run(scale_scenario("1T FP8 MoE", 1000, 5, g, patch_bytes=b))
             ver = r["versions"][0]
+            w = sim.run(scale_scenario("1T FP8 MoE", 1000, 5, g, patch_bytes=b, window=256))["versions"][0]
             anch.append({"label": label, "bytes": b, "gbit": g, "last_holding_s": ver["last_holding_s"],
+                         "w256_s": w["last_holding_s"],
                          "bound_s": r["bound"]["s"], "store_pull_s": r["baselines"]["d_store_pull"]["last_holding_s"]})
-            md.append("| %s | %s | %d | %s | %s | %s |" % (label, gb(b), g, fmt_s(ver["last_holding_s"]),
+            md.append("| %s | %s | %d | %s | %s | %s | %s |" % (label, gb(b), g, fmt_s(ver["last_holding_s"]),
+                                                              fmt_s(w["last_holding_s"]),
                                                           fmt_s(r["bound"]["s"]),
                                                           fmt_s(anch[-1]["store_pull_s"])))
     results["anchors"] = anch
@@ -522,21 +525,32 @@ def plots(res, out):
     fig.savefig(os.path.join(out, "break_even.png"), dpi=130)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for gbit in [10, 25, 100]:
-        pts = sorted((a["bytes"], a["last_holding_s"]) for a in res["anchors"] if a["gbit"] == gbit)
-        ax.plot([p[0] / 1e9 for p in pts], [p[1] for p in pts], "o", label="%d Gb/s" % gbit)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for gbit, c in zip([10, 25, 100], ["tab:blue", "tab:orange", "tab:green"]):
+        pts = sorted((a["bytes"], a) for a in res["anchors"] if a["gbit"] == gbit)
+        pts += sorted((g["patch_bytes"], {"last_holding_s": g["last_holding_s"], "w256_s": g["last_holding_w256_s"],
+                                          "bound_s": g["bound_s"]})
+                      for g in res["grid"] if g["islands"] == 1000 and g["regions"] == 5 and g["gbit"] == gbit)
+        pts.sort(key=lambda p: p[0])
+        xs = [p[0] / 1e9 for p in pts]
+        ax.plot(xs, [p[1]["last_holding_s"] for p in pts], "o-", color=c, label="16-chunk windows, %d Gb/s" % gbit)
+        ax.plot(xs, [p[1]["w256_s"] for p in pts], "s-.", ms=3, color=c, label="256-chunk windows, %d Gb/s" % gbit)
+        ax.plot(xs, [p[1]["bound_s"] for p in pts], "--", lw=0.8, color=c, label="bound, %d Gb/s" % gbit)
+    ax.set_yscale("log")
+    ax.set_xlabel("patch per version (GB)")
+    ax.set_ylabel("last of 1,000 islands holds it (s)")
+    lo, hi = ax.get_ylim()
     for label, b in ANCHORS_PATCH.items():
         ax.axvline(b / 1e9, color="gray", lw=0.6, ls=":")
-        ax.text(b / 1e9, ax.get_ylim()[1], label, rotation=90, fontsize=6, va="top", ha="right")
+        ax.text(b / 1e9, hi, label, rotation=90, fontsize=6, va="top", ha="right")
     for g in res["grid"]:
         if g["islands"] == 1000 and g["regions"] == 5 and g["gbit"] == 25:
-            ax.axvline(g["patch_bytes"] / 1e9, color="tab:green", lw=0.8)
-            ax.text(g["patch_bytes"] / 1e9, ax.get_ylim()[0], " tern: " + g["model"], rotation=90, fontsize=6,
-                    va="bottom", color="tab:green")
-    ax.set_xlabel("patch per version (GB)")
-    ax.set_ylabel("last island holds (s), 1,000 islands")
-    ax.legend(fontsize=6)
+            ax.axvline(g["patch_bytes"] / 1e9, color="tab:green", lw=0.6, ls=":")
+            ax.text(g["patch_bytes"] / 1e9, hi, "tern: " + g["model"], rotation=90, fontsize=6, va="top",
+                    ha="left", color="tab:green")
+    ax.axhspan(*ANCHOR_PAUSE, color="tab:gray", alpha=0.15)
+    ax.legend(fontsize=5, ncol=3, loc="lower right")
+    ax.set_title("Patch sizes: tern's computed ones and the public anchors, 5 regions", fontsize=9)
     fig.text(0.01, 0.005, foot, fontsize=5)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "anchors.png"), dpi=130)
