@@ -236,6 +236,30 @@ def main():
         rate = 2e9 * 8 / t / 1e6
         val.append({"link": [rtt, mbit, loss, cc], "model_mbit": rate, "tern8_mbit": tern8, "iperf1_mbit": p1})
         md.append("| %d ms, %d Mb/s, %g%% | %s | %.0f | %.0f | %.1f |" % (rtt, mbit, loss, cc, rate, tern8, p1))
+    # The one chain measured: RelayTest.ChainOverTcp (root -> a -> b on
+    # 127.0.0.1, one process, 32 MiB in 1 MiB chunks, windows of 8), b done
+    # 25-38 ms after a (docs/benchmarks-journal.md, "Transfer agent on one
+    # machine", 2026-12-01). Loopback rate: `tern xfer get` of 256 MiB in
+    # 0.23 s (docs/benchmarks.md Transport, 2026-12-01) = 9.3 Gb/s.
+    chain = {
+        "name": "loopback chain", "model": {"params": 16e6, "format": "bf16", "patch_bytes": 32 << 20},
+        "topology": {"root_region": "lo", "root_uplink_gbit_s": 9.3,
+                     "regions": [{"name": "lo", "islands": 2, "clusters": 2, "island_downlink_gbit_s": 9.3,
+                                  "one_way_ms": 0.02}]},
+        "plan": {"fanout_max": 1, "root_fanout_max": 1},
+        "transport": {"chunk_bytes": 1 << 20, "window_chunks": 8, "push_window_bytes": 0, "streams": 1},
+    }
+    r = sim.run(chain, path=True)
+    hops = r["versions"][0]["critical_path"]
+    gap_ms = (hops[2]["last_chunk_s"] - hops[1]["last_chunk_s"]) * 1e3
+    val.append({"chain": "RelayTest.ChainOverTcp", "model_gap_ms": gap_ms, "measured_gap_ms": [25, 38],
+                "model_first_done_ms": hops[1]["last_chunk_s"] * 1e3})
+    md.append("")
+    md.append("| chain (the only one measured) | model: b done after a (ms) | measured (ms) | measured when |")
+    md.append("|---|---|---|---|")
+    md.append("| root → a → b, 32 MiB in 1 MiB chunks, windows of 8, tcp on 127.0.0.1, one process "
+              "(RelayTest.ChainOverTcp) | %.1f | 25–38 | 2026-12-01 (benchmarks-journal.md, Transfer agent on "
+              "one machine) |" % gap_ms)
     results["validation"] = val
     md.append("")
 
