@@ -132,7 +132,7 @@ class Sim:
             os.unlink(f.name)
 
 
-def scale_scenario(model, islands, regions, gbit, fanout=4, stripes=1, chunk=0, window=16,
+def scale_scenario(model, islands, regions, gbit, fanout=4, stripes=1, chunk=0, window=16, relay_cores=0,
                    failures=0.0, versions=1, patch_bytes=0, build="batch", root_gbit=100, island_gbit=100):
     names = REGIONS[:regions]
     per = [islands // regions + (1 if i < islands % regions else 0) for i in range(regions)]
@@ -156,7 +156,7 @@ def scale_scenario(model, islands, regions, gbit, fanout=4, stripes=1, chunk=0, 
         "plan": {"fanout_max": fanout, "root_fanout_max": 8, "stripes": stripes, "build": build},
         "transport": {"chunk_bytes": chunk, "window_chunks": window, "push_window_bytes": 2 << 20,
                       "streams": 8, "congestion": "bbr"},
-        "hosts": {"apply_cores": 16, "encode_cores": 32},
+        "hosts": {"apply_cores": 16, "encode_cores": 32, "relay_cores": relay_cores},
         "versions": versions, "version_interval_s": 60,
         "failures": {"relay_failures_per_hour": failures, "detect_s": 3.0, "repair_s": 600, "seed": 1},
     }
@@ -248,6 +248,8 @@ def main():
                                   "one_way_ms": 0.02}]},
         "plan": {"fanout_max": 1, "root_fanout_max": 1},
         "transport": {"chunk_bytes": 1 << 20, "window_chunks": 8, "push_window_bytes": 0, "streams": 1},
+        # The root and two relays in one process on the 2-core VM.
+        "hosts": {"relay_cores": 2 / 3},
     }
     r = sim.run(chain, path=True)
     hops = r["versions"][0]["critical_path"]
@@ -309,17 +311,22 @@ def main():
     knobs = []
     base = dict(model="1T FP8 MoE", islands=1000, regions=5, gbit=25)
     md.append("### Fan-out, striping, chunk size, windows\n\n" + header + "\n")
-    md.append("1T FP8 MoE, 1,000 islands, 5 regions, 25 Gb/s between regions, otherwise as above.\n")
+    md.append("1T FP8 MoE, 1,000 islands, 5 regions, 25 Gb/s between regions, otherwise as above. Relay "
+              "cores: a relay's sends capped at cores / (1.6 CPU s per forwarded GB) over its children; "
+              "elsewhere not capped.\n")
     md.append("| knob | value | last holds (s) | last / bound | depth | WAN GB into the regions (sum) |")
     md.append("|---|---|---|---|---|---|")
     variants = [("fan-out", "fanout", [2, 4, 8, 16])]
     variants += [("stripes (batch plan)", "stripes", [1, 2, 4])]
     variants += [("chunk MiB", "chunk", [1 << 20, 4 << 20, 16 << 20, 64 << 20])]
     variants += [("window chunks", "window", [4, 16, 64, 256, 1024])]
+    variants += [("relay cores (256-chunk windows)", "relay_cores", [1, 2, 4, 16])]
     for label, key, values in variants:
         for val_ in values:
             kw = dict(base)
             kw[key] = val_
+            if key == "relay_cores":
+                kw["window"] = 256
             r = sim.run(scale_scenario(**kw))
             ver = r["versions"][0]
             shown = val_ / (1 << 20) if key == "chunk" else val_

@@ -119,6 +119,10 @@ struct Simulator::Impl {
     }
     if (costs.per_flow_cap_bytes_per_s > 0) per_stream = std::min(per_stream, costs.per_flow_cap_bytes_per_s);
     e.rate_bytes_per_s = std::min(share, per_stream * sc.streams);
+    if (parent != kRootId && sc.relay_cores > 0 && costs.relay_s_per_byte > 0) {
+      const double cpu = sc.relay_cores / costs.relay_s_per_byte / std::max<uint32_t>(1, children_of.at(parent));
+      e.rate_bytes_per_s = std::min(e.rate_bytes_per_s, cpu);
+    }
     return e;
   }
 

@@ -224,6 +224,7 @@ Result<Scenario> ParseScenario(const std::string& text) {
   TERN_RETURN_IF_ERROR(Num(host, "encode_cores", &s.encode_cores, 0));
   TERN_REQUIRE(s.apply_cores > 0 && s.encode_cores > 0, kInvalidArgument, "cores must be > 0");
   TERN_RETURN_IF_ERROR(Scaled(host, "memcpy_gb_s_per_core", 1e9, &s.memcpy_bytes_per_s));
+  TERN_RETURN_IF_ERROR(Num(host, "relay_cores", &s.relay_cores, 0));
 
   TERN_RETURN_IF_ERROR(Int(j, "versions", &s.versions));
   TERN_REQUIRE(s.versions >= 1 && s.versions <= 100000, kInvalidArgument, "versions in 1..100000");

@@ -109,6 +109,10 @@ struct Scenario {
   double apply_cores = 16;
   double encode_cores = 32;
   double memcpy_bytes_per_s = 0;  // the hosts' memcpy per core; 0: the costs file's
+  // Cores a relay spends forwarding: its sends are capped at
+  // relay_cores / relay_s_per_byte bytes per second over all its children
+  // (the measured CPU per forwarded byte as a rate). 0: no cap.
+  double relay_cores = 0;
   // Versions and failures.
   uint32_t versions = 1;
   double version_interval_s = 60;

@@ -102,6 +102,23 @@ TEST(Sim, ChainIsPipelinedStoreAndForward) {
   EXPECT_EQ(r.versions[0].critical_path[0].id, "root");
 }
 
+TEST(Sim, ARelaysCpuCapsWhatItForwards) {
+  // root -> a -> b, fast links; a forwards at most relay_cores / (s per byte).
+  Scenario s = Base(100 * kMiB);
+  s.root_region = "a";
+  s.root_uplink_bytes_per_s = 100 * kGbit;
+  s.regions = {Region("a", 2, 100, 0)};
+  s.plan.fanout_max = 1;
+  s.plan.root_fanout_max = 1;
+  Costs c = IdealCosts();
+  c.relay_s_per_byte = 1e-9;  // 1 GB/s per core
+  const double uncapped = MustRun(s, c).versions[0].last_holding_s;
+  s.relay_cores = 0.5;  // 0.5 GB/s: the second hop takes 100 MiB / 0.5 GB/s
+  const double capped = MustRun(s, c).versions[0].last_holding_s;
+  EXPECT_LT(uncapped, 0.05);
+  EXPECT_NEAR(capped, 100 * kMiB / 0.5e9 + kMiB / (100 * kGbit) + kMiB * 1e-9, 1e-6);
+}
+
 TEST(Sim, AWindowOfOneChunkWaitsARoundTripPerChunk) {
   Scenario s = OneLink(8 * kMiB);
   s.window_chunks = 1;
