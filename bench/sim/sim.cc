@@ -36,7 +36,7 @@ struct Island {
 struct NodeStripe {
   double first_s = kInf, last_s = kInf;
   double rate_bytes_per_s = 0;
-  uint32_t held = 0;  // chunks held at the end of the pass (at the next failure)
+  uint32_t held = 0;       // chunks held at the end of the pass (at the next failure)
   bool untouched = false;  // held every chunk when the pass began (its figures are older)
 };
 
@@ -53,7 +53,8 @@ struct Simulator::Impl {
   std::vector<std::vector<int>> link_of;
 
   const RegionSpec& RegionOf(const std::string& id) const {
-    return id == kRootId ? sc.regions[region_index.at(sc.root_region)] : sc.regions[islands.at(id).region];
+    return id == kRootId ? sc.regions[region_index.at(sc.root_region)]
+                         : sc.regions[islands.at(id).region];
   }
   uint32_t RegionIdx(const std::string& id) const {
     return id == kRootId ? region_index.at(sc.root_region) : islands.at(id).region;
@@ -68,7 +69,9 @@ struct Simulator::Impl {
   const topology::Plan& plan() const { return batch ? batch_plan : membership->plan(); }
   Status Join(const std::string& id) {
     if (batch) {
-      TERN_ASSIGN_OR_RETURN(batch_plan, topology::AddMember(batch_plan, agent::ToTopologyMember(islands.at(id).info)));
+      TERN_ASSIGN_OR_RETURN(
+          batch_plan,
+          topology::AddMember(batch_plan, agent::ToTopologyMember(islands.at(id).info)));
       return Status::Ok();
     }
     std::vector<std::string> notify;
@@ -76,7 +79,8 @@ struct Simulator::Impl {
   }
   void Leave(const std::string& id) {
     if (batch) {
-      if (auto next = topology::RemoveMember(batch_plan, id); next.ok()) batch_plan = std::move(next).value();
+      if (auto next = topology::RemoveMember(batch_plan, id); next.ok())
+        batch_plan = std::move(next).value();
       return;
     }
     std::vector<std::string> notify;
@@ -93,7 +97,8 @@ struct Simulator::Impl {
   };
   Edge EdgeOf(const topology::Plan& plan, const std::string& parent, const std::string& child,
               const std::unordered_map<std::string, uint32_t>& children_of,
-              const std::vector<std::vector<uint32_t>>& pair_flows, const std::vector<uint32_t>& ingress_flows) const {
+              const std::vector<std::vector<uint32_t>>& pair_flows,
+              const std::vector<uint32_t>& ingress_flows) const {
     Edge e;
     e.from_region = RegionIdx(parent);
     e.to_region = RegionIdx(child);
@@ -109,18 +114,24 @@ struct Simulator::Impl {
       e.wan = true;
       e.one_way_s = l.one_way_s;
       share = std::min(share, l.rate_bytes_per_s / pair_flows[e.from_region][e.to_region]);
-      if (cr.ingress_bytes_per_s > 0) share = std::min(share, cr.ingress_bytes_per_s / ingress_flows[e.to_region]);
+      if (cr.ingress_bytes_per_s > 0)
+        share = std::min(share, cr.ingress_bytes_per_s / ingress_flows[e.to_region]);
       share *= costs.wan_efficiency;
-      if (sc.congestion == "cubic") per_stream = MathisBytesPerS(costs.mss_bytes, 2 * l.one_way_s, l.loss, costs.mathis_c);
+      if (sc.congestion == "cubic")
+        per_stream = MathisBytesPerS(costs.mss_bytes, 2 * l.one_way_s, l.loss, costs.mathis_c);
     } else {
-      e.one_way_s = !pm.cluster.empty() && pm.cluster == cm.cluster ? cr.cluster_one_way_s : cr.one_way_s;
+      e.one_way_s =
+          !pm.cluster.empty() && pm.cluster == cm.cluster ? cr.cluster_one_way_s : cr.one_way_s;
       share *= costs.lan_efficiency;
-      if (sc.congestion == "cubic") per_stream = MathisBytesPerS(costs.mss_bytes, 2 * e.one_way_s, cr.lan_loss, costs.mathis_c);
+      if (sc.congestion == "cubic")
+        per_stream = MathisBytesPerS(costs.mss_bytes, 2 * e.one_way_s, cr.lan_loss, costs.mathis_c);
     }
-    if (costs.per_flow_cap_bytes_per_s > 0) per_stream = std::min(per_stream, costs.per_flow_cap_bytes_per_s);
+    if (costs.per_flow_cap_bytes_per_s > 0)
+      per_stream = std::min(per_stream, costs.per_flow_cap_bytes_per_s);
     e.rate_bytes_per_s = std::min(share, per_stream * sc.streams);
     if (parent != kRootId && sc.relay_cores > 0 && costs.relay_s_per_byte > 0) {
-      const double cpu = sc.relay_cores / costs.relay_s_per_byte / std::max<uint32_t>(1, children_of.at(parent));
+      const double cpu =
+          sc.relay_cores / costs.relay_s_per_byte / std::max<uint32_t>(1, children_of.at(parent));
       e.rate_bytes_per_s = std::min(e.rate_bytes_per_s, cpu);
     }
     return e;
@@ -135,7 +146,8 @@ struct Simulator::Impl {
   };
   PassOut Pass(const topology::Plan& plan, double patch_bytes, double t_restart, double t_next,
                const std::unordered_map<std::string, std::vector<uint32_t>>& held,
-               const std::set<std::pair<uint32_t, std::string>>& new_edges, double recovery_s) const {
+               const std::set<std::pair<uint32_t, std::string>>& new_edges,
+               double recovery_s) const {
     const uint32_t S = plan.options.stripes;
     std::unordered_map<std::string, uint32_t> children_of;
     children_of[kRootId] = 0;
@@ -158,9 +170,12 @@ struct Simulator::Impl {
       // Stripe s carries bytes [s*B/S, (s+1)*B/S).
       const double stripe_bytes = patch_bytes / S;
       const uint64_t chunk = ChunkBytes(patch_bytes);
-      const uint64_t n = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(stripe_bytes / chunk)));
+      const uint64_t n =
+          std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(stripe_bytes / chunk)));
       const double last_chunk = stripe_bytes - static_cast<double>(n - 1) * chunk;
-      auto size_of = [&](uint64_t i) { return i + 1 == n ? last_chunk : static_cast<double>(chunk); };
+      auto size_of = [&](uint64_t i) {
+        return i + 1 == n ? last_chunk : static_cast<double>(chunk);
+      };
       // Chunks that fit the push window go without the OFFER -> WANT round trip.
       const uint64_t push_chunks = sc.push_window_bytes / chunk;
       std::vector<double> root_arrivals(n, 0.0);
@@ -178,11 +193,15 @@ struct Simulator::Impl {
               const double edge_start = t_restart + (fresh ? recovery_s + 4 * e.one_way_s : 0);
               std::vector<double> ac(n, t_restart);
               double prev_end = edge_start, t_offer = edge_start;
-              if (k < n) t_offer = std::max(edge_start, ap[k] + (parent_is_root ? 0 : size_of(k) * costs.relay_s_per_byte));
+              if (k < n)
+                t_offer = std::max(
+                    edge_start, ap[k] + (parent_is_root ? 0 : size_of(k) * costs.relay_s_per_byte));
               double wan_sent = 0;
               for (uint64_t i = k; i < n; ++i) {
                 const double sz = size_of(i);
-                const double ready = ap[i] + (parent_is_root ? 0 : sz * costs.relay_s_per_byte + costs.hop_s_per_chunk);
+                const double ready =
+                    ap[i] +
+                    (parent_is_root ? 0 : sz * costs.relay_s_per_byte + costs.hop_s_per_chunk);
                 double credit;
                 if (i < k + sc.window_chunks) {
                   // A new object (or a new parent) starts with OFFER -> WANT
@@ -203,9 +222,11 @@ struct Simulator::Impl {
               ns.first_s = ac[0];
               ns.last_s = ac[n - 1];
               ns.rate_bytes_per_s = e.rate_bytes_per_s;
-              ns.held = static_cast<uint32_t>(std::upper_bound(ac.begin(), ac.end(), t_next) - ac.begin());
+              ns.held = static_cast<uint32_t>(std::upper_bound(ac.begin(), ac.end(), t_next) -
+                                              ac.begin());
               if (e.wan) {
-                out.wan_bytes[sc.regions[e.from_region].name + "->" + sc.regions[e.to_region].name] += wan_sent;
+                out.wan_bytes[sc.regions[e.from_region].name + "->" +
+                              sc.regions[e.to_region].name] += wan_sent;
               }
               visit(child, ac);
             }
@@ -218,12 +239,16 @@ struct Simulator::Impl {
   // The root's chunking: the scenario's, or what the agent publishes with
   // (agent::DefaultChunkBytes: 1 MiB below 16 MiB, 4 MiB above).
   uint64_t ChunkBytes(double object_bytes) const {
-    return sc.chunk_bytes ? sc.chunk_bytes : agent::DefaultChunkBytes(static_cast<uint64_t>(object_bytes));
+    return sc.chunk_bytes ? sc.chunk_bytes
+                          : agent::DefaultChunkBytes(static_cast<uint64_t>(object_bytes));
   }
 
-  double Memcpy() const { return sc.memcpy_bytes_per_s > 0 ? sc.memcpy_bytes_per_s : costs.memcpy_bytes_per_s; }
+  double Memcpy() const {
+    return sc.memcpy_bytes_per_s > 0 ? sc.memcpy_bytes_per_s : costs.memcpy_bytes_per_s;
+  }
   double ApplySeconds(double view_bytes) const {
-    return view_bytes * costs.apply_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / Memcpy() / sc.apply_cores;
+    return view_bytes * costs.apply_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) /
+           Memcpy() / sc.apply_cores;
   }
 
   void Baselines(double view_bytes, double patch_bytes, double apply_s, RunResult* r) const {
@@ -243,22 +268,30 @@ struct Simulator::Impl {
           one_way += l.one_way_s;
           loss = l.loss;
           c.shared_cap_bytes_per_s = l.rate_bytes_per_s * eff;
-          if (rg.ingress_bytes_per_s > 0) c.shared_cap_bytes_per_s = std::min(c.shared_cap_bytes_per_s, rg.ingress_bytes_per_s * eff);
+          if (rg.ingress_bytes_per_s > 0)
+            c.shared_cap_bytes_per_s =
+                std::min(c.shared_cap_bytes_per_s, rg.ingress_bytes_per_s * eff);
           out->wan_bytes[sc.regions[root].name + "->" + rg.name] = bytes * rg.islands;
         }
         double per_stream = kInf;
-        if (sc.congestion == "cubic") per_stream = MathisBytesPerS(costs.mss_bytes, 2 * one_way, loss, costs.mathis_c);
-        if (costs.per_flow_cap_bytes_per_s > 0) per_stream = std::min(per_stream, costs.per_flow_cap_bytes_per_s);
-        c.per_flow_cap_bytes_per_s = std::min(rg.island_downlink_bytes_per_s * eff, per_stream * streams);
+        if (sc.congestion == "cubic")
+          per_stream = MathisBytesPerS(costs.mss_bytes, 2 * one_way, loss, costs.mathis_c);
+        if (costs.per_flow_cap_bytes_per_s > 0)
+          per_stream = std::min(per_stream, costs.per_flow_cap_bytes_per_s);
+        c.per_flow_cap_bytes_per_s =
+            std::min(rg.island_downlink_bytes_per_s * eff, per_stream * streams);
         // Connect, TLS and the request: 2.5 round trips before the first byte lands.
         c.latency_s = 5 * one_way;
         classes.push_back(c);
       }
       out->last_holding_s = FluidLastFinish(classes, egress * eff);
     };
-    const double store = sc.store_egress_bytes_per_s > 0 ? sc.store_egress_bytes_per_s : sc.root_uplink_bytes_per_s;
-    run(view_bytes, sc.root_uplink_bytes_per_s, costs.http_efficiency, sc.baseline_http_streams, &r->full_star);
-    r->full_star.last_serving_s = r->full_star.last_holding_s;  // a reload, no apply (its load is not modelled)
+    const double store =
+        sc.store_egress_bytes_per_s > 0 ? sc.store_egress_bytes_per_s : sc.root_uplink_bytes_per_s;
+    run(view_bytes, sc.root_uplink_bytes_per_s, costs.http_efficiency, sc.baseline_http_streams,
+        &r->full_star);
+    r->full_star.last_serving_s =
+        r->full_star.last_holding_s;  // a reload, no apply (its load is not modelled)
     run(patch_bytes, store, costs.wan_efficiency, sc.streams, &r->store_pull);
     r->store_pull.last_serving_s = r->store_pull.last_holding_s + apply_s;
   }
@@ -274,11 +307,13 @@ struct Simulator::Impl {
       double one_way = rg.one_way_s;
       if (i != root) {
         const WanLinkSpec& l = sc.links[link_of[root][i]];
-        const double ingress = rg.ingress_bytes_per_s > 0 ? rg.ingress_bytes_per_s : l.rate_bytes_per_s;
+        const double ingress =
+            rg.ingress_bytes_per_s > 0 ? rg.ingress_bytes_per_s : l.rate_bytes_per_s;
         if (ingress < rate) rate = ingress, narrowest = rg.name + " ingress";
         one_way += l.one_way_s;
       }
-      if (rg.island_downlink_bytes_per_s < rate) rate = rg.island_downlink_bytes_per_s, narrowest = rg.name + " island downlink";
+      if (rg.island_downlink_bytes_per_s < rate)
+        rate = rg.island_downlink_bytes_per_s, narrowest = rg.name + " island downlink";
       far = std::max(far, one_way);
     }
     r->bound_rate_bytes_per_s = rate;
@@ -301,11 +336,14 @@ Result<std::unique_ptr<Simulator>> Simulator::Create(const Scenario& scenario, c
   const size_t R = sc.regions.size();
   impl->link_of.assign(R, std::vector<int>(R, -1));
   for (size_t l = 0; l < sc.links.size(); ++l) {
-    const uint32_t a = impl->region_index.at(sc.links[l].a), b = impl->region_index.at(sc.links[l].b);
+    const uint32_t a = impl->region_index.at(sc.links[l].a),
+                   b = impl->region_index.at(sc.links[l].b);
     impl->link_of[a][b] = impl->link_of[b][a] = static_cast<int>(l);
   }
   // Any two regions that hold islands (or the root) may be joined by an edge.
-  auto used = [&](uint32_t i) { return sc.regions[i].islands > 0 || sc.regions[i].name == sc.root_region; };
+  auto used = [&](uint32_t i) {
+    return sc.regions[i].islands > 0 || sc.regions[i].name == sc.root_region;
+  };
   for (uint32_t a = 0; a < R; ++a)
     for (uint32_t b = 0; b < R; ++b)
       TERN_REQUIRE(a == b || !used(a) || !used(b) || impl->link_of[a][b] >= 0, kInvalidArgument,
@@ -353,7 +391,8 @@ Result<std::unique_ptr<Simulator>> Simulator::Create(const Scenario& scenario, c
     }
   }
   if (impl->batch) {
-    TERN_ASSIGN_OR_RETURN(impl->batch_plan, topology::MakePlan(agent::ToTopologyMember(root), all, sc.plan));
+    TERN_ASSIGN_OR_RETURN(impl->batch_plan,
+                          topology::MakePlan(agent::ToTopologyMember(root), all, sc.plan));
   }
   return std::unique_ptr<Simulator>(new Simulator(std::move(impl)));
 }
@@ -365,7 +404,8 @@ Result<RunResult> Simulator::Run() {
   TERN_ASSIGN_OR_RETURN(r.view_bytes, ViewBytes(sc, m.costs));
   TERN_ASSIGN_OR_RETURN(r.patch_bytes, PatchBytes(sc, m.costs));
   r.apply_s = m.ApplySeconds(r.view_bytes);
-  r.encode_s = r.view_bytes * m.costs.encode_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / m.Memcpy() /
+  r.encode_s = r.view_bytes *
+               m.costs.encode_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / m.Memcpy() /
                sc.encode_cores;
   r.stripes = sc.plan.stripes;
   m.Bound(r.patch_bytes, &r);
@@ -376,7 +416,8 @@ Result<RunResult> Simulator::Run() {
     r.members = static_cast<uint32_t>(p.members.size());
     std::set<std::string> relays;
     for (uint32_t s = 0; s < p.options.stripes; ++s)
-      for (const auto& [id, parent] : p.parent[s]) if (parent != kRootId) relays.insert(parent);
+      for (const auto& [id, parent] : p.parent[s])
+        if (parent != kRootId) relays.insert(parent);
     r.relays = static_cast<uint32_t>(relays.size());
     double cross = 0, region = 0;
     for (const WanLinkSpec& l : sc.links) cross = std::max(cross, 2 * l.one_way_s);
@@ -385,7 +426,8 @@ Result<RunResult> Simulator::Run() {
     lm.rtt_cross_region_s = cross;
     lm.rtt_same_region_s = region;
     lm.rtt_same_cluster_s = 2 * sc.regions[0].cluster_one_way_s;
-    const topology::Delivery d = topology::EstimateDelivery(p, static_cast<uint64_t>(r.patch_bytes), m.ChunkBytes(r.patch_bytes), lm);
+    const topology::Delivery d = topology::EstimateDelivery(p, static_cast<uint64_t>(r.patch_bytes),
+                                                            m.ChunkBytes(r.patch_bytes), lm);
     r.planner_estimate_s = d.last_byte_s;
     r.depth_max = d.depth_max;
   }
@@ -396,7 +438,9 @@ Result<RunResult> Simulator::Run() {
     double t;
     bool repair;
     std::string id;
-    bool operator<(const Event& o) const { return std::tie(t, repair, id) < std::tie(o.t, o.repair, o.id); }
+    bool operator<(const Event& o) const {
+      return std::tie(t, repair, id) < std::tie(o.t, o.repair, o.id);
+    }
   };
   std::multiset<Event> events;
   const double horizon = sc.versions * sc.version_interval_s;
@@ -405,7 +449,8 @@ Result<RunResult> Simulator::Run() {
     const double lambda = m.island_ids.size() * sc.failures.relay_failures_per_hour / 3600;
     std::exponential_distribution<double> gap(lambda);
     std::uniform_int_distribution<size_t> pick(0, m.island_ids.size() - 1);
-    for (double t = gap(rng); t < horizon; t += gap(rng)) events.insert({t, false, m.island_ids[pick(rng)]});
+    for (double t = gap(rng); t < horizon; t += gap(rng))
+      events.insert({t, false, m.island_ids[pick(rng)]});
   }
   for (const auto& [t, id] : sc.failures.at) {
     TERN_REQUIRE(m.islands.count(id), kInvalidArgument, "failures.at: no island '", id, "'");
@@ -446,15 +491,16 @@ Result<RunResult> Simulator::Run() {
       // The next failure inside this version, if any (repairs wait).
       double t_next = kInf;
       auto next = events.end();
-      for (auto it = events.begin(); it != events.end() && it->t < start + sc.version_interval_s; ++it) {
+      for (auto it = events.begin(); it != events.end() && it->t < start + sc.version_interval_s;
+           ++it) {
         if (!it->repair && !down.count(it->id)) {
           next = it;
           t_next = it->t - start;
           break;
         }
       }
-      Impl::PassOut pass = m.Pass(m.plan(), r.patch_bytes, t_restart, t_next, held, new_edges,
-                                  sc.failures.detect_s);
+      Impl::PassOut pass =
+          m.Pass(m.plan(), r.patch_bytes, t_restart, t_next, held, new_edges, sc.failures.detect_s);
       for (auto& [id, ns] : pass.nodes) {
         auto& f = final_nodes[id];
         if (f.empty()) f = ns;
@@ -508,7 +554,8 @@ Result<RunResult> Simulator::Run() {
         if (it->second[s].last_s > lastt) lastt = it->second[s].last_s, ls = s;
       }
       vr.first_holding_s = std::min(vr.first_holding_s, first);
-      if (lastt > vr.last_holding_s || last.empty()) vr.last_holding_s = lastt, last = id, last_stripe = ls;
+      if (lastt > vr.last_holding_s || last.empty())
+        vr.last_holding_s = lastt, last = id, last_stripe = ls;
     }
     if (vr.islands == 0) vr.first_holding_s = 0;
     vr.first_serving_s = vr.first_holding_s + r.apply_s;

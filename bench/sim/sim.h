@@ -22,7 +22,7 @@
 namespace tern::sim {
 
 struct Hop {
-  std::string id;      // "root" for the root
+  std::string id;  // "root" for the root
   std::string region;
   double first_chunk_s = 0;
   double last_chunk_s = 0;
@@ -31,14 +31,14 @@ struct Hop {
 
 struct VersionResult {
   uint64_t version = 0;
-  double start_s = 0;  // publish time on the run's clock
+  double start_s = 0;                              // publish time on the run's clock
   double first_holding_s = 0, last_holding_s = 0;  // from publish
   double first_serving_s = 0, last_serving_s = 0;
   std::string last_island;
-  uint32_t islands = 0;       // members that had to receive it
-  uint32_t failed = 0;        // members that failed while it flowed
-  uint32_t replans = 0;       // plan changes while it flowed
-  std::vector<Hop> critical_path;  // root .. last island, in the last stripe to finish
+  uint32_t islands = 0;                     // members that had to receive it
+  uint32_t failed = 0;                      // members that failed while it flowed
+  uint32_t replans = 0;                     // plan changes while it flowed
+  std::vector<Hop> critical_path;           // root .. last island, in the last stripe to finish
   std::map<std::string, double> wan_bytes;  // "from->to" -> bytes sent on that link
 };
 

@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace tern::sim {
 namespace {
@@ -20,7 +19,8 @@ Status Num(const json& j, const char* key, double* out, double min = -INFINITY) 
   const json& v = j.at(key);
   TERN_REQUIRE(v.is_number(), kInvalidArgument, "'", key, "' is not a number");
   const double x = v.get<double>();
-  TERN_REQUIRE(std::isfinite(x) && x >= min, kInvalidArgument, "'", key, "' = ", x, " is out of range");
+  TERN_REQUIRE(std::isfinite(x) && x >= min, kInvalidArgument, "'", key, "' = ", x,
+               " is out of range");
   *out = x;
   return Status::Ok();
 }
@@ -52,7 +52,9 @@ Status Bool(const json& j, const char* key, bool* out) {
 }
 // A measured figure is {"value": x, "source": "..."}; a bare number is
 // accepted too (tests).
-const json& ValueOf(const json& v) { return v.is_object() && v.contains("value") ? v.at("value") : v; }
+const json& ValueOf(const json& v) {
+  return v.is_object() && v.contains("value") ? v.at("value") : v;
+}
 Status Measured(const json& costs, const char* key, double* out, double min = 0) {
   if (!costs.contains(key)) return TERN_ERROR(kInvalidArgument, "costs: '", key, "' is missing");
   json wrap = json::object();
@@ -62,15 +64,15 @@ Status Measured(const json& costs, const char* key, double* out, double min = 0)
 Status ReadCurve(const json& costs, const char* key, Curve* out) {
   TERN_REQUIRE(costs.contains(key), kInvalidArgument, "costs: '", key, "' is missing");
   const json& pts = ValueOf(costs.at(key));
-  TERN_REQUIRE(pts.is_array() && !pts.empty() && pts.size() <= 64, kInvalidArgument, "costs: '", key,
-               "' must be a list of [x, y] pairs");
+  TERN_REQUIRE(pts.is_array() && !pts.empty() && pts.size() <= 64, kInvalidArgument, "costs: '",
+               key, "' must be a list of [x, y] pairs");
   out->points.clear();
   for (const json& p : pts) {
-    TERN_REQUIRE(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number(), kInvalidArgument,
-                 "costs: '", key, "' has an entry that is not [x, y]");
+    TERN_REQUIRE(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number(),
+                 kInvalidArgument, "costs: '", key, "' has an entry that is not [x, y]");
     const double x = p[0].get<double>(), y = p[1].get<double>();
-    TERN_REQUIRE(x > 0 && std::isfinite(x) && std::isfinite(y) && y >= 0, kInvalidArgument, "costs: '",
-                 key, "' has a bad point");
+    TERN_REQUIRE(x > 0 && std::isfinite(x) && std::isfinite(y) && y >= 0, kInvalidArgument,
+                 "costs: '", key, "' has a bad point");
     out->points.emplace_back(x, y);
   }
   std::sort(out->points.begin(), out->points.end());
@@ -117,11 +119,13 @@ Result<Costs> ParseCosts(const std::string& text) {
   c.hop_s_per_chunk = hop_ms / 1e3;
   TERN_RETURN_IF_ERROR(ReadCurve(j, "bits_per_changed_value_format1", &c.bits_per_change));
   TERN_RETURN_IF_ERROR(Measured(j, "format2_over_format1", &c.format2_ratio));
-  TERN_REQUIRE(j.contains("view_bytes_per_param"), kInvalidArgument, "costs: 'view_bytes_per_param' is missing");
+  TERN_REQUIRE(j.contains("view_bytes_per_param"), kInvalidArgument,
+               "costs: 'view_bytes_per_param' is missing");
   const json& vb = ValueOf(j.at("view_bytes_per_param"));
   TERN_REQUIRE(vb.is_object(), kInvalidArgument, "costs: 'view_bytes_per_param' is not an object");
   for (const auto& [name, v] : vb.items()) {
-    TERN_REQUIRE(v.is_number() && v.get<double>() > 0, kInvalidArgument, "costs: bad bytes per param for ", name);
+    TERN_REQUIRE(v.is_number() && v.get<double>() > 0, kInvalidArgument,
+                 "costs: bad bytes per param for ", name);
     c.view_bytes_per_param.emplace_back(name, v.get<double>());
   }
   TERN_RETURN_IF_ERROR(ReadCurve(j, "apply_per_memcpy_per_core_format1", &c.apply_per_memcpy[0]));
@@ -133,8 +137,8 @@ Result<Costs> ParseCosts(const std::string& text) {
   TERN_REQUIRE(memcpy_gb > 0, kInvalidArgument, "costs: memcpy_gb_s_per_core must be > 0");
   c.memcpy_bytes_per_s = memcpy_gb * 1e9;
   TERN_RETURN_IF_ERROR(Measured(j, "http_efficiency", &c.http_efficiency));
-  TERN_REQUIRE(c.wan_efficiency > 0 && c.wan_efficiency <= 1 && c.lan_efficiency > 0 && c.lan_efficiency <= 1 &&
-                   c.http_efficiency > 0 && c.http_efficiency <= 1,
+  TERN_REQUIRE(c.wan_efficiency > 0 && c.wan_efficiency <= 1 && c.lan_efficiency > 0 &&
+                   c.lan_efficiency <= 1 && c.http_efficiency > 0 && c.http_efficiency <= 1,
                kInvalidArgument, "costs: efficiencies must be in (0, 1]");
   return c;
 }
@@ -150,10 +154,12 @@ Result<Scenario> ParseScenario(const std::string& text) {
   TERN_RETURN_IF_ERROR(Num(model, "changed_fraction", &s.changed_fraction, 0));
   TERN_REQUIRE(s.changed_fraction <= 1, kInvalidArgument, "changed_fraction > 1");
   TERN_RETURN_IF_ERROR(Int(model, "patch_format", &s.patch_format));
-  TERN_REQUIRE(s.patch_format == 1 || s.patch_format == 2, kInvalidArgument, "patch_format is 1 or 2");
+  TERN_REQUIRE(s.patch_format == 1 || s.patch_format == 2, kInvalidArgument,
+               "patch_format is 1 or 2");
   TERN_RETURN_IF_ERROR(Num(model, "patch_bytes", &s.patch_bytes, 0));
 
-  TERN_REQUIRE(j.contains("topology") && j.at("topology").is_object(), kInvalidArgument, "'topology' is missing");
+  TERN_REQUIRE(j.contains("topology") && j.at("topology").is_object(), kInvalidArgument,
+               "'topology' is missing");
   const json& t = j.at("topology");
   TERN_RETURN_IF_ERROR(Str(t, "root_region", &s.root_region));
   TERN_RETURN_IF_ERROR(Scaled(t, "root_uplink_gbit_s", kGbit, &s.root_uplink_bytes_per_s));
@@ -171,18 +177,20 @@ Result<Scenario> ParseScenario(const std::string& text) {
     TERN_RETURN_IF_ERROR(Int(r, "clusters", &rs.clusters));
     TERN_REQUIRE(rs.clusters >= 1 && rs.islands <= 1u << 20, kInvalidArgument, "region ", rs.name,
                  ": clusters >= 1, islands <= 2^20");
-    TERN_RETURN_IF_ERROR(Scaled(r, "island_downlink_gbit_s", kGbit, &rs.island_downlink_bytes_per_s));
+    TERN_RETURN_IF_ERROR(
+        Scaled(r, "island_downlink_gbit_s", kGbit, &rs.island_downlink_bytes_per_s));
     rs.island_uplink_bytes_per_s = rs.island_downlink_bytes_per_s;
     TERN_RETURN_IF_ERROR(Scaled(r, "island_uplink_gbit_s", kGbit, &rs.island_uplink_bytes_per_s));
-    TERN_REQUIRE(rs.island_downlink_bytes_per_s > 0 && rs.island_uplink_bytes_per_s > 0, kInvalidArgument,
-                 "region ", rs.name, ": island rates must be > 0");
+    TERN_REQUIRE(rs.island_downlink_bytes_per_s > 0 && rs.island_uplink_bytes_per_s > 0,
+                 kInvalidArgument, "region ", rs.name, ": island rates must be > 0");
     TERN_RETURN_IF_ERROR(Scaled(r, "one_way_ms", 1e-3, &rs.one_way_s));
     TERN_RETURN_IF_ERROR(Scaled(r, "cluster_one_way_ms", 1e-3, &rs.cluster_one_way_s));
     TERN_RETURN_IF_ERROR(Num(r, "loss", &rs.lan_loss, 0));
     TERN_RETURN_IF_ERROR(Scaled(r, "ingress_gbit_s", kGbit, &rs.ingress_bytes_per_s));
     s.regions.push_back(rs);
   }
-  TERN_REQUIRE(names.count(s.root_region), kInvalidArgument, "root_region '", s.root_region, "' is not a region");
+  TERN_REQUIRE(names.count(s.root_region), kInvalidArgument, "root_region '", s.root_region,
+               "' is not a region");
   if (t.contains("links")) {
     TERN_REQUIRE(t.at("links").is_array() && t.at("links").size() <= 64 * 64, kInvalidArgument,
                  "'topology.links' must be a list");
@@ -190,10 +198,11 @@ Result<Scenario> ParseScenario(const std::string& text) {
       WanLinkSpec ls;
       TERN_RETURN_IF_ERROR(Str(l, "a", &ls.a));
       TERN_RETURN_IF_ERROR(Str(l, "b", &ls.b));
-      TERN_REQUIRE(names.count(ls.a) && names.count(ls.b) && ls.a != ls.b, kInvalidArgument, "link ", ls.a, "-",
-                   ls.b, ": unknown or equal regions");
+      TERN_REQUIRE(names.count(ls.a) && names.count(ls.b) && ls.a != ls.b, kInvalidArgument,
+                   "link ", ls.a, "-", ls.b, ": unknown or equal regions");
       TERN_RETURN_IF_ERROR(Scaled(l, "rate_gbit_s", kGbit, &ls.rate_bytes_per_s));
-      TERN_REQUIRE(ls.rate_bytes_per_s > 0, kInvalidArgument, "link ", ls.a, "-", ls.b, ": rate must be > 0");
+      TERN_REQUIRE(ls.rate_bytes_per_s > 0, kInvalidArgument, "link ", ls.a, "-", ls.b,
+                   ": rate must be > 0");
       TERN_RETURN_IF_ERROR(Scaled(l, "one_way_ms", 1e-3, &ls.one_way_s));
       TERN_RETURN_IF_ERROR(Num(l, "loss", &ls.loss, 0));
       TERN_REQUIRE(ls.loss < 1, kInvalidArgument, "link loss must be < 1");
@@ -206,18 +215,22 @@ Result<Scenario> ParseScenario(const std::string& text) {
   TERN_RETURN_IF_ERROR(Int(plan, "root_fanout_max", &s.plan.root_fanout_max));
   TERN_RETURN_IF_ERROR(Int(plan, "stripes", &s.plan.stripes));
   TERN_RETURN_IF_ERROR(Str(plan, "build", &s.plan_build));
-  TERN_REQUIRE(s.plan_build == "joins" || s.plan_build == "batch", kInvalidArgument, "plan.build is joins or batch");
+  TERN_REQUIRE(s.plan_build == "joins" || s.plan_build == "batch", kInvalidArgument,
+               "plan.build is joins or batch");
 
   const json& tr = j.contains("transport") ? j.at("transport") : empty;
   TERN_RETURN_IF_ERROR(Int(tr, "chunk_bytes", &s.chunk_bytes));
-  TERN_REQUIRE(s.chunk_bytes == 0 || (s.chunk_bytes >= 4096 && s.chunk_bytes <= (1ull << 32)), kInvalidArgument, "chunk_bytes out of range");
+  TERN_REQUIRE(s.chunk_bytes == 0 || (s.chunk_bytes >= 4096 && s.chunk_bytes <= (1ull << 32)),
+               kInvalidArgument, "chunk_bytes out of range");
   TERN_RETURN_IF_ERROR(Int(tr, "window_chunks", &s.window_chunks));
-  TERN_REQUIRE(s.window_chunks >= 1 && s.window_chunks <= 4096, kInvalidArgument, "window_chunks in 1..4096");
+  TERN_REQUIRE(s.window_chunks >= 1 && s.window_chunks <= 4096, kInvalidArgument,
+               "window_chunks in 1..4096");
   TERN_RETURN_IF_ERROR(Int(tr, "push_window_bytes", &s.push_window_bytes));
   TERN_RETURN_IF_ERROR(Int(tr, "streams", &s.streams));
   TERN_REQUIRE(s.streams >= 1 && s.streams <= 64, kInvalidArgument, "streams in 1..64");
   TERN_RETURN_IF_ERROR(Str(tr, "congestion", &s.congestion));
-  TERN_REQUIRE(s.congestion == "bbr" || s.congestion == "cubic", kInvalidArgument, "congestion is bbr or cubic");
+  TERN_REQUIRE(s.congestion == "bbr" || s.congestion == "cubic", kInvalidArgument,
+               "congestion is bbr or cubic");
 
   const json& host = j.contains("hosts") ? j.at("hosts") : empty;
   TERN_RETURN_IF_ERROR(Num(host, "apply_cores", &s.apply_cores, 0));
@@ -242,7 +255,8 @@ Result<Scenario> ParseScenario(const std::string& text) {
       std::string island;
       TERN_RETURN_IF_ERROR(Num(e, "t_s", &t, 0));
       TERN_RETURN_IF_ERROR(Str(e, "island", &island));
-      TERN_REQUIRE(t >= 0 && !island.empty(), kInvalidArgument, "failures.at entries need t_s >= 0 and island");
+      TERN_REQUIRE(t >= 0 && !island.empty(), kInvalidArgument,
+                   "failures.at entries need t_s >= 0 and island");
       s.failures.at.emplace_back(t, island);
     }
   }
@@ -268,7 +282,8 @@ Result<double> PatchBytes(const Scenario& s, const Costs& c) {
                "model: params and changed_fraction (or patch_bytes) are needed");
   TERN_ASSIGN_OR_RETURN(double view, ViewBytes(s, c));
   (void)view;  // the format must be known even though the size follows the changes
-  const double bits = c.bits_per_change.At(s.changed_fraction) * (s.patch_format == 2 ? c.format2_ratio : 1.0);
+  const double bits =
+      c.bits_per_change.At(s.changed_fraction) * (s.patch_format == 2 ? c.format2_ratio : 1.0);
   return s.params * s.changed_fraction * bits / 8;
 }
 

@@ -58,7 +58,7 @@ struct RegionSpec {
   uint32_t clusters = 1;  // islands dealt round-robin to clusters
   double island_downlink_bytes_per_s = 0;
   double island_uplink_bytes_per_s = 0;
-  double one_way_s = 0.0005;          // between clusters of the region
+  double one_way_s = 0.0005;           // between clusters of the region
   double cluster_one_way_s = 0.00002;  // inside a cluster
   double lan_loss = 0;
   // Inter-region ingress of the region (all WAN edges into it share it);
@@ -67,7 +67,7 @@ struct RegionSpec {
 };
 
 struct WanLinkSpec {
-  std::string a, b;  // region names; the link serves both directions
+  std::string a, b;             // region names; the link serves both directions
   double rate_bytes_per_s = 0;  // per direction
   double one_way_s = 0;
   double loss = 0;  // random loss probability per packet
@@ -75,8 +75,9 @@ struct WanLinkSpec {
 
 struct FailureSpec {
   double relay_failures_per_hour = 0;  // per member; 0: none
-  double detect_s = 3.0;   // the root learns of it (closed connection: ~RTT; silent: --dead-after-ms)
-  double repair_s = 600;   // a failed island joins again after this long
+  double detect_s =
+      3.0;  // the root learns of it (closed connection: ~RTT; silent: --dead-after-ms)
+  double repair_s = 600;  // a failed island joins again after this long
   uint64_t seed = 1;
   // Failures at given times of the run (seconds from the first publish),
   // besides the random ones: what-if runs and tests.
@@ -100,11 +101,11 @@ struct Scenario {
   topology::PlanOptions plan;
   std::string plan_build = "joins";  // "joins" (the root's Membership) or "batch" (MakePlan)
   // Transport and relay.
-  uint64_t chunk_bytes = 0;          // 0: the root's (agent::DefaultChunkBytes)
-  uint32_t window_chunks = 16;       // chunk windows per parent link (RelayOptions::window_chunks)
+  uint64_t chunk_bytes = 0;     // 0: the root's (agent::DefaultChunkBytes)
+  uint32_t window_chunks = 16;  // chunk windows per parent link (RelayOptions::window_chunks)
   uint64_t push_window_bytes = 2 << 20;  // 0: push off (OFFER -> WANT first)
   uint32_t streams = 8;
-  std::string congestion = "bbr";    // "bbr": not loss-bound; "cubic": Mathis per stream
+  std::string congestion = "bbr";  // "bbr": not loss-bound; "cubic": Mathis per stream
   // Islands' CPU for apply (cores), the root's for encode.
   double apply_cores = 16;
   double encode_cores = 32;

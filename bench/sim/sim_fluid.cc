@@ -19,7 +19,8 @@ double FluidLastFinish(const std::vector<FluidClass>& classes, double source_byt
     std::vector<double> rate(classes.size(), 0);
     std::vector<size_t> order = active;
     for (size_t i : active)
-      rate[i] = std::min(classes[i].per_flow_cap_bytes_per_s, classes[i].shared_cap_bytes_per_s / classes[i].flows);
+      rate[i] = std::min(classes[i].per_flow_cap_bytes_per_s,
+                         classes[i].shared_cap_bytes_per_s / classes[i].flows);
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rate[a] < rate[b]; });
     double budget = source_bytes_per_s;
     double flows_left = 0;

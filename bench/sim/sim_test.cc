@@ -3,6 +3,8 @@
 // edge waits for its credits, a tree beats a star when the root's uplink is
 // narrow, a failed relay costs exactly the recovery delay on the critical
 // path, and the plans are the agent's own (Membership, MakePlan).
+#include "bench/sim/sim.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <map>
 
 #include "agent/membership/membership.h"
-#include "bench/sim/sim.h"
 #include "bench/sim/sim_fluid.h"
 
 namespace tern::sim {
@@ -158,8 +159,11 @@ TEST(Sim, WanBytesAreTheCrossRegionEdgesOfThePlan) {
   Scenario s = Base(64 * kMiB);
   s.root_region = "a";
   s.root_uplink_bytes_per_s = 10 * kGbit;
-  s.regions = {Region("a", 0, 10, 0.0005), Region("b", 40, 10, 0.0005), Region("c", 40, 10, 0.0005)};
-  s.links = {{"a", "b", 10 * kGbit, 0.04, 0}, {"a", "c", 10 * kGbit, 0.07, 0}, {"b", "c", 10 * kGbit, 0.09, 0}};
+  s.regions = {Region("a", 0, 10, 0.0005), Region("b", 40, 10, 0.0005),
+               Region("c", 40, 10, 0.0005)};
+  s.links = {{"a", "b", 10 * kGbit, 0.04, 0},
+             {"a", "c", 10 * kGbit, 0.07, 0},
+             {"b", "c", 10 * kGbit, 0.09, 0}};
   for (const char* build : {"batch", "joins"}) {
     for (uint32_t stripes : {1u, 2u, 4u}) {
       s.plan.stripes = stripes;
@@ -347,9 +351,11 @@ TEST(Sim, FluidSharesTheSourceMaxMin) {
 TEST(Sim, BadInputsAreRefused) {
   EXPECT_FALSE(ParseScenario("[]").ok());
   EXPECT_FALSE(ParseScenario(R"({"topology": {"root_region": "x", "root_uplink_gbit_s": 1,
-      "regions": [{"name": "a", "islands": 1, "island_downlink_gbit_s": 1}]}})").ok());
+      "regions": [{"name": "a", "islands": 1, "island_downlink_gbit_s": 1}]}})")
+                   .ok());
   EXPECT_FALSE(ParseScenario(R"({"topology": {"root_region": "a", "root_uplink_gbit_s": 1,
-      "regions": [{"name": "a", "islands": 1, "island_downlink_gbit_s": "fast"}]}})").ok());
+      "regions": [{"name": "a", "islands": 1, "island_downlink_gbit_s": "fast"}]}})")
+                   .ok());
   auto ok = ParseScenario(R"({"topology": {"root_region": "a", "root_uplink_gbit_s": 8,
       "regions": [{"name": "a", "islands": 2, "island_downlink_gbit_s": 8}]},
       "plan": {"fanout_max": 2}, "failures": {"at": [{"t_s": 1, "island": "a/i000001"}]}})");
