@@ -16,6 +16,7 @@ PACKAGES=(
   ccache  # optional: the build uses it when present (rebuilds, several checkouts)
   libucx-dev ucx-utils libibverbs-dev
   python3 python3-venv python3-numpy python3-torch libopenblas0-pthread
+  python3-matplotlib  # the scale simulator's plots (bench/sim/scale.py, docs/scale.md)
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
   gdb  # the test watchdog prints the stacks of a hung test with it
   curl  # tests/cli/test_agent.py reads /metrics with it
