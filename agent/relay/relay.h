@@ -26,7 +26,8 @@
 // (its status); the node does not re-dial by itself: SetParent again.
 //
 // Bounds: objects held <= max_objects, children <= max_children, chunk
-// windows per parent link <= window_chunks, credits a child may hold at its
+// windows per parent link and object <= window_chunks and <= window_bytes
+// of them (at least one), credits a child may hold at its
 // parent <= kMaxWantChunks (pushed chunks included), queued peer messages <=
 // inbox_messages_max (a peer past it is disconnected), one push window of
 // push_window_bytes per parent link. A slow child holds only its own credits: sends
@@ -65,6 +66,12 @@ struct RelayOptions {
   // in constant time): without it a child gets nothing (its link is closed).
   std::string join_token;
   uint32_t window_chunks = 16;       // chunk windows open per parent link (1 .. kMaxWantChunks)
+  // ... and at most this many bytes of them (never fewer than one window):
+  // what a relay holds resident while an object passes is its windows
+  // plus its children's, so they are counted in bytes, not in chunks of
+  // whatever size the publisher chose (16 windows of 4 MiB chunks held
+  // 64 MiB per link). 0: chunks only.
+  uint64_t window_bytes = uint64_t{16} << 20;
   uint32_t bad_chunks_max = 3;       // SHA-256 failures from one parent before it is dropped
   uint32_t send_retries_max = 3;     // resends of a chunk the transport found corrupt (XXH3)
   uint32_t max_objects = 64;

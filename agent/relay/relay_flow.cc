@@ -149,7 +149,11 @@ void RelayNode::Impl::FillWindows(Link& link, Object& obj) {
     return !obj.verified[i] && !obj.windows.count(i) && !fp.pushed.count(i);
   };
   std::vector<uint32_t> asked;
-  while (fp.open.size() < options.window_chunks) {
+  uint64_t limit = options.window_chunks;
+  if (options.window_bytes > 0) {
+    limit = std::clamp<uint64_t>(options.window_bytes / obj.meta.chunk_bytes, 1, limit);
+  }
+  while (fp.open.size() < limit) {
     uint32_t i = UINT32_MAX;
     for (auto r = obj.requeue.begin(); r != obj.requeue.end();) {
       if (obj.verified[*r]) {

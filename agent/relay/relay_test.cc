@@ -237,6 +237,11 @@ class ScriptedParent {
     std::lock_guard<std::mutex> lock(mu_);
     return wanted_.count(i) ? wanted_[i] : 0;
   }
+  // Distinct chunks asked for so far.
+  size_t WantedChunks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return wanted_.size();
+  }
   void OfferAndHashes(std::string signed_manifest, bool with_hashes = true) {
     Send(EncodeOffer(agent::Offer{0, std::move(signed_manifest)}));
     if (with_hashes) Send(EncodeHashes(Hashes{obj_.ref, 0, obj_.hashes}));
@@ -713,6 +718,50 @@ TEST_F(RelayTest, ChunkFailingSha256IsFetchedAgain) {
   ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
   EXPECT_EQ(Stored("c", o), o.data);
   EXPECT_EQ(c->Failures(), 0u);
+}
+
+// Windows are counted in bytes as well as chunks: a child with room for 16
+// windows but window_bytes of two chunks asks for two at a time, whatever
+// the publisher's chunk size (a 200 MB keyframe has 4 MiB chunks: 16
+// windows held 64 MiB per link, and a relay holds its windows plus its
+// children's). A chunk larger than window_bytes still gets one window.
+TEST_F(RelayTest, WindowsAreBoundedInBytes) {
+  const TestObject o = MakeObject(signer_, board_, 8 * 4096, 4096);
+  ScriptedParent relay(net_, "relay", o);
+  RelayOptions opt;
+  opt.window_chunks = 16;
+  opt.window_bytes = 2 * 4096 + 100;
+  auto c = MakeNode("c", opt);
+  c->relay->SetParent(0, 1, "relay");
+  ASSERT_TRUE(relay.WaitSubscribed());
+  relay.OfferAndHashes(o.signed_manifest);
+  ASSERT_TRUE(relay.WaitWant(0));
+  EXPECT_EQ(relay.WantedChunks(), 2u);  // one WANT: 0 and 1
+  ASSERT_TRUE(relay.SendChunk(0).ok());
+  ASSERT_TRUE(relay.WaitWant(2));
+  EXPECT_EQ(relay.WantedChunks(), 3u);  // chunk 0's window made room for one
+  for (uint32_t i = 1; i < o.count(); ++i) {
+    ASSERT_TRUE(relay.WaitWant(i)) << i;
+    EXPECT_LE(relay.WantedChunks(), i + 2u) << "more than two windows open after chunk " << i;
+    ASSERT_TRUE(relay.SendChunk(i).ok()) << i;
+  }
+  ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
+  EXPECT_EQ(Stored("c", o), o.data);
+
+  ScriptedParent relay2(net_, "relay2", o);
+  opt.window_bytes = 100;  // smaller than a chunk
+  auto d = MakeNode("d", opt);
+  d->relay->SetParent(0, 1, "relay2");
+  ASSERT_TRUE(relay2.WaitSubscribed());
+  relay2.OfferAndHashes(o.signed_manifest);
+  ASSERT_TRUE(relay2.WaitWant(0));
+  EXPECT_EQ(relay2.WantedChunks(), 1u);
+  for (uint32_t i = 0; i < o.count(); ++i) {
+    ASSERT_TRUE(relay2.WaitWant(i)) << i;
+    ASSERT_TRUE(relay2.SendChunk(i).ok()) << i;
+  }
+  ASSERT_TRUE(WaitFor([&] { return d->Complete(); }));
+  EXPECT_EQ(Stored("d", o), o.data);
 }
 
 TEST_F(RelayTest, ParentSendingBadChunksRepeatedlyIsReported) {

@@ -3,7 +3,7 @@
 next to a serving relay in the same run. Processes on 127.0.0.1, mutual TLS.
 
 Usage: measure.py TERN TERN_AGENT [--params 2M] [--versions 4] [--children 3]
-                  [--gap-s 3] [--keep DIR]
+                  [--gap-s 3] [--keep DIR] [--trace DIR]
 
 Region eu is headed by a relay-only member (it joins first), region ap by a
 serving member; each has --children serving members below it. A datagen
@@ -11,7 +11,9 @@ trace is published version by version (--gap-s apart). The relays'
 /proc/PID/status is sampled every 50 ms: peak and steady (3 s after the
 last version) RssAnon, RssFile, VmRSS, and VmHWM; CPU is utime + stime
 from /proc/PID/stat, divided by the bytes each relay forwarded (its
-bytes_out in the root's /status). Prints one table; exits non-zero if a
+bytes_out in the root's /status). obj_pk: the peak of the resident pages
+of the relay's mappings under DIR/objects (its .part and object files),
+summed from /proc/PID/smaps. Prints one table; exits non-zero if a
 serving member does not serve the last version bit for bit.
 """
 import argparse
@@ -76,6 +78,20 @@ def proc_status(pid):
     return out
 
 
+def objects_rss(pid):
+    """Resident bytes of the mappings of files under a DIR/objects (the
+    relay's object buffers, .part or complete), from /proc/PID/smaps."""
+    total, inside = 0, False
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                inside = "/objects/" in line
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def cpu_seconds(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -96,6 +112,10 @@ class Sampler(threading.Thread):
                     s = proc_status(p)
                 except OSError:
                     continue
+                try:
+                    s["objects"] = objects_rss(p)
+                except OSError:
+                    pass
                 for k, v in s.items():
                     self.peak[p][k] = max(self.peak[p].get(k, 0), v)
             time.sleep(0.05)
@@ -112,14 +132,17 @@ def main():
     ap.add_argument("--gap-s", type=float, default=3)
     ap.add_argument("--idle-s", type=float, default=5, help="idle CPU baseline before the first version")
     ap.add_argument("--keep", help="keep the run's files here")
+    ap.add_argument("--trace", help="a datagen trace to reuse (made with the same --params and"
+                    " --versions); generated into the run's directory when absent")
     a = ap.parse_args()
 
     tmp = a.keep or tempfile.mkdtemp(prefix="tern-relay-only-")
     os.makedirs(tmp, exist_ok=True)
     make_pki(tmp)
-    trace = os.path.join(tmp, "trace")
-    subprocess.run([a.tern, "datagen", "--out", trace, "--params", a.params, "--steps", str(a.versions),
-                    "--lr", "1e-6", "--threads", "1"], check=True, capture_output=True)
+    trace = a.trace or os.path.join(tmp, "trace")
+    if not os.path.isdir(trace):
+        subprocess.run([a.tern, "datagen", "--out", trace, "--params", a.params, "--steps", str(a.versions),
+                        "--lr", "1e-6", "--threads", "1"], check=True, capture_output=True)
     steps = sorted(os.path.join(trace, d) for d in os.listdir(trace) if d.startswith("step-"))
     with open(os.path.join(tmp, "join.token"), "w") as f:
         f.write("bench-join\n")
@@ -164,12 +187,15 @@ def main():
         cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
         sampler = Sampler([r.proc.pid for r in relays.values()])
         sampler.start()
+        version_s = []  # publish -> every member at the version
         for v, step in enumerate(steps, start=1):
+            tv = time.time()
             r = subprocess.run([a.tern, "publish", "--board", root.admin, step, "--version", str(v)],
                                capture_output=True, text=True, timeout=600)
             if r.returncode != 0:
                 raise SystemExit("publish %d: %s" % (v, r.stderr))
             wait_for(lambda: all(m["version"] == v for m in status().values()), 300, "version %d" % v)
+            version_s.append(time.time() - tv)
             time.sleep(a.gap_s)
         time.sleep(3)
         steady = {k: proc_status(r.proc.pid) for k, r in relays.items()}
@@ -188,17 +214,18 @@ def main():
         print("model %s: view %.1f MB, %d versions, %d children per relay" %
               (a.params, view / 1e6, len(steps), a.children))
         mb = lambda x: "%.1f" % (x / 1e6)
+        print("publish -> every member at the version (s): %s" % " ".join("%.1f" % t for t in version_s))
         print("run %.1f s; memory in MB (idle before the first version, peak, 3 s after the last);"
               " CPU net of the idle rate" % elapsed)
-        print("%-10s %6s %6s | %7s %7s %7s | %7s %7s | %6s %7s %7s | %6s %6s %6s | %s" %
-              ("relay", "anon0", "file0", "anon_pk", "file_pk", "rss_pk", "anon_end", "file_end",
+        print("%-10s %6s %6s | %7s %7s %7s %6s | %7s %7s | %6s %7s %7s | %6s %6s %6s | %s" %
+              ("relay", "anon0", "file0", "anon_pk", "file_pk", "rss_pk", "obj_pk", "anon_end", "file_end",
                "hwm", "fwd MB", "in MB", "CPU s", "idle/s", "net s", "net CPU s per forwarded GB"))
         for k, r in relays.items():
             pk = sampler.peak[r.proc.pid]
             m = final[r.name]
-            print("%-10s %6s %6s | %7s %7s %7s | %8s %8s | %6s %7s %7s | %6.2f %6.3f %6.2f | %.2f" %
+            print("%-10s %6s %6s | %7s %7s %7s %6s | %8s %8s | %6s %7s %7s | %6.2f %6.3f %6.2f | %.2f" %
                   (k, mb(idle[k]["RssAnon"]), mb(idle[k]["RssFile"]), mb(pk["RssAnon"]), mb(pk["RssFile"]),
-                   mb(pk["VmRSS"]), mb(steady[k]["RssAnon"]), mb(steady[k]["RssFile"]),
+                   mb(pk["VmRSS"]), mb(pk.get("objects", 0)), mb(steady[k]["RssAnon"]), mb(steady[k]["RssFile"]),
                    mb(steady[k]["VmHWM"]), mb(m["bytes_out"]), mb(m["bytes_in"]), cpu[k], idle_rate[k],
                    net[k], net[k] / max(m["bytes_out"], 1) * 1e9))
         du = sum(os.path.getsize(os.path.join(relay_only.dir, "objects", f))
