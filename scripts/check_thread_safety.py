@@ -25,6 +25,7 @@ import time
 # at a time: its owner's rule, in agent/daemon/agent_impl.h).
 ROOMS = [
     "agent/daemon",
+    "agent/engine",
     "agent/relay",
     "transport/loopback",
     "transport/fault",
