@@ -307,7 +307,7 @@ Result<EngineUpdateReport> VllmAdapter::Apply(const EngineUpdate& update) {
       clock_.SleepUs(uint64_t{options_.retry_backoff_ms} * 1000 * attempt);
   }
   return last.WithContext(internal::StrCat("update to version ", update.version, " after ",
-                                           report.attempts, " attempt(s): "));
+                                           report.attempts, " attempt(s)"));
 }
 
 }  // namespace tern::agent

@@ -1,9 +1,10 @@
 """tern's weight-transfer backend (engines/vllm, `--weight-transfer-config
 '{"backend": "tern"}'`) in a real vLLM 0.32 server on CPU.
 
-Usage: test_tern_vllm.py [--updates N]   (the engine venv's python, with
-tern_vllm installed by scripts/install-engine-env.sh; tests/engine/run.sh
---tern runs it). Exit status 0 only if every check passed.
+Usage: test_tern_vllm.py [--updates N] [--adapter ENGINE_VLLM_APPLY]
+(the engine venv's python, with tern_vllm installed by
+scripts/install-engine-env.sh; `tests/engine/run.sh --backend` runs it).
+Exit status 0 only if every check passed.
 
   * the slot rules without an engine: paths confined, headers bounded,
     fused groups;
@@ -20,8 +21,14 @@ tern_vllm installed by scripts/install-engine-env.sh; tests/engine/run.sh
     cause, and the engine still serves the version it had;
   * the engine-visible pause (pause -> resume) and the update call, per
     sparse update, and a full update (changed: null), printed as
-    "measure:" lines (docs/benchmarks.md, "vLLM weight update").
+    "measure:" lines (docs/benchmarks.md, "vLLM weight update");
+  * with --adapter: the agent's VllmAdapter (agent/engine, through the
+    engine_vllm_apply program) drives the same engine: sparse updates
+    (a fused gate_up), a request in flight across a `keep` pause finishing
+    on the new weights, a refused update not retried, the version read
+    back, and its own pause measure.
 """
+import threading
 import json
 import os
 import shutil
@@ -414,7 +421,86 @@ def timed_updates(engine, root, state, n, version):
     return state, version
 
 
-def run(work, n_timed):
+def run_adapter(adapter, root, *args):
+    r = subprocess.run([adapter, "--url", ENGINE_URL[0], "--root", root, *args],
+                       capture_output=True, text=True, timeout=ROUTE_SECONDS_MAX * 3, check=False)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "error": f"exit {r.returncode}: {r.stdout} {r.stderr}"}
+
+
+def adapter_updates(engine, adapter, root, state, version, n):
+    """The agent's adapter drives the engine: n sparse updates (one fused
+    gate_up_proj each), the first with a request in flight."""
+    check(run_adapter(adapter, root, "--served") == {"ok": True, "version": version},
+          f"adapter: reads back version {version}")
+    pauses, updates = [], []
+    for i in range(n):
+        version += 1
+        name = "gate_proj" if i % 2 == 0 else "up_proj"
+        changed = [f"model.layers.{i % 2}.mlp.{name}.weight"]
+        nxt = changed_copy(state, changed, 500 + i)
+        slot = os.path.join(root, "views", "b" if version % 2 == 0 else "a")
+        write_slot(slot, nxt)
+        in_flight = {}
+        if i == 0:
+            # A request in flight across the keep pause: frozen, then
+            # finished on the new weights.
+            def long_request():
+                in_flight["reply"] = engine.call("POST", "/v1/completions", {
+                    "model": "tern", "prompt": em.PROMPTS[0], "max_tokens": 48,
+                    "temperature": 0, "ignore_eos": True, "return_tokens_as_token_ids": True})
+                in_flight["end"] = time.monotonic()
+            t = threading.Thread(target=long_request)
+            t.start()
+            time.sleep(0.3)
+        adapter_start = time.monotonic()
+        report = run_adapter(adapter, root, "--slot", slot, "--version", str(version),
+                             "--base", str(version - 1), "--changed", ",".join(changed))
+        if i == 0:
+            t.join(ROUTE_SECONDS_MAX)
+            status, reply = in_flight.get("reply", (0, None))
+            tokens = len(reply["choices"][0]["logprobs"]["tokens"]) if status == 200 and \
+                reply["choices"][0].get("logprobs") else \
+                (reply["usage"]["completion_tokens"] if status == 200 else 0)
+            spanned = in_flight.get("end", 0) > adapter_start
+            check(status == 200 and tokens == 48 and spanned,
+                  f"adapter: a request in flight across the keep pause finishes "
+                  f"(HTTP {status}, {tokens} tokens, ended "
+                  f"{in_flight.get('end', 0) - adapter_start:+.2f} s after the update began)")
+        if not check(report.get("ok") and report.get("version") == version
+                     and report.get("full") is False,
+                     f"adapter: sparse update to {version} ({changed[0]}): {report}"):
+            return state, version - 1
+        point_current(root, os.path.basename(slot))
+        pauses.append(report["pause_ms"])
+        updates.append(report["update_ms"])
+        prev, state = state, nxt
+        if i == 0:
+            serves(engine, state, prev, f"adapter: version {version}")
+    serves(engine, state, None, f"adapter: after {n} updates, version {version}")
+    print(f"measure: adapter (VllmAdapter, pause keep, prefix-cache reset), sparse update of "
+          f"one fused gate_up_proj ({2 * 512 * 256 * 2} bytes), {n} updates: pause median "
+          f"{statistics.median(pauses):.0f} ms (min {min(pauses)}, max {max(pauses)}), "
+          f"update_weights median {statistics.median(updates):.0f} ms", flush=True)
+    report = run_adapter(adapter, root, "--slot", os.path.join(root, "views", "a"),
+                         "--version", str(version + 1), "--base", str(version), "--changed",
+                         "model.layers.7.mlp.gate_proj.weight", "--attempts", "3")
+    check(not report.get("ok") and report.get("code") == 1
+          and "after 1 attempt" in report.get("error", "")
+          and "tern: bad update: unknown tensor" in report.get("error", ""),
+          f"adapter: a refused update is reported, not retried: {report.get('error')}")
+    check(engine.version() == str(version) and not engine.ok("GET", "/is_paused")["is_paused"],
+          f"adapter: after the refusal the engine serves version {version}, not paused")
+    serves(engine, state, None, f"adapter: after the refusal, version {version}")
+    return state, version
+
+
+ENGINE_URL = [""]
+
+
+def run(work, n_timed, adapter):
     check_slot_rules(work)
     m0 = os.path.join(work, "master0")
     em.make_master(m0, seed=1)
@@ -425,6 +511,7 @@ def run(work, n_timed):
     log_path = os.path.join(work, "vllm.log")
     start = time.monotonic()
     proc, engine = start_engine(root, log_path)
+    ENGINE_URL[0] = engine.url
     print(f"      vLLM up in {time.monotonic() - start:.0f} s", flush=True)
     try:
         status, reply = engine.call("POST", "/update_weights",
@@ -454,7 +541,9 @@ def run(work, n_timed):
             check(engine.version() == str(version), f"the engine says version {version}")
             serves(engine, states[version], states[version - 1], f"version {version}")
         bad_updates(engine, root, states[3], work)
-        timed_updates(engine, root, states[3], n_timed, 3)
+        state, version = timed_updates(engine, root, states[3], n_timed, 3)
+        if adapter:
+            adapter_updates(engine, adapter, root, state, version, 4)
     finally:
         stop_engine(proc)
         if failures:
@@ -464,12 +553,17 @@ def run(work, n_timed):
 
 
 def main():
-    n_timed = 6
-    if len(sys.argv) == 3 and sys.argv[1] == "--updates":
-        n_timed = int(sys.argv[2])
-    elif len(sys.argv) != 1:
-        print(__doc__)
-        return 2
+    n_timed, adapter = 6, None
+    args = sys.argv[1:]
+    while args:
+        if len(args) >= 2 and args[0] == "--updates":
+            n_timed = int(args[1])
+        elif len(args) >= 2 and args[0] == "--adapter":
+            adapter = os.path.abspath(args[1])
+        else:
+            print(__doc__)
+            return 2
+        args = args[2:]
     import vllm
     print(f"vLLM {vllm.__version__}, torch {torch.__version__}", flush=True)
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(
@@ -477,7 +571,7 @@ def main():
     signal.alarm(TEST_SECONDS_MAX)
     with tempfile.TemporaryDirectory(prefix="tern_vllm_") as work:
         try:
-            run(work, n_timed)
+            run(work, n_timed, adapter)
         except Exception as e:
             check(False, f"{type(e).__name__}: {e}")
     signal.alarm(0)
