@@ -16,8 +16,9 @@
 // new version's under the old name; the adapter then sends the next
 // attempt, and the next update, full (every tensor). Failures the
 // engine may get over (unreachable, timed out, 5xx) are retried up to
-// `attempts` times; an update the engine refuses as bad input (4xx) is
-// not. Thread-safe: calls are serialized.
+// `attempts` times; an update the engine refuses as bad input, and an
+// engine that does not speak these routes (4xx), are not. Thread-safe:
+// calls are serialized.
 #pragma once
 
 #include <cstdint>

@@ -167,8 +167,11 @@ Status VllmAdapter::Step(const char* method, const std::string& path, const std:
     const Code code = text.find(kBadUpdate) != std::string::npos ? Code::kInvalidArgument
                       : reply.status >= 500                      ? Code::kUnavailable
                                                                  : Code::kProtocol;
-    return Status(
-        code, internal::StrCat("engine: ", method, " ", path, ": HTTP ", reply.status, ": ", text));
+    // vLLM 0.32 serves its update routes only with VLLM_SERVER_DEV_MODE=1.
+    const char* hint =
+        reply.status == 404 ? " (is the engine vLLM with VLLM_SERVER_DEV_MODE=1?)" : "";
+    return Status(code, internal::StrCat("engine: ", method, " ", path, ": HTTP ", reply.status,
+                                         hint, ": ", text));
   }
   if (out != nullptr) *out = std::move(reply);
   return Status::Ok();
@@ -302,7 +305,11 @@ Result<EngineUpdateReport> VllmAdapter::Apply(const EngineUpdate& update) {
     report.full = weights_uncertain_ || !update.changed.has_value();
     last = Attempt(update, report.full, &report, &weights_uncertain_);
     if (last.ok()) return report;
-    if (last.code() == Code::kInvalidArgument || last.code() == Code::kMismatch) break;
+    // Refused, inconsistent, or not the API we speak (4xx): a retry meets
+    // the same answer.
+    if (last.code() == Code::kInvalidArgument || last.code() == Code::kMismatch ||
+        last.code() == Code::kProtocol)
+      break;
     if (attempt < options_.attempts)
       clock_.SleepUs(uint64_t{options_.retry_backoff_ms} * 1000 * attempt);
   }

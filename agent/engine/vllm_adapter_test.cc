@@ -2,6 +2,7 @@
 // routes): the order of the steps, the policies, and what is left when the
 // engine fails, hangs or dies. The real vLLM: tests/engine/test_tern_vllm.py.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -236,6 +237,24 @@ TEST_F(VllmAdapterTest, ADyingEngineIsUnavailableAndBounded) {
   EXPECT_LT(MsSince(t), 5000);
   auto v = a->ServedVersion();
   EXPECT_EQ(v.status().code(), Code::kUnavailable);
+}
+
+TEST_F(VllmAdapterTest, AnEngineWithoutTheRoutesIsNotRetriedAndSaysWhy) {
+  httplib::Server plain;  // answers 404 to everything, as vLLM without dev mode
+  const int port = plain.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { plain.listen_after_bind(); });
+  while (!plain.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto o = Options();
+  o.url = "http://127.0.0.1:" + std::to_string(port);
+  o.attempts = 3;
+  auto a = Make(o);
+  auto r = a->Apply(Update(2, {"w"}));
+  plain.stop();
+  t.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kProtocol);
+  EXPECT_NE(r.status().message().find("VLLM_SERVER_DEV_MODE=1"), std::string::npos);
+  EXPECT_NE(r.status().message().find("after 1 attempt"), std::string::npos);
 }
 
 TEST_F(VllmAdapterTest, NoEngineAtAll) {
