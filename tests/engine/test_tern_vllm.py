@@ -68,6 +68,28 @@ def check(ok, what):
 
 # --- the slot rules, without an engine ----------------------------------------
 
+def check_registration():
+    """vLLM calls plugins in every process, sometimes twice: idempotent;
+    and a foreign backend under our name is an error, not a silent swap."""
+    import tern_vllm
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory as f
+    tern_vllm.register()
+    tern_vllm.register()
+    check(f._registry["tern"]().__name__ == "TernWeightTransferEngine",
+          "plugin: register() twice leaves the tern backend registered once")
+    saved = f._registry.pop("tern")
+    try:
+        f.register_engine("tern", "vllm.distributed.weight_transfer.ipc_engine",
+                          "IPCWeightTransferEngine")
+        try:
+            tern_vllm.register()
+            check(False, "plugin: a foreign backend named tern is accepted")
+        except RuntimeError as e:
+            check("already registered" in str(e), f"plugin: a foreign backend named tern: {e}")
+    finally:
+        f._registry["tern"] = saved
+
+
 def check_slot_rules(work):
     from tern_vllm import slot as s
     root = os.path.join(work, "rules")
@@ -519,6 +541,7 @@ ENGINE_URL = [""]
 
 
 def run(work, n_timed, adapter):
+    check_registration()
     check_slot_rules(work)
     m0 = os.path.join(work, "master0")
     em.make_master(m0, seed=1)

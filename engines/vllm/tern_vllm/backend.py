@@ -31,6 +31,7 @@ How each engine module is loaded:
 * `changed: null`: every tensor, the whole model through layerwise reload.
 """
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -87,7 +88,6 @@ class TernWeightTransferEngine(WeightTransferEngine[TernInitInfo, TernUpdateInfo
     # -- the contract ---------------------------------------------------------
 
     def init_transfer_engine(self, init_info: TernInitInfo) -> None:
-        import os
         root = init_info.root
         if not isinstance(root, str) or not os.path.isabs(root) or not os.path.isdir(root):
             raise ValueError(f"tern: init_info.root must be an existing absolute directory, "
