@@ -22,6 +22,8 @@ Exit status 0 only if every check passed.
   * the engine-visible pause (pause -> resume) and the update call, per
     sparse update, and a full update (changed: null), printed as
     "measure:" lines (docs/benchmarks.md, "vLLM weight update");
+  * tied embeddings (tie_word_embeddings, vLLM in this process): a sparse
+    and a full update of the embedding reach lm_head too;
   * with --adapter: the agent's VllmAdapter (agent/engine, through the
     engine_vllm_apply program) drives the same engine: sparse updates
     (a fused gate_up), a streamed request in flight when an update starts
@@ -55,6 +57,10 @@ LOGPROB_TOL = 0.15
 START_SECONDS_MAX = 600
 ROUTE_SECONDS_MAX = 120
 TEST_SECONDS_MAX = 1200
+# On CPU, the share of the machine's memory vLLM insists is free at start
+# (default 0.92: fails on a machine others use); the KV cache itself is
+# VLLM_CPU_KVCACHE_SPACE (1 GiB).
+MEMORY_FRACTION = 0.3
 
 failures = []
 
@@ -167,13 +173,13 @@ def changed_copy(state, names, seed):
     return out
 
 
-def write_slot(path, state):
+def write_slot(path, state, config=None):
     """A checkpoint directory as a member's slot holds it, replaced whole."""
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(em.CONFIG, f, indent=2)
+        json.dump(config or em.CONFIG, f, indent=2)
 
 
 def point_current(root, slot_name):
@@ -301,6 +307,7 @@ def start_engine(root, log_path):
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
            "--max-model-len", "64", "--max-num-seqs", "4", "--enforce-eager",
            "--skip-tokenizer-init", "--seed", "0",
+           "--gpu-memory-utilization", str(MEMORY_FRACTION),
            "--weight-transfer-config", json.dumps({"backend": "tern"})]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -537,6 +544,65 @@ def adapter_updates(engine, adapter, root, state, version, n):
     return state, version
 
 
+def tied_embeddings(work):
+    """tie_word_embeddings: embed_tokens and lm_head share one weight, and
+    vLLM's CPU build keeps a packed copy of it for lm_head. An update of
+    the embedding (sparse, then full) must reach both. vLLM in this
+    process (LLM, the same backend through collective_rpc): one engine at
+    a time, the server is stopped by now."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    config = dict(em.CONFIG, tie_word_embeddings=True)
+    root = os.path.join(work, "tied")
+    m0 = os.path.join(work, "master0")
+    v1 = bf16_state(m0)
+    v1.pop("lm_head.weight")
+    write_slot(os.path.join(root, "views", "a"), v1, config)
+    point_current(root, "a")
+    llm = LLM(model=os.path.join(root, "current"), skip_tokenizer_init=True, enforce_eager=True,
+              dtype="bfloat16", max_model_len=64, max_num_seqs=4, seed=0,
+              gpu_memory_utilization=MEMORY_FRACTION, weight_transfer_config={"backend": "tern"})
+
+    def served():
+        params = SamplingParams(max_tokens=em.MAX_TOKENS, temperature=0,
+                                logprobs=em.TOP_LOGPROBS, detokenize=False, ignore_eos=True)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in em.PROMPTS], params,
+                            use_tqdm=False)
+        return [(p, list(o.outputs[0].token_ids),
+                 [{k: v.logprob for k, v in d.items()} for d in o.outputs[0].logprobs])
+                for p, o in zip(em.PROMPTS, outs)]
+
+    def tied(state):
+        return dict(state, **{"lm_head.weight": state["model.embed_tokens.weight"]})
+
+    try:
+        ok, summary = agreement(served(), tied(v1))
+        check(ok, f"tied: version 1: {summary}")
+        llm.collective_rpc("init_weight_transfer_engine",
+                           kwargs={"init_info": {"root": root, "version": 1}})
+        prev = v1
+        for version, changed, slot in ((2, ["model.embed_tokens.weight"], "b"), (3, None, "a")):
+            state = changed_copy(prev, ["model.embed_tokens.weight"], 40 + version)
+            write_slot(os.path.join(root, "views", slot), state, config)
+            llm.collective_rpc("start_weight_update")
+            llm.collective_rpc("update_weights", kwargs={"update_info": {
+                "slot": os.path.join(root, "views", slot), "version": version,
+                "changed": changed, "base": version - 1}})
+            llm.collective_rpc("finish_weight_update")
+            got = served()
+            what = f"tied: version {version} ({'sparse' if changed else 'full'} update)"
+            ok, summary = agreement(got, tied(state))
+            check(ok, f"{what}: matches its reference: {summary}")
+            stale = dict(state, **{"lm_head.weight": prev["model.embed_tokens.weight"]})
+            ok, summary = agreement(got, stale)
+            check(not ok, f"{what}: not the new embedding with the old lm_head: {summary}")
+            prev = state
+    finally:
+        del llm
+
+
 ENGINE_URL = [""]
 
 
@@ -591,6 +657,7 @@ def run(work, n_timed, adapter):
             with open(log_path) as f:
                 tail = f.read()[-4000:]
             print("---- vllm serve log (tail) ----\n" + tail, flush=True)
+    tied_embeddings(work)
 
 
 def main():

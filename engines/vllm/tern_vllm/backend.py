@@ -83,6 +83,7 @@ class TernWeightTransferEngine(WeightTransferEngine[TernInitInfo, TernUpdateInfo
         self._schema = None    # name -> TensorEntry of the checkpoint the engine loaded
         self._packed = dict(getattr(model, "packed_modules_mapping", None) or {})
         self._version = None   # the version the model holds, as far as tern knows
+        self._tied = {}        # module name -> modules sharing one of its parameters
         self.last_update = {}  # timings of the last update (seconds), for logs and tests
 
     # -- the contract ---------------------------------------------------------
@@ -102,6 +103,7 @@ class TernWeightTransferEngine(WeightTransferEngine[TernInitInfo, TernUpdateInfo
         self._schema = slots.read_slot(model_dir)
         self._root = os.path.realpath(root)
         self._version = init_info.version
+        self._tied = self._tied_modules()
         logger.info("tern: root %s, %d tensors in %s, version %s", self._root,
                     len(self._schema), model_dir, self._version)
 
@@ -150,6 +152,7 @@ class TernWeightTransferEngine(WeightTransferEngine[TernInitInfo, TernUpdateInfo
             keys, names = slots.plan_groups(self._schema, u.changed, self._packed)
         slots.check_against_schema(entries, self._schema, names, u.slot)
         layerwise = self._modules(keys) if keys is not None else None
+        reprocess = self._partners(keys)
         t1 = time.perf_counter()
         # Read before touching the model: a read error loads nothing. Sparse
         # updates hold only the tensors of the modules they touch; a full
@@ -160,6 +163,10 @@ class TernWeightTransferEngine(WeightTransferEngine[TernInitInfo, TernUpdateInfo
             weights = self._stream(entries, names)
         t2 = time.perf_counter()
         self._load(weights, layerwise)
+        for m in reprocess:
+            # Tied to a module just reloaded: same weight, its own packed
+            # copy (vLLM's CPU build packs lm_head's), made again.
+            m.quant_method.process_weights_after_loading(m)
         t3 = time.perf_counter()
         self._version = u.version
         self.last_update = {"version": u.version, "tensors": len(names),
@@ -199,6 +206,44 @@ class TernWeightTransferEngine(WeightTransferEngine[TernInitInfo, TernUpdateInfo
                                       "model; send this update with changed: null") from None
             if isinstance(getattr(m, "quant_method", None), QuantizeMethodBase):
                 out.append(m)
+        return out
+
+    def _tied_modules(self):
+        """module name -> the other modules holding one of its parameters
+        (tie_word_embeddings: embed_tokens and lm_head share a weight)."""
+        holders = {}
+        for name, m in self.model.named_modules():
+            for p in m.parameters(recurse=False):
+                holders.setdefault(id(p), []).append(name)
+        tied = {}
+        for names in holders.values():
+            for n in names:
+                tied.setdefault(n, set()).update(x for x in names if x != n)
+        return {k: sorted(v) for k, v in tied.items() if v}
+
+    def _partners(self, keys):
+        """Modules to process again after the load: those tied to a module
+        the update reloads (all tied ones for a full update). vLLM's
+        layerwise reload processes only one of two tied modules. Only an
+        unquantized partner is processed again (idempotent: it re-packs
+        the shared weight); a quantized one is refused before loading."""
+        from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+        names = set()
+        for key in (self._tied if keys is None else keys):
+            names.update(self._tied.get(key, ()))
+        if keys is not None:
+            names -= set(keys)
+        out = []
+        for name in sorted(names):
+            m = self.model.get_submodule(name)
+            qm = getattr(m, "quant_method", None)
+            if not isinstance(qm, QuantizeMethodBase):
+                continue  # nothing derived from the weight: sharing it is enough
+            if not type(qm).__name__.startswith("Unquantized"):
+                raise slots.SlotError(f"module {name!r} shares a weight with a module this "
+                                      f"update reloads and is quantized ({type(qm).__name__}): "
+                                      "tern cannot process it again")
+            out.append(m)
         return out
 
     @staticmethod
