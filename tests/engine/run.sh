@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs the engine tests (test_vllm.py) with the engine venv that
+# Runs the engine tests with the engine venv that
 # scripts/install-engine-env.sh built. A missing venv is a failure, never a
 # skip: CI installs it first (scripts/test.sh).
-#   run.sh TERN [FORMAT...]
+#   run.sh TERN [FORMAT...]       test_vllm.py: tern cast's views in vLLM
+#   run.sh --backend [--updates N] test_tern_vllm.py: the tern weight-transfer
+#                                 backend (engines/vllm) in vLLM's server
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${TERN_ENGINE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tern/engine-venv}
@@ -10,6 +12,12 @@ if [ ! -f "$venv/.tern-engine-env" ] || [ ! -x "$venv/bin/python" ]; then
   echo "FAIL: no engine environment at $venv; run scripts/install-engine-env.sh" \
        "(scripts/test.sh does)" >&2
   exit 1
+fi
+if [ "${1:-}" = "--backend" ]; then
+  shift
+  # tern-vllm from this tree (reinstalled only when it changed: a second).
+  "$here/../../scripts/install-engine-env.sh" >/dev/null
+  exec nice -n 10 "$venv/bin/python" "$here/test_tern_vllm.py" "$@"
 fi
 # vLLM is CPU-heavy and the machine is shared: lowest priority. Threads: one
 # per core is vLLM's default; the model is tiny either way.
