@@ -1,6 +1,6 @@
 // A version's model files in a view store slot: config.json, the tokenizer,
 // the quantization config — what an engine loads beside the tensors
-// (docs/agent.md §2.2, the manifest's files: docs/format/agent.md §3.1).
+// (docs/agent.md §3 "Model files", the manifest's files: docs/format/agent.md §3.1).
 //
 // WriteSlotFiles makes a slot directory hold exactly `files` besides its
 // tensor files: each is read from its source, checked against its signed

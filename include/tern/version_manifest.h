@@ -79,7 +79,7 @@ struct ManifestObject {
 
 // A model file that is not a tensor (config.json, tokenizer files, the
 // quantization config): shipped with the version, present in every slot
-// that serves it (docs/agent.md §2.2).
+// that serves it (docs/agent.md §3 "Model files").
 struct ManifestFile {
   std::string name;  // ValidModelFileName
   uint64_t bytes = 0;  // 0 .. kMaxManifestFileBytes
