@@ -33,7 +33,8 @@
 // handlers in flight and removes the Unix socket; it is idempotent. Methods
 // of one AdminServer may be called from any thread.
 //
-// Client. AdminGet/AdminPost make one request with a total timeout and a
+// Client. AdminGet/AdminPost make one request (the path may end in a query
+// of plain characters: "/events?after=3") with a total timeout and a
 // bound on the reply's size; a non-2xx answer is an error Status carrying
 // the status code and the server's one-line reason (401/403 -> kAuth,
 // 408 -> kTimeout, 413 -> kResourceExhausted, 404 -> kNotFound, other 4xx ->
