@@ -157,6 +157,12 @@ class AgentImpl final : public Agent {
   // missing and checked against their signed SHA-256 (kAuth: refused).
   Result<std::vector<SlotFile>> MemberModelFiles(uint64_t version);
   void MemberForgetModelFiles();
+  // A version whose files could not be had (the object service away, bytes
+  // that do not match) waits in ready_ and is tried again a second later,
+  // kModelFileAttemptsMax times in all; then it waits for the next version
+  // or catch-up. By target version; pruned below the served one.
+  std::map<uint64_t, uint32_t> files_attempts_ GUARDED_BY(mu_);
+  uint64_t files_retry_us_ GUARDED_BY(mu_) = 0;  // MemberTryApply again then (0: none due)
   void MemberCatchUp(CatchUpReply plan);
   Status SaveMemberState() REQUIRES(mu_);
   Result<RelayNode*> EnsureRelay(const BoardId& board) REQUIRES(mu_);

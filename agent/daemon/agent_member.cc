@@ -17,6 +17,9 @@ constexpr uint64_t kMaxStateBytes = 64 << 10;
 // While a parent keeps failing, one log line per this many failed dials
 // (at the 2 s backoff cap: about one a minute).
 constexpr uint32_t kParentFailuresPerSummary = 32;
+// A version whose model files cannot be had is tried this often, a second
+// apart (AgentImpl::files_attempts_).
+constexpr uint32_t kModelFileAttemptsMax = 10;
 
 // The signed object's bytes, checked against its manifest entry without the
 // hash list: every chunk's SHA-256 folded into the Merkle root the publisher
@@ -383,6 +386,20 @@ void AgentImpl::MemberTryApply() {
       next = pick->second;
       ready_.erase(pick);
     }
+    // Its model files first (fetched and checked here, cached for the apply).
+    if (auto files = MemberModelFiles(next.first.to); !files.ok()) {
+      MutexLock lock(mu_);
+      files_attempts_.erase(files_attempts_.begin(), files_attempts_.upper_bound(store_version_));
+      const uint32_t attempts = ++files_attempts_[next.first.to];
+      Log("cannot apply " + ObjectName(next.first) + ": " + files.status().ToString() +
+          (attempts < kModelFileAttemptsMax ? " (trying again in a second)"
+                                             : " (given up: waiting for the next version)"));
+      if (attempts < kModelFileAttemptsMax) {
+        ready_.try_emplace(next.first.to, next);
+        files_retry_us_ = clock_.NowUs() + 1'000'000;
+      }
+      return;
+    }
     Status s = MemberApplyObject(next.first, next.second);
     if (!s.ok()) Log("cannot apply " + ObjectName(next.first) + ": " + s.ToString());
   }
@@ -665,11 +682,16 @@ void AgentImpl::MemberTick() {
   bool catch_up = false;
   std::string note;  // logged outside mu_
   bool prepare_spare = false;
+  bool retry_apply = false;
   {
     MutexLock lock(mu_);
     if (spare_due_us_ != 0 && clock_.NowUs() >= spare_due_us_) {
       spare_due_us_ = 0;
       prepare_spare = true;
+    }
+    if (files_retry_us_ != 0 && clock_.NowUs() >= files_retry_us_) {
+      files_retry_us_ = 0;
+      retry_apply = true;
     }
     if (root_conn_ && joined_) {
       Send(out, root_conn_, MakeHeartbeatLocked());
@@ -736,6 +758,7 @@ void AgentImpl::MemberTick() {
   Flush(out);
   if (!note.empty()) Log(note);
   if (prepare_spare) Post([this] { MemberPrepareSpare(); });
+  if (retry_apply) Post([this] { MemberTryApply(); });
   MemberProbeParents();
   for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address, TransportOf(p));
 }
