@@ -31,8 +31,8 @@ Result<std::vector<ManifestFile>> StoreModelFiles(Env& env, const std::string& c
     if (t != FileType::kRegular) continue;
     TERN_ASSIGN_OR_RETURN(uint64_t size, env.FileSize(path));
     if (size > kMaxManifestFileBytes) {
-      log(internal::StrCat("publish: ", path, " (", size, " bytes) is over ",
-                           kMaxManifestFileBytes, " bytes: not a model file, not shipped"));
+      log(internal::StrCat("publish: ", path, " (", size, " bytes) is over ", kMaxManifestFileBytes,
+                           " bytes: not a model file, not shipped"));
       continue;
     }
     TERN_REQUIRE(out.size() < kMaxManifestFiles, kInvalidArgument, "publish: ", checkpoint_path,
@@ -41,8 +41,9 @@ Result<std::vector<ManifestFile>> StoreModelFiles(Env& env, const std::string& c
     std::string bytes;
     TERN_RETURN_IF_ERROR(ReadFileToString(env, path, kMaxManifestFileBytes, &bytes));
     total += bytes.size();
-    TERN_REQUIRE(total <= kMaxManifestFilesTotalBytes, kInvalidArgument, "publish: the model files of ",
-                 checkpoint_path, " hold more than ", kMaxManifestFilesTotalBytes, " bytes");
+    TERN_REQUIRE(total <= kMaxManifestFilesTotalBytes, kInvalidArgument,
+                 "publish: the model files of ", checkpoint_path, " hold more than ",
+                 kMaxManifestFilesTotalBytes, " bytes");
     ManifestFile f{name, bytes.size(), Sha256Of(Bytes(bytes))};
     const std::string stored = files_dir + "/" + Hex(f.sha256);
     TERN_ASSIGN_OR_RETURN(FileType there, env.TypeOf(stored, false));

@@ -26,20 +26,26 @@ Result<uint64_t> ParamU64(const AdminRequest& req, const std::string& name, uint
   char* end = nullptr;
   errno = 0;
   const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  TERN_REQUIRE(!v.empty() && v.size() <= 20 && v[0] != '-' && end == v.c_str() + v.size() &&
-                   errno == 0,
-               kInvalidArgument, "events: ", name, "=", v.substr(0, 32),
-               " is not a non-negative integer");
+  TERN_REQUIRE(
+      !v.empty() && v.size() <= 20 && v[0] != '-' && end == v.c_str() + v.size() && errno == 0,
+      kInvalidArgument, "events: ", name, "=", v.substr(0, 32), " is not a non-negative integer");
   return static_cast<uint64_t>(x);
 }
 
 AdminResponse ErrorResponse(const Status& s) {
   int code = 500;
   switch (s.code()) {
-    case Code::kInvalidArgument: code = 400; break;
-    case Code::kResourceExhausted: code = 503; break;
-    case Code::kUnavailable: code = 503; break;
-    default: break;
+    case Code::kInvalidArgument:
+      code = 400;
+      break;
+    case Code::kResourceExhausted:
+      code = 503;
+      break;
+    case Code::kUnavailable:
+      code = 503;
+      break;
+    default:
+      break;
   }
   nlohmann::json j;
   j["error"] = s.message();
@@ -130,7 +136,8 @@ AdminRoute AgentImpl::EventsRoute() {
     if (!st.ok()) return ErrorResponse(st);
     nlohmann::json j;
     j["events"] = nlohmann::json::array();
-    for (const AgentEvent& e : events) j["events"].push_back(nlohmann::json::parse(EventJsonText(e)));
+    for (const AgentEvent& e : events)
+      j["events"].push_back(nlohmann::json::parse(EventJsonText(e)));
     // A gap: events after `after` that the ring no longer holds.
     const uint64_t first = events.empty() ? 0 : events.front().seq;
     j["gap"] = first > *after + 1 ? first - *after - 1 : 0;

@@ -70,12 +70,18 @@ namespace tern {
 
 const char* AgentEventKindName(AgentEvent::Kind kind) {
   switch (kind) {
-    case AgentEvent::Kind::kVersionPublished: return "version_published";
-    case AgentEvent::Kind::kVersionServed: return "version_served";
-    case AgentEvent::Kind::kMemberJoined: return "member_joined";
-    case AgentEvent::Kind::kMemberLeft: return "member_left";
-    case AgentEvent::Kind::kMemberFailed: return "member_failed";
-    case AgentEvent::Kind::kMemberDemoted: return "member_demoted";
+    case AgentEvent::Kind::kVersionPublished:
+      return "version_published";
+    case AgentEvent::Kind::kVersionServed:
+      return "version_served";
+    case AgentEvent::Kind::kMemberJoined:
+      return "member_joined";
+    case AgentEvent::Kind::kMemberLeft:
+      return "member_left";
+    case AgentEvent::Kind::kMemberFailed:
+      return "member_failed";
+    case AgentEvent::Kind::kMemberDemoted:
+      return "member_demoted";
   }
   return "unknown";
 }

@@ -120,8 +120,10 @@ TEST_F(ServeHookTest, RunsForTheNewestWithTheEvent) {
   joined.kind = AgentEvent::Kind::kMemberJoined;
   ring.Push(joined);
   ring.Push(Served(3, "/data/views/b"));
-  ServeHook hook(ring, "cat > " + out + ".json; echo \"$TERN_EVENT_VERSION $TERN_EVENT_SLOT_DIR\" > " + out + ".env",
-                 10000, Log());
+  ServeHook hook(
+      ring,
+      "cat > " + out + ".json; echo \"$TERN_EVENT_VERSION $TERN_EVENT_SLOT_DIR\" > " + out + ".env",
+      10000, Log());
   hook.Start();
   ASSERT_TRUE(WaitFor([&] { return hook.counts().ok.load() == 1; }, 10));
   EXPECT_EQ(hook.counts().coalesced.load(), 2u);
@@ -143,10 +145,10 @@ TEST_F(ServeHookTest, RunsForTheNewestWithTheEvent) {
 TEST_F(ServeHookTest, SlowHookIsKilledAndFailuresCounted) {
   EventRing ring(SteadyClock());
   const std::string marker = tmp_ / "late";
-  ServeHook hook(ring,
-                 "if [ \"$TERN_EVENT_VERSION\" = 1 ]; then sleep 30; touch " + marker +
-                     "; else exit 3; fi",
-                 300, Log());
+  ServeHook hook(
+      ring,
+      "if [ \"$TERN_EVENT_VERSION\" = 1 ]; then sleep 30; touch " + marker + "; else exit 3; fi",
+      300, Log());
   hook.Start();
   const auto t0 = std::chrono::steady_clock::now();
   ring.Push(Served(1));

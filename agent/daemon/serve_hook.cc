@@ -45,7 +45,9 @@ ServeHook::ServeHook(EventRing& ring, std::string command, uint32_t timeout_ms, 
 
 ServeHook::~ServeHook() { Stop(); }
 
-void ServeHook::Start() { thread_ = std::thread([this] { Loop(); }); }
+void ServeHook::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void ServeHook::Stop() {
   stopping_ = true;
@@ -155,8 +157,9 @@ void ServeHook::Run(const AgentEvent& e) {
     log_(what + " exited 0 in " + took);
   } else {
     ++counts_.failed;
-    log_(what + (WIFEXITED(status) ? " exited " + std::to_string(WEXITSTATUS(status))
-                                   : " ended by signal " + std::to_string(WTERMSIG(status))) +
+    log_(what +
+         (WIFEXITED(status) ? " exited " + std::to_string(WEXITSTATUS(status))
+                            : " ended by signal " + std::to_string(WTERMSIG(status))) +
          " in " + took);
   }
 }

@@ -18,7 +18,8 @@ namespace {
 using Files = std::map<std::string, std::string>;  // name -> bytes
 
 void WriteFiles(const std::string& dir, const Files& files) {
-  for (const auto& [name, bytes] : files) std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+  for (const auto& [name, bytes] : files)
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
 }
 
 // A slot's files other than its tensors.
@@ -69,8 +70,9 @@ class AgentEventsTest : public AgentSystemFixture {
     agent::AdminClientOptions o;
     o.token = "admin-token";
     o.timeout_ms = 10000;
-    auto body = agent::AdminGet(Admin(a), "/events?after=" + std::to_string(after) +
-                                              "&timeout_ms=" + std::to_string(timeout_ms), o);
+    auto body = agent::AdminGet(
+        Admin(a),
+        "/events?after=" + std::to_string(after) + "&timeout_ms=" + std::to_string(timeout_ms), o);
     EXPECT_TRUE(body.ok()) << body.status().ToString();
     return body.ok() ? nlohmann::json::parse(*body) : nlohmann::json();
   }
@@ -110,15 +112,16 @@ TEST_F(AgentEventsTest, ModelFilesEventsAndHookEndToEnd) {
   v2_files["tokenizer.json"] = std::string(200000, 'u');
   const std::string v2 = NextStep();
   WriteFiles(v2, v2_files);
-  fs::create_directories(v2 + "/subdir");               // not a model file
-  std::ofstream(v2 + "/.hidden") << "not shipped";       // nor this
+  fs::create_directories(v2 + "/subdir");           // not a model file
+  std::ofstream(v2 + "/.hidden") << "not shipped";  // nor this
   PublishDir(v2, 2);
   ASSERT_TRUE(AllServe(2)) << Lagging(2);
   EXPECT_EQ(ModelFilesIn(members_["m1"].dir + "/current"), v2_files);
 
   // v3: two tensors change; the config changes, the generation config goes,
   // a quantization config comes.
-  const std::vector<std::string> changed = {"model.layers.0.mlp.up_proj.weight", "model.norm.weight"};
+  const std::vector<std::string> changed = {"model.layers.0.mlp.up_proj.weight",
+                                            "model.norm.weight"};
   const std::string v3 = (dir_ / "trace" / "v3").string();
   {
     auto c = Checkpoint::Open(v2);

@@ -8,10 +8,18 @@
 namespace tern::agent {
 namespace {
 
-// A slot holds its tensor files, the safetensors index when sharded, and
-// the model files; nothing else is ever written there, but an operator's
-// dot file is not ours to remove.
+// A slot (the view store's own directory) holds its tensor files, the
+// safetensors index when sharded, and the version's model files; anything
+// else (what a seed's copy brought along: a dot file, a subdirectory; a
+// write a crash cut short) goes.
 constexpr uint64_t kSlotEntriesMax = 4096;
+
+bool IsTensorFile(std::string_view name) {
+  auto ends = [&](std::string_view tail) {
+    return name.size() >= tail.size() && name.substr(name.size() - tail.size()) == tail;
+  };
+  return ends(".safetensors") || ends(".safetensors.index.json");
+}
 
 std::span<const uint8_t> Bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -30,7 +38,8 @@ Status WriteSlotFiles(Env& env, const std::string& slot_path, const std::vector<
   contents.reserve(files.size());
   for (const SlotFile& f : files) {
     TERN_REQUIRE(ValidModelFileName(f.file.name) && names.insert(f.file.name).second,
-                 kInvalidArgument, "slot files: \"", f.file.name, "\" is not a model file name or is listed twice");
+                 kInvalidArgument, "slot files: \"", f.file.name,
+                 "\" is not a model file name or is listed twice");
     std::string bytes;
     Status read = ReadFileToString(env, f.source_path, f.file.bytes, &bytes);
     if (read.code() == Code::kResourceExhausted)
@@ -44,11 +53,8 @@ Status WriteSlotFiles(Env& env, const std::string& slot_path, const std::vector<
   }
   TERN_ASSIGN_OR_RETURN(auto present, env.ListDir(slot_path, kSlotEntriesMax));
   for (const std::string& name : present) {
-    const bool leftover = name.rfind(".tmp-", 0) == 0;  // a write a crash cut short
-    if (!leftover && (!ValidModelFileName(name) || names.count(name) != 0)) continue;
-    TERN_ASSIGN_OR_RETURN(FileType type, env.TypeOf(slot_path + "/" + name, false));
-    if (type != FileType::kRegular) continue;
-    TERN_RETURN_IF_ERROR(env.RemoveFile(slot_path + "/" + name));
+    if (IsTensorFile(name) || names.count(name) != 0) continue;
+    TERN_RETURN_IF_ERROR(RemoveTree(env, slot_path + "/" + name));
   }
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string path = slot_path + "/" + files[i].file.name;

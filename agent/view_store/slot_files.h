@@ -5,9 +5,11 @@
 // WriteSlotFiles makes a slot directory hold exactly `files` besides its
 // tensor files: each is read from its source, checked against its signed
 // SHA-256 and size (kAuth when they differ: refused like a bad chunk, and
-// the slot is left as it was for that file), written under a temporary
-// name, synced and renamed over its name; a model file the slot holds that
-// `files` does not name is removed; then the directory is synced. A file
+// the slot is left as it was), written under a temporary name, synced and
+// renamed over its name; anything else in the slot but its tensor files
+// and the safetensors index (an older version's model file, what a seed's
+// copy brought along: a dot file, a subdirectory) is removed; then the
+// directory is synced. A file
 // whose bytes already are the new ones is left alone (no write, no sync).
 // An empty `files` changes nothing: a version published before manifests
 // named files (format 1) says nothing about them, and the slot keeps what

@@ -111,11 +111,15 @@ TEST_F(ViewStoreTest, TamperedModelFileSwitchesNothing) {
   ASSERT_TRUE(store->Advance(trace_.Patch(1, 2), v2).ok());
   EXPECT_EQ(tern::testing::Slurp(store->current_path() + "/config.json"), "{\"v\": 2}");
   EXPECT_EQ(Differs(store->current_path(), trace_, 2), "");
-  // Seed with files: the seed's own passenger config.json is replaced.
+  // Seed with files: the seed's own passenger config.json is replaced, and
+  // what else its copy brought along goes.
   trace_.Write(5, tmp_ / "dir5");
+  std::filesystem::create_directories(tmp_ / "dir5/subdir");
+  std::ofstream(tmp_ / "dir5/.hidden") << "x";
   auto v5 = ModelFiles(src + "/5", {{"config.json", "five"}});
   ASSERT_TRUE(store->Seed(tmp_ / "dir5", 5, trace_.digest(5), v5).ok());
   EXPECT_EQ(tern::testing::Slurp(store->current_path() + "/config.json"), "five");
+  EXPECT_EQ(NonTensorFiles(store->current_path()), (std::set<std::string>{"config.json"}));
 }
 
 TEST_F(ViewStoreTest, SeedWithWrongDigestServesNothing) {
