@@ -294,9 +294,11 @@ class TERN_EXPORT Agent {
   // empty if none came. The agent keeps its last 1024 events (a ring): when
   // out's first seq is above after_seq + 1, the events in between were
   // dropped (a gap: the caller missed them, e.g. re-reads DIR/current).
-  // after_seq 0 asks for everything held. kResourceExhausted when 64
-  // callers already wait; kUnavailable once the agent is stopping.
-  // Thread-safe; wakes within the timeout when Stop runs.
+  // after_seq 0 asks for everything held; an after_seq beyond the agent's
+  // last seq (the caller outlived a restart: seqs begin at 1 again) is
+  // taken as 0. A zero timeout never waits. kResourceExhausted when 64
+  // callers already wait; kUnavailable once the agent is stopping (waiters
+  // wake at once). Thread-safe. Events: docs/agent/operations.md "Events".
   virtual Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
                             std::vector<AgentEvent>* out) = 0;
 
