@@ -8,6 +8,8 @@
 #include <future>
 #include <thread>
 
+#include "agent/board/model_files.h"
+#include "base/text.h"
 #include "tern/fault_env.h"
 #include "tests/support/agent_board.h"
 
@@ -92,6 +94,73 @@ TEST_F(BoardTest, FirstVersionIsAKeyframeThenPatchesChainAndApply) {
 
 // PublishOptions::format_version picks the objects' format (the root's
 // --patch-format); both chain and apply the same.
+// A checkpoint's model files: the rule (small regular files beside the
+// tensors, no index, no dot file, no directory), stored by content, signed
+// in the version's manifest and in a squash of it; the bounds refused.
+std::span<const uint8_t> Span(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+TEST_F(BoardTest, ModelFilesAreGatheredSignedAndKeptByContent) {
+  auto write = [&](const std::string& path, const std::string& text) {
+    ASSERT_TRUE(WriteNewFile(*env, path, Span(text)).ok()) << path;
+  };
+  ASSERT_TRUE(CreateDirs(*env, "/ckpt/sub").ok());
+  write("/ckpt/config.json", "{}");
+  write("/ckpt/tokenizer.json", "tok");
+  write("/ckpt/model.safetensors", "not read");
+  write("/ckpt/model.safetensors.index.json", "{}");
+  write("/ckpt/.hidden", "x");
+  write("/ckpt/sub/inner.json", "x");
+  write("/ckpt/optimizer.pt", std::string(kMaxManifestFileBytes + 1, 'o'));
+  auto log = [this](std::string_view line) {
+    std::lock_guard lock(mu);
+    lines.emplace_back(line);
+  };
+  auto files = StoreModelFiles(*env, "/ckpt", "/root/objects/files", log);
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].name, "config.json");
+  EXPECT_EQ((*files)[1].name, "tokenizer.json");
+  EXPECT_EQ((*files)[1].bytes, 3u);
+  EXPECT_EQ((*files)[1].sha256, Sha256Of(Span(std::string("tok"))));
+  EXPECT_TRUE(Logged("optimizer.pt"));
+  std::string stored;
+  ASSERT_TRUE(ReadFileToString(*env, "/root/objects/files/" + Hex((*files)[1].sha256), 100, &stored).ok());
+  EXPECT_EQ(stored, "tok");
+
+  auto board = MustOpen(*env);
+  PublishOptions options;
+  options.files = *files;
+  model.Next(50, 1 << 20);
+  model.Next(50, 1 << 20);
+  ASSERT_TRUE(Publish(*board, 1, options).ok());
+  ASSERT_TRUE(Publish(*board, 2, options).ok());
+  EXPECT_EQ(board->Manifest(2)->files, *files);
+  // A squash's manifest names its version's files too.
+  ASSERT_TRUE(MakeSquash(*board, signer, 0, 2, {}, pool).ok());
+  const auto signed_manifests = board->SignedManifests(2);
+  ASSERT_EQ(signed_manifests.size(), 2u);
+  auto squash = verifier.Verify(signed_manifests[1]);
+  ASSERT_TRUE(squash.ok());
+  EXPECT_EQ(squash->files, *files);
+  // Restart: the board's records with files verify again.
+  board.reset();
+  board = MustOpen(*env);
+  EXPECT_EQ(board->Manifest(1)->files, *files);
+
+  // Too many files: a clear refusal.
+  ASSERT_TRUE(CreateDirs(*env, "/many").ok());
+  for (uint32_t i = 0; i <= kMaxManifestFiles; ++i) write("/many/f" + std::to_string(100 + i), "x");
+  auto many = StoreModelFiles(*env, "/many", "/root/objects/files", log);
+  EXPECT_EQ(many.status().code(), Code::kInvalidArgument) << many.status().ToString();
+  // Retention: files no version names go.
+  ASSERT_TRUE(RetainModelFiles(*env, "/root/objects/files", {Hex((*files)[0].sha256)}).ok());
+  auto left = env->ListDir("/root/objects/files", 100);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(*left, std::vector<std::string>{Hex((*files)[0].sha256)});
+}
+
 TEST_F(BoardTest, PublishesTheFormatItIsAskedFor) {
   for (uint16_t format : {uint16_t{1}, uint16_t{2}}) {
     std::unique_ptr<Env> fresh = NewMemEnv();

@@ -17,6 +17,9 @@ constexpr uint64_t kMaxStateBytes = 64 << 10;
 // While a parent keeps failing, one log line per this many failed dials
 // (at the 2 s backoff cap: about one a minute).
 constexpr uint32_t kParentFailuresPerSummary = 32;
+// A version whose model files cannot be had is tried this often, a second
+// apart (AgentImpl::files_attempts_).
+constexpr uint32_t kModelFileAttemptsMax = 10;
 
 // The signed object's bytes, checked against its manifest entry without the
 // hash list: every chunk's SHA-256 folded into the Merkle root the publisher
@@ -320,6 +323,9 @@ bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& 
     return false;
   }
   known_head_ = std::max(known_head_, m.version);
+  // Its model files are applied with it (MemberModelFiles).
+  manifests_[m.version] = m;
+  while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
   return true;
 }
 
@@ -383,6 +389,20 @@ void AgentImpl::MemberTryApply() {
       next = pick->second;
       ready_.erase(pick);
     }
+    // Its model files first (fetched and checked here, cached for the apply).
+    if (auto files = MemberModelFiles(next.first.to); !files.ok()) {
+      MutexLock lock(mu_);
+      files_attempts_.erase(files_attempts_.begin(), files_attempts_.upper_bound(store_version_));
+      const uint32_t attempts = ++files_attempts_[next.first.to];
+      Log("cannot apply " + ObjectName(next.first) + ": " + files.status().ToString() +
+          (attempts < kModelFileAttemptsMax ? " (trying again in a second)"
+                                             : " (given up: waiting for the next version)"));
+      if (attempts < kModelFileAttemptsMax) {
+        ready_.try_emplace(next.first.to, next);
+        files_retry_us_ = clock_.NowUs() + 1'000'000;
+      }
+      return;
+    }
     Status s = MemberApplyObject(next.first, next.second);
     if (!s.ok()) Log("cannot apply " + ObjectName(next.first) + ": " + s.ToString());
   }
@@ -422,11 +442,16 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
   TERN_ASSIGN_OR_RETURN(auto file, env_.Map(path, MapMode::kReadOnly));
   const auto bytes = file->bytes();
+  TERN_ASSIGN_OR_RETURN(std::vector<SlotFile> files, MemberModelFiles(ref.to));
+  // For the served event: the tensors the patch changes (its manifest).
+  bool all = ref.kind == ObjectKind::kKeyframe;
+  std::vector<std::string> changed;
+  if (!all) changed = ChangedTensors(bytes, &all);
   if (ref.kind == ObjectKind::kKeyframe) {
-    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to));
+    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files));
   } else {
     // Finishes the stream of this patch, if one began (or drops another's).
-    Status s = store_->Advance(bytes);
+    Status s = store_->Advance(bytes, files);
     stream_file_.reset();
     TERN_RETURN_IF_ERROR(s);
   }
@@ -453,6 +478,8 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
   }
   Flush(out);
+  EmitServed(ref.to, store_->digest(), all, std::move(changed));
+  MemberForgetModelFiles();
   Log("serving version " + std::to_string(ref.to) + " (" + ObjectName(ref) + ", applied in " +
       std::to_string(dt) + " s, waited " + std::to_string(waited_s) +
       " s for the work thread, process cpu " + std::to_string(cpu_s) + " s)");
@@ -464,7 +491,9 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
   // Seed copies the checkpoint and compares its full digest with the signed
   // one before anything is switched: a wrong or damaged checkpoint changes
   // nothing.
-  Status s = store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest);
+  auto files = MemberModelFiles(m.version);
+  Status s = files.ok() ? store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest, *files)
+                        : files.status();
   Outbox out;
   {
     MutexLock lock(mu_);
@@ -482,6 +511,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
         ": " + s.ToString() + "; catching up without it");
     return;
   }
+  EmitServed(m.version, m.target_digest, /*all=*/true, {});
   Log("serving version " + std::to_string(m.version) + " (seeded from " + opt_.seed_checkpoint +
       ", its digest is the signed one; " + std::to_string(NowS() - t0) + " s)");
 }
@@ -522,6 +552,13 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
       return done();
     }
     manifests.push_back(std::move(m).value());
+  }
+  {
+    // Their model files are applied with them (MemberModelFiles).
+    MutexLock lock(mu_);
+    for (const VersionManifest& m : manifests)
+      if (m.version >= store_version_) manifests_[m.version] = m;
+    while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
   }
   bool seed = false;
   {
@@ -649,12 +686,17 @@ void AgentImpl::MemberTick() {
   std::string note;  // logged outside mu_
   bool prepare_spare = false;
   std::shared_ptr<Connection> cut_off;
+  bool retry_apply = false;
   {
     MutexLock lock(mu_);
     cut_off = MemberCutOffLocked();
     if (spare_due_us_ != 0 && clock_.NowUs() >= spare_due_us_) {
       spare_due_us_ = 0;
       prepare_spare = true;
+    }
+    if (files_retry_us_ != 0 && clock_.NowUs() >= files_retry_us_) {
+      files_retry_us_ = 0;
+      retry_apply = true;
     }
     if (root_conn_ && joined_) {
       Send(out, root_conn_, MakeHeartbeatLocked());
@@ -727,6 +769,7 @@ void AgentImpl::MemberTick() {
   }
   if (!note.empty()) Log(note);
   if (prepare_spare) Post([this] { MemberPrepareSpare(); });
+  if (retry_apply) Post([this] { MemberTryApply(); });
   MemberProbeParents();
   for (const auto& p : redial) relay->SetParent(p.stripe, stripes, p.data_address, TransportOf(p));
 }

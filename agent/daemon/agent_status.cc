@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/serve_hook.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
@@ -205,6 +206,17 @@ std::string AgentImpl::MetricsText() const {
       counter("tern_agent_beacons_total", "HEAD beacons received, by verdict.", n,
               {{"verdict", verdict}});
   }
+  counter("tern_agent_events_total", "Events this agent recorded (GET /events).", events_->last_seq());
+  if (serve_hook_) {
+    const ServeHookCounts& h = serve_hook_->counts();
+    const char* help = "Runs of the --on-serve hook by how they ended.";
+    counter("tern_agent_serve_hook_runs_total", help, h.ok.load(), {{"result", "ok"}});
+    counter("tern_agent_serve_hook_runs_total", help, h.failed.load(), {{"result", "failed"}});
+    counter("tern_agent_serve_hook_runs_total", help, h.killed.load(), {{"result", "killed"}});
+    counter("tern_agent_serve_hook_coalesced_total",
+            "Served versions the hook did not run for: a newer one came meanwhile.",
+            h.coalesced.load());
+  }
   if (s.root) {
     gauge("tern_agent_members", "Members joined to this root.", static_cast<double>(s.members.size()));
     for (const auto& m : s.members) {
@@ -305,6 +317,7 @@ Status AgentImpl::StartAdmin() {
   routes.push_back({"GET", "/status", [this](const AdminRequest&) {
                       return AdminResponse{200, "application/json", StatusJson()};
                     }});
+  routes.push_back(EventsRoute());
   if (opt_.root) {
     publish_jobs_ =
         std::make_unique<PublishJobs>([this](const std::string& checkpoint, uint64_t version) {

@@ -31,6 +31,22 @@ bool ValidRoutePath(std::string_view p) {
   return true;
 }
 
+// A route path, then optionally a query of plain characters
+// ("/events?after=3&timeout_ms=5000"): what the client sends.
+bool ValidRequestPath(std::string_view p) {
+  const size_t q = p.find('?');
+  if (!ValidRoutePath(p.substr(0, q))) return false;
+  if (q == std::string_view::npos) return true;
+  if (p.size() > 1000) return false;
+  for (char c : p.substr(q + 1)) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '.' || c == '-' || c == '=' || c == '&' || c == '%')) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string RegexOf(std::string_view path) {
   std::string out;
   for (char c : path) {
@@ -179,12 +195,18 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   const std::string token = options.token;
   for (auto& route : routes) {
     auto fn = [route, token](const httplib::Request& req, httplib::Response& res) {
-      if (route.mutating && !token.empty() &&
+      if ((route.mutating || route.private_read) && !token.empty() &&
           !TokenMatches(req.get_header_value("Authorization"), token)) {
         res.set_header("WWW-Authenticate", "Bearer");
         return SetText(res, 401, "missing or wrong bearer token");
       }
-      AdminResponse out = route.handler(AdminRequest{req.method, req.path, req.body});
+      AdminRequest ar{req.method, req.path, req.body};
+      // The first value of each query parameter, at most kMaxQueryParams.
+      for (const auto& [k, v] : req.params) {
+        if (ar.params.size() >= kMaxQueryParams) break;
+        ar.params.emplace(k, v);
+      }
+      AdminResponse out = route.handler(ar);
       res.status = out.status;
       res.set_content(std::move(out.body), out.content_type.c_str());
     };
@@ -244,7 +266,7 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
                               std::string_view body, const AdminClientOptions& options) {
   auto hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
-  TERN_REQUIRE(ValidRoutePath(path), kInvalidArgument, "admin: bad path ", Printable(path));
+  TERN_REQUIRE(ValidRequestPath(path), kInvalidArgument, "admin: bad path ", Printable(path));
   TERN_REQUIRE(options.timeout_ms > 0, kInvalidArgument, "admin: timeout_ms must be > 0");
   const std::string where = std::string(method) + " " + std::string(address) + std::string(path);
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);

@@ -405,6 +405,51 @@ class AgentCli(unittest.TestCase):
                 if a.proc.poll() is None:
                     self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
 
+    def test_model_files_events_and_on_serve_hook(self):
+        """A checkpoint's config and tokenizer reach the member's
+        DIR/current with the version; GET /events names the served version;
+        --on-serve runs with the event on stdin and in TERN_EVENT_*."""
+        import shutil
+        ckpt = os.path.join(self.tmp, "with-files")
+        shutil.copytree(self.step(0), ckpt)
+        files = {"config.json": '{"model_type": "llama"}\n', "tokenizer.json": "t" * 5000}
+        for name, text in files.items():
+            with open(os.path.join(ckpt, name), "w") as f:
+                f.write(text)
+        hook = os.path.join(self.tmp, "hook-out")
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        root = Agent(self.tmp, "ev-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                           "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        agents = [root]
+        try:
+            member = Agent(self.tmp, "ev-m1", ["--join", root.address, "--trust-key",
+                                               os.path.join(root.dir, "public-key.pem"), "--region", "us",
+                                               "--admin", "127.0.0.1:0", "--on-serve",
+                                               "cat > %s.json; echo $TERN_EVENT_VERSION > %s.env" % (hook, hook)]
+                           + tok)
+            agents.append(member)
+            wait_for(lambda: len(self.served(root)) == 1, 30, "the member joined")
+            r = self.publish(root, ckpt, 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: self.served(root).get("ev-m1") == 1, 60, "version 1")
+            for name, text in files.items():
+                self.assertEqual(read(os.path.join(member.dir, "current", name)), text, name)
+            wait_for(lambda: os.path.exists(hook + ".env") and read(hook + ".env") == "1\n", 30, "the hook")
+            event = json.loads(read(hook + ".json"))
+            self.assertEqual(event["kind"], "version_served")
+            self.assertEqual(event["version"], 1)
+            self.assertEqual(event["slot_dir"], os.path.realpath(os.path.join(member.dir, "current")))
+            polled = subprocess.run(["curl", "-sf", "http://%s/events?after=0" % member.admin],
+                                    capture_output=True, text=True, timeout=30)
+            if polled.returncode == 0:  # curl is installed (scripts/install-deps.sh)
+                served = [e for e in json.loads(polled.stdout)["events"] if e["kind"] == "version_served"]
+                self.assertEqual([e["version"] for e in served], [1])
+                self.assertTrue(served[0]["all_tensors"])
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
     def test_intra_cluster_transport_and_the_fallback_for_a_missing_backend(self):
         """--transport-intra: a member whose backend works (plain tcp) gets its
         edge inside the cluster over it; one asking for verbs on a machine
