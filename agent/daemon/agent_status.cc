@@ -135,7 +135,7 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
 
 }  // namespace
 
-std::string AgentImpl::StatusJson() const { return ToJson(Snapshot()).dump(2) + "\n"; }
+std::string AgentImpl::StatusJson() const { return AgentSnapshotJson(Snapshot()); }
 
 // Built fresh on every scrape from the snapshot and the relay's link
 // figures: totals come from the members' own counters (heartbeats), so
@@ -320,6 +320,25 @@ Result<std::string> AgentStatusJson(const std::string& admin_address, const Agen
   o.token = options.token;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/status", o);
+}
+
+Result<std::string> AgentMetricsText(const std::string& admin_address, const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.timeout_ms = options.timeout_ms;
+  return agent::AdminGet(admin_address, "/metrics", o);
+}
+
+Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
+                                         const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.timeout_ms = options.timeout_ms;
+  return agent::AdminGet(admin_address, "/publish", o);
+}
+
+std::string AgentSnapshotJson(const AgentSnapshot& snapshot) {
+  return agent::ToJson(snapshot).dump(2) + "\n";
 }
 
 }  // namespace tern

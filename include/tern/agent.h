@@ -271,5 +271,16 @@ TERN_EXPORT Status PublishToRoot(const std::string& admin_address, const std::st
 // GET /status: the agent's snapshot as JSON text (docs/agent/operations.md).
 TERN_EXPORT Result<std::string> AgentStatusJson(const std::string& admin_address,
                                                 const AgentClientOptions& options = {});
+// GET /metrics: the agent's metrics in Prometheus text (docs/agent/operations.md).
+TERN_EXPORT Result<std::string> AgentMetricsText(const std::string& admin_address,
+                                                 const AgentClientOptions& options = {});
+// GET /publish (a root): its last publish jobs as JSON text,
+// {"jobs": [{"version", "checkpoint", "state", "seconds", "code", "error"}]}.
+TERN_EXPORT Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
+                                                     const AgentClientOptions& options = {});
+
+// The JSON text GET /status serves for `snapshot` (an in-process agent's
+// Snapshot(), for embedders that run no admin port).
+TERN_EXPORT std::string AgentSnapshotJson(const AgentSnapshot& snapshot);
 
 }  // namespace tern

@@ -1,0 +1,346 @@
+/* The C API from a C99 translation unit (include/tern/tern.h): versions,
+ * codes and the per-thread last error; every refusal a caller can provoke
+ * (NULL pointers, bad options, versioned structs of the wrong size, the
+ * wrong handle, buffers too small); then a root and a member on 127.0.0.1,
+ * publishing in-process and through the admin port (token checked), status,
+ * metrics and publish jobs, and the handle after stop. Prints each failed
+ * check with its line and exits 1. */
+#define _XOPEN_SOURCE 700
+
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tern/tern.h"
+#include "tiny_safetensors.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      fprintf(stderr, "capi_test.c:%d: CHECK(%s) failed; last error: %s\n", __LINE__, \
+              #cond, tern_last_error());                                              \
+      ++failures;                                                                     \
+    }                                                                                 \
+  } while (0)
+/* A call's code, and its message naming `needle` when it failed. */
+#define CHECK_CODE(call, want, needle)                                                      \
+  do {                                                                                      \
+    tern_code got_ = (call);                                                                \
+    if (got_ != (want) || strstr(tern_last_error(), (needle)) == NULL) {                    \
+      fprintf(stderr, "capi_test.c:%d: %s: got %s (\"%s\"), want %s naming \"%s\"\n",       \
+              __LINE__, #call, tern_code_name(got_), tern_last_error(), tern_code_name(want), \
+              needle);                                                                      \
+      ++failures;                                                                           \
+    }                                                                                       \
+  } while (0)
+
+static void quiet(void* user, const char* line) { (void)user, (void)line; }
+
+static void sleep_ms(long ms) {
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&t, NULL);
+}
+
+static int remove_entry(const char* path, const struct stat* st, int type, struct FTW* ftw) {
+  (void)st, (void)type, (void)ftw;
+  return remove(path);
+}
+
+static void* other_thread(void* arg) {
+  /* The last error is per thread: this thread has made no call yet. */
+  *(int*)arg = strcmp(tern_last_error(), "") == 0;
+  return NULL;
+}
+
+static void test_versions_and_codes(void) {
+  CHECK(strlen(tern_version()) > 0);
+  CHECK(tern_abi_version() == TERN_ABI_VERSION);
+  CHECK(TERN_ABI_COMPATIBLE(tern_abi_version()));
+  CHECK(!TERN_ABI_COMPATIBLE(tern_abi_version() + (1u << 16)));
+  CHECK(strcmp(tern_code_name(TERN_OK), "ok") == 0);
+  CHECK(strcmp(tern_code_name(TERN_CORRUPT), "corrupt") == 0);
+  CHECK(strcmp(tern_code_name(TERN_AUTH), "authentication") == 0);
+  CHECK(strcmp(tern_code_name(-1), "unknown") == 0);
+  CHECK(strcmp(tern_code_name(1000), "unknown") == 0);
+  CHECK(strcmp(tern_last_error(), "") == 0);
+}
+
+static void base_options(tern_agent_options* o, const char* dir) {
+  tern_agent_options_init(o);
+  o->root = 1;
+  o->listen = "127.0.0.1:0";
+  o->data_dir = dir;
+  o->transport = "tcp";
+  o->log = quiet;
+}
+
+static void test_bad_options(const char* dir) {
+  tern_agent* a = (tern_agent*)&a; /* not NULL: a failed start must set it to NULL */
+  tern_agent_options o;
+  CHECK_CODE(tern_agent_start(NULL, &a), TERN_INVALID_ARGUMENT, "NULL");
+  CHECK(a == NULL);
+  base_options(&o, dir);
+  CHECK_CODE(tern_agent_start(&o, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+
+  /* The per-thread message: set here, not seen by another thread. */
+  int clean_elsewhere = 0;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, other_thread, &clean_elsewhere) == 0);
+  pthread_join(t, NULL);
+  CHECK(clean_elsewhere);
+  CHECK(strlen(tern_last_error()) > 0);
+
+  base_options(&o, dir);
+  o.struct_size = 0;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "struct_size");
+  o.struct_size = 8;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "struct_size");
+
+  /* A struct from a newer header: unknown fields must be zero. */
+  struct {
+    tern_agent_options known;
+    uint64_t newer_field;
+  } newer;
+  base_options(&newer.known, dir);
+  newer.known.struct_size = sizeof newer;
+  newer.known.listen = NULL; /* so that a start that reads it stops there */
+  newer.newer_field = 7;
+  CHECK_CODE(tern_agent_start(&newer.known, &a), TERN_UNSUPPORTED, "does not know");
+  newer.newer_field = 0;
+  CHECK_CODE(tern_agent_start(&newer.known, &a), TERN_INVALID_ARGUMENT, "listen is required");
+
+  base_options(&o, dir);
+  o.root = 2;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "root is 2");
+  base_options(&o, dir);
+  o.join = "127.0.0.1:1";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "join must be NULL");
+  base_options(&o, dir);
+  o.root = 0;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "needs join");
+  o.join = "127.0.0.1:1";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "trusted_keys_pem");
+  o.trusted_keys_count = 65;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_OUT_OF_RANGE, "at most 64");
+  o.trusted_keys_count = 1;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "trusted_keys_pem is NULL");
+  const char* no_key[1] = {NULL};
+  o.trusted_keys_pem = no_key;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "trusted_keys_pem[0] is NULL");
+
+  base_options(&o, dir);
+  o.data_dir = NULL;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "data_dir");
+  base_options(&o, dir);
+  o.patch_format = 3;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "patch_format");
+  base_options(&o, dir);
+  o.transport = NULL; /* tcp+tls, the default, needs its files */
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "tls_cert_file");
+  o.transport = "carrier-pigeon";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "carrier-pigeon");
+  o.transport = "tcp";
+  o.tls_ca_file = "/ca.pem";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "carries no TLS");
+  base_options(&o, dir);
+  o.uplink_bytes_per_s = 0;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "uplink_bytes_per_s");
+  base_options(&o, dir);
+  o.heartbeat_ms = 0; /* refused by the agent itself, which says why */
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "heartbeat");
+  CHECK(a == NULL);
+
+  /* Handles that are NULL or of the wrong kind. */
+  tern_status st;
+  st.struct_size = sizeof st;
+  size_t len = 0;
+  CHECK_CODE(tern_agent_status(NULL, &st), TERN_INVALID_ARGUMENT, "agent is NULL");
+  CHECK_CODE(tern_agent_publish(NULL, "/x", 1), TERN_INVALID_ARGUMENT, "agent is NULL");
+  CHECK_CODE(tern_agent_stop(NULL), TERN_INVALID_ARGUMENT, "agent is NULL");
+  CHECK_CODE(tern_client_status_json(NULL, NULL, 0, &len), TERN_INVALID_ARGUMENT, "client is NULL");
+  tern_agent_free(NULL);
+  tern_client_free(NULL);
+
+  tern_client* client = NULL;
+  CHECK_CODE(tern_client_open(NULL, NULL, &client), TERN_INVALID_ARGUMENT, "admin_address is NULL");
+  CHECK_CODE(tern_client_open("127.0.0.1:9", NULL, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  CHECK_CODE(tern_client_open("no-port", NULL, &client), TERN_INVALID_ARGUMENT, "HOST:PORT");
+  CHECK_CODE(tern_client_open("h:99999", NULL, &client), TERN_INVALID_ARGUMENT, "1..65535");
+  CHECK_CODE(tern_client_open("h:0", NULL, &client), TERN_INVALID_ARGUMENT, "1..65535");
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.struct_size = 3;
+  CHECK_CODE(tern_client_open("127.0.0.1:9", &co, &client), TERN_INVALID_ARGUMENT, "struct_size");
+  tern_client_options_init(&co);
+  co.timeout_ms = 0;
+  CHECK_CODE(tern_client_open("127.0.0.1:9", &co, &client), TERN_INVALID_ARGUMENT, "timeout_ms");
+  CHECK(client == NULL);
+
+  /* Success clears the last error; a client of the wrong kind is refused. */
+  tern_client_options_init(&co);
+  co.timeout_ms = 2000;
+  CHECK(tern_client_open("127.0.0.1:1", &co, &client) == TERN_OK);
+  CHECK(strcmp(tern_last_error(), "") == 0);
+  CHECK_CODE(tern_agent_status((tern_agent*)client, &st), TERN_INVALID_ARGUMENT, "not a tern_agent");
+  /* Nobody listens on port 1. */
+  CHECK_CODE(tern_client_status(client, &st), TERN_UNAVAILABLE, "");
+  tern_client_free(client);
+}
+
+/* Waits until `member` serves `version` (30 s at most). */
+static int wait_served(tern_agent* member, uint64_t version) {
+  for (int i = 0; i < 600; ++i) {
+    tern_status st;
+    st.struct_size = sizeof st;
+    if (tern_agent_status(member, &st) != TERN_OK) return 0;
+    if (st.served_version >= version) return 1;
+    sleep_ms(50);
+  }
+  return 0;
+}
+
+static void test_agents(const char* dir) {
+  char root_dir[300], member_dir[300], v1[300], v2[300];
+  snprintf(root_dir, sizeof root_dir, "%s/root", dir);
+  snprintf(member_dir, sizeof member_dir, "%s/member", dir);
+  snprintf(v1, sizeof v1, "%s/v1.safetensors", dir);
+  snprintf(v2, sizeof v2, "%s/v2.safetensors", dir);
+  CHECK(tiny_write_checkpoint(v1, 4096, 1) == 0);
+  CHECK(tiny_write_checkpoint(v2, 4096, 2) == 0);
+
+  tern_agent_options o;
+  base_options(&o, root_dir);
+  o.admin_listen = "127.0.0.1:0";
+  o.admin_token = "right";
+  tern_agent* root = NULL;
+  CHECK(tern_agent_start(&o, &root) == TERN_OK);
+  if (root == NULL) return;
+
+  /* Text out: sizing, too small, NULL buffer, NULL len, exact fit. */
+  char addr[128], admin[128], key[4096];
+  size_t len = 12345;
+  CHECK_CODE(tern_agent_listen_address(root, NULL, 0, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+  CHECK(len > 0 && len < sizeof addr);
+  const size_t need = len;
+  CHECK_CODE(tern_agent_listen_address(root, addr, need, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+  CHECK_CODE(tern_agent_listen_address(root, NULL, 5, &len), TERN_INVALID_ARGUMENT, "buf is NULL");
+  CHECK_CODE(tern_agent_listen_address(root, addr, sizeof addr, NULL), TERN_INVALID_ARGUMENT,
+             "len is NULL");
+  CHECK(tern_agent_listen_address(root, addr, need + 1, &len) == TERN_OK);
+  CHECK(len == need && strlen(addr) == need && strncmp(addr, "127.0.0.1:", 10) == 0);
+  CHECK(tern_agent_admin_address(root, admin, sizeof admin, &len) == TERN_OK);
+  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
+  CHECK(strstr(key, "BEGIN PUBLIC KEY") != NULL);
+
+  const char* keys[1] = {key};
+  base_options(&o, member_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  tern_agent* member = NULL;
+  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+  if (member == NULL) {
+    tern_agent_free(root);
+    return;
+  }
+  CHECK_CODE(tern_agent_public_key_pem(member, key, sizeof key, &len), TERN_NOT_FOUND, "only a root");
+  CHECK_CODE(tern_agent_publish(member, v1, 1), TERN_INVALID_ARGUMENT, "not the root");
+  CHECK_CODE(tern_agent_publish(root, NULL, 1), TERN_INVALID_ARGUMENT, "checkpoint_path is NULL");
+  CHECK(tern_agent_publish(root, "/nonexistent/ckpt.safetensors", 1) != TERN_OK);
+
+  /* In-process publish. */
+  CHECK(tern_agent_publish(root, v1, 1) == TERN_OK);
+  CHECK_CODE(tern_agent_publish(root, v1, 1), TERN_INVALID_ARGUMENT, "not newer than HEAD");
+  CHECK(wait_served(member, 1));
+
+  /* Result structs: too small refused; larger ones written only as far as
+   * this library knows. */
+  struct {
+    tern_status known;
+    uint64_t newer_field;
+  } big;
+  memset(&big, 0xab, sizeof big);
+  big.known.struct_size = sizeof big;
+  CHECK(tern_agent_status(root, &big.known) == TERN_OK);
+  CHECK(big.known.struct_size == sizeof big);
+  CHECK(big.newer_field == 0xababababababababull);
+  CHECK(big.known.root == 1 && big.known.head == 1 && big.known.served_version == 1);
+  CHECK(big.known.member_count == 1 && big.known.version_count == 1);
+  tern_status st;
+  st.struct_size = sizeof st - 4;
+  CHECK_CODE(tern_agent_status(root, &st), TERN_INVALID_ARGUMENT, "struct_size");
+  CHECK_CODE(tern_agent_status(root, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  st.struct_size = sizeof st;
+  CHECK(tern_agent_status(member, &st) == TERN_OK);
+  CHECK(st.root == 0 && st.joined == 1 && st.served_version == 1 && st.member_count == 0);
+
+  /* Through the admin port: a wrong token is refused, the right one publishes. */
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.token = "wrong";
+  co.timeout_ms = 60000;
+  tern_client* bad = NULL;
+  CHECK(tern_client_open(admin, &co, &bad) == TERN_OK);
+  CHECK_CODE(tern_client_publish(bad, v2, 2), TERN_AUTH, "token");
+  tern_client_free(bad);
+  co.token = "right";
+  tern_client* client = NULL;
+  CHECK(tern_client_open(admin, &co, &client) == TERN_OK);
+  CHECK_CODE(tern_client_publish(client, NULL, 2), TERN_INVALID_ARGUMENT, "checkpoint_path is NULL");
+  CHECK(tern_client_publish(client, v2, 2) == TERN_OK);
+  CHECK(wait_served(member, 2));
+  CHECK_CODE(tern_client_publish(client, v2, 2), TERN_INVALID_ARGUMENT, "not newer than HEAD");
+
+  st.struct_size = sizeof st;
+  CHECK(tern_client_status(client, &st) == TERN_OK);
+  CHECK(st.root == 1 && st.head == 2 && st.served_version == 2 && st.member_count == 1);
+  char* text = malloc(1 << 20);
+  CHECK(text != NULL);
+  if (text != NULL) {
+    CHECK(tern_client_status_json(client, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"head\": 2") != NULL && strlen(text) == len);
+    CHECK(tern_client_metrics(client, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "tern_") != NULL);
+    CHECK(tern_client_publish_jobs_json(client, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"published\"") != NULL);
+    CHECK_CODE(tern_client_metrics(client, text, 4, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+    CHECK(tern_agent_status_json(member, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"role\": \"member\"") != NULL && strstr(text, "\"served_version\": 2") != NULL);
+    free(text);
+  }
+  tern_client_free(client);
+
+  /* After stop: refused, stop again is fine, free last. */
+  CHECK(tern_agent_stop(member) == TERN_OK);
+  CHECK_CODE(tern_agent_status(member, &st), TERN_UNAVAILABLE, "stopped");
+  CHECK_CODE(tern_agent_publish(member, v2, 3), TERN_UNAVAILABLE, "stopped");
+  CHECK(tern_agent_stop(member) == TERN_OK);
+  tern_agent_free(member);
+  tern_agent_free(root);
+}
+
+int main(void) {
+  char dir[] = "/tmp/tern-capi-test-XXXXXX";
+  if (mkdtemp(dir) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_versions_and_codes();
+  char bad_dir[300];
+  snprintf(bad_dir, sizeof bad_dir, "%s/unused", dir);
+  test_bad_options(bad_dir);
+  test_agents(dir);
+  nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (failures != 0) {
+    fprintf(stderr, "capi_test: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("capi_test: all checks passed\n");
+  return 0;
+}
