@@ -9,10 +9,12 @@
  * demonstration on loopback; across machines use "tcp+tls" (the default). */
 #define _XOPEN_SOURCE 700
 
+#include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "tern/tern.h"
@@ -62,6 +64,10 @@ int main(int argc, char** argv) {
   const int own_dir = argc <= 1;
   if (argc > 1) {
     snprintf(dir, sizeof dir, "%s", argv[1]);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+      perror(dir);
+      return 1;
+    }
   } else if (mkdtemp(dir) == NULL) {
     perror("mkdtemp");
     return 1;
