@@ -47,7 +47,8 @@ Result<std::unique_ptr<Transport>> MakeTransport(const tern_agent_options& c, co
   TERN_ASSIGN_OR_RETURN(std::string name, ReadString(c.transport, "transport"));
   if (name.empty()) name = "tcp+tls";
   TERN_REQUIRE(name == "tcp+tls" || name == "tcp" || name == "ucx" || name == "verbs",
-               kInvalidArgument, "transport '", name.substr(0, 40), "': want tcp+tls, tcp, ucx or verbs");
+               kInvalidArgument, "transport '", name.substr(0, 40),
+               "': want tcp+tls, tcp, ucx or verbs");
   TransportOptions o;
   TERN_ASSIGN_OR_RETURN(o.tcp.tls.cert_file, ReadString(c.tls_cert_file, "tls_cert_file"));
   TERN_ASSIGN_OR_RETURN(o.tcp.tls.key_file, ReadString(c.tls_key_file, "tls_key_file"));
@@ -56,10 +57,11 @@ Result<std::unique_ptr<Transport>> MakeTransport(const tern_agent_options& c, co
   const bool any_tls = !o.tcp.tls.cert_file.empty() || !o.tcp.tls.key_file.empty() ||
                        !o.tcp.tls.ca_file.empty() || !o.tcp.tls.server_name.empty();
   if (name == "tcp+tls") {
-    TERN_REQUIRE(!o.tcp.tls.cert_file.empty() && !o.tcp.tls.key_file.empty() && !o.tcp.tls.ca_file.empty(),
-                 kInvalidArgument,
-                 "transport tcp+tls (the default) needs tls_cert_file, tls_key_file and "
-                 "tls_ca_file; say transport \"tcp\" for plain TCP on a trusted network");
+    TERN_REQUIRE(
+        !o.tcp.tls.cert_file.empty() && !o.tcp.tls.key_file.empty() && !o.tcp.tls.ca_file.empty(),
+        kInvalidArgument,
+        "transport tcp+tls (the default) needs tls_cert_file, tls_key_file and "
+        "tls_ca_file; say transport \"tcp\" for plain TCP on a trusted network");
     o.tcp.tls.enabled = true;
   } else {
     TERN_REQUIRE(!any_tls, kInvalidArgument, "transport ", name,
@@ -84,7 +86,8 @@ Status ToAgentOptions(const tern_agent_options& c, AgentOptions* o) {
                o->root ? "a root joins nothing: join must be NULL"
                        : "a member needs join (the root's \"HOST:PORT\")");
   TERN_ASSIGN_OR_RETURN(o->listen, ReadString(c.listen, "listen"));
-  TERN_REQUIRE(!o->listen.empty(), kInvalidArgument, "listen is required (\"HOST:PORT\"; port 0 picks one)");
+  TERN_REQUIRE(!o->listen.empty(), kInvalidArgument,
+               "listen is required (\"HOST:PORT\"; port 0 picks one)");
   TERN_ASSIGN_OR_RETURN(o->admin_listen, ReadString(c.admin_listen, "admin_listen"));
   TERN_ASSIGN_OR_RETURN(o->id, ReadString(c.id, "id"));
   if (c.region != nullptr) {
@@ -94,22 +97,26 @@ Status ToAgentOptions(const tern_agent_options& c, AgentOptions* o) {
   TERN_ASSIGN_OR_RETURN(o->island, ReadString(c.island, "island"));
   o->may_relay = c.may_relay == 1;
   o->relay_only = c.relay_only == 1;
-  TERN_REQUIRE(c.uplink_bytes_per_s > 0 && c.downlink_bytes_per_s > 0 && c.uplink_bytes_per_s < 1e15 &&
-                   c.downlink_bytes_per_s < 1e15,
-               kInvalidArgument, "uplink_bytes_per_s and downlink_bytes_per_s must be in (0, 1e15)");
+  TERN_REQUIRE(c.uplink_bytes_per_s > 0 && c.downlink_bytes_per_s > 0 &&
+                   c.uplink_bytes_per_s < 1e15 && c.downlink_bytes_per_s < 1e15,
+               kInvalidArgument,
+               "uplink_bytes_per_s and downlink_bytes_per_s must be in (0, 1e15)");
   o->uplink_bytes_per_s = c.uplink_bytes_per_s;
   o->downlink_bytes_per_s = c.downlink_bytes_per_s;
 
   TERN_ASSIGN_OR_RETURN(o->data_dir, ReadString(c.data_dir, "data_dir"));
   TERN_REQUIRE(!o->data_dir.empty(), kInvalidArgument, "data_dir is required");
-  TERN_ASSIGN_OR_RETURN(o->signing_key_pem, ReadString(c.signing_key_pem, "signing_key_pem", kPemBytesMax));
+  TERN_ASSIGN_OR_RETURN(o->signing_key_pem,
+                        ReadString(c.signing_key_pem, "signing_key_pem", kPemBytesMax));
   TERN_REQUIRE(c.trusted_keys_count <= kTrustedKeysMax, kOutOfRange, "trusted_keys_count is ",
                c.trusted_keys_count, ": at most ", kTrustedKeysMax);
   TERN_REQUIRE(c.trusted_keys_count == 0 || c.trusted_keys_pem != nullptr, kInvalidArgument,
                "trusted_keys_pem is NULL but trusted_keys_count is ", c.trusted_keys_count);
   for (size_t i = 0; i < c.trusted_keys_count; ++i) {
-    TERN_REQUIRE(c.trusted_keys_pem[i] != nullptr, kInvalidArgument, "trusted_keys_pem[", i, "] is NULL");
-    TERN_ASSIGN_OR_RETURN(std::string pem, ReadString(c.trusted_keys_pem[i], "trusted_keys_pem[]", kPemBytesMax));
+    TERN_REQUIRE(c.trusted_keys_pem[i] != nullptr, kInvalidArgument, "trusted_keys_pem[", i,
+                 "] is NULL");
+    TERN_ASSIGN_OR_RETURN(std::string pem,
+                          ReadString(c.trusted_keys_pem[i], "trusted_keys_pem[]", kPemBytesMax));
     o->trusted_keys_pem.push_back(std::move(pem));
   }
   TERN_REQUIRE(o->root || !o->trusted_keys_pem.empty(), kInvalidArgument,
@@ -233,7 +240,8 @@ tern_code tern_agent_start(const tern_agent_options* options, tern_agent** out) 
 tern_code tern_agent_publish(tern_agent* a, const char* checkpoint_path, uint64_t version) {
   return Guard([&] {
     TERN_REQUIRE(checkpoint_path != nullptr, kInvalidArgument, "checkpoint_path is NULL");
-    TERN_ASSIGN_OR_RETURN(std::string path, tern::capi::ReadString(checkpoint_path, "checkpoint_path"));
+    TERN_ASSIGN_OR_RETURN(std::string path,
+                          tern::capi::ReadString(checkpoint_path, "checkpoint_path"));
     return WithAgent(a, [&](Agent& agent) { return agent.Publish(path, version); });
   });
 }
@@ -272,7 +280,8 @@ tern_code tern_agent_public_key_pem(tern_agent* a, char* buf, size_t cap, size_t
   return Guard([&] {
     return WithAgent(a, [&](Agent& agent) {
       const std::string pem = agent.PublicKeyPem();
-      TERN_REQUIRE(!pem.empty(), kNotFound, "this agent signs nothing (only a root has a public key)");
+      TERN_REQUIRE(!pem.empty(), kNotFound,
+                   "this agent signs nothing (only a root has a public key)");
       return tern::capi::WriteText(pem, buf, cap, len);
     });
   });

@@ -38,14 +38,15 @@ tern_code Guard(Body&& body) noexcept {
 
 // Bounds on what the caller hands in (tern.h promises errors, not reads
 // without end, for absurd input).
-inline constexpr size_t kStringBytesMax = 64 << 10;   // addresses, paths, tokens, ids
-inline constexpr size_t kPemBytesMax = 64 << 10;      // one key
+inline constexpr size_t kStringBytesMax = 64 << 10;  // addresses, paths, tokens, ids
+inline constexpr size_t kPemBytesMax = 64 << 10;     // one key
 inline constexpr size_t kTrustedKeysMax = 64;
-inline constexpr size_t kStructBytesMax = 64 << 10;   // a struct_size beyond this is garbage
+inline constexpr size_t kStructBytesMax = 64 << 10;  // a struct_size beyond this is garbage
 
 // A NUL-terminated string of at most `max_bytes`; NULL is "". `field` names
 // it in the error.
-Result<std::string> ReadString(const char* text, const char* field, size_t max_bytes = kStringBytesMax);
+Result<std::string> ReadString(const char* text, const char* field,
+                               size_t max_bytes = kStringBytesMax);
 
 // Copies the caller's versioned struct (first member: size_t struct_size)
 // over `*ours`, which holds the defaults: only the caller's first

@@ -19,24 +19,23 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      fprintf(stderr, "capi_test.c:%d: CHECK(%s) failed; last error: %s\n", __LINE__, \
-              #cond, tern_last_error());                                              \
-      ++failures;                                                                     \
-    }                                                                                 \
+#define CHECK(cond)                                                                          \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      fprintf(stderr, "capi_test.c:%d: CHECK(%s) failed; last error: %s\n", __LINE__, #cond, \
+              tern_last_error());                                                            \
+      ++failures;                                                                            \
+    }                                                                                        \
   } while (0)
 /* A call's code, and its message naming `needle` when it failed. */
-#define CHECK_CODE(call, want, needle)                                                      \
-  do {                                                                                      \
-    tern_code got_ = (call);                                                                \
-    if (got_ != (want) || strstr(tern_last_error(), (needle)) == NULL) {                    \
-      fprintf(stderr, "capi_test.c:%d: %s: got %s (\"%s\"), want %s naming \"%s\"\n",       \
-              __LINE__, #call, tern_code_name(got_), tern_last_error(), tern_code_name(want), \
-              needle);                                                                      \
-      ++failures;                                                                           \
-    }                                                                                       \
+#define CHECK_CODE(call, want, needle)                                                          \
+  do {                                                                                          \
+    tern_code got_ = (call);                                                                    \
+    if (got_ != (want) || strstr(tern_last_error(), (needle)) == NULL) {                        \
+      fprintf(stderr, "capi_test.c:%d: %s: got %s (\"%s\"), want %s naming \"%s\"\n", __LINE__, \
+              #call, tern_code_name(got_), tern_last_error(), tern_code_name(want), needle);    \
+      ++failures;                                                                               \
+    }                                                                                           \
   } while (0)
 
 static void quiet(void* user, const char* line) { (void)user, (void)line; }
@@ -186,7 +185,8 @@ static void test_bad_options(const char* dir) {
   co.timeout_ms = 2000;
   CHECK(tern_client_open("127.0.0.1:1", &co, &client) == TERN_OK);
   CHECK(strcmp(tern_last_error(), "") == 0);
-  CHECK_CODE(tern_agent_status((tern_agent*)client, &st), TERN_INVALID_ARGUMENT, "not a tern_agent");
+  CHECK_CODE(tern_agent_status((tern_agent*)client, &st), TERN_INVALID_ARGUMENT,
+             "not a tern_agent");
   /* Nobody listens on port 1. */
   CHECK_CODE(tern_client_status(client, &st), TERN_UNAVAILABLE, "");
   tern_client_free(client);
@@ -227,7 +227,8 @@ static void test_agents(const char* dir) {
   CHECK_CODE(tern_agent_listen_address(root, NULL, 0, &len), TERN_RESOURCE_EXHAUSTED, "too small");
   CHECK(len > 0 && len < sizeof addr);
   const size_t need = len;
-  CHECK_CODE(tern_agent_listen_address(root, addr, need, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+  CHECK_CODE(tern_agent_listen_address(root, addr, need, &len), TERN_RESOURCE_EXHAUSTED,
+             "too small");
   CHECK_CODE(tern_agent_listen_address(root, NULL, 5, &len), TERN_INVALID_ARGUMENT, "buf is NULL");
   CHECK_CODE(tern_agent_listen_address(root, addr, sizeof addr, NULL), TERN_INVALID_ARGUMENT,
              "len is NULL");
@@ -249,7 +250,8 @@ static void test_agents(const char* dir) {
     tern_agent_free(root);
     return;
   }
-  CHECK_CODE(tern_agent_public_key_pem(member, key, sizeof key, &len), TERN_NOT_FOUND, "only a root");
+  CHECK_CODE(tern_agent_public_key_pem(member, key, sizeof key, &len), TERN_NOT_FOUND,
+             "only a root");
   CHECK_CODE(tern_agent_publish(member, v1, 1), TERN_INVALID_ARGUMENT, "not the root");
   CHECK_CODE(tern_agent_publish(root, NULL, 1), TERN_INVALID_ARGUMENT, "checkpoint_path is NULL");
   CHECK(tern_agent_publish(root, "/nonexistent/ckpt.safetensors", 1) != TERN_OK);
@@ -292,7 +294,8 @@ static void test_agents(const char* dir) {
   co.token = "right";
   tern_client* client = NULL;
   CHECK(tern_client_open(admin, &co, &client) == TERN_OK);
-  CHECK_CODE(tern_client_publish(client, NULL, 2), TERN_INVALID_ARGUMENT, "checkpoint_path is NULL");
+  CHECK_CODE(tern_client_publish(client, NULL, 2), TERN_INVALID_ARGUMENT,
+             "checkpoint_path is NULL");
   CHECK(tern_client_publish(client, v2, 2) == TERN_OK);
   CHECK(wait_served(member, 2));
   CHECK_CODE(tern_client_publish(client, v2, 2), TERN_INVALID_ARGUMENT, "not newer than HEAD");
@@ -311,7 +314,8 @@ static void test_agents(const char* dir) {
     CHECK(strstr(text, "\"published\"") != NULL);
     CHECK_CODE(tern_client_metrics(client, text, 4, &len), TERN_RESOURCE_EXHAUSTED, "too small");
     CHECK(tern_agent_status_json(member, text, 1 << 20, &len) == TERN_OK);
-    CHECK(strstr(text, "\"role\": \"member\"") != NULL && strstr(text, "\"served_version\": 2") != NULL);
+    CHECK(strstr(text, "\"role\": \"member\"") != NULL &&
+          strstr(text, "\"served_version\": 2") != NULL);
     free(text);
   }
   tern_client_free(client);

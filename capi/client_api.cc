@@ -2,10 +2,9 @@
 // (include/tern/tern.h; the routes: docs/agent/operations.md). The handle
 // holds only the address and options, so every call may run from any
 // thread at once.
-#include <nlohmann/json.hpp>
-
 #include <cctype>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "capi/capi_internal.h"
@@ -56,10 +55,12 @@ Status Open(const char* admin_address, const tern_client_options* options, tern_
     TERN_RETURN_IF_ERROR(
         ReadVersionedStruct(options, &c, sizeof c, kClientOptionsBytesV1, "tern_client_options"));
   }
-  TERN_REQUIRE(c.force == 0 || c.force == 1, kInvalidArgument, "force is ", c.force, ": want 0 or 1");
+  TERN_REQUIRE(c.force == 0 || c.force == 1, kInvalidArgument, "force is ", c.force,
+               ": want 0 or 1");
   TERN_REQUIRE(c.timeout_ms > 0, kInvalidArgument, "timeout_ms is 0");
   auto handle = std::make_unique<tern_client>();
-  TERN_ASSIGN_OR_RETURN(handle->address, ReadString(admin_address, "admin_address", kAddressBytesMax));
+  TERN_ASSIGN_OR_RETURN(handle->address,
+                        ReadString(admin_address, "admin_address", kAddressBytesMax));
   TERN_RETURN_IF_ERROR(CheckAddress(handle->address));
   TERN_ASSIGN_OR_RETURN(handle->options.token, ReadString(c.token, "token"));
   handle->options.timeout_ms = c.timeout_ms;
@@ -131,7 +132,8 @@ tern_code tern_client_publish(tern_client* c, const char* checkpoint_path, uint6
   return Guard([&] {
     TERN_RETURN_IF_ERROR(CheckHandle(c));
     TERN_REQUIRE(checkpoint_path != nullptr, kInvalidArgument, "checkpoint_path is NULL");
-    TERN_ASSIGN_OR_RETURN(std::string path, tern::capi::ReadString(checkpoint_path, "checkpoint_path"));
+    TERN_ASSIGN_OR_RETURN(std::string path,
+                          tern::capi::ReadString(checkpoint_path, "checkpoint_path"));
     TERN_REQUIRE(!path.empty(), kInvalidArgument, "checkpoint_path is empty");
     return tern::PublishToRoot(c->address, path, version, c->options);
   });

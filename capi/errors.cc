@@ -65,7 +65,8 @@ Status ReadVersionedStruct(const void* theirs, void* ours, size_t our_bytes, siz
   const auto* bytes = static_cast<const unsigned char*>(theirs);
   if (size > our_bytes) {
     // A newer header's struct: fine while the fields we lack are unset.
-    const bool zero = std::all_of(bytes + our_bytes, bytes + size, [](unsigned char b) { return b == 0; });
+    const bool zero =
+        std::all_of(bytes + our_bytes, bytes + size, [](unsigned char b) { return b == 0; });
     TERN_REQUIRE(zero, kUnsupported, what, " has fields this library (ABI ", TERN_ABI_VERSION_MAJOR,
                  ".", TERN_ABI_VERSION_MINOR, ") does not know set (struct_size ", size, " > ",
                  our_bytes, ")");

@@ -27,7 +27,8 @@ static void log_line(void* user, const char* line) {
 }
 
 static int fail(const char* what, tern_code code) {
-  fprintf(stderr, "publish_and_serve: %s: %s (%s)\n", what, tern_last_error(), tern_code_name(code));
+  fprintf(stderr, "publish_and_serve: %s: %s (%s)\n", what, tern_last_error(),
+          tern_code_name(code));
   return 1;
 }
 
@@ -129,7 +130,8 @@ int main(int argc, char** argv) {
   co.token = TOKEN;
   co.timeout_ms = 60000;
   tern_client* client = NULL;
-  if ((c = tern_client_open(admin_address, &co, &client)) != TERN_OK) return fail("open a client", c);
+  if ((c = tern_client_open(admin_address, &co, &client)) != TERN_OK)
+    return fail("open a client", c);
   if ((c = tern_client_publish(client, v2, 2)) != TERN_OK) return fail("publish version 2", c);
   if ((c = wait_served(member, 2)) != TERN_OK) return fail("wait for version 2", c);
 
@@ -143,7 +145,8 @@ int main(int argc, char** argv) {
     return fail("size the member's status", c);
   char* json = malloc(len + 1);
   if (json == NULL) return 1;
-  if ((c = tern_agent_status_json(member, json, len + 1, &len)) != TERN_OK) return fail("read status", c);
+  if ((c = tern_agent_status_json(member, json, len + 1, &len)) != TERN_OK)
+    return fail("read status", c);
   printf("member status:\n%s", json);
   free(json);
 

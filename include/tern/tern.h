@@ -83,21 +83,21 @@ TERN_API uint32_t tern_abi_version(void);
 
 typedef enum tern_code {
   TERN_OK = 0,
-  TERN_INVALID_ARGUMENT = 1,    /* the caller asked for something impossible */
-  TERN_CORRUPT = 2,             /* untrusted bytes failed validation */
-  TERN_NOT_FOUND = 3,           /* a file, tensor, peer or version is absent */
-  TERN_ALREADY_EXISTS = 4,      /* refusing to overwrite */
-  TERN_IO = 5,                  /* an operating-system call failed */
-  TERN_MISMATCH = 6,            /* well-formed input that does not fit */
-  TERN_UNSUPPORTED = 7,         /* valid but not available here */
-  TERN_OUT_OF_RANGE = 8,        /* a value outside its documented bounds */
-  TERN_RESOURCE_EXHAUSTED = 9,  /* a bound was hit (a buffer too small, too) */
-  TERN_UNAVAILABLE = 10,        /* a peer, agent or device is not reachable now */
+  TERN_INVALID_ARGUMENT = 1,   /* the caller asked for something impossible */
+  TERN_CORRUPT = 2,            /* untrusted bytes failed validation */
+  TERN_NOT_FOUND = 3,          /* a file, tensor, peer or version is absent */
+  TERN_ALREADY_EXISTS = 4,     /* refusing to overwrite */
+  TERN_IO = 5,                 /* an operating-system call failed */
+  TERN_MISMATCH = 6,           /* well-formed input that does not fit */
+  TERN_UNSUPPORTED = 7,        /* valid but not available here */
+  TERN_OUT_OF_RANGE = 8,       /* a value outside its documented bounds */
+  TERN_RESOURCE_EXHAUSTED = 9, /* a bound was hit (a buffer too small, too) */
+  TERN_UNAVAILABLE = 10,       /* a peer, agent or device is not reachable now */
   TERN_TIMEOUT = 11,
   TERN_CANCELLED = 12,
-  TERN_INTERNAL = 13,           /* a bug or an unexpected failure inside tern */
-  TERN_PROTOCOL = 14,           /* a peer spoke another protocol or version */
-  TERN_AUTH = 15                /* authentication or authorization failed */
+  TERN_INTERNAL = 13, /* a bug or an unexpected failure inside tern */
+  TERN_PROTOCOL = 14, /* a peer spoke another protocol or version */
+  TERN_AUTH = 15      /* authentication or authorization failed */
 } tern_code;
 
 /* Stable lower-case name of a code ("invalid argument"); "unknown" for a
@@ -132,12 +132,12 @@ typedef struct tern_agent_options {
   const char* admin_listen; /* admin HTTP "HOST:PORT"; NULL: no admin port */
 
   /* Identity and place. */
-  const char* id; /* NULL: derived from the listen address */
+  const char* id;     /* NULL: derived from the listen address */
   const char* region; /* NULL: "default" */
   const char* cluster;
   const char* island;
-  int may_relay;  /* default 1 */
-  int relay_only; /* member: forward, never serve (docs/agent.md §4) */
+  int may_relay;               /* default 1 */
+  int relay_only;              /* member: forward, never serve (docs/agent.md §4) */
   double uplink_bytes_per_s;   /* planning rates until measured; default 1.25e9 */
   double downlink_bytes_per_s; /* default 1.25e9 */
 
@@ -146,12 +146,12 @@ typedef struct tern_agent_options {
   const char* signing_key_pem; /* root: Ed25519 key (PEM); NULL: DIR/signing-key.pem or a new one */
   const char* const* trusted_keys_pem; /* member: publisher key(s), PEM; required for members */
   size_t trusted_keys_count;           /* at most 64 */
-  const char* join_token;  /* shared secret for joining; NULL: none */
-  const char* admin_token; /* bearer token for POST /publish; NULL: none */
-  int admin_insecure;      /* allow a non-loopback admin port without a token */
-  const char* publish_dir; /* root: POST /publish reads only below this */
-  uint64_t max_version_jump; /* root: default 1000000; 0: no bound */
-  const char* seed_checkpoint; /* member: a checkpoint of version seed_version it holds */
+  const char* join_token;              /* shared secret for joining; NULL: none */
+  const char* admin_token;             /* bearer token for POST /publish; NULL: none */
+  int admin_insecure;                  /* allow a non-loopback admin port without a token */
+  const char* publish_dir;             /* root: POST /publish reads only below this */
+  uint64_t max_version_jump;           /* root: default 1000000; 0: no bound */
+  const char* seed_checkpoint;         /* member: a checkpoint of version seed_version it holds */
   uint64_t seed_version;
 
   /* High availability (root): "etcd://HOST:PORT[,...]/PREFIX"; NULL: DIR/board. */
@@ -227,14 +227,11 @@ TERN_API tern_code tern_agent_status(tern_agent* agent, tern_status* out);
 /* The JSON text GET /status serves (docs/agent/operations.md). Text out. */
 TERN_API tern_code tern_agent_status_json(tern_agent* agent, char* buf, size_t cap, size_t* len);
 /* Root: the public key (PEM) members must trust. Text out. */
-TERN_API tern_code tern_agent_public_key_pem(tern_agent* agent, char* buf, size_t cap,
-                                             size_t* len);
+TERN_API tern_code tern_agent_public_key_pem(tern_agent* agent, char* buf, size_t cap, size_t* len);
 /* The bound addresses ("HOST:PORT"; port 0 resolved). Text out;
  * the admin address is "" when there is no admin port. */
-TERN_API tern_code tern_agent_listen_address(tern_agent* agent, char* buf, size_t cap,
-                                             size_t* len);
-TERN_API tern_code tern_agent_admin_address(tern_agent* agent, char* buf, size_t cap,
-                                            size_t* len);
+TERN_API tern_code tern_agent_listen_address(tern_agent* agent, char* buf, size_t cap, size_t* len);
+TERN_API tern_code tern_agent_admin_address(tern_agent* agent, char* buf, size_t cap, size_t* len);
 
 /* Leaves (a member tells the root), closes every connection and joins the
  * agent's threads; waits for calls in flight on this handle. Idempotent.
@@ -273,8 +270,7 @@ TERN_API tern_code tern_client_publish(tern_client* client, const char* checkpoi
 TERN_API tern_code tern_client_status(tern_client* client, tern_status* out);
 /* GET /status, GET /metrics (Prometheus text), GET /publish (a root's
  * recent publish jobs, JSON). Text out. Any thread. */
-TERN_API tern_code tern_client_status_json(tern_client* client, char* buf, size_t cap,
-                                           size_t* len);
+TERN_API tern_code tern_client_status_json(tern_client* client, char* buf, size_t cap, size_t* len);
 TERN_API tern_code tern_client_metrics(tern_client* client, char* buf, size_t cap, size_t* len);
 TERN_API tern_code tern_client_publish_jobs_json(tern_client* client, char* buf, size_t cap,
                                                  size_t* len);
