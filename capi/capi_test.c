@@ -38,7 +38,37 @@ static int failures = 0;
     }                                                                                           \
   } while (0)
 
-static void quiet(void* user, const char* line) { (void)user, (void)line; }
+/* The agents' log lines: counted, and those naming a publish noted. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int log_lines = 0, log_published = 0;
+static void quiet(void* user, const char* line) {
+  (void)user;
+  pthread_mutex_lock(&log_mu);
+  ++log_lines;
+  if (strstr(line, "published version") != NULL) ++log_published;
+  pthread_mutex_unlock(&log_mu);
+}
+
+/* Polls an agent from another thread until it answers TERN_UNAVAILABLE
+ * (stopped); any other failure is counted. */
+typedef struct {
+  tern_agent* agent;
+  int polls, errors;
+} poller;
+static void* poll_until_stopped(void* arg) {
+  poller* p = (poller*)arg;
+  char json[1 << 14];
+  size_t len = 0;
+  for (;;) {
+    tern_status st;
+    st.struct_size = sizeof st;
+    tern_code c = tern_agent_status(p->agent, &st);
+    if (c == TERN_OK) c = tern_agent_status_json(p->agent, json, sizeof json, &len);
+    if (c == TERN_UNAVAILABLE) return NULL;
+    if (c != TERN_OK) ++p->errors;
+    ++p->polls;
+  }
+}
 
 static void sleep_ms(long ms) {
   struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
@@ -321,7 +351,25 @@ static void test_agents(const char* dir) {
   tern_client_free(client);
 
   /* After stop: refused, stop again is fine, free last. */
+  pthread_mutex_lock(&log_mu);
+  CHECK(log_lines > 0 && log_published == 2);
+  pthread_mutex_unlock(&log_mu);
+
+  /* Calls from several threads while the handle is stopped under them: each
+   * either answers or says the agent is stopped. */
+  poller pollers[4];
+  pthread_t threads[4];
+  for (int i = 0; i < 4; ++i) {
+    pollers[i].agent = member;
+    pollers[i].polls = pollers[i].errors = 0;
+    CHECK(pthread_create(&threads[i], NULL, poll_until_stopped, &pollers[i]) == 0);
+  }
+  sleep_ms(200);
   CHECK(tern_agent_stop(member) == TERN_OK);
+  for (int i = 0; i < 4; ++i) {
+    pthread_join(threads[i], NULL);
+    CHECK(pollers[i].polls > 0 && pollers[i].errors == 0);
+  }
   CHECK_CODE(tern_agent_status(member, &st), TERN_UNAVAILABLE, "stopped");
   CHECK_CODE(tern_agent_publish(member, v2, 3), TERN_UNAVAILABLE, "stopped");
   CHECK(tern_agent_stop(member) == TERN_OK);
