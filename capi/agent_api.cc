@@ -1,6 +1,7 @@
 // tern_agent_*: an agent in the caller's process (include/tern/tern.h).
 // The handle owns the agent and the transport it runs on; a shared_mutex
 // lets every call run from any thread while tern_agent_stop waits for them.
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -15,8 +16,11 @@
 struct tern_agent {
   static constexpr uint32_t kTag = 0x74416774;  // "tAgt"
   uint32_t tag = kTag;
-  // Shared by every call; exclusive while stopping.
+  // Shared by every call; exclusive while stopping. glibc's rwlock prefers
+  // readers, so callers polling in a loop would starve Stop: once
+  // `stopping` is set new calls answer kUnavailable without the lock.
   std::shared_mutex mu;
+  std::atomic<bool> stopping{false};
   // The agent runs on `transport`: destroyed before it (reset in Stop).
   std::unique_ptr<tern::Transport> transport;
   std::unique_ptr<tern::Agent> agent;  // null once stopped
@@ -184,12 +188,14 @@ Status Start(const tern_agent_options* options, tern_agent** out) {
 template <class Body>
 Status WithAgent(tern_agent* a, Body&& body) {
   TERN_RETURN_IF_ERROR(CheckHandle(a));
+  TERN_REQUIRE(!a->stopping.load(), kUnavailable, "the agent is stopped (tern_agent_stop)");
   std::shared_lock lock(a->mu);
   TERN_REQUIRE(a->agent != nullptr, kUnavailable, "the agent is stopped (tern_agent_stop)");
   return body(*a->agent);
 }
 
 void Stop(tern_agent* a) {
+  a->stopping.store(true);
   std::unique_lock lock(a->mu);
   if (a->agent) a->agent->Stop();
   a->agent.reset();
