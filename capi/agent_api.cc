@@ -32,7 +32,6 @@ namespace {
 // The size of tern_agent_options in ABI 1.0: a caller compiled against it
 // passes at least this.
 constexpr size_t kAgentOptionsBytesV1 = offsetof(tern_agent_options, log_user) + sizeof(void*);
-constexpr size_t kStatusBytesV1 = offsetof(tern_status, version_count) + sizeof(uint32_t);
 
 Status CheckHandle(const tern_agent* a) {
   TERN_REQUIRE(a != nullptr, kInvalidArgument, "agent is NULL");
@@ -268,6 +267,8 @@ tern_code tern_agent_status(tern_agent* a, tern_status* out) {
       st.held_version = s.held_version;
       st.member_count = static_cast<uint32_t>(s.members.size());
       st.version_count = static_cast<uint32_t>(s.versions.size());
+      for (const tern::AgentMemberStatus& m : s.members)
+        if (!m.relay_only && m.served_version == s.head) ++st.members_at_head;
       return tern::capi::WriteVersionedStruct(&st, sizeof st, out, tern::capi::kStatusBytesV1,
                                               "tern_status");
     });

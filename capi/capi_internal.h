@@ -42,6 +42,8 @@ inline constexpr size_t kStringBytesMax = 64 << 10;  // addresses, paths, tokens
 inline constexpr size_t kPemBytesMax = 64 << 10;     // one key
 inline constexpr size_t kTrustedKeysMax = 64;
 inline constexpr size_t kStructBytesMax = 64 << 10;  // a struct_size beyond this is garbage
+// The result struct's size in ABI 1.0: the least a caller may pass.
+inline constexpr size_t kStatusBytesV1 = offsetof(tern_status, members_at_head) + sizeof(uint32_t);
 
 // A NUL-terminated string of at most `max_bytes`; NULL is "". `field` names
 // it in the error.

@@ -21,7 +21,6 @@ namespace tern::capi {
 namespace {
 
 constexpr size_t kClientOptionsBytesV1 = offsetof(tern_client_options, force) + sizeof(int);
-constexpr size_t kStatusBytesV1 = offsetof(tern_status, version_count) + sizeof(uint32_t);
 constexpr size_t kAddressBytesMax = 1024;
 
 Status CheckHandle(const tern_client* c) {
@@ -100,6 +99,17 @@ Status ParseStatus(const std::string& text, tern_status* st) {
   };
   st->member_count = count("members");
   st->version_count = count("versions");
+  auto members = j.find("members");
+  if (members != j.end() && members->is_array()) {
+    for (const nlohmann::json& m : *members) {
+      if (!m.is_object()) continue;
+      auto role = m.find("role");
+      auto version = m.find("version");
+      if (role != m.end() && *role == "serving" && version != m.end() &&
+          version->is_number_unsigned() && version->get<uint64_t>() == st->head)
+        ++st->members_at_head;
+    }
+  }
   return Status::Ok();
 }
 
