@@ -298,6 +298,19 @@ static void test_agents(const char* dir) {
   CHECK_CODE(tern_agent_publish(root, v1, 1), TERN_INVALID_ARGUMENT, "not newer than HEAD");
   CHECK(wait_served(member, 1));
 
+  /* A relay-only member: it forwards and serves nothing, so the root counts
+   * it among its members but never among those serving HEAD. */
+  char relay_dir[300];
+  snprintf(relay_dir, sizeof relay_dir, "%s/relay", dir);
+  base_options(&o, relay_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  o.relay_only = 1;
+  tern_agent* relay = NULL;
+  CHECK(tern_agent_start(&o, &relay) == TERN_OK);
+
   /* Result structs: too small refused; larger ones written only as far as
    * this library knows. */
   struct {
@@ -341,15 +354,21 @@ static void test_agents(const char* dir) {
   for (int i = 0; i < 600; ++i) {
     st.struct_size = sizeof st;
     CHECK(tern_client_status(client, &st) == TERN_OK);
-    if (st.members_at_head == 1) break;
+    if (st.members_at_head == 1 && st.member_count == 2) break;
     sleep_ms(50);
   }
-  CHECK(st.root == 1 && st.head == 2 && st.served_version == 2 && st.member_count == 1);
+  CHECK(st.root == 1 && st.head == 2 && st.served_version == 2 && st.member_count == 2);
   CHECK(st.members_at_head == 1);
   tern_status in_process;
   in_process.struct_size = sizeof in_process;
   CHECK(tern_agent_status(root, &in_process) == TERN_OK);
-  CHECK(in_process.head == 2 && in_process.members_at_head == 1);
+  CHECK(in_process.head == 2 && in_process.members_at_head == 1 && in_process.member_count == 2);
+  if (relay != NULL) {
+    in_process.struct_size = sizeof in_process;
+    CHECK(tern_agent_status(relay, &in_process) == TERN_OK);
+    CHECK(in_process.relay_only == 1 && in_process.served_version == 0);
+    tern_agent_free(relay);
+  }
   char* text = malloc(1 << 20);
   CHECK(text != NULL);
   if (text != NULL) {

@@ -220,8 +220,8 @@ typedef struct tern_status {
   uint64_t held_version;   /* relay-only: newest held completely; else served_version */
   uint32_t member_count;   /* root: members it knows; member: 0 */
   uint32_t version_count;  /* root: versions it keeps; member: 0 */
-  /* Root: serving members (not relay-only) whose served version is HEAD, as
-   * their last heartbeats said; member_count - members_at_head lag. */
+  /* Root: serving members (relay-only ones serve nothing and are not
+   * counted) whose served version is HEAD, as their last heartbeats said. */
   uint32_t members_at_head;
 } tern_status;
 
