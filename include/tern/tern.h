@@ -35,11 +35,12 @@
  *    and returns TERN_INTERNAL (or TERN_RESOURCE_EXHAUSTED for an allocation
  *    failure) with a message.
  *  - Pointers the caller passes are checked for NULL (TERN_INVALID_ARGUMENT);
- *    a handle of the wrong kind, or one already freed and not yet reused, is
- *    recognized by its tag where possible (TERN_INVALID_ARGUMENT), but a
- *    freed handle is undefined behaviour as with free().
+ *    a handle of the wrong kind (a tern_client* cast to tern_agent*) is
+ *    recognized by its tag (TERN_INVALID_ARGUMENT). A freed handle is
+ *    undefined behaviour, as with free().
  *  - Text out: calls that return text take (char* buf, size_t cap, size_t*
- *    len). *len is always set to the text's length (without the NUL). When
+ *    len). Once the text is made, *len is set to its length (without the
+ *    NUL), whatever cap is. When
  *    cap > len the text and a NUL are written; otherwise nothing is written
  *    and the call returns TERN_RESOURCE_EXHAUSTED: call again with cap >
  *    *len. buf may be NULL when cap is 0 (to ask the size).
