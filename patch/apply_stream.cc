@@ -111,7 +111,14 @@ Result<std::optional<PatchInfo>> InspectHead(std::span<const uint8_t> prefix) {
   uint64_t records_at = 0;
   TERN_ASSIGN_OR_RETURN(bool complete, patch::ParseHead(prefix, &head, &records_at));
   if (!complete) return std::optional<PatchInfo>();
-  return std::optional<PatchInfo>(patch::HeadInfo(head));
+  PatchInfo info = patch::HeadInfo(head);
+  // The manifest's record count per tensor: which tensors the patch changes
+  // (the agent's served events name them) before any record is read.
+  for (size_t i = 0; i < info.tensors.size(); ++i) {
+    info.tensors[i].segments = head.tensors[i].segment_count;
+    info.segments += head.tensors[i].segment_count;
+  }
+  return std::optional<PatchInfo>(std::move(info));
 }
 
 PatchStreamApply::PatchStreamApply(MutableServeView& view, const ViewDigest& current_digest,

@@ -103,6 +103,12 @@ TEST(PatchStreamApplyTest, InspectHeadWaitsForTheManifest) {
   ASSERT_TRUE(head.ok() && head->has_value());
   EXPECT_EQ((*head)->target_version, 2u);
   EXPECT_EQ((*head)->tensors.size(), 2u);
+  // Each tensor's record count, from the manifest alone: what Inspect counts.
+  auto whole = Inspect(patch);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ((*head)->segments, whole->segments);
+  for (size_t i = 0; i < whole->tensors.size(); ++i)
+    EXPECT_EQ((*head)->tensors[i].segments, whole->tensors[i].segments) << i;
   auto bad = patch;
   bad[3] ^= 1;
   EXPECT_EQ(InspectHead(bad).status().code(), Code::kCorrupt);

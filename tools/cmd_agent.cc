@@ -357,6 +357,12 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "(doubled per repeat, up to 16x; 16x at once for chunks that failed SHA-256; 0: a "
               "leaf until it rejoins)",
               "60000");
+  cmd.add_option("--on-serve", a->agent.on_serve_command,
+                 "COMMAND run with sh -c each time a version is served: the event as JSON on "
+                 "stdin and in TERN_EVENT_* variables; one run at a time, versions served "
+                 "meanwhile coalesced into one run for the newest (docs/agent/operations.md)");
+  AddUnsigned(cmd, "--on-serve-timeout-ms", a->agent.on_serve_timeout_ms,
+              "kill an --on-serve run (its process group) after this long", "60000", 86'400'000);
   // The flags of a serving member (or of the root) make no sense with it:
   // refused rather than ignored.
   cmd.add_flag("--relay-only", a->relay_only,
@@ -367,7 +373,8 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
       ->excludes(cmd.get_option("--seed-version"))
       ->excludes(cmd.get_option("--root"))
       ->excludes(cmd.get_option("--no-stream-apply"))
-      ->excludes(cmd.get_option("--spare-grace-ms"));
+      ->excludes(cmd.get_option("--spare-grace-ms"))
+      ->excludes(cmd.get_option("--on-serve"));
   AddThreadsFlag(cmd, a->threads);
   AddTransportFlags(cmd, a->transport);
   a->transport.tls_allow_client_flag = cmd.add_option(

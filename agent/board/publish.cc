@@ -216,6 +216,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
   m.version = version;
   m.parent = head;
   m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
+  m.files = options.files;
   std::vector<PendingObject> objects;
   if (prev == nullptr && head != 0) {
     TERN_ASSIGN_OR_RETURN(VersionManifest parent, board.Manifest(head));
@@ -295,6 +296,7 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
   m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
   m.base_digest = pub.base_digest;
   m.target_digest = pub.target_digest;
+  m.files = pub.files;  // every manifest of a version names its files
   std::vector<PendingObject> objects;
   objects.push_back({ref, std::move(squash).value()});
   return Commit(board, signer, std::move(m), objects, options, pool);

@@ -59,6 +59,10 @@ struct PublishOptions {
   // top of HEAD (base_digest = D(HEAD) from HEAD's manifest). For a root
   // that took the board over without HEAD's view.
   bool keyframe_only = false;
+  // The version's model files (agent/board/model_files.h), signed in its
+  // manifest; empty: none (a format-1 manifest). A squash's manifest
+  // carries the files of its version's publication manifest instead.
+  std::vector<ManifestFile> files;
 };
 
 struct PublishResult {

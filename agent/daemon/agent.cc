@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/serve_hook.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
@@ -35,7 +36,8 @@ AgentImpl::AgentImpl(const AgentOptions& options)
       env_(options.env ? *options.env : DefaultEnv()),
       clock_(env_.clock()),
       log_(options.log ? options.log : StderrLog()),
-      pool_(options.threads) {}
+      pool_(options.threads),
+      events_(std::make_unique<EventRing>(clock_)) {}
 
 AgentImpl::~AgentImpl() { Stop(); }
 
@@ -126,6 +128,12 @@ Status AgentImpl::Init() {
   {
     MutexLock lock(mu_);
     started_ = true;
+  }
+  if (!opt_.on_serve_command.empty()) {
+    serve_hook_ = std::make_unique<ServeHook>(*events_, opt_.on_serve_command,
+                                              opt_.on_serve_timeout_ms,
+                                              [this](std::string_view line) { Log(std::string(line)); });
+    serve_hook_->Start();
   }
   work_thread_ = std::thread([this] { WorkLoop(); });
   tick_thread_ = std::thread([this] { TickLoop(); });
@@ -347,6 +355,8 @@ void AgentImpl::Stop() {
   MutexLock stop_lock(stop_mu_);
   if (stopped_) return;
   stopped_ = true;
+  events_->Close();  // listeners and the hook's thread wake and leave
+  serve_hook_.reset();  // kills a run in flight
   {
     // From here on no transport handler touches the agent.
     WriterLock shut(gate_->mu);

@@ -9,10 +9,14 @@
 //   agent_member.cc        a member: joining and redialling, manifests,
 //                          objects received, apply (MemberApplyObject), seed,
 //                          catch-up, forgetting old objects, heartbeats
+//   agent_member_files.cc  a member's model files: fetched by content from
+//                          the root's object service, checked, cached
 //   agent_member_links.cc  a member's parents: round trips, probes, watching
 //                          for stalled parents
 //   agent_status.cc        Snapshot, /status JSON, /metrics text and the admin
 //                          routes (StartAdmin)
+//   agent_events.cc        events (WaitEvents, GET /events) and where they
+//                          are pushed from; the --on-serve hook: serve_hook.h
 //
 // Threads and locks. Transport callbacks (backend threads) only decode,
 // update state under mu_ and queue work; they never block. Work that takes
@@ -40,6 +44,7 @@
 #include "agent/board/publish.h"
 #include "agent/control/control_wire.h"
 #include "agent/daemon/dial_backoff.h"
+#include "agent/daemon/event_ring.h"
 #include "agent/etcd/etcd.h"
 #include "agent/etcd/etcd_board_log.h"
 #include "agent/membership/membership.h"
@@ -56,6 +61,12 @@ namespace tern::agent {
 class AdminServer;
 class MetricsRegistry;
 class PublishJobs;
+class ServeHook;
+struct AdminRoute;
+
+// The tensors a patch changes (records in its manifest), sorted; *all when
+// the patch cannot say or names more than kMaxEventTensors.
+std::vector<std::string> ChangedTensors(std::span<const uint8_t> patch, bool* all);
 
 // Transport handlers may run after the agent stopped (a connection's
 // on_closed during the transport's own shutdown): each handler holds this
@@ -77,6 +88,8 @@ class AgentImpl final : public Agent {
   Status Publish(const std::string& checkpoint_path, uint64_t version) override;
   AgentSnapshot Snapshot() const override;
   std::string PublicKeyPem() const override;
+  Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
+                    std::vector<AgentEvent>* out) override;
   void Stop() override;
 
  private:
@@ -108,6 +121,15 @@ class AgentImpl final : public Agent {
   std::string StatusJson() const;
   std::string MetricsText() const;
 
+  // ---- agent_events.cc ----
+  // Served: DIR/current's slot is resolved here (call right after the switch).
+  void EmitServed(uint64_t version, const ViewDigest& digest, bool all,
+                  std::vector<std::string> changed);
+  void EmitPublished(uint64_t version, const ViewDigest& digest, bool all,
+                     std::vector<std::string> changed);
+  void EmitMember(AgentEvent::Kind kind, const std::string& member);
+  AdminRoute EventsRoute();
+
   // ---- agent_root.cc ----
   Status InitRoot();
   void RootOnControl(const std::shared_ptr<Connection>& conn, std::string* member_id,
@@ -130,6 +152,11 @@ class AgentImpl final : public Agent {
   void MemberTryApply();
   Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
   void MemberPrepareSpare();
+  // ---- agent_member_files.cc ----
+  // Version's model files (its manifest's), fetched into DIR/files when
+  // missing and checked against their signed SHA-256 (kAuth: refused).
+  Result<std::vector<SlotFile>> MemberModelFiles(uint64_t version);
+  void MemberForgetModelFiles();
   void MemberCatchUp(CatchUpReply plan);
   Status SaveMemberState() REQUIRES(mu_);
   Result<RelayNode*> EnsureRelay(const BoardId& board) REQUIRES(mu_);
@@ -174,6 +201,11 @@ class AgentImpl final : public Agent {
   std::unique_ptr<PublishJobs> publish_jobs_;  // root: publishes behind POST /publish
   std::unique_ptr<AdminServer> admin_;
   std::string admin_address_;
+  // Events (agent_events.cc): the ring has its own lock, taken after mu_
+  // when both are held; closed first by Stop.
+  const std::unique_ptr<EventRing> events_;
+  std::atomic<uint32_t> events_listeners_{0};  // GET /events waiting now
+  std::unique_ptr<ServeHook> serve_hook_;      // with on_serve_command
 
   mutable Mutex mu_;
   CondVar work_cv_{&mu_};

@@ -317,6 +317,9 @@ bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& 
     return false;
   }
   known_head_ = std::max(known_head_, m.version);
+  // Its model files are applied with it (MemberModelFiles).
+  manifests_[m.version] = m;
+  while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
   return true;
 }
 
@@ -419,11 +422,16 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
   TERN_ASSIGN_OR_RETURN(auto file, env_.Map(path, MapMode::kReadOnly));
   const auto bytes = file->bytes();
+  TERN_ASSIGN_OR_RETURN(std::vector<SlotFile> files, MemberModelFiles(ref.to));
+  // For the served event: the tensors the patch changes (its manifest).
+  bool all = ref.kind == ObjectKind::kKeyframe;
+  std::vector<std::string> changed;
+  if (!all) changed = ChangedTensors(bytes, &all);
   if (ref.kind == ObjectKind::kKeyframe) {
-    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to));
+    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files));
   } else {
     // Finishes the stream of this patch, if one began (or drops another's).
-    Status s = store_->Advance(bytes);
+    Status s = store_->Advance(bytes, files);
     stream_file_.reset();
     TERN_RETURN_IF_ERROR(s);
   }
@@ -450,6 +458,8 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
   }
   Flush(out);
+  EmitServed(ref.to, store_->digest(), all, std::move(changed));
+  MemberForgetModelFiles();
   Log("serving version " + std::to_string(ref.to) + " (" + ObjectName(ref) + ", applied in " +
       std::to_string(dt) + " s, waited " + std::to_string(waited_s) +
       " s for the work thread, process cpu " + std::to_string(cpu_s) + " s)");
@@ -461,7 +471,9 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
   // Seed copies the checkpoint and compares its full digest with the signed
   // one before anything is switched: a wrong or damaged checkpoint changes
   // nothing.
-  Status s = store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest);
+  auto files = MemberModelFiles(m.version);
+  Status s = files.ok() ? store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest, *files)
+                        : files.status();
   Outbox out;
   {
     MutexLock lock(mu_);
@@ -479,6 +491,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
         ": " + s.ToString() + "; catching up without it");
     return;
   }
+  EmitServed(m.version, m.target_digest, /*all=*/true, {});
   Log("serving version " + std::to_string(m.version) + " (seeded from " + opt_.seed_checkpoint +
       ", its digest is the signed one; " + std::to_string(NowS() - t0) + " s)");
 }
@@ -519,6 +532,13 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
       return done();
     }
     manifests.push_back(std::move(m).value());
+  }
+  {
+    // Their model files are applied with them (MemberModelFiles).
+    MutexLock lock(mu_);
+    for (const VersionManifest& m : manifests)
+      if (m.version >= store_version_) manifests_[m.version] = m;
+    while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
   }
   bool seed = false;
   {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "agent/board/model_files.h"
 #include "agent/board/publish.h"
 #include "agent/daemon/agent_impl.h"
 #include "base/text.h"
@@ -181,6 +182,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
           w.fetch_address = fetch_server_ ? fetch_server_->address() : "";
           Send(out, conn, w);
           RootNotifyParents(notify, out);
+          EmitMember(AgentEvent::Kind::kMemberJoined, *member_id);
           Log("joined " + *member_id + " (" + hello->member.region + "/" + hello->member.cluster +
               ") from " + conn->peer_address() + " serving " + std::to_string(hello->served_version));
         }
@@ -259,7 +261,14 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
       Send(out, conn, Pong{ping->nonce});
     } else if (auto* report = std::get_if<ParentReport>(&msg)) {
       std::vector<std::string> notify;
+      auto demoted = [&]() REQUIRES(mu_) {
+        auto it = membership_->members().find(report->parent_id);
+        return it != membership_->members().end() && it->second.demoted;
+      };
+      const bool was_demoted = demoted();
       Status s = membership_->ReportParent(*member_id, *report, clock_.NowUs(), &notify);
+      if (s.ok() && !was_demoted && demoted())
+        EmitMember(AgentEvent::Kind::kMemberDemoted, report->parent_id);
       if (s.ok()) {
         RootNotifyParents(notify, out);
         Log(*member_id + " reported its parent " + report->parent_id + " in stripe " +
@@ -275,6 +284,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
       member_conns_.erase(*member_id);
       for (auto& [v, ids] : waiting_) ids.erase(*member_id);
       RootNotifyParents(notify, out);
+      EmitMember(AgentEvent::Kind::kMemberLeft, *member_id);
       Log("member " + *member_id + " left");
       member_id->clear();
       close = true;
@@ -298,6 +308,7 @@ void AgentImpl::RootOnClosed(const std::string& member_id, const std::shared_ptr
     membership_->Leave(member_id, &notify);
     for (auto& [v, ids] : waiting_) ids.erase(member_id);
     RootNotifyParents(notify, out);
+    EmitMember(AgentEvent::Kind::kMemberFailed, member_id);
     Log("member " + member_id + " disconnected; re-planned " + std::to_string(notify.size()) +
         " member(s)");
   }
@@ -321,6 +332,7 @@ void AgentImpl::RootTick() {
       membership_->Leave(id, &notify);
       for (auto& [v, ids] : waiting_) ids.erase(id);
       RootNotifyParents(notify, out);
+      EmitMember(AgentEvent::Kind::kMemberFailed, id);
       Log("member " + id + " silent for " + std::to_string(opt_.dead_after_ms) + " ms; dropped it");
     }
     for (const auto& id : membership_->EndProbations(clock_.NowUs())) {
@@ -359,6 +371,15 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   // A root that took over the board does not hold HEAD's view: its first
   // version is a keyframe on top of HEAD (members apply it like any other).
   options.keyframe_only = !prev && board_->head() != 0;
+  // The version's model files, stored content-addressed where the object
+  // service serves them (published/files/<sha256>) before they are signed.
+  const std::string files_dir = published_dir_ + "/files";
+  TERN_ASSIGN_OR_RETURN(options.files,
+                        StoreModelFiles(env_, checkpoint_path, files_dir,
+                                        [this](std::string_view line) { Log(std::string(line)); }));
+  std::vector<SlotFile> slot_files;
+  for (const ManifestFile& f : options.files)
+    slot_files.push_back({f, published_dir_ + "/" + ModelFileObjectName(f.sha256)});
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishVersion(*board_, *signer_, prev ? &prev->view() : nullptr,
                                        store_->digest(), next->view(), version, options, pool_));
@@ -374,16 +395,27 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   const uint64_t view_bytes = next->view().total_bytes();
   next.reset();
   if (store_->version() == 0 || !patch) {
-    TERN_RETURN_IF_ERROR(store_->Seed(checkpoint_path, version, result.manifest.target_digest));
+    TERN_RETURN_IF_ERROR(
+        store_->Seed(checkpoint_path, version, result.manifest.target_digest, slot_files));
   } else {
     std::string bytes;
     TERN_RETURN_IF_ERROR(ReadFileToString(env_, board_->ObjectPath(*patch), uint64_t{1} << 40, &bytes));
-    TERN_RETURN_IF_ERROR(store_->Advance({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}));
+    TERN_RETURN_IF_ERROR(store_->Advance(
+        {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, slot_files));
   }
   {
     MutexLock lock(mu_);
     NoteServedLocked();
   }
+  // What changed, for the events: the patch's manifest (none: all of it).
+  bool all = !patch.has_value();
+  std::vector<std::string> changed;
+  if (patch) {
+    auto object = env_.Map(board_->ObjectPath(*patch), MapMode::kReadOnly);
+    if (object.ok()) changed = ChangedTensors((*object)->bytes(), &all);
+    else all = true;
+  }
+  EmitServed(version, result.manifest.target_digest, all, changed);
   for (const auto& ref : refs) {
     Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));
     if (!s.ok()) Log("offer of " + ObjectName(ref) + " failed: " + s.ToString());
@@ -398,6 +430,14 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   }
   // Disk: keep what the retention policy and the members' versions need.
   if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
+  {
+    // The model files of the versions the board still holds stay.
+    std::set<std::string> keep;
+    for (uint64_t v : board_->Versions())
+      if (auto m = board_->Manifest(v); m.ok())
+        for (const ManifestFile& f : m->files) keep.insert(Hex(f.sha256));
+    if (Status s = RetainModelFiles(env_, files_dir, keep); !s.ok()) Log("retention: " + s.ToString());
+  }
   Outbox out;
   {
     MutexLock lock(mu_);
@@ -418,6 +458,7 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
     for (const auto& [id, conn] : member_conns_) Send(out, conn, head);
   }
   Flush(out);
+  EmitPublished(version, result.manifest.target_digest, all, std::move(changed));
   Log("published version " + std::to_string(version) + " in " + std::to_string(NowS() - t0) + " s");
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/serve_hook.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
@@ -155,6 +156,17 @@ std::string AgentImpl::MetricsText() const {
   if (s.relay_only)
     gauge("tern_agent_held_version", "Relay-only: the newest version held completely.",
           static_cast<double>(s.held_version));
+  counter("tern_agent_events_total", "Events this agent recorded (GET /events).", events_->last_seq());
+  if (serve_hook_) {
+    const ServeHookCounts& h = serve_hook_->counts();
+    const char* help = "Runs of the --on-serve hook by how they ended.";
+    counter("tern_agent_serve_hook_runs_total", help, h.ok.load(), {{"result", "ok"}});
+    counter("tern_agent_serve_hook_runs_total", help, h.failed.load(), {{"result", "failed"}});
+    counter("tern_agent_serve_hook_runs_total", help, h.killed.load(), {{"result", "killed"}});
+    counter("tern_agent_serve_hook_coalesced_total",
+            "Served versions the hook did not run for: a newer one came meanwhile.",
+            h.coalesced.load());
+  }
   if (s.root) {
     gauge("tern_agent_members", "Members joined to this root.", static_cast<double>(s.members.size()));
     for (const auto& m : s.members) {
@@ -269,6 +281,7 @@ Status AgentImpl::StartAdmin() {
   routes.push_back({"GET", "/status", [this](const AdminRequest&) {
                       return AdminResponse{200, "application/json", StatusJson()};
                     }});
+  routes.push_back(EventsRoute());
   if (opt_.root) {
     publish_jobs_ =
         std::make_unique<PublishJobs>([this](const std::string& checkpoint, uint64_t version) {

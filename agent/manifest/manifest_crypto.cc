@@ -229,12 +229,9 @@ Result<VersionManifest> ManifestVerifier::Verify(std::string_view in) const {
   // fuzzed form.
   TERN_REQUIRE(in.size() >= kManifestHeaderBytes + kManifestTrailerBytes, kCorrupt,
                "signed manifest of ", in.size(), " bytes is too short");
-  const auto count = static_cast<uint32_t>(DecodeFixedAt(in, 120, 4));  // header layout, §2
-  TERN_REQUIRE(count >= 1 && count <= kMaxManifestObjects, kCorrupt, "manifest object count ",
-               count, " outside [1, ", kMaxManifestObjects, "]");
-  const size_t body = kManifestHeaderBytes + kManifestObjectBytes * count;
+  TERN_ASSIGN_OR_RETURN(const size_t body, ManifestBytesOf(in));  // header layout, §2
   TERN_REQUIRE(in.size() == body + kManifestTrailerBytes, kCorrupt, "signed manifest of ",
-               count, " objects is ", body + kManifestTrailerBytes, " bytes, got ", in.size());
+               body + kManifestTrailerBytes, " bytes by its header, got ", in.size());
   ManifestKeyId id;
   std::memcpy(id.data(), in.data() + body, id.size());
   const Key* key = nullptr;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,111 @@ TEST(VersionManifest, RoundTrip) {
   EXPECT_EQ(*verified, m);
 }
 
+VersionManifest WithFiles() {
+  VersionManifest m = Example();
+  m.files.push_back({"config.json", 3, Sha256Of(Bytes("{}\n"))});
+  m.files.push_back({"tokenizer.json", 0, Sha256Of(Bytes(""))});
+  return m;
+}
+
+// Format 2: the version's model files, each name and digest signed.
+TEST(VersionManifest, FilesRoundTripAsFormat2) {
+  const VersionManifest m = WithFiles();
+  auto bytes = EncodeManifest(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(DecodeFixed16(reinterpret_cast<const uint8_t*>(bytes->data()) + 8), kManifestFormatFiles);
+  EXPECT_EQ(bytes->size(), kManifestHeaderBytes + 2 * kManifestObjectBytes +
+                               2 * kManifestFileBytes + strlen("config.json") +
+                               strlen("tokenizer.json"));
+  auto back = DecodeManifest(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+  auto size = ManifestBytesOf(*bytes);
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, bytes->size());
+
+  auto signer = ManifestSigner::FromSeed(FixedSeed());
+  ASSERT_TRUE(signer.ok());
+  auto signed_bytes = signer->Sign(m);
+  ASSERT_TRUE(signed_bytes.ok());
+  ManifestVerifier verifier;
+  ASSERT_TRUE(verifier.AddTrustedKey(signer->public_key()).ok());
+  auto verified = verifier.Verify(*signed_bytes);
+  ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+  EXPECT_EQ(*verified, m);
+  for (size_t i = 0; i < signed_bytes->size(); ++i) {
+    std::string bad = *signed_bytes;
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    ASSERT_FALSE(verifier.Verify(bad).ok()) << "flipping byte " << i << " was accepted";
+  }
+  for (size_t n = 0; n < signed_bytes->size(); ++n)
+    ASSERT_EQ(CodeOf(verifier.Verify(signed_bytes->substr(0, n)).status()), Code::kCorrupt) << n;
+  for (size_t n = 0; n < bytes->size(); ++n)
+    ASSERT_EQ(CodeOf(DecodeManifest(bytes->substr(0, n)).status()), Code::kCorrupt) << n;
+}
+
+// A manifest without files is format 1, byte for byte what it was before
+// files existed: versions published then verify unchanged.
+TEST(VersionManifest, NoFilesIsFormat1) {
+  auto bytes = EncodeManifest(Example());
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(DecodeFixed16(reinterpret_cast<const uint8_t*>(bytes->data()) + 8), kManifestFormat);
+  EXPECT_EQ(bytes->size(), kManifestHeaderBytes + 2 * kManifestObjectBytes);
+}
+
+TEST(VersionManifest, FileRulesAreEnforced) {
+  for (const char* bad : {"", ".hidden", "a/b", "model.safetensors", "x.safetensors.index.json",
+                          "tab\tname"}) {
+    VersionManifest m = Example();
+    m.files.push_back({bad, 1, {}});
+    EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch) << bad;
+  }
+  EXPECT_FALSE(ValidModelFileName(std::string(kMaxManifestFileNameBytes + 1, 'a')));
+  EXPECT_TRUE(ValidModelFileName(std::string(kMaxManifestFileNameBytes, 'a')));
+  EXPECT_TRUE(ValidModelFileName("tokenizer.model"));
+  VersionManifest m = WithFiles();
+  std::swap(m.files[0], m.files[1]);
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch) << "out of order";
+  m = WithFiles();
+  m.files[1].name = m.files[0].name;
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch) << "duplicate";
+  m = WithFiles();
+  m.files[0].bytes = kMaxManifestFileBytes + 1;
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch) << "too large";
+  m = Example();
+  for (uint32_t i = 0; i <= kMaxManifestFiles; ++i)
+    m.files.push_back({"f" + std::to_string(1000 + i), 1, {}});
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch) << "too many";
+  m.files.pop_back();
+  EXPECT_TRUE(EncodeManifest(m).ok());
+  m = Example();
+  for (int i = 0; i < 5; ++i) m.files.push_back({"f" + std::to_string(i), kMaxManifestFileBytes, {}});
+  EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch) << "total too large";
+
+  // Hand-edited bytes: the file count, the names length, a reserved field.
+  auto good = EncodeManifest(WithFiles());
+  ASSERT_TRUE(good.ok());
+  const size_t f0 = kManifestHeaderBytes + 2 * kManifestObjectBytes;
+  struct Case {
+    const char* what;
+    size_t at;
+    uint16_t value;
+  };
+  for (const Case& c : {Case{"file count 0", 124, 0}, Case{"file count 3", 124, 3},
+                        Case{"file count 65", 124, 65}, Case{"names short", 126, 24},
+                        Case{"names long", 126, 26}, Case{"file reserved", f0 + 10, 1},
+                        Case{"name length 0", f0 + 8, 0}, Case{"name length long", f0 + 8, 200}}) {
+    std::string bad = *good;
+    bad[c.at] = static_cast<char>(c.value & 0xff);
+    bad[c.at + 1] = static_cast<char>(c.value >> 8);
+    EXPECT_EQ(CodeOf(DecodeManifest(bad).status()), Code::kCorrupt) << c.what;
+  }
+  // A name with a '/' in the signed bytes: well-formed, refused by the rule.
+  std::string slash = *good;
+  slash[slash.size() - 1] = '/';
+  EXPECT_EQ(CodeOf(DecodeManifest(slash).status()), Code::kMismatch);
+}
+
 TEST(VersionManifest, KeyIdIsPrefixOfPublicKeyHash) {
   auto signer = ManifestSigner::FromSeed(FixedSeed());
   ASSERT_TRUE(signer.ok());
@@ -186,7 +292,8 @@ TEST(VersionManifest, DecodeRefusesBadFields) {
   };
   const Case cases[] = {
       {"magic", 0, 'X', 1, Code::kCorrupt},
-      {"format", 8, 2, 2, Code::kCorrupt},
+      {"format", 8, 3, 2, Code::kCorrupt},
+      {"format 2 without files", 8, 2, 2, Code::kCorrupt},
       {"flags", 10, 1, 2, Code::kCorrupt},
       {"header reserved", 12, 1, 4, Code::kCorrupt},
       {"version 0", 32, 0, 8, Code::kMismatch},

@@ -1,6 +1,8 @@
 // ObjectRef names (agent/manifest/object_ref.h).
 #include "agent/manifest/object_ref.h"
 
+#include "base/text.h"
+
 namespace tern::agent {
 
 const char* ObjectKindName(ObjectKind kind) {
@@ -16,6 +18,8 @@ std::string ObjectName(const ObjectRef& ref) {
   return std::string(ObjectKindName(ref.kind)) + "-" + std::to_string(ref.from) + "-" +
          std::to_string(ref.to);
 }
+
+std::string ModelFileObjectName(const Sha256Hash& sha256) { return "files/" + Hex(sha256); }
 
 Status ValidateObjectRef(const ObjectRef& ref) {
   switch (ref.kind) {

@@ -25,6 +25,10 @@ struct ObjectRef {
 const char* ObjectKindName(ObjectKind kind);
 // "patch-1-2", "keyframe-5-5", "squash-1-9": the file name under DIR/objects/.
 std::string ObjectName(const ObjectRef& ref);
+// "files/<SHA-256 in hex>": where a version's model file (a ManifestFile)
+// lies under the root's object service and a member's file cache, named by
+// its content so that versions sharing a file share one copy.
+std::string ModelFileObjectName(const Sha256Hash& sha256);
 // kCorrupt unless the kind is known and from/to fit it (keyframe: from ==
 // to >= 1; patch and squash: from < to). For references read off the wire.
 Status ValidateObjectRef(const ObjectRef& ref);

@@ -65,7 +65,68 @@ Status ValidateObject(const VersionManifest& m, size_t i) {
   return Status::Ok();
 }
 
+Status ValidateFiles(const VersionManifest& m) {
+  TERN_REQUIRE(m.files.size() <= kMaxManifestFiles, kMismatch, "manifest names ", m.files.size(),
+               " model files, more than ", kMaxManifestFiles);
+  uint64_t total = 0;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const ManifestFile& f = m.files[i];
+    TERN_REQUIRE(ValidModelFileName(f.name), kMismatch, "manifest file ", i, ": \"",
+                 f.name.substr(0, kMaxManifestFileNameBytes),
+                 "\" is not a model file name (1..128 bytes, no '/', no leading '.', not a "
+                 "tensor file or the safetensors index)");
+    TERN_REQUIRE(f.bytes <= kMaxManifestFileBytes, kMismatch, "manifest file ", f.name, ": ",
+                 f.bytes, " bytes, more than ", kMaxManifestFileBytes);
+    total += f.bytes;
+    TERN_REQUIRE(i == 0 || m.files[i - 1].name < f.name, kMismatch, "manifest file ", i,
+                 ": files not in strict name order");
+  }
+  TERN_REQUIRE(total <= kMaxManifestFilesTotalBytes, kMismatch, "manifest files hold ", total,
+               " bytes, more than ", kMaxManifestFilesTotalBytes);
+  return Status::Ok();
+}
+
+bool EndsWith(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
 }  // namespace
+
+bool ValidModelFileName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxManifestFileNameBytes || name[0] == '.') return false;
+  for (char c : name)
+    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+  return !EndsWith(name, ".safetensors") && !EndsWith(name, ".safetensors.index.json");
+}
+
+Result<size_t> ManifestBytesOf(std::string_view in) {
+  TERN_REQUIRE(in.size() >= kManifestHeaderBytes, kCorrupt, "manifest of ", in.size(),
+               " bytes is shorter than its ", kManifestHeaderBytes, "-byte header");
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  TERN_REQUIRE(std::memcmp(p, kMagic, sizeof(kMagic)) == 0, kCorrupt,
+               "not a tern manifest (bad magic)");
+  const uint16_t format = DecodeFixed16(p + 8);
+  TERN_REQUIRE(format == kManifestFormat || format == kManifestFormatFiles, kCorrupt,
+               "manifest format ", format, " is not one of the supported ", kManifestFormat,
+               " and ", kManifestFormatFiles);
+  const uint32_t count = DecodeFixed32(p + 120);
+  TERN_REQUIRE(count >= 1 && count <= kMaxManifestObjects, kCorrupt, "manifest object count ",
+               count, " outside [1, ", kMaxManifestObjects, "]");
+  size_t bytes = kManifestHeaderBytes + kManifestObjectBytes * count;
+  if (format == kManifestFormat) {
+    TERN_REQUIRE(DecodeFixed32(p + 124) == 0, kCorrupt, "manifest reserved count field not zero");
+    return bytes;
+  }
+  // Format 2: a format-2 manifest names at least one file (one without is
+  // written as format 1: one encoding per manifest).
+  const uint16_t files = DecodeFixed16(p + 124);
+  const uint16_t names = DecodeFixed16(p + 126);
+  TERN_REQUIRE(files >= 1 && files <= kMaxManifestFiles, kCorrupt, "manifest file count ", files,
+               " outside [1, ", kMaxManifestFiles, "]");
+  TERN_REQUIRE(names >= files && names <= files * kMaxManifestFileNameBytes, kCorrupt,
+               "manifest file names of ", names, " bytes for ", files, " files");
+  return bytes + kManifestFileBytes * files + names;
+}
 
 Status ValidateManifest(const VersionManifest& m) {
   TERN_REQUIRE(m.version >= 1, kMismatch, "manifest version 0 is reserved");
@@ -76,15 +137,18 @@ Status ValidateManifest(const VersionManifest& m) {
   TERN_REQUIRE(m.objects.size() <= kMaxManifestObjects, kMismatch, "manifest names ",
                m.objects.size(), " objects, more than ", kMaxManifestObjects);
   for (size_t i = 0; i < m.objects.size(); ++i) TERN_RETURN_IF_ERROR(ValidateObject(m, i));
-  return Status::Ok();
+  return ValidateFiles(m);
 }
 
 Result<std::string> EncodeManifest(const VersionManifest& m) {
   TERN_RETURN_IF_ERROR(ValidateManifest(m));
   std::string out;
-  out.reserve(kManifestHeaderBytes + kManifestObjectBytes * m.objects.size());
+  size_t names = 0;
+  for (const ManifestFile& f : m.files) names += f.name.size();
+  out.reserve(kManifestHeaderBytes + kManifestObjectBytes * m.objects.size() +
+              kManifestFileBytes * m.files.size() + names);
   out.append(kMagic, sizeof(kMagic));
-  PutFixed16(&out, kManifestFormat);
+  PutFixed16(&out, m.files.empty() ? kManifestFormat : kManifestFormatFiles);
   PutFixed16(&out, 0);  // flags
   PutFixed32(&out, 0);  // reserved
   out.append(reinterpret_cast<const char*>(m.board_id.data()), m.board_id.size());
@@ -96,7 +160,8 @@ Result<std::string> EncodeManifest(const VersionManifest& m) {
     out.append(reinterpret_cast<const char*>(b.data()), b.size());
   }
   PutFixed32(&out, static_cast<uint32_t>(m.objects.size()));
-  PutFixed32(&out, 0);  // reserved
+  PutFixed16(&out, static_cast<uint16_t>(m.files.size()));  // format 1: reserved, 0
+  PutFixed16(&out, static_cast<uint16_t>(names));
   TERN_ASSERT(out.size() == kManifestHeaderBytes);
   for (const ManifestObject& o : m.objects) {
     out.push_back(static_cast<char>(o.kind));
@@ -109,18 +174,20 @@ Result<std::string> EncodeManifest(const VersionManifest& m) {
     PutFixed32(&out, 0);  // reserved
     out.append(reinterpret_cast<const char*>(o.chunk_hashes_root.data()), 32);
   }
+  for (const ManifestFile& f : m.files) {
+    PutFixed64(&out, f.bytes);
+    PutFixed16(&out, static_cast<uint16_t>(f.name.size()));
+    PutFixed16(&out, 0);  // reserved
+    PutFixed32(&out, 0);  // reserved
+    out.append(reinterpret_cast<const char*>(f.sha256.data()), 32);
+  }
+  for (const ManifestFile& f : m.files) out += f.name;
   return out;
 }
 
 Result<VersionManifest> DecodeManifest(std::string_view in) {
-  TERN_REQUIRE(in.size() >= kManifestHeaderBytes, kCorrupt, "manifest of ", in.size(),
-               " bytes is shorter than its ", kManifestHeaderBytes, "-byte header");
+  TERN_ASSIGN_OR_RETURN(const size_t want, ManifestBytesOf(in));
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  TERN_REQUIRE(std::memcmp(p, kMagic, sizeof(kMagic)) == 0, kCorrupt,
-               "not a tern manifest (bad magic)");
-  const uint16_t format = DecodeFixed16(p + 8);
-  TERN_REQUIRE(format == kManifestFormat, kCorrupt, "manifest format ", format,
-               " is not the supported ", kManifestFormat);
   TERN_REQUIRE(DecodeFixed16(p + 10) == 0, kCorrupt, "manifest flags ", DecodeFixed16(p + 10),
                " must be 0");
   TERN_REQUIRE(DecodeFixed32(p + 12) == 0, kCorrupt, "manifest reserved header field not zero");
@@ -132,12 +199,9 @@ Result<VersionManifest> DecodeManifest(std::string_view in) {
   m.base_digest = ViewDigest::FromBytes(p + 56);
   m.target_digest = ViewDigest::FromBytes(p + 88);
   const uint32_t count = DecodeFixed32(p + 120);
-  TERN_REQUIRE(DecodeFixed32(p + 124) == 0, kCorrupt, "manifest reserved count field not zero");
-  TERN_REQUIRE(count >= 1 && count <= kMaxManifestObjects, kCorrupt, "manifest object count ",
-               count, " outside [1, ", kMaxManifestObjects, "]");
-  const size_t want = kManifestHeaderBytes + kManifestObjectBytes * count;
-  TERN_REQUIRE(in.size() == want, kCorrupt, "manifest of ", count, " objects is ", want,
-               " bytes, got ", in.size());
+  const uint32_t file_count = DecodeFixed16(p + 8) == kManifestFormat ? 0 : DecodeFixed16(p + 124);
+  TERN_REQUIRE(in.size() == want, kCorrupt, "manifest of ", count, " objects and ", file_count,
+               " files is ", want, " bytes, got ", in.size());
   m.objects.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
     const uint8_t* q = p + kManifestHeaderBytes + kManifestObjectBytes * i;
@@ -154,6 +218,27 @@ Result<VersionManifest> DecodeManifest(std::string_view in) {
     o.chunk_count = DecodeFixed32(q + 32);
     std::memcpy(o.chunk_hashes_root.data(), q + 40, 32);
   }
+  const uint8_t* file_at = p + kManifestHeaderBytes + kManifestObjectBytes * count;
+  const size_t names_at = kManifestHeaderBytes + kManifestObjectBytes * count + kManifestFileBytes * file_count;
+  size_t name_at = names_at;
+  m.files.resize(file_count);
+  for (uint32_t i = 0; i < file_count; ++i) {
+    const uint8_t* q = file_at + kManifestFileBytes * i;
+    ManifestFile& f = m.files[i];
+    f.bytes = DecodeFixed64(q);
+    const uint16_t name_bytes = DecodeFixed16(q + 8);
+    TERN_REQUIRE(DecodeFixed16(q + 10) == 0 && DecodeFixed32(q + 12) == 0, kCorrupt,
+                 "manifest file ", i, ": reserved field not zero");
+    TERN_REQUIRE(name_bytes >= 1 && name_bytes <= kMaxManifestFileNameBytes &&
+                     name_bytes <= in.size() - name_at,
+                 kCorrupt, "manifest file ", i, ": name of ", name_bytes,
+                 " bytes outside its block");
+    std::memcpy(f.sha256.data(), q + 16, 32);
+    f.name.assign(in.data() + name_at, name_bytes);
+    name_at += name_bytes;
+  }
+  TERN_REQUIRE(name_at == in.size(), kCorrupt, "manifest file names are ", name_at - names_at,
+               " bytes, the header announces ", in.size() - names_at);
   TERN_RETURN_IF_ERROR(ValidateManifest(m));
   return m;
 }

@@ -179,12 +179,18 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   const std::string token = options.token;
   for (auto& route : routes) {
     auto fn = [route, token](const httplib::Request& req, httplib::Response& res) {
-      if (route.mutating && !token.empty() &&
+      if ((route.mutating || route.private_read) && !token.empty() &&
           !TokenMatches(req.get_header_value("Authorization"), token)) {
         res.set_header("WWW-Authenticate", "Bearer");
         return SetText(res, 401, "missing or wrong bearer token");
       }
-      AdminResponse out = route.handler(AdminRequest{req.method, req.path, req.body});
+      AdminRequest ar{req.method, req.path, req.body};
+      // The first value of each query parameter, at most kMaxQueryParams.
+      for (const auto& [k, v] : req.params) {
+        if (ar.params.size() >= kMaxQueryParams) break;
+        ar.params.emplace(k, v);
+      }
+      AdminResponse out = route.handler(ar);
       res.status = out.status;
       res.set_content(std::move(out.body), out.content_type.c_str());
     };

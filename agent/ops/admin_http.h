@@ -18,7 +18,8 @@
 //  * one request per connection (keep-alive off).
 // httplib refuses what it cannot parse (garbage, HTTP/0.9, a header line or
 // URI over 8 KiB: both compiled into the library) with "400"/"414". Routes
-// are exact paths; a route marked `mutating` needs
+// are exact paths (the query string is parsed into AdminRequest::params); a
+// route marked `mutating` or `private_read` needs
 // "Authorization: Bearer <token>" when AdminOptions::token is set ("401"
 // otherwise; the comparison takes constant time). Every refusal has a
 // one-line text body saying why. The server keeps serving after any of them.
@@ -42,6 +43,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -65,10 +67,15 @@ struct AdminOptions {
   LogFn log;                            // refusals, one line each; null: stderr
 };
 
+inline constexpr size_t kMaxQueryParams = 16;
+
 struct AdminRequest {
   std::string_view method;  // "GET" or "POST"
   std::string_view path;
   std::string_view body;  // <= max_body_bytes
+  // The query's parameters (?a=1&b=2), decoded: the first value of each
+  // name, at most kMaxQueryParams names (the URI is at most 8 KiB).
+  std::map<std::string, std::string> params;
 };
 
 struct AdminResponse {
@@ -84,6 +91,9 @@ struct AdminRoute {
   std::string path;    // exact match, e.g. "/status"
   AdminHandler handler;
   bool mutating = false;  // needs the bearer token when one is set
+  // Changes nothing but tells what a scheduler should ask for with the
+  // token (GET /events: slot paths, tensor names): needs it too.
+  bool private_read = false;
 };
 
 class AdminServer {

@@ -41,7 +41,7 @@ enum class DataType : uint8_t {
 inline constexpr uint32_t kMaxMemberIdBytes = 256;
 inline constexpr uint16_t kMaxStripes = 16;
 inline constexpr uint64_t kMaxSignedManifestBytes =
-    kManifestHeaderBytes + kManifestObjectBytes * kMaxManifestObjects + kManifestTrailerBytes;
+    kMaxManifestBytes + kManifestTrailerBytes;
 // 1 MiB of hashes per HASHES message (well under kMaxMessageBytes).
 inline constexpr uint32_t kMaxHashesPerMessage = uint32_t{1} << 15;
 inline constexpr uint32_t kMaxWantChunks = 4096;

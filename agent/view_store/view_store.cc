@@ -73,6 +73,7 @@ namespace {
 // its version to the new one).
 Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string& recorded,
                       LogFn& log, uint64_t version, const ViewDigest& digest,
+                      const std::vector<SlotFile>& files,
                       const std::function<Status(const std::string& slot_path)>& build) {
   if (!s.current.empty()) {
     // The served slot is what a crash while the spare is rebuilt falls back
@@ -91,6 +92,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string
   const std::string slot = s.current.empty() ? "a" : s.spare();
   TERN_RETURN_IF_ERROR(RemoveTree(env, p.slot(slot)));
   TERN_RETURN_IF_ERROR(build(p.slot(slot)));
+  TERN_RETURN_IF_ERROR(WriteSlotFiles(env, p.slot(slot), files));
   ViewStore::State next;
   next.current = slot;
   next.version = version;
@@ -114,7 +116,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string
 }  // namespace
 
 Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
-                       const ViewDigest& expected) {
+                       const ViewDigest& expected, const std::vector<SlotFile>& files) {
   State& s = *state_;
   TERN_REQUIRE(version > s.version, kInvalidArgument, "view store: seed version ", version,
                " is not newer than the served ", s.version);
@@ -148,10 +150,11 @@ Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
     if (!st.ok()) (void)RemoveTree(env_, staging);
     return st;
   };
-  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, expected, build);
+  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, expected, files, build);
 }
 
-Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version) {
+Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version,
+                                  const std::vector<SlotFile>& files) {
   State& s = *state_;
   TERN_REQUIRE(version > s.version, kInvalidArgument, "view store: keyframe version ", version,
                " is not newer than the served ", s.version);
@@ -177,7 +180,8 @@ Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t ve
     return w->Commit();
   };
   // Apply verified that the bytes reach the patch's target digest.
-  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, info.target_digest, build);
+  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, info.target_digest, files,
+                        build);
 }
 
 namespace {
@@ -349,7 +353,7 @@ void ViewStore::AbortAdvance() {
 
 bool ViewStore::advancing() const { return state_->stream != nullptr; }
 
-Status ViewStore::Advance(std::span<const uint8_t> patch) {
+Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<SlotFile>& files) {
   State& s = *state_;
   const Paths p(dir_);
   TERN_REQUIRE(!s.current.empty(), kInvalidArgument,
@@ -472,6 +476,9 @@ Status ViewStore::Advance(std::span<const uint8_t> patch) {
     sync_us += clock.NowUs() - t_us;
     written.reset();
   }
+  // The new version's model files, durable before the commit (the spare is
+  // unusable in state.json until then, so a failure here serves nothing).
+  TERN_RETURN_IF_ERROR(WriteSlotFiles(env_, p.slot(s.spare()), files));
 
   // The kept patch is written but not synced: it only saves a copy, and it
   // is checked whenever it is used (every record's checksum, and the digest

@@ -57,6 +57,7 @@
 #include <span>
 #include <string>
 
+#include "agent/view_store/slot_files.h"
 #include "tern/digest.h"
 #include "tern/env.h"
 #include "tern/log.h"
@@ -100,16 +101,24 @@ class ViewStore {
   // Adopts a checkpoint the member already holds (a file or directory; it is
   // copied, not moved) as `version` iff its full digest is `expected`.
   // `version` must be newer than version().
-  Status Seed(const std::string& checkpoint_path, uint64_t version, const ViewDigest& expected);
+  //
+  // Seed, InstallKeyframe and Advance also write the new version's model
+  // files into its slot before the switch (WriteSlotFiles: checked against
+  // their signed SHA-256, kAuth otherwise, and nothing is switched); the
+  // slot then holds exactly those besides its tensors. None (a version of
+  // a format-1 manifest): the slot's other files are left as they are.
+  Status Seed(const std::string& checkpoint_path, uint64_t version, const ViewDigest& expected,
+              const std::vector<SlotFile>& files = {});
   // A keyframe: a patch from the all-zero view of its own tensor table to
   // `version` (its target version must be `version`, newer than version()).
   // The spare is created zero-filled (sparse) from the patch's layout.
-  Status InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version);
+  Status InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version,
+                         const std::vector<SlotFile>& files = {});
   // Advances to the patch's target. Its base must be version()/digest(); a
   // squash (a -> b with a == version()) is a patch like any other. Finishes
   // a stream of the same patch (AdvancePrefix); a stream that fails here is
   // dropped and the whole patch applied to a copy instead.
-  Status Advance(std::span<const uint8_t> patch);
+  Status Advance(std::span<const uint8_t> patch, const std::vector<SlotFile>& files = {});
 
   // Streaming Advance (docs/agent/apply.md "Streaming apply"): `prefix` is
   // the beginning of a patch still arriving, verified by the caller (every

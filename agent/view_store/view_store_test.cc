@@ -44,6 +44,80 @@ TEST_F(ViewStoreTest, SeedFromSingleFileAndPassengerFilesKept) {
   EXPECT_TRUE(std::filesystem::exists(store->current_path() + "/config.json"));
 }
 
+// A version's model files, as the agent passes them: a source per file,
+// checked against its signed SHA-256.
+std::vector<SlotFile> ModelFiles(const std::string& dir,
+                                 const std::vector<std::pair<std::string, std::string>>& files) {
+  std::filesystem::create_directories(dir);
+  std::vector<SlotFile> out;
+  for (const auto& [name, text] : files) {
+    const std::string source = dir + "/" + name + ".src";
+    std::ofstream(source, std::ios::binary) << text;
+    out.push_back({{name, text.size(),
+                    Sha256Of({reinterpret_cast<const uint8_t*>(text.data()), text.size()})},
+                   source});
+  }
+  return out;
+}
+
+std::set<std::string> NonTensorFiles(const std::string& slot) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(slot))
+    if (e.path().extension() != ".safetensors") out.insert(e.path().filename().string());
+  return out;
+}
+
+// Every slot a version is served from holds exactly its model files, from
+// the first version (keyframe or seed) through in-place and copied advances.
+TEST_F(ViewStoreTest, ModelFilesTravelWithEveryVersion) {
+  const std::string src = tmp_ / "files";
+  auto store = OpenStore();
+  auto v1 = ModelFiles(src + "/1", {{"config.json", "{\"v\": 1}"}, {"tokenizer.json", "tok"}});
+  ASSERT_TRUE(store->InstallKeyframe(trace_.Keyframe(1), 1, v1).ok());
+  const std::string cur = store->current_path();
+  EXPECT_EQ(NonTensorFiles(cur), (std::set<std::string>{"config.json", "tokenizer.json"}));
+  EXPECT_EQ(tern::testing::Slurp(cur + "/config.json"), "{\"v\": 1}");
+  // v2: config changes, the tokenizer goes, a quantization config comes.
+  auto v2 = ModelFiles(src + "/2", {{"config.json", "{\"v\": 2}"}, {"quant_config.json", "q"}});
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2), v2).ok());
+  EXPECT_EQ(NonTensorFiles(cur), (std::set<std::string>{"config.json", "quant_config.json"}));
+  EXPECT_EQ(tern::testing::Slurp(cur + "/config.json"), "{\"v\": 2}");
+  EXPECT_EQ(Differs(cur, trace_, 2), "");
+  // v3 in place on the old slot, which still holds v1's files: replaced.
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  ASSERT_TRUE(store->Advance(trace_.Patch(2, 3), v2).ok());
+  EXPECT_EQ(NonTensorFiles(cur), (std::set<std::string>{"config.json", "quant_config.json"}));
+  EXPECT_EQ(Differs(cur, trace_, 3), "");
+  // A format-1 version (no files) leaves the slot's files as they are.
+  ASSERT_TRUE(store->Advance(trace_.Patch(3, 4)).ok());
+  EXPECT_EQ(store->version(), 4u);
+}
+
+// A source whose bytes are not the signed ones is refused like a bad chunk:
+// nothing is switched, and the version goes in once the bytes are right.
+TEST_F(ViewStoreTest, TamperedModelFileSwitchesNothing) {
+  const std::string src = tmp_ / "files";
+  auto store = Seeded();
+  ASSERT_NE(store, nullptr);
+  auto v2 = ModelFiles(src, {{"config.json", "{\"v\": 2}"}});
+  std::ofstream(v2[0].source_path, std::ios::binary) << "{\"v\": 9}";  // same size, other bytes
+  Status st = store->Advance(trace_.Patch(1, 2), v2);
+  EXPECT_EQ(st.code(), Code::kAuth) << st.ToString();
+  EXPECT_EQ(store->version(), 1u);
+  EXPECT_EQ(Differs(store->current_path(), trace_, 1), "");
+  std::ofstream(v2[0].source_path, std::ios::binary) << "{\"v\": 2} and more";  // longer
+  EXPECT_EQ(store->Advance(trace_.Patch(1, 2), v2).code(), Code::kAuth);
+  std::ofstream(v2[0].source_path, std::ios::binary) << "{\"v\": 2}";
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2), v2).ok());
+  EXPECT_EQ(tern::testing::Slurp(store->current_path() + "/config.json"), "{\"v\": 2}");
+  EXPECT_EQ(Differs(store->current_path(), trace_, 2), "");
+  // Seed with files: the seed's own passenger config.json is replaced.
+  trace_.Write(5, tmp_ / "dir5");
+  auto v5 = ModelFiles(src + "/5", {{"config.json", "five"}});
+  ASSERT_TRUE(store->Seed(tmp_ / "dir5", 5, trace_.digest(5), v5).ok());
+  EXPECT_EQ(tern::testing::Slurp(store->current_path() + "/config.json"), "five");
+}
+
 TEST_F(ViewStoreTest, SeedWithWrongDigestServesNothing) {
   trace_.Write(1, tmp_ / "seed");
   auto store = OpenStore();

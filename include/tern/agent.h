@@ -153,6 +153,18 @@ struct AgentOptions {
   // (docs/agent/relay.md "Push"); 0: no push. At most 64 MiB.
   uint32_t push_window_bytes = uint32_t{2} << 20;
 
+  // ---- Serving hook (docs/agent/operations.md "Events") ----
+  // Run with /bin/sh -c each time this agent serves a new version (a
+  // kVersionServed event), on a thread of its own, never the agent's work
+  // thread: the event as one JSON object on stdin and in TERN_EVENT_*
+  // variables. At most one runs at a time; versions served while it runs
+  // are coalesced into one run for the newest. A run past
+  // on_serve_timeout_ms is killed (SIGKILL to its process group). Exit
+  // statuses are logged and counted (tern_agent_serve_hook_runs_total).
+  // Empty: no hook.
+  std::string on_serve_command;
+  uint32_t on_serve_timeout_ms = 60000;
+
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
   // Optional: the transport for data edges inside this agent's cluster
@@ -227,6 +239,37 @@ struct AgentSnapshot {
   bool joined = false;
 };
 
+// Something that happened at an agent, in the order it happened there
+// (docs/agent/operations.md "Events"). seq numbers an agent's events
+// consecutively from 1 (per process run); at_s is the agent's clock.
+struct AgentEvent {
+  enum class Kind : uint8_t {
+    kVersionPublished = 1,  // root: `version` is on the board
+    kVersionServed = 2,     // DIR/current now serves `version` (a member; the root after publishing)
+    kMemberJoined = 3,      // root: `member` joined (or came back)
+    kMemberLeft = 4,        // root: `member` said goodbye
+    kMemberFailed = 5,      // root: `member` went silent past dead_after_ms
+    kMemberDemoted = 6,     // root: `member` relays no more until its probation ends
+  };
+  uint64_t seq = 0;
+  double at_s = 0;
+  Kind kind = Kind::kVersionServed;
+  uint64_t version = 0;     // published / served (0 for membership events)
+  ViewDigest digest;        // D(version) (zero for membership events)
+  std::string member;       // membership events: the member's id; others: this agent's
+  // kVersionServed: the slot directory DIR/current pointed at when the
+  // version was switched in (DIR/views/a or /b: stable while it is served;
+  // the reader rule of docs/agent/apply.md applies once it is not).
+  std::string slot_dir;
+  // kVersionServed: true when the whole view is new (a keyframe, a seed,
+  // the first version); else changed_tensors names every tensor whose bytes
+  // the patch changed, sorted (a tensor the patch does not touch is not
+  // listed). kVersionPublished: the same, from the root's diff.
+  bool all_tensors = false;
+  std::vector<std::string> changed_tensors;
+};
+TERN_EXPORT const char* AgentEventKindName(AgentEvent::Kind kind);  // "version_served", ...
+
 class TERN_EXPORT Agent {
  public:
   // Opens DIR (recovering the board and the served version), listens, and
@@ -244,6 +287,18 @@ class TERN_EXPORT Agent {
   virtual AgentSnapshot Snapshot() const = 0;
   // The public key members must trust (root), PEM.
   virtual std::string PublicKeyPem() const = 0;
+
+  // The agent's events with seq > after_seq, oldest first, at most
+  // max_events (1 .. 1024); when there are none yet, waits up to
+  // timeout_ms (at most 600000) for the first and returns Ok with `out`
+  // empty if none came. The agent keeps its last 1024 events (a ring): when
+  // out's first seq is above after_seq + 1, the events in between were
+  // dropped (a gap: the caller missed them, e.g. re-reads DIR/current).
+  // after_seq 0 asks for everything held. kResourceExhausted when 64
+  // callers already wait; kUnavailable once the agent is stopping.
+  // Thread-safe; wakes within the timeout when Stop runs.
+  virtual Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
+                            std::vector<AgentEvent>* out) = 0;
 
   // Leaves (members say so to the root), closes every connection, joins
   // every thread. Idempotent; the destructor calls it.

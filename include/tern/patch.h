@@ -163,7 +163,9 @@ TERN_EXPORT Status Apply(MutableServeView& view, std::span<const uint8_t> patch,
                          ViewDigest* new_digest = nullptr);
 
 // The header and manifest of a patch from its first bytes (versions,
-// digests, format and tensor layout; no segment counted): no value while
+// digests, format, tensor layout and each tensor's `segments`, the
+// manifest's record count: non-zero exactly for the tensors the patch
+// changes; nothing else counted): no value while
 // `prefix` ends before them; kCorrupt/kUnsupported as Inspect.
 TERN_EXPORT Result<std::optional<PatchInfo>> InspectHead(std::span<const uint8_t> prefix);
 

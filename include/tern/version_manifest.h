@@ -42,9 +42,23 @@ using BoardId = std::array<uint8_t, 16>;
 inline constexpr uint32_t kMaxManifestObjects = 64;
 // 2^21 chunks: a hash list of at most 64 MiB; at 4 MiB chunks an 8 TiB object.
 inline constexpr uint32_t kMaxManifestChunks = uint32_t{1} << 21;
+// Format 1: objects only. Format 2 adds the version's model files (spec
+// §3.1); a manifest without files is still written as format 1, byte for
+// byte what it always was, so versions published before files existed
+// verify unchanged.
 inline constexpr uint16_t kManifestFormat = 1;
+inline constexpr uint16_t kManifestFormatFiles = 2;
 inline constexpr size_t kManifestHeaderBytes = 128;
 inline constexpr size_t kManifestObjectBytes = 72;
+inline constexpr size_t kManifestFileBytes = 48;  // + the name, in the names block
+inline constexpr uint32_t kMaxManifestFiles = 64;
+inline constexpr size_t kMaxManifestFileNameBytes = 128;
+inline constexpr uint64_t kMaxManifestFileBytes = uint64_t{64} << 20;        // one file
+inline constexpr uint64_t kMaxManifestFilesTotalBytes = uint64_t{256} << 20;  // all of them
+// The longest canonical manifest (unsigned).
+inline constexpr size_t kMaxManifestBytes =
+    kManifestHeaderBytes + kManifestObjectBytes * kMaxManifestObjects +
+    (kManifestFileBytes + kMaxManifestFileNameBytes) * kMaxManifestFiles;
 inline constexpr size_t kManifestSignatureBytes = 64;
 // What Sign appends to the canonical manifest: key_id + signature.
 inline constexpr size_t kManifestTrailerBytes = 8 + kManifestSignatureBytes;
@@ -63,6 +77,23 @@ struct ManifestObject {
   bool operator==(const ManifestObject&) const = default;
 };
 
+// A model file that is not a tensor (config.json, tokenizer files, the
+// quantization config): shipped with the version, present in every slot
+// that serves it (docs/agent.md §3 "Model files").
+struct ManifestFile {
+  std::string name;  // ValidModelFileName
+  uint64_t bytes = 0;  // 0 .. kMaxManifestFileBytes
+  Sha256Hash sha256{};
+
+  bool operator==(const ManifestFile&) const = default;
+};
+
+// A name a model file may have: 1 .. kMaxManifestFileNameBytes bytes, no
+// '/', no NUL, no control character, not starting with '.', and not a
+// tensor file (*.safetensors) or the safetensors index
+// (*.safetensors.index.json): those are the view, which the objects carry.
+TERN_EXPORT bool ValidModelFileName(std::string_view name);
+
 struct VersionManifest {
   BoardId board_id{};
   uint64_t version = 0;  // >= 1
@@ -74,14 +105,22 @@ struct VersionManifest {
   // patch: from == parent, to == version; keyframe: from == to == version;
   // squash: from < parent, to == version.
   std::vector<ManifestObject> objects;
+  // 0 .. kMaxManifestFiles, strictly ordered by name, at most
+  // kMaxManifestFilesTotalBytes together. Empty: format 1 (no files).
+  std::vector<ManifestFile> files;
 
   bool operator==(const VersionManifest&) const = default;
 };
 
 // The consistency rules above, kMismatch naming the first one broken.
 TERN_EXPORT Status ValidateManifest(const VersionManifest& m);
-// Canonical bytes (kManifestHeaderBytes + kManifestObjectBytes per object).
+// Canonical bytes (kManifestHeaderBytes + kManifestObjectBytes per object,
+// then per file kManifestFileBytes and its name).
 TERN_EXPORT Result<std::string> EncodeManifest(const VersionManifest& m);
+// The length of the canonical manifest whose header `in` begins with (its
+// format, object count and, format 2, file count and names length),
+// checked against the bounds; kCorrupt for a header that cannot start one.
+TERN_EXPORT Result<size_t> ManifestBytesOf(std::string_view in);
 // Strict: exactly one canonical manifest, no trailing bytes.
 TERN_EXPORT Result<VersionManifest> DecodeManifest(std::string_view bytes);
 
