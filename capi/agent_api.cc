@@ -1,30 +1,14 @@
-// tern_agent_*: an agent in the caller's process (include/tern/tern.h).
-// The handle owns the agent and the transport it runs on; a shared_mutex
-// lets every call run from any thread while tern_agent_stop waits for them.
-#include <atomic>
+// tern_agent_*: an agent in the caller's process (include/tern/tern.h;
+// the handle: agent_handle.h).
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "capi/capi_internal.h"
+#include "capi/agent_handle.h"
 #include "tern/agent.h"
 #include "tern/transport_registry.h"
-
-struct tern_agent {
-  static constexpr uint32_t kTag = 0x74416774;  // "tAgt"
-  uint32_t tag = kTag;
-  // Shared by every call; exclusive while stopping. glibc's rwlock prefers
-  // readers, so callers polling in a loop would starve Stop: once
-  // `stopping` is set new calls answer kUnavailable without the lock.
-  std::shared_mutex mu;
-  std::atomic<bool> stopping{false};
-  // The agent runs on `transport`: destroyed before it (reset in Stop).
-  std::unique_ptr<tern::Transport> transport;
-  std::unique_ptr<tern::Agent> agent;  // null once stopped
-};
 
 namespace tern::capi {
 namespace {
@@ -32,13 +16,6 @@ namespace {
 // The size of tern_agent_options in ABI 1.0: a caller compiled against it
 // passes at least this.
 constexpr size_t kAgentOptionsBytesV1 = offsetof(tern_agent_options, log_user) + sizeof(void*);
-
-Status CheckHandle(const tern_agent* a) {
-  TERN_REQUIRE(a != nullptr, kInvalidArgument, "agent is NULL");
-  TERN_REQUIRE(a->tag == tern_agent::kTag, kInvalidArgument,
-               "agent is not a tern_agent (another handle, or one already freed)");
-  return Status::Ok();
-}
 
 Status CheckFlag(int value, const char* field) {
   TERN_REQUIRE(value == 0 || value == 1, kInvalidArgument, field, " is ", value, ": want 0 or 1");
@@ -181,16 +158,6 @@ Status Start(const tern_agent_options* options, tern_agent** out) {
   TERN_ASSIGN_OR_RETURN(handle->agent, Agent::Start(o));
   *out = handle.release();
   return Status::Ok();
-}
-
-// Runs `body(agent)` under the handle's shared lock; kUnavailable once stopped.
-template <class Body>
-Status WithAgent(tern_agent* a, Body&& body) {
-  TERN_RETURN_IF_ERROR(CheckHandle(a));
-  TERN_REQUIRE(!a->stopping.load(), kUnavailable, "the agent is stopped (tern_agent_stop)");
-  std::shared_lock lock(a->mu);
-  TERN_REQUIRE(a->agent != nullptr, kUnavailable, "the agent is stopped (tern_agent_stop)");
-  return body(*a->agent);
 }
 
 void Stop(tern_agent* a) {

@@ -93,6 +93,40 @@ static void* other_thread(void* arg) {
   return NULL;
 }
 
+/* What a subscription's callback saw: the versions served, in order. */
+typedef struct {
+  pthread_mutex_t mu;
+  uint64_t served[16];
+  int count, bad;
+} served_log;
+static void on_event(void* user, const tern_event* e) {
+  served_log* log = (served_log*)user;
+  pthread_mutex_lock(&log->mu);
+  if (e->kind == TERN_EVENT_VERSION_SERVED && log->count < 16) {
+    log->served[log->count++] = e->version;
+    /* A served event names its slot and D(version). */
+    if (strstr(e->slot_dir, "views/") == NULL || (e->digest[0] | e->digest[1]) == 0) ++log->bad;
+  }
+  pthread_mutex_unlock(&log->mu);
+}
+
+/* Waits for events in another thread, to be ended by tern_agent_stop. */
+typedef struct {
+  tern_agent* agent;
+  uint64_t after_seq; /* the agent's newest event: nothing comes after it */
+  tern_code code;
+  double seconds;
+} waiter;
+static void* wait_until_stopped(void* arg) {
+  waiter* w = (waiter*)arg;
+  const double t0 = now_s();
+  tern_events* batch = NULL;
+  w->code = tern_agent_wait_events(w->agent, w->after_seq, 8, 60000, &batch);
+  w->seconds = now_s() - t0;
+  tern_events_free(batch);
+  return NULL;
+}
+
 static void test_versions_and_codes(void) {
   CHECK(strlen(tern_version()) > 0);
   CHECK(tern_abi_version() == TERN_ABI_VERSION);
@@ -287,6 +321,16 @@ static void test_agents(const char* dir) {
     tern_agent_free(root);
     return;
   }
+  /* The callback form, from the start: it sees every version served. */
+  served_log served;
+  memset(&served, 0, sizeof served);
+  pthread_mutex_init(&served.mu, NULL);
+  tern_subscription* sub = NULL;
+  CHECK_CODE(tern_agent_subscribe(member, 0, NULL, &served, &sub), TERN_INVALID_ARGUMENT,
+             "fn is NULL");
+  CHECK_CODE(tern_agent_subscribe(NULL, 0, on_event, &served, &sub), TERN_INVALID_ARGUMENT,
+             "agent is NULL");
+  CHECK(tern_agent_subscribe(member, 0, on_event, &served, &sub) == TERN_OK);
   CHECK_CODE(tern_agent_public_key_pem(member, key, sizeof key, &len), TERN_NOT_FOUND,
              "only a root");
   CHECK_CODE(tern_agent_publish(member, v1, 1), TERN_INVALID_ARGUMENT, "not the root");
@@ -386,6 +430,56 @@ static void test_agents(const char* dir) {
   }
   tern_client_free(client);
 
+  /* The subscription saw versions 1 and 2 served, in order. */
+  for (int i = 0; i < 100; ++i) {
+    pthread_mutex_lock(&served.mu);
+    const int n = served.count;
+    pthread_mutex_unlock(&served.mu);
+    if (n >= 2) break;
+    sleep_ms(50);
+  }
+  pthread_mutex_lock(&served.mu);
+  CHECK(served.count == 2 && served.served[0] == 1 && served.served[1] == 2 && served.bad == 0);
+  pthread_mutex_unlock(&served.mu);
+
+  /* The polling form on the root: what it published and who joined. */
+  tern_events* batch = NULL;
+  CHECK_CODE(tern_agent_wait_events(root, 0, 0, 10, &batch), TERN_OUT_OF_RANGE, "max_events");
+  CHECK_CODE(tern_agent_wait_events(root, 0, 8, 600001, &batch), TERN_OUT_OF_RANGE, "timeout_ms");
+  CHECK_CODE(tern_agent_wait_events(root, 0, 8, 10, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  CHECK(batch == NULL && tern_events_count(NULL) == 0);
+  CHECK(strcmp(tern_event_kind_name(TERN_EVENT_VERSION_SERVED), "version_served") == 0);
+  CHECK(strcmp(tern_event_kind_name(99), "unknown") == 0);
+  CHECK(tern_agent_wait_events(root, 0, 1024, 1000, &batch) == TERN_OK);
+  int published_first = 0, published_second = 0, joined = 0;
+  uint64_t last_seq = 0;
+  for (size_t i = 0; i < tern_events_count(batch); ++i) {
+    tern_event e;
+    e.struct_size = sizeof e;
+    CHECK(tern_events_get(batch, i, &e) == TERN_OK);
+    CHECK(e.seq > last_seq);
+    last_seq = e.seq;
+    if (e.kind == TERN_EVENT_VERSION_PUBLISHED && e.version == 1 && e.all_tensors)
+      ++published_first;
+    if (e.kind == TERN_EVENT_VERSION_PUBLISHED && e.version == 2 && !e.all_tensors &&
+        e.changed_tensor_count == 1 && strcmp(e.changed_tensors[0], "model.w") == 0)
+      ++published_second;
+    if (e.kind == TERN_EVENT_MEMBER_JOINED) ++joined;
+  }
+  CHECK(published_first == 1 && published_second == 1 && joined >= 2);
+  tern_event e;
+  e.struct_size = sizeof e;
+  CHECK_CODE(tern_events_get(batch, tern_events_count(batch), &e), TERN_OUT_OF_RANGE, "index");
+  e.struct_size = 0;
+  CHECK_CODE(tern_events_get(batch, 0, &e), TERN_INVALID_ARGUMENT, "struct_size");
+  CHECK_CODE(tern_events_get(NULL, 0, &e), TERN_INVALID_ARGUMENT, "events is NULL");
+  tern_events_free(batch);
+  /* Nothing newer: an empty batch once the timeout passes. */
+  const double wait_start_s = now_s();
+  CHECK(tern_agent_wait_events(root, last_seq, 8, 300, &batch) == TERN_OK);
+  CHECK(tern_events_count(batch) == 0 && now_s() - wait_start_s >= 0.25);
+  tern_events_free(batch);
+
   /* After stop: refused, stop again is fine, free last. */
   pthread_mutex_lock(&log_mu);
   CHECK(log_lines > 0 && log_published == 2);
@@ -400,6 +494,17 @@ static void test_agents(const char* dir) {
     pollers[i].polls = pollers[i].errors = 0;
     CHECK(pthread_create(&threads[i], NULL, poll_until_stopped, &pollers[i]) == 0);
   }
+  waiter w = {member, 0, TERN_OK, 0};
+  CHECK(tern_agent_wait_events(member, 0, 1024, 0, &batch) == TERN_OK);
+  for (size_t i = 0; i < tern_events_count(batch); ++i) {
+    e.struct_size = sizeof e;
+    CHECK(tern_events_get(batch, i, &e) == TERN_OK);
+    w.after_seq = e.seq;
+  }
+  tern_events_free(batch);
+  CHECK(w.after_seq >= 2); /* served 1 and 2 at least */
+  pthread_t waiting;
+  CHECK(pthread_create(&waiting, NULL, wait_until_stopped, &w) == 0);
   sleep_ms(200);
   /* Pollers in tight loops must not starve stop (a reader-preferring lock
    * did: 100 s under ASan). */
@@ -410,8 +515,17 @@ static void test_agents(const char* dir) {
     pthread_join(threads[i], NULL);
     CHECK(pollers[i].polls > 0 && pollers[i].errors == 0);
   }
+  /* A 60 s event wait ends with the stop. */
+  pthread_join(waiting, NULL);
+  CHECK(w.code == TERN_UNAVAILABLE && w.seconds < 10);
   CHECK_CODE(tern_agent_status(member, &st), TERN_UNAVAILABLE, "stopped");
   CHECK_CODE(tern_agent_publish(member, v2, 3), TERN_UNAVAILABLE, "stopped");
+  tern_subscription* refused = NULL;
+  CHECK_CODE(tern_agent_subscribe(member, 0, on_event, &served, &refused), TERN_UNAVAILABLE,
+             "stopped");
+  CHECK(refused == NULL);
+  tern_subscription_free(sub); /* its thread ended with the agent */
+  pthread_mutex_destroy(&served.mu);
   CHECK(tern_agent_stop(member) == TERN_OK);
   tern_agent_free(member);
   tern_agent_free(root);

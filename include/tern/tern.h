@@ -3,7 +3,9 @@
  *
  * What it offers: start and stop an agent in this process (root or member,
  * the options of `tern-agent`), publish a checkpoint on an in-process root,
- * read an agent's status; and a client over a running agent's admin port
+ * read an agent's status, wait for its events (polled, or delivered to a
+ * callback on a thread the library owns); and a client over a running
+ * agent's admin port
  * (publish through it, read its status, metrics and publish jobs).
  *
  * C99. Link with -ltern (pkg-config tern, or CMake find_package(tern) and
@@ -245,6 +247,81 @@ TERN_API tern_code tern_agent_stop(tern_agent* agent);
 /* Stops (as above) and frees. NULL is a no-op. Must be the last call on the
  * handle, with no other call in flight. */
 TERN_API void tern_agent_free(tern_agent* agent);
+
+/* ---- Events of an agent in this process ---- */
+
+/* What happened (docs/agent/operations.md "Events"). */
+typedef enum tern_event_kind {
+  TERN_EVENT_VERSION_PUBLISHED = 1, /* root: `version` is on the board */
+  TERN_EVENT_VERSION_SERVED = 2,    /* DIR/current now serves `version` */
+  TERN_EVENT_MEMBER_JOINED = 3,     /* root: `member` joined (or came back) */
+  TERN_EVENT_MEMBER_LEFT = 4,       /* root: `member` said goodbye */
+  TERN_EVENT_MEMBER_FAILED = 5,     /* root: `member` went silent past dead_after_ms */
+  TERN_EVENT_MEMBER_DEMOTED = 6     /* root: `member` relays no more until its probation ends */
+} tern_event_kind;
+
+/* "version_served", ...; "unknown" for a number this library does not know.
+ * Static storage. Any thread. */
+TERN_API const char* tern_event_kind_name(int kind);
+
+/* One event. Its strings point into the batch (or, in a callback, live
+ * for the call) that produced it. */
+typedef struct tern_event {
+  size_t struct_size;   /* the caller sets sizeof(tern_event) */
+  uint64_t seq;         /* consecutive from 1 per agent run; a jump means events were dropped */
+  double at_s;          /* the agent's clock */
+  int kind;             /* tern_event_kind */
+  int all_tensors;      /* served/published: the whole view is new (first version, keyframe) */
+  uint64_t version;     /* published / served; 0 for membership events */
+  uint64_t digest[4];   /* D(version), lanes as in patches; zero for membership events */
+  const char* member;   /* membership events: the member's id; others: this agent's */
+  const char* slot_dir; /* served: the slot DIR/current pointed at (DIR/views/a or b); else "" */
+  /* Served/published without all_tensors: the tensors whose bytes changed, sorted. */
+  const char* const* changed_tensors;
+  size_t changed_tensor_count;
+} tern_event;
+
+/* A batch of events, from tern_agent_wait_events; free it with
+ * tern_events_free. Read-only: any thread may read one batch at once. */
+typedef struct tern_events tern_events;
+
+/* The agent's events with seq > after_seq (0: every event it holds; it
+ * keeps its last 1024; an after_seq beyond its newest, as from before the
+ * agent restarted, counts as 0), oldest first, at most max_events
+ * (1..1024). When
+ * there are none yet, waits up to timeout_ms (at most 600000) for the first,
+ * and returns TERN_OK with an empty batch if none came. *out is a new batch
+ * either way. Any thread (at most 64 waits at once per agent:
+ * TERN_RESOURCE_EXHAUSTED); tern_agent_stop ends a wait within about 100 ms
+ * (TERN_UNAVAILABLE). */
+TERN_API tern_code tern_agent_wait_events(tern_agent* agent, uint64_t after_seq,
+                                          uint32_t max_events, uint32_t timeout_ms,
+                                          tern_events** out);
+/* The number of events in a batch (0 for NULL). */
+TERN_API size_t tern_events_count(const tern_events* events);
+/* Event `index` (< count; else TERN_OUT_OF_RANGE), written up to
+ * out->struct_size; its strings stay valid until tern_events_free. */
+TERN_API tern_code tern_events_get(const tern_events* events, size_t index, tern_event* out);
+/* NULL is a no-op. */
+TERN_API void tern_events_free(tern_events* events);
+
+/* The callback form: a thread the library owns waits for the agent's events
+ * and calls `fn` with each, in order, one at a time (the event and its
+ * strings live for the call). It starts after `after_seq` (0: every event
+ * the agent holds). The thread ends when the subscription is freed or the
+ * agent stops. */
+typedef void (*tern_event_fn)(void* user, const tern_event* event);
+typedef struct tern_subscription tern_subscription;
+
+/* Any thread. `fn` runs on the subscription's thread: it may call tern_*
+ * functions (tern_agent_stop too; not tern_subscription_free of its own
+ * subscription, nor tern_agent_free) and should return promptly. */
+TERN_API tern_code tern_agent_subscribe(tern_agent* agent, uint64_t after_seq, tern_event_fn fn,
+                                        void* user, tern_subscription** out);
+/* Stops the thread (waiting for a callback in flight) and frees. NULL is a
+ * no-op. Free every subscription of an agent before tern_agent_free of
+ * that agent (tern_agent_stop may come first). Not from the callback. */
+TERN_API void tern_subscription_free(tern_subscription* subscription);
 
 /* ---- A client of a running agent's admin port ---- */
 
