@@ -1,7 +1,8 @@
 /* libtern end to end (docs/embedding.md): a root and a member agent in this
  * process on 127.0.0.1, two checkpoint versions published (one in-process,
- * one through the root's admin port, as a scheduler would), and the status
- * once the member serves the second.
+ * one through the root's admin port, as a scheduler would), the member's
+ * served events from a subscription, and the status once the member serves
+ * the second.
  *
  *   publish_and_serve [WORKDIR]    (default: a fresh directory under /tmp)
  *
@@ -24,6 +25,15 @@
 
 static void log_line(void* user, const char* line) {
   if (getenv("TERN_EXAMPLE_VERBOSE") != NULL) fprintf(stderr, "[%s] %s\n", (const char*)user, line);
+}
+
+/* The member's events, as a subscription delivers them (on its thread). */
+static void on_event(void* user, const tern_event* e) {
+  (void)user;
+  if (e->kind == TERN_EVENT_VERSION_SERVED)
+    printf("event %llu: %s %llu in %s (%s)\n", (unsigned long long)e->seq,
+           tern_event_kind_name(e->kind), (unsigned long long)e->version, e->slot_dir,
+           e->all_tensors ? "a whole view" : "a patch");
 }
 
 static int fail(const char* what, tern_code code) {
@@ -118,6 +128,9 @@ int main(int argc, char** argv) {
   o.log_user = "member";
   tern_agent* member = NULL;
   if ((c = tern_agent_start(&o, &member)) != TERN_OK) return fail("start the member", c);
+  tern_subscription* events = NULL;
+  if ((c = tern_agent_subscribe(member, 0, on_event, NULL, &events)) != TERN_OK)
+    return fail("subscribe to the member's events", c);
 
   /* Version 1 in-process; the call returns once it is on the board. */
   if ((c = tern_agent_publish(root, v1, 1)) != TERN_OK) return fail("publish version 1", c);
@@ -156,6 +169,7 @@ int main(int argc, char** argv) {
   free(json);
 
   tern_client_free(client);
+  tern_subscription_free(events); /* before its agent */
   tern_agent_free(member);
   tern_agent_free(root);
   printf("member serves version 2\n");
