@@ -384,6 +384,7 @@ static void test_agents(const char* dir) {
   tern_client* bad = NULL;
   CHECK(tern_client_open(admin, &co, &bad) == TERN_OK);
   CHECK_CODE(tern_client_publish(bad, v2, 2), TERN_AUTH, "token");
+  CHECK_CODE(tern_client_events_json(bad, 0, 8, 0, NULL, 0, &len), TERN_AUTH, "token");
   tern_client_free(bad);
   co.token = "right";
   tern_client* client = NULL;
@@ -423,6 +424,12 @@ static void test_agents(const char* dir) {
     CHECK(tern_client_publish_jobs_json(client, text, 1 << 20, &len) == TERN_OK);
     CHECK(strstr(text, "\"published\"") != NULL);
     CHECK_CODE(tern_client_metrics(client, text, 4, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+    CHECK(tern_client_events_json(client, 0, 1024, 0, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"version_published\"") != NULL && strstr(text, "\"last_seq\"") != NULL);
+    CHECK_CODE(tern_client_events_json(client, 0, 0, 0, text, 1 << 20, &len), TERN_OUT_OF_RANGE,
+               "max_events");
+    CHECK_CODE(tern_client_events_json(client, 0, 8, 5001, text, 1 << 20, &len), TERN_OUT_OF_RANGE,
+               "timeout_ms");
     CHECK(tern_agent_status_json(member, text, 1 << 20, &len) == TERN_OK);
     CHECK(strstr(text, "\"role\": \"member\"") != NULL &&
           strstr(text, "\"served_version\": 2") != NULL);

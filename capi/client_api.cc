@@ -187,6 +187,21 @@ tern_code tern_client_publish_jobs_json(tern_client* c, char* buf, size_t cap, s
   });
 }
 
+tern_code tern_client_events_json(tern_client* c, uint64_t after_seq, uint32_t max_events,
+                                  uint32_t timeout_ms, char* buf, size_t cap, size_t* len) {
+  return Guard([&] {
+    TERN_RETURN_IF_ERROR(CheckHandle(c));
+    TERN_REQUIRE(max_events >= 1 && max_events <= 1024, kOutOfRange, "max_events is ", max_events,
+                 ": want 1..1024");
+    TERN_REQUIRE(
+        timeout_ms <= 5000, kOutOfRange, "timeout_ms is ", timeout_ms,
+        ": at most 5000 (the admin port's long-poll bound; poll again with after_seq = next)");
+    TERN_ASSIGN_OR_RETURN(std::string text, tern::AgentEventsJson(c->address, after_seq, max_events,
+                                                                  timeout_ms, c->options));
+    return WriteText(text, buf, cap, len);
+  });
+}
+
 void tern_client_free(tern_client* c) {
   if (c == nullptr || c->tag != tern_client::kTag) return;
   c->tag = 0;

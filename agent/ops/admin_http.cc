@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -250,7 +251,15 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
                               std::string_view body, const AdminClientOptions& options) {
   auto hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
-  TERN_REQUIRE(ValidRoutePath(path), kInvalidArgument, "admin: bad path ", Printable(path));
+  // A query (GET /events?after=..) is allowed: names, numbers, '=' and '&'.
+  const size_t q = path.find('?');
+  const std::string_view query = q == std::string_view::npos ? std::string_view() : path.substr(q + 1);
+  const bool query_ok = query.size() <= 200 && std::all_of(query.begin(), query.end(), [](char c) {
+                          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                                 (c >= '0' && c <= '9') || c == '_' || c == '=' || c == '&';
+                        });
+  TERN_REQUIRE(ValidRoutePath(path.substr(0, q)) && query_ok, kInvalidArgument, "admin: bad path ",
+               Printable(path));
   TERN_REQUIRE(options.timeout_ms > 0, kInvalidArgument, "admin: timeout_ms must be > 0");
   const std::string where = std::string(method) + " " + std::string(address) + std::string(path);
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);

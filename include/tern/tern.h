@@ -355,6 +355,15 @@ TERN_API tern_code tern_client_status_json(tern_client* client, char* buf, size_
 TERN_API tern_code tern_client_metrics(tern_client* client, char* buf, size_t cap, size_t* len);
 TERN_API tern_code tern_client_publish_jobs_json(tern_client* client, char* buf, size_t cap,
                                                  size_t* len);
+/* GET /events: the agent's events after `after_seq` as JSON text
+ * ({"events": [...], "gap", "restarted", "next", "last_seq"}:
+ * docs/agent/operations.md "Events"), waiting up to timeout_ms (at most
+ * 5000: the port's bound; resume with after_seq = "next") for the first;
+ * max_events 1..1024. Needs the token when the agent has one. Text out. Any
+ * thread. */
+TERN_API tern_code tern_client_events_json(tern_client* client, uint64_t after_seq,
+                                           uint32_t max_events, uint32_t timeout_ms, char* buf,
+                                           size_t cap, size_t* len);
 /* NULL is a no-op. Must be the last call on the handle. */
 TERN_API void tern_client_free(tern_client* client);
 
