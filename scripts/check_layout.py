@@ -171,6 +171,8 @@ HEADER_MODULE = {
     "version_manifest.h": "agent",
     "agent.h": "agent",
     "sidecar.h": "agent",
+    # capi/: the stable C ABI (libtern)
+    "tern.h": "capi",
 }
 
 # Files that may include any backend and other modules' private headers:

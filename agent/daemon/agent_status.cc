@@ -160,7 +160,7 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
 
 }  // namespace
 
-std::string AgentImpl::StatusJson() const { return ToJson(Snapshot()).dump(2) + "\n"; }
+std::string AgentImpl::StatusJson() const { return AgentSnapshotJson(Snapshot()); }
 
 // Built fresh on every scrape from the snapshot and the relay's link
 // figures: totals come from the members' own counters (heartbeats), so
@@ -369,6 +369,38 @@ Result<std::string> AgentStatusJson(const std::string& admin_address, const Agen
   o.token = options.token;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/status", o);
+}
+
+Result<std::string> AgentMetricsText(const std::string& admin_address, const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.timeout_ms = options.timeout_ms;
+  return agent::AdminGet(admin_address, "/metrics", o);
+}
+
+Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
+                                         const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.timeout_ms = options.timeout_ms;
+  return agent::AdminGet(admin_address, "/publish", o);
+}
+
+Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t after_seq,
+                                    uint32_t max_events, uint32_t timeout_ms,
+                                    const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  // The long poll runs inside the request: give the reply that long on top.
+  o.timeout_ms = options.timeout_ms + timeout_ms;
+  return agent::AdminGet(admin_address,
+                         "/events?after=" + std::to_string(after_seq) + "&max=" +
+                             std::to_string(max_events) + "&timeout_ms=" + std::to_string(timeout_ms),
+                         o);
+}
+
+std::string AgentSnapshotJson(const AgentSnapshot& snapshot) {
+  return agent::ToJson(snapshot).dump(2) + "\n";
 }
 
 }  // namespace tern

@@ -127,7 +127,8 @@ struct AdminClientOptions {
   uint64_t max_reply_bytes = 16 << 20;
 };
 
-// The reply body of a 2xx answer.
+// The reply body of a 2xx answer. `path` may carry a query
+// ("/events?after=3&max=8": letters, digits, '_', '=' and '&').
 Result<std::string> AdminGet(std::string_view address, std::string_view path,
                              const AdminClientOptions& options = {});
 Result<std::string> AdminPost(std::string_view address, std::string_view path,

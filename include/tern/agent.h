@@ -390,5 +390,24 @@ TERN_EXPORT Status PublishToRoot(const std::string& admin_address, const std::st
 // GET /status: the agent's snapshot as JSON text (docs/agent/operations.md).
 TERN_EXPORT Result<std::string> AgentStatusJson(const std::string& admin_address,
                                                 const AgentClientOptions& options = {});
+// GET /metrics: the agent's metrics in Prometheus text (docs/agent/operations.md).
+TERN_EXPORT Result<std::string> AgentMetricsText(const std::string& admin_address,
+                                                 const AgentClientOptions& options = {});
+// GET /publish (a root): its last publish jobs as JSON text,
+// {"jobs": [{"version", "checkpoint", "state", "seconds", "code", "error"}]}.
+TERN_EXPORT Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
+                                                     const AgentClientOptions& options = {});
+
+// GET /events?after=..&max=..&timeout_ms=..: the agent's events after
+// `after_seq` as JSON text, a long poll of up to `timeout_ms` (at most 5000)
+// (docs/agent/operations.md "Events"). Sends the token (the route needs it
+// when the agent has one).
+TERN_EXPORT Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t after_seq,
+                                                uint32_t max_events, uint32_t timeout_ms,
+                                                const AgentClientOptions& options = {});
+
+// The JSON text GET /status serves for `snapshot` (an in-process agent's
+// Snapshot(), for embedders that run no admin port).
+TERN_EXPORT std::string AgentSnapshotJson(const AgentSnapshot& snapshot);
 
 }  // namespace tern

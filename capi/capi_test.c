@@ -1,0 +1,559 @@
+/* The C API from a C99 translation unit (include/tern/tern.h): versions,
+ * codes and the per-thread last error; every refusal a caller can provoke
+ * (NULL pointers, bad options, versioned structs of the wrong size, the
+ * wrong handle, buffers too small); then a root and a member on 127.0.0.1,
+ * publishing in-process and through the admin port (token checked), status,
+ * metrics and publish jobs, and the handle after stop. Prints each failed
+ * check with its line and exits 1. */
+#define _XOPEN_SOURCE 700
+
+#include <ftw.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tern/tern.h"
+#include "tiny_safetensors.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                          \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      fprintf(stderr, "capi_test.c:%d: CHECK(%s) failed; last error: %s\n", __LINE__, #cond, \
+              tern_last_error());                                                            \
+      ++failures;                                                                            \
+    }                                                                                        \
+  } while (0)
+/* A call's code, and its message naming `needle` when it failed. */
+#define CHECK_CODE(call, want, needle)                                                          \
+  do {                                                                                          \
+    tern_code got_ = (call);                                                                    \
+    if (got_ != (want) || strstr(tern_last_error(), (needle)) == NULL) {                        \
+      fprintf(stderr, "capi_test.c:%d: %s: got %s (\"%s\"), want %s naming \"%s\"\n", __LINE__, \
+              #call, tern_code_name(got_), tern_last_error(), tern_code_name(want), needle);    \
+      ++failures;                                                                               \
+    }                                                                                           \
+  } while (0)
+
+/* The agents' log lines: counted, and those naming a publish noted. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int log_lines = 0, log_published = 0;
+static void quiet(void* user, const char* line) {
+  (void)user;
+  pthread_mutex_lock(&log_mu);
+  ++log_lines;
+  if (strstr(line, "published version") != NULL) ++log_published;
+  pthread_mutex_unlock(&log_mu);
+}
+
+/* Polls an agent from another thread until it answers TERN_UNAVAILABLE
+ * (stopped); any other failure is counted. */
+typedef struct {
+  tern_agent* agent;
+  int polls, errors;
+} poller;
+static void* poll_until_stopped(void* arg) {
+  poller* p = (poller*)arg;
+  char json[1 << 14];
+  size_t len = 0;
+  for (;;) {
+    tern_status st;
+    st.struct_size = sizeof st;
+    tern_code c = tern_agent_status(p->agent, &st);
+    if (c == TERN_OK) c = tern_agent_status_json(p->agent, json, sizeof json, &len);
+    if (c == TERN_UNAVAILABLE) return NULL;
+    if (c != TERN_OK) ++p->errors;
+    ++p->polls;
+  }
+}
+
+static void sleep_ms(long ms) {
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&t, NULL);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int remove_entry(const char* path, const struct stat* st, int type, struct FTW* ftw) {
+  (void)st, (void)type, (void)ftw;
+  return remove(path);
+}
+
+static void* other_thread(void* arg) {
+  /* The last error is per thread: this thread has made no call yet. */
+  *(int*)arg = strcmp(tern_last_error(), "") == 0;
+  return NULL;
+}
+
+/* What a subscription's callback saw: the versions served, in order. */
+typedef struct {
+  pthread_mutex_t mu;
+  uint64_t served[16];
+  int count, bad;
+} served_log;
+static void on_event(void* user, const tern_event* e) {
+  served_log* log = (served_log*)user;
+  pthread_mutex_lock(&log->mu);
+  if (e->kind == TERN_EVENT_VERSION_SERVED && log->count < 16) {
+    log->served[log->count++] = e->version;
+    /* A served event names its slot and D(version). */
+    if (strstr(e->slot_dir, "views/") == NULL || (e->digest[0] | e->digest[1]) == 0) ++log->bad;
+  }
+  pthread_mutex_unlock(&log->mu);
+}
+
+/* Waits for events in another thread, to be ended by tern_agent_stop. */
+typedef struct {
+  tern_agent* agent;
+  uint64_t after_seq; /* the agent's newest event: nothing comes after it */
+  tern_code code;
+  double seconds;
+} waiter;
+static void* wait_until_stopped(void* arg) {
+  waiter* w = (waiter*)arg;
+  const double t0 = now_s();
+  tern_events* batch = NULL;
+  w->code = tern_agent_wait_events(w->agent, w->after_seq, 8, 60000, &batch);
+  w->seconds = now_s() - t0;
+  tern_events_free(batch);
+  return NULL;
+}
+
+static void test_versions_and_codes(void) {
+  CHECK(strlen(tern_version()) > 0);
+  CHECK(tern_abi_version() == TERN_ABI_VERSION);
+  CHECK(TERN_ABI_COMPATIBLE(tern_abi_version()));
+  CHECK(!TERN_ABI_COMPATIBLE(tern_abi_version() + (1u << 16)));
+  CHECK(strcmp(tern_code_name(TERN_OK), "ok") == 0);
+  CHECK(strcmp(tern_code_name(TERN_CORRUPT), "corrupt") == 0);
+  CHECK(strcmp(tern_code_name(TERN_AUTH), "authentication") == 0);
+  CHECK(strcmp(tern_code_name(-1), "unknown") == 0);
+  CHECK(strcmp(tern_code_name(1000), "unknown") == 0);
+  CHECK(strcmp(tern_last_error(), "") == 0);
+}
+
+static void base_options(tern_agent_options* o, const char* dir) {
+  tern_agent_options_init(o);
+  o->root = 1;
+  o->listen = "127.0.0.1:0";
+  o->data_dir = dir;
+  o->transport = "tcp";
+  o->log = quiet;
+}
+
+static void test_bad_options(const char* dir) {
+  tern_agent* a = (tern_agent*)&a; /* not NULL: a failed start must set it to NULL */
+  tern_agent_options o;
+  CHECK_CODE(tern_agent_start(NULL, &a), TERN_INVALID_ARGUMENT, "NULL");
+  CHECK(a == NULL);
+  base_options(&o, dir);
+  CHECK_CODE(tern_agent_start(&o, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+
+  /* The per-thread message: set here, not seen by another thread. */
+  int clean_elsewhere = 0;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, other_thread, &clean_elsewhere) == 0);
+  pthread_join(t, NULL);
+  CHECK(clean_elsewhere);
+  CHECK(strlen(tern_last_error()) > 0);
+
+  base_options(&o, dir);
+  o.struct_size = 0;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "struct_size");
+  o.struct_size = 8;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "struct_size");
+
+  /* A struct from a newer header: unknown fields must be zero. */
+  struct {
+    tern_agent_options known;
+    uint64_t newer_field;
+  } newer;
+  base_options(&newer.known, dir);
+  newer.known.struct_size = sizeof newer;
+  newer.known.listen = NULL; /* so that a start that reads it stops there */
+  newer.newer_field = 7;
+  CHECK_CODE(tern_agent_start(&newer.known, &a), TERN_UNSUPPORTED, "does not know");
+  newer.newer_field = 0;
+  CHECK_CODE(tern_agent_start(&newer.known, &a), TERN_INVALID_ARGUMENT, "listen is required");
+
+  base_options(&o, dir);
+  o.root = 2;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "root is 2");
+  base_options(&o, dir);
+  o.join = "127.0.0.1:1";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "join must be NULL");
+  base_options(&o, dir);
+  o.root = 0;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "needs join");
+  o.join = "127.0.0.1:1";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "trusted_keys_pem");
+  o.trusted_keys_count = 65;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_OUT_OF_RANGE, "at most 64");
+  o.trusted_keys_count = 1;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "trusted_keys_pem is NULL");
+  const char* no_key[1] = {NULL};
+  o.trusted_keys_pem = no_key;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "trusted_keys_pem[0] is NULL");
+
+  base_options(&o, dir);
+  o.data_dir = NULL;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "data_dir");
+  base_options(&o, dir);
+  o.patch_format = 3;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "patch_format");
+  base_options(&o, dir);
+  o.transport = NULL; /* tcp+tls, the default, needs its files */
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "tls_cert_file");
+  o.transport = "carrier-pigeon";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "carrier-pigeon");
+  o.transport = "tcp";
+  o.tls_ca_file = "/ca.pem";
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "carries no TLS");
+  base_options(&o, dir);
+  o.uplink_bytes_per_s = 0;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "uplink_bytes_per_s");
+  base_options(&o, dir);
+  o.heartbeat_ms = 0; /* refused by the agent itself, which says why */
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "heartbeat");
+  CHECK(a == NULL);
+
+  /* Handles that are NULL or of the wrong kind. */
+  tern_status st;
+  st.struct_size = sizeof st;
+  size_t len = 0;
+  CHECK_CODE(tern_agent_status(NULL, &st), TERN_INVALID_ARGUMENT, "agent is NULL");
+  CHECK_CODE(tern_agent_publish(NULL, "/x", 1), TERN_INVALID_ARGUMENT, "agent is NULL");
+  CHECK_CODE(tern_agent_stop(NULL), TERN_INVALID_ARGUMENT, "agent is NULL");
+  CHECK_CODE(tern_client_status_json(NULL, NULL, 0, &len), TERN_INVALID_ARGUMENT, "client is NULL");
+  tern_agent_free(NULL);
+  tern_client_free(NULL);
+
+  tern_client* client = NULL;
+  CHECK_CODE(tern_client_open(NULL, NULL, &client), TERN_INVALID_ARGUMENT, "admin_address is NULL");
+  CHECK_CODE(tern_client_open("127.0.0.1:9", NULL, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  CHECK_CODE(tern_client_open("no-port", NULL, &client), TERN_INVALID_ARGUMENT, "HOST:PORT");
+  CHECK_CODE(tern_client_open("h:99999", NULL, &client), TERN_INVALID_ARGUMENT, "1..65535");
+  CHECK_CODE(tern_client_open("h:0", NULL, &client), TERN_INVALID_ARGUMENT, "1..65535");
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.struct_size = 3;
+  CHECK_CODE(tern_client_open("127.0.0.1:9", &co, &client), TERN_INVALID_ARGUMENT, "struct_size");
+  tern_client_options_init(&co);
+  co.timeout_ms = 0;
+  CHECK_CODE(tern_client_open("127.0.0.1:9", &co, &client), TERN_INVALID_ARGUMENT, "timeout_ms");
+  CHECK(client == NULL);
+
+  /* Success clears the last error; a client of the wrong kind is refused. */
+  tern_client_options_init(&co);
+  co.timeout_ms = 2000;
+  CHECK(tern_client_open("127.0.0.1:1", &co, &client) == TERN_OK);
+  CHECK(strcmp(tern_last_error(), "") == 0);
+  CHECK_CODE(tern_agent_status((tern_agent*)client, &st), TERN_INVALID_ARGUMENT,
+             "not a tern_agent");
+  /* Nobody listens on port 1. */
+  CHECK_CODE(tern_client_status(client, &st), TERN_UNAVAILABLE, "");
+  tern_client_free(client);
+}
+
+/* Waits until `member` serves `version` (30 s at most). */
+static int wait_served(tern_agent* member, uint64_t version) {
+  for (int i = 0; i < 600; ++i) {
+    tern_status st;
+    st.struct_size = sizeof st;
+    if (tern_agent_status(member, &st) != TERN_OK) return 0;
+    if (st.served_version >= version) return 1;
+    sleep_ms(50);
+  }
+  return 0;
+}
+
+static void test_agents(const char* dir) {
+  char root_dir[300], member_dir[300], v1[300], v2[300];
+  snprintf(root_dir, sizeof root_dir, "%s/root", dir);
+  snprintf(member_dir, sizeof member_dir, "%s/member", dir);
+  snprintf(v1, sizeof v1, "%s/v1.safetensors", dir);
+  snprintf(v2, sizeof v2, "%s/v2.safetensors", dir);
+  CHECK(tiny_write_checkpoint(v1, 4096, 1) == 0);
+  CHECK(tiny_write_checkpoint(v2, 4096, 2) == 0);
+
+  tern_agent_options o;
+  base_options(&o, root_dir);
+  o.admin_listen = "127.0.0.1:0";
+  o.admin_token = "right";
+  tern_agent* root = NULL;
+  CHECK(tern_agent_start(&o, &root) == TERN_OK);
+  if (root == NULL) return;
+
+  /* Text out: sizing, too small, NULL buffer, NULL len, exact fit. */
+  char addr[128], admin[128], key[4096];
+  size_t len = 12345;
+  CHECK_CODE(tern_agent_listen_address(root, NULL, 0, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+  CHECK(len > 0 && len < sizeof addr);
+  const size_t need = len;
+  CHECK_CODE(tern_agent_listen_address(root, addr, need, &len), TERN_RESOURCE_EXHAUSTED,
+             "too small");
+  CHECK_CODE(tern_agent_listen_address(root, NULL, 5, &len), TERN_INVALID_ARGUMENT, "buf is NULL");
+  CHECK_CODE(tern_agent_listen_address(root, addr, sizeof addr, NULL), TERN_INVALID_ARGUMENT,
+             "len is NULL");
+  CHECK(tern_agent_listen_address(root, addr, need + 1, &len) == TERN_OK);
+  CHECK(len == need && strlen(addr) == need && strncmp(addr, "127.0.0.1:", 10) == 0);
+  CHECK(tern_agent_admin_address(root, admin, sizeof admin, &len) == TERN_OK);
+  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
+  CHECK(strstr(key, "BEGIN PUBLIC KEY") != NULL);
+
+  const char* keys[1] = {key};
+  base_options(&o, member_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  tern_agent* member = NULL;
+  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+  if (member == NULL) {
+    tern_agent_free(root);
+    return;
+  }
+  /* The callback form, from the start: it sees every version served. */
+  served_log served;
+  memset(&served, 0, sizeof served);
+  pthread_mutex_init(&served.mu, NULL);
+  tern_subscription* sub = NULL;
+  CHECK_CODE(tern_agent_subscribe(member, 0, NULL, &served, &sub), TERN_INVALID_ARGUMENT,
+             "fn is NULL");
+  CHECK_CODE(tern_agent_subscribe(NULL, 0, on_event, &served, &sub), TERN_INVALID_ARGUMENT,
+             "agent is NULL");
+  CHECK(tern_agent_subscribe(member, 0, on_event, &served, &sub) == TERN_OK);
+  CHECK_CODE(tern_agent_public_key_pem(member, key, sizeof key, &len), TERN_NOT_FOUND,
+             "only a root");
+  CHECK_CODE(tern_agent_publish(member, v1, 1), TERN_INVALID_ARGUMENT, "not the root");
+  CHECK_CODE(tern_agent_publish(root, NULL, 1), TERN_INVALID_ARGUMENT, "checkpoint_path is NULL");
+  CHECK(tern_agent_publish(root, "/nonexistent/ckpt.safetensors", 1) != TERN_OK);
+
+  /* In-process publish. */
+  CHECK(tern_agent_publish(root, v1, 1) == TERN_OK);
+  CHECK_CODE(tern_agent_publish(root, v1, 1), TERN_INVALID_ARGUMENT, "not newer than HEAD");
+  CHECK(wait_served(member, 1));
+
+  /* A relay-only member: it forwards and serves nothing, so the root counts
+   * it among its members but never among those serving HEAD. */
+  char relay_dir[300];
+  snprintf(relay_dir, sizeof relay_dir, "%s/relay", dir);
+  base_options(&o, relay_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  o.relay_only = 1;
+  tern_agent* relay = NULL;
+  CHECK(tern_agent_start(&o, &relay) == TERN_OK);
+
+  /* Result structs: too small refused; larger ones written only as far as
+   * this library knows. */
+  struct {
+    tern_status known;
+    uint64_t newer_field;
+  } big;
+  memset(&big, 0xab, sizeof big);
+  big.known.struct_size = sizeof big;
+  CHECK(tern_agent_status(root, &big.known) == TERN_OK);
+  CHECK(big.known.struct_size == sizeof big);
+  CHECK(big.newer_field == 0xababababababababull);
+  CHECK(big.known.root == 1 && big.known.head == 1 && big.known.served_version == 1);
+  CHECK(big.known.member_count == 1 && big.known.version_count == 1);
+  tern_status st;
+  st.struct_size = offsetof(tern_status, members_at_head); /* one field short of ABI 1.0 */
+  CHECK_CODE(tern_agent_status(root, &st), TERN_INVALID_ARGUMENT, "struct_size");
+  CHECK_CODE(tern_agent_status(root, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  st.struct_size = sizeof st;
+  CHECK(tern_agent_status(member, &st) == TERN_OK);
+  CHECK(st.root == 0 && st.joined == 1 && st.served_version == 1 && st.member_count == 0);
+
+  /* Through the admin port: a wrong token is refused, the right one publishes. */
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.token = "wrong";
+  co.timeout_ms = 60000;
+  tern_client* bad = NULL;
+  CHECK(tern_client_open(admin, &co, &bad) == TERN_OK);
+  CHECK_CODE(tern_client_publish(bad, v2, 2), TERN_AUTH, "token");
+  CHECK_CODE(tern_client_events_json(bad, 0, 8, 0, NULL, 0, &len), TERN_AUTH, "token");
+  tern_client_free(bad);
+  co.token = "right";
+  tern_client* client = NULL;
+  CHECK(tern_client_open(admin, &co, &client) == TERN_OK);
+  CHECK_CODE(tern_client_publish(client, NULL, 2), TERN_INVALID_ARGUMENT,
+             "checkpoint_path is NULL");
+  CHECK(tern_client_publish(client, v2, 2) == TERN_OK);
+  CHECK(wait_served(member, 2));
+  CHECK_CODE(tern_client_publish(client, v2, 2), TERN_INVALID_ARGUMENT, "not newer than HEAD");
+
+  /* The root learns the member's version from its heartbeats. */
+  for (int i = 0; i < 600; ++i) {
+    st.struct_size = sizeof st;
+    CHECK(tern_client_status(client, &st) == TERN_OK);
+    if (st.members_at_head == 1 && st.member_count == 2) break;
+    sleep_ms(50);
+  }
+  CHECK(st.root == 1 && st.head == 2 && st.served_version == 2 && st.member_count == 2);
+  CHECK(st.members_at_head == 1);
+  tern_status in_process;
+  in_process.struct_size = sizeof in_process;
+  CHECK(tern_agent_status(root, &in_process) == TERN_OK);
+  CHECK(in_process.head == 2 && in_process.members_at_head == 1 && in_process.member_count == 2);
+  if (relay != NULL) {
+    in_process.struct_size = sizeof in_process;
+    CHECK(tern_agent_status(relay, &in_process) == TERN_OK);
+    CHECK(in_process.relay_only == 1 && in_process.served_version == 0);
+    tern_agent_free(relay);
+  }
+  char* text = malloc(1 << 20);
+  CHECK(text != NULL);
+  if (text != NULL) {
+    CHECK(tern_client_status_json(client, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"head\": 2") != NULL && strlen(text) == len);
+    CHECK(tern_client_metrics(client, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "tern_") != NULL);
+    CHECK(tern_client_publish_jobs_json(client, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"published\"") != NULL);
+    CHECK_CODE(tern_client_metrics(client, text, 4, &len), TERN_RESOURCE_EXHAUSTED, "too small");
+    CHECK(tern_client_events_json(client, 0, 1024, 0, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"version_published\"") != NULL && strstr(text, "\"last_seq\"") != NULL);
+    CHECK_CODE(tern_client_events_json(client, 0, 0, 0, text, 1 << 20, &len), TERN_OUT_OF_RANGE,
+               "max_events");
+    CHECK_CODE(tern_client_events_json(client, 0, 8, 5001, text, 1 << 20, &len), TERN_OUT_OF_RANGE,
+               "timeout_ms");
+    CHECK(tern_agent_status_json(member, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"role\": \"member\"") != NULL &&
+          strstr(text, "\"served_version\": 2") != NULL);
+    free(text);
+  }
+  tern_client_free(client);
+
+  /* The subscription saw versions 1 and 2 served, in order. */
+  for (int i = 0; i < 100; ++i) {
+    pthread_mutex_lock(&served.mu);
+    const int n = served.count;
+    pthread_mutex_unlock(&served.mu);
+    if (n >= 2) break;
+    sleep_ms(50);
+  }
+  pthread_mutex_lock(&served.mu);
+  CHECK(served.count == 2 && served.served[0] == 1 && served.served[1] == 2 && served.bad == 0);
+  pthread_mutex_unlock(&served.mu);
+
+  /* The polling form on the root: what it published and who joined. */
+  tern_events* batch = NULL;
+  CHECK_CODE(tern_agent_wait_events(root, 0, 0, 10, &batch), TERN_OUT_OF_RANGE, "max_events");
+  CHECK_CODE(tern_agent_wait_events(root, 0, 8, 600001, &batch), TERN_OUT_OF_RANGE, "timeout_ms");
+  CHECK_CODE(tern_agent_wait_events(root, 0, 8, 10, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  CHECK(batch == NULL && tern_events_count(NULL) == 0);
+  CHECK(strcmp(tern_event_kind_name(TERN_EVENT_VERSION_SERVED), "version_served") == 0);
+  CHECK(strcmp(tern_event_kind_name(99), "unknown") == 0);
+  CHECK(tern_agent_wait_events(root, 0, 1024, 1000, &batch) == TERN_OK);
+  int published_first = 0, published_second = 0, joined = 0;
+  uint64_t last_seq = 0;
+  for (size_t i = 0; i < tern_events_count(batch); ++i) {
+    tern_event e;
+    e.struct_size = sizeof e;
+    CHECK(tern_events_get(batch, i, &e) == TERN_OK);
+    CHECK(e.seq > last_seq);
+    last_seq = e.seq;
+    if (e.kind == TERN_EVENT_VERSION_PUBLISHED && e.version == 1 && e.all_tensors)
+      ++published_first;
+    if (e.kind == TERN_EVENT_VERSION_PUBLISHED && e.version == 2 && !e.all_tensors &&
+        e.changed_tensor_count == 1 && strcmp(e.changed_tensors[0], "model.w") == 0)
+      ++published_second;
+    if (e.kind == TERN_EVENT_MEMBER_JOINED) ++joined;
+  }
+  CHECK(published_first == 1 && published_second == 1 && joined >= 2);
+  tern_event e;
+  e.struct_size = sizeof e;
+  CHECK_CODE(tern_events_get(batch, tern_events_count(batch), &e), TERN_OUT_OF_RANGE, "index");
+  e.struct_size = 0;
+  CHECK_CODE(tern_events_get(batch, 0, &e), TERN_INVALID_ARGUMENT, "struct_size");
+  CHECK_CODE(tern_events_get(NULL, 0, &e), TERN_INVALID_ARGUMENT, "events is NULL");
+  tern_events_free(batch);
+  /* Nothing newer: an empty batch once the timeout passes. */
+  const double wait_start_s = now_s();
+  CHECK(tern_agent_wait_events(root, last_seq, 8, 300, &batch) == TERN_OK);
+  CHECK(tern_events_count(batch) == 0 && now_s() - wait_start_s >= 0.25);
+  tern_events_free(batch);
+
+  /* After stop: refused, stop again is fine, free last. */
+  pthread_mutex_lock(&log_mu);
+  CHECK(log_lines > 0 && log_published == 2);
+  pthread_mutex_unlock(&log_mu);
+
+  /* Calls from several threads while the handle is stopped under them: each
+   * either answers or says the agent is stopped. */
+  poller pollers[4];
+  pthread_t threads[4];
+  for (int i = 0; i < 4; ++i) {
+    pollers[i].agent = member;
+    pollers[i].polls = pollers[i].errors = 0;
+    CHECK(pthread_create(&threads[i], NULL, poll_until_stopped, &pollers[i]) == 0);
+  }
+  waiter w = {member, 0, TERN_OK, 0};
+  CHECK(tern_agent_wait_events(member, 0, 1024, 0, &batch) == TERN_OK);
+  for (size_t i = 0; i < tern_events_count(batch); ++i) {
+    e.struct_size = sizeof e;
+    CHECK(tern_events_get(batch, i, &e) == TERN_OK);
+    w.after_seq = e.seq;
+  }
+  tern_events_free(batch);
+  CHECK(w.after_seq >= 2); /* served 1 and 2 at least */
+  pthread_t waiting;
+  CHECK(pthread_create(&waiting, NULL, wait_until_stopped, &w) == 0);
+  sleep_ms(200);
+  /* Pollers in tight loops must not starve stop (a reader-preferring lock
+   * did: 100 s under ASan). */
+  const double stop_start_s = now_s();
+  CHECK(tern_agent_stop(member) == TERN_OK);
+  CHECK(now_s() - stop_start_s < 10);
+  for (int i = 0; i < 4; ++i) {
+    pthread_join(threads[i], NULL);
+    CHECK(pollers[i].polls > 0 && pollers[i].errors == 0);
+  }
+  /* A 60 s event wait ends with the stop. */
+  pthread_join(waiting, NULL);
+  CHECK(w.code == TERN_UNAVAILABLE && w.seconds < 10);
+  CHECK_CODE(tern_agent_status(member, &st), TERN_UNAVAILABLE, "stopped");
+  CHECK_CODE(tern_agent_publish(member, v2, 3), TERN_UNAVAILABLE, "stopped");
+  tern_subscription* refused = NULL;
+  CHECK_CODE(tern_agent_subscribe(member, 0, on_event, &served, &refused), TERN_UNAVAILABLE,
+             "stopped");
+  CHECK(refused == NULL);
+  tern_subscription_free(sub); /* its thread ended with the agent */
+  pthread_mutex_destroy(&served.mu);
+  CHECK(tern_agent_stop(member) == TERN_OK);
+  tern_agent_free(member);
+  tern_agent_free(root);
+}
+
+int main(void) {
+  char dir[] = "/tmp/tern-capi-test-XXXXXX";
+  if (mkdtemp(dir) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_versions_and_codes();
+  char bad_dir[300];
+  snprintf(bad_dir, sizeof bad_dir, "%s/unused", dir);
+  test_bad_options(bad_dir);
+  test_agents(dir);
+  nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (failures != 0) {
+    fprintf(stderr, "capi_test: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("capi_test: all checks passed\n");
+  return 0;
+}

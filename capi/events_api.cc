@@ -1,0 +1,206 @@
+// tern_agent_wait_events, tern_events_*, tern_agent_subscribe: the agent's
+// events (Agent::WaitEvents; include/tern/tern.h). A wait runs in slices of
+// at most kSliceMs under the handle's shared lock, so that tern_agent_stop,
+// which takes the lock alone, waits at most a slice for a waiter.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "capi/agent_handle.h"
+#include "tern/agent.h"
+
+// A batch: the events and, per event, the C view of its tensor names.
+struct tern_events {
+  static constexpr uint32_t kTag = 0x74457673;  // "tEvs"
+  uint32_t tag = kTag;
+  std::vector<tern::AgentEvent> events;
+  std::vector<std::vector<const char*>> changed;  // per event, into events[i].changed_tensors
+};
+
+struct tern_subscription {
+  static constexpr uint32_t kTag = 0x74537562;  // "tSub"
+  uint32_t tag = kTag;
+  tern_agent* agent = nullptr;
+  tern_event_fn fn = nullptr;
+  void* user = nullptr;
+  std::atomic<bool> cancel{false};
+  std::thread thread;
+};
+
+namespace tern::capi {
+namespace {
+
+using Kind = AgentEvent::Kind;
+static_assert(TERN_EVENT_VERSION_PUBLISHED == static_cast<int>(Kind::kVersionPublished));
+static_assert(TERN_EVENT_VERSION_SERVED == static_cast<int>(Kind::kVersionServed));
+static_assert(TERN_EVENT_MEMBER_JOINED == static_cast<int>(Kind::kMemberJoined));
+static_assert(TERN_EVENT_MEMBER_LEFT == static_cast<int>(Kind::kMemberLeft));
+static_assert(TERN_EVENT_MEMBER_FAILED == static_cast<int>(Kind::kMemberFailed));
+static_assert(TERN_EVENT_MEMBER_DEMOTED == static_cast<int>(Kind::kMemberDemoted));
+
+constexpr size_t kEventBytesV1 = offsetof(tern_event, changed_tensor_count) + sizeof(size_t);
+constexpr uint32_t kSliceMs = 100;
+constexpr uint32_t kMaxEvents = 1024;
+constexpr uint32_t kTimeoutMsMax = 600000;
+// The subscription thread's batch and wait per round.
+constexpr uint32_t kSubscriptionBatch = 64;
+constexpr uint32_t kSubscriptionWaitMs = 1000;
+
+// Waits as Agent::WaitEvents does, in slices; returns early (Ok, no events)
+// when `cancel` is set.
+Status WaitSliced(tern_agent* a, uint64_t after_seq, uint32_t max_events, uint32_t timeout_ms,
+                  std::vector<AgentEvent>* out, const std::atomic<bool>* cancel) {
+  TERN_REQUIRE(max_events >= 1 && max_events <= kMaxEvents, kOutOfRange, "max_events is ",
+               max_events, ": want 1..", kMaxEvents);
+  TERN_REQUIRE(timeout_ms <= kTimeoutMsMax, kOutOfRange, "timeout_ms is ", timeout_ms, ": at most ",
+               kTimeoutMsMax);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const uint32_t slice = static_cast<uint32_t>(std::clamp<int64_t>(left.count(), 0, kSliceMs));
+    out->clear();
+    TERN_RETURN_IF_ERROR(WithAgent(
+        a, [&](Agent& agent) { return agent.WaitEvents(after_seq, max_events, slice, out); }));
+    if (!out->empty() || slice == 0 || (cancel != nullptr && cancel->load())) return Status::Ok();
+  }
+}
+
+// The C view of `e`; `changed` holds the tensor names' pointers.
+tern_event ToC(const AgentEvent& e, std::vector<const char*>* changed) {
+  changed->clear();
+  for (const std::string& name : e.changed_tensors) changed->push_back(name.c_str());
+  tern_event c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.seq = e.seq;
+  c.at_s = e.at_s;
+  c.kind = static_cast<int>(e.kind);
+  c.all_tensors = e.all_tensors ? 1 : 0;
+  c.version = e.version;
+  for (int l = 0; l < 4; ++l) c.digest[l] = e.digest.lanes[l];
+  c.member = e.member.c_str();
+  c.slot_dir = e.slot_dir.c_str();
+  c.changed_tensors = changed->empty() ? nullptr : changed->data();
+  c.changed_tensor_count = changed->size();
+  return c;
+}
+
+// The subscription's thread: waits, delivers, until cancelled or the agent
+// stops (kUnavailable). Too many waiters at once (kResourceExhausted) is
+// retried; any other error ends it, logged nowhere (the agent's log is the
+// caller's): tern.h says the thread ends when the agent stops.
+void RunSubscription(tern_subscription* s, uint64_t after_seq) {
+  std::vector<AgentEvent> events;
+  std::vector<const char*> changed;
+  while (!s->cancel.load()) {
+    const Status st = WaitSliced(s->agent, after_seq, kSubscriptionBatch, kSubscriptionWaitMs,
+                                 &events, &s->cancel);
+    if (st.code() == Code::kResourceExhausted) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kSliceMs));
+      continue;
+    }
+    if (!st.ok()) return;
+    for (const AgentEvent& e : events) {
+      if (s->cancel.load()) return;
+      const tern_event c = ToC(e, &changed);
+      s->fn(s->user, &c);
+      after_seq = e.seq;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tern::capi
+
+using tern::Status;
+using tern::capi::Guard;
+
+extern "C" {
+
+const char* tern_event_kind_name(int kind) {
+  if (kind < TERN_EVENT_VERSION_PUBLISHED || kind > TERN_EVENT_MEMBER_DEMOTED) return "unknown";
+  return tern::AgentEventKindName(static_cast<tern::AgentEvent::Kind>(kind));
+}
+
+tern_code tern_agent_wait_events(tern_agent* a, uint64_t after_seq, uint32_t max_events,
+                                 uint32_t timeout_ms, tern_events** out) {
+  return Guard([&] {
+    TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
+    *out = nullptr;
+    auto batch = std::make_unique<tern_events>();
+    TERN_RETURN_IF_ERROR(
+        tern::capi::WaitSliced(a, after_seq, max_events, timeout_ms, &batch->events, nullptr));
+    batch->changed.resize(batch->events.size());
+    for (size_t i = 0; i < batch->events.size(); ++i)
+      for (const std::string& name : batch->events[i].changed_tensors)
+        batch->changed[i].push_back(name.c_str());
+    *out = batch.release();
+    return Status::Ok();
+  });
+}
+
+size_t tern_events_count(const tern_events* events) {
+  if (events == nullptr || events->tag != tern_events::kTag) return 0;
+  return events->events.size();
+}
+
+tern_code tern_events_get(const tern_events* events, size_t index, tern_event* out) {
+  return Guard([&] {
+    TERN_REQUIRE(events != nullptr, kInvalidArgument, "events is NULL");
+    TERN_REQUIRE(events->tag == tern_events::kTag, kInvalidArgument, "events is not a tern_events");
+    TERN_REQUIRE(index < events->events.size(), kOutOfRange, "index ", index, " of ",
+                 events->events.size(), " events");
+    std::vector<const char*> scratch;
+    tern_event c = tern::capi::ToC(events->events[index], &scratch);
+    const std::vector<const char*>& kept = events->changed[index];
+    c.changed_tensors = kept.empty() ? nullptr : kept.data();
+    return tern::capi::WriteVersionedStruct(&c, sizeof c, out, tern::capi::kEventBytesV1,
+                                            "tern_event");
+  });
+}
+
+void tern_events_free(tern_events* events) {
+  if (events == nullptr || events->tag != tern_events::kTag) return;
+  events->tag = 0;
+  delete events;
+}
+
+tern_code tern_agent_subscribe(tern_agent* a, uint64_t after_seq, tern_event_fn fn, void* user,
+                               tern_subscription** out) {
+  return Guard([&] {
+    TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
+    *out = nullptr;
+    TERN_REQUIRE(fn != nullptr, kInvalidArgument, "fn is NULL");
+    // Refuses a NULL, foreign or stopped agent now rather than in the thread.
+    TERN_RETURN_IF_ERROR(tern::capi::WithAgent(a, [](tern::Agent&) { return Status::Ok(); }));
+    auto s = std::make_unique<tern_subscription>();
+    s->agent = a;
+    s->fn = fn;
+    s->user = user;
+    tern_subscription* raw = s.get();
+    s->thread = std::thread([raw, after_seq] {
+      try {
+        tern::capi::RunSubscription(raw, after_seq);
+      } catch (...) {
+        // Nothing crosses the boundary; the subscription simply ends.
+      }
+    });
+    *out = s.release();
+    return Status::Ok();
+  });
+}
+
+void tern_subscription_free(tern_subscription* s) {
+  if (s == nullptr || s->tag != tern_subscription::kTag) return;
+  s->cancel.store(true);
+  if (s->thread.joinable()) s->thread.join();
+  s->tag = 0;
+  delete s;
+}
+
+}  // extern "C"

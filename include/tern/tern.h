@@ -1,0 +1,374 @@
+/* libtern: tern's stable C API, for schedulers and language bindings that
+ * embed the transfer agent (docs/embedding.md is the guide).
+ *
+ * What it offers: start and stop an agent in this process (root or member,
+ * the options of `tern-agent`), publish a checkpoint on an in-process root,
+ * read an agent's status, wait for its events (polled, or delivered to a
+ * callback on a thread the library owns); and a client over a running
+ * agent's admin port
+ * (publish through it, read its status, metrics and publish jobs).
+ *
+ * C99. Link with -ltern (pkg-config tern, or CMake find_package(tern) and
+ * the target tern::tern). Only tern_* symbols are exported.
+ *
+ * ABI rules
+ *  - TERN_ABI_VERSION_MAJOR is in the shared object's name (libtern.so.1);
+ *    within one major, functions and enum values are only added, never
+ *    changed or removed. tern_abi_version() says what the loaded library
+ *    implements: a program built against minor M needs a library of the same
+ *    major and minor >= M (TERN_ABI_COMPATIBLE below).
+ *  - Option and result structs begin with `struct_size`, which the caller
+ *    sets to sizeof the struct it was compiled with (the *_init functions do
+ *    it). New fields are only appended. The library reads only the first
+ *    struct_size bytes of an options struct (fields beyond are defaults),
+ *    refuses one larger than it knows unless the unknown tail is all zero
+ *    bytes, and writes only the first struct_size bytes of a result struct.
+ *  - Handles (tern_agent, tern_client) are opaque; their layout is private.
+ *
+ * Errors
+ *  - Every fallible call returns a tern_code: TERN_OK (0) or an error. The
+ *    numbers are tern's error-code registry (include/tern/status.h) and are
+ *    stable; codes may be added.
+ *  - The message of the last failed call is per thread: tern_last_error()
+ *    returns it until the next tern_* call *on the same thread* that returns
+ *    a tern_code (a successful one clears it to ""). The pointer is owned by
+ *    the library and valid until then.
+ *  - No C++ exception crosses this boundary: each call catches everything
+ *    and returns TERN_INTERNAL (or TERN_RESOURCE_EXHAUSTED for an allocation
+ *    failure) with a message.
+ *  - Pointers the caller passes are checked for NULL (TERN_INVALID_ARGUMENT);
+ *    a handle of the wrong kind (a tern_client* cast to tern_agent*) is
+ *    recognized by its tag (TERN_INVALID_ARGUMENT). A freed handle is
+ *    undefined behaviour, as with free().
+ *  - Text out: calls that return text take (char* buf, size_t cap, size_t*
+ *    len). Once the text is made, *len is set to its length (without the
+ *    NUL), whatever cap is. When
+ *    cap > len the text and a NUL are written; otherwise nothing is written
+ *    and the call returns TERN_RESOURCE_EXHAUSTED: call again with cap >
+ *    *len. buf may be NULL when cap is 0 (to ask the size).
+ *
+ * Thread safety: stated per call. In short, everything but the *_free
+ * functions may be called from any thread at any time, on the same handle
+ * too; a *_free must be the last call on its handle.
+ */
+#ifndef TERN_TERN_H_
+#define TERN_TERN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define TERN_API __attribute__((visibility("default")))
+#else
+#define TERN_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Versions ---- */
+
+#define TERN_ABI_VERSION_MAJOR 1
+#define TERN_ABI_VERSION_MINOR 0
+/* (major << 16) | minor, as tern_abi_version() returns it. */
+#define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
+/* Whether a loaded library's tern_abi_version() serves this header. */
+#define TERN_ABI_COMPATIBLE(loaded) \
+  (((loaded) >> 16) == TERN_ABI_VERSION_MAJOR && (loaded) >= (uint32_t)TERN_ABI_VERSION)
+
+/* tern's release, e.g. "0.1.0". Static storage. Any thread. */
+TERN_API const char* tern_version(void);
+/* The ABI the loaded library implements: (major << 16) | minor. Any thread. */
+TERN_API uint32_t tern_abi_version(void);
+
+/* ---- Errors ---- */
+
+typedef enum tern_code {
+  TERN_OK = 0,
+  TERN_INVALID_ARGUMENT = 1,   /* the caller asked for something impossible */
+  TERN_CORRUPT = 2,            /* untrusted bytes failed validation */
+  TERN_NOT_FOUND = 3,          /* a file, tensor, peer or version is absent */
+  TERN_ALREADY_EXISTS = 4,     /* refusing to overwrite */
+  TERN_IO = 5,                 /* an operating-system call failed */
+  TERN_MISMATCH = 6,           /* well-formed input that does not fit */
+  TERN_UNSUPPORTED = 7,        /* valid but not available here */
+  TERN_OUT_OF_RANGE = 8,       /* a value outside its documented bounds */
+  TERN_RESOURCE_EXHAUSTED = 9, /* a bound was hit (a buffer too small, too) */
+  TERN_UNAVAILABLE = 10,       /* a peer, agent or device is not reachable now */
+  TERN_TIMEOUT = 11,
+  TERN_CANCELLED = 12,
+  TERN_INTERNAL = 13, /* a bug or an unexpected failure inside tern */
+  TERN_PROTOCOL = 14, /* a peer spoke another protocol or version */
+  TERN_AUTH = 15      /* authentication or authorization failed */
+} tern_code;
+
+/* Stable lower-case name of a code ("invalid argument"); "unknown" for a
+ * number this library does not know. Static storage. Any thread. */
+TERN_API const char* tern_code_name(int code);
+/* The message of this thread's last failed call ("" after a success or
+ * before any call): "<code name>: <file:line>: <what>". Valid until this
+ * thread's next tern_* call that returns a tern_code. */
+TERN_API const char* tern_last_error(void);
+
+/* ---- An agent in this process ---- */
+
+typedef struct tern_agent tern_agent;
+
+/* A log line from the agent's threads ("relay: ..."), without newline; the
+ * text is valid only during the call. Called from any of the agent's
+ * threads, possibly at once: it must be thread-safe and return promptly. */
+typedef void (*tern_log_fn)(void* user, const char* line);
+
+/* The options of `tern-agent` (docs/agent.md, docs/cli.md). Strings are
+ * NUL-terminated and copied by tern_agent_start; NULL means empty / the
+ * default. Integers left 0 by tern_agent_options_init mean "the default" only
+ * where said. */
+typedef struct tern_agent_options {
+  size_t struct_size; /* sizeof(tern_agent_options); set by tern_agent_options_init */
+
+  /* Role: root = 1, or a member joining `join` ("HOST:PORT", a standby
+   * root after a comma). */
+  int root;
+  const char* join;
+  const char* listen;       /* "HOST:PORT" to listen on; port 0 picks one. Required. */
+  const char* admin_listen; /* admin HTTP "HOST:PORT"; NULL: no admin port */
+
+  /* Identity and place. */
+  const char* id;     /* NULL: derived from the listen address */
+  const char* region; /* NULL: "default" */
+  const char* cluster;
+  const char* island;
+  int may_relay;               /* default 1 */
+  int relay_only;              /* member: forward, never serve (docs/agent.md §4) */
+  double uplink_bytes_per_s;   /* planning rates until measured; default 1.25e9 */
+  double downlink_bytes_per_s; /* default 1.25e9 */
+
+  /* Data and trust. */
+  const char* data_dir;        /* DIR; required. DIR/current is the served version */
+  const char* signing_key_pem; /* root: Ed25519 key (PEM); NULL: DIR/signing-key.pem or a new one */
+  const char* const* trusted_keys_pem; /* member: publisher key(s), PEM; required for members */
+  size_t trusted_keys_count;           /* at most 64 */
+  const char* join_token;              /* shared secret for joining; NULL: none */
+  const char* admin_token;             /* bearer token for POST /publish; NULL: none */
+  int admin_insecure;                  /* allow a non-loopback admin port without a token */
+  const char* publish_dir;             /* root: POST /publish reads only below this */
+  uint64_t max_version_jump;           /* root: default 1000000; 0: no bound */
+  const char* seed_checkpoint;         /* member: a checkpoint of version seed_version it holds */
+  uint64_t seed_version;
+
+  /* High availability (root): "etcd://HOST:PORT[,...]/PREFIX"; NULL: DIR/board. */
+  const char* board_etcd;
+  uint32_t etcd_lease_s; /* default 3 */
+
+  /* Policy (root); defaults as tern-agent's. */
+  uint32_t stripes;          /* default 1 */
+  uint32_t fanout_max;       /* default 4 */
+  uint32_t root_fanout_max;  /* default 8 */
+  uint32_t keep_patches;     /* default 16 */
+  uint32_t keyframe_every;   /* default 32 */
+  uint64_t segment_elements; /* default 1 << 20 */
+  uint32_t patch_format;     /* 0: the default (2); 1 or 2 */
+
+  /* Timing; defaults as tern-agent's. */
+  uint32_t heartbeat_ms;       /* default 500 */
+  uint32_t dead_after_ms;      /* default 3000 */
+  uint32_t spare_grace_ms;     /* default 2000 */
+  int stream_apply;            /* default 1 */
+  uint32_t parent_stall_ms;    /* default 10000; 0: never report */
+  uint32_t relay_probation_ms; /* default 60000 */
+  uint32_t push_window_bytes;  /* default 2 MiB; at most 64 MiB */
+  uint32_t threads;            /* apply/diff threads; 0: the hardware's */
+
+  /* Transport: "tcp+tls" (NULL means it; the three tls_* files are then
+   * required), "tcp" (plain: trusted networks only), "ucx" or "verbs" (RDMA,
+   * no encryption). tls_server_name: the name the peer's certificate must
+   * hold (NULL: the host dialled). */
+  const char* transport;
+  const char* tls_cert_file;
+  const char* tls_key_file;
+  const char* tls_ca_file;
+  const char* tls_server_name;
+
+  /* Where the agent's log lines go; NULL: stderr. */
+  tern_log_fn log;
+  void* log_user;
+} tern_agent_options;
+
+/* Sets struct_size and every default above. Any thread. */
+TERN_API void tern_agent_options_init(tern_agent_options* options);
+
+/* Opens DIR, listens and (member) starts joining in the background; on
+ * success *out is a new handle (free it with tern_agent_free). A standby
+ * root (board_etcd) blocks here until it leads. Bad options:
+ * TERN_INVALID_ARGUMENT naming the field. Any thread. */
+TERN_API tern_code tern_agent_start(const tern_agent_options* options, tern_agent** out);
+
+/* Root: diffs the checkpoint (a .safetensors file or a directory) against
+ * HEAD, signs it and starts feeding it as `version` (> HEAD). Returns when
+ * the version is durable on the board, before members have it. Blocks for
+ * the diff (seconds for large models). Any thread; one publish at a time
+ * per root (a second waits). */
+TERN_API tern_code tern_agent_publish(tern_agent* agent, const char* checkpoint_path,
+                                      uint64_t version);
+
+/* The figures a scheduler polls. Written up to out->struct_size. */
+typedef struct tern_status {
+  size_t struct_size; /* the caller sets sizeof(tern_status) */
+  int root;
+  int relay_only;
+  int joined;              /* member: joined the root (root: 1) */
+  uint64_t head;           /* root: HEAD; member: the newest version it knows */
+  uint64_t served_version; /* the version DIR/current serves (0: none) */
+  uint64_t held_version;   /* relay-only: newest held completely; else served_version */
+  uint32_t member_count;   /* root: members it knows; member: 0 */
+  uint32_t version_count;  /* root: versions it keeps; member: 0 */
+  /* Root: serving members (relay-only ones serve nothing and are not
+   * counted) whose served version is HEAD, as their last heartbeats said. */
+  uint32_t members_at_head;
+} tern_status;
+
+/* Any thread. TERN_UNAVAILABLE once the agent is stopped. */
+TERN_API tern_code tern_agent_status(tern_agent* agent, tern_status* out);
+/* The JSON text GET /status serves (docs/agent/operations.md). Text out. */
+TERN_API tern_code tern_agent_status_json(tern_agent* agent, char* buf, size_t cap, size_t* len);
+/* Root: the public key (PEM) members must trust. Text out. */
+TERN_API tern_code tern_agent_public_key_pem(tern_agent* agent, char* buf, size_t cap, size_t* len);
+/* The bound addresses ("HOST:PORT"; port 0 resolved). Text out;
+ * the admin address is "" when there is no admin port. */
+TERN_API tern_code tern_agent_listen_address(tern_agent* agent, char* buf, size_t cap, size_t* len);
+TERN_API tern_code tern_agent_admin_address(tern_agent* agent, char* buf, size_t cap, size_t* len);
+
+/* Leaves (a member tells the root), closes every connection and joins the
+ * agent's threads; waits for calls in flight on this handle. Idempotent.
+ * Later calls on the handle but tern_agent_free return TERN_UNAVAILABLE.
+ * Any thread, but not from the log callback. */
+TERN_API tern_code tern_agent_stop(tern_agent* agent);
+/* Stops (as above) and frees. NULL is a no-op. Must be the last call on the
+ * handle, with no other call in flight. */
+TERN_API void tern_agent_free(tern_agent* agent);
+
+/* ---- Events of an agent in this process ---- */
+
+/* What happened (docs/agent/operations.md "Events"). */
+typedef enum tern_event_kind {
+  TERN_EVENT_VERSION_PUBLISHED = 1, /* root: `version` is on the board */
+  TERN_EVENT_VERSION_SERVED = 2,    /* DIR/current now serves `version` */
+  TERN_EVENT_MEMBER_JOINED = 3,     /* root: `member` joined (or came back) */
+  TERN_EVENT_MEMBER_LEFT = 4,       /* root: `member` said goodbye */
+  TERN_EVENT_MEMBER_FAILED = 5,     /* root: `member` went silent past dead_after_ms */
+  TERN_EVENT_MEMBER_DEMOTED = 6     /* root: `member` relays no more until its probation ends */
+} tern_event_kind;
+
+/* "version_served", ...; "unknown" for a number this library does not know.
+ * Static storage. Any thread. */
+TERN_API const char* tern_event_kind_name(int kind);
+
+/* One event. Its strings point into the batch (or, in a callback, live
+ * for the call) that produced it. */
+typedef struct tern_event {
+  size_t struct_size;   /* the caller sets sizeof(tern_event) */
+  uint64_t seq;         /* consecutive from 1 per agent run; a jump means events were dropped */
+  double at_s;          /* the agent's clock */
+  int kind;             /* tern_event_kind */
+  int all_tensors;      /* served/published: the whole view is new (first version, keyframe) */
+  uint64_t version;     /* published / served; 0 for membership events */
+  uint64_t digest[4];   /* D(version), lanes as in patches; zero for membership events */
+  const char* member;   /* membership events: the member's id; others: this agent's */
+  const char* slot_dir; /* served: the slot DIR/current pointed at (DIR/views/a or b); else "" */
+  /* Served/published without all_tensors: the tensors whose bytes changed, sorted. */
+  const char* const* changed_tensors;
+  size_t changed_tensor_count;
+} tern_event;
+
+/* A batch of events, from tern_agent_wait_events; free it with
+ * tern_events_free. Read-only: any thread may read one batch at once. */
+typedef struct tern_events tern_events;
+
+/* The agent's events with seq > after_seq (0: every event it holds; it
+ * keeps its last 1024; an after_seq beyond its newest, as from before the
+ * agent restarted, counts as 0), oldest first, at most max_events
+ * (1..1024). When
+ * there are none yet, waits up to timeout_ms (at most 600000) for the first,
+ * and returns TERN_OK with an empty batch if none came. *out is a new batch
+ * either way. Any thread (at most 64 waits at once per agent:
+ * TERN_RESOURCE_EXHAUSTED); tern_agent_stop ends a wait within about 100 ms
+ * (TERN_UNAVAILABLE). */
+TERN_API tern_code tern_agent_wait_events(tern_agent* agent, uint64_t after_seq,
+                                          uint32_t max_events, uint32_t timeout_ms,
+                                          tern_events** out);
+/* The number of events in a batch (0 for NULL). */
+TERN_API size_t tern_events_count(const tern_events* events);
+/* Event `index` (< count; else TERN_OUT_OF_RANGE), written up to
+ * out->struct_size; its strings stay valid until tern_events_free. */
+TERN_API tern_code tern_events_get(const tern_events* events, size_t index, tern_event* out);
+/* NULL is a no-op. */
+TERN_API void tern_events_free(tern_events* events);
+
+/* The callback form: a thread the library owns waits for the agent's events
+ * and calls `fn` with each, in order, one at a time (the event and its
+ * strings live for the call). It starts after `after_seq` (0: every event
+ * the agent holds). The thread ends when the subscription is freed or the
+ * agent stops. */
+typedef void (*tern_event_fn)(void* user, const tern_event* event);
+typedef struct tern_subscription tern_subscription;
+
+/* Any thread. `fn` runs on the subscription's thread: it may call tern_*
+ * functions (tern_agent_stop too; not tern_subscription_free of its own
+ * subscription, nor tern_agent_free) and should return promptly. */
+TERN_API tern_code tern_agent_subscribe(tern_agent* agent, uint64_t after_seq, tern_event_fn fn,
+                                        void* user, tern_subscription** out);
+/* Stops the thread (waiting for a callback in flight) and frees. NULL is a
+ * no-op. Free every subscription of an agent before tern_agent_free of
+ * that agent (tern_agent_stop may come first). Not from the callback. */
+TERN_API void tern_subscription_free(tern_subscription* subscription);
+
+/* ---- A client of a running agent's admin port ---- */
+
+typedef struct tern_client tern_client;
+
+typedef struct tern_client_options {
+  size_t struct_size;  /* sizeof(tern_client_options); set by tern_client_options_init */
+  const char* token;   /* bearer token for publishing (the agent's admin token) */
+  uint32_t timeout_ms; /* per request; a publish waits this long in all. Default 600000 */
+  int force;           /* publish a version far beyond HEAD (max_version_jump) */
+} tern_client_options;
+
+TERN_API void tern_client_options_init(tern_client_options* options);
+
+/* A handle over an admin address "HOST:PORT" (checked for form, not
+ * reached: nothing is connected until a call). Any thread. */
+TERN_API tern_code tern_client_open(const char* admin_address, const tern_client_options* options,
+                                    tern_client** out);
+/* POST /publish to a root: it reads the checkpoint (a path *the root* can
+ * read) and publishes `version`; returns when the version is on the board
+ * or the timeout passed (TERN_TIMEOUT: the root is still publishing).
+ * Errors carry the root's code and reason (TERN_AUTH: bad token). Any
+ * thread. */
+TERN_API tern_code tern_client_publish(tern_client* client, const char* checkpoint_path,
+                                       uint64_t version);
+/* GET /status parsed into the small struct. Any thread. */
+TERN_API tern_code tern_client_status(tern_client* client, tern_status* out);
+/* GET /status, GET /metrics (Prometheus text), GET /publish (a root's
+ * recent publish jobs, JSON). Text out. Any thread. */
+TERN_API tern_code tern_client_status_json(tern_client* client, char* buf, size_t cap, size_t* len);
+TERN_API tern_code tern_client_metrics(tern_client* client, char* buf, size_t cap, size_t* len);
+TERN_API tern_code tern_client_publish_jobs_json(tern_client* client, char* buf, size_t cap,
+                                                 size_t* len);
+/* GET /events: the agent's events after `after_seq` as JSON text
+ * ({"events": [...], "gap", "restarted", "next", "last_seq"}:
+ * docs/agent/operations.md "Events"), waiting up to timeout_ms (at most
+ * 5000: the port's bound; resume with after_seq = "next") for the first;
+ * max_events 1..1024. Needs the token when the agent has one. Text out. Any
+ * thread. */
+TERN_API tern_code tern_client_events_json(tern_client* client, uint64_t after_seq,
+                                           uint32_t max_events, uint32_t timeout_ms, char* buf,
+                                           size_t cap, size_t* len);
+/* NULL is a no-op. Must be the last call on the handle. */
+TERN_API void tern_client_free(tern_client* client);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TERN_TERN_H_ */
