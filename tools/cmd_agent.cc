@@ -428,6 +428,26 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
                  "meanwhile coalesced into one run for the newest (docs/agent/operations.md)");
   AddUnsigned(cmd, "--on-serve-timeout-ms", a->agent.on_serve_timeout_ms,
               "kill an --on-serve run (its process group) after this long", "60000", 86'400'000);
+  cmd.add_option("--engine", a->agent.engine,
+                 "member: load every version it serves into this engine beside it: vllm "
+                 "(docs/engines.md, \"The agent drives the engine\")")
+      ->check(CLI::IsMember({"vllm"}));
+  cmd.add_option("--engine-url", a->agent.engine_url,
+                 "with --engine: the engine's http://HOST:PORT (vLLM started from DIR/current with "
+                 "--weight-transfer-config '{\"backend\": \"tern\"}' and VLLM_SERVER_DEV_MODE=1)");
+  cmd.add_option("--engine-pause", a->agent.engine_pause,
+                 "requests in flight during an update: keep (frozen, resumed on the new weights), "
+                 "wait (drained first) or abort")
+      ->check(CLI::IsMember({"keep", "wait", "abort"}))
+      ->default_str("keep");
+  cmd.add_flag("--engine-no-cache-reset", [a](int64_t) { a->agent.engine_reset_prefix_cache = false; },
+               "do not reset the engine's prefix cache after an update (the sidecar's per-version "
+               "cache_salt keeps versions apart)");
+  AddUnsigned(cmd, "--engine-timeout-ms", a->agent.engine_update_timeout_ms,
+              "deadline of one update call (the engine reads and loads the changed tensors)", "300000",
+              3'600'000);
+  AddUnsigned(cmd, "--engine-attempts", a->agent.engine_attempts,
+              "update sequences per version before backing off (1 s doubling to 30 s)", "2", 100);
   // The flags of a serving member (or of the root) make no sense with it:
   // refused rather than ignored.
   cmd.add_flag("--relay-only", a->relay_only,

@@ -1,10 +1,15 @@
 // The agent's common half: start and stop, the one listener shared by the
 // control and data planes, the work and ticker threads (agent/daemon/agent_impl.h).
+#include <limits.h>
+#include <stdlib.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
 #include "agent/daemon/serve_hook.h"
+#include "agent/daemon/engine_driver.h"
+#include "agent/engine/engine_adapter.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
@@ -118,6 +123,7 @@ Status AgentImpl::Init() {
     seed_pending_ = !opt_.seed_checkpoint.empty() && store_version_ < opt_.seed_version;
   }
   metrics_ = std::make_unique<MetricsRegistry>();
+  TERN_RETURN_IF_ERROR(InitEngine());
 
   // A standby root waits here, before it listens, until it leads.
   if (opt_.root && !opt_.board_etcd.empty()) TERN_RETURN_IF_ERROR(CampaignForRoot());
@@ -352,12 +358,60 @@ void AgentImpl::TickLoop() {
   }
 }
 
+// --engine (engine_driver.h): a member's engine, driven from its events.
+Status AgentImpl::InitEngine() {
+  if (opt_.engine.empty()) return Status::Ok();
+  TERN_REQUIRE(opt_.engine == "vllm", kInvalidArgument, "agent: --engine ", opt_.engine,
+               ": the engines are vllm");
+  TERN_REQUIRE(!opt_.root && !opt_.relay_only && store_ != nullptr, kInvalidArgument,
+               "agent: --engine is for serving members");
+  TERN_ASSIGN_OR_RETURN(PauseMode pause, ParsePauseMode(opt_.engine_pause));
+  char real[PATH_MAX];
+  TERN_REQUIRE(::realpath(opt_.data_dir.c_str(), real) != nullptr, kInvalidArgument,
+               "agent: --engine: cannot resolve ", opt_.data_dir);
+  const std::string root(real);
+  VllmAdapterOptions vo;
+  vo.url = opt_.engine_url;
+  vo.root = root;
+  vo.pause = pause;
+  vo.reset_prefix_cache = opt_.engine_reset_prefix_cache;
+  vo.update_timeout_ms = opt_.engine_update_timeout_ms;
+  vo.attempts = opt_.engine_attempts;
+  TERN_ASSIGN_OR_RETURN(auto adapter, VllmAdapter::Create(vo, clock_));
+  const std::string current = root + "/current";
+  slot_lease_ = std::make_unique<SlotLease>([current] {
+    char buf[PATH_MAX];
+    return ::realpath(current.c_str(), buf) != nullptr ? std::string(buf) : std::string();
+  });
+  engine_ = std::make_unique<EngineDriver>(*events_, *slot_lease_, std::move(adapter), opt_.engine,
+                                           EngineDriverOptions{}, clock_,
+                                           [this](std::string_view line) { Log(std::string(line)); });
+  uint64_t served = 0;
+  {
+    MutexLock lock(mu_);
+    served = store_version_;
+  }
+  char buf[PATH_MAX];
+  if (served > 0 && ::realpath(current.c_str(), buf) != nullptr) engine_->Prime(served, buf);
+  engine_->Start();
+  return Status::Ok();
+}
+
+void AgentImpl::WaitEngineOffSpare() {
+  if (!slot_lease_) return;
+  // The longest one update may read a slot: its pause, update and the other
+  // steps, each bounded by its deadline.
+  const uint32_t max_wait_ms = opt_.engine_update_timeout_ms + 120000;
+  slot_lease_->WaitOffSpare(max_wait_ms, [this](std::string_view line) { Log(std::string(line)); });
+}
+
 void AgentImpl::Stop() {
   MutexLock stop_lock(stop_mu_);
   if (stopped_) return;
   stopped_ = true;
-  events_->Close();  // listeners and the hook's thread wake and leave
+  events_->Close();  // listeners, the hook's and the engine driver's threads wake and leave
   serve_hook_.reset();  // kills a run in flight
+  engine_.reset();      // waits for an update in flight (bounded by its deadlines)
   {
     // From here on no transport handler touches the agent.
     WriterLock shut(gate_->mu);

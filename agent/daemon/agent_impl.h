@@ -65,6 +65,8 @@ class AdminServer;
 class MetricsRegistry;
 class PublishJobs;
 class ServeHook;
+class EngineDriver;
+class SlotLease;
 struct AdminRoute;
 
 // The tensors a patch changes (records in its manifest), sorted; *all when
@@ -155,6 +157,10 @@ class AgentImpl final : public Agent {
   void MemberTryApply();
   Status MemberApplyObject(const ObjectRef& ref, const std::string& path);
   void MemberPrepareSpare();
+  // Work thread, before any write to the spare slot: waits (bounded) while
+  // the engine driver still reads it (engine_driver.h, "The slot lease").
+  void WaitEngineOffSpare();
+  Status InitEngine();
   // ---- agent_member_files.cc ----
   // Version's model files (its manifest's), fetched into DIR/files when
   // missing and checked against their signed SHA-256 (kAuth: refused).
@@ -223,6 +229,10 @@ class AgentImpl final : public Agent {
   const std::unique_ptr<EventRing> events_;
   std::atomic<uint32_t> events_listeners_{0};  // GET /events waiting now
   std::unique_ptr<ServeHook> serve_hook_;      // with on_serve_command
+  // The engine beside a member (engine_driver.h), with opt_.engine: the
+  // work thread calls WaitEngineOffSpare before it writes the spare.
+  std::unique_ptr<SlotLease> slot_lease_;
+  std::unique_ptr<EngineDriver> engine_;
 
   mutable Mutex mu_;
   CondVar work_cv_{&mu_};

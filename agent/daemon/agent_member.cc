@@ -427,6 +427,7 @@ void AgentImpl::MemberObjectPrefix(const ObjectRef& ref, const std::string& part
     stream_ref_ = ref;
   }
   if (bytes > stream_file_->size()) return;
+  WaitEngineOffSpare();
   if (Status s = store_->AdvancePrefix(stream_file_->bytes().first(bytes)); !s.ok()) {
     Log("cannot stream " + ObjectName(ref) + " into the spare: " + s.ToString() +
         " (applied whole once complete)");
@@ -447,6 +448,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   bool all = ref.kind == ObjectKind::kKeyframe;
   std::vector<std::string> changed;
   if (!all) changed = ChangedTensors(bytes, &all);
+  WaitEngineOffSpare();
   if (ref.kind == ObjectKind::kKeyframe) {
     TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files));
   } else {
@@ -492,6 +494,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
   // one before anything is switched: a wrong or damaged checkpoint changes
   // nothing.
   auto files = MemberModelFiles(m.version);
+  WaitEngineOffSpare();
   Status s = files.ok() ? store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest, *files)
                         : files.status();
   Outbox out;
@@ -522,6 +525,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
 // serial); a version arriving during it waits for it.
 void AgentImpl::MemberPrepareSpare() {
   const double t0 = NowS();
+  WaitEngineOffSpare();
   if (Status s = store_->PrepareSpare(); !s.ok()) {
     Log("cannot prepare the spare view: " + s.ToString());
     return;

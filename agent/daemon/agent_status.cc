@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/engine_driver.h"
 #include "agent/daemon/serve_hook.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
@@ -31,6 +32,10 @@ AgentSnapshot AgentImpl::Snapshot() const {
   s.listen_address = listen_address_;
   s.intra_address = intra_address_;
   s.admin_address = admin_address_;
+  if (engine_) {  // set in Init before any reader runs, reset in Stop after
+    s.has_engine = true;
+    s.engine = engine_->status();
+  }
   MutexLock lock(mu_);
   s.relay_only = opt_.relay_only;
   s.served_version = store_version_;  // 0 without a store (relay-only)
@@ -120,6 +125,19 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                                    {"replayed", f.beacons_replayed},
                                    {"skewed", f.beacons_skewed}}}};
   }
+  if (s.has_engine) {
+    const AgentEngineStatus& e = s.engine;
+    j["engine"] = {{"engine", e.engine},
+                   {"version", e.version},
+                   {"target_version", e.target_version},
+                   {"state", e.state},
+                   {"last_error", e.last_error},
+                   {"updates_ok", e.updates_ok},
+                   {"updates_failed", e.updates_failed},
+                   {"last_pause_ms", e.last_pause_ms},
+                   {"last_update_ms", e.last_update_ms},
+                   {"last_full", e.last_full}};
+  }
   auto& members = j["members"] = nlohmann::json::array();
   for (const auto& m : s.members) {
     members.push_back({{"id", m.id},
@@ -180,6 +198,20 @@ std::string AgentImpl::MetricsText() const {
   if (s.relay_only)
     gauge("tern_agent_held_version", "Relay-only: the newest version held completely.",
           static_cast<double>(s.held_version));
+  if (s.has_engine) {
+    const AgentEngineStatus& e = s.engine;
+    gauge("tern_agent_engine_version", "Version the engine beside this member says it serves.",
+          static_cast<double>(e.version));
+    gauge("tern_agent_engine_lag_versions", "Served version minus the engine's (0 when not behind).",
+          s.served_version > e.version ? static_cast<double>(s.served_version - e.version) : 0.0);
+    counter("tern_agent_engine_updates_total", "Engine updates by outcome.", e.updates_ok,
+            {{"result", "ok"}});
+    counter("tern_agent_engine_updates_total", "Engine updates by outcome.", e.updates_failed,
+            {{"result", "failed"}});
+    if (e.last_pause_ms >= 0)
+      gauge("tern_agent_engine_pause_seconds", "The last update's pause -> resume in the engine.",
+            static_cast<double>(e.last_pause_ms) * 1e-3);
+  }
   const AgentFreshness& f = s.freshness;
   if (s.root) {
     counter("tern_agent_beacons_sent_total", "Signed HEAD beacons sent (one per member per interval).",

@@ -201,6 +201,22 @@ struct AgentOptions {
   std::string on_serve_command;
   uint32_t on_serve_timeout_ms = 60000;
 
+  // ---- The engine beside a member (docs/engines.md "The agent drives the
+  // engine") ----
+  // "vllm": load every version this member serves into the vLLM server at
+  // engine_url (started from DIR/current with --weight-transfer-config
+  // '{"backend": "tern"}' and VLLM_SERVER_DEV_MODE=1), through the tern
+  // backend's update routes: pause (engine_pause: keep, wait or abort),
+  // update with the tensors that changed, finish with the version, reset
+  // the prefix cache (engine_reset_prefix_cache), resume. Empty: none.
+  // Members only.
+  std::string engine;
+  std::string engine_url;  // http://HOST:PORT
+  std::string engine_pause = "keep";
+  bool engine_reset_prefix_cache = true;
+  uint32_t engine_update_timeout_ms = 300000;  // one update call (reads and loads)
+  uint32_t engine_attempts = 2;                // update sequences per version before a backoff
+
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
   // Optional: the transport for data edges inside this agent's cluster
@@ -281,6 +297,21 @@ struct AgentFreshness {
   uint64_t beacons_sent = 0;
 };
 
+// The engine a member drives (AgentOptions::engine); absent without one.
+struct AgentEngineStatus {
+  std::string engine;           // "vllm"
+  uint64_t version = 0;         // the version the engine says it serves (0: none known)
+  uint64_t target_version = 0;  // the newest version the member served for it
+  // "starting", "serving", "updating", "waiting" (the slot moved on),
+  // "failed" (retrying after a backoff), "unreachable"
+  std::string state;
+  std::string last_error;
+  uint64_t updates_ok = 0, updates_failed = 0;
+  int64_t last_pause_ms = -1;   // the last update's pause -> resume, as the engine saw it
+  int64_t last_update_ms = -1;  // its update call (read + load)
+  bool last_full = false;       // it loaded every tensor
+};
+
 struct AgentSnapshot {
   bool root = false;
   std::string id;
@@ -299,6 +330,8 @@ struct AgentSnapshot {
   std::string parent;                       // member: stripe 0's parent id
   bool joined = false;
   AgentFreshness freshness;
+  bool has_engine = false;
+  AgentEngineStatus engine;  // with has_engine
 };
 
 // Something that happened at an agent, in the order it happened there

@@ -1,0 +1,166 @@
+// The agent drives the engine beside a member (docs/engines.md, "The agent
+// drives the engine"): every version the member serves reaches the engine
+// with the tensors that changed, a failed update leaves the engine on its
+// version and is retried whole, and --engine is refused where it cannot
+// work. The engine here is the adapter's test double of vLLM's routes
+// (agent/engine/vllm_double.h), labelled as such: it loads nothing. The
+// real vLLM is driven by the same adapter in tests/engine/test_tern_vllm.py.
+#include <nlohmann/json.hpp>
+
+#include "agent/engine/vllm_double.h"
+#include "agent/testing/agent_test_fixture.h"
+
+namespace tern::agent_test {
+namespace {
+
+using agent::testing::Fault;
+using agent::testing::VllmDouble;
+
+class AgentEngineTest : public AgentSystemFixture {
+ protected:
+  // Member "m1" drives `engine_`; everyone logs into log_.
+  void Setup(uint32_t attempts = 2) {
+    CaptureLogs([this, attempts](AgentOptions& o) {
+      if (o.id != "m1") return;
+      o.engine = "vllm";
+      o.engine_url = engine_.url();
+      o.engine_attempts = attempts;
+      o.engine_update_timeout_ms = 5000;
+    });
+  }
+  AgentEngineStatus EngineOf(const std::string& name) {
+    auto s = members_[name].agent->Snapshot();
+    EXPECT_TRUE(s.has_engine);
+    return s.engine;
+  }
+  bool EngineServes(const std::string& name, uint64_t version, double seconds = 60) {
+    return WaitFor([&] { return EngineOf(name).version == version; }, seconds);
+  }
+
+  VllmDouble engine_;
+};
+
+TEST_F(AgentEngineTest, EveryServedVersionReachesTheEngineWithTheTensorsThatChanged) {
+  Setup();
+  StartRoot();
+  StartMember("m1", "us");
+  StartMember("m2", "us");  // no engine: unaffected
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ASSERT_TRUE(EngineServes("m1", 1)) << EngineOf("m1").last_error;
+  // The first version is loaded whole, from the slot DIR/current points at.
+  auto first = nlohmann::json::parse(engine_.last_update_info());
+  EXPECT_TRUE(first["changed"].is_null()) << first.dump();
+  const std::string slot1 = first["slot"];
+  EXPECT_EQ(slot1, fs::canonical(members_["m1"].dir + "/current").string());
+  EXPECT_EQ(engine_.weight_version(), "1");
+
+  for (uint64_t v = 2; v <= 4; ++v) {
+    Publish(v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+    ASSERT_TRUE(EngineServes("m1", v)) << EngineOf("m1").last_error;
+    auto info = nlohmann::json::parse(engine_.last_update_info());
+    // A patch: only its tensors, named, never every one.
+    ASSERT_TRUE(info["changed"].is_array()) << "version " << v << ": " << info.dump();
+    EXPECT_GT(info["changed"].size(), 0u);
+    EXPECT_EQ(info["version"], v);
+    EXPECT_EQ(std::string(info["slot"]), fs::canonical(members_["m1"].dir + "/current").string());
+    EXPECT_EQ(engine_.weight_version(), std::to_string(v));
+    EXPECT_FALSE(engine_.paused()) << "the engine was left paused";
+  }
+  const AgentEngineStatus e = EngineOf("m1");
+  EXPECT_EQ(e.state, "serving");
+  EXPECT_EQ(e.updates_failed, 0u);
+  EXPECT_GE(e.updates_ok, 4u);  // versions served while one ran are coalesced
+  EXPECT_GE(e.last_pause_ms, 0);
+  EXPECT_FALSE(members_["m2"].agent->Snapshot().has_engine);
+  ExpectBitwiseEqual(4);
+}
+
+TEST_F(AgentEngineTest, AFailedUpdateLeavesTheEngineOnItsVersionAndIsRetriedWhole) {
+  Setup(/*attempts=*/1);
+  StartRoot();
+  StartMember("m1", "us");
+  Publish(1);
+  ASSERT_TRUE(EngineServes("m1", 1)) << EngineOf("m1").last_error;
+  // The engine refuses the next update as bad input (the backend's answer
+  // to, say, a tensor it does not know).
+  engine_.Inject("/update_weights", Fault::kBadUpdate, 1);
+  Publish(2);
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  ASSERT_TRUE(WaitFor([&] { return EngineOf("m1").updates_failed >= 1; }, 30));
+  AgentEngineStatus e = EngineOf("m1");
+  EXPECT_NE(e.last_error.find("bad update"), std::string::npos) << e.last_error;
+  EXPECT_FALSE(engine_.paused()) << "a failed update must resume the engine";
+  // Retried after the backoff, with every tensor, and then served.
+  ASSERT_TRUE(EngineServes("m1", 2)) << EngineOf("m1").last_error;
+  e = EngineOf("m1");
+  EXPECT_TRUE(e.last_full);
+  EXPECT_TRUE(nlohmann::json::parse(engine_.last_update_info())["changed"].is_null());
+  EXPECT_GE(Logged("m1", "engine: version 2 not loaded"), 1u);
+  // The member's metrics say it.
+  auto json = nlohmann::json::parse(AgentSnapshotJson(members_["m1"].agent->Snapshot()));
+  EXPECT_EQ(json["engine"]["version"], 2);
+  EXPECT_GE(json["engine"]["updates_failed"], 1);
+}
+
+// The slot lease: while the engine reads version 2 from slot S, the member
+// switches to version 3 and S becomes its spare; the member's spare
+// catch-up (PrepareSpare, 50 ms after the switch here) must not rewrite S
+// until the engine is done with it.
+TEST_F(AgentEngineTest, TheSpareIsNotRewrittenWhileTheEngineReadsIt) {
+  spare_grace_ms_ = 50;
+  Setup();
+  StartRoot();
+  StartMember("m1", "us");
+  Publish(1);
+  ASSERT_TRUE(EngineServes("m1", 1)) << EngineOf("m1").last_error;
+  engine_.hang_ms = 3000;
+  engine_.Inject("/update_weights", Fault::kHang, 1);
+  Publish(2);
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  const std::string slot2 = fs::canonical(members_["m1"].dir + "/current").string();
+  ASSERT_TRUE(WaitFor([&] { return EngineOf("m1").state == "updating"; }, 10));
+  Publish(3);
+  ASSERT_TRUE(AllServe(3)) << Lagging(3);
+  ASSERT_NE(fs::canonical(members_["m1"].dir + "/current").string(), slot2);
+  // Well past the grace period, the update still hangs: S still holds v2.
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  ASSERT_EQ(EngineOf("m1").state, "updating");
+  EXPECT_EQ(FirstDifference(slot2, steps_[2]), "") << "the spare was rewritten under the engine";
+  // Then the engine gets version 2 and version 3 from the other slot.
+  ASSERT_TRUE(EngineServes("m1", 3)) << EngineOf("m1").last_error;
+  EXPECT_EQ(Logged("m1", "rewrites it now"), 0u);
+  EXPECT_EQ(EngineOf("m1").updates_failed, 0u);
+}
+
+TEST_F(AgentEngineTest, AnEngineThatIsDownIsRetriedUntilItAnswers) {
+  Setup(/*attempts=*/1);
+  StartRoot();
+  engine_.Inject("/weight_info", Fault::kFail, 1);
+  engine_.Inject("/init_weight_transfer_engine", Fault::kFail, 2);
+  StartMember("m1", "us");
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ASSERT_TRUE(EngineServes("m1", 1, 60)) << EngineOf("m1").last_error;
+  EXPECT_GE(EngineOf("m1").updates_failed, 1u);
+}
+
+TEST_F(AgentEngineTest, EngineIsRefusedWithAnUnknownNameAndOnARoot) {
+  AgentOptions o = BaseOptions("root");
+  o.root = true;
+  o.transport = NewTransportFor("root");
+  o.engine = "sglang";
+  o.engine_url = engine_.url();
+  auto a = Agent::Start(o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("the engines are vllm"), std::string::npos)
+      << a.status().ToString();
+  o.engine = "vllm";
+  a = Agent::Start(o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("serving members"), std::string::npos) << a.status().ToString();
+}
+
+}  // namespace
+}  // namespace tern::agent_test
