@@ -394,6 +394,14 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "member: bytes of the window per parent into which a new object's first chunks are "
               "pushed without a WANT round trip (0: no push)",
               "2097152", 64u << 20);
+  AddUnsigned(cmd, "--window-chunks", a->agent.window_chunks,
+              "member: chunk windows open per parent link and object", "16", 4096)
+      ->check(CLI::Range(1, 4096));
+  AddUnsigned(cmd, "--window-bytes", a->agent.window_bytes,
+              "member: at most this many bytes of those windows (at least one; 0: count chunks "
+              "only). A relay holds its windows and its children's while an object passes; a "
+              "link carries at most this much per round trip",
+              "67108864", uint64_t{1} << 32);
   AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms, "member heartbeat period", "500");
   AddUnsigned(cmd, "--dead-after-ms", a->dead_after_ms, "root: drop a member silent this long", "3000");
   AddUnsigned(cmd, "--spare-grace-ms", a->spare_grace_ms,

@@ -305,6 +305,8 @@ Status AgentImpl::MakeRelay(const BoardId& board, RelayCallbacks callbacks) {
   ro.member_id = id_;
   ro.join_token = opt_.join_token;  // presented to parents, required of children
   ro.push_window_bytes = opt_.push_window_bytes;
+  ro.window_chunks = opt_.window_chunks;
+  ro.window_bytes = opt_.window_bytes;
   auto relay = std::make_unique<RelayNode>(*opt_.transport, env_, objects_dir_, verifier_, board,
                                            log_, ro, std::move(callbacks));
   if (opt_.intra_transport) TERN_RETURN_IF_ERROR(relay->AddTransport(*opt_.intra_transport));

@@ -68,10 +68,12 @@ struct RelayOptions {
   uint32_t window_chunks = 16;       // chunk windows open per parent link (1 .. kMaxWantChunks)
   // ... and at most this many bytes of them (never fewer than one window):
   // what a relay holds resident while an object passes is its windows
-  // plus its children's, so they are counted in bytes, not in chunks of
-  // whatever size the publisher chose (16 windows of 4 MiB chunks held
-  // 64 MiB per link). 0: chunks only.
-  uint64_t window_bytes = uint64_t{16} << 20;
+  // plus its children's, so they are also counted in bytes, not only in
+  // chunks of whatever size the publisher chose. 64 MiB keeps the
+  // throughput of 16 windows of 4 MiB chunks (a link carries at most this
+  // per round trip); a smaller bound trades it for memory
+  // (tern-agent --window-bytes). 0: chunks only.
+  uint64_t window_bytes = uint64_t{64} << 20;
   uint32_t bad_chunks_max = 3;       // SHA-256 failures from one parent before it is dropped
   uint32_t send_retries_max = 3;     // resends of a chunk the transport found corrupt (XXH3)
   uint32_t max_objects = 64;

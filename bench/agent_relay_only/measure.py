@@ -134,6 +134,8 @@ def main():
     ap.add_argument("--keep", help="keep the run's files here")
     ap.add_argument("--trace", help="a datagen trace to reuse (made with the same --params and"
                     " --versions); generated into the run's directory when absent")
+    ap.add_argument("--member-args", default="",
+                    help="more tern-agent flags for every member, e.g. \"--window-bytes 16777216\"")
     a = ap.parse_args()
 
     tmp = a.keep or tempfile.mkdtemp(prefix="tern-relay-only-")
@@ -157,7 +159,8 @@ def main():
                                text=True, timeout=30, check=True)
             return {m["id"]: m for m in json.loads(r.stdout)["members"]}
 
-        common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem")] + tok
+        common = (["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem")] + tok +
+                  a.member_args.split())
         relay_only = Agent(a.agent, tmp, "eu-relay", common + ["--region", "eu", "--relay-only"])
         agents.append(relay_only)
         wait_for(lambda: len(status()) == 1, 30, "eu-relay joined")

@@ -169,6 +169,16 @@ struct AgentOptions {
   // pushes a new object's first chunks without waiting for WANT
   // (docs/agent/relay.md "Push"); 0: no push. At most 64 MiB.
   uint32_t push_window_bytes = uint32_t{2} << 20;
+  // Member: chunk windows open per parent link and object (1..4096), and
+  // at most this many bytes of them (at least one window; 0: chunks only).
+  // A relay's resident memory while an object passes is its windows plus
+  // what each child has asked for (its windows): 64 MiB + 64 MiB per child
+  // by default with 4 MiB chunks (objects of 16 MiB and more). Throughput
+  // per parent link is at most window_bytes per round trip (64 MiB at
+  // 150 ms: ~3.6 Gb/s); lower it for memory, raise it for fast long links
+  // (docs/agent/relay.md "Windows").
+  uint32_t window_chunks = 16;
+  uint64_t window_bytes = uint64_t{64} << 20;
 
   // ---- Freshness (docs/security.md "Freshness") ----
   // Root: sends every member a signed HEAD beacon this often (1..600000).
