@@ -158,13 +158,25 @@ int main(int argc, char** argv) {
   }
   printf("root: HEAD %llu, %u of %u member(s) serve it, %u version(s) kept\n",
          (unsigned long long)st.head, st.members_at_head, st.member_count, st.version_count);
-  /* Text out: ask the size, then read. */
+  /* Text out: ask the size, then read; a live agent's status can grow
+     between the two calls (a beacon's age, a counter), so ask again then. */
+  char* json = NULL;
   if ((c = tern_agent_status_json(member, NULL, 0, &len)) != TERN_RESOURCE_EXHAUSTED)
     return fail("size the member's status", c);
-  char* json = malloc(len + 1);
-  if (json == NULL) return 1;
-  if ((c = tern_agent_status_json(member, json, len + 1, &len)) != TERN_OK)
+  for (int tries = 0; tries < 5; ++tries) {
+    char* grown = realloc(json, len + 1);
+    if (grown == NULL) {
+      free(json);
+      return 1;
+    }
+    json = grown;
+    c = tern_agent_status_json(member, json, len + 1, &len);
+    if (c != TERN_RESOURCE_EXHAUSTED) break;
+  }
+  if (c != TERN_OK) {
+    free(json);
     return fail("read status", c);
+  }
   printf("member status:\n%s", json);
   free(json);
 
