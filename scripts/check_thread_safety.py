@@ -32,6 +32,8 @@ ROOMS = [
     "transport/loopback",
     "transport/fault",
     "transport/tcp",
+    "transport/ucx",
+    "transport/verbs",
 ]
 FLAGS = ["-fsyntax-only", "-Wthread-safety", "-Wthread-safety-beta", "-Werror=thread-safety",
          "-Wno-unknown-warning-option"]

@@ -160,20 +160,24 @@ Status AgentImpl::Init() {
 // one it speaks (control types 0x01-0x3F, data 0x40-0x7F); anything else is
 // refused and the connection closed.
 ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport* via) {
+  // Shared by the connection's handlers. Under mu: the agent's mu_ (the
+  // relay lookup) and the relay's ChildAcceptor; mu is let go before the
+  // relay's handlers, the root's control work or Close run (they may end in
+  // on_closed, which takes it).
   struct State {
-    std::mutex mu;
+    explicit State(std::shared_ptr<Connection> conn) : hold(std::move(conn)) {}
+    Mutex mu;
     // kProbe: a connection that opened with PING (a member measuring its
     // round trip to this agent as its parent); it gets PONGs, nothing else.
-    enum { kUnknown, kControl, kData, kProbe, kRefused } mode = kUnknown;
-    ConnectionHandlers data;  // the relay's, in data mode
-    std::string member_id;    // control mode, once joined
+    enum { kUnknown, kControl, kData, kProbe, kRefused } mode GUARDED_BY(mu) = kUnknown;
+    ConnectionHandlers data GUARDED_BY(mu);  // the relay's, in data mode
+    std::string member_id GUARDED_BY(mu);    // control mode, once joined
     // The caller owns accepted connections (transport.h): held here until
     // the connection closes (a decorator such as the fault transport's is
     // owned by nobody else).
-    std::shared_ptr<Connection> hold;
+    std::shared_ptr<Connection> hold GUARDED_BY(mu);
   };
-  auto st = std::make_shared<State>();
-  st->hold = conn;
+  auto st = std::make_shared<State>(conn);
   std::weak_ptr<Connection> weak = conn;
   ConnectionHandlers h;
   h.on_message = [this, st, weak, via, gate = gate_](std::string payload) {
@@ -181,7 +185,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
     if (!gate->open) return;
     auto conn = weak.lock();
     if (!conn) return;
-    std::unique_lock<std::mutex> lock(st->mu);
+    MutexLock lock(st->mu);
     if (st->mode == State::kUnknown) {
       const uint8_t type = payload.empty() ? 0 : static_cast<uint8_t>(payload[0]);
       if (type == static_cast<uint8_t>(ControlType::kPing)) {
@@ -205,7 +209,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
       }
       if (st->mode == State::kRefused) {
         st->hold.reset();
-        lock.unlock();
+        lock.Unlock();
         Log("refused a connection from " + conn->peer_address() + ": first message type " +
             std::to_string(type) + (opt_.root ? "" : " (a member takes no control connections)"));
         conn->Close();
@@ -214,12 +218,12 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
     }
     if (st->mode == State::kData) {
       auto on_message = st->data.on_message;
-      lock.unlock();
+      lock.Unlock();
       if (on_message) on_message(std::move(payload));
       return;
     }
     if (st->mode == State::kProbe) {
-      lock.unlock();
+      lock.Unlock();
       auto m = DecodeControl(payload);
       auto* ping = m.ok() ? std::get_if<Ping>(&*m) : nullptr;
       if (!ping) {
@@ -236,7 +240,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
     auto m = DecodeControl(payload);
     if (!m.ok()) {
       const bool joining = st->member_id.empty();
-      lock.unlock();
+      lock.Unlock();
       Log("closing control connection from " + conn->peer_address() + ": " + m.status().ToString());
       // A HELLO this root cannot read (another release's control protocol,
       // say) gets the reason in REJECT, whose layout every protocol shares,
@@ -253,25 +257,25 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
     // so member_id is this handler's to update; st->mu is not held while
     // the root works (it may close the connection, and on_closed takes it).
     std::string member_id = st->member_id;
-    lock.unlock();
+    lock.Unlock();
     RootOnControl(conn, &member_id, std::move(m).value());
-    lock.lock();
+    lock.Lock();
     st->member_id = member_id;
   };
   h.on_closed = [this, st, weak, gate = gate_](Status why) {
     ReaderLock open(gate->mu);
     if (!gate->open) return;
-    std::unique_lock<std::mutex> lock(st->mu);
+    MutexLock lock(st->mu);
     auto held = std::move(st->hold);  // released when this handler returns
     if (st->mode == State::kData) {
       auto on_closed = st->data.on_closed;
-      lock.unlock();
+      lock.Unlock();
       if (on_closed) on_closed(std::move(why));
       return;
     }
     if (st->mode == State::kControl && !st->member_id.empty()) {
       const std::string id = st->member_id;
-      lock.unlock();
+      lock.Unlock();
       RootOnClosed(id, weak.lock());
     }
   };

@@ -243,7 +243,7 @@ UcxTransport::~UcxTransport() {
         if (state->listener != nullptr) ucp_listener_destroy(state->listener);
         state->listener = nullptr;
       }
-      std::lock_guard<std::mutex> lock(cmd_mu_);
+      MutexLock lock(cmd_mu_);
       stop_ = true;
     });
     thread_.join();
@@ -255,7 +255,7 @@ UcxTransport::~UcxTransport() {
     releasing_.clear();
   }
   {
-    std::lock_guard<std::mutex> lock(reg_mu_);
+    MutexLock lock(reg_mu_);
     for (auto& [handle, reg] : registrations_) ucp_mem_unmap(context_, reg.memh);
     registrations_.clear();
   }
@@ -266,7 +266,7 @@ UcxTransport::~UcxTransport() {
 
 void UcxTransport::Post(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(cmd_mu_);
+    MutexLock lock(cmd_mu_);
     commands_.push_back(std::move(fn));
   }
   const uint64_t one = 1;
@@ -288,7 +288,7 @@ void UcxTransport::RunCommandsAndDeferred() {
   for (int round = 0; round < 1024; ++round) {
     std::function<void()> fn;
     {
-      std::lock_guard<std::mutex> lock(cmd_mu_);
+      MutexLock lock(cmd_mu_);
       if (commands_.empty()) break;
       fn = std::move(commands_.front());
       commands_.pop_front();
@@ -320,7 +320,7 @@ void UcxTransport::Run() {
       for (auto& conn : conns) conn->CheckDeadlines(now);
     }
     {
-      std::lock_guard<std::mutex> lock(cmd_mu_);
+      MutexLock lock(cmd_mu_);
       if (stop_) {
         if (drain_until_us == 0) drain_until_us = now + kCloseDrainUs;
         if (releasing_.empty() || now >= drain_until_us) return;
@@ -355,7 +355,7 @@ Result<MemoryRegion> UcxTransport::RegisterMemory(void* base, uint64_t size_byte
   ucp_mem_h memh = nullptr;
   const ucs_status_t st = ucp_mem_map(context_, &mp, &memh);
   if (st != UCS_OK) return FromUcs(st, internal::StrCat("ucp_mem_map of ", size_bytes, " bytes"));
-  std::lock_guard<std::mutex> lock(reg_mu_);
+  MutexLock lock(reg_mu_);
   const uint64_t handle = next_handle_++;
   registrations_[handle] = Registration{base, size_bytes, kind, memh};
   return MemoryRegion{base, size_bytes, kind, handle};
@@ -364,7 +364,7 @@ Result<MemoryRegion> UcxTransport::RegisterMemory(void* base, uint64_t size_byte
 Status UcxTransport::DeregisterMemory(const MemoryRegion& region) {
   ucp_mem_h memh;
   {
-    std::lock_guard<std::mutex> lock(reg_mu_);
+    MutexLock lock(reg_mu_);
     auto it = registrations_.find(region.handle);
     TERN_REQUIRE(it != registrations_.end() && it->second.base == region.base, kNotFound,
                  "ucx: region ", region.handle, " is not registered here");
@@ -376,7 +376,7 @@ Status UcxTransport::DeregisterMemory(const MemoryRegion& region) {
 }
 
 Result<ucp_mem_h> UcxTransport::Lookup(const MemoryRegion& region) const {
-  std::lock_guard<std::mutex> lock(reg_mu_);
+  MutexLock lock(reg_mu_);
   auto it = registrations_.find(region.handle);
   TERN_REQUIRE(it != registrations_.end() && it->second.base == region.base &&
                    it->second.size_bytes == region.size_bytes && it->second.kind == region.kind,

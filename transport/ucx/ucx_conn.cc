@@ -1,5 +1,6 @@
 // One UCX connection: handshake, ordered messages, checksummed chunks landed
 // by rendezvous into posted windows, one-sided writes, close.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -75,7 +76,7 @@ UcxConn::UcxConn(UcxTransport* transport, std::string peer, State s, uint64_t de
 uint32_t UcxConn::capabilities() const { return t_->capabilities(); }
 
 std::string UcxConn::Describe() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return "ucx lanes: " + (lanes_.empty() ? std::string("?") : lanes_);
 }
 
@@ -102,12 +103,12 @@ void UcxConn::RecordLanes() {
   }
   std::string joined;
   for (const auto& n : names) joined += (joined.empty() ? "" : " ") + n;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   lanes_ = joined;
 }
 
 Status UcxConn::Admit() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   TERN_REQUIRE(!closed_, kUnavailable, "ucx: connection to ", peer_, " is closed");
   TERN_REQUIRE(in_flight_ < t_->options().max_queued_ops, kResourceExhausted, "ucx: ", in_flight_,
                " operations already in flight to ", peer_);
@@ -116,12 +117,12 @@ Status UcxConn::Admit() {
 }
 
 void UcxConn::Release() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   --in_flight_;
 }
 
 uint64_t UcxConn::AddPending(Completion done) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t op = next_op_++;
   pending_[op] = PendingOp{std::move(done), t_->NowUs() + t_->options().op_timeout_ms * 1000};
   return op;
@@ -130,7 +131,7 @@ uint64_t UcxConn::AddPending(Completion done) {
 void UcxConn::FinishOp(uint64_t op, Status status) {
   Completion done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = pending_.find(op);
     if (it == pending_.end()) return;
     done = std::move(it->second.done);
@@ -290,13 +291,14 @@ void UcxConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_vi
 void UcxConn::Close() {
   auto self = shared_from_this();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (released_) return;
   }
   t_->Post([self] { self->Shutdown(Status::Ok(), Code::kCancelled, Bye::kSend); });
   if (t_->OnProgressThread()) return;
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, kCloseWait, [&] { return released_; })) {
+  MutexLock lock(mu_);
+  if (!cv_.WaitUntil(std::chrono::steady_clock::now() + kCloseWait,
+                     [&]() REQUIRES(mu_) { return released_; })) {
     t_->Log("ucx: close of " + peer_ + " did not finish in time");
   }
 }
@@ -506,7 +508,7 @@ void UcxConn::CheckDeadlines(uint64_t now_us) {
   }
   bool expired = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [op, p] : pending_) expired |= p.deadline_us <= now_us;
   }
   if (expired) {
@@ -564,9 +566,9 @@ void UcxConn::Released() {
   finish_ = nullptr;
   if (finish) finish();
   windows_.EndAll();  // UCX has let go of the endpoint: no receive writes a window now
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   released_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void UcxConn::Shutdown(Status why, Code pending_code, Bye bye) {
@@ -576,7 +578,7 @@ void UcxConn::Shutdown(Status why, Code pending_code, Bye bye) {
   state = State::kClosed;
   std::map<uint64_t, PendingOp> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     pending.swap(pending_);
     in_flight_ -= static_cast<uint32_t>(pending.size());

@@ -11,18 +11,18 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "tern/ucx_transport.h"
 #include "transport/internal.h"
 #include "transport/window_table.h"
@@ -140,14 +140,17 @@ class UcxConn final : public Connection, public std::enable_shared_from_this<Ucx
   std::map<uint64_t, std::string> reorder_;
   uint64_t inbound_bytes_ = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::string lanes_;  // "tcp/lo posix/memory", set once open
-  bool closed_ = false;
-  bool released_ = false;  // the endpoint is gone; Close() waits for this
-  uint32_t in_flight_ = 0;
-  uint64_t next_op_ = 1;
-  std::map<uint64_t, PendingOp> pending_;
+  // What any thread reads: the API side (Admit, Close, Describe) and the
+  // progress thread (acks, deadlines, Shutdown, Released) meet here. A leaf
+  // lock: nothing is called under it (completions run after it is let go).
+  mutable Mutex mu_;
+  CondVar cv_{&mu_};
+  std::string lanes_ GUARDED_BY(mu_);  // "tcp/lo posix/memory", set once open
+  bool closed_ GUARDED_BY(mu_) = false;
+  bool released_ GUARDED_BY(mu_) = false;  // the endpoint is gone; Close() waits for this
+  uint32_t in_flight_ GUARDED_BY(mu_) = 0;
+  uint64_t next_op_ GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, PendingOp> pending_ GUARDED_BY(mu_);
   // Handle: the window memory's ucp_mem_h (rendezvous receives need it).
   transport::WindowTable windows_{"ucx"};
 };
@@ -221,13 +224,17 @@ class UcxTransport final : public Transport {
   int worker_fd_ = -1;
   int wake_fd_ = -1;
 
-  mutable std::mutex reg_mu_;
-  std::map<uint64_t, Registration> registrations_;
-  uint64_t next_handle_ = 1;
+  // Registrations: any thread registers and looks up (Lookup from the
+  // progress thread too). A leaf lock.
+  mutable Mutex reg_mu_;
+  std::map<uint64_t, Registration> registrations_ GUARDED_BY(reg_mu_);
+  uint64_t next_handle_ GUARDED_BY(reg_mu_) = 1;
 
-  std::mutex cmd_mu_;
-  std::deque<std::function<void()>> commands_;
-  bool stop_ = false;
+  // The command queue into the progress thread. A leaf lock: commands run
+  // after they are taken off the queue, never under it.
+  Mutex cmd_mu_;
+  std::deque<std::function<void()>> commands_ GUARDED_BY(cmd_mu_);
+  bool stop_ GUARDED_BY(cmd_mu_) = false;
 
   // Progress thread only.
   std::vector<std::function<void()>> deferred_;

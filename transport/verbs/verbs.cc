@@ -28,9 +28,9 @@ struct ListenState {
   int fd = -1;
   int wake_fd = -1;
   std::string address;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool loop_done = false;
+  Mutex mu;
+  CondVar cv{&mu};
+  bool loop_done GUARDED_BY(mu) = false;  // the accept loop let go of the sockets
 };
 
 namespace {
@@ -47,8 +47,8 @@ class VerbsListener final : public Listener {
     }
     // The accept loop owns the sockets; it is gone once it said so.
     {
-      std::unique_lock<std::mutex> lock(state_->mu);
-      state_->cv.wait(lock, [&] { return state_->loop_done; });
+      MutexLock lock(state_->mu);
+      state_->cv.Wait([&]() REQUIRES(state_->mu) { return state_->loop_done; });
     }
     state_->gate->Close();  // a handshake thread may be in the handler
   }
@@ -146,7 +146,7 @@ Status VerbsTransport::Init() {
 
 VerbsTransport::~VerbsTransport() {
   {
-    std::lock_guard<std::mutex> lock(listen_mu_);
+    MutexLock lock(listen_mu_);
     for (auto& l : listens_) {
       if (l->closed.exchange(true)) continue;
       const uint64_t one = 1;
@@ -158,7 +158,7 @@ VerbsTransport::~VerbsTransport() {
     Post([this] {
       for (auto& c : conns_) c->Abandon();
       conns_.clear();
-      std::lock_guard<std::mutex> lock(cmd_mu_);
+      MutexLock lock(cmd_mu_);
       stop_ = true;
     });
     thread_.join();
@@ -177,7 +177,7 @@ Result<MemoryRegion> VerbsTransport::RegisterMemory(void* base, uint64_t size_by
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   TERN_REQUIRE(mr != nullptr, kResourceExhausted, "verbs: registering ", size_bytes, " bytes: ",
                std::strerror(errno), " (check ulimit -l)");
-  std::lock_guard<std::mutex> lock(reg_mu_);
+  MutexLock lock(reg_mu_);
   const uint64_t handle = next_handle_++;
   registrations_[handle] = {static_cast<uint8_t*>(base), size_bytes, mr};
   return MemoryRegion{base, size_bytes, kind, handle};
@@ -186,7 +186,7 @@ Result<MemoryRegion> VerbsTransport::RegisterMemory(void* base, uint64_t size_by
 Status VerbsTransport::DeregisterMemory(const MemoryRegion& region) {
   ibv_mr* mr = nullptr;
   {
-    std::lock_guard<std::mutex> lock(reg_mu_);
+    MutexLock lock(reg_mu_);
     auto it = registrations_.find(region.handle);
     TERN_REQUIRE(it != registrations_.end() && it->second.base == region.base, kNotFound,
                  "verbs: region not registered with this transport");
@@ -198,7 +198,7 @@ Status VerbsTransport::DeregisterMemory(const MemoryRegion& region) {
 }
 
 Result<VerbsTransport::LocalMemory> VerbsTransport::Lookup(const MemoryRegion& region) const {
-  std::lock_guard<std::mutex> lock(reg_mu_);
+  MutexLock lock(reg_mu_);
   auto it = registrations_.find(region.handle);
   TERN_REQUIRE(it != registrations_.end() && it->second.base == region.base &&
                    it->second.size_bytes == region.size_bytes,
@@ -208,7 +208,7 @@ Result<VerbsTransport::LocalMemory> VerbsTransport::Lookup(const MemoryRegion& r
 
 void VerbsTransport::Post(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(cmd_mu_);
+    MutexLock lock(cmd_mu_);
     commands_.push_back(std::move(fn));
   }
   const uint64_t one = 1;
@@ -236,13 +236,13 @@ void VerbsTransport::Run() {
   for (;;) {
     std::deque<std::function<void()>> commands;
     {
-      std::lock_guard<std::mutex> lock(cmd_mu_);
+      MutexLock lock(cmd_mu_);
       if (stop_) break;
       commands.swap(commands_);
     }
     for (auto& fn : commands) fn();
     {
-      std::lock_guard<std::mutex> lock(cmd_mu_);
+      MutexLock lock(cmd_mu_);
       if (stop_) break;
     }
     const uint64_t now = clock_.NowUs();
@@ -304,7 +304,7 @@ Result<std::unique_ptr<Listener>> VerbsTransport::Listen(const std::string& addr
     return TERN_ERRNO("verbs: eventfd");
   }
   {
-    std::lock_guard<std::mutex> lock(listen_mu_);
+    MutexLock lock(listen_mu_);
     std::erase_if(listens_, [](const auto& l) { return l->closed.load(); });
     listens_.push_back(state);
   }
@@ -329,9 +329,9 @@ void VerbsTransport::AcceptLoop(std::shared_ptr<ListenState> state) {
     threads_.Spawn([this, state, fd] { ServeHandshake(state, fd); });
   }
   ::close(state->fd);  // the port is free once Close returns; wake_fd lives with the state
-  std::lock_guard<std::mutex> lock(state->mu);
+  MutexLock lock(state->mu);
   state->loop_done = true;
-  state->cv.notify_all();
+  state->cv.SignalAll();
 }
 
 void VerbsTransport::ServeHandshake(std::shared_ptr<ListenState> state, int fd) {

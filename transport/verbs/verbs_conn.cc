@@ -89,7 +89,7 @@ Status VerbsConn::Create() {
   QpTransition to_init = InitTransition(t_->port());
   int rc = api.modify_qp(qp_, &to_init.attr, to_init.mask);
   TERN_REQUIRE(rc == 0, kUnavailable, "verbs: queue pair to INIT: ", std::strerror(rc));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   TERN_ASSIGN_OR_RETURN(link_, Step(link_, LinkEvent::kQpInit));
   for (uint32_t i = 0; i < recv_count_; ++i) RepostReceiveLocked(i);
   TERN_REQUIRE(recv_posted_ == recv_count_, kResourceExhausted, "verbs: posting receives to ", peer_,
@@ -118,7 +118,7 @@ Status VerbsConn::BringUp(const QpEndpoint& remote) {
   QpTransition rts = ReadyToSendTransition(local_, std::min(t_->rd_atomic(), remote.rd_atomic));
   rc = api.modify_qp(qp_, &rts.attr, rts.mask);
   TERN_REQUIRE(rc == 0, kUnavailable, "verbs: queue pair to RTS towards ", peer_, ": ", std::strerror(rc));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   TERN_ASSIGN_OR_RETURN(link_, Step(link_, LinkEvent::kQpRtr));
   TERN_ASSIGN_OR_RETURN(link_, Step(link_, LinkEvent::kQpRts));
   remote_ = remote;
@@ -162,10 +162,10 @@ void VerbsConn::SendMessage(std::string payload, Completion done) {
     return Complete(done, TERN_ERROR(kOutOfRange, "verbs: message of ", payload.size(),
                                      " bytes exceeds ", kMaxMessageBytes));
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Status st = AdmitLocked();
   if (!st.ok()) {
-    lock.unlock();
+    lock.Unlock();
     return Complete(done, std::move(st));
   }
   Outgoing o;
@@ -195,10 +195,10 @@ void VerbsConn::SendChunk(const ChunkSend& chunk, Completion done) {
   }
   const uint8_t* src = mem->base + chunk.src_offset;
   const uint64_t xxh3 = chunk.xxh3 ? *chunk.xxh3 : Xxh3(src, chunk.length);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Status st = AdmitLocked();
   if (!st.ok()) {
-    lock.unlock();
+    lock.Unlock();
     return Complete(done, std::move(st));
   }
   const uint64_t op = next_op_++;
@@ -228,7 +228,7 @@ Status VerbsConn::PostReceive(uint64_t transfer_id, const MemoryRegion& dst, uin
 void VerbsConn::CancelReceive(uint64_t transfer_id) {
   std::optional<uint64_t> generation;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     generation = windows_.Remove(transfer_id);
     if (!generation) return;
     // Reads not yet posted never start; the sender hears kNotFound.
@@ -267,10 +267,10 @@ void VerbsConn::Write(const MemoryRegion& src, uint64_t src_offset, std::string_
   }
   auto mem = st.ok() ? t_->Lookup(src) : Result<VerbsTransport::LocalMemory>(st);
   if (!mem.ok()) return Complete(done, mem.status());
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   st = AdmitLocked();
   if (!st.ok()) {
-    lock.unlock();
+    lock.Unlock();
     return Complete(done, std::move(st));
   }
   const uint64_t op = next_op_++;
@@ -416,7 +416,7 @@ void VerbsConn::SetHandlers(ConnectionHandlers handlers) {
   std::function<void(Status)> closed;
   Status why;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     handlers_ = std::move(handlers);
     handlers_set_ = true;
     // Closed inside on_accept, before we had its handlers: tell them now.
@@ -432,7 +432,7 @@ void VerbsConn::SetHandlers(ConnectionHandlers handlers) {
 void VerbsConn::Open() {
   if (shut_ || cq_ == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto next = Step(link_, LinkEvent::kHelloDone);
     if (next.ok()) link_ = *next;
   }
@@ -493,14 +493,14 @@ void VerbsConn::OnCompletion(const ibv_wc& wc, Deferred* deferred) {
   switch (kind) {
     case WrKind::kRecv: {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         --recv_posted_;
       }
       if (ok && !shut_) OnReceive(index, wc.byte_len, deferred);
       return;
     }
     case WrKind::kSend: {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++sq_free_;
       free_send_.push_back(static_cast<uint32_t>(index));
       if (bye_slot_ == static_cast<int64_t>(index)) {
@@ -522,7 +522,7 @@ void VerbsConn::OnCompletion(const ibv_wc& wc, Deferred* deferred) {
       OnReadDone(index, ok);
       break;
     case WrKind::kWrite: {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++sq_free_;
       --writes_posted_;
       if (ok) FinishOpLocked(index, Status::Ok(), deferred);
@@ -559,7 +559,7 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
   }
   if (st.ok() && h.type == ControlType::kBye) bye_seen_ = true;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (st.ok() && uint64_t{send_credits_} + h.credits > remote_.credits) {
       st = TERN_ERROR(kProtocol, "verbs: ", peer_, " returned more credits than it has receives");
     }
@@ -632,7 +632,7 @@ void VerbsConn::OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred)
 void VerbsConn::OnReadDone(uint64_t id, bool ok) {
   Landing l;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++sq_free_;
     --reads_posted_;
     auto it = landings_.find(id);
@@ -644,7 +644,7 @@ void VerbsConn::OnReadDone(uint64_t id, bool ok) {
   // status is never acknowledged.
   const Status status = windows_.Finish(
       l.window, ok ? Status::Ok() : TERN_ERROR(kUnavailable, "verbs: RDMA read failed"), l.xxh3);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (ok && !closed_) QueueAckLocked(l.op, status);
   PumpLocked();
 }
@@ -674,7 +674,7 @@ void VerbsConn::CheckDeadlines(uint64_t now_us) {
     if (bye_wait_ && now_us >= drain_deadline_us_) {
       bye_wait_ = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         bye_pending_ = false;
       }
       MoveToError();
@@ -697,7 +697,7 @@ void VerbsConn::CheckDeadlines(uint64_t now_us) {
   const uint64_t timeout_us = t_->options().op_timeout_ms * 1000;
   bool expired = false, starved = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [op, p] : pending_) expired |= now_us >= p.deadline_us;
     // Control that cannot leave (no credits: the peer stopped taking
     // receives) ends the link too, messages included.
@@ -733,7 +733,7 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
   why_ = std::move(why);
   pending_code_ = pending_code;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const bool up = link_ == LinkState::kOpen || link_ == LinkState::kReadyToSend;
     auto next = Step(link_, why_.ok() ? LinkEvent::kBye : LinkEvent::kFailure);
     if (next.ok()) link_ = *next;
@@ -748,7 +748,7 @@ void VerbsConn::Shutdown(Status why, Code pending_code, bool bye) {
       }
     }
     read_queue_.clear();
-    cv_.notify_all();
+    cv_.SignalAll();
     FailOutboxLocked();
     if (bye && up && !bye_seen_) {
       // The bye waits (bounded) for a send buffer and queue slot if none is
@@ -784,7 +784,7 @@ void VerbsConn::MaybeRelease() {
   if (!flushing_ || cq_ == nullptr) return;
   bool drained;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     drained = DrainedLocked();
   }
   if (drained) Release();
@@ -814,7 +814,7 @@ void VerbsConn::Release() {
   release_started_ = true;
   {
     // No thread posts to the queue pair from here on (PumpLocked checks).
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     qp_gone_ = true;
   }
   DestroyResources();
@@ -822,7 +822,7 @@ void VerbsConn::Release() {
   unsent_.clear();
   std::function<void(Status)> closed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     link_ = LinkState::kClosed;
     for (auto& [op, p] : pending_) fail.push_back(std::move(p.done));
     pending_.clear();
@@ -832,7 +832,7 @@ void VerbsConn::Release() {
     landings_.clear();
     windows_.EndAll();  // CancelReceive: nothing writes a window any more
     in_flight_ = 0;
-    cv_.notify_all();
+    cv_.SignalAll();
     closed_why_ = why_;
     if (handlers_set_) {
       closed = std::move(handlers_.on_closed);
@@ -845,9 +845,9 @@ void VerbsConn::Release() {
   for (auto& done : fail) Complete(done, failed);
   if (closed) closed(why_);
   // Only now: Close() returns once every completion and on_closed ran.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   released_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void VerbsConn::Abandon() {
@@ -856,7 +856,7 @@ void VerbsConn::Abandon() {
     shut_ = true;
     why_ = TERN_ERROR(kCancelled, "verbs: transport destroyed");
     pending_code_ = Code::kCancelled;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     FailOutboxLocked();
   }
@@ -864,7 +864,7 @@ void VerbsConn::Abandon() {
 }
 
 bool VerbsConn::released() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return released_;
 }
 
@@ -872,11 +872,12 @@ void VerbsConn::Close() {
   auto self = shared_from_this();
   if (t_->OnProgressThread()) return Shutdown(Status::Ok(), Code::kCancelled, true);
   t_->Post([self] { self->Shutdown(Status::Ok(), Code::kCancelled, true); });
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Bounded: the bye's send completion and the flush each have their own
   // bound on the progress thread.
-  if (!cv_.wait_for(lock, std::chrono::milliseconds(kByeWaitUs / 1000 + kFlushWaitUs / 1000 + 1000),
-                    [&] { return released_; })) {
+  const auto wait = std::chrono::milliseconds(kByeWaitUs / 1000 + kFlushWaitUs / 1000 + 1000);
+  if (!cv_.WaitUntil(std::chrono::steady_clock::now() + wait,
+                     [&]() REQUIRES(mu_) { return released_; })) {
     t_->Log("verbs: close of the connection to " + peer_ + " did not finish in time");
   }
 }

@@ -12,17 +12,17 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "tern/verbs_transport.h"
 #include "transport/internal.h"
 #include "transport/window_table.h"
@@ -134,27 +134,27 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   using Deferred = std::vector<std::function<void()>>;
 
   // Admits one more operation (bounded) unless closed; locked.
-  Status AdmitLocked();
+  Status AdmitLocked() REQUIRES(mu_);
   // Posts what credits, send buffers and queue slots allow; locked. Errors
   // from posting end the connection (via the progress thread).
-  void PumpLocked();
-  Status PostControlLocked(Outgoing& out, bool* finished);
+  void PumpLocked() REQUIRES(mu_);
+  Status PostControlLocked(Outgoing& out, bool* finished) REQUIRES(mu_);
   Status PostRdmaLocked(WrKind kind, uint64_t id, uint64_t local_address, uint64_t length,
-                        uint32_t lkey, uint64_t remote_address, uint32_t rkey);
-  void QueueAckLocked(uint64_t op, const Status& status);
-  bool RepostReceiveLocked(uint64_t index);
-  void FailOutboxLocked();
-  void TryPostByeLocked();
+                        uint32_t lkey, uint64_t remote_address, uint32_t rkey) REQUIRES(mu_);
+  void QueueAckLocked(uint64_t op, const Status& status) REQUIRES(mu_);
+  bool RepostReceiveLocked(uint64_t index) REQUIRES(mu_);
+  void FailOutboxLocked() REQUIRES(mu_);
+  void TryPostByeLocked() REQUIRES(mu_);
   void OnCompletion(const ibv_wc& wc, Deferred* deferred);
   void OnReceive(uint64_t index, uint32_t byte_len, Deferred* deferred);
   void OnReadDone(uint64_t id, bool ok);
-  void FinishOpLocked(uint64_t op, Status status, Deferred* deferred);
+  void FinishOpLocked(uint64_t op, Status status, Deferred* deferred) REQUIRES(mu_);
   // QP to ERR: every posted work request completes (flushed).
   void MoveToError();
   void MaybeRelease();
   // Resources freed, pending work failed, on_closed fired (once).
   void Release();
-  bool DrainedLocked() const;
+  bool DrainedLocked() const REQUIRES(mu_);
   void DestroyResources();
   uint8_t* RecvBuffer(uint64_t i) const;
   uint8_t* SendBuffer(uint64_t i) const;
@@ -192,35 +192,42 @@ class VerbsConn final : public Connection, public std::enable_shared_from_this<V
   MessageAssembler assembler_;
   uint64_t next_deadline_check_us_ = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  LinkState link_ = LinkState::kIdle;
-  bool closed_ = false;    // no new work; windows no longer written
-  bool qp_gone_ = false;   // Release began: nothing is posted any more
-  bool released_ = false;  // resources gone, completions fired
-  int64_t bye_slot_ = -1;  // the send buffer carrying our bye
-  bool bye_pending_ = false;  // Shutdown wants a bye out; waiting for a slot
-  bool handlers_set_ = false;
-  bool closed_unannounced_ = false;  // released before SetHandlers
-  Status closed_why_;
-  uint32_t send_credits_ = 0;  // receives the peer has posted for us
-  uint32_t owed_credits_ = 0;  // receives we re-posted and have not reported
-  bool credit_queued_ = false;
-  uint32_t sq_free_ = 0;
-  uint32_t recv_posted_ = 0;
-  std::vector<uint32_t> free_send_;
-  std::map<uint64_t, Completion> send_done_;  // send buffer -> message completion
-  std::deque<Outgoing> outbox_;
-  std::deque<PendingWrite> writes_;
-  uint32_t writes_posted_ = 0;
-  std::deque<uint64_t> read_queue_;  // landings waiting for a read slot
-  uint32_t reads_posted_ = 0;
-  std::map<uint64_t, Landing> landings_;  // id -> landing (queued or posted)
-  uint64_t next_landing_ = 1;
-  uint32_t in_flight_ = 0;
-  uint64_t next_op_ = 1;
-  uint64_t next_message_seq_ = 0;
-  std::map<uint64_t, PendingOp> pending_;
+  // The connection's state shared by the API threads (posting work,
+  // Close, Describe), the handshake thread (SetHandlers) and the progress
+  // thread (completions, Shutdown, Release). Under it only windows_'s lock
+  // and the transport's cmd_mu_ (PumpLocked posts a shutdown) are taken;
+  // user callbacks never run under it (Deferred work runs after it is let
+  // go). The device objects above are set before Register and freed by
+  // the progress thread after qp_gone_, so they carry no lock.
+  mutable Mutex mu_;
+  CondVar cv_{&mu_};
+  LinkState link_ GUARDED_BY(mu_) = LinkState::kIdle;
+  bool closed_ GUARDED_BY(mu_) = false;    // no new work; windows no longer written
+  bool qp_gone_ GUARDED_BY(mu_) = false;   // Release began: nothing is posted any more
+  bool released_ GUARDED_BY(mu_) = false;  // resources gone, completions fired
+  int64_t bye_slot_ GUARDED_BY(mu_) = -1;  // the send buffer carrying our bye
+  bool bye_pending_ GUARDED_BY(mu_) = false;  // Shutdown wants a bye out; waiting for a slot
+  bool handlers_set_ GUARDED_BY(mu_) = false;
+  bool closed_unannounced_ GUARDED_BY(mu_) = false;  // released before SetHandlers
+  Status closed_why_ GUARDED_BY(mu_);
+  uint32_t send_credits_ GUARDED_BY(mu_) = 0;  // receives the peer has posted for us
+  uint32_t owed_credits_ GUARDED_BY(mu_) = 0;  // receives we re-posted and have not reported
+  bool credit_queued_ GUARDED_BY(mu_) = false;
+  uint32_t sq_free_ GUARDED_BY(mu_) = 0;
+  uint32_t recv_posted_ GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> free_send_ GUARDED_BY(mu_);
+  std::map<uint64_t, Completion> send_done_ GUARDED_BY(mu_);  // send buffer -> message completion
+  std::deque<Outgoing> outbox_ GUARDED_BY(mu_);
+  std::deque<PendingWrite> writes_ GUARDED_BY(mu_);
+  uint32_t writes_posted_ GUARDED_BY(mu_) = 0;
+  std::deque<uint64_t> read_queue_ GUARDED_BY(mu_);  // landings waiting for a read slot
+  uint32_t reads_posted_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Landing> landings_ GUARDED_BY(mu_);  // id -> landing (queued or posted)
+  uint64_t next_landing_ GUARDED_BY(mu_) = 1;
+  uint32_t in_flight_ GUARDED_BY(mu_) = 0;
+  uint64_t next_op_ GUARDED_BY(mu_) = 1;
+  uint64_t next_message_seq_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, PendingOp> pending_ GUARDED_BY(mu_);
   transport::WindowTable windows_{"verbs"};
 };
 
@@ -304,22 +311,26 @@ class VerbsTransport final : public Transport {
   uint8_t rd_atomic_ = 1;
   uint64_t max_msg_bytes_ = uint64_t{1} << 30;
 
-  mutable std::mutex reg_mu_;
-  std::map<uint64_t, Registration> registrations_;
-  uint64_t next_handle_ = 1;
+  // Registrations: any thread registers and looks up. A leaf lock.
+  mutable Mutex reg_mu_;
+  std::map<uint64_t, Registration> registrations_ GUARDED_BY(reg_mu_);
+  uint64_t next_handle_ GUARDED_BY(reg_mu_) = 1;
 
   std::atomic<uint32_t> connections_{0};
 
-  std::mutex cmd_mu_;
-  std::deque<std::function<void()>> commands_;
-  bool stop_ = false;
+  // The command queue into the progress thread. A leaf lock: commands run
+  // after they are taken off the queue.
+  Mutex cmd_mu_;
+  std::deque<std::function<void()>> commands_ GUARDED_BY(cmd_mu_);
+  bool stop_ GUARDED_BY(cmd_mu_) = false;
   int wake_fd_ = -1;
 
   // Progress thread only.
   std::vector<std::shared_ptr<VerbsConn>> conns_;
 
-  std::mutex listen_mu_;
-  std::vector<std::shared_ptr<ListenState>> listens_;
+  // Listeners, added by Listen and closed by the destructor. A leaf lock.
+  Mutex listen_mu_;
+  std::vector<std::shared_ptr<ListenState>> listens_ GUARDED_BY(listen_mu_);
 
   transport::ThreadTracker threads_;  // accept and handshake threads
   std::thread thread_;
