@@ -386,7 +386,10 @@ struct EtcdClient::Impl {
       // cpp-httplib 0.11 cannot parse (Error::Read after the whole body).
       // A complete JSON body after the status line is still the reply; the
       // connection is dropped either way.
-      const std::string tls_detail = ep.tls ? EtcdTls::HandshakeError(*client) : "";
+      bool server_refused = false;
+      const std::string tls_detail = ep.tls ? EtcdTls::HandshakeError(*client, &server_refused) : "";
+      // OpenSSL refused etcd's certificate during the handshake.
+      if (server_refused) err = httplib::Error::SSLServerVerification;
       client.reset();
       if (err != httplib::Error::Read || res.status <= 0 || !reply.is_object()) {
         Status why = ConnectionError(ep, where, err, tls_detail);

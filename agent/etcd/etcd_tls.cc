@@ -65,11 +65,20 @@ struct EtcdTls::Material {
 
 namespace {
 
-// Replaces OpenSSL's chain check: trust comes from our CA stack only, never
-// from the store cpp-httplib fills with the system's default paths.
-int VerifyAgainstOurCa(X509_STORE_CTX* ctx, void* arg) {
-  X509_STORE_CTX_set0_trusted_stack(ctx, static_cast<STACK_OF(X509)*>(arg));
-  return X509_verify_cert(ctx);
+// The last verification failure of a handshake on this thread (cpp-httplib
+// runs the handshake on the calling thread); read and cleared by
+// HandshakeError.
+thread_local long t_verify_error = X509_V_OK;
+
+// Replaces OpenSSL's chain check: with our CA, trust comes from that stack
+// only (arg), never from the system's store; without one, from the
+// store's default paths. The name check rides along (the context's
+// X509_VERIFY_PARAM names the host). Remembers why it failed.
+int VerifyServer(X509_STORE_CTX* ctx, void* arg) {
+  if (arg != nullptr) X509_STORE_CTX_set0_trusted_stack(ctx, static_cast<STACK_OF(X509)*>(arg));
+  const int ok = X509_verify_cert(ctx);
+  if (ok != 1) t_verify_error = X509_STORE_CTX_get_error(ctx);
+  return ok;
 }
 
 }  // namespace
@@ -162,20 +171,39 @@ Result<std::unique_ptr<httplib::ClientImpl>> EtcdTls::Connect(const std::string&
                                                      material_->key.get());
   TERN_REQUIRE(client->is_valid() && client->ssl_context() != nullptr, kInternal,
                "etcd TLS: cannot set up a TLS context: ", OpenSslError());
-  client->enable_server_certificate_verification(true);
+  // OpenSSL verifies, during the handshake; cpp-httplib's own check (after
+  // it) is off: see HandshakeError in the header.
+  client->enable_server_certificate_verification(false);
   SSL_CTX* ctx = client->ssl_context();
   TERN_REQUIRE(SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) == 1, kInternal,
                "etcd TLS: cannot require TLS 1.2");
-  if (material_->ca != nullptr) SSL_CTX_set_cert_verify_callback(ctx, VerifyAgainstOurCa, material_->ca);
+  if (material_->ca == nullptr) {
+    TERN_REQUIRE(SSL_CTX_set_default_verify_paths(ctx) == 1, kInternal,
+                 "etcd TLS: cannot load the system's trust store: ", OpenSslError());
+  }
+  SSL_CTX_set_cert_verify_callback(ctx, VerifyServer, material_->ca);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  std::string name = host;
+  if (name.size() > 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
+  X509_VERIFY_PARAM* param = SSL_CTX_get0_param(ctx);
+  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  // An IP literal must be an IP subjectAltName; anything else a DNS one.
+  const bool ip = X509_VERIFY_PARAM_set1_ip_asc(param, name.c_str()) == 1;
+  ERR_clear_error();  // not an IP literal: the expected answer for a name
+  if (!ip) {
+    TERN_REQUIRE(X509_VERIFY_PARAM_set1_host(param, name.c_str(), name.size()) == 1, kInternal,
+                 "etcd TLS: cannot set the name to verify: ", OpenSslError());
+  }
   return std::unique_ptr<httplib::ClientImpl>(std::move(client));
 }
 
-std::string EtcdTls::HandshakeError(const httplib::ClientImpl& client) {
+std::string EtcdTls::HandshakeError(const httplib::ClientImpl& client, bool* server_refused) {
+  (void)client;
   std::string out;
-  if (const auto* ssl = dynamic_cast<const httplib::SSLClient*>(&client)) {
-    const long verify = ssl->get_openssl_verify_result();
-    if (verify != X509_V_OK) out = X509_verify_cert_error_string(verify);
-  }
+  const long verify = t_verify_error;
+  t_verify_error = X509_V_OK;
+  if (verify != X509_V_OK) out = X509_verify_cert_error_string(verify);
+  if (server_refused != nullptr) *server_refused = verify != X509_V_OK;
   const std::string openssl = OpenSslError();
   if (!openssl.empty()) out += (out.empty() ? "" : "; ") + openssl;
   return out;

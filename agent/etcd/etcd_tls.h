@@ -61,10 +61,18 @@ class EtcdTls {
   bool has_ca() const;
   // A new TLS client for host:port (connects lazily, as cpp-httplib does).
   Result<std::unique_ptr<httplib::ClientImpl>> Connect(const std::string& host, int port) const;
-  // Why `client`'s last TLS handshake failed, for an error message: the
-  // certificate verification result, or OpenSSL's error, or "" if neither
-  // says anything.
-  static std::string HandshakeError(const httplib::ClientImpl& client);
+  // Why `client`'s last TLS handshake on this thread failed, for an error
+  // message: the certificate verification result, or OpenSSL's error, or ""
+  // if neither says anything. *server_refused (optional): etcd's
+  // certificate failed verification (chain or name). Clears what it read.
+  //
+  // The verification is OpenSSL's, not cpp-httplib's: the connection is
+  // made with SSL_VERIFY_PEER, our CA (or the system's store) and the
+  // dialled host or IP set as the name to match, and httplib's own check
+  // is off. Its subjectAltName matcher in 0.11 reads 16 bytes of an IPv4
+  // SAN when the host dialled is IPv6 (a heap over-read ASan caught).
+  static std::string HandshakeError(const httplib::ClientImpl& client,
+                                    bool* server_refused = nullptr);
 
  private:
   struct Material;
