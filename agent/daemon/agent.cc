@@ -384,11 +384,7 @@ Status AgentImpl::InitEngine() {
   vo.update_timeout_ms = opt_.engine_update_timeout_ms;
   vo.attempts = opt_.engine_attempts;
   TERN_ASSIGN_OR_RETURN(auto adapter, VllmAdapter::Create(vo, clock_));
-  const std::string current = root + "/current";
-  slot_lease_ = std::make_unique<SlotLease>([current] {
-    char buf[PATH_MAX];
-    return ::realpath(current.c_str(), buf) != nullptr ? std::string(buf) : std::string();
-  });
+  slot_lease_ = std::make_unique<SlotLease>([this] { return CurrentSlot(); });
   engine_ = std::make_unique<EngineDriver>(*events_, *slot_lease_, std::move(adapter), opt_.engine,
                                            EngineDriverOptions{}, clock_,
                                            [this](std::string_view line) { Log(std::string(line)); });
@@ -397,8 +393,7 @@ Status AgentImpl::InitEngine() {
     MutexLock lock(mu_);
     served = store_version_;
   }
-  char buf[PATH_MAX];
-  if (served > 0 && ::realpath(current.c_str(), buf) != nullptr) engine_->Prime(served, buf);
+  if (const std::string slot = CurrentSlot(); served > 0 && !slot.empty()) engine_->Prime(served, slot);
   engine_->Start();
   return Status::Ok();
 }

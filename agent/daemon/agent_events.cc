@@ -77,6 +77,12 @@ std::vector<std::string> ChangedTensors(std::span<const uint8_t> patch, bool* al
   return names;  // the patch's manifest order: sorted by name
 }
 
+std::string AgentImpl::CurrentSlot() const {
+  char real[PATH_MAX];
+  const std::string current = opt_.data_dir + "/current";
+  return ::realpath(current.c_str(), real) != nullptr ? std::string(real) : std::string();
+}
+
 void AgentImpl::EmitServed(uint64_t version, const ViewDigest& digest, bool all,
                            std::vector<std::string> changed) {
   AgentEvent e;
@@ -85,9 +91,8 @@ void AgentImpl::EmitServed(uint64_t version, const ViewDigest& digest, bool all,
   e.digest = digest;
   e.member = id_;
   // The slot DIR/current points at now (absolute): stable while served.
-  char real[PATH_MAX];
-  const std::string current = opt_.data_dir + "/current";
-  e.slot_dir = ::realpath(current.c_str(), real) != nullptr ? std::string(real) : current;
+  e.slot_dir = CurrentSlot();
+  if (e.slot_dir.empty()) e.slot_dir = opt_.data_dir + "/current";
   e.all_tensors = all;
   e.changed_tensors = std::move(changed);
   events_->Push(std::move(e));

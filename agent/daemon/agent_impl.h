@@ -160,6 +160,8 @@ class AgentImpl final : public Agent {
   // Work thread, before any write to the spare slot: waits (bounded) while
   // the engine driver still reads it (engine_driver.h, "The slot lease").
   void WaitEngineOffSpare();
+  // The absolute slot DIR/current points at now; "" when it points nowhere.
+  std::string CurrentSlot() const;
   Status InitEngine();
   // ---- agent_member_files.cc ----
   // Version's model files (its manifest's), fetched into DIR/files when

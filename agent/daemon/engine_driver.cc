@@ -142,13 +142,12 @@ void EngineDriver::MaybeUpdate() {
     status_.last_full = r->full;
     backoff_ms_ = 0;
     not_before_us_ = 0;
+    // Versions served while it ran keep their changes pending (the set may
+    // name more than needed, never less); otherwise nothing is.
     if (target_ && target_->version == u.version) {
       target_.reset();
       changed_.clear();
       full_ = false;
-    } else {
-      // Versions served while it ran: their changes stand, and this one's
-      // are in the engine now; the set may name more than needed, never less.
     }
     if (log_) {
       log_("engine: serves version " + std::to_string(u.version) + " (" +

@@ -101,7 +101,7 @@ class EngineDriver {
   void Loop();
   // Folds one served event into the pending update.
   void Note(const AgentEvent& e, bool gap) EXCLUDES(mu_);
-  // Runs the pending update if it is due; false when there is none.
+  // Runs the pending update if one is due.
   void MaybeUpdate() EXCLUDES(mu_);
 
   EventRing& ring_;
