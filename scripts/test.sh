@@ -27,6 +27,7 @@ fi
 echo "== release build"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERN_ENGINE_TESTS=$engine >/dev/null
 cmake --build build/release -j"$jobs"
+./scripts/install-python.sh build/release  # the Python module into .venv
 (cd build/release && ctest --output-on-failure -j"$jobs" --timeout 900)
 
 echo "== fuzzers"

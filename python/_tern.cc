@@ -1,0 +1,394 @@
+// tern's Python module, its native half: pybind11 over libtern's C API
+// (include/tern/tern.h), not over the C++ classes, so that Python sees the
+// contract C callers see (the same codes, messages, bounds and thread rules)
+// and the module links one shared object whose ABI is versioned.
+//
+// What Python gets here is deliberately thin (handles, calls, text); the
+// Pythonic surface (keyword options, Status and Event records, Subscriber,
+// the Error class) is tern/__init__.py, which this module imports the Error
+// class from so that every failure raises tern.Error(code, code_name, text).
+//
+// The GIL is released around every call that can block (start, publish,
+// stop, waits, the client's HTTP calls): another Python thread runs while an
+// agent diffs a checkpoint or a client waits for a root. No callback into
+// Python is registered with the library (logs go to stderr; events are
+// polled), so no library thread ever needs the GIL and stop/free cannot
+// deadlock against a Python thread.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tern/tern.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Raises tern.Error for a failed call; the message is this thread's last
+// error, read before anything else can call into the library.
+[[noreturn]] void Raise(tern_code code) {
+  std::string message = tern_last_error();
+  py::object error = py::module_::import("tern._errors").attr("Error");
+  py::object value = error(static_cast<int>(code), tern_code_name(code), message);
+  PyErr_SetObject(error.ptr(), value.ptr());
+  throw py::error_already_set();
+}
+
+void Check(tern_code code) {
+  if (code != TERN_OK) Raise(code);
+}
+
+// The C API's text-out convention: ask, grow once to the size it says, ask
+// again (the text may grow between the calls: a few tries).
+std::string TextOut(const std::function<tern_code(char*, size_t, size_t*)>& call) {
+  std::string buf(16 * 1024, '\0');
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    size_t len = 0;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = call(buf.data(), buf.size(), &len);
+    }
+    if (code == TERN_OK) {
+      buf.resize(len);
+      return buf;
+    }
+    if (code == TERN_RESOURCE_EXHAUSTED && len + 1 > buf.size()) {
+      buf.assign(len + 1 + len / 4, '\0');
+      continue;
+    }
+    Raise(code);
+  }
+  Raise(TERN_RESOURCE_EXHAUSTED);
+}
+
+py::dict StatusDict(const tern_status& s) {
+  py::dict d;
+  d["root"] = s.root != 0;
+  d["relay_only"] = s.relay_only != 0;
+  d["joined"] = s.joined != 0;
+  d["head"] = s.head;
+  d["served_version"] = s.served_version;
+  d["held_version"] = s.held_version;
+  d["member_count"] = s.member_count;
+  d["version_count"] = s.version_count;
+  d["members_at_head"] = s.members_at_head;
+  return d;
+}
+
+py::dict EventDict(const tern_event& e) {
+  py::dict d;
+  d["seq"] = e.seq;
+  d["at_s"] = e.at_s;
+  d["kind"] = std::string(tern_event_kind_name(e.kind));
+  d["all_tensors"] = e.all_tensors != 0;
+  d["version"] = e.version;
+  d["digest"] = py::make_tuple(e.digest[0], e.digest[1], e.digest[2], e.digest[3]);
+  d["member"] = std::string(e.member != nullptr ? e.member : "");
+  d["slot_dir"] = std::string(e.slot_dir != nullptr ? e.slot_dir : "");
+  py::list changed;
+  for (size_t i = 0; i < e.changed_tensor_count; ++i) changed.append(std::string(e.changed_tensors[i]));
+  d["changed_tensors"] = changed;
+  return d;
+}
+
+// The strings tern_agent_options points at, owned for the start call.
+struct OptionStrings {
+  std::vector<std::string> owned;
+  std::vector<std::string> keys;
+  std::vector<const char*> key_ptrs;
+};
+
+// Fills `o` from keyword options (tern/__init__.py names and documents
+// them); an unknown name or a wrong type is a TypeError naming it.
+void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
+  s->owned.reserve(kw.size());
+  auto text = [&](const char* name, const py::handle& v) -> const char* {
+    if (v.is_none()) return nullptr;
+    if (!py::isinstance<py::str>(v)) throw py::type_error(std::string(name) + " must be a str");
+    s->owned.push_back(v.cast<std::string>());
+    return s->owned.back().c_str();
+  };
+  auto u32 = [&](const char* name, const py::handle& v) -> uint32_t {
+    if (!py::isinstance<py::int_>(v)) throw py::type_error(std::string(name) + " must be an int");
+    long long x = v.cast<long long>();
+    if (x < 0 || x > 0xffffffffLL) throw py::value_error(std::string(name) + " is out of range");
+    return static_cast<uint32_t>(x);
+  };
+  auto u64 = [&](const char* name, const py::handle& v) -> uint64_t {
+    if (!py::isinstance<py::int_>(v)) throw py::type_error(std::string(name) + " must be an int");
+    return v.cast<uint64_t>();
+  };
+  auto flag = [&](const py::handle& v) -> int {
+    const int truth = PyObject_IsTrue(v.ptr());
+    if (truth < 0) throw py::error_already_set();
+    return truth;
+  };
+  auto real = [&](const char* name, const py::handle& v) -> double {
+    if (!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v))
+      throw py::type_error(std::string(name) + " must be a number");
+    return v.cast<double>();
+  };
+  for (const auto& [key_h, v] : kw) {
+    const std::string key = key_h.cast<std::string>();
+    const char* k = key.c_str();
+    if (key == "root") o->root = flag(v);
+    else if (key == "join") o->join = text(k, v);
+    else if (key == "listen") o->listen = text(k, v);
+    else if (key == "admin_listen") o->admin_listen = text(k, v);
+    else if (key == "id") o->id = text(k, v);
+    else if (key == "region") o->region = text(k, v);
+    else if (key == "cluster") o->cluster = text(k, v);
+    else if (key == "island") o->island = text(k, v);
+    else if (key == "may_relay") o->may_relay = flag(v);
+    else if (key == "relay_only") o->relay_only = flag(v);
+    else if (key == "uplink_bytes_per_s") o->uplink_bytes_per_s = real(k, v);
+    else if (key == "downlink_bytes_per_s") o->downlink_bytes_per_s = real(k, v);
+    else if (key == "data_dir") o->data_dir = text(k, v);
+    else if (key == "signing_key_pem") o->signing_key_pem = text(k, v);
+    else if (key == "trusted_keys_pem") {
+      if (v.is_none()) continue;
+      if (py::isinstance<py::str>(v)) throw py::type_error("trusted_keys_pem must be a list of str");
+      for (const auto& item : v) {
+        if (!py::isinstance<py::str>(item)) throw py::type_error("trusted_keys_pem must be a list of str");
+        s->keys.push_back(item.cast<std::string>());
+      }
+    } else if (key == "join_token") o->join_token = text(k, v);
+    else if (key == "admin_token") o->admin_token = text(k, v);
+    else if (key == "admin_insecure") o->admin_insecure = flag(v);
+    else if (key == "publish_dir") o->publish_dir = text(k, v);
+    else if (key == "max_version_jump") o->max_version_jump = u64(k, v);
+    else if (key == "seed_checkpoint") o->seed_checkpoint = text(k, v);
+    else if (key == "seed_version") o->seed_version = u64(k, v);
+    else if (key == "board_etcd") o->board_etcd = text(k, v);
+    else if (key == "etcd_lease_s") o->etcd_lease_s = u32(k, v);
+    else if (key == "stripes") o->stripes = u32(k, v);
+    else if (key == "fanout_max") o->fanout_max = u32(k, v);
+    else if (key == "root_fanout_max") o->root_fanout_max = u32(k, v);
+    else if (key == "keep_patches") o->keep_patches = u32(k, v);
+    else if (key == "keyframe_every") o->keyframe_every = u32(k, v);
+    else if (key == "segment_elements") o->segment_elements = u64(k, v);
+    else if (key == "patch_format") o->patch_format = u32(k, v);
+    else if (key == "heartbeat_ms") o->heartbeat_ms = u32(k, v);
+    else if (key == "dead_after_ms") o->dead_after_ms = u32(k, v);
+    else if (key == "spare_grace_ms") o->spare_grace_ms = u32(k, v);
+    else if (key == "stream_apply") o->stream_apply = flag(v);
+    else if (key == "parent_stall_ms") o->parent_stall_ms = u32(k, v);
+    else if (key == "relay_probation_ms") o->relay_probation_ms = u32(k, v);
+    else if (key == "push_window_bytes") o->push_window_bytes = u32(k, v);
+    else if (key == "threads") o->threads = u32(k, v);
+    else if (key == "transport") o->transport = text(k, v);
+    else if (key == "tls_cert_file") o->tls_cert_file = text(k, v);
+    else if (key == "tls_key_file") o->tls_key_file = text(k, v);
+    else if (key == "tls_ca_file") o->tls_ca_file = text(k, v);
+    else if (key == "tls_server_name") o->tls_server_name = text(k, v);
+    else throw py::type_error("unknown agent option '" + key + "'");
+  }
+  for (const auto& key : s->keys) s->key_ptrs.push_back(key.c_str());
+  o->trusted_keys_pem = s->key_ptrs.empty() ? nullptr : s->key_ptrs.data();
+  o->trusted_keys_count = s->key_ptrs.size();
+}
+
+// An agent in this process (tern_agent).
+class Agent {
+ public:
+  explicit Agent(const py::dict& kw) {
+    tern_agent_options o;
+    tern_agent_options_init(&o);
+    OptionStrings strings;
+    FillOptions(kw, &o, &strings);
+    tern_code code;
+    {
+      py::gil_scoped_release release;  // a standby root waits here until it leads
+      code = tern_agent_start(&o, &agent_);
+    }
+    Check(code);
+  }
+  ~Agent() {
+    if (agent_ == nullptr) return;
+    py::gil_scoped_release release;
+    tern_agent_free(agent_);
+  }
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  void Publish(const std::string& checkpoint, uint64_t version) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_agent_publish(Handle(), checkpoint.c_str(), version);
+    }
+    Check(code);
+  }
+  py::dict Status() {
+    tern_status s{};
+    s.struct_size = sizeof s;
+    Check(tern_agent_status(Handle(), &s));
+    return StatusDict(s);
+  }
+  std::string StatusJson() {
+    tern_agent* a = Handle();
+    return TextOut([a](char* b, size_t c, size_t* l) { return tern_agent_status_json(a, b, c, l); });
+  }
+  std::string PublicKeyPem() {
+    tern_agent* a = Handle();
+    return TextOut([a](char* b, size_t c, size_t* l) { return tern_agent_public_key_pem(a, b, c, l); });
+  }
+  std::string ListenAddress() {
+    tern_agent* a = Handle();
+    return TextOut([a](char* b, size_t c, size_t* l) { return tern_agent_listen_address(a, b, c, l); });
+  }
+  std::string AdminAddress() {
+    tern_agent* a = Handle();
+    return TextOut([a](char* b, size_t c, size_t* l) { return tern_agent_admin_address(a, b, c, l); });
+  }
+  py::list WaitEvents(uint64_t after_seq, uint32_t max_events, uint32_t timeout_ms) {
+    tern_events* batch = nullptr;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_agent_wait_events(Handle(), after_seq, max_events, timeout_ms, &batch);
+    }
+    if (code != TERN_OK) {
+      tern_events_free(batch);
+      Raise(code);
+    }
+    py::list out;
+    const size_t n = tern_events_count(batch);
+    for (size_t i = 0; i < n; ++i) {
+      tern_event e{};
+      e.struct_size = sizeof e;
+      if (tern_code c = tern_events_get(batch, i, &e); c != TERN_OK) {
+        tern_events_free(batch);
+        Raise(c);
+      }
+      out.append(EventDict(e));
+    }
+    tern_events_free(batch);
+    return out;
+  }
+  void Stop() {
+    if (agent_ == nullptr) return;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_agent_stop(agent_);
+    }
+    Check(code);
+  }
+  // Stops and frees now (what __exit__ and close() do); later calls raise.
+  void Close() {
+    if (agent_ == nullptr) return;
+    tern_agent* a = std::exchange(agent_, nullptr);
+    py::gil_scoped_release release;
+    tern_agent_free(a);
+  }
+
+ private:
+  tern_agent* Handle() {
+    if (agent_ == nullptr) throw py::value_error("the agent is closed");
+    return agent_;
+  }
+  tern_agent* agent_ = nullptr;
+};
+
+// A client of a running agent's admin port (tern_client).
+class Client {
+ public:
+  Client(const std::string& address, const py::object& token, uint32_t timeout_ms, bool force) {
+    tern_client_options o;
+    tern_client_options_init(&o);
+    std::string token_text;
+    if (!token.is_none()) {
+      token_text = token.cast<std::string>();
+      o.token = token_text.c_str();
+    }
+    if (timeout_ms != 0) o.timeout_ms = timeout_ms;
+    o.force = force ? 1 : 0;
+    Check(tern_client_open(address.c_str(), &o, &client_));
+  }
+  ~Client() { tern_client_free(client_); }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  void Publish(const std::string& checkpoint, uint64_t version) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_client_publish(client_, checkpoint.c_str(), version);
+    }
+    Check(code);
+  }
+  py::dict Status() {
+    tern_status s{};
+    s.struct_size = sizeof s;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_client_status(client_, &s);
+    }
+    Check(code);
+    return StatusDict(s);
+  }
+  std::string StatusJson() {
+    tern_client* c = client_;
+    return TextOut([c](char* b, size_t n, size_t* l) { return tern_client_status_json(c, b, n, l); });
+  }
+  std::string Metrics() {
+    tern_client* c = client_;
+    return TextOut([c](char* b, size_t n, size_t* l) { return tern_client_metrics(c, b, n, l); });
+  }
+  std::string PublishJobsJson() {
+    tern_client* c = client_;
+    return TextOut(
+        [c](char* b, size_t n, size_t* l) { return tern_client_publish_jobs_json(c, b, n, l); });
+  }
+  std::string EventsJson(uint64_t after_seq, uint32_t max_events, uint32_t timeout_ms) {
+    tern_client* c = client_;
+    return TextOut([=](char* b, size_t n, size_t* l) {
+      return tern_client_events_json(c, after_seq, max_events, timeout_ms, b, n, l);
+    });
+  }
+
+ private:
+  tern_client* client_ = nullptr;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_tern, m) {
+  m.doc() = "tern's native half: libtern's C API (include/tern/tern.h). Use the `tern` package.";
+  m.def("version", &tern_version, "tern's release, e.g. '0.1.0'.");
+  m.def("abi_version", &tern_abi_version, "The loaded libtern's ABI: (major << 16) | minor.");
+  m.attr("ABI_VERSION") = static_cast<uint32_t>(TERN_ABI_VERSION);
+  m.def("code_name", [](int code) { return std::string(tern_code_name(code)); });
+
+  py::class_<Agent>(m, "Agent")
+      .def(py::init<const py::dict&>())
+      .def("publish", &Agent::Publish, py::arg("checkpoint"), py::arg("version"))
+      .def("status", &Agent::Status)
+      .def("status_json", &Agent::StatusJson)
+      .def("public_key_pem", &Agent::PublicKeyPem)
+      .def("listen_address", &Agent::ListenAddress)
+      .def("admin_address", &Agent::AdminAddress)
+      .def("wait_events", &Agent::WaitEvents, py::arg("after_seq"), py::arg("max_events"),
+           py::arg("timeout_ms"))
+      .def("stop", &Agent::Stop)
+      .def("close", &Agent::Close);
+
+  py::class_<Client>(m, "Client")
+      .def(py::init<const std::string&, const py::object&, uint32_t, bool>(), py::arg("address"),
+           py::arg("token"), py::arg("timeout_ms"), py::arg("force"))
+      .def("publish", &Client::Publish, py::arg("checkpoint"), py::arg("version"))
+      .def("status", &Client::Status)
+      .def("status_json", &Client::StatusJson)
+      .def("metrics", &Client::Metrics)
+      .def("publish_jobs_json", &Client::PublishJobsJson)
+      .def("events_json", &Client::EventsJson, py::arg("after_seq"), py::arg("max_events"),
+           py::arg("timeout_ms"));
+}

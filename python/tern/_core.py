@@ -1,0 +1,205 @@
+"""Agent, Client, Status and Event: the C API's handles as Python objects
+(the native calls are tern._tern; docs/embedding.md "Python")."""
+import asyncio
+import dataclasses
+import json
+from typing import List, Optional, Tuple
+
+from . import _tern
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """The figures a scheduler polls (tern_status; GET /status has more)."""
+    root: bool
+    relay_only: bool
+    joined: bool
+    head: int
+    served_version: int
+    held_version: int
+    member_count: int
+    version_count: int
+    members_at_head: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One thing that happened to an agent (docs/agent/operations.md
+    "Events"). `kind`: "version_published", "version_served",
+    "member_joined", "member_left", "member_failed", "member_demoted".
+    `changed_tensors`: for served/published versions that are not
+    `all_tensors`, the tensors whose bytes changed, sorted."""
+    seq: int
+    at_s: float
+    kind: str
+    version: int
+    digest: str  # "tern1:" + 64 hex digits, as `tern digest` prints it
+    member: str
+    slot_dir: str
+    all_tensors: bool
+    changed_tensors: Tuple[str, ...]
+
+    @staticmethod
+    def _from(d):
+        return Event(seq=int(d["seq"]), at_s=float(d.get("at_s", 0.0)), kind=str(d["kind"]),
+                     version=int(d.get("version", 0)), digest=_digest(d.get("digest")),
+                     member=str(d.get("member", "")), slot_dir=str(d.get("slot_dir", "")),
+                     all_tensors=bool(d.get("all_tensors", False)),
+                     changed_tensors=tuple(d.get("changed_tensors") or ()))
+
+
+def _digest(v):
+    """The digest's text form ("tern1:" + 64 hex digits of the four 64-bit
+    lanes, little-endian, as `tern digest` and GET /events print it) from
+    either form: the C API gives lanes, GET /events the text."""
+    if v is None:
+        return "tern1:" + "0" * 64
+    if isinstance(v, str):
+        if len(v) != 70 or not v.startswith("tern1:"):
+            raise ValueError(f"digest {v[:80]!r} is not 'tern1:' and 64 hex digits")
+        int(v[6:], 16)
+        return v.lower()
+    lanes = [int(x) for x in v]
+    if len(lanes) != 4:
+        raise ValueError(f"digest has {len(lanes)} lanes, not 4")
+    return "tern1:" + b"".join(x.to_bytes(8, "little") for x in lanes).hex()
+
+
+class Agent:
+    """A transfer agent in this process: a root (`root=True`) or a member
+    (`join="HOST:PORT"`). The keyword options are tern-agent's
+    (tern_agent_options in include/tern/tern.h; docs/cli.md): `listen` and
+    `data_dir` are required, a member needs `trusted_keys_pem` (a list of
+    PEM strings; the root's `public_key_pem()`), and the transport is
+    "tcp+tls" unless `transport="tcp"` (loopback / trusted networks only).
+
+    Starting blocks until the agent listens (a standby root with
+    `board_etcd`: until it leads) with the GIL released. Use it as a context
+    manager, or call `close()`: the agent's threads run until then.
+    Thread safety: every method may be called from any thread at once,
+    except `close()`, which must be the last call."""
+
+    def __init__(self, **options):
+        self._native = _tern.Agent(options)
+
+    def publish(self, checkpoint: str, version: int) -> None:
+        """Root: diff `checkpoint` (a .safetensors file or a directory)
+        against HEAD, sign it and start feeding it as `version` (> HEAD).
+        Returns once the version is durable on the board. Blocks for the
+        diff (seconds for large models) with the GIL released."""
+        self._native.publish(str(checkpoint), int(version))
+
+    async def publish_async(self, checkpoint: str, version: int) -> None:
+        """`publish` on the event loop's default executor."""
+        await asyncio.get_running_loop().run_in_executor(None, self.publish, checkpoint, version)
+
+    def status(self) -> Status:
+        return Status(**self._native.status())
+
+    def status_json(self) -> dict:
+        """GET /status's JSON (docs/agent/operations.md), parsed."""
+        return json.loads(self._native.status_json())
+
+    def public_key_pem(self) -> str:
+        """Root: the public key members must trust."""
+        return self._native.public_key_pem()
+
+    @property
+    def listen_address(self) -> str:
+        return self._native.listen_address()
+
+    @property
+    def admin_address(self) -> str:
+        """"HOST:PORT" of the admin port; "" without one."""
+        return self._native.admin_address()
+
+    def wait_events(self, after_seq: int = 0, max_events: int = 1024,
+                    timeout_s: float = 0.0) -> List[Event]:
+        """The events after `after_seq` (0: all the agent holds, its last
+        1024), oldest first; waits up to `timeout_s` (at most 600) for the
+        first, with the GIL released, and returns [] if none came. Resume
+        with the last event's `seq`; a jump in seq means events were
+        dropped (re-read status)."""
+        return [Event._from(d) for d in
+                self._native.wait_events(int(after_seq), int(max_events),
+                                         _timeout_ms(timeout_s, 600.0))]
+
+    def stop(self) -> None:
+        """Leave and join the agent's threads; idempotent. Calls after it
+        raise Error(UNAVAILABLE)."""
+        self._native.stop()
+
+    def close(self) -> None:
+        """Stop and free the native handle (idempotent); later calls raise
+        ValueError."""
+        self._native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class Client:
+    """A running agent's admin port ("HOST:PORT"): publish through a root,
+    read status, metrics, publish jobs and events. `token`: the agent's
+    admin token (needed to publish and for events when it has one).
+    `timeout_s`: per request; a publish waits this long in all (default
+    600). Nothing is connected until a call. Thread safety: any thread."""
+
+    def __init__(self, address: str, *, token: Optional[str] = None, timeout_s: float = 600.0,
+                 force: bool = False):
+        self.address = address
+        self._native = _tern.Client(address, token, _timeout_ms(timeout_s, 3600.0), bool(force))
+
+    def publish(self, checkpoint: str, version: int) -> None:
+        """POST /publish: the root reads `checkpoint` (a path *it* can read)
+        and publishes `version`; returns when it is on the board. Raises
+        Error(TIMEOUT) if the timeout passed first (the root may still
+        publish it: look at `publish_jobs()`)."""
+        self._native.publish(str(checkpoint), int(version))
+
+    async def publish_async(self, checkpoint: str, version: int) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.publish, checkpoint, version)
+
+    def status(self) -> Status:
+        return Status(**self._native.status())
+
+    def status_json(self) -> dict:
+        return json.loads(self._native.status_json())
+
+    def metrics(self) -> str:
+        """GET /metrics: Prometheus text."""
+        return self._native.metrics()
+
+    def publish_jobs(self) -> dict:
+        """GET /publish: the root's recent publish jobs."""
+        return json.loads(self._native.publish_jobs_json())
+
+    def events(self, after_seq: int = 0, max_events: int = 256, timeout_s: float = 0.0) -> dict:
+        """GET /events, parsed: {"events": [Event...], "gap", "restarted",
+        "next", "last_seq"}. Waits up to `timeout_s` (at most 5: the port's
+        bound) for the first event; resume with after_seq = "next"."""
+        d = json.loads(self._native.events_json(int(after_seq), int(max_events),
+                                                _timeout_ms(timeout_s, 5.0)))
+        d["events"] = [Event._from(e) for e in d.get("events", [])]
+        return d
+
+
+def _timeout_ms(seconds: float, most: float) -> int:
+    if seconds is None or seconds < 0:
+        raise ValueError("a timeout must be >= 0 seconds")
+    return int(min(float(seconds), most) * 1000)
+
+
+def version() -> str:
+    """tern's release."""
+    return _tern.version()
+
+
+def abi_version() -> Tuple[int, int]:
+    """(major, minor) of the loaded libtern."""
+    v = _tern.abi_version()
+    return (v >> 16, v & 0xFFFF)

@@ -1,0 +1,213 @@
+"""tern's Python module against real agents on loopback (plain TCP):
+publish, status, events, the Subscriber's three ways of reading a version,
+errors with their codes, and the GIL released during a long call."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import tern
+
+TOKEN = "python-test-token"
+
+
+def checkpoint(path, tensors):
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return str(path)
+
+
+def model(seed, n=1 << 14):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "layer.0.weight": torch.randn(n // 128, 128, generator=g).to(torch.bfloat16),
+        "layer.1.weight": torch.randn(n // 128, 128, generator=g).to(torch.bfloat16),
+        "norm.weight": torch.ones(128, dtype=torch.float32),
+    }
+
+
+def step(prev, frac, seed, names=("layer.0.weight",)):
+    """A copy of `prev` with `frac` of the named tensors' elements changed."""
+    g = torch.Generator().manual_seed(seed)
+    out = {k: v.clone() for k, v in prev.items()}
+    for name in names:
+        flat = out[name].view(-1)
+        idx = torch.randperm(flat.numel(), generator=g)[: max(1, int(flat.numel() * frac))]
+        flat[idx] = (flat[idx].float() + 0.5).to(flat.dtype)
+    return out
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    root = tern.Agent(root=True, listen="127.0.0.1:0", admin_listen="127.0.0.1:0",
+                      admin_token=TOKEN, data_dir=str(tmp_path / "root"), transport="tcp",
+                      publish_dir=str(tmp_path))
+    member = tern.Agent(join=root.listen_address, listen="127.0.0.1:0",
+                        admin_listen="127.0.0.1:0", admin_token=TOKEN,
+                        data_dir=str(tmp_path / "member"), transport="tcp",
+                        trusted_keys_pem=[root.public_key_pem()])
+    yield root, member
+    member.close()
+    root.close()
+
+
+def wait_served(agent, version, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while agent.status().served_version < version:
+        assert time.monotonic() < deadline, f"version {version} not served in {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_version_and_abi():
+    assert tern.version()
+    major, minor = tern.abi_version()
+    assert major == 1 and minor >= 0
+
+
+def test_bad_options_are_refused_with_their_name(tmp_path):
+    with pytest.raises(TypeError, match="unknown agent option 'listn'"):
+        tern.Agent(root=True, listn="127.0.0.1:0", data_dir=str(tmp_path))
+    with pytest.raises(TypeError, match="stripes must be an int"):
+        tern.Agent(root=True, listen="127.0.0.1:0", data_dir=str(tmp_path), stripes="2")
+    with pytest.raises(tern.Error) as e:
+        tern.Agent(root=True, listen="127.0.0.1:0", transport="tcp")  # no data_dir
+    assert e.value.code == tern.Code.INVALID_ARGUMENT
+    assert "data_dir" in str(e.value)
+
+
+def test_publish_events_and_subscriber_apply(fleet, tmp_path):
+    root, member = fleet
+    sub = tern.Subscriber(member)
+    versions = [model(1)]
+    for v in (2, 3):
+        versions.append(step(versions[-1], 0.02, v))
+    held = None
+    for number, weights in enumerate(versions, start=1):
+        root.publish(checkpoint(tmp_path / f"v{number}.safetensors", weights), number)
+        got = sub.next(timeout_s=60)
+        assert got is not None and got.version == number
+        assert got.digest.startswith("tern1:") and len(got.digest) == 70
+        if number == 1:
+            assert got.all_tensors
+            held = {k: torch.zeros_like(t) for k, t in weights.items()}
+        else:
+            assert not got.all_tensors
+            assert got.changed_tensors == ("layer.0.weight",)
+            # The sparse form against what a consumer held: exactly the changed elements.
+            previous = versions[number - 2]
+            (name, idx, vals), = list(got.updates(previous))
+            want = torch.nonzero(previous[name].view(-1).view(torch.int16)
+                                 != weights[name].view(-1).view(torch.int16)).view(-1)
+            assert name == "layer.0.weight" and torch.equal(idx, want)
+            assert torch.equal(vals.view(torch.int16), weights[name].view(-1)[want].view(torch.int16))
+        written = got.apply_to(held)
+        assert written > 0
+        for k in weights:
+            assert torch.equal(held[k].view(torch.uint8) if held[k].dtype == torch.bfloat16 else held[k],
+                               weights[k].view(torch.uint8) if weights[k].dtype == torch.bfloat16 else weights[k])
+    # The root's own events say what it published, in order.
+    published = [e.version for e in root.wait_events(0, 1024, 0) if e.kind == "version_published"]
+    assert published == [1, 2, 3]
+    assert member.status().served_version == 3
+    assert root.status().members_at_head == 1
+
+
+def test_subscriber_over_the_admin_port_coalesces(fleet, tmp_path):
+    root, member = fleet
+    w = model(7)
+    root.publish(checkpoint(tmp_path / "a1.safetensors", w), 1)
+    wait_served(member, 1)
+    sub = tern.Subscriber(member.admin_address, token=TOKEN)
+    first = sub.next(timeout_s=30)
+    assert first.version == 1 and first.all_tensors
+    w2 = step(w, 0.01, 8, names=("layer.0.weight",))
+    w3 = step(w2, 0.01, 9, names=("layer.1.weight",))
+    root.publish(checkpoint(tmp_path / "a2.safetensors", w2), 2)
+    root.publish(checkpoint(tmp_path / "a3.safetensors", w3), 3)
+    wait_served(member, 3)
+    # Two served since the last call: one Version, the newest, with the union.
+    got = sub.next(timeout_s=30)
+    assert got.version == 3
+    assert set(got.changed_tensors) == {"layer.0.weight", "layer.1.weight"}
+    held = {k: v.clone() for k, v in w.items()}
+    got.apply_to(held)
+    assert all(torch.equal(held[k].view(torch.uint8) if held[k].dtype == torch.bfloat16 else held[k],
+                           w3[k].view(torch.uint8) if w3[k].dtype == torch.bfloat16 else w3[k])
+               for k in w3)
+    assert sub.next(timeout_s=0.2) is None
+
+
+def test_apply_to_checks_everything_before_writing(fleet, tmp_path):
+    root, member = fleet
+    w = model(3)
+    root.publish(checkpoint(tmp_path / "b1.safetensors", w), 1)
+    sub = tern.Subscriber(member)
+    got = sub.next(timeout_s=60)
+    held = {k: torch.zeros_like(t) for k, t in w.items()}
+    held["norm.weight"] = torch.zeros(128, dtype=torch.float16)  # wrong dtype
+    before = {k: v.clone() for k, v in held.items()}
+    with pytest.raises(tern.Error) as e:
+        got.apply_to(held)
+    assert e.value.code == tern.Code.MISMATCH and "norm.weight" in str(e.value)
+    del held["norm.weight"]
+    with pytest.raises(tern.Error) as e:
+        got.apply_to(held)
+    assert e.value.code == tern.Code.NOT_FOUND
+    # Nothing was written by either refused call.
+    for k in held:
+        assert torch.equal(held[k].view(torch.int16) if held[k].dtype == torch.bfloat16 else held[k],
+                           before[k].view(torch.int16) if before[k].dtype == torch.bfloat16 else before[k])
+
+
+def test_errors_carry_codes(fleet, tmp_path):
+    root, member = fleet
+    w = model(5)
+    path = checkpoint(tmp_path / "c1.safetensors", w)
+    root.publish(path, 2)
+    with pytest.raises(tern.Error) as e:
+        root.publish(path, 2)  # not beyond HEAD
+    assert e.value.code != tern.Code.OK and e.value.code_name
+    with pytest.raises(tern.Error) as e:
+        tern.Client(root.admin_address, token="wrong").publish(path, 3)
+    assert e.value.code == tern.Code.AUTH
+    # Through the port with the token: works, and the jobs say so.
+    client = tern.Client(root.admin_address, token=TOKEN)
+    client.publish(checkpoint(tmp_path / "c2.safetensors", step(w, 0.01, 6)), 3)
+    assert client.status().head == 3
+    assert "tern_agent" in client.metrics()
+    root.close()
+    with pytest.raises(ValueError, match="closed"):
+        root.status()
+
+
+def test_publish_releases_the_gil(fleet, tmp_path):
+    """Another Python thread runs while a publish diffs a large checkpoint."""
+    root, member = fleet
+    big = {"w": torch.randn(4096, 4096).to(torch.bfloat16)}  # 32 MiB
+    p1 = checkpoint(tmp_path / "g1.safetensors", big)
+    big2 = step(big, 0.01, 11, names=("w",))
+    p2 = checkpoint(tmp_path / "g2.safetensors", big2)
+    root.publish(p1, 1)
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        start_ticks, t0 = ticks[0], time.monotonic()
+        root.publish(p2, 2)
+        during, elapsed = ticks[0] - start_ticks, time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join()
+    # Held GIL: the spinner gets at most a switch interval's worth (5 ms).
+    assert elapsed > 0.02, f"publish took {elapsed:.3f} s: too short to tell"
+    assert during > 1000, f"the spinner ran {during} times in {elapsed:.3f} s of publish"
