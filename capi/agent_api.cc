@@ -218,6 +218,26 @@ tern_code tern_agent_publish(tern_agent* a, const char* checkpoint_path, uint64_
   });
 }
 
+tern_code tern_agent_drain_member(tern_agent* a, const char* member_id) {
+  return Guard([&] {
+    TERN_ASSIGN_OR_RETURN(std::string id, tern::capi::ReadString(member_id, "member_id"));
+    return WithAgent(a, [&](Agent& agent) { return agent.DrainMember(id); });
+  });
+}
+
+tern_code tern_agent_remove_member(tern_agent* a, const char* member_id, uint32_t rejoin_after_ms) {
+  return Guard([&] {
+    TERN_ASSIGN_OR_RETURN(std::string id, tern::capi::ReadString(member_id, "member_id"));
+    return WithAgent(a, [&](Agent& agent) { return agent.RemoveMember(id, rejoin_after_ms); });
+  });
+}
+
+tern_code tern_agent_set_retention(tern_agent* a, uint32_t keep_patches, uint32_t keyframe_every) {
+  return Guard([&] {
+    return WithAgent(a, [&](Agent& agent) { return agent.SetRetention(keep_patches, keyframe_every); });
+  });
+}
+
 tern_code tern_agent_status(tern_agent* a, tern_status* out) {
   return Guard([&] {
     return WithAgent(a, [&](Agent& agent) {

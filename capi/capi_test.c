@@ -435,6 +435,22 @@ static void test_agents(const char* dir) {
           strstr(text, "\"served_version\": 2") != NULL);
     free(text);
   }
+  /* Operator calls (ABI 1.1): through the port and in-process. */
+  char member_id[128];
+  CHECK(tern_agent_listen_address(member, member_id, sizeof member_id, &len) == TERN_OK);
+  CHECK(tern_client_drain_member(client, member_id) == TERN_OK);
+  CHECK(tern_client_drain_member(client, member_id) == TERN_OK); /* again: no change */
+  CHECK_CODE(tern_client_drain_member(client, "ghost"), TERN_NOT_FOUND, "not joined");
+  CHECK_CODE(tern_client_remove_member(client, "ghost", 0), TERN_NOT_FOUND, "not joined");
+  CHECK(tern_client_set_retention(client, 4, 8) == TERN_OK);
+  CHECK_CODE(tern_client_set_retention(client, 0, 8), TERN_INVALID_ARGUMENT, "keep_patches");
+  CHECK(tern_agent_set_retention(root, 16, 32) == TERN_OK);
+  CHECK_CODE(tern_agent_set_retention(root, 16, 0), TERN_INVALID_ARGUMENT, "at least 1");
+  CHECK_CODE(tern_agent_drain_member(root, "ghost"), TERN_NOT_FOUND, "not joined");
+  CHECK_CODE(tern_agent_remove_member(root, "ghost", 86400001), TERN_OUT_OF_RANGE, "more than a day");
+  CHECK_CODE(tern_agent_drain_member(member, member_id), TERN_INVALID_ARGUMENT, "not the root");
+  CHECK(strcmp(tern_event_kind_name(TERN_EVENT_MEMBER_DRAINED), "member_drained") == 0);
+  CHECK(strcmp(tern_event_kind_name(TERN_EVENT_MEMBER_REMOVED), "member_removed") == 0);
   tern_client_free(client);
 
   /* The subscription saw versions 1 and 2 served, in order. */

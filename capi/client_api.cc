@@ -149,6 +149,29 @@ tern_code tern_client_publish(tern_client* c, const char* checkpoint_path, uint6
   });
 }
 
+tern_code tern_client_drain_member(tern_client* c, const char* member_id) {
+  return Guard([&] {
+    TERN_RETURN_IF_ERROR(CheckHandle(c));
+    TERN_ASSIGN_OR_RETURN(std::string id, tern::capi::ReadString(member_id, "member_id"));
+    return tern::DrainMemberAt(c->address, id, c->options);
+  });
+}
+
+tern_code tern_client_remove_member(tern_client* c, const char* member_id, uint32_t rejoin_after_ms) {
+  return Guard([&] {
+    TERN_RETURN_IF_ERROR(CheckHandle(c));
+    TERN_ASSIGN_OR_RETURN(std::string id, tern::capi::ReadString(member_id, "member_id"));
+    return tern::RemoveMemberAt(c->address, id, rejoin_after_ms, c->options);
+  });
+}
+
+tern_code tern_client_set_retention(tern_client* c, uint32_t keep_patches, uint32_t keyframe_every) {
+  return Guard([&] {
+    TERN_RETURN_IF_ERROR(CheckHandle(c));
+    return tern::SetRetentionAt(c->address, keep_patches, keyframe_every, c->options);
+  });
+}
+
 tern_code tern_client_status(tern_client* c, tern_status* out) {
   return Guard([&] {
     TERN_RETURN_IF_ERROR(CheckHandle(c));

@@ -41,6 +41,8 @@ static_assert(TERN_EVENT_MEMBER_JOINED == static_cast<int>(Kind::kMemberJoined))
 static_assert(TERN_EVENT_MEMBER_LEFT == static_cast<int>(Kind::kMemberLeft));
 static_assert(TERN_EVENT_MEMBER_FAILED == static_cast<int>(Kind::kMemberFailed));
 static_assert(TERN_EVENT_MEMBER_DEMOTED == static_cast<int>(Kind::kMemberDemoted));
+static_assert(TERN_EVENT_MEMBER_DRAINED == static_cast<int>(Kind::kMemberDrained));
+static_assert(TERN_EVENT_MEMBER_REMOVED == static_cast<int>(Kind::kMemberRemoved));
 
 constexpr size_t kEventBytesV1 = offsetof(tern_event, changed_tensor_count) + sizeof(size_t);
 constexpr uint32_t kSliceMs = 100;
@@ -123,7 +125,7 @@ using tern::capi::Guard;
 extern "C" {
 
 const char* tern_event_kind_name(int kind) {
-  if (kind < TERN_EVENT_VERSION_PUBLISHED || kind > TERN_EVENT_MEMBER_DEMOTED) return "unknown";
+  if (kind < TERN_EVENT_VERSION_PUBLISHED || kind > TERN_EVENT_MEMBER_REMOVED) return "unknown";
   return tern::AgentEventKindName(static_cast<tern::AgentEvent::Kind>(kind));
 }
 

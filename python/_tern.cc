@@ -225,6 +225,30 @@ class Agent {
     }
     Check(code);
   }
+  void DrainMember(const std::string& id) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_agent_drain_member(Handle(), id.c_str());
+    }
+    Check(code);
+  }
+  void RemoveMember(const std::string& id, uint32_t rejoin_after_ms) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_agent_remove_member(Handle(), id.c_str(), rejoin_after_ms);
+    }
+    Check(code);
+  }
+  void SetRetention(uint32_t keep_patches, uint32_t keyframe_every) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;  // waits for a publication in flight
+      code = tern_agent_set_retention(Handle(), keep_patches, keyframe_every);
+    }
+    Check(code);
+  }
   py::dict Status() {
     tern_status s{};
     s.struct_size = sizeof s;
@@ -324,6 +348,30 @@ class Client {
     }
     Check(code);
   }
+  void DrainMember(const std::string& id) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_client_drain_member(client_, id.c_str());
+    }
+    Check(code);
+  }
+  void RemoveMember(const std::string& id, uint32_t rejoin_after_ms) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_client_remove_member(client_, id.c_str(), rejoin_after_ms);
+    }
+    Check(code);
+  }
+  void SetRetention(uint32_t keep_patches, uint32_t keyframe_every) {
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_client_set_retention(client_, keep_patches, keyframe_every);
+    }
+    Check(code);
+  }
   py::dict Status() {
     tern_status s{};
     s.struct_size = sizeof s;
@@ -378,6 +426,9 @@ PYBIND11_MODULE(_tern, m) {
       .def("admin_address", &Agent::AdminAddress)
       .def("wait_events", &Agent::WaitEvents, py::arg("after_seq"), py::arg("max_events"),
            py::arg("timeout_ms"))
+      .def("drain_member", &Agent::DrainMember, py::arg("id"))
+      .def("remove_member", &Agent::RemoveMember, py::arg("id"), py::arg("rejoin_after_ms"))
+      .def("set_retention", &Agent::SetRetention, py::arg("keep_patches"), py::arg("keyframe_every"))
       .def("stop", &Agent::Stop)
       .def("close", &Agent::Close);
 
@@ -385,6 +436,9 @@ PYBIND11_MODULE(_tern, m) {
       .def(py::init<const std::string&, const py::object&, uint32_t, bool>(), py::arg("address"),
            py::arg("token"), py::arg("timeout_ms"), py::arg("force"))
       .def("publish", &Client::Publish, py::arg("checkpoint"), py::arg("version"))
+      .def("drain_member", &Client::DrainMember, py::arg("id"))
+      .def("remove_member", &Client::RemoveMember, py::arg("id"), py::arg("rejoin_after_ms"))
+      .def("set_retention", &Client::SetRetention, py::arg("keep_patches"), py::arg("keyframe_every"))
       .def("status", &Client::Status)
       .def("status_json", &Client::StatusJson)
       .def("metrics", &Client::Metrics)

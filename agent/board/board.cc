@@ -48,8 +48,22 @@ Board::Board(Env& env, std::string objects_dir, std::unique_ptr<BoardLog> log,
       objects_dir_(std::move(objects_dir)),
       log_(std::move(log)),
       verifier_(verifier),
-      options_(options),
-      log_fn_(log_fn ? std::move(log_fn) : StderrLog()) {}
+      log_fn_(log_fn ? std::move(log_fn) : StderrLog()) {
+  options_ = options;  // guarded: not in the initializer list, below log_fn_
+}
+
+BoardOptions Board::options() const {
+  MutexLock lock(mu_);
+  return options_;
+}
+
+Status Board::SetOptions(BoardOptions options) {
+  TERN_REQUIRE(options.keep_patches >= 1 && options.keyframe_every >= 1, kInvalidArgument,
+               "board: keep_patches and keyframe_every must be at least 1");
+  MutexLock lock(mu_);
+  options_ = options;
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<Board>> Board::Open(Env& env, std::string objects_dir,
                                            std::unique_ptr<BoardLog> log,

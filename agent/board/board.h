@@ -91,7 +91,11 @@ class Board {
                                              BoardOptions options, LogFn log_fn);
 
   const BoardId& id() const { return id_; }
-  const BoardOptions& options() const { return options_; }
+  BoardOptions options() const;
+  // Retention changed while the board runs (an operator's or scheduler's
+  // call): the next KeyframeDue and Retain use it. kInvalidArgument for a
+  // zero, as at Open.
+  Status SetOptions(BoardOptions options);
   Env& env() const { return env_; }
   uint64_t head() const;
   std::vector<uint64_t> Versions() const;  // published and still indexed, ascending
@@ -165,7 +169,6 @@ class Board {
   const std::string objects_dir_;
   const std::unique_ptr<BoardLog> log_;
   const ManifestVerifier& verifier_;
-  const BoardOptions options_;
   const LogFn log_fn_;
   BoardId id_{};
 
@@ -174,6 +177,7 @@ class Board {
   Mutex record_mu_ ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
   uint64_t head_ GUARDED_BY(mu_) = 0;
+  BoardOptions options_ GUARDED_BY(mu_);
   std::map<uint64_t, VersionInfo> versions_ GUARDED_BY(mu_);
   std::map<ObjectRef, ObjectInfo> objects_ GUARDED_BY(mu_);
 };

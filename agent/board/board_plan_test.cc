@@ -329,6 +329,39 @@ TEST_F(BoardPlanTest, RetentionKeepsWhatMembersNeedAndDropsTheRest) {
   ExpectApplies(*board, *plan, 9, 11);
 }
 
+// Retention changed while the board runs (SetOptions): later publications
+// follow the new keyframe interval and the next Retain the new number of
+// patches; zeros are refused and change nothing.
+TEST_F(BoardPlanTest, RetentionChangedAtRunTimeAppliesToWhatFollows) {
+  auto board = MustOpen({.keep_patches = 8, .keyframe_every = 1000});
+  using K = ObjectKind;
+  auto keyframes = [&] {
+    std::vector<uint64_t> out;
+    for (const auto& ref : OnDisk(*board, board->head()))
+      if (ref.kind == K::kKeyframe) out.push_back(ref.to);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  PublishMany(*board, 4, 20, 1 << 20);
+  EXPECT_EQ(keyframes(), std::vector<uint64_t>{1});
+  EXPECT_EQ(board->SetOptions({.keep_patches = 0, .keyframe_every = 2}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(board->options().keep_patches, 8u);
+  ASSERT_TRUE(board->SetOptions({.keep_patches = 2, .keyframe_every = 2}).ok());
+  EXPECT_EQ(board->options().keyframe_every, 2u);
+  PublishMany(*board, 8, 20, 1 << 20);
+  // Every second publication since the last keyframe is one now.
+  std::vector<uint64_t> kf = keyframes();
+  EXPECT_GT(kf.size(), 2u);
+  EXPECT_EQ(kf.back(), 7u);
+  ASSERT_TRUE(board->Retain({}).ok());
+  std::vector<ObjectRef> patch_refs;
+  for (const auto& ref : OnDisk(*board, 8))
+    if (ref.kind == K::kPatch) patch_refs.push_back(ref);
+  std::sort(patch_refs.begin(), patch_refs.end());
+  // The last two publications' patches (and 7->8 leads from keyframe 7).
+  EXPECT_EQ(patch_refs, (std::vector<ObjectRef>{{K::kPatch, 6, 7}, {K::kPatch, 7, 8}}));
+}
+
 TEST_F(BoardPlanTest, RetentionKeepsAHeldMembersSquash) {
   auto board = MustOpen({.keep_patches = 1, .keyframe_every = 1000});
   board_for_squash = board.get();

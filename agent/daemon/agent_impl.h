@@ -15,6 +15,8 @@
 //                          for stalled parents
 //   agent_status.cc        Snapshot, /status JSON, /metrics text and the admin
 //                          routes (StartAdmin)
+//   agent_operator.cc      the root's operator calls (drain, remove,
+//                          retention) and their admin routes
 //   agent_beacons.cc       signed HEAD beacons: the root sends them, a member
 //                          checks them and tracks its freshness
 //   agent_events.cc        events (WaitEvents, GET /events) and where they
@@ -91,6 +93,11 @@ class AgentImpl final : public Agent {
 
   Status Init();
   Status Publish(const std::string& checkpoint_path, uint64_t version) override;
+  Status DrainMember(const std::string& id) override;
+  Status RemoveMember(const std::string& id, uint32_t rejoin_after_ms) override;
+  Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) override;
+  // The admin routes of the three calls above (agent_operator.cc).
+  std::vector<AdminRoute> OperatorRoutes();
   AgentSnapshot Snapshot() const override;
   std::string PublicKeyPem() const override;
   Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
@@ -255,6 +262,11 @@ class AgentImpl final : public Agent {
   std::unique_ptr<FileServer> fetch_server_;
   std::unique_ptr<Membership> membership_ GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Connection>> member_conns_ GUARDED_BY(mu_);
+  // Root: ids an operator removed, and until when (clock_ µs) their joins
+  // are refused (RemoveMember). Bounded: expired entries go at each removal,
+  // and at most kMaxRemoved are kept (the oldest deadline goes first).
+  std::map<std::string, uint64_t> removed_until_us_ GUARDED_BY(mu_);
+  static constexpr size_t kMaxRemoved = 4096;
   std::map<uint64_t, AgentVersionStatus> versions_ GUARDED_BY(mu_);
   // Version -> members not yet serving it.
   std::map<uint64_t, std::set<std::string>> waiting_ GUARDED_BY(mu_);

@@ -175,6 +175,10 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         why = "bad join token";
       } else if (hello->board_id != BoardId{} && hello->board_id != board_->id()) {
         why = "member belongs to another board";
+      } else if (auto r = removed_until_us_.find(hello->member.id);
+                 r != removed_until_us_.end() && clock_.NowUs() < r->second) {
+        why = "member " + hello->member.id + " was removed by an operator; it may rejoin in " +
+              std::to_string((r->second - clock_.NowUs()) / 1000) + " ms";
       } else if (hello->served_version > board_->head()) {
         why = "member serves version " + std::to_string(hello->served_version) +
               ", newer than this board's HEAD " + std::to_string(board_->head());

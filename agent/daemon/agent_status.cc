@@ -67,6 +67,7 @@ AgentSnapshot AgentImpl::Snapshot() const {
       m.rtt_to_root_s = rec.last.rtt_to_root_s;
       m.measured_uplink_bytes_per_s = rec.measured_uplink_bytes_per_s;
       m.demoted = rec.demoted;
+      m.draining = rec.draining;
       const RelayProbation& p = rec.probation;
       if (p.demotions_total > 0) m.demoted_for = ParentFaultName(p.last_fault);
       m.demotions = p.demotions_total;
@@ -157,6 +158,7 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                        {"rate_in_bytes_per_s", m.rate_in_bytes_per_s},
                        {"measured_uplink_bytes_per_s", m.measured_uplink_bytes_per_s},
                        {"demoted", m.demoted},
+                       {"draining", m.draining},
                        {"demoted_for", m.demoted_for},
                        {"demotions", m.demotions},
                        {"strikes", m.strikes},
@@ -363,6 +365,7 @@ Status AgentImpl::StartAdmin() {
                                  return AdmitAdminPublish(checkpoint, version, force);
                                }))
       routes.push_back(std::move(r));
+    for (AdminRoute& r : OperatorRoutes()) routes.push_back(std::move(r));
   }
   // Secure by default: mutating routes are never open to the network
   // without a token.

@@ -82,6 +82,10 @@ const char* AgentEventKindName(AgentEvent::Kind kind) {
       return "member_failed";
     case AgentEvent::Kind::kMemberDemoted:
       return "member_demoted";
+    case AgentEvent::Kind::kMemberDrained:
+      return "member_drained";
+    case AgentEvent::Kind::kMemberRemoved:
+      return "member_removed";
   }
   return "unknown";
 }

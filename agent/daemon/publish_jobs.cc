@@ -26,24 +26,6 @@ const char* StateName(PublishJobs::State s) {
   return "?";
 }
 
-// The HTTP status a failed publish answers with (the client maps it back to
-// a code: admin_http.h).
-int HttpStatusOf(const Status& s) {
-  switch (s.code()) {
-    case Code::kInvalidArgument:
-    case Code::kOutOfRange:
-    case Code::kMismatch:
-    case Code::kAlreadyExists:
-      return 409;
-    case Code::kNotFound:
-      return 404;
-    case Code::kAuth:
-      return 403;
-    default:
-      return 500;
-  }
-}
-
 AdminResponse Text(int status, std::string line) {
   return AdminResponse{status, "text/plain", std::move(line) + "\n"};
 }
@@ -123,7 +105,7 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
          if (admit) {
            auto admitted = admit(checkpoint, version, j.value("force", false));
            if (!admitted.ok())
-             return Text(HttpStatusOf(admitted.status()), admitted.status().ToString());
+             return Text(AdminHttpStatusOf(admitted.status()), admitted.status().ToString());
            checkpoint = std::move(*admitted);
          }
          auto job = Start(checkpoint, version, wait_ms);
@@ -135,7 +117,7 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
            return AdminResponse{202, "application/json", out.dump() + "\n"};
          }
          if (job->state == State::kFailed)
-           return Text(HttpStatusOf(job->status), job->status.ToString());
+           return Text(AdminHttpStatusOf(job->status), job->status.ToString());
          nlohmann::json out = {{"published", version}};
          return AdminResponse{200, "application/json", out.dump() + "\n"};
        },

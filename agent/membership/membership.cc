@@ -122,10 +122,20 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
   return Status::Ok();
 }
 
+Status Membership::Drain(const std::string& id, std::vector<std::string>* notify) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  if (it->second.draining) return Status::Ok();
+  TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, id));
+  it->second.draining = true;
+  Replan(std::move(next), notify);
+  return Status::Ok();
+}
+
 std::vector<std::string> Membership::EndProbations(uint64_t now_us) {
   std::vector<std::string> out;
   for (auto& [id, rec] : members_) {
-    if (!rec.demoted || !rec.info.may_relay || !ProbationOver(rec.probation, now_us)) continue;
+    if (!rec.demoted || rec.draining || !rec.info.may_relay || !ProbationOver(rec.probation, now_us)) continue;
     auto next = topology::PromoteRelay(plan_, id);
     if (!next.ok()) continue;         // only an id missing from the plan, which Join prevents
     plan_ = std::move(next).value();  // no edge moved: same epoch, nobody to tell

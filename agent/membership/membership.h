@@ -35,6 +35,9 @@ struct MemberRecord {
   // around it (a leaf until its probation ends: agent/membership/probation.h).
   double measured_uplink_bytes_per_s = 0;
   bool demoted = false;
+  // Drained by the operator (Drain): a leaf from then on, never promoted
+  // again while joined, so that taking it away moves nobody.
+  bool draining = false;
   RelayProbation probation;
   uint64_t stall_reported_us = 0;  // when it last reported its own parent stalled (0: never)
 };
@@ -72,6 +75,13 @@ class Membership {
   // fault is further up, and its own report names it).
   Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
                       std::vector<std::string>* notify);
+  // The operator drains a member ahead of taking it away (a scheduler's
+  // preemption): its children are re-attached now, and it is too, as a
+  // leaf (appended to *notify; topology::DemoteRelay: nobody else moves);
+  // it stays a leaf for as
+  // long as it is joined (a rejoin starts afresh). kNotFound for an id that
+  // is not joined; draining a drained member changes nothing.
+  Status Drain(const std::string& id, std::vector<std::string>* notify);
   // Demoted members whose probation is over at now_us relay again
   // (topology::PromoteRelay: no edge moves, so nobody is told); their ids,
   // sorted. A member that joined with may_relay false stays a leaf.

@@ -338,7 +338,6 @@ TEST(Membership, EachStripesRateGoesToThatStripesParent) {
   EXPECT_DOUBLE_EQ(m.members().at(parent1).measured_uplink_bytes_per_s, 7e8);
   EXPECT_DOUBLE_EQ(m.plan().members.at(parent1).uplink_bytes_per_s, 7e8);
 }
-
 }  // namespace
 }  // namespace tern::agent
 
@@ -449,6 +448,55 @@ TEST(Membership, ADemotedRelayRelaysAgainAfterItsProbation) {
   EXPECT_EQ(m.members().at("b").probation.strikes, 2u);
   EXPECT_TRUE(m.EndProbations(now + 19999).empty());
   EXPECT_EQ(m.EndProbations(now + 20000), std::vector<std::string>{"b"});
+}
+
+// Draining (a scheduler about to take a member away): its children move to
+// other parents now, nobody else moves, it is a leaf from then on — later
+// joins never land under it and a probation that ends does not promote it —
+// and draining it again changes nothing.
+TEST(Membership, ADrainedMemberLosesItsChildrenAndStaysALeaf) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;  // root -> a; everyone else under a or below
+  ProbationOptions probation;
+  probation.quiet_us = 1000;
+  Membership m(Info("root", "us"), o, 1000, probation);
+  std::vector<std::string> notify;
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 0, &notify).ok());
+  std::vector<std::string> children;
+  for (const auto& [id, p] : m.plan().parent[0])
+    if (p == "b") children.push_back(id);
+  ASSERT_FALSE(children.empty()) << "the plan must give b children for this test";
+  // b is demoted first (a probation that would end), then drained.
+  ASSERT_TRUE(m.ReportParent(children.front(), {0, "b", ParentFault::kStalled}, 10, &notify).ok());
+  std::vector<std::string> orphans;
+  for (const auto& [id, p] : m.plan().parent[0])
+    if (p == "c") orphans.push_back(id);
+  const uint64_t epoch = m.epoch();
+  notify.clear();
+  ASSERT_TRUE(m.Drain("c", &notify).ok());
+  // c's children, and c itself (re-attached as a leaf), nobody else.
+  orphans.push_back("c");
+  std::sort(notify.begin(), notify.end());
+  std::sort(orphans.begin(), orphans.end());
+  EXPECT_EQ(notify, orphans);
+  EXPECT_EQ(m.epoch(), epoch + 1);
+  EXPECT_TRUE(m.members().at("c").draining);
+  for (const auto& [id, p] : m.plan().parent[0]) EXPECT_NE(p, "c") << id;
+  ASSERT_TRUE(m.Drain("b", &notify).ok());
+  notify.clear();
+  ASSERT_TRUE(m.Drain("c", &notify).ok());  // again: nothing moves
+  EXPECT_TRUE(notify.empty());
+  EXPECT_TRUE(m.EndProbations(1000000).empty());  // b's probation is over, but b is drained
+  for (int i = 0; i < 8; ++i) {
+    const std::string id = "late" + std::to_string(i);
+    ASSERT_TRUE(m.Join(Info(id, "eu"), 0, 2000, &notify).ok());
+    const std::string parent = m.ParentsOf(id)->parents[0].id;
+    EXPECT_NE(parent, "b");
+    EXPECT_NE(parent, "c");
+  }
+  EXPECT_TRUE(topology::Validate(m.plan()).ok());
+  EXPECT_EQ(m.Drain("nobody", &notify).code(), Code::kNotFound);
 }
 
 }  // namespace

@@ -336,6 +336,24 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
 
 }  // namespace
 
+int AdminHttpStatusOf(const Status& s) {
+  switch (s.code()) {
+    case Code::kInvalidArgument:
+    case Code::kOutOfRange:
+    case Code::kMismatch:
+    case Code::kAlreadyExists:
+      return 409;
+    case Code::kNotFound:
+      return 404;
+    case Code::kAuth:
+      return 403;
+    case Code::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
 Result<std::string> AdminGet(std::string_view address, std::string_view path,
                              const AdminClientOptions& options) {
   return AdminCall("GET", address, path, {}, options);

@@ -87,6 +87,13 @@ struct AdminResponse {
 
 using AdminHandler = std::function<AdminResponse(const AdminRequest&)>;
 
+// The HTTP status a route answers a failed call with, so that the client
+// (AdminGet/AdminPost) maps it back to a code: 404 kNotFound, 403 kAuth,
+// 409 for a request that cannot be done as asked (kInvalidArgument,
+// kOutOfRange, kMismatch, kAlreadyExists: the client's kInvalidArgument),
+// 503 kUnavailable, else 500.
+int AdminHttpStatusOf(const Status& s);
+
 struct AdminRoute {
   std::string method;  // "GET" or "POST"
   std::string path;    // exact match, e.g. "/status"

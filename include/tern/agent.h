@@ -263,6 +263,8 @@ struct AgentMemberStatus {
   // Children reported it bad (PARENT_REPORT): the root plans it as a leaf
   // until its probation ends (docs/agent.md §4 "Probation").
   bool demoted = false;
+  // An operator drained it (Agent::DrainMember): a leaf until it rejoins.
+  bool draining = false;
   std::string demoted_for;  // the last demotion's fault: "stalled", "bad chunks"; empty: none
   uint32_t demotions = 0;   // since it joined (a rejoin starts afresh)
   uint32_t strikes = 0;     // those that count towards its next wait (the policy forgets)
@@ -355,6 +357,8 @@ struct AgentEvent {
     kMemberLeft = 4,        // root: `member` said goodbye
     kMemberFailed = 5,      // root: `member` went silent past dead_after_ms
     kMemberDemoted = 6,     // root: `member` relays no more until its probation ends
+    kMemberDrained = 7,     // root: an operator drained `member` (Agent::DrainMember)
+    kMemberRemoved = 8,     // root: an operator removed `member` (Agent::RemoveMember)
   };
   uint64_t seq = 0;
   double at_s = 0;
@@ -388,6 +392,24 @@ class TERN_EXPORT Agent {
   // than HEAD. Returns when the version is on the board (durable), before
   // members have it.
   virtual Status Publish(const std::string& checkpoint_path, uint64_t version) = 0;
+
+  // Root only, for schedulers (docs/agent/operations.md "Draining and
+  // removing members"). DrainMember: `id` relays for nobody from now on —
+  // its children move to other parents at once (only they are told) — and
+  // stays a leaf while it is joined; it keeps receiving and serving. Drain a
+  // member before taking it away and its departure moves nobody.
+  // RemoveMember: drops `id` now, as if it had gone silent (its children
+  // re-attached, its connection closed, kMemberRemoved) without waiting
+  // for dead_after_ms, and refuses its joins for rejoin_after_ms (at most
+  // 86400000; 0: it may rejoin at once). Both: kNotFound for an id that is
+  // not joined (RemoveMember of an absent id still starts the refusal, so a
+  // scheduler may remove a member that is reconnecting).
+  virtual Status DrainMember(const std::string& id) = 0;
+  virtual Status RemoveMember(const std::string& id, uint32_t rejoin_after_ms) = 0;
+  // Root only: retention while running (AgentOptions::keep_patches and
+  // keyframe_every; both >= 1, else kInvalidArgument): later publications
+  // and the next retention pass follow it.
+  virtual Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) = 0;
 
   virtual AgentSnapshot Snapshot() const = 0;
   // The public key members must trust (root), PEM.
@@ -448,6 +470,17 @@ TERN_EXPORT Result<std::string> AgentPublishJobsJson(const std::string& admin_ad
 TERN_EXPORT Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t after_seq,
                                                 uint32_t max_events, uint32_t timeout_ms,
                                                 const AgentClientOptions& options = {});
+
+// POST /members/drain, /members/remove, /retention on a root's admin port
+// (Agent::DrainMember, RemoveMember, SetRetention; docs/agent/operations.md
+// "Draining and removing members"). Need the token when the root has one.
+// Errors carry the root's code (kNotFound for a member that is not joined).
+TERN_EXPORT Status DrainMemberAt(const std::string& admin_address, const std::string& member_id,
+                                 const AgentClientOptions& options = {});
+TERN_EXPORT Status RemoveMemberAt(const std::string& admin_address, const std::string& member_id,
+                                  uint32_t rejoin_after_ms, const AgentClientOptions& options = {});
+TERN_EXPORT Status SetRetentionAt(const std::string& admin_address, uint32_t keep_patches,
+                                  uint32_t keyframe_every, const AgentClientOptions& options = {});
 
 // The JSON text GET /status serves for `snapshot` (an in-process agent's
 // Snapshot(), for embedders that run no admin port).

@@ -70,7 +70,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 0
+#define TERN_ABI_VERSION_MINOR 1
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -239,6 +239,22 @@ TERN_API tern_code tern_agent_public_key_pem(tern_agent* agent, char* buf, size_
 TERN_API tern_code tern_agent_listen_address(tern_agent* agent, char* buf, size_t cap, size_t* len);
 TERN_API tern_code tern_agent_admin_address(tern_agent* agent, char* buf, size_t cap, size_t* len);
 
+/* Root, for schedulers (ABI 1.1; docs/agent/operations.md "Draining and
+ * removing members"). drain: `member_id` relays for nobody from now on (its
+ * children move to other parents at once) and stays a leaf while joined; it
+ * keeps serving. Drain a member before taking it away and its departure
+ * moves nobody. remove: drops it now, as if it had gone silent, without
+ * waiting for dead_after_ms, and refuses its joins for rejoin_after_ms (at
+ * most 86400000; 0: at once). TERN_NOT_FOUND for a member that is not
+ * joined (remove still starts the refusal). set_retention: keep_patches and
+ * keyframe_every (both >= 1) for later publications and retention passes.
+ * Any thread. */
+TERN_API tern_code tern_agent_drain_member(tern_agent* agent, const char* member_id);
+TERN_API tern_code tern_agent_remove_member(tern_agent* agent, const char* member_id,
+                                            uint32_t rejoin_after_ms);
+TERN_API tern_code tern_agent_set_retention(tern_agent* agent, uint32_t keep_patches,
+                                            uint32_t keyframe_every);
+
 /* Leaves (a member tells the root), closes every connection and joins the
  * agent's threads; waits for calls in flight on this handle. Idempotent.
  * Later calls on the handle but tern_agent_free return TERN_UNAVAILABLE.
@@ -257,7 +273,9 @@ typedef enum tern_event_kind {
   TERN_EVENT_MEMBER_JOINED = 3,     /* root: `member` joined (or came back) */
   TERN_EVENT_MEMBER_LEFT = 4,       /* root: `member` said goodbye */
   TERN_EVENT_MEMBER_FAILED = 5,     /* root: `member` went silent past dead_after_ms */
-  TERN_EVENT_MEMBER_DEMOTED = 6     /* root: `member` relays no more until its probation ends */
+  TERN_EVENT_MEMBER_DEMOTED = 6,    /* root: `member` relays no more until its probation ends */
+  TERN_EVENT_MEMBER_DRAINED = 7,    /* root: an operator drained `member` (ABI 1.1) */
+  TERN_EVENT_MEMBER_REMOVED = 8     /* root: an operator removed `member` (ABI 1.1) */
 } tern_event_kind;
 
 /* "version_served", ...; "unknown" for a number this library does not know.
@@ -364,6 +382,14 @@ TERN_API tern_code tern_client_publish_jobs_json(tern_client* client, char* buf,
 TERN_API tern_code tern_client_events_json(tern_client* client, uint64_t after_seq,
                                            uint32_t max_events, uint32_t timeout_ms, char* buf,
                                            size_t cap, size_t* len);
+/* The three root calls above through its admin port (ABI 1.1): POST
+ * /members/drain, /members/remove, /retention; they need the token when the
+ * root has one (TERN_AUTH). Any thread. */
+TERN_API tern_code tern_client_drain_member(tern_client* client, const char* member_id);
+TERN_API tern_code tern_client_remove_member(tern_client* client, const char* member_id,
+                                             uint32_t rejoin_after_ms);
+TERN_API tern_code tern_client_set_retention(tern_client* client, uint32_t keep_patches,
+                                             uint32_t keyframe_every);
 /* NULL is a no-op. Must be the last call on the handle. */
 TERN_API void tern_client_free(tern_client* client);
 

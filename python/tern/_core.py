@@ -124,6 +124,22 @@ class Agent:
                 self._native.wait_events(int(after_seq), int(max_events),
                                          _timeout_ms(timeout_s, 600.0))]
 
+    def drain_member(self, id: str) -> None:
+        """Root: `id` relays for nobody from now on (its children move at
+        once) and stays a leaf while joined; drain before taking a member
+        away and its departure moves nobody. Error(NOT_FOUND): not joined."""
+        self._native.drain_member(str(id))
+
+    def remove_member(self, id: str, rejoin_after_s: float = 60.0) -> None:
+        """Root: drop `id` now (as if it had gone silent) and refuse its
+        joins for `rejoin_after_s` (at most a day; 0: at once)."""
+        self._native.remove_member(str(id), _timeout_ms(rejoin_after_s, 86400.0))
+
+    def set_retention(self, keep_patches: int, keyframe_every: int) -> None:
+        """Root: how many patches the board keeps, and a keyframe at least
+        every `keyframe_every` versions (both >= 1), from now on."""
+        self._native.set_retention(int(keep_patches), int(keyframe_every))
+
     def stop(self) -> None:
         """Leave and join the agent's threads; idempotent. Calls after it
         raise Error(UNAVAILABLE)."""
@@ -169,6 +185,22 @@ class Client:
 
     def status_json(self) -> dict:
         return json.loads(self._native.status_json())
+
+    def drain_member(self, id: str) -> None:
+        """Root: `id` relays for nobody from now on (its children move at
+        once) and stays a leaf while joined; drain before taking a member
+        away and its departure moves nobody. Error(NOT_FOUND): not joined."""
+        self._native.drain_member(str(id))
+
+    def remove_member(self, id: str, rejoin_after_s: float = 60.0) -> None:
+        """Root: drop `id` now (as if it had gone silent) and refuse its
+        joins for `rejoin_after_s` (at most a day; 0: at once)."""
+        self._native.remove_member(str(id), _timeout_ms(rejoin_after_s, 86400.0))
+
+    def set_retention(self, keep_patches: int, keyframe_every: int) -> None:
+        """Root: how many patches the board keeps, and a keyframe at least
+        every `keyframe_every` versions (both >= 1), from now on."""
+        self._native.set_retention(int(keep_patches), int(keyframe_every))
 
     def metrics(self) -> str:
         """GET /metrics: Prometheus text."""

@@ -211,3 +211,24 @@ def test_publish_releases_the_gil(fleet, tmp_path):
     # Held GIL: the spinner gets at most a switch interval's worth (5 ms).
     assert elapsed > 0.02, f"publish took {elapsed:.3f} s: too short to tell"
     assert during > 1000, f"the spinner ran {during} times in {elapsed:.3f} s of publish"
+
+
+def test_operator_calls(fleet, tmp_path):
+    root, member = fleet
+    root.publish(checkpoint(tmp_path / "o1.safetensors", model(13)), 1)
+    wait_served(member, 1)
+    member_id = member.listen_address
+    client = tern.Client(root.admin_address, token=TOKEN)
+    client.drain_member(member_id)
+    drained = [m for m in client.status_json()["members"] if m["id"] == member_id]
+    assert drained and drained[0]["draining"] is True
+    with pytest.raises(tern.Error) as e:
+        root.drain_member("ghost")
+    assert e.value.code == tern.Code.NOT_FOUND
+    with pytest.raises(tern.Error) as e:
+        tern.Client(root.admin_address).set_retention(4, 8)  # no token
+    assert e.value.code == tern.Code.AUTH
+    root.set_retention(4, 8)
+    root.remove_member(member_id, rejoin_after_s=0)
+    kinds = [e.kind for e in root.wait_events(0, 1024, 0) if e.member == member_id]
+    assert "member_drained" in kinds and "member_removed" in kinds
