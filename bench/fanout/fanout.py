@@ -118,6 +118,9 @@ def summarize(cfg, res, changed, a_args):
              changed=median(changed) if changed else None,
              view_bytes=rows[0]["view"] if rows else None, bound_s=b, tern_last_s=last,
              tern_last_status_s=median([r["last_status"] for r in patches]),
+             tern_held_s=median([r.get("held_last") for r in patches]),
+             applied_in_max_s=median([max(r["applied_in_s"].values()) if r.get("applied_in_s") else None
+                                      for r in patches]),
              tern_first_s=median([r["first_disk"] for r in patches]),
              tern_publish_s=median([r["publish_s"] for r in patches]),
              ratio_to_bound=last / b if last and b else None,
@@ -143,6 +146,7 @@ def summarize(cfg, res, changed, a_args):
         s["d_prep_s"] = median([r["prep_s"] for r in base["d"]])
         s["d_fetched_s"] = median([r["last_fetched"] for r in base["d"]])
         s["d_applied_s"] = median([r["last_applied"] for r in base["d"]])
+        s["d_warm_s"] = median([r.get("last_fetched_warm") for r in base["d"]])
         s["d_verified"] = min(r["verified"] for r in base["d"])
         s["d_wan_bytes"] = base["d"][-1]["wan_bytes"]
         s["d_over_tern"] = s["d_fetched_s"] / last if last and s["d_fetched_s"] else None
@@ -165,6 +169,8 @@ def run_sim(a, cfg, s, work):
     v = j["versions"][0]
     s["sim_s"] = v["last_holding_s"] if cfg["shape"] == "relay" else v["last_serving_s"]
     s["sim_holding_s"] = v["last_holding_s"]
+    s["sim_apply_s"] = j["apply_s"]
+    s["sim_holding_err"] = v["last_holding_s"] / s["tern_held_s"] - 1 if s.get("tern_held_s") else None
     s["sim_bound_s"] = j["bound"]["s"]
     s["sim_a_s"] = j["baselines"]["a_full_star_http"]["last_holding_s"] * (
         s["view_bytes"] / j["view_bytes"] if s.get("view_bytes") and j.get("view_bytes") else 1)
@@ -206,6 +212,19 @@ def markdown(results, meta):
                        "yes" if s["verified"] and s.get("a_verified", s["members"]) == s["members"] and
                        s.get("d_verified", s["members"]) == s["members"] else "NO",
                        fmt(s.get("sim_s")), fmt(s.get("sim_err") and s["sim_err"] * 100, "%+.0f%%")))
+    out += ["", "tern_sim on the same configurations (bench/sim/costs.json, the measured median patch size; "
+            "relay: time to the last member holding, chain/full: serving; held: the last member holding the whole "
+            "object, for serving members their commit minus the agent's 'applied in'; within 15%: |err| <= 15%):", "",
+            "| config | measured | sim | err | within 15% | measured held | sim held | err | applied in (last, "
+            "measured) | sim apply | (a) measured | (a) sim | (d) fetched | (d) warm | (d) sim |", "|" + "---|" * 15]
+    for s in results:
+        err = s.get("sim_err")
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            s["name"], fmt(s["tern_last_s"]), fmt(s.get("sim_s")), fmt(err and err * 100, "%+.0f%%"),
+            "-" if err is None else "yes" if abs(err) <= 0.15 else "no", fmt(s.get("tern_held_s")),
+            fmt(s.get("sim_holding_s")), fmt(s.get("sim_holding_err") and s["sim_holding_err"] * 100, "%+.0f%%"),
+            fmt(s.get("applied_in_max_s")), fmt(s.get("sim_apply_s")), fmt(s.get("a_last_s")),
+            fmt(s.get("sim_a_s")), fmt(s.get("d_fetched_s")), fmt(s.get("d_warm_s")), fmt(s.get("sim_d_s"))))
     out += ["", "Per configuration: the tree's critical path of the slowest patch version (member: its disk time), "
             "the last member per region, bytes on each WAN link for one patch version (tern) and for (a) and (d) "
             "(IP bytes both ways, the forwarder's counters):", ""]

@@ -280,7 +280,7 @@ def run_tern(a, hosts, regions, links, trace, steps, work):
                 first_disk=min(known) if len(known) == len(members) else None,
                 last_disk=max(known) if len(known) == len(members) else None,
                 last_by_region=per_region, critical_path=path, wan_bytes=wan,
-                cpu_s=cpu, machine_busy=(mach1[0] - mach0[0]) / max(mach1[1] - mach0[1], 1e-9),
+                cpu_s=cpu, disk=disk, machine_busy=(mach1[0] - mach0[0]) / max(mach1[1] - mach0[1], 1e-9),
                 verified=len(members) - len(bad), bad=bad))
             print("tern version %d: %s %.3f MB, last member %s %.3f s after publish returned; %d/%d verified" % (
                 v, "keyframe" if rows[-1]["keyframe"] else "patch", rows[-1]["shipped"] / 1e6,
@@ -289,14 +289,26 @@ def run_tern(a, hosts, regions, links, trace, steps, work):
             if v < len(steps):
                 time.sleep(a.gap_s)
         # Apply CPU per member and version, from the member's own log line.
-        apply_cpu = {}
+        # A serving member held the whole object at its commit minus its
+        # "applied in" (the agent's own figure from object complete to serving).
+        apply_cpu, applied_in = {}, {}
         for m in members:
             for line in open(m.log_path):
                 mm = re.search(r"serving version (\d+) .*process cpu ([0-9.]+) s", line)
                 if mm:
                     apply_cpu.setdefault(int(mm.group(1)), {})[m.name] = float(mm.group(2))
+                mm = re.search(r"serving version (\d+) .*applied in ([0-9.]+) s", line)
+                if mm:
+                    applied_in.setdefault(int(mm.group(1)), {})[m.name] = float(mm.group(2))
         for r in rows:
             r["apply_cpu_s"] = apply_cpu.get(r["version"], {})
+            ain = applied_in.get(r["version"], {})
+            r["applied_in_s"] = ain
+            held = [r["disk"][n] - ain[n] for n in ain if r.get("disk", {}).get(n) is not None]
+            if relay_only:
+                r["held_last"] = r.get("last_disk")
+            elif len(held) == len(members):
+                r["held_last"] = max(held)
         final = status()
         tree = {x["id"]: x["parent"] for x in final["members"]}
         return rows, tree
@@ -353,6 +365,8 @@ def run_baselines(a, hosts, regions, trace, steps, work):
         if "d" in a.baselines:
             rows = []
             model = "model.safetensors"
+            with open(os.path.join(nginx.www, "warm.bin"), "wb") as f:
+                f.write(os.urandom(2 << 20))
             for v in range(2, len(steps) + 1):
                 prev, new = os.path.join(steps[v - 2], model), os.path.join(steps[v - 1], model)
                 t_prep = time.time()
@@ -387,9 +401,20 @@ def run_baselines(a, hosts, regions, trace, steps, work):
                                  first_fetched=min(fetched.values()) if fetched else None,
                                  last_applied=max(applied.values()) if len(applied) == len(islands) else None,
                                  last_by_region=per_region, wan_bytes=wan, verified=ok))
+                # The same fetch on a connection kept alive: a 2 MB object
+                # first (slow start done), then the delta on that connection;
+                # its own transfer time (curl's time_total; the islands no
+                # longer start it at one instant, so this flatters (d)).
+                jobs = [(name, ["ip", "netns", "exec", ns, "curl", "-sS", "--fail", "-w", "%{time_total} ",
+                                "-o", "/dev/null", nginx.url + "/warm.bin", "-o", "/dev/null",
+                                "%s/d-%d.xor.zst" % (nginx.url, v)]) for name, ns, _ in islands]
+                res, _ = run_all(jobs)
+                warm = [float(text.split()[1]) for _, rc, text in res.values() if rc == 0 and len(text.split()) == 2]
+                rows[-1]["last_fetched_warm"] = max(warm) if len(warm) == len(islands) else None
                 print("baseline (d) store pull, version %d: %.3f MB XOR+zstd (prepared in %.3f s), last island "
-                      "fetched %.3f s, applied+checked %.3f s; %d/%d verified" % (
+                      "fetched %.3f s (warm connection %.3f s), applied+checked %.3f s; %d/%d verified" % (
                           v, rows[-1]["delta_bytes"] / 1e6, prep, rows[-1]["last_fetched"] or -1,
+                          rows[-1]["last_fetched_warm"] or -1,
                           rows[-1]["last_applied"] or -1, ok, len(islands)), flush=True)
                 time.sleep(0.5)
             out["d"] = rows
