@@ -104,7 +104,7 @@ def datagen(tern, out, params, steps, lr, fmt):
     return changed
 
 
-def summarize(cfg, res, changed, a_args):
+def summarize(cfg, res, changed):
     """One row of the table: medians over the patch versions (v >= 2)."""
     rows = [r for r in res["rows"] if "failed" not in r]
     patches = [r for r in rows if not r["keyframe"]]
@@ -326,7 +326,7 @@ def main():
                 failed = True
                 continue
             failed |= rc != 0
-            s = summarize(cfg, json.load(open(os.path.join(cdir, "result.json"))), changed, a)
+            s = summarize(cfg, json.load(open(os.path.join(cdir, "result.json"))), changed)
             s["load"] = open("/proc/loadavg").read().split()[0]
             run_sim(a, cfg, s, cdir)
             results.append(s)

@@ -170,7 +170,7 @@ def island_xor(base, out):
     print(h.hexdigest())
 
 
-def run_tern(a, hosts, regions, links, trace, steps, work):
+def run_tern(a, hosts, regions, steps, work):
     root_name, root_ns, root_addr = hosts[0]
     root_region = region_of(root_name)
     relay_only = a.shape == "relay"
@@ -317,7 +317,7 @@ def run_tern(a, hosts, regions, links, trace, steps, work):
             x.stop()
 
 
-def run_baselines(a, hosts, regions, trace, steps, work):
+def run_baselines(a, hosts, regions, steps, work):
     root_name, root_ns, root_addr = hosts[0]
     islands = hosts[1:]
     nginx = Nginx(work, root_addr)
@@ -446,12 +446,12 @@ def main():
     ap.add_argument("--agent-args", default="")
     a = ap.parse_args()
     a.baselines = a.baselines.split()
-    regions, links = parse_wan_config(a.config)
+    regions, _ = parse_wan_config(a.config)
     hosts = [l.split() for l in open(a.hosts) if l.strip()]
     steps = sorted(glob.glob(os.path.join(a.trace, "step-*")))[:min(a.versions, MAX_VERSIONS)]
     os.makedirs(os.path.join(a.work, "agents"), exist_ok=True)
-    rows, tree = run_tern(a, hosts, regions, links, a.trace, steps, a.work)
-    base = run_baselines(a, hosts, regions, a.trace, steps, a.work) if a.baselines else {}
+    rows, tree = run_tern(a, hosts, regions, steps, a.work)
+    base = run_baselines(a, hosts, regions, steps, a.work) if a.baselines else {}
     with open(a.out, "w") as f:
         json.dump(dict(rows=rows, tree=tree, baselines=base), f)
     bad = any("failed" in r or r["verified"] < len(hosts) - 1 for r in rows) or len(rows) < len(steps)
