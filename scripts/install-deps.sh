@@ -19,7 +19,8 @@ PACKAGES=(
   python3-matplotlib  # the scale simulator's plots (bench/sim/scale.py, docs/scale.md)
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
   gdb  # the test watchdog prints the stacks of a hung test with it
-  curl  # tests/cli/test_agent.py reads /metrics with it
+  curl  # tests/cli/test_agent.py reads /metrics with it; bench/fanout's HTTP baselines fetch with it
+  nginx-light  # bench/fanout's HTTP baselines serve with it (started per run in a testbed namespace, never as a service)
   pybind11-dev python3-dev python3-pytest  # the Python module (python/) and its tests
 )
 

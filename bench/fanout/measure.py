@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""One configuration of bench/fanout, run inside the root's namespace of a
+testbed that bench/fanout/fanout.py brought up (tools/wan/wan.sh).
+
+tern first: `tern-agent --root` in the first host, a member in every other
+host (`--relay-only` for the dissemination shape), every version of the trace
+published with `tern publish`. Per version:
+  * publish_s: how long `tern publish` took (diff, encode, write, HEAD);
+  * first/last (status): the root's /status first showing one member / every
+    member at the version (a member heartbeats the moment it holds or
+    serves it: one member-to-root one-way trip plus up to one poll period);
+  * first/last (disk), what the table reports: a serving member's commit
+    (mtime of DIR/views/state.json), a relay-only member's object complete
+    (ctime of DIR/objects/<object>: the relay renames the .part file once
+    every chunk's SHA-256 checked against the signed list);
+  * the tree's critical path: the last member's chain of parents, each with
+    its own disk time;
+  * bytes on each WAN link: the forwarder's per-link byte counters (IP bytes,
+    both directions, everything that crossed) before and after;
+  * CPU seconds of every agent over the version (/proc), and how busy the
+    whole machine was (other engineers' work included).
+Then checks every member: a serving member's DIR/current tensor by tensor
+against the published checkpoint, a relay-only member's object byte for byte
+against the root's.
+
+Then the baselines on the same testbed, with nginx serving from the root's
+host: (a) every island downloads the last version's full checkpoint with curl,
+all at once (a star over HTTP); (d) per version the store XORs the new
+checkpoint against the previous one and compresses it with zstd (the seed
+system's delta), and every island fetches it with curl, decompresses it, XORs
+it onto the previous version it holds and checks the SHA-256 of the result.
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "agent_wan"))
+from driver import Agent, machine_cpu_s, make_pki, parse_wan_config, proc_cpu_s, tensors  # noqa: E402
+
+HTTP_PORT = 8080
+MAX_VERSIONS = 64
+
+
+def region_of(host):
+    return host.rsplit("-", 1)[0]
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def link_bytes(state_dir, regions):
+    """{"us->eu": bytes, ...}: the forwarder's per-direction counters (it
+    prints them on SIGUSR1; regions are numbered from 1 in config order)."""
+    log = os.path.join(state_dir, "fwd.log")
+    size0 = os.path.getsize(log)
+    os.kill(int(open(os.path.join(state_dir, "fwd.pid")).read()), signal.SIGUSR1)
+    deadline = time.time() + 5
+    text = ""
+    while time.time() < deadline:
+        time.sleep(0.05)
+        with open(log) as f:
+            f.seek(size0)
+            text = f.read()
+        if text.count("\nlink ") + text.startswith("link ") >= len(regions) * (len(regions) - 1) // 2 * 2:
+            break
+    out = {}
+    for m in re.finditer(r"^link (\d+)->(\d+) .*?bytes=(\d+)", text, re.M):
+        a, b = int(m.group(1)), int(m.group(2))
+        if a != b:
+            out["%s->%s" % (regions[a - 1], regions[b - 1])] = int(m.group(3))
+    return out
+
+
+def diff_links(after, before):
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+
+
+def object_time(member_dir, version):
+    """ctime of the complete object that brought a relay-only member to
+    `version` (renamed from .part once verified), or None."""
+    best = None
+    for p in glob.glob(os.path.join(member_dir, "objects", "*-%d" % version)):
+        t = os.stat(p).st_ctime
+        best = t if best is None else min(best, t)
+    return best
+
+
+def run_all(jobs):
+    """Starts every (name, argv) at once; returns {name: (end_time, rc, stdout)}
+    and the start time. Each process is waited for by its own thread."""
+    out, threads = {}, []
+    t0 = time.time()
+
+    def wait(name, argv):
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        so, se = p.communicate()
+        out[name] = (time.time(), p.returncode, so + se)
+
+    for name, argv in jobs:
+        t = threading.Thread(target=wait, args=(name, argv))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(timeout=900)
+    return out, t0
+
+
+class Nginx:
+    def __init__(self, work, address):
+        self.www = os.path.join(work, "www")
+        os.makedirs(self.www, exist_ok=True)
+        conf = os.path.join(work, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write("user root;\nworker_processes 2;\ndaemon off;\npid %s/nginx.pid;\nerror_log %s/nginx.err;\n"
+                    "events { worker_connections 1024; }\n"
+                    "http { access_log off; sendfile on; tcp_nopush on; keepalive_timeout 60;\n"
+                    "  client_body_temp_path %s/nginx-tmp; proxy_temp_path %s/nginx-tmp;\n"
+                    "  fastcgi_temp_path %s/nginx-tmp; uwsgi_temp_path %s/nginx-tmp; scgi_temp_path %s/nginx-tmp;\n"
+                    "  server { listen %s:%d; root %s; } }\n" % (work, work, *([work] * 5), address, HTTP_PORT,
+                                                              self.www))
+        self.proc = subprocess.Popen(["nginx", "-c", conf], stderr=subprocess.DEVNULL)
+        self.url = "http://%s:%d" % (address, HTTP_PORT)
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.url + "/", timeout=1)
+                break
+            except urllib.error.HTTPError:
+                break  # 403/404: it answers
+            except OSError:
+                time.sleep(0.05)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def xor_bytes(a, b):
+    n = max(len(a), len(b))
+    x = int.from_bytes(a, "little") ^ int.from_bytes(b, "little")
+    return x.to_bytes(n, "little")
+
+
+def island_xor(base, out):
+    """The island side of baseline (d): stdin is the decompressed XOR delta;
+    XOR it onto BASE, write OUT, print its SHA-256."""
+    h = hashlib.sha256()
+    with open(base, "rb") as b, open(out, "wb") as f:
+        while True:
+            d = sys.stdin.buffer.read(4 << 20)
+            if not d:
+                break
+            x = xor_bytes(b.read(len(d)), d)[:len(d)]
+            f.write(x)
+            h.update(x)
+    print(h.hexdigest())
+
+
+def run_tern(a, hosts, regions, steps, work):
+    root_name, root_ns, root_addr = hosts[0]
+    root_region = region_of(root_name)
+    relay_only = a.shape == "relay"
+    sec = ["--no-tls"] if a.no_tls else make_pki(work, [h[2] for h in hosts])
+    common = [a.agent, "--heartbeat-ms", "200"] + sec + a.agent_args.split()
+    agents = []
+    rows = []
+    try:
+        root = Agent(work, root_ns, "root", common + ["--root", "--listen", root_addr + ":7400", "--admin",
+                                                      "127.0.0.1:0", "--region", root_region])
+        agents.append(root)
+        root.wait_started()
+        key = os.path.join(root.dir, "public-key.pem")
+        members = []
+        for name, ns, addr in hosts[1:]:
+            extra = ["--relay-only"] if relay_only else []
+            m = Agent(work, ns, name, common + ["--join", root_addr + ":7400", "--listen", addr + ":7400",
+                                                "--region", region_of(name), "--trust-key", key] + extra)
+            agents.append(m)
+            members.append(m)
+        for m in members:
+            m.wait_started()
+
+        def status():
+            with urllib.request.urlopen("http://%s/status" % root.admin, timeout=5) as r:
+                return json.loads(r.read())
+
+        deadline = time.time() + 90
+        while len(status()["members"]) < len(members):
+            if time.time() > deadline:
+                raise SystemExit("only %d of %d members joined in 90 s" % (len(status()["members"]), len(members)))
+            time.sleep(0.1)
+        time.sleep(1)  # the last joiner's links settle
+        by_name = {m.name: m for m in members}
+        for v, ckpt in enumerate(steps, start=1):
+            cpu0 = {x.name: proc_cpu_s(x.proc.pid) for x in agents}
+            mach0 = machine_cpu_s()
+            links0 = link_bytes(a.state, regions)
+            t_start = time.time()
+            r = subprocess.run([a.tern, "publish", "--board", root.admin, ckpt, "--version", str(v)],
+                               capture_output=True, text=True, timeout=600)
+            t_pub = time.time()
+            if r.returncode != 0:
+                raise SystemExit("tern publish version %d failed: %s" % (v, r.stderr.strip()))
+            first = last = None
+            deadline = t_pub + a.deadline_s
+            s = None
+            while time.time() < deadline:
+                now = time.time()
+                s = status()
+                at = [m["version"] for m in s["members"]]
+                if first is None and any(x >= v for x in at):
+                    first = now - t_pub
+                if len(at) == len(members) and all(x >= v for x in at):
+                    last = now - t_pub
+                    break
+                time.sleep(a.poll_ms / 1e3)
+            cpu = {x.name: proc_cpu_s(x.proc.pid) - cpu0[x.name] for x in agents}
+            mach1 = machine_cpu_s()
+            time.sleep(0.3)  # the last ACKs cross
+            wan = diff_links(link_bytes(a.state, regions), links0)
+            if last is None:
+                rows.append(dict(version=v, failed="not held by every member within %g s" % a.deadline_s))
+                break
+            disk = {}
+            for m in members:
+                if relay_only:
+                    t = object_time(m.dir, v)
+                else:
+                    st = os.path.join(m.dir, "views", "state.json")
+                    t = os.stat(st).st_mtime if json.load(open(st))["version"] == v else None
+                disk[m.name] = t - t_pub if t is not None else None
+            rv = None
+            for _ in range(100):
+                rv = next(x for x in status()["versions"] if x["version"] == v)
+                if rv["last_served_s"] >= 0 or relay_only:
+                    break
+                time.sleep(0.02)
+            # Checked: a serving member's view, a relay-only member's object.
+            if relay_only:
+                root_obj = {os.path.basename(p): sha256_file(p)
+                            for p in glob.glob(os.path.join(root.dir, "published", "*-%d" % v))}
+                bad = []
+                for m in members:
+                    got = {os.path.basename(p): sha256_file(p)
+                           for p in glob.glob(os.path.join(m.dir, "objects", "*-%d" % v))}
+                    if not got or any(root_obj.get(k) != h for k, h in got.items()):
+                        bad.append(m.name)
+            else:
+                want = tensors(ckpt)
+                bad = [m.name for m in members if tensors(os.path.join(m.dir, "current")) != want]
+            parent = {x["id"]: x["parent"] for x in s["members"]}
+            known = [t for t in disk.values() if t is not None]
+            last_name = max((n for n in disk if disk[n] is not None), key=lambda n: disk[n], default=None)
+            path, n = [], last_name
+            while n and n in by_name and len(path) < 64:
+                path.append((n, disk.get(n)))
+                n = parent.get(n)
+            path.reverse()
+            per_region = {}
+            for n, t in disk.items():
+                if t is not None:
+                    per_region[region_of(n)] = max(per_region.get(region_of(n), 0), t)
+            rows.append(dict(
+                version=v, keyframe=rv["patch_bytes"] == 0, shipped=rv["patch_bytes"] or rv["keyframe_bytes"],
+                view=rv["view_bytes"], publish_s=t_pub - t_start, first_status=first, last_status=last,
+                first_disk=min(known) if len(known) == len(members) else None,
+                last_disk=max(known) if len(known) == len(members) else None,
+                last_by_region=per_region, critical_path=path, wan_bytes=wan,
+                cpu_s=cpu, disk=disk, machine_busy=(mach1[0] - mach0[0]) / max(mach1[1] - mach0[1], 1e-9),
+                verified=len(members) - len(bad), bad=bad))
+            print("tern version %d: %s %.3f MB, last member %s %.3f s after publish returned; %d/%d verified" % (
+                v, "keyframe" if rows[-1]["keyframe"] else "patch", rows[-1]["shipped"] / 1e6,
+                "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1, len(members) - len(bad),
+                len(members)), flush=True)
+            if v < len(steps):
+                time.sleep(a.gap_s)
+        # Apply CPU per member and version, from the member's own log line.
+        # A serving member held the whole object at its commit minus its
+        # "applied in" (the agent's own figure from object complete to serving).
+        apply_cpu, applied_in = {}, {}
+        for m in members:
+            for line in open(m.log_path):
+                mm = re.search(r"serving version (\d+) .*process cpu ([0-9.]+) s", line)
+                if mm:
+                    apply_cpu.setdefault(int(mm.group(1)), {})[m.name] = float(mm.group(2))
+                mm = re.search(r"serving version (\d+) .*applied in ([0-9.]+) s", line)
+                if mm:
+                    applied_in.setdefault(int(mm.group(1)), {})[m.name] = float(mm.group(2))
+        for r in rows:
+            r["apply_cpu_s"] = apply_cpu.get(r["version"], {})
+            ain = applied_in.get(r["version"], {})
+            r["applied_in_s"] = ain
+            held = [r["disk"][n] - ain[n] for n in ain if r.get("disk", {}).get(n) is not None]
+            if relay_only:
+                r["held_last"] = r.get("last_disk")
+            elif len(held) == len(members):
+                r["held_last"] = max(held)
+        final = status()
+        tree = {x["id"]: x["parent"] for x in final["members"]}
+        return rows, tree
+    finally:
+        for x in reversed(agents):
+            x.stop()
+
+
+def run_baselines(a, hosts, regions, steps, work):
+    root_name, root_ns, root_addr = hosts[0]
+    islands = hosts[1:]
+    nginx = Nginx(work, root_addr)
+    out = {}
+    try:
+        idir = os.path.join(work, "islands")
+        os.makedirs(idir, exist_ok=True)
+        want = {}
+        if "a" in a.baselines:
+            # (a) the last version's full checkpoint (every file) to every island at once.
+            ckpt = steps[-1]
+            files = sorted(os.listdir(ckpt))
+            dst = os.path.join(nginx.www, "full")
+            os.makedirs(dst, exist_ok=True)
+            for f in files:
+                os.link(os.path.join(ckpt, f), os.path.join(dst, f))
+                want[f] = sha256_file(os.path.join(ckpt, f))
+            jobs = []
+            for name, ns, _ in islands:
+                os.makedirs(os.path.join(idir, name), exist_ok=True)
+                argv = ["ip", "netns", "exec", ns, "curl", "-sS", "--fail"]
+                for f in files:
+                    argv += ["-o", os.path.join(idir, name, f), "%s/full/%s" % (nginx.url, f)]
+                jobs.append((name, argv))
+            links0 = link_bytes(a.state, regions)
+            res, t0 = run_all(jobs)
+            time.sleep(0.3)
+            wan = diff_links(link_bytes(a.state, regions), links0)
+            ok = [n for n, (_, rc, _) in res.items()
+                  if rc == 0 and all(sha256_file(os.path.join(idir, n, f)) == want[f] for f in files)]
+            done = {n: t - t0 for n, (t, _, _) in res.items()}
+            per_region = {}
+            for n, t in done.items():
+                per_region[region_of(n)] = max(per_region.get(region_of(n), 0), t)
+            out["a"] = dict(version=len(steps), bytes_per_island=sum(os.path.getsize(os.path.join(ckpt, f))
+                                                                      for f in files),
+                            first=min(done.values()), last=max(done.values()), last_by_region=per_region,
+                            wan_bytes=wan, verified=len(ok),
+                            errors=[res[n][2][-200:] for n in res if n not in ok][:3])
+            print("baseline (a) full checkpoint star over HTTP: last island %.3f s; %d/%d verified" % (
+                out["a"]["last"], len(ok), len(islands)), flush=True)
+            for name, _, _ in islands:
+                for f in files:
+                    os.unlink(os.path.join(idir, name, f))
+        if "d" in a.baselines:
+            rows = []
+            model = "model.safetensors"
+            with open(os.path.join(nginx.www, "warm.bin"), "wb") as f:
+                f.write(os.urandom(2 << 20))
+            for v in range(2, len(steps) + 1):
+                prev, new = os.path.join(steps[v - 2], model), os.path.join(steps[v - 1], model)
+                t_prep = time.time()
+                delta = xor_bytes(open(new, "rb").read(), open(prev, "rb").read())
+                obj = os.path.join(nginx.www, "d-%d.xor.zst" % v)
+                subprocess.run(["zstd", "-q", "-3", "-T1", "-f", "-o", obj], input=delta, check=True)
+                prep = time.time() - t_prep
+                target = hashlib.sha256(open(new, "rb").read()).hexdigest()
+                jobs = []
+                for name, ns, _ in islands:
+                    z = os.path.join(idir, name, "d.zst")
+                    sh = ('curl -sS --fail -o %s %s/d-%d.xor.zst && date +%%s.%%N && zstd -dqc %s | '
+                          'python3 %s island-xor %s %s && date +%%s.%%N' % (
+                              z, nginx.url, v, z, os.path.abspath(__file__), prev,
+                              os.path.join(idir, name, "model")))
+                    jobs.append((name, ["ip", "netns", "exec", ns, "sh", "-c", sh]))
+                links0 = link_bytes(a.state, regions)
+                res, t0 = run_all(jobs)
+                time.sleep(0.3)
+                wan = diff_links(link_bytes(a.state, regions), links0)
+                fetched, applied, ok = {}, {}, 0
+                for n, (_, rc, text) in res.items():
+                    w = text.split()
+                    if rc == 0 and len(w) >= 3:
+                        fetched[n], applied[n] = float(w[0]) - t0, float(w[2]) - t0
+                        ok += w[1] == target
+                per_region = {}
+                for n, t in fetched.items():
+                    per_region[region_of(n)] = max(per_region.get(region_of(n), 0), t)
+                rows.append(dict(version=v, delta_bytes=os.path.getsize(obj), prep_s=prep,
+                                 last_fetched=max(fetched.values()) if len(fetched) == len(islands) else None,
+                                 first_fetched=min(fetched.values()) if fetched else None,
+                                 last_applied=max(applied.values()) if len(applied) == len(islands) else None,
+                                 last_by_region=per_region, wan_bytes=wan, verified=ok))
+                # The same fetch on a connection kept alive: a 2 MB object
+                # first (slow start done), then the delta on that connection;
+                # its own transfer time (curl's time_total; the islands no
+                # longer start it at one instant, so this flatters (d)).
+                jobs = [(name, ["ip", "netns", "exec", ns, "curl", "-sS", "--fail", "-w", "%{time_total} ",
+                                "-o", "/dev/null", nginx.url + "/warm.bin", "-o", "/dev/null",
+                                "%s/d-%d.xor.zst" % (nginx.url, v)]) for name, ns, _ in islands]
+                res, _ = run_all(jobs)
+                warm = [float(text.split()[1]) for _, rc, text in res.values() if rc == 0 and len(text.split()) == 2]
+                rows[-1]["last_fetched_warm"] = max(warm) if len(warm) == len(islands) else None
+                print("baseline (d) store pull, version %d: %.3f MB XOR+zstd (prepared in %.3f s), last island "
+                      "fetched %.3f s (warm connection %.3f s), applied+checked %.3f s; %d/%d verified" % (
+                          v, rows[-1]["delta_bytes"] / 1e6, prep, rows[-1]["last_fetched"] or -1,
+                          rows[-1]["last_fetched_warm"] or -1,
+                          rows[-1]["last_applied"] or -1, ok, len(islands)), flush=True)
+                time.sleep(0.5)
+            out["d"] = rows
+    finally:
+        nginx.stop()
+    return out
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "island-xor":
+        island_xor(sys.argv[2], sys.argv[3])
+        return 0
+    ap = argparse.ArgumentParser(description="one bench/fanout configuration (run by fanout.py)")
+    ap.add_argument("--hosts", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--state", required=True, help="the testbed's state dir (/run/tern-wan/PREFIX)")
+    ap.add_argument("--shape", choices=["chain", "relay", "full"], required=True)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--versions", type=int, required=True)
+    ap.add_argument("--tern", required=True)
+    ap.add_argument("--agent", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--baselines", default="a d")
+    ap.add_argument("--gap-s", type=float, default=2)
+    ap.add_argument("--poll-ms", type=float, default=10)
+    ap.add_argument("--deadline-s", type=float, default=120)
+    ap.add_argument("--no-tls", action="store_true")
+    ap.add_argument("--agent-args", default="")
+    a = ap.parse_args()
+    a.baselines = a.baselines.split()
+    regions, _ = parse_wan_config(a.config)
+    hosts = [l.split() for l in open(a.hosts) if l.strip()]
+    steps = sorted(glob.glob(os.path.join(a.trace, "step-*")))[:min(a.versions, MAX_VERSIONS)]
+    os.makedirs(os.path.join(a.work, "agents"), exist_ok=True)
+    rows, tree = run_tern(a, hosts, regions, steps, a.work)
+    base = run_baselines(a, hosts, regions, steps, a.work) if a.baselines else {}
+    with open(a.out, "w") as f:
+        json.dump(dict(rows=rows, tree=tree, baselines=base), f)
+    bad = any("failed" in r or r["verified"] < len(hosts) - 1 for r in rows) or len(rows) < len(steps)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
