@@ -12,10 +12,13 @@
 // SGLang reloads every tensor from the model path it is given: an update
 // is never sparse (EngineUpdate::changed is not sent; every report says
 // `full`). The weight version changes together with the weights, only when
-// the load succeeded, and a failed load rolls back to the weights it had,
-// so the version SGLang names is the one it serves: nothing is left
-// uncertain after a timeout (a timed-out update may still land later; the
-// next read-back says so).
+// the load succeeded, so the version SGLang names is the one it loaded (a
+// timed-out update may still land later; the next read-back says so). A
+// load that fails half-way rolls back by re-reading SGLang's previous
+// model path, the previous version's slot, which the member may have
+// rewritten as its spare since: until a retry succeeds such an engine may
+// hold other weights under its old version (docs/engines.md, "SGLang",
+// known gaps).
 //
 // Pause policy (PauseMode) onto SGLang:
 //   keep  -> pause_generation mode in_place: requests stay in the engine
