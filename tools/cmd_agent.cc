@@ -437,15 +437,16 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   AddUnsigned(cmd, "--on-serve-timeout-ms", a->agent.on_serve_timeout_ms,
               "kill an --on-serve run (its process group) after this long", "60000", 86'400'000);
   cmd.add_option("--engine", a->agent.engine,
-                 "member: load every version it serves into this engine beside it: vllm "
-                 "(docs/engines.md, \"The agent drives the engine\")")
-      ->check(CLI::IsMember({"vllm"}));
+                 "member: load every version it serves into this engine beside it: vllm or "
+                 "sglang (docs/engines.md, \"The agent drives the engine\")")
+      ->check(CLI::IsMember({"vllm", "sglang"}));
   cmd.add_option("--engine-url", a->agent.engine_url,
                  "with --engine: the engine's http://HOST:PORT (vLLM started from DIR/current with "
-                 "--weight-transfer-config '{\"backend\": \"tern\"}' and VLLM_SERVER_DEV_MODE=1)");
+                 "--weight-transfer-config '{\"backend\": \"tern\"}' and VLLM_SERVER_DEV_MODE=1; "
+                 "SGLang started with --model-path DIR/current)");
   cmd.add_option("--engine-pause", a->agent.engine_pause,
-                 "requests in flight during an update: keep (frozen, resumed on the new weights), "
-                 "wait (drained first) or abort")
+                 "requests in flight during an update: keep (frozen, resumed on the new weights; "
+                 "SGLang: pause mode in_place), wait (drained first) or abort")
       ->check(CLI::IsMember({"keep", "wait", "abort"}))
       ->default_str("keep");
   cmd.add_flag("--engine-no-cache-reset", [a](int64_t) { a->agent.engine_reset_prefix_cache = false; },

@@ -10,6 +10,7 @@
 #include "agent/daemon/serve_hook.h"
 #include "agent/daemon/engine_driver.h"
 #include "agent/engine/engine_adapter.h"
+#include "agent/engine/sglang_adapter.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
@@ -367,8 +368,8 @@ void AgentImpl::TickLoop() {
 // --engine (engine_driver.h): a member's engine, driven from its events.
 Status AgentImpl::InitEngine() {
   if (opt_.engine.empty()) return Status::Ok();
-  TERN_REQUIRE(opt_.engine == "vllm", kInvalidArgument, "agent: --engine ", opt_.engine,
-               ": the engines are vllm");
+  TERN_REQUIRE(opt_.engine == "vllm" || opt_.engine == "sglang", kInvalidArgument,
+               "agent: --engine ", opt_.engine, ": the engines are vllm and sglang");
   TERN_REQUIRE(!opt_.root && !opt_.relay_only && store_ != nullptr, kInvalidArgument,
                "agent: --engine is for serving members");
   TERN_ASSIGN_OR_RETURN(PauseMode pause, ParsePauseMode(opt_.engine_pause));
@@ -376,14 +377,26 @@ Status AgentImpl::InitEngine() {
   TERN_REQUIRE(::realpath(opt_.data_dir.c_str(), real) != nullptr, kInvalidArgument,
                "agent: --engine: cannot resolve ", opt_.data_dir);
   const std::string root(real);
-  VllmAdapterOptions vo;
-  vo.url = opt_.engine_url;
-  vo.root = root;
-  vo.pause = pause;
-  vo.reset_prefix_cache = opt_.engine_reset_prefix_cache;
-  vo.update_timeout_ms = opt_.engine_update_timeout_ms;
-  vo.attempts = opt_.engine_attempts;
-  TERN_ASSIGN_OR_RETURN(auto adapter, VllmAdapter::Create(vo, clock_));
+  std::unique_ptr<EngineAdapter> adapter;
+  if (opt_.engine == "vllm") {
+    VllmAdapterOptions vo;
+    vo.url = opt_.engine_url;
+    vo.root = root;
+    vo.pause = pause;
+    vo.reset_prefix_cache = opt_.engine_reset_prefix_cache;
+    vo.update_timeout_ms = opt_.engine_update_timeout_ms;
+    vo.attempts = opt_.engine_attempts;
+    TERN_ASSIGN_OR_RETURN(adapter, VllmAdapter::Create(vo, clock_));
+  } else {
+    SglangAdapterOptions so;
+    so.url = opt_.engine_url;
+    so.root = root;
+    so.pause = pause;
+    so.reset_prefix_cache = opt_.engine_reset_prefix_cache;
+    so.update_timeout_ms = opt_.engine_update_timeout_ms;
+    so.attempts = opt_.engine_attempts;
+    TERN_ASSIGN_OR_RETURN(adapter, SglangAdapter::Create(so, clock_));
+  }
   slot_lease_ = std::make_unique<SlotLease>([this] { return CurrentSlot(); });
   engine_ = std::make_unique<EngineDriver>(*events_, *slot_lease_, std::move(adapter), opt_.engine,
                                            EngineDriverOptions{}, clock_,

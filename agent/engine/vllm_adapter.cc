@@ -1,9 +1,8 @@
-#include <httplib.h>
-
 #include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "agent/engine/engine_adapter.h"
+#include "agent/engine/engine_http.h"
 
 namespace tern::agent {
 namespace {
@@ -12,17 +11,9 @@ namespace {
 // input with this (engines/vllm/tern_vllm/backend.py, BAD_UPDATE); vLLM
 // answers it with HTTP 500 like any worker failure.
 constexpr std::string_view kBadUpdate = "tern: bad update: ";
-// Replies of the control routes are a few hundred bytes; an error with a
-// stack trace a few KiB.
-constexpr size_t kReplyBytesMax = 64 << 10;
 constexpr size_t kNameBytesMax = 1024;
-constexpr size_t kMessageBytesMax = 600;  // of an engine's error, in our messages
 
-// Invalid UTF-8 is replaced, not thrown: a caller's path that does not
-// survive the round trip is refused before it is sent.
-std::string Dump(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+std::string Dump(const nlohmann::json& j) { return DumpEngineJson(j); }
 
 bool PlainName(const std::string& name) {
   if (name.empty() || name.size() > kNameBytesMax) return false;
@@ -31,24 +22,7 @@ bool PlainName(const std::string& name) {
   return true;
 }
 
-std::string Clip(std::string_view s) {
-  return std::string(s.substr(0, kMessageBytesMax)) + (s.size() > kMessageBytesMax ? "..." : "");
-}
-
-// The engine's error message from a JSON reply ({"error": {"message"}},
-// {"error": "..."}, {"detail": ...}), else the raw body.
-std::string ErrorText(const std::string& body) {
-  auto j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_object()) {
-    if (auto e = j.find("error"); e != j.end()) {
-      if (e->is_string()) return Clip(e->get<std::string>());
-      if (e->is_object() && e->contains("message") && (*e)["message"].is_string())
-        return Clip((*e)["message"].get<std::string>());
-    }
-    if (auto d = j.find("detail"); d != j.end()) return Clip(d->dump());
-  }
-  return Clip(body);
-}
+std::string Clip(std::string_view s) { return ClipEngineText(s); }
 
 }  // namespace
 
@@ -77,24 +51,7 @@ struct VllmAdapter::Reply {
 };
 
 Result<std::unique_ptr<VllmAdapter>> VllmAdapter::Create(VllmAdapterOptions options, Clock& clock) {
-  std::string_view url = options.url;
-  TERN_REQUIRE(url.starts_with("http://"), kInvalidArgument,
-               "engine: URL must be http://HOST:PORT, not ", options.url);
-  url.remove_prefix(7);
-  while (url.ends_with('/')) url.remove_suffix(1);
-  const size_t colon = url.rfind(':');
-  TERN_REQUIRE(
-      colon != std::string_view::npos && colon > 0 && url.find('/') == std::string_view::npos,
-      kInvalidArgument, "engine: URL must be http://HOST:PORT, not ", options.url);
-  int port = 0;
-  const std::string_view port_text = url.substr(colon + 1);
-  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  TERN_REQUIRE(
-      ec == std::errc() && end == port_text.data() + port_text.size() && port > 0 && port < 65536,
-      kInvalidArgument, "engine: bad port in URL ", options.url);
-  std::string host(url.substr(0, colon));
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
+  TERN_ASSIGN_OR_RETURN(EngineEndpoint engine, ParseEngineUrl(options.url));
   TERN_REQUIRE(options.root.starts_with('/') && options.root.size() < 4096, kInvalidArgument,
                "engine: the member directory must be an absolute path, not '", options.root, "'");
   TERN_REQUIRE(options.attempts >= 1 && options.attempts <= 16, kInvalidArgument,
@@ -105,7 +62,7 @@ Result<std::unique_ptr<VllmAdapter>> VllmAdapter::Create(VllmAdapterOptions opti
   TERN_REQUIRE(options.changed_max > 0 && options.changed_max <= (size_t{1} << 20),
                kInvalidArgument, "engine: changed_max must be 1..2^20");
   return std::unique_ptr<VllmAdapter>(
-      new VllmAdapter(std::move(options), std::move(host), port, clock));
+      new VllmAdapter(std::move(options), std::move(engine.host), engine.port, clock));
 }
 
 VllmAdapter::VllmAdapter(VllmAdapterOptions options, std::string host, int port, Clock& clock)
@@ -115,54 +72,17 @@ VllmAdapter::~VllmAdapter() = default;
 
 Result<VllmAdapter::Reply> VllmAdapter::Call(const char* method, const std::string& path,
                                              const std::string& body, uint32_t timeout_ms) {
-  // A fresh connection per call: an engine that restarted between two
-  // updates is reached again, and a call abandoned at its deadline never
-  // leaves a half-read reply on a kept connection.
-  httplib::Client client(host_, port_);
-  client.set_keep_alive(false);
-  client.set_connection_timeout(std::chrono::milliseconds(options_.connect_timeout_ms));
-  client.set_read_timeout(std::chrono::milliseconds(timeout_ms));
-  client.set_write_timeout(std::chrono::milliseconds(timeout_ms));
-  const uint64_t deadline_us = clock_.NowUs() + uint64_t{timeout_ms} * 1000;
-  Reply reply;
-  bool too_long = false;
-  bool too_large = false;
-  httplib::Request req;
-  req.method = method;
-  req.path = path;
-  req.body = body;
-  if (!body.empty()) req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (clock_.NowUs() > deadline_us) return !(too_long = true);
-    if (reply.body.size() + n > kReplyBytesMax) return !(too_large = true);
-    reply.body.append(data, n);
-    return true;
-  };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool sent = client.send(req, res, err);
-  const std::string what = std::string(method) + " " + path;
-  TERN_REQUIRE(!too_long, kTimeout, "engine: ", what, ": no whole reply within ", timeout_ms,
-               " ms");
-  TERN_REQUIRE(!too_large, kResourceExhausted, "engine: ", what, ": reply over ", kReplyBytesMax,
-               " bytes");
-  if (!sent) {
-    if (err == httplib::Error::Read || err == httplib::Error::ConnectionTimeout) {
-      if (clock_.NowUs() >= deadline_us || err == httplib::Error::ConnectionTimeout)
-        return TERN_ERROR(kTimeout, "engine: ", what, ": no reply within ", timeout_ms, " ms (",
-                          httplib::to_string(err), ")");
-    }
-    return TERN_ERROR(kUnavailable, "engine: ", what, ": ", httplib::to_string(err));
-  }
-  reply.status = res.status;
-  return reply;
+  TERN_ASSIGN_OR_RETURN(EngineReply r,
+                        EngineHttpCall(EngineEndpoint{host_, port_}, options_.connect_timeout_ms,
+                                       method, path, body, timeout_ms, clock_));
+  return Reply{r.status, std::move(r.body)};
 }
 
 Status VllmAdapter::Step(const char* method, const std::string& path, const std::string& body,
                          uint32_t timeout_ms, Reply* out) {
   TERN_ASSIGN_OR_RETURN(Reply reply, Call(method, path, body, timeout_ms));
   if (reply.status != 200) {
-    const std::string text = ErrorText(reply.body);
+    const std::string text = EngineErrorText(reply.body);
     // Bad input is the caller's to fix; a retry would meet the same refusal.
     const Code code = text.find(kBadUpdate) != std::string::npos ? Code::kInvalidArgument
                       : reply.status >= 500                      ? Code::kUnavailable

@@ -150,11 +150,11 @@ TEST_F(AgentEngineTest, EngineIsRefusedWithAnUnknownNameAndOnARoot) {
   AgentOptions o = BaseOptions("root");
   o.root = true;
   o.transport = NewTransportFor("root");
-  o.engine = "sglang";
+  o.engine = "trtllm";
   o.engine_url = engine_.url();
   auto a = Agent::Start(o);
   ASSERT_FALSE(a.ok());
-  EXPECT_NE(a.status().message().find("the engines are vllm"), std::string::npos)
+  EXPECT_NE(a.status().message().find("the engines are vllm and sglang"), std::string::npos)
       << a.status().ToString();
   o.engine = "vllm";
   a = Agent::Start(o);

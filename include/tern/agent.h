@@ -218,8 +218,11 @@ struct AgentOptions {
   // '{"backend": "tern"}' and VLLM_SERVER_DEV_MODE=1), through the tern
   // backend's update routes: pause (engine_pause: keep, wait or abort),
   // update with the tensors that changed, finish with the version, reset
-  // the prefix cache (engine_reset_prefix_cache), resume. Empty: none.
-  // Members only.
+  // the prefix cache (engine_reset_prefix_cache), resume. "sglang": the
+  // SGLang server at engine_url (started with --model-path DIR/current):
+  // pause_generation, update_weights_from_disk from the slot (every
+  // tensor) with the version, flush_cache, continue_generation
+  // (docs/engines.md "SGLang"). Empty: none. Members only.
   std::string engine;
   std::string engine_url;  // http://HOST:PORT
   std::string engine_pause = "keep";
@@ -311,7 +314,7 @@ struct AgentFreshness {
 
 // The engine a member drives (AgentOptions::engine); absent without one.
 struct AgentEngineStatus {
-  std::string engine;           // "vllm"
+  std::string engine;           // "vllm" or "sglang"
   uint64_t version = 0;         // the version the engine says it serves (0: none known)
   uint64_t target_version = 0;  // the newest version the member served for it
   // "starting", "serving", "updating", "waiting" (the slot moved on),

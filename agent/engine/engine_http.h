@@ -1,0 +1,56 @@
+// What the engine adapters share: the engine's URL, one HTTP request with
+// a deadline and a bounded reply, and the bits of an engine's error text
+// that go into our messages. Each adapter speaks its engine's routes on
+// top (vllm_adapter.cc, sglang_adapter.cc).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+
+#include "tern/clock.h"
+#include "tern/status.h"
+
+namespace tern::agent {
+
+struct EngineEndpoint {
+  std::string host;  // without brackets for IPv6
+  int port = 0;
+};
+
+// http://HOST:PORT (a trailing '/' allowed), kInvalidArgument otherwise.
+Result<EngineEndpoint> ParseEngineUrl(const std::string& url);
+
+struct EngineReply {
+  int status = 0;
+  std::string body;
+};
+
+// Replies of the control routes are a few hundred bytes; an error with a
+// stack trace a few KiB.
+constexpr size_t kEngineReplyBytesMax = 64 << 10;
+
+// One request on a fresh connection (an engine that restarted between two
+// calls is reached again; a call abandoned at its deadline never leaves a
+// half-read reply on a kept connection). `timeout_ms` bounds the
+// connection's reads and writes and the whole reply, timed by `clock`.
+// kTimeout past the deadline, kUnavailable when the engine cannot be
+// reached or drops the connection, kResourceExhausted for a reply over
+// kEngineReplyBytesMax. Any HTTP status is a reply, not an error.
+Result<EngineReply> EngineHttpCall(const EngineEndpoint& engine, uint32_t connect_timeout_ms,
+                                   const char* method, const std::string& path,
+                                   const std::string& body, uint32_t timeout_ms, Clock& clock);
+
+// At most 600 bytes of an engine's text, for our messages.
+std::string ClipEngineText(std::string_view s);
+
+// The engine's error message from a JSON reply ({"error": {"message"}},
+// {"error": "..."}, {"message": "..."}, {"detail": ...}), else the raw body;
+// clipped.
+std::string EngineErrorText(const std::string& body);
+
+// JSON text; invalid UTF-8 is replaced, not thrown.
+std::string DumpEngineJson(const nlohmann::json& j);
+
+}  // namespace tern::agent
