@@ -10,7 +10,6 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
-
 #include <pthread.h>
 
 #include <cerrno>
@@ -58,7 +57,7 @@ std::string OpenSslError() {
 }  // namespace
 
 struct HttpsClientTls::Material {
-  STACK_OF(X509)* ca = nullptr;  // owned; null: the system's trust store
+  STACK_OF(X509) * ca = nullptr;  // owned; null: the system's trust store
   X509Ptr cert;
   KeyPtr key;
   ~Material() {
@@ -113,23 +112,24 @@ SigpipeBlock::~SigpipeBlock() {
   pthread_sigmask(SIG_SETMASK, &old_, nullptr);
 }
 
-HttpsClientTls::HttpsClientTls(std::unique_ptr<Material> material) : material_(std::move(material)) {}
+HttpsClientTls::HttpsClientTls(std::unique_ptr<Material> material)
+    : material_(std::move(material)) {}
 HttpsClientTls::~HttpsClientTls() = default;
 
 bool HttpsClientTls::has_client_cert() const { return material_->cert != nullptr; }
 bool HttpsClientTls::has_ca() const { return material_->ca != nullptr; }
 
 Result<std::unique_ptr<HttpsClientTls>> HttpsClientTls::Create(const std::string& ca_pem,
-                                                 const std::string& cert_pem,
-                                                 const std::string& key_pem,
-                                                 const TlsNames& names) {
+                                                               const std::string& cert_pem,
+                                                               const std::string& key_pem,
+                                                               const TlsNames& names) {
   const std::string& what = names.what;
   for (const std::string* pem : {&ca_pem, &cert_pem, &key_pem}) {
-    TERN_REQUIRE(pem->size() <= kMaxPemBytes, kInvalidArgument, what, ": a PEM of ",
-                 pem->size(), " bytes (max ", kMaxPemBytes, ")");
+    TERN_REQUIRE(pem->size() <= kMaxPemBytes, kInvalidArgument, what, ": a PEM of ", pem->size(),
+                 " bytes (max ", kMaxPemBytes, ")");
   }
-  TERN_REQUIRE(cert_pem.empty() == key_pem.empty(), kInvalidArgument,
-               what, ": give both a client certificate (", names.cert_flag, ") and its key (",
+  TERN_REQUIRE(cert_pem.empty() == key_pem.empty(), kInvalidArgument, what,
+               ": give both a client certificate (", names.cert_flag, ") and its key (",
                names.key_flag, "), or neither");
   auto m = std::make_unique<Material>();
   ERR_clear_error();
@@ -143,40 +143,38 @@ Result<std::unique_ptr<HttpsClientTls>> HttpsClientTls::Create(const std::string
       if (x == nullptr) break;
       if (sk_X509_num(m->ca) >= kMaxCaCerts || sk_X509_push(m->ca, x) == 0) {
         X509_free(x);
-        return TERN_ERROR(kInvalidArgument, what, ": the CA file (", names.ca_flag, ") holds over ", kMaxCaCerts,
-                          " certificates");
+        return TERN_ERROR(kInvalidArgument, what, ": the CA file (", names.ca_flag, ") holds over ",
+                          kMaxCaCerts, " certificates");
       }
     }
     ERR_clear_error();  // the end of the PEM stream reads as an error
-    TERN_REQUIRE(sk_X509_num(m->ca) > 0, kInvalidArgument,
-                 what, ": the CA file (", names.ca_flag, ") holds no PEM certificate");
+    TERN_REQUIRE(sk_X509_num(m->ca) > 0, kInvalidArgument, what, ": the CA file (", names.ca_flag,
+                 ") holds no PEM certificate");
   }
   if (!cert_pem.empty()) {
     BioPtr bio = MemBio(cert_pem);
     TERN_REQUIRE(bio != nullptr, kResourceExhausted, what, ": out of memory");
     m->cert.reset(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
-    TERN_REQUIRE(m->cert != nullptr, kInvalidArgument,
-                 what, ": the client certificate file (", names.cert_flag,
-                 ") holds no PEM certificate");
+    TERN_REQUIRE(m->cert != nullptr, kInvalidArgument, what, ": the client certificate file (",
+                 names.cert_flag, ") holds no PEM certificate");
     BioPtr key_bio = MemBio(key_pem);
     TERN_REQUIRE(key_bio != nullptr, kResourceExhausted, what, ": out of memory");
     m->key.reset(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassphrase, nullptr));
     ERR_clear_error();
-    TERN_REQUIRE(m->key != nullptr, kInvalidArgument,
-                 what, ": the client key file (", names.key_flag,
-                 ") holds no unencrypted PEM private key");
-    TERN_REQUIRE(X509_check_private_key(m->cert.get(), m->key.get()) == 1, kInvalidArgument,
-                 what, ": the client key (", names.key_flag,
-                 ") does not match the client certificate (", names.cert_flag, ")");
+    TERN_REQUIRE(m->key != nullptr, kInvalidArgument, what, ": the client key file (",
+                 names.key_flag, ") holds no unencrypted PEM private key");
+    TERN_REQUIRE(X509_check_private_key(m->cert.get(), m->key.get()) == 1, kInvalidArgument, what,
+                 ": the client key (", names.key_flag, ") does not match the client certificate (",
+                 names.cert_flag, ")");
     ERR_clear_error();
   }
   return std::unique_ptr<HttpsClientTls>(new HttpsClientTls(std::move(m)));
 }
 
 Result<std::unique_ptr<httplib::ClientImpl>> HttpsClientTls::Connect(const std::string& host,
-                                                              int port) const {
-  auto client = std::make_unique<httplib::SSLClient>(host, port, material_->cert.get(),
-                                                     material_->key.get());
+                                                                     int port) const {
+  auto client =
+      std::make_unique<httplib::SSLClient>(host, port, material_->cert.get(), material_->key.get());
   TERN_REQUIRE(client->is_valid() && client->ssl_context() != nullptr, kInternal,
                "TLS: cannot set up a TLS context: ", OpenSslError());
   // OpenSSL verifies, during the handshake; cpp-httplib's own check (after
@@ -192,7 +190,8 @@ Result<std::unique_ptr<httplib::ClientImpl>> HttpsClientTls::Connect(const std::
   SSL_CTX_set_cert_verify_callback(ctx, VerifyServer, material_->ca);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
   std::string name = host;
-  if (name.size() > 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
+  if (name.size() > 2 && name.front() == '[' && name.back() == ']')
+    name = name.substr(1, name.size() - 2);
   X509_VERIFY_PARAM* param = SSL_CTX_get0_param(ctx);
   X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
   // An IP literal must be an IP subjectAltName; anything else a DNS one.
@@ -220,8 +219,8 @@ Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_
                                                         const std::string& key_pem,
                                                         const TlsNames& names) {
   const std::string& what = names.what;
-  TERN_REQUIRE(cert_pem.size() <= kMaxPemBytes && key_pem.size() <= kMaxPemBytes,
-               kInvalidArgument, what, ": a PEM over ", kMaxPemBytes, " bytes");
+  TERN_REQUIRE(cert_pem.size() <= kMaxPemBytes && key_pem.size() <= kMaxPemBytes, kInvalidArgument,
+               what, ": a PEM over ", kMaxPemBytes, " bytes");
   ERR_clear_error();
   std::vector<X509Ptr> chain;  // the leaf, then intermediates
   {
@@ -234,8 +233,8 @@ Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_
     }
     ERR_clear_error();  // the end of the PEM stream reads as an error
   }
-  TERN_REQUIRE(!chain.empty(), kInvalidArgument, what, ": the certificate file (",
-               names.cert_flag, ") holds no PEM certificate");
+  TERN_REQUIRE(!chain.empty(), kInvalidArgument, what, ": the certificate file (", names.cert_flag,
+               ") holds no PEM certificate");
   KeyPtr key;
   {
     BioPtr bio = MemBio(key_pem);
@@ -246,8 +245,8 @@ Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_
   TERN_REQUIRE(key != nullptr, kInvalidArgument, what, ": the key file (", names.key_flag,
                ") holds no unencrypted PEM private key");
   TERN_REQUIRE(X509_check_private_key(chain[0].get(), key.get()) == 1, kInvalidArgument, what,
-               ": the key (", names.key_flag, ") does not match the certificate (",
-               names.cert_flag, ")");
+               ": the key (", names.key_flag, ") does not match the certificate (", names.cert_flag,
+               ")");
   ERR_clear_error();
   // SSL_CTX_use_* take their own references: the PEM objects die here.
   bool set_up = false;
@@ -260,8 +259,8 @@ Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_
     }
     return set_up;
   });
-  TERN_REQUIRE(set_up && server->is_valid(), kInternal, what, ": cannot set up a TLS context: ",
-               OpenSslError());
+  TERN_REQUIRE(set_up && server->is_valid(), kInternal, what,
+               ": cannot set up a TLS context: ", OpenSslError());
   return std::unique_ptr<httplib::Server>(std::move(server));
 }
 

@@ -298,8 +298,8 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
   std::unique_ptr<HttpsClientTls> tls;
   std::optional<SigpipeBlock> quiet;  // OpenSSL writes with write(2)
   if (target.tls) {
-    TERN_ASSIGN_OR_RETURN(
-        tls, HttpsClientTls::Create(options.ca_pem, "", "", {"admin TLS", "--admin-cacert", "", ""}));
+    TERN_ASSIGN_OR_RETURN(tls, HttpsClientTls::Create(options.ca_pem, "", "",
+                                                      {"admin TLS", "--admin-cacert", "", ""}));
     quiet.emplace();
   } else {
     TERN_REQUIRE(options.ca_pem.empty(), kInvalidArgument, "admin ", where,

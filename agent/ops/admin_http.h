@@ -73,9 +73,9 @@ struct AdminOptions {
   // Both or neither: the port speaks HTTPS with this certificate (the leaf,
   // then intermediates) and its unencrypted key.
   std::string tls_cert_pem, tls_key_pem;
-  uint32_t max_connections = 16;        // open at once (each has a relay thread)
-  uint32_t workers = 4;                 // httplib handler threads
-  uint32_t max_head_bytes = 64 << 10;   // request line + headers
+  uint32_t max_connections = 16;       // open at once (each has a relay thread)
+  uint32_t workers = 4;                // httplib handler threads
+  uint32_t max_head_bytes = 64 << 10;  // request line + headers
   uint32_t max_body_bytes = 1 << 20;
   uint32_t request_timeout_ms = 10000;  // accept to last response byte
   uint32_t io_timeout_ms = 5000;        // httplib's per read/write wait
