@@ -343,7 +343,11 @@ Result<std::string> AgentImpl::AdmitAdminPublish(const std::string& checkpoint, 
 }
 
 Status AgentImpl::StartAdmin() {
-  if (opt_.admin_listen.empty()) return Status::Ok();
+  if (opt_.admin_listen.empty()) {
+    TERN_REQUIRE(opt_.admin_tls_cert_pem.empty() && opt_.admin_tls_key_pem.empty(),
+                 kInvalidArgument, "admin: a TLS certificate or key is given but no admin address");
+    return Status::Ok();
+  }
   std::vector<AdminRoute> routes;
   routes.push_back(MetricsRoute([this] { return MetricsText(); }));
   routes.push_back({"GET", "/status", [this](const AdminRequest&) {

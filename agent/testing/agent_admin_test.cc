@@ -54,6 +54,16 @@ TEST_F(AgentAdminTest, ARootRefusesAnAdminPortOffLoopbackWithoutATokenAndTls) {
                          }),
                  "no admin token");
 
+  // TLS material without an admin port is a mistake, not ignored.
+  auto no_port = attempt("root-no-port", [&](AgentOptions& o) {
+    o.admin_listen.clear();
+    o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
+    o.admin_tls_key_pem = Slurp(pki.server.key_file);
+  });
+  ASSERT_FALSE(no_port.ok());
+  EXPECT_NE(no_port.status().message().find("no admin address"), std::string::npos)
+      << no_port.status().ToString();
+
   // With a token and TLS, or said to be insecure on purpose, it starts.
   auto both = attempt("root-both", [&](AgentOptions& o) {
     o.admin_token = "s3cret";
