@@ -250,6 +250,16 @@ static void test_bad_options(const char* dir) {
   co.timeout_ms = 0;
   CHECK_CODE(tern_client_open("127.0.0.1:9", &co, &client), TERN_INVALID_ARGUMENT, "timeout_ms");
   CHECK(client == NULL);
+  /* ABI 1.1: https:// addresses with a CA; a path after the port is refused. */
+  CHECK_CODE(tern_client_open("https://h:1/status", NULL, &client), TERN_INVALID_ARGUMENT,
+             "no path");
+  tern_client_options_init(&co);
+  co.ca_pem = "-----BEGIN CERTIFICATE-----\n";
+  CHECK(tern_client_open("https://127.0.0.1:1", &co, &client) == TERN_OK);
+  /* The CA is parsed when a call is made: this one holds no certificate. */
+  CHECK_CODE(tern_client_status(client, &st), TERN_INVALID_ARGUMENT, "--admin-cacert");
+  tern_client_free(client);
+  client = NULL;
 
   /* Success clears the last error; a client of the wrong kind is refused. */
   tern_client_options_init(&co);

@@ -30,9 +30,14 @@ Status CheckHandle(const tern_client* c) {
   return Status::Ok();
 }
 
-// "HOST:PORT" (an IPv6 host in brackets): the form only; the call says
-// whether anyone listens.
-Status CheckAddress(const std::string& address) {
+// "HOST:PORT", "http://HOST:PORT" or "https://HOST:PORT" (an IPv6 host in
+// brackets): the form only; the call says whether anyone listens.
+Status CheckAddress(std::string address) {
+  for (const char* scheme : {"https://", "http://"}) {
+    if (address.rfind(scheme, 0) == 0) address.erase(0, std::string(scheme).size());
+  }
+  TERN_REQUIRE(address.find('/') == std::string::npos, kInvalidArgument, "admin address '",
+               address.substr(0, 80), "': want [http:// or https://]HOST:PORT, no path");
   const size_t colon = address.rfind(':');
   TERN_REQUIRE(colon != std::string::npos && colon > 0 && colon + 1 < address.size(),
                kInvalidArgument, "admin address '", address.substr(0, 80), "': want HOST:PORT");
@@ -62,6 +67,7 @@ Status Open(const char* admin_address, const tern_client_options* options, tern_
                         ReadString(admin_address, "admin_address", kAddressBytesMax));
   TERN_RETURN_IF_ERROR(CheckAddress(handle->address));
   TERN_ASSIGN_OR_RETURN(handle->options.token, ReadString(c.token, "token"));
+  TERN_ASSIGN_OR_RETURN(handle->options.ca_pem, ReadString(c.ca_pem, "ca_pem", kPemBytesMax));
   handle->options.timeout_ms = c.timeout_ms;
   handle->options.force = c.force == 1;
   *out = handle.release();

@@ -161,6 +161,8 @@ void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
     } else if (key == "join_token") o->join_token = text(k, v);
     else if (key == "admin_token") o->admin_token = text(k, v);
     else if (key == "admin_insecure") o->admin_insecure = flag(v);
+    else if (key == "admin_tls_cert_pem") o->admin_tls_cert_pem = text(k, v);
+    else if (key == "admin_tls_key_pem") o->admin_tls_key_pem = text(k, v);
     else if (key == "publish_dir") o->publish_dir = text(k, v);
     else if (key == "max_version_jump") o->max_version_jump = u64(k, v);
     else if (key == "seed_checkpoint") o->seed_checkpoint = text(k, v);
@@ -324,13 +326,18 @@ class Agent {
 // A client of a running agent's admin port (tern_client).
 class Client {
  public:
-  Client(const std::string& address, const py::object& token, uint32_t timeout_ms, bool force) {
+  Client(const std::string& address, const py::object& token, uint32_t timeout_ms, bool force,
+         const py::object& ca_pem) {
     tern_client_options o;
     tern_client_options_init(&o);
-    std::string token_text;
+    std::string token_text, ca_text;
     if (!token.is_none()) {
       token_text = token.cast<std::string>();
       o.token = token_text.c_str();
+    }
+    if (!ca_pem.is_none()) {
+      ca_text = ca_pem.cast<std::string>();
+      o.ca_pem = ca_text.c_str();
     }
     if (timeout_ms != 0) o.timeout_ms = timeout_ms;
     o.force = force ? 1 : 0;
@@ -433,8 +440,9 @@ PYBIND11_MODULE(_tern, m) {
       .def("close", &Agent::Close);
 
   py::class_<Client>(m, "Client")
-      .def(py::init<const std::string&, const py::object&, uint32_t, bool>(), py::arg("address"),
-           py::arg("token"), py::arg("timeout_ms"), py::arg("force"))
+      .def(py::init<const std::string&, const py::object&, uint32_t, bool, const py::object&>(),
+           py::arg("address"), py::arg("token"), py::arg("timeout_ms"), py::arg("force"),
+           py::arg("ca_pem"))
       .def("publish", &Client::Publish, py::arg("checkpoint"), py::arg("version"))
       .def("drain_member", &Client::DrainMember, py::arg("id"))
       .def("remove_member", &Client::RemoveMember, py::arg("id"), py::arg("rejoin_after_ms"))

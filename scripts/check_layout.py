@@ -88,6 +88,8 @@ BACKENDS = ["loopback", "tcp", "ucx", "verbs", "fault"]
 # (TEST_SUPPORT) may reach across, as across modules.
 ROOMS = {
     # agent/CMakeLists.txt lists them in this order with what each holds.
+    # https (TLS for cpp-httplib) is the floor of etcd's client and ops'
+    # admin port;
     # control, board and relay name objects (manifest/object_ref.h);
     # freshness signs and checks HEAD beacons with manifest's keys, and
     # control carries them;
@@ -96,7 +98,7 @@ ROOMS = {
     # admin client; the engine adapter needs none of the others and sits
     # below the sidecar and the daemon, which drive it; daemon wires them
     # all; testing tests them.
-    "agent": ["", "manifest", "freshness", "control", "membership", "board", "relay", "view_store", "etcd",
+    "agent": ["", "https", "manifest", "freshness", "control", "membership", "board", "relay", "view_store", "etcd",
               "ops", "engine", "sidecar", "daemon", "testing"],
     # host-device ops (TERN_HD) < host code that plans over them < the kernels
     # that run both.

@@ -32,6 +32,7 @@ struct AgentArgs {
   bool no_stream_apply = false;
   double uplink_gbps = 10, downlink_gbps = 10;
   std::string signing_key, join_token_file, admin_token_file;
+  std::string admin_tls_cert, admin_tls_key;
   std::vector<std::string> trust_keys;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
   uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3, spare_grace_ms = 2000;
@@ -115,6 +116,17 @@ Status CheckAgent(AgentArgs& a) {
   }
   TERN_ASSIGN_OR_RETURN(o.join_token, ReadSecret(a.join_token_file, "TERN_JOIN_TOKEN"));
   TERN_ASSIGN_OR_RETURN(o.admin_token, ReadSecret(a.admin_token_file, "TERN_ADMIN_TOKEN"));
+  TERN_REQUIRE(a.admin_tls_cert.empty() == a.admin_tls_key.empty(), kInvalidArgument,
+               "give both --admin-tls-cert and --admin-tls-key, or neither");
+  TERN_REQUIRE(a.admin_tls_cert.empty() || !a.admin.empty(), kInvalidArgument,
+               "--admin-tls-cert/--admin-tls-key go with --admin HOST:PORT");
+  for (auto [path, pem, flag] :
+       {std::tuple{&a.admin_tls_cert, &o.admin_tls_cert_pem, "--admin-tls-cert"},
+        std::tuple{&a.admin_tls_key, &o.admin_tls_key_pem, "--admin-tls-key"}}) {
+    if (path->empty()) continue;
+    Status read = ReadFileToString(DefaultEnv(), *path, 64 << 10, pem);
+    if (!read.ok()) return read.WithContext(flag);
+  }
   o.stripes = a.stripes;
   o.fanout_max = a.fanout;
   o.root_fanout_max = a.root_fanout;
@@ -199,7 +211,10 @@ Status RunAgent(AgentArgs& a) {
                              : "member",
               s.id.c_str(), s.listen_address.c_str(),
               s.intra_address.empty() ? "" : ", intra-cluster on ", s.intra_address.c_str(),
-              s.admin_address.empty() ? "" : ", admin http://", s.admin_address.c_str());
+              s.admin_address.empty()                         ? ""
+              : s.admin_address.rfind("https://", 0) == 0 ? ", admin "
+                                                            : ", admin http://",
+              s.admin_address.c_str());
   std::fflush(stdout);
   do {
     sigwait(&stop, &sig);
@@ -209,8 +224,15 @@ Status RunAgent(AgentArgs& a) {
   return Status::Ok();
 }
 
+// --admin-cacert FILE: the CA of an https:// admin address.
+Status ReadAdminCa(const std::string& path, AgentClientOptions& o) {
+  if (path.empty()) return Status::Ok();
+  Status read = ReadFileToString(DefaultEnv(), path, 64 << 10, &o.ca_pem);
+  return read.ok() ? read : read.WithContext("--admin-cacert");
+}
+
 struct PublishArgs {
-  std::string board, checkpoint, token_file;
+  std::string board, checkpoint, token_file, cacert;
   uint64_t version = 0;
   uint32_t timeout_s = 600;
   bool force = false;
@@ -219,6 +241,7 @@ struct PublishArgs {
 Status RunPublish(const PublishArgs& a) {
   AgentClientOptions o;
   TERN_ASSIGN_OR_RETURN(o.token, ReadSecret(a.token_file, "TERN_ADMIN_TOKEN"));
+  TERN_RETURN_IF_ERROR(ReadAdminCa(a.cacert, o));
   o.timeout_ms = a.timeout_s * 1000;
   o.force = a.force;
   const double t0 = NowSeconds();
@@ -255,13 +278,14 @@ std::string DemotionText(const nlohmann::json& m) {
 }
 
 struct StatusArgs {
-  std::string board;
+  std::string board, cacert;
   bool json = false;
 };
 
 Status RunStatus(const StatusArgs& a) {
   AgentClientOptions o;
   o.timeout_ms = 10000;
+  TERN_RETURN_IF_ERROR(ReadAdminCa(a.cacert, o));
   TERN_ASSIGN_OR_RETURN(std::string reply, AgentStatusJson(a.board, o));
   if (a.json) {
     std::fputs(reply.c_str(), stdout);
@@ -372,7 +396,13 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_option("--admin-token-file", a->admin_token_file,
                  "file with the bearer token for POST /publish (default: $TERN_ADMIN_TOKEN)");
   cmd.add_flag("--admin-insecure", a->agent.admin_insecure,
-               "root: allow --admin off loopback without a token (anyone reaching it can publish)");
+               "root: allow --admin off loopback without a token or without TLS (anyone reaching "
+               "it, or watching the network, can publish)");
+  cmd.add_option("--admin-tls-cert", a->admin_tls_cert,
+                 "PEM certificate (then intermediates) for --admin: the port speaks HTTPS only; "
+                 "clients dial https://HOST:PORT (needed with --admin off loopback on a root)");
+  cmd.add_option("--admin-tls-key", a->admin_tls_key,
+                 "PEM private key of --admin-tls-cert (unencrypted)");
   cmd.add_option(
       "--publish-dir", a->agent.publish_dir,
       "root: POST /publish reads checkpoints only under this directory (default: anywhere)");
@@ -483,7 +513,10 @@ void AddAgent(CLI::App& tern, Dispatch& dispatch) {
 
   auto p = std::make_shared<PublishArgs>();
   CLI::App* publish = tern.add_subcommand("publish", "publish a checkpoint as a new version on a root");
-  publish->add_option("--board", p->board, "the root's admin HOST:PORT")->required();
+  publish->add_option("--board", p->board, "the root's admin [https://]HOST:PORT")->required();
+  publish->add_option("--admin-cacert", p->cacert,
+                      "PEM CA file the root's admin certificate must chain to (https://; default: "
+                      "the system's trust store)");
   AddUnsigned(*publish, "--version", p->version, "the new version (newer than HEAD)", "");
   publish->get_option("--version")->required();
   publish->add_option("--token-file", p->token_file, "bearer token file (default: $TERN_ADMIN_TOKEN)");
@@ -497,7 +530,10 @@ void AddAgent(CLI::App& tern, Dispatch& dispatch) {
 
   auto s = std::make_shared<StatusArgs>();
   CLI::App* status = tern.add_subcommand("status", "members, versions and lag of a root (or one agent)");
-  status->add_option("--board", s->board, "the agent's admin HOST:PORT")->required();
+  status->add_option("--board", s->board, "the agent's admin [https://]HOST:PORT")->required();
+  status->add_option("--admin-cacert", s->cacert,
+                     "PEM CA file the agent's admin certificate must chain to (https://; default: "
+                     "the system's trust store)");
   status->add_flag("--json", s->json, "print the /status JSON as it came");
   dispatch.On(status, {nullptr, [s] { return RunStatus(*s); }});
 }

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "tern/env.h"
 #include "tern/sidecar.h"
 #include "tools/cli_util.h"
 
@@ -16,7 +17,7 @@ using namespace tern::cli;
 
 struct SidecarArgs {
   SidecarConfig config;
-  std::string agent_token_file, admin_token_file, commit_mode = "in_place";
+  std::string agent_token_file, agent_cacert, admin_token_file, commit_mode = "in_place";
   bool no_cache_salt = false;
 };
 
@@ -30,6 +31,12 @@ Status Check(SidecarArgs& a) {
   c.cache_salt = !a.no_cache_salt;
   TERN_ASSIGN_OR_RETURN(c.admin_token, ReadSecret(a.admin_token_file, "TERN_SIDECAR_ADMIN_TOKEN"));
   TERN_ASSIGN_OR_RETURN(c.agent_token, ReadSecret(a.agent_token_file, "TERN_ADMIN_TOKEN"));
+  if (!a.agent_cacert.empty()) {
+    TERN_REQUIRE(c.agent_admin.rfind("https://", 0) == 0, kInvalidArgument,
+                 "--agent-admin-cacert goes with an https:// --agent-admin");
+    Status read = ReadFileToString(DefaultEnv(), a.agent_cacert, 64 << 10, &c.agent_ca_pem);
+    if (!read.ok()) return read.WithContext("--agent-admin-cacert");
+  }
   return Status::Ok();
 }
 
@@ -71,11 +78,15 @@ int main(int argc, char** argv) {
       ->default_str(a.config.listen);
   app.add_option("--engine-url", a.config.engine_url, "the engine, http://HOST:PORT")->required();
   auto* admin = app.add_option("--agent-admin", a.config.agent_admin,
-                               "HOST:PORT of the local member's admin port: the served version is "
+                               "[https://]HOST:PORT of the local member's admin port: the served "
+                               "version is "
                                "its /status served_version");
   auto* file = app.add_option("--version-file", a.config.version_file,
                               "instead: a file holding the served version (one decimal number)");
   admin->excludes(file);
+  app.add_option("--agent-admin-cacert", a.agent_cacert,
+                 "PEM CA file an https:// --agent-admin's certificate must chain to (default: the "
+                 "system's trust store)");
   app.add_option("--agent-token-file", a.agent_token_file,
                  "file with the member's admin token (default: $TERN_ADMIN_TOKEN)");
   app.add_option("--admin-token-file", a.admin_token_file,

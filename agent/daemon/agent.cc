@@ -152,7 +152,9 @@ Status AgentImpl::Init() {
       (intra_address_.empty() ? ""
                               : " and, inside cluster '" + opt_.cluster + "', on " +
                                     intra_address_ + " (" + opt_.intra_transport->name() + ")") +
-      (admin_address_.empty() ? "" : ", admin on http://" + admin_address_) +
+      (admin_address_.empty() ? ""
+       : ", admin on " + (admin_address_.rfind("https://", 0) == 0 ? "" : std::string("http://")) +
+             admin_address_) +
       (store_ ? ", serving version " + std::to_string(store_->version()) : ", serving nothing"));
   return Status::Ok();
 }

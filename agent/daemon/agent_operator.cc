@@ -155,6 +155,7 @@ Status Post(const std::string& admin_address, std::string_view path, const nlohm
             const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
+  o.ca_pem = options.ca_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminPost(admin_address, path, body.dump(), o).status();
 }

@@ -345,7 +345,11 @@ Result<std::string> AgentImpl::AdmitAdminPublish(const std::string& checkpoint, 
 }
 
 Status AgentImpl::StartAdmin() {
-  if (opt_.admin_listen.empty()) return Status::Ok();
+  if (opt_.admin_listen.empty()) {
+    TERN_REQUIRE(opt_.admin_tls_cert_pem.empty() && opt_.admin_tls_key_pem.empty(),
+                 kInvalidArgument, "admin: a TLS certificate or key is given but no admin address");
+    return Status::Ok();
+  }
   std::vector<AdminRoute> routes;
   routes.push_back(MetricsRoute([this] { return MetricsText(); }));
   routes.push_back({"GET", "/status", [this](const AdminRequest&) {
@@ -368,22 +372,32 @@ Status AgentImpl::StartAdmin() {
     for (AdminRoute& r : OperatorRoutes()) routes.push_back(std::move(r));
   }
   // Secure by default: mutating routes are never open to the network
-  // without a token.
+  // without a token, nor is the token sent over it in clear.
   const bool mutating =
       std::any_of(routes.begin(), routes.end(), [](const AdminRoute& r) { return r.mutating; });
-  if (mutating && opt_.admin_token.empty() && !opt_.admin_insecure) {
+  const bool tls = !opt_.admin_tls_cert_pem.empty();
+  if (mutating && !opt_.admin_insecure && (opt_.admin_token.empty() || !tls)) {
     TERN_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(opt_.admin_listen));
-    TERN_REQUIRE(IsLoopbackHost(hp.host), kInvalidArgument, "admin: ", opt_.admin_listen,
+    TERN_REQUIRE(IsLoopbackHost(hp.host) || !opt_.admin_token.empty(), kInvalidArgument, "admin: ",
+                 opt_.admin_listen,
                  " is not a loopback address and no admin token is set, so anyone who reaches it "
-                 "could publish: set an admin token (--admin-token-file), bind the admin port to "
-                 "127.0.0.1, or say --admin-insecure");
+                 "could publish: set an admin token (--admin-token-file) and TLS "
+                 "(--admin-tls-cert, --admin-tls-key), bind the admin port to 127.0.0.1, or say "
+                 "--admin-insecure");
+    TERN_REQUIRE(IsLoopbackHost(hp.host) || tls, kInvalidArgument, "admin: ", opt_.admin_listen,
+                 " is not a loopback address and the admin port has no TLS, so the admin token "
+                 "would cross the network in clear: give --admin-tls-cert and --admin-tls-key, "
+                 "bind the admin port to 127.0.0.1, or say --admin-insecure");
   }
   AdminOptions ao;
   ao.address = opt_.admin_listen;
   ao.token = opt_.admin_token;
+  ao.tls_cert_pem = opt_.admin_tls_cert_pem;
+  ao.tls_key_pem = opt_.admin_tls_key_pem;
   ao.log = log_;
   TERN_ASSIGN_OR_RETURN(admin_, AdminServer::Start(ao, std::move(routes)));
-  admin_address_ = admin_->address();
+  // With TLS the address says so: it is what clients dial.
+  admin_address_ = (tls ? "https://" : "") + admin_->address();
   return Status::Ok();
 }
 
@@ -395,6 +409,7 @@ Status PublishToRoot(const std::string& admin_address, const std::string& checkp
                      uint64_t version, const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
+  o.ca_pem = options.ca_pem;
   return agent::PublishAndWait(admin_address, checkpoint_path, version, options.force, o,
                                options.timeout_ms);
 }
@@ -402,6 +417,7 @@ Status PublishToRoot(const std::string& admin_address, const std::string& checkp
 Result<std::string> AgentStatusJson(const std::string& admin_address, const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
+  o.ca_pem = options.ca_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/status", o);
 }
@@ -409,6 +425,7 @@ Result<std::string> AgentStatusJson(const std::string& admin_address, const Agen
 Result<std::string> AgentMetricsText(const std::string& admin_address, const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
+  o.ca_pem = options.ca_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/metrics", o);
 }
@@ -417,6 +434,7 @@ Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
                                          const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
+  o.ca_pem = options.ca_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/publish", o);
 }
@@ -426,6 +444,7 @@ Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t a
                                     const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
+  o.ca_pem = options.ca_pem;
   // The long poll runs inside the request: give the reply that long on top.
   o.timeout_ms = options.timeout_ms + timeout_ms;
   return agent::AdminGet(admin_address,

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "agent/etcd/etcd_json.h"
-#include "agent/etcd/etcd_tls.h"
+#include "agent/https/https_tls.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/text.h"
@@ -207,7 +207,7 @@ Result<json> OpJson(const EtcdOp& op) {
 struct EtcdClient::Impl {
   EtcdOptions options;  // constant after Create
   std::vector<Endpoint> endpoints;
-  std::unique_ptr<EtcdTls> tls;  // with an https endpoint; constant after Create
+  std::unique_ptr<HttpsClientTls> tls;  // with an https endpoint; constant after Create
   Mutex mu;
   size_t current GUARDED_BY(mu) = 0;
   std::unique_ptr<httplib::ClientImpl> client GUARDED_BY(mu);  // null: reconnect
@@ -387,7 +387,7 @@ struct EtcdClient::Impl {
       // A complete JSON body after the status line is still the reply; the
       // connection is dropped either way.
       bool server_refused = false;
-      const std::string tls_detail = ep.tls ? EtcdTls::HandshakeError(*client, &server_refused) : "";
+      const std::string tls_detail = ep.tls ? HttpsClientTls::HandshakeError(&server_refused) : "";
       // OpenSSL refused etcd's certificate during the handshake.
       if (server_refused) err = httplib::Error::SSLServerVerification;
       client.reset();
@@ -504,7 +504,8 @@ Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions options) {
     impl->endpoints.push_back(std::move(*ep));
   }
   if (any_tls) {
-    auto tls = EtcdTls::Create(options.ca_pem, options.cert_pem, options.key_pem);
+    auto tls = HttpsClientTls::Create(options.ca_pem, options.cert_pem, options.key_pem,
+                                      {"etcd TLS", "--etcd-cacert", "--etcd-cert", "--etcd-key"});
     if (!tls.ok()) return std::move(tls).take_status();
     impl->tls = std::move(*tls);
   }

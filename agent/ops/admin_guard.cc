@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kLingerMs = 500;
 constexpr size_t kLingerBytes = 1 << 20;
 constexpr size_t kRelayBufBytes = 16 << 10;
+constexpr unsigned char kTlsHandshakeRecord = 0x16;  // RFC 8446 §5.1 ContentType
 
 struct Fd {
   int fd = -1;
@@ -163,6 +164,7 @@ void AdminGuard::Impl::AcceptLoop() {
     if (ReapLocked() >= options.max_connections) {
       options.log("admin: refused " + peer + ": busy (" + std::to_string(options.max_connections) +
                   " connections open)");
+      if (options.tls) continue;  // closed: a TLS client cannot read a plain answer
       RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again", -1,
                      /*linger=*/false);
       continue;
@@ -212,6 +214,7 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
   Fd backend;
   if (Status s = ConnectBackend(deadline, backend); !s.ok()) {
     options.log("admin: refused " + peer + ": " + s.message());
+    if (options.tls) return;
     RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again", wake_read.fd,
                    true);
     return;
@@ -227,10 +230,12 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
   auto up = std::make_unique<Dir>(client.fd, backend.fd);
   auto down = std::make_unique<Dir>(backend.fd, client.fd);
 
-  auto refuse = [&](int code, std::string_view reason, std::string why) {
+  // `plain`: the answer is for a client that speaks plain HTTP to a TLS
+  // port; every other refusal of a TLS port closes without one.
+  auto refuse = [&](int code, std::string_view reason, std::string why, bool plain = false) {
     options.log("admin: refused " + peer + ": " + why);
     backend.Reset();
-    if (down->total == 0) {
+    if (down->total == 0 && (!options.tls || plain)) {
       RefuseAndClose(std::move(client), code, reason, why, wake_read.fd, true);
     }
   };
@@ -279,6 +284,12 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
         d->eof = true;
         ::shutdown(d->to, SHUT_WR);
         continue;
+      }
+      if (options.tls && d == up.get() && d->total == 0 &&
+          static_cast<unsigned char>(d->buf[0]) != kTlsHandshakeRecord) {
+        return refuse(400, "Bad Request",
+                      "this port speaks TLS: use https://HOST:PORT (plain HTTP refused)",
+                      /*plain=*/true);
       }
       d->off = 0, d->len = static_cast<size_t>(n);
       d->total += static_cast<uint64_t>(n);

@@ -17,6 +17,11 @@ struct GuardOptions {
   uint32_t max_connections = 16;
   uint64_t max_request_bytes = (64 << 10) + (1 << 20);
   uint32_t request_timeout_ms = 10000;
+  // The backend speaks TLS: a client whose first byte is not a TLS record
+  // (0x16, a handshake) is answered a plain "400 use https://" and closed;
+  // other refusals close without a plain-text answer a TLS client could
+  // not read.
+  bool tls = false;
   LogFn log;  // never null here
 };
 

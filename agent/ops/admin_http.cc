@@ -1,6 +1,8 @@
 #include "agent/ops/admin_http.h"
 
 #include <httplib.h>
+#include <openssl/err.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -8,9 +10,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "agent/https/https_tls.h"
 #include "agent/ops/admin_guard.h"
 #include "base/text.h"
 
@@ -92,7 +96,7 @@ struct AdminServer::Impl {
   AdminOptions options;
   std::string bound_address;
   std::string socket_dir, socket_path;
-  httplib::Server http;
+  std::unique_ptr<httplib::Server> server;  // httplib::SSLServer with TLS
   std::thread http_thread;
   std::unique_ptr<AdminGuard> guard;
   std::once_flag stop_once;
@@ -100,7 +104,7 @@ struct AdminServer::Impl {
   void StopAll() {
     if (guard) guard->Stop();
     if (http_thread.joinable()) {
-      http.stop();
+      server->stop();
       http_thread.join();  // httplib joins its workers: handlers in flight are done
     }
     if (!socket_path.empty()) ::unlink(socket_path.c_str());
@@ -122,6 +126,10 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   TERN_REQUIRE(options.token.size() <= 1024 && IsPrintable(options.token) &&
                    options.token.find(' ') == std::string::npos,
                kInvalidArgument, "admin: token must be printable ASCII without spaces");
+  TERN_REQUIRE(options.tls_cert_pem.empty() == options.tls_key_pem.empty(), kInvalidArgument,
+               "admin: give both a TLS certificate (--admin-tls-cert) and its key "
+               "(--admin-tls-key), or neither");
+  const bool tls = !options.tls_cert_pem.empty();
   std::set<std::pair<std::string, std::string>> seen;
   for (const auto& r : routes) {
     TERN_REQUIRE(r.method == "GET" || r.method == "POST", kInvalidArgument,
@@ -137,6 +145,13 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (tls) {
+    TERN_ASSIGN_OR_RETURN(impl->server,
+                          NewHttpsServer(options.tls_cert_pem, options.tls_key_pem,
+                                         {"admin TLS", "", "--admin-tls-cert", "--admin-tls-key"}));
+  } else {
+    impl->server = std::make_unique<httplib::Server>();
+  }
   // The Unix socket lives in a fresh 0700 directory: only this user can
   // reach httplib without going through the guard's bounds.
   std::string dir = options.socket_dir;
@@ -154,7 +169,7 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
                       "): set AdminOptions::socket_dir or TMPDIR to a shorter directory");
   }
 
-  httplib::Server& http = impl->http;
+  httplib::Server& http = *impl->server;
   // Every httplib limit that can be set at run time is set here; the rest
   // are compiled into Debian's libcpp-httplib0.11 (header line and URI
   // 8192 bytes, listen backlog 5) or bounded by the guard (docs/agent/operations.md).
@@ -222,10 +237,18 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
     impl->StopAll();
     return TERN_ERROR(kIo, "admin: cannot listen on unix socket ", impl->socket_path);
   }
-  impl->http_thread = std::thread([p = impl.get()] { p->http.listen_after_bind(); });
+  impl->http_thread = std::thread([p = impl.get()] {
+    // OpenSSL writes with write(2): a client gone mid-answer would raise
+    // SIGPIPE. Blocked here, and in the workers, which inherit this mask.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    p->server->listen_after_bind();
+  });
   // stop() before the loop runs would be lost (httplib checks is_running).
-  for (int i = 0; i < 5000 && !impl->http.is_running(); ++i) std::this_thread::sleep_for(1ms);
-  if (!impl->http.is_running()) {
+  for (int i = 0; i < 5000 && !impl->server->is_running(); ++i) std::this_thread::sleep_for(1ms);
+  if (!impl->server->is_running()) {
     impl->StopAll();
     return TERN_ERROR(kInternal, "admin: http server did not start");
   }
@@ -234,6 +257,7 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   g.max_connections = options.max_connections;
   g.max_request_bytes = uint64_t{options.max_head_bytes} + options.max_body_bytes;
   g.request_timeout_ms = options.request_timeout_ms;
+  g.tls = tls;
   g.log = log;
   auto guard = AdminGuard::Start(hp->host, hp->port, impl->socket_path, g);
   if (!guard.ok()) {
@@ -265,15 +289,30 @@ namespace {
 
 Result<std::string> AdminCall(const char* method, std::string_view address, std::string_view path,
                               std::string_view body, const AdminClientOptions& options) {
-  auto hp = ParseHostPort(address);
-  if (!hp.ok()) return hp.status();
+  TERN_ASSIGN_OR_RETURN(AdminTarget target, ParseAdminAddress(address));
   TERN_REQUIRE(ValidRequestPath(path), kInvalidArgument, "admin: bad path ", Printable(path));
   TERN_REQUIRE(options.timeout_ms > 0, kInvalidArgument, "admin: timeout_ms must be > 0");
   const std::string where = std::string(method) + " " + std::string(address) + std::string(path);
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_ptr<HttpsClientTls> tls;
+  std::optional<SigpipeBlock> quiet;  // OpenSSL writes with write(2)
+  if (target.tls) {
+    TERN_ASSIGN_OR_RETURN(tls, HttpsClientTls::Create(options.ca_pem, "", "",
+                                                      {"admin TLS", "--admin-cacert", "", ""}));
+    quiet.emplace();
+  } else {
+    TERN_REQUIRE(options.ca_pem.empty(), kInvalidArgument, "admin ", where,
+                 ": a CA (--admin-cacert) is given for a plain http address; say https://");
+  }
   try {
-    httplib::Client cli(hp->host, hp->port);
+    std::unique_ptr<httplib::ClientImpl> client;
+    if (tls) {
+      TERN_ASSIGN_OR_RETURN(client, tls->Connect(target.host, target.port));
+    } else {
+      client = std::make_unique<httplib::ClientImpl>(target.host, target.port);
+    }
+    httplib::ClientImpl& cli = *client;
     cli.set_connection_timeout(timeout);
     cli.set_read_timeout(timeout);
     cli.set_write_timeout(timeout);
@@ -296,11 +335,26 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
     };
     httplib::Response res;
     httplib::Error err = httplib::Error::Success;
+    if (tls) ERR_clear_error();  // what is queued after send is this request's
     const bool sent = cli.send(req, res, err);
     TERN_REQUIRE(!too_big, kResourceExhausted, "admin ", where, ": reply over ",
                  options.max_reply_bytes, " bytes");
     TERN_REQUIRE(!too_slow, kTimeout, "admin ", where, ": reply took over ", options.timeout_ms,
                  " ms");
+    if (!sent && tls) {
+      bool refused = false;
+      const std::string why = HttpsClientTls::HandshakeError(&refused);
+      if (refused) {
+        return TERN_ERROR(kAuth, "admin ", where, ": the server's certificate was refused: ", why,
+                          " (is it signed by the CA given with --admin-cacert, and does it name ",
+                          target.host, "?)");
+      }
+      if (err == httplib::Error::SSLConnection) {
+        return TERN_ERROR(kUnavailable, "admin ", where, ": TLS handshake failed",
+                          why.empty() ? "" : ": " + why,
+                          " (does that port speak TLS? a plain http port fails this way)");
+      }
+    }
     if (!sent) {
       if (err == httplib::Error::ConnectionTimeout || err == httplib::Error::Read) {
         return TERN_ERROR(kTimeout, "admin ", where, ": ", httplib::to_string(err));
@@ -352,6 +406,29 @@ int AdminHttpStatusOf(const Status& s) {
     default:
       return 500;
   }
+}
+
+Result<AdminTarget> ParseAdminAddress(std::string_view address) {
+  AdminTarget out;
+  std::string_view rest = address;
+  if (rest.substr(0, 8) == "https://") {
+    out.tls = true;
+    rest.remove_prefix(8);
+  } else if (rest.substr(0, 7) == "http://") {
+    rest.remove_prefix(7);
+  }
+  TERN_REQUIRE(rest.find('/') == std::string_view::npos, kInvalidArgument, "admin address ",
+               Printable(address.substr(0, 200)), ": want [http:// or https://]HOST:PORT, no path");
+  auto hp = ParseHostPort(rest);
+  if (!hp.ok()) {
+    return TERN_ERROR(kInvalidArgument, "admin address ", Printable(address.substr(0, 200)),
+                      ": want [http:// or https://]HOST:PORT: ", hp.status().message());
+  }
+  TERN_REQUIRE(hp->port != 0, kInvalidArgument, "admin address ", Printable(address.substr(0, 200)),
+               ": the port must be 1..65535");
+  out.host = std::move(hp->host);
+  out.port = hp->port;
+  return out;
 }
 
 Result<std::string> AdminGet(std::string_view address, std::string_view path,

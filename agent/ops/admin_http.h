@@ -33,13 +33,25 @@
 // handlers in flight and removes the Unix socket; it is idempotent. Methods
 // of one AdminServer may be called from any thread.
 //
+// TLS. With AdminOptions::tls_cert_pem the port speaks HTTPS only (TLS 1.2
+// or newer, terminated by httplib's SSLServer behind the guard, which
+// relays the encrypted bytes and bounds them as above). A client that
+// speaks plain HTTP to it is answered, in plain text, "400 this port speaks
+// TLS: use https://HOST:PORT" and closed; the guard's other refusals (503,
+// 408, 413) cannot be read by a TLS client and close the connection
+// instead (the log says why).
+//
 // Client. AdminGet/AdminPost make one request (the path may end in a query
 // of plain characters: "/events?after=3") with a total timeout and a
 // bound on the reply's size; a non-2xx answer is an error Status carrying
 // the status code and the server's one-line reason (401/403 -> kAuth,
 // 408 -> kTimeout, 413 -> kResourceExhausted, 404 -> kNotFound, other 4xx ->
 // kInvalidArgument, 5xx -> kUnavailable); no answer is kUnavailable or
-// kTimeout. Thread-safe (no shared state).
+// kTimeout. The address is "HOST:PORT" or "http://HOST:PORT" (plain) or
+// "https://HOST:PORT": TLS, the server's certificate verified by OpenSSL
+// against AdminClientOptions::ca_pem (empty: the system's trust store) and
+// its subjectAltName against HOST (agent/https/https_tls.h); a refused
+// certificate is kAuth saying why. Thread-safe (no shared state).
 #pragma once
 
 #include <cstdint>
@@ -58,9 +70,12 @@ namespace tern::agent {
 struct AdminOptions {
   std::string address = "127.0.0.1:0";  // HOST:PORT (port 0: any; see address())
   std::string token;                    // empty: mutating routes need no token
-  uint32_t max_connections = 16;        // open at once (each has a relay thread)
-  uint32_t workers = 4;                 // httplib handler threads
-  uint32_t max_head_bytes = 64 << 10;   // request line + headers
+  // Both or neither: the port speaks HTTPS with this certificate (the leaf,
+  // then intermediates) and its unencrypted key.
+  std::string tls_cert_pem, tls_key_pem;
+  uint32_t max_connections = 16;       // open at once (each has a relay thread)
+  uint32_t workers = 4;                // httplib handler threads
+  uint32_t max_head_bytes = 64 << 10;  // request line + headers
   uint32_t max_body_bytes = 1 << 20;
   uint32_t request_timeout_ms = 10000;  // accept to last response byte
   uint32_t io_timeout_ms = 5000;        // httplib's per read/write wait
@@ -130,9 +145,21 @@ AdminRoute MetricsRoute(std::function<std::string()> render);
 
 struct AdminClientOptions {
   std::string token;  // sent as "Authorization: Bearer <token>" when set
+  // https:// addresses: the CA(s) that signed the admin port's certificate
+  // (PEM); empty: the system's trust store.
+  std::string ca_pem;
   uint32_t timeout_ms = 10000;
   uint64_t max_reply_bytes = 16 << 20;
 };
+
+// An admin address split: "HOST:PORT", "http://HOST:PORT" or
+// "https://HOST:PORT" (nothing after the port). kInvalidArgument otherwise.
+struct AdminTarget {
+  bool tls = false;
+  std::string host;
+  uint16_t port = 0;
+};
+Result<AdminTarget> ParseAdminAddress(std::string_view address);
 
 // The reply body of a 2xx answer. `path` may carry a query
 // ("/events?after=3&max=8": letters, digits, '_', '=' and '&').

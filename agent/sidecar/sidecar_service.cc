@@ -19,6 +19,7 @@ class Service final : public SidecarService {
     f.agent_admin = c.agent_admin;
     f.version_file = c.version_file;
     f.admin_token = c.agent_token;
+    f.admin_ca_pem = c.agent_ca_pem;
     f.poll_ms = c.poll_ms;
     f.drain_timeout_ms = c.drain_timeout_ms;
     f.log = c.log;

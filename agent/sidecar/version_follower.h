@@ -50,9 +50,10 @@ Result<MemberVersions> ParseMemberStatus(std::string_view json);
 Result<uint64_t> ParseVersionFile(std::string_view text);
 
 struct FollowerOptions {
-  std::string agent_admin;   // HOST:PORT of the member's admin port, or
+  std::string agent_admin;   // [https://]HOST:PORT of the member's admin port, or
   std::string version_file;  // a path (exactly one of the two)
   std::string admin_token;   // the member's admin token, if it has one
+  std::string admin_ca_pem;  // https:// agent_admin: its CA (PEM); empty: the system's
   uint32_t poll_ms = 200;
   uint32_t drain_timeout_ms = 60000;  // per commit; a timed-out commit is retried
   LogFn log;                          // null: stderr

@@ -1,5 +1,5 @@
 // The root's admin port is secure by default (docs/security.md, "The admin
-// port"): no mutating route off loopback without a token, publishable paths
+// port"): no mutating route off loopback without a token and TLS, publishable paths
 // confined to --publish-dir, a version far beyond HEAD refused unless forced.
 // Real agents, real admin HTTP. So is its board in etcd ("The board in
 // etcd"): TLS and an etcd user, nothing plain off loopback.
@@ -11,36 +11,131 @@
 #include "agent/testing/etcd_test_server.h"
 #include "tern/agent.h"
 #include "tern/env.h"
+#include "transport/test_certs.h"
 
 namespace tern::agent_test {
 namespace {
 
 class AgentAdminTest : public AgentSystemFixture {};
 
-TEST_F(AgentAdminTest, ARootRefusesAnAdminPortOffLoopbackWithoutAToken) {
-  AgentOptions o = BaseOptions("root");
-  o.root = true;
-  o.transport = NewTransportFor("root");
-  o.admin_listen = "0.0.0.0:0";
-  auto refused = Agent::Start(o);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("--admin-insecure"), std::string::npos)
-      << refused.status().ToString();
+std::string Slurp(const std::string& path) {
+  std::string text;
+  EXPECT_TRUE(ReadFileToString(DefaultEnv(), path, 64 << 10, &text).ok()) << path;
+  return text;
+}
 
-  // With a token, or said to be insecure on purpose, it starts.
-  for (int variant = 0; variant < 2; ++variant) {
-    AgentOptions ok = BaseOptions("root");
-    ok.root = true;
-    ok.transport = NewTransportFor("root-" + std::to_string(variant));
-    ok.data_dir += "-" + std::to_string(variant);
-    ok.admin_listen = "0.0.0.0:0";
-    if (variant == 0) ok.admin_token = "s3cret";
-    if (variant == 1) ok.admin_insecure = true;
-    auto a = Agent::Start(ok);
-    ASSERT_TRUE(a.ok()) << variant << ": " << a.status().ToString();
-    (*a)->Stop();
+TEST_F(AgentAdminTest, ARootRefusesAnAdminPortOffLoopbackWithoutATokenAndTls) {
+  const testing::TestPki& pki = testing::TestCerts();
+  ASSERT_TRUE(pki.ok) << pki.error;
+  auto attempt = [&](const std::string& name, auto set) {
+    AgentOptions o = BaseOptions(name);
+    o.root = true;
+    o.transport = NewTransportFor(name);
+    o.admin_listen = "0.0.0.0:0";
+    set(o);
+    return Agent::Start(o);
+  };
+  auto expect_refused = [](const Result<std::unique_ptr<Agent>>& r, const char* why) {
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("--admin-insecure"), std::string::npos)
+        << r.status().ToString();
+  };
+  expect_refused(attempt("root-bare", [](AgentOptions&) {}), "no admin token");
+  // A token alone would cross the network in clear.
+  expect_refused(attempt("root-token", [](AgentOptions& o) { o.admin_token = "s3cret"; }),
+                 "--admin-tls-cert");
+  // TLS alone would let anyone who reaches it publish.
+  expect_refused(attempt("root-tls",
+                         [&](AgentOptions& o) {
+                           o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
+                           o.admin_tls_key_pem = Slurp(pki.server.key_file);
+                         }),
+                 "no admin token");
+
+  // TLS material without an admin port is a mistake, not ignored.
+  auto no_port = attempt("root-no-port", [&](AgentOptions& o) {
+    o.admin_listen.clear();
+    o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
+    o.admin_tls_key_pem = Slurp(pki.server.key_file);
+  });
+  ASSERT_FALSE(no_port.ok());
+  EXPECT_NE(no_port.status().message().find("no admin address"), std::string::npos)
+      << no_port.status().ToString();
+
+  // With a token and TLS, or said to be insecure on purpose, it starts.
+  auto both = attempt("root-both", [&](AgentOptions& o) {
+    o.admin_token = "s3cret";
+    o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
+    o.admin_tls_key_pem = Slurp(pki.server.key_file);
+  });
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ((*both)->Snapshot().admin_address.rfind("https://0.0.0.0:", 0), 0u)
+      << (*both)->Snapshot().admin_address;
+  (*both)->Stop();
+  for (bool token : {false, true}) {
+    auto insecure = attempt(token ? "root-insecure-token" : "root-insecure", [&](AgentOptions& o) {
+      o.admin_insecure = true;
+      if (token) o.admin_token = "s3cret";
+    });
+    ASSERT_TRUE(insecure.ok()) << insecure.status().ToString();
+    EXPECT_EQ((*insecure)->Snapshot().admin_address.rfind("0.0.0.0:", 0), 0u);
+    (*insecure)->Stop();
   }
+}
+
+// The admin port over TLS end to end: tern publish's path (PublishToRoot)
+// with a token and the CA, members follow bit for bit; a wrong CA or no
+// token changes nothing; plain HTTP to the port is refused in plain words.
+TEST_F(AgentAdminTest, PublishOverTlsWithATokenReachesTheMembers) {
+  const testing::TestPki& pki = testing::TestCerts();
+  ASSERT_TRUE(pki.ok) << pki.error;
+  tweak_ = [&](AgentOptions& o) {
+    if (o.id != "root") return;
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = "t0ken";
+    o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
+    o.admin_tls_key_pem = Slurp(pki.server.key_file);
+  };
+  StartRoot();
+  StartMember("m1", "us");
+  StartMember("m2", "us");
+  const std::string admin = root_->Snapshot().admin_address;
+  ASSERT_EQ(admin.rfind("https://127.0.0.1:", 0), 0u) << admin;
+  AgentClientOptions c;
+  c.token = "t0ken";
+  c.ca_pem = Slurp(pki.server.ca_file);
+  c.timeout_ms = 60000;
+
+  const std::string step = NextStep();
+  AgentClientOptions rogue = c;
+  rogue.ca_pem = Slurp(pki.dir + "/rogue-ca.pem");
+  Status wrong_ca = PublishToRoot(admin, step, 1, rogue);
+  EXPECT_EQ(wrong_ca.code(), Code::kAuth) << wrong_ca.ToString();
+  EXPECT_NE(wrong_ca.message().find("certificate was refused"), std::string::npos)
+      << wrong_ca.ToString();
+  AgentClientOptions no_token = c;
+  no_token.token.clear();
+  Status unauthenticated = PublishToRoot(admin, step, 1, no_token);
+  EXPECT_EQ(unauthenticated.code(), Code::kAuth) << unauthenticated.ToString();
+  EXPECT_NE(unauthenticated.message().find("401"), std::string::npos) << unauthenticated.ToString();
+  const std::string plain_address = admin.substr(std::string("https://").size());
+  AgentClientOptions plain_http = c;  // the token, no CA: what a plain client sends
+  plain_http.ca_pem.clear();
+  Status plain = PublishToRoot(plain_address, step, 1, plain_http);
+  EXPECT_EQ(plain.code(), Code::kInvalidArgument) << plain.ToString();
+  EXPECT_NE(plain.message().find("speaks TLS"), std::string::npos) << plain.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 0u);
+
+  Status ok = PublishToRoot(admin, step, 1, c);
+  ASSERT_TRUE(ok.ok()) << ok.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 1u);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ExpectBitwiseEqual(1);
+  auto status = AgentStatusJson(admin, c);
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->find("\"head\""), std::string::npos) << *status;
 }
 
 // The board in etcd is secure by default too (docs/agent/etcd.md §1,

@@ -79,10 +79,15 @@ struct AgentOptions {
   std::string join_token;
   // Bearer token for the admin port's mutating routes (POST /publish);
   // empty: none. Init refuses an admin address off loopback with mutating
-  // routes and no token (anyone who reaches the port could publish) unless
-  // admin_insecure says the operator means it.
+  // routes and no token (anyone who reaches the port could publish) or no
+  // TLS (the token would cross the network in clear) unless admin_insecure
+  // says the operator means it (docs/security.md "The admin port").
   std::string admin_token;
   bool admin_insecure = false;
+  // Both or neither: the admin port speaks HTTPS only, with this
+  // certificate (PEM: the leaf, then intermediates) and its unencrypted
+  // key; clients dial https://HOST:PORT.
+  std::string admin_tls_cert_pem, admin_tls_key_pem;
   // Root, POST /publish only: the checkpoints it may read lie under this
   // directory (symbolic links resolved; the resolved path is what is read).
   // Empty: any path the root can read.
@@ -332,7 +337,7 @@ struct AgentSnapshot {
   std::string id;
   std::string listen_address;  // the bound address
   std::string intra_address;   // the intra transport's bound address (empty: none)
-  std::string admin_address;   // the bound admin address (empty: none)
+  std::string admin_address;   // the bound admin address (empty: none; "https://HOST:PORT" with TLS)
   uint64_t head = 0;           // root: HEAD; member: the newest it knows
   uint64_t served_version = 0;  // 0 for a relay-only member (it serves nothing)
   ViewDigest served_digest;
@@ -439,9 +444,16 @@ class TERN_EXPORT Agent {
 
 // ---- Talking to an agent's admin port (tern publish / tern status, and
 // schedulers that embed tern) ----
+//
+// admin_address: "HOST:PORT" or "http://HOST:PORT" (plain HTTP), or
+// "https://HOST:PORT" (TLS; the certificate is verified against
+// AgentClientOptions::ca_pem and must name HOST: kAuth when it does not).
 
 struct AgentClientOptions {
   std::string token;            // bearer token for mutating requests
+  // For an "https://HOST:PORT" admin address: the CA(s) (PEM) that signed
+  // the agent's admin certificate; empty: the system's trust store.
+  std::string ca_pem;
   uint32_t timeout_ms = 600000;
   bool force = false;  // PublishToRoot: a version far beyond HEAD is meant (max_version_jump)
 };

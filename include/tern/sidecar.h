@@ -30,10 +30,14 @@ struct SidecarConfig {
   std::string listen = "127.0.0.1:8100";  // HOST:PORT (port 0: any)
   std::string engine_url;                 // http://HOST:PORT
   // Where the served version comes from: exactly one of the member's admin
-  // port (HOST:PORT; its /status "served_version") or a version file.
+  // port ([https://]HOST:PORT; its /status "served_version") or a version
+  // file.
   std::string agent_admin;
   std::string version_file;
   std::string agent_token;  // the member's admin token, if it has one
+  // An https:// agent_admin: the CA (PEM) its certificate must chain to;
+  // empty: the system's trust store.
+  std::string agent_ca_pem;
   std::string admin_token;  // lets a request reach control routes; empty: none can
   bool quiesce = false;     // false: in place (only exact-version requests drain)
   bool cache_salt = true;   // key the engine's prefix cache by version

@@ -151,7 +151,7 @@ typedef struct tern_agent_options {
   size_t trusted_keys_count;           /* at most 64 */
   const char* join_token;              /* shared secret for joining; NULL: none */
   const char* admin_token;             /* bearer token for POST /publish; NULL: none */
-  int admin_insecure;                  /* allow a non-loopback admin port without a token */
+  int admin_insecure;                  /* allow a non-loopback admin port without a token or TLS */
   const char* publish_dir;             /* root: POST /publish reads only below this */
   uint64_t max_version_jump;           /* root: default 1000000; 0: no bound */
   const char* seed_checkpoint;         /* member: a checkpoint of version seed_version it holds */
@@ -193,6 +193,13 @@ typedef struct tern_agent_options {
   /* Where the agent's log lines go; NULL: stderr. */
   tern_log_fn log;
   void* log_user;
+
+  /* ABI 1.1. The admin port speaks HTTPS only with this certificate (PEM:
+   * the leaf, then intermediates) and its unencrypted key; both or NULL.
+   * A root whose admin_listen is off loopback needs these and admin_token
+   * unless admin_insecure (docs/security.md, "The admin port"). */
+  const char* admin_tls_cert_pem;
+  const char* admin_tls_key_pem;
 } tern_agent_options;
 
 /* Sets struct_size and every default above. Any thread. */
@@ -350,11 +357,16 @@ typedef struct tern_client_options {
   const char* token;   /* bearer token for publishing (the agent's admin token) */
   uint32_t timeout_ms; /* per request; a publish waits this long in all. Default 600000 */
   int force;           /* publish a version far beyond HEAD (max_version_jump) */
+  /* ABI 1.1. For an "https://HOST:PORT" address: the CA(s) (PEM) the
+   * agent's admin certificate must chain to; NULL: the system's trust store. */
+  const char* ca_pem;
 } tern_client_options;
 
 TERN_API void tern_client_options_init(tern_client_options* options);
 
-/* A handle over an admin address "HOST:PORT" (checked for form, not
+/* A handle over an admin address "HOST:PORT", "http://HOST:PORT" or
+ * "https://HOST:PORT" (ABI 1.1; TLS, the certificate verified against
+ * ca_pem and its name against HOST) (checked for form, not
  * reached: nothing is connected until a call). Any thread. */
 TERN_API tern_code tern_client_open(const char* admin_address, const tern_client_options* options,
                                     tern_client** out);

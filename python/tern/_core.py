@@ -159,16 +159,19 @@ class Agent:
 
 
 class Client:
-    """A running agent's admin port ("HOST:PORT"): publish through a root,
+    """A running agent's admin port ("HOST:PORT", or "https://HOST:PORT"
+    with `ca_pem`, the CA the port's certificate must chain to; None: the
+    system's): publish through a root,
     read status, metrics, publish jobs and events. `token`: the agent's
     admin token (needed to publish and for events when it has one).
     `timeout_s`: per request; a publish waits this long in all (default
     600). Nothing is connected until a call. Thread safety: any thread."""
 
     def __init__(self, address: str, *, token: Optional[str] = None, timeout_s: float = 600.0,
-                 force: bool = False):
+                 force: bool = False, ca_pem: Optional[str] = None):
         self.address = address
-        self._native = _tern.Client(address, token, _timeout_ms(timeout_s, 3600.0), bool(force))
+        self._native = _tern.Client(address, token, _timeout_ms(timeout_s, 3600.0), bool(force),
+                                    ca_pem)
 
     def publish(self, checkpoint: str, version: int) -> None:
         """POST /publish: the root reads `checkpoint` (a path *it* can read)

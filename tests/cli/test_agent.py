@@ -8,7 +8,8 @@ byte compare); `tern status --json` lists every member with its version; a
 stale version is refused with a clear message; a publish without the admin
 token is refused; a member with a wrong join token is refused and serves
 nothing; a member killed with SIGKILL and restarted catches up; every agent
-stops cleanly on SIGTERM. Over a real etcd (skipped without one): the root
+stops cleanly on SIGTERM. The admin port over TLS (https://, --admin-cacert)
+and its secure defaults. Over a real etcd (skipped without one): the root
 killed with SIGKILL while a standby root waits; the standby leads within
 its lease plus a margin, loses nothing, and versions published to it reach
 every member bit for bit.
@@ -110,6 +111,8 @@ class Agent:
         self.address = m.group(1)
         m = re.search(r"admin http://(\S+)", line)
         self.admin = m.group(1) if m else None
+        m = re.search(r"admin (https://\S+)", line)
+        self.admin = m.group(1) if m else self.admin
 
     def kill(self):
         """SIGKILL to the process group: no goodbye, no resign."""
@@ -520,6 +523,72 @@ class AgentCli(unittest.TestCase):
             if status == 1:
                 self.assertIn("--etcd-insecure", out, extra)
             self.assertNotIn("etcd-secret-password", out, extra)
+
+    def test_admin_port_over_tls(self):
+        """--admin-tls-cert/--admin-tls-key: the root prints an https://
+        admin address; `tern publish` and `tern status` reach it with
+        --admin-cacert and the token, and a member follows bit for bit; the
+        system's trust store, a plain http:// address and a missing token are
+        refused (status 1, saying why). Off loopback, a root with a token and
+        no TLS refuses to start; TLS flags without --admin, or one without the
+        other, are usage errors (status 2)."""
+        tls = ["--admin-tls-cert", os.path.join(self.tmp, "node.pem"),
+               "--admin-tls-key", os.path.join(self.tmp, "node.key")]
+        admin_token = ["--admin-token-file", os.path.join(self.tmp, "admin.token")]
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        cacert = ["--admin-cacert", os.path.join(self.tmp, "ca.pem")]
+        root = Agent(self.tmp, "tls-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0"] +
+                     admin_token + tls + tok)
+        agents = [root]
+        try:
+            self.assertTrue(root.admin and root.admin.startswith("https://127.0.0.1:"), root.startup_line)
+            key = os.path.join(root.dir, "public-key.pem")
+            member = Agent(self.tmp, "tls-m1", ["--join", root.address, "--trust-key", key, "--region", "us"] + tok)
+            agents.append(member)
+
+            def run(*args):
+                return subprocess.run([TERN, *args], capture_output=True, text=True, timeout=120)
+            publish = ["publish", "--board", root.admin, self.step(0), "--version", "1"]
+            r = run(*publish, "--token-file", os.path.join(self.tmp, "admin.token"))
+            self.assertEqual(r.returncode, 1, r.stderr)  # no CA: the system's store does not know ours
+            self.assertIn("certificate was refused", r.stderr)
+            r = run(*publish, *cacert)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("401", r.stderr)
+            r = run("publish", "--board", root.admin.replace("https://", "http://"), self.step(0),
+                    "--version", "1", "--token-file", os.path.join(self.tmp, "admin.token"))
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("speaks TLS", r.stderr)
+            r = run(*publish, *cacert, "--token-file", os.path.join(self.tmp, "admin.token"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = run("status", "--board", root.admin, *cacert, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["head"], 1)
+
+            def member_at_1():
+                r = run("status", "--board", root.admin, *cacert, "--json")
+                return r.returncode == 0 and [m["version"] for m in json.loads(r.stdout)["members"]] == [1]
+            wait_for(member_at_1, 60, "the member at version 1")
+            self.assertTrue(self.same_bytes(member.dir, self.step(0)))
+        finally:
+            for a in agents:
+                a.stop()
+
+        base = [AGENT, "--root", "--listen", "127.0.0.1:0", "--no-tls"]
+        cases = (
+            (["--admin", "0.0.0.0:0"] + admin_token, 1, "--admin-tls-cert"),
+            (["--admin", "0.0.0.0:0"] + tls, 1, "no admin token"),
+            (tls, 2, "--admin HOST:PORT"),
+            (["--admin", "127.0.0.1:0", tls[0], tls[1]], 2, "--admin-tls-key"),
+        )
+        for i, (extra, status, words) in enumerate(cases):
+            r = subprocess.run(base + ["--data", os.path.join(self.tmp, "admin-refused-%d" % i)] + extra,
+                               capture_output=True, text=True, timeout=30)
+            out = r.stderr + r.stdout
+            self.assertEqual(r.returncode, status, "%s: %s" % (extra, out))
+            self.assertIn(words, out, extra)
+            if status == 1:
+                self.assertIn("--admin-insecure", out, extra)
 
     def test_root_killed_with_a_standby_over_etcd(self):
         """Two roots over a real etcd: A leads, B waits. Two versions reach
