@@ -31,7 +31,7 @@ struct AgentArgs {
   bool relay_only = false;
   bool no_stream_apply = false;
   double uplink_gbps = 10, downlink_gbps = 10;
-  std::string signing_key, join_token_file, admin_token_file;
+  std::string signing_key, join_token_file, admin_token_file, engine_sidecar_token_file;
   std::string admin_tls_cert, admin_tls_key;
   std::vector<std::string> trust_keys;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
@@ -126,6 +126,10 @@ Status CheckAgent(AgentArgs& a) {
     if (path->empty()) continue;
     Status read = ReadFileToString(DefaultEnv(), *path, 64 << 10, pem);
     if (!read.ok()) return read.WithContext(flag);
+  }
+  if (!o.engine_sidecar.empty()) {
+    TERN_ASSIGN_OR_RETURN(o.engine_sidecar_token,
+                          ReadSecret(a.engine_sidecar_token_file, "TERN_SIDECAR_ADMIN_TOKEN"));
   }
   o.stripes = a.stripes;
   o.fanout_max = a.fanout;
@@ -487,6 +491,13 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               3'600'000);
   AddUnsigned(cmd, "--engine-attempts", a->agent.engine_attempts,
               "update sequences per version before backing off (1 s doubling to 30 s)", "2", 100);
+  cmd.add_option("--engine-sidecar", a->agent.engine_sidecar,
+                 "with --engine: the tern-sidecar in front of the engine (HOST:PORT); every update "
+                 "runs inside a commit it holds open, so no response is stamped with a version it "
+                 "did not run on");
+  cmd.add_option("--engine-sidecar-token-file", a->engine_sidecar_token_file,
+                 "file with that sidecar's admin token (its --admin-token-file; default: "
+                 "$TERN_SIDECAR_ADMIN_TOKEN)");
   // The flags of a serving member (or of the root) make no sense with it:
   // refused rather than ignored.
   cmd.add_flag("--relay-only", a->relay_only,

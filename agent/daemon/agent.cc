@@ -369,7 +369,11 @@ void AgentImpl::TickLoop() {
 
 // --engine (engine_driver.h): a member's engine, driven from its events.
 Status AgentImpl::InitEngine() {
-  if (opt_.engine.empty()) return Status::Ok();
+  if (opt_.engine.empty()) {
+    TERN_REQUIRE(opt_.engine_sidecar.empty(), kInvalidArgument,
+                 "agent: --engine-sidecar needs --engine");
+    return Status::Ok();
+  }
   TERN_REQUIRE(opt_.engine == "vllm" || opt_.engine == "sglang", kInvalidArgument,
                "agent: --engine ", opt_.engine, ": the engines are vllm and sglang");
   TERN_REQUIRE(!opt_.root && !opt_.relay_only && store_ != nullptr, kInvalidArgument,
@@ -399,10 +403,24 @@ Status AgentImpl::InitEngine() {
     so.attempts = opt_.engine_attempts;
     TERN_ASSIGN_OR_RETURN(adapter, SglangAdapter::Create(so, clock_));
   }
+  std::unique_ptr<EngineCommitPoint> commit;
+  EngineDriverOptions driver_options;
+  if (!opt_.engine_sidecar.empty()) {
+    SidecarCommitOptions so;
+    so.address = opt_.engine_sidecar;
+    so.token = opt_.engine_sidecar_token;
+    TERN_ASSIGN_OR_RETURN(commit, NewSidecarCommitPoint(so));
+    // Every attempt's deadlines (the update call's plus the other steps'),
+    // as the slot lease counts them.
+    driver_options.commit_hold_ms =
+        static_cast<uint32_t>(std::min<uint64_t>(
+            UINT32_MAX, uint64_t{opt_.engine_attempts} * (opt_.engine_update_timeout_ms + 120000)));
+  }
   slot_lease_ = std::make_unique<SlotLease>([this] { return CurrentSlot(); });
   engine_ = std::make_unique<EngineDriver>(*events_, *slot_lease_, std::move(adapter), opt_.engine,
-                                           EngineDriverOptions{}, clock_,
-                                           [this](std::string_view line) { Log(std::string(line)); });
+                                           driver_options, clock_,
+                                           [this](std::string_view line) { Log(std::string(line)); },
+                                           std::move(commit));
   uint64_t served = 0;
   {
     MutexLock lock(mu_);

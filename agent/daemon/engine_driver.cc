@@ -45,10 +45,11 @@ bool SlotLease::WaitOffSpare(uint32_t max_wait_ms, const LogFn& log) {
 
 EngineDriver::EngineDriver(EventRing& ring, SlotLease& lease, std::unique_ptr<EngineAdapter> adapter,
                            std::string engine_name, EngineDriverOptions options, Clock& clock,
-                           LogFn log)
+                           LogFn log, std::unique_ptr<EngineCommitPoint> commit)
     : ring_(ring),
       lease_(lease),
       adapter_(std::move(adapter)),
+      commit_(std::move(commit)),
       options_(options),
       clock_(clock),
       log_(std::move(log)) {
@@ -128,9 +129,29 @@ void EngineDriver::MaybeUpdate() {
     return;
   }
   const uint64_t t0 = clock_.NowUs();
-  Result<EngineUpdateReport> r = adapter_->Apply(u);
+  Status begin = commit_ ? commit_->Begin(u.version, options_.commit_hold_ms) : Status::Ok();
+  Result<EngineUpdateReport> r =
+      begin.ok() ? adapter_->Apply(u)
+                 : Result<EngineUpdateReport>(TERN_ERROR(
+                       kUnavailable, "the sidecar did not open its commit point (the engine was "
+                                     "not touched): ", begin.ToString()));
   const bool overridden = lease_.End();
   const double took_s = static_cast<double>(clock_.NowUs() - t0) * 1e-6;
+  // The sidecar's commit ends after status() names the outcome (below).
+  struct EndCommit {
+    EngineCommitPoint* commit;
+    uint64_t version;
+    bool loaded = false;
+    bool begun;
+    const LogFn& log;
+    ~EndCommit() {
+      if (!commit || !begun) return;
+      if (Status s = commit->End(version, loaded); !s.ok() && log)
+        log("engine: the sidecar's commit of version " + std::to_string(version) +
+            " did not end cleanly: " + s.ToString());
+    }
+  } end_commit{commit_.get(), u.version, false, begin.ok(), log_};
+  end_commit.loaded = r.ok() && !overridden && r->version == u.version;
   MutexLock lock(mu_);
   if (r.ok() && !overridden && r->version == u.version) {
     status_.version = r->version;

@@ -25,6 +25,14 @@
 // with every tensor. A slot that is no longer DIR/current's when an update
 // would start is not read: a newer served event follows.
 //
+// The commit point. With the sidecar's commit point (tern-agent
+// --engine-sidecar), every Apply runs inside a commit the sidecar holds
+// open: Begin before the engine pauses (the sidecar drains the requests
+// that must not cross the change), End after it, with the outcome, once
+// status() names the engine's new version (a sidecar that polls /status
+// then never reads a version older than the one End flipped to). A commit
+// the sidecar does not open fails the update (the engine is not touched).
+//
 // Thread safety: Start/Stop from one thread; status() from any thread;
 // SlotLease from the driver and the work thread.
 #pragma once
@@ -39,6 +47,7 @@
 #include <thread>
 
 #include "agent/daemon/event_ring.h"
+#include "agent/engine/commit_client.h"
 #include "agent/engine/engine_adapter.h"
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
@@ -79,12 +88,18 @@ class SlotLease {
 struct EngineDriverOptions {
   uint32_t backoff_min_ms = 1000;
   uint32_t backoff_max_ms = 30000;
+  // With a commit point: how long the sidecar holds a commit open for one
+  // Apply (its deadlines all together).
+  uint32_t commit_hold_ms = 600000;
 };
 
 class EngineDriver {
  public:
+  // `commit` (may be null): the sidecar's commit point, held open around
+  // every Apply; an update it does not open is not run (failed, retried).
   EngineDriver(EventRing& ring, SlotLease& lease, std::unique_ptr<EngineAdapter> adapter,
-               std::string engine_name, EngineDriverOptions options, Clock& clock, LogFn log);
+               std::string engine_name, EngineDriverOptions options, Clock& clock, LogFn log,
+               std::unique_ptr<EngineCommitPoint> commit = nullptr);
   ~EngineDriver();  // Stop()
   EngineDriver(const EngineDriver&) = delete;
   EngineDriver& operator=(const EngineDriver&) = delete;
@@ -107,6 +122,7 @@ class EngineDriver {
   EventRing& ring_;
   SlotLease& lease_;
   const std::unique_ptr<EngineAdapter> adapter_;
+  const std::unique_ptr<EngineCommitPoint> commit_;
   const EngineDriverOptions options_;
   Clock& clock_;
   LogFn log_;

@@ -2,7 +2,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 
 namespace tern::agent {
 
@@ -33,15 +35,28 @@ EngineClient::EngineClient(EngineOptions options, std::string host, int port)
 
 EngineClient::~EngineClient() = default;
 
-std::unique_ptr<httplib::Client> EngineClient::Take() {
+std::unique_ptr<httplib::Client> EngineClient::Take(bool* reused) {
+  std::vector<Idle> expired;  // closed outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto oldest = std::chrono::steady_clock::now() -
+                        std::chrono::milliseconds(options_.idle_ms_max);
+    auto fresh = std::find_if(idle_.begin(), idle_.end(),
+                              [&](const Idle& i) { return i.since >= oldest; });
+    expired.assign(std::make_move_iterator(idle_.begin()), std::make_move_iterator(fresh));
+    idle_.erase(idle_.begin(), fresh);
     if (!idle_.empty()) {
-      auto c = std::move(idle_.back());
+      auto c = std::move(idle_.back().client);
       idle_.pop_back();
+      *reused = true;
       return c;
     }
   }
+  *reused = false;
+  return NewClient();
+}
+
+std::unique_ptr<httplib::Client> EngineClient::NewClient() {
   auto c = std::make_unique<httplib::Client>(host_, port_);
   c->set_keep_alive(true);
   c->set_tcp_nodelay(true);
@@ -54,7 +69,8 @@ std::unique_ptr<httplib::Client> EngineClient::Take() {
 
 void EngineClient::Give(std::unique_ptr<httplib::Client> client) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (idle_.size() < options_.max_idle) idle_.push_back(std::move(client));
+  if (idle_.size() < options_.max_idle)
+    idle_.push_back(Idle{std::move(client), std::chrono::steady_clock::now()});
 }
 
 void CallCanceller::Cancel() {
@@ -68,46 +84,58 @@ Status EngineClient::Call(std::string_view method, std::string_view path_and_que
                           const std::function<bool(const EngineHead&)>& on_head,
                           const std::function<bool(std::string_view)>& on_body,
                           CallCanceller* canceller) {
-  auto client = Take();
-  if (canceller) {
-    std::lock_guard<std::mutex> lock(canceller->mu_);
-    if (canceller->cancelled_) return Status(Code::kCancelled, "sidecar: call cancelled");
-    canceller->client_ = client.get();
+  bool reused = false;
+  auto client = Take(&reused);
+  for (;;) {
+    if (canceller) {
+      std::lock_guard<std::mutex> lock(canceller->mu_);
+      if (canceller->cancelled_) return Status(Code::kCancelled, "sidecar: call cancelled");
+      canceller->client_ = client.get();
+    }
+    httplib::Request req;
+    req.method = std::string(method);
+    req.path = std::string(path_and_query);
+    for (const auto& [k, v] : headers) req.headers.emplace(k, v);
+    req.body = body;
+    bool abandoned = false;
+    bool head_seen = false;
+    req.response_handler = [&](const httplib::Response& r) {
+      head_seen = true;
+      EngineHead head;
+      head.status = r.status;
+      for (const auto& [k, v] : r.headers) head.headers.emplace_back(k, v);
+      head.content_type = r.get_header_value("Content-Type");
+      if (!on_head(head)) abandoned = true;
+      return !abandoned;
+    };
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (!on_body(std::string_view(data, n))) abandoned = true;
+      return !abandoned;
+    };
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    const bool ok = client->send(req, res, error);
+    bool cancelled = false;
+    if (canceller) {
+      std::lock_guard<std::mutex> lock(canceller->mu_);
+      canceller->client_ = nullptr;
+      cancelled = canceller->cancelled_;
+    }
+    if (cancelled) return Status(Code::kCancelled, "sidecar: call cancelled");
+    if (ok) {
+      Give(std::move(client));
+      return Status::Ok();
+    }
+    if (abandoned) return Status(Code::kCancelled, "sidecar: reply abandoned");
+    if (reused && !head_seen) {
+      // A pooled connection the engine closed as the request went out;
+      // nothing reached the client yet: once more, on a new connection.
+      client = NewClient();
+      reused = false;
+      continue;
+    }
+    return TERN_ERROR(kUnavailable, "engine ", host_, ":", port_, ": ", httplib::to_string(error));
   }
-  httplib::Request req;
-  req.method = std::string(method);
-  req.path = std::string(path_and_query);
-  for (const auto& [k, v] : headers) req.headers.emplace(k, v);
-  req.body = std::move(body);
-  bool abandoned = false;
-  req.response_handler = [&](const httplib::Response& r) {
-    EngineHead head;
-    head.status = r.status;
-    for (const auto& [k, v] : r.headers) head.headers.emplace_back(k, v);
-    head.content_type = r.get_header_value("Content-Type");
-    if (!on_head(head)) abandoned = true;
-    return !abandoned;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (!on_body(std::string_view(data, n))) abandoned = true;
-    return !abandoned;
-  };
-  httplib::Response res;
-  httplib::Error error = httplib::Error::Success;
-  const bool ok = client->send(req, res, error);
-  bool cancelled = false;
-  if (canceller) {
-    std::lock_guard<std::mutex> lock(canceller->mu_);
-    canceller->client_ = nullptr;
-    cancelled = canceller->cancelled_;
-  }
-  if (cancelled) return Status(Code::kCancelled, "sidecar: call cancelled");
-  if (ok) {
-    Give(std::move(client));
-    return Status::Ok();
-  }
-  if (abandoned) return Status(Code::kCancelled, "sidecar: reply abandoned");
-  return TERN_ERROR(kUnavailable, "engine ", host_, ":", port_, ": ", httplib::to_string(error));
 }
 
 }  // namespace tern::agent

@@ -10,6 +10,8 @@
 // abandoned or failed is not reused. Thread-safe.
 #pragma once
 
+#include <chrono>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +34,10 @@ struct EngineOptions {
   uint32_t connect_timeout_ms = 2000;
   uint32_t read_timeout_ms = 3600000;  // per read: a long prefill sends nothing for a while
   uint32_t max_idle = 64;              // idle connections kept
+  // An idle connection older than this is closed, not reused: engines' HTTP
+  // servers close idle keep-alive connections (uvicorn, vLLM's: after 5 s),
+  // and a request sent on one as it closes fails.
+  uint32_t idle_ms_max = 2000;
 };
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
@@ -63,6 +69,8 @@ class EngineClient {
 
   // kUnavailable when the engine cannot be reached or drops the connection
   // before the reply ends; kCancelled when a callback abandoned the reply.
+  // A reused idle connection that fails before any reply came (the engine
+  // closed it as the request went out) is retried once on a new one.
   Status Call(std::string_view method, std::string_view path_and_query, const HeaderList& headers,
               std::string body, const std::function<bool(const EngineHead&)>& on_head,
               const std::function<bool(std::string_view)>& on_body,
@@ -70,14 +78,20 @@ class EngineClient {
 
  private:
   explicit EngineClient(EngineOptions options, std::string host, int port);
-  std::unique_ptr<httplib::Client> Take();
+  // A pooled connection (*reused = true) or a new one.
+  std::unique_ptr<httplib::Client> Take(bool* reused);
   void Give(std::unique_ptr<httplib::Client> client);
+  std::unique_ptr<httplib::Client> NewClient();
 
   const EngineOptions options_;
   const std::string host_;
   const int port_;
   std::mutex mu_;
-  std::vector<std::unique_ptr<httplib::Client>> idle_;
+  struct Idle {
+    std::unique_ptr<httplib::Client> client;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<Idle> idle_;  // newest last
 };
 
 }  // namespace tern::agent

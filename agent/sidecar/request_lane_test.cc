@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
+#include "agent/sidecar/commit_point.h"
 #include "agent/sidecar/version_gate.h"
 
 namespace tern::agent {
@@ -201,6 +203,87 @@ TEST(VersionGate, FailedApplyKeepsTheVersion) {
                 .code(),
             Code::kIo);
   EXPECT_EQ(gate.applied(), 4u);
+  EXPECT_FALSE(gate.committing());
+}
+
+TEST(VersionGate, CommitIfUnchangedSkipsAfterAnotherCommit) {
+  VersionGate gate(CommitMode::kInPlace);
+  ASSERT_TRUE(gate.Commit(4, nullptr, 1000).ok());
+  const uint64_t seen = gate.commits();
+  ASSERT_TRUE(gate.Commit(5, nullptr, 1000).ok());  // a commit point flipped past it
+  ASSERT_TRUE(gate.CommitIfUnchanged(4, seen, 1000).ok());
+  EXPECT_EQ(gate.applied(), 5u);  // not flipped back
+  ASSERT_TRUE(gate.CommitIfUnchanged(6, gate.commits(), 1000).ok());
+  EXPECT_EQ(gate.applied(), 6u);
+}
+
+// The commit point an engine driver holds open: exact-version requests
+// drain before Begin returns, none is admitted while it is open, End flips
+// (or not) and reopens.
+TEST(CommitPoint, HoldsAdmissionClosedFromBeginToEnd) {
+  VersionGate gate(CommitMode::kInPlace);
+  ASSERT_TRUE(gate.Commit(1, nullptr, 1000).ok());
+  CommitPoint commit(gate, 5000, 60000);
+  auto exact = gate.Admit(VersionConstraint{{}, 1}, 0);
+  ASSERT_TRUE(exact.ticket);
+  auto begun = std::async(std::launch::async, [&] { return commit.Begin(2, 10000); });
+  EXPECT_EQ(begun.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+      << "Begin returned with an exact-version request in flight";
+  exact.ticket.reset();
+  ASSERT_TRUE(begun.get().ok());
+  EXPECT_TRUE(commit.open());
+  // While open, nothing is admitted: not an exact 1, nor a request for any version.
+  auto late_exact = std::async(std::launch::async,
+                               [&] { return gate.Admit(VersionConstraint{{}, 1}, 0); });
+  auto late_any = std::async(std::launch::async, [&] { return gate.Admit(VersionConstraint{}, 0); });
+  EXPECT_EQ(late_exact.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  EXPECT_EQ(late_any.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  EXPECT_EQ(commit.Begin(3, 1000).code(), Code::kUnavailable);  // one at a time
+  EXPECT_EQ(commit.End(3, true).code(), Code::kNotFound);       // not the open one
+  ASSERT_TRUE(commit.End(2, true).ok());
+  EXPECT_EQ(gate.applied(), 2u);
+  EXPECT_FALSE(commit.open());
+  EXPECT_FALSE(late_exact.get().ticket);  // version 1 has passed
+  auto any = late_any.get();
+  ASSERT_TRUE(any.ticket);
+  EXPECT_EQ(any.ticket->start_version(), 2u);
+}
+
+TEST(CommitPoint, NotLoadedOrNotEndedKeepsTheVersion) {
+  VersionGate gate(CommitMode::kInPlace);
+  ASSERT_TRUE(gate.Commit(4, nullptr, 1000).ok());
+  CommitPoint commit(gate, 1000, 60000);
+  ASSERT_TRUE(commit.Begin(5, 10000).ok());
+  ASSERT_TRUE(commit.End(5, false).ok());
+  EXPECT_EQ(gate.applied(), 4u);
+  // A driver that never ends: the hold time ends the commit, not loaded,
+  // and admission reopens; its late End finds nothing.
+  ASSERT_TRUE(commit.Begin(5, 50).ok());
+  EXPECT_TRUE(gate.Admit(VersionConstraint{}, 0).ticket);  // waited out the hold
+  EXPECT_EQ(gate.applied(), 4u);
+  EXPECT_EQ(commit.End(5, true).code(), Code::kNotFound);
+  EXPECT_EQ(gate.applied(), 4u);
+  // Bounds.
+  EXPECT_EQ(commit.Begin(0, 10).code(), Code::kInvalidArgument);
+  EXPECT_EQ(commit.Begin(6, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(commit.Begin(6, 60001).code(), Code::kInvalidArgument);
+  // Requests that do not drain: kTimeout, nothing changed, admission open.
+  auto exact = gate.Admit(VersionConstraint{{}, 4}, 0);
+  ASSERT_TRUE(exact.ticket);
+  EXPECT_EQ(commit.Begin(6, 10000).code(), Code::kTimeout);
+  EXPECT_FALSE(commit.open());
+  EXPECT_EQ(gate.applied(), 4u);
+  EXPECT_TRUE(gate.Admit(VersionConstraint{{}, 4}, 0).ticket);
+}
+
+TEST(CommitPoint, DestroyedWhileOpenEndsNotLoaded) {
+  VersionGate gate(CommitMode::kInPlace);
+  ASSERT_TRUE(gate.Commit(1, nullptr, 1000).ok());
+  {
+    CommitPoint commit(gate, 1000, 60000);
+    ASSERT_TRUE(commit.Begin(2, 60000).ok());
+  }
+  EXPECT_EQ(gate.applied(), 1u);
   EXPECT_FALSE(gate.committing());
 }
 

@@ -119,10 +119,56 @@ void Sidecar::Impl::Handle(const httplib::Request& req, httplib::Response& res) 
     res.set_content(RenderMetrics(), "text/plain; version=0.0.4");
     return;
   }
+  if (path == "/tern/commit/begin" || path == "/tern/commit/end") return CommitRoute(req, res, path);
   if (control.count(std::string_view(path).substr(1)) && !AdminAuthenticated(req))
     return Error(res, 403, "forbidden", "RouteBlocked", path + " is managed by the sidecar");
   if (req.method == "POST" && IsVersionedRoute(path)) return Versioned(req, res, path);
   Forward(req, res, path);
+}
+
+void Sidecar::Impl::CommitRoute(const httplib::Request& req, httplib::Response& res,
+                                const std::string& path) {
+  if (req.method != "POST")
+    return Error(res, 405, "bad_request", "BadRequest", path + " takes POST");
+  if (!AdminAuthenticated(req))
+    return Error(res, 403, "forbidden", "RouteBlocked", path + " needs the admin token");
+  const bool begin = path == "/tern/commit/begin";
+  auto j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  uint64_t version = 0;
+  uint64_t hold_ms = 0;
+  bool loaded = false;
+  bool ok = j.is_object();
+  if (ok) {
+    for (auto& [key, v] : j.items()) {
+      if (key == "version" && v.is_number_unsigned()) {
+        version = v.get<uint64_t>();
+      } else if (begin && key == "hold_ms" && v.is_number_unsigned()) {
+        hold_ms = v.get<uint64_t>();
+      } else if (!begin && key == "loaded" && v.is_boolean()) {
+        loaded = v.get<bool>();
+      } else {
+        ok = false;
+      }
+    }
+  }
+  if (!ok || version == 0 || (begin && hold_ms == 0))
+    return Error(res, 400, "bad_request", "BadRequest",
+                 begin ? "expected {\"version\": N > 0, \"hold_ms\": H > 0}"
+                       : "expected {\"version\": N > 0, \"loaded\": true|false}");
+  // A longer hold than the sidecar allows is cut to its bound: past it the
+  // commit ends as not loaded and the follower reads the engine's version.
+  hold_ms = std::min<uint64_t>(hold_ms, options.commit_hold_ms_max);
+  Status s = begin ? commit->Begin(version, static_cast<uint32_t>(hold_ms))
+                   : commit->End(version, loaded);
+  if (!s.ok()) {
+    const int code = s.code() == Code::kInvalidArgument ? 400
+                     : s.code() == Code::kTimeout        ? 503
+                                                         : 409;
+    options.log("sidecar: " + s.ToString());
+    return Error(res, code, "commit", "CommitRefused", s.message(), code != 400);
+  }
+  auto applied = gate.applied();
+  Reply(res, 200, Json{{"applied", applied ? Json(*applied) : Json(nullptr)}}.dump());
 }
 
 Result<std::unique_ptr<Sidecar>> Sidecar::Start(SidecarOptions options, VersionGate& gate,
@@ -139,6 +185,8 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(SidecarOptions options, VersionG
   auto impl = std::make_unique<Impl>(std::move(options), gate, std::move(state));
   Impl* p = impl.get();
   TERN_ASSIGN_OR_RETURN(p->engine, EngineClient::Create(p->options.engine));
+  p->commit = std::make_unique<CommitPoint>(gate, p->options.drain_timeout_ms,
+                                            p->options.commit_hold_ms_max);
   for (const auto& r : p->options.control_routes) p->control.insert(NormalizePath(r).substr(1));
 
   auto& http = p->http;

@@ -21,6 +21,12 @@
 //    "reason", "applied_version", "head_version", "commit_mode",
 //    "active_requests"}. GET /metrics: the sidecar's metrics (Prometheus
 //    text).
+//  * POST /tern/commit/begin {"version": N, "hold_ms": H} and
+//    /tern/commit/end {"version": N, "loaded": true|false}, with the admin
+//    token: the commit point the member's engine driver holds open across
+//    an engine update (commit_point.h). 200 {"applied"}; 400 malformed;
+//    403 without the token; 409 another commit open / none to end; 503
+//    the requests that must finish first did not within drain_timeout_ms.
 //  * Engine control routes (control_routes: pause, weight updates, cache
 //    flushes, ...): 403 RouteBlocked unless the request carries
 //    "X-Tern-Admin-Token: <admin_token>"; everything else is forwarded as
@@ -72,6 +78,10 @@ struct SidecarOptions {
   uint64_t stream_buffer_bytes = 1 << 20;
   uint32_t catchup_wait_ms = 2000;
   uint32_t client_timeout_ms = 30000;
+  // The commit point: how long a commit waits for the requests that must
+  // finish first, and the longest a driver may hold one open.
+  uint32_t drain_timeout_ms = 60000;
+  uint32_t commit_hold_ms_max = 900000;
   bool cache_salt = true;
   // Refuse every versioned request while the member reports itself stale
   // (ReplicaState::member_stale) with a retryable 503 MemberStale; false:

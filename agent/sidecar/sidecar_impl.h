@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/ops/metrics.h"
+#include "agent/sidecar/commit_point.h"
 #include "agent/sidecar/request_lane.h"
 #include "agent/sidecar/sidecar.h"
 #include "base/text.h"
@@ -27,6 +28,7 @@ struct Sidecar::Impl {
   VersionGate& gate;
   std::function<ReplicaState()> state;
   std::unique_ptr<EngineClient> engine;
+  std::unique_ptr<CommitPoint> commit;
   std::set<std::string, std::less<>> control;
   httplib::Server http;
   std::thread http_thread;
@@ -90,6 +92,8 @@ struct Sidecar::Impl {
   }
 
   void Handle(const httplib::Request& req, httplib::Response& res);
+  // POST /tern/commit/begin and /tern/commit/end (commit_point.h).
+  void CommitRoute(const httplib::Request& req, httplib::Response& res, const std::string& path);
   void Forward(const httplib::Request& req, httplib::Response& res, const std::string& path);
   void Versioned(const httplib::Request& req, httplib::Response& res, const std::string& path);
   void WholeReply(httplib::Response& res, const std::string& path, HeaderList headers,

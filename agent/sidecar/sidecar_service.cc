@@ -32,6 +32,7 @@ class Service final : public SidecarService {
     s.max_body_bytes = c.max_body_bytes;
     s.max_response_bytes = c.max_response_bytes;
     s.catchup_wait_ms = c.catchup_wait_ms;
+    s.drain_timeout_ms = c.drain_timeout_ms;
     s.client_timeout_ms = c.client_timeout_ms;
     s.cache_salt = c.cache_salt;
     s.refuse_when_stale = c.refuse_when_stale;

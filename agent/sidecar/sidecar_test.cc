@@ -471,6 +471,69 @@ TEST(MemberStatus, FreshnessIsReadWhenPresentAndCheckedForType) {
             Code::kCorrupt);
 }
 
+TEST(MemberStatus, TheEnginesVersionIsTheServedOneWhenTheMemberDrivesIt) {
+  auto v = ParseMemberStatus(
+      R"({"served_version": 7, "head": 7, "engine": {"version": 6, "state": "updating"}})");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->served, 6u);
+  EXPECT_TRUE(v->engine);
+  v = ParseMemberStatus(R"({"served_version": 7, "head": 7, "engine": {"version": 0}})");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->served, 0u);  // the engine names no version yet: nothing served
+  EXPECT_EQ(ParseMemberStatus(R"({"served_version": 7, "head": 7, "engine": {"version": -1}})")
+                .status()
+                .code(),
+            Code::kCorrupt);
+  EXPECT_EQ(ParseMemberStatus(R"({"served_version": 7, "head": 7, "engine": 6})").status().code(),
+            Code::kCorrupt);
+  EXPECT_FALSE(ParseMemberStatus(R"({"served_version": 7, "head": 7})")->engine);
+}
+
+// The commit point's routes: the admin token, strict bodies, and a commit
+// that holds admission closed until it ends.
+TEST_F(SidecarTest, CommitRoutesHoldTheGateForTheEngineDriver) {
+  StartSidecar();
+  Serve(1);
+  const httplib::Headers token{{"X-Tern-Admin-Token", "sekrit"}};
+  EXPECT_EQ(client_->Post("/tern/commit/begin", Json{{"version", 2}, {"hold_ms", 5000}}).status,
+            403);
+  EXPECT_EQ(client_->Post("/tern/commit/begin", Json{{"version", 2}, {"hold_ms", 5000}},
+                          {{"X-Tern-Admin-Token", "wrong"}})
+                .status,
+            403);
+  for (const Json& bad : {Json{{"version", 2}}, Json{{"version", 0}, {"hold_ms", 5}},
+                          Json{{"version", -2}, {"hold_ms", 5}},
+                          Json{{"version", 2}, {"hold_ms", 5}, {"x", 1}}, Json::array()}) {
+    EXPECT_EQ(client_->Post("/tern/commit/begin", bad, token).status, 400) << bad.dump();
+  }
+  EXPECT_EQ(client_->Send("GET", "/tern/commit/begin", "", token).status, 405);
+  EXPECT_EQ(client_->Post("/tern/commit/end", Json{{"version", 2}, {"loaded", true}}, token).status,
+            409);  // none open
+  Reply r = client_->Post("/tern/commit/begin", Json{{"version", 2}, {"hold_ms", 5000}}, token);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["applied"], 1);
+  // Admission is closed: a request waits for the commit to end.
+  auto waiting = std::async(std::launch::async, [&] {
+    Client c(sidecar_->address());
+    return c.Post("/v1/completions", Json{{"prompt", "x"}});
+  });
+  EXPECT_EQ(waiting.wait_for(200ms), std::future_status::timeout);
+  engine_.version = 2;  // the driver loads the engine
+  r = client_->Post("/tern/commit/end", Json{{"version", 2}, {"loaded", true}}, token);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["applied"], 2);
+  Reply served = waiting.get();
+  ASSERT_EQ(served.status, 200) << served.body;
+  EXPECT_EQ(served.json()["weight_version_start"], 2);
+  EXPECT_EQ(served.header("X-Tern-Version"), "2");
+  // Not loaded: the version stays.
+  ASSERT_EQ(client_->Post("/tern/commit/begin", Json{{"version", 3}, {"hold_ms", 5000}}, token).status,
+            200);
+  r = client_->Post("/tern/commit/end", Json{{"version", 3}, {"loaded", false}}, token);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["applied"], 2);
+}
+
 TEST_F(SidecarTest, FollowsTheMembersStatusAndAVersionFile) {
   StartSidecar();
   std::atomic<uint64_t> served{0}, head{0};

@@ -18,6 +18,17 @@ Result<MemberVersions> ParseMemberStatus(std::string_view json) {
                  " (a non-negative integer)");
     *out = it->get<uint64_t>();
   }
+  // A member that drives its engine (tern-agent --engine) reports what the
+  // engine serves, which lags what the member serves by the engine update:
+  // that is the version requests are served on.
+  if (auto e = j.find("engine"); e != j.end()) {
+    TERN_REQUIRE(e->is_object(), kCorrupt, "member /status engine is not an object");
+    auto ev = e->find("version");
+    TERN_REQUIRE(ev != e->end() && ev->is_number_unsigned(), kCorrupt,
+                 "member /status engine has no version (a non-negative integer)");
+    v.served = ev->get<uint64_t>();
+    v.engine = true;
+  }
   if (auto f = j.find("freshness"); f != j.end()) {
     TERN_REQUIRE(f->is_object(), kCorrupt, "member /status freshness is not an object");
     if (auto s = f->find("stale"); s != f->end()) {
@@ -96,6 +107,7 @@ void VersionFollower::Run() {
   while (!stop_) {
     lock.unlock();
     std::string error;
+    const uint64_t commits_seen = gate_.commits();
     auto polled = Poll();
     bool stale = false;
     std::string stale_reason;
@@ -108,7 +120,7 @@ void VersionFollower::Run() {
       stale_reason = polled->stale_reason;
       gate_.SetHead(polled->head);
       if (polled->served != 0 && gate_.applied() != polled->served) {
-        Status s = gate_.Commit(polled->served, nullptr, options_.drain_timeout_ms);
+        Status s = gate_.CommitIfUnchanged(polled->served, commits_seen, options_.drain_timeout_ms);
         if (!s.ok()) error = s.ToString();
       }
     }

@@ -1,10 +1,12 @@
 // How the sidecar learns the version its replica serves (docs/engines.md).
 //
-// Until the agent drives the engine itself, the served version is the one
-// the local member reports: the follower polls, every poll_ms, either
+// The served version is the one the local member reports: the follower
+// polls, every poll_ms, either
 //  * the member's admin port: GET /status (agent/daemon/agent_status.cc),
-//    "served_version" (0: none yet) and "head" (the newest it knows), with
-//    the admin token when one is set; or
+//    "served_version" (0: none yet), or "engine"."version" when the member
+//    drives the engine (tern-agent --engine: the engine's version lags the
+//    member's by its update), and "head" (the newest it knows), with the
+//    admin token when one is set; or
 //  * a version file holding one decimal version (whoever loads the engine
 //    writes it, e.g. with an atomic rename), for engines driven by other
 //    tools;
@@ -32,7 +34,10 @@
 namespace tern::agent {
 
 struct MemberVersions {
-  uint64_t served = 0;  // 0: none
+  // 0: none. The engine's version ("engine".version) when the member drives
+  // its engine, else the member's served_version.
+  uint64_t served = 0;
+  bool engine = false;  // served is the engine's
   uint64_t head = 0;
   // The member's "freshness" (docs/security.md "Freshness"): it cannot show
   // that its version is fresh (cut off from the root, behind, clock skew),
@@ -43,7 +48,8 @@ struct MemberVersions {
 };
 
 // The fields of a member's /status JSON: served_version and head (kCorrupt
-// when absent or not non-negative integers) and freshness.stale,
+// when absent or not non-negative integers), engine.version (optional; when
+// present it is the served version), and freshness.stale,
 // freshness.stale_reason (optional; kCorrupt when of another type).
 Result<MemberVersions> ParseMemberStatus(std::string_view json);
 // One decimal version, surrounding whitespace allowed (kCorrupt otherwise).

@@ -70,6 +70,23 @@ void VersionGate::Release(std::optional<uint64_t> exact) {
 Status VersionGate::Commit(uint64_t version, const std::function<Status()>& apply,
                            uint32_t drain_timeout_ms) {
   std::lock_guard<std::mutex> one(commit_mu_);
+  return CommitHoldingCommitMu(version, apply, drain_timeout_ms);
+}
+
+Status VersionGate::CommitIfUnchanged(uint64_t version, uint64_t commits_seen,
+                                      uint32_t drain_timeout_ms) {
+  std::lock_guard<std::mutex> one(commit_mu_);
+  if (commits() != commits_seen) return Status::Ok();
+  return CommitHoldingCommitMu(version, nullptr, drain_timeout_ms);
+}
+
+uint64_t VersionGate::commits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return commits_;
+}
+
+Status VersionGate::CommitHoldingCommitMu(uint64_t version, const std::function<Status()>& apply,
+                                          uint32_t drain_timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   committing_ = true;
   drain_all_ = mode_ == CommitMode::kQuiesce || (applied_ && version < *applied_);
@@ -90,7 +107,10 @@ Status VersionGate::Commit(uint64_t version, const std::function<Status()>& appl
   lock.unlock();
   Status applied = apply ? apply() : Status::Ok();
   lock.lock();
-  if (applied.ok()) applied_ = version;
+  if (applied.ok() && applied_ != version) {
+    applied_ = version;
+    ++commits_;
+  }
   applying_ = false;
   reopen();
   return applied;

@@ -69,6 +69,13 @@ class VersionGate {
   // after drain_timeout_ms (nothing applied; admission reopens); apply's
   // error is returned as is (the applied version stays).
   Status Commit(uint64_t version, const std::function<Status()>& apply, uint32_t drain_timeout_ms);
+  // Commit with nothing to apply, only if no commit flipped the version
+  // since commits() returned `commits_seen` (else Ok, nothing done): a
+  // follower that read a version before a commit point flipped past it must
+  // not flip it back.
+  Status CommitIfUnchanged(uint64_t version, uint64_t commits_seen, uint32_t drain_timeout_ms);
+  // Commits that changed the applied version so far.
+  uint64_t commits() const;
 
   // The newest version the member knows (never lowers it).
   void SetHead(uint64_t head);
@@ -89,6 +96,8 @@ class VersionGate {
 
  private:
   void Release(std::optional<uint64_t> exact);
+  Status CommitHoldingCommitMu(uint64_t version, const std::function<Status()>& apply,
+                               uint32_t drain_timeout_ms);
   bool ReachableLocked(const VersionConstraint& c) const;
 
   const CommitMode mode_;
@@ -102,6 +111,7 @@ class VersionGate {
   bool drain_all_ = false;
   bool closed_ = false;
   uint64_t in_flight_ = 0;
+  uint64_t commits_ = 0;
   std::map<uint64_t, uint64_t> exact_in_flight_;  // exact version -> requests
 };
 

@@ -7,25 +7,32 @@
 // real vLLM is driven by the same adapter in tests/engine/test_tern_vllm.py.
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <mutex>
+
+#include "agent/engine/commit_point_double.h"
 #include "agent/engine/vllm_double.h"
 #include "agent/testing/agent_test_fixture.h"
 
 namespace tern::agent_test {
 namespace {
 
+using agent::testing::CommitPointDouble;
 using agent::testing::Fault;
 using agent::testing::VllmDouble;
 
 class AgentEngineTest : public AgentSystemFixture {
  protected:
   // Member "m1" drives `engine_`; everyone logs into log_.
-  void Setup(uint32_t attempts = 2) {
-    CaptureLogs([this, attempts](AgentOptions& o) {
+  void Setup(uint32_t attempts = 2, std::string sidecar = "") {
+    CaptureLogs([this, attempts, sidecar](AgentOptions& o) {
       if (o.id != "m1") return;
       o.engine = "vllm";
       o.engine_url = engine_.url();
       o.engine_attempts = attempts;
       o.engine_update_timeout_ms = 5000;
+      o.engine_sidecar = sidecar;
+      o.engine_sidecar_token = "side-token";
     });
   }
   AgentEngineStatus EngineOf(const std::string& name) {
@@ -102,6 +109,63 @@ TEST_F(AgentEngineTest, AFailedUpdateLeavesTheEngineOnItsVersionAndIsRetriedWhol
   auto json = nlohmann::json::parse(AgentSnapshotJson(members_["m1"].agent->Snapshot()));
   EXPECT_EQ(json["engine"]["version"], 2);
   EXPECT_GE(json["engine"]["updates_failed"], 1);
+}
+
+// The sidecar's commit point (--engine-sidecar): every update runs inside
+// a commit, begun before the engine pauses and ended once the member's
+// status names the engine's new version (the sidecar's follower then never
+// reads an older one); a commit the sidecar does not open leaves the engine
+// untouched, is reported and retried.
+TEST_F(AgentEngineTest, EveryUpdateRunsInsideTheSidecarsCommitPoint) {
+  std::atomic<bool> refuse{false};
+  std::mutex mu;
+  std::vector<std::string> problems;
+  CommitPointDouble sidecar("side-token", [&](const CommitPointDouble::Call& c) {
+    const std::string v = std::to_string(c.version);
+    std::string why;
+    if (engine_.paused()) why = "the engine is paused";
+    if (c.begin && engine_.weight_version() == v) why = "begin after the engine loaded";
+    if (!c.begin && c.loaded && engine_.weight_version() != v) why = "end before the engine loaded";
+    if (!c.begin && c.loaded && EngineOf("m1").version != c.version)
+      why = "end before the member's status names the version";
+    if (!why.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      problems.push_back((c.begin ? "begin " : "end ") + v + ": " + why);
+    }
+    return c.begin && refuse ? 503 : 200;
+  });
+  Setup(/*attempts=*/1, sidecar.address());
+  StartRoot();
+  StartMember("m1", "us");
+  for (uint64_t v = 1; v <= 3; ++v) {
+    Publish(v);
+    ASSERT_TRUE(EngineServes("m1", v)) << EngineOf("m1").last_error;
+  }
+  refuse = true;
+  Publish(4);
+  ASSERT_TRUE(AllServe(4)) << Lagging(4);
+  ASSERT_TRUE(WaitFor([&] { return EngineOf("m1").updates_failed >= 1; }, 30));
+  AgentEngineStatus e = EngineOf("m1");
+  EXPECT_EQ(e.version, 3u);
+  EXPECT_NE(e.last_error.find("did not open its commit point"), std::string::npos) << e.last_error;
+  EXPECT_EQ(engine_.weight_version(), "3");
+  EXPECT_EQ(engine_.updates_loaded(), 3u) << "the engine was updated without a commit";
+  refuse = false;
+  ASSERT_TRUE(EngineServes("m1", 4)) << EngineOf("m1").last_error;
+  // Begin/end pairs, in order; the refused begins have no end.
+  std::vector<CommitPointDouble::Call> calls = sidecar.calls();
+  uint64_t ends = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i].begin) continue;
+    ++ends;
+    ASSERT_GT(i, 0u);
+    EXPECT_TRUE(calls[i - 1].begin && calls[i - 1].version == calls[i].version);
+    EXPECT_TRUE(calls[i].loaded) << "version " << calls[i].version;
+  }
+  EXPECT_EQ(ends, 4u);
+  EXPECT_EQ(sidecar.refused_tokens(), 0u);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(problems.empty()) << problems.front();
 }
 
 // The slot lease: while the engine reads version 2 from slot S, the member

@@ -234,6 +234,12 @@ struct AgentOptions {
   bool engine_reset_prefix_cache = true;
   uint32_t engine_update_timeout_ms = 300000;  // one update call (reads and loads)
   uint32_t engine_attempts = 2;                // update sequences per version before a backoff
+  // The tern-sidecar in front of the engine (HOST:PORT; empty: none): every
+  // update runs inside a commit it holds open (docs/engines.md "The commit
+  // point"), so it never stamps a request with a version it did not run on.
+  // engine_sidecar_token: its admin token (--admin-token-file there).
+  std::string engine_sidecar;
+  std::string engine_sidecar_token;
 
   // ---- Dependencies (not owned; must outlive the agent) ----
   Transport* transport = nullptr;  // required
