@@ -90,13 +90,14 @@ ROOMS = {
     # agent/CMakeLists.txt lists them in this order with what each holds.
     # control, board and relay name objects (manifest/object_ref.h);
     # freshness signs and checks HEAD beacons with manifest's keys, and
-    # control carries them;
+    # control carries them; keyset signs and checks key sets with manifest's
+    # keys and moves its verifier from one key set to the next;
     # membership tracks members by control messages; etcd's board log
     # implements board/board_log.h; the sidecar polls a member over ops'
     # admin client; the engine adapter needs none of the others and sits
     # below the sidecar and the daemon, which drive it; daemon wires them
     # all; testing tests them.
-    "agent": ["", "manifest", "freshness", "control", "membership", "board", "relay", "view_store", "etcd",
+    "agent": ["", "manifest", "freshness", "keyset", "control", "membership", "board", "relay", "view_store", "etcd",
               "ops", "engine", "sidecar", "daemon", "testing"],
     # host-device ops (TERN_HD) < host code that plans over them < the kernels
     # that run both.
