@@ -108,7 +108,7 @@ ROOMS = {
     "transport": ["", "net", *BACKENDS, "registry"],
 }
 ROOM_OF_HEADER = {
-    "agent.h": "daemon", "version_manifest.h": "manifest",
+    "agent.h": "daemon", "version_manifest.h": "manifest", "key_set.h": "keyset",
     "transport_registry.h": "registry",
     **{f"{b}_transport.h": b for b in BACKENDS},
 }
@@ -170,6 +170,7 @@ HEADER_MODULE = {
     "gpu.h": "gpu",
     # agent/
     "version_manifest.h": "agent",
+    "key_set.h": "agent",
     "agent.h": "agent",
     "sidecar.h": "agent",
     # capi/: the stable C ABI (libtern)

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "agent/freshness/beacon.h"
-#include "agent/keyset/key_set.h"
+#include "tern/key_set.h"
 #include "agent/manifest/object_ref.h"
 #include "tern/status.h"
 #include "tern/version_manifest.h"
@@ -203,7 +203,7 @@ struct Beacon {
   bool operator==(const Beacon&) const = default;
 };
 
-// The root's chain of signed key sets (agent/keyset/key_set.h), key set 1
+// The root's chain of signed key sets (tern/key_set.h), key set 1
 // first, opaque here: the member applies them in order.
 struct KeySets {
   std::vector<std::string> signed_key_sets;  // 1..kMaxControlKeySets, each 1..kMaxSignedKeySetBytes

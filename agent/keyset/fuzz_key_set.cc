@@ -6,16 +6,16 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "agent/keyset/key_set.h"
+#include "tern/key_set.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   static tern::ManifestVerifier nobody;
-  if (tern::agent::VerifyKeySet(nobody, in).ok()) std::abort();
-  if (tern::agent::ApplyKeySet(nobody, in).ok() || nobody.key_set_seq() != 0) std::abort();
-  auto ks = tern::agent::DecodeKeySet(in);
+  if (tern::VerifyKeySet(nobody, in).ok()) std::abort();
+  if (tern::ApplyKeySet(nobody, in).ok() || nobody.key_set_seq() != 0) std::abort();
+  auto ks = tern::DecodeKeySet(in);
   if (!ks.ok()) return 0;
-  auto again = tern::agent::EncodeKeySet(*ks);
+  auto again = tern::EncodeKeySet(*ks);
   if (!again.ok() || *again != in) std::abort();
   return 0;
 }

@@ -1,11 +1,11 @@
 // Key-set codec, signature and chaining (docs/format/agent.md §10).
-#include "agent/keyset/key_set.h"
+#include "tern/key_set.h"
 
 #include <cstring>
 
 #include "base/coding.h"
 
-namespace tern::agent {
+namespace tern {
 namespace {
 
 Status Validate(const KeySet& ks, Code code) {
@@ -132,4 +132,4 @@ Result<KeySet> ApplyKeySet(ManifestVerifier& verifier, std::string_view signed_b
   return ks;
 }
 
-}  // namespace tern::agent
+}  // namespace tern

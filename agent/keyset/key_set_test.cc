@@ -2,7 +2,7 @@
 // and revoked signers), and what a verifier refuses after a rotation:
 // manifests, beacons and key sets signed by a revoked or expired key
 // (key_set.h; docs/format/agent.md §10).
-#include "agent/keyset/key_set.h"
+#include "tern/key_set.h"
 
 #include <gtest/gtest.h>
 

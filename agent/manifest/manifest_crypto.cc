@@ -329,6 +329,24 @@ Status ManifestVerifier::ReplaceKeys(uint64_t seq, const std::vector<TrustedKey>
   return Status::Ok();
 }
 
+Result<std::array<uint8_t, 32>> Ed25519PublicKeyFromPem(std::string_view pem) {
+  TERN_REQUIRE(pem.size() <= (1 << 16), kInvalidArgument, "key PEM of ", pem.size(),
+               " bytes is implausibly large");
+  std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  TERN_REQUIRE(bio != nullptr, kResourceExhausted, "BIO_new_mem_buf: ", OpenSslErrors());
+  std::unique_ptr<void, PkeyDeleter> pkey(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
+  if (pkey == nullptr) {
+    ERR_clear_error();
+    std::unique_ptr<BIO, BioFree> again(
+        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+    TERN_REQUIRE(again != nullptr, kResourceExhausted, "BIO_new_mem_buf: ", OpenSslErrors());
+    pkey.reset(PEM_read_bio_PrivateKey(again.get(), nullptr, nullptr, nullptr));
+  }
+  TERN_REQUIRE(pkey != nullptr, kInvalidArgument, "reading the key PEM: ", OpenSslErrors());
+  TERN_RETURN_IF_ERROR(RequireEd25519(Pkey(pkey), "the key"));
+  return RawPublicKey(Pkey(pkey));
+}
+
 Status ManifestVerifier::AddTrustedKeyPem(std::string_view pem) {
   TERN_REQUIRE(pem.size() <= (1 << 16), kInvalidArgument, "public key PEM of ", pem.size(),
                " bytes is implausibly large");

@@ -17,7 +17,7 @@
 //
 // Key sets (docs/format/agent.md §10): a verifier starts at key set 0, the
 // keys added with AddTrustedKey*, and moves to later ones with ReplaceKeys
-// (agent/keyset/key_set.h checks and applies signed key sets). It refuses
+// (tern/key_set.h checks and applies signed key sets). It refuses
 // (kAuth, naming the key id) what a revoked key, an expired key or a key
 // not in its current set signed.
 //
@@ -185,6 +185,10 @@ class TERN_EXPORT ManifestSigner {
   ManifestKeyId key_id_{};
 };
 
+// The raw Ed25519 public key of a PEM: a public key (SubjectPublicKeyInfo)
+// or a private key (PKCS#8); kInvalidArgument for anything else.
+TERN_EXPORT Result<std::array<uint8_t, 32>> Ed25519PublicKeyFromPem(std::string_view pem);
+
 // Lower-case hex of a key id, as errors and `tern keys id` print it.
 TERN_EXPORT std::string KeyIdHex(const ManifestKeyId& id);
 
@@ -220,7 +224,7 @@ class TERN_EXPORT ManifestVerifier {
   // Key set `seq` replaces the current one: `keys` become the active keys
   // (1..16, distinct) and `revoked` joins the revoked ids. The caller has
   // checked the record's signature against the current set
-  // (agent/keyset/key_set.h); this re-checks, atomically, that seq is the
+  // (tern/key_set.h); this re-checks, atomically, that seq is the
   // current one + 1 (kAlreadyExists: older or the same; kMismatch: a gap)
   // and that no key in `keys` was ever revoked (kMismatch).
   Status ReplaceKeys(uint64_t seq, const std::vector<TrustedKey>& keys,

@@ -27,7 +27,7 @@
 #include "tern/status.h"
 #include "tern/version_manifest.h"
 
-namespace tern::agent {
+namespace tern {
 
 inline constexpr std::string_view kKeySetMagic{"TERNKEYS", kRecordMagicBytes};
 inline constexpr uint16_t kKeySetFormat = 1;
@@ -65,4 +65,4 @@ Result<KeySet> VerifyKeySet(const ManifestVerifier& verifier, std::string_view s
 // Returns the key set applied.
 Result<KeySet> ApplyKeySet(ManifestVerifier& verifier, std::string_view signed_bytes);
 
-}  // namespace tern::agent
+}  // namespace tern
