@@ -92,13 +92,14 @@ ROOMS = {
     # admin port;
     # control, board and relay name objects (manifest/object_ref.h);
     # freshness signs and checks HEAD beacons with manifest's keys, and
-    # control carries them;
+    # control carries them; keyset signs and checks key sets with manifest's
+    # keys and moves its verifier from one key set to the next;
     # membership tracks members by control messages; etcd's board log
     # implements board/board_log.h; the sidecar polls a member over ops'
     # admin client; the engine adapter needs none of the others and sits
     # below the sidecar and the daemon, which drive it; daemon wires them
     # all; testing tests them.
-    "agent": ["", "https", "manifest", "freshness", "control", "membership", "board", "relay", "view_store", "etcd",
+    "agent": ["", "https", "manifest", "freshness", "keyset", "control", "membership", "board", "relay", "view_store", "etcd",
               "ops", "engine", "sidecar", "daemon", "testing"],
     # host-device ops (TERN_HD) < host code that plans over them < the kernels
     # that run both.
@@ -109,7 +110,7 @@ ROOMS = {
     "transport": ["", "net", *BACKENDS, "registry"],
 }
 ROOM_OF_HEADER = {
-    "agent.h": "daemon", "version_manifest.h": "manifest",
+    "agent.h": "daemon", "version_manifest.h": "manifest", "key_set.h": "keyset",
     "transport_registry.h": "registry",
     **{f"{b}_transport.h": b for b in BACKENDS},
 }
@@ -171,6 +172,7 @@ HEADER_MODULE = {
     "gpu.h": "gpu",
     # agent/
     "version_manifest.h": "agent",
+    "key_set.h": "agent",
     "agent.h": "agent",
     "sidecar.h": "agent",
     # capi/: the stable C ABI (libtern)

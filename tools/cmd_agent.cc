@@ -34,6 +34,7 @@ struct AgentArgs {
   std::string signing_key, join_token_file, admin_token_file, engine_sidecar_token_file;
   std::string admin_tls_cert, admin_tls_key;
   std::vector<std::string> trust_keys;
+  std::vector<std::string> key_sets;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
   uint32_t heartbeat_ms = 500, dead_after_ms = 3000, etcd_lease_s = 3, spare_grace_ms = 2000;
   std::string board_etcd, seed;
@@ -113,6 +114,11 @@ Status CheckAgent(AgentArgs& a) {
     std::string pem;
     TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), path, 64 << 10, &pem));
     o.trusted_keys_pem.push_back(std::move(pem));
+  }
+  for (const auto& path : a.key_sets) {
+    std::string bytes;
+    TERN_RETURN_IF_ERROR(ReadFileToString(DefaultEnv(), path, 64 << 10, &bytes));
+    o.key_sets.push_back(std::move(bytes));
   }
   TERN_ASSIGN_OR_RETURN(o.join_token, ReadSecret(a.join_token_file, "TERN_JOIN_TOKEN"));
   TERN_ASSIGN_OR_RETURN(o.admin_token, ReadSecret(a.admin_token_file, "TERN_ADMIN_TOKEN"));
@@ -389,7 +395,12 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   cmd.add_option("--downlink-gbps", a->downlink_gbps, "downlink rate for planning")->default_val("10");
   cmd.add_option("--signing-key", a->signing_key,
                  "root: Ed25519 private key PEM (default: DIR/signing-key.pem, generated once)");
-  cmd.add_option("--trust-key", a->trust_keys, "member: the publisher's public key PEM (repeatable)");
+  cmd.add_option("--trust-key", a->trust_keys,
+                 "the publisher's public key PEM (repeatable): key set 0; a member needs one, a root "
+                 "that rotated keys names the keys of key set 0 with it");
+  cmd.add_option("--key-set", a->key_sets,
+                 "root: a signed key set from `tern keys rotate` (repeatable, key set 1 first); sent "
+                 "to every member (docs/agent/operations.md)");
   auto* seed = cmd.add_option("--seed", a->seed,
                               "member: a checkpoint already held of --seed-version, adopted only if its digest "
                               "is the signed one (saves fetching it)");

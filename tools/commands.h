@@ -21,6 +21,8 @@ void AddXfer(CLI::App& tern, Dispatch& dispatch);
 void AddTransports(CLI::App& tern, Dispatch& dispatch);
 // tern agent / tern publish / tern status (cmd_agent.cc).
 void AddAgent(CLI::App& tern, Dispatch& dispatch);
+// tern keys rotate / show / id: signed key sets (cmd_keys.cc).
+void AddKeys(CLI::App& tern, Dispatch& dispatch);
 // The daemon's flags on `cmd` (tern-agent's root app, or `tern agent`).
 void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch);
 

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   AddXfer(tern, dispatch);
   AddTransports(tern, dispatch);
   AddAgent(tern, dispatch);
+  AddKeys(tern, dispatch);
   // `tern help` is `tern --help` (not listed).
   CLI::App* help = tern.add_subcommand("help", "")->group("");
   dispatch.On(help, {nullptr, [&tern] {

@@ -239,7 +239,8 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     m.target_digest = info.target_digest;
     objects.push_back({{ObjectKind::kPatch, head, version}, std::move(patch)});
   }
-  if (prev == nullptr || board.KeyframeDue(version, objects.front().bytes.size())) {
+  if (prev == nullptr || options.with_keyframe ||
+      board.KeyframeDue(version, objects.front().bytes.size())) {
     uint64_t largest = 0;
     for (const auto& t : next.tensors) largest = std::max(largest, t.desc->bytes());
     TERN_ASSIGN_OR_RETURN(ZeroBytes zeros, ZeroBytes::Map(largest));

@@ -59,6 +59,9 @@ struct PublishOptions {
   // top of HEAD (base_digest = D(HEAD) from HEAD's manifest). For a root
   // that took the board over without HEAD's view.
   bool keyframe_only = false;
+  // Add keyframe(version) whatever Board::KeyframeDue says (after a key
+  // rotation: a new member's start signed by the current key).
+  bool with_keyframe = false;
   // The version's model files (agent/board/model_files.h), signed in its
   // manifest; empty: none (a format-1 manifest). A squash's manifest
   // carries the files of its version's publication manifest instead.

@@ -217,6 +217,12 @@ void PutBody(Writer& w, const ParentReport& m) {
 void PutBody(Writer& w, const Beacon& m) {
   w.Str(m.signed_beacon, 1, kMaxSignedBeaconBytes, "signed beacon");
 }
+void PutBody(Writer& w, const KeySets& m) {
+  if (m.signed_key_sets.empty() || m.signed_key_sets.size() > kMaxControlKeySets)
+    w.Fail("key set count outside 1..64");
+  w.U32(static_cast<uint32_t>(m.signed_key_sets.size()));
+  for (const auto& s : m.signed_key_sets) w.Str(s, 1, kMaxSignedKeySetBytes, "signed key set");
+}
 
 template <class T>
 T GetBody(Reader& r);
@@ -361,6 +367,15 @@ template <>
 Beacon GetBody<Beacon>(Reader& r) {
   return Beacon{r.Str(1, kMaxSignedBeaconBytes, "signed beacon")};
 }
+template <>
+KeySets GetBody<KeySets>(Reader& r) {
+  KeySets m;
+  const uint32_t n = r.U32("key set count");
+  if (r.ok() && (n < 1 || n > kMaxControlKeySets)) r.Fail("key set count outside 1..64");
+  for (uint32_t i = 0; r.ok() && i < n; ++i)
+    m.signed_key_sets.push_back(r.Str(1, kMaxSignedKeySetBytes, "signed key set"));
+  return m;
+}
 
 template <class T>
 Result<ControlMessage> Finish(Reader& r) {
@@ -378,7 +393,7 @@ ControlType TypeOf(const ControlMessage& m) {
       ControlType::kHeartbeat,      ControlType::kParents,      ControlType::kHead,
       ControlType::kCatchUpRequest, ControlType::kCatchUpReply, ControlType::kLeave,
       ControlType::kPing,           ControlType::kPong,         ControlType::kParentReport,
-      ControlType::kBeacon};
+      ControlType::kBeacon,         ControlType::kKeySets};
   static_assert(std::size(kTypes) == std::variant_size_v<ControlMessage>);
   return kTypes[m.index()];
 }
@@ -398,6 +413,7 @@ const char* ControlTypeName(ControlType t) {
     case ControlType::kPong: return "PONG";
     case ControlType::kParentReport: return "PARENT_REPORT";
     case ControlType::kBeacon: return "BEACON";
+    case ControlType::kKeySets: return "KEY_SETS";
   }
   return "?";
 }
@@ -441,6 +457,7 @@ Result<ControlMessage> DecodeControl(std::string_view bytes) {
     case ControlType::kPong: return Finish<Pong>(r);
     case ControlType::kParentReport: return Finish<ParentReport>(r);
     case ControlType::kBeacon: return Finish<Beacon>(r);
+    case ControlType::kKeySets: return Finish<KeySets>(r);
   }
   return Status(Code::kCorrupt, "control message: unknown type 0x" + Hex({&type, 1}));
 }

@@ -1,6 +1,6 @@
 // The agent's control messages: a member and the root talk over one
 // long-lived connection (join, heartbeats, parent assignments, HEAD
-// announcements, signed HEAD beacons, catch-up plans, leave). Byte layout:
+// announcements, signed HEAD beacons, key sets, catch-up plans, leave). Byte layout:
 // docs/format/agent.md ("Control messages"). The data plane (objects parent -> child) has its own
 // messages (agent/relay/data_wire.h) in type range 0x40-0x7F; control uses 0x01-0x3F.
 //
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "agent/freshness/beacon.h"
+#include "tern/key_set.h"
 #include "agent/manifest/object_ref.h"
 #include "tern/status.h"
 #include "tern/version_manifest.h"
@@ -29,7 +30,8 @@ namespace tern::agent {
 // 3: HELLO's member gained intra_address, PARENTS' entries `intra`.
 // 4: HELLO's member gained intra_backend and relay_only.
 // 5: BEACON (signed HEAD beacons, root -> member).
-inline constexpr uint16_t kControlProtocol = 5;
+// 6: KEY_SETS (the chain of signed key sets, root -> member).
+inline constexpr uint16_t kControlProtocol = 6;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -37,6 +39,7 @@ inline constexpr size_t kMaxControlManifestBytes = 64 * 1024;
 inline constexpr uint32_t kMaxControlManifests = 64;
 inline constexpr uint32_t kMaxControlObjects = 4096;
 inline constexpr uint32_t kMaxControlParents = 8;  // stripes (topology::kMaxStripes)
+inline constexpr uint32_t kMaxControlKeySets = 64;
 
 enum class ControlType : uint8_t {
   kHello = 0x01,           // member -> root: who I am, what I serve, my credentials
@@ -52,6 +55,7 @@ enum class ControlType : uint8_t {
   kPong = 0x0B,            // the echo of a PING
   kParentReport = 0x0C,    // member -> root: my parent in a stripe is bad
   kBeacon = 0x0D,          // root -> member: a signed HEAD beacon, every beacon interval
+  kKeySets = 0x0E,         // root -> member: the chain of signed key sets, after WELCOME
 };
 
 struct MemberInfo {
@@ -199,9 +203,16 @@ struct Beacon {
   bool operator==(const Beacon&) const = default;
 };
 
+// The root's chain of signed key sets (tern/key_set.h), key set 1
+// first, opaque here: the member applies them in order.
+struct KeySets {
+  std::vector<std::string> signed_key_sets;  // 1..kMaxControlKeySets, each 1..kMaxSignedKeySetBytes
+  bool operator==(const KeySets&) const = default;
+};
+
 using ControlMessage = std::variant<Hello, Welcome, Reject, Heartbeat, Parents, Head,
                                     CatchUpRequest, CatchUpReply, Leave, Ping, Pong, ParentReport,
-                                    Beacon>;
+                                    Beacon, KeySets>;
 
 ControlType TypeOf(const ControlMessage& m);
 const char* ControlTypeName(ControlType t);

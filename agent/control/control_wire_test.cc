@@ -24,8 +24,9 @@ std::vector<ControlMessage> Samples() {
   CatchUpReply plan{43, {"a", "bb"}, {{ObjectKind::kKeyframe, 32, 32}, {ObjectKind::kSquash, 32, 43}}};
   ParentReport report{1, "m-2", ParentFault::kBadChunks};
   Beacon beacon{std::string(140, 'b')};
+  KeySets key_sets{{std::string(152, 'k'), std::string(192, 'l')}};
   return {hello, welcome, Reject{"bad token"},         hb,       parents, head,  req,
-          plan,  Leave{}, Ping{0x0102030405060708ull}, Pong{77}, report,  beacon};
+          plan,  Leave{}, Ping{0x0102030405060708ull}, Pong{77}, report,  beacon, key_sets};
 }
 
 TEST(ControlWire, RoundTripsEveryType) {
@@ -61,6 +62,28 @@ TEST(ControlWire, BeaconIsBounded) {
   const uint32_t n = kMaxSignedBeaconBytes + 1;
   std::memcpy(&big[4], &n, 4);
   big.push_back('b');
+  EXPECT_EQ(DecodeControl(big).status().code(), Code::kCorrupt);
+}
+
+TEST(ControlWire, KeySetsAreBounded) {
+  EXPECT_EQ(EncodeControl(KeySets{}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(KeySets{{""}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(KeySets{{std::string(kMaxSignedKeySetBytes + 1, 'k')}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(KeySets{std::vector<std::string>(kMaxControlKeySets + 1, "k")})
+                .status()
+                .code(),
+            Code::kInvalidArgument);
+  ASSERT_TRUE(EncodeControl(KeySets{std::vector<std::string>(kMaxControlKeySets, "k")}).ok());
+  // A count or a length past its bound is refused before anything is read.
+  std::string many = *EncodeControl(KeySets{{"k"}});
+  const uint32_t count = kMaxControlKeySets + 1;
+  std::memcpy(&many[4], &count, 4);
+  EXPECT_EQ(DecodeControl(many).status().code(), Code::kCorrupt);
+  std::string big = *EncodeControl(KeySets{{std::string(kMaxSignedKeySetBytes, 'k')}});
+  const uint32_t n = kMaxSignedKeySetBytes + 1;
+  std::memcpy(&big[8], &n, 4);
+  big.push_back('k');
   EXPECT_EQ(DecodeControl(big).status().code(), Code::kCorrupt);
 }
 
@@ -109,10 +132,10 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 4;  // the protocol before HEAD beacons
+  hello[4] = 5;  // the protocol before key sets
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("control protocol 4 (this agent speaks 5;"),
+  EXPECT_NE(r.status().message().find("control protocol 5 (this agent speaks 6;"),
             std::string::npos)
       << r.status().message();
 }

@@ -93,7 +93,13 @@ Status AgentImpl::Init() {
   objects_dir_ = opt_.data_dir + "/objects";
   published_dir_ = opt_.data_dir + "/published";
   TERN_RETURN_IF_ERROR(CreateDirs(env_, objects_dir_));
+  // Keys expire by the same wall clock the beacons are judged by.
+  verifier_.SetWallClock([this] { return WallUnixMs(); });
   for (const auto& pem : opt_.trusted_keys_pem) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKeyPem(pem));
+  TERN_REQUIRE(opt_.key_sets.empty() || opt_.root, kInvalidArgument,
+               "agent: key sets are given to the root (members learn them from it)");
+  TERN_REQUIRE(opt_.key_sets.size() <= kMaxControlKeySets, kInvalidArgument, "agent: ",
+               opt_.key_sets.size(), " key sets (at most ", kMaxControlKeySets, ")");
   TERN_REQUIRE(
       !opt_.relay_only || (!opt_.root && opt_.may_relay && opt_.seed_checkpoint.empty()),
       kInvalidArgument,

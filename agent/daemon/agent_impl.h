@@ -144,6 +144,8 @@ class AgentImpl final : public Agent {
 
   // ---- agent_root.cc ----
   Status InitRoot();
+  // opt_.key_sets onto verifier_, in order; the signer must be trusted after.
+  Status ApplyRootKeySets();
   void RootOnControl(const std::shared_ptr<Connection>& conn, std::string* member_id,
                      ControlMessage m);
   void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
@@ -196,6 +198,14 @@ class AgentImpl final : public Agent {
   uint64_t WallUnixMs() const;
   void RootBeaconTick();  // the tick thread only
   void MemberOnBeaconLocked(const Beacon& m) REQUIRES(mu_);
+  // KEY_SETS: each key set newer than verifier_'s, in order, kept in
+  // DIR/key-sets (agent_member.cc).
+  void MemberOnKeySets(const KeySets& m) REQUIRES(mu_);
+  // At start: the key sets an earlier run learned, applied again, so a
+  // restarted member refuses a revoked key before it reaches the root.
+  void LoadMemberKeySets();
+  Status SaveMemberKeySets() REQUIRES(mu_);
+  std::vector<std::string> learned_key_sets_ GUARDED_BY(mu_);  // applied, in order
   // The control connection to drop: no valid beacon on it for stale_after_ms.
   std::shared_ptr<Connection> MemberCutOffLocked() REQUIRES(mu_);
   void FreshnessSnapshotLocked(AgentSnapshot& s) const REQUIRES(mu_);

@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
+#include "tern/key_set.h"
 #include "agent/daemon/dial_backoff.h"
+#include "base/coding.h"
 #include "base/text.h"
 
 namespace tern::agent {
@@ -64,6 +66,7 @@ Status AgentImpl::InitMember() {
         !ParseHex(j["board_id"].get<std::string>(), board))
       return TERN_ERROR(kCorrupt, state_path, ": not an agent state file (board_id missing or malformed)");
   }
+  LoadMemberKeySets();
   {
     // The relay starts with an empty table: objects (and partial ones) of
     // an earlier run are never offered again, so they go rather than pile
@@ -233,6 +236,71 @@ void AgentImpl::MemberOnClosed(const std::shared_ptr<Connection>& conn, const St
   next_dial_us_ = clock_.NowUs() + dial_backoff_us_;
 }
 
+void AgentImpl::MemberOnKeySets(const KeySets& m) {
+  bool learned = false;
+  for (const std::string& signed_key_set : m.signed_key_sets) {
+    auto ks = ApplyKeySet(verifier_, signed_key_set);
+    if (ks.ok()) {
+      Log("key set " + std::to_string(ks->seq) + " applied: " + std::to_string(ks->keys.size()) +
+          " keys, " + std::to_string(ks->revoked.size()) + " revoked");
+      learned_key_sets_.push_back(signed_key_set);
+      learned = true;
+    } else if (ks.status().code() != Code::kAlreadyExists) {
+      // The later ones cannot chain without this one.
+      Log("refused a key set: " + ks.status().ToString());
+      break;
+    }
+  }
+  if (learned) {
+    Status s = SaveMemberKeySets();
+    if (!s.ok()) Log("cannot save DIR/key-sets: " + s.ToString());
+  }
+}
+
+// DIR/key-sets: the signed key sets applied, in order, each as u32 length
+// (little-endian) + bytes; at most kMaxControlKeySets of them.
+Status AgentImpl::SaveMemberKeySets() {
+  std::string out;
+  for (const std::string& k : learned_key_sets_) {
+    PutFixed32(&out, static_cast<uint32_t>(k.size()));
+    out += k;
+  }
+  return WriteFileAtomic(env_, opt_.data_dir + "/key-sets",
+                         {reinterpret_cast<const uint8_t*>(out.data()), out.size()}, true);
+}
+
+void AgentImpl::LoadMemberKeySets() {
+  const std::string path = opt_.data_dir + "/key-sets";
+  auto type = env_.TypeOf(path, true);
+  if (!type.ok() || *type != FileType::kRegular) return;
+  std::string bytes;
+  Status s = ReadFileToString(env_, path, kMaxControlKeySets * (4 + kMaxSignedKeySetBytes), &bytes);
+  if (!s.ok()) {
+    Log("ignoring " + path + ": " + s.ToString());
+    return;
+  }
+  MutexLock lock(mu_);
+  std::string_view in(bytes);
+  while (!in.empty() && learned_key_sets_.size() < kMaxControlKeySets) {
+    const uint64_t n = in.size() >= 4 ? DecodeFixedAt(in, 0, 4) : 0;
+    if (n == 0 || n > kMaxSignedKeySetBytes || in.size() < 4 + n) {
+      Log(path + ": a truncated or malformed entry; key sets after it not loaded");
+      return;
+    }
+    const std::string_view record = in.substr(4, n);
+    auto ks = ApplyKeySet(verifier_, record);
+    if (!ks.ok()) {
+      // Set 0 changed (--trust-key), or the file was altered: the root
+      // sends the chain again at the next join.
+      Log(path + ": key set not applied: " + ks.status().ToString());
+      return;
+    }
+    learned_key_sets_.emplace_back(record);
+    in.remove_prefix(4 + n);
+  }
+  Log("key set " + std::to_string(verifier_.key_set_seq()) + " from " + path);
+}
+
 void AgentImpl::MemberOnControl(ControlMessage msg) {
   Outbox out;
   std::shared_ptr<Connection> close;
@@ -291,6 +359,8 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
       }
     } else if (auto* beacon = std::get_if<Beacon>(&msg)) {
       MemberOnBeaconLocked(*beacon);
+    } else if (auto* key_sets = std::get_if<KeySets>(&msg)) {
+      MemberOnKeySets(*key_sets);
     } else if (auto* pong = std::get_if<Pong>(&msg)) {
       if (const double rtt = RoundTripOf(pong->nonce); rtt > 0) rtt_to_root_s_ = rtt;
     } else if (auto* r = std::get_if<Reject>(&msg)) {

@@ -6,6 +6,7 @@
 #include "agent/board/model_files.h"
 #include "agent/board/publish.h"
 #include "agent/daemon/agent_impl.h"
+#include "tern/key_set.h"
 #include "base/text.h"
 #include "tern/checkpoint.h"
 
@@ -42,6 +43,22 @@ Status AgentImpl::CampaignForRoot() {
   return Status::Ok();
 }
 
+Status AgentImpl::ApplyRootKeySets() {
+  for (size_t i = 0; i < opt_.key_sets.size(); ++i) {
+    auto ks = ApplyKeySet(verifier_, opt_.key_sets[i]);
+    if (!ks.ok())
+      return Status(ks.status().code(), "agent: key set #" + std::to_string(i + 1) +
+                                            " of --key-set: " + ks.status().message());
+    Log("key set " + std::to_string(ks->seq) + ": " + std::to_string(ks->keys.size()) +
+        " keys, " + std::to_string(ks->revoked.size()) + " revoked");
+  }
+  TERN_REQUIRE(verifier_.Trusts(signer_->key_id()), kInvalidArgument,
+               "agent: the signing key (key id ", KeyIdHex(signer_->key_id()),
+               ") is not an active, unexpired key of key set ", verifier_.key_set_seq(),
+               ": sign with a key the last --key-set lists");
+  return Status::Ok();
+}
+
 Status AgentImpl::InitRoot() {
   // The signing key: given, or the one kept in DIR, or a new one kept there.
   const std::string key_path = opt_.data_dir + "/signing-key.pem";
@@ -62,7 +79,9 @@ Status AgentImpl::InitRoot() {
   }
   TERN_ASSIGN_OR_RETURN(ManifestSigner signer, ManifestSigner::FromPem(pem));
   signer_.emplace(std::move(signer));
-  TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_->public_key()));
+  // Key set 0 is the configured keys and the root's own (it may be both).
+  if (!verifier_.Trusts(signer_->key_id()))
+    TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_->public_key()));
 
   std::unique_ptr<BoardLog> log;
   if (election_) {
@@ -82,6 +101,9 @@ Status AgentImpl::InitRoot() {
   TERN_RETURN_IF_ERROR(CreateDirs(env_, published_dir_));
   TERN_ASSIGN_OR_RETURN(board_, Board::Open(env_, published_dir_, std::move(log), verifier_,
                                             board_options, log_));
+  // The board's records were verified under key set 0 (they were signed
+  // before any later set); what comes after is judged by the last one.
+  TERN_RETURN_IF_ERROR(ApplyRootKeySets());
   if (board_->head() != store_->version())
     Log("board HEAD " + std::to_string(board_->head()) + " but DIR/current serves " +
         std::to_string(store_->version()));
@@ -197,6 +219,9 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
           w.stripes = opt_.stripes;
           w.fetch_address = fetch_server_ ? fetch_server_->address() : "";
           Send(out, conn, w);
+          // Before any HEAD or catch-up: the member verifies those with the
+          // keys this chain leads to.
+          if (!opt_.key_sets.empty()) Send(out, conn, KeySets{opt_.key_sets});
           next_beacon_us_ = 0;  // its first beacon at the next tick, in sequence
           RootNotifyParents(notify, out);
           EmitMember(AgentEvent::Kind::kMemberJoined, *member_id);
@@ -389,6 +414,16 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   // A root that took over the board does not hold HEAD's view: its first
   // version is a keyframe on top of HEAD (members apply it like any other).
   options.keyframe_only = !prev && board_->head() != 0;
+  // After a key set that dropped or revoked HEAD's signing key, members
+  // refuse the manifests a new member would start from: this version
+  // brings a keyframe signed by the current key.
+  if (board_->head() != 0) {
+    const std::vector<std::string> signed_head = board_->SignedManifests(board_->head());
+    options.with_keyframe = signed_head.empty() || !verifier_.Verify(signed_head[0]).ok();
+    if (options.with_keyframe)
+      Log("publish: HEAD's manifest is signed by a key no longer trusted; version " +
+          std::to_string(version) + " carries a keyframe");
+  }
   // The version's model files, stored content-addressed where the object
   // service serves them (published/files/<sha256>) before they are signed.
   const std::string files_dir = published_dir_ + "/files";

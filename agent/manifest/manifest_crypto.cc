@@ -6,9 +6,13 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 
+#include <chrono>
 #include <cstring>
+#include <set>
 
 #include "base/coding.h"
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "tern/version_manifest.h"
 
 namespace tern {
@@ -209,16 +213,138 @@ Result<std::string> ManifestSigner::SignFramed(std::string out) const {
 
 // ---- Verifier ----
 
-Status ManifestVerifier::AddTrustedKey(const std::array<uint8_t, 32>& public_key) {
+std::string KeyIdHex(const ManifestKeyId& id) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : id) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+// Every key set's revoked ids accumulate; this bounds them all together
+// (16 sets of 256 revoked ids).
+inline constexpr size_t kMaxRevokedKeyIdsTotal = 4096;
+inline constexpr size_t kMaxKeySetKeys = 16;  // key_set.h kMaxKeySetKeys
+
+struct ManifestVerifier::State {
+  struct Key {
+    ManifestKeyId id;
+    uint64_t not_after_unix_ms = 0;
+    std::shared_ptr<void> pkey;  // EVP_PKEY, shared with Verify calls in flight
+  };
+  mutable Mutex mu;
+  uint64_t seq GUARDED_BY(mu) = 0;
+  std::vector<Key> keys GUARDED_BY(mu);
+  std::set<ManifestKeyId> revoked GUARDED_BY(mu);
+  std::function<uint64_t()> wall_ms;  // set before sharing; empty: the system clock
+};
+
+namespace {
+Result<std::shared_ptr<void>> PublicPkey(const std::array<uint8_t, 32>& public_key) {
   EVP_PKEY* raw =
       EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, public_key.data(), public_key.size());
   TERN_REQUIRE(raw != nullptr, kInvalidArgument, "Ed25519 public key: ", OpenSslErrors());
-  std::unique_ptr<void, PkeyDeleter> pkey(raw);
+  return std::shared_ptr<void>(raw, PkeyDeleter{});
+}
+}  // namespace
+
+ManifestVerifier::ManifestVerifier() : state_(std::make_unique<State>()) {}
+ManifestVerifier::~ManifestVerifier() = default;
+ManifestVerifier::ManifestVerifier(ManifestVerifier&&) noexcept = default;
+ManifestVerifier& ManifestVerifier::operator=(ManifestVerifier&&) noexcept = default;
+
+void ManifestVerifier::SetWallClock(std::function<uint64_t()> unix_ms) {
+  state_->wall_ms = std::move(unix_ms);
+}
+
+uint64_t ManifestVerifier::NowUnixMs() const {
+  if (state_->wall_ms) return state_->wall_ms();
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+size_t ManifestVerifier::key_count() const {
+  MutexLock l(state_->mu);
+  return state_->keys.size();
+}
+
+uint64_t ManifestVerifier::key_set_seq() const {
+  MutexLock l(state_->mu);
+  return state_->seq;
+}
+
+bool ManifestVerifier::Trusts(const ManifestKeyId& id) const {
+  const uint64_t now = NowUnixMs();
+  MutexLock l(state_->mu);
+  if (state_->revoked.count(id)) return false;
+  for (const State::Key& k : state_->keys)
+    if (k.id == id) return k.not_after_unix_ms == 0 || now <= k.not_after_unix_ms;
+  return false;
+}
+
+Status ManifestVerifier::AddTrustedKey(const std::array<uint8_t, 32>& public_key) {
+  TERN_ASSIGN_OR_RETURN(std::shared_ptr<void> pkey, PublicPkey(public_key));
   const ManifestKeyId id = KeyIdOf(public_key);
-  for (const Key& k : keys_)
+  MutexLock l(state_->mu);
+  TERN_REQUIRE(state_->seq == 0, kInvalidArgument,
+               "trusted keys are added before any key set (key set ", state_->seq, " holds)");
+  for (const State::Key& k : state_->keys)
     TERN_REQUIRE(k.id != id, kAlreadyExists, "a trusted key with this key id is already listed");
-  keys_.push_back(Key{id, std::move(pkey)});
+  state_->keys.push_back(State::Key{id, 0, std::move(pkey)});
   return Status::Ok();
+}
+
+Status ManifestVerifier::ReplaceKeys(uint64_t seq, const std::vector<TrustedKey>& keys,
+                                     const std::vector<ManifestKeyId>& revoked) {
+  TERN_REQUIRE(!keys.empty() && keys.size() <= kMaxKeySetKeys, kInvalidArgument, "a key set of ",
+               keys.size(), " keys (1..", kMaxKeySetKeys, ")");
+  std::vector<State::Key> next;
+  for (const TrustedKey& k : keys) {
+    TERN_ASSIGN_OR_RETURN(std::shared_ptr<void> pkey, PublicPkey(k.public_key));
+    const ManifestKeyId id = KeyIdOf(k.public_key);
+    for (const State::Key& n : next)
+      TERN_REQUIRE(n.id != id, kInvalidArgument, "key set ", seq, " lists key id ",
+                   KeyIdHex(id), " twice");
+    next.push_back(State::Key{id, k.not_after_unix_ms, std::move(pkey)});
+  }
+  MutexLock l(state_->mu);
+  TERN_REQUIRE(seq > state_->seq, kAlreadyExists, "key set ", seq,
+               " is not newer than the one held (", state_->seq, "): replayed or old");
+  TERN_REQUIRE(seq == state_->seq + 1, kMismatch, "key set ", seq, " skips from key set ",
+               state_->seq, " (the ones between come first)");
+  std::set<ManifestKeyId> all_revoked = state_->revoked;
+  all_revoked.insert(revoked.begin(), revoked.end());
+  TERN_REQUIRE(all_revoked.size() <= kMaxRevokedKeyIdsTotal, kResourceExhausted, "key set ", seq,
+               " would revoke ", all_revoked.size(), " key ids in all (at most ",
+               kMaxRevokedKeyIdsTotal, ")");
+  for (const State::Key& n : next)
+    TERN_REQUIRE(!all_revoked.count(n.id), kMismatch, "key set ", seq, " lists key id ",
+                 KeyIdHex(n.id), ", which is revoked");
+  state_->seq = seq;
+  state_->keys = std::move(next);
+  state_->revoked = std::move(all_revoked);
+  return Status::Ok();
+}
+
+Result<std::array<uint8_t, 32>> Ed25519PublicKeyFromPem(std::string_view pem) {
+  TERN_REQUIRE(pem.size() <= (1 << 16), kInvalidArgument, "key PEM of ", pem.size(),
+               " bytes is implausibly large");
+  std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  TERN_REQUIRE(bio != nullptr, kResourceExhausted, "BIO_new_mem_buf: ", OpenSslErrors());
+  std::unique_ptr<void, PkeyDeleter> pkey(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
+  if (pkey == nullptr) {
+    ERR_clear_error();
+    std::unique_ptr<BIO, BioFree> again(
+        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+    TERN_REQUIRE(again != nullptr, kResourceExhausted, "BIO_new_mem_buf: ", OpenSslErrors());
+    pkey.reset(PEM_read_bio_PrivateKey(again.get(), nullptr, nullptr, nullptr));
+  }
+  TERN_REQUIRE(pkey != nullptr, kInvalidArgument, "reading the key PEM: ", OpenSslErrors());
+  TERN_RETURN_IF_ERROR(RequireEd25519(Pkey(pkey), "the key"));
+  return RawPublicKey(Pkey(pkey));
 }
 
 Status ManifestVerifier::AddTrustedKeyPem(std::string_view pem) {
@@ -237,13 +363,26 @@ Status ManifestVerifier::AddTrustedKeyPem(std::string_view pem) {
 Status ManifestVerifier::VerifyFramed(std::string_view in, size_t body, const char* what) const {
   ManifestKeyId id;
   std::memcpy(id.data(), in.data() + body, id.size());
-  const Key* key = nullptr;
-  for (const Key& k : keys_)
-    if (k.id == id) key = &k;
-  TERN_REQUIRE(key != nullptr, kAuth, what, " signed by an untrusted key id");
+  const uint64_t now = NowUnixMs();
+  std::shared_ptr<void> pkey;
+  {
+    MutexLock l(state_->mu);
+    TERN_REQUIRE(!state_->revoked.count(id), kAuth, what, " signed by revoked key id ",
+                 KeyIdHex(id), " (key set ", state_->seq, ")");
+    for (const State::Key& k : state_->keys) {
+      if (k.id != id) continue;
+      TERN_REQUIRE(k.not_after_unix_ms == 0 || now <= k.not_after_unix_ms, kAuth, what,
+                   " signed by key id ", KeyIdHex(id), ", expired at ", k.not_after_unix_ms,
+                   " ms (now ", now, ")");
+      pkey = k.pkey;
+    }
+    TERN_REQUIRE(pkey != nullptr, kAuth, what, " signed by an untrusted key id ", KeyIdHex(id),
+                 " (key set ", state_->seq, ")");
+  }
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
   TERN_REQUIRE(ctx != nullptr, kResourceExhausted, "EVP_MD_CTX_new: ", OpenSslErrors());
-  TERN_REQUIRE(EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, Pkey(key->pkey)) == 1,
+  TERN_REQUIRE(EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr,
+                                    static_cast<EVP_PKEY*>(pkey.get())) == 1,
                kInternal, "EVP_DigestVerifyInit: ", OpenSslErrors());
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
   const int r = EVP_DigestVerify(ctx.get(), p + body + 8, kManifestSignatureBytes, p, body + 8);

@@ -72,7 +72,15 @@ struct AgentOptions {
   // stored in DIR/signing-key.pem when empty and none is there.
   std::string signing_key_pem;
   // Members: the publisher's public key(s) (PEM). Required for members.
+  // With the root's own signing key: key set 0 (docs/security.md "Key
+  // rotation and revocation").
   std::vector<std::string> trusted_keys_pem;
+  // Root: the chain of signed key sets (tern/key_set.h), key set 1
+  // first, each made by `tern keys rotate`. The root applies them after
+  // opening its board (whose records were signed under earlier sets), signs
+  // with signing_key_pem, which the last set must list, and sends the chain
+  // to every member right after it joins. At most 64.
+  std::vector<std::string> key_sets;
   // Shared secret a member presents to join, and a child to its parent; the
   // root and every relay refuse a peer without it. Empty: no token (only for
   // trusted networks; use mutual TLS across untrusted ones).

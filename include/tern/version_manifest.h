@@ -15,13 +15,21 @@
 // bound every count. EncodeManifest refuses a manifest that Decode would
 // refuse, so encode/decode is a bijection on valid manifests.
 //
+// Key sets (docs/format/agent.md §10): a verifier starts at key set 0, the
+// keys added with AddTrustedKey*, and moves to later ones with ReplaceKeys
+// (tern/key_set.h checks and applies signed key sets). It refuses
+// (kAuth, naming the key id) what a revoked key, an expired key or a key
+// not in its current set signed.
+//
 // Thread safety: manifests and hashes are values. A ManifestSigner may Sign
 // from many threads at once. A ManifestVerifier may Verify from many threads
-// at once once its keys are added; AddTrustedKey* must not race with Verify.
+// at once, also while ReplaceKeys runs (each call sees one key set whole);
+// AddTrustedKey* (key set 0, at start) must not race with Verify.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -177,30 +185,67 @@ class TERN_EXPORT ManifestSigner {
   ManifestKeyId key_id_{};
 };
 
+// The raw Ed25519 public key of a PEM: a public key (SubjectPublicKeyInfo)
+// or a private key (PKCS#8); kInvalidArgument for anything else.
+TERN_EXPORT Result<std::array<uint8_t, 32>> Ed25519PublicKeyFromPem(std::string_view pem);
+
+// Lower-case hex of a key id, as errors and `tern keys id` print it.
+TERN_EXPORT std::string KeyIdHex(const ManifestKeyId& id);
+
+// A key of a key set: the raw Ed25519 public key and when it stops signing.
+struct TrustedKey {
+  std::array<uint8_t, 32> public_key{};
+  uint64_t not_after_unix_ms = 0;  // 0: no expiry
+  bool operator==(const TrustedKey&) const = default;
+};
+
 class TERN_EXPORT ManifestVerifier {
  public:
+  ManifestVerifier();
+  ~ManifestVerifier();
+  ManifestVerifier(ManifestVerifier&&) noexcept;
+  ManifestVerifier& operator=(ManifestVerifier&&) noexcept;
+
+  // Key set 0 (no expiry); only before the first ReplaceKeys
+  // (kInvalidArgument after).
   Status AddTrustedKeyPem(std::string_view public_key_pem);
   Status AddTrustedKey(const std::array<uint8_t, 32>& public_key);
-  size_t key_count() const { return keys_.size(); }
+  size_t key_count() const;  // active keys of the current set
+
+  // The wall clock expiry is judged by (ms since 1970); the system clock
+  // unless set. Set it before the verifier is shared.
+  void SetWallClock(std::function<uint64_t()> unix_ms);
+  uint64_t NowUnixMs() const;
+
+  // The current key set's sequence number (0: the configured keys).
+  uint64_t key_set_seq() const;
+  // Whether `id` is an active key of the current set, not expired now.
+  bool Trusts(const ManifestKeyId& id) const;
+  // Key set `seq` replaces the current one: `keys` become the active keys
+  // (1..16, distinct) and `revoked` joins the revoked ids. The caller has
+  // checked the record's signature against the current set
+  // (tern/key_set.h); this re-checks, atomically, that seq is the
+  // current one + 1 (kAlreadyExists: older or the same; kMismatch: a gap)
+  // and that no key in `keys` was ever revoked (kMismatch).
+  Status ReplaceKeys(uint64_t seq, const std::vector<TrustedKey>& keys,
+                     const std::vector<ManifestKeyId>& revoked);
 
   // The manifest, only when signed_bytes is a canonical manifest signed by a
-  // trusted key. kCorrupt: bad framing or manifest; kAuth: unknown key id or
-  // bad signature.
+  // trusted key. kCorrupt: bad framing or manifest; kAuth: unknown, revoked
+  // or expired key id, or bad signature.
   Result<VersionManifest> Verify(std::string_view signed_bytes) const;
   // The record inside bytes made by ManifestSigner::SignRecord, only when a
   // trusted key signed them (a view into signed_bytes). kCorrupt: shorter
-  // than a magic and the trailer, or a manifest's magic; kAuth: unknown
-  // key id or bad signature. The caller parses the record.
+  // than a magic and the trailer, or a manifest's magic; kAuth: unknown,
+  // revoked or expired key id, or bad signature. The caller parses the
+  // record.
   Result<std::string_view> VerifyRecord(std::string_view signed_bytes) const;
 
  private:
   // bytes[0, body) + key_id signed by a trusted key; `what` names it in errors.
   Status VerifyFramed(std::string_view bytes, size_t body, const char* what) const;
-  struct Key {
-    ManifestKeyId id;
-    std::unique_ptr<void, PkeyDeleter> pkey;
-  };
-  std::vector<Key> keys_;
+  struct State;  // manifest_crypto.cc: the key set under a mutex
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace tern

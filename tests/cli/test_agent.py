@@ -12,7 +12,9 @@ stops cleanly on SIGTERM. The admin port over TLS (https://, --admin-cacert)
 and its secure defaults. Over a real etcd (skipped without one): the root
 killed with SIGKILL while a standby root waits; the standby leads within
 its lease plus a margin, loses nothing, and versions published to it reach
-every member bit for bit.
+every member bit for bit. Key rotation: a board moved from key A to key
+B by a signed key set that revokes A; members apply B's versions and
+refuse A's.
 """
 import filecmp
 import json
@@ -270,6 +272,113 @@ class AgentCli(unittest.TestCase):
             if metrics.returncode == 0:
                 self.assertIn('tern_agent_member_version{member="eu-1",region="eu"} 4', metrics.stdout)
                 self.assertIn('tern_agent_member_rtt_to_root_seconds{member="eu-1",region="eu"}', metrics.stdout)
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
+    def test_key_rotation_and_revocation(self):
+        """Key set 1 (`tern keys rotate`, signed by A) moves a board from key
+        A to key B and revokes A: a root restarted with B and the key set
+        sends the chain to the members, which apply what B signs bit for bit;
+        a root refuses to start signing with the revoked key; and what A
+        signs after the revocation (a root still holding A) is refused by
+        every member, naming A's key id, while they keep serving B's version."""
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        kd = os.path.join(self.tmp, "keys")
+        os.makedirs(kd)
+        for k in ("A", "B", "C"):
+            openssl("genpkey", "-algorithm", "ed25519", "-out", k + ".pem", cwd=kd)
+            openssl("pkey", "-in", k + ".pem", "-pubout", "-out", k + ".pub", cwd=kd)
+        key = lambda name: os.path.join(kd, name)
+        ids = subprocess.run([TERN, "keys", "id", key("A.pub"), key("B.pem"), key("C.pub")], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.split()
+        id_a, id_b, id_c = ids[0], ids[2], ids[4]
+        root_args = ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                     "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok
+        root = Agent(self.tmp, "kr-root", root_args + ["--signing-key", key("A.pem")])
+        agents = [root]
+        try:
+            members = {}
+            for name in ("kr-1", "kr-2"):
+                members[name] = Agent(self.tmp, name, ["--join", root.address, "--trust-key", key("A.pub"),
+                                                       "--region", "eu"] + tok)
+                agents.append(members[name])
+            wait_for(lambda: len(self.served(root)) == 2, 30, "two members joined")
+            r = self.publish(root, self.step(0), 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 1 for x in self.served(root).values()), 60, "version 1 served")
+
+            # Key set 1: B, revoking A, signed by A.
+            ks1 = key("ks1.keyset")
+            r = subprocess.run([TERN, "keys", "rotate", "--old-key", key("A.pem"), "--new-key", key("B.pub"),
+                                "--revoke", key("A.pub"), "--expires-days", "30", "--out", ks1],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("revoked " + id_a, r.stdout)
+            self.assertIn("signed by key id " + id_a, r.stdout)
+            shown = subprocess.run([TERN, "keys", "show", ks1], capture_output=True, text=True, timeout=30,
+                                   check=True).stdout
+            self.assertIn("key set 1", shown)
+            self.assertIn("key " + id_b + " not after", shown)
+            # A key set signed by C (not in key set 0) does not chain: refused.
+            forged = key("forged.keyset")
+            subprocess.run([TERN, "keys", "rotate", "--old-key", key("C.pem"), "--new-key", key("B.pub"),
+                            "--out", forged], capture_output=True, text=True, timeout=30, check=True)
+
+            address = root.address
+            self.assertEqual(root.stop(), 0)
+            data = ["--listen", "127.0.0.1:0", "--data", root.dir, "--id", "kr-root", "--tls-cert",
+                    os.path.join(self.tmp, "node.pem"), "--tls-key", os.path.join(self.tmp, "node.key"),
+                    "--tls-ca", os.path.join(self.tmp, "ca.pem"), "--root", "--region", "us"]
+            for flags, why in ((["--signing-key", key("A.pem"), "--key-set", ks1],
+                                "signing key (key id " + id_a),
+                               (["--signing-key", key("B.pem"), "--trust-key", key("A.pub"), "--key-set", forged],
+                                "untrusted key id " + id_c)):
+                r = subprocess.run([AGENT] + data + flags, capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(r.returncode, 0, r.stdout)
+                self.assertIn(why, r.stderr)
+
+            root = Agent(self.tmp, "kr-root", root_args + ["--signing-key", key("B.pem"), "--trust-key",
+                                                           key("A.pub"), "--key-set", ks1], listen=address)
+            agents.append(root)
+            for m in members.values():
+                wait_for(lambda: "key set 1 applied" in read(m.log.name), 60, m.name + " applied key set 1")
+            wait_for(lambda: len(self.served(root)) == 2, 60, "the members joined again")
+            r = self.publish(root, self.step(1), 2)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 2 for x in self.served(root).values()), 60, "version 2 (signed by B) served")
+            for name, m in members.items():
+                self.assertTrue(self.same_bytes(m.dir, self.step(1)), name)
+            self.assertIn("carries a keyframe", read(root.log.name))
+
+            # A root still holding A (stolen, or never reconfigured) publishes
+            # version 3 signed by A: every member refuses it.
+            self.assertEqual(root.stop(), 0)
+            root = Agent(self.tmp, "kr-root", root_args + ["--signing-key", key("A.pem"), "--trust-key",
+                                                           key("B.pub")], listen=address)
+            agents.append(root)
+            wait_for(lambda: len(self.served(root)) == 2, 60, "the members joined the impostor")
+            r = self.publish(root, self.step(2), 3)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            for m in members.values():
+                wait_for(lambda: "signed by revoked key id " + id_a in read(m.log.name), 30,
+                         m.name + " refusing A's manifest")
+            time.sleep(1)
+            self.assertEqual(self.served(root), {"kr-1": 2, "kr-2": 2})
+            # A member restarted meanwhile keeps key set 1 (DIR/key-sets),
+            # though this root never sends it.
+            self.assertEqual(members["kr-2"].stop(), 0)
+            members["kr-2"] = Agent(self.tmp, "kr-2", ["--join", address, "--trust-key", key("A.pub"),
+                                                       "--region", "eu"] + tok)
+            agents.append(members["kr-2"])
+            wait_for(lambda: "signed by revoked key id " + id_a in read(members["kr-2"].log.name), 30,
+                     "the restarted member refusing A's manifest")
+            self.assertIn("key set 1 from", read(members["kr-2"].log.name))
+            time.sleep(1)
+            self.assertEqual(self.served(root), {"kr-1": 2, "kr-2": 2})
+            for name, m in members.items():
+                self.assertTrue(self.same_bytes(m.dir, self.step(1)), name)
         finally:
             for a in reversed(agents):
                 if a.proc.poll() is None:
