@@ -287,6 +287,12 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
       Live& l = live[c];
       if (l.left == 0) continue;
       const uint64_t* m = masks[c];
+      if (l.skip >= n) {  // no change of this class in the block: its members only count
+        uint64_t members = 0;
+        for (uint64_t j = 0; j < words; ++j) members += static_cast<uint64_t>(std::popcount(m[j]));
+        l.skip -= members;
+        continue;
+      }
       const uint64_t members = RankDirectory(m, words, before);
       // rank: the block-relative rank, within class c, of the next change.
       uint64_t rank = l.skip;
