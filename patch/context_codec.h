@@ -169,9 +169,9 @@ inline uint64_t RankDirectory(const uint64_t* m, uint64_t words, uint16_t* befor
 }
 
 // The word that holds the member of block-relative rank r (r < members):
-// the last j with before[j] <= r. Branch-free (six conditional moves), so
-// the ranks of a class's changes, which jump unpredictably, cost no
-// mispredicted branches.
+// the last j with before[j] <= r. A binary search of six steps written as
+// selects (for conditional moves, not branches): the ranks of a class's
+// changes jump unpredictably, and a branch per step would mispredict.
 inline uint64_t WordOfRank(const uint16_t before[kContextBlockWords], uint64_t r) {
   static_assert(kContextBlockWords == 64);
   uint64_t j = 0;
