@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <new>
+#include <optional>
+
+#include <sys/mman.h>
 
 #include "tern/thread_pool.h"
 #include "patch/apply_internal.h"
@@ -61,6 +65,8 @@ class ChangeBatch {
 constexpr uint64_t kPrefetchAhead = 32;
 
 // The base digest plus every record's digest change must be the target.
+constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;
+
 Status CheckTarget(const ParsedPatch& p, const std::vector<ViewDigest>& partial, ViewDigest* target) {
   ViewDigest sum = p.base_digest;
   for (const ViewDigest& d : partial) sum += d;
@@ -118,6 +124,29 @@ Status Apply(MutableServeView& view, std::span<const uint8_t> patch, const ViewD
 
 namespace patch {
 
+ChangeArena::ChangeArena(const ParsedPatch& p) : start_(p.records.size()) {
+  uint64_t total = 0;
+  for (size_t k = 0; k < p.records.size(); ++k) {
+    start_[k] = total;
+    total += p.records[k].h.changed_count;  // each <= 2^24, records <= patch bytes / 56
+  }
+  const uint64_t position_bytes = (total * sizeof(uint32_t) + 63) / 64 * 64;
+  bytes_ = std::max<uint64_t>(64, position_bytes + total * sizeof(uint64_t));
+  const bool huge = bytes_ >= kHugePageBytes;
+  if (huge) bytes_ = (bytes_ + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  memory_ = static_cast<uint8_t*>(::operator new(bytes_, std::align_val_t{huge ? kHugePageBytes : 64}));
+#if defined(MADV_HUGEPAGE)
+  // Advice only: where the kernel has no huge page to give, 4 KiB pages.
+  if (huge) ::madvise(memory_, bytes_, MADV_HUGEPAGE);
+#endif
+  positions_ = reinterpret_cast<uint32_t*>(memory_);
+  values_ = reinterpret_cast<uint64_t*>(memory_ + position_bytes);
+}
+
+ChangeArena::~ChangeArena() {
+  ::operator delete(memory_, std::align_val_t{bytes_ >= kHugePageBytes ? kHugePageBytes : 64});
+}
+
 PatchInfo HeadInfo(const ParsedPatch& p) {
   PatchInfo info;
   info.format_version = p.format_version;
@@ -173,12 +202,8 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
   uint64_t staged_changes = 0;
   for (const RecordView& r : p.records) staged_changes += r.h.changed_count;  // each <= 2^24
   const bool staging = staged_changes <= staging_bytes_max / kStagedChangeBytes;
-  struct Staged {
-    std::unique_ptr<uint32_t[]> pos;  // relative to the segment: < 2^24
-    std::unique_ptr<uint64_t[]> value;
-    uint64_t n = 0;
-  };
-  std::vector<Staged> staged(staging ? p.records.size() : 0);
+  std::optional<ChangeArena> staged;  // each record's changes: position in the segment, new value
+  if (staging) staged.emplace(p);
   std::vector<ViewDigest> partial(p.records.size());
   TERN_RETURN_IF_ERROR(ForEachRecord(p, pool, [&](uint64_t k) {
     const RecordView& r = p.records[k];
@@ -193,15 +218,10 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         // Fused decode and digest: each decoded change's line is prefetched
         // at once and its old value consumed kPrefetchAhead changes later,
         // so the memory latency hides behind the decoding work instead of
-        // adding to it. Staging buffers are not zero-filled (every slot up
-        // to the validated count is written).
-        Staged& st = staged[k];
+        // adding to it.
         const uint64_t cap = r.h.changed_count;  // a corrupt stream may yield more: the decoder rejects it
-        st.pos = std::make_unique_for_overwrite<uint32_t[]>(cap);
-        st.value = std::make_unique_for_overwrite<uint64_t[]>(cap);
-        st.n = cap;
-        uint32_t* pos = st.pos.get();
-        uint64_t* value = st.value.get();
+        uint32_t* pos = staged->positions(k);
+        uint64_t* value = staged->values(k);
         const uint8_t* base = data + first * W / 8;
         uint64_t n = 0, done = 0;
         uintptr_t last_line = 0;
@@ -264,12 +284,11 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
       const RecordView& r = p.records[k];
       uint8_t* data = view.tensors[r.h.tensor_index].data;
       const uint64_t first = r.h.first_element;
-      const Staged& st = staged[k];
       patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
-        const uint32_t* pos = st.pos.get();
-        const uint64_t* value = st.value.get();
+        const uint32_t* pos = staged->positions(k);
+        const uint64_t* value = staged->values(k);
         uint8_t* base = data + first * W / 8;
-        for (uint64_t j = st.n; j-- > 0;) {
+        for (uint64_t j = r.h.changed_count; j-- > 0;) {
           if (j >= kPrefetchAhead)
             __builtin_prefetch(base + uint64_t{pos[j - kPrefetchAhead]} * W / 8, 1);
           patch::StoreElement<W>(data, first + pos[j], value[j]);
@@ -397,26 +416,21 @@ Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p
   if (changes > kApplyStagingBytes / kStagedChangeBytes)
     return ApplyWithStaging(view, p, current_digest, pool, new_digest, kApplyStagingBytes);
   TERN_ASSIGN_OR_RETURN(const std::vector<uint64_t> seeds, PrepareView(view, p, current_digest));
-  struct Kept {
-    std::unique_ptr<uint32_t[]> pos;  // relative to the segment: < 2^24
-    std::unique_ptr<uint64_t[]> delta;
-    uint64_t n = 0;
-  };
-  std::vector<Kept> kept(p.records.size());
+  ChangeArena kept(p);  // each record's written changes: position in the segment, delta
+  std::vector<uint64_t> written(p.records.size(), 0);
   std::vector<ViewDigest> partial(p.records.size());
   Status s = ForEachRecord(p, pool, [&](uint64_t k) {
     const RecordView& r = p.records[k];
     const ManifestTensor& mt = p.tensors[r.h.tensor_index];
     uint8_t* data = view.tensors[r.h.tensor_index].data;
     const uint64_t seed = seeds[r.h.tensor_index];
-    const uint64_t cap = r.h.changed_count;
-    Kept& kk = kept[k];
-    kk.pos = std::make_unique_for_overwrite<uint32_t[]>(cap);
-    kk.delta = std::make_unique_for_overwrite<uint64_t[]>(cap);
+    uint32_t* kept_pos = kept.positions(k);
+    uint64_t* kept_delta = kept.values(k);
+    uint64_t& n = written[k];
     return WriteRecord(r, mt, data, seed, &partial[k], [&](uint64_t pos, uint64_t delta) {
-      kk.pos[kk.n] = static_cast<uint32_t>(pos);  // WriteRecord passes at most cap changes
-      kk.delta[kk.n] = delta;
-      ++kk.n;
+      kept_pos[n] = static_cast<uint32_t>(pos);  // WriteRecord passes at most changed_count changes
+      kept_delta[n] = delta;
+      ++n;
     });
   });
   ViewDigest target;
@@ -429,9 +443,11 @@ Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p
       const uint64_t first = r.h.first_element;
       DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
         constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
-        for (uint64_t j = 0; j < kept[k].n; ++j) {
-          const uint64_t i = first + kept[k].pos[j];
-          StoreElement<W>(data, i, (LoadElement<W>(data, i) - kept[k].delta[j]) & kMask);
+        const uint32_t* pos = kept.positions(k);
+        const uint64_t* delta = kept.values(k);
+        for (uint64_t j = 0; j < written[k]; ++j) {
+          const uint64_t i = first + pos[j];
+          StoreElement<W>(data, i, (LoadElement<W>(data, i) - delta[j]) & kMask);
         }
       });
     });

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "patch/container.h"
 #include "tern/patch.h"
@@ -14,6 +15,35 @@ namespace tern::patch {
 inline constexpr uint64_t kStagedChangeBytes = 12;
 // Default budget: ~22M changes (1% of a ~4 GB BF16 view) apply in one decode.
 inline constexpr uint64_t kApplyStagingBytes = uint64_t{256} << 20;
+
+// The changes an apply keeps (ApplyWithStaging's staged new values, the
+// exclusive path's written deltas for an undo), for every record of a patch in
+// one allocation: record k's are at [start(k), start(k) + changed_count(k)).
+// Kept memory is fresh for each apply, and faulting it in 4 KiB pages cost as
+// much as the decode itself at 1% changed (docs/benchmarks.md, "Format 2
+// decode + apply"), so an arena of 2 MiB or more is aligned and advised as
+// transparent huge pages (where the kernel allows them; otherwise nothing
+// changes). Not zero-filled: every slot up to a record's validated count is
+// written before it is read.
+class ChangeArena {
+ public:
+  // Room for every record's changed_count positions (u32, relative to the
+  // segment) and values (u64).
+  explicit ChangeArena(const ParsedPatch& p);
+  ~ChangeArena();
+  ChangeArena(const ChangeArena&) = delete;
+  ChangeArena& operator=(const ChangeArena&) = delete;
+
+  uint32_t* positions(uint64_t k) { return positions_ + start_[k]; }
+  uint64_t* values(uint64_t k) { return values_ + start_[k]; }
+
+ private:
+  std::vector<uint64_t> start_;  // per record
+  uint8_t* memory_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint32_t* positions_ = nullptr;
+  uint64_t* values_ = nullptr;
+};
 
 // Verify, then write (the default): decodes every change and checks the
 // target digest with the view untouched, then writes. Changes are staged when

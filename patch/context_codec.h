@@ -12,15 +12,18 @@
 //
 // Speed: the decoder walks the segment in blocks of kContextBlock elements;
 // per block it reads the base once (the classes), builds one bit mask per
-// class and finds each change by popcount/select in its class's mask. The
-// block is in L1 while its changes are applied, so the apply streams through
-// the view instead of missing the cache once per change.
+// class and finds each change by a rank directory (a class's members before
+// each mask word) and a select in one word: no branch per word, so the
+// unpredictable gaps between changes cost no mispredictions. The block is in
+// L1 while its changes are applied, so the apply streams through the view
+// instead of missing the cache once per change.
 //
 // Writes during decoding: the decoder reads every base element of block b
 // before it emits a change in block b and never reads block b again, so `fn`
 // may write any element it has been given (the apply paths do).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -152,6 +155,30 @@ inline int SelectBit(uint64_t x, uint64_t r) {
 #endif
 }
 
+// The rank directory of one class in one block: before[j] = members of the
+// class (set bits of m) in words 0 .. j-1, for j < words; returns all the
+// block's members. The caller fills before[words ..] with 0xffff, so that
+// WordOfRank never picks a word past the block.
+inline uint64_t RankDirectory(const uint64_t* m, uint64_t words, uint16_t* before) {
+  uint32_t run = 0;
+  for (uint64_t j = 0; j < words; ++j) {
+    before[j] = static_cast<uint16_t>(run);
+    run += static_cast<uint32_t>(std::popcount(m[j]));
+  }
+  return run;
+}
+
+// The word that holds the member of block-relative rank r (r < members):
+// the last j with before[j] <= r. A binary search of six steps written as
+// selects (for conditional moves, not branches): the ranks of a class's
+// changes jump unpredictably, and a branch per step would mispredict.
+inline uint64_t WordOfRank(const uint16_t before[kContextBlockWords], uint64_t r) {
+  static_assert(kContextBlockWords == 64);
+  uint64_t j = 0;
+  for (uint64_t step = 32; step > 0; step /= 2) j = before[j + step] <= r ? j + step : j;
+  return j;
+}
+
 // A class's value code. Up to 16 classes per record: a full table of
 // 2^(longest code) entries each (up to 64 KiB) would cost more to build than
 // the class has values, so the table covers codes up to kCapBits and longer
@@ -250,48 +277,41 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
   }
   alignas(64) uint8_t cls[kContextBlock];
   alignas(64) uint64_t masks[kMaxClasses][kContextBlockWords];
+  alignas(64) uint16_t before[kContextBlockWords];  // class members in the words before word j
   for (uint64_t b0 = 0; b0 < count && active > 0; b0 += kContextBlock) {
     const uint64_t n = std::min(kContextBlock, count - b0);
     const uint64_t words = (n + 63) / 64;
     BaseClassMasks<W>(tensor, first + b0, n, f, t.e0, K, cls, masks);
+    if (words < kContextBlockWords) std::fill(before + words, before + kContextBlockWords, uint16_t{0xffff});
     for (int c = 0; c < K; ++c) {
       Live& l = live[c];
       if (l.left == 0) continue;
-      uint64_t* m = masks[c];
-      uint64_t skip = l.skip;  // in a register across the walk
-      for (uint64_t j = 0; j < words;) {
-        // Eight words a step while the next change is further on: eight
-        // independent popcounts and one branch instead of eight.
-        while (j + 8 <= words) {
-          const uint64_t ones8 = static_cast<uint64_t>(
-              (std::popcount(m[j]) + std::popcount(m[j + 1])) + (std::popcount(m[j + 2]) + std::popcount(m[j + 3])) +
-              ((std::popcount(m[j + 4]) + std::popcount(m[j + 5])) + (std::popcount(m[j + 6]) + std::popcount(m[j + 7]))));
-          if (skip < ones8) break;
-          skip -= ones8;
-          j += 8;
-        }
-        if (j == words) break;
-        const uint64_t ones = static_cast<uint64_t>(std::popcount(m[j]));
-        if (skip >= ones) {
-          skip -= ones;
-          ++j;
-          continue;
-        }
-        const int bit = SelectBit(m[j], skip);
+      const uint64_t* m = masks[c];
+      if (l.skip >= n) {  // no change of this class in the block: its members only count
+        uint64_t members = 0;
+        for (uint64_t j = 0; j < words; ++j) members += static_cast<uint64_t>(std::popcount(m[j]));
+        l.skip -= members;
+        continue;
+      }
+      const uint64_t members = RankDirectory(m, words, before);
+      // rank: the block-relative rank, within class c, of the next change.
+      uint64_t rank = l.skip;
+      while (rank < members) {
+        const uint64_t j = WordOfRank(before, rank);
+        const int bit = SelectBit(m[j], rank - before[j]);
         uint64_t z;
         if (!DecodeClassValue(l.val, l.dec, W, &z) || l.val.Overrun())
           return TERN_ERROR(kCorrupt, "CONTEXT segment: bad value code in class ", c);
         fn(b0 + j * 64 + static_cast<uint64_t>(bit), UnZigZag(z, W));
-        // Members up to and including this one are spent.
-        m[j] &= bit == 63 ? 0 : (~uint64_t{0} << (bit + 1));
         if (--l.left == 0) {
           --active;
           break;
         }
-        if (!read_gap(l, &skip))
-          return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
+        uint64_t gap;
+        if (!read_gap(l, &gap)) return TERN_ERROR(kCorrupt, "CONTEXT segment: bad position code in class ", c);
+        rank += gap + 1;  // gap < 2^24: no overflow
       }
-      l.skip = skip;
+      l.skip = rank - std::min(rank, members);
     }
   }
   for (int c = 0; c < K; ++c) {

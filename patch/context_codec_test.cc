@@ -71,6 +71,35 @@ TEST(ContextCodecTest, SelectBitFindsTheNthOne) {
   }
 }
 
+// The decoder's rank -> element step (RankDirectory, WordOfRank, SelectBit)
+// against counting set bits one at a time, on full and partial blocks.
+TEST(ContextCodecTest, RankDirectoryFindsEveryMember) {
+  std::mt19937_64 rng(34);
+  alignas(64) uint64_t m[kContextBlockWords];
+  alignas(64) uint16_t before[kContextBlockWords];
+  for (uint64_t words : {uint64_t{1}, uint64_t{2}, uint64_t{33}, uint64_t{63}, kContextBlockWords}) {
+    for (int density = 0; density < 6; ++density) {
+      for (uint64_t& x : m) {
+        x = rng();
+        for (int d = 0; d < density; ++d) x &= rng();  // 1/2 .. 1/64 of the bits, and none
+        if (density == 5 && rng() % 4 != 0) x = 0;
+      }
+      std::fill(before, before + kContextBlockWords, uint16_t{0xffff});
+      const uint64_t members = RankDirectory(m, words, before);
+      uint64_t r = 0;
+      for (uint64_t j = 0; j < words; ++j)
+        for (int b = 0; b < 64; ++b) {
+          if (!((m[j] >> b) & 1)) continue;
+          const uint64_t got = WordOfRank(before, r);
+          ASSERT_EQ(got, j) << "words " << words << " rank " << r;
+          ASSERT_EQ(SelectBit(m[got], r - before[got]), b) << "words " << words << " rank " << r;
+          ++r;
+        }
+      EXPECT_EQ(members, r) << "words " << words;
+    }
+  }
+}
+
 TEST(ContextCodecTest, ClassesClampToTheRange) {
   // BF16 exponent field 0x7f (1.0) with e0 = 0x80: class 1; 0xff: class 0;
   // 0x00: the last class.
