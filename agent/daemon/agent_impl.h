@@ -55,6 +55,7 @@
 #include "agent/view_store/view_store.h"
 #include "base/mutex.h"
 #include "tern/agent.h"
+#include "tern/checkpoint.h"
 #include "tern/thread_pool.h"
 #include "tern/version_manifest.h"
 #include "tern/xfer.h"
@@ -91,6 +92,7 @@ class AgentImpl final : public Agent {
 
   Status Init();
   Status Publish(const std::string& checkpoint_path, uint64_t version) override;
+  Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) override;
   AgentSnapshot Snapshot() const override;
   std::string PublicKeyPem() const override;
   Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
@@ -143,6 +145,15 @@ class AgentImpl final : public Agent {
   void RootTick();
   void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) REQUIRES(mu_);
   Status PublishLocked(const std::string& checkpoint_path, uint64_t version) REQUIRES(publish_mu_);
+  // The part of a publish after `next` is known (a checkpoint's or the
+  // caller's tensors): sign and store (PublishVersion), serve it here
+  // (Seed from seed_checkpoint, or the keyframe / patch just written),
+  // offer it to the trees, announce HEAD. `prev` (DIR/current, mapped) and
+  // `next_owner` are released as soon as they are no longer read.
+  Status PublishViewLocked(double t0, uint64_t version, std::unique_ptr<Checkpoint> prev,
+                           const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
+                           const std::string& seed_checkpoint, const PublishOptions& options,
+                           const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
 
   // ---- agent_member.cc ----
   Status InitMember();

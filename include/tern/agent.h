@@ -24,6 +24,7 @@
 
 #include "tern/clock.h"
 #include "tern/digest.h"
+#include "tern/dtype.h"
 #include "tern/env.h"
 #include "tern/export.h"
 #include "tern/log.h"
@@ -375,6 +376,18 @@ struct AgentEvent {
 };
 TERN_EXPORT const char* AgentEventKindName(AgentEvent::Kind kind);  // "version_served", ...
 
+// One tensor of a serve view in the caller's memory (Agent::PublishTensors):
+// the exact bytes an engine serves, contiguous and row-major, in host memory.
+// Borrowed for the call only: the agent reads them while it diffs and
+// encodes and keeps no pointer afterwards.
+struct PublishTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;  // empty: a scalar
+  const void* data = nullptr;   // `bytes` bytes; may be null only when bytes is 0
+  uint64_t bytes = 0;           // must be DTypeBytes(dtype, product of shape)
+};
+
 class TERN_EXPORT Agent {
  public:
   // Opens DIR (recovering the board and the served version), listens, and
@@ -388,6 +401,22 @@ class TERN_EXPORT Agent {
   // than HEAD. Returns when the version is on the board (durable), before
   // members have it.
   virtual Status Publish(const std::string& checkpoint_path, uint64_t version) = 0;
+
+  // Root only: Publish from memory. `tensors` (in any order) are the whole
+  // serve view of `version`; the agent diffs them against the view it
+  // serves (DIR/current, mapped from its slot: never a checkpoint file
+  // re-read), signs, stores and feeds the trees exactly as Publish does, and
+  // the root's DIR/current then serves the new view (applied from the
+  // patch, or installed from the keyframe for the first version). The
+  // version carries no model files (config.json etc.): a member's slot
+  // keeps the ones it has. Refused before anything is written, with one
+  // message naming the tensor (kInvalidArgument): an empty or duplicate
+  // name, a null pointer, `bytes` that are not the dtype and shape's size,
+  // a shape whose size overflows; once a version is served (kMismatch) a
+  // tensor the served layout lacks, one it has that is missing, or another
+  // dtype or shape than it serves (a layout is fixed by the first version).
+  // Thread safety: as Publish (one publish at a time; a second waits).
+  virtual Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) = 0;
 
   virtual AgentSnapshot Snapshot() const = 0;
   // The public key members must trust (root), PEM.
