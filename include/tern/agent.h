@@ -388,6 +388,11 @@ struct PublishTensor {
   uint64_t bytes = 0;           // must be DTypeBytes(dtype, product of shape)
 };
 
+// PublishTensors' bounds: tensors per version, bytes of a name, dimensions.
+inline constexpr size_t kMaxPublishTensors = 1'000'000;
+inline constexpr size_t kMaxPublishTensorName = 4096;
+inline constexpr size_t kMaxPublishTensorRank = 8;
+
 class TERN_EXPORT Agent {
  public:
   // Opens DIR (recovering the board and the served version), listens, and
