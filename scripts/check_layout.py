@@ -170,6 +170,7 @@ HEADER_MODULE = {
     # agent/
     "version_manifest.h": "agent",
     "agent.h": "agent",
+    "rank_publish.h": "agent",
     "sidecar.h": "agent",
     # capi/: the stable C ABI (libtern)
     "tern.h": "capi",
