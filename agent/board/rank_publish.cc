@@ -300,9 +300,6 @@ Result<std::vector<uint8_t>> AssembleRankParts(const std::vector<TensorDesc>& la
     target += deltas;
     owned.insert(owned.end(), mine.begin(), mine.end());
   }
-  TERN_REQUIRE(base_sum == base_digest, kMismatch, "the ranks' previous views add up to ",
-               base_sum.ToString(), ", not D(", base_version, ") ", base_digest.ToString(),
-               ": a rank's previous view is not the root's (did one restart?)");
   std::sort(owned.begin(), owned.end(), [](const Owned& a, const Owned& b) {
     return std::tie(a.tensor, a.first) < std::tie(b.tensor, b.first);
   });
@@ -324,6 +321,10 @@ Result<std::vector<uint8_t>> AssembleRankParts(const std::vector<TensorDesc>& la
                  ": elements ", RangeText(covered, layout[t].elements() - covered),
                  " belong to no rank");
   }
+  // After the coverage check: overlapping shards would count elements twice.
+  TERN_REQUIRE(base_sum == base_digest, kMismatch, "the ranks' previous views add up to ",
+               base_sum.ToString(), ", not D(", base_version, ") ", base_digest.ToString(),
+               ": a rank's previous view is not the root's (did one restart?)");
   ServeView shape;
   for (const TensorDesc& d : layout) shape.tensors.push_back({&d, nullptr});
   PatchBuilder builder(shape, base_version, version, base_digest, format);

@@ -428,21 +428,27 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
                                     const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
                                     const std::string& seed_checkpoint, const PublishOptions& options,
                                     const std::vector<SlotFile>& slot_files) {
-  const std::string files_dir = published_dir_ + "/files";
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishVersion(*board_, *signer_, prev ? &prev->view() : nullptr,
                                        store_->digest(), next, version, options, pool_));
+  prev.reset();
+  const uint64_t view_bytes = next.total_bytes();
+  next_owner.reset();
+  return ServeAndAnnounceLocked(t0, version, result, view_bytes, seed_checkpoint, slot_files);
+}
+
+Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
+                                         uint64_t view_bytes, const std::string& seed_checkpoint,
+                                         const std::vector<SlotFile>& slot_files) {
   // The root serves what it published (DIR/current), and diffs the next
   // version against it.
-  prev.reset();
+  const std::string files_dir = published_dir_ + "/files";
   std::vector<ObjectRef> refs;
   std::optional<ObjectRef> patch;
   for (const auto& o : result.manifest.objects) {
     refs.push_back({o.kind, o.from_version, o.to_version});
     if (o.kind == ObjectKind::kPatch) patch = refs.back();
   }
-  const uint64_t view_bytes = next.total_bytes();
-  next_owner.reset();
   if ((store_->version() == 0 || !patch) && !seed_checkpoint.empty()) {
     TERN_RETURN_IF_ERROR(
         store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files));

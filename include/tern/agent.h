@@ -28,6 +28,7 @@
 #include "tern/env.h"
 #include "tern/export.h"
 #include "tern/log.h"
+#include "tern/rank_publish.h"
 #include "tern/status.h"
 #include "tern/transport.h"
 
@@ -422,6 +423,28 @@ class TERN_EXPORT Agent {
   // dtype or shape than it serves (a layout is fixed by the first version).
   // Thread safety: as Publish (one publish at a time; a second waits).
   virtual Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) = 0;
+
+  // Root only: one trainer rank's part of a version (tern/rank_publish.h:
+  // the rank's RankPublisher::Encode). The parts of part.version are
+  // gathered until each of part.world_size ranks sent one, then joined
+  // (AssembleRankParts: disjoint shards covering the layout, digest terms
+  // adding up to D(HEAD) and to the target) and committed as one version,
+  // served by the root itself and fed to the trees as any other; the root
+  // never sees the full weights. Every caller of that version returns with
+  // the one outcome: Ok once it is on the board (then call Committed() on
+  // the rank's publisher; on an error, Abandon()).
+  //
+  // The first part of a version starts its deadline, timeout_ms
+  // (1..600000) from then: parts missing at the deadline fail it, nothing
+  // is published, and every waiting rank gets kTimeout naming the missing
+  // ranks. A part of another version while one is gathered is refused
+  // (kUnavailable); an unknown rank, a second part of a rank, or a world
+  // size other than the first part's kInvalidArgument, at once and for that
+  // caller only. The root must serve HEAD (not so for a root that took the
+  // board over until it publishes from a checkpoint or memory: kUnavailable).
+  // A late keyframe is made after the commit when the policy says so.
+  // Thread safety: any threads at once (one per rank).
+  virtual Status PublishRankPart(RankPart part, uint32_t timeout_ms) = 0;
 
   virtual AgentSnapshot Snapshot() const = 0;
   // The public key members must trust (root), PEM.
