@@ -7,6 +7,7 @@
 //     members): from the last rank's PublishRankPart call to its return
 //     (the version on the board and served by the root).
 // Usage: rank_publish_report [shard_mib (default 64)] [versions (default 5)]
+//        [overhead-only: any third argument skips the commit latency]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,10 +34,12 @@ void Step(std::vector<uint16_t>& w, std::mt19937_64& rng) {
   for (size_t i = rng() % 100; i < w.size(); i += 50 + rng() % 100) w[i] ^= 1;
 }
 
-int OverheadPerCore(uint64_t shard_mib, int versions) {
+int OverheadPerCore(uint64_t shard_mib, int versions, uint16_t format) {
   const uint64_t rows = shard_mib * 256, cols = 2048;  // BF16: shard_mib MiB
   std::vector<tern::TensorDesc> layout{{"w", tern::DType::kBF16, {rows, cols}}};
-  auto p = tern::RankPublisher::Create(0, 1, layout, {{"w", 0, rows * cols}});
+  tern::RankPublisherOptions options;
+  options.format_version = format;
+  auto p = tern::RankPublisher::Create(0, 1, layout, {{"w", 0, rows * cols}}, options);
   if (!p.ok()) return std::fprintf(stderr, "%s\n", p.status().ToString().c_str()), 1;
   std::vector<uint16_t> w(rows * cols);
   std::mt19937_64 rng(7);
@@ -44,8 +47,8 @@ int OverheadPerCore(uint64_t shard_mib, int versions) {
   std::vector<uint16_t> copy(w.size());
   auto first = (*p)->Encode(1, {{{"w", 0, rows * cols}, w.data(), w.size() * 2}});
   (*p)->Committed();
-  std::printf("overhead per core: BF16 shard of %llu MiB, ~1%% changed\n",
-              static_cast<unsigned long long>(shard_mib));
+  std::printf("overhead per core: BF16 shard of %llu MiB, ~1%% changed, format %u\n",
+              static_cast<unsigned long long>(shard_mib), static_cast<unsigned>(format));
   std::printf("%8s %10s %10s %8s %12s\n", "version", "encode_s", "memcpy_s", "ratio", "part_bytes");
   for (int v = 2; v < 2 + versions; ++v) {
     Step(w, rng);
@@ -132,7 +135,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: rank_publish_report [shard_mib 1..4096] [versions 1..100]\n");
     return 2;
   }
-  if (int rc = OverheadPerCore(shard_mib, versions); rc != 0) return rc;
+  for (uint16_t format : {uint16_t{1}, uint16_t{2}})
+    if (int rc = OverheadPerCore(shard_mib, versions, format); rc != 0) return rc;
+  if (argc > 3) return 0;
   for (uint32_t world : {2u, 4u})
     if (int rc = CommitLatency(world, shard_mib, versions); rc != 0) return rc;
   return 0;
