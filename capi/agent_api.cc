@@ -1,6 +1,8 @@
 // tern_agent_*: an agent in the caller's process (include/tern/tern.h;
 // the handle: agent_handle.h).
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -16,6 +18,8 @@ namespace {
 // The size of tern_agent_options in ABI 1.0: a caller compiled against it
 // passes at least this.
 constexpr size_t kAgentOptionsBytesV1 = offsetof(tern_agent_options, log_user) + sizeof(void*);
+// tern_tensor in ABI 1.1, where it appeared.
+constexpr size_t kTensorBytesV1 = offsetof(tern_tensor, bytes) + sizeof(uint64_t);
 
 Status CheckFlag(int value, const char* field) {
   TERN_REQUIRE(value == 0 || value == 1, kInvalidArgument, field, " is ", value, ": want 0 or 1");
@@ -174,12 +178,51 @@ void Stop(tern_agent* a) {
   a->transport.reset();
 }
 
+// The caller's tensor array as PublishTensors' list (the bytes borrowed).
+// The stride is tensors[0].struct_size; every element must say the same.
+Result<std::vector<PublishTensor>> ReadTensors(const tern_tensor* tensors, size_t count) {
+  size_t stride = 0;
+  std::memcpy(&stride, tensors, sizeof stride);
+  std::vector<PublishTensor> list;
+  list.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const auto* at = reinterpret_cast<const unsigned char*>(tensors) + i * stride;
+    size_t size = 0;
+    std::memcpy(&size, at, sizeof size);
+    TERN_REQUIRE(size == stride, kInvalidArgument, "tensors[", i, "].struct_size is ", size,
+                 ", tensors[0]'s is ", stride, ": one array has one element size");
+    tern_tensor c;
+    tern_tensor_init(&c);
+    const std::string what = "tensors[" + std::to_string(i) + "]";
+    TERN_RETURN_IF_ERROR(ReadVersionedStruct(at, &c, sizeof c, kTensorBytesV1, what.c_str()));
+    PublishTensor t;
+    TERN_REQUIRE(c.name != nullptr, kInvalidArgument, what, ".name is NULL");
+    TERN_ASSIGN_OR_RETURN(t.name, ReadString(c.name, (what + ".name").c_str()));
+    TERN_REQUIRE(c.dtype != nullptr, kInvalidArgument, "tensor ", t.name, ": dtype is NULL");
+    TERN_ASSIGN_OR_RETURN(std::string dtype, ReadString(c.dtype, (what + ".dtype").c_str()));
+    const std::optional<DType> parsed = DTypeFromName(dtype);
+    TERN_REQUIRE(parsed.has_value(), kInvalidArgument, "tensor ", t.name, ": unknown dtype '",
+                 dtype.substr(0, 40), "' (want a safetensors name: BF16, F32, F8_E4M3, ...)");
+    t.dtype = *parsed;
+    TERN_REQUIRE(c.ndim <= tern::kMaxPublishTensorRank, kInvalidArgument, "tensor ", t.name,
+                 ": ndim ", c.ndim, " (at most ", tern::kMaxPublishTensorRank, ")");
+    TERN_REQUIRE(c.shape != nullptr || c.ndim == 0, kInvalidArgument, "tensor ", t.name,
+                 ": shape is NULL with ndim ", c.ndim);
+    t.shape.assign(c.shape, c.shape + c.ndim);
+    t.data = c.data;
+    t.bytes = c.bytes;
+    list.push_back(std::move(t));
+  }
+  return list;
+}
+
 }  // namespace
 }  // namespace tern::capi
 
 using tern::Agent;
 using tern::Status;
 using tern::capi::Guard;
+using tern::capi::ReadTensors;
 using tern::capi::WithAgent;
 
 extern "C" {
@@ -241,6 +284,23 @@ tern_code tern_agent_remove_member(tern_agent* a, const char* member_id, uint32_
 tern_code tern_agent_set_retention(tern_agent* a, uint32_t keep_patches, uint32_t keyframe_every) {
   return Guard([&] {
     return WithAgent(a, [&](Agent& agent) { return agent.SetRetention(keep_patches, keyframe_every); });
+  });
+}
+
+void tern_tensor_init(tern_tensor* tensor) {
+  if (tensor == nullptr) return;
+  std::memset(tensor, 0, sizeof *tensor);
+  tensor->struct_size = sizeof *tensor;
+}
+
+tern_code tern_agent_publish_tensors(tern_agent* a, uint64_t version, const tern_tensor* tensors,
+                                     size_t count) {
+  return Guard([&] {
+    TERN_REQUIRE(tensors != nullptr, kInvalidArgument, "tensors is NULL");
+    TERN_REQUIRE(count >= 1 && count <= tern::kMaxPublishTensors, kInvalidArgument, "count ",
+                 count, ": want 1..", tern::kMaxPublishTensors);
+    TERN_ASSIGN_OR_RETURN(std::vector<tern::PublishTensor> list, ReadTensors(tensors, count));
+    return WithAgent(a, [&](Agent& agent) { return agent.PublishTensors(version, list); });
   });
 }
 

@@ -564,6 +564,118 @@ static void test_agents(const char* dir) {
   tern_agent_free(root);
 }
 
+/* The last `n` bytes of a file (a one-tensor checkpoint's data) equal `want`. */
+static int file_ends_with(const char* path, const void* want, size_t n) {
+  FILE* f = fopen(path, "rb");
+  if (f == NULL) return 0;
+  unsigned char* got = malloc(n);
+  int ok = got != NULL && fseek(f, -(long)n, SEEK_END) == 0 && fread(got, 1, n, f) == n &&
+           memcmp(got, want, n) == 0;
+  free(got);
+  fclose(f);
+  return ok;
+}
+
+/* Publishing from the caller's memory: refusals naming what is wrong, then
+ * two versions that reach a member bit for bit. */
+static void test_publish_tensors(const char* dir) {
+  enum { kCount = 4096 };
+  char root_dir[300], member_dir[300], served[340];
+  snprintf(root_dir, sizeof root_dir, "%s/mem-root", dir);
+  snprintf(member_dir, sizeof member_dir, "%s/mem-member", dir);
+  snprintf(served, sizeof served, "%s/current/model.safetensors", member_dir);
+  tern_agent_options o;
+  base_options(&o, root_dir);
+  tern_agent* root = NULL;
+  CHECK(tern_agent_start(&o, &root) == TERN_OK);
+  if (root == NULL) return;
+  char addr[128], key[4096];
+  size_t len = 0;
+  CHECK(tern_agent_listen_address(root, addr, sizeof addr, &len) == TERN_OK);
+  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
+  const char* keys[1] = {key};
+  base_options(&o, member_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  tern_agent* member = NULL;
+  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+
+  /* The weights, as a trainer holds them: one BF16 tensor in its memory. */
+  static uint16_t w[kCount];
+  for (uint32_t i = 0; i < kCount; ++i) w[i] = tiny_bf16((float)(i % 251u) / 64.0f);
+  const uint64_t shape[1] = {kCount};
+  tern_tensor t[2];
+  tern_tensor_init(&t[0]);
+  t[0].name = "model.w";
+  t[0].dtype = "BF16";
+  t[0].shape = shape;
+  t[0].ndim = 1;
+  t[0].data = w;
+  t[0].bytes = sizeof w;
+  t[1] = t[0];
+  t[1].name = "model.other";
+
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, NULL, 1), TERN_INVALID_ARGUMENT, "tensors is NULL");
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 0), TERN_INVALID_ARGUMENT, "count 0");
+  CHECK_CODE(tern_agent_publish_tensors(NULL, 1, t, 1), TERN_INVALID_ARGUMENT, "agent is NULL");
+  if (member != NULL)
+    CHECK_CODE(tern_agent_publish_tensors(member, 1, t, 1), TERN_INVALID_ARGUMENT, "not the root");
+  t[0].dtype = "BF17";
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 1), TERN_INVALID_ARGUMENT,
+             "tensor model.w: unknown dtype 'BF17'");
+  t[0].dtype = "BF16";
+  t[0].bytes = sizeof w - 2;
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 1), TERN_INVALID_ARGUMENT,
+             "tensor model.w has 8190 bytes, but BF16 [4096] is 8192 bytes");
+  t[0].bytes = sizeof w;
+  t[0].data = NULL;
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 1), TERN_INVALID_ARGUMENT, "null data");
+  t[0].data = w;
+  t[0].name = NULL;
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 1), TERN_INVALID_ARGUMENT, "tensors[0].name is NULL");
+  t[0].name = "model.w";
+  t[0].shape = NULL;
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 1), TERN_INVALID_ARGUMENT, "shape is NULL");
+  t[0].shape = shape;
+  t[1].struct_size = sizeof t[1] + 8;
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 2), TERN_INVALID_ARGUMENT,
+             "tensors[1].struct_size");
+  t[1].struct_size = sizeof t[1];
+  t[1].name = "model.w";
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 2), TERN_INVALID_ARGUMENT, "given twice");
+
+  CHECK(tern_agent_publish_tensors(root, 1, t, 1) == TERN_OK);
+  CHECK_CODE(tern_agent_publish_tensors(root, 1, t, 1), TERN_INVALID_ARGUMENT, "not newer than HEAD");
+  /* Once a layout is served, another is refused. */
+  t[1].name = "model.other";
+  CHECK_CODE(tern_agent_publish_tensors(root, 2, t, 2), TERN_MISMATCH,
+             "tensor model.other is not in the served layout");
+  t[0].dtype = "F16";
+  CHECK_CODE(tern_agent_publish_tensors(root, 2, t, 1), TERN_MISMATCH,
+             "tensor model.w is F16, the served layout has BF16");
+  t[0].dtype = "BF16";
+  if (member != NULL) {
+    CHECK(wait_served(member, 1));
+    CHECK(file_ends_with(served, w, sizeof w));
+  }
+  /* An optimizer step flips ~1% of the values in place; the next version
+   * is published from the same buffer. */
+  for (uint32_t i = 0; i < kCount; i += 97) w[i] ^= 1;
+  CHECK(tern_agent_publish_tensors(root, 2, t, 1) == TERN_OK);
+  tern_status st;
+  st.struct_size = sizeof st;
+  CHECK(tern_agent_status(root, &st) == TERN_OK);
+  CHECK(st.head == 2 && st.served_version == 2);
+  if (member != NULL) {
+    CHECK(wait_served(member, 2));
+    CHECK(file_ends_with(served, w, sizeof w));
+    tern_agent_free(member);
+  }
+  tern_agent_free(root);
+}
+
 int main(void) {
   char dir[] = "/tmp/tern-capi-test-XXXXXX";
   if (mkdtemp(dir) == NULL) {
@@ -575,6 +687,7 @@ int main(void) {
   snprintf(bad_dir, sizeof bad_dir, "%s/unused", dir);
   test_bad_options(bad_dir);
   test_agents(dir);
+  test_publish_tensors(dir);
   nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   if (failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", failures);

@@ -174,6 +174,7 @@ HEADER_MODULE = {
     "version_manifest.h": "agent",
     "key_set.h": "agent",
     "agent.h": "agent",
+    "rank_publish.h": "agent",
     "sidecar.h": "agent",
     # capi/: the stable C ABI (libtern)
     "tern.h": "capi",

@@ -258,6 +258,36 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
   return Commit(board, signer, std::move(m), objects, options, pool);
 }
 
+Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
+                                   std::vector<uint8_t> patch, uint64_t version,
+                                   const PublishOptions& options, ThreadPool& pool) {
+  const uint64_t head = board.head();
+  TERN_REQUIRE(version > head, kInvalidArgument, "publish: version ", version,
+               " is not newer than HEAD ", head);
+  TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(patch)));
+  TERN_REQUIRE(info.base_version == head && info.target_version == version, kMismatch,
+               "publish: a patch ", info.base_version, " -> ", info.target_version,
+               " cannot publish ", head, " -> ", version);
+  VersionManifest m;
+  m.board_id = board.id();
+  m.version = version;
+  m.parent = head;
+  m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
+  m.files = options.files;
+  m.target_digest = info.target_digest;
+  std::vector<PendingObject> objects;
+  if (head == 0) {
+    objects.push_back({{ObjectKind::kKeyframe, version, version}, std::move(patch)});
+  } else {
+    TERN_ASSIGN_OR_RETURN(VersionManifest parent, board.Manifest(head));
+    TERN_REQUIRE(info.base_digest == parent.target_digest, kMismatch, "publish: the patch's base ",
+                 info.base_digest.ToString(), " is not D(", head, ") ", parent.target_digest.ToString());
+    m.base_digest = parent.target_digest;
+    objects.push_back({{ObjectKind::kPatch, head, version}, std::move(patch)});
+  }
+  return Commit(board, signer, std::move(m), objects, options, pool);
+}
+
 Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uint64_t from,
                                  uint64_t to, const PublishOptions& options, ThreadPool& pool) {
   TERN_ASSIGN_OR_RETURN(VersionManifest pub, board.Manifest(to));

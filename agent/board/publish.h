@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "agent/board/board.h"
 #include "tern/digest.h"
@@ -88,6 +89,18 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
                                      const ServeView* prev, const ViewDigest& prev_digest,
                                      const ServeView& next, uint64_t version,
                                      const PublishOptions& options, ThreadPool& pool);
+
+// A version whose patch was made elsewhere (AssembleRankParts: parts of
+// trainer ranks). On an empty board `patch` must start at the zero view
+// (base version 0) and is recorded as keyframe(version); otherwise it must be
+// HEAD -> version with base digest D(HEAD), recorded as patch(HEAD ->
+// version). Inspect validates it whole first (kCorrupt); versions or a
+// base that do not fit are kMismatch. No keyframe is made here (the caller
+// has no full view before it applies the patch: MakeSquash(0, version)
+// makes a late one).
+Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
+                                   std::vector<uint8_t> patch, uint64_t version,
+                                   const PublishOptions& options, ThreadPool& pool);
 
 Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uint64_t from,
                                  uint64_t to, const PublishOptions& options, ThreadPool& pool);

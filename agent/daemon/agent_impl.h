@@ -32,6 +32,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -57,6 +58,7 @@
 #include "agent/view_store/view_store.h"
 #include "base/mutex.h"
 #include "tern/agent.h"
+#include "tern/checkpoint.h"
 #include "tern/thread_pool.h"
 #include "tern/version_manifest.h"
 #include "tern/xfer.h"
@@ -98,6 +100,8 @@ class AgentImpl final : public Agent {
   Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) override;
   // The admin routes of the three calls above (agent_operator.cc).
   std::vector<AdminRoute> OperatorRoutes();
+  Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) override;
+  Status PublishRankPart(RankPart part, uint32_t timeout_ms) override;
   AgentSnapshot Snapshot() const override;
   std::string PublicKeyPem() const override;
   Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
@@ -152,6 +156,25 @@ class AgentImpl final : public Agent {
   void RootTick();
   void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) REQUIRES(mu_);
   Status PublishLocked(const std::string& checkpoint_path, uint64_t version) REQUIRES(publish_mu_);
+  // The part of a publish after `next` is known (a checkpoint's or the
+  // caller's tensors): sign and store (PublishVersion), serve it here
+  // (Seed from seed_checkpoint, or the keyframe / patch just written),
+  // offer it to the trees, announce HEAD. `prev` (DIR/current, mapped) and
+  // `next_owner` are released as soon as they are no longer read.
+  Status PublishViewLocked(double t0, uint64_t version, std::unique_ptr<Checkpoint> prev,
+                           const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
+                           const std::string& seed_checkpoint, const PublishOptions& options,
+                           const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
+  // PublishViewLocked's tail, and a version assembled from ranks': serve
+  // the version just recorded, offer its objects, retention, HEAD.
+  Status ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
+                                uint64_t view_bytes, const std::string& seed_checkpoint,
+                                const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
+
+  // ---- agent_ranks.cc ----
+  // Joins and commits the parts of one version (PublishRankPart).
+  Status CommitRankParts(std::vector<RankPart> parts, uint64_t version, uint32_t world_size)
+      REQUIRES(publish_mu_);
 
   // ---- agent_member.cc ----
   Status InitMember();
@@ -281,6 +304,24 @@ class AgentImpl final : public Agent {
   // Version -> members not yet serving it.
   std::map<uint64_t, std::set<std::string>> waiting_ GUARDED_BY(mu_);
   Mutex publish_mu_ ACQUIRED_BEFORE(mu_);  // one publish at a time (not mu_: it takes seconds)
+  // Publishing from ranks (agent_ranks.cc): the version being gathered.
+  // ranks_mu_ is never held with publish_mu_ (the committing caller lets go
+  // of it first), so it has no order against it.
+  struct RankAssembly {
+    uint64_t generation = 0;
+    uint64_t version = 0;
+    uint32_t world_size = 0;
+    std::map<uint32_t, RankPart> parts;
+    std::chrono::steady_clock::time_point deadline;
+    uint32_t timeout_ms = 0;
+    bool committing = false;
+  };
+  Mutex ranks_mu_;
+  CondVar ranks_cv_{&ranks_mu_};
+  std::optional<RankAssembly> assembly_ GUARDED_BY(ranks_mu_);
+  uint64_t next_generation_ GUARDED_BY(ranks_mu_) = 1;
+  // Generation -> outcome, for the callers still waiting (the last 64).
+  std::map<uint64_t, Status> rank_outcomes_ GUARDED_BY(ranks_mu_);
 
   // ---- member state (mu_) ----
   BoardId board_id_ GUARDED_BY(mu_){};  // pinned at the first WELCOME (DIR/agent.json)

@@ -7,6 +7,7 @@
 #include "agent/board/publish.h"
 #include "agent/daemon/agent_impl.h"
 #include "tern/key_set.h"
+#include "agent/daemon/publish_tensors.h"
 #include "base/text.h"
 #include "tern/checkpoint.h"
 
@@ -397,6 +398,30 @@ Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) 
   return PublishLocked(checkpoint_path, version);
 }
 
+Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) {
+  TERN_REQUIRE(opt_.root, kInvalidArgument, "publish_tensors: this agent is not the root");
+  TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish_tensors: this root no longer leads the board");
+  MutexLock publish_lock(publish_mu_);
+  const double t0 = NowS();
+  TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish_tensors: version ", version,
+               " is not newer than HEAD ", board_->head());
+  // The previous view is the served slot, mapped (the page cache holds it
+  // after the last publish); no checkpoint the trainer wrote is read.
+  OpenOptions open;
+  open.env = &env_;
+  std::unique_ptr<Checkpoint> prev;
+  if (store_->version() != 0) {
+    TERN_ASSIGN_OR_RETURN(prev, Checkpoint::Open(store_->current_path(), open));
+  }
+  TERN_ASSIGN_OR_RETURN(auto next, ViewOfTensors(tensors, prev ? &prev->view() : nullptr));
+  PublishOptions options;
+  options.segment_elements = opt_.segment_elements;
+  if (opt_.patch_format != 0) options.format_version = opt_.patch_format;
+  options.keyframe_only = !prev && board_->head() != 0;
+  return PublishViewLocked(t0, version, std::move(prev), next->view, /*next_owner=*/nullptr,
+                           /*seed_checkpoint=*/"", options, {});
+}
+
 Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t version) {
   const double t0 = NowS();
   TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish: version ", version,
@@ -433,23 +458,49 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   std::vector<SlotFile> slot_files;
   for (const ManifestFile& f : options.files)
     slot_files.push_back({f, published_dir_ + "/" + ModelFileObjectName(f.sha256)});
+  const ServeView& view = next->view();
+  return PublishViewLocked(t0, version, std::move(prev), view, std::move(next), checkpoint_path,
+                           options, slot_files);
+}
+
+Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr<Checkpoint> prev,
+                                    const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
+                                    const std::string& seed_checkpoint, const PublishOptions& options,
+                                    const std::vector<SlotFile>& slot_files) {
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishVersion(*board_, *signer_, prev ? &prev->view() : nullptr,
-                                       store_->digest(), next->view(), version, options, pool_));
+                                       store_->digest(), next, version, options, pool_));
+  prev.reset();
+  const uint64_t view_bytes = next.total_bytes();
+  next_owner.reset();
+  return ServeAndAnnounceLocked(t0, version, result, view_bytes, seed_checkpoint, slot_files);
+}
+
+Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
+                                         uint64_t view_bytes, const std::string& seed_checkpoint,
+                                         const std::vector<SlotFile>& slot_files) {
   // The root serves what it published (DIR/current), and diffs the next
   // version against it.
-  prev.reset();
+  const std::string files_dir = published_dir_ + "/files";
   std::vector<ObjectRef> refs;
   std::optional<ObjectRef> patch;
   for (const auto& o : result.manifest.objects) {
     refs.push_back({o.kind, o.from_version, o.to_version});
     if (o.kind == ObjectKind::kPatch) patch = refs.back();
   }
-  const uint64_t view_bytes = next->view().total_bytes();
-  next.reset();
-  if (store_->version() == 0 || !patch) {
+  if ((store_->version() == 0 || !patch) && !seed_checkpoint.empty()) {
     TERN_RETURN_IF_ERROR(
-        store_->Seed(checkpoint_path, version, result.manifest.target_digest, slot_files));
+        store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files));
+  } else if (store_->version() == 0 || !patch) {
+    // From memory: the keyframe just written is the view, checked against
+    // the signed target digest as it is installed.
+    const auto keyframe = std::find_if(refs.begin(), refs.end(), [](const ObjectRef& r) {
+      return r.kind == ObjectKind::kKeyframe;
+    });
+    TERN_REQUIRE(keyframe != refs.end(), kInternal, "publish: version ", version,
+                 " has neither a patch nor a keyframe");
+    TERN_ASSIGN_OR_RETURN(auto object, env_.Map(board_->ObjectPath(*keyframe), MapMode::kReadOnly));
+    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(object->bytes(), version, slot_files));
   } else {
     std::string bytes;
     TERN_RETURN_IF_ERROR(ReadFileToString(env_, board_->ObjectPath(*patch), uint64_t{1} << 40, &bytes));

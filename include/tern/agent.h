@@ -24,9 +24,11 @@
 
 #include "tern/clock.h"
 #include "tern/digest.h"
+#include "tern/dtype.h"
 #include "tern/env.h"
 #include "tern/export.h"
 #include "tern/log.h"
+#include "tern/rank_publish.h"
 #include "tern/status.h"
 #include "tern/transport.h"
 
@@ -401,6 +403,23 @@ struct AgentEvent {
 };
 TERN_EXPORT const char* AgentEventKindName(AgentEvent::Kind kind);  // "version_served", ...
 
+// One tensor of a serve view in the caller's memory (Agent::PublishTensors):
+// the exact bytes an engine serves, contiguous and row-major, in host memory.
+// Borrowed for the call only: the agent reads them while it diffs and
+// encodes and keeps no pointer afterwards.
+struct PublishTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;  // empty: a scalar
+  const void* data = nullptr;   // `bytes` bytes; may be null only when bytes is 0
+  uint64_t bytes = 0;           // must be DTypeBytes(dtype, product of shape)
+};
+
+// PublishTensors' bounds: tensors per version, bytes of a name, dimensions.
+inline constexpr size_t kMaxPublishTensors = 1'000'000;
+inline constexpr size_t kMaxPublishTensorName = 4096;
+inline constexpr size_t kMaxPublishTensorRank = 8;
+
 class TERN_EXPORT Agent {
  public:
   // Opens DIR (recovering the board and the served version), listens, and
@@ -432,6 +451,43 @@ class TERN_EXPORT Agent {
   // keyframe_every; both >= 1, else kInvalidArgument): later publications
   // and the next retention pass follow it.
   virtual Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) = 0;
+  // Root only: Publish from memory. `tensors` (in any order) are the whole
+  // serve view of `version`; the agent diffs them against the view it
+  // serves (DIR/current, mapped from its slot: never a checkpoint file
+  // re-read), signs, stores and feeds the trees exactly as Publish does, and
+  // the root's DIR/current then serves the new view (applied from the
+  // patch, or installed from the keyframe for the first version). The
+  // version carries no model files (config.json etc.): a member's slot
+  // keeps the ones it has. Refused before anything is written, with one
+  // message naming the tensor (kInvalidArgument): an empty or duplicate
+  // name, a null pointer, `bytes` that are not the dtype and shape's size,
+  // a shape whose size overflows; once a version is served (kMismatch) a
+  // tensor the served layout lacks, one it has that is missing, or another
+  // dtype or shape than it serves (a layout is fixed by the first version).
+  // Thread safety: as Publish (one publish at a time; a second waits).
+  virtual Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) = 0;
+
+  // Root only: one trainer rank's part of a version (tern/rank_publish.h:
+  // the rank's RankPublisher::Encode). The parts of part.version are
+  // gathered until each of part.world_size ranks sent one, then joined
+  // (AssembleRankParts: disjoint shards covering the layout, digest terms
+  // adding up to D(HEAD) and to the target) and committed as one version,
+  // served by the root itself and fed to the trees as any other; the root
+  // never sees the full weights. Every caller of that version returns with
+  // the one outcome: Ok once it is on the board (then call Committed() on
+  // the rank's publisher; on an error, Abandon()).
+  //
+  // The first part of a version starts its deadline, timeout_ms
+  // (1..600000) from then: parts missing at the deadline fail it, nothing
+  // is published, and every waiting rank gets kTimeout naming the missing
+  // ranks. A part of another version while one is gathered is refused
+  // (kUnavailable); an unknown rank, a second part of a rank, or a world
+  // size other than the first part's kInvalidArgument, at once and for that
+  // caller only. The root must serve HEAD (not so for a root that took the
+  // board over until it publishes from a checkpoint or memory: kUnavailable).
+  // A late keyframe is made after the commit when the policy says so.
+  // Thread safety: any threads at once (one per rank).
+  virtual Status PublishRankPart(RankPart part, uint32_t timeout_ms) = 0;
 
   virtual AgentSnapshot Snapshot() const = 0;
   // The public key members must trust (root), PEM.

@@ -2,7 +2,8 @@
  * embed the transfer agent (docs/embedding.md is the guide).
  *
  * What it offers: start and stop an agent in this process (root or member,
- * the options of `tern-agent`), publish a checkpoint on an in-process root,
+ * the options of `tern-agent`), publish a checkpoint or tensors in memory
+ * on an in-process root,
  * read an agent's status, wait for its events (polled, or delivered to a
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
@@ -218,6 +219,42 @@ TERN_API tern_code tern_agent_start(const tern_agent_options* options, tern_agen
  * per root (a second waits). */
 TERN_API tern_code tern_agent_publish(tern_agent* agent, const char* checkpoint_path,
                                       uint64_t version);
+
+/* One tensor of a serve view in the caller's memory (ABI 1.1): the exact
+ * bytes an engine serves, contiguous and row-major, in host memory. A
+ * PyTorch CPU tensor's data_ptr() (after .contiguous()) or a NumPy array's
+ * ctypes.data (C order) is passed as is: nothing is copied before the diff
+ * reads it. Strings and `shape` are read during the call only. */
+typedef struct tern_tensor {
+  size_t struct_size;    /* sizeof(tern_tensor); set by tern_tensor_init */
+  const char* name;      /* NUL-terminated, 1..4096 bytes */
+  const char* dtype;     /* the safetensors spelling: "BF16", "F32", "F8_E4M3", "U8", ... */
+  const uint64_t* shape; /* ndim sizes; may be NULL when ndim is 0 (a scalar) */
+  uint32_t ndim;         /* at most 8 */
+  const void* data;      /* `bytes` bytes; may be NULL only when bytes is 0 */
+  uint64_t bytes;        /* must be the dtype's size of the shape */
+} tern_tensor;
+
+/* Sets struct_size, every other field 0 / NULL. Any thread. */
+TERN_API void tern_tensor_init(tern_tensor* tensor);
+
+/* Root (ABI 1.1): publishes `count` tensors (any order; every tensor of the
+ * view, each once) as `version` (> HEAD), without a checkpoint file: the
+ * root diffs them against the view it serves, signs and feeds the version
+ * as tern_agent_publish does, and serves it itself. The version carries no
+ * model files (config.json): members keep theirs. `tensors` is an array
+ * whose elements all have the struct_size of tensors[0] (the stride); at
+ * most 1000000. The bytes are read during the call and not kept: the caller
+ * may reuse them once it returns. Refused before anything is published,
+ * with a message naming the tensor: TERN_INVALID_ARGUMENT for a bad tensor
+ * (NULL name or data, an unknown dtype, `bytes` not the dtype's size of
+ * the shape, a name twice) or a version not newer than HEAD;
+ * TERN_MISMATCH once a version is served, for a tensor the served layout
+ * lacks, one it has that is missing, or another dtype or shape than it
+ * serves. Blocks for the diff. Any thread; one publish at a time per root
+ * (a second waits). */
+TERN_API tern_code tern_agent_publish_tensors(tern_agent* agent, uint64_t version,
+                                              const tern_tensor* tensors, size_t count);
 
 /* The figures a scheduler polls. Written up to out->struct_size. */
 typedef struct tern_status {

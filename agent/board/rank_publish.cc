@@ -1,0 +1,338 @@
+// RankPublisher and AssembleRankParts (include/tern/rank_publish.h).
+#include "tern/rank_publish.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+
+namespace tern {
+namespace {
+
+constexpr uint64_t kMaxSegment = (uint64_t{1} << 24) - 1;
+
+uint64_t ByteOffset(DType dtype, uint64_t element) {
+  return element * static_cast<uint64_t>(ElementBits(dtype)) / 8;
+}
+
+std::string RangeText(uint64_t first, uint64_t count) {
+  return "[" + std::to_string(first) + ", " + std::to_string(first + count) + ")";
+}
+
+// A pointer that EncodeSegment may index by the tensor's element numbers
+// while only [first, first + count) is read: the shard's bytes, shifted
+// back by the range's byte offset. Integer arithmetic, as the bytes before
+// the shard are never dereferenced.
+const uint8_t* AsTensorBase(const uint8_t* shard, DType dtype, uint64_t first) {
+  return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(shard) -
+                                          static_cast<uintptr_t>(ByteOffset(dtype, first)));
+}
+
+// The element hashes of zeros over [first, first + count) of a tensor.
+ViewDigest ZeroTerms(const TensorDesc& desc, uint64_t first, uint64_t count) {
+  const uint64_t seed = TensorSeed(desc);
+  ViewDigest d;
+  for (uint64_t i = 0; i < count; ++i) d += ElementHash(seed, first + i, 0);
+  return d;
+}
+
+// Checks one set of ranges against the layout (sorted by name): known
+// tensors, in bounds, byte-aligned for 4-bit dtypes. `who` prefixes errors.
+Status CheckRange(const std::vector<TensorDesc>& layout, const std::map<std::string, uint32_t>& index,
+                  const RankShardRange& r, const std::string& who, uint32_t* tensor_index) {
+  auto it = index.find(r.tensor);
+  TERN_REQUIRE(it != index.end(), kInvalidArgument, who, ": tensor ", r.tensor.substr(0, 200),
+               " is not in the layout");
+  const TensorDesc& d = layout[it->second];
+  const uint64_t n = d.elements();
+  TERN_REQUIRE(r.element_count >= 1 && r.element_count <= n && r.first_element <= n - r.element_count,
+               kInvalidArgument, who, ": shard ", RangeText(r.first_element, r.element_count), " of ",
+               r.tensor, " is outside its ", n, " elements");
+  if (ElementBits(d.dtype) == 4)
+    TERN_REQUIRE(r.first_element % 2 == 0 &&
+                     (r.element_count % 2 == 0 || r.first_element + r.element_count == n),
+                 kInvalidArgument, who, ": shard ", RangeText(r.first_element, r.element_count),
+                 " of 4-bit ", r.tensor, " is not byte-aligned");
+  *tensor_index = it->second;
+  return Status::Ok();
+}
+
+std::map<std::string, uint32_t> IndexOf(const std::vector<TensorDesc>& layout) {
+  std::map<std::string, uint32_t> index;
+  for (uint32_t i = 0; i < layout.size(); ++i) index[layout[i].name] = i;
+  return index;
+}
+
+Status CheckLayout(const std::vector<TensorDesc>& layout) {
+  TERN_REQUIRE(!layout.empty(), kInvalidArgument, "rank publish: an empty layout");
+  for (size_t i = 0; i < layout.size(); ++i) {
+    TERN_RETURN_IF_ERROR(CheckedElements(layout[i].dtype, layout[i].shape).status());
+    TERN_REQUIRE(i == 0 || layout[i - 1].name < layout[i].name, kInvalidArgument,
+                 "rank publish: the layout is not sorted by name without duplicates at ",
+                 layout[i].name.substr(0, 200));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct RankPublisher::State {
+  uint32_t rank = 0, world_size = 0;
+  RankPublisherOptions options;
+  std::vector<TensorDesc> layout;
+  struct Shard {
+    RankShardRange range;
+    uint32_t tensor = 0;
+    std::vector<uint8_t> prev, pending;
+  };
+  std::vector<Shard> shards;
+  uint64_t version = 0, pending_version = 0;
+  bool has_pending = false;
+  ViewDigest terms, pending_terms;
+};
+
+RankPublisher::RankPublisher(std::unique_ptr<State> state) : state_(std::move(state)) {}
+RankPublisher::~RankPublisher() = default;
+
+Result<std::unique_ptr<RankPublisher>> RankPublisher::Create(uint32_t rank, uint32_t world_size,
+                                                             std::vector<TensorDesc> layout,
+                                                             std::vector<RankShardRange> shards,
+                                                             const RankPublisherOptions& options) {
+  TERN_REQUIRE(world_size >= 1 && rank < world_size, kInvalidArgument, "rank publish: rank ", rank,
+               " is not below the world size ", world_size);
+  TERN_REQUIRE(options.segment_elements >= 1 && options.segment_elements < kMaxSegment,
+               kInvalidArgument, "rank publish: segment_elements must be in [1, 2^24)");
+  TERN_REQUIRE(options.format_version == 1 || options.format_version == 2, kInvalidArgument,
+               "rank publish: format_version ", options.format_version, ": want 1 or 2");
+  TERN_RETURN_IF_ERROR(CheckLayout(layout));
+  auto st = std::make_unique<State>();
+  st->rank = rank;
+  st->world_size = world_size;
+  st->options = options;
+  st->layout = std::move(layout);
+  const auto index = IndexOf(st->layout);
+  const std::string who = "rank " + std::to_string(rank);
+  for (RankShardRange& r : shards) {
+    State::Shard s;
+    TERN_RETURN_IF_ERROR(CheckRange(st->layout, index, r, who, &s.tensor));
+    s.range = std::move(r);
+    st->shards.push_back(std::move(s));
+  }
+  TERN_REQUIRE(!st->shards.empty(), kInvalidArgument, who, " owns no shard");
+  std::sort(st->shards.begin(), st->shards.end(), [](const State::Shard& a, const State::Shard& b) {
+    return std::tie(a.tensor, a.range.first_element) < std::tie(b.tensor, b.range.first_element);
+  });
+  for (size_t i = 1; i < st->shards.size(); ++i) {
+    const auto& a = st->shards[i - 1].range;
+    const auto& b = st->shards[i].range;
+    TERN_REQUIRE(a.tensor != b.tensor || a.first_element + a.element_count <= b.first_element,
+                 kInvalidArgument, who, ": its shards ", RangeText(a.first_element, a.element_count),
+                 " and ", RangeText(b.first_element, b.element_count), " of ", a.tensor, " overlap");
+  }
+  for (State::Shard& s : st->shards) {
+    const TensorDesc& d = st->layout[s.tensor];
+    s.prev.assign(DTypeBytes(d.dtype, s.range.element_count), 0);
+    st->terms += ZeroTerms(d, s.range.first_element, s.range.element_count);
+  }
+  return std::unique_ptr<RankPublisher>(new RankPublisher(std::move(st)));
+}
+
+Result<RankPart> RankPublisher::Encode(uint64_t version, const std::vector<RankShard>& shards) {
+  State& st = *state_;
+  const std::string who = "rank " + std::to_string(st.rank);
+  TERN_REQUIRE(version > st.version, kMismatch, who, ": version ", version,
+               " is not newer than its previous view's ", st.version);
+  TERN_REQUIRE(shards.size() == st.shards.size(), kInvalidArgument, who, ": ", shards.size(),
+               " shards given, it owns ", st.shards.size());
+  // The given shards in the owned order.
+  std::vector<const RankShard*> given(st.shards.size(), nullptr);
+  for (const RankShard& g : shards) {
+    size_t k = 0;
+    while (k < st.shards.size() &&
+           !(st.shards[k].range.tensor == g.range.tensor &&
+             st.shards[k].range.first_element == g.range.first_element &&
+             st.shards[k].range.element_count == g.range.element_count))
+      ++k;
+    TERN_REQUIRE(k < st.shards.size(), kInvalidArgument, who, ": shard ",
+                 RangeText(g.range.first_element, g.range.element_count), " of ",
+                 g.range.tensor.substr(0, 200), " is not one it owns");
+    TERN_REQUIRE(given[k] == nullptr, kInvalidArgument, who, ": shard ",
+                 RangeText(g.range.first_element, g.range.element_count), " of ", g.range.tensor,
+                 " given twice");
+    TERN_REQUIRE(g.data != nullptr && g.bytes == st.shards[k].prev.size(), kInvalidArgument, who,
+                 ": shard ", RangeText(g.range.first_element, g.range.element_count), " of ",
+                 g.range.tensor, " has ", g.bytes, " bytes at ", g.data, ", want ",
+                 st.shards[k].prev.size(), " bytes");
+    given[k] = &g;
+  }
+  RankPart part;
+  part.rank = st.rank;
+  part.world_size = st.world_size;
+  part.base_version = st.version;
+  part.version = version;
+  part.layout = st.layout;
+  part.format_version = st.options.format_version;
+  part.base_terms = st.terms;
+  ViewDigest target = st.terms;
+  // Views EncodeSegment indexes by tensor: only the shard's tensor is set.
+  ServeView old_view, new_view;
+  for (const TensorDesc& d : st.layout) {
+    old_view.tensors.push_back({&d, nullptr});
+    new_view.tensors.push_back({&d, nullptr});
+  }
+  for (size_t k = 0; k < st.shards.size(); ++k) {
+    const State::Shard& s = st.shards[k];
+    const DType dtype = st.layout[s.tensor].dtype;
+    const uint64_t first = s.range.first_element, count = s.range.element_count;
+    old_view.tensors[s.tensor].data = AsTensorBase(s.prev.data(), dtype, first);
+    new_view.tensors[s.tensor].data =
+        AsTensorBase(static_cast<const uint8_t*>(given[k]->data), dtype, first);
+    uint64_t seg = std::min(st.options.segment_elements, kMaxSegment - 1);
+    if (ElementBits(dtype) == 4 && seg % 2 == 1) ++seg;
+    for (uint64_t at = 0; at < count; at += seg) {
+      TERN_ASSIGN_OR_RETURN(SegmentRecord rec,
+                            EncodeSegment(old_view, new_view, s.tensor, first + at,
+                                          std::min(seg, count - at), st.options.format_version));
+      if (rec.bytes.empty()) continue;
+      target += rec.digest_delta;
+      part.records.push_back(std::move(rec));
+    }
+    part.shards.push_back(s.range);
+  }
+  part.target_terms = target;
+  // Kept aside until the root commits: the caller's buffers may change.
+  for (size_t k = 0; k < st.shards.size(); ++k) {
+    const auto* p = static_cast<const uint8_t*>(given[k]->data);
+    st.shards[k].pending.assign(p, p + given[k]->bytes);
+  }
+  st.pending_version = version;
+  st.pending_terms = target;
+  st.has_pending = true;
+  return part;
+}
+
+void RankPublisher::Committed() {
+  State& st = *state_;
+  if (!st.has_pending) return;
+  for (State::Shard& s : st.shards) s.prev.swap(s.pending);
+  st.version = st.pending_version;
+  st.terms = st.pending_terms;
+  st.has_pending = false;
+}
+
+void RankPublisher::Abandon() { state_->has_pending = false; }
+
+uint64_t RankPublisher::version() const { return state_->version; }
+
+ViewDigest ZeroViewDigest(const std::vector<TensorDesc>& layout) {
+  ViewDigest d;
+  for (const TensorDesc& t : layout) {
+    d += TensorTerm(TensorSeed(t));
+    d += ZeroTerms(t, 0, t.elements());
+  }
+  return d;
+}
+
+Result<std::vector<uint8_t>> AssembleRankParts(const std::vector<TensorDesc>& layout,
+                                               uint64_t base_version, uint64_t version,
+                                               const ViewDigest& base_digest,
+                                               const std::vector<RankPart>& parts,
+                                               uint32_t world_size, ViewDigest* target_digest) {
+  TERN_RETURN_IF_ERROR(CheckLayout(layout));
+  TERN_REQUIRE(world_size >= 1 && parts.size() == world_size, kInvalidArgument, "version ", version,
+               ": ", parts.size(), " parts for a world of ", world_size, " ranks");
+  const auto index = IndexOf(layout);
+  struct Owned {
+    uint32_t tensor;
+    uint64_t first, count;
+    uint32_t rank;
+  };
+  std::vector<Owned> owned;
+  std::vector<bool> seen(world_size, false);
+  uint16_t format = parts.front().format_version;
+  ViewDigest base_sum;
+  for (const TensorDesc& d : layout) base_sum += TensorTerm(TensorSeed(d));
+  ViewDigest target = base_digest;
+  for (const RankPart& p : parts) {
+    const std::string who = "rank " + std::to_string(p.rank);
+    TERN_REQUIRE(p.rank < world_size, kInvalidArgument, "unknown rank ", p.rank, " (world size ",
+                 world_size, ")");
+    TERN_REQUIRE(p.world_size == world_size, kInvalidArgument, who, " says the world has ",
+                 p.world_size, " ranks, not ", world_size);
+    TERN_REQUIRE(!seen[p.rank], kInvalidArgument, who, " sent two parts of version ", version);
+    seen[p.rank] = true;
+    TERN_REQUIRE(p.version == version && p.base_version == base_version, kInvalidArgument, who,
+                 "'s part is ", p.base_version, " -> ", p.version, ", not ", base_version, " -> ",
+                 version);
+    TERN_REQUIRE(p.format_version == format, kInvalidArgument, who, " writes format ",
+                 p.format_version, ", rank ", parts.front().rank, " format ", format);
+    {
+      for (size_t i = 0; i < std::max(p.layout.size(), layout.size()); ++i) {
+        const bool same = i < p.layout.size() && i < layout.size() && p.layout[i].SameLayout(layout[i]);
+        TERN_REQUIRE(same, kMismatch, who, "'s layout differs from the served one at tensor ",
+                     (i < p.layout.size() ? p.layout[i] : layout[i]).name.substr(0, 200), " (",
+                     p.layout.size(), " tensors, the served layout ", layout.size(), ")");
+      }
+    }
+    std::vector<Owned> mine;
+    for (const RankShardRange& r : p.shards) {
+      uint32_t t = 0;
+      TERN_RETURN_IF_ERROR(CheckRange(layout, index, r, who, &t));
+      mine.push_back({t, r.first_element, r.element_count, p.rank});
+    }
+    ViewDigest deltas;
+    for (const SegmentRecord& rec : p.records) {
+      const bool inside = std::any_of(mine.begin(), mine.end(), [&](const Owned& o) {
+        return o.tensor == rec.tensor_index && rec.first_element >= o.first &&
+               rec.element_count <= o.count && rec.first_element - o.first <= o.count - rec.element_count;
+      });
+      TERN_REQUIRE(inside, kInvalidArgument, who, "'s segment ",
+                   RangeText(rec.first_element, rec.element_count), " of tensor #", rec.tensor_index,
+                   " lies outside its shards");
+      deltas += rec.digest_delta;
+    }
+    ViewDigest expect = p.base_terms;
+    expect += deltas;
+    TERN_REQUIRE(expect == p.target_terms, kMismatch, who,
+                 "'s segments do not take its shards' digest terms from base to target");
+    base_sum += p.base_terms;
+    target += deltas;
+    owned.insert(owned.end(), mine.begin(), mine.end());
+  }
+  std::sort(owned.begin(), owned.end(), [](const Owned& a, const Owned& b) {
+    return std::tie(a.tensor, a.first) < std::tie(b.tensor, b.first);
+  });
+  size_t k = 0;
+  for (uint32_t t = 0; t < layout.size(); ++t) {
+    uint64_t covered = 0;
+    const Owned* last = nullptr;
+    for (; k < owned.size() && owned[k].tensor == t; ++k) {
+      const Owned& o = owned[k];
+      TERN_REQUIRE(o.first >= covered, kInvalidArgument, "tensor ", layout[t].name, ": rank ",
+                   o.rank, "'s shard ", RangeText(o.first, o.count), " overlaps rank ",
+                   last->rank, "'s ", RangeText(last->first, last->count));
+      TERN_REQUIRE(o.first == covered, kInvalidArgument, "tensor ", layout[t].name, ": elements ",
+                   RangeText(covered, o.first - covered), " belong to no rank");
+      covered = o.first + o.count;
+      last = &o;
+    }
+    TERN_REQUIRE(covered == layout[t].elements(), kInvalidArgument, "tensor ", layout[t].name,
+                 ": elements ", RangeText(covered, layout[t].elements() - covered),
+                 " belong to no rank");
+  }
+  // After the coverage check: overlapping shards would count elements twice.
+  TERN_REQUIRE(base_sum == base_digest, kMismatch, "the ranks' previous views add up to ",
+               base_sum.ToString(), ", not D(", base_version, ") ", base_digest.ToString(),
+               ": a rank's previous view is not the root's (did one restart?)");
+  ServeView shape;
+  for (const TensorDesc& d : layout) shape.tensors.push_back({&d, nullptr});
+  PatchBuilder builder(shape, base_version, version, base_digest, format);
+  for (const RankPart& p : parts)
+    for (const SegmentRecord& rec : p.records) TERN_RETURN_IF_ERROR(builder.Add(rec));
+  TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> patch, builder.Finish());
+  if (target_digest != nullptr) *target_digest = target;
+  return patch;
+}
+
+}  // namespace tern

@@ -1,0 +1,162 @@
+// The root's side of publishing from trainer ranks (Agent::PublishRankPart,
+// include/tern/rank_publish.h): parts gathered per version under a
+// deadline, then joined and committed as one version (agent/daemon/agent_impl.h).
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/board/publish.h"
+#include "agent/daemon/agent_impl.h"
+
+namespace tern::agent {
+namespace {
+
+constexpr uint32_t kMaxRankTimeoutMs = 600000;
+constexpr uint32_t kMaxWorldSize = 65536;
+constexpr size_t kKeptOutcomes = 64;
+
+std::string MissingRanks(const std::map<uint32_t, RankPart>& parts, uint32_t world_size) {
+  std::string out;
+  uint32_t listed = 0;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    if (parts.count(r)) continue;
+    if (listed++ == 16) {
+      out += ", ...";
+      break;
+    }
+    out += (out.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
+  TERN_REQUIRE(opt_.root, kInvalidArgument, "publish from ranks: this agent is not the root");
+  TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish from ranks: this root no longer leads the board");
+  TERN_REQUIRE(timeout_ms >= 1 && timeout_ms <= kMaxRankTimeoutMs, kInvalidArgument,
+               "publish from ranks: timeout_ms ", timeout_ms, ": want 1..", kMaxRankTimeoutMs);
+  TERN_REQUIRE(part.world_size >= 1 && part.world_size <= kMaxWorldSize, kInvalidArgument,
+               "publish from ranks: world size ", part.world_size, ": want 1..", kMaxWorldSize);
+  TERN_REQUIRE(part.rank < part.world_size, kInvalidArgument, "publish from ranks: unknown rank ",
+               part.rank, " (world size ", part.world_size, ")");
+  const uint64_t version = part.version;
+  const uint32_t rank = part.rank;
+  MutexLock lock(ranks_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (assembly_ && !assembly_->committing && assembly_->deadline <= now) {
+    // Its waiters are gone or about to wake: fail it here, not later.
+    rank_outcomes_[assembly_->generation] = TERN_ERROR(
+        kTimeout, "publish from ranks: version ", assembly_->version, ": no part from rank(s) ",
+        MissingRanks(assembly_->parts, assembly_->world_size), " within ", assembly_->timeout_ms,
+        " ms; nothing published");
+    assembly_.reset();
+    ranks_cv_.SignalAll();
+  }
+  if (!assembly_) {
+    assembly_.emplace();
+    assembly_->generation = next_generation_++;
+    assembly_->version = version;
+    assembly_->world_size = part.world_size;
+    assembly_->timeout_ms = timeout_ms;
+    assembly_->deadline = now + std::chrono::milliseconds(timeout_ms);
+  }
+  RankAssembly& a = *assembly_;
+  TERN_REQUIRE(a.version == version, kUnavailable, "publish from ranks: rank ", rank,
+               "'s part of version ", version, " while version ", a.version,
+               " is being gathered; nothing of it was taken");
+  TERN_REQUIRE(!a.committing, kInvalidArgument, "publish from ranks: rank ", rank,
+               " sent a part of version ", version, " after every rank's part was there");
+  TERN_REQUIRE(a.world_size == part.world_size, kInvalidArgument, "publish from ranks: rank ", rank,
+               " says the world has ", part.world_size, " ranks, the first part of version ",
+               version, " said ", a.world_size);
+  TERN_REQUIRE(!a.parts.count(rank), kInvalidArgument, "publish from ranks: rank ", rank,
+               " already sent its part of version ", version);
+  const uint64_t generation = a.generation;
+  a.parts.emplace(rank, std::move(part));
+  if (a.parts.size() == a.world_size) {
+    // The last part: this caller commits, the others wait for its outcome.
+    a.committing = true;
+    std::vector<RankPart> parts;
+    for (auto& [r, p] : a.parts) parts.push_back(std::move(p));
+    const uint32_t world = a.world_size;
+    a.parts.clear();
+    lock.Unlock();
+    Status s;
+    {
+      MutexLock publish_lock(publish_mu_);
+      s = CommitRankParts(std::move(parts), version, world);
+    }
+    lock.Lock();
+    rank_outcomes_[generation] = s;
+    while (rank_outcomes_.size() > kKeptOutcomes) rank_outcomes_.erase(rank_outcomes_.begin());
+    assembly_.reset();
+    ranks_cv_.SignalAll();
+    return s;
+  }
+  const auto deadline = a.deadline;
+  const bool done = ranks_cv_.WaitUntil(deadline, [&]() REQUIRES(ranks_mu_) {
+    return rank_outcomes_.count(generation) > 0 ||
+           (assembly_ && assembly_->generation == generation && assembly_->committing);
+  });
+  if (!done && assembly_ && assembly_->generation == generation && !assembly_->committing) {
+    rank_outcomes_[generation] = TERN_ERROR(
+        kTimeout, "publish from ranks: version ", version, ": no part from rank(s) ",
+        MissingRanks(assembly_->parts, assembly_->world_size), " within ", assembly_->timeout_ms,
+        " ms; nothing published");
+    assembly_.reset();
+    ranks_cv_.SignalAll();
+  }
+  // Committing: bounded by the publish itself.
+  ranks_cv_.Wait([&]() REQUIRES(ranks_mu_) { return rank_outcomes_.count(generation) > 0; });
+  return rank_outcomes_[generation];
+}
+
+Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version, uint32_t world_size) {
+  const double t0 = NowS();
+  const uint64_t head = board_->head();
+  TERN_REQUIRE(version > head, kInvalidArgument, "publish from ranks: version ", version,
+               " is not newer than HEAD ", head);
+  TERN_REQUIRE(store_->version() == head, kUnavailable, "publish from ranks: the root serves version ",
+               store_->version(), ", not HEAD ", head,
+               " (it took the board over): publish one version from a checkpoint or memory first");
+  std::vector<TensorDesc> layout;
+  ViewDigest base_digest;
+  if (head != 0) {
+    OpenOptions open;
+    open.env = &env_;
+    TERN_ASSIGN_OR_RETURN(auto current, Checkpoint::Open(store_->current_path(), open));
+    for (const auto& t : current->view().tensors) layout.push_back(*t.desc);
+    base_digest = store_->digest();
+  } else {
+    layout = parts.front().layout;
+    base_digest = ZeroViewDigest(layout);
+  }
+  uint64_t view_bytes = 0;
+  for (const TensorDesc& d : layout) view_bytes += d.bytes();
+  ViewDigest target;
+  auto patch = AssembleRankParts(layout, head, version, base_digest, parts, world_size, &target);
+  if (!patch.ok()) return patch.status().WithContext("publish from ranks: version " + std::to_string(version));
+  parts.clear();
+  const bool keyframe_due = head != 0 && board_->KeyframeDue(version, patch->size());
+  PublishOptions options;
+  options.segment_elements = opt_.segment_elements;
+  TERN_ASSIGN_OR_RETURN(PublishResult result,
+                        PublishPatch(*board_, *signer_, std::move(patch).value(), version, options, pool_));
+  TERN_REQUIRE(result.manifest.target_digest == target, kInternal, "publish from ranks: version ",
+               version, " recorded with another target digest than its parts'");
+  TERN_RETURN_IF_ERROR(ServeAndAnnounceLocked(t0, version, result, view_bytes, "", {}));
+  if (keyframe_due) {
+    // A late keyframe from the board's own objects (the root never held the
+    // version's full view before it applied the patch).
+    auto keyframe = MakeSquash(*board_, *signer_, 0, version, options, pool_);
+    if (keyframe.ok()) Log("made a late keyframe of version " + std::to_string(version));
+    else Log("no keyframe of version " + std::to_string(version) + ": " + keyframe.status().ToString());
+  }
+  Log("published version " + std::to_string(version) + " from " + std::to_string(world_size) +
+      " ranks in " + std::to_string(NowS() - t0) + " s");
+  return Status::Ok();
+}
+
+}  // namespace tern::agent

@@ -1,0 +1,204 @@
+// Publishing from trainer ranks end to end (Agent::PublishRankPart): 2 and 4
+// ranks, each owning row shards of every tensor, publish versions that reach
+// members bit for bit, keyframes and a late member's catch-up included; a
+// rank that never sends leaves no version and an error naming it; unknown
+// ranks and overlapping shards are refused.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/testing/agent_test_fixture.h"
+#include "agent/testing/agent_test_util.h"
+#include "tern/agent.h"
+#include "tern/checkpoint.h"
+#include "tern/rank_publish.h"
+
+namespace tern {
+namespace {
+
+using agent_test::WaitFor;
+
+// Rank r's rows of each tensor: rows [r*R/world, (r+1)*R/world) of a tensor
+// of R rows (the whole of a 1-D tensor or scalar to rank 0).
+std::vector<RankShardRange> RowShards(const std::vector<TensorDesc>& layout, uint32_t r,
+                                      uint32_t world) {
+  std::vector<RankShardRange> out;
+  for (const TensorDesc& d : layout) {
+    const uint64_t n = d.elements();
+    if (d.shape.size() < 2) {
+      if (r == 0) out.push_back({d.name, 0, n});
+      continue;
+    }
+    const uint64_t rows = d.shape[0], row = n / rows;
+    const uint64_t r0 = rows * r / world, r1 = rows * (r + 1) / world;
+    if (r1 > r0) out.push_back({d.name, r0 * row, (r1 - r0) * row});
+  }
+  return out;
+}
+
+std::vector<RankShard> ShardsIn(const ServeView& view, const std::vector<RankShardRange>& ranges) {
+  std::vector<RankShard> out;
+  for (const RankShardRange& r : ranges) {
+    const TensorRef* t = view.Find(r.tensor);
+    const uint64_t esize = static_cast<uint64_t>(ElementBits(t->desc->dtype)) / 8;
+    out.push_back({r, t->data + r.first_element * esize, r.element_count * esize});
+  }
+  return out;
+}
+
+class AgentRankPublishTest : public agent_test::AgentSystemFixture {
+ protected:
+  void MakeRanks(uint32_t world, const std::string& first_step) {
+    auto c = Checkpoint::Open(first_step);
+    ASSERT_TRUE(c.ok());
+    layout_.clear();
+    for (const auto& t : (*c)->view().tensors) layout_.push_back(*t.desc);
+    ranks_.clear();
+    for (uint32_t r = 0; r < world; ++r) {
+      RankPublisherOptions o;
+      o.segment_elements = 4096;
+      auto p = RankPublisher::Create(r, world, layout_, RowShards(layout_, r, world), o);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      ranks_.push_back(std::move(p).value());
+    }
+  }
+
+  // Every rank of `send` encodes its shards of `path` and sends its part
+  // from a thread of its own; the outcome per rank.
+  std::vector<Status> PublishFromRanks(uint64_t version, const std::string& path,
+                                       const std::vector<uint32_t>& send, uint32_t timeout_ms) {
+    auto c = Checkpoint::Open(path);
+    EXPECT_TRUE(c.ok());
+    const uint32_t world = static_cast<uint32_t>(ranks_.size());
+    std::vector<std::future<Status>> futures;
+    for (uint32_t r : send) {
+      futures.push_back(std::async(std::launch::async, [&, r] {
+        auto part = ranks_[r]->Encode(version, ShardsIn((*c)->view(), RowShards(layout_, r, world)));
+        if (!part.ok()) return part.status();
+        Status s = root_->PublishRankPart(std::move(part).value(), timeout_ms);
+        if (s.ok()) ranks_[r]->Committed();
+        else ranks_[r]->Abandon();
+        return s;
+      }));
+    }
+    std::vector<Status> out;
+    for (auto& f : futures) out.push_back(f.get());
+    return out;
+  }
+
+  std::vector<uint32_t> All() const {
+    std::vector<uint32_t> v;
+    for (uint32_t r = 0; r < ranks_.size(); ++r) v.push_back(r);
+    return v;
+  }
+
+  std::vector<TensorDesc> layout_;
+  std::vector<std::unique_ptr<RankPublisher>> ranks_;
+};
+
+class AgentRankWorldTest : public AgentRankPublishTest,
+                           public ::testing::WithParamInterface<uint32_t> {};
+
+TEST_P(AgentRankWorldTest, RanksCommitVersionsThatReachMembersBitwise) {
+  CaptureLogs();
+  StartRoot();
+  StartMember("a", "us");
+  StartMember("b", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+  // keyframe_every is 4: a version after the first keyframe gets a late
+  // keyframe from the board's objects.
+  for (uint64_t v = 1; v <= 6; ++v) {
+    const std::string path = NextStep();
+    if (v == 1) MakeRanks(GetParam(), path);
+    for (const Status& s : PublishFromRanks(v, path, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(root_->Snapshot().head, v);
+    ASSERT_TRUE(AllServe(v)) << Lagging(v);
+    ExpectBitwiseEqual(v);
+    EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), steps_[v]), "")
+        << "the root's own view at v" << v;
+  }
+  EXPECT_GT(Logged("root", "made a late keyframe of version"), 0u);
+  // A member that comes later catches up from a board no checkpoint built.
+  StartMember("c", "ap");
+  ASSERT_TRUE(AllServe(6)) << Lagging(6);
+  ExpectBitwiseEqual(6);
+}
+
+INSTANTIATE_TEST_SUITE_P(World, AgentRankWorldTest, ::testing::Values(2u, 4u));
+
+TEST_F(AgentRankPublishTest, ARankThatNeverSendsLeavesNoVersionAndIsNamed) {
+  StartRoot();
+  const std::string v1 = NextStep();
+  MakeRanks(4, v1);
+  ASSERT_TRUE(PublishFromRanks(1, v1, All(), 60000)[0].ok());
+  const std::string v2 = NextStep();
+  // Rank 2 dies before it sends: ranks 0, 1 and 3 wait out the deadline.
+  for (const Status& s : PublishFromRanks(2, v2, {0, 1, 3}, 300)) {
+    EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+    EXPECT_NE(s.message().find("no part from rank(s) 2 within 300 ms; nothing published"),
+              std::string::npos)
+        << s.ToString();
+  }
+  EXPECT_EQ(root_->Snapshot().head, 1u);
+  // Everyone again (rank 2 restarted from the same previous view): version 2.
+  for (const Status& s : PublishFromRanks(2, v2, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 2u);
+  EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), v2), "");
+}
+
+TEST_F(AgentRankPublishTest, UnknownRanksAndOverlappingShardsAreRefused) {
+  StartRoot();
+  const std::string v1 = NextStep();
+  MakeRanks(2, v1);
+  auto c = Checkpoint::Open(v1);
+  ASSERT_TRUE(c.ok());
+  auto part = ranks_[1]->Encode(1, ShardsIn((*c)->view(), RowShards(layout_, 1, 2)));
+  ASSERT_TRUE(part.ok());
+  RankPart unknown = *part;
+  unknown.rank = 5;
+  Status s = root_->PublishRankPart(unknown, 1000);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("unknown rank 5 (world size 2)"), std::string::npos) << s.ToString();
+  ranks_[1]->Abandon();
+  // Rank 1 claims rank 0's last row of the first 2-D tensor too.
+  std::vector<RankShardRange> wide = RowShards(layout_, 1, 2);
+  const TensorDesc* two_d = nullptr;
+  for (const TensorDesc& d : layout_)
+    if (d.shape.size() == 2 && d.shape[0] >= 2) {
+      two_d = &d;
+      break;
+    }
+  ASSERT_NE(two_d, nullptr);
+  for (RankShardRange& r : wide)
+    if (r.tensor == two_d->name) {
+      r.first_element -= two_d->shape[1];
+      r.element_count += two_d->shape[1];
+    }
+  auto overlapping = RankPublisher::Create(1, 2, layout_, wide);
+  ASSERT_TRUE(overlapping.ok());
+  ranks_[1] = std::move(overlapping).value();
+  std::vector<Status> out;
+  {
+    // RowShards would not give rank 1 the wide ranges: encode by hand.
+    auto p1 = ranks_[1]->Encode(1, ShardsIn((*c)->view(), wide));
+    ASSERT_TRUE(p1.ok()) << p1.status().ToString();
+    auto p0 = ranks_[0]->Encode(1, ShardsIn((*c)->view(), RowShards(layout_, 0, 2)));
+    ASSERT_TRUE(p0.ok());
+    auto f = std::async(std::launch::async, [&] { return root_->PublishRankPart(*p0, 60000); });
+    out.push_back(root_->PublishRankPart(*p1, 60000));
+    out.push_back(f.get());
+  }
+  for (const Status& e : out) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument) << e.ToString();
+    EXPECT_NE(e.message().find("tensor " + two_d->name + ": rank 1's shard"), std::string::npos)
+        << e.ToString();
+    EXPECT_NE(e.message().find("overlaps rank 0's"), std::string::npos) << e.ToString();
+  }
+  EXPECT_EQ(root_->Snapshot().head, 0u);
+}
+
+}  // namespace
+}  // namespace tern
