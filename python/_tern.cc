@@ -227,6 +227,35 @@ class Agent {
     }
     Check(code);
   }
+  // tensors: (name, dtype, shape, data pointer, bytes) per tensor, the
+  // pointers into buffers the caller (tern/_core.py) keeps alive for the
+  // call: read in place, nothing copied here.
+  void PublishTensors(uint64_t version, const py::list& tensors) {
+    const size_t n = tensors.size();
+    std::vector<std::string> names(n), dtypes(n);
+    std::vector<std::vector<uint64_t>> shapes(n);
+    std::vector<tern_tensor> views(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto t = tensors[i].cast<py::tuple>();
+      if (t.size() != 5) throw py::value_error("publish_tensors: want (name, dtype, shape, data, bytes)");
+      names[i] = t[0].cast<std::string>();
+      dtypes[i] = t[1].cast<std::string>();
+      shapes[i] = t[2].cast<std::vector<uint64_t>>();
+      tern_tensor_init(&views[i]);
+      views[i].name = names[i].c_str();
+      views[i].dtype = dtypes[i].c_str();
+      views[i].shape = shapes[i].empty() ? nullptr : shapes[i].data();
+      views[i].ndim = static_cast<uint32_t>(shapes[i].size());
+      views[i].data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
+      views[i].bytes = t[4].cast<uint64_t>();
+    }
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_agent_publish_tensors(Handle(), version, views.data(), views.size());
+    }
+    Check(code);
+  }
   void DrainMember(const std::string& id) {
     tern_code code;
     {
@@ -433,6 +462,7 @@ PYBIND11_MODULE(_tern, m) {
       .def("admin_address", &Agent::AdminAddress)
       .def("wait_events", &Agent::WaitEvents, py::arg("after_seq"), py::arg("max_events"),
            py::arg("timeout_ms"))
+      .def("publish_tensors", &Agent::PublishTensors, py::arg("version"), py::arg("tensors"))
       .def("drain_member", &Agent::DrainMember, py::arg("id"))
       .def("remove_member", &Agent::RemoveMember, py::arg("id"), py::arg("rejoin_after_ms"))
       .def("set_retention", &Agent::SetRetention, py::arg("keep_patches"), py::arg("keyframe_every"))

@@ -3,7 +3,7 @@
 import asyncio
 import dataclasses
 import json
-from typing import List, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from . import _tern
 
@@ -88,6 +88,22 @@ class Agent:
         Returns once the version is durable on the board. Blocks for the
         diff (seconds for large models) with the GIL released."""
         self._native.publish(str(checkpoint), int(version))
+
+    def publish_tensors(self, version: int, tensors: Mapping[str, Any]) -> None:
+        """Root: publish `version` from tensors in this process's memory —
+        no checkpoint file. `tensors` maps every tensor name of the serve
+        view to a contiguous CPU torch.Tensor or NumPy array holding the
+        exact bytes to serve (cast beforehand). Nothing is copied: the
+        library reads the buffers in place during the call (GIL released)
+        and keeps nothing after it returns. Refused with one message naming
+        the tensor, before anything is published: a wrong dtype or shape
+        against the served view (Error(MISMATCH)), a missing or extra
+        tensor, a non-contiguous or device tensor (ValueError)."""
+        entries, keep = [], []
+        for name, t in tensors.items():
+            entries.append(_tensor_entry(str(name), t))
+            keep.append(t)  # alive until the call returns
+        self._native.publish_tensors(int(version), entries)
 
     async def publish_async(self, checkpoint: str, version: int) -> None:
         """`publish` on the event loop's default executor."""
@@ -221,6 +237,35 @@ class Client:
                                                 _timeout_ms(timeout_s, 5.0)))
         d["events"] = [Event._from(e) for e in d.get("events", [])]
         return d
+
+
+_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+    "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+
+
+def _tensor_entry(name: str, t) -> tuple:
+    """(name, safetensors dtype, shape, address, bytes) of a contiguous CPU
+    buffer, without copying it."""
+    kind = type(t).__module__.split(".")[0]
+    if kind == "torch":
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"publish_tensors: {name!r} must be a contiguous CPU tensor")
+        dtype = str(t.dtype).replace("torch.", "")
+        return (name, _DTYPES.get(dtype, dtype), list(t.shape), t.data_ptr(),
+                t.numel() * t.element_size())
+    if kind == "numpy" or hasattr(t, "__array_interface__"):
+        import numpy as np
+        a = t if isinstance(t, np.ndarray) else np.asarray(t)
+        if not a.flags.c_contiguous:
+            raise ValueError(f"publish_tensors: {name!r} must be a C-contiguous array")
+        dtype = str(a.dtype)
+        return (name, _DTYPES.get(dtype, dtype.upper()), list(a.shape),
+                a.__array_interface__["data"][0], a.nbytes)
+    raise ValueError(f"publish_tensors: {name!r} is a {type(t).__name__}, not a tensor or array")
 
 
 def _timeout_ms(seconds: float, most: float) -> int:

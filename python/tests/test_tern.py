@@ -232,3 +232,29 @@ def test_operator_calls(fleet, tmp_path):
     root.remove_member(member_id, rejoin_after_s=0)
     kinds = [e.kind for e in root.wait_events(0, 1024, 0) if e.member == member_id]
     assert "member_drained" in kinds and "member_removed" in kinds
+
+
+def test_publish_tensors_from_memory(fleet, tmp_path):
+    """No checkpoint file: the root publishes torch tensors in place, the
+    member serves them bit for bit; a wrong dtype is refused by name."""
+    root, member = fleet
+    sub = tern.Subscriber(member)
+    w = model(21)
+    root.publish_tensors(1, w)
+    w2 = step(w, 0.02, 22)
+    root.publish_tensors(2, w2)
+    wait_served(member, 2)
+    got = sub.next(timeout_s=30)
+    assert got.version == 2
+    for name, t in w2.items():
+        served = got.tensor(name)
+        assert torch.equal(served.view(torch.uint8) if served.dtype == torch.bfloat16 else served,
+                           t.view(torch.uint8) if t.dtype == torch.bfloat16 else t)
+    bad = dict(w2)
+    bad["norm.weight"] = bad["norm.weight"].to(torch.float16)
+    with pytest.raises(tern.Error) as e:
+        root.publish_tensors(3, bad)
+    assert "norm.weight" in str(e.value)
+    with pytest.raises(ValueError, match="contiguous"):
+        root.publish_tensors(3, {**w2, "layer.0.weight": w2["layer.0.weight"].t()})
+    assert root.status().head == 2
