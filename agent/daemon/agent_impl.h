@@ -88,6 +88,20 @@ struct HandlerGate {
   bool open GUARDED_BY(mu) = true;
 };
 
+// A version being assembled from trainer ranks' parts (agent_ranks.cc).
+// At namespace scope, not nested in AgentImpl: clang takes a nested
+// struct's default member initializers as unparsed inside the enclosing
+// class, and std::optional<RankAssembly>'s emplace() then is not viable.
+struct RankAssembly {
+  uint64_t generation = 0;
+  uint64_t version = 0;
+  uint32_t world_size = 0;
+  std::map<uint32_t, RankPart> parts;
+  std::chrono::steady_clock::time_point deadline;
+  uint32_t timeout_ms = 0;
+  bool committing = false;
+};
+
 class AgentImpl final : public Agent {
  public:
   explicit AgentImpl(const AgentOptions& options);
@@ -307,15 +321,6 @@ class AgentImpl final : public Agent {
   // Publishing from ranks (agent_ranks.cc): the version being gathered.
   // ranks_mu_ is never held with publish_mu_ (the committing caller lets go
   // of it first), so it has no order against it.
-  struct RankAssembly {
-    uint64_t generation = 0;
-    uint64_t version = 0;
-    uint32_t world_size = 0;
-    std::map<uint32_t, RankPart> parts;
-    std::chrono::steady_clock::time_point deadline;
-    uint32_t timeout_ms = 0;
-    bool committing = false;
-  };
   Mutex ranks_mu_;
   CondVar ranks_cv_{&ranks_mu_};
   std::optional<RankAssembly> assembly_ GUARDED_BY(ranks_mu_);
