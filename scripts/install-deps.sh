@@ -20,6 +20,7 @@ PACKAGES=(
   xdelta3 iperf3 iproute2 iputils-ping procps ethtool
   gdb  # the test watchdog prints the stacks of a hung test with it
   curl  # tests/cli/test_agent.py reads /metrics with it
+  faketime  # tests/soak/soak.py skews one member's clock (libfaketime via LD_PRELOAD; docs/soak.md)
   pybind11-dev python3-dev python3-pytest  # the Python module (python/) and its tests
 )
 
