@@ -750,9 +750,11 @@ class Soak:
             "only_published_versions_served": not bad_served,
             "root_digests_match": not root_digest_mismatch,
             # None: not judged (a run shorter than --flat-min-minutes shows
-            # warm-up, not a trend).
-            "memory_and_fds_flat": (all(x["flat"] for x in flat) and bool(flat)
-                                    if self.a.minutes >= self.a.flat_min_minutes else None),
+            # warm-up, not a trend,
+            # and when no life spanned 40% of it: nothing to judge, which
+            # the report says, rather than a failure or a pass).
+            "memory_and_fds_flat": (all(x["flat"] for x in flat)
+                                    if self.a.minutes >= self.a.flat_min_minutes and flat else None),
             "every_fault_kind_injected": all(counts.get(k) for k in self.a.kinds),
         }
         return {
@@ -832,7 +834,8 @@ class Soak:
                "Judged for lives of at least 40%% of the run%s." %
                (RSS_GROWTH_FACTOR, RSS_GROWTH_SLACK_KB // 1024, FD_GROWTH_SLACK, CLOSE_WAIT_MAX,
                 "" if r["checks"].get("memory_and_fds_flat") is not None else
-                "; not judged in this run (shorter than --flat-min-minutes)"), "", "## Faults", ""]
+                "; not judged in this run (shorter than --flat-min-minutes, or no life that long)"),
+               "", "## Faults", ""]
         md += ["* " + json.dumps(f) for f in self.faults]
         if r["bad_served"]:
             md += ["", "## Versions served that were not published", ""] + ["* " + json.dumps(b) for b in r["bad_served"]]
