@@ -307,6 +307,28 @@ bool PagePresent(const void* p) {
   return ok && (entry >> 63) != 0;
 }
 
+// A created mapping has its blocks (where the file system can allocate
+// them): a full disk must fail CreateMapped, because a store through a
+// shared mapping into a hole the file system cannot fill is a SIGBUS (the
+// soak's full tmpfs killed a relay that way; docs/soak.md).
+TEST(PosixEnv, CreateMappedAllocatesItsBlocks) {
+  Env& env = DefaultEnv();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("tern-env-alloc-" + RandomHex())).string();
+  ASSERT_TRUE(env.CreateDir(dir).ok());
+  const uint64_t size = 3 * 1024 * 1024 + 100;
+  {
+    auto c = env.CreateMapped(dir + "/a", size);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    struct stat st;
+    ASSERT_EQ(::stat((dir + "/a").c_str(), &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, size) << "the file has holes";
+    EXPECT_EQ((*c)->data()[size - 1], 0);
+  }
+  ASSERT_TRUE(env.RemoveFile(dir + "/a").ok());
+  ASSERT_TRUE(env.RemoveDir(dir).ok());
+}
+
 // On POSIX the pages really leave the resident set (a MAP_SHARED mapping:
 // MADV_DONTNEED), only whole ones, and come back when touched.
 TEST(PosixEnv, DropPagesLeavesTheResidentSet) {

@@ -238,6 +238,17 @@ class PosixEnv final : public Env {
       ::unlink(path.c_str());
       return st;
     }
+    // The blocks are allocated now: a store through a shared mapping into a
+    // hole the file system cannot fill (disk or tmpfs full) is a SIGBUS, not
+    // an error, so a full disk must fail here (the soak's disk_full fault
+    // killed a relay in its push path; docs/soak.md). A file system without
+    // fallocate keeps the holes, as before.
+    if (size_bytes > 0 && ::fallocate(fd.get(), 0, 0, static_cast<off_t>(size_bytes)) != 0 &&
+        errno != EOPNOTSUPP) {
+      Status st = TERN_ERRNO("allocate ", size_bytes, " bytes for ", path);
+      ::unlink(path.c_str());
+      return st;
+    }
     auto m = MapFd(fd, path, size_bytes, true, false);
     if (!m.ok()) ::unlink(path.c_str());
     return m;

@@ -21,6 +21,7 @@ PACKAGES=(
   gdb  # the test watchdog prints the stacks of a hung test with it
   curl  # tests/cli/test_agent.py reads /metrics with it; bench/fanout's HTTP baselines fetch with it
   nginx-light  # bench/fanout's HTTP baselines serve with it (started per run in a testbed namespace, never as a service)
+  faketime  # tests/soak/soak.py skews one member's clock (libfaketime via LD_PRELOAD; docs/soak.md)
   pybind11-dev python3-dev python3-pytest  # the Python module (python/) and its tests
 )
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tern/agent.h"
+#include "tern/transport_registry.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/transport_flags.h"
@@ -175,6 +176,17 @@ Status RunAgent(AgentArgs& a) {
 
   TERN_ASSIGN_OR_RETURN(auto transport, MakeTransport(a.transport, a.options));
   a.agent.transport = transport.get();
+  // TEST ONLY: the soak's corrupting and rewriting relays (tests/soak/soak.py,
+  // docs/soak.md). An environment variable, not a flag, so that no operator
+  // finds it in --help or a config file; it is logged whenever set.
+  // Declared after `transport`, so destroyed before it.
+  std::unique_ptr<Transport> faulty;
+  if (const char* faults = std::getenv("TERN_TEST_FAULTS")) {
+    TERN_ASSIGN_OR_RETURN(faulty, NewTestFaultTransport(*transport, faults));
+    a.agent.transport = faulty.get();
+    std::fprintf(stderr, "tern-agent: WARNING: TERN_TEST_FAULTS=%s: the transport injects faults (test only)\n",
+                 faults);
+  }
   std::unique_ptr<Transport> intra;
   if (!a.transport_intra.empty()) {
     const LogFn log = StderrLog();

@@ -429,8 +429,14 @@ Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t ver
   OpenOptions open;
   open.env = &env_;
   TERN_ASSIGN_OR_RETURN(auto next, Checkpoint::Open(checkpoint_path, open));
+  // Our own view is a base only when it is HEAD's. A root that led, lost
+  // the lead (killed, restarted as a standby) and leads again after another
+  // root published holds the view of an older version: diffing from it was
+  // refused (prev_digest is not D(HEAD)) on every publish, for good (found
+  // by the soak, docs/soak.md). It publishes a keyframe on top of HEAD, like
+  // a root that holds no view.
   std::unique_ptr<Checkpoint> prev;
-  if (store_->version() != 0) {
+  if (store_->version() != 0 && store_->version() == board_->head()) {
     TERN_ASSIGN_OR_RETURN(prev, Checkpoint::Open(store_->current_path(), open));
   }
   PublishOptions options;

@@ -124,8 +124,8 @@ class TERN_EXPORT Env {
                                                              CreateMode mode) = 0;
   // Maps an existing regular file whole (an empty file maps to data() == nullptr).
   virtual Result<std::unique_ptr<MappedFile>> Map(const std::string& path, MapMode mode) = 0;
-  // Creates `path` (must not exist) with size_bytes zero bytes, holes where
-  // the file system has them, and maps it read-write.
+  // Creates `path` (must not exist) with size_bytes zero bytes, allocated (fallocate, or holes where the
+  // file system has none: a full disk fails here, not as a SIGBUS on a store), and maps it read-write.
   virtual Result<std::unique_ptr<MappedFile>> CreateMapped(const std::string& path,
                                                            uint64_t size_bytes) = 0;
 

@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tern/export.h"
@@ -67,5 +68,16 @@ TERN_EXPORT Result<std::unique_ptr<Transport>> NewTransport(const std::string& n
 // Every backend, probed at run time, in preference order for peers inside
 // one cluster (verbs, ucx, tcp, loopback).
 TERN_EXPORT std::vector<BackendProbe> ProbeTransports();
+
+// TEST ONLY: `inner` under the fault decorator (tern/fault_transport.h) with
+// the policy `spec` writes as text: comma-separated KEY=VALUE of FaultPolicy
+// fields (seed, corrupt_at_byte, tamper_at_byte, tamper_chunks,
+// drop_after_bytes, drop_connections), decimal. For process-level tests that
+// cannot build a FaultPolicy in code: tern-agent with TERN_TEST_FAULTS in
+// its environment (tests/soak/soak.py). kInvalidArgument for an unknown key
+// or a malformed value, so a typo never runs fault-free. `inner` must
+// outlive the result.
+TERN_EXPORT Result<std::unique_ptr<Transport>> NewTestFaultTransport(Transport& inner,
+                                                                     std::string_view spec);
 
 }  // namespace tern
