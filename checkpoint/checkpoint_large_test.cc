@@ -1,5 +1,8 @@
-// A tensor of more than 4 GiB and 2^31 elements, in sparse files: only a few
-// pages are ever written, so it costs neither disk nor much time.
+// A tensor of more than 4 GiB and 2^31 elements: only a few pages are ever
+// written, so it costs little time. Env::CreateMapped allocates a new file's
+// blocks (fallocate: a full disk fails the create instead of a later store
+// through the mapping raising SIGBUS), so the file takes its 4 GiB of disk
+// for the test's duration (unwritten extents: instant on ext4 and xfs).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -40,7 +43,8 @@ TEST(CheckpointLarge, TensorBeyond4GiBRoundTripsAndClones) {
     for (int i = 0; i < 5; ++i) tail.data[i] = static_cast<uint8_t>(i + 1);
     ASSERT_TRUE((*w)->Commit().ok());
   }
-  EXPECT_LT(AllocatedBytes(path), uint64_t{64} << 20);
+  const uint64_t allocated = AllocatedBytes(path);
+  EXPECT_NE(allocated, UINT64_MAX);
 
   auto c = Checkpoint::Open(path);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -58,13 +62,13 @@ TEST(CheckpointLarge, TensorBeyond4GiBRoundTripsAndClones) {
   EXPECT_GT(tail->offset_bytes, uint64_t{1} << 32);
   EXPECT_EQ((*c)->view().Find("tail")->data[4], 5);
 
-  // Cloning copies data extents only: the clone stays sparse.
+  // Cloning copies the source's extents as they are: never more than it.
   const std::string clone_path = dir + "/clone.safetensors";
   auto clone = WritableCheckpoint::CloneForWrite(**c, clone_path);
   ASSERT_TRUE(clone.ok()) << clone.status().ToString();
   (*clone)->view().tensors[0].data[last] = 0x55;
   ASSERT_TRUE((*clone)->Commit().ok());
-  EXPECT_LT(AllocatedBytes(clone_path), uint64_t{64} << 20);
+  EXPECT_LE(AllocatedBytes(clone_path), allocated + (uint64_t{64} << 20));
   auto reopened = Checkpoint::Open(clone_path);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   const TensorRef* big2 = (*reopened)->view().Find("big");
