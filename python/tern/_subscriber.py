@@ -15,7 +15,7 @@ import json
 import os
 from typing import Dict, Iterator, List, MutableMapping, Optional, Tuple, Union
 
-from ._core import Agent, Client
+from ._core import _DTYPES, Agent, Client
 from ._errors import Code, Error
 
 try:
@@ -299,17 +299,12 @@ def _arange(n, like):
     return torch.arange(n) if _is_torch(like) else np.arange(n)
 
 
-_DTYPE_NAMES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
-    "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-}
 
 
 def _dtype_name(t) -> str:
     """The safetensors name of t's dtype (torch.bfloat16 -> "BF16")."""
-    return _DTYPE_NAMES.get(str(t.dtype).replace("torch.", ""), str(t.dtype))
+    name = str(t.dtype).replace("torch.", "")
+    return _DTYPES.get(name, name.upper())
 
 
 def _describe(t) -> str:
