@@ -315,6 +315,9 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
       } else {
         const bool first = board_id_ == BoardId{};
         board_id_ = w->board_id;
+        // This root numbers its plans afresh (a standby that took over
+        // starts at its own epoch): its PARENTS, which follow, count.
+        parents_.epoch = 0;
         if (first) {
           Status s = SaveMemberState();
           if (!s.ok()) Log("cannot save DIR/agent.json: " + s.ToString());
@@ -332,7 +335,14 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
             std::to_string(VersionLocked()));
         need_catch_up_check_ = !opt_.relay_only;
       }
-    } else if (auto* p = std::get_if<Parents>(&msg)) {
+    } else if (auto* p = std::get_if<Parents>(&msg); p && p->epoch < parents_.epoch) {
+      // The root sends PARENTS from whichever thread re-planned, after its
+      // lock: two re-plans in quick succession can arrive in either order.
+      // An older plan must not replace a newer one (the member would then
+      // report a parent the root no longer gives it, and starve).
+      Log("ignoring PARENTS of plan " + std::to_string(p->epoch) + ": already at plan " +
+          std::to_string(parents_.epoch));
+    } else if (p) {
       const uint64_t now_us = clock_.NowUs();
       for (size_t s = 0; s < parent_redial_.size() && s < parents_.parents.size(); ++s) {
         const ParentRedial& r = parent_redial_[s];

@@ -320,6 +320,15 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
       } else {
         Log("ignoring " + *member_id + "'s report on " + report->parent_id + " (" +
             ParentFaultName(report->fault) + "): " + s.message());
+        // A report on a parent the plan no longer gives it: the member
+        // missed its newest PARENTS. Send them again (as often as it
+        // reports: its stall timer bounds the rate).
+        const topology::Plan& plan = membership_->plan();
+        if (report->stripe < plan.parent.size()) {
+          auto it = plan.parent[report->stripe].find(*member_id);
+          if (it != plan.parent[report->stripe].end() && it->second != report->parent_id)
+            RootNotifyParents({*member_id}, out);
+        }
       }
     } else if (std::holds_alternative<Leave>(msg)) {
       std::vector<std::string> notify;
