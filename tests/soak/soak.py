@@ -191,6 +191,11 @@ class Soak:
         self.t0 = now()
         self.work = tempfile.mkdtemp(prefix="tern-soak-")
         self.logs = os.path.join(a.out, "logs")
+        # A fresh set per run: an agent's lives append to its log within a
+        # run, and the check reads every "serving version" line, so lines
+        # left by an earlier run in the same --out would count against this
+        # one (a ctest rerun: versions "served but never published").
+        shutil.rmtree(self.logs, ignore_errors=True)
         os.makedirs(self.logs, exist_ok=True)
         self.agent_bin, self.tern = a.agent, a.tern
         self.etcd = None
