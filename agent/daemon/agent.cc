@@ -389,24 +389,23 @@ Status AgentImpl::InitEngine() {
   TERN_REQUIRE(::realpath(opt_.data_dir.c_str(), real) != nullptr, kInvalidArgument,
                "agent: --engine: cannot resolve ", opt_.data_dir);
   const std::string root(real);
+  // Both adapters take the same policy fields.
+  auto policy = [&](auto& o) {
+    o.url = opt_.engine_url;
+    o.root = root;
+    o.pause = pause;
+    o.reset_prefix_cache = opt_.engine_reset_prefix_cache;
+    o.update_timeout_ms = opt_.engine_update_timeout_ms;
+    o.attempts = opt_.engine_attempts;
+  };
   std::unique_ptr<EngineAdapter> adapter;
   if (opt_.engine == "vllm") {
     VllmAdapterOptions vo;
-    vo.url = opt_.engine_url;
-    vo.root = root;
-    vo.pause = pause;
-    vo.reset_prefix_cache = opt_.engine_reset_prefix_cache;
-    vo.update_timeout_ms = opt_.engine_update_timeout_ms;
-    vo.attempts = opt_.engine_attempts;
+    policy(vo);
     TERN_ASSIGN_OR_RETURN(adapter, VllmAdapter::Create(vo, clock_));
   } else {
     SglangAdapterOptions so;
-    so.url = opt_.engine_url;
-    so.root = root;
-    so.pause = pause;
-    so.reset_prefix_cache = opt_.engine_reset_prefix_cache;
-    so.update_timeout_ms = opt_.engine_update_timeout_ms;
-    so.attempts = opt_.engine_attempts;
+    policy(so);
     TERN_ASSIGN_OR_RETURN(adapter, SglangAdapter::Create(so, clock_));
   }
   std::unique_ptr<EngineCommitPoint> commit;

@@ -101,4 +101,17 @@ std::string DumpEngineJson(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+Status RetryEngineAttempts(uint32_t attempts, uint32_t backoff_ms, Clock& clock,
+                           const std::function<Status(uint32_t)>& attempt) {
+  Status last;
+  for (uint32_t n = 1; n <= attempts; ++n) {
+    last = attempt(n);
+    if (last.ok() || last.code() == Code::kInvalidArgument || last.code() == Code::kMismatch ||
+        last.code() == Code::kProtocol)
+      return last;
+    if (n < attempts) clock.SleepUs(uint64_t{backoff_ms} * 1000 * n);
+  }
+  return last;
+}
+
 }  // namespace tern::agent

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
@@ -52,5 +53,12 @@ std::string EngineErrorText(const std::string& body);
 
 // JSON text; invalid UTF-8 is replaced, not thrown.
 std::string DumpEngineJson(const nlohmann::json& j);
+
+// Runs `attempt` (given its number, from 1) up to `attempts` times, sleeping
+// backoff_ms x the number between tries, and stops early at an error a
+// retry meets again (kInvalidArgument, kMismatch, kProtocol: malformed,
+// inconsistent, not the API we speak). The last attempt's status.
+Status RetryEngineAttempts(uint32_t attempts, uint32_t backoff_ms, Clock& clock,
+                           const std::function<Status(uint32_t)>& attempt);
 
 }  // namespace tern::agent

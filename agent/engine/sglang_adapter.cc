@@ -167,19 +167,12 @@ Result<EngineUpdateReport> SglangAdapter::Apply(const EngineUpdate& update) {
   MutexLock lock(mu_);
   EngineUpdateReport report;
   report.full = true;  // SGLang reloads the model path whole
-  Status last;
-  for (uint32_t attempt = 1; attempt <= options_.attempts; ++attempt) {
-    report.attempts = attempt;
-    last = Attempt(update, &report);
-    if (last.ok()) return report;
-    // Malformed, inconsistent, or not the API we speak: a retry meets the
-    // same answer.
-    if (last.code() == Code::kInvalidArgument || last.code() == Code::kMismatch ||
-        last.code() == Code::kProtocol)
-      break;
-    if (attempt < options_.attempts)
-      clock_.SleepUs(uint64_t{options_.retry_backoff_ms} * 1000 * attempt);
-  }
+  Status last = RetryEngineAttempts(options_.attempts, options_.retry_backoff_ms, clock_,
+                                    [&](uint32_t attempt) REQUIRES(mu_) {
+                                      report.attempts = attempt;
+                                      return Attempt(update, &report);
+                                    });
+  if (last.ok()) return report;
   return last.WithContext(internal::StrCat("update to version ", update.version, " after ",
                                            report.attempts, " attempt(s)"));
 }

@@ -13,8 +13,6 @@ namespace {
 constexpr std::string_view kBadUpdate = "tern: bad update: ";
 constexpr size_t kNameBytesMax = 1024;
 
-std::string Dump(const nlohmann::json& j) { return DumpEngineJson(j); }
-
 bool PlainName(const std::string& name) {
   if (name.empty() || name.size() > kNameBytesMax) return false;
   for (unsigned char c : name)
@@ -130,7 +128,7 @@ Status VllmAdapter::Attempt(const EngineUpdate& update, bool full, EngineUpdateR
   nlohmann::json init = {{"root", options_.root}};
   if (served.has_value()) init["version"] = *served;
   TERN_RETURN_IF_ERROR(Step("POST", "/init_weight_transfer_engine",
-                            Dump(nlohmann::json{{"init_info", init}}), options_.step_timeout_ms));
+                            DumpEngineJson(nlohmann::json{{"init_info", init}}), options_.step_timeout_ms));
 
   nlohmann::json info = {{"slot", update.slot_dir}, {"version", update.version}};
   if (update.changed.has_value() && !full) {
@@ -139,7 +137,7 @@ Status VllmAdapter::Attempt(const EngineUpdate& update, bool full, EngineUpdateR
   } else {
     info["changed"] = nullptr;
   }
-  const std::string update_body = Dump(nlohmann::json{{"update_info", info}});
+  const std::string update_body = DumpEngineJson(nlohmann::json{{"update_info", info}});
 
   const uint64_t paused_us = clock_.NowUs();
   Status s = Step("POST", std::string("/pause?mode=") + PauseModeName(options_.pause), "",
@@ -165,7 +163,7 @@ Status VllmAdapter::Attempt(const EngineUpdate& update, bool full, EngineUpdateR
   if (s.ok()) {
     *uncertain = true;
     s = Step("POST", "/finish_weight_update",
-             Dump(nlohmann::json{{"weight_version", std::to_string(update.version)}}),
+             DumpEngineJson(nlohmann::json{{"weight_version", std::to_string(update.version)}}),
              options_.step_timeout_ms);
     if (s.ok()) *uncertain = false;
   }
@@ -212,27 +210,22 @@ Result<EngineUpdateReport> VllmAdapter::Apply(const EngineUpdate& update) {
                    "' is not a tensor name (empty, over ", kNameBytesMax,
                    " bytes, or not printable ASCII)");
   }
-  auto round_trip = nlohmann::json::parse(Dump(update.slot_dir), nullptr, false);
+  auto round_trip = nlohmann::json::parse(DumpEngineJson(update.slot_dir), nullptr, false);
   TERN_REQUIRE(round_trip.is_string() && round_trip.get<std::string>() == update.slot_dir,
                kInvalidArgument, "engine: slot path is not valid UTF-8");
   MutexLock lock(mu_);
   EngineUpdateReport report;
-  Status last;
-  for (uint32_t attempt = 1; attempt <= options_.attempts; ++attempt) {
-    report.attempts = attempt;
-    // After an update whose effect is unknown, only a full one (every
-    // tensor, no base) brings the engine to a known version.
-    report.full = weights_uncertain_ || !update.changed.has_value();
-    last = Attempt(update, report.full, &report, &weights_uncertain_);
-    if (last.ok()) return report;
-    // Refused, inconsistent, or not the API we speak (4xx): a retry meets
-    // the same answer.
-    if (last.code() == Code::kInvalidArgument || last.code() == Code::kMismatch ||
-        last.code() == Code::kProtocol)
-      break;
-    if (attempt < options_.attempts)
-      clock_.SleepUs(uint64_t{options_.retry_backoff_ms} * 1000 * attempt);
-  }
+  Status last = RetryEngineAttempts(options_.attempts, options_.retry_backoff_ms, clock_,
+                                    [&](uint32_t attempt) REQUIRES(mu_) {
+                                      report.attempts = attempt;
+                                      // After an update whose effect is unknown, only a
+                                      // full one (every tensor, no base) brings the
+                                      // engine to a known version.
+                                      report.full = weights_uncertain_ || !update.changed.has_value();
+                                      return Attempt(update, report.full, &report,
+                                                     &weights_uncertain_);
+                                    });
+  if (last.ok()) return report;
   return last.WithContext(internal::StrCat("update to version ", update.version, " after ",
                                            report.attempts, " attempt(s)"));
 }

@@ -65,7 +65,28 @@ def _digest(v):
     return "tern1:" + b"".join(x.to_bytes(8, "little") for x in lanes).hex()
 
 
-class Agent:
+class _OperatorCalls:
+    """A root's scheduler calls, in-process (Agent) or over its admin port
+    (Client): both call the same native names."""
+
+    def drain_member(self, id: str) -> None:
+        """Root: `id` relays for nobody from now on (its children move at
+        once) and stays a leaf while joined; drain before taking a member
+        away and its departure moves nobody. Error(NOT_FOUND): not joined."""
+        self._native.drain_member(str(id))
+
+    def remove_member(self, id: str, rejoin_after_s: float = 60.0) -> None:
+        """Root: drop `id` now (as if it had gone silent) and refuse its
+        joins for `rejoin_after_s` (at most a day; 0: at once)."""
+        self._native.remove_member(str(id), _timeout_ms(rejoin_after_s, 86400.0))
+
+    def set_retention(self, keep_patches: int, keyframe_every: int) -> None:
+        """Root: how many patches the board keeps, and a keyframe at least
+        every `keyframe_every` versions (both >= 1), from now on."""
+        self._native.set_retention(int(keep_patches), int(keyframe_every))
+
+
+class Agent(_OperatorCalls):
     """A transfer agent in this process: a root (`root=True`) or a member
     (`join="HOST:PORT"`). The keyword options are tern-agent's
     (tern_agent_options in include/tern/tern.h; docs/cli.md): `listen` and
@@ -140,22 +161,6 @@ class Agent:
                 self._native.wait_events(int(after_seq), int(max_events),
                                          _timeout_ms(timeout_s, 600.0))]
 
-    def drain_member(self, id: str) -> None:
-        """Root: `id` relays for nobody from now on (its children move at
-        once) and stays a leaf while joined; drain before taking a member
-        away and its departure moves nobody. Error(NOT_FOUND): not joined."""
-        self._native.drain_member(str(id))
-
-    def remove_member(self, id: str, rejoin_after_s: float = 60.0) -> None:
-        """Root: drop `id` now (as if it had gone silent) and refuse its
-        joins for `rejoin_after_s` (at most a day; 0: at once)."""
-        self._native.remove_member(str(id), _timeout_ms(rejoin_after_s, 86400.0))
-
-    def set_retention(self, keep_patches: int, keyframe_every: int) -> None:
-        """Root: how many patches the board keeps, and a keyframe at least
-        every `keyframe_every` versions (both >= 1), from now on."""
-        self._native.set_retention(int(keep_patches), int(keyframe_every))
-
     def stop(self) -> None:
         """Leave and join the agent's threads; idempotent. Calls after it
         raise Error(UNAVAILABLE)."""
@@ -174,7 +179,7 @@ class Agent:
         return False
 
 
-class Client:
+class Client(_OperatorCalls):
     """A running agent's admin port ("HOST:PORT", or "https://HOST:PORT"
     with `ca_pem`, the CA the port's certificate must chain to; None: the
     system's): publish through a root,
@@ -204,22 +209,6 @@ class Client:
 
     def status_json(self) -> dict:
         return json.loads(self._native.status_json())
-
-    def drain_member(self, id: str) -> None:
-        """Root: `id` relays for nobody from now on (its children move at
-        once) and stays a leaf while joined; drain before taking a member
-        away and its departure moves nobody. Error(NOT_FOUND): not joined."""
-        self._native.drain_member(str(id))
-
-    def remove_member(self, id: str, rejoin_after_s: float = 60.0) -> None:
-        """Root: drop `id` now (as if it had gone silent) and refuse its
-        joins for `rejoin_after_s` (at most a day; 0: at once)."""
-        self._native.remove_member(str(id), _timeout_ms(rejoin_after_s, 86400.0))
-
-    def set_retention(self, keep_patches: int, keyframe_every: int) -> None:
-        """Root: how many patches the board keeps, and a keyframe at least
-        every `keyframe_every` versions (both >= 1), from now on."""
-        self._native.set_retention(int(keep_patches), int(keyframe_every))
 
     def metrics(self) -> str:
         """GET /metrics: Prometheus text."""
