@@ -57,6 +57,13 @@ Status CommitPoint::Begin(uint64_t version, uint32_t hold_ms) {
   TERN_REQUIRE(hold_ms >= 1 && hold_ms <= hold_ms_max_, kInvalidArgument,
                "sidecar: commit hold_ms must be in 1..", hold_ms_max_);
   MutexLock lock(mu_);
+  if (!done_ && ended_) {
+    // Ended (by End or by its hold time) but its thread has not yet closed
+    // the gate's commit: that takes no longer than the gate's wake-up, so
+    // wait for it rather than refuse a driver that saw the end.
+    const auto closing = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBeginSlackMs);
+    cv_.WaitUntil(closing, [&]() REQUIRES(mu_) { return done_; });
+  }
   JoinFinishedLocked();
   TERN_REQUIRE(done_, kUnavailable, "sidecar: a commit of version ", version_,
                " is open");

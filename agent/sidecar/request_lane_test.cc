@@ -276,6 +276,22 @@ TEST(CommitPoint, NotLoadedOrNotEndedKeepsTheVersion) {
   EXPECT_TRUE(gate.Admit(VersionConstraint{{}, 4}, 0).ticket);
 }
 
+TEST(CommitPoint, TheNextBeginWaitsForAHoldThatRanOutToClose) {
+  // The hold's end reopens admission a moment before the commit's thread
+  // marks itself done; a driver that begins again in that moment is let in,
+  // not refused as "a commit is open" (seen on a loaded CI machine).
+  VersionGate gate(CommitMode::kInPlace);
+  ASSERT_TRUE(gate.Commit(1, nullptr, 1000).ok());
+  CommitPoint commit(gate, 1000, 60000);
+  for (uint64_t v = 2; v < 40; ++v) {
+    ASSERT_TRUE(commit.Begin(v, 1).ok()) << v;
+    ASSERT_TRUE(gate.Admit(VersionConstraint{}, 0).ticket) << v;  // the hold ran out
+  }
+  ASSERT_TRUE(commit.Begin(40, 10000).ok());
+  ASSERT_TRUE(commit.End(40, true).ok());
+  EXPECT_EQ(gate.applied(), 40u);
+}
+
 TEST(CommitPoint, DestroyedWhileOpenEndsNotLoaded) {
   VersionGate gate(CommitMode::kInPlace);
   ASSERT_TRUE(gate.Commit(1, nullptr, 1000).ok());
