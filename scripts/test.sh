@@ -53,7 +53,8 @@ fi
 echo "== tsan build (tests that start threads)"
 # The test binaries are TERN_TSAN_TESTS (CMakeLists.txt): agent (system tests
 # included), relay, view store, admin HTTP, etcd, the sidecar, publish jobs,
-# transport, xfer, the patch codec's parallel paths and the thread pool's.
+# transport, xfer, the patch codec's parallel paths, the thread pool's and
+# the C API's (capi_test).
 # Any report fails its test (halt_on_error). UCX_MEM_EVENTS=no: libucm's
 # madvise hook crashes TSan in exiting threads. tsan.supp names each entry's
 # reason; none is for tern's own code.
