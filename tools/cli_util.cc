@@ -52,6 +52,14 @@ double NowSeconds() {
       .count();
 }
 
+Result<std::string> ReadAdminCa(const std::string& path) {
+  std::string pem;
+  if (path.empty()) return pem;
+  Status read = ReadFileToString(DefaultEnv(), path, 64 << 10, &pem);
+  if (!read.ok()) return read.WithContext("--admin-cacert");
+  return pem;
+}
+
 Result<std::string> ReadSecret(const std::string& file, const char* env_name) {
   std::string out;
   if (!file.empty()) {

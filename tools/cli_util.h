@@ -37,6 +37,9 @@ std::string HumanBytes(uint64_t bytes);
 // shows it, else from the environment variable `env_name`; "" when neither
 // is given. Trailing newlines dropped; a file over 64 KiB is refused.
 Result<std::string> ReadSecret(const std::string& file, const char* env_name);
+// --admin-cacert: the PEM CA file an admin port's certificate must chain to
+// ("" when no file is given: the system's trust store).
+Result<std::string> ReadAdminCa(const std::string& path);
 
 // Monotonic seconds.
 double NowSeconds();
