@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tern/agent.h"
 #include "tern/key_set.h"
 #include "tern/env.h"
 #include "tools/cli_util.h"
@@ -124,6 +125,35 @@ Status PrintKeyIds(const std::vector<std::string>& paths) {
   return Status::Ok();
 }
 
+struct PushArgs {
+  std::string board, cacert, token_file, key_set, signing_key_file;
+  uint32_t timeout_s = 60;
+};
+
+// POST /keys/rotate: the key set from this machine, the new signing key as
+// a path the root reads (a private key does not travel).
+Status Push(const PushArgs& a) {
+  TERN_REQUIRE(!a.key_set.empty() || !a.signing_key_file.empty(), kInvalidArgument,
+               "give --key-set FILE, --signing-key-file PATH, or both");
+  TERN_REQUIRE(a.signing_key_file.empty() || a.signing_key_file[0] == '/', kInvalidArgument,
+               "--signing-key-file: an absolute path on the root's machine");
+  std::string key_set;
+  if (!a.key_set.empty()) {
+    TERN_ASSIGN_OR_RETURN(key_set, ReadSmall(a.key_set));
+    TERN_REQUIRE(key_set.size() > kManifestTrailerBytes && key_set.size() <= kMaxSignedKeySetBytes &&
+                     DecodeKeySet(std::string_view(key_set).substr(0, key_set.size() - kManifestTrailerBytes))
+                         .ok(),
+                 kInvalidArgument, "--key-set ", a.key_set, ": not a signed key set (`tern keys show` it)");
+  }
+  AgentClientOptions o;
+  TERN_ASSIGN_OR_RETURN(o.token, ReadSecret(a.token_file, "TERN_ADMIN_TOKEN"));
+  TERN_ASSIGN_OR_RETURN(o.ca_pem, ReadAdminCa(a.cacert));
+  o.timeout_ms = a.timeout_s * 1000;
+  TERN_RETURN_IF_ERROR(RotateKeysAt(a.board, key_set, a.signing_key_file, o));
+  std::printf("rotated on %s\n", a.board.c_str());
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddKeys(CLI::App& tern, Dispatch& dispatch) {
@@ -146,6 +176,24 @@ void AddKeys(CLI::App& tern, Dispatch& dispatch) {
       ->default_val("0");
   rotate->add_option("--out", r->out, "where to write the signed key set (not overwritten)")->required();
   dispatch.On(rotate, {nullptr, [r] { return Rotate(*r); }});
+
+  auto p = std::make_shared<PushArgs>();
+  CLI::App* push = keys->add_subcommand("push", "give a running root the next key set and/or its new signing key");
+  push->footer(
+      "POST /keys/rotate on the root's admin port: no restart. The root checks that its signing key "
+      "is an active key of the result, keeps both on disk, sends the key set to every member, then "
+      "signs with the new key; the next publish carries a keyframe the new key signed. "
+      "docs/agent/operations.md.");
+  push->add_option("--board", p->board, "the root's admin [https://]HOST:PORT")->required();
+  push->add_option("--admin-cacert", p->cacert,
+                   "PEM CA file the root's admin certificate must chain to (https://; default: the "
+                   "system's trust store)");
+  push->add_option("--token-file", p->token_file, "bearer token file (default: $TERN_ADMIN_TOKEN)");
+  push->add_option("--key-set", p->key_set, "the next signed key set (a file from `tern keys rotate`)");
+  push->add_option("--signing-key-file", p->signing_key_file,
+                   "absolute path ON THE ROOT'S MACHINE of the private key PEM to sign with from now on");
+  AddUnsigned(*push, "--timeout-s", p->timeout_s, "wait this long for the root's answer", "60");
+  dispatch.On(push, {nullptr, [p] { return Push(*p); }});
 
   auto show_path = std::make_shared<std::string>();
   CLI::App* show = keys->add_subcommand("show", "print a signed key set");

@@ -54,7 +54,7 @@ void AgentImpl::RootBeaconTick() {
     beacons_sent_ += conns.size();
   }
   b.root_unix_ms = WallUnixMs();
-  auto signed_beacon = SignBeacon(*signer_, b);
+  auto signed_beacon = SignBeacon(*Signer(), b);
   if (!signed_beacon.ok()) {
     Log("cannot sign a HEAD beacon: " + signed_beacon.status().ToString());
     return;

@@ -112,8 +112,10 @@ class AgentImpl final : public Agent {
   Status DrainMember(const std::string& id) override;
   Status RemoveMember(const std::string& id, uint32_t rejoin_after_ms) override;
   Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) override;
+  Status RotateKeys(std::string_view signed_key_set, std::string_view signing_key_pem) override;
   // The admin routes of the three calls above (agent_operator.cc).
   std::vector<AdminRoute> OperatorRoutes();
+  std::vector<AdminRoute> KeyRoutes();  // agent_keys.cc
   Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) override;
   Status PublishRankPart(RankPart part, uint32_t timeout_ms) override;
   AgentSnapshot Snapshot() const override;
@@ -266,7 +268,20 @@ class AgentImpl final : public Agent {
   std::string published_dir_;  // root: DIR/published, the board's objects
 
   ManifestVerifier verifier_;
-  std::optional<ManifestSigner> signer_;  // root
+  // Root: the key it signs with. RotateKeys swaps it between publications;
+  // every user takes its own reference (Signer()), so a beacon or squash in
+  // flight ends with the key it began with. signer_mu_ is a leaf: taken
+  // alone, under mu_ or under publish_mu_, never the other way.
+  mutable Mutex signer_mu_;
+  std::shared_ptr<const ManifestSigner> signer_ GUARDED_BY(signer_mu_);
+  std::shared_ptr<const ManifestSigner> Signer() const;
+  // Root: the key it added to key set 0 for itself at start (none when the
+  // configured keys had it, or DIR/key-set-0.pub stood in); RotateKeys keeps
+  // its public key in DIR/key-set-0.pub. Set by InitRoot, read under publish_mu_.
+  std::shared_ptr<const ManifestSigner> root_key0_;
+  // Root: the key sets applied after key set 0, in order (DIR/key-sets,
+  // --key-set, RotateKeys); sent to each member when it joins.
+  std::vector<std::string> root_key_sets_ GUARDED_BY(mu_);
   // Set by Init; then used by one thread at a time: a member's work thread,
   // the root's Publish (under publish_mu_). Others read store_version_ and
   // store_digest_ (mu_).

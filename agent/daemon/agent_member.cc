@@ -9,6 +9,7 @@
 #include "agent/daemon/agent_impl.h"
 #include "tern/key_set.h"
 #include "agent/daemon/dial_backoff.h"
+#include "agent/daemon/key_sets_file.h"
 #include "base/coding.h"
 #include "base/text.h"
 
@@ -257,37 +258,21 @@ void AgentImpl::MemberOnKeySets(const KeySets& m) {
   }
 }
 
-// DIR/key-sets: the signed key sets applied, in order, each as u32 length
-// (little-endian) + bytes; at most kMaxControlKeySets of them.
+// DIR/key-sets (key_sets_file.h).
 Status AgentImpl::SaveMemberKeySets() {
-  std::string out;
-  for (const std::string& k : learned_key_sets_) {
-    PutFixed32(&out, static_cast<uint32_t>(k.size()));
-    out += k;
-  }
-  return WriteFileAtomic(env_, opt_.data_dir + "/key-sets",
-                         {reinterpret_cast<const uint8_t*>(out.data()), out.size()}, true);
+  return WriteKeySetsFile(env_, opt_.data_dir + "/key-sets", learned_key_sets_);
 }
 
 void AgentImpl::LoadMemberKeySets() {
   const std::string path = opt_.data_dir + "/key-sets";
-  auto type = env_.TypeOf(path, true);
-  if (!type.ok() || *type != FileType::kRegular) return;
-  std::string bytes;
-  Status s = ReadFileToString(env_, path, kMaxControlKeySets * (4 + kMaxSignedKeySetBytes), &bytes);
-  if (!s.ok()) {
-    Log("ignoring " + path + ": " + s.ToString());
+  auto file = ReadKeySetsFile(env_, path);
+  if (!file.ok()) {
+    Log("ignoring " + path + ": " + file.status().ToString());
     return;
   }
+  if (file->key_sets.empty() && file->rest.ok()) return;
   MutexLock lock(mu_);
-  std::string_view in(bytes);
-  while (!in.empty() && learned_key_sets_.size() < kMaxControlKeySets) {
-    const uint64_t n = in.size() >= 4 ? DecodeFixedAt(in, 0, 4) : 0;
-    if (n == 0 || n > kMaxSignedKeySetBytes || in.size() < 4 + n) {
-      Log(path + ": a truncated or malformed entry; key sets after it not loaded");
-      return;
-    }
-    const std::string_view record = in.substr(4, n);
+  for (std::string& record : file->key_sets) {
     auto ks = ApplyKeySet(verifier_, record);
     if (!ks.ok()) {
       // Set 0 changed (--trust-key), or the file was altered: the root
@@ -295,9 +280,9 @@ void AgentImpl::LoadMemberKeySets() {
       Log(path + ": key set not applied: " + ks.status().ToString());
       return;
     }
-    learned_key_sets_.emplace_back(record);
-    in.remove_prefix(4 + n);
+    learned_key_sets_.push_back(std::move(record));
   }
+  if (!file->rest.ok()) Log(file->rest.message() + "; key sets after it not loaded");
   Log("key set " + std::to_string(verifier_.key_set_seq()) + " from " + path);
 }
 

@@ -143,14 +143,14 @@ Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version,
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
   TERN_ASSIGN_OR_RETURN(PublishResult result,
-                        PublishPatch(*board_, *signer_, std::move(patch).value(), version, options, pool_));
+                        PublishPatch(*board_, *Signer(), std::move(patch).value(), version, options, pool_));
   TERN_REQUIRE(result.manifest.target_digest == target, kInternal, "publish from ranks: version ",
                version, " recorded with another target digest than its parts'");
   TERN_RETURN_IF_ERROR(ServeAndAnnounceLocked(t0, version, result, view_bytes, "", {}));
   if (keyframe_due) {
     // A late keyframe from the board's own objects (the root never held the
     // version's full view before it applied the patch).
-    auto keyframe = MakeSquash(*board_, *signer_, 0, version, options, pool_);
+    auto keyframe = MakeSquash(*board_, *Signer(), 0, version, options, pool_);
     if (keyframe.ok()) Log("made a late keyframe of version " + std::to_string(version));
     else Log("no keyframe of version " + std::to_string(version) + ": " + keyframe.status().ToString());
   }

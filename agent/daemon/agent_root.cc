@@ -7,6 +7,7 @@
 #include "agent/board/publish.h"
 #include "agent/daemon/agent_impl.h"
 #include "tern/key_set.h"
+#include "agent/daemon/key_sets_file.h"
 #include "agent/daemon/publish_tensors.h"
 #include "base/text.h"
 #include "tern/checkpoint.h"
@@ -44,19 +45,58 @@ Status AgentImpl::CampaignForRoot() {
   return Status::Ok();
 }
 
+std::shared_ptr<const ManifestSigner> AgentImpl::Signer() const {
+  MutexLock lock(signer_mu_);
+  return signer_;
+}
+
+// The chain after key set 0: first what this root applied before
+// (DIR/key-sets: earlier --key-set flags and POST /keys/rotate), then the
+// --key-set flags it does not hold yet. A flag repeating a key set it holds
+// must be that key set byte for byte (two different key sets of one number
+// are a fork of the chain: refused).
 Status AgentImpl::ApplyRootKeySets() {
+  const std::string path = opt_.data_dir + "/key-sets";
+  TERN_ASSIGN_OR_RETURN(KeySetsFile stored, ReadKeySetsFile(env_, path));
+  if (!stored.rest.ok())
+    return Status(stored.rest.code(), "agent: " + stored.rest.message() +
+                                          " (restore it, or move it away and give the chain with --key-set)");
+  std::vector<std::string> chain;
+  for (size_t i = 0; i < stored.key_sets.size(); ++i) {
+    auto ks = ApplyKeySet(verifier_, stored.key_sets[i]);
+    if (!ks.ok())
+      return Status(ks.status().code(), "agent: key set #" + std::to_string(i + 1) + " of " + path + ": " +
+                                            ks.status().message());
+    chain.push_back(stored.key_sets[i]);
+  }
+  if (!chain.empty())
+    Log("key set " + std::to_string(verifier_.key_set_seq()) + " from " + path);
+  const size_t held = chain.size();
   for (size_t i = 0; i < opt_.key_sets.size(); ++i) {
-    auto ks = ApplyKeySet(verifier_, opt_.key_sets[i]);
+    const std::string& flag = opt_.key_sets[i];
+    auto seen = VerifyKeySet(verifier_, flag);
+    if (seen.ok() && seen->seq >= 1 && seen->seq <= chain.size()) {
+      TERN_REQUIRE(chain[seen->seq - 1] == flag, kMismatch, "agent: key set #", i + 1,
+                   " of --key-set is key set ", seen->seq, ", which differs from the key set ", seen->seq,
+                   " in ", path, " (applied earlier): two key sets of one number");
+      continue;
+    }
+    auto ks = ApplyKeySet(verifier_, flag);
     if (!ks.ok())
       return Status(ks.status().code(), "agent: key set #" + std::to_string(i + 1) +
                                             " of --key-set: " + ks.status().message());
     Log("key set " + std::to_string(ks->seq) + ": " + std::to_string(ks->keys.size()) +
         " keys, " + std::to_string(ks->revoked.size()) + " revoked");
+    chain.push_back(flag);
   }
-  TERN_REQUIRE(verifier_.Trusts(signer_->key_id()), kInvalidArgument,
-               "agent: the signing key (key id ", KeyIdHex(signer_->key_id()),
+  const auto signer = Signer();
+  TERN_REQUIRE(verifier_.Trusts(signer->key_id()), kInvalidArgument,
+               "agent: the signing key (key id ", KeyIdHex(signer->key_id()),
                ") is not an active, unexpired key of key set ", verifier_.key_set_seq(),
-               ": sign with a key the last --key-set lists");
+               ": sign with a key the last key set lists");
+  if (chain.size() > held) TERN_RETURN_IF_ERROR(WriteKeySetsFile(env_, path, chain));
+  MutexLock lock(mu_);
+  root_key_sets_ = std::move(chain);
   return Status::Ok();
 }
 
@@ -79,10 +119,30 @@ Status AgentImpl::InitRoot() {
     }
   }
   TERN_ASSIGN_OR_RETURN(ManifestSigner signer, ManifestSigner::FromPem(pem));
-  signer_.emplace(std::move(signer));
-  // Key set 0 is the configured keys and the root's own (it may be both).
-  if (!verifier_.Trusts(signer_->key_id()))
-    TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_->public_key()));
+  {
+    MutexLock lock(signer_mu_);
+    signer_ = std::make_shared<const ManifestSigner>(std::move(signer));
+  }
+  // Key set 0 is the configured keys and the root's own (it may be both;
+  // the board's history was signed by keys of set 0 or by this key). Once
+  // this root has rotated (RotateKeys), the key it held at its first start
+  // is kept in DIR/key-set-0.pub and belongs to set 0 too: it signed the
+  // history before the rotation and the first key set. The key set that
+  // follows replaces set 0's keys (ApplyRootKeySets checks this key).
+  const auto signer_now = Signer();
+  const std::string key0_path = opt_.data_dir + "/key-set-0.pub";
+  TERN_ASSIGN_OR_RETURN(FileType key0_type, env_.TypeOf(key0_path, true));
+  if (key0_type == FileType::kRegular) {
+    std::string key0_pem;
+    TERN_RETURN_IF_ERROR(ReadFileToString(env_, key0_path, 64 << 10, &key0_pem));
+    auto key0 = Ed25519PublicKeyFromPem(key0_pem);
+    if (!key0.ok()) return Status(key0.status().code(), "agent: " + key0_path + ": " + key0.status().message());
+    if (!verifier_.Trusts(KeyIdOf(*key0))) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(*key0));
+  }
+  if (!verifier_.Trusts(signer_now->key_id())) {
+    TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_now->public_key()));
+    if (key0_type != FileType::kRegular) root_key0_ = signer_now;
+  }
 
   std::unique_ptr<BoardLog> log;
   if (election_) {
@@ -222,7 +282,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
           Send(out, conn, w);
           // Before any HEAD or catch-up: the member verifies those with the
           // keys this chain leads to.
-          if (!opt_.key_sets.empty()) Send(out, conn, KeySets{opt_.key_sets});
+          if (!root_key_sets_.empty()) Send(out, conn, KeySets{root_key_sets_});
           next_beacon_us_ = 0;  // its first beacon at the next tick, in sequence
           RootNotifyParents(notify, out);
           EmitMember(AgentEvent::Kind::kMemberJoined, *member_id);
@@ -277,7 +337,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         }
         if (r.target > r.have) {
           auto plan = board_->PlanCatchUp(r.have, r.target, [&](uint64_t from, uint64_t to) {
-            return MakeSquash(*board_, *signer_, from, to, po, pool_).status();
+            return MakeSquash(*board_, *Signer(), from, to, po, pool_).status();
           });
           if (!plan.ok()) {
             Log("no catch-up for " + id + " from " + std::to_string(r.have) + ": " + plan.status().ToString());
@@ -483,7 +543,7 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
                                     const std::string& seed_checkpoint, const PublishOptions& options,
                                     const std::vector<SlotFile>& slot_files) {
   TERN_ASSIGN_OR_RETURN(PublishResult result,
-                        PublishVersion(*board_, *signer_, prev ? &prev->view() : nullptr,
+                        PublishVersion(*board_, *Signer(), prev ? &prev->view() : nullptr,
                                        store_->digest(), next, version, options, pool_));
   prev.reset();
   const uint64_t view_bytes = next.total_bytes();

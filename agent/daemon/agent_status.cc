@@ -20,8 +20,9 @@
 namespace tern::agent {
 
 std::string AgentImpl::PublicKeyPem() const {
-  if (!signer_) return {};
-  auto pem = signer_->PublicKeyPem();
+  const auto signer = Signer();
+  if (!signer) return {};
+  auto pem = signer->PublicKeyPem();
   return pem.ok() ? *pem : std::string();
 }
 
@@ -370,6 +371,7 @@ Status AgentImpl::StartAdmin() {
                                }))
       routes.push_back(std::move(r));
     for (AdminRoute& r : OperatorRoutes()) routes.push_back(std::move(r));
+    for (AdminRoute& r : KeyRoutes()) routes.push_back(std::move(r));
   }
   // Secure by default: mutating routes are never open to the network
   // without a token, nor is the token sent over it in clear.

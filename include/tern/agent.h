@@ -451,6 +451,17 @@ class TERN_EXPORT Agent {
   // keyframe_every; both >= 1, else kInvalidArgument): later publications
   // and the next retention pass follow it.
   virtual Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) = 0;
+  // Root only: key rotation while running (docs/agent/operations.md
+  // "Rotating and revoking the publisher key"). `signed_key_set` (from
+  // `tern keys rotate`; empty: none) must be the next key set of the chain;
+  // `signing_key_pem` (empty: keep the current key) is the private key to
+  // sign with from now on. Whatever is given, the signing key must be an
+  // active, unexpired key of the resulting set, or nothing changes
+  // (kMismatch, naming the key id). Applied between publications: the key
+  // set is kept in DIR/key-sets and sent to every member before anything
+  // is signed with the new key; a key read from DIR/signing-key.pem is
+  // replaced there, so a restart keeps signing with it.
+  virtual Status RotateKeys(std::string_view signed_key_set, std::string_view signing_key_pem) = 0;
   // Root only: Publish from memory. `tensors` (in any order) are the whole
   // serve view of `version`; the agent diffs them against the view it
   // serves (DIR/current, mapped from its slot: never a checkpoint file
@@ -566,6 +577,13 @@ TERN_EXPORT Status RemoveMemberAt(const std::string& admin_address, const std::s
                                   uint32_t rejoin_after_ms, const AgentClientOptions& options = {});
 TERN_EXPORT Status SetRetentionAt(const std::string& admin_address, uint32_t keep_patches,
                                   uint32_t keyframe_every, const AgentClientOptions& options = {});
+
+// POST /keys/rotate on a root's admin port (Agent::RotateKeys): the signed
+// key set travels (it is public); the new signing key does not: it is a
+// path on the root's machine (`signing_key_file`, empty: keep the key),
+// read there. Needs the token when the root has one.
+TERN_EXPORT Status RotateKeysAt(const std::string& admin_address, std::string_view signed_key_set,
+                                const std::string& signing_key_file, const AgentClientOptions& options = {});
 
 // The JSON text GET /status serves for `snapshot` (an in-process agent's
 // Snapshot(), for embedders that run no admin port).

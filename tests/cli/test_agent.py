@@ -352,9 +352,17 @@ class AgentCli(unittest.TestCase):
                 self.assertTrue(self.same_bytes(m.dir, self.step(1)), name)
             self.assertIn("carries a keyframe", read(root.log.name))
 
-            # A root still holding A (stolen, or never reconfigured) publishes
-            # version 3 signed by A: every member refuses it.
+            # The root remembers the chain (DIR/key-sets): started again
+            # with A, it refuses, naming A.
             self.assertEqual(root.stop(), 0)
+            r = subprocess.run([AGENT] + data + ["--signing-key", key("A.pem"), "--trust-key", key("B.pub")],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("signing key (key id " + id_a, r.stderr)
+            # A root still holding A that never learned the chain (stolen, or
+            # a copy of DIR from before the rotation) publishes version 3
+            # signed by A: every member refuses it.
+            os.unlink(os.path.join(root.dir, "key-sets"))
             root = Agent(self.tmp, "kr-root", root_args + ["--signing-key", key("A.pem"), "--trust-key",
                                                            key("B.pub")], listen=address)
             agents.append(root)
@@ -379,6 +387,106 @@ class AgentCli(unittest.TestCase):
             self.assertEqual(self.served(root), {"kr-1": 2, "kr-2": 2})
             for name, m in members.items():
                 self.assertTrue(self.same_bytes(m.dir, self.step(1)), name)
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
+    def test_key_rotation_without_a_restart(self):
+        """`tern keys push` hands a running root key set 1 and its new key:
+        refused without the token, without the key the set lists, with a key
+        set 0 does not trust, or signed by an untrusted key, each changing
+        nothing; then accepted, and the members apply the chain at once and
+        serve what the new key signs bit for bit. The root keeps both on disk
+        (DIR/key-sets, DIR/signing-key.pem owner-only, DIR/key-set-0.pub), so
+        the same command line after a restart signs with the new key; the
+        same key set pushed again is refused."""
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        admin_token = os.path.join(self.tmp, "admin.token")
+        kd = os.path.join(self.tmp, "keys-live")
+        os.makedirs(kd)
+        for k in ("B", "C"):
+            openssl("genpkey", "-algorithm", "ed25519", "-out", k + ".pem", cwd=kd)
+            openssl("pkey", "-in", k + ".pem", "-pubout", "-out", k + ".pub", cwd=kd)
+        key = lambda name: os.path.join(kd, name)
+        root_args = ["--root", "--region", "us", "--admin", "127.0.0.1:0", "--admin-token-file", admin_token] + tok
+        root = Agent(self.tmp, "kl-root", root_args)  # its key: DIR/signing-key.pem (A)
+        agents = [root]
+        a_pem = os.path.join(root.dir, "signing-key.pem")
+        a_pub = os.path.join(root.dir, "public-key.pem")
+        id_a, id_b = subprocess.run([TERN, "keys", "id", a_pub, key("B.pub")], capture_output=True, text=True,
+                                    timeout=30, check=True).stdout.split()[0::2]
+
+        def push(*extra, token=True):
+            args = [TERN, "keys", "push", "--board", root.admin] + list(extra)
+            if token:
+                args += ["--token-file", admin_token]
+            return subprocess.run(args, capture_output=True, text=True, timeout=60)
+
+        try:
+            members = {}
+            for name in ("kl-1", "kl-2"):
+                members[name] = Agent(self.tmp, name, ["--join", root.address, "--trust-key", a_pub,
+                                                       "--region", "eu"] + tok)
+                agents.append(members[name])
+            wait_for(lambda: len(self.served(root)) == 2, 30, "two members joined")
+            r = self.publish(root, self.step(0), 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 1 for x in self.served(root).values()), 60, "version 1 served")
+
+            ks1, forged = key("ks1.keyset"), key("forged.keyset")
+            subprocess.run([TERN, "keys", "rotate", "--old-key", a_pem, "--new-key", key("B.pub"), "--revoke",
+                            a_pub, "--expires-days", "30", "--out", ks1], capture_output=True, text=True,
+                           timeout=30, check=True)
+            subprocess.run([TERN, "keys", "rotate", "--old-key", key("C.pem"), "--new-key", key("B.pub"),
+                            "--out", forged], capture_output=True, text=True, timeout=30, check=True)
+            refusals = (
+                (push("--key-set", ks1, "--signing-key-file", key("B.pem"), token=False), "401"),
+                (push("--key-set", ks1), "signing key (key id " + id_a),
+                (push("--signing-key-file", key("B.pem")), "key id " + id_b),
+                (push("--key-set", forged, "--signing-key-file", key("B.pem")), "refused"),
+                (push("--signing-key-file", "relative/B.pem"), "absolute path"),
+                (push("--key-set", key("B.pub")), "not a signed key set"),
+            )
+            for r, words in refusals:
+                self.assertNotEqual(r.returncode, 0, r.stdout)
+                self.assertIn(words, r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(root.dir, "key-sets")))
+            self.assertEqual(read(a_pem), read(a_pem))  # still A: the next publish is signed by A
+            r = self.publish(root, self.step(1), 2)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 2 for x in self.served(root).values()), 60, "version 2 (A) served")
+
+            r = push("--key-set", ks1, "--signing-key-file", key("B.pem"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("rotated", r.stdout)
+            self.assertIn("keys rotated: key set 1, signing with key id " + id_b, read(root.log.name))
+            for m in members.values():
+                wait_for(lambda: "key set 1 applied" in read(m.log.name), 30, m.name + " applied key set 1")
+            self.assertEqual(read(os.path.join(root.dir, "signing-key.pem")), read(key("B.pem")))
+            self.assertEqual(os.stat(os.path.join(root.dir, "signing-key.pem")).st_mode & 0o777, 0o600)
+            r = self.publish(root, self.step(2), 3)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 3 for x in self.served(root).values()), 60, "version 3 (B) served")
+            for name, m in members.items():
+                self.assertTrue(self.same_bytes(m.dir, self.step(2)), name)
+            self.assertIn("carries a keyframe", read(root.log.name))
+            r = push("--key-set", ks1)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("key set 1 is applied already", r.stderr)
+
+            # The same command line after a restart: key set 1 and B from DIR.
+            address = root.address
+            self.assertEqual(root.stop(), 0)
+            root = Agent(self.tmp, "kl-root", root_args, listen=address)
+            agents.append(root)
+            wait_for(lambda: len(self.served(root)) == 2, 60, "the members joined again")
+            r = self.publish(root, self.step(3), 4)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: all(x == 4 for x in self.served(root).values()), 60, "version 4 (B) served")
+            for name, m in members.items():
+                self.assertTrue(self.same_bytes(m.dir, self.step(3)), name)
+                self.assertNotIn("revoked key id", read(m.log.name), name)
         finally:
             for a in reversed(agents):
                 if a.proc.poll() is None:
@@ -632,6 +740,17 @@ class AgentCli(unittest.TestCase):
             if status == 1:
                 self.assertIn("--etcd-insecure", out, extra)
             self.assertNotIn("etcd-secret-password", out, extra)
+
+    def test_malloc_arenas_flag_is_checked(self):
+        """--malloc-arenas takes auto, glibc or 1..64; anything else is a
+        usage error (status 2) naming the flag, before anything starts."""
+        for bad in ("0", "65", "x", "4x", ""):
+            r = subprocess.run([AGENT, "--root", "--listen", "127.0.0.1:0", "--no-tls", "--data",
+                                os.path.join(self.tmp, "arenas-refused"), "--malloc-arenas", bad],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, "%r: %s" % (bad, r.stderr))
+            self.assertIn("--malloc-arenas", r.stderr, bad)
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, "arenas-refused")), bad)
 
     def test_admin_port_over_tls(self):
         """--admin-tls-cert/--admin-tls-key: the root prints an https://
