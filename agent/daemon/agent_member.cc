@@ -2,6 +2,7 @@
 // what its relay receives, catches up from the root's object service when
 // the tree cannot help (agent/daemon/agent_impl.h).
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -528,6 +529,15 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   bool all = ref.kind == ObjectKind::kKeyframe;
   std::vector<std::string> changed;
   if (!all) changed = ChangedTensors(bytes, &all);
+  // For the root's format choice: this patch's format and view size.
+  uint16_t format = 0;
+  uint64_t view_bytes = 0;
+  if (ref.kind != ObjectKind::kKeyframe) {
+    if (auto head = InspectHead(bytes); head.ok() && head->has_value()) {
+      format = (*head)->format_version;
+      for (const TensorPatchInfo& t : (*head)->tensors) view_bytes += DTypeBytes(t.dtype, t.elements);
+    }
+  }
   WaitEngineOffSpare();
   if (ref.kind == ObjectKind::kKeyframe) {
     TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files));
@@ -552,6 +562,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
     NoteServedLocked();
     last_apply_s_ = dt;
+    NoteApplyRateLocked(format, view_bytes, dt);
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
     // come from the root's catch-up service.
@@ -566,6 +577,16 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
       std::to_string(dt) + " s, waited " + std::to_string(waited_s) +
       " s for the work thread, process cpu " + std::to_string(cpu_s) + " s)");
   return Status::Ok();
+}
+
+void AgentImpl::NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s) {
+  if ((format != 1 && format != 2) || view_bytes == 0 || !(apply_s > 0)) return;
+  // Smoothed over versions (half the weight on the newest): one apply
+  // slowed by a neighbour's build moves it, but does not make it.
+  const double rate = double(view_bytes) / apply_s;
+  if (!std::isfinite(rate)) return;
+  double& r = apply_bytes_per_s_[format - 1];
+  r = r > 0 ? 0.5 * r + 0.5 * rate : rate;
 }
 
 void AgentImpl::MemberSeed(const VersionManifest& m) {
@@ -731,6 +752,8 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   hb.served_version = VersionLocked();
   hb.last_apply_s = last_apply_s_;
   hb.rtt_to_root_s = rtt_to_root_s_;
+  hb.apply_f1_bytes_per_s = apply_bytes_per_s_[0];
+  hb.apply_f2_bytes_per_s = apply_bytes_per_s_[1];
   // Per stripe: the parent's round trip and the rate the last object came
   // at from it; rtt_to_parent_s is the slowest parent's.
   std::vector<LinkStats> links;

@@ -30,12 +30,15 @@
 
 namespace tern::agent {
 
-// Format 2's bytes over format 1's for the same version (docs/benchmarks.md:
-// context coding, ~1% changed BF16).
+// Format 2's bytes over format 1's for the same version (docs/benchmarks.md
+// "Patch format 2": 0.71 at ~1% changed BF16; 0.60-0.69 MB against
+// 0.83-0.96 MB on the WAN testbed).
 inline constexpr double kSizeRatioPrior = 0.70;
-// Format 1's apply rate over format 2's, per byte of view (docs/agent.md §9:
-// format 1 ~2x a memcpy per core, format 2 ~3.9x at 1% changed).
-inline constexpr double kApplySpeedupPrior = 1.95;
+// Format 1's apply rate over format 2's, per byte of view: the codec
+// benchmark's decode+apply at 1% changed, format 2 3.9x a memcpy per core
+// against format 1's 1.45x on the trace (docs/benchmarks.md; the low end:
+// on the WAN testbed members applied format 1 5-6x faster).
+inline constexpr double kApplySpeedupPrior = 2.7;
 
 struct FormatChoiceOptions {
   // 1 or 2: the operator's (--patch-format), whatever the model says; 0:
