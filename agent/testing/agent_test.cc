@@ -649,7 +649,9 @@ TEST_F(AgentSystemTest, AnOlderProtocolsHelloGetsARejectNamingTheProtocol) {
   ASSERT_TRUE(reply.ok()) << "no REJECT before the close";
   auto* reject = std::get_if<agent::Reject>(&*reply);
   ASSERT_NE(reject, nullptr);
-  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks 6"), std::string::npos)
+  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks " +
+                                std::to_string(agent::kControlProtocol)),
+            std::string::npos)
       << reject->reason;
   (*conn)->Close();
   EXPECT_TRUE(root_->Snapshot().members.empty());
