@@ -226,8 +226,10 @@ class AgentImpl final : public Agent {
   Status SaveMemberState() REQUIRES(mu_);
   Result<RelayNode*> EnsureRelay(const BoardId& board) REQUIRES(mu_);
   Heartbeat MakeHeartbeatLocked() REQUIRES(mu_);
-  // A patch of `format` over a view of view_bytes was applied in apply_s.
-  void NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s) REQUIRES(mu_);
+  // A patch of `format` over a view of view_bytes was applied in apply_s,
+  // onto a prepared spare or not.
+  void NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s, bool prepared)
+      REQUIRES(mu_);
   // ---- agent_member_links.cc: round trips and parent health ----
   void MemberProbeParents();
   void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
@@ -352,6 +354,7 @@ class AgentImpl final : public Agent {
   // Bytes of view per second of recent patch applies, format 1 and 2 (0:
   // none yet), for the root's format choice (HEARTBEAT).
   double apply_bytes_per_s_[2] GUARDED_BY(mu_) = {0, 0};
+  bool apply_rate_prepared_[2] GUARDED_BY(mu_) = {false, false};  // from a prepared spare
   uint64_t spare_due_us_ GUARDED_BY(mu_) = 0;  // PrepareSpare after this (0: nothing due)
   // Work thread only: the patch streaming into the spare
   // (ViewStore::AdvancePrefix) and our own mapping of its ".part" file,

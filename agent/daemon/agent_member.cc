@@ -529,9 +529,12 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   bool all = ref.kind == ObjectKind::kKeyframe;
   std::vector<std::string> changed;
   if (!all) changed = ChangedTensors(bytes, &all);
-  // For the root's format choice: this patch's format and view size.
+  // For the root's format choice: this patch's format and view size, and
+  // whether the spare was ready or a stream into it began (else the apply
+  // first brings it up: a copy of the view that is not the patch's cost).
   uint16_t format = 0;
   uint64_t view_bytes = 0;
+  const bool prepared = store_->spare_ready() || store_->advancing();
   if (ref.kind != ObjectKind::kKeyframe) {
     if (auto head = InspectHead(bytes); head.ok() && head->has_value()) {
       format = (*head)->format_version;
@@ -562,7 +565,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
     NoteServedLocked();
     last_apply_s_ = dt;
-    NoteApplyRateLocked(format, view_bytes, dt);
+    NoteApplyRateLocked(format, view_bytes, dt, prepared);
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
     // come from the root's catch-up service.
@@ -579,14 +582,31 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   return Status::Ok();
 }
 
-void AgentImpl::NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s) {
+void AgentImpl::NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s,
+                                    bool prepared) {
   if ((format != 1 && format != 2) || view_bytes == 0 || !(apply_s > 0)) return;
-  // Smoothed over versions (half the weight on the newest): one apply
-  // slowed by a neighbour's build moves it, but does not make it.
   const double rate = double(view_bytes) / apply_s;
   if (!std::isfinite(rate)) return;
   double& r = apply_bytes_per_s_[format - 1];
-  r = r > 0 ? 0.5 * r + 0.5 * rate : rate;
+  bool& r_prepared = apply_rate_prepared_[format - 1];
+  // An apply onto an unprepared spare (the first patch after a keyframe,
+  // a version within --spare-grace-ms) stands in only until a prepared
+  // one comes: the root keeps the last figure of the format it does not
+  // use, and a slow one would hold that format back for good (measured on
+  // the WAN testbed: the first patch after the keyframe was the slowest
+  // of every run).
+  if (!prepared) {
+    if (r == 0) r = rate;
+    return;
+  }
+  if (!r_prepared) {
+    r = rate;
+    r_prepared = true;
+    return;
+  }
+  // Smoothed over versions (half the weight on the newest): one apply
+  // slowed by a neighbour's build moves it, but does not make it.
+  r = 0.5 * r + 0.5 * rate;
 }
 
 void AgentImpl::MemberSeed(const VersionManifest& m) {
