@@ -351,10 +351,9 @@ class AgentImpl final : public Agent {
   uint32_t stripes_ GUARDED_BY(mu_) = 1;
   uint64_t heartbeat_seq_ GUARDED_BY(mu_) = 0;
   double last_apply_s_ GUARDED_BY(mu_) = 0;
-  // Bytes of view per second of recent patch applies, format 1 and 2 (0:
-  // none yet), for the root's format choice (HEARTBEAT).
-  double apply_bytes_per_s_[2] GUARDED_BY(mu_) = {0, 0};
-  bool apply_rate_prepared_[2] GUARDED_BY(mu_) = {false, false};  // from a prepared spare
+  // Member: its apply rate per format (1, 2), for the root's format choice
+  // (HEARTBEAT).
+  ApplyRateFigure apply_rate_[2] GUARDED_BY(mu_);
   uint64_t spare_due_us_ GUARDED_BY(mu_) = 0;  // PrepareSpare after this (0: nothing due)
   // Work thread only: the patch streaming into the spare
   // (ViewStore::AdvancePrefix) and our own mapping of its ".part" file,

@@ -2,9 +2,9 @@
 // what its relay receives, catches up from the root's object service when
 // the tree cannot help (agent/daemon/agent_impl.h).
 #include <algorithm>
-#include <cmath>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
@@ -585,28 +585,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
 void AgentImpl::NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s,
                                     bool prepared) {
   if ((format != 1 && format != 2) || view_bytes == 0 || !(apply_s > 0)) return;
-  const double rate = double(view_bytes) / apply_s;
-  if (!std::isfinite(rate)) return;
-  double& r = apply_bytes_per_s_[format - 1];
-  bool& r_prepared = apply_rate_prepared_[format - 1];
-  // An apply onto an unprepared spare (the first patch after a keyframe,
-  // a version within --spare-grace-ms) stands in only until a prepared
-  // one comes: the root keeps the last figure of the format it does not
-  // use, and a slow one would hold that format back for good (measured on
-  // the WAN testbed: the first patch after the keyframe was the slowest
-  // of every run).
-  if (!prepared) {
-    if (r == 0) r = rate;
-    return;
-  }
-  if (!r_prepared) {
-    r = rate;
-    r_prepared = true;
-    return;
-  }
-  // Smoothed over versions (half the weight on the newest): one apply
-  // slowed by a neighbour's build moves it, but does not make it.
-  r = 0.5 * r + 0.5 * rate;
+  apply_rate_[format - 1].Note(double(view_bytes) / apply_s, prepared);
 }
 
 void AgentImpl::MemberSeed(const VersionManifest& m) {
@@ -772,8 +751,8 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   hb.served_version = VersionLocked();
   hb.last_apply_s = last_apply_s_;
   hb.rtt_to_root_s = rtt_to_root_s_;
-  hb.apply_f1_bytes_per_s = apply_bytes_per_s_[0];
-  hb.apply_f2_bytes_per_s = apply_bytes_per_s_[1];
+  std::tie(hb.apply_f1_bytes_per_s, hb.apply_f2_bytes_per_s) =
+      ReportedApplyRates(apply_rate_[0], apply_rate_[1]);
   // Per stripe: the parent's round trip and the rate the last object came
   // at from it; rtt_to_parent_s is the slowest parent's.
   std::vector<LinkStats> links;

@@ -35,6 +35,21 @@ std::string Seconds(double s) {
 
 }  // namespace
 
+void ApplyRateFigure::Note(double rate, bool on_prepared_spare) {
+  if (!std::isfinite(rate) || !(rate > 0)) return;
+  if (!on_prepared_spare) {
+    if (bytes_per_s == 0) bytes_per_s = rate;
+    return;
+  }
+  bytes_per_s = prepared ? 0.5 * bytes_per_s + 0.5 * rate : rate;
+  prepared = true;
+}
+
+std::pair<double, double> ReportedApplyRates(const ApplyRateFigure& f1, const ApplyRateFigure& f2) {
+  return {f1.prepared || !f2.prepared ? f1.bytes_per_s : 0,
+          f2.prepared || !f1.prepared ? f2.bytes_per_s : 0};
+}
+
 FormatPrediction PredictFormat(const topology::Plan& plan,
                                const std::map<std::string, MemberRecord>& members,
                                uint16_t format, uint64_t size_bytes, uint64_t view_bytes,

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "agent/membership/membership.h"
 #include "tern/topology.h"
@@ -39,6 +40,31 @@ inline constexpr double kSizeRatioPrior = 0.70;
 // against format 1's 1.45x on the trace (docs/benchmarks.md; the low end:
 // on the WAN testbed members applied format 1 5-6x faster).
 inline constexpr double kApplySpeedupPrior = 2.7;
+
+// A member's figure of its apply rate for one format, in bytes of view per
+// second, as it reports it in HEARTBEAT. An apply onto an unprepared spare
+// (the first patch after a keyframe, a version within --spare-grace-ms:
+// it copies the view first) stands in only until a prepared one comes:
+// the root keeps the last figure of the format it does not write, and a
+// slow one would hold that format back for good (measured on the WAN
+// testbed: the first patch after the keyframe was every run's slowest).
+// Prepared applies are smoothed (half the weight on the newest): one
+// apply slowed by a neighbour's build moves it but does not make it.
+struct ApplyRateFigure {
+  double bytes_per_s = 0;  // 0: none yet
+  bool prepared = false;   // from a prepared spare
+  // Not finite or not > 0: ignored.
+  void Note(double rate_bytes_per_s, bool on_prepared_spare);
+};
+
+// What a member reports for formats 1 and 2 (HEARTBEAT): its figures, but
+// 0 for a figure from an unprepared spare while the other format has a
+// prepared one, so that the root estimates it from that one with the
+// codec's ratio. (A root that switched formats at once never sees a
+// prepared figure of the format it left: on the WAN testbed the first
+// patch's format-2 figure, an unprepared apply, made format 2 look 2-3x
+// slower than a prepared one for the rest of the run.)
+std::pair<double, double> ReportedApplyRates(const ApplyRateFigure& f1, const ApplyRateFigure& f2);
 
 struct FormatChoiceOptions {
   // 1 or 2: the operator's (--patch-format), whatever the model says; 0:

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 namespace tern::agent {
@@ -174,6 +175,46 @@ TEST(FormatChoice, NoFlappingOnNoise) {
   }
   EXPECT_EQ(switches, 1);
   EXPECT_EQ(prev, 1);
+}
+
+// A member's figure: the first apply after a keyframe (onto an unprepared
+// spare, a copy of the view first) stands in until a prepared apply comes,
+// then no longer counts; prepared applies are smoothed.
+TEST(FormatChoice, AnUnpreparedApplyStandsInOnlyUntilAPreparedOne) {
+  ApplyRateFigure f;
+  f.Note(1e8, /*on_prepared_spare=*/false);
+  EXPECT_EQ(f.bytes_per_s, 1e8);
+  f.Note(0.5e8, false);  // still the first figure: a second slow one adds nothing
+  EXPECT_EQ(f.bytes_per_s, 1e8);
+  f.Note(4e8, true);  // replaces it outright
+  EXPECT_EQ(f.bytes_per_s, 4e8);
+  EXPECT_TRUE(f.prepared);
+  f.Note(0.1e8, false);  // never moves a prepared figure
+  EXPECT_EQ(f.bytes_per_s, 4e8);
+  f.Note(2e8, true);
+  EXPECT_EQ(f.bytes_per_s, 3e8);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    f.Note(bad, true);
+    EXPECT_EQ(f.bytes_per_s, 3e8) << bad;
+  }
+}
+
+// The first patch (format 2, unprepared) then format 1 (prepared): the
+// format-2 figure is withheld, so that the root estimates it from the
+// prepared format-1 one; alone, or next to another unprepared figure, it
+// is reported.
+TEST(FormatChoice, AnUnpreparedFigureIsWithheldNextToAPreparedOne) {
+  ApplyRateFigure f1, f2;
+  EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(0.0, 0.0));
+  f2.Note(1e8, false);
+  EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(0.0, 1e8));
+  f1.Note(2e8, false);
+  EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(2e8, 1e8));
+  f1.Note(5e8, true);
+  EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(5e8, 0.0));
+  f2.Note(3e8, true);
+  EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(5e8, 3e8));
 }
 
 }  // namespace
