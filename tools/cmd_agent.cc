@@ -47,7 +47,7 @@ struct AgentArgs {
   uint32_t relay_probation_ms = 60000;
   uint32_t beacon_interval_ms = 1000, stale_after_ms = 5000, beacon_max_skew_ms = 30000;
   uint64_t max_lag_versions = 1;
-  uint16_t patch_format = 2;
+  std::string patch_format = "auto";
   uint32_t push_window_bytes = uint32_t{2} << 20;
   unsigned threads = 0;
   std::string malloc_arenas = "auto";
@@ -177,7 +177,7 @@ Status CheckAgent(AgentArgs& a) {
   o.root_fanout_max = a.root_fanout;
   o.keep_patches = a.keep_patches;
   o.keyframe_every = a.keyframe_every;
-  o.patch_format = a.patch_format;
+  o.patch_format = a.patch_format == "auto" ? 0 : static_cast<uint16_t>(std::stoi(a.patch_format));
   o.board_etcd = a.board_etcd;
   o.seed_checkpoint = a.seed;
   o.seed_version = a.seed_version;
@@ -477,11 +477,13 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
   AddUnsigned(cmd, "--root-fanout", a->root_fanout, "root: children of the root per stripe", "8", 1024);
   AddUnsigned(cmd, "--keep-patches", a->keep_patches, "root: patches kept for catch-up", "16");
   AddUnsigned(cmd, "--keyframe-every", a->keyframe_every, "root: a keyframe every N versions", "32");
-  AddUnsigned(cmd, "--patch-format", a->patch_format,
-              "root: patch format, 2 (~0.7x format 1's bytes) or 1 (applies ~4x faster: for "
-              "latency-bound patches when members' CPU is the bottleneck; docs/agent.md §8)",
-              "2")
-      ->check(CLI::Range(1, 2));
+  cmd.add_option("--patch-format", a->patch_format,
+                 "root: patch format: auto (per version, the one predicted to bring the last "
+                 "member to serve sooner from the members' measured apply and receive rates; "
+                 "/status says why), or force 2 (~0.7x format 1's bytes) or 1 (applies 2.7-6x "
+                 "faster per byte of view) (docs/agent.md \"Choosing the patch format\")")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "1", "2"}));
   AddUnsigned(cmd, "--push-window-bytes", a->push_window_bytes,
               "member: bytes of the window per parent into which a new object's first chunks are "
               "pushed without a WANT round trip (0: no push)",

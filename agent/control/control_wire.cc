@@ -163,6 +163,8 @@ void PutBody(Writer& w, const Heartbeat& m) {
     w.F64(p.rtt_s);
     w.F64(p.rate_in_bytes_per_s);
   }
+  w.F64(m.apply_f1_bytes_per_s);
+  w.F64(m.apply_f2_bytes_per_s);
 }
 void PutBody(Writer& w, const Parents& m) {
   if (m.parents.empty() || m.parents.size() > kMaxControlParents) w.Fail("parents count outside 1..8");
@@ -280,6 +282,8 @@ Heartbeat GetBody<Heartbeat>(Reader& r) {
     p.rate_in_bytes_per_s = r.F64("parent rate in");
     m.parents.push_back(p);
   }
+  m.apply_f1_bytes_per_s = r.F64("format 1 apply rate");
+  m.apply_f2_bytes_per_s = r.F64("format 2 apply rate");
   return m;
 }
 template <>

@@ -31,7 +31,8 @@ namespace tern::agent {
 // 4: HELLO's member gained intra_backend and relay_only.
 // 5: BEACON (signed HEAD beacons, root -> member).
 // 6: KEY_SETS (the chain of signed key sets, root -> member).
-inline constexpr uint16_t kControlProtocol = 6;
+// 7: HEARTBEAT gained the apply rate per patch format.
+inline constexpr uint16_t kControlProtocol = 7;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -126,6 +127,12 @@ struct Heartbeat {
   double last_apply_s = 0;          // finite, >= 0
   double rtt_to_root_s = 0;         // finite, >= 0 (0: unknown)
   std::vector<ParentFigures> parents;  // per stripe, stripe order, 0..kMaxControlParents
+  // Bytes of view per second of this member's recent patch applies in
+  // format 1 and format 2 (the part after the last byte arrived; 0: none
+  // measured): what the root chooses each version's format from
+  // (agent/membership/format_choice.h). Finite, >= 0.
+  double apply_f1_bytes_per_s = 0;
+  double apply_f2_bytes_per_s = 0;
   bool operator==(const Heartbeat&) const = default;
 };
 

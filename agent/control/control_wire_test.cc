@@ -17,7 +17,8 @@ std::vector<ControlMessage> Samples() {
   hello.served_version = 42;
   hello.join_token = "secret";
   Welcome welcome{hello.board_id, 43, 1000, 2, "127.0.0.1:7009"};
-  Heartbeat hb{9, 42, 43, 1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}}};
+  Heartbeat hb{9,     42,    43,    1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}},
+               2.5e9, 6.5e8};
   Parents parents{5, {{0, "root", "127.0.0.1:7000", false}, {1, "m-2", "10.0.0.2:7102", true}}};
   Head head{43, std::string(200, 'm')};
   CatchUpRequest req{40, 43};
@@ -98,20 +99,28 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   std::memcpy(hb.data() + 4 + 6 * 8, &nan, 8);
   EXPECT_EQ(DecodeControl(hb).status().code(), Code::kCorrupt);
 
-  // The round trip to the root is a rate-like field too (before the count).
+  // The round trip to the root is a rate-like field too (before the count
+  // and the two apply rates).
   std::string hb_rtt = *EncodeControl(Heartbeat{});
-  std::memcpy(hb_rtt.data() + hb_rtt.size() - 12, &nan, 8);
+  std::memcpy(hb_rtt.data() + hb_rtt.size() - 28, &nan, 8);
+  EXPECT_EQ(DecodeControl(hb_rtt).status().code(), Code::kCorrupt);
+  // So are the apply rates per format (the last 16 bytes).
+  for (size_t back : {16, 8}) {
+    std::string hb_apply = *EncodeControl(Heartbeat{});
+    std::memcpy(hb_apply.data() + hb_apply.size() - back, &nan, 8);
+    EXPECT_EQ(DecodeControl(hb_apply).status().code(), Code::kCorrupt) << back;
+  }
   EXPECT_EQ(DecodeControl(hb_rtt).status().code(), Code::kCorrupt);
   // Per-parent figures: a negative rate, a count above 8 stripes.
   Heartbeat with_parents;
   with_parents.parents = {{0.01, 5}};
   std::string hb_parent = *EncodeControl(with_parents);
   const double negative = -1;
-  std::memcpy(hb_parent.data() + hb_parent.size() - 8, &negative, 8);
+  std::memcpy(hb_parent.data() + hb_parent.size() - 24, &negative, 8);
   EXPECT_EQ(DecodeControl(hb_parent).status().code(), Code::kCorrupt);
   std::string hb_count = *EncodeControl(Heartbeat{});
   const uint32_t nine = 9;
-  std::memcpy(hb_count.data() + hb_count.size() - 4, &nine, 4);
+  std::memcpy(hb_count.data() + hb_count.size() - 20, &nine, 4);
   EXPECT_EQ(DecodeControl(hb_count).status().code(), Code::kCorrupt);
 
   // A parent report with an unknown fault, or a stripe past the last.
@@ -132,10 +141,10 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 5;  // the protocol before key sets
+  hello[4] = 6;  // the protocol before the apply rates
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("control protocol 5 (this agent speaks 6;"),
+  EXPECT_NE(r.status().message().find("control protocol 6 (this agent speaks 7;"),
             std::string::npos)
       << r.status().message();
 }
@@ -204,6 +213,9 @@ TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   hb.rtt_to_root_s = std::numeric_limits<double>::infinity();
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
   hb.rtt_to_root_s = 0;
+  hb.apply_f2_bytes_per_s = -1;
+  EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
+  hb.apply_f2_bytes_per_s = 0;
   hb.parents.assign(9, ParentFigures{});
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EncodeControl(ParentReport{8, "p", ParentFault::kStalled}).status().code(),

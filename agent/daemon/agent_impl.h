@@ -53,6 +53,7 @@
 #include "agent/etcd/etcd.h"
 #include "agent/etcd/etcd_board_log.h"
 #include "agent/freshness/freshness.h"
+#include "agent/membership/format_choice.h"
 #include "agent/membership/membership.h"
 #include "agent/relay/relay.h"
 #include "agent/view_store/view_store.h"
@@ -176,7 +177,8 @@ class AgentImpl final : public Agent {
   // caller's tensors): sign and store (PublishVersion), serve it here
   // (Seed from seed_checkpoint, or the keyframe / patch just written),
   // offer it to the trees, announce HEAD. `prev` (DIR/current, mapped) and
-  // `next_owner` are released as soon as they are no longer read.
+  // `next_owner` are released as soon as they are no longer read. The
+  // patch format is format_chooser_'s (options.format_version is ignored).
   Status PublishViewLocked(double t0, uint64_t version, std::unique_ptr<Checkpoint> prev,
                            const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
                            const std::string& seed_checkpoint, const PublishOptions& options,
@@ -226,6 +228,10 @@ class AgentImpl final : public Agent {
   Status SaveMemberState() REQUIRES(mu_);
   Result<RelayNode*> EnsureRelay(const BoardId& board) REQUIRES(mu_);
   Heartbeat MakeHeartbeatLocked() REQUIRES(mu_);
+  // A patch of `format` over a view of view_bytes was applied in apply_s,
+  // onto a prepared spare or not.
+  void NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s, bool prepared)
+      REQUIRES(mu_);
   // ---- agent_member_links.cc: round trips and parent health ----
   void MemberProbeParents();
   void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
@@ -323,6 +329,8 @@ class AgentImpl final : public Agent {
   EtcdOptions BoardEtcdOptions(const EtcdBoardUrl& url) const;
   std::unique_ptr<FileServer> fetch_server_;
   std::unique_ptr<Membership> membership_ GUARDED_BY(mu_);
+  // Root: each version's patch format (agent/membership/format_choice.h).
+  std::optional<FormatChooser> format_chooser_ GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Connection>> member_conns_ GUARDED_BY(mu_);
   // Root: ids an operator removed, and until when (clock_ µs) their joins
   // are refused (RemoveMember). Bounded: expired entries go at each removal,
@@ -358,6 +366,9 @@ class AgentImpl final : public Agent {
   uint32_t stripes_ GUARDED_BY(mu_) = 1;
   uint64_t heartbeat_seq_ GUARDED_BY(mu_) = 0;
   double last_apply_s_ GUARDED_BY(mu_) = 0;
+  // Member: its apply rate per format (1, 2), for the root's format choice
+  // (HEARTBEAT).
+  ApplyRateFigure apply_rate_[2] GUARDED_BY(mu_);
   uint64_t spare_due_us_ GUARDED_BY(mu_) = 0;  // PrepareSpare after this (0: nothing due)
   // Work thread only: the patch streaming into the spare
   // (ViewStore::AdvancePrefix) and our own mapping of its ".part" file,

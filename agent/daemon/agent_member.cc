@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
@@ -513,6 +514,18 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   bool all = ref.kind == ObjectKind::kKeyframe;
   std::vector<std::string> changed;
   if (!all) changed = ChangedTensors(bytes, &all);
+  // For the root's format choice: this patch's format and view size, and
+  // whether the spare was ready or a stream into it began (else the apply
+  // first brings it up: a copy of the view that is not the patch's cost).
+  uint16_t format = 0;
+  uint64_t view_bytes = 0;
+  const bool prepared = store_->spare_ready() || store_->advancing();
+  if (ref.kind != ObjectKind::kKeyframe) {
+    if (auto head = InspectHead(bytes); head.ok() && head->has_value()) {
+      format = (*head)->format_version;
+      for (const TensorPatchInfo& t : (*head)->tensors) view_bytes += DTypeBytes(t.dtype, t.elements);
+    }
+  }
   WaitEngineOffSpare();
   if (ref.kind == ObjectKind::kKeyframe) {
     TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files));
@@ -537,6 +550,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
     NoteServedLocked();
     last_apply_s_ = dt;
+    NoteApplyRateLocked(format, view_bytes, dt, prepared);
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
     // come from the root's catch-up service.
@@ -551,6 +565,12 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
       std::to_string(dt) + " s, waited " + std::to_string(waited_s) +
       " s for the work thread, process cpu " + std::to_string(cpu_s) + " s)");
   return Status::Ok();
+}
+
+void AgentImpl::NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s,
+                                    bool prepared) {
+  if ((format != 1 && format != 2) || view_bytes == 0 || !(apply_s > 0)) return;
+  apply_rate_[format - 1].Note(double(view_bytes) / apply_s, prepared);
 }
 
 void AgentImpl::MemberSeed(const VersionManifest& m) {
@@ -716,6 +736,8 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   hb.served_version = VersionLocked();
   hb.last_apply_s = last_apply_s_;
   hb.rtt_to_root_s = rtt_to_root_s_;
+  std::tie(hb.apply_f1_bytes_per_s, hb.apply_f2_bytes_per_s) =
+      ReportedApplyRates(apply_rate_[0], apply_rate_[1]);
   // Per stripe: the parent's round trip and the rate the last object came
   // at from it; rtt_to_parent_s is the slowest parent's.
   std::vector<LinkStats> links;

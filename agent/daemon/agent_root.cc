@@ -189,6 +189,9 @@ Status AgentImpl::InitRoot() {
     MutexLock lock(mu_);
     membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000,
                                                probation);
+    FormatChoiceOptions format;
+    format.forced_format = opt_.patch_format;
+    format_chooser_.emplace(format);
     // A standby that takes over has a larger leader revision than the root
     // it replaces; a lone root's next start a later wall time.
     beacon_incarnation_ = election_ ? static_cast<uint64_t>(election_->created_revision()) : WallUnixMs();
@@ -542,13 +545,35 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
                                     const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
                                     const std::string& seed_checkpoint, const PublishOptions& options,
                                     const std::vector<SlotFile>& slot_files) {
+  const uint64_t view_bytes = next.total_bytes();
+  PublishOptions chosen = options;
+  FormatChoice choice;
+  {
+    MutexLock lock(mu_);
+    choice = format_chooser_->Choose(membership_->plan(), membership_->members(), view_bytes);
+  }
+  chosen.format_version = choice.format;
+  Log("publishing version " + std::to_string(version) + " as " + choice.reason);
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishVersion(*board_, *Signer(), prev ? &prev->view() : nullptr,
-                                       store_->digest(), next, version, options, pool_));
+                                       store_->digest(), next, version, chosen, pool_));
   prev.reset();
-  const uint64_t view_bytes = next.total_bytes();
   next_owner.reset();
-  return ServeAndAnnounceLocked(t0, version, result, view_bytes, seed_checkpoint, slot_files);
+  {
+    MutexLock lock(mu_);
+    format_chooser_->NotePublished(choice.format, result.patch_bytes);
+  }
+  Status s = ServeAndAnnounceLocked(t0, version, result, view_bytes, seed_checkpoint, slot_files);
+  MutexLock lock(mu_);
+  if (auto it = versions_.find(version); it != versions_.end()) {
+    it->second.patch_format = choice.format;
+    it->second.format_reason = choice.reason;
+    if (choice.predicted) {
+      it->second.predicted_f1_s = choice.f1.seconds;
+      it->second.predicted_f2_s = choice.f2.seconds;
+    }
+  }
+  return s;
 }
 
 Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,

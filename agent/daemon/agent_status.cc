@@ -174,7 +174,11 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                         {"keyframe_bytes", v.keyframe_bytes},
                         {"view_bytes", v.view_bytes},
                         {"first_served_s", v.first_served_s},
-                        {"last_served_s", v.last_served_s}});
+                        {"last_served_s", v.last_served_s},
+                        {"patch_format", v.patch_format},
+                        {"format_reason", v.format_reason},
+                        {"predicted_f1_s", v.predicted_f1_s},
+                        {"predicted_f2_s", v.predicted_f2_s}});
   }
   return j;
 }
@@ -292,6 +296,14 @@ std::string AgentImpl::MetricsText() const {
       const auto& v = s.versions[i];
       const Labels l = {{"version", std::to_string(v.version)}};
       gauge("tern_agent_version_patch_bytes", "Bytes of a version's patch.", static_cast<double>(v.patch_bytes), l);
+      if (v.patch_format != 0)
+        gauge("tern_agent_version_patch_format", "The patch format a version was published in (1 or 2).",
+              v.patch_format, l);
+      for (const auto& [f, p] : {std::pair{"1", v.predicted_f1_s}, std::pair{"2", v.predicted_f2_s}})
+        if (p >= 0)
+          gauge("tern_agent_version_predicted_serve_seconds",
+                "Publish to the last member serving, as the format choice predicted it.", p,
+                {{"version", std::to_string(v.version)}, {"format", f}});
       if (v.first_served_s >= 0)
         gauge("tern_agent_version_first_served_seconds", "Publish to the first member serving it.",
               v.first_served_s, l);

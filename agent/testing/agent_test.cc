@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +32,7 @@
 #include "tern/digest.h"
 #include "tern/fault_transport.h"
 #include "tern/loopback_transport.h"
+#include "tern/patch.h"
 #include "tern/thread_pool.h"
 #include "tern/version_manifest.h"
 
@@ -113,6 +116,76 @@ TEST_F(AgentSystemTest, StatusReadWhileVersionsApplyIsConsistent) {
     EXPECT_TRUE(digest == published[version]) << "version " << version;
   }
 }
+
+// The root chooses each version's patch format (docs/agent.md §6a): the
+// default until a patch is published and members report apply rates, then
+// predicted from them; /status says which format and why, the board's
+// patch is in that format, and members serve every version bit for bit
+// whatever the choice. --patch-format forces it.
+class AgentFormatChoiceTest : public agent_test::AgentSystemFixture {
+ protected:
+  void PublishFiveAndCheck(uint16_t forced) {
+    tweak_ = [forced](AgentOptions& o) { o.patch_format = forced; };
+    StartRoot();
+    StartMember("a", "us");
+    StartMember("b", "eu");
+    ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 2; }, 30));
+    for (uint64_t v = 1; v <= 5; ++v) {
+      Publish(v);
+      ASSERT_TRUE(AllServe(v)) << Lagging(v);
+      // The members' heartbeats after their apply reached the root.
+      ASSERT_TRUE(WaitFor(
+          [&] {
+            for (const auto& m : root_->Snapshot().members)
+              if (m.served_version != v) return false;
+            return true;
+          },
+          30));
+      ExpectBitwiseEqual(v);
+    }
+    const AgentSnapshot snap = root_->Snapshot();
+    ASSERT_EQ(snap.versions.size(), 5u);
+    for (const AgentVersionStatus& vs : snap.versions) {
+      SCOPED_TRACE("version " + std::to_string(vs.version) + ": " + vs.format_reason);
+      if (forced != 0) {
+        EXPECT_EQ(vs.patch_format, forced);
+        EXPECT_NE(vs.format_reason.find("forced"), std::string::npos);
+      } else {
+        EXPECT_TRUE(vs.patch_format == 1 || vs.patch_format == 2);
+      }
+      EXPECT_EQ(vs.format_reason.rfind("format " + std::to_string(vs.patch_format) + ": ", 0), 0u);
+      // Versions 1 and 2: no patch to size from yet. From 3 on the members
+      // have reported the rate of the previous patch's apply.
+      EXPECT_EQ(vs.predicted_f1_s >= 0, vs.version >= 3);
+      if (vs.version >= 3) {
+        EXPECT_GT(vs.predicted_f1_s, 0);
+        EXPECT_GT(vs.predicted_f2_s, 0);
+        EXPECT_NE(vs.format_reason.find("predicted"), std::string::npos);
+        EXPECT_NE(vs.format_reason.find("-bound on "), std::string::npos);
+      } else if (forced == 0) {
+        EXPECT_EQ(vs.patch_format, 2);
+        EXPECT_NE(vs.format_reason.find("the default"), std::string::npos);
+      }
+      if (vs.version >= 2) {
+        // The board's patch is in the format /status names.
+        const fs::path patch = dir_ / "root" / "published" /
+                               ("patch-" + std::to_string(vs.version - 1) + "-" +
+                                std::to_string(vs.version));
+        std::ifstream in(patch, std::ios::binary);
+        ASSERT_TRUE(in.good()) << patch;
+        const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                         std::istreambuf_iterator<char>());
+        auto info = Inspect(bytes);
+        ASSERT_TRUE(info.ok()) << info.status().ToString();
+        EXPECT_EQ(info->format_version, vs.patch_format);
+      }
+    }
+  }
+};
+
+TEST_F(AgentFormatChoiceTest, AutoChoosesEachVersionsFormatAndSaysWhy) { PublishFiveAndCheck(0); }
+
+TEST_F(AgentFormatChoiceTest, PatchFormatForcesIt) { PublishFiveAndCheck(1); }
 
 // The reader rule (docs/agent/apply.md): after a switch the slot switched
 // away from keeps the previous version for the grace period; then the
@@ -576,7 +649,9 @@ TEST_F(AgentSystemTest, AnOlderProtocolsHelloGetsARejectNamingTheProtocol) {
   ASSERT_TRUE(reply.ok()) << "no REJECT before the close";
   auto* reject = std::get_if<agent::Reject>(&*reply);
   ASSERT_NE(reject, nullptr);
-  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks 6"), std::string::npos)
+  EXPECT_NE(reject->reason.find("control protocol 3 (this agent speaks " +
+                                std::to_string(agent::kControlProtocol)),
+            std::string::npos)
       << reject->reason;
   (*conn)->Close();
   EXPECT_TRUE(root_->Snapshot().members.empty());

@@ -130,6 +130,11 @@ def summarize(cfg, res, changed):
              wan_bytes_patch=patches[-1]["wan_bytes"] if patches else {},
              last_by_region=patches[-1]["last_by_region"] if patches else {},
              machine_busy=median([r["machine_busy"] for r in patches]),
+             # Per patch version: the format the root chose, its bytes, the
+             # last member serving, the root's predictions and the load.
+             per_version=[dict(version=r["version"], patch_format=r.get("patch_format"), shipped=r["shipped"],
+                               last_s=r["last_disk"], predicted_s=r.get("predicted_s"), load=r.get("load"),
+                               reason=r.get("format_reason")) for r in patches],
              agents_cpu_s=median([sum(r["cpu_s"].values()) for r in patches]),
              root_cpu_s=median([r["cpu_s"].get("root") for r in patches]),
              member_cpu_s_max=median([max(v for k, v in r["cpu_s"].items() if k != "root") for r in patches]),
@@ -225,6 +230,16 @@ def markdown(results, meta):
             fmt(s.get("sim_holding_s")), fmt(s.get("sim_holding_err") and s["sim_holding_err"] * 100, "%+.0f%%"),
             fmt(s.get("applied_in_max_s")), fmt(s.get("sim_apply_s")), fmt(s.get("a_last_s")),
             fmt(s.get("sim_a_s")), fmt(s.get("d_fetched_s")), fmt(s.get("d_warm_s")), fmt(s.get("sim_d_s"))))
+    if any(s.get("per_version") and s["per_version"][0].get("patch_format") for s in results):
+        out += ["", "Patch format per version (docs/agent.md §6a; the root's choice, its patch bytes, publish "
+                "-> the last member serving, the root's predictions for formats 1 / 2, the 1-minute load):", ""]
+        for s in results:
+            out.append("* **%s**: %s" % (s["name"], "; ".join(
+                "v%d f%s %s MB %s s (pred %s / %s, load %s)" % (
+                    r["version"], r.get("patch_format"), fmt(r["shipped"] and r["shipped"] / 1e6),
+                    fmt(r.get("last_s")), fmt((r.get("predicted_s") or {}).get("1")),
+                    fmt((r.get("predicted_s") or {}).get("2")), fmt(r.get("load"), "%.1f"))
+                for r in s.get("per_version", []))))
     out += ["", "Per configuration: the tree's critical path of the slowest patch version (member: its disk time), "
             "the last member per region, bytes on each WAN link for one patch version (tern) and for (a) and (d) "
             "(IP bytes both ways, the forwarder's counters):", ""]
@@ -254,6 +269,9 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=120)
     ap.add_argument("--no-tls", action="store_true")
     ap.add_argument("--agent-args", default="")
+    ap.add_argument("--patch-formats", default="",
+                    help="run each configuration once per root --patch-format listed (e.g. 'auto 1 2'), "
+                         "on the same versions (docs/agent.md §6a)")
     ap.add_argument("--tern", required=True)
     ap.add_argument("--agent", required=True)
     ap.add_argument("--fwd", required=True)
@@ -292,7 +310,11 @@ def main():
                     ns = [16] if 16 in ns or not ns else ns[:1]
                 for n in ns:
                     name = "chain" if shape == "chain" else "%s N=%d" % (shape, n)
-                    configs.append(dict(name=name + tag, shape=shape, n=n, rtt_scale=sc, format="bf16"))
+                    # One run per --patch-formats entry, one after the other,
+                    # on the same trace (the same versions).
+                    for pf in a.patch_formats.split() or [""]:
+                        configs.append(dict(name=name + tag + (" format %s" % pf if pf else ""), shape=shape, n=n,
+                                            rtt_scale=sc, format="bf16", patch_format=pf))
         if a.fp8 and "chain" in a.shapes.split():
             traces["fp8"] = (os.path.join(work, "trace-fp8"), datagen(a.tern, os.path.join(work, "trace-fp8"),
                                                                      a.params, a.versions - 1, a.fp8_lr, a.fp8))
@@ -317,7 +339,9 @@ def main():
                     "--shape", cfg["shape"], "--trace", trace, "--versions", str(a.versions), "--tern", a.tern,
                     "--agent", a.agent, "--work", cdir, "--out", os.path.join(cdir, "result.json"),
                     "--baselines", a.baselines, "--gap-s", str(a.gap_s), "--deadline-s", str(a.deadline_s),
-                    "--agent-args", a.agent_args] + (["--no-tls"] if a.no_tls else [])
+                    "--agent-args", a.agent_args + (" --patch-format %s" % cfg["patch_format"]
+                                                    if cfg.get("patch_format") else "")] + \
+                (["--no-tls"] if a.no_tls else [])
             rc = subprocess.run(argv).returncode
             subprocess.run([WAN, "down", prefix], capture_output=True, env=env)
             prefix = None

@@ -281,11 +281,17 @@ def run_tern(a, hosts, regions, steps, work):
                 last_disk=max(known) if len(known) == len(members) else None,
                 last_by_region=per_region, critical_path=path, wan_bytes=wan,
                 cpu_s=cpu, disk=disk, machine_busy=(mach1[0] - mach0[0]) / max(mach1[1] - mach0[1], 1e-9),
-                verified=len(members) - len(bad), bad=bad))
-            print("tern version %d: %s %.3f MB, last member %s %.3f s after publish returned; %d/%d verified" % (
-                v, "keyframe" if rows[-1]["keyframe"] else "patch", rows[-1]["shipped"] / 1e6,
-                "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1, len(members) - len(bad),
-                len(members)), flush=True)
+                verified=len(members) - len(bad), bad=bad,
+                # The root's format choice (docs/agent.md §6a) and its prediction.
+                patch_format=rv.get("patch_format"), format_reason=rv.get("format_reason"),
+                predicted_s={1: rv.get("predicted_f1_s"), 2: rv.get("predicted_f2_s")},
+                load=os.getloadavg()[0]))
+            print("tern version %d: %s %.3f MB format %s, last member %s %.3f s after publish returned; "
+                  "%d/%d verified; load %.1f; %s" % (
+                      v, "keyframe" if rows[-1]["keyframe"] else "patch", rows[-1]["shipped"] / 1e6,
+                      rows[-1]["patch_format"], "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1,
+                      len(members) - len(bad), len(members), rows[-1]["load"], rows[-1]["format_reason"]),
+                  flush=True)
             if v < len(steps):
                 time.sleep(a.gap_s)
         # Apply CPU per member and version, from the member's own log line.

@@ -148,9 +148,11 @@ struct AgentOptions {
   uint32_t keep_patches = 16;
   uint32_t keyframe_every = 32;
   uint64_t segment_elements = uint64_t{1} << 20;
-  // Patch format the root writes (docs/format/patch.md): 0 = the default
-  // (2: ~0.7x format 1's bytes); 1 applies ~4x faster per byte of view, for
-  // latency-bound fleets whose members' CPU is the bottleneck (§8).
+  // Patch format the root writes (docs/format/patch.md): 1 or 2 forces it;
+  // 0 (auto) chooses per version the one predicted to bring the last member
+  // to serve sooner, from the members' measured apply and receive rates
+  // (docs/agent.md "Choosing the patch format"). 2 is ~0.7x format 1's
+  // bytes; 1 applies 2.7-6x faster per byte of view.
   uint16_t patch_format = 0;
 
   // ---- Timing ----
@@ -306,6 +308,13 @@ struct AgentVersionStatus {
   double published_at_s = 0;     // agent clock
   double first_served_s = -1;    // after publish; -1: nobody yet
   double last_served_s = -1;     // when every member known at publish served it
+  // The format of its objects (1 or 2; 0: not chosen by this root, e.g. a
+  // version assembled from ranks' parts) and why (docs/agent.md "Choosing
+  // the patch format"): "format 1: predicted 0.8 s vs 1.3 s; apply-bound on m3".
+  uint16_t patch_format = 0;
+  std::string format_reason;
+  // The model's predictions for formats 1 and 2 (-1: not predicted).
+  double predicted_f1_s = -1, predicted_f2_s = -1;
 };
 
 // Freshness from the root's signed HEAD beacons (docs/security.md

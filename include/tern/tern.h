@@ -169,7 +169,7 @@ typedef struct tern_agent_options {
   uint32_t keep_patches;     /* default 16 */
   uint32_t keyframe_every;   /* default 32 */
   uint64_t segment_elements; /* default 1 << 20 */
-  uint32_t patch_format;     /* 0: the default (2); 1 or 2 */
+  uint32_t patch_format;     /* 0: auto (chosen per version); 1 or 2: forced */
 
   /* Timing; defaults as tern-agent's. */
   uint32_t heartbeat_ms;       /* default 500 */
