@@ -44,6 +44,7 @@ Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
   const uint64_t version = part.version;
   const uint32_t rank = part.rank;
   MutexLock lock(ranks_mu_);
+  TERN_REQUIRE(!ranks_closed_, kCancelled, "publish from ranks: the agent is stopping");
   const auto now = std::chrono::steady_clock::now();
   if (assembly_ && !assembly_->committing && assembly_->deadline <= now) {
     // Its waiters are gone or about to wake: fail it here, not later.
@@ -111,6 +112,18 @@ Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
   // Committing: bounded by the publish itself.
   ranks_cv_.Wait([&]() REQUIRES(ranks_mu_) { return rank_outcomes_.count(generation) > 0; });
   return rank_outcomes_[generation];
+}
+
+void AgentImpl::CloseRankParts() {
+  MutexLock lock(ranks_mu_);
+  ranks_closed_ = true;
+  if (assembly_ && !assembly_->committing) {
+    rank_outcomes_[assembly_->generation] =
+        TERN_ERROR(kCancelled, "publish from ranks: version ", assembly_->version,
+                   ": the root is stopping; nothing published");
+    assembly_.reset();
+  }
+  ranks_cv_.SignalAll();
 }
 
 Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version, uint32_t world_size) {
