@@ -89,7 +89,7 @@ def trainer(rank, args, board, port, queue):
 
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
     t0, part = publish(1, view)
-    queue.put((rank, 1, t0, part, 1.0, 0.0))
+    queue.put((rank, 1, t0, part, 1.0, None))  # from zeros: no step, no reward yet
     for step in range(2, args.steps + 2):
         with torch.no_grad():
             ctx = torch.randn(args.batch, contexts, generator=gen)
@@ -168,7 +168,8 @@ def main():
             served_at = time.monotonic()
             r0, r1 = got[(0, version)], got[(1, version)]
             t0 = min(r0[2], r1[2])
-            print(f"{version:>4} {r0[5]:>7.3f} {r0[4]:>8.2%} {r0[3]:>9,} {r1[3]:>9,} "
+            reward = "-" if r0[5] is None else f"{r0[5]:.3f}"
+            print(f"{version:>4} {reward:>7} {r0[4]:>8.2%} {r0[3]:>9,} {r1[3]:>9,} "
                   f"{served_at - t0:>9.3f}s")
         while final is None:
             item = queue.get(timeout=60)
