@@ -10,9 +10,12 @@ bit for bit; a rank that never sends fails the version naming it and
 nothing is published, and the rank that did send publishes it again with
 the other afterwards (its previous view stayed); a garbage or truncated
 body gets 400 saying why, no token gets 401, and neither changes HEAD.
+Over an https:// admin port a rank with the CA publishes, one without it
+is refused naming the certificate.
 
-Run as `test_rank_parts.py rank R WORLD BOARD TOKEN_FILE` it is one rank:
-it reads "publish V" lines on stdin and answers one JSON line each.
+Run as `test_rank_parts.py rank R WORLD BOARD TOKEN_FILE [CA_FILE]` it is
+one rank: it reads "publish V" lines on stdin and answers one JSON line
+each.
 """
 import json
 import os
@@ -63,13 +66,18 @@ def weights(version):
     return w
 
 
-def run_rank(rank, world, board, token_file):
+def run_rank(rank, world, board, token_file, ca_file=None):
     import tern
     with open(token_file) as f:
         token = f.read().strip()
+    ca_pem = None
+    if ca_file:
+        with open(ca_file) as f:
+            ca_pem = f.read()
     rows = rows_of(rank, world)
     pub = tern.Publisher(rank=rank, world_size=world, board=board, token=token, layout=LAYOUT,
-                         shards=rows, gather_timeout_s=3, timeout_s=60, segment_elements=256)
+                         shards=rows, gather_timeout_s=3, timeout_s=60, segment_elements=256,
+                         ca_pem=ca_pem)
     for line in sys.stdin:
         cmd, v = line.split()
         assert cmd == "publish"
@@ -145,7 +153,12 @@ class RankParts(unittest.TestCase):
         self.procs.append(p)
         line = p.line(60)
         addr = line.split("listening on ")[1].split(",")[0].strip()
-        admin = line.split("admin http://")[1].split()[0].strip(",") if "admin http://" in line else None
+        admin = None
+        for scheme in ("https://", "http://"):
+            if "admin " + scheme in line:
+                admin = line.split("admin " + scheme)[1].split()[0].strip(",")
+                admin = admin if scheme == "http://" else scheme + admin
+                break
         return p, addr, admin
 
     def status(self, admin):
@@ -161,6 +174,19 @@ class RankParts(unittest.TestCase):
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
+
+    def rank(self, r, world, board, ca_file=None):
+        log = open(os.path.join(self.tmp, "rank%d-%s.log" % (r, "tls" if ca_file else "plain")), "w")
+        p = Proc([sys.executable, os.path.abspath(__file__), "rank", str(r), str(world), board,
+                  self.token_file] + ([ca_file] if ca_file else []), log, stdin=True)
+        self.procs.append(p)
+        return p
+
+    def publish(self, procs, version):
+        for p in procs:
+            p.proc.stdin.write("publish %d\n" % version)
+            p.proc.stdin.flush()
+        return [json.loads(p.line(60)) for p in procs]
 
     def wait_served(self, admin, version, seconds=60):
         deadline = time.time() + seconds
@@ -180,19 +206,10 @@ class RankParts(unittest.TestCase):
         while not self.status(admin).get("members"):
             self.assertLess(time.time(), deadline, "the member did not join")
             time.sleep(0.1)
-        ranks = []
-        for r in range(2):
-            log = open(os.path.join(self.tmp, "rank%d.log" % r), "w")
-            p = Proc([sys.executable, os.path.abspath(__file__), "rank", str(r), "2",
-                      "http://" + admin, self.token_file], log, stdin=True)
-            self.procs.append(p)
-            ranks.append(p)
+        ranks = [self.rank(r, 2, "http://" + admin) for r in range(2)]
 
         def publish(version, which=(0, 1)):
-            for r in which:
-                ranks[r].proc.stdin.write("publish %d\n" % version)
-                ranks[r].proc.stdin.flush()
-            return [json.loads(ranks[r].line(60)) for r in which]
+            return self.publish([ranks[r] for r in which], version)
 
         for v in (1, 2):
             answers = publish(v)
@@ -229,10 +246,29 @@ class RankParts(unittest.TestCase):
         served = safetensors_bytes(os.path.join(self.tmp, "member", "current"))
         self.assertEqual(served, {n: t.tobytes() for n, t in weights(3).items()})
 
+    def test_over_tls(self):
+        sys.path.insert(0, HERE)
+        from test_agent import make_pki
+        make_pki(self.tmp)
+        _, root_addr, admin = self.agent("root", [
+            "--root", "--admin", "127.0.0.1:0", "--admin-token-file", self.token_file,
+            "--admin-tls-cert", os.path.join(self.tmp, "node.pem"),
+            "--admin-tls-key", os.path.join(self.tmp, "node.key")])
+        self.assertTrue(admin and admin.startswith("https://127.0.0.1:"), admin)
+        # Without the CA (the system's trust store) the certificate is refused.
+        (answer,) = self.publish([self.rank(0, 1, admin)], 1)
+        self.assertFalse(answer["ok"])
+        self.assertEqual(answer["code"], "authentication", answer)
+        self.assertIn("certificate", answer["error"])
+        (answer,) = self.publish([self.rank(0, 1, admin, os.path.join(self.tmp, "ca.pem"))], 1)
+        self.assertTrue(answer["ok"], answer)
+        self.assertGreater(answer["part_bytes"], 0)
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        run_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        run_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5],
+                 sys.argv[6] if len(sys.argv) > 6 else None)
         sys.exit(0)
     AGENT = sys.argv[1]
     unittest.main(argv=sys.argv[:1] + sys.argv[2:], verbosity=2)
