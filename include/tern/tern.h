@@ -3,7 +3,8 @@
  *
  * What it offers: start and stop an agent in this process (root or member,
  * the options of `tern-agent`), publish a checkpoint or tensors in memory
- * on an in-process root,
+ * on an in-process root, publish a trainer rank's shards to a root's admin
+ * port (ABI 1.2),
  * read an agent's status, wait for its events (polled, or delivered to a
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
