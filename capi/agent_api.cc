@@ -178,8 +178,8 @@ void Stop(tern_agent* a) {
   a->transport.reset();
 }
 
-// The caller's tensor array as PublishTensors' list (the bytes borrowed).
-// The stride is tensors[0].struct_size; every element must say the same.
+}  // namespace
+
 Result<std::vector<PublishTensor>> ReadTensors(const tern_tensor* tensors, size_t count) {
   size_t stride = 0;
   std::memcpy(&stride, tensors, sizeof stride);
@@ -216,7 +216,6 @@ Result<std::vector<PublishTensor>> ReadTensors(const tern_tensor* tensors, size_
   return list;
 }
 
-}  // namespace
 }  // namespace tern::capi
 
 using tern::Agent;

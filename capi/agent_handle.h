@@ -27,6 +27,11 @@ struct tern_agent {
 
 namespace tern::capi {
 
+// The caller's tern_tensor array as PublishTensors' list (the bytes
+// borrowed). The stride is tensors[0].struct_size; every element must say
+// the same. Checks each tensor's fields, not the list as a whole.
+Result<std::vector<PublishTensor>> ReadTensors(const tern_tensor* tensors, size_t count);
+
 inline Status CheckHandle(const tern_agent* a) {
   TERN_REQUIRE(a != nullptr, kInvalidArgument, "agent is NULL");
   TERN_REQUIRE(a->tag == tern_agent::kTag, kInvalidArgument,

@@ -3,7 +3,8 @@
  * (NULL pointers, bad options, versioned structs of the wrong size, the
  * wrong handle, buffers too small); then a root and a member on 127.0.0.1,
  * publishing in-process and through the admin port (token checked), status,
- * metrics and publish jobs, and the handle after stop. Prints each failed
+ * metrics and publish jobs, and the handle after stop; trainer ranks
+ * publishing their shards through the admin port. Prints each failed
  * check with its line and exits 1. */
 #define _XOPEN_SOURCE 700
 
@@ -676,6 +677,158 @@ static void test_publish_tensors(const char* dir) {
   tern_agent_free(root);
 }
 
+/* Trainer ranks (ABI 1.2): two rank publishers, each on its own thread,
+ * send their halves of one tensor to the root's admin port; the member
+ * serves each version bit for bit. Refusals name what is wrong; a rank
+ * that does not send fails the version naming it. */
+struct rank_job {
+  tern_rank_publisher* pub;
+  tern_client* client;
+  tern_shard shard;
+  uint64_t version;
+  tern_code code;
+};
+
+static void* send_rank(void* arg) {
+  struct rank_job* j = arg;
+  uint64_t part_bytes = 0;
+  j->code = tern_rank_publisher_encode(j->pub, j->version, &j->shard, 1, &part_bytes);
+  if (j->code == TERN_OK && part_bytes == 0) j->code = TERN_INTERNAL;
+  if (j->code == TERN_OK) j->code = tern_rank_publisher_send(j->pub, j->client);
+  return NULL;
+}
+
+static void test_rank_publishers(const char* dir) {
+  enum { kCount = 4096 };
+  char root_dir[300], member_dir[300], served[340];
+  snprintf(root_dir, sizeof root_dir, "%s/rank-root", dir);
+  snprintf(member_dir, sizeof member_dir, "%s/rank-member", dir);
+  snprintf(served, sizeof served, "%s/current/model.safetensors", member_dir);
+  tern_agent_options o;
+  base_options(&o, root_dir);
+  o.admin_listen = "127.0.0.1:0";
+  o.admin_token = "rank-token";
+  tern_agent* root = NULL;
+  CHECK(tern_agent_start(&o, &root) == TERN_OK);
+  if (root == NULL) return;
+  char addr[128], admin[128], key[4096];
+  size_t len = 0;
+  CHECK(tern_agent_listen_address(root, addr, sizeof addr, &len) == TERN_OK);
+  CHECK(tern_agent_admin_address(root, admin, sizeof admin, &len) == TERN_OK);
+  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
+  const char* keys[1] = {key};
+  base_options(&o, member_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  tern_agent* member = NULL;
+  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+
+  static uint16_t w[kCount];
+  for (uint32_t i = 0; i < kCount; ++i) w[i] = tiny_bf16((float)(i % 241u) / 32.0f);
+  const uint64_t shape[1] = {kCount};
+  tern_tensor layout;
+  tern_tensor_init(&layout);
+  layout.name = "model.w";
+  layout.dtype = "BF16";
+  layout.shape = shape;
+  layout.ndim = 1;
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.token = "rank-token";
+  co.timeout_ms = 60000;
+  tern_client* client = NULL;
+  CHECK(tern_client_open(admin, &co, &client) == TERN_OK);
+
+  struct rank_job jobs[2];
+  tern_rank_publisher_options ro;
+  for (uint32_t r = 0; r < 2; ++r) {
+    tern_shard_init(&jobs[r].shard);
+    jobs[r].shard.tensor = "model.w";
+    jobs[r].shard.first_element = r * (kCount / 2);
+    jobs[r].shard.element_count = kCount / 2;
+    jobs[r].shard.data = w + r * (kCount / 2);
+    jobs[r].shard.bytes = sizeof w / 2;
+    jobs[r].client = client;
+    jobs[r].pub = NULL;
+    tern_rank_publisher_options_init(&ro);
+    ro.rank = r;
+    ro.world_size = 2;
+    ro.layout = &layout;
+    ro.layout_count = 1;
+    ro.shards = &jobs[r].shard;
+    ro.shard_count = 1;
+    ro.segment_elements = 512;
+    ro.gather_timeout_ms = 30000;
+    CHECK(tern_rank_publisher_create(&ro, &jobs[r].pub) == TERN_OK);
+  }
+  /* Refusals, before anything is sent. */
+  tern_rank_publisher* bad = NULL;
+  ro.rank = 2;
+  CHECK_CODE(tern_rank_publisher_create(&ro, &bad), TERN_INVALID_ARGUMENT, "world size 2");
+  ro.rank = 1;
+  ro.gather_timeout_ms = 0;
+  CHECK_CODE(tern_rank_publisher_create(&ro, &bad), TERN_INVALID_ARGUMENT, "gather_timeout_ms 0");
+  ro.gather_timeout_ms = 300;
+  tern_shard other = jobs[1].shard;
+  other.tensor = "model.nope";
+  ro.shards = &other;
+  CHECK_CODE(tern_rank_publisher_create(&ro, &bad), TERN_INVALID_ARGUMENT, "model.nope");
+  CHECK(bad == NULL);
+  if (jobs[0].pub != NULL) {
+    CHECK_CODE(tern_rank_publisher_send(jobs[0].pub, client), TERN_INVALID_ARGUMENT, "nothing to send");
+    CHECK_CODE(tern_rank_publisher_send(jobs[0].pub, (tern_client*)root), TERN_INVALID_ARGUMENT,
+               "not a tern_client");
+    CHECK_CODE(tern_rank_publisher_encode(jobs[0].pub, 1, &jobs[1].shard, 1, NULL),
+               TERN_INVALID_ARGUMENT, "is not one it owns");
+  }
+
+  for (uint64_t v = 1; v <= 2 && jobs[0].pub != NULL && jobs[1].pub != NULL; ++v) {
+    if (v == 2)
+      for (uint32_t i = 0; i < kCount; i += 89) w[i] ^= 1;  /* both halves change */
+    pthread_t threads[2];
+    for (int r = 0; r < 2; ++r) {
+      jobs[r].version = v;
+      CHECK(pthread_create(&threads[r], NULL, send_rank, &jobs[r]) == 0);
+    }
+    for (int r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
+    CHECK(jobs[0].code == TERN_OK && jobs[1].code == TERN_OK);
+    CHECK(tern_rank_publisher_version(jobs[0].pub) == v);
+    if (member != NULL) {
+      CHECK(wait_served(member, v));
+      CHECK(file_ends_with(served, w, sizeof w));
+    }
+  }
+  /* Rank 1 never sends version 3: rank 0 hears which rank failed it. */
+  ro.rank = 0;
+  ro.shards = &jobs[0].shard;
+  tern_rank_publisher* alone = NULL;
+  CHECK(tern_rank_publisher_create(&ro, &alone) == TERN_OK);
+  if (alone != NULL) {
+    CHECK(tern_rank_publisher_encode(alone, 3, &jobs[0].shard, 1, NULL) == TERN_OK);
+    tern_code got = tern_rank_publisher_send(alone, client);
+    CHECK(got != TERN_OK && strstr(tern_last_error(), "no part from rank(s) 1") != NULL);
+    CHECK(tern_rank_publisher_version(alone) == 0);
+    /* A wrong token is refused by the port. */
+    tern_client* wrong = NULL;
+    co.token = "wrong";
+    CHECK(tern_client_open(admin, &co, &wrong) == TERN_OK);
+    CHECK(tern_rank_publisher_encode(alone, 3, &jobs[0].shard, 1, NULL) == TERN_OK);
+    CHECK_CODE(tern_rank_publisher_send(alone, wrong), TERN_AUTH, "token");
+    tern_client_free(wrong);
+    tern_rank_publisher_free(alone);
+  }
+  tern_status st;
+  st.struct_size = sizeof st;
+  CHECK(tern_agent_status(root, &st) == TERN_OK);
+  CHECK(st.head == 2);
+  for (int r = 0; r < 2; ++r) tern_rank_publisher_free(jobs[r].pub);
+  tern_client_free(client);
+  if (member != NULL) tern_agent_free(member);
+  tern_agent_free(root);
+}
+
 int main(void) {
   char dir[] = "/tmp/tern-capi-test-XXXXXX";
   if (mkdtemp(dir) == NULL) {
@@ -688,6 +841,7 @@ int main(void) {
   test_bad_options(bad_dir);
   test_agents(dir);
   test_publish_tensors(dir);
+  test_rank_publishers(dir);
   nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   if (failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", failures);

@@ -7,28 +7,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "capi/capi_internal.h"
+#include "capi/client_handle.h"
 #include "tern/agent.h"
-
-struct tern_client {
-  static constexpr uint32_t kTag = 0x74436c69;  // "tCli"
-  uint32_t tag = kTag;
-  std::string address;
-  tern::AgentClientOptions options;
-};
 
 namespace tern::capi {
 namespace {
 
 constexpr size_t kClientOptionsBytesV1 = offsetof(tern_client_options, force) + sizeof(int);
 constexpr size_t kAddressBytesMax = 1024;
-
-Status CheckHandle(const tern_client* c) {
-  TERN_REQUIRE(c != nullptr, kInvalidArgument, "client is NULL");
-  TERN_REQUIRE(c->tag == tern_client::kTag, kInvalidArgument,
-               "client is not a tern_client (another handle, or one already freed)");
-  return Status::Ok();
-}
 
 // "HOST:PORT", "http://HOST:PORT" or "https://HOST:PORT" (an IPv6 host in
 // brackets): the form only; the call says whether anyone listens.

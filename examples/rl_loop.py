@@ -17,8 +17,8 @@ rollout copy equals the trainer's view bit for bit at the end.
 
     .venv/bin/python examples/rl_loop.py [--steps 30] [--hidden 1536] [--lr 2e-6] [--workdir DIR]
 
-Single trainer process: per-rank publishing across processes is not wired
-yet (docs/agent/board.md §4b).
+Single trainer process; examples/rl_loop_ranks.py is the same loop with two
+trainer ranks, each publishing its rows (docs/agent/board.md §4b).
 """
 import argparse
 import shutil

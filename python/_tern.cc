@@ -443,6 +443,112 @@ class Client {
   tern_client* client_ = nullptr;
 };
 
+// A trainer rank publishing its shards to a root's admin port
+// (tern_rank_publisher over a tern_client).
+class RankPublisher {
+ public:
+  // layout: (name, dtype, shape) per tensor of the view; shards: (name,
+  // first_element, element_count) per owned range.
+  RankPublisher(uint32_t rank, uint32_t world_size, const py::list& layout, const py::list& shards,
+                uint64_t segment_elements, uint32_t gather_timeout_ms, const std::string& address,
+                const py::object& token, uint32_t timeout_ms, const py::object& ca_pem) {
+    tern_client_options co;
+    tern_client_options_init(&co);
+    std::string token_text, ca_text;
+    if (!token.is_none()) {
+      token_text = token.cast<std::string>();
+      co.token = token_text.c_str();
+    }
+    if (!ca_pem.is_none()) {
+      ca_text = ca_pem.cast<std::string>();
+      co.ca_pem = ca_text.c_str();
+    }
+    if (timeout_ms != 0) co.timeout_ms = timeout_ms;
+    Check(tern_client_open(address.c_str(), &co, &client_));
+    const size_t n = layout.size();
+    std::vector<std::string> names(n), dtypes(n);
+    std::vector<std::vector<uint64_t>> shapes(n);
+    std::vector<tern_tensor> tensors(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto t = layout[i].cast<py::tuple>();
+      if (t.size() != 3) throw py::value_error("Publisher: a layout entry is (name, dtype, shape)");
+      names[i] = t[0].cast<std::string>();
+      dtypes[i] = t[1].cast<std::string>();
+      shapes[i] = t[2].cast<std::vector<uint64_t>>();
+      tern_tensor_init(&tensors[i]);
+      tensors[i].name = names[i].c_str();
+      tensors[i].dtype = dtypes[i].c_str();
+      tensors[i].shape = shapes[i].empty() ? nullptr : shapes[i].data();
+      tensors[i].ndim = static_cast<uint32_t>(shapes[i].size());
+    }
+    std::vector<std::string> shard_names;
+    std::vector<tern_shard> owned;
+    ReadShards(shards, false, &shard_names, &owned);
+    tern_rank_publisher_options o;
+    tern_rank_publisher_options_init(&o);
+    o.rank = rank;
+    o.world_size = world_size;
+    o.layout = tensors.empty() ? nullptr : tensors.data();
+    o.layout_count = tensors.size();
+    o.shards = owned.empty() ? nullptr : owned.data();
+    o.shard_count = owned.size();
+    if (segment_elements != 0) o.segment_elements = segment_elements;
+    if (gather_timeout_ms != 0) o.gather_timeout_ms = gather_timeout_ms;
+    Check(tern_rank_publisher_create(&o, &publisher_));
+  }
+  ~RankPublisher() {
+    tern_rank_publisher_free(publisher_);
+    tern_client_free(client_);
+  }
+  RankPublisher(const RankPublisher&) = delete;
+  RankPublisher& operator=(const RankPublisher&) = delete;
+
+  // shards: (name, first_element, element_count, data pointer, bytes), the
+  // pointers into buffers tern/_core.py keeps alive for the call. Returns
+  // the part's size on the wire.
+  uint64_t Publish(uint64_t version, const py::list& shards) {
+    std::vector<std::string> names;
+    std::vector<tern_shard> given;
+    ReadShards(shards, true, &names, &given);
+    uint64_t part_bytes = 0;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_rank_publisher_encode(publisher_, version, given.empty() ? nullptr : given.data(),
+                                        given.size(), &part_bytes);
+      if (code == TERN_OK) code = tern_rank_publisher_send(publisher_, client_);
+    }
+    Check(code);
+    return part_bytes;
+  }
+  uint64_t Version() { return tern_rank_publisher_version(publisher_); }
+
+ private:
+  static void ReadShards(const py::list& list, bool data, std::vector<std::string>* names,
+                         std::vector<tern_shard>* out) {
+    const size_t n = list.size();
+    names->resize(n);
+    out->resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto t = list[i].cast<py::tuple>();
+      if (t.size() != (data ? 5u : 3u))
+        throw py::value_error("Publisher: a shard is (name, first_element, element_count" +
+                              std::string(data ? ", data, bytes)" : ")"));
+      (*names)[i] = t[0].cast<std::string>();
+      tern_shard_init(&(*out)[i]);
+      (*out)[i].tensor = (*names)[i].c_str();
+      (*out)[i].first_element = t[1].cast<uint64_t>();
+      (*out)[i].element_count = t[2].cast<uint64_t>();
+      if (data) {
+        (*out)[i].data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
+        (*out)[i].bytes = t[4].cast<uint64_t>();
+      }
+    }
+  }
+  tern_client* client_ = nullptr;
+  tern_rank_publisher* publisher_ = nullptr;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_tern, m) {
@@ -468,6 +574,15 @@ PYBIND11_MODULE(_tern, m) {
       .def("set_retention", &Agent::SetRetention, py::arg("keep_patches"), py::arg("keyframe_every"))
       .def("stop", &Agent::Stop)
       .def("close", &Agent::Close);
+
+  py::class_<RankPublisher>(m, "RankPublisher")
+      .def(py::init<uint32_t, uint32_t, const py::list&, const py::list&, uint64_t, uint32_t,
+                    const std::string&, const py::object&, uint32_t, const py::object&>(),
+           py::arg("rank"), py::arg("world_size"), py::arg("layout"), py::arg("shards"),
+           py::arg("segment_elements"), py::arg("gather_timeout_ms"), py::arg("address"),
+           py::arg("token"), py::arg("timeout_ms"), py::arg("ca_pem"))
+      .def("publish", &RankPublisher::Publish, py::arg("version"), py::arg("shards"))
+      .def("version", &RankPublisher::Version);
 
   py::class_<Client>(m, "Client")
       .def(py::init<const std::string&, const py::object&, uint32_t, bool, const py::object&>(),

@@ -12,6 +12,7 @@
 #include "agent/engine/engine_adapter.h"
 #include "agent/engine/sglang_adapter.h"
 #include "agent/daemon/publish_jobs.h"
+#include "agent/daemon/rank_part_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
 #include "base/log.h"
@@ -477,6 +478,8 @@ void AgentImpl::Stop() {
   if (tick_thread_.joinable()) tick_thread_.join();
   admin_.reset();
   publish_jobs_.reset();  // waits for a publish still running
+  CloseRankParts();
+  rank_part_jobs_.reset();  // its parts' calls have returned or are committing
   if (listener_) listener_->Close();
   if (intra_listener_) intra_listener_->Close();
   if (root_conn) root_conn->Close();

@@ -69,6 +69,7 @@ namespace tern::agent {
 class AdminServer;
 class MetricsRegistry;
 class PublishJobs;
+class RankPartJobs;
 class ServeHook;
 class EngineDriver;
 class SlotLease;
@@ -191,6 +192,9 @@ class AgentImpl final : public Agent {
 
   // ---- agent_ranks.cc ----
   // Joins and commits the parts of one version (PublishRankPart).
+  // Fails the version being gathered (kCancelled) and refuses new parts,
+  // so that Stop need not wait for a gathering deadline.
+  void CloseRankParts();
   Status CommitRankParts(std::vector<RankPart> parts, uint64_t version, uint32_t world_size)
       REQUIRES(publish_mu_);
 
@@ -299,6 +303,7 @@ class AgentImpl final : public Agent {
   std::string intra_address_;
   std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<PublishJobs> publish_jobs_;  // root: publishes behind POST /publish
+  std::unique_ptr<RankPartJobs> rank_part_jobs_;  // root: POST /publish/rank-part (agent_ranks.cc)
   std::unique_ptr<AdminServer> admin_;
   std::string admin_address_;
   // Events (agent_events.cc): the ring has its own lock, taken after mu_
@@ -347,6 +352,7 @@ class AgentImpl final : public Agent {
   Mutex ranks_mu_;
   CondVar ranks_cv_{&ranks_mu_};
   std::optional<RankAssembly> assembly_ GUARDED_BY(ranks_mu_);
+  bool ranks_closed_ GUARDED_BY(ranks_mu_) = false;
   uint64_t next_generation_ GUARDED_BY(ranks_mu_) = 1;
   // Generation -> outcome, for the callers still waiting (the last 64).
   std::map<uint64_t, Status> rank_outcomes_ GUARDED_BY(ranks_mu_);

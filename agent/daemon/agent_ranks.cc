@@ -1,13 +1,17 @@
 // The root's side of publishing from trainer ranks (Agent::PublishRankPart,
 // include/tern/rank_publish.h): parts gathered per version under a
 // deadline, then joined and committed as one version (agent/daemon/agent_impl.h).
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "agent/board/publish.h"
 #include "agent/daemon/agent_impl.h"
+#include "tern/patch.h"
 
 namespace tern::agent {
 namespace {
@@ -30,6 +34,74 @@ std::string MissingRanks(const std::map<uint32_t, RankPart>& parts, uint32_t wor
   return out;
 }
 
+// A private anonymous mapping: pages cost memory only once written.
+class ScratchMap {
+ public:
+  static Result<ScratchMap> Create(uint64_t bytes) {
+    void* p = mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    TERN_REQUIRE(p != MAP_FAILED, kResourceExhausted, "publish from ranks: no address space for ",
+                 bytes, " scratch bytes");
+    return ScratchMap(static_cast<uint8_t*>(p), std::max<uint64_t>(bytes, 1));
+  }
+  ScratchMap(ScratchMap&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_) {}
+  ScratchMap& operator=(ScratchMap&&) = delete;
+  ~ScratchMap() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  uint8_t* data() const { return data_; }
+
+ private:
+  ScratchMap(uint8_t* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
+  uint8_t* data_;
+  uint64_t bytes_;
+};
+
+// Byte range [first, end) holding elements [first_element, first_element + count).
+std::pair<uint64_t, uint64_t> ByteRange(DType dtype, uint64_t first_element, uint64_t count) {
+  const uint64_t bits = static_cast<uint64_t>(ElementBits(dtype));
+  return {first_element * bits / 8, ((first_element + count) * bits + 7) / 8};
+}
+
+// Decodes one rank's records against the root's view before anything is
+// recorded: joined into a patch and applied to a scratch view that holds
+// only the segments they touch, copied from `current` (null: the zero view
+// of a first version); Apply computes the digest from the decoded changes,
+// so records whose bytes are not what their digest deltas (and so the
+// rank's terms) claim are refused here, not after the version is on the
+// board. Memory: the scratch pages written, about the bytes of the rank's
+// changed segments.
+Status VerifyRankRecords(const std::vector<TensorDesc>& layout, const ServeView* current,
+                         uint64_t head, uint64_t version, const ViewDigest& base_digest,
+                         const RankPart& part, ThreadPool& pool) {
+  if (part.records.empty()) return Status::Ok();
+  ServeView descs;
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  for (const TensorDesc& d : layout) {
+    descs.tensors.push_back({&d, nullptr});
+    offsets.push_back(total);
+    total += (d.bytes() + 63) / 64 * 64;
+  }
+  PatchBuilder builder(descs, head, version, base_digest, part.format_version);
+  for (const SegmentRecord& r : part.records) TERN_RETURN_IF_ERROR(builder.Add(r));
+  TERN_ASSIGN_OR_RETURN(std::vector<uint8_t> patch, builder.Finish());
+  TERN_ASSIGN_OR_RETURN(ScratchMap scratch, ScratchMap::Create(total));
+  MutableServeView view;
+  for (size_t i = 0; i < layout.size(); ++i) view.tensors.push_back({&layout[i], scratch.data() + offsets[i]});
+  if (current != nullptr) {
+    for (const SegmentRecord& r : part.records) {
+      const TensorDesc& d = layout[r.tensor_index];
+      const auto [from, to] = ByteRange(d.dtype, r.first_element, r.element_count);
+      std::memcpy(view.tensors[r.tensor_index].data + from, current->tensors[r.tensor_index].data + from,
+                  to - from);
+    }
+  }
+  ApplyOptions options;
+  options.exclusive_view = true;  // the scratch view is ours alone
+  return Apply(view, patch, base_digest, pool, options);
+}
+
 }  // namespace
 
 Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
@@ -44,6 +116,7 @@ Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
   const uint64_t version = part.version;
   const uint32_t rank = part.rank;
   MutexLock lock(ranks_mu_);
+  TERN_REQUIRE(!ranks_closed_, kCancelled, "publish from ranks: the agent is stopping");
   const auto now = std::chrono::steady_clock::now();
   if (assembly_ && !assembly_->committing && assembly_->deadline <= now) {
     // Its waiters are gone or about to wake: fail it here, not later.
@@ -113,6 +186,18 @@ Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
   return rank_outcomes_[generation];
 }
 
+void AgentImpl::CloseRankParts() {
+  MutexLock lock(ranks_mu_);
+  ranks_closed_ = true;
+  if (assembly_ && !assembly_->committing) {
+    rank_outcomes_[assembly_->generation] =
+        TERN_ERROR(kCancelled, "publish from ranks: version ", assembly_->version,
+                   ": the root is stopping; nothing published");
+    assembly_.reset();
+  }
+  ranks_cv_.SignalAll();
+}
+
 Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version, uint32_t world_size) {
   const double t0 = NowS();
   const uint64_t head = board_->head();
@@ -123,10 +208,11 @@ Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version,
                " (it took the board over): publish one version from a checkpoint or memory first");
   std::vector<TensorDesc> layout;
   ViewDigest base_digest;
+  std::unique_ptr<Checkpoint> current;  // the root's view of HEAD (none before the first version)
   if (head != 0) {
     OpenOptions open;
     open.env = &env_;
-    TERN_ASSIGN_OR_RETURN(auto current, Checkpoint::Open(store_->current_path(), open));
+    TERN_ASSIGN_OR_RETURN(current, Checkpoint::Open(store_->current_path(), open));
     for (const auto& t : current->view().tensors) layout.push_back(*t.desc);
     base_digest = store_->digest();
   } else {
@@ -138,6 +224,14 @@ Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version,
   ViewDigest target;
   auto patch = AssembleRankParts(layout, head, version, base_digest, parts, world_size, &target);
   if (!patch.ok()) return patch.status().WithContext("publish from ranks: version " + std::to_string(version));
+  for (const RankPart& part : parts) {
+    Status s = VerifyRankRecords(layout, current ? &current->view() : nullptr, head, version,
+                                 base_digest, part, pool_);
+    TERN_REQUIRE(s.ok(), kMismatch, "publish from ranks: version ", version, ": rank ", part.rank,
+                 "'s records do not decode to the digest deltas they claim (", s.ToString(),
+                 "); nothing published");
+  }
+  current.reset();
   parts.clear();
   const bool keyframe_due = head != 0 && board_->KeyframeDue(version, patch->size());
   PublishOptions options;

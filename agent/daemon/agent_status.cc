@@ -13,6 +13,7 @@
 #include "agent/daemon/engine_driver.h"
 #include "agent/daemon/serve_hook.h"
 #include "agent/daemon/publish_jobs.h"
+#include "agent/daemon/rank_part_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
 #include "base/text.h"
@@ -384,6 +385,10 @@ Status AgentImpl::StartAdmin() {
       routes.push_back(std::move(r));
     for (AdminRoute& r : OperatorRoutes()) routes.push_back(std::move(r));
     for (AdminRoute& r : KeyRoutes()) routes.push_back(std::move(r));
+    rank_part_jobs_ = std::make_unique<RankPartJobs>(
+        [this](RankPart part, uint32_t timeout_ms) { return PublishRankPart(std::move(part), timeout_ms); });
+    for (AdminRoute& r : rank_part_jobs_->Routes(AdminOptions{}.request_timeout_ms / 2))
+      routes.push_back(std::move(r));
   }
   // Secure by default: mutating routes are never open to the network
   // without a token, nor is the token sent over it in clear.
@@ -409,6 +414,7 @@ Status AgentImpl::StartAdmin() {
   ao.tls_cert_pem = opt_.admin_tls_cert_pem;
   ao.tls_key_pem = opt_.admin_tls_key_pem;
   ao.log = log_;
+  if (opt_.root) ao.max_body_bytes = kMaxRankPartRouteBytes;  // a rank's part is one body
   TERN_ASSIGN_OR_RETURN(admin_, AdminServer::Start(ao, std::move(routes)));
   // With TLS the address says so: it is what clients dial.
   admin_address_ = (tls ? "https://" : "") + admin_->address();

@@ -323,7 +323,7 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
     if (!options.token.empty()) req.set_header("Authorization", "Bearer " + options.token);
     if (std::string_view(method) == "POST") {
       req.body = std::string(body);
-      req.set_header("Content-Type", "application/json");
+      req.set_header("Content-Type", options.content_type);
     }
     std::string reply;
     bool too_big = false, too_slow = false;

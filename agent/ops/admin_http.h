@@ -150,6 +150,7 @@ struct AdminClientOptions {
   std::string ca_pem;
   uint32_t timeout_ms = 10000;
   uint64_t max_reply_bytes = 16 << 20;
+  std::string content_type = "application/json";  // of a POST's body
 };
 
 // An admin address split: "HOST:PORT", "http://HOST:PORT" or

@@ -200,5 +200,68 @@ TEST_F(AgentRankPublishTest, UnknownRanksAndOverlappingShardsAreRefused) {
   EXPECT_EQ(root_->Snapshot().head, 0u);
 }
 
+TEST_F(AgentRankPublishTest, RecordsThatContradictTheirDigestDeltasAreRefusedBeforeTheRecord) {
+  StartRoot();
+  const std::string v1 = NextStep();
+  MakeRanks(2, v1);
+  for (const Status& s : PublishFromRanks(1, v1, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  const std::string v2 = NextStep();
+  auto c2 = Checkpoint::Open(v2);
+  ASSERT_TRUE(c2.ok());
+  auto honest = ranks_[1]->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 1, 2)));
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  ASSERT_FALSE(honest->records.empty());
+  // The same rank from the same previous view, encoding other values of
+  // its first changed segment: valid records whose bytes say something
+  // else than the honest digest deltas and terms it keeps.
+  auto c1 = Checkpoint::Open(v1);
+  ASSERT_TRUE(c1.ok());
+  RankPublisherOptions o;
+  o.segment_elements = 4096;
+  auto twin = RankPublisher::Create(1, 2, layout_, RowShards(layout_, 1, 2), o);
+  ASSERT_TRUE(twin.ok());
+  ASSERT_TRUE((*twin)->Encode(1, ShardsIn((*c1)->view(), RowShards(layout_, 1, 2))).ok());
+  (*twin)->Committed();
+  const SegmentRecord& first = honest->records.front();
+  const TensorDesc& d = layout_[first.tensor_index];
+  const TensorRef* t = (*c2)->view().Find(d.name);
+  std::vector<uint8_t> altered(t->data, t->data + d.bytes());
+  altered[first.first_element * ElementBits(d.dtype) / 8] ^= 0x40;  // inside the changed segment
+  std::vector<RankShard> shards = ShardsIn((*c2)->view(), RowShards(layout_, 1, 2));
+  for (RankShard& s : shards)
+    if (s.range.tensor == d.name)
+      s.data = altered.data() + s.range.first_element * ElementBits(d.dtype) / 8;
+  auto lie = (*twin)->Encode(2, shards);
+  ASSERT_TRUE(lie.ok()) << lie.status().ToString();
+  RankPart forged = *honest;
+  bool swapped = false;
+  for (const SegmentRecord& r : lie->records)
+    if (r.tensor_index == first.tensor_index && r.first_element == first.first_element) {
+      ASSERT_NE(r.bytes, forged.records.front().bytes);
+      forged.records.front().bytes = r.bytes;
+      swapped = true;
+    }
+  ASSERT_TRUE(swapped);
+  auto p0 = ranks_[0]->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 0, 2)));
+  ASSERT_TRUE(p0.ok());
+  auto f = std::async(std::launch::async, [&] { return root_->PublishRankPart(*p0, 60000); });
+  const Status s1 = root_->PublishRankPart(forged, 60000);
+  const Status s0 = f.get();
+  for (const Status& s : {s0, s1}) {
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1's records do not decode to the digest deltas they claim"),
+              std::string::npos)
+        << s.ToString();
+  }
+  // Nothing was recorded: HEAD and the root's view are still version 1's,
+  // and the honest parts publish version 2.
+  EXPECT_EQ(root_->Snapshot().head, 1u);
+  EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), v1), "");
+  ranks_[0]->Abandon();
+  ranks_[1]->Abandon();
+  for (const Status& s : PublishFromRanks(2, v2, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), v2), "");
+}
+
 }  // namespace
 }  // namespace tern

@@ -594,6 +594,16 @@ TERN_EXPORT Status SetRetentionAt(const std::string& admin_address, uint32_t kee
 TERN_EXPORT Status RotateKeysAt(const std::string& admin_address, std::string_view signed_key_set,
                                 const std::string& signing_key_file, const AgentClientOptions& options = {});
 
+// POST /publish/rank-part to a root's admin port (ABI 1.2 of the C API;
+// docs/agent/operations.md "Publishing from trainer ranks"): the rank's
+// encoded part (EncodeRankPart) for Agent::PublishRankPart on the root,
+// whose gathering deadline is gather_timeout_ms. Returns the version's one
+// outcome, however long the root gathers and publishes (it polls GET
+// /publish/rank-part); kTimeout when options.timeout_ms passes first.
+TERN_EXPORT Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
+                                uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
+                                const AgentClientOptions& options = {});
+
 // The JSON text GET /status serves for `snapshot` (an in-process agent's
 // Snapshot(), for embedders that run no admin port).
 TERN_EXPORT std::string AgentSnapshotJson(const AgentSnapshot& snapshot);

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,22 @@ TERN_EXPORT Result<std::vector<uint8_t>> AssembleRankParts(const std::vector<Ten
                                                            const std::vector<RankPart>& parts,
                                                            uint32_t world_size,
                                                            ViewDigest* target_digest);
+
+// ---- The wire form of a RankPart (docs/format/agent.md §11): what a rank
+// in another process sends the root's POST /publish/rank-part. ----
+
+inline constexpr uint64_t kMaxRankPartBytes = uint64_t{1} << 30;
+
+// The canonical bytes of `part`. kInvalidArgument for a part the format
+// cannot carry (a field outside its rule in §11, e.g. an unsorted layout,
+// overlapping shards or records, over kMaxRankPartBytes in all).
+TERN_EXPORT Result<std::vector<uint8_t>> EncodeRankPart(const RankPart& part);
+// Parses and checks the structure of §11 (kCorrupt naming the field: bad
+// magic or format, a reserved field not zero, a count or length out of its
+// bound or past the end, trailing bytes). What needs the root's state is
+// left to AssembleRankParts. Untrusted input: allocates at most about the
+// input's size. Thread-safe (no state).
+TERN_EXPORT Result<RankPart> DecodeRankPart(std::span<const uint8_t> bytes);
 
 // D(the all-zero view of `layout`): the base of a board's first version.
 TERN_EXPORT ViewDigest ZeroViewDigest(const std::vector<TensorDesc>& layout);

@@ -3,7 +3,8 @@
  *
  * What it offers: start and stop an agent in this process (root or member,
  * the options of `tern-agent`), publish a checkpoint or tensors in memory
- * on an in-process root,
+ * on an in-process root, publish a trainer rank's shards to a root's admin
+ * port (ABI 1.2),
  * read an agent's status, wait for its events (polled, or delivered to a
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
@@ -71,7 +72,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 1
+#define TERN_ABI_VERSION_MINOR 2
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -441,6 +442,93 @@ TERN_API tern_code tern_client_set_retention(tern_client* client, uint32_t keep_
                                              uint32_t keyframe_every);
 /* NULL is a no-op. Must be the last call on the handle. */
 TERN_API void tern_client_free(tern_client* client);
+
+/* ---- Trainer ranks in other processes (ABI 1.2) ----
+ *
+ * Each trainer rank publishes the tensors, or row shards of tensors, it
+ * owns: it diffs them against its own previous view of them, encodes the
+ * changed segments and sends that part to the root's admin port (POST
+ * /publish/rank-part), which commits one version once every rank's part is
+ * there (docs/agent/board.md §4b; the bytes: docs/format/agent.md §11).
+ * Full weights never travel. */
+
+typedef struct tern_rank_publisher tern_rank_publisher;
+
+/* One element range of a tensor (a row shard of a row-major tensor: rows
+ * [r0, r1) are elements [r0 * row, r1 * row)). For tern_rank_publisher_encode
+ * `data` holds the range's current serve-view bytes (`bytes` of them,
+ * contiguous, host memory: a CPU torch tensor's data_ptr() or a C-order
+ * NumPy array's ctypes.data, read during the call only, not copied first);
+ * tern_rank_publisher_create ignores data and bytes. */
+typedef struct tern_shard {
+  size_t struct_size;     /* sizeof(tern_shard); set by tern_shard_init */
+  const char* tensor;     /* a name of the layout */
+  uint64_t first_element;
+  uint64_t element_count; /* >= 1 */
+  const void* data;
+  uint64_t bytes;
+} tern_shard;
+
+TERN_API void tern_shard_init(tern_shard* shard);
+
+typedef struct tern_rank_publisher_options {
+  size_t struct_size; /* sizeof(tern_rank_publisher_options); set by _init */
+  uint32_t rank;       /* < world_size */
+  uint32_t world_size; /* 1..65536, the same on every rank */
+  /* Every tensor of the served view (names, dtypes, shapes; data and bytes
+   * are ignored), the same on every rank, any order; an array of
+   * tern_tensor with the stride tensors[0].struct_size. */
+  const tern_tensor* layout;
+  size_t layout_count;
+  /* The ranges this rank owns (stride shards[0].struct_size): disjoint;
+   * all ranks' together cover every element exactly once. */
+  const tern_shard* shards;
+  size_t shard_count;
+  uint64_t segment_elements; /* 1..2^24-1; default 1048576 */
+  /* How long the root waits for the other ranks' parts once the first
+   * part of a version came (1..600000; default 60000). */
+  uint32_t gather_timeout_ms;
+} tern_rank_publisher_options;
+
+TERN_API void tern_rank_publisher_options_init(tern_rank_publisher_options* options);
+
+/* A publisher whose previous view is all zeros at version 0 (the board
+ * must be empty, or this rank's shards must be zero in HEAD; a rank that
+ * restarts on a non-empty board is refused by the root, TERN_MISMATCH).
+ * TERN_INVALID_ARGUMENT naming the tensor for a bad layout or range. The
+ * strings and arrays are read during the call only. Any thread. */
+TERN_API tern_code tern_rank_publisher_create(const tern_rank_publisher_options* options,
+                                              tern_rank_publisher** out);
+
+/* Encodes `version` (above the last committed one) from the shards'
+ * current bytes (`count` shards, the ranges create named, any order) and
+ * keeps the part until tern_rank_publisher_send; an earlier part not sent
+ * is dropped. *part_bytes (may be NULL): the part's size on the wire.
+ * Calls on one publisher are serialized (a second waits); any thread. */
+TERN_API tern_code tern_rank_publisher_encode(tern_rank_publisher* publisher, uint64_t version,
+                                              const tern_shard* shards, size_t count,
+                                              uint64_t* part_bytes);
+
+/* Sends the encoded part to the root behind `client` (its address, token,
+ * CA and timeout_ms) and waits for the version's one outcome, however long
+ * the root gathers and publishes (polling its GET /publish/rank-part; the
+ * client's timeout_ms bounds the wait: TERN_TIMEOUT). TERN_OK: the version
+ * is on the board, and the shards' bytes become this rank's previous view.
+ * TERN_TIMEOUT: the outcome is not known yet; the part stays encoded and
+ * sending it again asks the root (a part the root committed is answered
+ * TERN_OK, not published twice). Any other error (the root's code and
+ * reason, naming the ranks that did not send): the part is abandoned and
+ * the previous view stays; encode the next attempt again.
+ * TERN_INVALID_ARGUMENT when nothing is encoded.
+ * Serialized with encode on one publisher; any thread. */
+TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern_client* client);
+
+/* The version of this rank's previous view (0 before its first commit).
+ * Any thread. */
+TERN_API uint64_t tern_rank_publisher_version(tern_rank_publisher* publisher);
+
+/* NULL is a no-op. Must be the last call on the handle. */
+TERN_API void tern_rank_publisher_free(tern_rank_publisher* publisher);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -228,6 +228,89 @@ class Client(_OperatorCalls):
         return d
 
 
+class Publisher:
+    """One trainer rank publishing the tensors, or row shards of tensors,
+    it owns to the root behind `board` (its admin address, "HOST:PORT" or
+    "https://HOST:PORT" with `ca_pem`; `token`: its admin token). The root
+    commits a version once each of the `world_size` ranks sent its part
+    (docs/agent/board.md §4b); full weights never travel.
+
+    `layout` maps every tensor name of the served view to its dtype and
+    shape: a tensor or array (only .dtype and .shape are read, so a
+    meta-device tensor will do) or a (dtype, shape) pair (dtype a
+    safetensors name such as "BF16", or a torch/NumPy dtype). It is the
+    same on every rank. `shards` maps each tensor this rank owns to the
+    rows it owns, (first_row, end_row) of the tensor's first dimension
+    (the whole tensor: (0, shape[0]); a scalar has one row); all ranks'
+    rows together cover every tensor once.
+
+    The first version of an empty board starts from zeros. A rank that
+    restarts cannot publish on top of a board it did not publish from (the
+    root refuses: Error(MISMATCH)).
+
+    Thread safety: calls are serialized (one publish at a time)."""
+
+    def __init__(self, *, rank: int, world_size: int, board: str, layout: Mapping[str, Any],
+                 shards: Mapping[str, Tuple[int, int]], token: Optional[str] = None,
+                 ca_pem: Optional[str] = None, timeout_s: float = 600.0,
+                 gather_timeout_s: float = 60.0, segment_elements: int = 0):
+        self.rank, self.world_size, self.board = int(rank), int(world_size), board
+        self._layout = {}
+        for name, t in layout.items():
+            if isinstance(t, tuple) and len(t) == 2:
+                dtype, shape = t
+                dtype = str(dtype).replace("torch.", "")
+                dtype = _DTYPES.get(dtype, dtype)
+            else:
+                dtype = str(t.dtype).replace("torch.", "")
+                dtype = _DTYPES.get(dtype, dtype.upper() if type(t).__module__.startswith("numpy") else dtype)
+                shape = t.shape
+            self._layout[str(name)] = (dtype, [int(d) for d in shape])
+        self._ranges = {}
+        for name, (r0, r1) in shards.items():
+            name = str(name)
+            if name not in self._layout:
+                raise ValueError(f"Publisher: shard of {name!r}, which the layout lacks")
+            shape = self._layout[name][1]
+            row = 1
+            for d in shape[1:]:
+                row *= d
+            rows = shape[0] if shape else 1
+            if not (0 <= int(r0) < int(r1) <= rows):
+                raise ValueError(f"Publisher: rows [{r0}, {r1}) of {name!r}, which has {rows}")
+            self._ranges[name] = (int(r0) * row, (int(r1) - int(r0)) * row)
+        self._native = _tern.RankPublisher(
+            self.rank, self.world_size, [(n, d, s) for n, (d, s) in self._layout.items()],
+            [(n, f, c) for n, (f, c) in self._ranges.items()], int(segment_elements),
+            _timeout_ms(gather_timeout_s, 600.0), board, token, _timeout_ms(timeout_s, 3600.0),
+            ca_pem)
+
+    def publish(self, version: int, tensors: Mapping[str, Any]) -> int:
+        """Sends this rank's part of `version`: `tensors` maps each tensor
+        it owns to a contiguous CPU torch.Tensor or NumPy array holding its
+        rows' serve-view bytes (cast beforehand). Read in place, nothing
+        copied before the diff (GIL released). Returns once the version is
+        on the board — after every rank sent its part and the root
+        committed — with the part's size on the wire in bytes; raises
+        tern.Error with the root's code and reason otherwise (a rank that
+        did not send is named; TIMEOUT: the outcome is not known yet)."""
+        if set(tensors) != set(self._ranges):
+            raise ValueError(f"Publisher.publish: want exactly the owned tensors "
+                             f"{sorted(self._ranges)}, got {sorted(map(str, tensors))}")
+        entries, keep = [], []
+        for name, t in tensors.items():
+            first, count = self._ranges[str(name)]
+            _, _, _, ptr, nbytes = _tensor_entry(str(name), t)
+            entries.append((str(name), first, count, ptr, nbytes))
+            keep.append(t)  # alive until the call returns
+        return self._native.publish(int(version), entries)
+
+    @property
+    def version(self) -> int:
+        """The last version this rank's part was committed in (0: none)."""
+        return self._native.version()
+
+
 _DTYPES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
     "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",

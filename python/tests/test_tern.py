@@ -258,3 +258,70 @@ def test_publish_tensors_from_memory(fleet, tmp_path):
     with pytest.raises(ValueError, match="contiguous"):
         root.publish_tensors(3, {**w2, "layer.0.weight": w2["layer.0.weight"].t()})
     assert root.status().head == 2
+
+
+def test_publisher_ranks_publish_their_rows(fleet):
+    """Two trainer ranks (threads here; processes in tests/cli/test_rank_parts.py)
+    publish the rows they own through the root's admin port: the member
+    serves each version bit for bit; a rank that does not send fails the
+    version naming it and nothing is published; a wrong token is refused."""
+    root, member = fleet
+    sub = tern.Subscriber(member)
+    w = model(31)
+    layout = {n: t for n, t in w.items()}
+    rows = {r: {"layer.0.weight": (r * 64, r * 64 + 64), "layer.1.weight": (r * 64, r * 64 + 64)}
+            for r in range(2)}
+    rows[0]["norm.weight"] = (0, 128)
+    pubs = [tern.Publisher(rank=r, world_size=2, board=root.admin_address, token=TOKEN,
+                           layout=layout, shards=rows[r], gather_timeout_s=30,
+                           segment_elements=4096) for r in range(2)]
+
+    def mine(r, weights):
+        out = {}
+        for name, (a, b) in rows[r].items():
+            t = weights[name]
+            out[name] = t[a:b] if t.dim() > 1 else t  # a row slice of a contiguous tensor is contiguous
+        return out
+
+    def publish_all(version, weights, ranks=(0, 1)):
+        errors, sizes = {}, {}
+
+        def run(r):
+            try:
+                sizes[r] = pubs[r].publish(version, mine(r, weights))
+            except tern.Error as e:
+                errors[r] = e
+        threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sizes, errors
+
+    for version, weights in ((1, w), (2, step(w, 0.02, 32, names=("layer.0.weight", "layer.1.weight")))):
+        sizes, errors = publish_all(version, weights)
+        assert not errors, errors
+        assert all(s > 0 for s in sizes.values())
+        wait_served(member, version)
+        got = sub.next(timeout_s=30)
+        assert got.version == version
+        for name, t in weights.items():
+            assert got.tensor(name).contiguous().view(torch.uint8).equal(t.contiguous().view(torch.uint8)), name
+        assert pubs[0].version == version and pubs[1].version == version
+
+    # Only rank 0 sends version 3: it fails naming rank 1, the board keeps 2.
+    slow = tern.Publisher(rank=0, world_size=2, board=root.admin_address, token=TOKEN,
+                          layout=layout, shards=rows[0], gather_timeout_s=0.5)
+    with pytest.raises(tern.Error) as e:
+        slow.publish(1, mine(0, w))  # a fresh publisher starts at version 0
+    assert "rank(s) 1" in str(e.value), str(e.value)
+    assert root.status().head == 2
+    assert slow.version == 0
+
+    wrong = tern.Publisher(rank=0, world_size=2, board=root.admin_address, token="nope",
+                           layout=layout, shards=rows[0])
+    with pytest.raises(tern.Error) as e:
+        wrong.publish(3, mine(0, w))
+    assert e.value.code == tern.Code.AUTH
+    with pytest.raises(ValueError, match="owned tensors"):
+        pubs[0].publish(3, mine(1, w))

@@ -1,0 +1,271 @@
+// RankPartJobs and SendRankPartAndWait (agent/daemon/rank_part_jobs.h).
+#include "agent/daemon/rank_part_jobs.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string_view>
+
+#include "base/hash.h"
+#include "tern/agent.h"
+
+namespace tern::agent {
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+const char* StateName(RankPartJobs::State s) {
+  switch (s) {
+    case RankPartJobs::State::kRunning:
+      return "running";
+    case RankPartJobs::State::kPublished:
+      return "published";
+    case RankPartJobs::State::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+AdminResponse Text(int status, std::string line) {
+  return AdminResponse{status, "text/plain", std::move(line) + "\n"};
+}
+
+// A query parameter as a whole unsigned number in [lo, hi]; `fallback` when absent.
+bool NumberParam(const AdminRequest& req, const char* name, uint64_t lo, uint64_t hi,
+                 uint64_t fallback, uint64_t* out) {
+  auto it = req.params.find(name);
+  if (it == req.params.end()) {
+    *out = fallback;
+    return true;
+  }
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && end == s.data() + s.size() && *out >= lo && *out <= hi;
+}
+
+AdminResponse Answer(const RankPartJobs::Job& job) {
+  if (job.state == RankPartJobs::State::kRunning) {
+    nlohmann::json out = {{"publishing", job.version}, {"rank", job.rank}, {"state", "running"}};
+    return AdminResponse{202, "application/json", out.dump() + "\n"};
+  }
+  if (job.state == RankPartJobs::State::kFailed)
+    return Text(AdminHttpStatusOf(job.status), job.status.ToString());
+  nlohmann::json out = {{"published", job.version}};
+  return AdminResponse{200, "application/json", out.dump() + "\n"};
+}
+
+}  // namespace
+
+RankPartJobs::RankPartJobs(SubmitFn submit) : submit_(std::move(submit)) {}
+
+RankPartJobs::~RankPartJobs() { Join(); }
+
+void RankPartJobs::Join() {
+  std::vector<std::thread> threads;
+  {
+    MutexLock lock(mu_);
+    closed_ = true;
+    for (auto& [key, e] : jobs_)
+      if (e.thread.joinable()) threads.push_back(std::move(e.thread));
+    for (auto& t : done_threads_) threads.push_back(std::move(t));
+    done_threads_.clear();
+  }
+  for (auto& t : threads) t.join();
+}
+
+void RankPartJobs::ReapLocked() {
+  // Finished entries over kMaxKept go, oldest first (their threads are done).
+  while (jobs_.size() > kMaxKept) {
+    auto oldest = jobs_.end();
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it)
+      if (it->second.job.state != State::kRunning &&
+          (oldest == jobs_.end() || it->second.seq < oldest->second.seq))
+        oldest = it;
+    if (oldest == jobs_.end()) break;
+    if (oldest->second.thread.joinable()) done_threads_.push_back(std::move(oldest->second.thread));
+    jobs_.erase(oldest);
+  }
+}
+
+Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash, uint32_t timeout_ms,
+                                              uint32_t wait_ms) {
+  const Key key{part.version, part.rank};
+  std::vector<std::thread> reap;
+  MutexLock lock(mu_);
+  TERN_REQUIRE(!closed_, kCancelled, "publish from ranks: the agent is stopping");
+  auto it = jobs_.find(key);
+  // The same part again is answered as its job stands (a retry after a lost
+  // answer); a failed part, or a committed one of other bytes, is tried anew.
+  const bool same = it != jobs_.end() && it->second.job.part_hash == part_hash;
+  TERN_REQUIRE(it == jobs_.end() || same || it->second.job.state != State::kRunning, kAlreadyExists,
+               "publish from ranks: rank ", key.second, " already sent another part of version ",
+               key.first, ", which is being gathered");
+  if (it == jobs_.end() || it->second.job.state == State::kFailed || !same) {
+    TERN_REQUIRE(running_ < kMaxRunning, kResourceExhausted, "publish from ranks: ", running_,
+                 " parts are waiting already (at most ", kMaxRunning, ")");
+    if (it != jobs_.end()) {
+      if (it->second.thread.joinable()) done_threads_.push_back(std::move(it->second.thread));
+      jobs_.erase(it);
+    }
+    reap.swap(done_threads_);
+    Entry& e = jobs_[key];
+    e.job = Job{key.first, key.second, State::kRunning, Status::Ok(), part_hash, NowS(), 0};
+    e.seq = next_seq_++;
+    ++running_;
+    e.thread = std::thread([this, key, seq = e.seq, part = std::move(part), timeout_ms]() mutable {
+      Run(key, seq, std::move(part), timeout_ms);
+    });
+    ReapLocked();
+  }
+  const uint64_t seq = jobs_[key].seq;
+  cv_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
+                [&]() REQUIRES(mu_) {
+                  auto j = jobs_.find(key);
+                  return j == jobs_.end() || j->second.seq != seq ||
+                         j->second.job.state != State::kRunning;
+                });
+  auto j = jobs_.find(key);
+  TERN_REQUIRE(j != jobs_.end() && j->second.seq == seq, kUnavailable, "publish from ranks: rank ",
+               key.second, "'s part of version ", key.first,
+               " was replaced by a newer attempt while it was answered");
+  Job out = j->second.job;
+  lock.Unlock();
+  for (auto& t : reap) t.join();  // finished work: returns at once
+  return out;
+}
+
+void RankPartJobs::Run(Key key, uint64_t seq, RankPart part, uint32_t timeout_ms) {
+  Status s = submit_(std::move(part), timeout_ms);
+  MutexLock lock(mu_);
+  --running_;
+  auto it = jobs_.find(key);
+  if (it != jobs_.end() && it->second.seq == seq) {
+    it->second.job.state = s.ok() ? State::kPublished : State::kFailed;
+    it->second.job.status = std::move(s);
+    it->second.job.finished_s = NowS();
+  }
+  cv_.SignalAll();
+}
+
+Result<RankPartJobs::Job> RankPartJobs::Find(uint64_t version, uint32_t rank) const {
+  MutexLock lock(mu_);
+  auto it = jobs_.find({version, rank});
+  TERN_REQUIRE(it != jobs_.end(), kNotFound, "publish from ranks: no part of version ", version,
+               " from rank ", rank, " (never sent, or the root restarted)");
+  return it->second.job;
+}
+
+std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
+  std::vector<AdminRoute> routes;
+  routes.push_back(
+      {"POST", "/publish/rank-part",
+       [this, wait_ms](const AdminRequest& req) {
+         uint64_t timeout_ms = 0;
+         if (!NumberParam(req, "timeout_ms", 1, 600000, kDefaultRankPartTimeoutMs, &timeout_ms))
+           return Text(400, "timeout_ms must be a whole number of ms from 1 to 600000");
+         auto part = DecodeRankPart(std::span<const uint8_t>(
+             reinterpret_cast<const uint8_t*>(req.body.data()), req.body.size()));
+         if (!part.ok()) return Text(400, part.status().ToString());
+         auto job = Start(std::move(part).value(), Xxh3(req.body.data(), req.body.size()),
+                          static_cast<uint32_t>(timeout_ms), wait_ms);
+         if (!job.ok())
+           return Text(job.status().code() == Code::kAlreadyExists ? 409 : 503, job.status().ToString());
+         return Answer(*job);
+       },
+       /*mutating=*/true});
+  routes.push_back({"GET", "/publish/rank-part",
+                    [this](const AdminRequest& req) {
+                      uint64_t version = 0, rank = 0;
+                      if (!NumberParam(req, "version", 1, UINT64_MAX, 0, &version) ||
+                          !NumberParam(req, "rank", 0, UINT32_MAX, UINT64_MAX, &rank) ||
+                          version == 0 || rank == UINT64_MAX)
+                        return Text(400, "want ?version=V&rank=R");
+                      auto job = Find(version, static_cast<uint32_t>(rank));
+                      if (!job.ok()) return Text(404, job.status().ToString());
+                      nlohmann::json o = {
+                          {"version", job->version},
+                          {"rank", job->rank},
+                          {"state", StateName(job->state)},
+                          {"seconds", (job->state == State::kRunning ? NowS() : job->finished_s) -
+                                          job->started_s}};
+                      if (job->state == State::kFailed) {
+                        o["code"] = static_cast<unsigned>(job->status.code());
+                        o["error"] = job->status.message();
+                      }
+                      return AdminResponse{200, "application/json", o.dump() + "\n"};
+                    },
+                    /*mutating=*/false, /*private_read=*/true});
+  return routes;
+}
+
+Status SendRankPartAndWait(const std::string& admin_address, const std::vector<uint8_t>& part,
+                           uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
+                           const AdminClientOptions& request, uint32_t timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left_ms = [&] {
+    return static_cast<uint32_t>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+  };
+  AdminClientOptions o = request;
+  o.content_type = "application/octet-stream";
+  o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
+  const std::string_view body(reinterpret_cast<const char*>(part.data()), part.size());
+  TERN_ASSIGN_OR_RETURN(
+      std::string reply,
+      AdminPost(admin_address, "/publish/rank-part?timeout_ms=" + std::to_string(gather_timeout_ms),
+                body, o));
+  nlohmann::json r = nlohmann::json::parse(reply, nullptr, false);
+  if (r.is_object() && r.contains("published")) return Status::Ok();
+  TERN_REQUIRE(r.is_object() && r.contains("publishing"), kProtocol,
+               "publish from ranks: unexpected answer from the root: ", reply.substr(0, 200));
+  const std::string poll =
+      "/publish/rank-part?version=" + std::to_string(version) + "&rank=" + std::to_string(rank);
+  uint32_t pause_ms = 50;
+  for (;;) {
+    const uint32_t left = left_ms();
+    if (left == 0)
+      return TERN_ERROR(kTimeout, "publish from ranks: version ", version, " is still being gathered or published on ",
+                        admin_address, " after ", timeout_ms / 1000.0, " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pause_ms, left)));
+    pause_ms = std::min<uint32_t>(pause_ms * 2, 500);
+    o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
+    auto state = AdminGet(admin_address, poll, o);
+    // A root busy publishing may answer slowly: keep polling until our deadline.
+    if (!state.ok() &&
+        (state.status().code() == Code::kTimeout || state.status().code() == Code::kUnavailable))
+      continue;
+    TERN_RETURN_IF_ERROR(state.status());
+    nlohmann::json s = nlohmann::json::parse(*state, nullptr, false);
+    TERN_REQUIRE(s.is_object() && s.contains("state") && s["state"].is_string(), kProtocol,
+                 "publish from ranks: unexpected GET answer: ", state->substr(0, 200));
+    const std::string st = s["state"].get<std::string>();
+    if (st == "published") return Status::Ok();
+    if (st == "failed") {
+      const unsigned code = s.value("code", 0u);
+      const Code c = code > 0 && code <= static_cast<unsigned>(Code::kAuth) ? static_cast<Code>(code)
+                                                                          : Code::kInternal;
+      return Status(c, s.value("error", std::string("publish from ranks failed on the root")));
+    }
+  }
+}
+
+}  // namespace tern::agent
+
+namespace tern {
+
+Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
+                    uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
+                    const AgentClientOptions& options) {
+  agent::AdminClientOptions o;
+  o.token = options.token;
+  o.ca_pem = options.ca_pem;
+  return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms, o,
+                                    options.timeout_ms);
+}
+
+}  // namespace tern
