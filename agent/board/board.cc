@@ -145,8 +145,7 @@ Status Board::Recover() {
       const bool newer = BoardPos{manifests[i].epoch, v} > BoardPos{h.epoch, head};
       return newer ? TERN_ERROR(kCorrupt, Where(v, 0), " is newer than HEAD ", head)
                    : TERN_ERROR(kMismatch, Where(v, 0), " is not on the chain to HEAD ", head,
-                                " (it reaches back to ",
-                                manifests[chain.back()].version, ")");
+                                " (it reaches back to ", manifests[chain.back()].version, ")");
     }
   }
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
@@ -335,10 +334,9 @@ Status Board::Record(std::string signed_manifest) {
     publication = it == versions_.end();
     if (publication) {
       if (m.supersede) {
-        TERN_REQUIRE(head != 0 && m.version < head && m.epoch == head_.epoch + 1,
-                     kInvalidArgument, "board: a supersede of version ", m.version, " (epoch ",
-                     m.epoch, ") must renumber below HEAD ", head, " into epoch ",
-                     head_.epoch + 1);
+        TERN_REQUIRE(head != 0 && m.version < head && m.epoch == head_.epoch + 1, kInvalidArgument,
+                     "board: a supersede of version ", m.version, " (epoch ", m.epoch,
+                     ") must renumber below HEAD ", head, " into epoch ", head_.epoch + 1);
       } else {
         TERN_REQUIRE(m.version > head, kInvalidArgument, "board: version ", m.version,
                      " is not newer than HEAD ", head);

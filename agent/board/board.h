@@ -102,7 +102,7 @@ class Board {
   Status SetOptions(BoardOptions options);
   Env& env() const { return env_; }
   uint64_t head() const;
-  BoardPos head_pos() const;  // HEAD's (epoch, version)
+  BoardPos head_pos() const;               // HEAD's (epoch, version)
   std::vector<uint64_t> Versions() const;  // published and still indexed, ascending
   // The position of an indexed version (kNotFound otherwise).
   Result<BoardPos> PosOf(uint64_t v) const;
@@ -172,8 +172,7 @@ class Board {
   Status CheckAndIndex(uint64_t version, uint32_t seq, const std::string& signed_bytes,
                        const VersionManifest& m, bool check_files) REQUIRES(mu_);
   // A later manifest (seq >= 1) against v's publication: the rules above.
-  Status CheckLaterManifest(const std::string& where, const VersionManifest& m) const
-      REQUIRES(mu_);
+  Status CheckLaterManifest(const std::string& where, const VersionManifest& m) const REQUIRES(mu_);
   // 0 ("nothing") sorts first; an unindexed version has no position.
   std::optional<BoardPos> PosLocked(uint64_t v) const REQUIRES(mu_);
   Result<Path> CheapestPathLocked(uint64_t from, uint64_t to, bool also_from_nothing) const

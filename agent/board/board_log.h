@@ -85,8 +85,8 @@ class BoardLog {
   virtual ~BoardLog() = default;
 
   virtual Result<BoardId> InitId(const BoardId& candidate) = 0;
-  virtual Status Append(BoardPos pos, uint32_t seq, std::string signed_manifest,
-                        bool advance_head, BoardPos expected_head) = 0;
+  virtual Status Append(BoardPos pos, uint32_t seq, std::string signed_manifest, bool advance_head,
+                        BoardPos expected_head) = 0;
   virtual Result<std::vector<BoardRecord>> LoadAll() = 0;
   virtual Result<uint64_t> Head() = 0;  // HEAD's version (numbers are unique)
   virtual Status DropBelow(BoardPos floor) = 0;

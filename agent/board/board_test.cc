@@ -343,7 +343,8 @@ class GatedLog final : public BoardLog {
  public:
   explicit GatedLog(std::unique_ptr<BoardLog> inner) : inner_(std::move(inner)) {}
   Result<BoardId> InitId(const BoardId& c) override { return inner_->InitId(c); }
-  Status Append(BoardPos v, uint32_t seq, std::string bytes, bool advance, BoardPos expected) override {
+  Status Append(BoardPos v, uint32_t seq, std::string bytes, bool advance,
+                BoardPos expected) override {
     entered.set_value();
     if (release.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
       return Status(Code::kTimeout, "gate never opened");

@@ -101,9 +101,8 @@ Result<Decoded> DecodeRecord(const std::string& name, Key expect, const std::str
   TERN_REQUIRE(std::memcmp(p, kRecordMagic, 8) == 0, kCorrupt, "board record ", name,
                ": bad magic");
   const uint16_t format = DecodeFixed16(p + 8);
-  TERN_REQUIRE(format == kRecordFormat || format == kRecordFormatEpoch, kCorrupt,
-               "board record ", name, ": format ", format, ", expected ", kRecordFormat, " or ",
-               kRecordFormatEpoch);
+  TERN_REQUIRE(format == kRecordFormat || format == kRecordFormatEpoch, kCorrupt, "board record ",
+               name, ": format ", format, ", expected ", kRecordFormat, " or ", kRecordFormatEpoch);
   const uint16_t flags = DecodeFixed16(p + 10);
   const uint32_t epoch = DecodeFixed32(p + 12);
   if (format == kRecordFormat) {
@@ -141,8 +140,8 @@ Result<Decoded> DecodeRecord(const std::string& name, Key expect, const std::str
   // epoch before, which the chain check at open compares.
   TERN_REQUIRE(!d.advance_head || d.supersede || d.expected_head < d.key.version, kCorrupt,
                "board record ", name, ": replaced HEAD ", d.expected_head, " is not older");
-  TERN_REQUIRE(!d.supersede || d.expected_head != d.key.version, kCorrupt, "board record ",
-               name, ": replaces itself");
+  TERN_REQUIRE(!d.supersede || d.expected_head != d.key.version, kCorrupt, "board record ", name,
+               ": replaces itself");
   return d;
 }
 
@@ -197,27 +196,27 @@ class FileBoardLog final : public BoardLog {
                  " bytes, outside 1..", kMaxBoardRecordBytes);
     TERN_REQUIRE(advance_head == (seq == 0), kInvalidArgument,
                  "board record: advance_head must be exactly seq 0 (seq ", seq, ")");
-    TERN_REQUIRE(!advance_head || pos > expected_head, kInvalidArgument, "board record: ",
-                 Pos(pos), " does not advance HEAD ", Pos(expected_head));
+    TERN_REQUIRE(!advance_head || pos > expected_head, kInvalidArgument, "board record: ", Pos(pos),
+                 " does not advance HEAD ", Pos(expected_head));
     MutexLock lock(mu_);
     const Key key{version, seq};
     TERN_REQUIRE(!keys_.contains(key), kAlreadyExists, "board record ", version, "/", seq,
                  " exists");
-    TERN_REQUIRE(!advance_head || head_ == expected_head, kMismatch, "board HEAD is ",
-                 Pos(head_), ", not ", Pos(expected_head));
+    TERN_REQUIRE(!advance_head || head_ == expected_head, kMismatch, "board HEAD is ", Pos(head_),
+                 ", not ", Pos(expected_head));
     if (!advance_head) {
       auto publication = keys_.find(Key{version, 0});
-      TERN_REQUIRE(publication == keys_.end() || publication->second == pos.epoch,
-                   kInvalidArgument, "board record ", version, "/", seq, ": epoch ", pos.epoch,
+      TERN_REQUIRE(publication == keys_.end() || publication->second == pos.epoch, kInvalidArgument,
+                   "board record ", version, "/", seq, ": epoch ", pos.epoch,
                    ", its publication's is ", publication->second);
     }
     TERN_REQUIRE(keys_.size() < kMaxBoardRecords, kResourceExhausted, "board log holds ",
                  keys_.size(), " records");
     const std::string path = dir_ + "/" + RecordName(key);
     const bool supersede = advance_head && pos.epoch > expected_head.epoch;
-    const std::string bytes = EncodeRecord(key, pos.epoch, advance_head, supersede,
-                                           advance_head ? expected_head.version : 0,
-                                           signed_manifest);
+    const std::string bytes =
+        EncodeRecord(key, pos.epoch, advance_head, supersede,
+                     advance_head ? expected_head.version : 0, signed_manifest);
     Status st = WriteFileAtomic(env_, path, AsBytes(bytes), /*overwrite=*/false);
     if (!st.ok()) {
       // The rename is the commit: if the file is there, the record is (maybe
@@ -315,9 +314,9 @@ class FileBoardLog final : public BoardLog {
   // from the oldest (whose predecessor retention may have dropped), the
   // publications form one chain, strictly increasing by position, with the
   // supersede flag exactly where the epoch goes up. Returns its end.
-  Result<BoardPos> CheckChain(const std::vector<Decoded>& records) {
-    std::map<uint64_t, const Decoded*> by_version;     // publications
-    std::map<uint64_t, const Decoded*> by_replaced;    // expected_head -> publication
+  static Result<BoardPos> CheckChain(const std::vector<Decoded>& records) {
+    std::map<uint64_t, const Decoded*> by_version;   // publications
+    std::map<uint64_t, const Decoded*> by_replaced;  // expected_head -> publication
     for (const auto& d : records) {
       if (!d.advance_head) continue;
       by_version[d.key.version] = &d;
@@ -330,8 +329,8 @@ class FileBoardLog final : public BoardLog {
     for (const auto& [v, d] : by_version) {
       if (by_version.contains(d->expected_head)) continue;
       TERN_REQUIRE(oldest == nullptr, kCorrupt, "board log: versions ", oldest->key.version,
-                   " and ", v, " replaced HEADs ", oldest->expected_head, " and ",
-                   d->expected_head, ", neither in the log (a record is missing)");
+                   " and ", v, " replaced HEADs ", oldest->expected_head, " and ", d->expected_head,
+                   ", neither in the log (a record is missing)");
       oldest = d;
     }
     TERN_REQUIRE(oldest != nullptr, kCorrupt, "board log: the HEAD chain has no start");
@@ -349,8 +348,7 @@ class FileBoardLog final : public BoardLog {
       ++walked;
       TERN_ASSERT(walked <= by_version.size(), "board log chain longer than its records");
     }
-    TERN_REQUIRE(walked == by_version.size(), kCorrupt, "board log: ",
-                 by_version.size() - walked,
+    TERN_REQUIRE(walked == by_version.size(), kCorrupt, "board log: ", by_version.size() - walked,
                  " publications are off the HEAD chain (a record is missing)");
     return BoardPos{at->epoch, at->key.version};
   }

@@ -58,15 +58,21 @@ TEST(FileBoardLog, RefusesWhatTheContractRefuses) {
   auto env = NewMemEnv();
   auto log = MustOpen(*env, "/b");
   ASSERT_TRUE(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 0}).ok());
-  EXPECT_EQ(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 2}).code(), Code::kInvalidArgument);  // not newer
-  EXPECT_EQ(log->Append({0, 5}, 0, Bytes(5, 0), true, {0, 1}).code(), Code::kMismatch);  // HEAD moved
-  EXPECT_EQ(log->Append({0, 2}, 0, "x", false, {0, 0}).code(), Code::kInvalidArgument);  // seq 0 w/o head
-  EXPECT_EQ(log->Append({0, 2}, 1, "x", true, {0, 0}).code(), Code::kInvalidArgument);   // head on seq 1
+  EXPECT_EQ(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 2}).code(),
+            Code::kInvalidArgument);  // not newer
+  EXPECT_EQ(log->Append({0, 5}, 0, Bytes(5, 0), true, {0, 1}).code(),
+            Code::kMismatch);  // HEAD moved
+  EXPECT_EQ(log->Append({0, 2}, 0, "x", false, {0, 0}).code(),
+            Code::kInvalidArgument);  // seq 0 w/o head
+  EXPECT_EQ(log->Append({0, 2}, 1, "x", true, {0, 0}).code(),
+            Code::kInvalidArgument);  // head on seq 1
   EXPECT_EQ(log->Append({0, 0}, 0, "x", true, {0, 0}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append({0, 2}, kMaxManifestsPerVersion, "x", false, {0, 0}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append({0, 2}, 1, "", false, {0, 0}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append({0, 2}, 1, std::string(kMaxBoardRecordBytes + 1, 'x'), false, {0, 0}).code(),
+  EXPECT_EQ(log->Append({0, 2}, kMaxManifestsPerVersion, "x", false, {0, 0}).code(),
             Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 2}, 1, "", false, {0, 0}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(
+      log->Append({0, 2}, 1, std::string(kMaxBoardRecordBytes + 1, 'x'), false, {0, 0}).code(),
+      Code::kInvalidArgument);
   ASSERT_TRUE(log->Append({0, 2}, 1, Bytes(2, 1), false, {0, 0}).ok());
   EXPECT_EQ(log->Append({0, 2}, 1, Bytes(2, 1), false, {0, 0}).code(), Code::kAlreadyExists);
   EXPECT_EQ(*log->Head(), 2u);
@@ -81,8 +87,10 @@ TEST(FileBoardLog, ConcurrentPublishersExactlyOneWins) {
   for (uint64_t t = 0; t < 8; ++t)
     threads.emplace_back([&, t] {
       Status st = log->Append({0, 10 + t}, 0, Bytes(10 + t, 0), true, {0, 0});
-      if (st.ok()) ++won;
-      else if (st.code() == Code::kMismatch) ++lost;
+      if (st.ok())
+        ++won;
+      else if (st.code() == Code::kMismatch)
+        ++lost;
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(won.load(), 1);
@@ -113,7 +121,8 @@ TEST(FileBoardLog, IdIsCreatedOnceAndKept) {
 TEST(FileBoardLog, DropBelowKeepsHeadAndSurvivesReopen) {
   auto env = NewMemEnv();
   auto log = MustOpen(*env, "/b");
-  for (uint64_t v = 1; v <= 5; ++v) ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
+  for (uint64_t v = 1; v <= 5; ++v)
+    ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
   ASSERT_TRUE(log->Append({0, 2}, 1, Bytes(2, 1), false, {0, 0}).ok());
   EXPECT_EQ(log->DropBelow({0, 6}).code(), Code::kInvalidArgument);
   ASSERT_TRUE(log->DropBelow({0, 3}).ok());
@@ -134,7 +143,8 @@ TEST(FileBoardLog, SupersedeChainsByPositionNotByNumber) {
   {
     auto log = MustOpen(*env, "/b");
     ASSERT_TRUE(log->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
-    ASSERT_TRUE(ReadFileToString(*env, "/b/00000000000000000001-0000000000.rec", 1 << 20, &before).ok());
+    ASSERT_TRUE(
+        ReadFileToString(*env, "/b/00000000000000000001-0000000000.rec", 1 << 20, &before).ok());
     ASSERT_TRUE(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 1}).ok());
     ASSERT_TRUE(log->Append({0, 9}, 0, Bytes(9, 0), true, {0, 2}).ok());
     // Not after HEAD: a lower number in the same epoch, or an older epoch.
@@ -143,19 +153,20 @@ TEST(FileBoardLog, SupersedeChainsByPositionNotByNumber) {
     EXPECT_EQ(*log->Head(), 3u);
     // HEAD is (1, 3) now: a CAS naming (0, 3) or (0, 9) fails.
     EXPECT_EQ(log->Append({1, 4}, 0, Bytes(4, 0), true, {0, 9}).code(), Code::kMismatch);
-    EXPECT_EQ(log->Append({0, 10}, 0, Bytes(10, 0), true, {1, 3}).code(),
-              Code::kInvalidArgument);
+    EXPECT_EQ(log->Append({0, 10}, 0, Bytes(10, 0), true, {1, 3}).code(), Code::kInvalidArgument);
     // A later manifest repeats its publication's epoch.
     EXPECT_EQ(log->Append({0, 3}, 1, Bytes(3, 1), false, {}).code(), Code::kInvalidArgument);
     ASSERT_TRUE(log->Append({1, 3}, 1, Bytes(3, 1), false, {}).ok());
     ASSERT_TRUE(log->Append({1, 4}, 0, Bytes(4, 0), true, {1, 3}).ok());
   }
   std::string after;
-  ASSERT_TRUE(ReadFileToString(*env, "/b/00000000000000000001-0000000000.rec", 1 << 20, &after).ok());
+  ASSERT_TRUE(
+      ReadFileToString(*env, "/b/00000000000000000001-0000000000.rec", 1 << 20, &after).ok());
   EXPECT_EQ(after, before);
   EXPECT_EQ(DecodeFixed16(reinterpret_cast<const uint8_t*>(after.data()) + 8), 1u);
   std::string rec3;
-  ASSERT_TRUE(ReadFileToString(*env, "/b/00000000000000000003-0000000000.rec", 1 << 20, &rec3).ok());
+  ASSERT_TRUE(
+      ReadFileToString(*env, "/b/00000000000000000003-0000000000.rec", 1 << 20, &rec3).ok());
   const auto* p = reinterpret_cast<const uint8_t*>(rec3.data());
   EXPECT_EQ(DecodeFixed16(p + 8), 2u);   // format
   EXPECT_EQ(DecodeFixed16(p + 10), 3u);  // advance_head | supersede
@@ -168,8 +179,9 @@ TEST(FileBoardLog, SupersedeChainsByPositionNotByNumber) {
   ASSERT_TRUE(all.ok());
   std::map<std::pair<uint64_t, uint32_t>, uint32_t> epochs;
   for (const BoardRecord& r : *all) epochs[{r.version, r.seq}] = r.epoch;
-  EXPECT_EQ(epochs, (std::map<std::pair<uint64_t, uint32_t>, uint32_t>{
-                        {{1, 0}, 0}, {{2, 0}, 0}, {{9, 0}, 0}, {{3, 0}, 1}, {{3, 1}, 1}, {{4, 0}, 1}}));
+  EXPECT_EQ(epochs,
+            (std::map<std::pair<uint64_t, uint32_t>, uint32_t>{
+                {{1, 0}, 0}, {{2, 0}, 0}, {{9, 0}, 0}, {{3, 0}, 1}, {{3, 1}, 1}, {{4, 0}, 1}}));
   // Below (1, 3) lies 9 too, though its number is higher; 3 and 4 stay.
   EXPECT_EQ(log->DropBelow({1, 5}).code(), Code::kInvalidArgument);
   ASSERT_TRUE(log->DropBelow({1, 3}).ok());
@@ -287,7 +299,8 @@ TEST(FileBoardLog, DamagedRecordsAreRefusedAtOpen) {
     auto env = NewMemEnv();
     {
       auto log = MustOpen(*env, "/b");
-      for (uint64_t v = 1; v <= 3; ++v) ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
+      for (uint64_t v = 1; v <= 3; ++v)
+        ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
     }
     c.damage(*env);
     auto log = OpenFileBoardLog(*env, "/b");

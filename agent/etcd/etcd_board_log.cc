@@ -230,8 +230,8 @@ Result<std::vector<BoardRecord>> EtcdBoardLog::LoadAll() {
                    " bytes (want 1..", kMaxBoardRecordBytes, ")");
       TERN_REQUIRE(records.size() < kMaxBoardRecords, kResourceExhausted,
                    "etcd board log: more than ", kMaxBoardRecords, " records");
-      records.push_back({version, static_cast<uint32_t>(seq), std::move(kv.value),
-                         static_cast<uint32_t>(epoch)});
+      records.push_back(
+          {version, static_cast<uint32_t>(seq), std::move(kv.value), static_cast<uint32_t>(epoch)});
     }
     if (!page->more || page->kvs.empty()) break;
     start = page->kvs.back().key + std::string(1, '\0');

@@ -148,7 +148,8 @@ TEST_F(EtcdBoardLogTest, RefusesBadArguments) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
   EXPECT_EQ(log->Append({0, 0}, 0, "x", true, {0, 0}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append({0, 1}, kMaxManifestsPerVersion, "x", false, {0, 0}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 1}, kMaxManifestsPerVersion, "x", false, {0, 0}).code(),
+            Code::kInvalidArgument);
   EXPECT_EQ(log->Append({0, 1}, 0, "", true, {0, 0}).code(), Code::kInvalidArgument);
   EXPECT_EQ(log->Append({0, 1}, 0, std::string(kMaxBoardRecordBytes + 1, 'x'), true, {0, 0}).code(),
             Code::kInvalidArgument);
@@ -201,16 +202,17 @@ TEST_F(EtcdBoardLogTest, LoadAllPagesThroughOneSnapshot) {
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(Sorted(*all), want);
   // Version 1e19 sorts after 9 (fixed-width keys).
-  ASSERT_TRUE(
-      log->Append({0, 10'000'000'000'000'000'000u}, 0, Bytes(10'000'000'000'000'000'000u, 0), true, {0, 8})
-          .ok());
+  ASSERT_TRUE(log->Append({0, 10'000'000'000'000'000'000u}, 0,
+                          Bytes(10'000'000'000'000'000'000u, 0), true, {0, 8})
+                  .ok());
   EXPECT_EQ(log->LoadAll()->size(), want.size() + 1);
 }
 
 TEST_F(EtcdBoardLogTest, DropBelowKeepsHead) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
-  for (uint64_t v = 1; v <= 5; ++v) ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
+  for (uint64_t v = 1; v <= 5; ++v)
+    ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
   ASSERT_TRUE(log->Append({0, 2}, 1, Bytes(2, 1), false, {0, 0}).ok());
   EXPECT_EQ(log->DropBelow({0, 6}).code(), Code::kInvalidArgument);
   ASSERT_TRUE(log->DropBelow({0, 3}).ok());
@@ -255,8 +257,9 @@ TEST_F(EtcdBoardLogTest, SupersedeOrdersRecordsByPosition) {
     EXPECT_EQ(r.signed_manifest, Bytes(r.version, r.seq));
     epochs[{r.version, r.seq}] = r.epoch;
   }
-  EXPECT_EQ(epochs, (std::map<std::pair<uint64_t, uint32_t>, uint32_t>{
-                        {{1, 0}, 0}, {{2, 0}, 0}, {{9, 0}, 0}, {{3, 0}, 1}, {{3, 1}, 1}, {{4, 0}, 1}}));
+  EXPECT_EQ(epochs,
+            (std::map<std::pair<uint64_t, uint32_t>, uint32_t>{
+                {{1, 0}, 0}, {{2, 0}, 0}, {{9, 0}, 0}, {{3, 0}, 1}, {{3, 1}, 1}, {{4, 0}, 1}}));
   EXPECT_EQ(log->DropBelow({1, 5}).code(), Code::kInvalidArgument);
   ASSERT_TRUE(log->DropBelow({1, 3}).ok());
   EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{3, 0}, {3, 1}, {4, 0}}));
@@ -291,8 +294,8 @@ TEST_F(EtcdBoardLogTest, ForeignDataUnderThePrefixIsCorruptNotACrash) {
   ASSERT_TRUE(raw_->Delete(versions + "00000000000000000002/00").ok());
   EXPECT_TRUE(log->LoadAll().ok());
 
-  for (const char* head : {"", "0", "-1", "01", "abc", "18446744073709551616", "2@0", "2@",
-                           "@1", "2@01", "2@1@1", "2@4294967296"}) {
+  for (const char* head : {"", "0", "-1", "01", "abc", "18446744073709551616", "2@0", "2@", "@1",
+                           "2@01", "2@1@1", "2@4294967296"}) {
     ASSERT_TRUE(raw_->Put(prefix_ + "/head", head).ok());
     EXPECT_EQ(log->Head().status().code(), Code::kCorrupt) << head;
     EXPECT_EQ(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 1}).code(), Code::kCorrupt) << head;

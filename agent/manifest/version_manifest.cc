@@ -48,11 +48,11 @@ Status ValidateObject(const VersionManifest& m, size_t i) {
                      "manifest object ", i, ": squash ", o.from_version, "->", o.to_version,
                      " must start before parent ", m.parent, " and end at version ", m.version);
       } else {
-        TERN_REQUIRE(o.from_version != m.parent && o.from_version != m.version &&
-                         o.to_version == m.version,
-                     kMismatch, "manifest object ", i, ": squash ", o.from_version, "->",
-                     o.to_version, " must start neither at parent ", m.parent,
-                     " nor at version ", m.version, " and end at version ", m.version);
+        TERN_REQUIRE(
+            o.from_version != m.parent && o.from_version != m.version && o.to_version == m.version,
+            kMismatch, "manifest object ", i, ": squash ", o.from_version, "->", o.to_version,
+            " must start neither at parent ", m.parent, " nor at version ", m.version,
+            " and end at version ", m.version);
       }
       break;
     default:
@@ -177,7 +177,7 @@ Result<std::string> EncodeManifest(const VersionManifest& m) {
   out.reserve(kManifestHeaderBytes + kManifestObjectBytes * m.objects.size() +
               kManifestFileBytes * m.files.size() + names);
   out.append(kMagic, sizeof(kMagic));
-  const uint16_t format = m.epoch >= 1       ? kManifestFormatEpoch
+  const uint16_t format = m.epoch >= 1      ? kManifestFormatEpoch
                           : m.files.empty() ? kManifestFormat
                                             : kManifestFormatFiles;
   PutFixed16(&out, format);
