@@ -139,8 +139,10 @@ Status Board::Recover() {
     v = m.parent;
   }
   if (chain.size() != publications.size()) {
+    std::vector<bool> on_chain(records.size(), false);
+    for (size_t i : chain) on_chain[i] = true;
     for (const auto& [v, i] : publications) {
-      if (std::find(chain.begin(), chain.end(), i) != chain.end()) continue;
+      if (on_chain[i]) continue;
       const VersionManifest& h = manifests[publications.at(head)];
       const bool newer = BoardPos{manifests[i].epoch, v} > BoardPos{h.epoch, head};
       return newer ? TERN_ERROR(kCorrupt, Where(v, 0), " is newer than HEAD ", head)
