@@ -93,8 +93,12 @@ Status Board::Recover() {
   std::sort(records.begin(), records.end(), [](const BoardRecord& a, const BoardRecord& b) {
     return std::pair(a.version, a.seq) < std::pair(b.version, b.seq);
   });
-  uint64_t orphans = 0;
-  for (const BoardRecord& r : records) {
+  // Every record verified first; then the publications are ordered by
+  // walking parents back from HEAD (positions, not numbers, order them).
+  std::vector<VersionManifest> manifests(records.size());
+  std::map<uint64_t, size_t> publications;  // version -> index in records
+  for (size_t i = 0; i < records.size(); ++i) {
+    const BoardRecord& r = records[i];
     const std::string where = Where(r.version, r.seq);
     TERN_REQUIRE(r.version >= 1 && r.seq < kMaxManifestsPerVersion, kCorrupt, where,
                  ": version or seq out of range");
@@ -102,26 +106,68 @@ Status Board::Recover() {
     if (!m.ok()) return m.status().WithContext(where);
     TERN_REQUIRE(m->version == r.version, kCorrupt, where, " holds a manifest of version ",
                  m->version);
+    TERN_REQUIRE(m->epoch == r.epoch, kCorrupt, where, " is stored at epoch ", r.epoch,
+                 " but its manifest is of epoch ", m->epoch);
     TERN_REQUIRE(m->board_id == id_, kMismatch, where, " is of another board");
-    if (r.seq == 0) {
-      TERN_REQUIRE(r.version <= head, kCorrupt, where, " is newer than HEAD ", head);
-      if (!versions_.empty()) {
-        const VersionInfo& prev = versions_.rbegin()->second;
-        TERN_REQUIRE(m->parent == prev.publication.version &&
-                         m->base_digest == prev.publication.target_digest,
-                     kMismatch, where, ": parent ", m->parent, " does not chain to version ",
-                     prev.publication.version);
-      }
-      versions_[r.version].publication = *m;
-    } else if (!versions_.contains(r.version)) {
+    if (r.seq == 0) publications[r.version] = i;
+    manifests[i] = std::move(*m);
+  }
+  TERN_REQUIRE(head != 0 || publications.empty(), kCorrupt,
+               Where(publications.empty() ? 0 : publications.begin()->first, 0),
+               " is newer than HEAD 0");
+  TERN_REQUIRE(head == 0 || publications.contains(head), kCorrupt, "board HEAD ", head,
+               " has no publication record");
+  std::vector<size_t> chain;  // HEAD first
+  for (uint64_t v = head; v != 0;) {
+    auto it = publications.find(v);
+    if (it == publications.end()) break;  // dropped by retention
+    TERN_ASSERT(chain.size() < publications.size() + 1, "board chain loops");
+    const VersionManifest& m = manifests[it->second];
+    auto parent = publications.find(m.parent);
+    if (parent != publications.end()) {
+      const VersionManifest& p = manifests[parent->second];
+      const std::string where = Where(v, 0);
+      TERN_REQUIRE(m.base_digest == p.target_digest, kMismatch, where, ": parent ", m.parent,
+                   " does not chain to version ", p.version);
+      const bool same_epoch = !m.supersede && m.epoch == p.epoch && m.version > p.version;
+      const bool supersede = m.supersede && m.epoch == p.epoch + 1 && m.version < p.version;
+      TERN_REQUIRE(same_epoch || supersede, kMismatch, where, ": epoch ", m.epoch,
+                   m.supersede ? " (supersede)" : "", " does not follow version ", p.version,
+                   " of epoch ", p.epoch);
+    }
+    chain.push_back(it->second);
+    v = m.parent;
+  }
+  if (chain.size() != publications.size()) {
+    std::vector<bool> on_chain(records.size(), false);
+    for (size_t i : chain) on_chain[i] = true;
+    for (const auto& [v, i] : publications) {
+      if (on_chain[i]) continue;
+      const VersionManifest& h = manifests[publications.at(head)];
+      const bool newer = BoardPos{manifests[i].epoch, v} > BoardPos{h.epoch, head};
+      return newer ? TERN_ERROR(kCorrupt, Where(v, 0), " is newer than HEAD ", head)
+                   : TERN_ERROR(kMismatch, Where(v, 0), " is not on the chain to HEAD ", head,
+                                " (it reaches back to ", manifests[chain.back()].version, ")");
+    }
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const BoardRecord& r = records[*it];
+    versions_[r.version].publication = manifests[*it];
+    chain_.insert({manifests[*it].epoch, r.version});
+    TERN_RETURN_IF_ERROR(CheckAndIndex(r.version, 0, r.signed_manifest, manifests[*it], true));
+  }
+  uint64_t orphans = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const BoardRecord& r = records[i];
+    if (r.seq == 0) continue;
+    if (!versions_.contains(r.version)) {
       ++orphans;  // its publication went first in an interrupted DropBelow
       continue;
     }
-    TERN_RETURN_IF_ERROR(CheckAndIndex(r.version, r.seq, r.signed_manifest, *m, true));
+    TERN_RETURN_IF_ERROR(CheckLaterManifest(Where(r.version, r.seq), manifests[i]));
+    TERN_RETURN_IF_ERROR(CheckAndIndex(r.version, r.seq, r.signed_manifest, manifests[i], true));
   }
-  TERN_REQUIRE(head == 0 || versions_.contains(head), kCorrupt, "board HEAD ", head,
-               " has no publication record");
-  head_ = head;
+  head_ = head == 0 ? BoardPos{} : BoardPos{versions_.at(head).publication.epoch, head};
   if (orphans > 0)
     log_fn_("board: ignored " + std::to_string(orphans) +
             " manifests whose publication was dropped by retention");
@@ -140,15 +186,6 @@ Status Board::CheckAndIndex(uint64_t version, uint32_t seq, const std::string& s
                             const VersionManifest& m, bool check_files) {
   const std::string where = Where(version, seq);
   VersionInfo& info = versions_.at(version);
-  if (seq > 0) {
-    const VersionManifest& pub = info.publication;
-    TERN_REQUIRE(m.parent == pub.parent && m.base_digest == pub.base_digest &&
-                     m.target_digest == pub.target_digest,
-                 kMismatch, where, ": parent or digests differ from the publication's");
-    for (const ManifestObject& o : m.objects)
-      TERN_REQUIRE(o.kind != ObjectKind::kPatch, kMismatch, where,
-                   ": a later manifest names the publication's patch again");
-  }
   for (const ManifestObject& o : m.objects) {
     const ObjectRef ref{o.kind, o.from_version, o.to_version};
     auto it = objects_.find(ref);
@@ -166,6 +203,44 @@ Status Board::CheckAndIndex(uint64_t version, uint32_t seq, const std::string& s
   info.signed_manifests.resize(std::max<size_t>(info.signed_manifests.size(), seq + 1));
   info.signed_manifests[seq] = signed_bytes;
   return Status::Ok();
+}
+
+Status Board::CheckLaterManifest(const std::string& where, const VersionManifest& m) const {
+  const VersionManifest& pub = versions_.at(m.version).publication;
+  TERN_REQUIRE(m.parent == pub.parent && m.base_digest == pub.base_digest &&
+                   m.target_digest == pub.target_digest,
+               kMismatch, where, ": parent or digests differ from the publication's");
+  TERN_REQUIRE(m.epoch == pub.epoch && !m.supersede, kMismatch, where, ": epoch ", m.epoch,
+               m.supersede ? " with the supersede flag" : "", " but the publication's is ",
+               pub.epoch, " (a later manifest repeats it, never superseding)");
+  for (const ManifestObject& o : m.objects) {
+    TERN_REQUIRE(o.kind != ObjectKind::kPatch, kMismatch, where,
+                 ": a later manifest names the publication's patch again");
+    if (o.kind != ObjectKind::kSquash || m.epoch == 0) continue;  // epoch 0: the codec's rule
+    // From epoch 1 on numbers do not order the chain: a squash from an
+    // indexed version must start before the parent. One from a number the
+    // board no longer indexes (retention dropped it) is no edge anyone can
+    // start from, so it is kept but never routed.
+    const auto from = PosLocked(o.from_version), parent = PosLocked(m.parent);
+    TERN_REQUIRE(!from || (parent && *from < *parent), kMismatch, where, ": squash ",
+                 o.from_version, "->", o.to_version, " does not start before parent ", m.parent,
+                 " on the chain");
+  }
+  return Status::Ok();
+}
+
+std::optional<BoardPos> Board::PosLocked(uint64_t v) const {
+  if (v == 0) return BoardPos{};
+  auto it = versions_.find(v);
+  if (it == versions_.end()) return std::nullopt;
+  return BoardPos{it->second.publication.epoch, v};
+}
+
+Result<BoardPos> Board::PosOf(uint64_t v) const {
+  MutexLock lock(mu_);
+  auto pos = PosLocked(v);
+  TERN_REQUIRE(pos.has_value(), kNotFound, "board: no version ", v);
+  return *pos;
 }
 
 Status Board::RemoveStrayFiles() {
@@ -190,6 +265,11 @@ Status Board::RemoveStrayFiles() {
 }
 
 uint64_t Board::head() const {
+  MutexLock lock(mu_);
+  return head_.version;
+}
+
+BoardPos Board::head_pos() const {
   MutexLock lock(mu_);
   return head_;
 }
@@ -247,20 +327,34 @@ Status Board::Record(std::string signed_manifest) {
   MutexLock writer(record_mu_);
   bool publication = false;
   uint32_t seq = 0;
-  uint64_t head = 0;
+  BoardPos head_pos;
   {
     MutexLock lock(mu_);
-    head = head_;
+    head_pos = head_;
+    const uint64_t head = head_.version;
     auto it = versions_.find(m.version);
     publication = it == versions_.end();
     if (publication) {
-      TERN_REQUIRE(m.version > head, kInvalidArgument, "board: version ", m.version,
-                   " is not newer than HEAD ", head);
+      if (m.supersede) {
+        TERN_REQUIRE(head != 0 && m.version < head && m.epoch == head_.epoch + 1, kInvalidArgument,
+                     "board: a supersede of version ", m.version, " (epoch ", m.epoch,
+                     ") must renumber below HEAD ", head, " into epoch ", head_.epoch + 1);
+      } else {
+        TERN_REQUIRE(m.version > head, kInvalidArgument, "board: version ", m.version,
+                     " is not newer than HEAD ", head);
+        TERN_REQUIRE(m.epoch == head_.epoch, kInvalidArgument, "board: version ", m.version,
+                     " is of epoch ", m.epoch, ", HEAD's is ", head_.epoch);
+      }
       TERN_REQUIRE(m.parent == head, kMismatch, "board: version ", m.version, " has parent ",
                    m.parent, ", HEAD is ", head);
       TERN_REQUIRE(head == 0 || m.base_digest == versions_.at(head).publication.target_digest,
                    kMismatch, "board: version ", m.version, "'s base digest is not D(", head, ")");
     } else {
+      // A number the log holds, withdrawn or not, names one version only.
+      const VersionManifest& pub = it->second.publication;
+      TERN_REQUIRE(!m.supersede && m.parent == pub.parent, kAlreadyExists, "board: version ",
+                   m.version, " is in the log already (epoch ", pub.epoch,
+                   "); a number is not used twice while the log holds it");
       seq = static_cast<uint32_t>(it->second.signed_manifests.size());
       TERN_REQUIRE(seq < kMaxManifestsPerVersion, kResourceExhausted, "board: version ",
                    m.version, " has ", seq, " manifests already");
@@ -269,6 +363,7 @@ Status Board::Record(std::string signed_manifest) {
         TERN_REQUIRE(known == objects_.end() || !known->second.present, kAlreadyExists,
                      "board: ", ObjectName({o.kind, o.from_version, o.to_version}), " exists");
       }
+      TERN_RETURN_IF_ERROR(CheckLaterManifest("board: version " + std::to_string(m.version), m));
     }
   }
   for (const ManifestObject& o : m.objects) {
@@ -277,7 +372,8 @@ Status Board::Record(std::string signed_manifest) {
     TERN_REQUIRE(size == o.bytes, kMismatch, "board: ", ObjectName(ref), " has ", size,
                  " bytes, the manifest says ", o.bytes);
   }
-  Status appended = log_->Append(m.version, seq, signed_manifest, publication, head);
+  Status appended = log_->Append({m.epoch, m.version}, seq, signed_manifest, publication,
+                                 publication ? head_pos : BoardPos{});
   if (!appended.ok()) {
     // A storage error leaves the record there or not (board_log.h); if it is
     // there, the index must say so, or the publisher would delete its bytes.
@@ -288,7 +384,8 @@ Status Board::Record(std::string signed_manifest) {
   MutexLock lock(mu_);
   if (publication) {
     versions_[m.version].publication = m;
-    head_ = m.version;
+    chain_.insert({m.epoch, m.version});
+    head_ = {m.epoch, m.version};
   }
   // Files were checked above; CheckAndIndex marks them present.
   Status st = CheckAndIndex(m.version, seq, signed_manifest, m, /*check_files=*/false);

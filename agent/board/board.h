@@ -6,7 +6,10 @@
 //
 // Versions and objects. Version v is named by its publication manifest
 // (record seq 0): parent = the previous HEAD, objects patch(parent -> v)
-// and/or keyframe(v). Later manifests for v (seq >= 1) add a squash(a -> v)
+// and/or keyframe(v). Publications are ordered by position (epoch, v)
+// (docs/agent/board.md §4a): a supersede opens epoch e + 1 below HEAD's
+// number, so "newer" means a higher position, and a number is never used
+// twice while the log holds it. Later manifests for v (seq >= 1) add a squash(a -> v)
 // or a late keyframe(v). Object bytes live in objects_dir/ObjectName(ref),
 // written (fsynced) before the record that names them is appended, so a
 // record never names bytes that were never there.
@@ -40,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -98,7 +102,10 @@ class Board {
   Status SetOptions(BoardOptions options);
   Env& env() const { return env_; }
   uint64_t head() const;
+  BoardPos head_pos() const;               // HEAD's (epoch, version)
   std::vector<uint64_t> Versions() const;  // published and still indexed, ascending
+  // The position of an indexed version (kNotFound otherwise).
+  Result<BoardPos> PosOf(uint64_t v) const;
 
   Result<VersionManifest> Manifest(uint64_t v) const;  // the publication manifest
   std::vector<std::string> SignedManifests(uint64_t v) const;  // all for v, by seq
@@ -108,7 +115,7 @@ class Board {
   Result<uint64_t> ObjectBytes(const ObjectRef& ref) const;
 
   // Cheapest path by bytes from `have` (0, or a version the board no longer
-  // indexes: nothing) to `target`, over the objects on disk: chained
+  // indexes: nothing) to `target` (at or after have's position), over the objects on disk: chained
   // patches, squashes, or a keyframe plus patches. With make_squash, a path
   // of two or more objects is offered for squashing first (one call; its
   // error is logged and the unsquashed path returned), and the squash is
@@ -133,9 +140,14 @@ class Board {
 
   // Verifies a signed manifest whose objects are already in objects_dir
   // (right sizes), appends it to the log and indexes it. A new version is a
-  // publication: version > HEAD, parent == HEAD, base_digest == D(HEAD)
-  // (kMismatch otherwise). A known version gets the next seq; its parent and
-  // digests must match the publication and its objects must be new.
+  // publication: parent == HEAD, base_digest == D(HEAD) (kMismatch
+  // otherwise), and either of HEAD's epoch with version > HEAD, or a
+  // supersede of epoch HEAD's + 1 with version < HEAD (kInvalidArgument
+  // otherwise). A number the log holds is never published again
+  // (kAlreadyExists). A known version gets the next seq; its epoch, parent
+  // and digests must match the publication, it names no patch and no
+  // supersede, a squash starts before its parent on the chain, and its
+  // objects must be new.
   // When the log fails but the record landed anyway (board_log.h: kIo may
   // or may not append), the manifest is indexed and the error returned with
   // "recorded, but": its objects are then HasObject and must be kept.
@@ -159,6 +171,10 @@ class Board {
   Status Recover();
   Status CheckAndIndex(uint64_t version, uint32_t seq, const std::string& signed_bytes,
                        const VersionManifest& m, bool check_files) REQUIRES(mu_);
+  // A later manifest (seq >= 1) against v's publication: the rules above.
+  Status CheckLaterManifest(const std::string& where, const VersionManifest& m) const REQUIRES(mu_);
+  // 0 ("nothing") sorts first; an unindexed version has no position.
+  std::optional<BoardPos> PosLocked(uint64_t v) const REQUIRES(mu_);
   Result<Path> CheapestPathLocked(uint64_t from, uint64_t to, bool also_from_nothing) const
       REQUIRES(mu_);
   CatchUpRoute RouteFromPathLocked(const Path& path) const REQUIRES(mu_);
@@ -176,9 +192,10 @@ class Board {
   // index and is dropped around the log's I/O.
   Mutex record_mu_ ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
-  uint64_t head_ GUARDED_BY(mu_) = 0;
+  BoardPos head_ GUARDED_BY(mu_);
   BoardOptions options_ GUARDED_BY(mu_);
-  std::map<uint64_t, VersionInfo> versions_ GUARDED_BY(mu_);
+  std::map<uint64_t, VersionInfo> versions_ GUARDED_BY(mu_);  // by number (unique)
+  std::set<BoardPos> chain_ GUARDED_BY(mu_);                  // the same, in chain order
   std::map<ObjectRef, ObjectInfo> objects_ GUARDED_BY(mu_);
 };
 

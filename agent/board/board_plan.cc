@@ -3,11 +3,14 @@
 //
 // The objects on disk form a graph over versions plus a node 0, "nothing":
 // patch(p -> v) and squash(a -> v) are edges p -> v and a -> v, keyframe(v)
-// an edge 0 -> v (anyone can start from nothing). Every edge goes to a newer
-// version, so relaxing edges in order of their target version is a complete
+// an edge 0 -> v (anyone can start from nothing). Every edge goes to a later
+// position (epoch, version) on the chain (docs/agent/board.md §4a: a
+// supersede's patch runs to a lower number, never to an earlier position),
+// so relaxing edges in order of their target's position is a complete
 // shortest-path search (a DAG), linear in the number of objects.
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -28,17 +31,22 @@ uint64_t EdgeFrom(const ObjectRef& ref) { return ref.kind == ObjectKind::kKeyfra
 
 Result<Board::Path> Board::CheapestPathLocked(uint64_t from, uint64_t to,
                                               bool also_from_nothing) const {
-  TERN_REQUIRE(versions_.contains(to), kNotFound, "board: no version ", to);
-  TERN_REQUIRE(from < to, kInvalidArgument, "board: no path from ", from, " to ", to);
-  std::vector<const ObjectRef*> edges;
-  for (const auto& [ref, info] : objects_)
-    if (info.present && ref.to <= to && ref.to > from) edges.push_back(&ref);
+  const std::optional<BoardPos> to_pos = PosLocked(to), from_pos = PosLocked(from);
+  TERN_REQUIRE(to_pos && to != 0, kNotFound, "board: no version ", to);
+  TERN_REQUIRE(from_pos.has_value(), kNotFound, "board: no version ", from);
+  TERN_REQUIRE(*from_pos < *to_pos, kInvalidArgument, "board: no path from ", from, " to ", to);
+  std::vector<std::pair<BoardPos, const ObjectRef*>> edges;
+  for (const auto& [ref, info] : objects_) {
+    if (!info.present) continue;
+    const std::optional<BoardPos> at = PosLocked(ref.to);
+    if (at && *at <= *to_pos && *at > *from_pos) edges.push_back({*at, &ref});
+  }
   std::stable_sort(edges.begin(), edges.end(),
-                   [](const ObjectRef* a, const ObjectRef* b) { return a->to < b->to; });
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   std::map<uint64_t, Best> best;
   best[from] = Best{0, 0, nullptr};
   if (also_from_nothing) best[0] = Best{0, 0, nullptr};
-  for (const ObjectRef* e : edges) {
+  for (const auto& [at, e] : edges) {
     auto src = best.find(EdgeFrom(*e));
     if (src == best.end()) continue;
     const uint64_t bytes = src->second.bytes + objects_.at(*e).bytes;
@@ -86,11 +94,15 @@ Result<CatchUpRoute> Board::PlanCatchUp(uint64_t have, uint64_t target,
   uint64_t start = 0;
   {
     MutexLock lock(mu_);
-    TERN_REQUIRE(versions_.contains(target), kNotFound, "board: no version ", target);
-    TERN_REQUIRE(have <= target, kInvalidArgument, "board: member at ", have,
-                 " is ahead of target ", target);
+    const std::optional<BoardPos> target_pos = PosLocked(target), have_pos = PosLocked(have);
+    TERN_REQUIRE(target_pos && target != 0, kNotFound, "board: no version ", target);
+    // An unindexed number has no position; above the target within epoch 0
+    // it can only be ahead (or invented).
+    const bool ahead = have_pos ? *have_pos > *target_pos : target_pos->epoch == 0 && have > target;
+    TERN_REQUIRE(!ahead, kInvalidArgument, "board: member at ", have, " is ahead of target ",
+                 target);
     if (have == target) return CatchUpRoute{target, {}, {}, 0};
-    if (!versions_.contains(have)) have = 0;  // unknown or dropped: start from nothing
+    if (!have_pos) have = 0;  // unknown or dropped: start from nothing
     TERN_ASSIGN_OR_RETURN(Path path, CheapestPathLocked(have, target, true));
     if (!make_squash || path.size() < 2) return RouteFromPathLocked(path);
     // One squash replaces the whole path: squash(start -> target) from the
@@ -112,17 +124,24 @@ Result<CatchUpRoute> Board::PlanCatchUp(uint64_t have, uint64_t target,
 
 bool Board::KeyframeDue(uint64_t version, uint64_t patch_bytes) const {
   MutexLock lock(mu_);
+  // The newest keyframe on the chain (`version` is the one being published,
+  // after every indexed one).
   const std::pair<const ObjectRef, ObjectInfo>* newest = nullptr;
-  for (const auto& entry : objects_)
-    if (entry.first.kind == ObjectKind::kKeyframe && entry.first.to < version &&
-        (newest == nullptr || entry.first.to > newest->first.to))
+  BoardPos newest_pos;
+  for (const auto& entry : objects_) {
+    if (entry.first.kind != ObjectKind::kKeyframe || entry.first.to == version) continue;
+    const std::optional<BoardPos> at = PosLocked(entry.first.to);
+    if (at && (newest == nullptr || *at > newest_pos)) {
       newest = &entry;
+      newest_pos = *at;
+    }
+  }
   if (newest == nullptr) return true;
   // Publications since the keyframe, this one included; and their patches' bytes.
   uint64_t since = 1, chain_bytes = patch_bytes;
-  for (auto it = versions_.upper_bound(newest->first.to); it != versions_.end(); ++it) {
+  for (auto it = chain_.upper_bound(newest_pos); it != chain_.end(); ++it) {
     ++since;
-    const VersionManifest& pub = it->second.publication;
+    const VersionManifest& pub = versions_.at(it->version).publication;
     auto patch = objects_.find({ObjectKind::kPatch, pub.parent, pub.version});
     if (patch != objects_.end()) chain_bytes += patch->second.bytes;
   }
@@ -132,32 +151,43 @@ bool Board::KeyframeDue(uint64_t version, uint64_t patch_bytes) const {
 Status Board::Retain(const std::set<uint64_t>& held) {
   MutexLock writer(record_mu_);
   MutexLock lock(mu_);
-  if (head_ == 0) return Status::Ok();
+  if (head_.version == 0) return Status::Ok();
+  const uint64_t head = head_.version;
   std::set<ObjectRef> keep;
   auto keep_path = [&](uint64_t from) {
     mu_.AssertHeld();  // called below, under the lock (lambdas are not analysed)
-    auto path = CheapestPathLocked(from, head_, true);
+    auto path = CheapestPathLocked(from, head, true);
     if (path.ok()) keep.insert(path->begin(), path->end());
   };
   uint32_t kept_patches = 0;
-  for (auto it = versions_.rbegin(); it != versions_.rend() && kept_patches < options_.keep_patches;
+  for (auto it = chain_.rbegin(); it != chain_.rend() && kept_patches < options_.keep_patches;
        ++it, ++kept_patches) {
-    const VersionManifest& pub = it->second.publication;
+    const VersionManifest& pub = versions_.at(it->version).publication;
     if (pub.parent != 0) keep.insert({ObjectKind::kPatch, pub.parent, pub.version});
   }
   // The newest keyframe on disk and what leads from it to HEAD: a new member's
   // path even when a late keyframe or squash is cheaper today.
-  for (auto it = objects_.rbegin(); it != objects_.rend(); ++it) {
-    if (it->first.kind != ObjectKind::kKeyframe || !it->second.present) continue;
-    keep.insert(it->first);
-    if (it->first.to < head_) {
-      auto path = CheapestPathLocked(it->first.to, head_, false);
+  const ObjectRef* newest_keyframe = nullptr;
+  BoardPos newest_pos;
+  for (const auto& [ref, info] : objects_) {
+    if (ref.kind != ObjectKind::kKeyframe || !info.present) continue;
+    const std::optional<BoardPos> at = PosLocked(ref.to);
+    if (at && (newest_keyframe == nullptr || *at > newest_pos)) {
+      newest_keyframe = &ref;
+      newest_pos = *at;
+    }
+  }
+  if (newest_keyframe != nullptr) {
+    keep.insert(*newest_keyframe);
+    if (newest_pos < head_) {
+      auto path = CheapestPathLocked(newest_keyframe->to, head, false);
       if (path.ok()) keep.insert(path->begin(), path->end());
     }
-    break;
   }
-  for (uint64_t h : held)
-    if (h < head_ && versions_.contains(h)) keep_path(h);
+  for (uint64_t h : held) {
+    const std::optional<BoardPos> at = PosLocked(h);
+    if (h != 0 && at && *at < head_) keep_path(h);
+  }
 
   uint64_t removed = 0, removed_bytes = 0;
   for (auto& [ref, info] : objects_) {
@@ -173,14 +203,24 @@ Status Board::Retain(const std::set<uint64_t>& held) {
     log_fn_("board: retention removed " + std::to_string(removed) + " objects, " +
             std::to_string(removed_bytes) + " bytes");
   }
-  // Records below the oldest version a kept object starts from (or HEAD)
-  // name nothing anyone can use any more.
-  uint64_t floor = head_;
-  for (const ObjectRef& ref : keep) floor = std::min(floor, EdgeFrom(ref) > 0 ? ref.from : ref.to);
-  if (floor > versions_.begin()->first) {
+  // Records before the earliest position a kept object starts from (or
+  // HEAD) name nothing anyone can use any more.
+  BoardPos floor = head_;
+  for (const ObjectRef& ref : keep) {
+    const std::optional<BoardPos> start = PosLocked(EdgeFrom(ref) > 0 ? ref.from : ref.to);
+    if (start) floor = std::min(floor, *start);
+  }
+  if (!chain_.empty() && floor > *chain_.begin()) {
     TERN_RETURN_IF_ERROR(log_->DropBelow(floor));
-    versions_.erase(versions_.begin(), versions_.lower_bound(floor));
-    std::erase_if(objects_, [&](const auto& entry) { return entry.first.to < floor; });
+    std::erase_if(objects_, [&](const auto& entry) {
+      mu_.AssertHeld();
+      const std::optional<BoardPos> at = PosLocked(entry.first.to);
+      return !at || *at < floor;
+    });
+    for (auto it = chain_.begin(); it != chain_.end() && *it < floor;) {
+      versions_.erase(it->version);
+      it = chain_.erase(it);
+    }
   }
   return Status::Ok();
 }

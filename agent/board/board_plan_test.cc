@@ -384,5 +384,72 @@ TEST_F(BoardPlanTest, RetentionKeepsAHeldMembersSquash) {
   EXPECT_EQ(env->ListDir("/root/objects", 100)->size(), 2u);
 }
 
+// Across a supersede (docs/agent/board.md §4a): chain 1, 2, 9, then 3
+// (epoch 1, below 9), 4, 5. Squashes start before their parent on the
+// chain, by position: from 2 (a lower number) and from the withdrawn 9 (a
+// higher one) to 5; both are signed as epoch-1 manifests of 5, applied bit
+// for bit, and kept over a restart. A held member at 9 pins its path.
+TEST_F(BoardPlanTest, SquashesAndRetentionFollowTheChainAcrossASupersede) {
+  for (int i = 0; i < 9; ++i) model.Next(20, 4000);
+  auto board = MustOpen({});
+  board_for_squash = board.get();
+  auto publish = [&](uint64_t v, bool supersede) {
+    const ServeView next = model.at(v).View();
+    PublishOptions options;
+    options.supersede = supersede;
+    options.with_keyframe = false;
+    const uint64_t head = board->head();
+    if (head == 0) return PublishVersion(*board, signer, nullptr, {}, next, v, options, pool);
+    const ServeView prev = model.at(head).View();
+    return PublishVersion(*board, signer, &prev, board->Manifest(head)->target_digest, next, v,
+                          options, pool);
+  };
+  for (uint64_t v : {1, 2, 9}) ASSERT_TRUE(publish(v, false).ok()) << v;
+  ASSERT_TRUE(publish(3, true).ok());
+  for (uint64_t v : {4, 5}) ASSERT_TRUE(publish(v, false).ok()) << v;
+
+  int calls = 0;
+  for (uint64_t have : {2, 9}) {
+    SCOPED_TRACE(have);
+    auto plan = board->PlanCatchUp(have, 5, Squasher(&calls));
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ExpectApplies(*board, *plan, have, 5);
+    EXPECT_TRUE(board->HasObject({ObjectKind::kSquash, have, 5})) << have;
+    auto m = board->Manifest(5);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->epoch, 1u);
+  }
+  EXPECT_EQ(calls, 2);
+  for (const std::string& s : board->SignedManifests(5)) {
+    auto m = verifier.Verify(s);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->epoch, 1u);
+    EXPECT_FALSE(m->supersede);
+  }
+  // Squash from 4 (the parent) or from 5 itself is no squash.
+  EXPECT_EQ(MakeSquash(*board, signer, 4, 5, {}, pool).status().code(), Code::kInvalidArgument);
+  board.reset();
+  board = MustOpen({1, 32});
+  board_for_squash = board.get();
+  EXPECT_TRUE(board->HasObject({ObjectKind::kSquash, 9, 5}));
+  // A member held at the withdrawn 9 keeps its squash; everything else of
+  // epoch 0 goes (keyframe(3) is the newest keyframe).
+  ASSERT_TRUE(board->Retain({9}).ok());
+  EXPECT_TRUE(board->HasObject({ObjectKind::kSquash, 9, 5}));
+  EXPECT_TRUE(board->PosOf(9).ok());
+  EXPECT_FALSE(board->PosOf(2).ok());
+  auto plan = board->PlanCatchUp(9, 5);
+  ASSERT_TRUE(plan.ok());
+  ExpectApplies(*board, *plan, 9, 5);
+  ASSERT_TRUE(board->Retain({}).ok());
+  EXPECT_FALSE(board->PosOf(9).ok());
+  board.reset();
+  board = MustOpen({1, 32});
+  EXPECT_EQ(board->head_pos(), (BoardPos{1, 5}));
+  plan = board->PlanCatchUp(0, 5);
+  ASSERT_TRUE(plan.ok());
+  ExpectApplies(*board, *plan, 0, 5);
+}
+
 }  // namespace
 }  // namespace tern::agent

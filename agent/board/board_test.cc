@@ -313,7 +313,7 @@ TEST_F(BoardTest, ForgedOrInconsistentRecordsAreRefusedAtRecovery) {
     }
     {
       auto log = OpenFileBoardLog(*mem, "/root/board").value();
-      ASSERT_TRUE(log->Append(3, 0, c.forge(m3), true, 2).ok());
+      ASSERT_TRUE(log->Append({0, 3}, 0, c.forge(m3), true, {0, 2}).ok());
     }
     auto board = Open(*mem);
     ASSERT_FALSE(board.ok());
@@ -327,12 +327,12 @@ class CannedLog final : public BoardLog {
  public:
   explicit CannedLog(std::vector<BoardRecord> records) : records_(std::move(records)) {}
   Result<BoardId> InitId(const BoardId&) override { return BoardId{}; }
-  Status Append(uint64_t, uint32_t, std::string, bool, uint64_t) override {
+  Status Append(BoardPos, uint32_t, std::string, bool, BoardPos) override {
     return Status(Code::kUnsupported, "canned");
   }
   Result<std::vector<BoardRecord>> LoadAll() override { return records_; }
   Result<uint64_t> Head() override { return uint64_t{1}; }
-  Status DropBelow(uint64_t) override { return Status::Ok(); }
+  Status DropBelow(BoardPos) override { return Status::Ok(); }
 
  private:
   std::vector<BoardRecord> records_;
@@ -343,7 +343,8 @@ class GatedLog final : public BoardLog {
  public:
   explicit GatedLog(std::unique_ptr<BoardLog> inner) : inner_(std::move(inner)) {}
   Result<BoardId> InitId(const BoardId& c) override { return inner_->InitId(c); }
-  Status Append(uint64_t v, uint32_t seq, std::string bytes, bool advance, uint64_t expected) override {
+  Status Append(BoardPos v, uint32_t seq, std::string bytes, bool advance,
+                BoardPos expected) override {
     entered.set_value();
     if (release.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
       return Status(Code::kTimeout, "gate never opened");
@@ -351,7 +352,7 @@ class GatedLog final : public BoardLog {
   }
   Result<std::vector<BoardRecord>> LoadAll() override { return inner_->LoadAll(); }
   Result<uint64_t> Head() override { return inner_->Head(); }
-  Status DropBelow(uint64_t v) override { return inner_->DropBelow(v); }
+  Status DropBelow(BoardPos v) override { return inner_->DropBelow(v); }
 
   std::promise<void> entered;
   std::shared_future<void> release;
@@ -387,6 +388,164 @@ TEST_F(BoardTest, ReadersAreNotHeldUpByTheLogsIo) {
   EXPECT_EQ(reader.get(), std::pair(uint64_t{1}, true));
   EXPECT_TRUE(publish.get().ok());
   EXPECT_EQ(board.head(), 2u);
+}
+
+// Recovering from a wrong version number (docs/agent/board.md §4a): 1, 2,
+// then 9 by mistake; a supersede renumbers to 3 in epoch 1 with the
+// backwards patch(9 -> 3) and keyframe(3); members at 9, at 2 and new ones
+// reach 3 bit for bit; publishing goes on at 4; numbers in the log are
+// refused, also after a restart; retention drops the withdrawn 9 with the
+// rest of epoch 0.
+TEST_F(BoardTest, SupersedeRenumbersBelowHeadAndEveryMemberFollows) {
+  for (int i = 0; i < 10; ++i) model.Next(20, 1000);
+  PublishOptions supersede;
+  supersede.supersede = true;
+  {
+    auto board = MustOpen(*env);
+    for (uint64_t v : {1, 2, 9}) ASSERT_TRUE(Publish(*board, v).ok()) << v;
+    // Not below HEAD, a number in the log, or an ordinary publish below HEAD.
+    EXPECT_EQ(Publish(*board, 10, supersede).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(Publish(*board, 2, supersede).status().code(), Code::kAlreadyExists);
+    EXPECT_EQ(Publish(*board, 3).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(board->head_pos(), (BoardPos{0, 9}));
+
+    auto r = Publish(*board, 3, supersede);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->manifest.epoch, 1u);
+    EXPECT_TRUE(r->manifest.supersede);
+    EXPECT_EQ(r->manifest.parent, 9u);
+    EXPECT_GT(r->patch_bytes, 0u);
+    EXPECT_GT(r->keyframe_bytes, 0u);
+    EXPECT_TRUE(board->HasObject({ObjectKind::kPatch, 9, 3}));
+    EXPECT_EQ(board->head(), 3u);
+    EXPECT_EQ(board->head_pos(), (BoardPos{1, 3}));
+    for (uint64_t have : {9, 2, 1, 0}) {
+      SCOPED_TRACE(have);
+      auto plan = board->PlanCatchUp(have, 3);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      if (have == 9) EXPECT_EQ(plan->objects, (std::vector<ObjectRef>{{ObjectKind::kPatch, 9, 3}}));
+      auto applied = ApplyPlan(*env, *board, verifier, *plan, model.at(have), pool);
+      ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+      EXPECT_EQ(*applied, BytesOf(model.at(3)));
+    }
+    // A member at 3 is not behind the withdrawn 9's numbers: 9 is before it.
+    EXPECT_EQ(board->PlanCatchUp(3, 9).status().code(), Code::kInvalidArgument);
+
+    // Epoch 1 goes on as usual; the withdrawn number stays taken.
+    auto r4 = Publish(*board, 4);
+    ASSERT_TRUE(r4.ok()) << r4.status().ToString();
+    EXPECT_EQ(r4->manifest.epoch, 1u);
+    EXPECT_FALSE(r4->manifest.supersede);
+    EXPECT_EQ(Publish(*board, 9).status().code(), Code::kAlreadyExists);
+    EXPECT_FALSE(board->HasObject({ObjectKind::kPatch, 4, 9}));
+    EXPECT_EQ(Publish(*board, 5, supersede).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(board->head_pos(), (BoardPos{1, 4}));
+  }
+  // A restart finds the chain by position.
+  auto board = MustOpen(*env);
+  EXPECT_EQ(board->head_pos(), (BoardPos{1, 4}));
+  EXPECT_EQ(*board->PosOf(9), (BoardPos{0, 9}));
+  for (uint64_t have : {9, 2, 0}) {
+    SCOPED_TRACE(have);
+    auto plan = board->PlanCatchUp(have, 4);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    auto applied = ApplyPlan(*env, *board, verifier, *plan, model.at(have), pool);
+    ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+    EXPECT_EQ(*applied, BytesOf(model.at(4)));
+  }
+  EXPECT_EQ(Publish(*board, 9).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(Publish(*board, 1, supersede).status().code(), Code::kAlreadyExists);  // 1 is taken
+  ASSERT_TRUE(Publish(*board, 5).ok());
+  // Retention: everything of epoch 0 (9 included, though its number is
+  // higher) lies before the newest keyframe, keyframe(3).
+  ASSERT_TRUE(board->SetOptions({1, 32}).ok());
+  ASSERT_TRUE(board->Retain({}).ok());
+  EXPECT_FALSE(board->PosOf(9).ok());
+  EXPECT_FALSE(board->PosOf(2).ok());
+  EXPECT_TRUE(board->PosOf(3).ok());
+  board.reset();
+  board = MustOpen(*env);
+  EXPECT_EQ(board->head_pos(), (BoardPos{1, 5}));
+  auto plan = board->PlanCatchUp(0, 5);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto applied = ApplyPlan(*env, *board, verifier, *plan, model.at(0), pool);
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ(*applied, BytesOf(model.at(5)));
+}
+
+// What Record refuses before anything reaches the log: a supersede signed by
+// a key the board does not trust, one that skips an epoch, an epoch-1
+// publication without the flag, the supersede recorded twice, a later
+// manifest of another epoch. A restart refuses a log whose epochs break the
+// rules (an epoch opened without the flag).
+TEST_F(BoardTest, SupersedeRulesAreCheckedBeforeTheLog) {
+  for (int i = 0; i < 9; ++i) model.Next(20, 1000);
+  auto board = MustOpen(*env);
+  for (uint64_t v : {1, 2, 9}) ASSERT_TRUE(Publish(*board, v).ok()) << v;
+  const ServeView prev = model.at(9).View(), next = model.at(3).View();
+  auto patch = Diff(prev, next, DiffOptions{1 << 20, 9, 3}, pool);
+  ASSERT_TRUE(patch.ok());
+  auto keyframe = Diff(model.at(0).View(), next, DiffOptions{1 << 20, 0, 3}, pool);
+  ASSERT_TRUE(keyframe.ok());
+  auto pdesc = DescribeObject({ObjectKind::kPatch, 9, 3}, *patch, 4096, pool);
+  auto kdesc = DescribeObject({ObjectKind::kKeyframe, 3, 3}, *keyframe, 4096, pool);
+  ASSERT_TRUE(pdesc.ok() && kdesc.ok());
+  ASSERT_TRUE(WriteNewFile(*env, board->ObjectPath({ObjectKind::kPatch, 9, 3}), *patch).ok());
+  ASSERT_TRUE(WriteNewFile(*env, board->ObjectPath({ObjectKind::kKeyframe, 3, 3}), *keyframe).ok());
+  VersionManifest m;
+  m.board_id = board->id();
+  m.version = 3;
+  m.parent = 9;
+  m.epoch = 1;
+  m.supersede = true;
+  m.base_digest = board->Manifest(9)->target_digest;
+  m.target_digest = ComputeDigest(next, pool);
+  m.objects = {*pdesc, *kdesc};
+
+  const ManifestSigner stranger = testing::SignerFromByte(77);
+  EXPECT_EQ(board->Record(*stranger.Sign(m)).code(), Code::kAuth);
+  VersionManifest skip = m;
+  skip.epoch = 2;
+  EXPECT_EQ(board->Record(*signer.Sign(skip)).code(), Code::kInvalidArgument);
+  VersionManifest unflagged = m;  // epoch 1 above HEAD, without the flag
+  unflagged.supersede = false;
+  unflagged.version = 10;
+  unflagged.objects = {*pdesc};
+  unflagged.objects[0].to_version = 10;
+  EXPECT_EQ(board->Record(*signer.Sign(unflagged)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(board->head_pos(), (BoardPos{0, 9}));
+
+  ASSERT_TRUE(board->Record(*signer.Sign(m)).ok());
+  EXPECT_EQ(board->head_pos(), (BoardPos{1, 3}));
+  EXPECT_EQ(board->Record(*signer.Sign(m)).code(), Code::kAlreadyExists);
+  // A later manifest of 9 (epoch 0) in epoch 1: refused, not appended.
+  VersionManifest later = *board->Manifest(9);
+  later.epoch = 1;
+  later.objects = {*pdesc};
+  later.objects[0].kind = ObjectKind::kSquash;
+  later.objects[0].from_version = 1;
+  later.objects[0].to_version = 9;
+  EXPECT_EQ(board->Record(*signer.Sign(later)).code(), Code::kMismatch);
+  EXPECT_EQ(board->SignedManifests(9).size(), 1u);
+  board.reset();
+
+  // Forged into the log directly: epoch 2 opened by an ordinary publication.
+  {
+    auto log = OpenFileBoardLog(*env, "/root/board").value();
+    VersionManifest forged = unflagged;
+    forged.epoch = 2;
+    forged.version = 11;
+    forged.parent = 3;
+    forged.base_digest = m.target_digest;
+    forged.objects[0].from_version = 3;
+    forged.objects[0].to_version = 11;
+    ASSERT_TRUE(log->Append({2, 11}, 0, *signer.Sign(forged), true, {1, 3}).ok());
+  }
+  auto reopened = Open(*env);
+  ASSERT_FALSE(reopened.ok());
+  EXPECT_EQ(reopened.status().code(), Code::kMismatch) << reopened.status().ToString();
+  EXPECT_NE(reopened.status().message().find("11/0"), std::string::npos)
+      << reopened.status().ToString();
 }
 
 TEST_F(BoardTest, HostileLogRecordsAreRefused) {

@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(id.data(), rest.data() + 16, 16);
       TERN_ASSERT((*log)->InitId(id).ok());
     }
-    if (!(*log)->Append(1, 0, rest, true, 0).ok()) return 0;
+    if (!(*log)->Append({0, 1}, 0, rest, true, {0, 0}).ok()) return 0;
     auto reopened = agent::OpenFileBoardLog(*env, "/b");
     TERN_ASSERT(reopened.ok());
     auto board = agent::Board::Open(*env, "/o", std::move(reopened).value(), FixedVerifier(), {},

@@ -204,9 +204,19 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
                                      const ServeView* prev, const ViewDigest& prev_digest,
                                      const ServeView& next, uint64_t version,
                                      const PublishOptions& options, ThreadPool& pool) {
-  const uint64_t head = board.head();
-  TERN_REQUIRE(version > head, kInvalidArgument, "publish: version ", version,
-               " is not newer than HEAD ", head);
+  const BoardPos head_pos = board.head_pos();
+  const uint64_t head = head_pos.version;
+  if (options.supersede) {
+    // Board::Record re-checks all of it; here nothing is diffed first.
+    TERN_REQUIRE(head != 0 && version < head && prev != nullptr, kInvalidArgument,
+                 "publish: a supersede renumbers below HEAD ", head, " from HEAD's view; ",
+                 "version ", version, prev ? "" : " without a previous view");
+    TERN_REQUIRE(!board.PosOf(version).ok(), kAlreadyExists, "publish: version ", version,
+                 " is in the board's log already; a number is not used twice");
+  } else {
+    TERN_REQUIRE(version > head, kInvalidArgument, "publish: version ", version,
+                 " is not newer than HEAD ", head);
+  }
   TERN_REQUIRE((prev == nullptr) == (head == 0) || (options.keyframe_only && prev == nullptr),
                kInvalidArgument,
                prev ? "publish: a previous view for an empty board"
@@ -215,6 +225,8 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
   m.board_id = board.id();
   m.version = version;
   m.parent = head;
+  m.epoch = head_pos.epoch + (options.supersede ? 1 : 0);
+  m.supersede = options.supersede;
   m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
   m.files = options.files;
   std::vector<PendingObject> objects;
@@ -239,7 +251,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     m.target_digest = info.target_digest;
     objects.push_back({{ObjectKind::kPatch, head, version}, std::move(patch)});
   }
-  if (prev == nullptr || options.with_keyframe ||
+  if (prev == nullptr || options.with_keyframe || options.supersede ||
       board.KeyframeDue(version, objects.front().bytes.size())) {
     uint64_t largest = 0;
     for (const auto& t : next.tensors) largest = std::max(largest, t.desc->bytes());
@@ -261,7 +273,8 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
 Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
                                    std::vector<uint8_t> patch, uint64_t version,
                                    const PublishOptions& options, ThreadPool& pool) {
-  const uint64_t head = board.head();
+  const BoardPos head_pos = board.head_pos();
+  const uint64_t head = head_pos.version;
   TERN_REQUIRE(version > head, kInvalidArgument, "publish: version ", version,
                " is not newer than HEAD ", head);
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(patch)));
@@ -272,6 +285,7 @@ Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
   m.board_id = board.id();
   m.version = version;
   m.parent = head;
+  m.epoch = head_pos.epoch;
   m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
   m.files = options.files;
   m.target_digest = info.target_digest;
@@ -291,8 +305,12 @@ Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
 Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uint64_t from,
                                  uint64_t to, const PublishOptions& options, ThreadPool& pool) {
   TERN_ASSIGN_OR_RETURN(VersionManifest pub, board.Manifest(to));
-  TERN_REQUIRE(from == 0 || from < pub.parent, kInvalidArgument, "squash: from ", from,
-               " must be 0 (a keyframe) or older than ", to, "'s parent ", pub.parent);
+  // Older on the chain: by position, since a supersede renumbers downwards.
+  const Result<BoardPos> from_pos = board.PosOf(from), parent_pos = board.PosOf(pub.parent);
+  TERN_REQUIRE(from == 0 || (from != pub.parent && from_pos.ok() && parent_pos.ok() &&
+                             *from_pos < *parent_pos),
+               kInvalidArgument, "squash: from ", from, " must be 0 (a keyframe) or older than ",
+               to, "'s parent ", pub.parent);
   const ObjectRef ref = from == 0 ? ObjectRef{ObjectKind::kKeyframe, to, to}
                                   : ObjectRef{ObjectKind::kSquash, from, to};
   TERN_REQUIRE(!board.HasObject(ref), kAlreadyExists, "squash: ", ObjectName(ref), " exists");
@@ -324,6 +342,7 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
   m.board_id = board.id();
   m.version = to;
   m.parent = pub.parent;
+  m.epoch = pub.epoch;  // a later manifest repeats its version's epoch, never supersedes
   m.created_unix_ms = options.created_unix_ms ? options.created_unix_ms : NowUnixMs();
   m.base_digest = pub.base_digest;
   m.target_digest = pub.target_digest;

@@ -18,8 +18,10 @@
 // to the chain (docs/agent/board.md §4). Bind it into a MakeSquashFn for
 // Board::PlanCatchUp.
 //
-// Errors: kInvalidArgument for a version not newer than HEAD, prev given
-// for an empty board or missing for a non-empty one, from >= parent(to);
+// Errors: kInvalidArgument for a version not newer than HEAD (with
+// supersede: not below HEAD, or no prev), prev given for an empty board or
+// missing for a non-empty one, from not before parent(to) on the chain;
+// kAlreadyExists for a supersede to a number the board holds;
 // kMismatch when prev_digest is not D(HEAD) or (verify_prev_digest) not
 // D(prev), or when views do not share a layout; kAlreadyExists for a squash
 // or keyframe the board already holds; codec, Env and log errors as they come.
@@ -63,6 +65,11 @@ struct PublishOptions {
   // Add keyframe(version) whatever Board::KeyframeDue says (after a key
   // rotation: a new member's start signed by the current key).
   bool with_keyframe = false;
+  // Renumber downwards (docs/agent/board.md §4a): publish `version` below
+  // HEAD as the first publication of epoch HEAD's + 1, parent = HEAD, with
+  // the backwards patch(HEAD -> version) (prev = HEAD's view) and
+  // keyframe(version). The version must not be a number the board holds.
+  bool supersede = false;
   // The version's model files (agent/board/model_files.h), signed in its
   // manifest; empty: none (a format-1 manifest). A squash's manifest
   // carries the files of its version's publication manifest instead.

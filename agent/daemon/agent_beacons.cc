@@ -48,6 +48,7 @@ void AgentImpl::RootBeaconTick() {
     b.incarnation = beacon_incarnation_;
     b.seq = ++beacon_seq_;
     b.head = board_->head();
+    b.head_epoch = board_->head_pos().epoch;
     b.interval_ms = opt_.beacon_interval_ms;
     b.root_id = id_;
     for (const auto& [id, conn] : member_conns_) conns.push_back(conn);
@@ -76,7 +77,8 @@ void AgentImpl::MemberOnBeaconLocked(const Beacon& m) {
   if (v == BeaconVerdict::kAccepted) return;
   // One line at the 1st, 2nd, 4th, 8th... refusal of each kind: a root (or
   // a man in the middle) sending bad beacons every second cannot flood the log.
-  const uint64_t n = freshness_.Report(clock_.NowUs(), VersionLocked()).beacons[size_t(v)];
+  const uint64_t n =
+      freshness_.Report(clock_.NowUs(), VersionLocked(), ServedEpochLocked()).beacons[size_t(v)];
   if (std::has_single_bit(n))
     Log(std::string("refused a HEAD beacon (") + BeaconVerdictName(v) + ", " + std::to_string(n) +
         " so far): " + why);
@@ -102,7 +104,7 @@ void AgentImpl::FreshnessSnapshotLocked(AgentSnapshot& s) const {
     f.beacons_sent = beacons_sent_;
     return;
   }
-  const Freshness r = freshness_.Report(clock_.NowUs(), VersionLocked());
+  const Freshness r = freshness_.Report(clock_.NowUs(), VersionLocked(), ServedEpochLocked());
   f.stale = r.stale;
   f.stale_reason = r.stale_reason;
   f.last_beacon_age_s = r.last_beacon_age_s;

@@ -410,6 +410,11 @@ class AgentImpl final : public Agent {
   uint64_t VersionLocked() const REQUIRES(mu_) {
     return opt_.relay_only ? held_version_ : store_version_;
   }
+  // The board epoch of that version (docs/agent/board.md §4a). TODO: members
+  // do not follow a supersede yet (the view store keeps no epoch), so a
+  // member stands in epoch 0 and a beacon of a later epoch makes it stale,
+  // "superseded", until they do.
+  uint32_t ServedEpochLocked() const REQUIRES(mu_) { return 0; }
   uint64_t dial_backoff_us_ GUARDED_BY(mu_) = 0;
   bool dial_failed_logged_ GUARDED_BY(mu_) = false;
   // Complete, verified objects waiting to be applied, by target version.

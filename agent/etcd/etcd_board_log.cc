@@ -12,6 +12,7 @@ constexpr size_t kMaxPrefixBytes = 512;
 constexpr uint32_t kMaxPageRecords = 1024;  // * 64 KiB * 4/3 (base64) < 88 MiB
 constexpr size_t kVersionDigits = 20;       // UINT64_MAX has 20
 constexpr size_t kSeqDigits = 2;            // kMaxManifestsPerVersion = 64
+constexpr size_t kEpochDigits = 10;         // UINT32_MAX has 10
 
 // <version>/<seq> keys: fixed-width digits (zero-padded), as RecordKey writes them.
 bool FixedDigits(std::string_view s, size_t width, uint64_t* out) {
@@ -21,13 +22,29 @@ bool FixedDigits(std::string_view s, size_t width, uint64_t* out) {
   return v.ok();
 }
 
-Result<uint64_t> ParseHead(const EtcdRange& range) {
-  if (range.kvs.empty()) return uint64_t{0};
-  // HEAD is written with std::to_string: canonical decimal only.
-  const Result<uint64_t> head = ParseCanonicalDecimal(range.kvs[0].value);
-  TERN_REQUIRE(head.ok() && *head > 0, kCorrupt, "etcd board log: ", Printable(range.kvs[0].key),
-               " holds '", Printable(range.kvs[0].value.substr(0, 40)), "', not a version");
-  return head;
+std::string HeadValue(BoardPos pos) {
+  std::string out = std::to_string(pos.version);
+  if (pos.epoch > 0) out += "@" + std::to_string(pos.epoch);
+  return out;
+}
+
+std::string Pos(BoardPos p) {
+  return std::to_string(p.version) + " (epoch " + std::to_string(p.epoch) + ")";
+}
+
+Result<BoardPos> ParseHead(const EtcdRange& range) {
+  if (range.kvs.empty()) return BoardPos{};
+  // HEAD is written by HeadValue: canonical decimals only, "@<epoch>" only
+  // for an epoch above 0.
+  const std::string_view value = range.kvs[0].value;
+  const size_t at = value.find('@');
+  const Result<uint64_t> head = ParseCanonicalDecimal(value.substr(0, at));
+  Result<uint64_t> epoch = uint64_t{0};
+  if (at != std::string_view::npos) epoch = ParseCanonicalDecimal(value.substr(at + 1), UINT32_MAX);
+  TERN_REQUIRE(head.ok() && *head > 0 && epoch.ok() && (at == std::string_view::npos || *epoch > 0),
+               kCorrupt, "etcd board log: ", Printable(range.kvs[0].key), " holds '",
+               Printable(value.substr(0, 40)), "', not a version");
+  return BoardPos{static_cast<uint32_t>(*epoch), *head};
 }
 
 }  // namespace
@@ -99,9 +116,14 @@ std::vector<EtcdCompare> EtcdBoardLog::Fences() const {
   return {*fence_};
 }
 
-std::string EtcdBoardLog::RecordKey(uint64_t version, uint32_t seq) const {
-  char tail[64];
-  snprintf(tail, sizeof(tail), "/versions/%020" PRIu64 "/%02" PRIu32, version, seq);
+std::string EtcdBoardLog::RecordKey(BoardPos pos, uint32_t seq) const {
+  char tail[80];
+  if (pos.epoch == 0) {
+    snprintf(tail, sizeof(tail), "/versions/%020" PRIu64 "/%02" PRIu32, pos.version, seq);
+  } else {
+    snprintf(tail, sizeof(tail), "/versions/e%010" PRIu32 "-%020" PRIu64 "/%02" PRIu32, pos.epoch,
+             pos.version, seq);
+  }
   return prefix_ + tail;
 }
 
@@ -122,8 +144,9 @@ Result<BoardId> EtcdBoardLog::InitId(const BoardId& candidate) {
   return id;
 }
 
-Status EtcdBoardLog::Append(uint64_t version, uint32_t seq, std::string signed_manifest,
-                            bool advance_head, uint64_t expected_head) {
+Status EtcdBoardLog::Append(BoardPos pos, uint32_t seq, std::string signed_manifest,
+                            bool advance_head, BoardPos expected_head) {
+  const uint64_t version = pos.version;
   TERN_REQUIRE(version > 0, kInvalidArgument, "board log: version 0");
   TERN_REQUIRE(seq < kMaxManifestsPerVersion, kInvalidArgument, "board log: seq ", seq, " (max ",
                kMaxManifestsPerVersion - 1, ")");
@@ -133,17 +156,17 @@ Status EtcdBoardLog::Append(uint64_t version, uint32_t seq, std::string signed_m
   TERN_REQUIRE(advance_head == (seq == 0), kInvalidArgument,
                "board log: seq 0 (and only it) advances HEAD; got seq ", seq,
                advance_head ? " with" : " without", " advance_head");
-  TERN_REQUIRE(!advance_head || version > expected_head, kInvalidArgument, "board log: version ",
-               version, " is not newer than HEAD ", expected_head);
-  const std::string record = RecordKey(version, seq);
+  TERN_REQUIRE(!advance_head || pos > expected_head, kInvalidArgument, "board log: ", Pos(pos),
+               " is not after HEAD ", Pos(expected_head));
+  const std::string record = RecordKey(pos, seq);
   const std::string head = prefix_ + "/head";
   std::vector<EtcdCompare> compares = {EtcdCompare::Absent(record)};
   std::vector<EtcdOp> success = {EtcdOp::Put(record, std::move(signed_manifest))};
   if (advance_head) {
-    compares.push_back(expected_head == 0
+    compares.push_back(expected_head == BoardPos{}
                            ? EtcdCompare::Absent(head)
-                           : EtcdCompare::ValueIs(head, std::to_string(expected_head)));
-    success.push_back(EtcdOp::Put(head, std::to_string(version)));
+                           : EtcdCompare::ValueIs(head, HeadValue(expected_head)));
+    success.push_back(EtcdOp::Put(head, HeadValue(pos)));
   }
   const std::vector<EtcdCompare> fences = Fences();
   std::vector<EtcdOp> failure = {EtcdOp::Get(record), EtcdOp::Get(head)};
@@ -170,8 +193,8 @@ Status EtcdBoardLog::Append(uint64_t version, uint32_t seq, std::string signed_m
                " seq ", seq, " is already recorded");
   auto now = ParseHead(txn->gets[1]);
   if (!now.ok()) return now.status();
-  TERN_REQUIRE(!advance_head || *now == expected_head, kMismatch, "etcd board log: HEAD is ", *now,
-               ", not ", expected_head, " (another publisher won)");
+  TERN_REQUIRE(!advance_head || *now == expected_head, kMismatch, "etcd board log: HEAD is ",
+               Pos(*now), ", not ", Pos(expected_head), " (another publisher won)");
   return TERN_ERROR(kMismatch, "etcd board log: not appending version ", version,
                     ": the fence failed");
 }
@@ -186,9 +209,16 @@ Result<std::vector<BoardRecord>> EtcdBoardLog::LoadAll() {
     if (!page.ok()) return page.status().WithContext("etcd board log: load");
     if (revision == 0) revision = page->revision;
     for (EtcdKeyValue& kv : page->kvs) {
-      // <dir><20 digits>/<2 digits>
-      const std::string_view tail = std::string_view(kv.key).substr(dir.size());
-      uint64_t version = 0, seq = 0;
+      // <dir><20 digits>/<2 digits>, or <dir>e<10 digits>-<20 digits>/<2 digits>
+      std::string_view tail = std::string_view(kv.key).substr(dir.size());
+      uint64_t version = 0, seq = 0, epoch = 0;
+      if (!tail.empty() && tail[0] == 'e') {
+        const bool epoch_ok = tail.size() > 1 + kEpochDigits && tail[1 + kEpochDigits] == '-' &&
+                              FixedDigits(tail.substr(1, kEpochDigits), kEpochDigits, &epoch) &&
+                              epoch >= 1 && epoch <= UINT32_MAX;
+        TERN_REQUIRE(epoch_ok, kCorrupt, "etcd board log: foreign key '", Printable(kv.key), "'");
+        tail.remove_prefix(1 + kEpochDigits + 1);
+      }
       const bool well_formed =
           tail.size() == kVersionDigits + 1 + kSeqDigits && tail[kVersionDigits] == '/' &&
           FixedDigits(tail.substr(0, kVersionDigits), kVersionDigits, &version) &&
@@ -200,7 +230,8 @@ Result<std::vector<BoardRecord>> EtcdBoardLog::LoadAll() {
                    " bytes (want 1..", kMaxBoardRecordBytes, ")");
       TERN_REQUIRE(records.size() < kMaxBoardRecords, kResourceExhausted,
                    "etcd board log: more than ", kMaxBoardRecords, " records");
-      records.push_back({version, static_cast<uint32_t>(seq), std::move(kv.value)});
+      records.push_back(
+          {version, static_cast<uint32_t>(seq), std::move(kv.value), static_cast<uint32_t>(epoch)});
     }
     if (!page->more || page->kvs.empty()) break;
     start = page->kvs.back().key + std::string(1, '\0');
@@ -208,24 +239,30 @@ Result<std::vector<BoardRecord>> EtcdBoardLog::LoadAll() {
   return records;
 }
 
-Result<uint64_t> EtcdBoardLog::Head() {
+Result<BoardPos> EtcdBoardLog::HeadPos() {
   auto range = client_->Get(prefix_ + "/head");
   if (!range.ok()) return range.status().WithContext("etcd board log: head");
   return ParseHead(*range);
 }
 
-Status EtcdBoardLog::DropBelow(uint64_t version) {
-  auto head = Head();
+Result<uint64_t> EtcdBoardLog::Head() {
+  TERN_ASSIGN_OR_RETURN(const BoardPos head, HeadPos());
+  return head.version;
+}
+
+Status EtcdBoardLog::DropBelow(BoardPos floor) {
+  auto head = HeadPos();
   if (!head.ok()) return head.status();
-  TERN_REQUIRE(version <= *head, kInvalidArgument, "board log: dropping below ", version,
-               " would drop HEAD ", *head);
-  if (version <= 1) return Status::Ok();
-  // Fixed-width keys: every record below `version` sorts below its key.
+  TERN_REQUIRE(floor <= *head, kInvalidArgument, "board log: dropping below ", Pos(floor),
+               " would drop HEAD ", Pos(*head));
+  if (floor <= BoardPos{0, 1}) return Status::Ok();
+  // Fixed-width keys in position order: every record below `floor` sorts
+  // below its key.
   const std::string from = prefix_ + "/versions/";
-  const std::string to = RecordKey(version, 0);
+  const std::string to = RecordKey(floor, 0);
   auto txn = client_->Txn(Fences(), {EtcdOp::DeleteRange(from, to)}, {});
   if (!txn.ok()) return txn.status().WithContext("etcd board log: drop");
-  TERN_REQUIRE(txn->succeeded, kMismatch, "etcd board log: not dropping below ", version,
+  TERN_REQUIRE(txn->succeeded, kMismatch, "etcd board log: not dropping below ", Pos(floor),
                ": this root no longer holds its fence");
   return Status::Ok();
 }

@@ -2,12 +2,18 @@
 // that a standby root elected over etcd (agent/etcd/etcd.h, Election) continues
 // the same log with nothing lost. Layout (docs/agent/etcd.md):
 //   <prefix>/id                               the 16-byte board id
-//   <prefix>/head                             HEAD, decimal
-//   <prefix>/versions/<v: 20 digits>/<seq: 2 digits>   a signed manifest
+//   <prefix>/head                             HEAD: "<v>" in epoch 0, "<v>@<epoch>" after
+//   <prefix>/versions/<v: 20 digits>/<seq: 2 digits>   a signed manifest of epoch 0
+//   <prefix>/versions/e<epoch: 10 digits>-<v: 20 digits>/<seq: 2 digits>   of epoch >= 1
+// Keys sort by position (docs/agent/board.md §4a): digits sort below 'e', so
+// every epoch-0 record below every later one, and DropBelow is one range
+// delete. Epoch-0 keys and values are what they were before epochs.
 // Append is one etcd txn: the record must be absent, HEAD must be
-// expected_head (its key absent for 0), and the fence (when set) must hold;
-// then the record and HEAD are written together. etcd makes it durable and
-// atomic; a crash leaves it wholly there or wholly absent.
+// expected_head (its key absent for {0, 0}), and the fence (when set) must
+// hold; then the record and HEAD are written together. etcd makes it
+// durable and atomic; a crash leaves it wholly there or wholly absent. The
+// record's absence is checked under its position's key: that a number is
+// not reused in another epoch is the Board's rule (agent/board/board.h).
 //
 // Errors, beyond board_log.h's: kMismatch also when the fence fails (this
 // root is no longer the leader: nothing was written); kUnavailable when etcd
@@ -62,16 +68,17 @@ class EtcdBoardLog final : public BoardLog {
   void SetFence(std::optional<EtcdCompare> fence);
 
   Result<BoardId> InitId(const BoardId& candidate) override;
-  Status Append(uint64_t version, uint32_t seq, std::string signed_manifest, bool advance_head,
-                uint64_t expected_head) override;
+  Status Append(BoardPos pos, uint32_t seq, std::string signed_manifest, bool advance_head,
+                BoardPos expected_head) override;
   Result<std::vector<BoardRecord>> LoadAll() override;
   Result<uint64_t> Head() override;
-  Status DropBelow(uint64_t version) override;
+  Status DropBelow(BoardPos floor) override;
 
  private:
   EtcdBoardLog(std::unique_ptr<EtcdClient> client, EtcdBoardLogOptions options);
   std::vector<EtcdCompare> Fences() const;
-  std::string RecordKey(uint64_t version, uint32_t seq) const;
+  std::string RecordKey(BoardPos pos, uint32_t seq) const;
+  Result<BoardPos> HeadPos();
 
   std::unique_ptr<EtcdClient> client_;
   const std::string prefix_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "agent/testing/etcd_test_server.h"
@@ -87,10 +88,10 @@ TEST_F(EtcdBoardLogTest, AppendsLoadsAndAdvancesHead) {
   auto all = log->LoadAll();
   ASSERT_TRUE(all.ok());
   EXPECT_TRUE(all->empty());
-  ASSERT_TRUE(log->Append(1, 0, Bytes(1, 0), true, 0).ok());
-  ASSERT_TRUE(log->Append(1, 1, Bytes(1, 1), false, 0).ok());  // a late squash for v1
-  ASSERT_TRUE(log->Append(2, 0, Bytes(2, 0), true, 1).ok());
-  ASSERT_TRUE(log->Append(10, 0, Bytes(10, 0), true, 2).ok());  // gaps are fine
+  ASSERT_TRUE(log->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
+  ASSERT_TRUE(log->Append({0, 1}, 1, Bytes(1, 1), false, {0, 0}).ok());  // a late squash for v1
+  ASSERT_TRUE(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 1}).ok());
+  ASSERT_TRUE(log->Append({0, 10}, 0, Bytes(10, 0), true, {0, 2}).ok());  // gaps are fine
   EXPECT_EQ(*log->Head(), 10u);
   all = log->LoadAll();
   ASSERT_TRUE(all.ok()) << all.status().ToString();
@@ -105,20 +106,20 @@ TEST_F(EtcdBoardLogTest, AppendsLoadsAndAdvancesHead) {
 TEST_F(EtcdBoardLogTest, CompareAndSwapConflictsChangeNothing) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
-  ASSERT_TRUE(log->Append(1, 0, Bytes(1, 0), true, 0).ok());
-  ASSERT_TRUE(log->Append(2, 0, Bytes(2, 0), true, 1).ok());
+  ASSERT_TRUE(log->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
+  ASSERT_TRUE(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 1}).ok());
   // HEAD moved: expected 1, it is 2.
-  Status s = log->Append(3, 0, Bytes(3, 0), true, 1);
+  Status s = log->Append({0, 3}, 0, Bytes(3, 0), true, {0, 1});
   EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
   EXPECT_NE(s.message().find("HEAD is 2"), std::string::npos) << s.ToString();
   // Expected an empty log, it is not.
-  EXPECT_EQ(log->Append(3, 0, Bytes(3, 0), true, 0).code(), Code::kMismatch);
+  EXPECT_EQ(log->Append({0, 3}, 0, Bytes(3, 0), true, {0, 0}).code(), Code::kMismatch);
   // The same (v, seq) twice, with or without HEAD.
-  s = log->Append(2, 1, Bytes(2, 1), false, 0);
+  s = log->Append({0, 2}, 1, Bytes(2, 1), false, {0, 0});
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(log->Append(2, 1, "other bytes", false, 0).code(), Code::kAlreadyExists);
-  EXPECT_EQ(log->Append(3, 0, Bytes(3, 0), true, 2).code(), Code::kOk);
-  EXPECT_EQ(log->Append(3, 0, Bytes(3, 0), true, 3).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 2}, 1, "other bytes", false, {0, 0}).code(), Code::kAlreadyExists);
+  EXPECT_EQ(log->Append({0, 3}, 0, Bytes(3, 0), true, {0, 2}).code(), Code::kOk);
+  EXPECT_EQ(log->Append({0, 3}, 0, Bytes(3, 0), true, {0, 3}).code(), Code::kInvalidArgument);
   EXPECT_EQ(*log->Head(), 3u);
   EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{1, 0}, {2, 0}, {2, 1}, {3, 0}}));
 }
@@ -127,11 +128,11 @@ TEST_F(EtcdBoardLogTest, TwoRootsRacingForTheNextVersionOneWins) {
   auto a = Open();
   auto b = Open();
   ASSERT_TRUE(a && b);
-  ASSERT_TRUE(a->Append(1, 0, Bytes(1, 0), true, 0).ok());
+  ASSERT_TRUE(a->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
   for (uint64_t v = 2; v < 12; ++v) {
     Status sa, sb;
-    std::thread ta([&] { sa = a->Append(v, 0, Bytes(v, 0), true, v - 1); });
-    std::thread tb([&] { sb = b->Append(v, 0, Bytes(v, 0), true, v - 1); });
+    std::thread ta([&] { sa = a->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}); });
+    std::thread tb([&] { sb = b->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}); });
     ta.join();
     tb.join();
     EXPECT_NE(sa.ok(), sb.ok()) << "v" << v << ": " << sa.ToString() << " / " << sb.ToString();
@@ -146,17 +147,18 @@ TEST_F(EtcdBoardLogTest, TwoRootsRacingForTheNextVersionOneWins) {
 TEST_F(EtcdBoardLogTest, RefusesBadArguments) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
-  EXPECT_EQ(log->Append(0, 0, "x", true, 0).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(1, kMaxManifestsPerVersion, "x", false, 0).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(1, 0, "", true, 0).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(1, 0, std::string(kMaxBoardRecordBytes + 1, 'x'), true, 0).code(),
+  EXPECT_EQ(log->Append({0, 0}, 0, "x", true, {0, 0}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 1}, kMaxManifestsPerVersion, "x", false, {0, 0}).code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(1, 1, "x", true, 0).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(1, 0, "x", false, 0).code(), Code::kInvalidArgument);
-  EXPECT_EQ(log->Append(5, 0, "x", true, 5).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 1}, 0, "", true, {0, 0}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 1}, 0, std::string(kMaxBoardRecordBytes + 1, 'x'), true, {0, 0}).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 1}, 1, "x", true, {0, 0}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 1}, 0, "x", false, {0, 0}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(log->Append({0, 5}, 0, "x", true, {0, 5}).code(), Code::kInvalidArgument);
   EXPECT_TRUE(log->LoadAll()->empty()) << "nothing refused was written";
   // The largest record fits (etcd's 1.5 MiB request limit is above it).
-  EXPECT_TRUE(log->Append(1, 0, std::string(kMaxBoardRecordBytes, 'x'), true, 0).ok());
+  EXPECT_TRUE(log->Append({0, 1}, 0, std::string(kMaxBoardRecordBytes, 'x'), true, {0, 0}).ok());
   EtcdBoardLogOptions o;
   o.prefix = "/b/";
   EXPECT_EQ(EtcdBoardLog::Open(Etcd(), o).status().code(), Code::kInvalidArgument);
@@ -189,10 +191,10 @@ TEST_F(EtcdBoardLogTest, LoadAllPagesThroughOneSnapshot) {
   ASSERT_NE(log, nullptr);
   Names want;
   for (uint64_t v = 1; v <= 8; ++v) {
-    ASSERT_TRUE(log->Append(v, 0, Bytes(v, 0), true, v - 1).ok());
+    ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
     want.emplace_back(v, 0);
     if (v % 3 == 0) {
-      ASSERT_TRUE(log->Append(v, 1, Bytes(v, 1), false, 0).ok());
+      ASSERT_TRUE(log->Append({0, v}, 1, Bytes(v, 1), false, {0, 0}).ok());
       want.emplace_back(v, 1);
     }
   }
@@ -200,37 +202,83 @@ TEST_F(EtcdBoardLogTest, LoadAllPagesThroughOneSnapshot) {
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(Sorted(*all), want);
   // Version 1e19 sorts after 9 (fixed-width keys).
-  ASSERT_TRUE(
-      log->Append(10'000'000'000'000'000'000u, 0, Bytes(10'000'000'000'000'000'000u, 0), true, 8)
-          .ok());
+  ASSERT_TRUE(log->Append({0, 10'000'000'000'000'000'000u}, 0,
+                          Bytes(10'000'000'000'000'000'000u, 0), true, {0, 8})
+                  .ok());
   EXPECT_EQ(log->LoadAll()->size(), want.size() + 1);
 }
 
 TEST_F(EtcdBoardLogTest, DropBelowKeepsHead) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
-  for (uint64_t v = 1; v <= 5; ++v) ASSERT_TRUE(log->Append(v, 0, Bytes(v, 0), true, v - 1).ok());
-  ASSERT_TRUE(log->Append(2, 1, Bytes(2, 1), false, 0).ok());
-  EXPECT_EQ(log->DropBelow(6).code(), Code::kInvalidArgument);
-  ASSERT_TRUE(log->DropBelow(3).ok());
+  for (uint64_t v = 1; v <= 5; ++v)
+    ASSERT_TRUE(log->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
+  ASSERT_TRUE(log->Append({0, 2}, 1, Bytes(2, 1), false, {0, 0}).ok());
+  EXPECT_EQ(log->DropBelow({0, 6}).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(log->DropBelow({0, 3}).ok());
   EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{3, 0}, {4, 0}, {5, 0}}));
-  ASSERT_TRUE(log->DropBelow(3).ok());  // idempotent
-  ASSERT_TRUE(log->DropBelow(5).ok());
+  ASSERT_TRUE(log->DropBelow({0, 3}).ok());  // idempotent
+  ASSERT_TRUE(log->DropBelow({0, 5}).ok());
   EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{5, 0}}));
   EXPECT_EQ(*log->Head(), 5u);
   // Keys beside the versions are not touched.
-  EXPECT_TRUE(log->Append(6, 0, Bytes(6, 0), true, 5).ok());
+  EXPECT_TRUE(log->Append({0, 6}, 0, Bytes(6, 0), true, {0, 5}).ok());
+}
+
+// A supersede (docs/agent/board.md §4a): epoch 1 opens below HEAD's
+// number; HEAD's value names the epoch, so a CAS that expects the same
+// number in epoch 0 fails; keys sort by position, so DropBelow drops the
+// withdrawn 9 with 1 and 2 while the lower-numbered 3 stays.
+TEST_F(EtcdBoardLogTest, SupersedeOrdersRecordsByPosition) {
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  ASSERT_TRUE(log->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
+  ASSERT_TRUE(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 1}).ok());
+  ASSERT_TRUE(log->Append({0, 9}, 0, Bytes(9, 0), true, {0, 2}).ok());
+  EXPECT_EQ(log->Append({0, 3}, 0, Bytes(3, 0), true, {0, 9}).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(log->Append({1, 3}, 0, Bytes(3, 0), true, {0, 9}).ok());
+  ASSERT_TRUE(log->Append({1, 3}, 1, Bytes(3, 1), false, {}).ok());
+  EXPECT_EQ(*log->Head(), 3u);
+  auto head = raw_->Get(prefix_ + "/head");
+  ASSERT_TRUE(head.ok());
+  ASSERT_EQ(head->kvs.size(), 1u);
+  EXPECT_EQ(head->kvs[0].value, "3@1");
+  Status s = log->Append({1, 4}, 0, Bytes(4, 0), true, {0, 3});
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  ASSERT_TRUE(log->Append({1, 4}, 0, Bytes(4, 0), true, {1, 3}).ok());
+
+  auto other = Open();  // a standby reads the same positions
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(*other->Head(), 4u);
+  auto all = other->LoadAll();
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  std::map<std::pair<uint64_t, uint32_t>, uint32_t> epochs;
+  for (const BoardRecord& r : *all) {
+    EXPECT_EQ(r.signed_manifest, Bytes(r.version, r.seq));
+    epochs[{r.version, r.seq}] = r.epoch;
+  }
+  EXPECT_EQ(epochs,
+            (std::map<std::pair<uint64_t, uint32_t>, uint32_t>{
+                {{1, 0}, 0}, {{2, 0}, 0}, {{9, 0}, 0}, {{3, 0}, 1}, {{3, 1}, 1}, {{4, 0}, 1}}));
+  EXPECT_EQ(log->DropBelow({1, 5}).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(log->DropBelow({1, 3}).ok());
+  EXPECT_EQ(Sorted(*log->LoadAll()), (Names{{3, 0}, {3, 1}, {4, 0}}));
+  ASSERT_TRUE(log->Append({1, 5}, 0, Bytes(5, 0), true, {1, 4}).ok());
+  EXPECT_EQ(*log->Head(), 5u);
 }
 
 TEST_F(EtcdBoardLogTest, ForeignDataUnderThePrefixIsCorruptNotACrash) {
   auto log = Open();
   ASSERT_NE(log, nullptr);
-  ASSERT_TRUE(log->Append(1, 0, Bytes(1, 0), true, 0).ok());
+  ASSERT_TRUE(log->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
   const std::string versions = prefix_ + "/versions/";
   for (const std::string& bad :
        {versions + "junk", versions + "00000000000000000001/64",
         versions + "00000000000000000000/00", versions + "0000000000000000000x/00",
-        versions + "00000000000000000001/001", versions + "99999999999999999999/00"}) {
+        versions + "00000000000000000001/001", versions + "99999999999999999999/00",
+        versions + "e0000000000-00000000000000000001/00",  // epoch 0 has no 'e' key
+        versions + "e0000000001-0000000000000000001/00", versions + "e1-00000000000000000001/00",
+        versions + "e4294967296-00000000000000000001/00"}) {
     ASSERT_TRUE(raw_->Put(bad, "x").ok());
     auto all = log->LoadAll();
     EXPECT_EQ(all.status().code(), Code::kCorrupt) << bad;
@@ -246,10 +294,11 @@ TEST_F(EtcdBoardLogTest, ForeignDataUnderThePrefixIsCorruptNotACrash) {
   ASSERT_TRUE(raw_->Delete(versions + "00000000000000000002/00").ok());
   EXPECT_TRUE(log->LoadAll().ok());
 
-  for (const char* head : {"", "0", "-1", "01", "abc", "18446744073709551616"}) {
+  for (const char* head : {"", "0", "-1", "01", "abc", "18446744073709551616", "2@0", "2@", "@1",
+                           "2@01", "2@1@1", "2@4294967296"}) {
     ASSERT_TRUE(raw_->Put(prefix_ + "/head", head).ok());
     EXPECT_EQ(log->Head().status().code(), Code::kCorrupt) << head;
-    EXPECT_EQ(log->Append(2, 0, Bytes(2, 0), true, 1).code(), Code::kCorrupt) << head;
+    EXPECT_EQ(log->Append({0, 2}, 0, Bytes(2, 0), true, {0, 1}).code(), Code::kCorrupt) << head;
   }
   ASSERT_TRUE(raw_->Put(prefix_ + "/id", "short").ok());
   BoardId id{};
@@ -268,14 +317,14 @@ TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
   ASSERT_NE(log_a, nullptr);
   log_a->SetFence((*a)->Fence());
   for (uint64_t v = 1; v <= 3; ++v) {
-    ASSERT_TRUE(log_a->Append(v, 0, Bytes(v, 0), true, v - 1).ok());
+    ASSERT_TRUE(log_a->Append({0, v}, 0, Bytes(v, 0), true, {0, v - 1}).ok());
   }
   // Root a stalls long enough to lose its lease (revoked here, as if it expired).
   ASSERT_TRUE(raw_->LeaseRevoke((*a)->lease_id()).ok());
-  Status late = log_a->Append(4, 0, Bytes(4, 0), true, 3);
+  Status late = log_a->Append({0, 4}, 0, Bytes(4, 0), true, {0, 3});
   EXPECT_EQ(late.code(), Code::kMismatch) << late.ToString();
   EXPECT_NE(late.message().find("no longer holds"), std::string::npos) << late.ToString();
-  EXPECT_EQ(log_a->DropBelow(2).code(), Code::kMismatch);
+  EXPECT_EQ(log_a->DropBelow({0, 2}).code(), Code::kMismatch);
   // Standby b takes over and continues the log: nothing a published is lost.
   e.id = "root-b";
   auto b = Election::Campaign(Etcd(), e, SteadyClock(), 5000);
@@ -287,9 +336,9 @@ TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
   ASSERT_TRUE(head.ok());
   EXPECT_EQ(*head, 3u);
   EXPECT_EQ(Sorted(*log_b->LoadAll()), (Names{{1, 0}, {2, 0}, {3, 0}}));
-  ASSERT_TRUE(log_b->Append(4, 0, Bytes(4, 0), true, 3).ok());
+  ASSERT_TRUE(log_b->Append({0, 4}, 0, Bytes(4, 0), true, {0, 3}).ok());
   // a's fence still fails under b's leadership.
-  EXPECT_EQ(log_a->Append(5, 0, Bytes(5, 0), true, 4).code(), Code::kMismatch);
+  EXPECT_EQ(log_a->Append({0, 5}, 0, Bytes(5, 0), true, {0, 4}).code(), Code::kMismatch);
   EXPECT_EQ(*log_b->Head(), 4u);
 }
 
@@ -334,16 +383,16 @@ TEST(EtcdBoardLogServerTest, SurvivesAnEtcdRestartAndReportsAnOutage) {
   lo.prefix = "/restart";
   auto log = EtcdBoardLog::Open(o, lo);
   ASSERT_TRUE(log.ok()) << log.status().ToString();
-  ASSERT_TRUE((*log)->Append(1, 0, "one", true, 0).ok());
-  ASSERT_TRUE((*log)->Append(2, 0, "two", true, 1).ok());
+  ASSERT_TRUE((*log)->Append({0, 1}, 0, "one", true, {0, 0}).ok());
+  ASSERT_TRUE((*log)->Append({0, 2}, 0, "two", true, {0, 1}).ok());
   ASSERT_TRUE(server.Kill().ok());  // a crash, not a clean stop
-  Status down = (*log)->Append(3, 0, "three", true, 2);
+  Status down = (*log)->Append({0, 3}, 0, "three", true, {0, 2});
   EXPECT_EQ(down.code(), Code::kUnavailable) << down.ToString();
   EXPECT_EQ(EtcdBoardLog::Open(o, lo).status().code(), Code::kUnavailable);
   ASSERT_TRUE(server.Restart().ok());
   Status up;
   for (int i = 0; i < 50; ++i) {  // the client reconnects on its own
-    up = (*log)->Append(3, 0, "three", true, 2);
+    up = (*log)->Append({0, 3}, 0, "three", true, {0, 2});
     if (up.code() != Code::kUnavailable) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

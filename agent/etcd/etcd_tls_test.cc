@@ -276,7 +276,7 @@ void ExpectBoardAndElectionWork(const EtcdOptions& o, const std::string& prefix)
   auto got = (*log)->InitId(id);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, id);
-  ASSERT_TRUE((*log)->Append(1, 0, std::string(100, 'm'), true, 0).ok());
+  ASSERT_TRUE((*log)->Append({0, 1}, 0, std::string(100, 'm'), true, {0, 0}).ok());
   auto all = (*log)->LoadAll();
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(all->size(), 1u);
@@ -294,7 +294,7 @@ void ExpectBoardAndElectionWork(const EtcdOptions& o, const std::string& prefix)
   EXPECT_EQ(*Election::Leader(**reader, prefix), "root-a");
   // A fenced append under this leadership.
   (*log)->SetFence((*election)->Fence());
-  EXPECT_TRUE((*log)->Append(2, 0, std::string(100, 'n'), true, 1).ok());
+  EXPECT_TRUE((*log)->Append({0, 2}, 0, std::string(100, 'n'), true, {0, 1}).ok());
   ASSERT_TRUE((*election)->Resign().ok());
   EXPECT_EQ(*Election::Leader(**reader, prefix), "");
 }

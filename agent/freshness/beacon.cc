@@ -27,7 +27,7 @@ Status Validate(const HeadBeacon& b, Code code) {
 Result<std::string> EncodeBeacon(const HeadBeacon& b) {
   TERN_RETURN_IF_ERROR(Validate(b, Code::kInvalidArgument));
   std::string out(kBeaconMagic);
-  PutFixed16(&out, kBeaconFormat);
+  PutFixed16(&out, b.head_epoch == 0 ? kBeaconFormat : kBeaconFormatEpoch);
   PutFixed16(&out, 0);
   out.append(reinterpret_cast<const char*>(b.board_id.data()), b.board_id.size());
   PutFixed64(&out, b.incarnation);
@@ -38,6 +38,7 @@ Result<std::string> EncodeBeacon(const HeadBeacon& b) {
   PutFixed16(&out, static_cast<uint16_t>(b.root_id.size()));
   PutFixed16(&out, 0);
   TERN_ASSERT(out.size() == kBeaconFixedBytes, "beacon layout drifted: ", out.size());
+  if (b.head_epoch != 0) PutFixed32(&out, b.head_epoch);
   out.append(b.root_id);
   return out;
 }
@@ -49,8 +50,12 @@ Result<HeadBeacon> DecodeBeacon(std::string_view in) {
   TERN_REQUIRE(in.substr(0, kRecordMagicBytes) == kBeaconMagic, kCorrupt,
                "not a HEAD beacon (bad magic)");
   const uint64_t format = DecodeFixedAt(in, 8, 2);
-  TERN_REQUIRE(format == kBeaconFormat, kCorrupt, "HEAD beacon format ", format,
-               " (this agent reads ", kBeaconFormat, ")");
+  TERN_REQUIRE(format == kBeaconFormat || format == kBeaconFormatEpoch, kCorrupt,
+               "HEAD beacon format ", format, " (this agent reads ", kBeaconFormat, " and ",
+               kBeaconFormatEpoch, ")");
+  const size_t fixed = format == kBeaconFormat ? kBeaconFixedBytes : kBeaconFixedBytesEpoch;
+  TERN_REQUIRE(in.size() >= fixed, kCorrupt, "HEAD beacon format ", format, " of ", in.size(),
+               " bytes, shorter than its ", fixed, "-byte header");
   TERN_REQUIRE(DecodeFixedAt(in, 10, 2) == 0 && DecodeFixedAt(in, 66, 2) == 0, kCorrupt,
                "HEAD beacon: reserved bytes not zero");
   HeadBeacon b;
@@ -61,9 +66,14 @@ Result<HeadBeacon> DecodeBeacon(std::string_view in) {
   b.root_unix_ms = DecodeFixedAt(in, 52, 8);
   b.interval_ms = static_cast<uint32_t>(DecodeFixedAt(in, 60, 4));
   const uint64_t id_bytes = DecodeFixedAt(in, 64, 2);
-  TERN_REQUIRE(in.size() == kBeaconFixedBytes + id_bytes, kCorrupt, "HEAD beacon of ", in.size(),
+  TERN_REQUIRE(in.size() == fixed + id_bytes, kCorrupt, "HEAD beacon of ", in.size(),
                " bytes with a root id of ", id_bytes, " bytes");
-  b.root_id.assign(in.substr(kBeaconFixedBytes));
+  if (format == kBeaconFormatEpoch) {
+    b.head_epoch = static_cast<uint32_t>(DecodeFixedAt(in, 68, 4));
+    // One encoding per beacon: epoch 0 is format 1.
+    TERN_REQUIRE(b.head_epoch >= 1, kCorrupt, "HEAD beacon format 2 with epoch 0");
+  }
+  b.root_id.assign(in.substr(fixed));
   TERN_RETURN_IF_ERROR(Validate(b, Code::kCorrupt));
   return b;
 }

@@ -28,10 +28,15 @@ namespace tern::agent {
 
 inline constexpr std::string_view kBeaconMagic{"TERNBEAC", kRecordMagicBytes};
 inline constexpr uint16_t kBeaconFormat = 1;
-inline constexpr size_t kBeaconFixedBytes = 68;  // up to the root id
+// Format 2 adds HEAD's board epoch (docs/agent/board.md §4a) at byte 68;
+// written only for epoch >= 1, so a beacon of epoch 0 stays format 1 byte
+// for byte.
+inline constexpr uint16_t kBeaconFormatEpoch = 2;
+inline constexpr size_t kBeaconFixedBytes = 68;       // format 1: up to the root id
+inline constexpr size_t kBeaconFixedBytesEpoch = 72;  // format 2: up to the root id
 inline constexpr size_t kMaxBeaconRootIdBytes = 256;
 inline constexpr uint32_t kMaxBeaconIntervalMs = 600'000;
-inline constexpr size_t kMaxBeaconBytes = kBeaconFixedBytes + kMaxBeaconRootIdBytes;
+inline constexpr size_t kMaxBeaconBytes = kBeaconFixedBytesEpoch + kMaxBeaconRootIdBytes;
 inline constexpr size_t kMaxSignedBeaconBytes = kMaxBeaconBytes + kManifestTrailerBytes;
 
 struct HeadBeacon {
@@ -43,6 +48,7 @@ struct HeadBeacon {
   uint64_t incarnation = 0;
   uint64_t seq = 0;           // >= 1, increases with every beacon of one incarnation
   uint64_t head = 0;          // the board's HEAD when sent (0: nothing published)
+  uint32_t head_epoch = 0;    // HEAD's board epoch (>= 1: format 2)
   uint64_t root_unix_ms = 0;  // the root's wall time when sent
   uint32_t interval_ms = 0;   // the root's beacon interval, 1..kMaxBeaconIntervalMs
   std::string root_id;        // 1..kMaxBeaconRootIdBytes

@@ -51,7 +51,7 @@ BeaconVerdict FreshnessTracker::Offer(const ManifestVerifier& verifier,
   return Count(BeaconVerdict::kAccepted);
 }
 
-Freshness FreshnessTracker::Report(uint64_t now_us, uint64_t version) const {
+Freshness FreshnessTracker::Report(uint64_t now_us, uint64_t version, uint32_t epoch) const {
   Freshness f;
   f.beacons = counts_;
   f.clock_skew_ms = skew_ms_;
@@ -61,7 +61,9 @@ Freshness FreshnessTracker::Report(uint64_t now_us, uint64_t version) const {
     return f;
   }
   f.beacon_head = last_.head;
-  f.lag_versions = last_.head > version ? last_.head - version : 0;
+  f.beacon_head_epoch = last_.head_epoch;
+  const bool superseded = last_.head_epoch > epoch;
+  f.lag_versions = !superseded && last_.head > version ? last_.head - version : 0;
   f.incarnation = last_.incarnation;
   f.seq = last_.seq;
   f.root_id = last_.root_id;
@@ -69,6 +71,8 @@ Freshness FreshnessTracker::Report(uint64_t now_us, uint64_t version) const {
   f.last_beacon_age_s = static_cast<double>(age_us) * 1e-6;
   if (age_us > uint64_t{options_.stale_after_ms} * 1000) {
     f.stale_reason = skew_exceeded_ ? "clock skew" : "cut off";
+  } else if (superseded) {
+    f.stale_reason = "superseded";
   } else if (f.lag_versions > options_.max_lag_versions) {
     f.stale_reason = "behind";
   } else {

@@ -17,8 +17,11 @@
 //              stands at;
 //   stale      otherwise, with the reason: "no beacon yet", "cut off" (none
 //              accepted for stale_after_ms; "clock skew" when the last
-//              signed one was refused for skew) or "behind" (beacons come,
-//              but name a HEAD more than max_lag_versions ahead).
+//              signed one was refused for skew), "superseded" (the beacon's
+//              HEAD is of a later board epoch than the one the member
+//              serves: its number was withdrawn, docs/agent/board.md §4a,
+//              whatever the numbers say) or "behind" (beacons come, but
+//              name a HEAD more than max_lag_versions ahead).
 // Staleness fails safe: blocking, forging or replaying beacons can only make
 // a member stale, never fresh.
 //
@@ -50,7 +53,10 @@ struct Freshness {
   double last_beacon_age_s = -1;               // -1: none accepted
   // From the last accepted beacon (0 / empty: none).
   uint64_t beacon_head = 0;
-  uint64_t lag_versions = 0;  // beacon_head minus the member's version, 0 when not ahead
+  uint32_t beacon_head_epoch = 0;
+  // beacon_head minus the member's version, within one epoch; 0 when not
+  // ahead or superseded (numbers of two epochs do not subtract).
+  uint64_t lag_versions = 0;
   uint64_t incarnation = 0, seq = 0;
   std::string root_id;
   // The root's wall time minus ours at the last validly signed beacon of
@@ -70,8 +76,9 @@ class FreshnessTracker {
   BeaconVerdict Offer(const ManifestVerifier& verifier, std::string_view signed_beacon,
                       const BoardId& board, uint64_t now_us, uint64_t wall_unix_ms,
                       std::string* why);
-  // `version`: what the member serves (relay-only: holds).
-  Freshness Report(uint64_t now_us, uint64_t version) const;
+  // `version`, `epoch`: what the member serves (relay-only: holds) and
+  // its board epoch.
+  Freshness Report(uint64_t now_us, uint64_t version, uint32_t epoch) const;
   // When a beacon was last accepted (0: never).
   uint64_t last_accepted_us() const { return last_us_; }
 

@@ -77,7 +77,7 @@ TEST(HeadBeacon, RefusesEveryTruncationTrailingByteAndBadField) {
   b.root_id.assign(kMaxBeaconRootIdBytes, 'r');
   auto longest = EncodeBeacon(b);
   ASSERT_TRUE(longest.ok());
-  EXPECT_EQ(longest->size(), kMaxBeaconBytes);
+  EXPECT_EQ(longest->size(), kBeaconFixedBytes + kMaxBeaconRootIdBytes);  // format 2: 4 more
 }
 
 TEST(HeadBeacon, VerifiesOnlyUnderATrustedKeyAndNeverAsAManifest) {
@@ -117,6 +117,41 @@ TEST(HeadBeacon, VerifiesOnlyUnderATrustedKeyAndNeverAsAManifest) {
             Code::kInvalidArgument);
 }
 
+// Format 2 (docs/agent/board.md §4a): HEAD's board epoch at byte 68, the
+// root id after it; written only for epoch >= 1, so an epoch-0 beacon is
+// format 1 byte for byte.
+TEST(HeadBeacon, Format2CarriesTheEpoch) {
+  HeadBeacon b = Sample();
+  b.head_epoch = 3;
+  auto bytes = EncodeBeacon(b);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  ASSERT_EQ(bytes->size(), kBeaconFixedBytesEpoch + 6);
+  EXPECT_EQ(uint8_t((*bytes)[8]), 2);   // format
+  EXPECT_EQ(uint8_t((*bytes)[68]), 3);  // head_epoch
+  EXPECT_EQ(bytes->substr(72), "root-a");
+  auto back = DecodeBeacon(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, b);
+  for (size_t n = 0; n < bytes->size(); ++n)
+    EXPECT_EQ(DecodeBeacon(bytes->substr(0, n)).status().code(), Code::kCorrupt) << n;
+  std::string zero = *bytes;  // format 2 with epoch 0: one encoding per beacon
+  zero[68] = 0;
+  EXPECT_EQ(DecodeBeacon(zero).status().code(), Code::kCorrupt);
+  b.root_id.assign(kMaxBeaconRootIdBytes, 'r');
+  auto longest = EncodeBeacon(b);
+  ASSERT_TRUE(longest.ok());
+  EXPECT_EQ(longest->size(), kMaxBeaconBytes);
+  // The epoch is signed.
+  const ManifestSigner root = Signer(1);
+  ManifestVerifier trusted;
+  ASSERT_TRUE(trusted.AddTrustedKey(root.public_key()).ok());
+  std::string signed_bytes = *SignBeacon(root, Sample());
+  std::string bumped = *SignBeacon(root, b);
+  bumped[68] = 4;
+  EXPECT_EQ(VerifyBeacon(trusted, bumped).status().code(), Code::kAuth);
+  EXPECT_EQ(uint8_t(signed_bytes[8]), 1);  // epoch 0: format 1
+}
+
 class Tracker : public ::testing::Test {
  protected:
   Tracker() { EXPECT_TRUE(trusted_.AddTrustedKey(root_.public_key()).ok()); }
@@ -144,31 +179,52 @@ class Tracker : public ::testing::Test {
 };
 
 TEST_F(Tracker, StaleUntilTheFirstBeaconThenCutOffWhenBeaconsStop) {
-  Freshness f = tracker_.Report(0, 42);
+  Freshness f = tracker_.Report(0, 42, 0);
   EXPECT_TRUE(f.stale);
   EXPECT_EQ(f.stale_reason, "no beacon yet");
   EXPECT_EQ(f.last_beacon_age_s, -1);
 
   ASSERT_EQ(Offer(At(7, 1), 1'000'000), BeaconVerdict::kAccepted);
-  f = tracker_.Report(1'000'000 + 5'000'000, 42);  // exactly stale_after: still fresh
+  f = tracker_.Report(1'000'000 + 5'000'000, 42, 0);  // exactly stale_after: still fresh
   EXPECT_FALSE(f.stale) << f.stale_reason;
   EXPECT_EQ(f.beacon_head, 42u);
   EXPECT_EQ(f.root_id, "root-a");
   EXPECT_DOUBLE_EQ(f.last_beacon_age_s, 5.0);
-  f = tracker_.Report(1'000'000 + 5'000'001, 42);
+  f = tracker_.Report(1'000'000 + 5'000'001, 42, 0);
   EXPECT_TRUE(f.stale);
   EXPECT_EQ(f.stale_reason, "cut off");
 
   ASSERT_EQ(Offer(At(7, 2), 7'000'000), BeaconVerdict::kAccepted);  // the link is back
-  EXPECT_FALSE(tracker_.Report(7'000'000, 42).stale);
-  EXPECT_EQ(tracker_.Report(7'000'000, 42).beacons[0], 2u);
+  EXPECT_FALSE(tracker_.Report(7'000'000, 42, 0).stale);
+  EXPECT_EQ(tracker_.Report(7'000'000, 42, 0).beacons[0], 2u);
+}
+
+// A beacon of a later epoch than the member serves makes it stale,
+// "superseded", whatever the numbers say: 1000000 of epoch 0 is behind 3 of
+// epoch 1. Once the member serves epoch 1 it is fresh again.
+TEST_F(Tracker, SupersededWhenTheSignedHeadIsOfALaterEpoch) {
+  HeadBeacon b = At(7, 1, /*head=*/3);
+  b.head_epoch = 1;
+  ASSERT_EQ(Offer(b, 0), BeaconVerdict::kAccepted);
+  Freshness f = tracker_.Report(0, 1000000, 0);
+  EXPECT_TRUE(f.stale);
+  EXPECT_EQ(f.stale_reason, "superseded");
+  EXPECT_EQ(f.beacon_head, 3u);
+  EXPECT_EQ(f.beacon_head_epoch, 1u);
+  EXPECT_EQ(f.lag_versions, 0u);
+  f = tracker_.Report(0, 2, 0);  // a lower number, the old epoch: superseded too
+  EXPECT_EQ(f.stale_reason, "superseded");
+  EXPECT_FALSE(tracker_.Report(0, 3, 1).stale);
+  f = tracker_.Report(0, 1, 1);
+  EXPECT_EQ(f.stale_reason, "behind");
+  EXPECT_EQ(f.lag_versions, 2u);
 }
 
 TEST_F(Tracker, BehindWhenTheSignedHeadIsMoreThanTheLagAhead) {
   ASSERT_EQ(Offer(At(7, 1, /*head=*/10), 0), BeaconVerdict::kAccepted);
-  EXPECT_FALSE(tracker_.Report(0, 10).stale);
-  EXPECT_FALSE(tracker_.Report(0, 9).stale);  // one behind: within max_lag_versions
-  const Freshness f = tracker_.Report(0, 8);
+  EXPECT_FALSE(tracker_.Report(0, 10, 0).stale);
+  EXPECT_FALSE(tracker_.Report(0, 9, 0).stale);  // one behind: within max_lag_versions
+  const Freshness f = tracker_.Report(0, 8, 0);
   EXPECT_TRUE(f.stale);
   EXPECT_EQ(f.stale_reason, "behind");
   EXPECT_EQ(f.lag_versions, 2u);
@@ -190,7 +246,7 @@ TEST_F(Tracker, RefusesReplaysForgeriesAndOtherBoardsAndCountsThem) {
             BeaconVerdict::kForeign)
       << "a member with no board accepts no beacon";
 
-  const Freshness f = tracker_.Report(6, 42);
+  const Freshness f = tracker_.Report(6, 42, 0);
   EXPECT_EQ(f.seq, 5u);  // refusals moved nothing
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kAccepted)], 1u);
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kReplayed)], 2u);
@@ -202,27 +258,27 @@ TEST_F(Tracker, RefusesReplaysForgeriesAndOtherBoardsAndCountsThem) {
 TEST_F(Tracker, ANewIncarnationIsAcceptedAtOnceAndTheDeposedRootNeverAgain) {
   ASSERT_EQ(Offer(At(7, 900), 0), BeaconVerdict::kAccepted);
   ASSERT_EQ(Offer(At(9, 1), 1), BeaconVerdict::kAccepted);  // the standby took over
-  EXPECT_EQ(tracker_.Report(1, 42).incarnation, 9u);
+  EXPECT_EQ(tracker_.Report(1, 42, 0).incarnation, 9u);
   EXPECT_EQ(Offer(At(7, 901), 2), BeaconVerdict::kReplayed);  // the deposed root
   ASSERT_EQ(Offer(At(9, 2), 3), BeaconVerdict::kAccepted);
 }
 
 TEST_F(Tracker, ClockSkewBeyondTheBoundIsRefusedAndReported) {
   ASSERT_EQ(Offer(At(7, 1), 0, kWallMs + 1500), BeaconVerdict::kAccepted);  // within 2000 ms
-  EXPECT_EQ(tracker_.Report(0, 42).clock_skew_ms, -1500);
+  EXPECT_EQ(tracker_.Report(0, 42, 0).clock_skew_ms, -1500);
   EXPECT_EQ(Offer(At(7, 2), 1, kWallMs + 2001), BeaconVerdict::kSkewed);
   EXPECT_EQ(Offer(At(7, 3), 2, kWallMs - 60'000), BeaconVerdict::kSkewed);
-  Freshness f = tracker_.Report(2, 42);
+  Freshness f = tracker_.Report(2, 42, 0);
   EXPECT_TRUE(f.skew_exceeded);
   EXPECT_EQ(f.clock_skew_ms, 60'000);
   EXPECT_FALSE(f.stale);  // the accepted one is still recent
-  f = tracker_.Report(6'000'000, 42);
+  f = tracker_.Report(6'000'000, 42, 0);
   EXPECT_TRUE(f.stale);
   EXPECT_EQ(f.stale_reason, "clock skew");
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kSkewed)], 2u);
   // The clock fixed: the next beacon is accepted (seq 3 was refused, not taken).
   ASSERT_EQ(Offer(At(7, 3), 7'000'000), BeaconVerdict::kAccepted);
-  EXPECT_FALSE(tracker_.Report(7'000'000, 42).skew_exceeded);
+  EXPECT_FALSE(tracker_.Report(7'000'000, 42, 0).skew_exceeded);
 }
 
 }  // namespace

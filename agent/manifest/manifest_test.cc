@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -292,7 +293,8 @@ TEST(VersionManifest, DecodeRefusesBadFields) {
   };
   const Case cases[] = {
       {"magic", 0, 'X', 1, Code::kCorrupt},
-      {"format", 8, 3, 2, Code::kCorrupt},
+      {"format", 8, 4, 2, Code::kCorrupt},
+      {"format 3 with epoch 0", 8, 3, 2, Code::kCorrupt},
       {"format 2 without files", 8, 2, 2, Code::kCorrupt},
       {"flags", 10, 1, 2, Code::kCorrupt},
       {"header reserved", 12, 1, 4, Code::kCorrupt},
@@ -352,6 +354,148 @@ TEST(VersionManifest, EncodeRefusesWhatDecodeRefuses) {
   EXPECT_EQ(*back, m);
   m.objects.back().from_version = 99;  // a squash from the parent is a patch
   EXPECT_EQ(CodeOf(EncodeManifest(m).status()), Code::kMismatch);
+}
+
+// Format 3 (docs/agent/board.md §4a): the epoch and the supersede flag,
+// signed like every other field; the supersede's patch runs backwards.
+VersionManifest Supersede() {
+  VersionManifest m = Example();
+  m.epoch = 1;
+  m.supersede = true;
+  m.version = 3;
+  m.parent = 1000000;
+  m.objects.clear();
+  m.objects.push_back(MakeObject(ObjectKind::kPatch, 1000000, 3, "backwards", 4).desc);
+  m.objects.push_back(MakeObject(ObjectKind::kKeyframe, 3, 3, "keyfrm", 4).desc);
+  return m;
+}
+
+TEST(VersionManifest, Format3CarriesEpochAndSupersede) {
+  for (const bool with_files : {false, true}) {
+    VersionManifest m = Supersede();
+    if (with_files) m.files = WithFiles().files;
+    auto bytes = EncodeManifest(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    const auto* p = reinterpret_cast<const uint8_t*>(bytes->data());
+    EXPECT_EQ(DecodeFixed16(p + 8), kManifestFormatEpoch);
+    EXPECT_EQ(DecodeFixed16(p + 10), 1u);  // supersede
+    EXPECT_EQ(DecodeFixed32(p + 12), 1u);  // epoch
+    EXPECT_EQ(DecodeFixed16(p + 124), m.files.size());
+    auto size = ManifestBytesOf(*bytes);
+    ASSERT_TRUE(size.ok()) << size.status().ToString();
+    EXPECT_EQ(*size, bytes->size());
+    auto back = DecodeManifest(*bytes);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, m);
+
+    auto signer = ManifestSigner::FromSeed(FixedSeed());
+    ASSERT_TRUE(signer.ok());
+    auto signed_bytes = signer->Sign(m);
+    ASSERT_TRUE(signed_bytes.ok());
+    ManifestVerifier verifier;
+    ASSERT_TRUE(verifier.AddTrustedKey(signer->public_key()).ok());
+    auto verified = verifier.Verify(*signed_bytes);
+    ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+    EXPECT_EQ(verified->epoch, 1u);
+    EXPECT_TRUE(verified->supersede);
+    for (size_t i = 8; i < 16; ++i) {  // format, flags, epoch: signed
+      std::string bad = *signed_bytes;
+      bad[i] = static_cast<char>(bad[i] ^ 0x01);
+      ASSERT_FALSE(verifier.Verify(bad).ok()) << "flipping byte " << i << " was accepted";
+    }
+  }
+  // A later publication of the epoch: no flag, version above parent, no file.
+  VersionManifest next = Example();
+  next.epoch = 1;
+  next.version = 4;
+  next.parent = 3;
+  next.objects[0] = MakeObject(ObjectKind::kPatch, 3, 4, "p", 1).desc;
+  next.objects[1] = MakeObject(ObjectKind::kKeyframe, 4, 4, "k", 1).desc;
+  auto bytes = EncodeManifest(next);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(DecodeFixed16(reinterpret_cast<const uint8_t*>(bytes->data()) + 10), 0u);
+  auto back = DecodeManifest(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, next);
+  // Epoch 0 is still format 1, byte for byte the golden example's.
+  VersionManifest zero = Example();
+  zero.epoch = 0;
+  auto old = EncodeManifest(zero);
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(DecodeFixed16(reinterpret_cast<const uint8_t*>(old->data()) + 8), kManifestFormat);
+}
+
+TEST(VersionManifest, Format3RulesAreRefused) {
+  struct Case {
+    const char* what;
+    std::function<void(VersionManifest*)> edit;
+  };
+  const Case encode_cases[] = {
+      {"supersede in epoch 0", [](VersionManifest* m) { m->epoch = 0; }},
+      {"supersede above its parent",
+       [](VersionManifest* m) {
+         m->version = 2000000;
+         m->objects[0].to_version = 2000000;
+         m->objects[1].from_version = m->objects[1].to_version = 2000000;
+       }},
+      {"supersede without a keyframe", [](VersionManifest* m) { m->objects.pop_back(); }},
+      {"supersede without the patch",
+       [](VersionManifest* m) { m->objects.erase(m->objects.begin()); }},
+      {"below parent without supersede", [](VersionManifest* m) { m->supersede = false; }},
+      {"squash from the parent",
+       [](VersionManifest* m) {
+         m->objects.push_back(MakeObject(ObjectKind::kSquash, 1000000, 3, "sq", 1).desc);
+       }},
+  };
+  for (const Case& c : encode_cases) {
+    VersionManifest m = Supersede();
+    c.edit(&m);
+    auto r = EncodeManifest(m);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), Code::kMismatch) << c.what << ": " << r.status().ToString();
+  }
+  // A squash from a withdrawn number above the parent is a chain edge the
+  // board checks, not a codec error.
+  VersionManifest from_withdrawn = Example();
+  from_withdrawn.epoch = 1;
+  from_withdrawn.version = 5;
+  from_withdrawn.parent = 4;
+  from_withdrawn.objects = {MakeObject(ObjectKind::kPatch, 4, 5, "p", 1).desc,
+                            MakeObject(ObjectKind::kSquash, 1000000, 5, "sq", 1).desc};
+  EXPECT_TRUE(EncodeManifest(from_withdrawn).ok());
+  from_withdrawn.epoch = 0;  // epoch 0 keeps "squash from before the parent"
+  EXPECT_EQ(CodeOf(EncodeManifest(from_withdrawn).status()), Code::kMismatch);
+
+  auto good = EncodeManifest(Supersede());
+  ASSERT_TRUE(good.ok());
+  struct ByteCase {
+    const char* what;
+    size_t at;
+    uint64_t value;
+    int width;
+    Code code;
+  };
+  const ByteCase byte_cases[] = {
+      {"epoch 0 in format 3", 12, 0, 4, Code::kCorrupt},
+      {"undefined flag", 10, 3, 2, Code::kCorrupt},
+      {"format 2 with an epoch", 8, 2, 2, Code::kCorrupt},
+      {"supersede version above parent", 32, 2000000, 8, Code::kMismatch},
+      {"names without files", 126, 1, 2, Code::kCorrupt},
+  };
+  for (const ByteCase& c : byte_cases) {
+    std::string bad = *good;
+    EncodeFixed(reinterpret_cast<uint8_t*>(bad.data() + c.at), c.value, c.width);
+    auto r = DecodeManifest(bad);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().ToString();
+  }
+  // A format-1/2-only reader sees "manifest format 3"; this one reads it, and
+  // a supersede flag on format 1 stays refused.
+  auto plain = EncodeManifest(Example());
+  ASSERT_TRUE(plain.ok());
+  std::string flagged = *plain;
+  EncodeFixed(reinterpret_cast<uint8_t*>(flagged.data() + 10), 1, 2);
+  EXPECT_EQ(CodeOf(DecodeManifest(flagged).status()), Code::kCorrupt);
 }
 
 // RFC 6962 §2.1 as written: split at the largest power of two below n.

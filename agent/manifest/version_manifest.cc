@@ -39,9 +39,21 @@ Status ValidateObject(const VersionManifest& m, size_t i) {
                    " is not of version ", m.version);
       break;
     case ObjectKind::kSquash:
-      TERN_REQUIRE(o.from_version < m.parent && o.to_version == m.version, kMismatch,
-                   "manifest object ", i, ": squash ", o.from_version, "->", o.to_version,
-                   " must start before parent ", m.parent, " and end at version ", m.version);
+      // Within epoch 0 numbers order the chain; from epoch 1 on a squash may
+      // start at a withdrawn number above parent (a member left there), so
+      // the codec only keeps it off the patch's and the keyframe's edges and
+      // the board checks that it starts before parent on the chain.
+      if (m.epoch == 0) {
+        TERN_REQUIRE(o.from_version < m.parent && o.to_version == m.version, kMismatch,
+                     "manifest object ", i, ": squash ", o.from_version, "->", o.to_version,
+                     " must start before parent ", m.parent, " and end at version ", m.version);
+      } else {
+        TERN_REQUIRE(
+            o.from_version != m.parent && o.from_version != m.version && o.to_version == m.version,
+            kMismatch, "manifest object ", i, ": squash ", o.from_version, "->", o.to_version,
+            " must start neither at parent ", m.parent, " nor at version ", m.version,
+            " and end at version ", m.version);
+      }
       break;
     default:
       return TERN_ERROR(kCorrupt, "manifest object ", i, ": unknown kind ",
@@ -107,9 +119,9 @@ Result<size_t> ManifestBytesOf(std::string_view in) {
   TERN_REQUIRE(std::memcmp(p, kMagic, sizeof(kMagic)) == 0, kCorrupt,
                "not a tern manifest (bad magic)");
   const uint16_t format = DecodeFixed16(p + 8);
-  TERN_REQUIRE(format == kManifestFormat || format == kManifestFormatFiles, kCorrupt,
-               "manifest format ", format, " is not one of the supported ", kManifestFormat,
-               " and ", kManifestFormatFiles);
+  TERN_REQUIRE(format >= kManifestFormat && format <= kManifestFormatEpoch, kCorrupt,
+               "manifest format ", format, " is not one of the supported ", kManifestFormat, "..",
+               kManifestFormatEpoch);
   const uint32_t count = DecodeFixed32(p + 120);
   TERN_REQUIRE(count >= 1 && count <= kMaxManifestObjects, kCorrupt, "manifest object count ",
                count, " outside [1, ", kMaxManifestObjects, "]");
@@ -118,12 +130,13 @@ Result<size_t> ManifestBytesOf(std::string_view in) {
     TERN_REQUIRE(DecodeFixed32(p + 124) == 0, kCorrupt, "manifest reserved count field not zero");
     return bytes;
   }
-  // Format 2: a format-2 manifest names at least one file (one without is
-  // written as format 1: one encoding per manifest).
+  // Format 2 names at least one file (one without is written as format 1:
+  // one encoding per manifest); format 3 may name none (it says the epoch).
   const uint16_t files = DecodeFixed16(p + 124);
   const uint16_t names = DecodeFixed16(p + 126);
-  TERN_REQUIRE(files >= 1 && files <= kMaxManifestFiles, kCorrupt, "manifest file count ", files,
-               " outside [1, ", kMaxManifestFiles, "]");
+  const uint16_t min_files = format == kManifestFormatFiles ? 1 : 0;
+  TERN_REQUIRE(files >= min_files && files <= kMaxManifestFiles, kCorrupt, "manifest file count ",
+               files, " outside [", min_files, ", ", kMaxManifestFiles, "]");
   TERN_REQUIRE(names >= files && names <= files * kMaxManifestFileNameBytes, kCorrupt,
                "manifest file names of ", names, " bytes for ", files, " files");
   return bytes + kManifestFileBytes * files + names;
@@ -131,8 +144,23 @@ Result<size_t> ManifestBytesOf(std::string_view in) {
 
 Status ValidateManifest(const VersionManifest& m) {
   TERN_REQUIRE(m.version >= 1, kMismatch, "manifest version 0 is reserved");
-  TERN_REQUIRE(m.parent < m.version, kMismatch, "manifest parent ", m.parent,
-               " is not older than version ", m.version);
+  if (m.supersede) {
+    TERN_REQUIRE(m.epoch >= 1, kMismatch, "manifest of version ", m.version,
+                 ": a supersede opens an epoch >= 1, not epoch 0");
+    TERN_REQUIRE(m.parent >= 1 && m.version < m.parent, kMismatch, "manifest of version ",
+                 m.version, ": a supersede renumbers below its parent ", m.parent);
+    const auto names = [&](ObjectKind kind, uint64_t from) {
+      for (const ManifestObject& o : m.objects)
+        if (o.kind == kind && o.from_version == from) return true;
+      return false;
+    };
+    TERN_REQUIRE(names(ObjectKind::kPatch, m.parent) && names(ObjectKind::kKeyframe, m.version),
+                 kMismatch, "manifest of version ", m.version,
+                 ": a supersede names patch(parent->version) and keyframe(version)");
+  } else {
+    TERN_REQUIRE(m.parent < m.version, kMismatch, "manifest parent ", m.parent,
+                 " is not older than version ", m.version);
+  }
   TERN_REQUIRE(!m.objects.empty(), kMismatch, "manifest of version ", m.version,
                " names no object");
   TERN_REQUIRE(m.objects.size() <= kMaxManifestObjects, kMismatch, "manifest names ",
@@ -149,9 +177,12 @@ Result<std::string> EncodeManifest(const VersionManifest& m) {
   out.reserve(kManifestHeaderBytes + kManifestObjectBytes * m.objects.size() +
               kManifestFileBytes * m.files.size() + names);
   out.append(kMagic, sizeof(kMagic));
-  PutFixed16(&out, m.files.empty() ? kManifestFormat : kManifestFormatFiles);
-  PutFixed16(&out, 0);  // flags
-  PutFixed32(&out, 0);  // reserved
+  const uint16_t format = m.epoch >= 1      ? kManifestFormatEpoch
+                          : m.files.empty() ? kManifestFormat
+                                            : kManifestFormatFiles;
+  PutFixed16(&out, format);
+  PutFixed16(&out, m.supersede ? 1 : 0);  // flags; only format 3 (ValidateManifest)
+  PutFixed32(&out, m.epoch);              // formats 1 and 2: reserved, 0
   out.append(reinterpret_cast<const char*>(m.board_id.data()), m.board_id.size());
   PutFixed64(&out, m.version);
   PutFixed64(&out, m.parent);
@@ -189,10 +220,20 @@ Result<std::string> EncodeManifest(const VersionManifest& m) {
 Result<VersionManifest> DecodeManifest(std::string_view in) {
   TERN_ASSIGN_OR_RETURN(const size_t want, ManifestBytesOf(in));
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  TERN_REQUIRE(DecodeFixed16(p + 10) == 0, kCorrupt, "manifest flags ", DecodeFixed16(p + 10),
-               " must be 0");
-  TERN_REQUIRE(DecodeFixed32(p + 12) == 0, kCorrupt, "manifest reserved header field not zero");
+  const uint16_t format = DecodeFixed16(p + 8);
+  const uint16_t flags = DecodeFixed16(p + 10);
   VersionManifest m;
+  if (format == kManifestFormatEpoch) {
+    TERN_REQUIRE((flags & ~1u) == 0, kCorrupt, "manifest flags ", flags,
+                 ": only bit 0 (supersede) is defined");
+    m.epoch = DecodeFixed32(p + 12);
+    TERN_REQUIRE(m.epoch >= 1, kCorrupt, "manifest format 3 with epoch 0 (epoch 0 is written ",
+                 "as format 1 or 2)");
+    m.supersede = (flags & 1) != 0;
+  } else {
+    TERN_REQUIRE(flags == 0, kCorrupt, "manifest flags ", flags, " must be 0");
+    TERN_REQUIRE(DecodeFixed32(p + 12) == 0, kCorrupt, "manifest reserved header field not zero");
+  }
   std::memcpy(m.board_id.data(), p + 16, 16);
   m.version = DecodeFixed64(p + 32);
   m.parent = DecodeFixed64(p + 40);
@@ -200,7 +241,7 @@ Result<VersionManifest> DecodeManifest(std::string_view in) {
   m.base_digest = ViewDigest::FromBytes(p + 56);
   m.target_digest = ViewDigest::FromBytes(p + 88);
   const uint32_t count = DecodeFixed32(p + 120);
-  const uint32_t file_count = DecodeFixed16(p + 8) == kManifestFormat ? 0 : DecodeFixed16(p + 124);
+  const uint32_t file_count = format == kManifestFormat ? 0 : DecodeFixed16(p + 124);
   TERN_REQUIRE(in.size() == want, kCorrupt, "manifest of ", count, " objects and ", file_count,
                " files is ", want, " bytes, got ", in.size());
   m.objects.resize(count);

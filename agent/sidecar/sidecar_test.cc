@@ -410,6 +410,39 @@ TEST_F(SidecarTest, BehindButReachableWaitsForTheCatchUp) {
             std::string::npos);
 }
 
+// A supersede withdrew the member's number (docs/agent/board.md §4a): its
+// signed HEAD is of a later epoch and it reports itself stale,
+// "superseded". Its applied 1000000 must not satisfy min_version 101: 409
+// WeightVersionNotReady, retryable, until it re-bases; requests without a
+// version constraint are served.
+TEST_F(SidecarTest, ASupersededMemberDoesNotLetAWithdrawnNumberSatisfyAVersion) {
+  auto superseded = std::make_shared<std::atomic<bool>>(false);
+  auto state = [superseded] {
+    ReplicaState r;
+    r.member_stale = superseded->load();
+    r.stale_reason = "superseded";
+    return r;
+  };
+  StartSidecar(CommitMode::kInPlace, state);
+  Serve(1000000);
+  const Json min101 = {{"prompt", "p"}, {"weight_version", {{"min_version", 101}}}};
+  EXPECT_EQ(client_->Post("/v1/completions", min101).status, 200);
+  superseded->store(true);
+  Reply r = client_->Post("/v1/completions", min101);
+  ASSERT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(r.json()["type"], "WeightVersionNotReady");
+  EXPECT_EQ(r.json()["target_version"], 101);
+  EXPECT_EQ(r.json()["applied"], 1000000);
+  EXPECT_EQ(r.header("Retry-After"), "1");
+  EXPECT_EQ(client_->Post("/v1/completions", {{"prompt", "p"}}).status, 200)
+      << "no version asked for";
+  EXPECT_NE(client_->Send("GET", "/metrics").body.find(
+                "tern_sidecar_refusals_total{reason=\"superseded\"} 1"),
+            std::string::npos);
+  superseded->store(false);
+  EXPECT_EQ(client_->Post("/v1/completions", min101).status, 200);
+}
+
 // A member cut off from the root reports itself stale (docs/security.md
 // "Freshness"); its own HEAD may be old, so X-Tern-Max-Staleness alone
 // would pass. Requests that bound their staleness get a retryable 503, the

@@ -238,5 +238,72 @@ TEST_F(AgentFreshnessTest, ClockSkewBeyondTheBoundIsRefusedAndReported) {
       << *metrics;
 }
 
+// A signed beacon of a later board epoch (docs/agent/board.md §4a: a
+// supersede withdrew the number the member serves) makes the member stale,
+// "superseded", although its number is the beacon's HEAD; the same beacons
+// re-signed by another key are refused as forged and change nothing. The
+// test holds the root's signing key and rewrites its real beacons on the
+// way (HEAD beacon format 2). TODO: a supersede published through the root
+// and members re-basing onto it, once the daemon does (board.md §4a Status).
+TEST_F(AgentFreshnessTest, ABeaconOfALaterEpochMakesAMemberStaleSuperseded) {
+  struct Rewriter {
+    std::mutex mu;
+    ManifestVerifier root_key;
+    ManifestSigner root = std::move(ManifestSigner::Generate()).value();
+    ManifestSigner mallory = std::move(ManifestSigner::Generate()).value();
+    bool epoch_one = false, by_mallory = false;
+  };
+  auto rw = std::make_shared<Rewriter>();
+  ASSERT_TRUE(rw->root_key.AddTrustedKey(rw->root.public_key()).ok());
+  const std::string pem = *rw->root.PrivateKeyPem();
+  CaptureLogs([pem](AgentOptions& o) {
+    o.beacon_interval_ms = kIntervalMs;
+    o.stale_after_ms = kStaleAfterMs;
+    o.signing_key_pem = pem;  // only a root reads it
+  });
+  FaultPolicy policy;
+  policy.rewrite_message = [rw](std::string m) -> std::vector<std::string> {
+    if (m.empty() || uint8_t(m[0]) != uint8_t(agent::ControlType::kBeacon)) return {m};
+    auto msg = agent::DecodeControl(m);
+    if (!msg.ok()) return {m};
+    std::lock_guard<std::mutex> lock(rw->mu);
+    if (!rw->epoch_one) return {m};
+    auto b = agent::VerifyBeacon(rw->root_key, std::get<agent::Beacon>(*msg).signed_beacon);
+    if (!b.ok()) return {m};
+    b->head_epoch = 1;
+    return {*agent::EncodeControl(
+        agent::Beacon{*agent::SignBeacon(rw->by_mallory ? rw->mallory : rw->root, *b)})};
+  };
+  StartRoot(3, &policy);
+  StartMember("m", "eu");
+  Publish(1);
+  ASSERT_TRUE(WaitFor([&] { return Fresh("m") && FreshnessOf("m").beacon_head == 1; }, 20))
+      << Describe("m");
+
+  {  // another key's epoch: refused; at worst the member is cut off
+    std::lock_guard<std::mutex> lock(rw->mu);
+    rw->epoch_one = rw->by_mallory = true;
+  }
+  ASSERT_TRUE(WaitFor([&] { return FreshnessOf("m").beacons_forged >= 3; }, 20)) << Describe("m");
+  EXPECT_NE(FreshnessOf("m").stale_reason, "superseded");
+  {
+    std::lock_guard<std::mutex> lock(rw->mu);
+    rw->epoch_one = false;
+  }
+  EXPECT_TRUE(WaitFor([&] { return Fresh("m"); }, 10)) << Describe("m");
+
+  {  // the publisher's key, epoch 1: stale, "superseded", though HEAD is 1
+    std::lock_guard<std::mutex> lock(rw->mu);
+    rw->epoch_one = true;
+    rw->by_mallory = false;
+  }
+  ASSERT_TRUE(WaitFor([&] { return FreshnessOf("m").stale_reason == "superseded"; }, 20))
+      << Describe("m");
+  const AgentFreshness f = FreshnessOf("m");
+  EXPECT_TRUE(f.stale);
+  EXPECT_EQ(f.beacon_head, 1u);
+  EXPECT_EQ(f.lag_versions, 0u);
+}
+
 }  // namespace
 }  // namespace tern

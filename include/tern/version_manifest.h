@@ -56,6 +56,9 @@ inline constexpr uint32_t kMaxManifestChunks = uint32_t{1} << 21;
 // verify unchanged.
 inline constexpr uint16_t kManifestFormat = 1;
 inline constexpr uint16_t kManifestFormatFiles = 2;
+// Format 3 carries the board epoch (docs/agent/board.md §4a): written only
+// for epoch >= 1, so every manifest of epoch 0 stays format 1 or 2.
+inline constexpr uint16_t kManifestFormatEpoch = 3;
 inline constexpr size_t kManifestHeaderBytes = 128;
 inline constexpr size_t kManifestObjectBytes = 72;
 inline constexpr size_t kManifestFileBytes = 48;  // + the name, in the names block
@@ -109,13 +112,22 @@ TERN_EXPORT bool ValidModelFileName(std::string_view name);
 struct VersionManifest {
   BoardId board_id{};
   uint64_t version = 0;  // >= 1
-  uint64_t parent = 0;   // < version (0: none)
+  // < version (0: none); > version only for a supersede.
+  uint64_t parent = 0;
+  // The board epoch (docs/agent/board.md §4a); publications are ordered by
+  // (epoch, version). 0 until the first supersede; >= 1 is format 3.
+  uint32_t epoch = 0;
+  // The first publication of its epoch: epoch >= 1, parent >= 1 and
+  // version < parent (renumbering downwards); it names patch(parent->version)
+  // and keyframe(version).
+  bool supersede = false;
   uint64_t created_unix_ms = 0;
   ViewDigest base_digest;    // D(parent)
   ViewDigest target_digest;  // D(version)
   // 1 .. kMaxManifestObjects, strictly ordered by (kind, from_version):
   // patch: from == parent, to == version; keyframe: from == to == version;
-  // squash: from < parent, to == version.
+  // squash: from < parent (epoch >= 1: from != parent, from != version;
+  // the board checks that from precedes parent on its chain), to == version.
   std::vector<ManifestObject> objects;
   // 0 .. kMaxManifestFiles, strictly ordered by name, at most
   // kMaxManifestFilesTotalBytes together. Empty: format 1 (no files).
