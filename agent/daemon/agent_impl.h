@@ -184,6 +184,12 @@ class AgentImpl final : public Agent {
   Status ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
                                 uint64_t view_bytes, const std::string& seed_checkpoint,
                                 const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
+  // ServeAndAnnounceLocked's own apply: DIR/current to the version just
+  // recorded (Seed, the keyframe, or Advance by the patch).
+  Status ServeOwnLocked(uint64_t version, const PublishResult& result,
+                        const std::vector<ObjectRef>& refs, const std::optional<ObjectRef>& patch,
+                        const std::string& seed_checkpoint, const std::vector<SlotFile>& slot_files)
+      REQUIRES(publish_mu_);
 
   // ---- agent_ranks.cc ----
   // Joins and commits the parts of one version (PublishRankPart).
