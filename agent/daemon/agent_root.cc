@@ -515,6 +515,10 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
 Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
                                          uint64_t view_bytes, const std::string& seed_checkpoint,
                                          const std::vector<SlotFile>& slot_files) {
+  // PublishVersion / PublishPatch returned: the objects are synced and the
+  // version recorded. Offer and announce it first; the root's own apply
+  // into DIR/current is no business of the tree's and follows (docs/agent/
+  // board.md §3, "Publish latency").
   const double recorded_s = NowS();
   AgentPublishSpans spans;
   const PublishSpans& b = result.spans;
@@ -532,12 +536,6 @@ Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const Publ
     refs.push_back({o.kind, o.from_version, o.to_version});
     if (o.kind == ObjectKind::kPatch) patch = refs.back();
   }
-  // The root serves what it published (DIR/current), and diffs the next
-  // version against it.
-  double at_s = NowS();
-  Status served = ServeOwnLocked(version, result, refs, patch, seed_checkpoint, slot_files);
-  spans.apply_s = NowS() - at_s;
-  TERN_RETURN_IF_ERROR(served);
   for (const auto& ref : refs) {
     Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));
     if (!s.ok()) Log("offer of " + ObjectName(ref) + " failed: " + s.ToString());
@@ -563,10 +561,23 @@ Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const Publ
     for (const auto& [id, conn] : member_conns_) Send(out, conn, head);
   }
   Flush(out);
-  at_s = NowS();
-  spans.announce_s = at_s - recorded_s - spans.apply_s;
+  double at_s = NowS();
+  spans.announce_s = at_s - recorded_s;
   spans.offered_s = at_s - t0;
 
+  // The root serves what it published (DIR/current), and diffs the next
+  // version against it. Should this fail, the version is out all the same
+  // (recorded, offered): the next publish, finding DIR/current behind
+  // HEAD, makes a keyframe on top of HEAD.
+  Status served = ServeOwnLocked(version, result, refs, patch, seed_checkpoint, slot_files);
+  spans.apply_s = NowS() - at_s;
+  at_s = NowS();
+  if (!served.ok()) {
+    Log("published and offered version " + std::to_string(version) +
+        ", but the root's own apply failed: " + served.ToString());
+    return served.WithContext("version " + std::to_string(version) +
+                              " is published; serving it on the root");
+  }
   {
     MutexLock lock(mu_);
     NoteServedLocked();
