@@ -108,7 +108,7 @@ Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, Version
   timer.Lap(spans.write_s);
   // Record only after every object file is synced (WriteFileAtomic): a
   // recorded version's bytes are durable, and the root offers a version's
-  // objects to the tree only after Record (docs/agent/board.md §3).
+  // objects to the tree only after Record (docs/agent/board.md §4).
   if (st.ok()) st = board.Record(signed_bytes);
   timer.Lap(spans.record_s);
   if (!st.ok()) {

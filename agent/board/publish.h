@@ -71,8 +71,8 @@ struct PublishOptions {
 
 // Where a PublishVersion / PublishPatch / MakeSquash call spent its time,
 // in seconds of the board Env's clock; 0 for a step that did not run. The
-// root's publish latency breakdown (docs/agent/board.md §3, "Publish
-// latency") starts from these.
+// root's publish latency breakdown (docs/agent/board.md §4, "The root's
+// publish, in order") starts from these.
 struct PublishSpans {
   double verify_prev_s = 0;  // D(prev) recomputed (verify_prev_digest)
   double diff_s = 0;         // diff + encode of the patch (and Inspect)

@@ -169,7 +169,9 @@ class AgentImpl final : public Agent {
   void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
   void RootTick();
   void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) REQUIRES(mu_);
-  Status PublishLocked(const std::string& checkpoint_path, uint64_t version) REQUIRES(publish_mu_);
+  // t0: when Publish was called (NowS), before it waited for publish_mu_.
+  Status PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version)
+      REQUIRES(publish_mu_);
   // The part of a publish after `next` is known (a checkpoint's or the
   // caller's tensors): sign and store (PublishVersion), offer it to the
   // trees, announce HEAD, then serve it here (Seed from seed_checkpoint,

@@ -424,15 +424,18 @@ void AgentImpl::RootTick() {
 Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish: this root no longer leads the board");
+  // From the call: a squash for catch-up or the last publish's tail may
+  // hold the publisher's lock (the spans' prepare_s counts the wait).
+  const double t0 = NowS();
   MutexLock publish_lock(publish_mu_);
-  return PublishLocked(checkpoint_path, version);
+  return PublishLocked(t0, checkpoint_path, version);
 }
 
 Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish_tensors: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish_tensors: this root no longer leads the board");
+  const double t0 = NowS();  // from the call, as Publish
   MutexLock publish_lock(publish_mu_);
-  const double t0 = NowS();
   TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish_tensors: version ", version,
                " is not newer than HEAD ", board_->head());
   // The previous view is the served slot, mapped (the page cache holds it
@@ -452,8 +455,7 @@ Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTens
                            /*seed_checkpoint=*/"", options, {});
 }
 
-Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t version) {
-  const double t0 = NowS();
+Status AgentImpl::PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version) {
   TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish: version ", version,
                " is not newer than HEAD ", board_->head());
   OpenOptions open;
@@ -518,7 +520,7 @@ Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const Publ
   // PublishVersion / PublishPatch returned: the objects are synced and the
   // version recorded. Offer and announce it first; the root's own apply
   // into DIR/current is no business of the tree's and follows (docs/agent/
-  // board.md §3, "Publish latency").
+  // board.md §4, "The root's publish, in order").
   const double recorded_s = NowS();
   AgentPublishSpans spans;
   const PublishSpans& b = result.spans;

@@ -296,7 +296,8 @@ std::string AgentImpl::MetricsText() const {
               "Seconds until a demoted member may relay again (-1: never, until it joins again).",
               m.relay_again_in_s, l);
     }
-    // The newest publish's stages (docs/agent/board.md §3, "Publish latency").
+    // The newest publish's stages (docs/agent/board.md §4, "The root's
+    // publish, in order").
     if (!s.versions.empty()) {
       const nlohmann::json spans = PublishSpansJson(s.versions.back().publish);
       for (const auto& [stage, seconds] : spans.items())

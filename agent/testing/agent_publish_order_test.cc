@@ -1,6 +1,6 @@
-// The order of a root's publish (docs/agent/board.md §3, "Publish
-// latency"): a version's objects reach the tree only after they and the
-// board record are durable on the root; the root's own apply into
+// The order of a root's publish (docs/agent/board.md §4, "The root's
+// publish, in order"): a version's objects reach the tree only after they
+// and the board record are durable on the root; the root's own apply into
 // DIR/current comes after the offer, so its failure does not hold the
 // version back from the members.
 #include <gtest/gtest.h>

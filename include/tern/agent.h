@@ -299,13 +299,15 @@ struct AgentMemberStatus {
 };
 
 // Where the root's publish of one version spent its time, in seconds
-// (docs/agent/board.md §3, "Publish latency"). Stages in order; 0 for a
-// stage that did not run. offered_s is the latency that matters to the
-// tree: from the publish call until the version's objects are offered to
-// the root's children and HEAD is sent. The root's own apply into
-// DIR/current follows it.
+// (docs/agent/board.md §4, "The root's publish, in order"). Stages in
+// order; 0 for a stage that did not run. offered_s is the latency that
+// matters to the tree: from the publish call until the version's objects
+// are offered to the root's children and HEAD is sent. The root's own
+// apply into DIR/current follows it.
 struct AgentPublishSpans {
-  double prepare_s = 0;      // checkpoint opened and mapped, model files stored
+  // The publisher's lock waited for (a catch-up squash may hold it), the
+  // checkpoint opened and mapped, model files stored.
+  double prepare_s = 0;
   double verify_prev_s = 0;  // D(prev) recomputed
   double diff_s = 0;         // diff + encode of the patch
   double keyframe_s = 0;     // the keyframe's, when one is due
