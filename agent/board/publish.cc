@@ -54,6 +54,24 @@ uint64_t NowUnixMs() {
 
 std::span<const uint8_t> Span(const std::vector<uint8_t>& v) { return {v.data(), v.size()}; }
 
+// Adds the time from construction (or the last Lap) to a span, on the
+// board Env's clock.
+class SpanTimer {
+ public:
+  explicit SpanTimer(Clock& clock) : clock_(clock), start_us_(clock.NowUs()), lap_us_(start_us_) {}
+  void Lap(double& span_s) {
+    const uint64_t now_us = clock_.NowUs();
+    span_s += static_cast<double>(now_us - lap_us_) * 1e-6;
+    lap_us_ = now_us;
+  }
+  double TotalS() const { return static_cast<double>(clock_.NowUs() - start_us_) * 1e-6; }
+
+ private:
+  Clock& clock_;
+  const uint64_t start_us_;
+  uint64_t lap_us_;
+};
+
 struct PendingObject {
   ObjectRef ref;
   std::vector<uint8_t> bytes;
@@ -63,7 +81,8 @@ struct PendingObject {
 // removed again when anything after them fails.
 Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, VersionManifest m,
                              const std::vector<PendingObject>& objects,
-                             const PublishOptions& options, ThreadPool& pool) {
+                             const PublishOptions& options, ThreadPool& pool, PublishSpans spans,
+                             SpanTimer& timer) {
   for (const PendingObject& o : objects) {
     TERN_REQUIRE(!board.HasObject(o.ref), kAlreadyExists, "publish: ",
                  ObjectName(o.ref), " exists on the board");
@@ -71,10 +90,12 @@ Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, Version
     TERN_ASSIGN_OR_RETURN(ManifestObject mo, DescribeObject(o.ref, Span(o.bytes), chunk, pool));
     m.objects.push_back(mo);
   }
+  timer.Lap(spans.hash_s);
   std::sort(m.objects.begin(), m.objects.end(), [](const ManifestObject& a, const ManifestObject& b) {
     return std::pair(a.kind, a.from_version) < std::pair(b.kind, b.from_version);
   });
   TERN_ASSIGN_OR_RETURN(std::string signed_bytes, signer.Sign(m));
+  timer.Lap(spans.sign_s);
   std::vector<std::string> written;
   Status st;
   for (const PendingObject& o : objects) {
@@ -84,7 +105,12 @@ Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, Version
     if (!st.ok()) break;
     written.push_back(path);
   }
+  timer.Lap(spans.write_s);
+  // Record only after every object file is synced (WriteFileAtomic): a
+  // recorded version's bytes are durable, and the root offers a version's
+  // objects to the tree only after Record (docs/agent/board.md §4).
   if (st.ok()) st = board.Record(signed_bytes);
+  timer.Lap(spans.record_s);
   if (!st.ok()) {
     // Unless the record landed after all (Record indexed it): then the
     // version is published and its bytes must stay.
@@ -95,6 +121,8 @@ Result<PublishResult> Commit(Board& board, const ManifestSigner& signer, Version
   PublishResult r;
   r.manifest = std::move(m);
   r.signed_manifest = std::move(signed_bytes);
+  r.spans = spans;
+  r.spans.total_s = timer.TotalS();
   for (const PendingObject& o : objects) {
     uint64_t& field = o.ref.kind == ObjectKind::kPatch      ? r.patch_bytes
                       : o.ref.kind == ObjectKind::kKeyframe ? r.keyframe_bytes
@@ -204,6 +232,8 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
                                      const ServeView* prev, const ViewDigest& prev_digest,
                                      const ServeView& next, uint64_t version,
                                      const PublishOptions& options, ThreadPool& pool) {
+  SpanTimer timer(board.env().clock());
+  PublishSpans spans;
   const BoardPos head_pos = board.head_pos();
   const uint64_t head = head_pos.version;
   if (options.supersede) {
@@ -243,6 +273,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
       TERN_REQUIRE(actual == prev_digest, kMismatch, "publish: the previous view's digest is ",
                    actual.ToString(), ", not D(", head, ")");
     }
+    timer.Lap(spans.verify_prev_s);
     DiffOptions diff{options.segment_elements, head, version};
     diff.format_version = options.format_version;
     TERN_ASSIGN_OR_RETURN(auto patch, Diff(*prev, next, diff, pool, &prev_digest));
@@ -250,6 +281,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     m.base_digest = prev_digest;
     m.target_digest = info.target_digest;
     objects.push_back({{ObjectKind::kPatch, head, version}, std::move(patch)});
+    timer.Lap(spans.diff_s);
   }
   if (prev == nullptr || options.with_keyframe || options.supersede ||
       board.KeyframeDue(version, objects.front().bytes.size())) {
@@ -266,18 +298,22 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
                  "publish: keyframe and patch of version ", version, " disagree on D(", version, ")");
     m.target_digest = info.target_digest;
     objects.push_back({{ObjectKind::kKeyframe, version, version}, std::move(keyframe)});
+    timer.Lap(spans.keyframe_s);
   }
-  return Commit(board, signer, std::move(m), objects, options, pool);
+  return Commit(board, signer, std::move(m), objects, options, pool, spans, timer);
 }
 
 Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
                                    std::vector<uint8_t> patch, uint64_t version,
                                    const PublishOptions& options, ThreadPool& pool) {
+  SpanTimer timer(board.env().clock());
+  PublishSpans spans;
   const BoardPos head_pos = board.head_pos();
   const uint64_t head = head_pos.version;
   TERN_REQUIRE(version > head, kInvalidArgument, "publish: version ", version,
                " is not newer than HEAD ", head);
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(patch)));
+  timer.Lap(spans.diff_s);
   TERN_REQUIRE(info.base_version == head && info.target_version == version, kMismatch,
                "publish: a patch ", info.base_version, " -> ", info.target_version,
                " cannot publish ", head, " -> ", version);
@@ -299,11 +335,13 @@ Result<PublishResult> PublishPatch(Board& board, const ManifestSigner& signer,
     m.base_digest = parent.target_digest;
     objects.push_back({{ObjectKind::kPatch, head, version}, std::move(patch)});
   }
-  return Commit(board, signer, std::move(m), objects, options, pool);
+  return Commit(board, signer, std::move(m), objects, options, pool, spans, timer);
 }
 
 Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uint64_t from,
                                  uint64_t to, const PublishOptions& options, ThreadPool& pool) {
+  SpanTimer timer(board.env().clock());
+  PublishSpans spans;
   TERN_ASSIGN_OR_RETURN(VersionManifest pub, board.Manifest(to));
   // Older on the chain: by position, since a supersede renumbers downwards.
   const Result<BoardPos> from_pos = board.PosOf(from), parent_pos = board.PosOf(pub.parent);
@@ -349,7 +387,8 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
   m.files = pub.files;  // every manifest of a version names its files
   std::vector<PendingObject> objects;
   objects.push_back({ref, std::move(squash).value()});
-  return Commit(board, signer, std::move(m), objects, options, pool);
+  timer.Lap(spans.diff_s);
+  return Commit(board, signer, std::move(m), objects, options, pool, spans, timer);
 }
 
 }  // namespace tern::agent

@@ -76,12 +76,28 @@ struct PublishOptions {
   std::vector<ManifestFile> files;
 };
 
+// Where a PublishVersion / PublishPatch / MakeSquash call spent its time,
+// in seconds of the board Env's clock; 0 for a step that did not run. The
+// root's publish latency breakdown (docs/agent/board.md §4, "The root's
+// publish, in order") starts from these.
+struct PublishSpans {
+  double verify_prev_s = 0;  // D(prev) recomputed (verify_prev_digest)
+  double diff_s = 0;         // diff + encode of the patch (and Inspect)
+  double keyframe_s = 0;     // diff + encode of the keyframe
+  double hash_s = 0;         // chunk SHA-256 and Merkle roots (DescribeObject)
+  double sign_s = 0;
+  double write_s = 0;        // object files written and fsynced
+  double record_s = 0;       // Board::Record: the log append and its sync
+  double total_s = 0;        // the whole call
+};
+
 struct PublishResult {
   VersionManifest manifest;
   std::string signed_manifest;
   uint64_t patch_bytes = 0;     // 0: no patch (first version) / not a publication
   uint64_t keyframe_bytes = 0;  // 0: no keyframe in this manifest
   uint64_t squash_bytes = 0;    // MakeSquash: the squash (from > 0)
+  PublishSpans spans;
 };
 
 // 4 MiB, or 1 MiB for objects under 16 MiB (docs/agent/board.md §3).

@@ -173,22 +173,32 @@ class AgentImpl final : public Agent {
   void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
   void RootTick();
   void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) REQUIRES(mu_);
-  Status PublishLocked(const std::string& checkpoint_path, uint64_t version) REQUIRES(publish_mu_);
+  // t0: when Publish was called (NowS), before it waited for publish_mu_.
+  Status PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version)
+      REQUIRES(publish_mu_);
   // The part of a publish after `next` is known (a checkpoint's or the
-  // caller's tensors): sign and store (PublishVersion), serve it here
-  // (Seed from seed_checkpoint, or the keyframe / patch just written),
-  // offer it to the trees, announce HEAD. `prev` (DIR/current, mapped) and
-  // `next_owner` are released as soon as they are no longer read. The
-  // patch format is format_chooser_'s (options.format_version is ignored).
+  // caller's tensors): sign and store (PublishVersion), offer it to the
+  // trees, announce HEAD, then serve it here (Seed from seed_checkpoint,
+  // or the keyframe / patch just written). `prev` (DIR/current, mapped) and
+  // `next_owner` are released as soon as they are no longer read.
+  // The patch format is format_chooser_'s (options.format_version is ignored).
   Status PublishViewLocked(double t0, uint64_t version, std::unique_ptr<Checkpoint> prev,
                            const ServeView& next, std::unique_ptr<Checkpoint> next_owner,
                            const std::string& seed_checkpoint, const PublishOptions& options,
                            const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
-  // PublishViewLocked's tail, and a version assembled from ranks': serve
-  // the version just recorded, offer its objects, retention, HEAD.
+  // PublishViewLocked's tail, and a version assembled from ranks': offer
+  // the objects of the version just recorded and send HEAD, then serve it
+  // here, retention (docs/agent/board.md §4, "The root's publish, in
+  // order"). Fills versions_[version].publish with the spans.
   Status ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
                                 uint64_t view_bytes, const std::string& seed_checkpoint,
                                 const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
+  // ServeAndAnnounceLocked's own apply: DIR/current to the version just
+  // recorded (Seed, the keyframe, or Advance by the patch).
+  Status ServeOwnLocked(uint64_t version, const PublishResult& result,
+                        const std::vector<ObjectRef>& refs, const std::optional<ObjectRef>& patch,
+                        const std::string& seed_checkpoint, const std::vector<SlotFile>& slot_files)
+      REQUIRES(publish_mu_);
 
   // ---- agent_ranks.cc ----
   // Joins and commits the parts of one version (PublishRankPart).

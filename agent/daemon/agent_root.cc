@@ -1,6 +1,7 @@
 // The root agent: the board, the signing key, membership and planning,
 // publishing and the catch-up service (agent/daemon/agent_impl.h).
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "agent/board/model_files.h"
@@ -13,6 +14,26 @@
 #include "tern/checkpoint.h"
 
 namespace tern::agent {
+namespace {
+
+// "prepare 0.012, verify_prev 0.030, ...": the publish log line's stages.
+std::string PublishSpansText(const AgentPublishSpans& s) {
+  const std::pair<const char*, double> stages[] = {
+      {"prepare", s.prepare_s}, {"verify_prev", s.verify_prev_s}, {"diff", s.diff_s},
+      {"keyframe", s.keyframe_s}, {"hash", s.hash_s},         {"sign", s.sign_s},
+      {"write", s.write_s},     {"record", s.record_s},       {"announce", s.announce_s},
+      {"apply", s.apply_s},     {"retain", s.retain_s}};
+  std::string text;
+  for (const auto& [name, seconds] : stages) {
+    if (!text.empty()) text += ", ";
+    char figure[32];
+    std::snprintf(figure, sizeof figure, "%s %.3f", name, seconds);
+    text += figure;
+  }
+  return text;
+}
+
+}  // namespace
 
 EtcdOptions AgentImpl::BoardEtcdOptions(const EtcdBoardUrl& url) const {
   EtcdOptions etcd;
@@ -466,15 +487,18 @@ void AgentImpl::RootTick() {
 Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish: this root no longer leads the board");
+  // From the call: a squash for catch-up or the last publish's tail may
+  // hold the publisher's lock (the spans' prepare_s counts the wait).
+  const double t0 = NowS();
   MutexLock publish_lock(publish_mu_);
-  return PublishLocked(checkpoint_path, version);
+  return PublishLocked(t0, checkpoint_path, version);
 }
 
 Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish_tensors: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish_tensors: this root no longer leads the board");
+  const double t0 = NowS();  // from the call, as Publish
   MutexLock publish_lock(publish_mu_);
-  const double t0 = NowS();
   TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish_tensors: version ", version,
                " is not newer than HEAD ", board_->head());
   // The previous view is the served slot, mapped (the page cache holds it
@@ -494,8 +518,7 @@ Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTens
                            /*seed_checkpoint=*/"", options, {});
 }
 
-Status AgentImpl::PublishLocked(const std::string& checkpoint_path, uint64_t version) {
-  const double t0 = NowS();
+Status AgentImpl::PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version) {
   TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish: version ", version,
                " is not newer than HEAD ", board_->head());
   OpenOptions open;
@@ -579,72 +602,35 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
 Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
                                          uint64_t view_bytes, const std::string& seed_checkpoint,
                                          const std::vector<SlotFile>& slot_files) {
-  // The root serves what it published (DIR/current), and diffs the next
-  // version against it.
-  const std::string files_dir = published_dir_ + "/files";
+  // PublishVersion / PublishPatch returned: the objects are synced and the
+  // version recorded. Offer and announce it first; the root's own apply
+  // into DIR/current is no business of the tree's and follows (docs/agent/
+  // board.md §4, "The root's publish, in order").
+  const double recorded_s = NowS();
+  AgentPublishSpans spans;
+  const PublishSpans& b = result.spans;
+  spans.prepare_s = std::max(0.0, recorded_s - t0 - b.total_s);
+  spans.verify_prev_s = b.verify_prev_s;
+  spans.diff_s = b.diff_s;
+  spans.keyframe_s = b.keyframe_s;
+  spans.hash_s = b.hash_s;
+  spans.sign_s = b.sign_s;
+  spans.write_s = b.write_s;
+  spans.record_s = b.record_s;
   std::vector<ObjectRef> refs;
   std::optional<ObjectRef> patch;
   for (const auto& o : result.manifest.objects) {
     refs.push_back({o.kind, o.from_version, o.to_version});
     if (o.kind == ObjectKind::kPatch) patch = refs.back();
   }
-  if ((store_->version() == 0 || !patch) && !seed_checkpoint.empty()) {
-    TERN_RETURN_IF_ERROR(
-        store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files));
-  } else if (store_->version() == 0 || !patch) {
-    // From memory: the keyframe just written is the view, checked against
-    // the signed target digest as it is installed.
-    const auto keyframe = std::find_if(refs.begin(), refs.end(), [](const ObjectRef& r) {
-      return r.kind == ObjectKind::kKeyframe;
-    });
-    TERN_REQUIRE(keyframe != refs.end(), kInternal, "publish: version ", version,
-                 " has neither a patch nor a keyframe");
-    TERN_ASSIGN_OR_RETURN(auto object, env_.Map(board_->ObjectPath(*keyframe), MapMode::kReadOnly));
-    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(object->bytes(), version, slot_files));
-  } else {
-    std::string bytes;
-    TERN_RETURN_IF_ERROR(ReadFileToString(env_, board_->ObjectPath(*patch), uint64_t{1} << 40, &bytes));
-    TERN_RETURN_IF_ERROR(store_->Advance(
-        {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, slot_files));
-  }
-  {
-    MutexLock lock(mu_);
-    NoteServedLocked();
-  }
-  // What changed, for the events: the patch's manifest (none: all of it).
-  bool all = !patch.has_value();
-  std::vector<std::string> changed;
-  if (patch) {
-    auto object = env_.Map(board_->ObjectPath(*patch), MapMode::kReadOnly);
-    if (object.ok()) changed = ChangedTensors((*object)->bytes(), &all);
-    else all = true;
-  }
-  EmitServed(version, result.manifest.target_digest, all, changed);
   for (const auto& ref : refs) {
     Status s = relay_->Offer(result.signed_manifest, ref, board_->ObjectPath(ref));
     if (!s.ok()) Log("offer of " + ObjectName(ref) + " failed: " + s.ToString());
   }
-  std::set<uint64_t> held;
-  {
-    MutexLock lock(mu_);
-    for (const auto& ref : refs) relay_held_.insert(ref);
-    // The tree carries the newest versions; older ones are catch-up's.
-    ForgetOldObjectsLocked(version, std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
-    for (const auto& [id, rec] : membership_->members()) held.insert(rec.served_version);
-  }
-  // Disk: keep what the retention policy and the members' versions need.
-  if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
-  {
-    // The model files of the versions the board still holds stay.
-    std::set<std::string> keep;
-    for (uint64_t v : board_->Versions())
-      if (auto m = board_->Manifest(v); m.ok())
-        for (const ManifestFile& f : m->files) keep.insert(Hex(f.sha256));
-    if (Status s = RetainModelFiles(env_, files_dir, keep); !s.ok()) Log("retention: " + s.ToString());
-  }
   Outbox out;
   {
     MutexLock lock(mu_);
+    for (const auto& ref : refs) relay_held_.insert(ref);
     AgentVersionStatus vs;
     vs.version = version;
     vs.patch_bytes = result.patch_bytes;
@@ -662,9 +648,86 @@ Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const Publ
     for (const auto& [id, conn] : member_conns_) Send(out, conn, head);
   }
   Flush(out);
+  double at_s = NowS();
+  spans.announce_s = at_s - recorded_s;
+  spans.offered_s = at_s - t0;
+
+  // The root serves what it published (DIR/current), and diffs the next
+  // version against it. Should this fail, the version is out all the same
+  // (recorded, offered): the next publish, finding DIR/current behind
+  // HEAD, makes a keyframe on top of HEAD.
+  Status served = ServeOwnLocked(version, result, refs, patch, seed_checkpoint, slot_files);
+  spans.apply_s = NowS() - at_s;
+  at_s = NowS();
+  if (!served.ok()) {
+    Log("published and offered version " + std::to_string(version) +
+        ", but the root's own apply failed: " + served.ToString());
+    return served.WithContext("version " + std::to_string(version) +
+                              " is published; serving it on the root");
+  }
+  {
+    MutexLock lock(mu_);
+    NoteServedLocked();
+  }
+  // What changed, for the events: the patch's manifest (none: all of it).
+  bool all = !patch.has_value();
+  std::vector<std::string> changed;
+  if (patch) {
+    auto object = env_.Map(board_->ObjectPath(*patch), MapMode::kReadOnly);
+    if (object.ok()) changed = ChangedTensors((*object)->bytes(), &all);
+    else all = true;
+  }
+  EmitServed(version, result.manifest.target_digest, all, changed);
+  std::set<uint64_t> held;
+  {
+    MutexLock lock(mu_);
+    // The tree carries the newest versions; older ones are catch-up's.
+    ForgetOldObjectsLocked(version, std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
+    for (const auto& [id, rec] : membership_->members()) held.insert(rec.served_version);
+  }
+  // Disk: keep what the retention policy and the members' versions need.
+  if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
+  {
+    // The model files of the versions the board still holds stay.
+    std::set<std::string> keep;
+    for (uint64_t v : board_->Versions())
+      if (auto m = board_->Manifest(v); m.ok())
+        for (const ManifestFile& f : m->files) keep.insert(Hex(f.sha256));
+    if (Status s = RetainModelFiles(env_, published_dir_ + "/files", keep); !s.ok())
+      Log("retention: " + s.ToString());
+  }
   EmitPublished(version, result.manifest.target_digest, all, std::move(changed));
-  Log("published version " + std::to_string(version) + " in " + std::to_string(NowS() - t0) + " s");
+  spans.retain_s = NowS() - at_s;
+  spans.total_s = NowS() - t0;
+  {
+    MutexLock lock(mu_);
+    if (auto it = versions_.find(version); it != versions_.end()) it->second.publish = spans;
+  }
+  Log("published version " + std::to_string(version) + " in " + std::to_string(spans.total_s) +
+      " s, offered after " + std::to_string(spans.offered_s) + " s: " + PublishSpansText(spans));
   return Status::Ok();
+}
+
+Status AgentImpl::ServeOwnLocked(uint64_t version, const PublishResult& result,
+                                 const std::vector<ObjectRef>& refs,
+                                 const std::optional<ObjectRef>& patch,
+                                 const std::string& seed_checkpoint,
+                                 const std::vector<SlotFile>& slot_files) {
+  if ((store_->version() == 0 || !patch) && !seed_checkpoint.empty())
+    return store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files);
+  if (store_->version() == 0 || !patch) {
+    // From memory: the keyframe just written is the view, checked against
+    // the signed target digest as it is installed.
+    const auto keyframe = std::find_if(refs.begin(), refs.end(), [](const ObjectRef& r) {
+      return r.kind == ObjectKind::kKeyframe;
+    });
+    TERN_REQUIRE(keyframe != refs.end(), kInternal, "publish: version ", version,
+                 " has neither a patch nor a keyframe");
+    TERN_ASSIGN_OR_RETURN(auto object, env_.Map(board_->ObjectPath(*keyframe), MapMode::kReadOnly));
+    return store_->InstallKeyframe(object->bytes(), version, slot_files);
+  }
+  TERN_ASSIGN_OR_RETURN(auto object, env_.Map(board_->ObjectPath(*patch), MapMode::kReadOnly));
+  return store_->Advance(object->bytes(), slot_files);
 }
 
 }  // namespace tern::agent

@@ -94,6 +94,16 @@ AgentSnapshot AgentImpl::Snapshot() const {
 
 namespace {
 
+nlohmann::json PublishSpansJson(const AgentPublishSpans& p) {
+  return {{"prepare_s", p.prepare_s},   {"verify_prev_s", p.verify_prev_s},
+          {"diff_s", p.diff_s},         {"keyframe_s", p.keyframe_s},
+          {"hash_s", p.hash_s},         {"sign_s", p.sign_s},
+          {"write_s", p.write_s},       {"record_s", p.record_s},
+          {"announce_s", p.announce_s}, {"offered_s", p.offered_s},
+          {"apply_s", p.apply_s},       {"retain_s", p.retain_s},
+          {"total_s", p.total_s}};
+}
+
 nlohmann::json ToJson(const AgentSnapshot& s) {
   nlohmann::json j;
   j["role"] = s.root ? "root" : s.relay_only ? "relay-only" : "member";
@@ -179,7 +189,8 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                         {"patch_format", v.patch_format},
                         {"format_reason", v.format_reason},
                         {"predicted_f1_s", v.predicted_f1_s},
-                        {"predicted_f2_s", v.predicted_f2_s}});
+                        {"predicted_f2_s", v.predicted_f2_s},
+                        {"publish", PublishSpansJson(v.publish)}});
   }
   return j;
 }
@@ -290,6 +301,16 @@ std::string AgentImpl::MetricsText() const {
         gauge("tern_agent_member_probation_seconds",
               "Seconds until a demoted member may relay again (-1: never, until it joins again).",
               m.relay_again_in_s, l);
+    }
+    // The newest publish's stages (docs/agent/board.md §4, "The root's
+    // publish, in order").
+    if (!s.versions.empty()) {
+      const nlohmann::json spans = PublishSpansJson(s.versions.back().publish);
+      for (const auto& [stage, seconds] : spans.items())
+        gauge("tern_agent_publish_stage_seconds",
+              "Where the newest publish spent its time, by stage (offered_s: the call to the "
+              "version offered and announced to the tree; total_s: to the publish returning).",
+              seconds.get<double>(), {{"stage", stage}});
     }
     // The newest versions only: the label set stays bounded.
     const size_t first = s.versions.size() > 16 ? s.versions.size() - 16 : 0;

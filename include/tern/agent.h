@@ -300,6 +300,30 @@ struct AgentMemberStatus {
   double relay_again_in_s = -1;
 };
 
+// Where the root's publish of one version spent its time, in seconds
+// (docs/agent/board.md §4, "The root's publish, in order"). Stages in
+// order; 0 for a stage that did not run. offered_s is the latency that
+// matters to the tree: from the publish call until the version's objects
+// are offered to the root's children and HEAD is sent. The root's own
+// apply into DIR/current follows it.
+struct AgentPublishSpans {
+  // The publisher's lock waited for (a catch-up squash may hold it), the
+  // checkpoint opened and mapped, model files stored.
+  double prepare_s = 0;
+  double verify_prev_s = 0;  // D(prev) recomputed
+  double diff_s = 0;         // diff + encode of the patch
+  double keyframe_s = 0;     // the keyframe's, when one is due
+  double hash_s = 0;         // chunk SHA-256 and Merkle roots
+  double sign_s = 0;
+  double write_s = 0;        // object files written and fsynced
+  double record_s = 0;       // the board record and its sync
+  double announce_s = 0;     // objects offered to the relay, HEAD sent
+  double offered_s = 0;      // call -> offered and announced (the sum so far)
+  double apply_s = 0;        // the root's own apply into DIR/current
+  double retain_s = 0;       // retention of objects and model files
+  double total_s = 0;        // call -> return
+};
+
 struct AgentVersionStatus {
   uint64_t version = 0;
   uint64_t patch_bytes = 0;      // 0 for the first version
@@ -315,6 +339,7 @@ struct AgentVersionStatus {
   std::string format_reason;
   // The model's predictions for formats 1 and 2 (-1: not predicted).
   double predicted_f1_s = -1, predicted_f2_s = -1;
+  AgentPublishSpans publish;     // the root's publish of it
 };
 
 // Freshness from the root's signed HEAD beacons (docs/security.md
