@@ -201,7 +201,9 @@ TEST_F(AgentEventsTest, ModelFilesEventsAndHookEndToEnd) {
     if (e.kind == AgentEvent::Kind::kMemberJoined) joined.insert(e.member);
     if (e.kind == AgentEvent::Kind::kVersionPublished) {
       ++published;
-      if (e.version == 3) EXPECT_EQ(e.changed_tensors, changed);
+      if (e.version == 3) {
+        EXPECT_EQ(e.changed_tensors, changed);
+      }
     }
   }
   EXPECT_EQ(published, 3u);
