@@ -531,6 +531,11 @@ class TERN_EXPORT Agent {
   // caller only. The root must serve HEAD (not so for a root that took the
   // board over until it publishes from a checkpoint or memory: kUnavailable).
   // A late keyframe is made after the commit when the policy says so.
+  // Before anything is signed, each rank's records are applied to a scratch
+  // copy of the segments they touch and checked against the digest deltas
+  // the rank claims: a rank that lies fails the version (kMismatch, naming
+  // the rank). Ranks in other processes reach this through POST
+  // /publish/rank-part (SendRankPart).
   // Thread safety: any threads at once (one per rank).
   virtual Status PublishRankPart(RankPart part, uint32_t timeout_ms) = 0;
 
