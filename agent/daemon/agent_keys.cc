@@ -168,20 +168,3 @@ std::vector<AdminRoute> AgentImpl::KeyRoutes() {
 }
 
 }  // namespace tern::agent
-
-namespace tern {
-
-Status RotateKeysAt(const std::string& admin_address, std::string_view signed_key_set,
-                    const std::string& signing_key_file, const AgentClientOptions& options) {
-  nlohmann::json body = nlohmann::json::object();
-  if (!signed_key_set.empty())
-    body["key_set_hex"] = Hex({reinterpret_cast<const uint8_t*>(signed_key_set.data()), signed_key_set.size()});
-  if (!signing_key_file.empty()) body["signing_key_file"] = signing_key_file;
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.timeout_ms = options.timeout_ms;
-  return agent::AdminPost(admin_address, "/keys/rotate", body.dump(), o).status();
-}
-
-}  // namespace tern

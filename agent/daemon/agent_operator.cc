@@ -10,6 +10,7 @@
 
 #include "agent/daemon/agent_impl.h"
 #include "agent/ops/admin_http.h"
+#include "base/text.h"
 
 namespace tern::agent {
 
@@ -177,6 +178,15 @@ Status SetRetentionAt(const std::string& admin_address, uint32_t keep_patches, u
                       const AgentClientOptions& options) {
   return Post(admin_address, "/retention",
               {{"keep_patches", keep_patches}, {"keyframe_every", keyframe_every}}, options);
+}
+
+Status RotateKeysAt(const std::string& admin_address, std::string_view signed_key_set,
+                    const std::string& signing_key_file, const AgentClientOptions& options) {
+  nlohmann::json body = nlohmann::json::object();
+  if (!signed_key_set.empty())
+    body["key_set_hex"] = Hex({reinterpret_cast<const uint8_t*>(signed_key_set.data()), signed_key_set.size()});
+  if (!signing_key_file.empty()) body["signing_key_file"] = signing_key_file;
+  return Post(admin_address, "/keys/rotate", body, options);
 }
 
 }  // namespace tern
