@@ -115,6 +115,12 @@ Status ToAgentOptions(const tern_agent_options& c, AgentOptions* o) {
                         ReadString(c.admin_tls_key_pem, "admin_tls_key_pem", kPemBytesMax));
   TERN_REQUIRE(o->admin_tls_cert_pem.empty() == o->admin_tls_key_pem.empty(), kInvalidArgument,
                "give both admin_tls_cert_pem and admin_tls_key_pem, or neither");
+  TERN_ASSIGN_OR_RETURN(
+      o->admin_tls_client_ca_pem,
+      ReadString(c.admin_tls_client_ca_pem, "admin_tls_client_ca_pem", kPemBytesMax));
+  TERN_REQUIRE(o->admin_tls_client_ca_pem.empty() || !o->admin_tls_cert_pem.empty(),
+               kInvalidArgument,
+               "admin_tls_client_ca_pem needs admin_tls_cert_pem and admin_tls_key_pem");
   TERN_ASSIGN_OR_RETURN(o->publish_dir, ReadString(c.publish_dir, "publish_dir"));
   o->max_version_jump = c.max_version_jump;
   TERN_ASSIGN_OR_RETURN(o->seed_checkpoint, ReadString(c.seed_checkpoint, "seed_checkpoint"));

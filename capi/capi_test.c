@@ -261,6 +261,21 @@ static void test_bad_options(const char* dir) {
   CHECK_CODE(tern_client_status(client, &st), TERN_INVALID_ARGUMENT, "--admin-cacert");
   tern_client_free(client);
   client = NULL;
+  /* ABI 1.3: supersede is 0 or 1; a caller built against 1.2 (its struct
+   * ends before the field) still opens a client, which does not supersede. */
+  tern_client_options_init(&co);
+  CHECK(co.supersede == 0);
+  co.supersede = 2;
+  CHECK_CODE(tern_client_open("127.0.0.1:1", &co, &client), TERN_INVALID_ARGUMENT, "supersede");
+  CHECK(client == NULL);
+  co.supersede = 1;
+  CHECK(tern_client_open("127.0.0.1:1", &co, &client) == TERN_OK);
+  tern_client_free(client);
+  client = NULL;
+  co.struct_size = offsetof(tern_client_options, supersede);
+  CHECK(tern_client_open("127.0.0.1:1", &co, &client) == TERN_OK);
+  tern_client_free(client);
+  client = NULL;
 
   /* Success clears the last error; a client of the wrong kind is refused. */
   tern_client_options_init(&co);

@@ -47,6 +47,8 @@ Status Open(const char* admin_address, const tern_client_options* options, tern_
   }
   TERN_REQUIRE(c.force == 0 || c.force == 1, kInvalidArgument, "force is ", c.force,
                ": want 0 or 1");
+  TERN_REQUIRE(c.supersede == 0 || c.supersede == 1, kInvalidArgument, "supersede is ",
+               c.supersede, ": want 0 or 1");
   TERN_REQUIRE(c.timeout_ms > 0, kInvalidArgument, "timeout_ms is 0");
   auto handle = std::make_unique<tern_client>();
   TERN_ASSIGN_OR_RETURN(handle->address,
@@ -54,8 +56,13 @@ Status Open(const char* admin_address, const tern_client_options* options, tern_
   TERN_RETURN_IF_ERROR(CheckAddress(handle->address));
   TERN_ASSIGN_OR_RETURN(handle->options.token, ReadString(c.token, "token"));
   TERN_ASSIGN_OR_RETURN(handle->options.ca_pem, ReadString(c.ca_pem, "ca_pem", kPemBytesMax));
+  TERN_ASSIGN_OR_RETURN(handle->options.cert_pem, ReadString(c.cert_pem, "cert_pem", kPemBytesMax));
+  TERN_ASSIGN_OR_RETURN(handle->options.key_pem, ReadString(c.key_pem, "key_pem", kPemBytesMax));
+  TERN_REQUIRE(handle->options.cert_pem.empty() == handle->options.key_pem.empty(),
+               kInvalidArgument, "give both cert_pem and key_pem, or neither");
   handle->options.timeout_ms = c.timeout_ms;
   handle->options.force = c.force == 1;
+  handle->options.supersede = c.supersede == 1;
   *out = handle.release();
   return Status::Ok();
 }
@@ -123,6 +130,7 @@ void tern_client_options_init(tern_client_options* c) {
   c->struct_size = sizeof *c;
   c->timeout_ms = d.timeout_ms;
   c->force = d.force ? 1 : 0;
+  c->supersede = d.supersede ? 1 : 0;
 }
 
 tern_code tern_client_open(const char* admin_address, const tern_client_options* options,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <filesystem>
 
@@ -22,9 +23,33 @@ uint64_t AllocatedBytes(const std::string& path) {
   return static_cast<uint64_t>(st.st_blocks) * 512;
 }
 
+// Free bytes for an unprivileged writer on the file system that holds dir.
+uint64_t FreeBytes(const std::string& dir) {
+  struct statvfs vfs;
+  if (::statvfs(dir.c_str(), &vfs) != 0) return 0;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+// Removes the test's directory however the test ends: a failed assertion
+// must not leave 4 GiB behind for the next test (or the next CI run) to
+// trip over.
+struct RemoveOnExit {
+  std::string dir;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
 TEST(CheckpointLarge, TensorBeyond4GiBRoundTripsAndClones) {
   std::string tmpl = (fs::path(::testing::TempDir()) / "tern_big_XXXXXX").string();
   const std::string dir = ::mkdtemp(tmpl.data());
+  RemoveOnExit cleanup{dir};
+  // The file and its clone each allocate their 4 GiB (see the top): say so
+  // plainly when the disk cannot hold them, rather than failing in Create.
+  const uint64_t needed = (uint64_t{9} << 30);
+  ASSERT_GE(FreeBytes(dir), needed) << "this test needs 9 GiB free in " << dir
+                                    << " (two fallocated 4 GiB files); set TMPDIR to a larger disk";
   const std::string path = dir + "/big.safetensors";
   const uint64_t elements = (uint64_t{1} << 31) + 3;  // > 2^31 elements, > 4 GiB of BF16
   std::vector<TensorDesc> tensors = {{"big", DType::kBF16, {elements}}, {"tail", DType::kU8, {5}}};
@@ -79,7 +104,6 @@ TEST(CheckpointLarge, TensorBeyond4GiBRoundTripsAndClones) {
   EXPECT_EQ((*reopened)->metadata("clone.safetensors").at("note"), "sparse");
   c->reset();
   reopened->reset();
-  fs::remove_all(dir);
 }
 
 }  // namespace

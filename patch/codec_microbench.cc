@@ -9,7 +9,10 @@
 // apply of a forged patch (wrong target digest) that must undo everything.
 // memcpy of the view is timed between them, so every ratio compares figures
 // taken under the same load.
-// Usage: patch_microbench [density] [apply_repeats]
+// Usage: patch_microbench [density] [apply_repeats] [threads]
+// threads > 1: the pool has that many threads and times are wall-clock
+// (for many-core hosts, where the digest nears memory bandwidth); the
+// apply figures are then not per core.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,14 +23,17 @@
 #include <random>
 
 #include "tern/thread_pool.h"
+#include "patch/digest_mix.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"
 
 using namespace tern;
 
+static clockid_t g_clock = CLOCK_THREAD_CPUTIME_ID;
+
 static double Now() {
   timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(g_clock, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -44,6 +50,8 @@ int main(int argc, char** argv) {
   const uint64_t n = uint64_t{1} << 26;
   const double density = argc > 1 ? atof(argv[1]) : 0.01;
   const int apply_reps = argc > 2 ? std::max(1, atoi(argv[2])) : 5;
+  const int threads = argc > 3 ? std::clamp(atoi(argv[3]), 1, 256) : 1;
+  if (threads > 1) g_clock = CLOCK_MONOTONIC;
   const double load_start = LoadAverage();
   testing::OwnedView a;
   a.Add("w", DType::kBF16, {n});
@@ -73,7 +81,7 @@ int main(int argc, char** argv) {
     changed_at.push_back(static_cast<uint32_t>(i));
     hist[static_cast<uint16_t>(q[i] - old_bits[i])]++;
   }
-  ThreadPool pool(1);
+  ThreadPool pool(threads);
   std::vector<uint8_t> dst(a.data[0].size());
   auto time_memcpy = [&] {
     const double t0 = Now();
@@ -92,10 +100,22 @@ int main(int argc, char** argv) {
     printf("FAIL diff: %s\n", p.status().ToString().c_str());
     return 1;
   }
+  // The root's publish: D(old) checked, as a pass of its own before the
+  // diff (as it was) and hashed in the diff's pass (Diff's old_digest).
+  double t_digest_then_diff = 1e9, t_diff_hashing = 1e9;
   for (int rep = 0; rep < 4; ++rep) {
     t0 = Now();
     auto p2 = Diff(a.View(), b.View(), o, pool, &base);
     t_diff = std::min(t_diff, Now() - t0);
+    t0 = Now();
+    const bool same = ComputeDigest(a.View(), pool) == base;
+    auto p3 = Diff(a.View(), b.View(), o, pool, &base);
+    t_digest_then_diff = std::min(t_digest_then_diff, Now() - t0);
+    t0 = Now();
+    ViewDigest hashed;
+    auto p4 = Diff(a.View(), b.View(), o, pool, &base, &hashed);
+    t_diff_hashing = std::min(t_diff_hashing, Now() - t0);
+    if (!same || hashed != base || !p4.ok() || *p4 != *p2) return printf("FAIL diff hashing the base\n"), 1;
   }
 
   // The same changes with a forged target digest (one record claims a wrong
@@ -166,6 +186,27 @@ int main(int argc, char** argv) {
     ComputeDigest(a.View(), pool);
     t_digest = std::min(t_digest, Now() - t0);
   }
+  // The build floor's loop (x86-64-v3), one thread, against the one chosen
+  // at run time (AVX-512DQ where present) on the same thread.
+  double t_floor = 1e9, t_chosen = 1e9;
+  bool other_loop = false;
+  {
+    const TensorRef t = a.View().tensors[0];
+    const uint64_t seed = TensorSeed(*t.desc);
+    const clockid_t clock = g_clock;
+    g_clock = CLOCK_THREAD_CPUTIME_ID;
+    for (int rep = 0; rep < 2; ++rep) {
+      ViewDigest x, y;
+      t0 = Now();
+      other_loop = patch::AccumulateElementsPortable(t, seed, 0, n, x.lanes.data());
+      t_floor = std::min(t_floor, Now() - t0);
+      t0 = Now();
+      patch::AccumulateElements(t, seed, 0, n, y.lanes.data());
+      t_chosen = std::min(t_chosen, Now() - t0);
+      if (x != y) return printf("FAIL the two digest loops disagree\n"), 1;
+    }
+    g_clock = clock;
+  }
   double pr = static_cast<double>(changed) / n, H = -(pr * log2(pr) + (1 - pr) * log2(1 - pr));
   double hv = 0;
   for (auto& [k, c] : hist) {
@@ -182,11 +223,16 @@ int main(int argc, char** argv) {
   printf("memcpy %.1f ms | digest %.1f ms (%.2f GB/s, %.2f ns/elem) | diff %.1f ms (%.2fx memcpy)\n",
          t_memcpy * 1e3, t_digest * 1e3, dst.size() / t_digest / 1e9, t_digest / n * 1e9, t_diff * 1e3,
          t_diff / t_memcpy);
+  printf("D(old) then diff %.1f ms | diff hashing D(old) in its pass %.1f ms (%.2fx the two passes)\n",
+         t_digest_then_diff * 1e3, t_diff_hashing * 1e3, t_diff_hashing / t_digest_then_diff);
   printf("memory floor (RMW of each changed element, prefetched) %.1f ms (%.2fx memcpy)\n", t_touch * 1e3,
          t_touch / t_memcpy);
   printf("decode only (Inspect) %.1f ms (%.2fx memcpy) | apply default %.1f ms (%.2fx memcpy, %.1f ns/change) | exclusive %.1f ms (%.2fx memcpy, %.1f ns/change, "
          "%.2fx default) | exclusive forged+undo %.1f ms (%.2fx memcpy)\n",
          t_inspect * 1e3, t_inspect / t_memcpy, t_apply * 1e3, t_apply / t_memcpy, t_apply / changed * 1e9, t_exclusive * 1e3, t_exclusive / t_memcpy,
          t_exclusive / changed * 1e9, t_exclusive / t_apply, t_failed * 1e3, t_failed / t_memcpy);
-  printf("reps %d, load average %.2f at start, %.2f at end\n", apply_reps, load_start, LoadAverage());
+  printf("digest loop, one thread: build floor %.1f ms, chosen at run time %.1f ms (%s, %.2fx)\n",
+         t_floor * 1e3, t_chosen * 1e3, other_loop ? "AVX-512" : "the same loop", t_floor / t_chosen);
+  printf("threads %d (%s), reps %d, load average %.2f at start, %.2f at end\n", threads,
+         threads > 1 ? "wall clock" : "thread cpu time", apply_reps, load_start, LoadAverage());
 }

@@ -28,14 +28,24 @@ inline bool BlocksEqual(const uint8_t* a, const uint8_t* b) {
   return (d[0] | d[1] | d[2] | d[3]) == 0;
 }
 
-// Positions (relative to the segment) and deltas of the changed elements.
-// The compare loop skips equal 64-byte blocks (the compiler vectorizes it);
-// in a block that differs, only the changed lanes of each differing 64-bit
-// word are visited (count-trailing-zeros over the XOR), so the cost follows
-// the changes, not the 32 BF16 elements of the block.
+// The changes of one segment as CollectChanges finds them: positions
+// (relative to the segment's first element) and deltas, n of them. The
+// vectors are capacity (thread-local scratch, grown, never shrunk), so a
+// segment collected in several calls appends without re-filling them.
+struct ChangeList {
+  std::vector<uint64_t> positions, deltas;
+  uint64_t n = 0;
+};
+
+// Appends the changes of elements [first, first + count) of a segment that
+// starts at segment_first. The compare loop skips equal 64-byte blocks (the
+// compiler vectorizes it); in a block that differs, only the changed lanes
+// of each differing 64-bit word are visited (count-trailing-zeros over the
+// XOR), so the cost follows the changes, not the 32 BF16 elements of the
+// block.
 template <int W>
-void CollectChanges(const uint8_t* old_data, const uint8_t* new_data, uint64_t first, uint64_t count,
-                    uint64_t seed, std::vector<uint64_t>* positions, std::vector<uint64_t>* deltas,
+void CollectChanges(const uint8_t* old_data, const uint8_t* new_data, uint64_t segment_first,
+                    uint64_t first, uint64_t count, uint64_t seed, ChangeList* changes,
                     uint64_t digest_acc[4]) {
   static_assert(std::endian::native == std::endian::little, "lane extraction assumes little-endian words");
   constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
@@ -44,27 +54,31 @@ void CollectChanges(const uint8_t* old_data, const uint8_t* new_data, uint64_t f
   constexpr uint64_t kBlockBytes = kBlockWords * 8;
   constexpr uint64_t kBlockElements = kBlockBytes * 8 / W;
   uint64_t acc[4] = {digest_acc[0], digest_acc[1], digest_acc[2], digest_acc[3]};
-  // Written through raw pointers (the vectors are thread-local scratch, and
-  // push_back in this loop re-derived their address every time); grown
-  // before each block so a block's changes always fit.
-  uint64_t n = 0;
-  uint64_t* pos = positions->data();
-  uint64_t* del = deltas->data();
+  // Written through raw pointers (push_back in this loop re-derived the
+  // vectors' address every time); grown before each block so a block's
+  // changes always fit.
+  std::vector<uint64_t>& positions = changes->positions;
+  std::vector<uint64_t>& deltas = changes->deltas;
+  uint64_t n = changes->n;
+  uint64_t* pos = positions.data();
+  uint64_t* del = deltas.data();
   auto reserve = [&](uint64_t more) {
-    if (n + more <= positions->size()) return;
-    const uint64_t size = std::max<uint64_t>(2 * positions->size(), n + more + 4096);
-    positions->resize(size);
-    deltas->resize(size);
-    pos = positions->data();
-    del = deltas->data();
+    if (n + more <= positions.size()) return;
+    const uint64_t size = std::max<uint64_t>(2 * positions.size(), n + more + 4096);
+    positions.resize(size);
+    deltas.resize(size);
+    pos = positions.data();
+    del = deltas.data();
   };
+  const uint64_t offset = first - segment_first;
   auto changed = [&](uint64_t i, uint64_t a, uint64_t b) {  // i relative to first
-    pos[n] = i;
+    pos[n] = offset + i;
     del[n] = (b - a) & kMask;
     ++n;
     patch::AddElementChange(seed, first + i, a, b, acc);
   };
-  // first is even for W == 4 (segments are byte aligned), so byte offsets are exact.
+  // first is even for W == 4 (segments and their parts are byte aligned),
+  // so byte offsets are exact.
   const uint64_t start_byte = first * W / 8;
   const uint64_t blocks = count / kBlockElements;
   const uint8_t* po = old_data + start_byte;
@@ -102,8 +116,7 @@ void CollectChanges(const uint8_t* old_data, const uint8_t* new_data, uint64_t f
     const uint64_t b = patch::LoadElement<W>(new_data, first + i);
     if (a != b) changed(i, a, b);
   }
-  positions->resize(n);
-  deltas->resize(n);
+  changes->n = n;
   for (int l = 0; l < 4; ++l) digest_acc[l] = acc[l];
 }
 
@@ -130,25 +143,45 @@ Status CheckSameLayout(const ServeView& a, const ServeView& b) {
   return Status::Ok();
 }
 
+// Elements per part when a segment is compared and its old bytes hashed in
+// one pass: the hash reads each part while the compare has just brought it
+// into L1/L2 (32 kB of BF16), instead of a second pass over the old view
+// from memory. A multiple of every width's compare block, and even.
+constexpr uint64_t kHashPartElements = uint64_t{1} << 14;
+
 // Shared by Diff (whose arguments are validated) and EncodeSegment.
+// old_digest: null, or where the element terms of the old range are added
+// (patch::AccumulateElements), read in the same pass as the compare.
 SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32_t tensor_index,
                           uint64_t seed, uint64_t first, uint64_t count, uint16_t format_version,
-                          int max_context_classes = patch::kMaxClasses) {
-  thread_local std::vector<uint64_t> positions, deltas;  // scratch reused; CollectChanges sizes them
+                          int max_context_classes = patch::kMaxClasses,
+                          uint64_t* old_digest = nullptr) {
+  thread_local ChangeList changes;  // scratch reused; CollectChanges grows it
+  changes.n = 0;
   SegmentRecord rec;
   rec.tensor_index = tensor_index;
   rec.first_element = first;
   rec.element_count = count;
   const int w = ElementBits(old_t.desc->dtype);
   patch::DispatchWidth(w, [&]<int W>() {
-    CollectChanges<W>(old_t.data, new_t.data, first, count, seed, &positions, &deltas, rec.digest_delta.lanes.data());
+    if (old_digest == nullptr) {
+      CollectChanges<W>(old_t.data, new_t.data, first, first, count, seed, &changes,
+                        rec.digest_delta.lanes.data());
+      return;
+    }
+    for (uint64_t part = first; part < first + count; part += kHashPartElements) {
+      const uint64_t part_count = std::min(kHashPartElements, first + count - part);
+      CollectChanges<W>(old_t.data, new_t.data, first, part, part_count, seed, &changes,
+                        rec.digest_delta.lanes.data());
+      patch::AccumulateElements(old_t, seed, part, part + part_count, old_digest);
+    }
   });
   patch::ContextBase base;
   if (format_version >= patch::kFormatVersion2)
     base = {old_t.data, patch::ContextFieldOf(old_t.desc->dtype), max_context_classes};
-  if (!positions.empty())
-    patch::EncodeRecord(positions.data(), deltas.data(), positions.size(), w, tensor_index, first,
-                        count, &rec.bytes, base);
+  if (changes.n != 0)
+    patch::EncodeRecord(changes.positions.data(), changes.deltas.data(), changes.n, w, tensor_index,
+                        first, count, &rec.bytes, base);
   return rec;
 }
 
@@ -186,7 +219,8 @@ Result<SegmentRecord> EncodeSegment(const ServeView& old_view, const ServeView& 
 }
 
 Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& new_view, const DiffOptions& options,
-                                  ThreadPool& pool, const ViewDigest* base_digest) {
+                                  ThreadPool& pool, const ViewDigest* base_digest,
+                                  ViewDigest* old_digest) {
   TERN_REQUIRE(options.segment_elements >= 1 && options.segment_elements < kMaxSegmentElements, kInvalidArgument,
                "segment_elements must be in [1, 2^24)");
   TERN_RETURN_IF_ERROR(CheckFormatVersion(options.format_version));
@@ -201,21 +235,30 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
   std::vector<Item> items;
   std::vector<uint64_t> seeds(old_view.tensors.size());
   std::vector<TensorDesc> descs;
+  // D(old) is needed when the caller asks for it or gives no base digest;
+  // then every item hashes its old range in the compare's pass.
+  const bool hash_old = old_digest != nullptr || base_digest == nullptr;
+  ViewDigest old_total;
   for (uint32_t t = 0; t < old_view.tensors.size(); ++t) {
     const TensorDesc& d = *old_view.tensors[t].desc;
     descs.push_back(d);
     seeds[t] = TensorSeed(d);
+    if (hash_old) old_total += TensorTerm(seeds[t]);
     const uint64_t n = d.elements();
     const uint64_t seg = SegmentSizeFor(d.dtype, options.segment_elements);
     for (uint64_t b = 0; b < n; b += seg) items.push_back({t, b, std::min(seg, n - b)});
   }
   std::vector<SegmentRecord> records(items.size());
+  std::vector<ViewDigest> old_parts(hash_old ? items.size() : 0);
   pool.ParallelFor(items.size(), [&](uint64_t k) {
     const Item& it = items[k];
     records[k] = EncodeRange(old_view.tensors[it.tensor], new_view.tensors[it.tensor], it.tensor, seeds[it.tensor],
-                             it.first, it.count, options.format_version, options.max_context_classes);
+                             it.first, it.count, options.format_version, options.max_context_classes,
+                             hash_old ? old_parts[k].lanes.data() : nullptr);
   });
-  const ViewDigest base = base_digest ? *base_digest : ComputeDigest(old_view, pool);
+  for (const ViewDigest& p : old_parts) old_total += p;
+  if (old_digest != nullptr) *old_digest = old_total;
+  const ViewDigest base = base_digest ? *base_digest : old_total;
   ViewDigest target = base;
   std::vector<std::span<const uint8_t>> spans;
   for (const SegmentRecord& r : records) {

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "tern/thread_pool.h"
+#include "patch/digest_mix.h"
 #include "patch/test_util.h"
 #include "tern/digest.h"
 
@@ -65,6 +66,34 @@ TEST(DigestTest, ThreadCountAndLayoutMatter) {
   e2.Add("empty", DType::kBF16, {0, 4});
   EXPECT_NE(ComputeDigest(e1.View(), one), ComputeDigest(e2.View(), one));
   EXPECT_NE(ComputeDigest(e1.View(), one), ViewDigest{});
+}
+
+// The loop chosen at run time (AVX-512DQ where the CPU has it) and the
+// build floor's loop add the same terms as ElementHash one element at a
+// time, in every width, over ranges that start and end off the loops'
+// 256-element blocks. On a CPU without AVX-512 both are the floor's loop
+// and only the per-element check says anything (the test says which ran).
+TEST(DigestTest, EveryLoopAddsTheSpecsTerms) {
+  std::mt19937_64 rng(4);
+  bool other_loop = false;
+  for (DType dt : {DType::kF4, DType::kU8, DType::kBF16, DType::kF32, DType::kF64}) {
+    OwnedView v;
+    v.Add("t", dt, {1000});
+    testing::FillRandom(v.data[0], rng);
+    const TensorRef t = v.View().tensors[0];
+    const uint64_t seed = TensorSeed(*t.desc);
+    const int w = ElementBits(dt);
+    for (auto [begin, end] : {std::pair<uint64_t, uint64_t>{0, 1000}, {2, 3}, {6, 777}, {256, 512}}) {
+      ViewDigest expect;
+      for (uint64_t i = begin; i < end; ++i) expect += ElementHash(seed, i, testing::Get(v.data[0], w, i));
+      ViewDigest fast, floor;
+      patch::AccumulateElements(t, seed, begin, end, fast.lanes.data());
+      other_loop = patch::AccumulateElementsPortable(t, seed, begin, end, floor.lanes.data());
+      EXPECT_EQ(fast, expect) << "width " << w << " [" << begin << ", " << end << ")";
+      EXPECT_EQ(floor, expect) << "width " << w << " [" << begin << ", " << end << ")";
+    }
+  }
+  if (!other_loop) GTEST_LOG_(INFO) << "this CPU runs the build floor's loop only";
 }
 
 TEST(DigestTest, TextRoundTrip) {

@@ -33,7 +33,7 @@ int WriteFuzzSeeds(const std::string& corpus) {
   for (int t = 0; t < 8; ++t) {
     for (double push : {0.01, 0.05}) {
       const DType dt = kContextTypes[t];
-      const uint64_t n = std::min<uint64_t>({6000 + 1000 * static_cast<uint64_t>(t), 131072 / ElementBits(dt), 12288});
+      const uint64_t n = std::min<uint64_t>({6000 + 1000 * static_cast<uint64_t>(t), uint64_t{131072} / ElementBits(dt), 12288});
       testing::OwnedView a = testing::PhysicalBase(dt, n, rng);
       testing::OwnedView b = testing::PhysicalStep(a, push, rng);
       auto rec = EncodeSegment(a.View(), b.View(), 0, 0, n, 2);

@@ -646,6 +646,61 @@ TEST(PatchFormat2Test, ContextRecordsNeedFormat2) {
   EXPECT_EQ(Diff(a.View(), b.View(), bad, pool).status().code(), Code::kInvalidArgument);
 }
 
+// Diff's old_digest is D(old) as the diff read it, in every width, across
+// the parts a segment is hashed in (16384 elements) and their tails, and
+// whatever base_digest the caller names: the root's publish relies on it to
+// catch a damaged previous view.
+TEST(PatchTest, DiffHashesTheOldViewInItsOwnPass) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(27);
+  OwnedView a;
+  uint64_t t = 0;
+  for (DType dt : kWidthTypes) {
+    for (uint64_t n : {uint64_t{1}, uint64_t{5}, uint64_t{16384}, uint64_t{3 * 16384 + 77}}) {
+      a.Add("t" + std::to_string(100 + t), dt, {n});
+      testing::FillRandom(a.data[t], rng);
+      if (ElementBits(dt) == 4 && n % 2) a.data[t].back() &= 0x0f;  // an odd F4 tensor's pad
+      ++t;
+    }
+  }
+  OwnedView b = a;
+  for (size_t i = 0; i < b.data.size(); ++i)
+    testing::Mutate(b.data[i], ElementBits(b.descs[i].dtype), b.descs[i].elements(), 0.01, rng);
+  const ViewDigest truth = ComputeDigest(a.View(), pool);
+  const ViewDigest named = ComputeDigest(b.View(), pool);  // any digest but D(a)
+  ASSERT_NE(truth, named);
+  for (uint64_t segment : {uint64_t{1} << 20, uint64_t{20001}, uint64_t{7}}) {
+    for (uint16_t format : {uint16_t{1}, uint16_t{2}}) {
+      SCOPED_TRACE("segment " + std::to_string(segment) + ", format " + std::to_string(format));
+      DiffOptions opt;
+      opt.segment_elements = segment;
+      opt.format_version = format;
+      ViewDigest got;
+      auto patch = Diff(a.View(), b.View(), opt, pool, &named, &got);
+      ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+      EXPECT_EQ(got, truth);
+      auto info = Inspect(*patch);
+      ASSERT_TRUE(info.ok()) << info.status().ToString();
+      EXPECT_EQ(info->base_digest, named);  // the patch names what it was told
+      // Without a base digest the patch names the one hashed in the pass,
+      // and the patch is the one a caller with D(a) gets.
+      auto unnamed = Diff(a.View(), b.View(), opt, pool);
+      auto told = Diff(a.View(), b.View(), opt, pool, &truth);
+      ASSERT_TRUE(unnamed.ok() && told.ok());
+      EXPECT_EQ(*unnamed, *told);
+    }
+  }
+  // One flipped bit anywhere in the old view moves the digest the pass reports.
+  for (size_t i : {size_t{0}, size_t{7}, a.data.size() - 1}) {
+    OwnedView damaged = a;
+    damaged.data[i][damaged.data[i].size() / 2] ^= 0x01;
+    ViewDigest got;
+    ASSERT_TRUE(Diff(damaged.View(), b.View(), DiffOptions{}, pool, &truth, &got).ok());
+    EXPECT_NE(got, truth) << "tensor " << i;
+    EXPECT_EQ(got, ComputeDigest(damaged.View(), pool));
+  }
+}
+
 // DiffOptions::max_context_classes bounds K in every CONTEXT record.
 TEST(PatchFormat2Test, MaxContextClassesBoundsK) {
   ThreadPool pool(1);

@@ -163,6 +163,7 @@ void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
     else if (key == "admin_insecure") o->admin_insecure = flag(v);
     else if (key == "admin_tls_cert_pem") o->admin_tls_cert_pem = text(k, v);
     else if (key == "admin_tls_key_pem") o->admin_tls_key_pem = text(k, v);
+    else if (key == "admin_tls_client_ca_pem") o->admin_tls_client_ca_pem = text(k, v);
     else if (key == "publish_dir") o->publish_dir = text(k, v);
     else if (key == "max_version_jump") o->max_version_jump = u64(k, v);
     else if (key == "seed_checkpoint") o->seed_checkpoint = text(k, v);
@@ -356,10 +357,11 @@ class Agent {
 class Client {
  public:
   Client(const std::string& address, const py::object& token, uint32_t timeout_ms, bool force,
-         const py::object& ca_pem) {
+         const py::object& ca_pem, const py::object& cert_pem, const py::object& key_pem,
+         bool supersede) {
     tern_client_options o;
     tern_client_options_init(&o);
-    std::string token_text, ca_text;
+    std::string token_text, ca_text, cert_text, key_text;
     if (!token.is_none()) {
       token_text = token.cast<std::string>();
       o.token = token_text.c_str();
@@ -368,8 +370,17 @@ class Client {
       ca_text = ca_pem.cast<std::string>();
       o.ca_pem = ca_text.c_str();
     }
+    if (!cert_pem.is_none()) {
+      cert_text = cert_pem.cast<std::string>();
+      o.cert_pem = cert_text.c_str();
+    }
+    if (!key_pem.is_none()) {
+      key_text = key_pem.cast<std::string>();
+      o.key_pem = key_text.c_str();
+    }
     if (timeout_ms != 0) o.timeout_ms = timeout_ms;
     o.force = force ? 1 : 0;
+    o.supersede = supersede ? 1 : 0;
     Check(tern_client_open(address.c_str(), &o, &client_));
   }
   ~Client() { tern_client_free(client_); }
@@ -451,10 +462,11 @@ class RankPublisher {
   // first_element, element_count) per owned range.
   RankPublisher(uint32_t rank, uint32_t world_size, const py::list& layout, const py::list& shards,
                 uint64_t segment_elements, uint32_t gather_timeout_ms, const std::string& address,
-                const py::object& token, uint32_t timeout_ms, const py::object& ca_pem) {
+                const py::object& token, uint32_t timeout_ms, const py::object& ca_pem,
+                const py::object& cert_pem, const py::object& key_pem) {
     tern_client_options co;
     tern_client_options_init(&co);
-    std::string token_text, ca_text;
+    std::string token_text, ca_text, cert_text, key_text;
     if (!token.is_none()) {
       token_text = token.cast<std::string>();
       co.token = token_text.c_str();
@@ -462,6 +474,14 @@ class RankPublisher {
     if (!ca_pem.is_none()) {
       ca_text = ca_pem.cast<std::string>();
       co.ca_pem = ca_text.c_str();
+    }
+    if (!cert_pem.is_none()) {
+      cert_text = cert_pem.cast<std::string>();
+      co.cert_pem = cert_text.c_str();
+    }
+    if (!key_pem.is_none()) {
+      key_text = key_pem.cast<std::string>();
+      co.key_pem = key_text.c_str();
     }
     if (timeout_ms != 0) co.timeout_ms = timeout_ms;
     Check(tern_client_open(address.c_str(), &co, &client_));
@@ -577,17 +597,20 @@ PYBIND11_MODULE(_tern, m) {
 
   py::class_<RankPublisher>(m, "RankPublisher")
       .def(py::init<uint32_t, uint32_t, const py::list&, const py::list&, uint64_t, uint32_t,
-                    const std::string&, const py::object&, uint32_t, const py::object&>(),
+                    const std::string&, const py::object&, uint32_t, const py::object&,
+                    const py::object&, const py::object&>(),
            py::arg("rank"), py::arg("world_size"), py::arg("layout"), py::arg("shards"),
            py::arg("segment_elements"), py::arg("gather_timeout_ms"), py::arg("address"),
-           py::arg("token"), py::arg("timeout_ms"), py::arg("ca_pem"))
+           py::arg("token"), py::arg("timeout_ms"), py::arg("ca_pem"), py::arg("cert_pem"),
+           py::arg("key_pem"))
       .def("publish", &RankPublisher::Publish, py::arg("version"), py::arg("shards"))
       .def("version", &RankPublisher::Version);
 
   py::class_<Client>(m, "Client")
-      .def(py::init<const std::string&, const py::object&, uint32_t, bool, const py::object&>(),
+      .def(py::init<const std::string&, const py::object&, uint32_t, bool, const py::object&,
+                    const py::object&, const py::object&, bool>(),
            py::arg("address"), py::arg("token"), py::arg("timeout_ms"), py::arg("force"),
-           py::arg("ca_pem"))
+           py::arg("ca_pem"), py::arg("cert_pem"), py::arg("key_pem"), py::arg("supersede") = false)
       .def("publish", &Client::Publish, py::arg("checkpoint"), py::arg("version"))
       .def("drain_member", &Client::DrainMember, py::arg("id"))
       .def("remove_member", &Client::RemoveMember, py::arg("id"), py::arg("rejoin_after_ms"))

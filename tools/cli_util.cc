@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tern/agent.h"
 #include "tern/env.h"
 
 namespace tern::cli {
@@ -52,12 +53,32 @@ double NowSeconds() {
       .count();
 }
 
-Result<std::string> ReadAdminCa(const std::string& path) {
-  std::string pem;
-  if (path.empty()) return pem;
-  Status read = ReadFileToString(DefaultEnv(), path, 64 << 10, &pem);
-  if (!read.ok()) return read.WithContext("--admin-cacert");
-  return pem;
+void AddAdminTlsFlags(CLI::App& cmd, AdminTlsArgs& a, const std::string& whose) {
+  cmd.add_option(
+      "--admin-cacert", a.cacert,
+      "PEM CA file " + whose +
+          " admin certificate must chain to (https://; default: the system's trust store)");
+  cmd.add_option("--admin-cert", a.cert,
+                 "PEM client certificate for an admin port that requires one (https://; its "
+                 "--admin-tls-client-ca signed it)");
+  cmd.add_option("--admin-key", a.key, "PEM private key of --admin-cert (unencrypted)");
+}
+
+Status ReadPemFlags(std::initializer_list<PemFlag> flags) {
+  for (const PemFlag& f : flags) {
+    if (f.path->empty()) continue;
+    Status read = ReadFileToString(DefaultEnv(), *f.path, 64 << 10, f.pem);
+    if (!read.ok()) return read.WithContext(f.flag);
+  }
+  return Status::Ok();
+}
+
+Status ReadAdminTls(const AdminTlsArgs& a, AgentClientOptions& o) {
+  TERN_REQUIRE(a.cert.empty() == a.key.empty(), kInvalidArgument,
+               "give both --admin-cert and --admin-key, or neither");
+  return ReadPemFlags({{&a.cacert, &o.ca_pem, "--admin-cacert"},
+                       {&a.cert, &o.cert_pem, "--admin-cert"},
+                       {&a.key, &o.key_pem, "--admin-key"}});
 }
 
 Result<std::string> ReadSecret(const std::string& file, const char* env_name) {

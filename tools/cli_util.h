@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -12,6 +13,10 @@
 #include "tern/thread_pool.h"
 #include "tern/status.h"
 #include "tools/cli_args.h"
+
+namespace tern {
+struct AgentClientOptions;
+}  // namespace tern
 
 namespace tern::cli {
 
@@ -37,9 +42,25 @@ std::string HumanBytes(uint64_t bytes);
 // shows it, else from the environment variable `env_name`; "" when neither
 // is given. Trailing newlines dropped; a file over 64 KiB is refused.
 Result<std::string> ReadSecret(const std::string& file, const char* env_name);
-// --admin-cacert: the PEM CA file an admin port's certificate must chain to
-// ("" when no file is given: the system's trust store).
-Result<std::string> ReadAdminCa(const std::string& path);
+// An admin client's TLS files: --admin-cacert (the CA the port's
+// certificate must chain to; none: the system's trust store), and
+// --admin-cert/--admin-key (our certificate, for a port that requires one:
+// tern-agent --admin-tls-client-ca). `whose`: "the root's", "the agent's".
+struct AdminTlsArgs {
+  std::string cacert, cert, key;
+};
+void AddAdminTlsFlags(CLI::App& cmd, AdminTlsArgs& a, const std::string& whose);
+// Reads them (each at most 64 KiB) into o.ca_pem, cert_pem, key_pem.
+Status ReadAdminTls(const AdminTlsArgs& a, AgentClientOptions& o);
+
+// A PEM file named by a flag: read (at most 64 KiB) into *pem unless the
+// path is empty; an error names the flag.
+struct PemFlag {
+  const std::string* path;
+  std::string* pem;
+  const char* flag;
+};
+Status ReadPemFlags(std::initializer_list<PemFlag> flags);
 
 // Monotonic seconds.
 double NowSeconds();

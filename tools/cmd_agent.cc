@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <future>
 #include <thread>
-#include <tuple>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -35,7 +34,7 @@ struct AgentArgs {
   bool no_stream_apply = false;
   double uplink_gbps = 10, downlink_gbps = 10;
   std::string signing_key, join_token_file, admin_token_file, engine_sidecar_token_file;
-  std::string admin_tls_cert, admin_tls_key;
+  std::string admin_tls_cert, admin_tls_key, admin_tls_client_ca;
   std::vector<std::string> trust_keys;
   std::vector<std::string> key_sets;
   uint32_t stripes = 1, fanout = 4, root_fanout = 8, keep_patches = 16, keyframe_every = 32;
@@ -65,13 +64,9 @@ Status ReadEtcdAccess(AgentArgs& a) {
                    !o.etcd_user.empty() || !a.etcd_password_file.empty() || o.etcd_insecure;
   TERN_REQUIRE(!any || !a.board_etcd.empty(), kInvalidArgument,
                "the --etcd-* flags go with --board-etcd");
-  for (auto [path, pem, flag] : {std::tuple{&a.etcd_cacert, &o.etcd_ca_pem, "--etcd-cacert"},
-                                 std::tuple{&a.etcd_cert, &o.etcd_cert_pem, "--etcd-cert"},
-                                 std::tuple{&a.etcd_key, &o.etcd_key_pem, "--etcd-key"}}) {
-    if (path->empty()) continue;
-    Status read = ReadFileToString(DefaultEnv(), *path, 64 << 10, pem);
-    if (!read.ok()) return read.WithContext(flag);
-  }
+  TERN_RETURN_IF_ERROR(ReadPemFlags({{&a.etcd_cacert, &o.etcd_ca_pem, "--etcd-cacert"},
+                                     {&a.etcd_cert, &o.etcd_cert_pem, "--etcd-cert"},
+                                     {&a.etcd_key, &o.etcd_key_pem, "--etcd-key"}}));
   TERN_REQUIRE((a.etcd_cacert.empty() && a.etcd_cert.empty() && a.etcd_key.empty()) ||
                    a.board_etcd.rfind("etcds://", 0) == 0,
                kInvalidArgument,
@@ -164,13 +159,13 @@ Status CheckAgent(AgentArgs& a) {
                "give both --admin-tls-cert and --admin-tls-key, or neither");
   TERN_REQUIRE(a.admin_tls_cert.empty() || !a.admin.empty(), kInvalidArgument,
                "--admin-tls-cert/--admin-tls-key go with --admin HOST:PORT");
-  for (auto [path, pem, flag] :
-       {std::tuple{&a.admin_tls_cert, &o.admin_tls_cert_pem, "--admin-tls-cert"},
-        std::tuple{&a.admin_tls_key, &o.admin_tls_key_pem, "--admin-tls-key"}}) {
-    if (path->empty()) continue;
-    Status read = ReadFileToString(DefaultEnv(), *path, 64 << 10, pem);
-    if (!read.ok()) return read.WithContext(flag);
-  }
+  TERN_REQUIRE(a.admin_tls_client_ca.empty() || !a.admin_tls_cert.empty(), kInvalidArgument,
+               "--admin-tls-client-ca goes with --admin-tls-cert and --admin-tls-key (client "
+               "certificates are a TLS feature)");
+  TERN_RETURN_IF_ERROR(
+      ReadPemFlags({{&a.admin_tls_cert, &o.admin_tls_cert_pem, "--admin-tls-cert"},
+                    {&a.admin_tls_key, &o.admin_tls_key_pem, "--admin-tls-key"},
+                    {&a.admin_tls_client_ca, &o.admin_tls_client_ca_pem, "--admin-tls-client-ca"}}));
   if (!o.engine_sidecar.empty()) {
     TERN_ASSIGN_OR_RETURN(o.engine_sidecar_token,
                           ReadSecret(a.engine_sidecar_token_file, "TERN_SIDECAR_ADMIN_TOKEN"));
@@ -284,25 +279,26 @@ Status RunAgent(AgentArgs& a) {
   return Status::Ok();
 }
 
-// --admin-cacert FILE: the CA of an https:// admin address.
-
 struct PublishArgs {
-  std::string board, checkpoint, token_file, cacert;
+  std::string board, checkpoint, token_file;
+  AdminTlsArgs tls;
   uint64_t version = 0;
   uint32_t timeout_s = 600;
   bool force = false;
+  bool supersede = false;
 };
 
 Status RunPublish(const PublishArgs& a) {
   AgentClientOptions o;
   TERN_ASSIGN_OR_RETURN(o.token, ReadSecret(a.token_file, "TERN_ADMIN_TOKEN"));
-  TERN_ASSIGN_OR_RETURN(o.ca_pem, ReadAdminCa(a.cacert));
+  TERN_RETURN_IF_ERROR(ReadAdminTls(a.tls, o));
   o.timeout_ms = a.timeout_s * 1000;
   o.force = a.force;
+  o.supersede = a.supersede;
   const double t0 = NowSeconds();
   TERN_RETURN_IF_ERROR(PublishToRoot(a.board, a.checkpoint, a.version, o));
-  std::printf("published version %llu in %.2f s\n", static_cast<unsigned long long>(a.version),
-              NowSeconds() - t0);
+  std::printf("published version %llu%s in %.2f s\n", static_cast<unsigned long long>(a.version),
+              a.supersede ? " (a supersede: the next board epoch)" : "", NowSeconds() - t0);
   return Status::Ok();
 }
 
@@ -333,14 +329,15 @@ std::string DemotionText(const nlohmann::json& m) {
 }
 
 struct StatusArgs {
-  std::string board, cacert;
+  std::string board;
+  AdminTlsArgs tls;
   bool json = false;
 };
 
 Status RunStatus(const StatusArgs& a) {
   AgentClientOptions o;
   o.timeout_ms = 10000;
-  TERN_ASSIGN_OR_RETURN(o.ca_pem, ReadAdminCa(a.cacert));
+  TERN_RETURN_IF_ERROR(ReadAdminTls(a.tls, o));
   TERN_ASSIGN_OR_RETURN(std::string reply, AgentStatusJson(a.board, o));
   if (a.json) {
     std::fputs(reply.c_str(), stdout);
@@ -468,6 +465,9 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
                  "clients dial https://HOST:PORT (needed with --admin off loopback on a root)");
   cmd.add_option("--admin-tls-key", a->admin_tls_key,
                  "PEM private key of --admin-tls-cert (unencrypted)");
+  cmd.add_option("--admin-tls-client-ca", a->admin_tls_client_ca,
+                 "PEM CA file: the admin port requires a client certificate it signed (mutual "
+                 "TLS, on top of the token; clients give --admin-cert and --admin-key)");
   cmd.add_option(
       "--publish-dir", a->agent.publish_dir,
       "root: POST /publish reads checkpoints only under this directory (default: anywhere)");
@@ -588,9 +588,7 @@ void AddAgent(CLI::App& tern, Dispatch& dispatch) {
   auto p = std::make_shared<PublishArgs>();
   CLI::App* publish = tern.add_subcommand("publish", "publish a checkpoint as a new version on a root");
   publish->add_option("--board", p->board, "the root's admin [https://]HOST:PORT")->required();
-  publish->add_option("--admin-cacert", p->cacert,
-                      "PEM CA file the root's admin certificate must chain to (https://; default: "
-                      "the system's trust store)");
+  AddAdminTlsFlags(*publish, p->tls, "the root's");
   AddUnsigned(*publish, "--version", p->version, "the new version (newer than HEAD)", "");
   publish->get_option("--version")->required();
   publish->add_option("--token-file", p->token_file, "bearer token file (default: $TERN_ADMIN_TOKEN)");
@@ -598,6 +596,10 @@ void AddAgent(CLI::App& tern, Dispatch& dispatch) {
               "wait this long for the outcome (the root goes on publishing after it)", "600");
   publish->add_flag("--force", p->force,
                     "publish a version far beyond HEAD (the root's --max-version-jump)");
+  publish->add_flag("--supersede", p->supersede,
+                    "recover from a wrong version number: publish --version below HEAD, a number "
+                    "the board does not hold, as the first version of the next board epoch "
+                    "(HEAD and what lies above the new version are withdrawn; members follow)");
   publish->add_option("CHECKPOINT", p->checkpoint, "safetensors file or directory, as the root sees it")
       ->required();
   dispatch.On(publish, {nullptr, [p] { return RunPublish(*p); }});
@@ -605,9 +607,7 @@ void AddAgent(CLI::App& tern, Dispatch& dispatch) {
   auto s = std::make_shared<StatusArgs>();
   CLI::App* status = tern.add_subcommand("status", "members, versions and lag of a root (or one agent)");
   status->add_option("--board", s->board, "the agent's admin [https://]HOST:PORT")->required();
-  status->add_option("--admin-cacert", s->cacert,
-                     "PEM CA file the agent's admin certificate must chain to (https://; default: "
-                     "the system's trust store)");
+  AddAdminTlsFlags(*status, s->tls, "the agent's");
   status->add_flag("--json", s->json, "print the /status JSON as it came");
   dispatch.On(status, {nullptr, [s] { return RunStatus(*s); }});
 }

@@ -126,7 +126,8 @@ Status PrintKeyIds(const std::vector<std::string>& paths) {
 }
 
 struct PushArgs {
-  std::string board, cacert, token_file, key_set, signing_key_file;
+  std::string board, token_file, key_set, signing_key_file;
+  AdminTlsArgs tls;
   uint32_t timeout_s = 60;
 };
 
@@ -147,7 +148,7 @@ Status Push(const PushArgs& a) {
   }
   AgentClientOptions o;
   TERN_ASSIGN_OR_RETURN(o.token, ReadSecret(a.token_file, "TERN_ADMIN_TOKEN"));
-  TERN_ASSIGN_OR_RETURN(o.ca_pem, ReadAdminCa(a.cacert));
+  TERN_RETURN_IF_ERROR(ReadAdminTls(a.tls, o));
   o.timeout_ms = a.timeout_s * 1000;
   TERN_RETURN_IF_ERROR(RotateKeysAt(a.board, key_set, a.signing_key_file, o));
   std::printf("rotated on %s\n", a.board.c_str());
@@ -185,9 +186,7 @@ void AddKeys(CLI::App& tern, Dispatch& dispatch) {
       "signs with the new key; the next publish carries a keyframe the new key signed. "
       "docs/agent/operations.md.");
   push->add_option("--board", p->board, "the root's admin [https://]HOST:PORT")->required();
-  push->add_option("--admin-cacert", p->cacert,
-                   "PEM CA file the root's admin certificate must chain to (https://; default: the "
-                   "system's trust store)");
+  AddAdminTlsFlags(*push, p->tls, "the root's");
   push->add_option("--token-file", p->token_file, "bearer token file (default: $TERN_ADMIN_TOKEN)");
   push->add_option("--key-set", p->key_set, "the next signed key set (a file from `tern keys rotate`)");
   push->add_option("--signing-key-file", p->signing_key_file,

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <tuple>
 
 #include "tern/env.h"
 #include "tern/sidecar.h"
@@ -17,7 +18,8 @@ using namespace tern::cli;
 
 struct SidecarArgs {
   SidecarConfig config;
-  std::string agent_token_file, agent_cacert, admin_token_file, commit_mode = "in_place";
+  std::string agent_token_file, agent_cacert, agent_cert, agent_key, admin_token_file,
+      commit_mode = "in_place";
   bool no_cache_salt = false;
 };
 
@@ -36,6 +38,18 @@ Status Check(SidecarArgs& a) {
                  "--agent-admin-cacert goes with an https:// --agent-admin");
     Status read = ReadFileToString(DefaultEnv(), a.agent_cacert, 64 << 10, &c.agent_ca_pem);
     if (!read.ok()) return read.WithContext("--agent-admin-cacert");
+  }
+  TERN_REQUIRE(a.agent_cert.empty() == a.agent_key.empty(), kInvalidArgument,
+               "give both --agent-admin-cert and --agent-admin-key, or neither");
+  if (!a.agent_cert.empty()) {
+    TERN_REQUIRE(c.agent_admin.rfind("https://", 0) == 0, kInvalidArgument,
+                 "--agent-admin-cert goes with an https:// --agent-admin");
+    for (auto [path, pem, flag] :
+         {std::tuple{&a.agent_cert, &c.agent_cert_pem, "--agent-admin-cert"},
+          std::tuple{&a.agent_key, &c.agent_key_pem, "--agent-admin-key"}}) {
+      Status read = ReadFileToString(DefaultEnv(), *path, 64 << 10, pem);
+      if (!read.ok()) return read.WithContext(flag);
+    }
   }
   return Status::Ok();
 }
@@ -87,6 +101,11 @@ int main(int argc, char** argv) {
   app.add_option("--agent-admin-cacert", a.agent_cacert,
                  "PEM CA file an https:// --agent-admin's certificate must chain to (default: the "
                  "system's trust store)");
+  app.add_option("--agent-admin-cert", a.agent_cert,
+                 "PEM client certificate for an --agent-admin that requires one (its "
+                 "--admin-tls-client-ca signed it)");
+  app.add_option("--agent-admin-key", a.agent_key,
+                 "PEM private key of --agent-admin-cert (unencrypted)");
   app.add_option("--agent-token-file", a.agent_token_file,
                  "file with the member's admin token (default: $TERN_ADMIN_TOKEN)");
   app.add_option("--admin-token-file", a.admin_token_file,

@@ -214,6 +214,58 @@ TEST_F(BoardTest, RefusesBadPublications) {
   EXPECT_EQ(board->Versions(), (std::vector<uint64_t>{1, 5}));
 }
 
+// A previous view that is not HEAD's (a bit of DIR/current flipped on disk,
+// in a byte the diff finds unchanged or changed) fails the publish before
+// anything is signed or written: kMismatch naming the digest, HEAD and the
+// object files as they were, and the same version publishes from the right
+// view afterwards. D(prev) is hashed in the diff's pass (Diff's
+// old_digest); with verify_prev_digest off the damaged view publishes, so
+// the check, not some other step, is what refuses it.
+TEST_F(BoardTest, ADamagedPreviousViewFailsThePublish) {
+  auto board = MustOpen(*env);
+  model.Next(10, 100);
+  model.Next(10, 100);  // changes within the first 100 bytes of each tensor
+  ASSERT_TRUE(Publish(*board, 1).ok());
+  const ViewDigest d1 = board->Manifest(1)->target_digest;
+  const ServeView v2 = model.at(2).View();
+  struct Flip {
+    size_t tensor, byte;
+  };
+  for (const Flip flip : {Flip{1, 15000}, Flip{0, 40}, Flip{0, 4096 * 4 - 1}}) {
+    SCOPED_TRACE("tensor " + std::to_string(flip.tensor) + " byte " + std::to_string(flip.byte));
+    for (uint16_t format : {uint16_t{1}, uint16_t{2}}) {
+      tern::testing::OwnedView damaged(model.at(1).View());
+      damaged.data[flip.tensor][flip.byte] ^= 0x10;
+      const ServeView prev = damaged.View();
+      PublishOptions options;
+      options.format_version = format;
+      auto r = PublishVersion(*board, signer, &prev, d1, v2, 2, options, pool);
+      ASSERT_EQ(r.status().code(), Code::kMismatch) << r.status().ToString();
+      EXPECT_NE(r.status().message().find("publish: the previous view's digest is " +
+                                          ComputeDigest(prev, pool).ToString() + ", not D(1)"),
+                std::string::npos)
+          << r.status().ToString();
+      EXPECT_EQ(board->head(), 1u);
+      EXPECT_EQ(board->Versions(), std::vector<uint64_t>{1});
+      EXPECT_EQ(*env->ListDir("/root/objects", 100), std::vector<std::string>{"keyframe-1-1"});
+    }
+  }
+  {
+    tern::testing::OwnedView damaged(model.at(1).View());
+    damaged.data[1][15000] ^= 0x10;
+    const ServeView prev = damaged.View();
+    std::unique_ptr<Env> other = NewMemEnv();
+    auto unchecked = MustOpen(*other);
+    ASSERT_TRUE(Publish(*unchecked, 1).ok());
+    PublishOptions off;
+    off.verify_prev_digest = false;
+    EXPECT_TRUE(PublishVersion(*unchecked, signer, &prev, d1, v2, 2, off, pool).ok());
+  }
+  auto r = Publish(*board, 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(board->head(), 2u);
+}
+
 TEST_F(BoardTest, RestartRecoversEverything) {
   BoardId id;
   {
@@ -423,7 +475,9 @@ TEST_F(BoardTest, SupersedeRenumbersBelowHeadAndEveryMemberFollows) {
       SCOPED_TRACE(have);
       auto plan = board->PlanCatchUp(have, 3);
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-      if (have == 9) EXPECT_EQ(plan->objects, (std::vector<ObjectRef>{{ObjectKind::kPatch, 9, 3}}));
+      if (have == 9) {
+        EXPECT_EQ(plan->objects, (std::vector<ObjectRef>{{ObjectKind::kPatch, 9, 3}}));
+      }
       auto applied = ApplyPlan(*env, *board, verifier, *plan, model.at(have), pool);
       ASSERT_TRUE(applied.ok()) << applied.status().ToString();
       EXPECT_EQ(*applied, BytesOf(model.at(3)));

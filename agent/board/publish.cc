@@ -268,15 +268,20 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     TERN_ASSIGN_OR_RETURN(VersionManifest parent, board.Manifest(head));
     TERN_REQUIRE(prev_digest == parent.target_digest, kMismatch, "publish: prev_digest ",
                  prev_digest.ToString(), " is not D(", head, ") ", parent.target_digest.ToString());
-    if (options.verify_prev_digest) {
-      const ViewDigest actual = ComputeDigest(*prev, pool);
-      TERN_REQUIRE(actual == prev_digest, kMismatch, "publish: the previous view's digest is ",
-                   actual.ToString(), ", not D(", head, ")");
-    }
     timer.Lap(spans.verify_prev_s);
     DiffOptions diff{options.segment_elements, head, version};
     diff.format_version = options.format_version;
-    TERN_ASSIGN_OR_RETURN(auto patch, Diff(*prev, next, diff, pool, &prev_digest));
+    // D(prev) is computed in the diff's own pass over prev's bytes and
+    // checked here, before the patch is inspected, a keyframe made or
+    // anything signed or written: a wrong prev would publish a patch no
+    // member can apply.
+    ViewDigest actual;
+    TERN_ASSIGN_OR_RETURN(auto patch, Diff(*prev, next, diff, pool, &prev_digest,
+                                           options.verify_prev_digest ? &actual : nullptr));
+    if (options.verify_prev_digest) {
+      TERN_REQUIRE(actual == prev_digest, kMismatch, "publish: the previous view's digest is ",
+                   actual.ToString(), ", not D(", head, ")");
+    }
     TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(patch)));
     m.base_digest = prev_digest;
     m.target_digest = info.target_digest;

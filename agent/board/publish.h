@@ -55,8 +55,10 @@ struct PublishOptions {
   uint16_t format_version = kDefaultPatchFormat;
   uint32_t chunk_bytes = 0;       // 0: DefaultChunkBytes(object size)
   uint64_t created_unix_ms = 0;   // 0: the system clock (informative only)
-  // Recompute D(prev) (a full read of prev) before trusting prev_digest: a
-  // wrong prev would publish a patch no member can apply.
+  // Check D(prev) against prev_digest before anything is signed: a wrong
+  // prev would publish a patch no member can apply. D(prev) is computed in
+  // the diff's own pass over prev (Diff's old_digest), so the check costs
+  // the hashing, not a second read of prev.
   bool verify_prev_digest = true;
   // prev is null on a non-empty board: publish keyframe(version) only, on
   // top of HEAD (base_digest = D(HEAD) from HEAD's manifest). For a root
@@ -81,8 +83,10 @@ struct PublishOptions {
 // root's publish latency breakdown (docs/agent/board.md §4, "The root's
 // publish, in order") starts from these.
 struct PublishSpans {
-  double verify_prev_s = 0;  // D(prev) recomputed (verify_prev_digest)
-  double diff_s = 0;         // diff + encode of the patch (and Inspect)
+  // The checks of prev_digest against HEAD's manifest. D(prev) itself is
+  // hashed inside the diff's pass since 2026-12 and counts in diff_s.
+  double verify_prev_s = 0;
+  double diff_s = 0;         // diff + encode of the patch, D(prev) (and Inspect)
   double keyframe_s = 0;     // diff + encode of the keyframe
   double hash_s = 0;         // chunk SHA-256 and Merkle roots (DescribeObject)
   double sign_s = 0;

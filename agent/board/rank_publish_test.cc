@@ -119,7 +119,9 @@ TEST_P(RankPublishTest, PartsAssembleIntoTheWholeViewsPatch) {
     EXPECT_EQ(root.bytes, model_.bytes) << "v" << v;
     root_digest = applied;
     for (auto& r : ranks_) r->Committed();
-    if (v > 1) EXPECT_LT(patch->size(), model_.View().total_bytes() / 4) << "a sparse patch";
+    if (v > 1) {
+      EXPECT_LT(patch->size(), model_.View().total_bytes() / 4) << "a sparse patch";
+    }
   }
 }
 

@@ -184,9 +184,10 @@ void PutBody(Writer& w, const Head& m) {
 }
 void PutBody(Writer& w, const CatchUpRequest& m) {
   // target == have asks for have's manifest alone (a member checking a
-  // checkpoint it already holds, docs/agent.md §7).
-  if (m.target < m.have || (m.target == m.have && m.have == 0))
-    w.Fail("catch-up target older than have, or both 0");
+  // checkpoint it already holds, docs/agent.md §7). A target numbered
+  // below have is a supersede's (docs/agent/board.md §4a): the root orders
+  // them by position.
+  if (m.target == 0) w.Fail("catch-up target 0");
   w.U64(m.have);
   w.U64(m.target);
 }
@@ -315,8 +316,7 @@ CatchUpRequest GetBody<CatchUpRequest>(Reader& r) {
   CatchUpRequest m;
   m.have = r.U64("have");
   m.target = r.U64("target");
-  if (r.ok() && (m.target < m.have || (m.target == m.have && m.have == 0)))
-    r.Fail("catch-up target older than have, or both 0");
+  if (r.ok() && m.target == 0) r.Fail("catch-up target 0");
   return m;
 }
 template <>

@@ -201,8 +201,11 @@ TEST(ControlWire, ManifestOnlyCatchUpRoundTrips) {
 TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   Hello h;  // empty member id
   EXPECT_EQ(EncodeControl(h).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(EncodeControl(CatchUpRequest{5, 4}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(CatchUpRequest{5, 0}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EncodeControl(CatchUpRequest{0, 0}).status().code(), Code::kInvalidArgument);
+  // A target numbered below have: after a supersede (docs/agent/board.md
+  // §4a) the root orders them by position.
+  EXPECT_TRUE(EncodeControl(CatchUpRequest{1000000, 4}).ok());
   EXPECT_EQ(EncodeControl(CatchUpReply{5, {}, {}}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EncodeControl(Parents{}).status().code(), Code::kInvalidArgument);
   Heartbeat hb;

@@ -88,6 +88,10 @@ void AgentImpl::EmitServed(uint64_t version, const ViewDigest& digest, bool all,
   AgentEvent e;
   e.kind = AgentEvent::Kind::kVersionServed;
   e.version = version;
+  {
+    MutexLock lock(mu_);
+    e.epoch = ServedEpochLocked();  // the version just switched in
+  }
   e.digest = digest;
   e.member = id_;
   // The slot DIR/current points at now (absolute): stable while served.
@@ -103,6 +107,8 @@ void AgentImpl::EmitPublished(uint64_t version, const ViewDigest& digest, bool a
   AgentEvent e;
   e.kind = AgentEvent::Kind::kVersionPublished;
   e.version = version;
+  if (board_)
+    if (auto pos = board_->PosOf(version); pos.ok()) e.epoch = pos->epoch;
   e.digest = digest;
   e.member = id_;
   e.all_tensors = all;

@@ -50,8 +50,10 @@
 #include "agent/control/control_wire.h"
 #include "agent/daemon/dial_backoff.h"
 #include "agent/daemon/event_ring.h"
+#include "agent/daemon/publish_jobs.h"
 #include "agent/etcd/etcd.h"
 #include "agent/etcd/etcd_board_log.h"
+#include "agent/etcd/etcd_key_sets.h"
 #include "agent/freshness/freshness.h"
 #include "agent/membership/format_choice.h"
 #include "agent/membership/membership.h"
@@ -68,7 +70,6 @@ namespace tern::agent {
 
 class AdminServer;
 class MetricsRegistry;
-class PublishJobs;
 class RankPartJobs;
 class ServeHook;
 class EngineDriver;
@@ -111,6 +112,7 @@ class AgentImpl final : public Agent {
 
   Status Init();
   Status Publish(const std::string& checkpoint_path, uint64_t version) override;
+  Status Supersede(const std::string& checkpoint_path, uint64_t version) override;
   Status DrainMember(const std::string& id) override;
   Status RemoveMember(const std::string& id, uint32_t rejoin_after_ms) override;
   Status SetRetention(uint32_t keep_patches, uint32_t keyframe_every) override;
@@ -151,14 +153,17 @@ class AgentImpl final : public Agent {
   void TickLoop();
   Status StartAdmin();
   Result<std::string> AdmitAdminPublish(const std::string& checkpoint, uint64_t version,
-                                        bool force) const;
+                                        const PublishFlags& flags) const;
+  // A supersede's rules (docs/agent/board.md §4a) against the board as it
+  // stands: version below HEAD, not 0, not a number the log holds.
+  Status AdmitSupersede(uint64_t version) const;
   std::string StatusJson() const;
   std::string MetricsText() const;
 
   // ---- agent_events.cc ----
   // Served: DIR/current's slot is resolved here (call right after the switch).
   void EmitServed(uint64_t version, const ViewDigest& digest, bool all,
-                  std::vector<std::string> changed);
+                  std::vector<std::string> changed) EXCLUDES(mu_);
   void EmitPublished(uint64_t version, const ViewDigest& digest, bool all,
                      std::vector<std::string> changed);
   void EmitMember(AgentEvent::Kind kind, const std::string& member);
@@ -166,16 +171,28 @@ class AgentImpl final : public Agent {
 
   // ---- agent_root.cc ----
   Status InitRoot();
-  // opt_.key_sets onto verifier_, in order; the signer must be trusted after.
-  Status ApplyRootKeySets();
+  // The root's key-set chain after key set 0, merged from DIR/key-sets, the
+  // board in etcd and --key-set (agent_root.cc says how), each applied to
+  // `v` in order, so that `v` ends at the last set.
+  struct RootKeyChain {
+    std::vector<std::string> sets;  // signed, in order: key sets 1..N
+    std::vector<KeySet> decoded;    // the same, decoded
+    size_t in_dir = 0;              // how many DIR/key-sets held
+    size_t on_board = 0;            // how many the board in etcd held
+  };
+  Result<RootKeyChain> CollectRootKeySets(ManifestVerifier& v);
+  // `chain` onto verifier_, kept in DIR/key-sets and the board in etcd; the
+  // signer must be trusted after.
+  Status ApplyRootKeySets(const RootKeyChain& chain);
   void RootOnControl(const std::shared_ptr<Connection>& conn, std::string* member_id,
                      ControlMessage m);
   void RootOnClosed(const std::string& member_id, const std::shared_ptr<Connection>& conn);
   void RootTick();
   void RootNotifyParents(const std::vector<std::string>& ids, Outbox& out) REQUIRES(mu_);
   // t0: when Publish was called (NowS), before it waited for publish_mu_.
-  Status PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version)
-      REQUIRES(publish_mu_);
+  // supersede: renumber below HEAD into the next epoch (Agent::Supersede).
+  Status PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version,
+                       bool supersede = false) REQUIRES(publish_mu_);
   // The part of a publish after `next` is known (a checkpoint's or the
   // caller's tensors): sign and store (PublishVersion), offer it to the
   // trees, announce HEAD, then serve it here (Seed from seed_checkpoint,
@@ -337,6 +354,9 @@ class AgentImpl final : public Agent {
   // ---- root state (mu_) ----
   std::unique_ptr<Board> board_;
   std::unique_ptr<Election> election_;     // with board_etcd
+  // With board_etcd: the key-set chain beside the board (set in InitRoot,
+  // before any thread reads it), so a standby that takes over learns it.
+  std::unique_ptr<EtcdKeySets> board_key_sets_;
   std::atomic<bool> leadership_lost_{false};
   bool started_ GUARDED_BY(mu_) = false;  // Init finished: control traffic is served
   Status CampaignForRoot();
@@ -373,7 +393,22 @@ class AgentImpl final : public Agent {
   std::shared_ptr<Connection> root_conn_ GUARDED_BY(mu_);
   bool dialing_ GUARDED_BY(mu_) = false;
   uint64_t next_dial_us_ GUARDED_BY(mu_) = 0;
+  // The newest HEAD this member knows, by position (epoch, version): a
+  // supersede's HEAD has a higher epoch and a lower number.
   uint64_t known_head_ GUARDED_BY(mu_) = 0;
+  uint32_t known_head_epoch_ GUARDED_BY(mu_) = 0;
+  void NoteHeadLocked(uint32_t epoch, uint64_t version) REQUIRES(mu_) {
+    if (BoardPos{epoch, version} > BoardPos{known_head_epoch_, known_head_}) {
+      known_head_epoch_ = epoch;
+      known_head_ = version;
+    }
+  }
+  BoardPos KnownHeadLocked() const REQUIRES(mu_) { return {known_head_epoch_, known_head_}; }
+  // The position of version v as this agent knows it: the root's board's,
+  // or a member's accepted manifest's epoch, else the served epoch (numbers
+  // are unique in the board's log, so a number names one position).
+  BoardPos PosOfLocked(uint64_t v) const REQUIRES(mu_);
+  void TrimManifestsLocked() REQUIRES(mu_);
   std::string fetch_address_ GUARDED_BY(mu_);
   std::vector<std::string> join_addresses_ GUARDED_BY(mu_);  // --join, split at commas
   size_t join_index_ GUARDED_BY(mu_) = 0;                    // the one dialled next
@@ -406,25 +441,32 @@ class AgentImpl final : public Agent {
   // every other thread (Snapshot, heartbeats, transport callbacks) reads
   // these copies, never store_.
   uint64_t store_version_ GUARDED_BY(mu_) = 0;
+  uint32_t store_epoch_ GUARDED_BY(mu_) = 0;  // store_->epoch(), the served version's
   ViewDigest store_digest_ GUARDED_BY(mu_){};
   void NoteServedLocked() REQUIRES(mu_) {
     store_version_ = store_->version();
+    store_epoch_ = store_->epoch();
     store_digest_ = store_->digest();
   }
   // Relay-only (no store_): the newest version of which the relay holds an
   // object completely, verified.
   uint64_t held_version_ GUARDED_BY(mu_) = 0;
+  uint32_t held_epoch_ GUARDED_BY(mu_) = 0;  // held_version_'s board epoch
   // Under mu_: the version this member stands at, as the root, its parents
   // (SUBSCRIBE) and the replay check see it: what it serves, or for a
   // relay-only member what it holds.
   uint64_t VersionLocked() const REQUIRES(mu_) {
     return opt_.relay_only ? held_version_ : store_version_;
   }
-  // The board epoch of that version (docs/agent/board.md §4a). TODO: members
-  // do not follow a supersede yet (the view store keeps no epoch), so a
-  // member stands in epoch 0 and a beacon of a later epoch makes it stale,
-  // "superseded", until they do.
-  uint32_t ServedEpochLocked() const REQUIRES(mu_) { return 0; }
+  // The board epoch of that version (docs/agent/board.md §4a): the view
+  // store's, recorded beside DIR/current (views/state.json), so that a
+  // restarted member knows it; relay-only: the held version's manifest's.
+  uint32_t ServedEpochLocked() const REQUIRES(mu_) {
+    return opt_.relay_only ? held_epoch_ : store_epoch_;
+  }
+  // The position (epoch, version) this member stands at; positions only go
+  // up (a supersede: a higher epoch with a lower number).
+  BoardPos PosLocked() const REQUIRES(mu_) { return {ServedEpochLocked(), VersionLocked()}; }
   uint64_t dial_backoff_us_ GUARDED_BY(mu_) = 0;
   bool dial_failed_logged_ GUARDED_BY(mu_) = false;
   // Complete, verified objects waiting to be applied, by target version.

@@ -88,6 +88,16 @@ Status AgentImpl::RotateKeys(std::string_view signed_key_set, std::string_view s
   if (ks) {
     chain.emplace_back(signed_key_set);
     TERN_RETURN_IF_ERROR(WriteKeySetsFile(env_, opt_.data_dir + "/key-sets", chain));
+    // And beside the board in etcd, so a standby that takes over from here
+    // knows it. Refused when this root no longer leads: nothing is sent or
+    // signed then (a retry, or this root's next start as leader, writes it).
+    if (board_key_sets_) {
+      Status s = board_key_sets_->Put(ks->seq, signed_key_set);
+      if (!s.ok())
+        return Status(s.code(), "keys: key set " + std::to_string(ks->seq) +
+                                    " kept in DIR/key-sets but not on the board in etcd, not applied: " +
+                                    s.message());
+    }
   }
   const bool key_in_dir = opt_.signing_key_pem.empty();
   if (next && key_in_dir)

@@ -313,7 +313,9 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         joined_ = true;
         dial_backoff_us_ = kDialBackoffUsMin;
         dial_failed_logged_ = false;
-        known_head_ = std::max(known_head_, w->head);
+        // WELCOME carries HEAD's number only: its epoch comes with the
+        // signed HEAD the root sends next (a supersede's number is lower).
+        NoteHeadLocked(known_head_epoch_, w->head);
         fetch_address_ = w->fetch_address;
         stripes_ = w->stripes;
         Log("joined; HEAD " + std::to_string(w->head) +
@@ -348,9 +350,9 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         Log("ignoring a HEAD whose manifest does not verify: " +
             (m.ok() ? std::string("board or version mismatch") : m.status().ToString()));
       } else {
-        known_head_ = std::max(known_head_, h->head);
+        NoteHeadLocked(m->epoch, h->head);
         manifests_[h->head] = *m;
-        while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
+        TrimManifestsLocked();
         need_catch_up_check_ = true;
       }
     } else if (auto* beacon = std::get_if<Beacon>(&msg)) {
@@ -376,29 +378,54 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
   if (close) close->Close();
 }
 
+BoardPos AgentImpl::PosOfLocked(uint64_t v) const {
+  if (opt_.root && board_) {
+    if (auto pos = board_->PosOf(v); pos.ok()) return *pos;
+  }
+  if (auto it = manifests_.find(v); it != manifests_.end()) return {it->second.epoch, v};
+  return {ServedEpochLocked(), v};
+}
+
+// At most 64 manifests kept; the lowest position goes first (a supersede's
+// versions are numbered below the withdrawn ones, which must go before them).
+void AgentImpl::TrimManifestsLocked() {
+  while (manifests_.size() > 64) {
+    auto lowest = manifests_.begin();
+    for (auto it = manifests_.begin(); it != manifests_.end(); ++it)
+      if (BoardPos{it->second.epoch, it->first} < BoardPos{lowest->second.epoch, lowest->first})
+        lowest = it;
+    manifests_.erase(lowest);
+  }
+}
+
 bool AgentImpl::MemberAcceptManifest(const std::string&, const VersionManifest& m) {
   MutexLock lock(mu_);
-  // Replay protection: a version older than the one served is refused (a
-  // relay replaying an old, validly signed version cannot roll us back).
-  // The served version itself is accepted so that children still get it.
-  // A relay-only member applies nothing, but its children would refuse the
-  // same manifest: it neither holds nor forwards it.
-  if (m.version < VersionLocked()) {
-    Log("refusing a manifest for version " + std::to_string(m.version) + ": " +
-        (opt_.relay_only ? "holding " : "serving ") + std::to_string(VersionLocked()));
+  // Replay protection: a version at a lower position (epoch, version) than
+  // the one served is refused (a relay replaying an old, validly signed
+  // version cannot roll us back; docs/agent/board.md §4a: nor an old epoch,
+  // whatever its number). The served version itself is accepted so that
+  // children still get it. A relay-only member applies nothing, but its
+  // children would refuse the same manifest: it neither holds nor forwards it.
+  if (BoardPos{m.epoch, m.version} < PosLocked()) {
+    // Epochs named once there are any (the log line before them stays).
+    const bool epochs = m.epoch != 0 || ServedEpochLocked() != 0;
+    auto of = [&](uint32_t e) { return epochs ? " of epoch " + std::to_string(e) : std::string(); };
+    Log("refusing a manifest for version " + std::to_string(m.version) + of(m.epoch) + ": " +
+        (opt_.relay_only ? "holding " : "serving ") + std::to_string(VersionLocked()) +
+        of(ServedEpochLocked()));
     return false;
   }
-  known_head_ = std::max(known_head_, m.version);
+  NoteHeadLocked(m.epoch, m.version);
   // Its model files are applied with it (MemberModelFiles).
   manifests_[m.version] = m;
-  while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
+  TrimManifestsLocked();
   return true;
 }
 
 void AgentImpl::MemberObjectComplete(const ObjectRef& ref, const std::string& path) {
   {
     MutexLock lock(mu_);
-    if (ref.to <= store_version_) return;  // already there (caught up meanwhile)
+    if (PosOfLocked(ref.to) <= PosLocked()) return;  // already there (caught up meanwhile)
     // Keep the cheapest route to each target: a patch beats a keyframe.
     auto it = ready_.find(ref.to);
     if (it == ready_.end() || (it->second.first.kind == ObjectKind::kKeyframe && ref.kind != ObjectKind::kKeyframe))
@@ -417,8 +444,9 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
   {
     MutexLock lock(mu_);
     relay_held_.insert(ref);
-    if (ref.to > held_version_) {
+    if (PosOfLocked(ref.to) > PosLocked()) {
       newer = true;
+      held_epoch_ = PosOfLocked(ref.to).epoch;
       held_version_ = ref.to;
       ForgetOldObjectsLocked(held_version_, 4);
       // The root's lag for this member follows at once.
@@ -436,7 +464,9 @@ void AgentImpl::MemberTryApply() {
     std::pair<ObjectRef, std::string> next;
     {
       MutexLock lock(mu_);
-      while (!ready_.empty() && ready_.begin()->first <= store_version_) ready_.erase(ready_.begin());
+      // What no longer leads past the served position (by epoch and number).
+      for (auto it = ready_.begin(); it != ready_.end();)
+        it = PosOfLocked(it->first) <= PosLocked() ? ready_.erase(it) : std::next(it);
       auto pick = ready_.end();
       for (auto it = ready_.begin(); it != ready_.end(); ++it) {
         const ObjectRef& r = it->second.first;
@@ -526,12 +556,23 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
       for (const TensorPatchInfo& t : (*head)->tensors) view_bytes += DTypeBytes(t.dtype, t.elements);
     }
   }
+  // The epoch the object leads to, from its signed manifest (accepted
+  // before its bytes were): a supersede's patch runs backwards into it.
+  uint32_t epoch = 0;
+  const uint64_t before = store_->version();
+  {
+    MutexLock lock(mu_);
+    auto m = manifests_.find(ref.to);
+    TERN_REQUIRE(m != manifests_.end(), kNotFound, "no signed manifest of version ", ref.to,
+                 " is held for ", ObjectName(ref));
+    epoch = m->second.epoch;
+  }
   WaitEngineOffSpare();
   if (ref.kind == ObjectKind::kKeyframe) {
-    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files));
+    TERN_RETURN_IF_ERROR(store_->InstallKeyframe(bytes, ref.to, files, epoch));
   } else {
     // Finishes the stream of this patch, if one began (or drops another's).
-    Status s = store_->Advance(bytes, files);
+    Status s = store_->Advance(bytes, files, epoch);
     stream_file_.reset();
     TERN_RETURN_IF_ERROR(s);
   }
@@ -549,6 +590,15 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
       waited_s = t0 - it->second;
     complete_at_s_.erase(complete_at_s_.begin(), complete_at_s_.upper_bound(store_->version()));
     NoteServedLocked();
+    // A re-base onto a supersede's lower number: our parents offer what
+    // lies above the version we subscribed with (numbers), so subscribe
+    // again with the new one (docs/agent/board.md §4a).
+    if (store_version_ < before) {
+      for (auto& r : parent_redial_) ParentAssigned(r);
+      Log("re-based from version " + std::to_string(before) + " to " +
+          std::to_string(store_version_) + " of epoch " + std::to_string(store_epoch_) +
+          "; subscribing to our parents again");
+    }
     last_apply_s_ = dt;
     NoteApplyRateLocked(format, view_bytes, dt, prepared);
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
@@ -570,7 +620,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
 void AgentImpl::NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s,
                                     bool prepared) {
   if ((format != 1 && format != 2) || view_bytes == 0 || !(apply_s > 0)) return;
-  apply_rate_[format - 1].Note(double(view_bytes) / apply_s, prepared);
+  NoteApplyRate(apply_rate_, format, double(view_bytes) / apply_s, prepared);
 }
 
 void AgentImpl::MemberSeed(const VersionManifest& m) {
@@ -580,7 +630,8 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
   // nothing.
   auto files = MemberModelFiles(m.version);
   WaitEngineOffSpare();
-  Status s = files.ok() ? store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest, *files)
+  Status s = files.ok() ? store_->Seed(opt_.seed_checkpoint, m.version, m.target_digest, *files,
+                                       m.epoch)
                         : files.status();
   Outbox out;
   {
@@ -646,8 +697,8 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
     // Their model files are applied with them (MemberModelFiles).
     MutexLock lock(mu_);
     for (const VersionManifest& m : manifests)
-      if (m.version >= store_version_) manifests_[m.version] = m;
-    while (manifests_.size() > 64) manifests_.erase(manifests_.begin());
+      if (BoardPos{m.epoch, m.version} >= PosLocked()) manifests_[m.version] = m;
+    TrimManifestsLocked();
   }
   bool seed = false;
   {
@@ -672,7 +723,7 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
       // The tree may have moved us on meanwhile: skip what no longer fits
       // (the periodic check asks again if the rest does not come).
       MutexLock lock(mu_);
-      if (ref.to <= store_version_) continue;
+      if (PosOfLocked(ref.to) <= PosLocked()) continue;
       if (ref.kind != ObjectKind::kKeyframe && ref.from != store_version_) break;
     }
     const ManifestObject* entry = nullptr;
@@ -715,7 +766,11 @@ std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64
   std::vector<ObjectRef> forgotten;
   if (!relay_) return forgotten;
   for (auto it = relay_held_.begin(); it != relay_held_.end();) {
-    if (it->to + keep_versions <= served) {
+    // By number within the served epoch; everything leading to a version
+    // of an older epoch (withdrawn by a supersede, docs/agent/board.md §4a)
+    // too: the supersede's own patch leads into the served epoch and stays.
+    const uint32_t epoch = PosOfLocked(it->to).epoch;
+    if (epoch < ServedEpochLocked() || (epoch == ServedEpochLocked() && it->to + keep_versions <= served)) {
       // A member's copy is unlinked here; the relay keeps its mapping until
       // the last send of it completes (Forget), so a child being fed loses
       // nothing. The root's objects are the board's (its retention).
@@ -818,14 +873,20 @@ void AgentImpl::MemberTick() {
           catch_up = true;
         }
       } else if ((need_catch_up_check_ || now_us > catch_up_next_us_) && !catching_up_ &&
-                 !opt_.relay_only && known_head_ > store_version_) {
+                 !opt_.relay_only && KnownHeadLocked() > PosLocked()) {
         catch_up_next_us_ = now_us + 2'000'000;
-        // The tree brings HEAD when we serve HEAD-1 (or hold the patches
-        // that lead there); anything older is caught up from the board.
+        // The tree brings HEAD when we serve HEAD's parent (HEAD-1 within
+        // an epoch; a supersede's parent is the withdrawn HEAD), or hold the
+        // patches that lead there; anything older is caught up from the board.
         uint64_t reach = store_version_;
         for (auto& [v, o] : ready_)
           if (o.first.from == reach || o.first.kind == ObjectKind::kKeyframe) reach = v;
-        if (reach + 1 < known_head_) {
+        auto head = manifests_.find(known_head_);
+        const bool near = head != manifests_.end()
+                              ? reach == known_head_ || head->second.parent == reach
+                              : PosOfLocked(reach).epoch == known_head_epoch_ &&
+                                    reach + 1 >= known_head_;
+        if (!near) {
           Send(out, root_conn_, CatchUpRequest{store_version_, known_head_});
           catching_up_ = true;
           catch_up_deadline_us_ = now_us + 60'000'000;

@@ -139,9 +139,10 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
   const size_t n = parents_.parents.size();
   if (watch_.size() != n) watch_.assign(n, StripeWatch{});
   const uint64_t now = clock_.NowUs();
-  bool due = known_head_ > VersionLocked() && !catching_up_;
-  for (const auto& ref : relay_held_) due &= ref.to < known_head_;
-  for (const auto& [v, o] : ready_) due &= v < known_head_;
+  const BoardPos head = KnownHeadLocked();
+  bool due = head > PosLocked() && !catching_up_;
+  for (const auto& ref : relay_held_) due &= PosOfLocked(ref.to) < head;
+  for (const auto& [v, o] : ready_) due &= PosOfLocked(v) < head;
   const auto stats = relay_->Stats();
   for (uint32_t s = 0; s < n; ++s) {
     StripeWatch& w = watch_[s];

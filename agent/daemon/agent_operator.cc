@@ -157,6 +157,8 @@ Status Post(const std::string& admin_address, std::string_view path, const nlohm
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminPost(admin_address, path, body.dump(), o).status();
 }

@@ -72,52 +72,83 @@ std::shared_ptr<const ManifestSigner> AgentImpl::Signer() const {
 }
 
 // The chain after key set 0: first what this root applied before
-// (DIR/key-sets: earlier --key-set flags and POST /keys/rotate), then the
-// --key-set flags it does not hold yet. A flag repeating a key set it holds
-// must be that key set byte for byte (two different key sets of one number
-// are a fork of the chain: refused).
-Status AgentImpl::ApplyRootKeySets() {
+// (DIR/key-sets: earlier --key-set flags and POST /keys/rotate), then, with
+// a board in etcd, what the board holds beyond that (a standby taking over
+// learns what its predecessor applied), then the --key-set flags it does
+// not hold yet. A key set repeating one it holds must be that key set byte
+// for byte (two different key sets of one number are a fork of the chain:
+// refused). Each is verified against the set before it as it is applied.
+Result<AgentImpl::RootKeyChain> AgentImpl::CollectRootKeySets(ManifestVerifier& v) {
+  RootKeyChain chain;
+  auto apply = [&](const std::string& entry, const std::string& from) -> Status {
+    auto ks = ApplyKeySet(v, entry);
+    if (!ks.ok()) return Status(ks.status().code(), "agent: " + from + ": " + ks.status().message());
+    chain.sets.push_back(entry);
+    chain.decoded.push_back(std::move(ks).value());
+    return Status::Ok();
+  };
+  // One already held under its number must be that one, byte for byte.
+  auto same = [&](size_t seq, const std::string& entry, const std::string& from) -> Status {
+    TERN_REQUIRE(chain.sets[seq - 1] == entry, kMismatch, "agent: ", from, " is key set ", seq,
+                 ", which differs from the key set ", seq, " held before it: two key sets of one number");
+    return Status::Ok();
+  };
   const std::string path = opt_.data_dir + "/key-sets";
   TERN_ASSIGN_OR_RETURN(KeySetsFile stored, ReadKeySetsFile(env_, path));
   if (!stored.rest.ok())
     return Status(stored.rest.code(), "agent: " + stored.rest.message() +
                                           " (restore it, or move it away and give the chain with --key-set)");
-  std::vector<std::string> chain;
-  for (size_t i = 0; i < stored.key_sets.size(); ++i) {
-    auto ks = ApplyKeySet(verifier_, stored.key_sets[i]);
-    if (!ks.ok())
-      return Status(ks.status().code(), "agent: key set #" + std::to_string(i + 1) + " of " + path + ": " +
-                                            ks.status().message());
-    chain.push_back(stored.key_sets[i]);
+  for (size_t i = 0; i < stored.key_sets.size(); ++i)
+    TERN_RETURN_IF_ERROR(apply(stored.key_sets[i], "key set #" + std::to_string(i + 1) + " of " + path));
+  chain.in_dir = chain.sets.size();
+  if (board_key_sets_) {
+    auto board_chain = board_key_sets_->Load();
+    if (!board_chain.ok()) return board_chain.status().WithContext("agent: the board's key sets in etcd");
+    chain.on_board = board_chain->size();
+    for (size_t i = 0; i < board_chain->size(); ++i) {
+      const std::string from = "key set " + std::to_string(i + 1) + " of the board in etcd";
+      if (i < chain.sets.size()) {
+        TERN_RETURN_IF_ERROR(same(i + 1, (*board_chain)[i], from));
+      } else {
+        TERN_RETURN_IF_ERROR(apply((*board_chain)[i], from));
+      }
+    }
   }
-  if (!chain.empty())
-    Log("key set " + std::to_string(verifier_.key_set_seq()) + " from " + path);
-  const size_t held = chain.size();
   for (size_t i = 0; i < opt_.key_sets.size(); ++i) {
     const std::string& flag = opt_.key_sets[i];
-    auto seen = VerifyKeySet(verifier_, flag);
-    if (seen.ok() && seen->seq >= 1 && seen->seq <= chain.size()) {
-      TERN_REQUIRE(chain[seen->seq - 1] == flag, kMismatch, "agent: key set #", i + 1,
-                   " of --key-set is key set ", seen->seq, ", which differs from the key set ", seen->seq,
-                   " in ", path, " (applied earlier): two key sets of one number");
+    const std::string from = "key set #" + std::to_string(i + 1) + " of --key-set";
+    auto seen = VerifyKeySet(v, flag);
+    if (seen.ok() && seen->seq >= 1 && seen->seq <= chain.sets.size()) {
+      TERN_RETURN_IF_ERROR(same(seen->seq, flag, from));
       continue;
     }
-    auto ks = ApplyKeySet(verifier_, flag);
-    if (!ks.ok())
-      return Status(ks.status().code(), "agent: key set #" + std::to_string(i + 1) +
-                                            " of --key-set: " + ks.status().message());
-    Log("key set " + std::to_string(ks->seq) + ": " + std::to_string(ks->keys.size()) +
-        " keys, " + std::to_string(ks->revoked.size()) + " revoked");
-    chain.push_back(flag);
+    TERN_RETURN_IF_ERROR(apply(flag, from));
+  }
+  return chain;
+}
+
+Status AgentImpl::ApplyRootKeySets(const RootKeyChain& chain) {
+  for (size_t i = 0; i < chain.sets.size(); ++i) {
+    auto ks = ApplyKeySet(verifier_, chain.sets[i]);
+    if (!ks.ok()) return Status(ks.status().code(), "agent: key set " + std::to_string(i + 1) + ": " + ks.status().message());
+    const char* from = i < chain.in_dir ? " from DIR/key-sets" : i < chain.on_board ? " from the board in etcd" : "";
+    Log("key set " + std::to_string(ks->seq) + from + ": " + std::to_string(ks->keys.size()) + " keys, " +
+        std::to_string(ks->revoked.size()) + " revoked");
   }
   const auto signer = Signer();
   TERN_REQUIRE(verifier_.Trusts(signer->key_id()), kInvalidArgument,
                "agent: the signing key (key id ", KeyIdHex(signer->key_id()),
                ") is not an active, unexpired key of key set ", verifier_.key_set_seq(),
                ": sign with a key the last key set lists");
-  if (chain.size() > held) TERN_RETURN_IF_ERROR(WriteKeySetsFile(env_, path, chain));
+  if (chain.sets.size() > chain.in_dir)
+    TERN_RETURN_IF_ERROR(WriteKeySetsFile(env_, opt_.data_dir + "/key-sets", chain.sets));
+  if (board_key_sets_)
+    for (size_t i = chain.on_board; i < chain.sets.size(); ++i) {
+      Status s = board_key_sets_->Put(i + 1, chain.sets[i]);
+      if (!s.ok()) return s.WithContext("agent: keeping key set " + std::to_string(i + 1) + " on the board in etcd");
+    }
   MutexLock lock(mu_);
-  root_key_sets_ = std::move(chain);
+  root_key_sets_ = chain.sets;
   return Status::Ok();
 }
 
@@ -153,17 +184,25 @@ Status AgentImpl::InitRoot() {
   const auto signer_now = Signer();
   const std::string key0_path = opt_.data_dir + "/key-set-0.pub";
   TERN_ASSIGN_OR_RETURN(FileType key0_type, env_.TypeOf(key0_path, true));
+  // chain_verifier: the same key set 0, to walk the chain on before the
+  // board is opened (below).
+  ManifestVerifier chain_verifier;
+  chain_verifier.SetWallClock([this] { return WallUnixMs(); });
+  for (const auto& pem : opt_.trusted_keys_pem) TERN_RETURN_IF_ERROR(chain_verifier.AddTrustedKeyPem(pem));
+  auto trust_in_set0 = [&](const std::array<uint8_t, 32>& key) -> Status {
+    for (ManifestVerifier* v : {&verifier_, &chain_verifier})
+      if (!v->Trusts(KeyIdOf(key))) TERN_RETURN_IF_ERROR(v->AddTrustedKey(key));
+    return Status::Ok();
+  };
   if (key0_type == FileType::kRegular) {
     std::string key0_pem;
     TERN_RETURN_IF_ERROR(ReadFileToString(env_, key0_path, 64 << 10, &key0_pem));
     auto key0 = Ed25519PublicKeyFromPem(key0_pem);
     if (!key0.ok()) return Status(key0.status().code(), "agent: " + key0_path + ": " + key0.status().message());
-    if (!verifier_.Trusts(KeyIdOf(*key0))) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(*key0));
+    TERN_RETURN_IF_ERROR(trust_in_set0(*key0));
   }
-  if (!verifier_.Trusts(signer_now->key_id())) {
-    TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(signer_now->public_key()));
-    if (key0_type != FileType::kRegular) root_key0_ = signer_now;
-  }
+  if (!verifier_.Trusts(signer_now->key_id()) && key0_type != FileType::kRegular) root_key0_ = signer_now;
+  TERN_RETURN_IF_ERROR(trust_in_set0(signer_now->public_key()));
 
   std::unique_ptr<BoardLog> log;
   if (election_) {
@@ -174,18 +213,33 @@ Status AgentImpl::InitRoot() {
     lo.fence = election_->Fence();  // a deposed root's late write fails in etcd
     TERN_ASSIGN_OR_RETURN(auto etcd_log, EtcdBoardLog::Open(etcd, lo));
     log = std::move(etcd_log);
+    EtcdKeySetsOptions ko;
+    ko.prefix = lo.prefix;
+    ko.fence = lo.fence;
+    ko.max_key_sets = kMaxControlKeySets;
+    ko.max_key_set_bytes = kMaxSignedKeySetBytes;
+    TERN_ASSIGN_OR_RETURN(board_key_sets_, EtcdKeySets::Open(etcd, ko));
   } else {
     TERN_ASSIGN_OR_RETURN(log, OpenFileBoardLog(env_, opt_.data_dir + "/board"));
   }
+  // The board's history was signed by keys of set 0 and by keys the chain
+  // listed later (a standby taking over after a rotation signs with such a
+  // key and reads what its predecessor signed): the chain is walked on
+  // chain_verifier, each set verified against the one before, and the keys
+  // it lists are trusted for the history. What comes after the board is
+  // open is judged by the last set alone (ApplyRootKeySets, below).
+  TERN_ASSIGN_OR_RETURN(RootKeyChain chain, CollectRootKeySets(chain_verifier));
+  for (const KeySet& ks : chain.decoded)
+    for (const TrustedKey& k : ks.keys)
+      if (!verifier_.Trusts(KeyIdOf(k.public_key))) TERN_RETURN_IF_ERROR(verifier_.AddTrustedKey(k.public_key));
+
   BoardOptions board_options;
   board_options.keep_patches = opt_.keep_patches;
   board_options.keyframe_every = opt_.keyframe_every;
   TERN_RETURN_IF_ERROR(CreateDirs(env_, published_dir_));
   TERN_ASSIGN_OR_RETURN(board_, Board::Open(env_, published_dir_, std::move(log), verifier_,
                                             board_options, log_));
-  // The board's records were verified under key set 0 (they were signed
-  // before any later set); what comes after is judged by the last one.
-  TERN_RETURN_IF_ERROR(ApplyRootKeySets());
+  TERN_RETURN_IF_ERROR(ApplyRootKeySets(chain));
   if (board_->head() != store_->version())
     Log("board HEAD " + std::to_string(board_->head()) + " but DIR/current serves " +
         std::to_string(store_->version()));
@@ -286,9 +340,13 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
                  r != removed_until_us_.end() && clock_.NowUs() < r->second) {
         why = "member " + hello->member.id + " was removed by an operator; it may rejoin in " +
               std::to_string((r->second - clock_.NowUs()) / 1000) + " ms";
-      } else if (hello->served_version > board_->head()) {
+      } else if (hello->served_version > board_->head() && !board_->PosOf(hello->served_version).ok()) {
+        // Above HEAD's number is fine for a version the log holds: one a
+        // supersede withdrew (docs/agent/board.md §4a); catch-up plans from
+        // its position. Any other number was never published here.
         why = "member serves version " + std::to_string(hello->served_version) +
-              ", newer than this board's HEAD " + std::to_string(board_->head());
+              ", newer than this board's HEAD " + std::to_string(board_->head()) +
+              " and not in its log";
       } else {
         std::vector<std::string> notify;
         Status s = membership_->Join(hello->member, hello->served_version, clock_.NowUs(), &notify);
@@ -307,6 +365,12 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
           // Before any HEAD or catch-up: the member verifies those with the
           // keys this chain leads to.
           if (!root_key_sets_.empty()) Send(out, conn, KeySets{root_key_sets_});
+          // HEAD's signed manifest: its epoch, which WELCOME does not carry
+          // (after a supersede HEAD's number may be below the member's).
+          if (board_->head() != 0) {
+            const std::vector<std::string> head = board_->SignedManifests(board_->head());
+            if (!head.empty()) Send(out, conn, Head{board_->head(), head.front()});
+          }
           next_beacon_us_ = 0;  // its first beacon at the next tick, in sequence
           RootNotifyParents(notify, out);
           EmitMember(AgentEvent::Kind::kMemberJoined, *member_id);
@@ -322,7 +386,15 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
     } else if (auto* hb = std::get_if<Heartbeat>(&msg)) {
       if (membership_->Heartbeat(*member_id, *hb, clock_.NowUs()).ok()) {
         const double now = NowS();
+        // Served by position: a member on a withdrawn number (above a
+        // supersede's) has not served the versions below it.
+        const auto served_pos = board_->PosOf(hb->served_version);
         for (auto it = waiting_.begin(); it != waiting_.end() && it->first <= hb->served_version;) {
+          if (auto pos = board_->PosOf(it->first);
+              served_pos.ok() && pos.ok() && *pos > *served_pos) {
+            ++it;
+            continue;
+          }
           auto& vs = versions_[it->first];
           if (it->second.erase(*member_id) && vs.first_served_s < 0) vs.first_served_s = now - vs.published_at_s;
           if (it->second.empty()) {
@@ -359,7 +431,9 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
             return;
           }
         }
-        if (r.target > r.have) {
+        // By position, not number: after a supersede the target's number
+        // may be below have's (PlanCatchUp refuses a member ahead).
+        if (r.target != r.have) {
           auto plan = board_->PlanCatchUp(r.have, r.target, [&](uint64_t from, uint64_t to) {
             return MakeSquash(*board_, *Signer(), from, to, po, pool_).status();
           });
@@ -494,6 +568,27 @@ Status AgentImpl::Publish(const std::string& checkpoint_path, uint64_t version) 
   return PublishLocked(t0, checkpoint_path, version);
 }
 
+Status AgentImpl::Supersede(const std::string& checkpoint_path, uint64_t version) {
+  TERN_REQUIRE(opt_.root, kInvalidArgument, "supersede: this agent is not the root");
+  TERN_REQUIRE(!leadership_lost_, kUnavailable, "supersede: this root no longer leads the board");
+  const double t0 = NowS();
+  MutexLock publish_lock(publish_mu_);
+  return PublishLocked(t0, checkpoint_path, version, /*supersede=*/true);
+}
+
+Status AgentImpl::AdmitSupersede(uint64_t version) const {
+  const BoardPos head = board_->head_pos();
+  TERN_REQUIRE(head.version != 0, kInvalidArgument, "supersede: the board is empty; publish version ",
+               version, " without --supersede");
+  TERN_REQUIRE(version != 0 && version < head.version, kInvalidArgument, "supersede: version ",
+               version, " is not below HEAD ", head.version,
+               " (a supersede renumbers downwards; a version above HEAD is an ordinary publish)");
+  TERN_REQUIRE(!board_->PosOf(version).ok(), kAlreadyExists, "supersede: version ", version,
+               " is in the board's log already (numbers are never used twice while the log holds "
+               "them); choose a number the log does not hold");
+  return Status::Ok();
+}
+
 Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish_tensors: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish_tensors: this root no longer leads the board");
@@ -518,9 +613,17 @@ Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTens
                            /*seed_checkpoint=*/"", options, {});
 }
 
-Status AgentImpl::PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version) {
-  TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish: version ", version,
-               " is not newer than HEAD ", board_->head());
+Status AgentImpl::PublishLocked(double t0, const std::string& checkpoint_path, uint64_t version,
+                                bool supersede) {
+  if (supersede) {
+    TERN_RETURN_IF_ERROR(AdmitSupersede(version));
+  } else {
+    TERN_REQUIRE(version > board_->head(), kInvalidArgument, "publish: version ", version,
+                 " is not newer than HEAD ", board_->head(),
+                 board_->head() > version + 1 ? " (a wrong HEAD is withdrawn by a supersede: "
+                                                "docs/agent/operations.md)"
+                                              : "");
+  }
   OpenOptions open;
   open.env = &env_;
   TERN_ASSIGN_OR_RETURN(auto next, Checkpoint::Open(checkpoint_path, open));
@@ -531,12 +634,18 @@ Status AgentImpl::PublishLocked(double t0, const std::string& checkpoint_path, u
   // by the soak, docs/soak.md). It publishes a keyframe on top of HEAD, like
   // a root that holds no view.
   std::unique_ptr<Checkpoint> prev;
-  if (store_->version() != 0 && store_->version() == board_->head()) {
+  if (store_->version() != 0 && store_->version() == board_->head() &&
+      store_->epoch() == board_->head_pos().epoch) {
     TERN_ASSIGN_OR_RETURN(prev, Checkpoint::Open(store_->current_path(), open));
   }
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
   if (opt_.patch_format != 0) options.format_version = opt_.patch_format;
+  // A supersede is the backwards patch(HEAD -> version) from HEAD's view.
+  options.supersede = supersede;
+  TERN_REQUIRE(!supersede || prev, kUnavailable, "supersede: this root does not serve HEAD ",
+               board_->head(), " (it serves ", store_->version(),
+               "); a supersede diffs from HEAD's view: publish once from this root first");
   // A root that took over the board does not hold HEAD's view: its first
   // version is a keyframe on top of HEAD (members apply it like any other).
   options.keyframe_only = !prev && board_->head() != 0;
@@ -714,7 +823,8 @@ Status AgentImpl::ServeOwnLocked(uint64_t version, const PublishResult& result,
                                  const std::string& seed_checkpoint,
                                  const std::vector<SlotFile>& slot_files) {
   if ((store_->version() == 0 || !patch) && !seed_checkpoint.empty())
-    return store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files);
+    return store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files,
+                        result.manifest.epoch);
   if (store_->version() == 0 || !patch) {
     // From memory: the keyframe just written is the view, checked against
     // the signed target digest as it is installed.
@@ -724,10 +834,11 @@ Status AgentImpl::ServeOwnLocked(uint64_t version, const PublishResult& result,
     TERN_REQUIRE(keyframe != refs.end(), kInternal, "publish: version ", version,
                  " has neither a patch nor a keyframe");
     TERN_ASSIGN_OR_RETURN(auto object, env_.Map(board_->ObjectPath(*keyframe), MapMode::kReadOnly));
-    return store_->InstallKeyframe(object->bytes(), version, slot_files);
+    return store_->InstallKeyframe(object->bytes(), version, slot_files, result.manifest.epoch);
   }
   TERN_ASSIGN_OR_RETURN(auto object, env_.Map(board_->ObjectPath(*patch), MapMode::kReadOnly));
-  return store_->Advance(object->bytes(), slot_files);
+  // A supersede's patch runs backwards into the next epoch (§4a).
+  return store_->Advance(object->bytes(), slot_files, result.manifest.epoch);
 }
 
 }  // namespace tern::agent

@@ -43,8 +43,10 @@ AgentSnapshot AgentImpl::Snapshot() const {
   s.served_version = store_version_;  // 0 without a store (relay-only)
   s.served_digest = store_digest_;
   s.held_version = VersionLocked();
+  s.served_epoch = ServedEpochLocked();
   if (opt_.root) {
     s.head = board_ ? board_->head() : 0;
+    s.head_epoch = board_ ? board_->head_pos().epoch : 0;
     s.joined = true;
     const uint64_t now_us = clock_.NowUs();
     for (const auto& [id, rec] : membership_->members()) {
@@ -85,6 +87,7 @@ AgentSnapshot AgentImpl::Snapshot() const {
     for (const auto& [v, vs] : versions_) s.versions.push_back(vs);
   } else {
     s.head = known_head_;
+    s.head_epoch = known_head_epoch_;
     s.joined = joined_;
     if (!parents_.parents.empty()) s.parent = parents_.parents[0].id;
   }
@@ -112,6 +115,8 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
   if (!s.intra_address.empty()) j["listen_intra"] = s.intra_address;
   j["head"] = s.head;
   j["served_version"] = s.served_version;
+  j["head_epoch"] = s.head_epoch;
+  j["served_epoch"] = s.served_epoch;
   if (s.relay_only) j["held_version"] = s.held_version;
   j["joined"] = s.joined;
   if (!s.root) j["parent"] = s.parent;
@@ -357,7 +362,7 @@ std::string AgentImpl::MetricsText() const {
 // HEAD unless forced. Returns the path to read: the resolved one, so that a
 // link swapped after this check cannot lead outside.
 Result<std::string> AgentImpl::AdmitAdminPublish(const std::string& checkpoint, uint64_t version,
-                                                 bool force) const {
+                                                 const PublishFlags& flags) const {
   std::string path = checkpoint;
   if (!opt_.publish_dir.empty()) {
     char dir[PATH_MAX], real[PATH_MAX];
@@ -370,6 +375,14 @@ Result<std::string> AgentImpl::AdmitAdminPublish(const std::string& checkpoint, 
                  " is outside the publish directory ", opt_.publish_dir);
     path = real;
   }
+  // A supersede goes down, bounded by its own rules (docs/agent/board.md
+  // §4a), checked again under the publisher's lock when it runs.
+  if (flags.supersede) {
+    TERN_REQUIRE(board_, kUnavailable, "supersede: the board is not open");
+    TERN_RETURN_IF_ERROR(AdmitSupersede(version));
+    return path;
+  }
+  const bool force = flags.force;
   const uint64_t head = board_ ? board_->head() : 0;
   TERN_REQUIRE(force || opt_.max_version_jump == 0 || version <= head ||
                    version - head <= opt_.max_version_jump,
@@ -381,8 +394,10 @@ Result<std::string> AgentImpl::AdmitAdminPublish(const std::string& checkpoint, 
 
 Status AgentImpl::StartAdmin() {
   if (opt_.admin_listen.empty()) {
-    TERN_REQUIRE(opt_.admin_tls_cert_pem.empty() && opt_.admin_tls_key_pem.empty(),
-                 kInvalidArgument, "admin: a TLS certificate or key is given but no admin address");
+    TERN_REQUIRE(opt_.admin_tls_cert_pem.empty() && opt_.admin_tls_key_pem.empty() &&
+                     opt_.admin_tls_client_ca_pem.empty(),
+                 kInvalidArgument,
+                 "admin: a TLS certificate, key or client CA is given but no admin address");
     return Status::Ok();
   }
   std::vector<AdminRoute> routes;
@@ -393,15 +408,17 @@ Status AgentImpl::StartAdmin() {
   routes.push_back(EventsRoute());
   if (opt_.root) {
     publish_jobs_ =
-        std::make_unique<PublishJobs>([this](const std::string& checkpoint, uint64_t version) {
-          return Publish(checkpoint, version);
-        });
+        std::make_unique<PublishJobs>(
+            [this](const std::string& checkpoint, uint64_t version, bool supersede) {
+              return supersede ? Supersede(checkpoint, version) : Publish(checkpoint, version);
+            });
     // Half the admin deadline: a publish that ends within it answers at
     // once; a longer one answers 202 and the client polls GET /publish.
     for (AdminRoute& r :
          publish_jobs_->Routes(AdminOptions{}.request_timeout_ms / 2,
-                               [this](const std::string&checkpoint, uint64_t version, bool force) {
-                                 return AdmitAdminPublish(checkpoint, version, force);
+                               [this](const std::string& checkpoint, uint64_t version,
+                                      const PublishFlags& flags) {
+                                 return AdmitAdminPublish(checkpoint, version, flags);
                                }))
       routes.push_back(std::move(r));
     for (AdminRoute& r : OperatorRoutes()) routes.push_back(std::move(r));
@@ -433,9 +450,9 @@ Status AgentImpl::StartAdmin() {
   ao.address = opt_.admin_listen;
   ao.token = opt_.admin_token;
   ao.tls_cert_pem = opt_.admin_tls_cert_pem;
+  ao.tls_client_ca_pem = opt_.admin_tls_client_ca_pem;
   ao.tls_key_pem = opt_.admin_tls_key_pem;
   ao.log = log_;
-  if (opt_.root) ao.max_body_bytes = kMaxRankPartRouteBytes;  // a rank's part is one body
   TERN_ASSIGN_OR_RETURN(admin_, AdminServer::Start(ao, std::move(routes)));
   // With TLS the address says so: it is what clients dial.
   admin_address_ = (tls ? "https://" : "") + admin_->address();
@@ -451,7 +468,12 @@ Status PublishToRoot(const std::string& admin_address, const std::string& checkp
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
-  return agent::PublishAndWait(admin_address, checkpoint_path, version, options.force, o,
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
+  agent::PublishFlags flags;
+  flags.force = options.force;
+  flags.supersede = options.supersede;
+  return agent::PublishAndWait(admin_address, checkpoint_path, version, flags, o,
                                options.timeout_ms);
 }
 
@@ -459,6 +481,8 @@ Result<std::string> AgentStatusJson(const std::string& admin_address, const Agen
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/status", o);
 }
@@ -467,6 +491,8 @@ Result<std::string> AgentMetricsText(const std::string& admin_address, const Age
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/metrics", o);
 }
@@ -476,6 +502,8 @@ Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
   o.timeout_ms = options.timeout_ms;
   return agent::AdminGet(admin_address, "/publish", o);
 }
@@ -486,6 +514,8 @@ Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t a
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
   // The long poll runs inside the request: give the reply that long on top.
   o.timeout_ms = options.timeout_ms + timeout_ms;
   return agent::AdminGet(admin_address,

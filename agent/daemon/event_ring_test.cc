@@ -119,20 +119,24 @@ TEST_F(ServeHookTest, RunsForTheNewestWithTheEvent) {
   AgentEvent joined;
   joined.kind = AgentEvent::Kind::kMemberJoined;
   ring.Push(joined);
-  ring.Push(Served(3, "/data/views/b"));
-  ServeHook hook(
-      ring,
-      "cat > " + out + ".json; echo \"$TERN_EVENT_VERSION $TERN_EVENT_SLOT_DIR\" > " + out + ".env",
-      10000, Log());
+  AgentEvent third = Served(3, "/data/views/b");
+  third.epoch = 2;  // after two supersedes (docs/agent/board.md §4a)
+  ring.Push(third);
+  ServeHook hook(ring,
+                 "cat > " + out +
+                     ".json; echo \"$TERN_EVENT_VERSION $TERN_EVENT_SLOT_DIR $TERN_EVENT_EPOCH\" > " +
+                     out + ".env",
+                 10000, Log());
   hook.Start();
   ASSERT_TRUE(WaitFor([&] { return hook.counts().ok.load() == 1; }, 10));
   EXPECT_EQ(hook.counts().coalesced.load(), 2u);
   auto j = nlohmann::json::parse(tern::testing::Slurp(out + ".json"));
   EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["epoch"], 2);
   EXPECT_EQ(j["kind"], "version_served");
   EXPECT_EQ(j["slot_dir"], "/data/views/b");
   EXPECT_EQ(j["changed_tensors"], nlohmann::json::array({"layer.0.w"}));
-  EXPECT_EQ(tern::testing::Slurp(out + ".env"), "3 /data/views/b\n");
+  EXPECT_EQ(tern::testing::Slurp(out + ".env"), "3 /data/views/b 2\n");
   // A later version runs again.
   ring.Push(Served(4));
   ASSERT_TRUE(WaitFor([&] { return hook.counts().ok.load() == 2; }, 10));

@@ -1,8 +1,8 @@
 // DIR/key-sets: the signed key sets an agent applied after key set 0, in
 // order, so that a restart does not bring a revoked key back (a member: what
-// the root sent; the root: --key-set and POST /keys/rotate). Each entry is a
-// u32 length (little-endian) and the signed key set; at most
-// kMaxControlKeySets entries, each at most kMaxSignedKeySetBytes.
+// the root sent; the root: --key-set, POST /keys/rotate and the board in
+// etcd). Each entry is a u32 length (little-endian) and the signed key set;
+// at most kMaxControlKeySets entries, each at most kMaxSignedKeySetBytes.
 // docs/format/agent.md §10.
 #pragma once
 

@@ -47,34 +47,37 @@ void PublishJobs::Join() {
 }
 
 Result<PublishJobs::Job> PublishJobs::Start(const std::string& checkpoint, uint64_t version,
-                                            uint32_t wait_ms) {
+                                            uint32_t wait_ms, bool supersede) {
   MutexLock lock(mu_);
   TERN_REQUIRE(!closed_, kCancelled, "publish: the agent is stopping");
   if (running_) {
     const Job& r = jobs_.back();
-    TERN_REQUIRE(r.version == version && r.checkpoint == checkpoint, kAlreadyExists,
+    TERN_REQUIRE(r.version == version && r.checkpoint == checkpoint && r.supersede == supersede,
+                 kAlreadyExists,
                  "publish: version ", r.version,
                  " is still being published (GET /publish shows "
                  "when it ends); one publish at a time");
   } else {
     // The previous job's thread has finished its work; reap it before the next.
     if (thread_.joinable()) thread_.join();
-    jobs_.push_back(Job{version, checkpoint, State::kRunning, Status::Ok(), NowS(), 0});
+    jobs_.push_back(Job{version, checkpoint, supersede, State::kRunning, Status::Ok(), NowS(), 0});
     while (jobs_.size() > kMaxJobs) jobs_.pop_front();
     running_ = true;
-    thread_ = std::thread([this, checkpoint, version] { Run(checkpoint, version); });
+    thread_ = std::thread(
+        [this, checkpoint, version, supersede] { Run(checkpoint, version, supersede); });
   }
   cv_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
                 [&]() REQUIRES(mu_) { return !running_; });
   // The job is the newest entry with this version (it cannot have been
   // pushed out: a newer job needs this one to end and the caller to ask).
   for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it)
-    if (it->version == version && it->checkpoint == checkpoint) return *it;
+    if (it->version == version && it->checkpoint == checkpoint && it->supersede == supersede)
+      return *it;
   return TERN_ERROR(kInternal, "publish: job for version ", version, " lost");
 }
 
-void PublishJobs::Run(std::string checkpoint, uint64_t version) {
-  Status s = publish_(checkpoint, version);
+void PublishJobs::Run(std::string checkpoint, uint64_t version, bool supersede) {
+  Status s = publish_(checkpoint, version, supersede);
   MutexLock lock(mu_);
   Job& j = jobs_.back();
   j.state = s.ok() ? State::kPublished : State::kFailed;
@@ -97,18 +100,24 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
          nlohmann::json j = nlohmann::json::parse(req.body, nullptr, false);
          if (!j.is_object() || !j.contains("checkpoint") || !j["checkpoint"].is_string() ||
              !j.contains("version") || !j["version"].is_number_unsigned())
-           return Text(400, "expected {\"checkpoint\": PATH, \"version\": N[, \"force\": true]}");
-         if (j.contains("force") && !j["force"].is_boolean())
-           return Text(400, "\"force\" must be true or false");
+           return Text(400,
+                       "expected {\"checkpoint\": PATH, \"version\": N[, \"force\": true]"
+                       "[, \"supersede\": true]}");
+         for (const char* flag : {"force", "supersede"})
+           if (j.contains(flag) && !j[flag].is_boolean())
+             return Text(400, std::string("\"") + flag + "\" must be true or false");
          const uint64_t version = j["version"].get<uint64_t>();
          std::string checkpoint = j["checkpoint"].get<std::string>();
+         PublishFlags flags;
+         flags.force = j.value("force", false);
+         flags.supersede = j.value("supersede", false);
          if (admit) {
-           auto admitted = admit(checkpoint, version, j.value("force", false));
+           auto admitted = admit(checkpoint, version, flags);
            if (!admitted.ok())
              return Text(AdminHttpStatusOf(admitted.status()), admitted.status().ToString());
            checkpoint = std::move(*admitted);
          }
-         auto job = Start(checkpoint, version, wait_ms);
+         auto job = Start(checkpoint, version, wait_ms, flags.supersede);
          if (!job.ok())
            return Text(job.status().code() == Code::kAlreadyExists ? 409 : 503,
                        job.status().ToString());
@@ -132,6 +141,7 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
                {"checkpoint", job.checkpoint},
                {"state", StateName(job.state)},
                {"seconds", (job.state == State::kRunning ? now : job.finished_s) - job.started_s}};
+           if (job.supersede) o["supersede"] = true;
            if (job.state == State::kFailed) {
              o["code"] = static_cast<unsigned>(job.status.code());
              o["error"] = job.status.message();
@@ -145,8 +155,8 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
 }
 
 Status PublishAndWait(const std::string& admin_address, const std::string& checkpoint,
-                      uint64_t version, bool force, const AdminClientOptions& request,
-                      uint32_t timeout_ms) {
+                      uint64_t version, const PublishFlags& flags,
+                      const AdminClientOptions& request, uint32_t timeout_ms) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto left_ms = [&] {
@@ -156,7 +166,8 @@ Status PublishAndWait(const std::string& admin_address, const std::string& check
   AdminClientOptions o = request;
   o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
   nlohmann::json body = {{"checkpoint", checkpoint}, {"version", version}};
-  if (force) body["force"] = true;
+  if (flags.force) body["force"] = true;
+  if (flags.supersede) body["supersede"] = true;
   TERN_ASSIGN_OR_RETURN(std::string reply, AdminPost(admin_address, "/publish", body.dump(), o));
   nlohmann::json r = nlohmann::json::parse(reply, nullptr, false);
   if (r.is_object() && r.contains("published")) return Status::Ok();

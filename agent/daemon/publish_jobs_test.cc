@@ -17,11 +17,13 @@ using Clock = std::chrono::steady_clock;
 // A publish that takes `ms` and then answers `outcome`; counts its calls.
 struct SlowPublish {
   std::atomic<int> calls{0};
+  std::atomic<int> supersedes{0};
   std::atomic<uint32_t> ms{0};
   Status outcome = Status::Ok();
   PublishJobs::PublishFn Fn() {
-    return [this](const std::string&, uint64_t) {
+    return [this](const std::string&, uint64_t, bool supersede) {
       ++calls;
+      if (supersede) ++supersedes;
       std::this_thread::sleep_for(std::chrono::milliseconds(ms.load()));
       return outcome;
     };
@@ -31,13 +33,13 @@ struct SlowPublish {
 class PublishJobsTest : public ::testing::Test {
  protected:
   // An admin port with a 400 ms deadline per exchange; POST waits 100 ms.
-  void Serve(SlowPublish& p) {
+  void Serve(SlowPublish& p, PublishJobs::AdmitFn admit = nullptr) {
     jobs_ = std::make_unique<PublishJobs>(p.Fn());
     AdminOptions o;
     o.request_timeout_ms = 400;
     o.token = "t0ken";
     o.log = [](std::string_view) {};
-    auto server = AdminServer::Start(o, jobs_->Routes(/*wait_ms=*/100, nullptr));
+    auto server = AdminServer::Start(o, jobs_->Routes(/*wait_ms=*/100, std::move(admit)));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
   }
@@ -55,7 +57,7 @@ TEST_F(PublishJobsTest, APublishSlowerThanTheAdminDeadlineReportsSuccess) {
   p.ms = 1500;  // almost 4x the port's deadline
   Serve(p);
   const auto t0 = Clock::now();
-  Status s = PublishAndWait(server_->address(), "/ckpt", 7, false, Auth(), 30000);
+  Status s = PublishAndWait(server_->address(), "/ckpt", 7, PublishFlags{}, Auth(), 30000);
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_GE(took, 1.4);
@@ -71,7 +73,7 @@ TEST_F(PublishJobsTest, ASlowFailureComesBackWithItsCodeAndReason) {
   p.ms = 800;
   p.outcome = Status(Code::kMismatch, "publish: tensor w has another shape");
   Serve(p);
-  Status s = PublishAndWait(server_->address(), "/ckpt", 7, false, Auth(), 30000);
+  Status s = PublishAndWait(server_->address(), "/ckpt", 7, PublishFlags{}, Auth(), 30000);
   EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
   EXPECT_NE(s.message().find("another shape"), std::string::npos) << s.ToString();
 }
@@ -93,12 +95,12 @@ TEST_F(PublishJobsTest, TheClientsOwnTimeoutSaysTheRootIsStillPublishing) {
   SlowPublish p;
   p.ms = 2000;
   Serve(p);
-  Status s = PublishAndWait(server_->address(), "/ckpt", 9, false, Auth(), 700);
+  Status s = PublishAndWait(server_->address(), "/ckpt", 9, PublishFlags{}, Auth(), 700);
   EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
   EXPECT_NE(s.message().find("still being published"), std::string::npos) << s.ToString();
   // A retry of the same publish attaches to the running job instead of
   // being refused or publishing twice.
-  s = PublishAndWait(server_->address(), "/ckpt", 9, false, Auth(), 30000);
+  s = PublishAndWait(server_->address(), "/ckpt", 9, PublishFlags{}, Auth(), 30000);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(p.calls.load(), 1);
 }
@@ -127,11 +129,55 @@ TEST_F(PublishJobsTest, PublishNeedsTheTokenAndAValidBody) {
   EXPECT_EQ(anon.status().code(), Code::kAuth);
   for (const char* bad :
        {"", "[]", R"({"checkpoint":1,"version":1})", R"({"checkpoint":"/a"})",
-        R"({"checkpoint":"/a","version":-1})", R"({"checkpoint":"/a","version":"1"})"}) {
+        R"({"checkpoint":"/a","version":-1})", R"({"checkpoint":"/a","version":"1"})",
+        R"({"checkpoint":"/a","version":1,"supersede":1})",
+        R"({"checkpoint":"/a","version":1,"force":"yes"})"}) {
     auto r = AdminPost(server_->address(), "/publish", bad, Auth());
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
   }
   EXPECT_EQ(p.calls.load(), 0);
+}
+
+// "supersede" (docs/agent/board.md §4a) reaches the admission check and the
+// publish, GET /publish says which job was one, and a supersede does not
+// attach to an ordinary publish of the same version and path.
+TEST_F(PublishJobsTest, TheSupersedeFlagReachesAdmissionAndThePublish) {
+  SlowPublish p;
+  std::atomic<int> admitted_supersedes{0};
+  Serve(p, [&](const std::string& checkpoint, uint64_t version, const PublishFlags& flags)
+               -> Result<std::string> {
+    if (flags.supersede) ++admitted_supersedes;
+    if (version == 13 && flags.supersede)
+      return TERN_ERROR(kInvalidArgument, "publish: a supersede renumbers below HEAD 12");
+    return checkpoint;
+  });
+  PublishFlags supersede;
+  supersede.supersede = true;
+  Status refused = PublishAndWait(server_->address(), "/ckpt", 13, supersede, Auth(), 30000);
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("renumbers below HEAD"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(p.calls.load(), 0);
+  Status s = PublishAndWait(server_->address(), "/ckpt", 4, supersede, Auth(), 30000);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(admitted_supersedes.load(), 2);
+  EXPECT_EQ(p.supersedes.load(), 1);
+  auto jobs = AdminGet(server_->address(), "/publish", Auth());
+  ASSERT_TRUE(jobs.ok()) << jobs.status().ToString();
+  EXPECT_NE(jobs->find("\"supersede\":true"), std::string::npos) << *jobs;
+  // A running supersede: an ordinary publish of the same version and path
+  // is another publish, refused while it runs.
+  p.ms = 1000;
+  auto first = AdminPost(server_->address(), "/publish",
+                         R"({"checkpoint":"/c","version":5,"supersede":true})", Auth());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second =
+      AdminPost(server_->address(), "/publish", R"({"checkpoint":"/c","version":5})", Auth());
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("still being published"), std::string::npos)
+      << second.status().ToString();
+  jobs_->Join();
+  EXPECT_EQ(p.calls.load(), 2);
+  EXPECT_EQ(p.supersedes.load(), 2);
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
            return Text(job.status().code() == Code::kAlreadyExists ? 409 : 503, job.status().ToString());
          return Answer(*job);
        },
-       /*mutating=*/true});
+       /*mutating=*/true, /*private_read=*/false, kMaxRankPartRouteBytes});
   routes.push_back({"GET", "/publish/rank-part",
                     [this](const AdminRequest& req) {
                       uint64_t version = 0, rank = 0;
@@ -264,6 +264,8 @@ Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
+  o.cert_pem = options.cert_pem;
+  o.key_pem = options.key_pem;
   return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms, o,
                                     options.timeout_ms);
 }

@@ -31,6 +31,7 @@ std::string EventJsonText(const AgentEvent& e) {
   j["at_s"] = e.at_s;
   j["kind"] = AgentEventKindName(e.kind);
   j["version"] = e.version;
+  j["epoch"] = e.epoch;
   j["digest"] = e.digest.ToString();
   j["member"] = e.member;
   j["slot_dir"] = e.slot_dir;
@@ -83,6 +84,7 @@ void ServeHook::Run(const AgentEvent& e) {
     if (std::string_view(*p).rfind("TERN_EVENT_", 0) != 0) env_strings.emplace_back(*p);
   env_strings.push_back("TERN_EVENT_SEQ=" + std::to_string(e.seq));
   env_strings.push_back("TERN_EVENT_VERSION=" + std::to_string(e.version));
+  env_strings.push_back("TERN_EVENT_EPOCH=" + std::to_string(e.epoch));
   env_strings.push_back("TERN_EVENT_DIGEST=" + e.digest.ToString());
   env_strings.push_back("TERN_EVENT_SLOT_DIR=" + e.slot_dir);
   env_strings.push_back(std::string("TERN_EVENT_ALL_TENSORS=") + (e.all_tensors ? "1" : "0"));

@@ -1,6 +1,7 @@
 // EtcdBoardLog against a real etcd on loopback: board_log.h's contract, CAS
 // conflicts between two roots, fencing across a leader change, and what a
-// foreign writer can leave under the prefix.
+// foreign writer can leave under the prefix; the key-set chain kept beside
+// the log (etcd_key_sets.h).
 #include "agent/etcd/etcd_board_log.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "agent/etcd/etcd_key_sets.h"
 #include "agent/testing/etcd_test_server.h"
 
 namespace tern::agent {
@@ -57,6 +59,15 @@ class EtcdBoardLogTest : public ::testing::Test {
     auto log = EtcdBoardLog::Open(Etcd(), o);
     EXPECT_TRUE(log.ok()) << log.status().ToString();
     return log.ok() ? std::move(*log) : nullptr;
+  }
+  // Campaigns as `id` under this test's prefix (3 s lease).
+  Result<std::unique_ptr<Election>> Lead(const std::string& id) {
+    ElectionOptions e;
+    e.prefix = prefix_;
+    e.id = id;
+    e.lease_ttl_s = 3;
+    e.log = [](std::string_view) {};
+    return Election::Campaign(Etcd(), e, SteadyClock(), 5000);
   }
   static std::string Bytes(uint64_t v, uint32_t seq) {
     return "signed manifest v" + std::to_string(v) + " seq " + std::to_string(seq);
@@ -306,12 +317,7 @@ TEST_F(EtcdBoardLogTest, ForeignDataUnderThePrefixIsCorruptNotACrash) {
 }
 
 TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
-  ElectionOptions e;
-  e.prefix = prefix_;
-  e.id = "root-a";
-  e.lease_ttl_s = 3;
-  e.log = [](std::string_view) {};
-  auto a = Election::Campaign(Etcd(), e, SteadyClock(), 5000);
+  auto a = Lead("root-a");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   auto log_a = Open();
   ASSERT_NE(log_a, nullptr);
@@ -326,8 +332,7 @@ TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
   EXPECT_NE(late.message().find("no longer holds"), std::string::npos) << late.ToString();
   EXPECT_EQ(log_a->DropBelow({0, 2}).code(), Code::kMismatch);
   // Standby b takes over and continues the log: nothing a published is lost.
-  e.id = "root-b";
-  auto b = Election::Campaign(Etcd(), e, SteadyClock(), 5000);
+  auto b = Lead("root-b");
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   auto log_b = Open();
   ASSERT_NE(log_b, nullptr);
@@ -340,6 +345,85 @@ TEST_F(EtcdBoardLogTest, FencedAppendsFollowTheLeader) {
   // a's fence still fails under b's leadership.
   EXPECT_EQ(log_a->Append({0, 5}, 0, Bytes(5, 0), true, {0, 4}).code(), Code::kMismatch);
   EXPECT_EQ(*log_b->Head(), 4u);
+}
+
+// The key-set chain beside the log (agent/etcd/etcd_key_sets.h): kept in
+// order, written once per number, never forked, fenced like the log.
+TEST_F(EtcdBoardLogTest, KeySetsAreKeptInOrderAndNeverForked) {
+  EtcdKeySetsOptions ko;
+  ko.prefix = prefix_;
+  ko.max_key_sets = 4;
+  ko.max_key_set_bytes = 64;
+  auto ks = EtcdKeySets::Open(Etcd(), ko);
+  ASSERT_TRUE(ks.ok()) << ks.status().ToString();
+  EXPECT_EQ(*(*ks)->Load(), std::vector<std::string>{});
+  // Not past a gap, and not over the bounds: nothing written.
+  EXPECT_EQ((*ks)->Put(2, "two").code(), Code::kMismatch);
+  EXPECT_EQ((*ks)->Put(0, "zero").code(), Code::kInvalidArgument);
+  EXPECT_EQ((*ks)->Put(5, "five").code(), Code::kInvalidArgument);
+  EXPECT_EQ((*ks)->Put(1, std::string(65, 'x')).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*ks)->Put(1, "").code(), Code::kInvalidArgument);
+  EXPECT_EQ(*(*ks)->Load(), std::vector<std::string>{});
+  ASSERT_TRUE((*ks)->Put(1, "one").ok());
+  ASSERT_TRUE((*ks)->Put(2, "two").ok());
+  // A retried write that landed is fine; other bytes under a number are a fork.
+  EXPECT_TRUE((*ks)->Put(2, "two").ok());
+  Status fork = (*ks)->Put(2, "TWO");
+  EXPECT_EQ(fork.code(), Code::kMismatch) << fork.ToString();
+  EXPECT_NE(fork.message().find("fork"), std::string::npos) << fork.ToString();
+  EXPECT_EQ(*(*ks)->Load(), (std::vector<std::string>{"one", "two"}));
+  // Beside the log, not in it: the board log does not see them.
+  auto log = Open();
+  ASSERT_NE(log, nullptr);
+  ASSERT_TRUE(log->Append({0, 1}, 0, Bytes(1, 0), true, {0, 0}).ok());
+  EXPECT_EQ(log->LoadAll()->size(), 1u);
+  EXPECT_EQ((*ks)->Load()->size(), 2u);
+}
+
+TEST_F(EtcdBoardLogTest, KeySetsRefuseWhatPutNeverWrites) {
+  EtcdKeySetsOptions ko;
+  ko.prefix = prefix_;
+  ko.max_key_sets = 3;
+  ko.max_key_set_bytes = 8;
+  auto ks = EtcdKeySets::Open(Etcd(), ko);
+  ASSERT_TRUE(ks.ok()) << ks.status().ToString();
+  const std::string dir = prefix_ + "/key-sets/";
+  auto key = [&](int seq) {
+    char b[24];
+    snprintf(b, sizeof(b), "%020d", seq);
+    return dir + b;
+  };
+  auto corrupt = [&](const std::string& why) {
+    auto loaded = (*ks)->Load();
+    EXPECT_EQ(loaded.status().code(), Code::kCorrupt) << why;
+    ASSERT_TRUE(raw_->DeletePrefix(dir).ok());
+  };
+  ASSERT_TRUE(raw_->Put(key(2), "two").ok());
+  corrupt("a gap: 2 without 1");
+  ASSERT_TRUE(raw_->Put(dir + "1", "one").ok());
+  corrupt("a key of the wrong width");
+  ASSERT_TRUE(raw_->Put(key(1), "123456789").ok());
+  corrupt("a value over the bound");
+  for (int i = 1; i <= 4; ++i) ASSERT_TRUE(raw_->Put(key(i), "k").ok());
+  corrupt("more entries than the bound");
+  ASSERT_TRUE(raw_->Put(key(1), "one").ok());
+  EXPECT_EQ(*(*ks)->Load(), std::vector<std::string>{"one"});
+}
+
+TEST_F(EtcdBoardLogTest, KeySetsAreFencedByTheElection) {
+  auto a = Lead("root-a");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EtcdKeySetsOptions ko;
+  ko.prefix = prefix_;
+  ko.fence = (*a)->Fence();
+  auto ks = EtcdKeySets::Open(Etcd(), ko);
+  ASSERT_TRUE(ks.ok()) << ks.status().ToString();
+  ASSERT_TRUE((*ks)->Put(1, "one").ok());
+  ASSERT_TRUE(raw_->LeaseRevoke((*a)->lease_id()).ok());  // a lost its lease
+  Status late = (*ks)->Put(2, "two");
+  EXPECT_EQ(late.code(), Code::kMismatch) << late.ToString();
+  EXPECT_NE(late.message().find("no longer holds"), std::string::npos) << late.ToString();
+  EXPECT_EQ(*(*ks)->Load(), std::vector<std::string>{"one"});
 }
 
 TEST(EtcdBoardUrlTest, ParsesTheBoardFlag) {

@@ -217,10 +217,26 @@ std::string HttpsClientTls::HandshakeError(bool* server_refused) {
 
 Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_pem,
                                                         const std::string& key_pem,
-                                                        const TlsNames& names) {
+                                                        const TlsNames& names,
+                                                        const std::string& client_ca_pem) {
   const std::string& what = names.what;
-  TERN_REQUIRE(cert_pem.size() <= kMaxPemBytes && key_pem.size() <= kMaxPemBytes, kInvalidArgument,
-               what, ": a PEM over ", kMaxPemBytes, " bytes");
+  TERN_REQUIRE(cert_pem.size() <= kMaxPemBytes && key_pem.size() <= kMaxPemBytes &&
+                   client_ca_pem.size() <= kMaxPemBytes,
+               kInvalidArgument, what, ": a PEM over ", kMaxPemBytes, " bytes");
+  std::vector<X509Ptr> client_cas;
+  if (!client_ca_pem.empty()) {
+    BioPtr bio = MemBio(client_ca_pem);
+    TERN_REQUIRE(bio != nullptr, kResourceExhausted, what, ": out of memory");
+    while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr)) {
+      client_cas.emplace_back(x);
+      TERN_REQUIRE(client_cas.size() <= kMaxCaCerts, kInvalidArgument, what,
+                   ": the client CA file (", names.ca_flag, ") holds over ", kMaxCaCerts,
+                   " certificates");
+    }
+    ERR_clear_error();  // the end of the PEM stream reads as an error
+    TERN_REQUIRE(!client_cas.empty(), kInvalidArgument, what, ": the client CA file (",
+                 names.ca_flag, ") holds no PEM certificate");
+  }
   ERR_clear_error();
   std::vector<X509Ptr> chain;  // the leaf, then intermediates
   {
@@ -256,6 +272,28 @@ Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_
              SSL_CTX_use_PrivateKey(&ctx, key.get()) == 1;
     for (size_t i = 1; set_up && i < chain.size(); ++i) {
       set_up = SSL_CTX_add1_chain_cert(&ctx, chain[i].get()) == 1;
+    }
+    if (set_up && !client_cas.empty()) {
+      // The context's store starts empty (no default paths): these CAs
+      // alone are trusted for clients. Their names go in the
+      // CertificateRequest so that a client can pick its certificate.
+      X509_STORE* store = SSL_CTX_get_cert_store(&ctx);
+      STACK_OF(X509_NAME)* names_list = sk_X509_NAME_new_null();
+      set_up = store != nullptr && names_list != nullptr;
+      for (const X509Ptr& ca : client_cas) {
+        if (!set_up) break;
+        X509_NAME* name = X509_NAME_dup(X509_get_subject_name(ca.get()));
+        set_up = X509_STORE_add_cert(store, ca.get()) == 1 && name != nullptr &&
+                 sk_X509_NAME_push(names_list, name) > 0;
+        if (!set_up && name != nullptr) X509_NAME_free(name);
+      }
+      if (set_up) {
+        SSL_CTX_set_client_CA_list(&ctx, names_list);  // takes the list
+      } else if (names_list != nullptr) {
+        sk_X509_NAME_pop_free(names_list, X509_NAME_free);
+      }
+      SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+      SSL_CTX_set_verify_depth(&ctx, 8);
     }
     return set_up;
   });

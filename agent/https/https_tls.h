@@ -15,7 +15,10 @@
 // when the host dialled is IPv6 (a heap over-read ASan caught).
 //
 // Server. NewHttpsServer serves with a certificate (chain) and its key,
-// TLS 1.2 or newer, no client certificates.
+// TLS 1.2 or newer; with a client CA, only to clients that present a
+// certificate chaining to it (mutual TLS; OpenSSL checks the chain and the
+// clientAuth purpose during the handshake, and a client without one, or
+// with one from another CA, ends in a handshake alert).
 //
 // Thread safety: an HttpsClientTls is immutable after Create; Connect may be
 // called from any thread. It must outlive every client it made (the verify
@@ -94,12 +97,15 @@ class HttpsClientTls {
 };
 
 // An httplib::SSLServer serving cert_pem (the leaf first, then any
-// intermediates) with key_pem (unencrypted, matching the leaf). Bind and
-// listen as with httplib::Server. kInvalidArgument naming the bad part.
+// intermediates) with key_pem (unencrypted, matching the leaf). With
+// client_ca_pem (one or more CA certificates, names.ca_flag names it), a
+// client certificate signed by one of them is required. Bind and listen as
+// with httplib::Server. kInvalidArgument naming the bad part.
 // Its worker threads write with OpenSSL: run its listen loop in a thread
 // that blocks SIGPIPE (the workers inherit the mask).
 Result<std::unique_ptr<httplib::Server>> NewHttpsServer(const std::string& cert_pem,
                                                         const std::string& key_pem,
-                                                        const TlsNames& names);
+                                                        const TlsNames& names,
+                                                        const std::string& client_ca_pem = "");
 
 }  // namespace tern::agent

@@ -29,8 +29,11 @@ Status ValidateObjectRef(const ObjectRef& ref) {
       return Status::Ok();
     case ObjectKind::kPatch:
     case ObjectKind::kSquash:
-      TERN_REQUIRE(ref.from < ref.to, kCorrupt, "object reference ", ref.from, "->", ref.to,
-                   ": from must be below to");
+      // Numbers are ordered within a board epoch; a supersede's patch and a
+      // squash from a withdrawn version run backwards into the next epoch
+      // (docs/agent/board.md §4a), which only the signed manifest can say.
+      TERN_REQUIRE(ref.from != ref.to, kCorrupt, "object reference ", ref.from, "->", ref.to,
+                   ": from and to must differ");
       return Status::Ok();
   }
   return TERN_ERROR(kCorrupt, "unknown object kind ", static_cast<int>(ref.kind));

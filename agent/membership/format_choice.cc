@@ -41,13 +41,35 @@ void ApplyRateFigure::Note(double rate, bool on_prepared_spare) {
     if (bytes_per_s == 0) bytes_per_s = rate;
     return;
   }
-  bytes_per_s = prepared ? 0.5 * bytes_per_s + 0.5 * rate : rate;
+  // An aged figure weighs less against the newest: the halving of the
+  // smoothing and the figure's own age.
+  const double old_weight =
+      prepared ? 0.5 * std::exp2(-double(other_applies) / kStaleHalfLifeApplies) : 0;
+  bytes_per_s = old_weight * bytes_per_s + (1 - old_weight) * rate;
   prepared = true;
+  other_applies = 0;
+}
+
+void NoteApplyRate(ApplyRateFigure figures[2], uint16_t format, double rate, bool prepared) {
+  if ((format != 1 && format != 2) || !std::isfinite(rate) || !(rate > 0)) return;
+  figures[format - 1].Note(rate, prepared);
+  uint32_t& age = figures[2 - format].other_applies;
+  age = std::min(age + 1, kStaleAppliesMax);
 }
 
 std::pair<double, double> ReportedApplyRates(const ApplyRateFigure& f1, const ApplyRateFigure& f2) {
-  return {f1.prepared || !f2.prepared ? f1.bytes_per_s : 0,
-          f2.prepared || !f1.prepared ? f2.bytes_per_s : 0};
+  const double r1 = f1.prepared || !f2.prepared ? f1.bytes_per_s : 0;
+  const double r2 = f2.prepared || !f1.prepared ? f2.bytes_per_s : 0;
+  // Toward the estimate from the other format's figure, which is fresh: at
+  // most one figure has aged (noting one resets its age and ages the other).
+  auto aged = [](const ApplyRateFigure& f, double measured, double estimate) {
+    if (f.other_applies == 0 || !f.prepared || !(measured > 0) || !(estimate > 0)) return measured;
+    const double w = std::exp2(-double(f.other_applies) / kStaleHalfLifeApplies);
+    return std::exp(w * std::log(measured) + (1 - w) * std::log(estimate));
+  };
+  const double e1 = f2.prepared ? r2 * kApplySpeedupPrior : 0;
+  const double e2 = f1.prepared ? r1 / kApplySpeedupPrior : 0;
+  return {aged(f1, r1, e1), aged(f2, r2, e2)};
 }
 
 FormatPrediction PredictFormat(const topology::Plan& plan,

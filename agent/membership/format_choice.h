@@ -41,29 +41,52 @@ inline constexpr double kSizeRatioPrior = 0.70;
 // on the WAN testbed members applied format 1 5-6x faster).
 inline constexpr double kApplySpeedupPrior = 2.7;
 
+// A figure of the format the root does not write ages: after this many
+// applies of the other format, the measured figure and the estimate from
+// the other format's (kApplySpeedupPrior) weigh the same in what the
+// member reports (ReportedApplyRates), and half as much again after as
+// many more. docs/agent.md "Choosing the patch format", "Stale figures".
+inline constexpr double kStaleHalfLifeApplies = 8;
+// Ages stop counting here (the weight is 2^-64 by then): a bound, not a
+// tuning figure.
+inline constexpr uint32_t kStaleAppliesMax = 64 * 8;
+
 // A member's figure of its apply rate for one format, in bytes of view per
 // second, as it reports it in HEARTBEAT. An apply onto an unprepared spare
 // (a version within --spare-grace-ms of the previous one: it copies the
-// view first) stands in only until a prepared one comes: the root keeps
-// the last figure of the format it does not write, and a slow one would
-// hold that format back for good. Prepared applies are smoothed (half the weight on the newest): one
-// apply slowed by a neighbour's build moves it but does not make it.
+// view first) stands in only until a prepared one comes. Prepared applies
+// are smoothed (half the weight on the newest): one apply slowed by a
+// neighbour's build moves it but does not make it. A figure last noted
+// `other_applies` applies of the other format ago weighs less in both the
+// smoothing and the report (kStaleHalfLifeApplies): the root keeps the last
+// figure of the format it does not write, and a slow one, measured once in
+// a busy moment, would otherwise hold that format back for good.
 struct ApplyRateFigure {
   double bytes_per_s = 0;  // 0: none yet
   bool prepared = false;   // from a prepared spare
+  uint32_t other_applies = 0;  // applies of the other format since this was noted
   // Not finite or not > 0: ignored.
   void Note(double rate_bytes_per_s, bool on_prepared_spare);
 };
+
+// An apply of `format` (1 or 2) at rate_bytes_per_s: noted in
+// figures[format - 1], and figures of the other format one apply older.
+// An invalid format or rate changes nothing.
+void NoteApplyRate(ApplyRateFigure figures[2], uint16_t format, double rate_bytes_per_s,
+                   bool on_prepared_spare);
 
 // What a member reports for formats 1 and 2 (HEARTBEAT): its figures, but
 // 0 for a figure from an unprepared spare while the other format has a
 // prepared one, so that the root estimates it from that one with the
 // codec's ratio (a root that switched formats at once never sees a
-// prepared figure of the format it left).
-// TODO(perf): a prepared figure of the format not written goes stale too
-// (on the WAN testbed the first patch after the keyframe, slow for a
-// reason not found, set format 2's for whole runs: docs/agent.md §9); age
-// it towards the estimate, or write that format once every N versions.
+// prepared figure of the format it left). A prepared figure that has aged
+// (other_applies > 0) next to a prepared one of the other format is
+// reported between the two, in log space: measured^w * estimate^(1-w),
+// w = 2^(-other_applies / kStaleHalfLifeApplies), estimate = the other
+// format's figure times or over kApplySpeedupPrior. So the root returns to
+// a format it left once the codec's ratio says that format wins, and
+// measures it again: kept if the figure was stale, left again after one
+// version if it was right (docs/agent.md, "Stale figures").
 std::pair<double, double> ReportedApplyRates(const ApplyRateFigure& f1, const ApplyRateFigure& f2);
 
 struct FormatChoiceOptions {

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+#include <tuple>
 #include <random>
 
 namespace tern::agent {
@@ -215,6 +217,115 @@ TEST(FormatChoice, AnUnpreparedFigureIsWithheldNextToAPreparedOne) {
   EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(5e8, 0.0));
   f2.Note(3e8, true);
   EXPECT_EQ(ReportedApplyRates(f1, f2), std::make_pair(5e8, 3e8));
+}
+
+// A prepared figure of the format not written ages towards the estimate
+// from the other format's (kApplySpeedupPrior), in log space, with a
+// half-life of kStaleHalfLifeApplies applies of the other format; a fresh
+// measurement of the format replaces most of an aged figure.
+TEST(FormatChoice, AStaleFigureAgesTowardsTheEstimate) {
+  ApplyRateFigure figures[2];
+  NoteApplyRate(figures, 2, 0.3e8, true);  // format 2, measured in a busy moment
+  NoteApplyRate(figures, 1, 8e8, true);
+  const double estimate = 8e8 / kApplySpeedupPrior;
+  EXPECT_EQ(figures[1].other_applies, 1u);
+  EXPECT_EQ(figures[0].other_applies, 0u);
+  double last = ReportedApplyRates(figures[0], figures[1]).second;
+  EXPECT_GT(last, 0.3e8);
+  for (int i = 2; i <= 64; ++i) {
+    NoteApplyRate(figures, 1, 8e8, true);
+    const auto [r1, r2] = ReportedApplyRates(figures[0], figures[1]);
+    EXPECT_EQ(r1, 8e8);  // the fresh figure is reported as measured
+    EXPECT_GT(r2, last) << i;
+    EXPECT_LT(r2, estimate) << i;
+    last = r2;
+    if (i == 8) {  // one half-life: half way in log space
+      EXPECT_NEAR(std::log(r2), 0.5 * std::log(0.3e8) + 0.5 * std::log(estimate), 1e-9);
+    }
+  }
+  EXPECT_NEAR(last / estimate, 1, 0.01);
+  // Format 2 measured again: the aged figure weighs 0.5 * 2^-8 against it.
+  NoteApplyRate(figures, 2, 5e8, true);
+  EXPECT_NEAR(figures[1].bytes_per_s, 5e8, 5e8 * 0.01);
+  EXPECT_EQ(figures[1].other_applies, 0u);
+  EXPECT_EQ(ReportedApplyRates(figures[0], figures[1]).second, figures[1].bytes_per_s);
+  // Ages are bounded, and bad input changes nothing.
+  for (int i = 0; i < 10'000; ++i) NoteApplyRate(figures, 1, 8e8, true);
+  EXPECT_EQ(figures[1].other_applies, kStaleAppliesMax);
+  const double before = figures[0].bytes_per_s;
+  NoteApplyRate(figures, 3, 1e9, true);
+  NoteApplyRate(figures, 1, std::numeric_limits<double>::quiet_NaN(), true);
+  NoteApplyRate(figures, 1, -1, true);
+  EXPECT_EQ(figures[0].bytes_per_s, before);
+  EXPECT_EQ(figures[1].other_applies, kStaleAppliesMax);
+}
+
+// An unprepared figure is not aged (it is withheld next to a prepared one
+// already), nor is a figure whose counterpart is unprepared (no estimate
+// worth ageing towards).
+TEST(FormatChoice, OnlyPreparedFiguresAge) {
+  ApplyRateFigure figures[2];
+  NoteApplyRate(figures, 2, 1e8, false);
+  NoteApplyRate(figures, 1, 2e8, false);
+  NoteApplyRate(figures, 1, 2e8, false);
+  EXPECT_EQ(ReportedApplyRates(figures[0], figures[1]), std::make_pair(2e8, 1e8));
+  ApplyRateFigure g[2];
+  NoteApplyRate(g, 2, 1e8, true);
+  NoteApplyRate(g, 1, 2e8, false);
+  NoteApplyRate(g, 1, 2e8, false);
+  EXPECT_EQ(ReportedApplyRates(g[0], g[1]), std::make_pair(0.0, 1e8));
+}
+
+// The loop the root and a member run, version by version: the root
+// chooses from what the member reports, the member applies that format at
+// its true rate and notes it. A link-bound member (1 MB/s from the root)
+// whose one format-2 apply came during a busy moment (0.3e8 B/s; true
+// 5e8) makes the root leave format 2 (predicted 2.0 s against 1.5 s).
+// Without ageing that figure is never measured again and format 1 (1.05 s
+// per version against format 2's 0.78 s) stays for good; with it the root
+// comes back to format 2 within about 22 versions and stays. A member whose
+// format 2 really is that slow costs one format-2 version now and then.
+struct Loop {
+  Fleet fleet;
+  FormatChooser chooser{{}};
+  ApplyRateFigure figures[2];
+  int versions_in[3] = {0, 0, 0};
+
+  Loop() {
+    fleet.Add("m", "root", 1e6, 0.0, 0, 0);
+    chooser.NotePublished(2, 700'000);
+    NoteApplyRate(figures, 2, 0.3e8, true);  // the busy moment
+  }
+  uint16_t Step(double true_f1, double true_f2) {
+    MemberRecord& m = fleet.members["m"];
+    std::tie(m.last.apply_f1_bytes_per_s, m.last.apply_f2_bytes_per_s) =
+        ReportedApplyRates(figures[0], figures[1]);
+    const FormatChoice c = chooser.Choose(fleet.plan, fleet.members, kView);
+    chooser.NotePublished(c.format, c.format == 1 ? 1'000'000 : 700'000);
+    NoteApplyRate(figures, c.format, c.format == 1 ? true_f1 : true_f2, true);
+    ++versions_in[c.format];
+    return c.format;
+  }
+};
+
+TEST(FormatChoice, AStaleSlowFigureIsOvertaken) {
+  Loop loop;
+  EXPECT_EQ(loop.Step(8e8, 5e8), 1);  // the slow figure moves the root to format 1
+  int back = 0;
+  for (int v = 2; v <= 40 && back == 0; ++v)
+    if (loop.Step(8e8, 5e8) == 2) back = v;
+  ASSERT_NE(back, 0) << "format 1 for 40 versions on a stale format-2 figure";
+  EXPECT_GE(back, 10);  // not at once: the margin and the half-life
+  for (int v = 0; v < 100; ++v) EXPECT_EQ(loop.Step(8e8, 5e8), 2) << v;
+}
+
+TEST(FormatChoice, AFormatThatIsReallySlowIsOnlyProbed) {
+  Loop loop;
+  for (int v = 0; v < 200; ++v) loop.Step(8e8, 0.3e8);
+  // Each return to format 2 measures it again and leaves after one version.
+  EXPECT_GE(loop.versions_in[2], 1);
+  EXPECT_LE(loop.versions_in[2], 200 / 15);
+  EXPECT_EQ(loop.Step(8e8, 0.3e8), 1);
 }
 
 }  // namespace

@@ -75,34 +75,44 @@ std::string CannedResponse(int code, std::string_view reason, std::string_view w
          "\r\nConnection: close\r\n\r\n" + body;
 }
 
-// Best effort: a refusal is short and fits the socket buffer of a fresh
-// connection; a client that does not read it loses it.
-void RefuseAndClose(Fd fd, int code, std::string_view reason, std::string_view why, int wake_fd,
-                    bool linger) {
-  const std::string r = CannedResponse(code, reason, why);
-  (void)::send(fd.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  ::shutdown(fd.fd, SHUT_WR);
-  if (!linger) {  // the accept thread must not wait: drop only what is queued now
-    char buf[4096];
-    for (size_t drained = 0; drained < (64 << 10);) {
-      const ssize_t n = ::recv(fd.fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n <= 0) break;
-      drained += static_cast<size_t>(n);
-    }
-    return;
-  }
+// After our side is shut for writing: reads and drops what the client
+// still sends, until it closes, kLingerMs pass, kLingerBytes are dropped or
+// Stop. The bytes dropped.
+size_t LingerDrain(int fd, int wake_fd) {
   const auto end = Clock::now() + std::chrono::milliseconds(kLingerMs);
   size_t drained = 0;
   char buf[4096];
   while (drained < kLingerBytes) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
     if (left.count() <= 0) break;
-    pollfd p[2] = {{fd.fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
     if (::poll(p, 2, static_cast<int>(left.count())) <= 0 || p[1].revents) break;
-    const ssize_t n = ::recv(fd.fd, buf, sizeof buf, MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) break;
     if (n > 0) drained += static_cast<size_t>(n);
   }
+  return drained;
+}
+
+// Best effort: a refusal is short and fits the socket buffer of a fresh
+// connection; a client that does not read it loses it.
+// The bytes it read (and dropped) from the client.
+size_t RefuseAndClose(Fd fd, int code, std::string_view reason, std::string_view why, int wake_fd,
+                      bool linger) {
+  const std::string r = CannedResponse(code, reason, why);
+  (void)::send(fd.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(fd.fd, SHUT_WR);
+  if (!linger) {  // the accept thread must not wait: drop only what is queued now
+    char buf[4096];
+    size_t drained = 0;
+    while (drained < (64 << 10)) {
+      const ssize_t n = ::recv(fd.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n <= 0) break;
+      drained += static_cast<size_t>(n);
+    }
+    return drained;
+  }
+  return LingerDrain(fd.fd, wake_fd);
 }
 
 }  // namespace
@@ -120,6 +130,7 @@ struct AdminGuard::Impl {
     std::thread thread;
     std::atomic<bool> done{false};
   };
+  std::atomic<uint64_t> client_bytes{0};  // every byte read from clients
   std::mutex mu;
   std::list<Conn> conns;  // at most max_connections (+ finished ones not yet reaped)
 
@@ -165,8 +176,8 @@ void AdminGuard::Impl::AcceptLoop() {
       options.log("admin: refused " + peer + ": busy (" + std::to_string(options.max_connections) +
                   " connections open)");
       if (options.tls) continue;  // closed: a TLS client cannot read a plain answer
-      RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again", -1,
-                     /*linger=*/false);
+      client_bytes += RefuseAndClose(std::move(client), 503, "Service Unavailable",
+                                     "busy, try again", -1, /*linger=*/false);
       continue;
     }
     Conn& c = conns.emplace_back();
@@ -215,8 +226,8 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
   if (Status s = ConnectBackend(deadline, backend); !s.ok()) {
     options.log("admin: refused " + peer + ": " + s.message());
     if (options.tls) return;
-    RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again", wake_read.fd,
-                   true);
+    client_bytes += RefuseAndClose(std::move(client), 503, "Service Unavailable", "busy, try again",
+                                   wake_read.fd, true);
     return;
   }
   struct Dir {
@@ -236,12 +247,24 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
     options.log("admin: refused " + peer + ": " + why);
     backend.Reset();
     if (down->total == 0 && (!options.tls || plain)) {
-      RefuseAndClose(std::move(client), code, reason, why, wake_read.fd, true);
+      client_bytes += RefuseAndClose(std::move(client), code, reason, why, wake_read.fd, true);
     }
   };
 
+  // httplib may answer from the request's head alone (a refusal: wrong
+  // token, no such route, a body over the route's limit) and close without
+  // reading the body. Then nothing more goes up; once the answer is through,
+  // the client gets a lingering close: a plain close with its unread bytes
+  // queued would send RST, which can destroy the answer before it is read.
+  bool up_closed = false;  // the backend takes no more bytes
   for (;;) {
-    if (down->eof && down->len == 0) return;  // the answer is through; httplib closed
+    if (down->eof && down->len == 0) {  // the answer is through; httplib closed
+      if (!up->eof) {
+        ::shutdown(client.fd, SHUT_WR);
+        client_bytes += LingerDrain(client.fd, wake_read.fd);
+      }
+      return;
+    }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
@@ -251,6 +274,7 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
     }
     pollfd p[3] = {{wake_read.fd, POLLIN, 0}, {client.fd, 0, 0}, {backend.fd, 0, 0}};
     for (Dir* d : {up.get(), down.get()}) {
+      if (d == up.get() && up_closed) continue;
       pollfd& from = p[d->from == client.fd ? 1 : 2];
       pollfd& to = p[d->to == client.fd ? 1 : 2];
       if (d->len > 0) {
@@ -265,9 +289,15 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
     }
     if (p[0].revents) return;  // Stop
     for (Dir* d : {up.get(), down.get()}) {
+      if (d == up.get() && up_closed) continue;
       if (d->len > 0) {
         const ssize_t n = ::send(d->to, d->buf + d->off, d->len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno != EAGAIN && errno != EINTR) return;  // a side went away
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          if (d == down.get()) return;  // the client went away
+          up_closed = true;             // httplib answered without reading it all: relay the answer
+          d->len = 0;
+          continue;
+        }
         if (n > 0) {
           d->off += static_cast<size_t>(n), d->len -= static_cast<size_t>(n);
           if (d->len == 0 && d->eof) ::shutdown(d->to, SHUT_WR);
@@ -278,9 +308,11 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
       const ssize_t n = ::recv(d->from, d->buf, sizeof d->buf, MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EAGAIN || errno == EINTR) continue;
-        return;
+        if (d == up.get()) return;  // the client went away
+        // httplib closed with request bytes unread (a refusal from the
+        // head): a Unix socket reports ECONNRESET after the answer's bytes.
       }
-      if (n == 0) {
+      if (n <= 0) {
         d->eof = true;
         ::shutdown(d->to, SHUT_WR);
         continue;
@@ -293,6 +325,7 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
       }
       d->off = 0, d->len = static_cast<size_t>(n);
       d->total += static_cast<uint64_t>(n);
+      if (d == up.get()) client_bytes += static_cast<uint64_t>(n);
       if (d == up.get() && d->total > options.max_request_bytes) {
         return refuse(
             413, "Payload Too Large",
@@ -354,6 +387,7 @@ Result<std::unique_ptr<AdminGuard>> AdminGuard::Start(const std::string& host, u
 AdminGuard::AdminGuard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AdminGuard::~AdminGuard() { Stop(); }
 uint16_t AdminGuard::port() const { return impl_->port; }
+uint64_t AdminGuard::client_bytes_read() const { return impl_->client_bytes.load(); }
 
 void AdminGuard::Stop() {
   std::call_once(impl_->stop_once, [this] {

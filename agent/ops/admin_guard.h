@@ -33,6 +33,9 @@ class AdminGuard {
                                                    std::string backend_path, GuardOptions options);
   ~AdminGuard();  // Stop()
   uint16_t port() const;
+  // Every byte read from clients since Start: relayed, or read and dropped
+  // while refusing or closing.
+  uint64_t client_bytes_read() const;
   // Closes the port and every relayed connection; joins every thread.
   void Stop();
 

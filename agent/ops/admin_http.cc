@@ -3,10 +3,12 @@
 #include <httplib.h>
 #include <openssl/err.h>
 #include <signal.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -16,6 +18,7 @@
 
 #include "agent/https/https_tls.h"
 #include "agent/ops/admin_guard.h"
+#include "base/mutex.h"
 #include "base/text.h"
 
 namespace tern::agent {
@@ -74,8 +77,12 @@ const char* Reason(int status) {
       return "no such route";
     case 405:
       return "method not allowed";
+    case 411:
+      return "length required";
     case 413:
       return "payload too large";
+    case 415:
+      return "unsupported media type";
     case 414:
       return "URI too long";
     case 416:
@@ -90,10 +97,48 @@ void SetText(httplib::Response& res, int status, std::string_view why) {
   res.set_content("admin: " + std::string(why) + "\n", "text/plain");
 }
 
+// A Content-Length as RFC 9110 has it: digits only. nullopt: malformed.
+std::optional<uint64_t> ParseContentLength(const std::string& v) {
+  if (v.empty() || v.size() > 18) return std::nullopt;
+  uint64_t n = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return n;
+}
+
+struct RouteEntry {
+  AdminRoute route;
+  uint32_t body_limit = 0;  // POST; 0 for GET
+  bool large = false;       // over AdminOptions::max_body_bytes
+};
+
 }  // namespace
 
 struct AdminServer::Impl {
   AdminOptions options;
+  // (method, path) -> route; GET also answers HEAD, as httplib does.
+  std::map<std::pair<std::string, std::string>, RouteEntry> routes;
+  std::set<std::string> paths;
+
+  std::atomic<uint64_t> body_bytes{0}, refused_from_head{0};
+  Mutex large_mu;
+  CondVar large_cv{&large_mu};
+  uint32_t large_in_use GUARDED_BY(large_mu) = 0;
+  uint32_t large_peak GUARDED_BY(large_mu) = 0;
+  bool stopping GUARDED_BY(large_mu) = false;
+
+  // The head alone decides (docs in the header): nullptr with `res` set to
+  // the refusal, or the route.
+  const RouteEntry* CheckHead(const httplib::Request& req, httplib::Response& res);
+  // A slot for a large body: false after waiting `wait_ms`, or at Stop.
+  bool AcquireLarge(uint32_t wait_ms);
+  void ReleaseLarge();
+  void HandlePost(const RouteEntry& e, const httplib::Request& req, httplib::Response& res,
+                  const httplib::ContentReader& reader);
+  void Answer(const RouteEntry& e, const httplib::Request& req, std::string_view body,
+              httplib::Response& res) const;
   std::string bound_address;
   std::string socket_dir, socket_path;
   std::unique_ptr<httplib::Server> server;  // httplib::SSLServer with TLS
@@ -102,6 +147,11 @@ struct AdminServer::Impl {
   std::once_flag stop_once;
 
   void StopAll() {
+    {
+      MutexLock lock(large_mu);
+      stopping = true;
+    }
+    large_cv.SignalAll();
     if (guard) guard->Stop();
     if (http_thread.joinable()) {
       server->stop();
@@ -111,6 +161,142 @@ struct AdminServer::Impl {
     if (!socket_dir.empty()) ::rmdir(socket_dir.c_str());
   }
 };
+
+const RouteEntry* AdminServer::Impl::CheckHead(const httplib::Request& req,
+                                               httplib::Response& res) {
+  auto refuse = [&](int status, std::string why) -> const RouteEntry* {
+    SetText(res, status, std::to_string(status) + " " + Reason(status) + ": " + why);
+    ++refused_from_head;
+    return nullptr;
+  };
+  const std::string method = req.method == "HEAD" ? "GET" : req.method;
+  auto it = routes.find({method, req.path});
+  if (it == routes.end()) {
+    if (paths.count(req.path) == 0) return refuse(404, Printable(req.path.substr(0, 200)));
+    const bool get = routes.count({"GET", req.path}) > 0;
+    return refuse(404, Printable(req.method.substr(0, 16)) + " " + req.path +
+                           " (this route takes " + (get ? "GET" : "POST") + ")");
+  }
+  const RouteEntry& e = it->second;
+  if ((e.route.mutating || e.route.private_read) && !options.token.empty() &&
+      !TokenMatches(req.get_header_value("Authorization"), options.token)) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    SetText(res, 401, "missing or wrong bearer token");
+    ++refused_from_head;
+    return nullptr;
+  }
+  const bool has_length = req.has_header("Content-Length");
+  const bool has_te = req.has_header("Transfer-Encoding");
+  std::optional<uint64_t> length;
+  if (has_length) {
+    // Two Content-Length headers, or one httplib and a proxy could read
+    // differently, is how requests get smuggled.
+    if (req.get_header_value_count("Content-Length") != 1 ||
+        !(length = ParseContentLength(req.get_header_value("Content-Length")))) {
+      return refuse(400, "malformed Content-Length");
+    }
+  }
+  if (has_te && (has_length || req.get_header_value_count("Transfer-Encoding") != 1 ||
+                 strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") != 0)) {
+    return refuse(400, "Transfer-Encoding must be chunked alone, without Content-Length");
+  }
+  if (req.has_header("Content-Encoding") &&
+      strcasecmp(req.get_header_value("Content-Encoding").c_str(), "identity") != 0) {
+    return refuse(415, "compressed bodies (Content-Encoding) are not accepted");
+  }
+  if (e.route.method == "GET") {
+    if (has_te || (length && *length > 0)) return refuse(400, "a GET takes no body");
+    return &e;
+  }
+  if (!has_length && !has_te) {
+    return refuse(411, "a POST needs Content-Length (or chunked framing)");
+  }
+  if (length && *length > e.body_limit) {
+    return refuse(413, "a body of " + std::to_string(*length) +
+                           " bytes is over this route's limit of " + std::to_string(e.body_limit) +
+                           " bytes");
+  }
+  return &e;
+}
+
+bool AdminServer::Impl::AcquireLarge(uint32_t wait_ms) {
+  MutexLock lock(large_mu);
+  const bool got =
+      large_cv.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
+                         [&]() NO_THREAD_SAFETY_ANALYSIS {
+                           return stopping || large_in_use < options.max_large_bodies;
+                         });
+  if (!got || stopping) return false;
+  ++large_in_use;
+  large_peak = std::max(large_peak, large_in_use);
+  return true;
+}
+
+void AdminServer::Impl::ReleaseLarge() {
+  {
+    MutexLock lock(large_mu);
+    --large_in_use;
+  }
+  large_cv.Signal();
+}
+
+void AdminServer::Impl::Answer(const RouteEntry& e, const httplib::Request& req,
+                               std::string_view body, httplib::Response& res) const {
+  AdminRequest ar{req.method, req.path, body, {}};
+  // The first value of each query parameter, at most kMaxQueryParams.
+  for (const auto& [k, v] : req.params) {
+    if (ar.params.size() >= kMaxQueryParams) break;
+    ar.params.emplace(k, v);
+  }
+  AdminResponse out = e.route.handler(ar);
+  res.status = out.status;
+  res.set_content(std::move(out.body), out.content_type.c_str());
+}
+
+void AdminServer::Impl::HandlePost(const RouteEntry& e, const httplib::Request& req,
+                                   httplib::Response& res, const httplib::ContentReader& reader) {
+  // The pre-routing handler checked the head; a body is read only now.
+  // The slot bounds bodies being read; once read, a body is held by its
+  // handler on this worker thread (at most `workers` at once), and a
+  // handler may wait (a rank part waits for the other ranks' parts), so
+  // the slot is not held through it.
+  struct Slot {
+    Impl* impl = nullptr;
+    void Release() {
+      if (impl) impl->ReleaseLarge();
+      impl = nullptr;
+    }
+    ~Slot() { Release(); }
+  } slot;
+  if (e.large) {
+    if (!AcquireLarge(options.request_timeout_ms / 2)) {
+      res.set_header("Retry-After", "1");
+      return SetText(res, 503,
+                     "busy: " + std::to_string(options.max_large_bodies) +
+                         " large bodies are being read; try again");
+    }
+    slot.impl = this;
+  }
+  std::string body;
+  if (auto n = ParseContentLength(req.get_header_value("Content-Length"))) {
+    body.reserve(std::min<uint64_t>(e.body_limit, *n));
+  }
+  bool over = false;
+  const bool whole = reader([&](const char* data, size_t n) {
+    if (n > e.body_limit - body.size()) return !(over = true);
+    body.append(data, n);
+    return true;
+  });
+  slot.Release();
+  body_bytes += body.size();
+  if (over) {
+    return SetText(res, 413,
+                   "413 " + std::string(Reason(413)) + ": the body is over this route's limit of " +
+                       std::to_string(e.body_limit) + " bytes");
+  }
+  if (!whole) return SetText(res, 400, "the request body did not arrive whole");
+  Answer(e, req, body, res);
+}
 
 Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
                                                         std::vector<AdminRoute> routes) {
@@ -130,6 +316,10 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
                "admin: give both a TLS certificate (--admin-tls-cert) and its key "
                "(--admin-tls-key), or neither");
   const bool tls = !options.tls_cert_pem.empty();
+  TERN_REQUIRE(
+      tls || options.tls_client_ca_pem.empty(), kInvalidArgument,
+      "admin: a client CA (--admin-tls-client-ca) needs TLS on the port (--admin-tls-cert, "
+      "--admin-tls-key)");
   std::set<std::pair<std::string, std::string>> seen;
   for (const auto& r : routes) {
     TERN_REQUIRE(r.method == "GET" || r.method == "POST", kInvalidArgument,
@@ -140,15 +330,35 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
                  " has no handler");
     TERN_REQUIRE(seen.emplace(r.method, r.path).second, kInvalidArgument, "admin: route ", r.method,
                  " ", r.path, " given twice");
+    TERN_REQUIRE(r.method == "POST" || r.max_body_bytes == 0, kInvalidArgument, "admin: route GET ",
+                 r.path, " takes no body: max_body_bytes must be 0");
+    TERN_REQUIRE(r.max_body_bytes <= kMaxAdminBodyBytes, kInvalidArgument, "admin: route ", r.path,
+                 ": max_body_bytes over ", kMaxAdminBodyBytes);
   }
+  TERN_REQUIRE(options.max_body_bytes <= kMaxAdminBodyBytes, kInvalidArgument,
+               "admin: max_body_bytes over ", kMaxAdminBodyBytes);
+  TERN_REQUIRE(options.max_large_bodies >= 1 && options.max_large_bodies <= 64, kInvalidArgument,
+               "admin: max_large_bodies must be 1..64");
   if (!options.log) options.log = StderrLog();
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  uint32_t largest_body = options.max_body_bytes;
+  for (const auto& r : routes) {
+    RouteEntry e{r};
+    if (r.method == "POST") {
+      e.body_limit = r.max_body_bytes != 0 ? r.max_body_bytes : options.max_body_bytes;
+      e.large = e.body_limit > options.max_body_bytes;
+      largest_body = std::max(largest_body, e.body_limit);
+    }
+    impl->paths.insert(r.path);
+    impl->routes.emplace(std::make_pair(r.method, r.path), std::move(e));
+  }
   if (tls) {
-    TERN_ASSIGN_OR_RETURN(impl->server,
-                          NewHttpsServer(options.tls_cert_pem, options.tls_key_pem,
-                                         {"admin TLS", "", "--admin-tls-cert", "--admin-tls-key"}));
+    TERN_ASSIGN_OR_RETURN(impl->server, NewHttpsServer(options.tls_cert_pem, options.tls_key_pem,
+                                                       {"admin TLS", "--admin-tls-client-ca",
+                                                        "--admin-tls-cert", "--admin-tls-key"},
+                                                       options.tls_client_ca_pem));
   } else {
     impl->server = std::make_unique<httplib::Server>();
   }
@@ -173,7 +383,9 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
   // Every httplib limit that can be set at run time is set here; the rest
   // are compiled into Debian's libcpp-httplib0.11 (header line and URI
   // 8192 bytes, listen backlog 5) or bounded by the guard (docs/agent/operations.md).
-  http.set_payload_max_length(options.max_body_bytes);
+  // Each route's own limit is checked from the head (CheckHead); this one
+  // only keeps httplib's from being lower.
+  http.set_payload_max_length(largest_body);
   http.set_read_timeout(std::chrono::milliseconds(options.io_timeout_ms));
   http.set_write_timeout(std::chrono::milliseconds(options.io_timeout_ms));
   http.set_keep_alive_max_count(1);
@@ -208,28 +420,28 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
           Printable(req.path.substr(0, 200)));
     }
   });
-  const std::string token = options.token;
-  for (auto& route : routes) {
-    auto fn = [route, token](const httplib::Request& req, httplib::Response& res) {
-      if ((route.mutating || route.private_read) && !token.empty() &&
-          !TokenMatches(req.get_header_value("Authorization"), token)) {
-        res.set_header("WWW-Authenticate", "Bearer");
-        return SetText(res, 401, "missing or wrong bearer token");
-      }
-      AdminRequest ar{req.method, req.path, req.body};
-      // The first value of each query parameter, at most kMaxQueryParams.
-      for (const auto& [k, v] : req.params) {
-        if (ar.params.size() >= kMaxQueryParams) break;
-        ar.params.emplace(k, v);
-      }
-      AdminResponse out = route.handler(ar);
-      res.status = out.status;
-      res.set_content(std::move(out.body), out.content_type.c_str());
-    };
-    if (route.method == "GET") {
-      http.Get(RegexOf(route.path), fn);
+  Impl* const p = impl.get();  // outlives httplib's threads (StopAll joins them)
+  http.set_pre_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
+    return p->CheckHead(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                  : httplib::Server::HandlerResponse::Handled;
+  });
+  // A client that sends "Expect: 100-continue" and waits is refused before
+  // it sends its body; httplib's default would say 100 to anything.
+  http.set_expect_100_continue_handler([p](const httplib::Request& req, httplib::Response& res) {
+    return p->CheckHead(req, res) ? 100 : res.status;
+  });
+  for (const auto& [key, e] : impl->routes) {
+    const RouteEntry* entry = &e;  // the map does not change after this
+    if (key.first == "GET") {
+      http.Get(RegexOf(key.second),
+               [p, entry](const httplib::Request& req, httplib::Response& res) {
+                 p->Answer(*entry, req, {}, res);
+               });
     } else {
-      http.Post(RegexOf(route.path), fn);
+      http.Post(RegexOf(key.second), [p, entry](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader& reader) {
+        p->HandlePost(*entry, req, res, reader);
+      });
     }
   }
   http.set_address_family(AF_UNIX);
@@ -255,7 +467,7 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
 
   GuardOptions g;
   g.max_connections = options.max_connections;
-  g.max_request_bytes = uint64_t{options.max_head_bytes} + options.max_body_bytes;
+  g.max_request_bytes = uint64_t{options.max_head_bytes} + largest_body;
   g.request_timeout_ms = options.request_timeout_ms;
   g.tls = tls;
   g.log = log;
@@ -272,6 +484,15 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
 AdminServer::AdminServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AdminServer::~AdminServer() { Stop(); }
 std::string AdminServer::address() const { return impl_->bound_address; }
+AdminCounters AdminServer::counters() const {
+  AdminCounters c;
+  c.client_bytes_read = impl_->guard ? impl_->guard->client_bytes_read() : 0;
+  c.body_bytes_read = impl_->body_bytes.load();
+  c.refused_from_head = impl_->refused_from_head.load();
+  MutexLock lock(impl_->large_mu);
+  c.large_bodies_peak = impl_->large_peak;
+  return c;
+}
 void AdminServer::Stop() {
   std::call_once(impl_->stop_once, [this] { impl_->StopAll(); });
 }
@@ -298,12 +519,17 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
   std::unique_ptr<HttpsClientTls> tls;
   std::optional<SigpipeBlock> quiet;  // OpenSSL writes with write(2)
   if (target.tls) {
-    TERN_ASSIGN_OR_RETURN(tls, HttpsClientTls::Create(options.ca_pem, "", "",
-                                                      {"admin TLS", "--admin-cacert", "", ""}));
+    TERN_ASSIGN_OR_RETURN(tls, HttpsClientTls::Create(
+                                   options.ca_pem, options.cert_pem, options.key_pem,
+                                   {"admin TLS", "--admin-cacert", "--admin-cert", "--admin-key"}));
     quiet.emplace();
   } else {
     TERN_REQUIRE(options.ca_pem.empty(), kInvalidArgument, "admin ", where,
                  ": a CA (--admin-cacert) is given for a plain http address; say https://");
+    TERN_REQUIRE(options.cert_pem.empty() && options.key_pem.empty(), kInvalidArgument, "admin ",
+                 where,
+                 ": a client certificate (--admin-cert, --admin-key) is given for a plain http "
+                 "address; say https://");
   }
   try {
     std::unique_ptr<httplib::ClientImpl> client;
@@ -349,6 +575,25 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
                           " (is it signed by the CA given with --admin-cacert, and does it name ",
                           target.host, "?)");
       }
+      // The server's alert about our certificate. Under TLS 1.3 the client
+      // finishes its handshake before the server has checked it, so the
+      // alert arrives at the first read.
+      if (why.find("alert certificate required") != std::string::npos ||
+          why.find("alert unknown ca") != std::string::npos ||
+          why.find("alert bad certificate") != std::string::npos ||
+          why.find("alert unsupported certificate") != std::string::npos ||
+          why.find("alert certificate unknown") != std::string::npos) {
+        if (options.cert_pem.empty()) {
+          return TERN_ERROR(kAuth, "admin ", where,
+                            ": the server requires a client certificate and none was given "
+                            "(--admin-cert, --admin-key): ",
+                            why);
+        }
+        return TERN_ERROR(kAuth, "admin ", where,
+                          ": the server refused our client certificate: ", why,
+                          " (is --admin-cert signed by the CA the server trusts "
+                          "(--admin-tls-client-ca), and made for clients?)");
+      }
       if (err == httplib::Error::SSLConnection) {
         return TERN_ERROR(kUnavailable, "admin ", where, ": TLS handshake failed",
                           why.empty() ? "" : ": " + why,
@@ -356,6 +601,15 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
       }
     }
     if (!sent) {
+      if (err == httplib::Error::Write && !body.empty()) {
+        // The server answers a refusal from the head and closes; httplib's
+        // client writes the whole body before it reads, so the answer is lost.
+        return TERN_ERROR(kUnavailable, "admin ", where,
+                          ": the server closed the connection before the whole body (", body.size(),
+                          " bytes) was sent: it refuses a request from its head alone (a "
+                          "missing or wrong token, no such route, a body over the route's limit; "
+                          "its log says which)");
+      }
       if (err == httplib::Error::ConnectionTimeout || err == httplib::Error::Read) {
         return TERN_ERROR(kTimeout, "admin ", where, ": ", httplib::to_string(err));
       }

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -568,6 +569,77 @@ TEST_F(AdminTest, AWrongCaOrAWrongNameIsRefused) {
   EXPECT_NE(wrong_name.status().message().find("mismatch"), std::string::npos)
       << wrong_name.status().ToString();
   EXPECT_NE(wrong_name.status().message().find("127.0.0.1"), std::string::npos);
+}
+
+AdminClientOptions WithCert(const TlsConfig& cert, std::string token = "") {
+  AdminClientOptions o = Trusting(Pki().server.ca_file, std::move(token));
+  o.cert_pem = Slurp(cert.cert_file);
+  o.key_pem = Slurp(cert.key_file);
+  return o;
+}
+
+// Mutual TLS: the port asks for a client certificate our CA signed, and
+// still wants the token where a route does.
+TEST_F(AdminTest, MutualTlsNeedsAClientCertificateFromTheCa) {
+  const auto& pki = Pki();
+  ASSERT_TRUE(pki.ok);
+  AdminOptions o = TlsOptions(pki.server, "s3cret");
+  o.tls_client_ca_pem = Slurp(pki.server.ca_file);
+  StartServer(o);
+  auto expect_refused = [](const Result<std::string>& r, const char* what) {
+    EXPECT_EQ(r.status().code(), Code::kAuth) << what << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find("client certificate"), std::string::npos)
+        << what << ": " << r.status().ToString();
+    std::printf("%s: %s\n", what, r.status().ToString().c_str());
+  };
+  expect_refused(AdminGet(Https(*server_), "/status", Trusting(pki.server.ca_file)),
+                 "no client certificate");
+  expect_refused(
+      AdminPost(Https(*server_), "/publish", "{}", Trusting(pki.server.ca_file, "s3cret")),
+      "no client certificate, with the token");
+  expect_refused(AdminGet(Https(*server_), "/status", WithCert(pki.rogue_client)),
+                 "a certificate from another CA");
+  // A certificate our CA signed for servers only (extendedKeyUsage
+  // serverAuth) is not one for clients.
+  auto server_only = testing::MintCert("admin-server-only", "DNS:localhost", "serverAuth");
+  ASSERT_TRUE(server_only.ok()) << server_only.status().ToString();
+  expect_refused(AdminGet(Https(*server_), "/status", WithCert(*server_only)),
+                 "a server-only certificate");
+  EXPECT_TRUE(Published().empty());
+
+  auto status = AdminGet(Https(*server_), "/status", WithCert(pki.client));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(*status, R"({"version":7})");
+  auto no_token = AdminPost(Https(*server_), "/publish", "{}", WithCert(pki.client));
+  EXPECT_EQ(no_token.status().code(), Code::kAuth) << no_token.status().ToString();
+  EXPECT_NE(no_token.status().message().find("401"), std::string::npos);
+  EXPECT_TRUE(Published().empty());
+  auto right = AdminPost(Https(*server_), "/publish", R"({"v":2})", WithCert(pki.client, "s3cret"));
+  ASSERT_TRUE(right.ok()) << right.status().ToString();
+  EXPECT_EQ(Published(), std::vector<std::string>{R"({"v":2})"});
+  // Another certificate of the same CA is as good.
+  EXPECT_TRUE(AdminGet(Https(*server_), "/status", WithCert(pki.other_client)).ok());
+  // A client certificate for a plain address is a mistake worth naming.
+  AdminClientOptions plain;
+  plain.cert_pem = Slurp(pki.client.cert_file);
+  plain.key_pem = Slurp(pki.client.key_file);
+  EXPECT_EQ(AdminGet("127.0.0.1:1", "/status", plain).status().code(), Code::kInvalidArgument);
+}
+
+TEST(AdminStart, RefusesABadClientCa) {
+  const auto& pki = Pki();
+  ASSERT_TRUE(pki.ok);
+  AdminOptions plain;
+  plain.tls_client_ca_pem = Slurp(pki.server.ca_file);
+  auto s = AdminServer::Start(plain, {});
+  EXPECT_EQ(s.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("needs TLS"), std::string::npos) << s.status().ToString();
+  AdminOptions bad = TlsOptions(pki.server);
+  bad.tls_client_ca_pem = "not a certificate";
+  s = AdminServer::Start(bad, {});
+  EXPECT_EQ(s.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("--admin-tls-client-ca"), std::string::npos)
+      << s.status().ToString();
 }
 
 TEST_F(AdminTest, HttpsToAPlainPortFailsCleanly) {

@@ -190,6 +190,10 @@ TEST(DataWire, BoundsAndOrder) {
   EXPECT_FALSE(DecodeHashes(h).ok());
   // Object references that do not fit their kind.
   EXPECT_FALSE(ValidateObjectRef({ObjectKind::kPatch, 4, 4}).ok());
+  // A supersede's patch runs backwards (docs/agent/board.md §4a): the
+  // reference fits; its signed manifest says whether it is one.
+  EXPECT_TRUE(ValidateObjectRef({ObjectKind::kPatch, 1000000, 3}).ok());
+  EXPECT_TRUE(ValidateObjectRef({ObjectKind::kSquash, 9, 5}).ok());
   EXPECT_FALSE(ValidateObjectRef({ObjectKind::kKeyframe, 3, 4}).ok());
   EXPECT_FALSE(ValidateObjectRef({static_cast<ObjectKind>(9), 3, 4}).ok());
   std::string f = EncodeFetch(kPatch34);

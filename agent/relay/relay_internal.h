@@ -241,9 +241,15 @@ struct RelayNode::Impl {
   // hold any of it), so its first chunks may go unasked; objects offered at
   // SUBSCRIBE or on FETCH may be half-held by a resuming child: WANT only.
   void OfferTo(Link& link, Object& obj, bool push = false) REQUIRES(mu);
-  // Offers `obj` to a subscribed child unless the child serves its version.
+  // Offers `obj` to a subscribed child unless the child serves its version
+  // or a newer one. Numbers are unique in the board's log, and the one
+  // object that runs backwards, a supersede's patch(withdrawn HEAD ->
+  // version) (docs/agent/board.md §4a), starts at the child's version: it is
+  // offered too. The child's own manifest check decides by (epoch, version).
   void OfferIfNewer(Link& link, Object& obj, bool push = false) REQUIRES(mu) {
-    if (obj.ref.to > link.served_version) OfferTo(link, obj, push);
+    if (obj.ref.to > link.served_version ||
+        (obj.ref.from == link.served_version && obj.ref.to != link.served_version))
+      OfferTo(link, obj, push);
   }
   void SendChunkTo(Link& link, Object& obj, uint32_t i) REQUIRES(mu);
   void Forward(Object& obj, uint32_t i) REQUIRES(mu);

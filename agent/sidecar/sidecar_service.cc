@@ -20,6 +20,8 @@ class Service final : public SidecarService {
     f.version_file = c.version_file;
     f.admin_token = c.agent_token;
     f.admin_ca_pem = c.agent_ca_pem;
+    f.admin_cert_pem = c.agent_cert_pem;
+    f.admin_key_pem = c.agent_key_pem;
     f.poll_ms = c.poll_ms;
     f.drain_timeout_ms = c.drain_timeout_ms;
     f.log = c.log;

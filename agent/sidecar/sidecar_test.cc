@@ -22,6 +22,7 @@
 #include "agent/sidecar/fake_engine.h"
 #include "agent/sidecar/version_follower.h"
 #include "base/text.h"
+#include "transport/test_certs.h"
 
 namespace tern::agent {
 namespace {
@@ -628,6 +629,52 @@ TEST_F(SidecarTest, FollowsTheMembersStatusAndAVersionFile) {
   std::ofstream(path) << "seven";
   EXPECT_TRUE(wait_for([&] { return (*from_file)->sync_state() == "ERROR"; }));
   EXPECT_EQ(Json::parse(client_->Send("GET", "/server_info").body)["applied"], "weight_v000007");
+}
+
+// A member whose admin port requires a client certificate: the follower
+// reads its /status only with one the CA signed.
+TEST_F(SidecarTest, FollowsAMemberThatRequiresAClientCertificate) {
+  StartSidecar();
+  const tern::testing::TestPki& pki = tern::testing::TestCerts();
+  ASSERT_TRUE(pki.ok) << pki.error;
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  AdminOptions ao;
+  ao.address = "127.0.0.1:0";
+  ao.tls_cert_pem = slurp(pki.server.cert_file);
+  ao.tls_key_pem = slurp(pki.server.key_file);
+  ao.tls_client_ca_pem = slurp(pki.server.ca_file);
+  auto member = AdminServer::Start(
+      ao, {{"GET", "/status", [](const AdminRequest&) {
+              return AdminResponse{200, "application/json",
+                                   Json{{"role", "member"}, {"served_version", 4}, {"head", 4}}.dump()};
+            }}});
+  ASSERT_TRUE(member.ok()) << member.status().ToString();
+  FollowerOptions fo;
+  fo.agent_admin = "https://" + (*member)->address();
+  fo.admin_ca_pem = slurp(pki.server.ca_file);
+  fo.poll_ms = 10;
+  fo.log = [](std::string_view) {};
+  auto wait_for = [&](auto pred) {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!pred() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    return pred();
+  };
+  auto without = VersionFollower::Start(fo, *gate_);
+  ASSERT_TRUE(without.ok());
+  EXPECT_TRUE(wait_for([&] { return (*without)->sync_state() == "ERROR"; }));
+  EXPECT_NE((*without)->last_error().find("requires a client certificate"), std::string::npos)
+      << (*without)->last_error();
+  EXPECT_FALSE(gate_->applied()) << "nothing read, nothing applied";
+  (*without)->Stop();
+  fo.admin_cert_pem = slurp(pki.client.cert_file);
+  fo.admin_key_pem = slurp(pki.client.key_file);
+  auto with = VersionFollower::Start(fo, *gate_);
+  ASSERT_TRUE(with.ok());
+  EXPECT_TRUE(wait_for([&] { return gate_->applied() == 4u; }));
+  (*with)->Stop();
 }
 
 // The invariant: every response's stated version is inside the request's

@@ -86,6 +86,8 @@ Result<MemberVersions> VersionFollower::Poll() {
     AdminClientOptions client;
     client.token = options_.admin_token;
     client.ca_pem = options_.admin_ca_pem;
+    client.cert_pem = options_.admin_cert_pem;
+    client.key_pem = options_.admin_key_pem;
     client.timeout_ms = std::max<uint32_t>(1000, options_.poll_ms * 5);
     client.max_reply_bytes = 4 << 20;
     TERN_ASSIGN_OR_RETURN(std::string body, AdminGet(options_.agent_admin, "/status", client));

@@ -60,6 +60,9 @@ struct FollowerOptions {
   std::string version_file;  // a path (exactly one of the two)
   std::string admin_token;   // the member's admin token, if it has one
   std::string admin_ca_pem;  // https:// agent_admin: its CA (PEM); empty: the system's
+  // https:// agent_admin that requires a client certificate
+  // (--admin-tls-client-ca): ours and its key (PEM), both or neither.
+  std::string admin_cert_pem, admin_key_pem;
   uint32_t poll_ms = 200;
   uint32_t drain_timeout_ms = 60000;  // per commit; a timed-out commit is retried
   LogFn log;                          // null: stderr

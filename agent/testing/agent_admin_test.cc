@@ -85,19 +85,27 @@ TEST_F(AgentAdminTest, ARootRefusesAnAdminPortOffLoopbackWithoutATokenAndTls) {
   }
 }
 
+// The root's admin port over TLS with the token "t0ken"; with
+// require_client_cert, mutual TLS against the test CA.
+std::function<void(AgentOptions&)> TlsAdminRoot(const testing::TestPki& pki,
+                                                bool require_client_cert) {
+  return [&pki, require_client_cert](AgentOptions& o) {
+    if (o.id != "root") return;
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = "t0ken";
+    o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
+    o.admin_tls_key_pem = Slurp(pki.server.key_file);
+    if (require_client_cert) o.admin_tls_client_ca_pem = Slurp(pki.server.ca_file);
+  };
+}
+
 // The admin port over TLS end to end: tern publish's path (PublishToRoot)
 // with a token and the CA, members follow bit for bit; a wrong CA or no
 // token changes nothing; plain HTTP to the port is refused in plain words.
 TEST_F(AgentAdminTest, PublishOverTlsWithATokenReachesTheMembers) {
   const testing::TestPki& pki = testing::TestCerts();
   ASSERT_TRUE(pki.ok) << pki.error;
-  tweak_ = [&](AgentOptions& o) {
-    if (o.id != "root") return;
-    o.admin_listen = "127.0.0.1:0";
-    o.admin_token = "t0ken";
-    o.admin_tls_cert_pem = Slurp(pki.server.cert_file);
-    o.admin_tls_key_pem = Slurp(pki.server.key_file);
-  };
+  tweak_ = TlsAdminRoot(pki, /*require_client_cert=*/false);
   StartRoot();
   StartMember("m1", "us");
   StartMember("m2", "us");
@@ -136,6 +144,54 @@ TEST_F(AgentAdminTest, PublishOverTlsWithATokenReachesTheMembers) {
   auto status = AgentStatusJson(admin, c);
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_NE(status->find("\"head\""), std::string::npos) << *status;
+}
+
+// Mutual TLS on the admin port (AgentOptions::admin_tls_client_ca_pem):
+// tern publish's and tern status's paths need a client certificate the CA
+// signed and still the token; refusals change nothing.
+TEST_F(AgentAdminTest, AdminClientCertificatesAreRequiredWhenAClientCaIsSet) {
+  const testing::TestPki& pki = testing::TestCerts();
+  ASSERT_TRUE(pki.ok) << pki.error;
+  tweak_ = TlsAdminRoot(pki, /*require_client_cert=*/true);
+  StartRoot();
+  StartMember("m1", "us");
+  const std::string admin = root_->Snapshot().admin_address;
+  AgentClientOptions c;
+  c.token = "t0ken";
+  c.ca_pem = Slurp(pki.server.ca_file);
+  c.timeout_ms = 60000;
+  const std::string step = NextStep();
+
+  Status no_cert = PublishToRoot(admin, step, 1, c);
+  EXPECT_EQ(no_cert.code(), Code::kAuth) << no_cert.ToString();
+  EXPECT_NE(no_cert.message().find("requires a client certificate"), std::string::npos)
+      << no_cert.ToString();
+  EXPECT_EQ(AgentStatusJson(admin, c).status().code(), Code::kAuth);
+  AgentClientOptions rogue = c;
+  rogue.cert_pem = Slurp(pki.rogue_client.cert_file);
+  rogue.key_pem = Slurp(pki.rogue_client.key_file);
+  Status other_ca = PublishToRoot(admin, step, 1, rogue);
+  EXPECT_EQ(other_ca.code(), Code::kAuth) << other_ca.ToString();
+  EXPECT_NE(other_ca.message().find("refused our client certificate"), std::string::npos)
+      << other_ca.ToString();
+  AgentClientOptions cert_only = c;
+  cert_only.cert_pem = Slurp(pki.client.cert_file);
+  cert_only.key_pem = Slurp(pki.client.key_file);
+  cert_only.token.clear();
+  Status no_token = PublishToRoot(admin, step, 1, cert_only);
+  EXPECT_EQ(no_token.code(), Code::kAuth) << no_token.ToString();
+  EXPECT_NE(no_token.message().find("401"), std::string::npos) << no_token.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 0u);
+
+  AgentClientOptions both = cert_only;
+  both.token = "t0ken";
+  Status ok = PublishToRoot(admin, step, 1, both);
+  ASSERT_TRUE(ok.ok()) << ok.ToString();
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ExpectBitwiseEqual(1);
+  auto status = AgentStatusJson(admin, cert_only);  // a public read: the certificate is enough
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->find("\"head\": 1"), std::string::npos) << *status;
 }
 
 // The board in etcd is secure by default too (docs/agent/etcd.md §1,

@@ -62,6 +62,7 @@ ViewStore::ViewStore(Env& env, std::string dir, ThreadPool& pool, LogFn log,
 ViewStore::~ViewStore() = default;
 
 uint64_t ViewStore::version() const { return state_->version; }
+uint32_t ViewStore::epoch() const { return state_->epoch; }
 ViewDigest ViewStore::digest() const { return state_->digest; }
 std::string ViewStore::current_path() const { return dir_ + "/current"; }
 
@@ -72,7 +73,7 @@ namespace {
 // and switch. The old current becomes an unusable spare (no patch leads from
 // its version to the new one).
 Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string& recorded,
-                      LogFn& log, uint64_t version, const ViewDigest& digest,
+                      LogFn& log, uint64_t version, uint32_t epoch, const ViewDigest& digest,
                       const std::vector<SlotFile>& files,
                       const std::function<Status(const std::string& slot_path)>& build) {
   if (!s.current.empty()) {
@@ -96,6 +97,7 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string
   ViewStore::State next;
   next.current = slot;
   next.version = version;
+  next.epoch = epoch;
   next.digest = digest;
   TERN_RETURN_IF_ERROR(WriteState(env, p, next, recorded));  // the commit point
   const std::string old_kept = s.kept;
@@ -109,17 +111,26 @@ Status InstallInSpare(Env& env, const Paths& p, ViewStore::State& s, std::string
     Status removed = RemoveTree(env, p.slot(old_kept));
     if (!removed.ok()) log("view_store: " + removed.ToString());
   }
-  log("view_store: serving version " + std::to_string(version) + " (" + digest.ToString() + ")");
+  log("view_store: serving version " + std::to_string(version) +
+      (epoch != 0 ? " of epoch " + std::to_string(epoch) : std::string()) + " (" +
+      digest.ToString() + ")");
   return Status::Ok();
+}
+
+// Positions (epoch, version) only go up (docs/agent/board.md §4a).
+bool Above(uint32_t epoch, uint64_t version, const ViewStore::State& s) {
+  return std::pair(epoch, version) > std::pair(s.epoch, s.version);
 }
 
 }  // namespace
 
 Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
-                       const ViewDigest& expected, const std::vector<SlotFile>& files) {
+                       const ViewDigest& expected, const std::vector<SlotFile>& files,
+                       uint32_t epoch) {
   State& s = *state_;
-  TERN_REQUIRE(version > s.version, kInvalidArgument, "view store: seed version ", version,
-               " is not newer than the served ", s.version);
+  TERN_REQUIRE(Above(epoch, version, s), kInvalidArgument, "view store: seed version ", version,
+               " (epoch ", epoch, ") is not newer than the served ", s.version, " (epoch ",
+               s.epoch, ")");
   OpenOptions options;
   options.env = &env_;
   TERN_ASSIGN_OR_RETURN(auto base, Checkpoint::Open(checkpoint_path, options));
@@ -150,14 +161,16 @@ Status ViewStore::Seed(const std::string& checkpoint_path, uint64_t version,
     if (!st.ok()) (void)RemoveTree(env_, staging);
     return st;
   };
-  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, expected, files, build);
+  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, epoch, expected, files,
+                        build);
 }
 
 Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version,
-                                  const std::vector<SlotFile>& files) {
+                                  const std::vector<SlotFile>& files, uint32_t epoch) {
   State& s = *state_;
-  TERN_REQUIRE(version > s.version, kInvalidArgument, "view store: keyframe version ", version,
-               " is not newer than the served ", s.version);
+  TERN_REQUIRE(Above(epoch, version, s), kInvalidArgument, "view store: keyframe version ",
+               version, " (epoch ", epoch, ") is not newer than the served ", s.version,
+               " (epoch ", s.epoch, ")");
   TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(keyframe));
   TERN_REQUIRE(info.target_version == version, kMismatch, "view store: keyframe targets version ",
                info.target_version, ", expected ", version);
@@ -180,8 +193,8 @@ Status ViewStore::InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t ve
     return w->Commit();
   };
   // Apply verified that the bytes reach the patch's target digest.
-  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, info.target_digest, files,
-                        build);
+  return InstallInSpare(env_, Paths(dir_), s, recorded_, log_, version, epoch, info.target_digest,
+                        files, build);
 }
 
 namespace {
@@ -283,6 +296,7 @@ Status ViewStore::PrepareSpare() {
   State next = s;
   next.spare_usable = true;
   next.spare_version = s.version;
+  next.spare_epoch = s.epoch;
   next.spare_digest = s.digest;
   next.kept.clear();
   next.kept_from = next.kept_to = 0;
@@ -353,7 +367,8 @@ void ViewStore::AbortAdvance() {
 
 bool ViewStore::advancing() const { return state_->stream != nullptr; }
 
-Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<SlotFile>& files) {
+Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<SlotFile>& files,
+                          uint32_t epoch) {
   State& s = *state_;
   const Paths p(dir_);
   TERN_REQUIRE(!s.current.empty(), kInvalidArgument,
@@ -371,8 +386,9 @@ Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<Slot
                "view store: patch base is version ", info.base_version, " (",
                info.base_digest.ToString(), "), serving ", s.version, " (", s.digest.ToString(),
                ")");
-  TERN_REQUIRE(info.target_version > s.version, kMismatch, "view store: patch target version ",
-               info.target_version, " is not newer than ", s.version);
+  TERN_REQUIRE(Above(epoch, info.target_version, s) && epoch >= s.epoch, kMismatch,
+               "view store: patch target version ", info.target_version, " (epoch ", epoch,
+               ") is not newer than ", s.version, " (epoch ", s.epoch, ")");
   if (s.link_dirty) {
     TERN_RETURN_IF_ERROR(Relink(env_, p, s.current));
     s.link_dirty = false;
@@ -450,6 +466,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<Slot
         if (slot->Sync().ok()) {
           restored.spare_usable = true;
           restored.spare_version = s.version;
+          restored.spare_epoch = s.epoch;
           restored.spare_digest = s.digest;
           if (WriteState(env_, p, restored, recorded_).ok()) s = restored;
         }
@@ -499,6 +516,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<Slot
   State next;
   next.current = s.spare();
   next.version = info.target_version;
+  next.epoch = epoch;
   next.digest = target;
   // Unsynced: the digest was verified from the changes and the page cache
   // holds every byte, so readers of the running member see the whole
@@ -508,6 +526,7 @@ Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<Slot
   // The old served slot, synced before the spare was first written.
   next.spare_usable = true;
   next.spare_version = s.version;
+  next.spare_epoch = s.epoch;
   next.spare_digest = s.digest;
   next.kept = kept;
   next.kept_from = s.version;
@@ -528,7 +547,8 @@ Status ViewStore::Advance(std::span<const uint8_t> patch, const std::vector<Slot
     if (!removed.ok()) log_("view_store: " + removed.ToString());
   }
   const uint64_t total_us = clock.NowUs() - start_us;
-  log_(internal::StrCat("view_store: serving version ", s.version, " (", mode,
+  log_(internal::StrCat("view_store: serving version ", s.version,
+                        s.epoch != 0 ? internal::StrCat(" of epoch ", s.epoch) : std::string(), " (", mode,
                         "): ", total_us / 1000, " ms = catch-up ", catch_up_us / 1000, " + apply ",
                         apply_us / 1000, " + sync ", sync_us / 1000,
                         " + state, kept patch, switch ",

@@ -94,6 +94,9 @@ class ViewStore {
 
   // What dir/current serves (0 and a zero digest: nothing yet).
   uint64_t version() const;
+  // The board epoch of version() (docs/agent/board.md §4a; 0 before the
+  // first supersede), recorded with it in views/state.json.
+  uint32_t epoch() const;
   ViewDigest digest() const;
   // dir + "/current".
   std::string current_path() const;
@@ -102,23 +105,31 @@ class ViewStore {
   // copied, not moved) as `version` iff its full digest is `expected`.
   // `version` must be newer than version().
   //
+  // Newer means a higher position (epoch, version) (docs/agent/board.md
+  // §4a): `epoch` is the new version's board epoch, never below epoch(); a
+  // higher epoch may carry a lower number (a supersede: Advance by the
+  // backwards patch(withdrawn HEAD -> version)), the same epoch only a
+  // higher one. A lower position is refused (kInvalidArgument for Seed and
+  // InstallKeyframe, kMismatch for Advance) and changes nothing.
+  //
   // Seed, InstallKeyframe and Advance also write the new version's model
   // files into its slot before the switch (WriteSlotFiles: checked against
   // their signed SHA-256, kAuth otherwise, and nothing is switched); the
   // slot then holds exactly those besides its tensors. None (a version of
   // a format-1 manifest): the slot's other files are left as they are.
   Status Seed(const std::string& checkpoint_path, uint64_t version, const ViewDigest& expected,
-              const std::vector<SlotFile>& files = {});
+              const std::vector<SlotFile>& files = {}, uint32_t epoch = 0);
   // A keyframe: a patch from the all-zero view of its own tensor table to
   // `version` (its target version must be `version`, newer than version()).
   // The spare is created zero-filled (sparse) from the patch's layout.
   Status InstallKeyframe(std::span<const uint8_t> keyframe, uint64_t version,
-                         const std::vector<SlotFile>& files = {});
+                         const std::vector<SlotFile>& files = {}, uint32_t epoch = 0);
   // Advances to the patch's target. Its base must be version()/digest(); a
   // squash (a -> b with a == version()) is a patch like any other. Finishes
   // a stream of the same patch (AdvancePrefix); a stream that fails here is
   // dropped and the whole patch applied to a copy instead.
-  Status Advance(std::span<const uint8_t> patch, const std::vector<SlotFile>& files = {});
+  Status Advance(std::span<const uint8_t> patch, const std::vector<SlotFile>& files = {},
+                 uint32_t epoch = 0);
 
   // Streaming Advance (docs/agent/apply.md "Streaming apply"): `prefix` is
   // the beginning of a patch still arriving, verified by the caller (every

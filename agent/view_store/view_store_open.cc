@@ -87,6 +87,7 @@ Status RecoverUnsynced(Env& env, const Paths& p, ViewStore::State& s, std::strin
       ViewStore::State back;
       back.current = s.spare();
       back.version = s.spare_version;
+      back.epoch = s.spare_epoch;
       back.digest = s.spare_digest;
       // The torn slot is the spare now, unusable: the next Advance copies.
       TERN_RETURN_IF_ERROR(WriteState(env, p, back, recorded));
@@ -123,10 +124,12 @@ std::string EncodeState(const ViewStore::State& s) {
   j["synced"] = s.synced;
   j["current"] = s.current;
   j["version"] = s.version;
+  if (s.epoch != 0) j["epoch"] = s.epoch;  // absent: epoch 0, as before epochs
   j["digest"] = s.digest.ToString();
   j["spare"] = {{"usable", s.spare_usable},
                 {"version", s.spare_version},
                 {"digest", s.spare_digest.ToString()}};
+  if (s.spare_epoch != 0) j["spare"]["epoch"] = s.spare_epoch;
   if (s.kept.empty()) {
     j["kept"] = nullptr;
   } else {
@@ -168,6 +171,14 @@ Result<ViewStore::State> DecodeState(const std::string& text, const std::string&
   TERN_REQUIRE(s.current == "a" || s.current == "b", kCorrupt, path, ": current must be a or b");
   TERN_ASSIGN_OR_RETURN(s.version, u64(j, "version"));
   TERN_REQUIRE(s.version > 0, kCorrupt, path, ": version 0 is never served");
+  // The board epoch (docs/agent/board.md §4a): absent is 0.
+  auto epoch = [&](const nlohmann::json& o) -> Result<uint32_t> {
+    if (!o.contains("epoch")) return uint32_t{0};
+    TERN_ASSIGN_OR_RETURN(uint64_t e, u64(o, "epoch"));
+    TERN_REQUIRE(e <= UINT32_MAX, kCorrupt, path, ": epoch ", e, " is out of range");
+    return uint32_t(e);
+  };
+  TERN_ASSIGN_OR_RETURN(s.epoch, epoch(j));
   TERN_ASSIGN_OR_RETURN(s.digest, digest(j, "digest"));
   TERN_REQUIRE(j.contains("spare") && j["spare"].is_object(), kCorrupt, path, ": 'spare' missing");
   const nlohmann::json& spare = j["spare"];
@@ -176,8 +187,10 @@ Result<ViewStore::State> DecodeState(const std::string& text, const std::string&
   s.spare_usable = spare["usable"].get<bool>();
   TERN_ASSIGN_OR_RETURN(s.spare_version, u64(spare, "version"));
   TERN_ASSIGN_OR_RETURN(s.spare_digest, digest(spare, "digest"));
-  TERN_REQUIRE(!s.spare_usable || s.spare_version <= s.version, kCorrupt, path, ": spare version ",
-               s.spare_version, " is newer than the served ", s.version);
+  TERN_ASSIGN_OR_RETURN(s.spare_epoch, epoch(spare));
+  TERN_REQUIRE(!s.spare_usable || std::pair(s.spare_epoch, s.spare_version) <= std::pair(s.epoch, s.version),
+               kCorrupt, path, ": spare version ", s.spare_version, " (epoch ", s.spare_epoch,
+               ") is newer than the served ", s.version, " (epoch ", s.epoch, ")");
   TERN_REQUIRE(j.contains("kept"), kCorrupt, path, ": 'kept' missing");
   if (!j["kept"].is_null()) {
     TERN_ASSIGN_OR_RETURN(s.kept, str(j["kept"], "file"));

@@ -29,6 +29,10 @@ struct SlotWriter {
 struct ViewStore::State {
   std::string current;  // "a" or "b"; empty: nothing served
   uint64_t version = 0;
+  // The board epoch of `version` (docs/agent/board.md §4a): positions
+  // (epoch, version) only go up; a supersede moves to a higher epoch with a
+  // lower number. Recorded as "epoch" only when not 0 (absent: 0).
+  uint32_t epoch = 0;
   ViewDigest digest;
   // The served slot's bytes are durable (fsynced). false: committed from the
   // page cache (the switch no longer waits for the sync); a power loss may
@@ -41,6 +45,7 @@ struct ViewStore::State {
   // write to the spare), so a usable spare is always durable.
   bool spare_usable = false;
   uint64_t spare_version = 0;
+  uint32_t spare_epoch = 0;  // spare_version's epoch
   ViewDigest spare_digest;
   std::string kept;  // views/<kept>: patch kept_from -> kept_to; empty: none
   uint64_t kept_from = 0, kept_to = 0;

@@ -461,5 +461,87 @@ TEST_F(ViewStoreTest, DamagedStateFileIsAClearError) {
   EXPECT_EQ(OpenStore()->version(), 1u);
 }
 
+// Positions (docs/agent/board.md §4a): a supersede moves a member to a higher
+// epoch with a lower number, by the backwards patch(withdrawn -> version);
+// nothing moves it back to a lower position, and the epoch survives a
+// restart in state.json. Trace views 4 and 5 are published as 2 and 3 of
+// epoch 1 on top of the withdrawn 3 of epoch 0.
+TEST_F(ViewStoreTest, ASupersedeMovesToAHigherEpochWithALowerNumber) {
+  auto store = Seeded();
+  ASSERT_TRUE(store->Advance(trace_.Patch(1, 2)).ok());
+  ASSERT_TRUE(store->Advance(trace_.Patch(2, 3)).ok());
+  EXPECT_EQ(store->epoch(), 0u);
+  auto relabel = [&](uint64_t from_view, uint64_t to_view, uint64_t base, uint64_t target) {
+    ThreadPool pool(1);
+    DiffOptions o;
+    o.segment_elements = 64;
+    o.base_version = base;
+    o.target_version = target;
+    auto p = Diff(trace_.view(from_view), trace_.view(to_view), o, pool);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return *p;
+  };
+  const std::vector<uint8_t> backwards = relabel(3, 4, 3, 2);  // patch(3 -> 2), epoch 1
+  // In the same epoch a lower number is refused and changes nothing.
+  Status same_epoch = store->Advance(backwards);
+  EXPECT_EQ(same_epoch.code(), Code::kMismatch) << same_epoch.ToString();
+  EXPECT_NE(same_epoch.message().find("is not newer than 3 (epoch 0)"), std::string::npos)
+      << same_epoch.ToString();
+  EXPECT_EQ(store->version(), 3u);
+  EXPECT_EQ(Differs(store->current_path(), trace_, 3), "");
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  const int copies = Copies();
+  Status s = store->Advance(backwards, {}, /*epoch=*/1);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(store->version(), 2u);
+  EXPECT_EQ(store->epoch(), 1u);
+  EXPECT_EQ(store->digest(), trace_.digest(4));
+  EXPECT_EQ(Differs(store->current_path(), trace_, 4), "");
+  // The kept backwards patch brings the spare up in place: no copy.
+  ASSERT_TRUE(store->PrepareSpare().ok());
+  EXPECT_EQ(Copies(), copies);
+  EXPECT_TRUE(store->spare_ready());
+  // A higher number of the old epoch (a replayed or stale publication) is a
+  // lower position: refused, whatever its base.
+  const std::vector<uint8_t> old_epoch = relabel(4, 5, 2, 7);
+  EXPECT_EQ(store->Advance(old_epoch).code(), Code::kMismatch);
+  EXPECT_EQ(store->InstallKeyframe(trace_.Keyframe(7), 7).code(), Code::kInvalidArgument);
+  EXPECT_EQ(store->version(), 2u);
+  EXPECT_EQ(store->epoch(), 1u);
+  // The epoch is recorded with the version: a restart serves 2 of epoch 1.
+  store.reset();
+  EXPECT_NE(tern::testing::Slurp(dir_ + "/views/state.json").find("\"epoch\": 1"),
+            std::string::npos);
+  store = OpenStore();
+  EXPECT_EQ(store->version(), 2u);
+  EXPECT_EQ(store->epoch(), 1u);
+  ASSERT_TRUE(store->Advance(relabel(4, 5, 2, 3), {}, 1).ok());
+  EXPECT_EQ(store->version(), 3u);
+  EXPECT_EQ(Differs(store->current_path(), trace_, 5), "");
+  // A keyframe of the epoch installs; one of an older epoch never does.
+  EXPECT_EQ(store->InstallKeyframe(trace_.Keyframe(6), 6).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(store->InstallKeyframe(trace_.Keyframe(6), 6, {}, 1).ok());
+  EXPECT_EQ(store->epoch(), 1u);
+  EXPECT_EQ(Differs(store->current_path(), trace_, 6), "");
+}
+
+// state.json before epochs has no "epoch": it is epoch 0; a bad one is a
+// clear error.
+TEST_F(ViewStoreTest, StateWithoutAnEpochIsEpochZeroAndABadOneIsRefused) {
+  { auto store = Seeded(); }
+  const std::string path = dir_ + "/views/state.json";
+  const std::string good = tern::testing::Slurp(path);
+  EXPECT_EQ(good.find("epoch"), std::string::npos);  // epoch 0 writes what it always wrote
+  EXPECT_EQ(OpenStore()->epoch(), 0u);
+  for (const char* bad : {"\"epoch\": -1, ", "\"epoch\": \"1\", ", "\"epoch\": 4294967296, "}) {
+    std::string text = good;
+    text.insert(text.find("\"version\""), bad);
+    { std::ofstream(path, std::ios::trunc) << text; }
+    auto s = ViewStore::Open(DefaultEnv(), dir_, pool_, nullptr);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), Code::kCorrupt) << s.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace tern::agent::view_store_testing

@@ -98,13 +98,17 @@ struct AgentOptions {
   // certificate (PEM: the leaf, then intermediates) and its unencrypted
   // key; clients dial https://HOST:PORT.
   std::string admin_tls_cert_pem, admin_tls_key_pem;
+  // With TLS: the CA(s) (PEM) that must have signed a client's certificate
+  // (mutual TLS, on top of the token); empty: no client certificate asked.
+  std::string admin_tls_client_ca_pem;
   // Root, POST /publish only: the checkpoints it may read lie under this
   // directory (symbolic links resolved; the resolved path is what is read).
   // Empty: any path the root can read.
   std::string publish_dir;
   // Root, POST /publish only: a version more than this beyond HEAD is refused
   // unless the request says "force": true. Versions only increase, so one
-  // wrong number would hold back every later publish. 0: no bound.
+  // wrong number would hold back every later publish (the way back is a
+  // supersede: Agent::Supersede, "supersede": true). 0: no bound.
   uint64_t max_version_jump = 1000000;
 
   // Members: a checkpoint this node already holds (a safetensors file or
@@ -310,8 +314,8 @@ struct AgentPublishSpans {
   // The publisher's lock waited for (a catch-up squash may hold it), the
   // checkpoint opened and mapped, model files stored.
   double prepare_s = 0;
-  double verify_prev_s = 0;  // D(prev) recomputed
-  double diff_s = 0;         // diff + encode of the patch
+  double verify_prev_s = 0;  // prev's digest checked against HEAD's manifest
+  double diff_s = 0;         // diff + encode of the patch, D(prev) hashed in its pass
   double keyframe_s = 0;     // the keyframe's, when one is due
   double hash_s = 0;         // chunk SHA-256 and Merkle roots
   double sign_s = 0;
@@ -390,6 +394,12 @@ struct AgentSnapshot {
   std::string admin_address;   // the bound admin address (empty: none; "https://HOST:PORT" with TLS)
   uint64_t head = 0;           // root: HEAD; member: the newest it knows
   uint64_t served_version = 0;  // 0 for a relay-only member (it serves nothing)
+  // Board epochs (docs/agent/board.md §4a; 0 until the first supersede):
+  // HEAD's (member: of the newest HEAD it knows) and the served version's
+  // (relay-only: the held version's). served_epoch < head_epoch: the member
+  // serves a withdrawn version until it re-bases.
+  uint32_t head_epoch = 0;
+  uint32_t served_epoch = 0;
   ViewDigest served_digest;
   bool relay_only = false;
   // Relay-only: the newest version it holds an object of completely (what
@@ -422,6 +432,10 @@ struct AgentEvent {
   double at_s = 0;
   Kind kind = Kind::kVersionServed;
   uint64_t version = 0;     // published / served (0 for membership events)
+  // The board epoch of `version` (docs/agent/board.md §4a; 0 until the
+  // first supersede, and for membership events): (epoch, version) only
+  // goes up from one version event to the next.
+  uint32_t epoch = 0;
   ViewDigest digest;        // D(version) (zero for membership events)
   std::string member;       // membership events: the member's id; others: this agent's
   // kVersionServed: the slot directory DIR/current pointed at when the
@@ -467,6 +481,15 @@ class TERN_EXPORT Agent {
   // than HEAD. Returns when the version is on the board (durable), before
   // members have it.
   virtual Status Publish(const std::string& checkpoint_path, uint64_t version) = 0;
+  // Root only: the recovery from a wrong version number (docs/agent/board.md
+  // §4a, docs/agent/operations.md "Recovering from a wrong version"):
+  // publishes `checkpoint_path` as `version` *below* HEAD, opening the next
+  // board epoch; HEAD and the versions above `version` are withdrawn, and
+  // members move to it by the backwards patch(HEAD -> version). The root
+  // must serve HEAD's view. Refused, changing nothing: `version` not below
+  // HEAD or 0, or a number the board holds (kAlreadyExists), an empty board
+  // (kInvalidArgument).
+  virtual Status Supersede(const std::string& checkpoint_path, uint64_t version) = 0;
 
   // Root only, for schedulers (docs/agent/operations.md "Draining and
   // removing members"). DrainMember: `id` relays for nobody from now on —
@@ -574,8 +597,15 @@ struct AgentClientOptions {
   // For an "https://HOST:PORT" admin address: the CA(s) (PEM) that signed
   // the agent's admin certificate; empty: the system's trust store.
   std::string ca_pem;
+  // For an agent whose admin port requires a client certificate
+  // (AgentOptions::admin_tls_client_ca_pem): ours and its unencrypted key
+  // (PEM), both or neither.
+  std::string cert_pem, key_pem;
   uint32_t timeout_ms = 600000;
   bool force = false;  // PublishToRoot: a version far beyond HEAD is meant (max_version_jump)
+  // PublishToRoot: a supersede (Agent::Supersede): `version` below HEAD
+  // opens the next board epoch; the recovery from a wrong version number.
+  bool supersede = false;
 };
 
 // POST /publish to a root's admin port: the root diffs `checkpoint_path`

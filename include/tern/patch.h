@@ -53,10 +53,15 @@ struct DiffOptions {
 
 // old/new views must have identical tensor sets and layouts (kMismatch naming
 // the tensor otherwise). base_digest: the old view's digest if known (trainers
-// carry it forward), else computed here.
+// carry it forward; the patch names it as its base, unchecked), else computed
+// here. old_digest: if not null, receives D(old_view) as the old bytes read
+// (whatever base_digest says), so a caller can check that the view it holds
+// is the one it names (the root's publish) without a second pass over it:
+// each segment's old bytes are hashed as the compare reads them.
 TERN_EXPORT Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& new_view,
                                               const DiffOptions& options, ThreadPool& pool,
-                                              const ViewDigest* base_digest = nullptr);
+                                              const ViewDigest* base_digest = nullptr,
+                                              ViewDigest* old_digest = nullptr);
 
 // ---- Multi-rank publishing -------------------------------------------------
 

@@ -38,6 +38,10 @@ struct SidecarConfig {
   // An https:// agent_admin: the CA (PEM) its certificate must chain to;
   // empty: the system's trust store.
   std::string agent_ca_pem;
+  // An https:// agent_admin whose port requires a client certificate
+  // (tern-agent --admin-tls-client-ca): ours and its unencrypted key
+  // (PEM), both or neither.
+  std::string agent_cert_pem, agent_key_pem;
   std::string admin_token;  // lets a request reach control routes; empty: none can
   bool quiesce = false;     // false: in place (only exact-version requests drain)
   bool cache_salt = true;   // key the engine's prefix cache by version

@@ -72,7 +72,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 2
+#define TERN_ABI_VERSION_MINOR 3
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -202,6 +202,11 @@ typedef struct tern_agent_options {
    * unless admin_insecure (docs/security.md, "The admin port"). */
   const char* admin_tls_cert_pem;
   const char* admin_tls_key_pem;
+
+  /* ABI 1.3. With admin_tls_cert_pem: the CA(s) (PEM) that must have signed
+   * a client's certificate (mutual TLS, on top of admin_token); NULL: no
+   * client certificate asked for. */
+  const char* admin_tls_client_ca_pem;
 } tern_agent_options;
 
 /* Sets struct_size and every default above. Any thread. */
@@ -398,6 +403,15 @@ typedef struct tern_client_options {
   /* ABI 1.1. For an "https://HOST:PORT" address: the CA(s) (PEM) the
    * agent's admin certificate must chain to; NULL: the system's trust store. */
   const char* ca_pem;
+  /* ABI 1.3. For an agent whose admin port requires a client certificate
+   * (admin_tls_client_ca_pem): ours and its unencrypted key (PEM), both or
+   * NULL. */
+  const char* cert_pem;
+  const char* key_pem;
+  /* ABI 1.3. 1: a publish is a supersede, the recovery from a wrong version
+   * number: the version, below HEAD and not a number the board holds, opens
+   * the next board epoch (docs/agent/operations.md). 0 or 1. */
+  int supersede;
 } tern_client_options;
 
 TERN_API void tern_client_options_init(tern_client_options* options);

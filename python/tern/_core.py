@@ -182,17 +182,23 @@ class Agent(_OperatorCalls):
 class Client(_OperatorCalls):
     """A running agent's admin port ("HOST:PORT", or "https://HOST:PORT"
     with `ca_pem`, the CA the port's certificate must chain to; None: the
-    system's): publish through a root,
+    system's; `cert_pem`/`key_pem`: our certificate for a port that
+    requires one, an agent's `admin_tls_client_ca_pem`): publish through a root,
     read status, metrics, publish jobs and events. `token`: the agent's
     admin token (needed to publish and for events when it has one).
+    `supersede`: each publish is a supersede (the recovery from a wrong
+    version number: a version below HEAD opens the next board epoch;
+    docs/agent/operations.md).
     `timeout_s`: per request; a publish waits this long in all (default
     600). Nothing is connected until a call. Thread safety: any thread."""
 
     def __init__(self, address: str, *, token: Optional[str] = None, timeout_s: float = 600.0,
-                 force: bool = False, ca_pem: Optional[str] = None):
+                 force: bool = False, ca_pem: Optional[str] = None,
+                 cert_pem: Optional[str] = None, key_pem: Optional[str] = None,
+                 supersede: bool = False):
         self.address = address
         self._native = _tern.Client(address, token, _timeout_ms(timeout_s, 3600.0), bool(force),
-                                    ca_pem)
+                                    ca_pem, cert_pem, key_pem, bool(supersede))
 
     def publish(self, checkpoint: str, version: int) -> None:
         """POST /publish: the root reads `checkpoint` (a path *it* can read)
@@ -231,7 +237,8 @@ class Client(_OperatorCalls):
 class Publisher:
     """One trainer rank publishing the tensors, or row shards of tensors,
     it owns to the root behind `board` (its admin address, "HOST:PORT" or
-    "https://HOST:PORT" with `ca_pem`; `token`: its admin token). The root
+    "https://HOST:PORT" with `ca_pem`, and `cert_pem`/`key_pem` when its
+    port requires a client certificate; `token`: its admin token). The root
     commits a version once each of the `world_size` ranks sent its part
     (docs/agent/board.md §4b); full weights never travel.
 
@@ -253,7 +260,8 @@ class Publisher:
     def __init__(self, *, rank: int, world_size: int, board: str, layout: Mapping[str, Any],
                  shards: Mapping[str, Tuple[int, int]], token: Optional[str] = None,
                  ca_pem: Optional[str] = None, timeout_s: float = 600.0,
-                 gather_timeout_s: float = 60.0, segment_elements: int = 0):
+                 gather_timeout_s: float = 60.0, segment_elements: int = 0,
+                 cert_pem: Optional[str] = None, key_pem: Optional[str] = None):
         self.rank, self.world_size, self.board = int(rank), int(world_size), board
         self._layout = {}
         for name, t in layout.items():
@@ -283,7 +291,7 @@ class Publisher:
             self.rank, self.world_size, [(n, d, s) for n, (d, s) in self._layout.items()],
             [(n, f, c) for n, (f, c) in self._ranges.items()], int(segment_elements),
             _timeout_ms(gather_timeout_s, 600.0), board, token, _timeout_ms(timeout_s, 3600.0),
-            ca_pem)
+            ca_pem, cert_pem, key_pem)
 
     def publish(self, version: int, tensors: Mapping[str, Any]) -> int:
         """Sends this rank's part of `version`: `tensors` maps each tensor

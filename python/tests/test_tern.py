@@ -183,6 +183,33 @@ def test_errors_carry_codes(fleet, tmp_path):
         root.status()
 
 
+def test_client_supersede_withdraws_a_wrong_version(fleet, tmp_path):
+    """tern.Client(supersede=True) (ABI 1.3): a version below a wrong HEAD
+    opens the next board epoch; the member follows it; a number the log
+    holds is refused (docs/agent/operations.md)."""
+    root, member = fleet
+    w1, w2 = model(7), None
+    root.publish(checkpoint(tmp_path / "s1.safetensors", w1), 1)
+    w2 = step(w1, 0.01, 8)
+    root.publish(checkpoint(tmp_path / "s2.safetensors", w2), 5000)  # the typo
+    wait_served(member, 5000)
+    right = checkpoint(tmp_path / "s3.safetensors", step(w2, 0.01, 9))
+    client = tern.Client(root.admin_address, token=TOKEN, supersede=True)
+    with pytest.raises(tern.Error) as e:
+        client.publish(right, 1)  # in the log
+    assert "in the board's log already" in str(e.value)
+    client.publish(right, 2)
+    assert client.status().head == 2
+    deadline = time.monotonic() + 60
+    while member.status().served_version != 2:
+        assert time.monotonic() < deadline, "the member did not follow the supersede"
+        time.sleep(0.05)
+    # Ordinary publishes go on from 2.
+    tern.Client(root.admin_address, token=TOKEN).publish(
+        checkpoint(tmp_path / "s4.safetensors", step(w2, 0.01, 10)), 3)
+    wait_served(member, 3)
+
+
 def test_publish_releases_the_gil(fleet, tmp_path):
     """Another Python thread runs while a publish diffs a large checkpoint."""
     root, member = fleet
@@ -325,3 +352,79 @@ def test_publisher_ranks_publish_their_rows(fleet):
     assert e.value.code == tern.Code.AUTH
     with pytest.raises(ValueError, match="owned tensors"):
         pubs[0].publish(3, mine(1, w))
+
+
+def _rss_anon_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def _peak_anon_growth(call):
+    """Runs call() while a thread samples this process's anonymous memory
+    every millisecond; returns (the peak above where it started, call's
+    result). A copy of a tensor's bytes made for the call shows up as that
+    many bytes (glibc maps and unmaps blocks that large: they are not
+    hidden in a free list), alive at least as long as the diff reads it."""
+    base = _rss_anon_bytes()
+    peak = [base]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_anon_bytes())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        out = call()
+    finally:
+        stop.set()
+        t.join()
+    return peak[0] - base, out
+
+
+N_ZERO_COPY = 64 << 20  # bytes of the tensor the two tests below publish
+
+
+def zero_copy_weights():
+    w1 = {"w": torch.randn(4096, 8192).to(torch.bfloat16)}
+    return w1, step(w1, 0.01, 41, names=("w",))
+
+
+def test_publish_tensors_reads_them_in_place(fleet, capsys):
+    """Zero copy, measured: Agent.publish_tensors of a 64 MiB tensor (the
+    second version, 1% changed) does not copy its bytes: the process's
+    anonymous memory grows by far less than the tensor during the call (a
+    copy would add 64 MiB; the root's previous view is its served slot, a
+    mapped file)."""
+    root, member = fleet
+    w1, w2 = zero_copy_weights()
+    root.publish_tensors(1, w1)
+    grew, _ = _peak_anon_growth(lambda: root.publish_tensors(2, w2))
+    wait_served(member, 2)
+    with capsys.disabled():
+        print(f"\nzero copy: a {N_ZERO_COPY >> 20} MiB tensor, 1% changed: anonymous memory grew "
+              f"{grew / 2**20:.1f} MiB during Agent.publish_tensors")
+    assert grew < N_ZERO_COPY // 4, f"publish_tensors grew anonymous memory by {grew} bytes"
+
+
+def test_publisher_reads_its_rows_in_place(fleet, capsys):
+    """The same for a trainer rank (Publisher, one rank): its first part
+    allocates the previous view it keeps (64 MiB, once); the second, 1%
+    changed, is diffed from the caller's tensor in place and the previous
+    view updated where it lies, so memory grows by far less than 64 MiB."""
+    root, member = fleet
+    w1, w2 = zero_copy_weights()
+    pub = tern.Publisher(rank=0, world_size=1, board=root.admin_address, token=TOKEN,
+                         layout=w1, shards={"w": (0, 4096)})
+    pub.publish(1, w1)
+    grew, size = _peak_anon_growth(lambda: pub.publish(2, w2))
+    wait_served(member, 2)
+    with capsys.disabled():
+        print(f"\nzero copy: a {N_ZERO_COPY >> 20} MiB tensor, 1% changed: anonymous memory grew "
+              f"{grew / 2**20:.1f} MiB during Publisher.publish (part {size / 2**20:.2f} MiB)")
+    assert grew < N_ZERO_COPY // 4, f"Publisher.publish grew anonymous memory by {grew} bytes"

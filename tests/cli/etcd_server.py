@@ -51,18 +51,21 @@ class EtcdServer:
     """Start() returns None exactly when there is no etcd binary (a test
     skips on that and fails on anything else)."""
 
-    def __init__(self, binary, parent_dir):
+    def __init__(self, binary, parent_dir, host="127.0.0.1"):
         self.binary = binary
+        self.host = host
         self.dir = tempfile.mkdtemp(prefix="etcd-", dir=parent_dir)
         self.proc = None
         self.client_port = 0
 
     @classmethod
-    def start(cls, parent_dir, start_timeout_s=15):
+    def start(cls, parent_dir, start_timeout_s=15, host="127.0.0.1"):
+        """host: the address it listens on (the soak's WAN mode gives a
+        testbed host's, started inside that host's network namespace)."""
         binary = find_etcd()
         if binary is None:
             return None
-        server = cls(binary, parent_dir)
+        server = cls(binary, parent_dir, host)
         last = None
         for attempt in range(3):
             try:
@@ -76,12 +79,12 @@ class EtcdServer:
 
     @property
     def endpoint(self):
-        return "127.0.0.1:%d" % self.client_port
+        return "%s:%d" % (self.host, self.client_port)
 
     def _launch(self, attempt):
         self.client_port, peer_port = free_ports(2)
-        client = "http://127.0.0.1:%d" % self.client_port
-        peer = "http://127.0.0.1:%d" % peer_port
+        client = "http://%s:%d" % (self.host, self.client_port)
+        peer = "http://%s:%d" % (self.host, peer_port)
         self.log_path = os.path.join(self.dir, "etcd-%d.log" % attempt)
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

@@ -9,12 +9,14 @@ stale version is refused with a clear message; a publish without the admin
 token is refused; a member with a wrong join token is refused and serves
 nothing; a member killed with SIGKILL and restarted catches up; every agent
 stops cleanly on SIGTERM. The admin port over TLS (https://, --admin-cacert)
-and its secure defaults. Over a real etcd (skipped without one): the root
+and its secure defaults, and with client certificates (--admin-tls-client-ca,
+--admin-cert). Over a real etcd (skipped without one): the root
 killed with SIGKILL while a standby root waits; the standby leads within
 its lease plus a margin, loses nothing, and versions published to it reach
 every member bit for bit. Key rotation: a board moved from key A to key
 B by a signed key set that revokes A; members apply B's versions and
-refuse A's.
+refuse A's. A supersede: the recovery from a wrong version number, followed
+by every member, one of them stopped during it.
 """
 import filecmp
 import json
@@ -37,6 +39,16 @@ AGENT = None
 
 def openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_signing_keys(d, names):
+    """Ed25519 key pairs NAME.pem / NAME.pub in a new directory d; returns
+    a function from a file name to its path there."""
+    os.makedirs(d)
+    for k in names:
+        openssl("genpkey", "-algorithm", "ed25519", "-out", k + ".pem", cwd=d)
+        openssl("pkey", "-in", k + ".pem", "-pubout", "-out", k + ".pub", cwd=d)
+    return lambda name: os.path.join(d, name)
 
 
 def make_pki(d):
@@ -285,12 +297,7 @@ class AgentCli(unittest.TestCase):
         signs after the revocation (a root still holding A) is refused by
         every member, naming A's key id, while they keep serving B's version."""
         tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
-        kd = os.path.join(self.tmp, "keys")
-        os.makedirs(kd)
-        for k in ("A", "B", "C"):
-            openssl("genpkey", "-algorithm", "ed25519", "-out", k + ".pem", cwd=kd)
-            openssl("pkey", "-in", k + ".pem", "-pubout", "-out", k + ".pub", cwd=kd)
-        key = lambda name: os.path.join(kd, name)
+        key = make_signing_keys(os.path.join(self.tmp, "keys"), ("A", "B", "C"))
         ids = subprocess.run([TERN, "keys", "id", key("A.pub"), key("B.pem"), key("C.pub")], capture_output=True,
                              text=True, timeout=30, check=True).stdout.split()
         id_a, id_b, id_c = ids[0], ids[2], ids[4]
@@ -409,12 +416,7 @@ class AgentCli(unittest.TestCase):
         same key set pushed again is refused."""
         tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
         admin_token = os.path.join(self.tmp, "admin.token")
-        kd = os.path.join(self.tmp, "keys-live")
-        os.makedirs(kd)
-        for k in ("B", "C"):
-            openssl("genpkey", "-algorithm", "ed25519", "-out", k + ".pem", cwd=kd)
-            openssl("pkey", "-in", k + ".pem", "-pubout", "-out", k + ".pub", cwd=kd)
-        key = lambda name: os.path.join(kd, name)
+        key = make_signing_keys(os.path.join(self.tmp, "keys-live"), ("B", "C"))
         root_args = ["--root", "--region", "us", "--admin", "127.0.0.1:0", "--admin-token-file", admin_token] + tok
         root = Agent(self.tmp, "kl-root", root_args)  # its key: DIR/signing-key.pem (A)
         agents = [root]
@@ -824,6 +826,161 @@ class AgentCli(unittest.TestCase):
             if status == 1:
                 self.assertIn("--admin-insecure", out, extra)
 
+    def test_admin_port_requires_client_certificates(self):
+        """--admin-tls-client-ca: the root's admin port asks for a client
+        certificate that CA signed (mutual TLS) on top of the token. `tern
+        status` and `tern publish` without --admin-cert, or with a
+        certificate from another CA, are refused saying so (status 1);
+        with the certificate and no token the publish is 401; with both it
+        publishes. The flag without --admin-tls-cert is a usage error."""
+        d = self.tmp
+        if not os.path.exists(os.path.join(d, "rogue.pem")):
+            openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-days", "2", "-subj", "/CN=rogue-ca", "-keyout", "rogue-ca.key", "-out",
+                    "rogue-ca.pem", cwd=d)
+            openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+                    "/CN=rogue", "-keyout", "rogue.key", "-out", "rogue.csr", cwd=d)
+            openssl("x509", "-req", "-in", "rogue.csr", "-CA", "rogue-ca.pem", "-CAkey", "rogue-ca.key",
+                    "-CAcreateserial", "-days", "2", "-extfile", "node.cnf", "-out", "rogue.pem", cwd=d)
+        tls = ["--admin-tls-cert", os.path.join(d, "node.pem"),
+               "--admin-tls-key", os.path.join(d, "node.key")]
+        client_ca = ["--admin-tls-client-ca", os.path.join(d, "ca.pem")]
+        admin_token = ["--admin-token-file", os.path.join(d, "admin.token")]
+        cacert = ["--admin-cacert", os.path.join(d, "ca.pem")]
+        cert = ["--admin-cert", os.path.join(d, "node.pem"), "--admin-key", os.path.join(d, "node.key")]
+        rogue = ["--admin-cert", os.path.join(d, "rogue.pem"), "--admin-key", os.path.join(d, "rogue.key")]
+        token = ["--token-file", os.path.join(d, "admin.token")]
+        root = Agent(d, "mtls-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0"] +
+                     admin_token + tls + client_ca)
+        try:
+            def run(*args):
+                return subprocess.run([TERN, *args], capture_output=True, text=True, timeout=120)
+            status = ["status", "--board", root.admin, *cacert, "--json"]
+            publish = ["publish", "--board", root.admin, self.step(0), "--version", "1", *cacert]
+            r = run(*status)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("requires a client certificate", r.stderr)
+            r = run(*publish, *token)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("requires a client certificate", r.stderr)
+            r = run(*publish, *token, *rogue)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("refused our client certificate", r.stderr)
+            r = run(*publish, *cert)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("401", r.stderr)
+            r = run(*publish, *cert[:2], *token)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("--admin-key", r.stderr)
+            r = run(*status, *cert)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["head"], 0)
+            r = run(*publish, *cert, *token)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = run(*status, *cert)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["head"], 1)
+        finally:
+            root.stop()
+        r = subprocess.run([AGENT, "--root", "--listen", "127.0.0.1:0", "--no-tls", "--data",
+                            os.path.join(d, "mtls-refused"), "--admin", "127.0.0.1:0"] + client_ca,
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr + r.stdout)
+        self.assertIn("--admin-tls-client-ca", r.stderr + r.stdout)
+
+    def test_supersede_recovers_from_a_wrong_version(self):
+        """The recovery from a wrong version number (docs/agent/operations.md):
+        1, 2, 3, then a forced 1000000 that every member serves; `tern
+        publish --supersede --version 4` with the right weights: every member
+        serves 4 in epoch 1 bit for bit (its /status says so), the refusals
+        say why (not below HEAD, a number the log holds, 1000000 again), the
+        next ordinary publish 5 works, and a member stopped during the
+        supersede rejoins serving the withdrawn 1000000 and catches up."""
+        trace = os.path.join(self.tmp, "supersede-trace")
+        subprocess.run([TERN, "datagen", "--out", trace, "--params", "2M", "--steps", "6", "--lr", "1e-5",
+                        "--threads", "1"], check=True, capture_output=True)
+        step = lambda n: os.path.join(trace, "step-%06d" % n)
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        root = Agent(self.tmp, "sup-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                            "--max-version-jump", "100",
+                                            "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        agents = [root]
+
+        def publish(path, version, *flags):
+            return subprocess.run([TERN, "publish", "--board", root.admin, path, "--version", str(version),
+                                   "--token-file", os.path.join(self.tmp, "admin.token"), *flags],
+                                  capture_output=True, text=True, timeout=120)
+
+        def member_status(m):
+            r = subprocess.run([TERN, "status", "--board", m.admin, "--json"], capture_output=True,
+                               text=True, timeout=30, check=True)
+            return json.loads(r.stdout)
+
+        def all_at(version, names):
+            return lambda: (sorted(n for n, v in self.served(root).items() if v == version) == sorted(names))
+        try:
+            key = os.path.join(root.dir, "public-key.pem")
+            common = ["--join", root.address, "--trust-key", key, "--admin", "127.0.0.1:0"] + tok
+            members = {}
+            for name, region in (("sup-1", "eu"), ("sup-2", "eu"), ("sup-3", "ap")):
+                members[name] = Agent(self.tmp, name, common + ["--region", region])
+                agents.append(members[name])
+            wait_for(lambda: len(self.served(root)) == 3, 30, "three members joined")
+            for v in (1, 2, 3):
+                r = publish(step(v - 1), v)
+                self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(all_at(3, members), 60, "every member at 3")
+            # The typo: refused unless forced, then HEAD, served everywhere.
+            r = publish(step(3), 1000000)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("beyond HEAD", r.stderr)
+            r = publish(step(3), 1000000, "--force")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(all_at(1000000, members), 60, "every member at 1000000")
+            # One member is down during the supersede.
+            self.assertEqual(members["sup-3"].stop(), 0)
+            wait_for(lambda: "sup-3" not in self.served(root), 30, "the stopped member gone")
+            # Refusals, each saying why, changing nothing.
+            for version, words in ((1000001, "not below HEAD"), (2, "in the board's log already")):
+                r = publish(step(3), version, "--supersede")
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertIn(words, r.stderr)
+            self.assertEqual(self.status(root)["head"], 1000000)
+            # The supersede, with the right weights.
+            r = publish(step(3), 4, "--supersede")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("supersede", r.stdout)
+            st = self.status(root)
+            self.assertEqual((st["head"], st["head_epoch"]), (4, 1))
+            live = ("sup-1", "sup-2")
+            wait_for(all_at(4, live), 60, "the live members at 4")
+            for name in live:
+                self.assertTrue(self.same_bytes(members[name].dir, step(3)), name)
+                ms = member_status(members[name])
+                self.assertEqual((ms["served_version"], ms["served_epoch"]), (4, 1), name)
+                self.assertEqual((ms["head"], ms["head_epoch"]), (4, 1), name)
+            # The withdrawn number stays taken.
+            r = publish(step(4), 1000000, "--force")
+            self.assertEqual(r.returncode, 1, r.stderr)
+            # The next ordinary publish.
+            r = publish(step(4), 5)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(all_at(5, live), 60, "the live members at 5")
+            # The member stopped during the supersede rejoins at 1000000 and
+            # catches up, across the epoch.
+            members["sup-3"] = Agent(self.tmp, "sup-3", common + ["--region", "ap"])
+            agents.append(members["sup-3"])
+            wait_for(all_at(5, members), 60, "every member at 5")
+            for name, m in members.items():
+                self.assertTrue(self.same_bytes(m.dir, step(4)), name)
+                self.assertEqual(member_status(m)["served_epoch"], 1, name)
+            with open(members["sup-3"].log.name) as f:
+                self.assertIn("serving version 1000000", f.read())
+        finally:
+            for a in reversed(agents):
+                if a.proc.poll() is None:
+                    self.assertEqual(a.stop(), 0, "%s did not exit cleanly" % a.log.name)
+
     def test_root_killed_with_a_standby_over_etcd(self):
         """Two roots over a real etcd: A leads, B waits. Two versions reach
         every member; A dies by SIGKILL (no resign: its lease must lapse).
@@ -946,6 +1103,75 @@ class AgentCli(unittest.TestCase):
         if passed:
             del codes["sb-a"]  # killed
             self.assertEqual(codes, {name: 0 for name in codes}, "agents that did not exit cleanly")
+
+    def test_a_standby_learns_the_key_sets_from_the_board_in_etcd(self):
+        """Roots A and B over a real etcd, B a standby given only its own key
+        (B) and key set 0's (A): no --key-set. A publishes, then `tern keys
+        push` moves the board to key set 1 (B, A revoked), which A keeps
+        beside the board in etcd, and A publishes with B. A dies; B leads,
+        learns key set 1 from the board, reads the history A signed with both
+        keys, and what it publishes reaches the member bit for bit. A third
+        root C with the revoked key A waits; when B stops, C takes the lead
+        and refuses to sign with A, saying why, instead of publishing what
+        every member would refuse."""
+        etcd = EtcdServer.start(self.tmp)
+        if etcd is None:
+            self.skipTest("no etcd binary (install Debian's etcd-server or set TERN_ETCD)")
+        key = make_signing_keys(os.path.join(self.tmp, "keys-etcd"), ("A", "B"))
+        admin_token = os.path.join(self.tmp, "admin.token")
+        roots = ["--root", "--region", "us", "--admin", "127.0.0.1:0", "--board-etcd",
+                 "etcd://%s/tern/keys" % etcd.endpoint, "--etcd-lease-s", "2", "--trust-key", key("A.pub"),
+                 "--admin-token-file", admin_token, "--join-token-file", os.path.join(self.tmp, "join.token")]
+        agents = []
+        try:
+            a = Agent(self.tmp, "ke-a", roots + ["--signing-key", key("A.pem")])
+            agents.append(a)
+            b_listen, c_listen = ("127.0.0.1:%d" % p for p in free_ports(2))
+            b = Agent(self.tmp, "ke-b", roots + ["--signing-key", key("B.pem")], listen=b_listen, wait=False)
+            agents.append(b)
+            wait_for(lambda: "a standby waits here" in read(b.log.name), 30, "B campaigning")
+            m = Agent(self.tmp, "ke-m", ["--join", ",".join((a.address, b_listen, c_listen)), "--trust-key",
+                                         key("A.pub"), "--region", "eu", "--join-token-file",
+                                         os.path.join(self.tmp, "join.token")])
+            agents.append(m)
+            wait_for(lambda: len(self.served(a)) == 1, 30, "the member joined A")
+
+            def publish_served(root, v):
+                r = self.publish(root, self.step(v - 1), v)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                wait_for(lambda: list(self.served(root).values()) == [v], 60, "version %d served" % v)
+                self.assertTrue(self.same_bytes(m.dir, self.step(v - 1)), "version %d" % v)
+
+            publish_served(a, 1)
+            ks1 = key("ks1.keyset")
+            subprocess.run([TERN, "keys", "rotate", "--old-key", key("A.pem"), "--new-key", key("B.pub"), "--revoke",
+                            key("A.pub"), "--out", ks1], capture_output=True, text=True, timeout=30, check=True)
+            r = subprocess.run([TERN, "keys", "push", "--board", a.admin, "--key-set", ks1, "--signing-key-file",
+                                key("B.pem"), "--token-file", admin_token], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: "key set 1 applied" in read(m.log.name), 30, "the member applied key set 1")
+            publish_served(a, 2)  # signed by B
+
+            self.assertEqual(a.kill(), -signal.SIGKILL)
+            b.wait_started(30)
+            self.assertIn("key set 1 from the board in etcd", read(b.log.name))
+            wait_for(lambda: len(self.served(b)) == 1, 30, "the member joined B")
+            publish_served(b, 3)
+            self.assertNotIn("revoked key id", read(m.log.name))
+
+            c = Agent(self.tmp, "ke-c", roots + ["--signing-key", key("A.pem")], listen=c_listen, wait=False)
+            agents.append(c)
+            wait_for(lambda: "a standby waits here" in read(c.log.name), 30, "C campaigning")
+            self.assertEqual(b.stop(), 0)
+            c.proc.wait(timeout=30)
+            self.assertNotEqual(c.proc.returncode, 0)
+            self.assertIn("is not an active, unexpired key of key set 1", read(c.log.name))
+            self.assertTrue(self.same_bytes(m.dir, self.step(2)), "the member still serves version 3")
+        finally:
+            for x in reversed(agents):
+                if x.proc.poll() is None:
+                    x.kill()
+            etcd.close()
 
     def test_a_root_that_leads_again_publishes_on_top_of_head(self):
         """A leads (1, 2), is killed, B leads (3, 4), A comes back as the

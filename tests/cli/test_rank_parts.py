@@ -11,9 +11,11 @@ nothing is published, and the rank that did send publishes it again with
 the other afterwards (its previous view stayed); a garbage or truncated
 body gets 400 saying why, no token gets 401, and neither changes HEAD.
 Over an https:// admin port a rank with the CA publishes, one without it
-is refused naming the certificate.
+is refused naming the certificate; over one that requires client
+certificates, a rank without one is refused saying so and one with a
+certificate the CA signed publishes.
 
-Run as `test_rank_parts.py rank R WORLD BOARD TOKEN_FILE [CA_FILE]` it is
+Run as `test_rank_parts.py rank R WORLD BOARD TOKEN_FILE [CA_FILE [CERT KEY]]` it is
 one rank: it reads "publish V" lines on stdin and answers one JSON line
 each.
 """
@@ -66,18 +68,21 @@ def weights(version):
     return w
 
 
-def run_rank(rank, world, board, token_file, ca_file=None):
+def run_rank(rank, world, board, token_file, ca_file=None, cert_file=None, key_file=None):
     import tern
     with open(token_file) as f:
         token = f.read().strip()
-    ca_pem = None
-    if ca_file:
-        with open(ca_file) as f:
-            ca_pem = f.read()
+
+    def pem(path):
+        if not path:
+            return None
+        with open(path) as f:
+            return f.read()
+    ca_pem, cert_pem, key_pem = pem(ca_file), pem(cert_file), pem(key_file)
     rows = rows_of(rank, world)
     pub = tern.Publisher(rank=rank, world_size=world, board=board, token=token, layout=LAYOUT,
                          shards=rows, gather_timeout_s=3, timeout_s=60, segment_elements=256,
-                         ca_pem=ca_pem)
+                         ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem)
     for line in sys.stdin:
         cmd, v = line.split()
         assert cmd == "publish"
@@ -175,10 +180,12 @@ class RankParts(unittest.TestCase):
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
-    def rank(self, r, world, board, ca_file=None):
-        log = open(os.path.join(self.tmp, "rank%d-%s.log" % (r, "tls" if ca_file else "plain")), "w")
+    def rank(self, r, world, board, ca_file=None, cert=None):
+        log = open(os.path.join(self.tmp, "rank%d-%s%s.log" % (r, "tls" if ca_file else "plain",
+                                                              "-cert" if cert else "")), "w")
         p = Proc([sys.executable, os.path.abspath(__file__), "rank", str(r), str(world), board,
-                  self.token_file] + ([ca_file] if ca_file else []), log, stdin=True)
+                  self.token_file] + ([ca_file] if ca_file else []) + (list(cert) if cert else []),
+                 log, stdin=True)
         self.procs.append(p)
         return p
 
@@ -264,11 +271,31 @@ class RankParts(unittest.TestCase):
         self.assertTrue(answer["ok"], answer)
         self.assertGreater(answer["part_bytes"], 0)
 
+    def test_over_mutual_tls(self):
+        """--admin-tls-client-ca: a rank without a client certificate is
+        refused saying so; with one the CA signed (tern.Publisher's
+        cert_pem/key_pem) it publishes."""
+        sys.path.insert(0, HERE)
+        from test_agent import make_pki
+        make_pki(self.tmp)
+        ca = os.path.join(self.tmp, "ca.pem")
+        _, root_addr, admin = self.agent("root", [
+            "--root", "--admin", "127.0.0.1:0", "--admin-token-file", self.token_file,
+            "--admin-tls-cert", os.path.join(self.tmp, "node.pem"),
+            "--admin-tls-key", os.path.join(self.tmp, "node.key"), "--admin-tls-client-ca", ca])
+        (answer,) = self.publish([self.rank(0, 1, admin, ca)], 1)
+        self.assertFalse(answer["ok"])
+        self.assertEqual(answer["code"], "authentication", answer)
+        self.assertIn("requires a client certificate", answer["error"])
+        cert = (os.path.join(self.tmp, "node.pem"), os.path.join(self.tmp, "node.key"))
+        (answer,) = self.publish([self.rank(0, 1, admin, ca, cert)], 1)
+        self.assertTrue(answer["ok"], answer)
+        self.assertGreater(answer["part_bytes"], 0)
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        run_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5],
-                 sys.argv[6] if len(sys.argv) > 6 else None)
+        run_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], *sys.argv[6:9])
         sys.exit(0)
     AGENT = sys.argv[1]
     unittest.main(argv=sys.argv[:1] + sys.argv[2:], verbosity=2)

@@ -29,12 +29,20 @@ median of the last third of its samples against the first third). It writes
 report.json and report.md to --out and exits 0 only if all checks held; it
 reports what it saw, never a canned pass.
 
+With --wan CONFIG the agents run on the emulated WAN testbed instead
+(tools/wan/wan.sh; tests/soak/wan.conf): one per host's network namespace,
+with the config's delay, rate, loss and wire corruption between regions;
+the soak enters a host's namespace only to open a socket or start a process
+there (NetNs), so polling costs no process per poll.
+
 Needs root (tmpfs mount; `ss -K` of other processes' sockets), etcd
 (Debian's etcd-server), `ss` (iproute2) and libfaketime (faketime). Exit 77
 (skipped) without root or etcd. Everything it starts is stopped and
 everything it creates is removed on exit, Ctrl-C included.
 """
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import random
@@ -54,6 +62,7 @@ from etcd_server import EtcdServer, die_with_parent, free_ports, find_etcd  # no
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, no proxy
 FAKETIME_LIBS = ["/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
                  "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"]
+WAN_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "wan", "wan.sh")
 KINDS = ["relay_kill", "conn_drop", "stall", "corrupt", "tamper", "root_kill", "disk_full", "clock_skew"]
 SKIP = 77
 
@@ -64,8 +73,10 @@ SKIP = 77
 # Sockets are not compared by count: a relay's move with its children after
 # every re-plan (about 32 fds per child: a data connection of several TCP
 # streams); a leaked socket shows as one its peer closed and it did not
-# (CLOSE_WAIT), so those are counted instead, and the other fds (files,
-# pipes, eventfds) must stay flat.
+# (CLOSE_WAIT), so those are counted instead. Each TCP stream of a data
+# connection has its eventfd (transport/tcp/connection.cc), so eventfds move
+# with the children too: eventfds minus sockets must stay flat (a leaked
+# eventfd grows it), and the other fds (files, pipes, epoll) must too.
 RSS_GROWTH_FACTOR = 1.25
 RSS_GROWTH_SLACK_KB = 8 * 1024
 FD_GROWTH_SLACK = 8
@@ -76,24 +87,75 @@ def now():
     return time.monotonic()
 
 
-def http_json(url, timeout=2.0):
-    with _HTTP.open(url, timeout=timeout) as r:
+def http_json(url, timeout=2.0, headers=None, ns=None):
+    with in_netns(ns), _HTTP.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
         return json.loads(r.read())
+
+
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetNs:
+    """A network namespace of the WAN testbed (tools/wan/wan.sh: one per
+    host). This process enters it only while it opens a socket or starts a
+    process (`with ns:`): a socket stays in the namespace it was made in, and
+    a child inherits the namespace of the thread that forked it. So an
+    agent's admin port is polled from inside its host at the cost of two
+    setns(2) calls, not a process (`ip netns exec`) per poll, and the agents,
+    `tern publish` and `ss -K` are started there the same way. The soak is
+    single-threaded; entering is not nested."""
+    _home = None
+
+    def __init__(self, name):
+        self.name = name
+        self.fd = os.open("/run/netns/" + name, os.O_RDONLY | os.O_CLOEXEC)
+        self.inside = False
+
+    @staticmethod
+    def _setns(fd, what):
+        if _libc.setns(fd, _CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "setns(%s): %s" % (what, os.strerror(e)))
+
+    def __enter__(self):
+        assert not self.inside, "NetNs entered twice"
+        if NetNs._home is None:
+            NetNs._home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self._setns(self.fd, self.name)
+        self.inside = True
+        return self
+
+    def __exit__(self, *exc):
+        self.inside = False
+        self._setns(NetNs._home, "back home")  # failing here would leave us in a host: fatal, not ignored
+        return False
+
+    def close(self):
+        os.close(self.fd)
+
+
+def in_netns(ns):
+    return ns if ns is not None else contextlib.nullcontext()
 
 
 class Agent:
     """One tern-agent process (its own process group) with fixed ports, so a
     restart keeps its address and id. `incarnation` counts starts."""
 
-    def __init__(self, soak, name, args, data_dir, region=None, root=False):
+    def __init__(self, soak, name, args, data_dir, region=None, root=False, ns=None, host="127.0.0.1"):
         self.soak, self.name, self.args, self.dir = soak, name, args, data_dir
         self.region, self.root = region, root
+        # WAN mode: the testbed host it runs in (its network namespace and
+        # address); its admin port is 127.0.0.1 inside that namespace.
+        self.ns, self.host = ns, host
         self.port, self.admin_port = free_ports(2)
         self.proc = None
         self.incarnation = 0
         self.started = False  # printed its first line (a standby: leads)
         self.stopped = False  # SIGSTOPped
         self.env_extra = {}
+        self.witness = False  # --witnesses: never restarted by a fault
         self.events_after = 0
         self._out = b""
 
@@ -103,7 +165,12 @@ class Agent:
 
     @property
     def address(self):
-        return "127.0.0.1:%d" % self.port
+        return "%s:%d" % (self.host, self.port)
+
+    def json(self, path, timeout=2.0):
+        """GET path on its admin port (from inside its host in WAN mode)."""
+        headers = {"Authorization": "Bearer soak-admin"} if self.root else None
+        return http_json("http://%s%s" % (self.admin, path), timeout=timeout, headers=headers, ns=self.ns)
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -121,9 +188,10 @@ class Agent:
         log.flush()
         cmd = [self.soak.agent_bin, "--listen", self.address, "--admin", self.admin, "--data", self.dir,
                "--id", self.name, "--no-tls", "--heartbeat-ms", "200"] + self.args
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                     env=dict(os.environ, **self.env_extra), start_new_session=True,
-                                     preexec_fn=die_with_parent)
+        with in_netns(self.ns):
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                         env=dict(os.environ, **self.env_extra), start_new_session=True,
+                                         preexec_fn=die_with_parent)
         log.close()
         os.set_blocking(self.proc.stdout.fileno(), False)
 
@@ -212,6 +280,7 @@ class Soak:
         self.publisher = None  # (Popen, version, started at)
         self.next_version = 1
         self.filler = None
+        self.wan = None  # WAN mode: {"prefix", "hosts": [(name, region, NetNs, address)], "regions"}
 
     def elapsed(self):
         return now() - self.t0
@@ -252,19 +321,34 @@ class Soak:
         for i in range(self.a.steps):
             self.digests[i] = self.digest(self.step_path(i))
         self.note("trace: %d steps of %s parameters" % (self.a.steps, self.a.params))
-        self.etcd = EtcdServer.start(self.work)
+        if self.a.wan:
+            self.wan_up()
+            # etcd in the first host, next to root-a; root-b reaches it over
+            # the region's link.
+            _, _, ns0, addr0 = self.wan["hosts"][0]
+            with ns0:
+                self.etcd = EtcdServer.start(self.work, host=addr0)
+        else:
+            self.etcd = EtcdServer.start(self.work)
         for name, text in (("admin.token", "soak-admin\n"), ("join.token", "soak-join\n")):
             with open(os.path.join(self.work, name), "w") as f:
                 f.write(text)
         key = os.path.join(self.work, "publisher-key.pem")
         subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", key], check=True,
                        capture_output=True)
-        root_args = ["--root", "--region", "r0", "--board-etcd", "etcd://%s/tern/soak" % self.etcd.endpoint,
+        root_region = self.wan["hosts"][0][1] if self.wan else "r0"
+        root_args = ["--root", "--region", root_region, "--board-etcd", "etcd://%s/tern/soak" % self.etcd.endpoint,
                      "--etcd-lease-s", "2", "--signing-key", key,
                      "--admin-token-file", os.path.join(self.work, "admin.token"),
                      "--join-token-file", os.path.join(self.work, "join.token")]
-        for name in ("root-a", "root-b"):
-            self.roots.append(Agent(self, name, root_args, os.path.join(self.work, name), root=True))
+        if self.wan:
+            # etcd in a testbed host is off loopback: plain HTTP only when
+            # said so (the testbed is namespaces on this machine; etcd over
+            # TLS is tested by cli_agent, not here).
+            root_args.append("--etcd-insecure")
+        for i, name in enumerate(("root-a", "root-b")):
+            place = {"ns": self.wan["hosts"][i][2], "host": self.wan["hosts"][i][3]} if self.wan else {}
+            self.roots.append(Agent(self, name, root_args, os.path.join(self.work, name), root=True, **place))
         self.roots[0].start()
         if not self.roots[0].wait_started(60):
             raise RuntimeError("root-a did not start (logs/root-a.log)")
@@ -278,19 +362,66 @@ class Soak:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % self.a.tmpfs_mb, "tern-soak", self.mount],
                        check=True)
         for i in range(self.a.members):
-            name = "m%d-r%d" % (i, i % self.a.regions)
+            if self.wan:  # one member in every host after the roots', named after it
+                host, region, ns, addr = self.wan["hosts"][i + 2]
+                name, region_name, place = "m%d-%s" % (i, host), region, {"ns": ns, "host": addr}
+            else:
+                name, region, region_name, place = ("m%d-r%d" % (i, i % self.a.regions), i % self.a.regions,
+                                                    "r%d" % (i % self.a.regions), {})
             data = os.path.join(self.mount, name) if i == self.a.members - 1 else os.path.join(self.work, name)
-            m = Agent(self, name, member_args + ["--region", "r%d" % (i % self.a.regions)], data,
-                      region=i % self.a.regions)
+            m = Agent(self, name, member_args + ["--region", region_name], data, region=region, **place)
             self.members.append(m)
             m.start()
         for m in self.members:
             if not m.wait_started(60):
                 raise RuntimeError("%s did not start (logs/%s.log)" % (m.name, m.name))
         self.tmpfs_member = self.members[-1]
-        self.note("etcd %s, roots %s (standby %s), %d members in %d regions, %s on a %d MiB tmpfs" %
+        # Witnesses: the first member of each region in turn (never the
+        # tmpfs one), up to --witnesses. Faults that restart a member pass
+        # them by, so that their lives span the run and their memory and fds
+        # can be judged; they still see every fault around them (parents
+        # killed, stalled, lying, connections dropped, the root replaced).
+        by_region = {}
+        for m in self.members[:-1]:
+            by_region.setdefault(m.region, []).append(m)
+        order = [m for rank in range(len(self.members)) for ms in by_region.values() for m in ms[rank:rank + 1]]
+        for m in order[:self.a.witnesses]:
+            m.witness = True
+        if self.a.witnesses:
+            self.note("witnesses (never restarted by a fault): " +
+                      ", ".join(m.name for m in self.members if m.witness))
+        self.note("etcd %s, roots %s (standby %s), %d members in %d regions%s, %s on a %d MiB tmpfs" %
                   (self.etcd.endpoint, self.roots[0].address, self.roots[1].address, len(self.members),
-                   self.a.regions, self.tmpfs_member.name, self.a.tmpfs_mb))
+                   self.a.regions, " (WAN testbed %s)" % self.wan["prefix"] if self.wan else "",
+                   self.tmpfs_member.name, self.a.tmpfs_mb))
+
+    def wan_up(self):
+        """Brings the testbed of --wan up (tools/wan/wan.sh): one agent per
+        host, the roots in the first region's first two hosts, a member in
+        every other host; --members and --regions follow from the config."""
+        prefix = "tw-soak%x" % (os.getpid() & 0xfffff)
+        self.wan = {"prefix": prefix, "hosts": [], "config": open(self.a.wan).read()}  # down even if up fails
+        r = subprocess.run([WAN_SH, "up", self.a.wan, "--prefix", prefix], capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError("wan.sh up %s: %s" % (self.a.wan, r.stderr.strip()[-600:]))
+        for line in open("/run/tern-wan/%s/hosts" % prefix):
+            host, ns, addr = line.split()
+            self.wan["hosts"].append((host, host.rsplit("-", 1)[0], NetNs(ns), addr))
+        hosts = self.wan["hosts"]
+        regions = sorted({h[1] for h in hosts}, key=[h[1] for h in hosts].index)
+        if len(hosts) < 4 or sum(1 for h in hosts if h[1] == regions[0]) < 2:
+            raise RuntimeError("--wan: want at least 2 hosts in the first region (the roots) and 4 in all")
+        self.a.members, self.a.regions = len(hosts) - 2, len(regions)
+        if self.a.witnesses >= self.a.members - 1:
+            raise RuntimeError("--witnesses %d: this testbed has %d members" % (self.a.witnesses, self.a.members))
+        self.wan["regions"] = regions
+        self.note("WAN testbed %s up: %s" % (prefix, ", ".join("%s %s" % (h[0], h[3]) for h in hosts)))
+
+    def wan_stats(self):
+        """The forwarder's per-link counters (packets offered, lost, dropped)."""
+        r = subprocess.run([WAN_SH, "stats", self.wan["prefix"]], capture_output=True, text=True, timeout=30)
+        return r.stdout.strip() or r.stderr.strip()
 
     # --------------------------------------------------------- observation
     def leader(self):
@@ -301,10 +432,7 @@ class Soak:
 
     def sample(self):
         t = self.elapsed()
-        close_wait = {}
-        r = subprocess.run(["ss", "-tanpH", "state", "close-wait"], capture_output=True, text=True)
-        for pid in re.findall(r"pid=(\d+),", r.stdout):
-            close_wait[int(pid)] = close_wait.get(int(pid), 0) + 1
+        close_wait_inodes = {}  # network namespace -> inodes of its CLOSE_WAIT sockets
         for x in self.roots + self.members:
             # A standby is judged from when it leads (it waits with almost
             # nothing mapped before).
@@ -322,22 +450,42 @@ class Soak:
                     except OSError:
                         pass  # closed meanwhile
                 fds = len(links)
-                sockets = sum(1 for link in links if link.startswith("socket:"))
+                sockets = {link[8:-1] for link in links if link.startswith("socket:[")}
+                eventfds = sum(1 for link in links if link == "anon_inode:[eventfd]")
+                # Its CLOSE_WAIT sockets, from its own namespace's table (no
+                # `ss` process per sample, on loopback or in the testbed).
+                netns = os.readlink("/proc/%d/ns/net" % x.proc.pid)
+                if netns not in close_wait_inodes:
+                    close_wait_inodes[netns] = self.close_wait_inodes(x.proc.pid)
+                close_wait = len(sockets & close_wait_inodes[netns])
             except (OSError, AttributeError):
                 continue
-            self.samples.append((t, x.name, x.incarnation, anon, rss, fds, fds - sockets,
-                                 close_wait.get(x.proc.pid, 0)))
+            self.samples.append((t, x.name, x.incarnation, anon, rss, fds, fds - len(sockets) - eventfds,
+                                 close_wait, eventfds - len(sockets)))
+
+    @staticmethod
+    def close_wait_inodes(pid):
+        """Inodes of the TCP sockets in CLOSE_WAIT (state 08) in pid's network namespace."""
+        out = set()
+        for table in ("tcp", "tcp6"):
+            try:
+                with open("/proc/%d/net/%s" % (pid, table)) as f:
+                    next(f, None)
+                    for line in f:
+                        w = line.split()
+                        if len(w) > 9 and w[3] == "08":
+                            out.add(w[9])
+            except OSError:
+                pass
+        return out
 
     def poll_events(self):
         t = self.elapsed()
         for x in self.members + self.roots:
             if not x.alive() or x.stopped or not x.started:
                 continue
-            url = "http://%s/events?after=%d&max=256&timeout_ms=0" % (x.admin, x.events_after)
             try:
-                req = urllib.request.Request(url, headers={"Authorization": "Bearer soak-admin"} if x.root else {})
-                with _HTTP.open(req, timeout=2) as r:
-                    j = json.loads(r.read())
+                j = x.json("/events?after=%d&max=256&timeout_ms=0" % x.events_after)
             except (OSError, ValueError):
                 continue
             if j.get("restarted"):
@@ -384,10 +532,11 @@ class Soak:
         step = self.step_of(v)
         self.published[v] = {"digest": self.digests[step], "step": step, "ok": None, "t": round(self.elapsed(), 1),
                              "root": leader.name}
-        proc = subprocess.Popen([self.tern, "publish", "--board", leader.admin, self.step_path(step),
-                                 "--version", str(v), "--token-file", os.path.join(self.work, "admin.token")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        with in_netns(leader.ns):  # its admin port is loopback in its host
+            proc = subprocess.Popen([self.tern, "publish", "--board", leader.admin, self.step_path(step),
+                                     "--version", str(v), "--token-file", os.path.join(self.work, "admin.token")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True, preexec_fn=die_with_parent)
         self.publisher = (proc, v, now())
         if wait:
             while not self.publish_tick():
@@ -395,9 +544,11 @@ class Soak:
         return v
 
     # --------------------------------------------------------------- faults
-    def member_pick(self, exclude=()):
+    def member_pick(self, exclude=(), restarts=True):
+        """A member free for a fault; a witness only for faults that do not
+        restart it (conn_drop, stall)."""
         c = [m for m in self.members if m.alive() and not m.stopped and not m.env_extra and m not in exclude
-             and m.name not in self.busy()]
+             and m.name not in self.busy() and not (restarts and m.witness)]
         return self.rng.choice(c) if c else None
 
     def hold(self):
@@ -423,7 +574,7 @@ class Soak:
         if leader is None:
             return {}
         try:
-            j = http_json("http://%s/status" % leader.admin)
+            j = leader.json("/status")
         except (OSError, ValueError):
             return {}
         n = {}
@@ -438,7 +589,9 @@ class Soak:
         # there is one, so that they are faults on a relay, not on a leaf.
         relays = [m for m in self.members if children.get(m.name)]
         if kind in ("relay_kill", "conn_drop", "stall", "corrupt", "tamper"):
-            m = self.member_pick(exclude=[x for x in self.members if x not in relays]) or self.member_pick()
+            restarts = kind not in ("conn_drop", "stall")
+            m = (self.member_pick(exclude=[x for x in self.members if x not in relays], restarts=restarts) or
+                 self.member_pick(restarts=restarts))
             if m is None:
                 return None
             rec["target"], rec["children"] = m.name, children.get(m.name, 0)
@@ -519,7 +672,7 @@ class Soak:
         deadline = now() + seconds
         while now() < deadline:
             try:
-                if http_json("http://%s/status" % m.admin).get("joined"):
+                if m.json("/status").get("joined"):
                     return True
             except (OSError, ValueError):
                 pass
@@ -533,7 +686,7 @@ class Soak:
         self.restart(m, env)
         self.joined(m, 30)
         others = [x for x in self.members if x.region == m.region and x is not m and x.alive()
-                  and not x.stopped and not x.env_extra and x.name not in self.busy()]
+                  and not x.stopped and not x.env_extra and x.name not in self.busy() and not x.witness]
         for x in others:
             self.restart(x)
         for x in others:
@@ -544,7 +697,8 @@ class Soak:
     def drop_connections(self, m):
         """Kills (ss -K) every established TCP socket of m's process, which
         resets its peers' ends too."""
-        r = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True)
+        with in_netns(m.ns):
+            r = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True)
         ports = set()
         for line in r.stdout.splitlines():
             if "pid=%d," % m.proc.pid in line:
@@ -553,8 +707,9 @@ class Soak:
         if not ports:
             return 0
         expr = " or ".join("sport = :%s" % p for p in sorted(ports))
-        k = subprocess.run(["ss", "-K", "-tnH", "state", "established", "( %s )" % expr],
-                           capture_output=True, text=True)
+        with in_netns(m.ns):
+            k = subprocess.run(["ss", "-K", "-tnH", "state", "established", "( %s )" % expr],
+                               capture_output=True, text=True)
         return len([x for x in k.stdout.splitlines() if x.strip()])
 
     def fill_disk(self):
@@ -611,6 +766,9 @@ class Soak:
                     kinds = list(self.a.kinds)
                     self.rng.shuffle(kinds)
                 kind = kinds.pop()
+                if kind == "root_kill" and 0 <= self.a.root_kills <= sum(
+                        1 for f in self.faults if f["kind"] == "root_kill" and "skipped" not in f):
+                    continue  # --root-kills reached: the leader from now on lives to the end
                 if self.inject(kind) is None:
                     kinds.insert(0, kind)  # not possible now (target busy): later in the round
                 next_fault = now() + self.rng.uniform(0.5, 1.5) * self.a.fault_every_s
@@ -660,7 +818,7 @@ class Soak:
             served = {}
             for m in self.members:
                 try:
-                    served[m.name] = http_json("http://%s/status" % m.admin).get("served_version")
+                    served[m.name] = m.json("/status").get("served_version")
                 except (OSError, ValueError):
                     served[m.name] = None
             self.poll_events()
@@ -685,8 +843,8 @@ class Soak:
 
     def flatness(self):
         series = {}
-        for t, name, inc, anon, rss, fds, other, cw in self.samples:
-            series.setdefault((name, inc), []).append((t, anon, rss, fds, other, cw))
+        for t, name, inc, anon, rss, fds, other, cw, unpaired in self.samples:
+            series.setdefault((name, inc), []).append((t, anon, rss, fds, other, cw, unpaired))
         run_s = self.elapsed()
         out = []
         for (name, inc), s in sorted(series.items()):
@@ -706,8 +864,11 @@ class Soak:
             f_other = statistics.median(x[4] for x in first)
             l_other = statistics.median(x[4] for x in last)
             l_cw = statistics.median(x[5] for x in last)
+            f_unpaired = statistics.median(x[6] for x in first)
+            l_unpaired = statistics.median(x[6] for x in last)
             ok = (l_anon <= f_anon * RSS_GROWTH_FACTOR + RSS_GROWTH_SLACK_KB and
-                  l_other <= f_other + FD_GROWTH_SLACK and l_cw <= CLOSE_WAIT_MAX)
+                  l_other <= f_other + FD_GROWTH_SLACK and l_cw <= CLOSE_WAIT_MAX and
+                  l_unpaired <= f_unpaired + FD_GROWTH_SLACK)
             out.append({"agent": name, "incarnation": inc, "samples": len(s), "span_s": round(span, 1),
                         "rss_anon_kb_first": f_anon, "rss_anon_kb_last": l_anon,
                         "rss_kb_first": statistics.median(x[2] for x in first),
@@ -715,6 +876,7 @@ class Soak:
                         "rss_kb_max": max(x[2] for x in s),
                         "fds_first": f_fd, "fds_last": l_fd, "fds_max": max(x[3] for x in s),
                         "other_fds_first": f_other, "other_fds_last": l_other, "close_wait_last": l_cw,
+                        "eventfds_minus_sockets_first": f_unpaired, "eventfds_minus_sockets_last": l_unpaired,
                         "close_wait_max": max(x[5] for x in s), "flat": ok})
         return out
 
@@ -790,7 +952,9 @@ class Soak:
         """Lines in the agents' logs that say a fault was seen and handled."""
         pats = {"bad_chunks": r"bad chunk", "parent_reported": r"reported its parent", "demoted": r"demot",
                 "parent_failed": r"parent \S+ of stripe \d+ failed", "fault_transport": r"TERN_TEST_FAULTS=",
-                "catch_up": r"catch-up: ", "clock_skew": r"skew", "no_space": r"No space|ENOSPC|no space"}
+                "catch_up": r"catch-up: ", "clock_skew": r"skew", "no_space": r"No space|ENOSPC|no space",
+                # a corrupted frame header (the WAN's corrupt_pct, or a fault transport's byte)
+                "wire_corrupt": r"corrupt: "}
         out = {}
         for x in self.roots + self.members:
             try:
@@ -800,6 +964,9 @@ class Soak:
             out[x.name] = {k: len(re.findall(p, text)) for k, p in pats.items()}
         return out
 
+    def witness_names(self):
+        return {m.name for m in self.members if m.witness}
+
     def write_report(self, r):
         r["args"] = {k: v for k, v in vars(self.a).items()}
         r["elapsed_s"] = round(self.elapsed(), 1)
@@ -808,6 +975,9 @@ class Soak:
         r["notes"] = self.notes
         r["published"] = self.published
         r["samples"] = self.samples
+        if self.wan is not None:
+            r["wan"] = {k: v for k, v in self.wan.items() if k != "hosts"}
+            r["wan"]["hosts"] = [(h[0], h[1], h[3]) for h in self.wan["hosts"]]
         with open(os.path.join(self.a.out, "report.json"), "w") as f:
             json.dump(r, f, indent=1, default=str)
         md = ["# tern-agent soak report", "",
@@ -819,23 +989,35 @@ class Soak:
               "| check | result |", "|---|---|"]
         md += ["| %s | %s |" % (k, "not judged" if v is None else "ok" if v else "**FAILED**")
                for k, v in r["checks"].items()]
+        if "wan" in r:
+            md += ["", "On the WAN testbed %s (`--wan %s`): hosts %s." %
+                   (r["wan"]["prefix"], self.a.wan, ", ".join("%s %s" % (h[0], h[2]) for h in r["wan"]["hosts"])),
+                   "", "```", r["wan"]["config"].strip(), "```", "", "The forwarder's counters at the end:", "",
+                   "```", r["wan"].get("fwd_stats", "(none)"), "```"]
         md += ["", "Versions: %d attempted, %d published (%d failed: %s); HEAD %s; converged %s s after HEAD "
                "was published; %d/%d members bit for bit on HEAD; %d version_served events checked, %d bad." %
                (r["versions_attempted"], r["versions_published_ok"], len(r["versions_publish_failed"]),
                 ", ".join(str(v) for v in r["versions_publish_failed"]) or "none", r["head"], r["converge_s"],
                 len(r["members_bitwise"]), self.a.members, r["served_events"], len(r["bad_served"])), "",
-               "Faults per kind: " + ", ".join("%s %d" % (k, r["faults_per_kind"].get(k, 0)) for k in KINDS), "",
+               "Faults per kind: " + ", ".join("%s %d" % (k, r["faults_per_kind"].get(k, 0)) for k in KINDS) +
+               ". Liars that had children after their region rejoined (a liar without any forwards nothing): " +
+               ", ".join("%s %d of %d" % (k, sum(1 for f in r["faults"] if f["kind"] == k and f.get("children_after")),
+                                          sum(1 for f in r["faults"] if f["kind"] == k and "skipped" not in f))
+                         for k in ("corrupt", "tamper")) + ".", "",
                "| agent | inc | samples | span s | RssAnon kB first→last | RSS kB first→last (max) | fds first→last (max) "
-               "| non-socket fds first→last | CLOSE_WAIT last (max) | flat |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
+               "| other fds first→last | eventfds − sockets first→last | CLOSE_WAIT last (max) | flat |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in r["flatness"]:
-            md.append("| %s | %d | %d | %.0f | %d→%d | %d→%d (%d) | %d→%d (%d) | %d→%d | %d (%d) | %s |" %
-                      (x["agent"], x["incarnation"], x["samples"], x["span_s"], x["rss_anon_kb_first"],
+            md.append("| %s%s | %d | %d | %.0f | %d→%d | %d→%d (%d) | %d→%d (%d) | %d→%d | %d→%d | %d (%d) | %s |" %
+                      (x["agent"], " (witness)" if x["agent"] in self.witness_names() else "",
+                       x["incarnation"], x["samples"], x["span_s"], x["rss_anon_kb_first"],
                        x["rss_anon_kb_last"], x["rss_kb_first"], x["rss_kb_last"], x["rss_kb_max"],
                        x["fds_first"], x["fds_last"], x["fds_max"], x["other_fds_first"], x["other_fds_last"],
+                       x["eventfds_minus_sockets_first"], x["eventfds_minus_sockets_last"],
                        x["close_wait_last"], x["close_wait_max"], "yes" if x["flat"] else "**no**"))
         md += ["", "Bounds (first fifth of each life left out as warm-up): last third's median RssAnon <= %.2f x "
-               "the first third's + %d MiB; non-socket fds <= first + %d; sockets in CLOSE_WAIT <= %d. "
+               "the first third's + %d MiB; other fds (not sockets, not eventfds) and eventfds minus sockets "
+               "each <= first + %d; sockets in CLOSE_WAIT <= %d. "
                "Judged for lives of at least 40%% of the run%s." %
                (RSS_GROWTH_FACTOR, RSS_GROWTH_SLACK_KB // 1024, FD_GROWTH_SLACK, CLOSE_WAIT_MAX,
                 "" if r["checks"].get("memory_and_fds_flat") is not None else
@@ -866,6 +1048,14 @@ class Soak:
                     pass
         if self.etcd is not None:
             self.etcd.kill()
+        if self.wan is not None:
+            try:
+                self.wan["fwd_stats"] = self.wan_stats()
+            except Exception as e:
+                self.wan["fwd_stats"] = "wan.sh stats failed: %r" % e
+            for h in self.wan["hosts"]:
+                h[2].close()
+            subprocess.run([WAN_SH, "down", self.wan["prefix"]], capture_output=True, timeout=120)
         if self.mount is not None and os.path.ismount(self.mount):
             subprocess.run(["umount", "-l", self.mount])
         if self.a.keep_work:
@@ -902,9 +1092,23 @@ def main():
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="fault kinds to inject, comma-separated (default all: %(default)s)")
     p.add_argument("--keep-work", action="store_true", help="keep the agents' data directories")
+    p.add_argument("--witnesses", type=int, default=0,
+                   help="members that no fault restarts (conn_drop and stall still hit them), so that "
+                        "lives spanning the run are judged flat (default 0)")
+    p.add_argument("--root-kills", type=int, default=-1,
+                   help="at most this many root_kill faults (the first rounds'), so that the last "
+                        "leader's life spans most of the run and is judged (default -1: no limit)")
+    p.add_argument("--wan", metavar="CONFIG",
+                   help="run on the emulated WAN testbed of this config (tools/wan/wan.sh; e.g. "
+                        "tests/soak/wan.conf): one agent per host, the roots in the first region's first two "
+                        "hosts; --members and --regions then follow from the config")
+    p.add_argument("--fwd", default=os.path.join(build, "wan", "tern-wan-fwd"),
+                   help="the testbed's forwarder (with --wan)")
     a = p.parse_args()
     if a.members < 2 or a.regions < 1 or a.steps < 2:
         p.error("--members >= 2, --regions >= 1, --steps >= 2")
+    if not 0 <= a.witnesses < a.members - 1 or a.root_kills < -1:
+        p.error("--witnesses in 0..members-2 (the tmpfs member and one more stay faultable), --root-kills >= -1")
     a.kinds = [k for k in a.kinds.split(",") if k]
     if not a.kinds or any(k not in KINDS for k in a.kinds):
         p.error("--kinds: a comma-separated subset of " + ",".join(KINDS))
@@ -914,9 +1118,12 @@ def main():
     if find_etcd() is None:
         print("SKIP: no etcd binary (Debian's etcd-server, or TERN_ETCD)")
         return SKIP
-    for b in (a.tern, a.agent):
+    for b in (a.tern, a.agent) + ((a.fwd,) if a.wan else ()):
         if not os.access(b, os.X_OK):
             p.error("not executable: %s" % b)
+    if a.wan:
+        a.wan = os.path.abspath(a.wan)
+        os.environ["TERN_WAN_FWD"] = os.path.abspath(a.fwd)
     a.out = os.path.abspath(a.out)
     os.makedirs(a.out, exist_ok=True)
     soak = Soak(a)

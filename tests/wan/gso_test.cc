@@ -78,6 +78,55 @@ TEST(WanGso, SegmentsAreValidWirePackets) {
   EXPECT_EQ(seen, payload);
 }
 
+TEST(WanGso, CorruptFlipsOnePayloadBitOfAPacketWithoutItsChecksum) {
+  const auto good = SuperPacket(3000, 1448, 0x18);
+  auto p = good;
+  const uint64_t r = (uint64_t{5} << 32) | 1234;  // bit 5 of payload byte 1234
+  ASSERT_TRUE(CorruptTcpPayload(p.data(), p.size(), r));
+  size_t diffs = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == good[i]) continue;
+    ++diffs;
+    EXPECT_EQ(i, sizeof(VnetHdr) + 52 + 1234);
+    EXPECT_EQ(p[i] ^ good[i], 1 << 5);
+  }
+  EXPECT_EQ(diffs, 1u);
+  // The flipped bit survives a later cut into wire segments, under their
+  // new checksums: the receiver cannot tell.
+  PacketShape s;
+  ASSERT_TRUE(ParseShape(p.data(), p.size(), &s));
+  const std::vector<uint8_t> seg = Segment(p.data(), s, 0);
+  EXPECT_EQ(seg[sizeof(VnetHdr) + 52 + 1234], good[sizeof(VnetHdr) + 52 + 1234] ^ (1 << 5));
+
+  // A packet with a complete checksum (the receiver would drop it: a loss),
+  // one without payload, and a UDP one are left alone.
+  auto full = good;
+  VnetHdr h;
+  std::memcpy(&h, full.data(), sizeof h);
+  h.flags = 0;
+  std::memcpy(full.data(), &h, sizeof h);
+  EXPECT_FALSE(CorruptTcpPayload(full.data(), full.size(), r));
+  auto ack = SuperPacket(0, 1448, 0x10);
+  std::memcpy(&h, ack.data(), sizeof h);
+  h.gso_type = kGsoNone;
+  std::memcpy(ack.data(), &h, sizeof h);
+  const auto ack0 = ack;
+  EXPECT_FALSE(CorruptTcpPayload(ack.data(), ack.size(), r));
+  EXPECT_EQ(ack, ack0);
+  auto udp = good;
+  std::memcpy(&h, udp.data(), sizeof h);
+  h.gso_type = kGsoNone;
+  std::memcpy(udp.data(), &h, sizeof h);
+  udp[sizeof(VnetHdr) + 9] = 17;
+  EXPECT_FALSE(CorruptTcpPayload(udp.data(), udp.size(), r));
+  // Truncations never read past the end, nor change anything.
+  for (size_t n = 0; n < 60; ++n) {
+    auto t = good;
+    EXPECT_FALSE(CorruptTcpPayload(t.data(), n, r)) << n;
+    EXPECT_EQ(t, good);
+  }
+}
+
 TEST(WanGso, RejectsMalformedPackets) {
   const auto good = SuperPacket(3000, 1448, 0x10);
   PacketShape s;

@@ -89,6 +89,27 @@ TEST(WanLink, LossRateMatchesAndIsReproducible) {
   EXPECT_NEAR(losses, n * p, 5 * sigma);
 }
 
+TEST(WanLink, CorruptionRateMatchesAndLeavesTheLossPatternAlone) {
+  const int n = 200000;
+  auto run = [&](double corrupt, int* corrupted) {
+    Link link(LinkConfig{.delay_us = 0, .loss = 0.01, .corrupt = corrupt}, 42);
+    std::vector<bool> lost(n);
+    *corrupted = 0;
+    for (int i = 0; i < n; ++i) {
+      uint64_t where = 0, t = 0;
+      *corrupted += link.Corrupt(&where);
+      lost[i] = link.Offer(static_cast<uint64_t>(i), 100, &t) == Verdict::kDropLoss;
+    }
+    return lost;
+  };
+  int none = -1, some = -1;
+  const std::vector<bool> a = run(0.0, &none), b = run(0.001, &some);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(none, 0);
+  const double sigma = std::sqrt(n * 0.001 * 0.999);
+  EXPECT_NEAR(some, n * 0.001, 5 * sigma);
+}
+
 TEST(WanLink, DeliveryTimesNeverDecrease) {
   Link link(LinkConfig{.delay_us = 5000, .rate_bps = 50000000, .queue_bytes = 1 << 20}, 3);
   Rng rng(9);

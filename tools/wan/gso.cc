@@ -85,4 +85,20 @@ std::vector<uint8_t> Segment(const uint8_t* pkt, const PacketShape& shape, uint3
   return out;
 }
 
+bool CorruptTcpPayload(uint8_t* pkt, uint64_t bytes, uint64_t r) {
+  PacketShape shape;
+  if (!ParseShape(pkt, bytes, &shape)) return false;
+  VnetHdr h;
+  std::memcpy(&h, pkt, sizeof h);
+  uint8_t* ip = pkt + sizeof(VnetHdr);
+  const uint32_t ihl = shape.ip_header_bytes;
+  const uint64_t ip_bytes = bytes - sizeof(VnetHdr);
+  if (!(h.flags & kNeedsCsum) || ip[9] != 6 || ip_bytes < ihl + 20u) return false;
+  const uint32_t doff = (ip[ihl + 12] >> 4) * 4u;  // ParseShape checks it only for super-packets
+  if (doff < 20 || ihl + doff >= ip_bytes) return false;  // no payload: nothing to flip
+  const uint64_t payload = ip_bytes - ihl - doff;
+  ip[ihl + doff + (r & 0xFFFFFFFFu) % payload] ^= static_cast<uint8_t>(1u << ((r >> 32) % 8));
+  return true;
+}
+
 }  // namespace tern::wan

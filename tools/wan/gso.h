@@ -27,6 +27,7 @@ static_assert(sizeof(VnetHdr) == 10);
 constexpr uint8_t kGsoNone = 0;
 constexpr uint8_t kGsoTcpV4 = 1;
 constexpr uint8_t kGsoEcn = 0x80;
+constexpr uint8_t kNeedsCsum = 1;  // VIRTIO_NET_HDR_F_NEEDS_CSUM in VnetHdr::flags
 
 // The shape of a valid IPv4 packet; segments == 1 unless it is a TCPv4
 // super-packet. wire_bytes counts every segment's headers.
@@ -45,5 +46,16 @@ bool ParseShape(const uint8_t* pkt, uint64_t bytes, PacketShape* shape);
 // an all-zero VnetHdr in front and full IP and TCP checksums. The caller has
 // validated the packet with ParseShape and k < shape.segments.
 std::vector<uint8_t> Segment(const uint8_t* pkt, const PacketShape& shape, uint32_t k);
+
+// Flips bit (r >> 32) % 8 of TCP payload byte (r mod 2^32) % payload_bytes of a valid
+// IPv4/TCP packet whose checksum the kernel has not computed yet
+// (kNeedsCsum): the receiving kernel trusts such a packet's checksum (it
+// never left the machine), so the flipped bit reaches the application, as a
+// corruption that TCP's 16-bit checksum missed would on a real path; a
+// super-packet cut by Segment() afterwards gets checksums over the flipped
+// bit and carries it too. Returns false and changes nothing for anything
+// else (not TCP, no payload, a complete checksum the receiver would verify:
+// that would be a loss, not a corruption).
+bool CorruptTcpPayload(uint8_t* pkt, uint64_t bytes, uint64_t r);
 
 }  // namespace tern::wan

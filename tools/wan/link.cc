@@ -29,6 +29,12 @@ bool Link::Lose() {
   return false;
 }
 
+bool Link::Corrupt(uint64_t* where) {
+  if (config_.corrupt <= 0.0 || corrupt_rng_.NextUnit() >= config_.corrupt) return false;
+  *where = corrupt_rng_.Next();
+  return true;
+}
+
 Verdict Link::Offer(uint64_t now_ns, uint64_t bytes, uint64_t* deliver_ns) {
   if (Lose()) return Verdict::kDropLoss;
   return Schedule(now_ns, bytes, 1, deliver_ns);

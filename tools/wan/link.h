@@ -25,6 +25,7 @@ struct LinkConfig {
   uint64_t rate_bps = 0;  // bits per second of IP packet bytes; 0 = unlimited
   double loss = 0.0;      // probability in [0, 1)
   uint64_t queue_bytes = 0;
+  double corrupt = 0.0;  // probability per wire segment of a flipped payload bit, in [0, 1)
 };
 
 // SplitMix64: small, seedable and good enough for Bernoulli drops.
@@ -56,7 +57,8 @@ struct LinkStats {
 
 class Link {
  public:
-  Link(const LinkConfig& config, uint64_t seed) : config_(config), rng_(seed) {}
+  Link(const LinkConfig& config, uint64_t seed)
+      : config_(config), rng_(seed), corrupt_rng_(seed ^ 0xC0227D7C0227D7ull) {}
 
   // Decides the fate of one packet; on kForward *deliver_ns is its delivery
   // time (>= every earlier delivery time on this link).
@@ -67,6 +69,10 @@ class Link {
   // Schedule() queues the survivors' bytes as one burst (drop-tail as a
   // whole).
   bool Lose();
+  // Whether one wire segment is corrupted, and where (a random word for
+  // CorruptTcpPayload). Its own stream: a link's loss pattern is the same
+  // with or without corruption; no draw at all when corrupt is 0.
+  bool Corrupt(uint64_t* where);
   Verdict Schedule(uint64_t now_ns, uint64_t bytes, uint64_t segments, uint64_t* deliver_ns);
 
   // Bytes waiting for serialization at now_ns (not those in propagation).
@@ -78,6 +84,7 @@ class Link {
  private:
   LinkConfig config_;
   Rng rng_;
+  Rng corrupt_rng_;
   LinkStats stats_;
   uint64_t busy_until_ns_ = 0;  // when the queue drains if nothing else arrives
   uint64_t last_deliver_ns_ = 0;

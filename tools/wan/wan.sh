@@ -34,7 +34,7 @@ find_fwd() {
 }
 
 # Parses CONFIG into REGIONS (names), HOSTS (per-region counts), LINKS
-# ("r1 r2 delay rate loss queue"), MTU, CC, SEED; rejects anything unknown.
+# ("r1 r2 delay rate loss queue corrupt"), MTU, CC, SEED; rejects anything unknown.
 parse_config() {
   local file=$1 line kw n=0
   REGIONS=(); HOSTS=(); LINKS=(); MTU=1500; CC=bbr; SEED=1; OFFLOAD=on
@@ -58,18 +58,19 @@ parse_config() {
         ((${#REGIONS[@]} < 250)) || die "$file:$n: at most 250 regions"
         REGIONS+=("${w[1]}"); HOSTS+=("${BASH_REMATCH[1]}") ;;
       link)
-        local a b d=0 r=0 l=0 q=0 kv
+        local a b d=0 r=0 l=0 q=0 c=0 kv
         a=$(region_index "${w[1]:-}") || die "$file:$n: unknown region '${w[1]:-}'"
         b=$(region_index "${w[2]:-}") || die "$file:$n: unknown region '${w[2]:-}'"
         for kv in "${w[@]:3}"; do
-          [[ $kv =~ ^(delay_ms|rate_mbit|loss_pct|queue_kb)=([0-9]+(\.[0-9]+)?)$ ]] ||
-            die "$file:$n: bad '$kv' (delay_ms= rate_mbit= loss_pct= queue_kb=)"
+          [[ $kv =~ ^(delay_ms|rate_mbit|loss_pct|queue_kb|corrupt_pct)=([0-9]+(\.[0-9]+)?)$ ]] ||
+            die "$file:$n: bad '$kv' (delay_ms= rate_mbit= loss_pct= queue_kb= corrupt_pct=)"
           case ${BASH_REMATCH[1]} in
             delay_ms) d=${BASH_REMATCH[2]} ;; rate_mbit) r=${BASH_REMATCH[2]} ;;
             loss_pct) l=${BASH_REMATCH[2]} ;; queue_kb) q=${BASH_REMATCH[2]} ;;
+            corrupt_pct) c=${BASH_REMATCH[2]} ;;
           esac
         done
-        LINKS+=("$a $b $d $r $l $q") ;;
+        LINKS+=("$a $b $d $r $l $q $c") ;;
       *) die "$file:$n: unknown keyword '$kw' (mtu, cc, seed, offload, region, link)" ;;
     esac
   done <"$file"
@@ -150,11 +151,11 @@ cmd_up() {
     done
   done
 
-  local specs=() a b d rate l q
+  local specs=() a b d rate l q c
   for spec in "${LINKS[@]}"; do
-    read -r a b d rate l q <<<"$spec"
-    specs+=("$a,$b,$d,$rate,$l,$q")
-    [ "$a" != "$b" ] && specs+=("$b,$a,$d,$rate,$l,$q")
+    read -r a b d rate l q c <<<"$spec"
+    specs+=("$a,$b,$d,$rate,$l,$q,$c")
+    [ "$a" != "$b" ] && specs+=("$b,$a,$d,$rate,$l,$q,$c")
   done
   # Higher priority: on a busy machine a late wake-up is added to every delay.
   : >"$state/fwd.log"

@@ -68,6 +68,7 @@ struct Lane {
   int dst_region;
   Link link;
   std::deque<Packet> fifo;
+  uint64_t corrupted_packets = 0;  // a payload bit flipped (LinkConfig::corrupt)
 };
 // A deque of lanes: growing it never copies a lane's packets.
 using Lanes = std::deque<Lane>;
@@ -80,17 +81,19 @@ struct Counters {
   uint64_t write_errors = 0;
 };
 
-// "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb"; queue_kb 0 = one
-// round-trip bandwidth-delay product (at least 64 KiB).
+// "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb[,corrupt_pct]"; queue_kb 0 =
+// one round-trip bandwidth-delay product (at least 64 KiB).
 Result<Lane> ParseLink(const std::string& spec, uint64_t seed) {
-  double v[6];
+  double v[7] = {};
   const char* p = spec.c_str();
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 7; ++i) {
     char* end = nullptr;
     errno = 0;
     v[i] = std::strtod(p, &end);
-    TERN_REQUIRE(end != p && errno == 0 && (*end == (i == 5 ? '\0' : ',')), kInvalidArgument,
-                 "link '", spec, "': want SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb");
+    const bool last = *end == '\0' && i >= 5;
+    TERN_REQUIRE(end != p && errno == 0 && (last || (*end == ',' && i < 6)), kInvalidArgument,
+                 "link '", spec, "': want SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb[,corrupt_pct]");
+    if (last) break;
     p = end + 1;
   }
   TERN_REQUIRE(v[0] >= 1 && v[0] <= kMaxRegion && v[1] >= 1 && v[1] <= kMaxRegion &&
@@ -102,18 +105,20 @@ Result<Lane> ParseLink(const std::string& spec, uint64_t seed) {
   TERN_REQUIRE(v[4] >= 0 && v[4] < 100, kOutOfRange, "link '", spec, "': loss_pct in [0, 100)");
   TERN_REQUIRE(v[5] >= 0 && v[5] <= 4 * 1024 * 1024, kOutOfRange, "link '", spec,
                "': queue_kb in 0..4194304");
+  TERN_REQUIRE(v[6] >= 0 && v[6] < 100, kOutOfRange, "link '", spec, "': corrupt_pct in [0, 100)");
   LinkConfig c;
   c.delay_us = static_cast<uint64_t>(v[2] * 1000.0 + 0.5);
   c.rate_bps = static_cast<uint64_t>(v[3] * 1e6 + 0.5);
   c.loss = v[4] / 100.0;
   c.queue_bytes = static_cast<uint64_t>(v[5] * 1024.0);
+  c.corrupt = v[6] / 100.0;
   if (c.queue_bytes == 0) {
     const double bdp = static_cast<double>(c.rate_bps) / 8.0 * 2.0 * c.delay_us / 1e6;
     c.queue_bytes = std::max<uint64_t>(64 * 1024, static_cast<uint64_t>(bdp));
   }
   const int src = static_cast<int>(v[0]), dst = static_cast<int>(v[1]);
   return Lane{src, dst, Link(c, seed ^ (static_cast<uint64_t>(src) << 40) ^
-                                    (static_cast<uint64_t>(dst) << 48)), {}};
+                                    (static_cast<uint64_t>(dst) << 48)), {}, 0};
 }
 
 // IFF_VNET_HDR with TSO offload makes the kernel hand over TCP super-packets
@@ -143,11 +148,11 @@ void DumpStats(const Lanes& lanes, const Counters& c, FILE* out) {
     const LinkStats& s = l.link.stats();
     std::fprintf(out,
                  "link %d->%d offered=%llu forwarded=%llu bytes=%llu lost=%llu queue_drops=%llu "
-                 "in_flight=%zu\n",
+                 "in_flight=%zu corrupted=%llu\n",
                  l.src_region, l.dst_region, (unsigned long long)s.offered_packets,
                  (unsigned long long)s.forwarded_packets, (unsigned long long)s.forwarded_bytes,
                  (unsigned long long)s.lost_packets, (unsigned long long)s.queue_drop_packets,
-                 l.fifo.size());
+                 l.fifo.size(), (unsigned long long)l.corrupted_packets);
   }
   std::fprintf(out,
                "other unrouted=%llu malformed=%llu pool_drops=%llu split=%llu write_errors=%llu\n",
@@ -252,7 +257,7 @@ class Forwarder {
   // Validates the untrusted packet in scratch_ and queues it (or the
   // segments that survive random loss) on the lane of its region pair.
   void Route(size_t n, uint64_t now) {
-    const uint8_t* pkt = scratch_.data();
+    uint8_t* pkt = scratch_.data();
     PacketShape shape;
     if (!ParseShape(pkt, n, &shape)) {
       ++counters_.malformed_packets;
@@ -267,6 +272,12 @@ class Forwarder {
       return;
     }
     Lane& l = lanes_[static_cast<size_t>(lane)];
+    // Corruption first, drawn per wire segment: a super-packet cut up below
+    // because of loss carries the flipped bits in its segments too.
+    for (uint32_t k = 0; k < shape.segments; ++k) {
+      uint64_t where = 0;
+      if (l.link.Corrupt(&where) && CorruptTcpPayload(pkt, n, where)) ++l.corrupted_packets;
+    }
     uint64_t deliver_ns = 0;
     if (shape.segments == 1) {
       if (l.link.Offer(now, shape.wire_bytes, &deliver_ns) == Verdict::kForward)
@@ -322,7 +333,7 @@ Status Check(Args& a) {
     TERN_REQUIRE(!seen[key], kInvalidArgument, "link ", lane.src_region, "->", lane.dst_region,
                  " given twice");
     seen[key] = true;
-    a.lanes.push_back(Lane{lane.src_region, lane.dst_region, lane.link, {}});
+    a.lanes.push_back(Lane{lane.src_region, lane.dst_region, lane.link, {}, 0});
   }
   return Status::Ok();
 }
@@ -364,8 +375,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{65536}).description(""));
   cli::AddUnsigned(app, "--seed", a.seed, "seed of the random loss", "1");
   app.add_option("LINK", a.links,
-                 "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb (one direction; regions are the "
-                 "second octet of 10.R.H.x; rate 0 = unlimited; queue 0 = one round-trip BDP)");
+                 "SRC,DST,delay_ms,rate_mbit,loss_pct,queue_kb[,corrupt_pct] (one direction; "
+                 "regions are the second octet of 10.R.H.x; rate 0 = unlimited; queue 0 = one "
+                 "round-trip BDP; corrupt_pct: TCP segments with one payload bit flipped past "
+                 "TCP's checksum)");
   cli::Dispatch dispatch;
   dispatch.On(&app, {[&] { return wan::Check(a); }, [&] { return wan::Forward(a); }});
   return dispatch.Run(app, argc, argv);
