@@ -10,6 +10,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -290,6 +291,33 @@ TEST_F(Established, SlowPayloadTrickleIsCutOff) {
   EXPECT_TRUE(LogHas("below the minimum rate")) << Log();
   ::close(fd);
   ExpectStillServing();
+}
+
+// The other side of the minimum rate: a large frame that arrives above it,
+// however long it takes in all, is delivered. A 4 MiB frame at 256 KiB/s is
+// allowed 300 ms + 16 s; the rule once multiplied in 32 bits and allowed it
+// 309 ms, which cut off every multi-megabyte chunk on a slow link.
+TEST_F(Established, LargeFrameAboveTheMinimumRateIsDelivered) {
+  Serve(false, [](TcpOptions& o) { o.min_frame_bytes_per_s = 256 << 10; });
+  int fd = Handshaken();
+  constexpr uint32_t kBytes = 4 << 20;
+  Send(fd, Header(FrameType::kMessage, kBytes));
+  const std::string piece(64 << 10, 'm');
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t sent = 0; sent < kBytes; sent += piece.size()) {
+    Send(fd, piece);
+    std::this_thread::sleep_for(20ms);  // ~3 MiB/s: 1.3 s in all, above the minimum
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] {
+      return std::any_of(messages_.begin(), messages_.end(),
+                         [](const std::string& m) { return m.size() == kBytes; });
+    })) << "sent in " << took << " s; log:\n" << log_;
+  }
+  EXPECT_EQ(Log().find("below the minimum rate"), std::string::npos) << Log();
+  ::close(fd);
 }
 
 TEST_F(Established, PartialHeaderTimesOut) {

@@ -491,8 +491,11 @@ void TcpConnection::RunStream(Stream& s) {
       break;
     }
     if (reader->in_payload && options_.min_frame_bytes_per_s > 0) {
-      const uint64_t allowed_us = options_.header_timeout_ms * 1000 +
-                                  reader->h.payload_bytes * 1000000 / options_.min_frame_bytes_per_s;
+      // 64-bit before the multiply: a 4 MiB frame times 10^6 overflows 32 bits
+      // (it gave a 4 MiB chunk 10 s instead of 74 s at 64 KiB/s).
+      const uint64_t allowed_us =
+          options_.header_timeout_ms * 1000 +
+          uint64_t{reader->h.payload_bytes} * 1000000 / options_.min_frame_bytes_per_s;
       if (now - reader->header_start_us > allowed_us) {
         ProtocolFailure(TERN_ERROR(kTimeout, "frame of ", reader->h.payload_bytes,
                                    " bytes still incomplete after ", allowed_us / 1000,
