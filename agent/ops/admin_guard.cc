@@ -131,6 +131,7 @@ struct AdminGuard::Impl {
     std::atomic<bool> done{false};
   };
   std::atomic<uint64_t> client_bytes{0};  // every byte read from clients
+  std::atomic<uint32_t> open{0};          // relays running (Relay to its return)
   std::mutex mu;
   std::list<Conn> conns;  // at most max_connections (+ finished ones not yet reaped)
 
@@ -181,12 +182,15 @@ void AdminGuard::Impl::AcceptLoop() {
       continue;
     }
     Conn& c = conns.emplace_back();
+    ++open;
     try {
       c.thread = std::thread([this, &c, fd = std::move(client), peer]() mutable {
         Relay(std::move(fd), std::move(peer));
+        --open;
         c.done.store(true);
       });
     } catch (const std::system_error& e) {  // out of threads: refuse, do not die
+      --open;
       conns.pop_back();
       options.log("admin: refused " + peer + ": cannot start a thread: " + e.what());
       // The client's Fd was moved into the lambda, destroyed (closed) with it.
@@ -388,6 +392,7 @@ AdminGuard::AdminGuard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AdminGuard::~AdminGuard() { Stop(); }
 uint16_t AdminGuard::port() const { return impl_->port; }
 uint64_t AdminGuard::client_bytes_read() const { return impl_->client_bytes.load(); }
+uint32_t AdminGuard::connections_open() const { return impl_->open.load(); }
 
 void AdminGuard::Stop() {
   std::call_once(impl_->stop_once, [this] {

@@ -36,6 +36,9 @@ class AdminGuard {
   // Every byte read from clients since Start: relayed, or read and dropped
   // while refusing or closing.
   uint64_t client_bytes_read() const;
+  // Connections being relayed now, lingering closes included: a count of
+  // bytes read is final for a connection only once it has left this.
+  uint32_t connections_open() const;
   // Closes the port and every relayed connection; joins every thread.
   void Stop();
 

@@ -487,6 +487,7 @@ std::string AdminServer::address() const { return impl_->bound_address; }
 AdminCounters AdminServer::counters() const {
   AdminCounters c;
   c.client_bytes_read = impl_->guard ? impl_->guard->client_bytes_read() : 0;
+  c.connections_open = impl_->guard ? impl_->guard->connections_open() : 0;
   c.body_bytes_read = impl_->body_bytes.load();
   c.refused_from_head = impl_->refused_from_head.load();
   MutexLock lock(impl_->large_mu);

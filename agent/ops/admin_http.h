@@ -158,6 +158,10 @@ struct AdminCounters {
   uint64_t body_bytes_read = 0;    // request body bytes handed to routes
   uint64_t refused_from_head = 0;  // requests answered before any body byte was read
   uint32_t large_bodies_peak = 0;  // the most large bodies being read at once
+  // Client connections being relayed now. A closed connection's bytes may
+  // still be counting (a lingering close drops what the client had sent)
+  // until it leaves this count.
+  uint32_t connections_open = 0;
 };
 
 class AdminServer {
