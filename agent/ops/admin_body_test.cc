@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "agent/ops/admin_http.h"
+#include "agent/ops/admin_test_util.h"
 #include "base/text.h"
 
 namespace tern::agent {
@@ -33,16 +34,6 @@ constexpr uint64_t kSixtyMb = 60'000'000;
 // buffer and the Unix socket's before httplib answers, then at most 1 MiB
 // dropped while the relay lingers (admin_guard.cc kLingerBytes).
 constexpr uint64_t kRefusedReadMax = uint64_t{2} << 20;
-
-int Dial(uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  return fd;
-}
 
 struct Exchanged {
   std::string reply;

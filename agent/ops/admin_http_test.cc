@@ -1,4 +1,5 @@
 #include "agent/ops/admin_http.h"
+#include "agent/ops/admin_test_util.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -42,16 +43,6 @@ AdminClientOptions WithMaxReply(uint64_t bytes) {
 }
 
 uint16_t PortOf(const AdminServer& s) { return ParseHostPort(s.address())->port; }
-
-int Dial(uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  return fd;
-}
 
 // Reads until EOF or the deadline; the bytes read.
 std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
