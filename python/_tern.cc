@@ -78,6 +78,8 @@ py::dict StatusDict(const tern_status& s) {
   d["member_count"] = s.member_count;
   d["version_count"] = s.version_count;
   d["members_at_head"] = s.members_at_head;
+  d["head_epoch"] = s.head_epoch;
+  d["served_epoch"] = s.served_epoch;
   return d;
 }
 
@@ -88,6 +90,7 @@ py::dict EventDict(const tern_event& e) {
   d["kind"] = std::string(tern_event_kind_name(e.kind));
   d["all_tensors"] = e.all_tensors != 0;
   d["version"] = e.version;
+  d["epoch"] = e.epoch;
   d["digest"] = py::make_tuple(e.digest[0], e.digest[1], e.digest[2], e.digest[3]);
   d["member"] = std::string(e.member != nullptr ? e.member : "");
   d["slot_dir"] = std::string(e.slot_dir != nullptr ? e.slot_dir : "");

@@ -276,6 +276,17 @@ typedef struct tern_status {
   /* Root: serving members (relay-only ones serve nothing and are not
    * counted) whose served version is HEAD, as their last heartbeats said. */
   uint32_t members_at_head;
+  /* ABI 1.3. Board epochs (docs/agent/board.md §4a; 0 until the first
+   * supersede): HEAD's (member: of the newest HEAD it knows) and the served
+   * version's (relay-only: the held version's). Versions are ordered as
+   * positions (epoch, version), epoch first: a supersede opens a higher
+   * epoch with a *lower* number, so compare (served_epoch, served_version)
+   * with (head_epoch, head), never the bare numbers. served_epoch <
+   * head_epoch: DIR/current serves a withdrawn version until the agent
+   * moves to HEAD. A caller built against ABI 1.2 passes the shorter
+   * struct and gets neither. */
+  uint32_t head_epoch;
+  uint32_t served_epoch;
 } tern_status;
 
 /* Any thread. TERN_UNAVAILABLE once the agent is stopped. */
@@ -347,6 +358,11 @@ typedef struct tern_event {
   /* Served/published without all_tensors: the tensors whose bytes changed, sorted. */
   const char* const* changed_tensors;
   size_t changed_tensor_count;
+  /* ABI 1.3. The board epoch of `version` (docs/agent/board.md §4a; 0
+   * until the first supersede, and for membership events): from one
+   * version event to the next, (epoch, version) only goes up, the version
+   * number alone need not (a supersede renumbers below a withdrawn HEAD). */
+  uint32_t epoch;
 } tern_event;
 
 /* A batch of events, from tern_agent_wait_events; free it with

@@ -10,7 +10,12 @@ from . import _tern
 
 @dataclasses.dataclass(frozen=True)
 class Status:
-    """The figures a scheduler polls (tern_status; GET /status has more)."""
+    """The figures a scheduler polls (tern_status; GET /status has more).
+    `head_epoch`/`served_epoch` (ABI 1.3): the board epochs of HEAD and of
+    the served version (docs/agent/board.md §4a; 0 until the first
+    supersede). Versions are ordered as positions (epoch, version): compare
+    `served_position` with `head_position`, not the bare numbers (a
+    supersede opens a higher epoch with a lower number)."""
     root: bool
     relay_only: bool
     joined: bool
@@ -20,6 +25,19 @@ class Status:
     member_count: int
     version_count: int
     members_at_head: int
+    head_epoch: int = 0
+    served_epoch: int = 0
+
+    @property
+    def head_position(self) -> Tuple[int, int]:
+        """(head_epoch, head)."""
+        return (self.head_epoch, self.head)
+
+    @property
+    def served_position(self) -> Tuple[int, int]:
+        """(served_epoch, served_version); below head_position while the
+        agent serves a version a supersede withdrew, or one behind HEAD."""
+        return (self.served_epoch, self.served_version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +46,10 @@ class Event:
     "Events"). `kind`: "version_published", "version_served",
     "member_joined", "member_left", "member_failed", "member_demoted".
     `changed_tensors`: for served/published versions that are not
-    `all_tensors`, the tensors whose bytes changed, sorted."""
+    `all_tensors`, the tensors whose bytes changed, sorted. `epoch`: the
+    board epoch of `version` (0 until the first supersede, and for
+    membership events); `position` = (epoch, version) only goes up from one
+    version event to the next."""
     seq: int
     at_s: float
     kind: str
@@ -38,6 +59,12 @@ class Event:
     slot_dir: str
     all_tensors: bool
     changed_tensors: Tuple[str, ...]
+    epoch: int = 0
+
+    @property
+    def position(self) -> Tuple[int, int]:
+        """(epoch, version)."""
+        return (self.epoch, self.version)
 
     @staticmethod
     def _from(d):
@@ -45,7 +72,8 @@ class Event:
                      version=int(d.get("version", 0)), digest=_digest(d.get("digest")),
                      member=str(d.get("member", "")), slot_dir=str(d.get("slot_dir", "")),
                      all_tensors=bool(d.get("all_tensors", False)),
-                     changed_tensors=tuple(d.get("changed_tensors") or ()))
+                     changed_tensors=tuple(d.get("changed_tensors") or ()),
+                     epoch=int(d.get("epoch", 0)))
 
 
 def _digest(v):

@@ -198,12 +198,30 @@ def test_client_supersede_withdraws_a_wrong_version(fleet, tmp_path):
     with pytest.raises(tern.Error) as e:
         client.publish(right, 1)  # in the log
     assert "in the board's log already" in str(e.value)
+    sub = tern.Subscriber(member)
+    assert sub.next(10).position == (0, 5000)
     client.publish(right, 2)
-    assert client.status().head == 2
+    st = client.status()
+    assert st.head == 2 and st.head_position == (1, 2) and st.served_position == (1, 2)
+    assert root.status().head_position == (1, 2)
     deadline = time.monotonic() + 60
-    while member.status().served_version != 2:
+    while member.status().served_position != (1, 2):
         assert time.monotonic() < deadline, "the member did not follow the supersede"
         time.sleep(0.05)
+    assert member.status().head_position == (1, 2)
+    # Events carry their version's epoch, in-process and over the port.
+    published = {e.version: e.epoch for e in root.wait_events() if e.kind == "version_published"}
+    assert published == {1: 0, 5000: 0, 2: 1}
+    served = [e.position for e in member.wait_events() if e.kind == "version_served"]
+    assert served[-2:] == [(0, 5000), (1, 2)] and served == sorted(served)
+    over_port = [e.position for e in tern.Client(member.admin_address, token=TOKEN).events()["events"]
+                 if e.kind == "version_served"]
+    assert over_port == served
+    v = sub.next(10)
+    assert v.position == (1, 2) and v.still_served()
+    # Positions, not numbers: version 2 of epoch 0 is not what is served.
+    stale = tern.Version(sub, 2, v.digest, v.slot_dir, False, v.changed_tensors, epoch=0)
+    assert not stale.still_served()
     # Ordinary publishes go on from 2.
     tern.Client(root.admin_address, token=TOKEN).publish(
         checkpoint(tmp_path / "s4.safetensors", step(w2, 0.01, 10)), 3)
