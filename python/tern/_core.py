@@ -281,7 +281,7 @@ class Publisher:
 
     The first version of an empty board starts from zeros. A rank that
     restarts cannot publish on top of a board it did not publish from (the
-    root refuses: Error(MISMATCH)).
+    root refuses: Error(MISMATCH)) until it `resume`s from HEAD's bytes.
 
     Thread safety: calls are serialized (one publish at a time)."""
 
@@ -330,16 +330,45 @@ class Publisher:
         committed — with the part's size on the wire in bytes; raises
         tern.Error with the root's code and reason otherwise (a rank that
         did not send is named; TIMEOUT: the outcome is not known yet)."""
-        if set(tensors) != set(self._ranges):
-            raise ValueError(f"Publisher.publish: want exactly the owned tensors "
+        entries = self._entries("publish", tensors)
+        return self._native.publish(int(version), entries)
+
+    def resume(self, version: int, tensors: Mapping[str, Any], *, base_version: int,
+               base: Optional[Mapping[str, Any]]) -> int:
+        """After this rank's process restarted while the root was gathering
+        `version`: sends its part again, from a new Publisher (one that has
+        published nothing). `base` maps each owned tensor to its rows as of
+        `base_version`, the board's HEAD, read from a view that serves it
+        (a member's served slot, e.g. `tern.Subscriber(...).next().tensor`
+        sliced to the rows); on an empty board `base_version=0, base=None`.
+        `tensors` are the rows' bytes of `version` now, as for `publish`.
+        The root takes the part only into its open gathering of `version`;
+        Error(MISMATCH) when it refuses (the version committed or failed,
+        this rank's part is there already, another base), its message
+        saying what to do; nothing is taken then. Returns the part's size
+        once the version is on the board."""
+        entries = self._entries("resume", tensors)
+        if base is None:
+            if base_version != 0:
+                raise ValueError("Publisher.resume: base is None only with base_version=0")
+            before = []
+        else:
+            before = self._entries("resume", base)
+        return self._native.resume(int(base_version), before, int(version), entries)
+
+    def _entries(self, call: str, tensors: Mapping[str, Any]) -> list:
+        """(name, first, count, address, bytes) per owned tensor; the
+        buffers must stay alive until the native call returns (the caller's
+        mapping holds them)."""
+        if set(map(str, tensors)) != set(self._ranges):
+            raise ValueError(f"Publisher.{call}: want exactly the owned tensors "
                              f"{sorted(self._ranges)}, got {sorted(map(str, tensors))}")
-        entries, keep = [], []
+        entries = []
         for name, t in tensors.items():
             first, count = self._ranges[str(name)]
             _, _, _, ptr, nbytes = _tensor_entry(str(name), t)
             entries.append((str(name), first, count, ptr, nbytes))
-            keep.append(t)  # alive until the call returns
-        return self._native.publish(int(version), entries)
+        return entries
 
     @property
     def version(self) -> int:
