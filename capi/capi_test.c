@@ -834,6 +834,29 @@ static void test_rank_publishers(const char* dir) {
     tern_client_free(wrong);
     tern_rank_publisher_free(alone);
   }
+  /* ABI 1.3, resume: only a new publisher; a version the root is not
+   * gathering is refused (MISMATCH, nothing taken), and the publisher then
+   * holds the base it resumed from. */
+  if (jobs[0].pub != NULL)
+    CHECK_CODE(tern_rank_publisher_resume(jobs[0].pub, client, 2, &jobs[0].shard, 1, 3,
+                                          &jobs[0].shard, 1, NULL),
+               TERN_MISMATCH, "new publisher");
+  tern_rank_publisher* again = NULL;
+  CHECK(tern_rank_publisher_create(&ro, &again) == TERN_OK);
+  if (again != NULL) {
+    CHECK_CODE(
+        tern_rank_publisher_resume(again, NULL, 2, &jobs[0].shard, 1, 3, &jobs[0].shard, 1, NULL),
+        TERN_INVALID_ARGUMENT, "client");
+    CHECK_CODE(
+        tern_rank_publisher_resume(again, client, 0, &jobs[0].shard, 1, 3, &jobs[0].shard, 1, NULL),
+        TERN_INVALID_ARGUMENT, "version 0");
+    uint64_t part_bytes = 0;
+    CHECK_CODE(tern_rank_publisher_resume(again, client, 2, &jobs[0].shard, 1, 3, &jobs[0].shard, 1,
+                                          &part_bytes),
+               TERN_MISMATCH, "not being gathered");
+    CHECK(part_bytes > 0 && tern_rank_publisher_version(again) == 2);
+    tern_rank_publisher_free(again);
+  }
   tern_status st;
   st.struct_size = sizeof st;
   CHECK(tern_agent_status(root, &st) == TERN_OK);

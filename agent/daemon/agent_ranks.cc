@@ -144,7 +144,7 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
     // The messages fit the admin client's 300 bytes of an answer.
     TERN_REQUIRE(open, kMismatch, "resume: version ", version, " is not being gathered (HEAD ",
                  board_->head(), "); nothing taken: if HEAD is ", version,
-                 " it committed, resume from HEAD; else publish ", version, " anew on every rank");
+                 " it committed; else publish it anew on every rank, this one from HEAD");
     const RankAssembly& a = *assembly_;
     TERN_REQUIRE(!a.parts.count(rank), kMismatch, "resume: rank ", rank, "'s part of version ",
                  version, " is here already; nothing taken: wait for the version's outcome");

@@ -571,12 +571,12 @@ TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern
  * parts; the same bytes as a part sent before the restart are answered with
  * that part's outcome. TERN_MISMATCH: the root refused it, nothing taken
  * and its gathering untouched; the message says why and what to do (the
- * version is not being gathered: if HEAD is `version` it committed, create
- * a publisher and resume from HEAD's bytes for the next version, else
- * publish `version` anew on every rank; this rank's part is there already:
- * wait for the version's outcome; another base than the other ranks':
- * resume from that version's bytes). After a refusal the previous view
- * stays base's. TERN_TIMEOUT: as for send (the part stays; send asks
+ * version is not being gathered: if HEAD is `version` it committed, else
+ * publish it anew on every rank; this rank's part is there already: wait
+ * for the version's outcome; another base than the other ranks': resume
+ * from that version's bytes). After a refusal the previous view stays
+ * base's, at base_version: when that is HEAD, this publisher goes on with
+ * encode and send as usual. TERN_TIMEOUT: as for send (the part stays; send asks
  * again). TERN_INVALID_ARGUMENT: shards or base not the owned ranges, or
  * base_version 0 with a base. Serialized with the publisher's other
  * calls; any thread. */
