@@ -323,6 +323,8 @@ tern_code tern_agent_status(tern_agent* a, tern_status* out) {
       st.head = s.head;
       st.served_version = s.served_version;
       st.held_version = s.held_version;
+      st.head_epoch = s.head_epoch;
+      st.served_epoch = s.served_epoch;
       st.member_count = static_cast<uint32_t>(s.members.size());
       st.version_count = static_cast<uint32_t>(s.versions.size());
       for (const tern::AgentMemberStatus& m : s.members)

@@ -834,11 +834,158 @@ static void test_rank_publishers(const char* dir) {
     tern_client_free(wrong);
     tern_rank_publisher_free(alone);
   }
+  /* ABI 1.3, resume: only a new publisher; a version the root is not
+   * gathering is refused (MISMATCH, nothing taken), and the publisher then
+   * holds the base it resumed from. */
+  if (jobs[0].pub != NULL)
+    CHECK_CODE(tern_rank_publisher_resume(jobs[0].pub, client, 2, &jobs[0].shard, 1, 3,
+                                          &jobs[0].shard, 1, NULL),
+               TERN_MISMATCH, "new publisher");
+  tern_rank_publisher* again = NULL;
+  CHECK(tern_rank_publisher_create(&ro, &again) == TERN_OK);
+  if (again != NULL) {
+    CHECK_CODE(
+        tern_rank_publisher_resume(again, NULL, 2, &jobs[0].shard, 1, 3, &jobs[0].shard, 1, NULL),
+        TERN_INVALID_ARGUMENT, "client");
+    CHECK_CODE(
+        tern_rank_publisher_resume(again, client, 0, &jobs[0].shard, 1, 3, &jobs[0].shard, 1, NULL),
+        TERN_INVALID_ARGUMENT, "version 0");
+    uint64_t part_bytes = 0;
+    CHECK_CODE(tern_rank_publisher_resume(again, client, 2, &jobs[0].shard, 1, 3, &jobs[0].shard, 1,
+                                          &part_bytes),
+               TERN_MISMATCH, "not being gathered");
+    CHECK(part_bytes > 0 && tern_rank_publisher_version(again) == 2);
+    tern_rank_publisher_free(again);
+  }
   tern_status st;
   st.struct_size = sizeof st;
   CHECK(tern_agent_status(root, &st) == TERN_OK);
   CHECK(st.head == 2);
   for (int r = 0; r < 2; ++r) tern_rank_publisher_free(jobs[r].pub);
+  tern_client_free(client);
+  if (member != NULL) tern_agent_free(member);
+  tern_agent_free(root);
+}
+
+/* ABI 1.3: epochs in status and events. A supersede renumbers below a
+ * wrong HEAD (5000 -> 2) into epoch 1; only the epochs tell the new
+ * version 2 from a number the bare versions would order below 5000. */
+static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch) {
+  tern_events* batch = NULL;
+  int found = 0;
+  if (tern_agent_wait_events(agent, 0, 1024, 0, &batch) != TERN_OK) return 0;
+  for (size_t i = 0; i < tern_events_count(batch); ++i) {
+    tern_event e;
+    e.struct_size = sizeof e;
+    if (tern_events_get(batch, i, &e) != TERN_OK) break;
+    if (e.kind == kind && e.version == version) {
+      *epoch = e.epoch;
+      found = 1;
+    }
+  }
+  tern_events_free(batch);
+  return found;
+}
+
+static void test_supersede_epochs(const char* dir) {
+  char root_dir[300], member_dir[300], v1[300], v2[300], v3[300];
+  snprintf(root_dir, sizeof root_dir, "%s/epoch-root", dir);
+  snprintf(member_dir, sizeof member_dir, "%s/epoch-member", dir);
+  snprintf(v1, sizeof v1, "%s/e1.safetensors", dir);
+  snprintf(v2, sizeof v2, "%s/e2.safetensors", dir);
+  snprintf(v3, sizeof v3, "%s/e3.safetensors", dir);
+  CHECK(tiny_write_checkpoint(v1, 4096, 11) == 0);
+  CHECK(tiny_write_checkpoint(v2, 4096, 12) == 0);
+  CHECK(tiny_write_checkpoint(v3, 4096, 13) == 0);
+  tern_agent_options o;
+  base_options(&o, root_dir);
+  o.admin_listen = "127.0.0.1:0";
+  o.admin_token = "right";
+  tern_agent* root = NULL;
+  CHECK(tern_agent_start(&o, &root) == TERN_OK);
+  if (root == NULL) return;
+  char addr[128], admin[128], key[4096];
+  size_t len = 0;
+  CHECK(tern_agent_listen_address(root, addr, sizeof addr, &len) == TERN_OK);
+  CHECK(tern_agent_admin_address(root, admin, sizeof admin, &len) == TERN_OK);
+  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
+  const char* keys[1] = {key};
+  base_options(&o, member_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  tern_agent* member = NULL;
+  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+
+  CHECK(tern_agent_publish(root, v1, 1) == TERN_OK);
+  CHECK(tern_agent_publish(root, v2, 5000) == TERN_OK); /* the wrong number */
+  if (member != NULL) CHECK(wait_served(member, 5000));
+  tern_status st;
+  st.struct_size = sizeof st;
+  CHECK(tern_agent_status(root, &st) == TERN_OK);
+  CHECK(st.head == 5000 && st.head_epoch == 0 && st.served_epoch == 0);
+
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.token = "right";
+  co.timeout_ms = 60000;
+  co.supersede = 1;
+  tern_client* client = NULL;
+  CHECK(tern_client_open(admin, &co, &client) == TERN_OK);
+  CHECK(client != NULL && tern_client_publish(client, v3, 2) == TERN_OK);
+
+  /* The root: HEAD 2 of epoch 1, served. */
+  st.struct_size = sizeof st;
+  CHECK(tern_agent_status(root, &st) == TERN_OK);
+  CHECK(st.head == 2 && st.head_epoch == 1 && st.served_version == 2 && st.served_epoch == 1);
+  st.struct_size = sizeof st;
+  CHECK(tern_client_status(client, &st) == TERN_OK);
+  CHECK(st.head == 2 && st.head_epoch == 1 && st.served_version == 2 && st.served_epoch == 1);
+  /* A caller built against ABI 1.2 (its struct ends where served_epoch
+   * begins; head_epoch falls in what was its padding): nothing written
+   * past its struct_size. */
+  struct {
+    tern_status s;
+    uint64_t after;
+  } old;
+  memset(&old, 0xab, sizeof old);
+  old.s.struct_size = offsetof(tern_status, served_epoch);
+  CHECK(tern_agent_status(root, &old.s) == TERN_OK);
+  CHECK(old.s.head == 2 && old.s.served_epoch == 0xababababu);
+  memset(&old, 0xab, sizeof old);
+  old.s.struct_size = offsetof(tern_status, served_epoch);
+  CHECK(tern_client_status(client, &old.s) == TERN_OK);
+  CHECK(old.s.head == 2 && old.s.served_epoch == 0xababababu);
+
+  /* The member follows: its served position (1, 2) is above (0, 5000). */
+  int moved = 0;
+  for (int i = 0; member != NULL && i < 600 && !moved; ++i) {
+    st.struct_size = sizeof st;
+    CHECK(tern_agent_status(member, &st) == TERN_OK);
+    moved = st.served_version == 2 && st.served_epoch == 1;
+    if (!moved) sleep_ms(50);
+  }
+  CHECK(moved && st.head == 2 && st.head_epoch == 1);
+
+  /* Events carry the epoch of their version. */
+  uint32_t epoch = 99;
+  CHECK(served_event_epoch(root, TERN_EVENT_VERSION_PUBLISHED, 5000, &epoch) && epoch == 0);
+  epoch = 99;
+  CHECK(served_event_epoch(root, TERN_EVENT_VERSION_PUBLISHED, 2, &epoch) && epoch == 1);
+  epoch = 99;
+  CHECK(member != NULL && served_event_epoch(member, TERN_EVENT_VERSION_SERVED, 5000, &epoch) &&
+        epoch == 0);
+  epoch = 99;
+  CHECK(member != NULL && served_event_epoch(member, TERN_EVENT_VERSION_SERVED, 2, &epoch) &&
+        epoch == 1);
+  /* Over the admin port, too (GET /events' JSON). */
+  char* text = malloc(1 << 20);
+  if (text != NULL) {
+    CHECK(tern_client_events_json(client, 0, 1024, 0, text, 1 << 20, &len) == TERN_OK);
+    CHECK(strstr(text, "\"epoch\":1") != NULL || strstr(text, "\"epoch\": 1") != NULL);
+    free(text);
+  }
   tern_client_free(client);
   if (member != NULL) tern_agent_free(member);
   tern_agent_free(root);
@@ -857,6 +1004,7 @@ int main(void) {
   test_agents(dir);
   test_publish_tensors(dir);
   test_rank_publishers(dir);
+  test_supersede_epochs(dir);
   nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   if (failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", failures);

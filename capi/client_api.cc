@@ -91,6 +91,17 @@ Status ParseStatus(const std::string& text, tern_status* st) {
   TERN_RETURN_IF_ERROR(u64("served_version", &st->served_version));
   st->held_version = st->served_version;
   if (st->relay_only) TERN_RETURN_IF_ERROR(u64("held_version", &st->held_version));
+  // An agent from before epochs sends neither: it has only epoch 0.
+  auto epoch = [&](const char* key, uint32_t* v) -> Status {
+    auto it = j.find(key);
+    if (it == j.end()) return Status::Ok();
+    TERN_REQUIRE(it->is_number_unsigned() && it->get<uint64_t>() <= UINT32_MAX, kCorrupt,
+                 "GET /status: \"", key, "\" is not a 32-bit unsigned number");
+    *v = it->get<uint32_t>();
+    return Status::Ok();
+  };
+  TERN_RETURN_IF_ERROR(epoch("head_epoch", &st->head_epoch));
+  TERN_RETURN_IF_ERROR(epoch("served_epoch", &st->served_epoch));
   auto count = [&](const char* key) -> uint32_t {
     auto it = j.find(key);
     if (it == j.end() || !it->is_array()) return 0;

@@ -84,6 +84,7 @@ tern_event ToC(const AgentEvent& e, std::vector<const char*>* changed) {
   c.kind = static_cast<int>(e.kind);
   c.all_tensors = e.all_tensors ? 1 : 0;
   c.version = e.version;
+  c.epoch = e.epoch;
   for (int l = 0; l < 4; ++l) c.digest[l] = e.digest.lanes[l];
   c.member = e.member.c_str();
   c.slot_dir = e.slot_dir.c_str();

@@ -174,6 +174,46 @@ tern_code tern_rank_publisher_send(tern_rank_publisher* p, tern_client* client) 
   });
 }
 
+tern_code tern_rank_publisher_resume(tern_rank_publisher* p, tern_client* client,
+                                     uint64_t base_version, const tern_shard* base,
+                                     size_t base_count, uint64_t version, const tern_shard* shards,
+                                     size_t count, uint64_t* part_bytes) {
+  return Guard([&]() -> tern::Status {
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(p));
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(client));
+    std::vector<tern::RankShard> before, now;
+    // An empty board's version starts at the zero view a new publisher holds.
+    const bool zero_base = base_version == 0 && base_count == 0;
+    if (!zero_base) TERN_RETURN_IF_ERROR(tern::capi::ReadShards(base, base_count, true, &before));
+    TERN_RETURN_IF_ERROR(tern::capi::ReadShards(shards, count, true, &now));
+    std::lock_guard lock(p->mu);
+    TERN_REQUIRE(p->publisher->version() == 0, kMismatch, "resume is for a new publisher (one ",
+                 "that has committed nothing); this one holds version ", p->publisher->version(),
+                 ": encode and send as usual");
+    p->pending.reset();
+    p->pending_bytes.clear();
+    if (!zero_base) TERN_RETURN_IF_ERROR(p->publisher->Resume(base_version, before));
+    TERN_ASSIGN_OR_RETURN(tern::RankPart part, p->publisher->Encode(version, now));
+    TERN_ASSIGN_OR_RETURN(p->pending_bytes, tern::EncodeRankPart(part));
+    if (part_bytes != nullptr) *part_bytes = p->pending_bytes.size();
+    part.records.clear();
+    p->pending = std::move(part);
+    const tern::Status s =
+        tern::ResumeRankPart(client->address, p->pending_bytes, version, p->pending->rank,
+                             p->gather_timeout_ms, client->options);
+    // As send: a timeout keeps the part (send asks again); otherwise the
+    // outcome is final and the previous view is base's unless it committed.
+    if (s.code() == tern::Code::kTimeout) return s;
+    if (s.ok())
+      p->publisher->Committed();
+    else
+      p->publisher->Abandon();
+    p->pending.reset();
+    p->pending_bytes.clear();
+    return s;
+  });
+}
+
 uint64_t tern_rank_publisher_version(tern_rank_publisher* p) {
   if (!tern::capi::CheckHandle(p).ok()) return 0;
   std::lock_guard lock(p->mu);

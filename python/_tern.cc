@@ -78,6 +78,8 @@ py::dict StatusDict(const tern_status& s) {
   d["member_count"] = s.member_count;
   d["version_count"] = s.version_count;
   d["members_at_head"] = s.members_at_head;
+  d["head_epoch"] = s.head_epoch;
+  d["served_epoch"] = s.served_epoch;
   return d;
 }
 
@@ -88,6 +90,7 @@ py::dict EventDict(const tern_event& e) {
   d["kind"] = std::string(tern_event_kind_name(e.kind));
   d["all_tensors"] = e.all_tensors != 0;
   d["version"] = e.version;
+  d["epoch"] = e.epoch;
   d["digest"] = py::make_tuple(e.digest[0], e.digest[1], e.digest[2], e.digest[3]);
   d["member"] = std::string(e.member != nullptr ? e.member : "");
   d["slot_dir"] = std::string(e.slot_dir != nullptr ? e.slot_dir : "");
@@ -541,6 +544,27 @@ class RankPublisher {
     Check(code);
     return part_bytes;
   }
+  // A restarted rank's part of `version` (tern_rank_publisher_resume):
+  // `base` its shards as of base_version (empty with base_version 0: the
+  // zero view), `shards` their bytes now; both as for Publish.
+  uint64_t Resume(uint64_t base_version, const py::list& base, uint64_t version,
+                  const py::list& shards) {
+    std::vector<std::string> base_names, names;
+    std::vector<tern_shard> before, given;
+    ReadShards(base, true, &base_names, &before);
+    ReadShards(shards, true, &names, &given);
+    uint64_t part_bytes = 0;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_rank_publisher_resume(publisher_, client_, base_version,
+                                        before.empty() ? nullptr : before.data(), before.size(),
+                                        version, given.empty() ? nullptr : given.data(),
+                                        given.size(), &part_bytes);
+    }
+    Check(code);
+    return part_bytes;
+  }
   uint64_t Version() { return tern_rank_publisher_version(publisher_); }
 
  private:
@@ -604,6 +628,8 @@ PYBIND11_MODULE(_tern, m) {
            py::arg("token"), py::arg("timeout_ms"), py::arg("ca_pem"), py::arg("cert_pem"),
            py::arg("key_pem"))
       .def("publish", &RankPublisher::Publish, py::arg("version"), py::arg("shards"))
+      .def("resume", &RankPublisher::Resume, py::arg("base_version"), py::arg("base"),
+           py::arg("version"), py::arg("shards"))
       .def("version", &RankPublisher::Version);
 
   py::class_<Client>(m, "Client")

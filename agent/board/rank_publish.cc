@@ -223,6 +223,21 @@ void RankPublisher::Committed() {
 
 void RankPublisher::Abandon() { state_->has_pending = false; }
 
+Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>& base) {
+  State& st = *state_;
+  const std::string who = "rank " + std::to_string(st.rank);
+  TERN_REQUIRE(st.version == 0, kMismatch, who, ": resume is for a publisher that has committed ",
+               "nothing since it was created; this one holds version ", st.version,
+               ": send its parts as usual");
+  TERN_REQUIRE(base_version >= 1, kInvalidArgument, who, ": resume from version 0: a new ",
+               "publisher already holds the zero view (send its part as usual)");
+  // The zero view is the previous one here: the part's terms after are the
+  // base's, and Committed makes its bytes the previous view.
+  TERN_RETURN_IF_ERROR(Encode(base_version, base).status());
+  Committed();
+  return Status::Ok();
+}
+
 uint64_t RankPublisher::version() const { return state_->version; }
 
 ViewDigest ZeroViewDigest(const std::vector<TensorDesc>& layout) {

@@ -212,6 +212,64 @@ TEST(RankPublisherTest, RefusesBadShards) {
   EXPECT_EQ((*p)->Encode(1, shards).status().code(), Code::kMismatch);
 }
 
+// The last rank's process restarts after version 1 committed: a new
+// publisher starts from zeros, whose part the root refuses (its terms are
+// not HEAD's); resumed from HEAD's bytes of its shards (what a member
+// serves), its part of version 2 assembles with the others' bit for bit.
+TEST_P(RankPublishTest, ARestartedRankResumesFromHeadsBytes) {
+  Model root(1);
+  for (auto& t : root.bytes) std::fill(t.begin(), t.end(), uint8_t{0});
+  MutableServeView root_view = root.View();
+  ViewDigest head = ZeroViewDigest(model_.layout);
+  auto v1 = AssembleRankParts(model_.layout, 0, 1, head, Parts(1), world_, nullptr);
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  ASSERT_TRUE(Apply(root_view, *v1, head, pool_, &head).ok());
+  for (auto& r : ranks_) r->Committed();
+
+  const uint32_t last = world_ - 1;
+  RankPublisherOptions o;
+  o.segment_elements = 500;
+  auto fresh = RankPublisher::Create(last, world_, model_.layout, ShardsOf(last, world_), o);
+  ASSERT_TRUE(fresh.ok());
+  ranks_[last] = std::move(fresh).value();
+  model_.Step(2);
+  std::vector<RankPart> parts = Parts(2);
+  ASSERT_EQ(parts.size(), world_);
+  EXPECT_EQ(parts[last].base_version, 0u);
+  Status s = Assemble(1, 2, head, parts);
+  EXPECT_FALSE(s.ok()) << "a restarted rank's zero view is not HEAD's";
+
+  // HEAD's bytes of its shards, as the root (or a member) serves them.
+  ASSERT_TRUE(ranks_[last]->Resume(1, CurrentShards(root, ShardsOf(last, world_))).ok());
+  EXPECT_EQ(ranks_[last]->version(), 1u);
+  auto resumed = ranks_[last]->Encode(2, CurrentShards(model_, ShardsOf(last, world_)));
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  parts[last] = std::move(resumed).value();
+  ViewDigest target;
+  auto v2 = AssembleRankParts(model_.layout, 1, 2, head, parts, world_, &target);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  ASSERT_TRUE(Apply(root_view, *v2, head, pool_, &head).ok());
+  EXPECT_EQ(head, target);
+  EXPECT_EQ(root.bytes, model_.bytes);
+  ranks_[last]->Committed();
+  EXPECT_EQ(ranks_[last]->version(), 2u);
+
+  // Only a publisher that has committed nothing resumes; bad input is named.
+  s = ranks_[last]->Resume(2, CurrentShards(model_, ShardsOf(last, world_)));
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  EXPECT_NE(s.message().find("send its parts as usual"), std::string::npos) << s.ToString();
+  auto another = RankPublisher::Create(last, world_, model_.layout, ShardsOf(last, world_), o);
+  ASSERT_TRUE(another.ok());
+  s = (*another)->Resume(0, CurrentShards(model_, ShardsOf(last, world_)));
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  std::vector<RankShard> short_base = CurrentShards(model_, ShardsOf(last, world_));
+  short_base[0].bytes -= 1;
+  s = (*another)->Resume(2, short_base);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(short_base[0].range.tensor), std::string::npos) << s.ToString();
+  EXPECT_EQ((*another)->version(), 0u) << "a refused resume changes nothing";
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, RankPublishTest, ::testing::Values(2u, 4u));
 
 }  // namespace

@@ -122,6 +122,11 @@ class AgentImpl final : public Agent {
   std::vector<AdminRoute> KeyRoutes();  // agent_keys.cc
   Status PublishTensors(uint64_t version, const std::vector<PublishTensor>& tensors) override;
   Status PublishRankPart(RankPart part, uint32_t timeout_ms) override;
+  // A rank that restarted mid-version resumes it (POST /publish/rank-part
+  // ?resume=1): its part joins only the gathering of its version that is
+  // open, with the other parts' base version; otherwise kMismatch, nothing
+  // taken and the gathering untouched, saying what to do.
+  Status ResumeRankPart(RankPart part, uint32_t timeout_ms);
   AgentSnapshot Snapshot() const override;
   std::string PublicKeyPem() const override;
   Status WaitEvents(uint64_t after_seq, size_t max_events, uint32_t timeout_ms,
@@ -218,6 +223,7 @@ class AgentImpl final : public Agent {
       REQUIRES(publish_mu_);
 
   // ---- agent_ranks.cc ----
+  Status GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume);
   // Joins and commits the parts of one version (PublishRankPart).
   // Fails the version being gathered (kCancelled) and refuses new parts,
   // so that Stop need not wait for a gathering deadline.

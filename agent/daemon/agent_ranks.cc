@@ -105,6 +105,14 @@ Status VerifyRankRecords(const std::vector<TensorDesc>& layout, const ServeView*
 }  // namespace
 
 Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
+  return GatherRankPart(std::move(part), timeout_ms, /*resume=*/false);
+}
+
+Status AgentImpl::ResumeRankPart(RankPart part, uint32_t timeout_ms) {
+  return GatherRankPart(std::move(part), timeout_ms, /*resume=*/true);
+}
+
+Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume) {
   TERN_REQUIRE(opt_.root, kInvalidArgument, "publish from ranks: this agent is not the root");
   TERN_REQUIRE(!leadership_lost_, kUnavailable, "publish from ranks: this root no longer leads the board");
   TERN_REQUIRE(timeout_ms >= 1 && timeout_ms <= kMaxRankTimeoutMs, kInvalidArgument,
@@ -126,6 +134,24 @@ Status AgentImpl::PublishRankPart(RankPart part, uint32_t timeout_ms) {
         " ms; nothing published");
     assembly_.reset();
     ranks_cv_.SignalAll();
+  }
+  if (resume) {
+    // A resumed part never opens a version: the one it belongs to is gone
+    // (committed, failed at its deadline, or never started), and a lone
+    // part would only time out. Checked before it joins, so a wrong resume
+    // fails nobody else's part.
+    const bool open = assembly_ && assembly_->version == version && !assembly_->committing;
+    // The messages fit the admin client's 300 bytes of an answer.
+    TERN_REQUIRE(open, kMismatch, "resume: version ", version, " is not being gathered (HEAD ",
+                 board_->head(), "); nothing taken: if HEAD is ", version,
+                 " it committed; else publish it anew on every rank, this one from HEAD");
+    const RankAssembly& a = *assembly_;
+    TERN_REQUIRE(!a.parts.count(rank), kMismatch, "resume: rank ", rank, "'s part of version ",
+                 version, " is here already; nothing taken: wait for the version's outcome");
+    TERN_REQUIRE(a.parts.empty() || a.parts.begin()->second.base_version == part.base_version,
+                 kMismatch, "resume: rank ", rank, " starts at version ", part.base_version,
+                 ", the other parts at ", a.parts.begin()->second.base_version,
+                 "; nothing taken: resume from that version's bytes");
   }
   if (!assembly_) {
     assembly_.emplace();

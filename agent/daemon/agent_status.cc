@@ -423,8 +423,10 @@ Status AgentImpl::StartAdmin() {
       routes.push_back(std::move(r));
     for (AdminRoute& r : OperatorRoutes()) routes.push_back(std::move(r));
     for (AdminRoute& r : KeyRoutes()) routes.push_back(std::move(r));
-    rank_part_jobs_ = std::make_unique<RankPartJobs>(
-        [this](RankPart part, uint32_t timeout_ms) { return PublishRankPart(std::move(part), timeout_ms); });
+    rank_part_jobs_ =
+        std::make_unique<RankPartJobs>([this](RankPart part, uint32_t timeout_ms, bool resume) {
+          return GatherRankPart(std::move(part), timeout_ms, resume);
+        });
     for (AdminRoute& r : rank_part_jobs_->Routes(AdminOptions{}.request_timeout_ms / 2))
       routes.push_back(std::move(r));
   }

@@ -91,8 +91,8 @@ void RankPartJobs::ReapLocked() {
   }
 }
 
-Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash, uint32_t timeout_ms,
-                                              uint32_t wait_ms) {
+Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash,
+                                              uint32_t timeout_ms, uint32_t wait_ms, bool resume) {
   const Key key{part.version, part.rank};
   std::vector<std::thread> reap;
   MutexLock lock(mu_);
@@ -101,6 +101,10 @@ Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash,
   // The same part again is answered as its job stands (a retry after a lost
   // answer); a failed part, or a committed one of other bytes, is tried anew.
   const bool same = it != jobs_.end() && it->second.job.part_hash == part_hash;
+  TERN_REQUIRE(!resume || it == jobs_.end() || same || it->second.job.state != State::kRunning,
+               kMismatch, "resume: rank ", key.second, " sent other bytes for version ", key.first,
+               " before; nothing taken: wait for the version's outcome, or resume with the same "
+               "bytes");
   TERN_REQUIRE(it == jobs_.end() || same || it->second.job.state != State::kRunning, kAlreadyExists,
                "publish from ranks: rank ", key.second, " already sent another part of version ",
                key.first, ", which is being gathered");
@@ -116,9 +120,10 @@ Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash,
     e.job = Job{key.first, key.second, State::kRunning, Status::Ok(), part_hash, NowS(), 0};
     e.seq = next_seq_++;
     ++running_;
-    e.thread = std::thread([this, key, seq = e.seq, part = std::move(part), timeout_ms]() mutable {
-      Run(key, seq, std::move(part), timeout_ms);
-    });
+    e.thread =
+        std::thread([this, key, seq = e.seq, part = std::move(part), timeout_ms, resume]() mutable {
+          Run(key, seq, std::move(part), timeout_ms, resume);
+        });
     ReapLocked();
   }
   const uint64_t seq = jobs_[key].seq;
@@ -138,8 +143,8 @@ Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash,
   return out;
 }
 
-void RankPartJobs::Run(Key key, uint64_t seq, RankPart part, uint32_t timeout_ms) {
-  Status s = submit_(std::move(part), timeout_ms);
+void RankPartJobs::Run(Key key, uint64_t seq, RankPart part, uint32_t timeout_ms, bool resume) {
+  Status s = submit_(std::move(part), timeout_ms, resume);
   MutexLock lock(mu_);
   --running_;
   auto it = jobs_.find(key);
@@ -167,13 +172,19 @@ std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
          uint64_t timeout_ms = 0;
          if (!NumberParam(req, "timeout_ms", 1, 600000, kDefaultRankPartTimeoutMs, &timeout_ms))
            return Text(400, "timeout_ms must be a whole number of ms from 1 to 600000");
+         uint64_t resume = 0;
+         if (!NumberParam(req, "resume", 0, 1, 0, &resume))
+           return Text(400, "resume must be 0 or 1");
          auto part = DecodeRankPart(std::span<const uint8_t>(
              reinterpret_cast<const uint8_t*>(req.body.data()), req.body.size()));
          if (!part.ok()) return Text(400, part.status().ToString());
          auto job = Start(std::move(part).value(), Xxh3(req.body.data(), req.body.size()),
-                          static_cast<uint32_t>(timeout_ms), wait_ms);
-         if (!job.ok())
-           return Text(job.status().code() == Code::kAlreadyExists ? 409 : 503, job.status().ToString());
+                          static_cast<uint32_t>(timeout_ms), wait_ms, resume == 1);
+         if (!job.ok()) {
+           const Code c = job.status().code();
+           return Text(c == Code::kAlreadyExists || c == Code::kMismatch ? 409 : 503,
+                       job.status().ToString());
+         }
          return Answer(*job);
        },
        /*mutating=*/true, /*private_read=*/false, kMaxRankPartRouteBytes});
@@ -204,7 +215,7 @@ std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
 
 Status SendRankPartAndWait(const std::string& admin_address, const std::vector<uint8_t>& part,
                            uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
-                           const AdminClientOptions& request, uint32_t timeout_ms) {
+                           const AdminClientOptions& request, uint32_t timeout_ms, bool resume) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto left_ms = [&] {
@@ -215,10 +226,17 @@ Status SendRankPartAndWait(const std::string& admin_address, const std::vector<u
   o.content_type = "application/octet-stream";
   o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
   const std::string_view body(reinterpret_cast<const char*>(part.data()), part.size());
-  TERN_ASSIGN_OR_RETURN(
-      std::string reply,
-      AdminPost(admin_address, "/publish/rank-part?timeout_ms=" + std::to_string(gather_timeout_ms),
-                body, o));
+  auto posted = AdminPost(admin_address,
+                          "/publish/rank-part?timeout_ms=" + std::to_string(gather_timeout_ms) +
+                              (resume ? "&resume=1" : ""),
+                          body, o);
+  // The root's 409 (AdminPost's kInvalidArgument) to a resumed part is its
+  // refusal of the resume: the version is not open, or another part of the
+  // rank is there; its message says what to do.
+  if (resume && posted.status().code() == Code::kInvalidArgument &&
+      posted.status().message().find(": 409") != std::string::npos)
+    return Status(Code::kMismatch, posted.status().message());
+  TERN_ASSIGN_OR_RETURN(std::string reply, std::move(posted));
   nlohmann::json r = nlohmann::json::parse(reply, nullptr, false);
   if (r.is_object() && r.contains("published")) return Status::Ok();
   TERN_REQUIRE(r.is_object() && r.contains("publishing"), kProtocol,
@@ -257,17 +275,31 @@ Status SendRankPartAndWait(const std::string& admin_address, const std::vector<u
 }  // namespace tern::agent
 
 namespace tern {
+namespace {
 
-Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
-                    uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
-                    const AgentClientOptions& options) {
+agent::AdminClientOptions RequestOptions(const AgentClientOptions& options) {
   agent::AdminClientOptions o;
   o.token = options.token;
   o.ca_pem = options.ca_pem;
   o.cert_pem = options.cert_pem;
   o.key_pem = options.key_pem;
-  return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms, o,
-                                    options.timeout_ms);
+  return o;
+}
+
+}  // namespace
+
+Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
+                    uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
+                    const AgentClientOptions& options) {
+  return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms,
+                                    RequestOptions(options), options.timeout_ms);
+}
+
+Status ResumeRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
+                      uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
+                      const AgentClientOptions& options) {
+  return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms,
+                                    RequestOptions(options), options.timeout_ms, /*resume=*/true);
 }
 
 }  // namespace tern

@@ -9,7 +9,7 @@
 // exchange may last (AdminOptions::request_timeout_ms). So each part runs
 // as a job on its own thread, as `tern publish` does (publish_jobs.h):
 //
-//   POST /publish/rank-part?timeout_ms=N   body: the part's bytes
+//   POST /publish/rank-part?timeout_ms=N[&resume=1]   body: the part's bytes
 //     decodes the part (400 saying why when it does not decode: nothing
 //     is taken), starts its job (or, for the same bytes again, attaches to
 //     the running or committed job of its version and rank: a retry after
@@ -19,7 +19,9 @@
 //       4xx/5xx one line                                   failed (the reason, naming ranks)
 //       202 {"publishing": V, "rank": R, "state": "running"}  still gathering or committing
 //     N: the gathering deadline PublishRankPart starts with the version's
-//     first part, 1..600000 ms (default 60000).
+//     first part, 1..600000 ms (default 60000). resume=1: a rank that
+//     restarted mid-version (AgentImpl::ResumeRankPart); a refusal is
+//     409 naming what to do, nothing taken.
 //   GET /publish/rank-part?version=V&rank=R
 //     {"version", "rank", "state": "running"|"published"|"failed",
 //      "code", "error", "seconds"}; 404 for a part the root does not know.
@@ -53,7 +55,9 @@ inline constexpr uint32_t kDefaultRankPartTimeoutMs = 60000;
 
 class RankPartJobs {
  public:
-  using SubmitFn = std::function<Status(RankPart part, uint32_t timeout_ms)>;
+  // resume: the part of a rank that restarted mid-version (?resume=1),
+  // which joins only an open gathering (AgentImpl::ResumeRankPart).
+  using SubmitFn = std::function<Status(RankPart part, uint32_t timeout_ms, bool resume)>;
   static constexpr size_t kMaxRunning = 256;
   static constexpr size_t kMaxKept = 1024;
 
@@ -76,9 +80,11 @@ class RankPartJobs {
   // the running or committed job of its version and rank; a failed one, or
   // a committed one of other bytes, is replaced: the rank tries again),
   // then waits up to wait_ms for it to end. kAlreadyExists while a job of
-  // other bytes for the same version and rank runs; kResourceExhausted
-  // with kMaxRunning running; kCancelled after Join.
-  Result<Job> Start(RankPart part, uint64_t part_hash, uint32_t timeout_ms, uint32_t wait_ms);
+  // other bytes for the same version and rank runs (kMismatch for a
+  // resume, saying what to do); kResourceExhausted with kMaxRunning
+  // running; kCancelled after Join.
+  Result<Job> Start(RankPart part, uint64_t part_hash, uint32_t timeout_ms, uint32_t wait_ms,
+                    bool resume = false);
   Result<Job> Find(uint64_t version, uint32_t rank) const;  // kNotFound
   void Join();
 
@@ -91,7 +97,7 @@ class RankPartJobs {
     uint64_t seq = 0;  // start order: the oldest finished entries go first
     std::thread thread;
   };
-  void Run(Key key, uint64_t seq, RankPart part, uint32_t timeout_ms);
+  void Run(Key key, uint64_t seq, RankPart part, uint32_t timeout_ms, bool resume);
   void ReapLocked() REQUIRES(mu_);
 
   const SubmitFn submit_;
@@ -110,9 +116,11 @@ class RankPartJobs {
 // an outcome or `options.timeout_ms` has passed (kTimeout, saying the root
 // is still at it). `gather_timeout_ms` is the root's gathering deadline
 // (the query's timeout_ms). The root's Status comes back with its code and
-// reason.
+// reason. resume: sent with ?resume=1, and the root's refusal of the part
+// (409) comes back as kMismatch.
 Status SendRankPartAndWait(const std::string& admin_address, const std::vector<uint8_t>& part,
                            uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
-                           const AdminClientOptions& request, uint32_t timeout_ms);
+                           const AdminClientOptions& request, uint32_t timeout_ms,
+                           bool resume = false);
 
 }  // namespace tern::agent

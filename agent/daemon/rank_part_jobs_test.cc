@@ -37,7 +37,7 @@ struct SlowSubmit {
   std::atomic<uint32_t> last_timeout_ms{0};
   Status outcome = Status::Ok();
   RankPartJobs::SubmitFn Fn() {
-    return [this](RankPart, uint32_t timeout_ms) {
+    return [this](RankPart, uint32_t timeout_ms, bool) {
       ++calls;
       last_timeout_ms = timeout_ms;
       std::this_thread::sleep_for(std::chrono::milliseconds(ms.load()));

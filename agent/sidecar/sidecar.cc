@@ -87,6 +87,7 @@ void Sidecar::Impl::ServerInfo(httplib::Response& res) {
   j["sync_state"] = s.sync_state;
   j["reason"] = s.reason.empty() ? Json(nullptr) : Json(s.reason);
   j["member_stale"] = s.member_stale;
+  j["superseded"] = s.superseded || (s.member_stale && s.stale_reason == "superseded");
   j["stale_reason"] = s.member_stale ? Json(s.stale_reason) : Json(nullptr);
   j["applied_version"] = applied ? Json(*applied) : Json(nullptr);
   j["head_version"] = gate.head();

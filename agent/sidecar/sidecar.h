@@ -99,6 +99,10 @@ struct ReplicaState {
   // member_stale), and why.
   bool member_stale = false;
   std::string stale_reason;
+  // The member serves a number a supersede withdrew (VersionFollower::
+  // superseded: its served epoch is below HEAD's): versioned requests get
+  // 409 whatever their numbers say.
+  bool superseded = false;
 };
 
 class Sidecar {

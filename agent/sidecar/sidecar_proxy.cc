@@ -146,12 +146,13 @@ void Sidecar::Impl::Versioned(const httplib::Request& req, httplib::Response& re
     }
   }
 
-  // A supersede withdrew the number this member serves (its signed HEAD is
-  // of a later board epoch, docs/agent/board.md §4a): that number, however
-  // large, must not satisfy a version constraint until the member re-bases.
+  // A supersede withdrew the number this member serves (its served epoch is
+  // below HEAD's, or its signed HEAD beacon is of a later board epoch,
+  // docs/agent/board.md §4a): that number, however large, must not satisfy
+  // a version constraint until the member re-bases.
   if (lane->Target()) {
     const ReplicaState s = State();
-    if (s.member_stale && s.stale_reason == "superseded") {
+    if (s.superseded || (s.member_stale && s.stale_reason == "superseded")) {
       Refused("superseded");
       res.set_header("Retry-After", "1");
       return Reply(res, 409, NotReadyBody(*lane, gate.applied()));

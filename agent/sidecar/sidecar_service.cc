@@ -47,6 +47,7 @@ class Service final : public SidecarService {
           r.sync_state = follower->sync_state();
           r.reason = follower->last_error();
           r.member_stale = follower->member_stale(&r.stale_reason);
+          r.superseded = follower->superseded();
           return r;
         }));
     return Status::Ok();

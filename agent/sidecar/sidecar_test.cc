@@ -22,6 +22,7 @@
 #include "agent/sidecar/fake_engine.h"
 #include "agent/sidecar/version_follower.h"
 #include "base/text.h"
+#include "tern/sidecar.h"
 #include "transport/test_certs.h"
 
 namespace tern::agent {
@@ -521,6 +522,104 @@ TEST(MemberStatus, TheEnginesVersionIsTheServedOneWhenTheMemberDrivesIt) {
   EXPECT_EQ(ParseMemberStatus(R"({"served_version": 7, "head": 7, "engine": 6})").status().code(),
             Code::kCorrupt);
   EXPECT_FALSE(ParseMemberStatus(R"({"served_version": 7, "head": 7})")->engine);
+}
+
+TEST(MemberStatus, EpochsAreReadWhenPresentAndTellAWithdrawnNumber) {
+  auto v = ParseMemberStatus(
+      R"({"served_version": 1000000, "head": 3, "head_epoch": 1, "served_epoch": 0})");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->head_epoch, 1u);
+  EXPECT_EQ(v->served_epoch, 0u);
+  EXPECT_TRUE(v->superseded());
+  v = ParseMemberStatus(R"({"served_version": 3, "head": 3, "head_epoch": 1, "served_epoch": 1})");
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->superseded());
+  EXPECT_FALSE(ParseMemberStatus(R"({"served_version": 7, "head": 9})")->superseded())
+      << "a member from before epochs: epoch 0 throughout";
+  // Driving its engine: the member re-based, its engine still serves the
+  // withdrawn number, above HEAD's (no version of HEAD's epoch can be).
+  v = ParseMemberStatus(R"({"served_version": 3, "head": 3, "head_epoch": 1, "served_epoch": 1,
+                            "engine": {"version": 1000000}})");
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->superseded());
+  for (const char* bad : {R"({"served_version": 3, "head": 3, "head_epoch": -1})",
+                          R"({"served_version": 3, "head": 3, "served_epoch": "1"})",
+                          R"({"served_version": 3, "head": 3, "head_epoch": 4294967296})"})
+    EXPECT_EQ(ParseMemberStatus(bad).status().code(), Code::kCorrupt) << bad;
+}
+
+// The whole service (follower, gate, proxy) against a member's /status: a
+// supersede renumbered HEAD below the withdrawn 1000000 the member still
+// serves (served_epoch 0 < head_epoch 1) while its freshness says nothing
+// of it (its beacon is late, say). The bare numbers would admit
+// min_version 101; the epochs refuse it (409, retryable) and /server_info
+// says superseded, until the member re-bases; then the staleness floor
+// follows the new HEAD, not the withdrawn number.
+TEST(SidecarService, RefusesVersionedRequestsWhileTheServedEpochIsBelowHeads) {
+  FakeEngine engine;
+  std::atomic<uint64_t> served{1000000}, head{1000000};
+  std::atomic<uint32_t> served_epoch{0}, head_epoch{0};
+  AdminOptions ao;
+  ao.address = "127.0.0.1:0";
+  auto member = AdminServer::Start(
+      ao, {{"GET", "/status",
+            [&](const AdminRequest&) {
+              return AdminResponse{200, "application/json",
+                                   Json{{"role", "member"},
+                                        {"served_version", served.load()},
+                                        {"head", head.load()},
+                                        {"served_epoch", served_epoch.load()},
+                                        {"head_epoch", head_epoch.load()},
+                                        {"freshness", {{"stale", false}, {"stale_reason", ""}}}}
+                                       .dump()};
+            },
+            /*mutating=*/false}});
+  ASSERT_TRUE(member.ok()) << member.status().ToString();
+  SidecarConfig c;
+  c.listen = "127.0.0.1:0";
+  c.engine_url = engine.url();
+  c.agent_admin = (*member)->address();
+  c.poll_ms = 10;
+  c.catchup_wait_ms = 200;
+  c.log = [](std::string_view) {};
+  auto service = SidecarService::Start(c);
+  ASSERT_TRUE(service.ok()) << service.status().ToString();
+  auto client_owner = std::make_unique<Client>((*service)->address());
+  Client& client = *client_owner;
+  auto wait_for = [&](auto pred) {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!pred() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    return pred();
+  };
+  auto info = [&] { return Json::parse(client.Send("GET", "/server_info").body, nullptr, false); };
+  const Json min101 = {{"prompt", "p"}, {"weight_version", {{"min_version", 101}}}};
+  ASSERT_TRUE(wait_for([&] { return info()["applied_version"] == 1000000; }));
+  EXPECT_EQ(client.Post("/v1/completions", min101).status, 200);
+  EXPECT_EQ(info()["superseded"], false);
+
+  head = 3, head_epoch = 1;  // the supersede: the member has not re-based yet
+  ASSERT_TRUE(wait_for([&] { return info()["superseded"] == true; }));
+  Reply r = client.Post("/v1/completions", min101);
+  ASSERT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(r.json()["type"], "WeightVersionNotReady");
+  EXPECT_EQ(r.json()["applied"], 1000000);
+  EXPECT_EQ(r.header("Retry-After"), "1");
+  EXPECT_EQ(client.Post("/v1/completions", min101, {{"X-Tern-Min-Version", "5"}}).status, 409);
+  EXPECT_EQ(client.Post("/v1/completions", {{"prompt", "p"}}).status, 200)
+      << "no version asked for";
+
+  served = 3, served_epoch = 1;  // re-based
+  ASSERT_TRUE(wait_for([&] { return info()["applied_version"] == 3; }));
+  EXPECT_EQ(info()["superseded"], false);
+  EXPECT_EQ(info()["head_version"], 3) << "HEAD follows the new epoch down";
+  EXPECT_EQ(info()["sync_state"], "IDLE");
+  EXPECT_EQ(client.Post("/v1/completions", min101).status, 409) << "3 < 101 now, by number";
+  r = client.Post("/v1/completions", {{"prompt", "p"}, {"weight_version", {{"min_version", 2}}}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = client.Post("/v1/completions", {{"prompt", "p"}}, {{"X-Tern-Max-Staleness", "0"}});
+  EXPECT_EQ(r.status, 200) << "the floor is HEAD 3, not the withdrawn 1000000: " << r.body;
+  (*service)->Stop();
+  (*member)->Stop();
 }
 
 // The commit point's routes: the admin token, strict bodies, and a commit

@@ -29,6 +29,14 @@ Result<MemberVersions> ParseMemberStatus(std::string_view json) {
     v.served = ev->get<uint64_t>();
     v.engine = true;
   }
+  for (auto [key, out] :
+       {std::pair{"head_epoch", &v.head_epoch}, std::pair{"served_epoch", &v.served_epoch}}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;  // a member from before epochs: epoch 0
+    TERN_REQUIRE(it->is_number_unsigned() && it->get<uint64_t>() <= UINT32_MAX, kCorrupt,
+                 "member /status ", key, " is not a 32-bit unsigned number");
+    *out = it->get<uint32_t>();
+  }
   if (auto f = j.find("freshness"); f != j.end()) {
     TERN_REQUIRE(f->is_object(), kCorrupt, "member /status freshness is not an object");
     if (auto s = f->find("stale"); s != f->end()) {
@@ -111,7 +119,7 @@ void VersionFollower::Run() {
     std::string error;
     const uint64_t commits_seen = gate_.commits();
     auto polled = Poll();
-    bool stale = false;
+    bool stale = false, superseded = false;
     std::string stale_reason;
     if (!polled.ok()) {
       error = polled.status().ToString();
@@ -120,7 +128,8 @@ void VersionFollower::Run() {
     } else {
       stale = polled->stale;
       stale_reason = polled->stale_reason;
-      gate_.SetHead(polled->head);
+      superseded = polled->superseded();
+      gate_.SetHead(polled->head, polled->head_epoch);
       if (polled->served != 0 && gate_.applied() != polled->served) {
         Status s = gate_.CommitIfUnchanged(polled->served, commits_seen, options_.drain_timeout_ms);
         if (!s.ok()) error = s.ToString();
@@ -132,8 +141,13 @@ void VersionFollower::Run() {
     if (stale != stale_)
       options_.log(stale ? "sidecar: the member reports itself stale (" + stale_reason + ")"
                          : std::string("sidecar: the member is fresh again"));
+    if (superseded != superseded_)
+      options_.log(superseded ? "sidecar: the member serves a version a supersede withdrew; "
+                                "versioned requests get 409 until it re-bases"
+                              : std::string("sidecar: the member serves HEAD's epoch again"));
     stale_ = stale;
     stale_reason_ = stale_reason;
+    superseded_ = superseded;
     cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [&] { return stop_; });
   }
 }
@@ -152,6 +166,11 @@ bool VersionFollower::member_stale(std::string* reason) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (reason) *reason = stale_reason_;
   return stale_;
+}
+
+bool VersionFollower::superseded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return superseded_;
 }
 
 std::string VersionFollower::last_error() const {

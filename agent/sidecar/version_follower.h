@@ -45,11 +45,23 @@ struct MemberVersions {
   // member) counts as not stale.
   bool stale = false;
   std::string stale_reason;
+  // Board epochs (docs/agent/board.md §4a; absent from an older member's
+  // /status: 0): HEAD's and the served version's. Versions are positions
+  // (epoch, version); a supersede renumbers below a withdrawn HEAD.
+  uint32_t head_epoch = 0, served_epoch = 0;
+  // The served number was withdrawn by a supersede: the member serves a
+  // version of an epoch below HEAD's, or (driving its engine) the engine
+  // serves a number above HEAD's, which only a withdrawn version can be.
+  // Such a number must satisfy no version constraint, however large.
+  bool superseded() const {
+    return served_epoch < head_epoch || (engine && head != 0 && served > head);
+  }
 };
 
 // The fields of a member's /status JSON: served_version and head (kCorrupt
 // when absent or not non-negative integers), engine.version (optional; when
-// present it is the served version), and freshness.stale,
+// present it is the served version), head_epoch and served_epoch
+// (optional; kCorrupt when not 32-bit unsigned), and freshness.stale,
 // freshness.stale_reason (optional; kCorrupt when of another type).
 Result<MemberVersions> ParseMemberStatus(std::string_view json);
 // One decimal version, surrounding whitespace allowed (kCorrupt otherwise).
@@ -83,6 +95,10 @@ class VersionFollower {
   // port, a failed poll counts as stale (the member could not show it is
   // fresh); following a version file, never stale (a file says nothing).
   bool member_stale(std::string* reason) const;
+  // Whether the last poll found the served number withdrawn by a supersede
+  // (MemberVersions::superseded); false after a failed poll and for a
+  // version file (it carries no epoch).
+  bool superseded() const;
 
  private:
   VersionFollower(FollowerOptions options, VersionGate& gate);
@@ -98,6 +114,7 @@ class VersionFollower {
   std::string last_error_;
   bool stale_ = false;
   std::string stale_reason_;
+  bool superseded_ = false;
 };
 
 }  // namespace tern::agent

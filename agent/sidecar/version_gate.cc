@@ -116,9 +116,10 @@ Status VersionGate::CommitHoldingCommitMu(uint64_t version, const std::function<
   return applied;
 }
 
-void VersionGate::SetHead(uint64_t head) {
+void VersionGate::SetHead(uint64_t head, uint32_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (head > head_) {
+  if (epoch > head_epoch_ || (epoch == head_epoch_ && head > head_)) {
+    head_epoch_ = epoch;
     head_ = head;
     cv_.notify_all();
   }

@@ -77,8 +77,11 @@ class VersionGate {
   // Commits that changed the applied version so far.
   uint64_t commits() const;
 
-  // The newest version the member knows (never lowers it).
-  void SetHead(uint64_t head);
+  // The newest version the member knows, as a position (epoch, head)
+  // (docs/agent/board.md §4a): never lowered within an epoch; a higher
+  // epoch replaces it even with a lower number (a supersede withdrew the
+  // numbers above it, which must not keep raising staleness floors).
+  void SetHead(uint64_t head, uint32_t epoch = 0);
   // Refuses every later admission and wakes every waiter (shutdown).
   void Close();
 
@@ -106,6 +109,7 @@ class VersionGate {
   std::mutex commit_mu_;  // one Commit at a time
   std::optional<uint64_t> applied_;
   uint64_t head_ = 0;
+  uint32_t head_epoch_ = 0;
   bool committing_ = false;
   bool applying_ = false;  // a commit's apply is running (admission closed)
   bool drain_all_ = false;

@@ -663,6 +663,17 @@ TERN_EXPORT Status RotateKeysAt(const std::string& admin_address, std::string_vi
 TERN_EXPORT Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
                                 uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
                                 const AgentClientOptions& options = {});
+// The same for a rank that restarted mid-version (RankPublisher::Resume
+// made its part): POST /publish/rank-part?resume=1. The root takes it only
+// into the open gathering of `version`, at the other parts' base version;
+// its refusal (the version closed, another part of this rank there, a
+// wrong base) is kMismatch, its message saying what to do, and changes
+// nothing at the root. The same bytes sent before the restart are answered
+// with their job's outcome.
+TERN_EXPORT Status ResumeRankPart(const std::string& admin_address,
+                                  const std::vector<uint8_t>& part, uint64_t version, uint32_t rank,
+                                  uint32_t gather_timeout_ms,
+                                  const AgentClientOptions& options = {});
 
 // The JSON text GET /status serves for `snapshot` (an in-process agent's
 // Snapshot(), for embedders that run no admin port).

@@ -24,7 +24,8 @@
 // tensor, out of the tensor's range, overlapping another of this rank's,
 // bytes that are not the range's size, a null pointer, a segment_elements
 // out of [1, 2^24), shards given to Encode that are not the ones Create
-// named); kMismatch for a version not newer than the last committed.
+// named); kMismatch for a version not newer than the last committed, and
+// for Resume of a publisher that has committed a version.
 //
 // Thread safety: one RankPublisher per rank, one call at a time.
 #pragma once
@@ -97,6 +98,19 @@ class TERN_EXPORT RankPublisher {
   void Committed();
   // The root did not commit it: the previous view stays.
   void Abandon();
+  // A rank whose process restarted mid-version rebuilds its previous view:
+  // `base` holds this rank's shards (the ranges Create named, any order) as
+  // of `base_version`, the board's HEAD, read from a view that serves it
+  // (a member's slot, the root's DIR/current). Their digest terms are
+  // computed by encoding them against the zero view (one pass over the
+  // bytes, records dropped); then Encode(version, current) makes the part
+  // the root still gathers (the C API's tern_rank_publisher_resume and
+  // Python's Publisher.resume send it as a resume, which the root refuses
+  // with kMismatch when that version is no longer open). Only a publisher
+  // that has committed nothing (kMismatch otherwise: send its parts as
+  // usual); kInvalidArgument for base_version 0 (a fresh publisher already
+  // holds the zero view) or shards that are not the ones it owns.
+  Status Resume(uint64_t base_version, const std::vector<RankShard>& base);
 
   uint64_t version() const;  // of the previous view
 

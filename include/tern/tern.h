@@ -4,7 +4,8 @@
  * What it offers: start and stop an agent in this process (root or member,
  * the options of `tern-agent`), publish a checkpoint or tensors in memory
  * on an in-process root, publish a trainer rank's shards to a root's admin
- * port (ABI 1.2),
+ * port (ABI 1.2) and resume a rank's part after its process restarted
+ * (ABI 1.3),
  * read an agent's status, wait for its events (polled, or delivered to a
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
@@ -276,6 +277,17 @@ typedef struct tern_status {
   /* Root: serving members (relay-only ones serve nothing and are not
    * counted) whose served version is HEAD, as their last heartbeats said. */
   uint32_t members_at_head;
+  /* ABI 1.3. Board epochs (docs/agent/board.md §4a; 0 until the first
+   * supersede): HEAD's (member: of the newest HEAD it knows) and the served
+   * version's (relay-only: the held version's). Versions are ordered as
+   * positions (epoch, version), epoch first: a supersede opens a higher
+   * epoch with a *lower* number, so compare (served_epoch, served_version)
+   * with (head_epoch, head), never the bare numbers. served_epoch <
+   * head_epoch: DIR/current serves a withdrawn version until the agent
+   * moves to HEAD. A caller built against ABI 1.2 passes the shorter
+   * struct and gets neither. */
+  uint32_t head_epoch;
+  uint32_t served_epoch;
 } tern_status;
 
 /* Any thread. TERN_UNAVAILABLE once the agent is stopped. */
@@ -347,6 +359,11 @@ typedef struct tern_event {
   /* Served/published without all_tensors: the tensors whose bytes changed, sorted. */
   const char* const* changed_tensors;
   size_t changed_tensor_count;
+  /* ABI 1.3. The board epoch of `version` (docs/agent/board.md §4a; 0
+   * until the first supersede, and for membership events): from one
+   * version event to the next, (epoch, version) only goes up, the version
+   * number alone need not (a supersede renumbers below a withdrawn HEAD). */
+  uint32_t epoch;
 } tern_event;
 
 /* A batch of events, from tern_agent_wait_events; free it with
@@ -508,7 +525,8 @@ TERN_API void tern_rank_publisher_options_init(tern_rank_publisher_options* opti
 
 /* A publisher whose previous view is all zeros at version 0 (the board
  * must be empty, or this rank's shards must be zero in HEAD; a rank that
- * restarts on a non-empty board is refused by the root, TERN_MISMATCH).
+ * restarts on a non-empty board is refused by the root, TERN_MISMATCH,
+ * unless it resumes from HEAD's bytes: tern_rank_publisher_resume).
  * TERN_INVALID_ARGUMENT naming the tensor for a bad layout or range. The
  * strings and arrays are read during the call only. Any thread. */
 TERN_API tern_code tern_rank_publisher_create(const tern_rank_publisher_options* options,
@@ -536,6 +554,37 @@ TERN_API tern_code tern_rank_publisher_encode(tern_rank_publisher* publisher, ui
  * TERN_INVALID_ARGUMENT when nothing is encoded.
  * Serialized with encode on one publisher; any thread. */
 TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern_client* client);
+
+/* ABI 1.3. A rank whose process restarted while the root was gathering
+ * `version` (the publisher that encoded its part, and its previous view,
+ * died with it) resumes that version on a new publisher, one that has
+ * committed nothing (else TERN_MISMATCH). `base` holds this rank's shards
+ * (the ranges create named, any order; `data`/`bytes` as for encode) as
+ * of base_version, the board's HEAD, read from a view that serves it (a
+ * member's slot, DIR/current); they become the previous view (hashed once
+ * by encoding them against zeros). On an empty board pass base_version 0,
+ * base NULL and base_count 0: the zero view stays. Then `version` is
+ * encoded from `shards` as tern_rank_publisher_encode does (*part_bytes
+ * may be NULL) and sent as a resume, waiting for the version's one outcome
+ * as tern_rank_publisher_send does. The root takes a resumed part only into
+ * its open gathering of `version`, at the base version of the other ranks'
+ * parts; the same bytes as a part sent before the restart are answered with
+ * that part's outcome. TERN_MISMATCH: the root refused it, nothing taken
+ * and its gathering untouched; the message says why and what to do (the
+ * version is not being gathered: if HEAD is `version` it committed, else
+ * publish it anew on every rank; this rank's part is there already: wait
+ * for the version's outcome; another base than the other ranks': resume
+ * from that version's bytes). After a refusal the previous view stays
+ * base's, at base_version: when that is HEAD, this publisher goes on with
+ * encode and send as usual. TERN_TIMEOUT: as for send (the part stays; send asks
+ * again). TERN_INVALID_ARGUMENT: shards or base not the owned ranges, or
+ * base_version 0 with a base. Serialized with the publisher's other
+ * calls; any thread. */
+TERN_API tern_code tern_rank_publisher_resume(tern_rank_publisher* publisher, tern_client* client,
+                                              uint64_t base_version, const tern_shard* base,
+                                              size_t base_count, uint64_t version,
+                                              const tern_shard* shards, size_t count,
+                                              uint64_t* part_bytes);
 
 /* The version of this rank's previous view (0 before its first commit).
  * Any thread. */

@@ -10,7 +10,12 @@ from . import _tern
 
 @dataclasses.dataclass(frozen=True)
 class Status:
-    """The figures a scheduler polls (tern_status; GET /status has more)."""
+    """The figures a scheduler polls (tern_status; GET /status has more).
+    `head_epoch`/`served_epoch` (ABI 1.3): the board epochs of HEAD and of
+    the served version (docs/agent/board.md §4a; 0 until the first
+    supersede). Versions are ordered as positions (epoch, version): compare
+    `served_position` with `head_position`, not the bare numbers (a
+    supersede opens a higher epoch with a lower number)."""
     root: bool
     relay_only: bool
     joined: bool
@@ -20,6 +25,19 @@ class Status:
     member_count: int
     version_count: int
     members_at_head: int
+    head_epoch: int = 0
+    served_epoch: int = 0
+
+    @property
+    def head_position(self) -> Tuple[int, int]:
+        """(head_epoch, head)."""
+        return (self.head_epoch, self.head)
+
+    @property
+    def served_position(self) -> Tuple[int, int]:
+        """(served_epoch, served_version); below head_position while the
+        agent serves a version a supersede withdrew, or one behind HEAD."""
+        return (self.served_epoch, self.served_version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +46,10 @@ class Event:
     "Events"). `kind`: "version_published", "version_served",
     "member_joined", "member_left", "member_failed", "member_demoted".
     `changed_tensors`: for served/published versions that are not
-    `all_tensors`, the tensors whose bytes changed, sorted."""
+    `all_tensors`, the tensors whose bytes changed, sorted. `epoch`: the
+    board epoch of `version` (0 until the first supersede, and for
+    membership events); `position` = (epoch, version) only goes up from one
+    version event to the next."""
     seq: int
     at_s: float
     kind: str
@@ -38,6 +59,12 @@ class Event:
     slot_dir: str
     all_tensors: bool
     changed_tensors: Tuple[str, ...]
+    epoch: int = 0
+
+    @property
+    def position(self) -> Tuple[int, int]:
+        """(epoch, version)."""
+        return (self.epoch, self.version)
 
     @staticmethod
     def _from(d):
@@ -45,7 +72,8 @@ class Event:
                      version=int(d.get("version", 0)), digest=_digest(d.get("digest")),
                      member=str(d.get("member", "")), slot_dir=str(d.get("slot_dir", "")),
                      all_tensors=bool(d.get("all_tensors", False)),
-                     changed_tensors=tuple(d.get("changed_tensors") or ()))
+                     changed_tensors=tuple(d.get("changed_tensors") or ()),
+                     epoch=int(d.get("epoch", 0)))
 
 
 def _digest(v):
@@ -253,7 +281,7 @@ class Publisher:
 
     The first version of an empty board starts from zeros. A rank that
     restarts cannot publish on top of a board it did not publish from (the
-    root refuses: Error(MISMATCH)).
+    root refuses: Error(MISMATCH)) until it `resume`s from HEAD's bytes.
 
     Thread safety: calls are serialized (one publish at a time)."""
 
@@ -302,16 +330,45 @@ class Publisher:
         committed — with the part's size on the wire in bytes; raises
         tern.Error with the root's code and reason otherwise (a rank that
         did not send is named; TIMEOUT: the outcome is not known yet)."""
-        if set(tensors) != set(self._ranges):
-            raise ValueError(f"Publisher.publish: want exactly the owned tensors "
+        entries = self._entries("publish", tensors)
+        return self._native.publish(int(version), entries)
+
+    def resume(self, version: int, tensors: Mapping[str, Any], *, base_version: int,
+               base: Optional[Mapping[str, Any]]) -> int:
+        """After this rank's process restarted while the root was gathering
+        `version`: sends its part again, from a new Publisher (one that has
+        published nothing). `base` maps each owned tensor to its rows as of
+        `base_version`, the board's HEAD, read from a view that serves it
+        (a member's served slot, e.g. `tern.Subscriber(...).next().tensor`
+        sliced to the rows); on an empty board `base_version=0, base=None`.
+        `tensors` are the rows' bytes of `version` now, as for `publish`.
+        The root takes the part only into its open gathering of `version`;
+        Error(MISMATCH) when it refuses (the version committed or failed,
+        this rank's part is there already, another base), its message
+        saying what to do; nothing is taken then. Returns the part's size
+        once the version is on the board."""
+        entries = self._entries("resume", tensors)
+        if base is None:
+            if base_version != 0:
+                raise ValueError("Publisher.resume: base is None only with base_version=0")
+            before = []
+        else:
+            before = self._entries("resume", base)
+        return self._native.resume(int(base_version), before, int(version), entries)
+
+    def _entries(self, call: str, tensors: Mapping[str, Any]) -> list:
+        """(name, first, count, address, bytes) per owned tensor; the
+        buffers must stay alive until the native call returns (the caller's
+        mapping holds them)."""
+        if set(map(str, tensors)) != set(self._ranges):
+            raise ValueError(f"Publisher.{call}: want exactly the owned tensors "
                              f"{sorted(self._ranges)}, got {sorted(map(str, tensors))}")
-        entries, keep = [], []
+        entries = []
         for name, t in tensors.items():
             first, count = self._ranges[str(name)]
             _, _, _, ptr, nbytes = _tensor_entry(str(name), t)
             entries.append((str(name), first, count, ptr, nbytes))
-            keep.append(t)  # alive until the call returns
-        return self._native.publish(int(version), entries)
+        return entries
 
     @property
     def version(self) -> int:

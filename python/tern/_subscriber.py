@@ -37,21 +37,30 @@ def _error(code: Code, what: str) -> Error:
 class Version:
     """One served version. `changed_tensors`: the tensors whose bytes
     changed since the version this subscriber yielded before (all of them
-    when `all_tensors`: the first version, a keyframe, or events missed)."""
+    when `all_tensors`: the first version, a keyframe, or events missed).
+    `epoch`: its board epoch; `position` = (epoch, version) names it (a
+    supersede renumbers below a withdrawn HEAD, docs/agent/board.md §4a)."""
 
     def __init__(self, subscriber, version: int, digest: str, slot_dir: str, all_tensors: bool,
-                 changed: Tuple[str, ...]):
+                 changed: Tuple[str, ...], epoch: int = 0):
         self._subscriber = subscriber
         self.version = version
+        self.epoch = epoch
         self.digest = digest
         self.slot_dir = slot_dir
         self.all_tensors = all_tensors
         self.changed_tensors = changed
         self._files: Optional[Dict[str, str]] = None
 
+    @property
+    def position(self) -> Tuple[int, int]:
+        """(epoch, version)."""
+        return (self.epoch, self.version)
+
     def __repr__(self):
         n = "all" if self.all_tensors else len(self.changed_tensors)
-        return f"tern.Version({self.version}, {self.slot_dir!r}, changed={n})"
+        return (f"tern.Version({self.version}, epoch={self.epoch}, {self.slot_dir!r}, "
+                f"changed={n})")
 
     # ---- reading the slot ----
 
@@ -111,9 +120,10 @@ class Version:
 
     def still_served(self) -> bool:
         """Whether the member still serves this version (its slot is then
-        as it was: versions only move forward, so a slot served at the end of
-        a read was served throughout it)."""
-        return self._subscriber._served_version() == self.version
+        as it was: positions (epoch, version) only move forward, so a slot
+        served at the end of a read was served throughout it). Compared as
+        positions: the same number in another epoch is another version."""
+        return self._subscriber._served_position() == self.position
 
     # ---- sparse updates and in-place apply ----
 
@@ -200,8 +210,8 @@ class Subscriber:
         self._changed: set = set()
         self._latest = None  # the newest served event not yet returned
 
-    def _served_version(self) -> int:
-        return self._agent.status().served_version
+    def _served_position(self) -> Tuple[int, int]:
+        return self._agent.status().served_position
 
     def _poll(self, timeout_s: float) -> None:
         if isinstance(self._agent, Agent):
@@ -237,7 +247,7 @@ class Subscriber:
                 self._poll(0.0)
                 e, self._latest = self._latest, None
                 v = Version(self, e.version, e.digest, e.slot_dir, self._resync,
-                            tuple(sorted(self._changed)))
+                            tuple(sorted(self._changed)), e.epoch)
                 self._resync = False
                 self._changed = set()
                 return v

@@ -198,12 +198,30 @@ def test_client_supersede_withdraws_a_wrong_version(fleet, tmp_path):
     with pytest.raises(tern.Error) as e:
         client.publish(right, 1)  # in the log
     assert "in the board's log already" in str(e.value)
+    sub = tern.Subscriber(member)
+    assert sub.next(10).position == (0, 5000)
     client.publish(right, 2)
-    assert client.status().head == 2
+    st = client.status()
+    assert st.head == 2 and st.head_position == (1, 2) and st.served_position == (1, 2)
+    assert root.status().head_position == (1, 2)
     deadline = time.monotonic() + 60
-    while member.status().served_version != 2:
+    while member.status().served_position != (1, 2):
         assert time.monotonic() < deadline, "the member did not follow the supersede"
         time.sleep(0.05)
+    assert member.status().head_position == (1, 2)
+    # Events carry their version's epoch, in-process and over the port.
+    published = {e.version: e.epoch for e in root.wait_events() if e.kind == "version_published"}
+    assert published == {1: 0, 5000: 0, 2: 1}
+    served = [e.position for e in member.wait_events() if e.kind == "version_served"]
+    assert served[-2:] == [(0, 5000), (1, 2)] and served == sorted(served)
+    over_port = [e.position for e in tern.Client(member.admin_address, token=TOKEN).events()["events"]
+                 if e.kind == "version_served"]
+    assert over_port == served
+    v = sub.next(10)
+    assert v.position == (1, 2) and v.still_served()
+    # Positions, not numbers: version 2 of epoch 0 is not what is served.
+    stale = tern.Version(sub, 2, v.digest, v.slot_dir, False, v.changed_tensors, epoch=0)
+    assert not stale.still_served()
     # Ordinary publishes go on from 2.
     tern.Client(root.admin_address, token=TOKEN).publish(
         checkpoint(tmp_path / "s4.safetensors", step(w2, 0.01, 10)), 3)
@@ -352,6 +370,110 @@ def test_publisher_ranks_publish_their_rows(fleet):
     assert e.value.code == tern.Code.AUTH
     with pytest.raises(ValueError, match="owned tensors"):
         pubs[0].publish(3, mine(1, w))
+
+
+def test_publisher_resume_after_a_rank_restarts(fleet):
+    """A rank whose process restarts while the root gathers a version
+    resumes it (Publisher.resume, ABI 1.3) from HEAD's bytes of its rows,
+    read from the member's served slot: the version commits with the other
+    rank's part and the member serves it bit for bit. The root refuses a
+    resume it cannot take with MISMATCH, saying what to do, and takes
+    nothing: a version it is not gathering, other bytes for a rank whose
+    part is there."""
+    root, member = fleet
+    sub = tern.Subscriber(member)
+    w = model(51)
+    layout = {n: t for n, t in w.items()}
+    rows = {0: {"layer.0.weight": (0, 64), "layer.1.weight": (0, 64), "norm.weight": (0, 128)},
+            1: {"layer.0.weight": (64, 128), "layer.1.weight": (64, 128)}}
+
+    def publisher(r, gather_timeout_s=30):
+        return tern.Publisher(rank=r, world_size=2, board=root.admin_address, token=TOKEN,
+                              layout=layout, shards=rows[r], gather_timeout_s=gather_timeout_s,
+                              segment_elements=4096)
+
+    def mine(r, weights):
+        return {n: (weights[n][a:b] if weights[n].dim() > 1 else weights[n])
+                for n, (a, b) in rows[r].items()}
+
+    def in_thread(call):
+        out = {}
+
+        def run():
+            try:
+                out["size"] = call()
+            except tern.Error as e:
+                out["error"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        return t, out
+
+    pubs = [publisher(0), publisher(1)]
+    threads = [in_thread(lambda r=r: pubs[r].publish(1, mine(r, w))) for r in range(2)]
+    for t, out in threads:
+        t.join()
+        assert "error" not in out, out
+    wait_served(member, 1)
+    served = sub.next(timeout_s=30)
+    assert served.version == 1
+
+    # Version 2: rank 0's part is sent and waits; rank 1's process died
+    # before sending and comes back with a new publisher.
+    w2 = step(w, 0.02, 52, names=("layer.0.weight", "layer.1.weight"))
+    t0, out0 = in_thread(lambda: pubs[0].publish(2, mine(0, w2)))
+    deadline = time.monotonic() + 30
+    while not _rank_job(root, 2, 0):
+        assert time.monotonic() < deadline, "rank 0's part never reached the root"
+        time.sleep(0.02)
+    restarted = publisher(1)
+    with pytest.raises(tern.Error) as e:  # without resuming, its zero view is not HEAD's
+        publisher(1).resume(2, mine(1, w2), base_version=0, base=None)
+    assert e.value.code == tern.Code.MISMATCH, str(e.value)
+    base = {n: served.tensor(n) for n in rows[1]}
+    size = restarted.resume(2, mine(1, w2), base_version=1, base=mine(1, base))
+    assert size > 0 and restarted.version == 2
+    t0.join()
+    assert "error" not in out0, out0
+    wait_served(member, 2)
+    got = sub.next(timeout_s=30)
+    assert got.version == 2
+    for name, t in w2.items():
+        assert got.tensor(name).contiguous().view(torch.uint8).equal(t.contiguous().view(torch.uint8)), name
+
+    # Refusals take nothing. A version nobody gathers:
+    with pytest.raises(tern.Error) as e:
+        publisher(1).resume(3, mine(1, w2), base_version=2, base=mine(1, w2))
+    assert e.value.code == tern.Code.MISMATCH and "not being gathered" in str(e.value), str(e.value)
+    # Other bytes for rank 0, whose part of version 3 is being gathered:
+    w3 = step(w2, 0.02, 53, names=("layer.0.weight",))
+    t0, out0 = in_thread(lambda: pubs[0].publish(3, mine(0, w3)))
+    deadline = time.monotonic() + 30
+    while not _rank_job(root, 3, 0):
+        assert time.monotonic() < deadline, "rank 0's part never reached the root"
+        time.sleep(0.02)
+    with pytest.raises(tern.Error) as e:
+        publisher(0).resume(3, mine(0, w2), base_version=2, base=mine(0, w2))
+    assert e.value.code == tern.Code.MISMATCH and "wait for the version" in str(e.value), str(e.value)
+    assert restarted.publish(3, mine(1, w3)) > 0  # rank 1 as usual: 3 commits with rank 0's part
+    t0.join()
+    assert "error" not in out0, out0
+    wait_served(member, 3)
+    got = sub.next(timeout_s=30)
+    assert got.tensor("layer.0.weight").view(torch.int16).equal(w3["layer.0.weight"].view(torch.int16))
+
+
+def _rank_job(root, version, rank):
+    """GET /publish/rank-part?version=&rank= on the root, or None (404)."""
+    import json as _json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"http://{root.admin_address}/publish/rank-part?version={version}&rank={rank}",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return _json.loads(r.read())
+    except urllib.error.HTTPError:
+        return None
 
 
 def _rss_anon_bytes():
