@@ -291,8 +291,8 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
         // reaches the agent's parser.
         const uint64_t sum = MessageCheck(r.message);
         if (sum != h.arg[2]) {
-          ProtocolFailure(TERN_ERROR(kCorrupt, "message check mismatch on stream ", s.index,
-                                     ", frame ", r.frames, " (", h.payload_bytes,
+          ProtocolFailure(TERN_ERROR(kCorrupt, "message check mismatch from ", peer_, " on stream ",
+                                     s.index, ", frame ", r.frames, " (", h.payload_bytes,
                                      " payload bytes): the frame carries XXH3-64 0x", std::hex,
                                      h.arg[2], ", the payload hashes to 0x", sum));
           return false;

@@ -406,7 +406,7 @@ class TcpTransport final : public Transport {
     }
     // Answers are in the hello's version when this side may speak it; a
     // refusal of a newer one is in our highest, which tells the client
-    // what to dial again in (docs/format/tcp.md §3).
+    // what to dial again in (docs/format/tcp.md §3a).
     const uint8_t reply_version = static_cast<uint8_t>(offered > max_version     ? max_version
                                                        : offered < tcp::kMinVersion ? min_version
                                                                                    : offered);
