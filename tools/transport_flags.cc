@@ -25,6 +25,10 @@ Status CheckPinSyntax(const std::string& pin) {
   return Status::Ok();
 }
 
+// TcpOptions' default max_wire_version is the newest wire version the
+// linked TCP backend speaks.
+uint32_t NewestWireVersion() { return TcpOptions{}.max_wire_version; }
+
 }  // namespace
 
 void AddTransportFlags(CLI::App& cmd, TransportArgs& t) {
@@ -53,6 +57,10 @@ void AddTransportFlags(CLI::App& cmd, TransportArgs& t) {
            "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes; 0: kernel autotuning)", "0");
   AddUnsigned(cmd, "--idle-timeout-ms", t.idle_timeout_ms,
               "close a connection whose peer is silent this long (at least 100)", "30000");
+  AddUnsigned(cmd, "--min-wire-version", t.min_wire_version,
+              "oldest TCP wire version to accept, 1 or 2 (2: every peer must checksum its "
+              "control messages; docs/format/tcp.md)",
+              "1", NewestWireVersion());
 }
 
 std::vector<std::string> CommaList(const std::string& text) {
@@ -108,6 +116,9 @@ Result<TcpOptions> TransportOptions(const TransportArgs& t) {
   o.notsent_lowat_bytes = t.notsent_lowat_bytes;
   o.idle_timeout_ms = t.idle_timeout_ms;
   TERN_REQUIRE(o.idle_timeout_ms >= 100, kInvalidArgument, "--idle-timeout-ms below 100");
+  TERN_REQUIRE(t.min_wire_version >= 1, kInvalidArgument, "--min-wire-version 0: want 1 or ",
+               NewestWireVersion());
+  o.min_wire_version = t.min_wire_version;
   return o;
 }
 

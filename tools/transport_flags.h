@@ -23,6 +23,7 @@ struct TransportArgs {
       tls_allow_client, congestion;
   bool no_tls = false;
   uint64_t notsent_lowat_bytes = 0, socket_buffer_bytes = 0, idle_timeout_ms = 0;
+  uint32_t min_wire_version = 1;
   // Given on the command line (an empty value is not the same as none);
   // null where the command has no such flag.
   const CLI::Option* verbs_device_flag = nullptr;

@@ -89,6 +89,15 @@ struct TcpOptions {
   // Frames queued for sending per connection before SendMessage/SendChunk
   // fail with kResourceExhausted.
   uint32_t max_queued_frames = 4096;
+  // The TCP wire versions this side accepts (docs/format/tcp.md), within
+  // 1..2. Version 2 carries a checksum of every control message's payload;
+  // version 1 only of frame headers and chunks. A client offers
+  // max_wire_version; refused by a server that speaks only an older one, it
+  // dials again in that one unless it is below min_wire_version. A server
+  // refuses a peer outside the range with a reason naming both. Set min 2
+  // on links without TLS once every peer speaks it.
+  uint32_t min_wire_version = 1;
+  uint32_t max_wire_version = 2;
 
   LogFn log;  // null: stderr
 };

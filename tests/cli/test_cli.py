@@ -342,6 +342,8 @@ class ExitStatusAndFlags(unittest.TestCase):
              ["carries no encryption"]),
             (["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls", "--streams", "65"],
              ["--streams"]),
+            (["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls", "--min-wire-version", "0"],
+             ["--min-wire-version", "want 1 or 2"]),
         ]
         # Integers: plain decimal only, exact, within the type.
         for flag, value in (("--base-version", "0x10"), ("--base-version", "1e3"),
@@ -355,7 +357,8 @@ class ExitStatusAndFlags(unittest.TestCase):
                           [flag, f"'{value}'"] if value else [flag]))
         for flag, value in (("--chunk", "4MB"), ("--chunk", "1e6"), ("--rtt-ms", "0x10"),
                             ("--retries", "-1"), ("--streams", "1e1"), ("--rate-hint", "1.5"),
-                            ("--idle-timeout-ms", "18446744073709551616")):
+                            ("--idle-timeout-ms", "18446744073709551616"),
+                            ("--min-wire-version", "3")):
             cases.append((["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls",
                            f"{flag}={value}"], [flag, f"'{value}'"]))
         for args, needles in cases:

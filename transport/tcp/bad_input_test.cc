@@ -126,7 +126,7 @@ class BadInput : public ::testing::Test {
   }
 
   static std::string Header(FrameType type, uint32_t payload, uint64_t a0 = 0, uint64_t a1 = 0,
-                            uint8_t version = kVersion) {
+                            uint8_t version = kMinVersion) {
     FrameHeader h;
     h.version = version;
     h.type = type;

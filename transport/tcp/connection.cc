@@ -28,10 +28,11 @@ void BlockSigpipe() {
 
 IoThreadScope::~IoThreadScope() { OPENSSL_thread_stop(); }
 
-OutFrame MakeFrame(FrameType type, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
-                   uint32_t payload_bytes) {
+OutFrame MakeFrame(uint8_t version, FrameType type, uint64_t a0, uint64_t a1, uint64_t a2,
+                   uint64_t a3, uint32_t payload_bytes) {
   OutFrame f;
   FrameHeader h;
+  h.version = version;
   h.type = type;
   h.payload_bytes = payload_bytes;
   h.arg[0] = a0;
@@ -46,8 +47,13 @@ thread_local bool TcpConnection::want_write_for_read_ = false;
 thread_local const TcpConnection* TcpConnection::stream_owner_ = nullptr;
 
 TcpConnection::TcpConnection(std::vector<std::unique_ptr<Pipe>> pipes, std::string peer,
-                             std::string describe, const TcpOptions& options, Clock& clock)
-    : peer_(std::move(peer)), describe_(std::move(describe)), options_(options), clock_(clock) {
+                             std::string describe, uint8_t wire_version,
+                             const TcpOptions& options, Clock& clock)
+    : peer_(std::move(peer)),
+      describe_(std::move(describe)),
+      wire_version_(wire_version),
+      options_(options),
+      clock_(clock) {
   encrypted_ = !pipes.empty() && pipes[0]->encrypted();
   for (uint32_t i = 0; i < pipes.size(); ++i) {
     auto s = std::make_unique<Stream>();
@@ -86,7 +92,11 @@ void TcpConnection::SendMessage(std::string payload, Completion done) {
     return Complete(done, TERN_ERROR(kOutOfRange, "message of ", payload.size(), " bytes exceeds ",
                                      kMaxMessageBytes));
   }
-  OutFrame f = MakeFrame(FrameType::kMessage, 0, 0, 0, 0, static_cast<uint32_t>(payload.size()));
+  // Version 2 checks the payload end to end across the hop: without TLS a
+  // control message has nothing else above TCP's 16-bit checksum.
+  const uint64_t check = wire_version_ >= 2 ? MessageCheck(payload) : 0;
+  OutFrame f = MakeFrame(wire_version_, FrameType::kMessage, 0, 0, check, 0,
+                         static_cast<uint32_t>(payload.size()));
   f.owned = std::move(payload);  // f.data stays null: a moved short string relocates
   f.size = f.owned.size();
   f.on_written = std::move(done);
@@ -111,7 +121,7 @@ void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
                                        " chunks queued"));
     }
     const uint64_t op = next_op_++;
-    OutFrame f = MakeFrame(FrameType::kChunk, c.transfer_id, c.dst_offset, sum, op,
+    OutFrame f = MakeFrame(wire_version_, FrameType::kChunk, c.transfer_id, c.dst_offset, sum, op,
                            static_cast<uint32_t>(c.length));
     f.data = data;
     f.size = c.length;
@@ -216,6 +226,7 @@ struct TcpConnection::Reader {
   uint8_t* dest = nullptr;
   uint64_t got = 0;
   std::string message;
+  uint64_t frames = 0;  // headers received on this stream, for error messages
   std::optional<transport::Landing> landing;
   Status refuse;  // chunk read and dropped, then refused with this
   uint8_t scratch[64 * 1024];
@@ -228,6 +239,13 @@ void TcpConnection::ProtocolFailure(const Status& why) {
 
 bool TcpConnection::StartPayload(Stream& s, Reader& r) {
   const FrameHeader& h = r.h;
+  ++r.frames;
+  if (h.version != wire_version_) {
+    ProtocolFailure(TERN_ERROR(kProtocol, "frame ", r.frames, " on stream ", s.index,
+                               " is in wire version ", int{h.version}, ", the connection's is ",
+                               int{wire_version_}));
+    return false;
+  }
   r.got = 0;
   r.dest = nullptr;
   r.refuse = Status::Ok();
@@ -268,6 +286,18 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
   const FrameHeader& h = r.h;
   switch (h.type) {
     case FrameType::kMessage: {
+      if (wire_version_ >= 2) {
+        // Checked before delivery: a corrupted control message never
+        // reaches the agent's parser.
+        const uint64_t sum = MessageCheck(r.message);
+        if (sum != h.arg[2]) {
+          ProtocolFailure(TERN_ERROR(kCorrupt, "message check mismatch from ", peer_, " on stream ",
+                                     s.index, ", frame ", r.frames, " (", h.payload_bytes,
+                                     " payload bytes): the frame carries XXH3-64 0x", std::hex,
+                                     h.arg[2], ", the payload hashes to 0x", sum));
+          return false;
+        }
+      }
       std::function<void(std::string)> on_message;
       {
         MutexLock lock(mu_);
@@ -284,7 +314,8 @@ bool TcpConnection::FinishFrame(Stream& s, Reader& r) {
         r.landing.reset();
       }
       Status queued = PushControl(
-          s, MakeFrame(FrameType::kAck, h.arg[3], WireCode(result)), /*bounded=*/false);
+          s, MakeFrame(wire_version_, FrameType::kAck, h.arg[3], WireCode(result)),
+          /*bounded=*/false);
       if (queued.code() == Code::kResourceExhausted) {
         ProtocolFailure(queued);
         return false;
@@ -510,7 +541,7 @@ void TcpConnection::RunStream(Stream& s) {
       break;
     }
     if (!cur && now - last_write_us > idle_us / 3) {
-      PushControl(s, MakeFrame(FrameType::kPing), false).IgnoreError();
+      PushControl(s, MakeFrame(wire_version_, FrameType::kPing), false).IgnoreError();
       last_write_us = now;
     }
   }

@@ -55,8 +55,8 @@ struct OutFrame {
   Completion on_written;
 };
 
-OutFrame MakeFrame(FrameType type, uint64_t a0 = 0, uint64_t a1 = 0, uint64_t a2 = 0,
-                   uint64_t a3 = 0, uint32_t payload_bytes = 0);
+OutFrame MakeFrame(uint8_t version, FrameType type, uint64_t a0 = 0, uint64_t a1 = 0,
+                   uint64_t a2 = 0, uint64_t a3 = 0, uint32_t payload_bytes = 0);
 
 struct Stream {
   std::unique_ptr<Pipe> pipe;
@@ -85,9 +85,11 @@ struct Stream {
 
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
  public:
-  // `pipes` are the connection's streams, handshake done, in index order.
+  // `pipes` are the connection's streams, handshake done, in index order;
+  // `wire_version` is the one their HELLO exchange settled: every frame
+  // sent is in it, a frame received in another ends the connection.
   TcpConnection(std::vector<std::unique_ptr<Pipe>> pipes, std::string peer, std::string describe,
-                const TcpOptions& options, Clock& clock);
+                uint8_t wire_version, const TcpOptions& options, Clock& clock);
 
   void SetHandlers(ConnectionHandlers handlers);
   // Before Start: answers every stream's hello.
@@ -112,6 +114,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   // Chunks each stream has written, in index order (tests, diagnostics).
   std::vector<uint64_t> StreamChunkCounts() const;
+  uint8_t wire_version() const { return wire_version_; }
 
   // Ends the connection once: pending operations get `ops`, on_closed gets
   // `closed`.
@@ -135,6 +138,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   const std::string peer_;
   const std::string describe_;
+  const uint8_t wire_version_;
   const TcpOptions options_;
   Clock& clock_;
   bool encrypted_ = false;

@@ -36,8 +36,9 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], FrameHeader* out) {
   const uint32_t magic = DecodeFixed32(in);
   TERN_REQUIRE(magic == kMagic, kProtocol, "bad frame magic 0x", std::hex, magic,
                " (not a tern peer)");
-  TERN_REQUIRE(in[4] == kVersion, kProtocol, "peer speaks wire protocol version ", int{in[4]},
-               ", this side speaks ", int{kVersion});
+  TERN_REQUIRE(in[4] >= kMinVersion && in[4] <= kMaxVersion, kProtocol,
+               "peer speaks wire protocol version ", int{in[4]}, ", this side speaks ",
+               int{kMinVersion}, "..", int{kMaxVersion});
   const uint32_t check = DecodeFixed32(in + 12);
   TERN_REQUIRE(check == HeaderCheck(in), kCorrupt, "frame header check mismatch");
   FrameHeader h;
@@ -61,20 +62,25 @@ Status DecodeHeader(const uint8_t in[kHeaderBytes], FrameHeader* out) {
                min_bytes, "..", max_bytes, ")");
   // Args a type does not use are reserved: zero, so they can carry meaning in
   // a later version without being mistaken for garbage today.
-  int used_args = 0;
+  unsigned used_args = 0;  // bit i: arg i has a meaning
   switch (h.type) {
     case FrameType::kHello:
     case FrameType::kHelloAck:
-    case FrameType::kAck: used_args = 2; break;
-    case FrameType::kChunk: used_args = 4; break;
+    case FrameType::kAck: used_args = 0b0011; break;
+    case FrameType::kChunk: used_args = 0b1111; break;
+    case FrameType::kMessage: used_args = h.version >= 2 ? 0b0100 : 0; break;
     default: break;
   }
-  for (int i = used_args; i < 4; ++i) {
-    TERN_REQUIRE(h.arg[i] == 0, kProtocol, "frame type ", int{type}, " with reserved arg", i,
-                 " set");
+  for (int i = 0; i < 4; ++i) {
+    TERN_REQUIRE((used_args >> i & 1) != 0 || h.arg[i] == 0, kProtocol, "frame type ", int{type},
+                 " with reserved arg", i, " set (wire version ", int{h.version}, ")");
   }
   *out = h;
   return Status::Ok();
+}
+
+uint64_t MessageCheck(std::string_view payload) {
+  return XXH3_64bits(payload.data(), payload.size());
 }
 
 Result<Hello> ParseHello(const FrameHeader& h, uint32_t max_streams) {

@@ -1,6 +1,6 @@
-// The TCP wire protocol's frame header (docs/format/tcp.md, version 1).
-// Every frame starts with this fixed 48-byte little-endian header; payloads
-// follow it directly. Decoding validates everything a peer controls.
+// The TCP wire protocol's frame header (docs/format/tcp.md, versions 1 and
+// 2). Every frame starts with this fixed 48-byte little-endian header;
+// payloads follow it directly. Decoding validates everything a peer controls.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +13,11 @@
 namespace tern::tcp {
 
 inline constexpr uint32_t kMagic = 0x4E524554;  // bytes "TERN"
-inline constexpr uint8_t kVersion = 1;
+// The wire versions this code speaks. Version 2 adds the XXH3-64 of a
+// MESSAGE's payload (arg2); the HELLO exchange settles one version per
+// connection (TcpOptions::min_wire_version / max_wire_version).
+inline constexpr uint8_t kMinVersion = 1;
+inline constexpr uint8_t kMaxVersion = 2;
 inline constexpr size_t kHeaderBytes = 48;
 inline constexpr uint32_t kMaxReasonBytes = 1024;  // HELLO_ACK error text
 
@@ -27,7 +31,7 @@ enum class FrameType : uint8_t {
 };
 
 struct FrameHeader {
-  uint8_t version = kVersion;
+  uint8_t version = kMinVersion;  // the connection's; senders always set it
   FrameType type = FrameType::kPing;
   uint16_t flags = 0;  // reserved, must be zero
   uint32_t payload_bytes = 0;
@@ -37,10 +41,15 @@ struct FrameHeader {
 // Writes magic, version, type, flags, length, args and the header check.
 void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]);
 
-// Validates magic, version (kProtocol names the peer's), header check, type,
-// reserved flags, the payload bound of the type and that the args the type
-// does not use are zero. A header that decodes re-encodes to the same bytes.
+// Validates magic, version (kMinVersion..kMaxVersion; kProtocol names the
+// peer's), header check, type, reserved flags, the payload bound of the type
+// and that the args the type does not use in that version are zero. Whether
+// the version is the connection's is the caller's check. A header that
+// decodes re-encodes to the same bytes.
 Status DecodeHeader(const uint8_t in[kHeaderBytes], FrameHeader* out);
+
+// The XXH3-64 a version-2 MESSAGE carries in arg2 for `payload`.
+uint64_t MessageCheck(std::string_view payload);
 
 // HELLO arg1 packs the stream index (low 32 bits) and count (high 32 bits).
 inline uint64_t PackStream(uint32_t index, uint32_t count) {

@@ -47,13 +47,16 @@ TEST(Frame, EveryFlippedBitIsRejected) {
 
 TEST(Frame, NamesTheOtherVersion) {
   FrameHeader h;
-  h.version = 2;
+  h.version = kMaxVersion + 1;
   uint8_t raw[kHeaderBytes];
   EncodeHeader(h, raw);
   FrameHeader out;
   Status st = DecodeHeader(raw, &out);
   EXPECT_EQ(st.code(), Code::kProtocol);
-  EXPECT_NE(st.message().find("version 2"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("version 3"), std::string::npos) << st.ToString();
+  h.version = 0;
+  EncodeHeader(h, raw);
+  EXPECT_EQ(DecodeHeader(raw, &out).code(), Code::kProtocol);
 }
 
 TEST(Frame, PayloadBoundsPerType) {

@@ -55,7 +55,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TERN_ASSERT(std::memcmp(again, raw, kHeaderBytes) == 0,
               "a decoded header re-encodes differently");
   const uint8_t type = static_cast<uint8_t>(h.type);
-  TERN_ASSERT(type >= 1 && type <= 6 && h.flags == 0 && h.version == kVersion);
+  TERN_ASSERT(type >= 1 && type <= 6 && h.flags == 0 && h.version >= kMinVersion &&
+              h.version <= kMaxVersion);
+  // Version 1 gives a MESSAGE no args; version 2 only its payload check.
+  if (h.type == FrameType::kMessage) {
+    TERN_ASSERT(h.arg[0] == 0 && h.arg[1] == 0 && h.arg[3] == 0 && (h.version >= 2 || h.arg[2] == 0));
+  }
   switch (h.type) {
     case FrameType::kHelloAck:
       TERN_ASSERT(h.payload_bytes <= kMaxReasonBytes);

@@ -66,6 +66,7 @@ struct ListenState {
 
   struct Partial {
     uint32_t count = 0;
+    uint8_t version = 0;  // the wire version of its first stream's hello
     uint32_t arrived = 0;
     uint64_t started_us = 0;
     std::string identity;  // of the first stream; every stream must match it
@@ -204,10 +205,39 @@ class TcpTransport final : public Transport {
     conns_.push_back(c);
   }
 
+  // Offers our highest wire version; a server that refuses it in an older
+  // one (its highest: a version-1 tern answers every other version so) is
+  // dialled again in that one, unless it is below our minimum. The version
+  // only goes down, so this ends; the connect timeout bounds all attempts.
   Result<std::shared_ptr<TcpConnection>> Dial(const std::string& address, ConnectionHandlers handlers) {
+    const uint64_t deadline = clock_.NowUs() + options_.connect_timeout_ms * 1000;
+    uint8_t version = static_cast<uint8_t>(options_.max_wire_version);
+    for (;;) {
+      uint8_t server_max = 0;
+      auto conn = DialVersion(address, version, deadline, &server_max);
+      if (conn.ok()) {
+        (*conn)->SetHandlers(std::move(handlers));
+        Track(*conn);
+        return conn;
+      }
+      if (server_max == 0) return conn;
+      if (server_max < options_.min_wire_version) {
+        return TERN_ERROR(kProtocol, "server ", address, " speaks wire protocol version ",
+                          int{server_max}, " at most, below this side's minimum ",
+                          options_.min_wire_version, " (", conn.status().message(), ")");
+      }
+      Log("tcp: " + address + " speaks wire protocol version " + std::to_string(server_max) +
+          " at most (refused our version " + std::to_string(version) + "); dialling again in it");
+      version = server_max;
+    }
+  }
+
+  // One attempt in `version`. When the server refused it because it speaks
+  // an older one, *server_max is that version (else left 0).
+  Result<std::shared_ptr<TcpConnection>> DialVersion(const std::string& address, uint8_t version,
+                                                     uint64_t deadline, uint8_t* server_max) {
     const uint32_t n = ChooseTcpStreams(options_);
     TERN_ASSIGN_OR_RETURN(const HostPort dialled, ParseHostPort(address));
-    const uint64_t deadline = clock_.NowUs() + options_.connect_timeout_ms * 1000;
     const uint64_t conn_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
     // The streams connect (and shake hands) at once: one after the other
     // cost a round trip each, 0.8 s of 8 streams at 100 ms (1.6 s with TLS).
@@ -223,7 +253,7 @@ class TcpTransport final : public Transport {
       } else {
         pipe = tcp::NewPlainPipe(fd);
       }
-      OutFrame hello = MakeFrame(FrameType::kHello, conn_id, tcp::PackStream(i, n));
+      OutFrame hello = MakeFrame(version, FrameType::kHello, conn_id, tcp::PackStream(i, n));
       TERN_RETURN_IF_ERROR(tcp::WriteFull(*pipe, hello.header, kHeaderBytes, deadline, clock_));
       return pipe;
     };
@@ -268,15 +298,23 @@ class TcpTransport final : public Transport {
         reason.resize(h.payload_bytes);      // <= kMaxReasonBytes (DecodeHeader)
         TERN_RETURN_IF_ERROR(tcp::ReadFull(*pipe, reason.data(), reason.size(), deadline, clock_));
       }
-      TERN_RETURN_IF_ERROR(tcp::ParseHelloAck(h, conn_id, reason));
+      Status verdict = tcp::ParseHelloAck(h, conn_id, reason);
+      if (!verdict.ok() && verdict.code() == Code::kProtocol && h.version < version) {
+        *server_max = h.version;  // refused in an older version: all the server speaks
+      }
+      TERN_RETURN_IF_ERROR(verdict);
+      TERN_REQUIRE(h.version == version, kProtocol, "server accepted our wire version ",
+                   int{version}, " hello in version ", int{h.version});
     }
     NoteSlowStartAfterIdle(congestion);
-    const std::string describe = "tcp " + std::to_string(n) + " streams " + congestion +
-                                 (tls_ ? " tls1.3" : "");
-    auto conn = std::make_shared<TcpConnection>(std::move(pipes), address, describe, options_, clock_);
-    conn->SetHandlers(std::move(handlers));
-    Track(conn);
-    return conn;
+    return std::make_shared<TcpConnection>(std::move(pipes), address,
+                                           Describe(n, congestion, version), version, options_,
+                                           clock_);
+  }
+
+  std::string Describe(uint32_t streams, const std::string& congestion, uint8_t version) const {
+    return "tcp " + std::to_string(streams) + " streams " + congestion + (tls_ ? " tls1.3" : "") +
+           " wire v" + std::to_string(version);
   }
 
   void AcceptLoop(const std::shared_ptr<ListenState>& st) {
@@ -352,16 +390,31 @@ class TcpTransport final : public Transport {
     FrameHeader h;
     s = tcp::DecodeHeader(raw, &h);
     tcp::Hello hello;
+    const uint32_t offered = raw[4];
+    const uint32_t min_version = options_.min_wire_version, max_version = options_.max_wire_version;
+    if (s.ok() && offered < min_version) {
+      s = TERN_ERROR(kProtocol, "peer offers wire protocol version ", offered,
+                     ", below this side's minimum ", min_version, " (min_wire_version)");
+    } else if (s.ok() && offered > max_version) {
+      s = TERN_ERROR(kProtocol, "peer speaks wire protocol version ", offered,
+                     ", this side speaks ", min_version, "..", max_version);
+    }
     if (s.ok()) {
       auto parsed = tcp::ParseHello(h, options_.max_streams);
       if (parsed.ok()) hello = *parsed;
       s = parsed.status();
     }
-    // Tells the peer why (in our version) before hanging up; best effort.
+    // Answers are in the hello's version when this side may speak it; a
+    // refusal of a newer one is in our highest, which tells the client
+    // what to dial again in (docs/format/tcp.md §3a).
+    const uint8_t reply_version = static_cast<uint8_t>(offered > max_version     ? max_version
+                                                       : offered < tcp::kMinVersion ? min_version
+                                                                                   : offered);
+    // Tells the peer why before hanging up; best effort.
     auto tell = [&](Pipe& p, uint64_t connection_id, const Status& why) {
       std::string reason = why.message().substr(0, tcp::kMaxReasonBytes);
-      OutFrame ack = MakeFrame(FrameType::kHelloAck, connection_id, WireCode(why), 0, 0,
-                               static_cast<uint32_t>(reason.size()));
+      OutFrame ack = MakeFrame(reply_version, FrameType::kHelloAck, connection_id, WireCode(why), 0,
+                               0, static_cast<uint32_t>(reason.size()));
       if (tcp::WriteFull(p, ack.header, kHeaderBytes, deadline, clock_).ok()) {
         tcp::WriteFull(p, reason.data(), reason.size(), deadline, clock_).IgnoreError();
       }
@@ -382,11 +435,12 @@ class TcpTransport final : public Transport {
       ListenState::Partial& p = st->partial[hello.connection_id];
       if (p.count == 0) {
         p.count = hello.count;
+        p.version = h.version;
         p.started_us = clock_.NowUs();
         p.identity = pipe->peer_identity();
         p.pipes.resize(hello.count);
       }
-      if (p.count != hello.count || p.pipes[hello.index]) {
+      if (p.count != hello.count || p.version != h.version || p.pipes[hello.index]) {
         return reject(TERN_ERROR(kProtocol, "conflicting hello for connection ", hello.connection_id));
       }
       // With TLS, a connection id names streams of one authenticated peer:
@@ -407,10 +461,10 @@ class TcpTransport final : public Transport {
       return;
     }
     NoteSlowStartAfterIdle(congestion);
-    const std::string describe = "tcp " + std::to_string(hello.count) + " streams " + congestion +
-                                 (tls_ ? " tls1.3" : "");
-    auto conn = std::make_shared<TcpConnection>(std::move(pipes), peer, describe, options_, clock_);
-    OutFrame ack = MakeFrame(FrameType::kHelloAck, hello.connection_id, 0);
+    auto conn = std::make_shared<TcpConnection>(std::move(pipes), peer,
+                                                Describe(hello.count, congestion, h.version),
+                                                h.version, options_, clock_);
+    OutFrame ack = MakeFrame(h.version, FrameType::kHelloAck, hello.connection_id, 0);
     if (!conn->SendHelloAcks(ack.header, deadline)) {
       Log("tcp: lost " + peer + " during the handshake");
       return;
@@ -447,6 +501,12 @@ Result<std::unique_ptr<Transport>> NewTcpTransport(TcpOptions options, Clock& cl
   }
   TERN_REQUIRE(options.idle_timeout_ms >= 3 && options.max_streams >= 1, kInvalidArgument,
                "idle timeout below 3 ms or no streams allowed");
+  TERN_REQUIRE(options.min_wire_version >= tcp::kMinVersion &&
+                   options.min_wire_version <= options.max_wire_version &&
+                   options.max_wire_version <= tcp::kMaxVersion,
+               kInvalidArgument, "wire versions ", options.min_wire_version, "..",
+               options.max_wire_version, ": this build speaks ", int{tcp::kMinVersion}, "..",
+               int{tcp::kMaxVersion});
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(std::move(options), clock, std::move(tls)));
 }
 

@@ -1,0 +1,428 @@
+// TCP wire version 2 (docs/format/tcp.md): the XXH3-64 of every MESSAGE's
+// payload, and the HELLO exchange that settles a connection's version with
+// peers that speak only version 1. Servers run on 127.0.0.1; hostile and
+// old peers are raw sockets that write frames by hand.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "tern/connect.h"
+#include "tern/tcp_transport.h"
+#include "transport/tcp/connection.h"
+#include "transport/tcp/frame.h"
+
+namespace tern::tcp {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string Header(uint8_t version, FrameType type, uint32_t payload_bytes, uint64_t a0 = 0,
+                   uint64_t a1 = 0, uint64_t a2 = 0) {
+  FrameHeader h;
+  h.version = version;
+  h.type = type;
+  h.payload_bytes = payload_bytes;
+  h.arg[0] = a0;
+  h.arg[1] = a1;
+  h.arg[2] = a2;
+  uint8_t raw[kHeaderBytes];
+  EncodeHeader(h, raw);
+  return std::string(reinterpret_cast<char*>(raw), kHeaderBytes);
+}
+
+void Send(int fd, const std::string& s) {
+  ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
+}
+
+// Reads exactly n bytes (blocking, bounded by the socket's receive timeout).
+std::string Receive(int fd, size_t n) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::recv(fd, out.data() + got, n - got, 0);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
+// Blocking sends and receives of these tests end within 20 s even when the
+// other side neither answers nor hangs up.
+void BoundWaits(int fd) {
+  const timeval bound{20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound);
+}
+
+// The version-2 MESSAGE header, pinned: the payload `hello` (whose XXH3-64
+// docs/format/tcp.md §4 also gives for a CHUNK) rides in arg2.
+TEST(MessageWire, Version2MessageHeaderMatchesTheSpec) {
+  EXPECT_EQ(MessageCheck("hello"), 0x9555e8555c62dcfdull);
+  const std::string raw = Header(2, FrameType::kMessage, 5, 0, 0, MessageCheck("hello"));
+  const uint8_t spec[kHeaderBytes] = {
+      0x54, 0x45, 0x52, 0x4e, 0x02, 0x03, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0xd1, 0xdf, 0x8a, 0x88,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0xfd, 0xdc, 0x62, 0x5c, 0x55, 0xe8, 0x55, 0x95, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  EXPECT_EQ(std::memcmp(raw.data(), spec, kHeaderBytes), 0);
+}
+
+TEST(MessageWire, MessageArgsPerVersion) {
+  auto decode = [](uint8_t version, int arg) {
+    FrameHeader h;
+    h.version = version;
+    h.type = FrameType::kMessage;
+    h.payload_bytes = 1;
+    if (arg >= 0) h.arg[arg] = 0x1234;
+    uint8_t raw[kHeaderBytes];
+    EncodeHeader(h, raw);
+    FrameHeader out;
+    return DecodeHeader(raw, &out);
+  };
+  EXPECT_TRUE(decode(1, -1).ok());
+  EXPECT_EQ(decode(1, 2).code(), Code::kProtocol);  // version 1: no check
+  EXPECT_TRUE(decode(2, 2).ok());
+  EXPECT_TRUE(decode(2, -1).ok());  // a sum of 0 is a sum (checked against the payload)
+  for (int arg : {0, 1, 3}) EXPECT_EQ(decode(2, arg).code(), Code::kProtocol) << "arg" << arg;
+}
+
+TEST(MessageWire, OptionsOutsideTheSpokenVersionsAreRefused) {
+  for (auto [min, max] : {std::pair<uint32_t, uint32_t>{0, 2}, {1, 3}, {2, 1}, {3, 3}}) {
+    TcpOptions o;
+    o.min_wire_version = min;
+    o.max_wire_version = max;
+    auto t = NewTcpTransport(o);
+    ASSERT_FALSE(t.ok()) << min << ".." << max;
+    EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("wire versions"), std::string::npos) << t.status().ToString();
+  }
+}
+
+class MessageWireServer : public ::testing::Test {
+ protected:
+  // A server with its own options; its log, its messages and how its
+  // connections ended are collected.
+  void Serve(const std::function<void(TcpOptions&)>& tweak = nullptr) {
+    TcpOptions o = Quick();
+    if (tweak) tweak(o);
+    o.log = [this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_ += std::string(line) + "\n";
+      cv_.notify_all();
+    };
+    auto t = NewTcpTransport(o);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    server_ = std::move(t).value();
+    auto l = server_->Listen("127.0.0.1:0", [this](std::shared_ptr<Connection> c) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        accepted_ = c;
+        cv_.notify_all();
+      }
+      ConnectionHandlers h;
+      h.on_message = [this, c](std::string m) {
+        std::lock_guard<std::mutex> lock(mu_);
+        messages_.push_back(m);
+        cv_.notify_all();
+        c->SendMessage("echo " + m, nullptr);
+      };
+      h.on_closed = [this](Status why) {
+        std::lock_guard<std::mutex> lock(mu_);
+        closed_.push_back(why);
+        cv_.notify_all();
+      };
+      return h;
+    });
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    listener_ = std::move(l).value();
+    port_ = std::stoi(listener_->address().substr(listener_->address().rfind(':') + 1));
+  }
+
+  static TcpOptions Quick() {
+    TcpOptions o;
+    o.streams = 2;
+    o.handshake_timeout_ms = 5000;
+    o.header_timeout_ms = 2000;
+    o.idle_timeout_ms = 5000;
+    return o;
+  }
+
+  // A transport client with `tweak`ed options; its log goes to client_log_.
+  Result<std::shared_ptr<Connection>> Dial(const std::function<void(TcpOptions&)>& tweak,
+                                           ConnectionHandlers handlers = {}) {
+    TcpOptions o = Quick();
+    if (tweak) tweak(o);
+    o.log = [this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mu_);
+      client_log_ += std::string(line) + "\n";
+    };
+    auto t = NewTcpTransport(o);
+    if (!t.ok()) return t.status();
+    client_ = std::move(t).value();
+    return ConnectWait(*client_, listener_->address(), std::move(handlers), 30000,
+                       RetryPolicy{1, 10, 10});
+  }
+
+  // Sends a message each way and checks both arrive.
+  void ExpectMessagesFlow(Connection& conn) {
+    conn.SendMessage("ping", nullptr);
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] {
+      return std::find(messages_.begin(), messages_.end(), "ping") != messages_.end();
+    })) << log_;
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return echoes_ > 0; })) << log_;
+  }
+  ConnectionHandlers CountEchoes() {
+    ConnectionHandlers h;
+    h.on_message = [this](std::string m) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (m == "echo ping") ++echoes_;
+      cv_.notify_all();
+    };
+    return h;
+  }
+
+  std::shared_ptr<Connection> Accepted() {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return accepted_ != nullptr; }));
+    return accepted_;
+  }
+  static uint8_t VersionOf(const std::shared_ptr<Connection>& c) {
+    auto* tcp = dynamic_cast<TcpConnection*>(c.get());
+    EXPECT_NE(tcp, nullptr);
+    return tcp ? tcp->wire_version() : 0;
+  }
+
+  bool LogHas(const std::string& needle) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 20s, [&] { return log_.find(needle) != std::string::npos; });
+  }
+  std::string Log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+  std::string ClientLog() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return client_log_;
+  }
+
+  // A raw one-stream peer that completed the handshake in `version`.
+  int Handshaken(uint8_t version) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    BoundWaits(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    Send(fd, Header(version, FrameType::kHello, 0, 1234, PackStream(0, 1)));
+    const std::string ack = Receive(fd, kHeaderBytes);
+    FrameHeader h;
+    EXPECT_EQ(ack.size(), kHeaderBytes);
+    if (ack.size() == kHeaderBytes) {
+      EXPECT_TRUE(DecodeHeader(reinterpret_cast<const uint8_t*>(ack.data()), &h).ok());
+      EXPECT_EQ(h.version, version);
+      EXPECT_EQ(h.arg[1], 0u) << "hello refused";
+    }
+    return fd;
+  }
+
+  // True when the server closes fd within 20 s (reads drain to EOF).
+  static bool ClosedByServer(int fd) {
+    const auto end = std::chrono::steady_clock::now() + 20s;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      if (::recv(fd, buf, sizeof buf, 0) <= 0) return true;
+    }
+    return false;
+  }
+
+  // Declared before the transports: their handlers use these until the
+  // transports are destroyed.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string log_, client_log_;
+  std::vector<std::string> messages_;
+  std::vector<Status> closed_;
+  int echoes_ = 0;
+  int port_ = 0;
+  std::shared_ptr<Connection> accepted_;
+  std::unique_ptr<Transport> server_, client_;
+  std::unique_ptr<Listener> listener_;
+};
+
+// A payload byte flipped past TCP's checksum, the frame header intact and
+// correctly checked: refused before delivery, the connection ended with
+// kCorrupt naming the stream, the frame and both sums.
+TEST_F(MessageWireServer, CorruptedPayloadIsRefusedAndNotDelivered) {
+  Serve();
+  int fd = Handshaken(2);
+  const std::string good = "first control message";
+  Send(fd, Header(2, FrameType::kMessage, good.size(), 0, 0, MessageCheck(good)) + good);
+  std::string bad = "second control message";
+  const uint64_t sent_sum = MessageCheck(bad);
+  bad[7] ^= 0x04;  // "second " -> "second$"
+  Send(fd, Header(2, FrameType::kMessage, bad.size(), 0, 0, sent_sum) + bad);
+  EXPECT_TRUE(ClosedByServer(fd));
+  ::close(fd);
+  std::unique_lock<std::mutex> lock(mu_);
+  ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return !closed_.empty(); })) << log_;
+  EXPECT_EQ(closed_[0].code(), Code::kCorrupt) << closed_[0].ToString();
+  const std::string why = closed_[0].message();
+  EXPECT_NE(why.find("stream 0, frame 2 "), std::string::npos) << why;
+  char sums[2][32];
+  std::snprintf(sums[0], sizeof sums[0], "0x%llx", static_cast<unsigned long long>(sent_sum));
+  std::snprintf(sums[1], sizeof sums[1], "0x%llx",
+                static_cast<unsigned long long>(MessageCheck(bad)));
+  EXPECT_NE(why.find(sums[0]), std::string::npos) << why;
+  EXPECT_NE(why.find(sums[1]), std::string::npos) << why;
+  EXPECT_NE(log_.find("message check mismatch"), std::string::npos) << log_;
+  // The good message was delivered, the corrupted one was not.
+  EXPECT_EQ(messages_, std::vector<std::string>{good});
+}
+
+// A frame in another version than the connection settled is refused.
+TEST_F(MessageWireServer, FrameInAnotherVersionThanTheConnectionsIsRefused) {
+  Serve();
+  int fd = Handshaken(1);
+  Send(fd, Header(2, FrameType::kPing, 0));
+  EXPECT_TRUE(ClosedByServer(fd));
+  ::close(fd);
+  EXPECT_TRUE(LogHas("is in wire version 2, the connection's is 1")) << Log();
+}
+
+TEST_F(MessageWireServer, Version2BothSides) {
+  Serve();
+  auto c = Dial(nullptr, CountEchoes());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(VersionOf(*c), 2);
+  EXPECT_EQ(VersionOf(Accepted()), 2);
+  EXPECT_NE((*c)->Describe().find("wire v2"), std::string::npos) << (*c)->Describe();
+  ExpectMessagesFlow(**c);
+}
+
+// A server that speaks only version 1 refuses the version-2 hello in
+// version 1; the client dials again in version 1.
+TEST_F(MessageWireServer, Version2ClientFallsBackToAVersion1Server) {
+  Serve([](TcpOptions& o) { o.max_wire_version = 1; });
+  auto c = Dial(nullptr, CountEchoes());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(VersionOf(*c), 1);
+  EXPECT_EQ(VersionOf(Accepted()), 1);
+  EXPECT_TRUE(LogHas("peer speaks wire protocol version 2, this side speaks 1..1")) << Log();
+  EXPECT_NE(ClientLog().find("dialling again"), std::string::npos) << ClientLog();
+  ExpectMessagesFlow(**c);
+}
+
+TEST_F(MessageWireServer, Version1ClientToAVersion2Server) {
+  Serve();
+  auto c = Dial([](TcpOptions& o) { o.max_wire_version = 1; }, CountEchoes());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(VersionOf(*c), 1);
+  EXPECT_EQ(VersionOf(Accepted()), 1);
+  EXPECT_EQ(ClientLog().find("dialling again"), std::string::npos) << ClientLog();
+  ExpectMessagesFlow(**c);
+}
+
+TEST_F(MessageWireServer, MinimumVersion2ServerRefusesAVersion1Client) {
+  Serve([](TcpOptions& o) { o.min_wire_version = 2; });
+  auto c = Dial([](TcpOptions& o) { o.max_wire_version = 1; });
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kProtocol) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("version 1, below this side's minimum 2"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_TRUE(LogHas("below this side's minimum 2")) << Log();
+  // A version-2 client is served.
+  auto ok = Dial(nullptr, CountEchoes());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(VersionOf(*ok), 2);
+  ExpectMessagesFlow(**ok);
+}
+
+TEST_F(MessageWireServer, MinimumVersion2ClientDoesNotFallBack) {
+  Serve([](TcpOptions& o) { o.max_wire_version = 1; });
+  auto c = Dial([](TcpOptions& o) { o.min_wire_version = 2; });
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kProtocol) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("version 1 at most, below this side's minimum 2"),
+            std::string::npos)
+      << c.status().ToString();
+}
+
+// The version-1 tern that shipped, by hand: it refuses any other version's
+// hello with a version-1 HELLO_ACK of code 14 and connection id 0 (it could
+// not decode the hello), and accepts a version-1 hello.
+TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
+  int listen_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listen_fd, 4), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  std::vector<uint8_t> offered;
+  std::thread old_server([&] {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      pollfd p{listen_fd, POLLIN, 0};
+      if (::poll(&p, 1, 20000) <= 0) return;
+      int fd = ::accept(listen_fd, nullptr, nullptr);
+      BoundWaits(fd);
+      const std::string hello = Receive(fd, kHeaderBytes);
+      if (hello.size() != kHeaderBytes) {
+        ::close(fd);
+        return;
+      }
+      offered.push_back(static_cast<uint8_t>(hello[4]));
+      if (hello[4] == 1) {
+        FrameHeader h;
+        if (DecodeHeader(reinterpret_cast<const uint8_t*>(hello.data()), &h).ok()) {
+          Send(fd, Header(1, FrameType::kHelloAck, 0, h.arg[0], 0));
+          Receive(fd, kHeaderBytes);  // until the client hangs up
+        }
+      } else {
+        const std::string reason = "peer speaks wire protocol version " +
+                                   std::to_string(int{static_cast<uint8_t>(hello[4])}) +
+                                   ", this side speaks 1";
+        Send(fd, Header(1, FrameType::kHelloAck, reason.size(), 0,
+                        static_cast<uint64_t>(Code::kProtocol)) +
+                     reason);
+      }
+      ::close(fd);
+    }
+  });
+  TcpOptions o;
+  o.streams = 1;
+  o.log = [](std::string_view) {};
+  auto t = NewTcpTransport(o);
+  ASSERT_TRUE(t.ok());
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  auto c = ConnectWait(**t, address, {}, 30000, RetryPolicy{1, 10, 10});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (c.ok()) {
+    auto* tcp = dynamic_cast<TcpConnection*>(c->get());
+    EXPECT_NE(tcp, nullptr);
+    if (tcp) EXPECT_EQ(tcp->wire_version(), 1);
+    (*c)->Close();
+  }
+  old_server.join();  // (waits out its 20 s accept when the client gave up)
+  ::close(listen_fd);
+  EXPECT_EQ(offered, (std::vector<uint8_t>{2, 1}));
+}
+
+}  // namespace
+}  // namespace tern::tcp
