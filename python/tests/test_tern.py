@@ -112,7 +112,11 @@ def test_publish_events_and_subscriber_apply(fleet, tmp_path):
     published = [e.version for e in root.wait_events(0, 1024, 0) if e.kind == "version_published"]
     assert published == [1, 2, 3]
     assert member.status().served_version == 3
-    assert root.status().members_at_head == 1
+    # The root learns it from the member's next heartbeat, not at once.
+    deadline = time.monotonic() + 30
+    while root.status().members_at_head != 1:
+        assert time.monotonic() < deadline, "the root never counted the member at HEAD"
+        time.sleep(0.02)
 
 
 def test_subscriber_over_the_admin_port_coalesces(fleet, tmp_path):
