@@ -21,8 +21,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -93,17 +95,40 @@ AdminServer* Server(uint16_t* port) {
 // so that an incomplete request ends (httplib answers nothing to a request
 // whose client half-closed before the answer: Debian's 0.11; so under load
 // a complete request may go unanswered too, which the checks allow).
-std::string Exchange(uint16_t port, std::string_view in, bool half_close) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) std::abort();
+//
+// The harness's own client resources are not findings: a connect that a
+// signal interrupted (libFuzzer's -timeout alarm) or that found no free
+// local port (thousands of loopback connections in TIME_WAIT, two fuzzers
+// at once in the test command) is tried again, up to 2 s; any other
+// failure aborts, naming errno (a clean-clone run once aborted here
+// without saying why).
+int Connect(uint16_t port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) std::abort();
+  for (int attempt = 0;; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0)
+      return fd;
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    const bool transient = err == EINTR || err == EADDRNOTAVAIL || err == EAGAIN;
+    if (!transient || attempt >= 200) {
+      fprintf(stderr, "admin fuzzer: cannot connect to 127.0.0.1:%u (attempt %d): %s\n",
+              unsigned{port}, attempt + 1, strerror(err));
+      std::abort();
+    }
+    usleep(10000);
+  }
+}
+
+std::string Exchange(uint16_t port, std::string_view in, bool half_close) {
+  const int fd = Connect(port);
   size_t sent = 0;
   while (sent < in.size()) {
     const ssize_t n = send(fd, in.data() + sent, in.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the guard closed (over a bound): read what it said
     sent += static_cast<size_t>(n);
   }
@@ -113,11 +138,13 @@ std::string Exchange(uint16_t port, std::string_view in, bool half_close) {
   char buf[4096];
   for (int waits = 0; out.size() < (64u << 10) && waits < 50;) {
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) == 0) {
+    const int ready = poll(&p, 1, 100);
+    if (ready <= 0) {  // 100 ms of silence, or a signal: bounded either way
       ++waits;
       continue;
     }
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
   }
