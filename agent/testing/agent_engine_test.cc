@@ -7,6 +7,7 @@
 // real vLLM is driven by the same adapter in tests/engine/test_tern_vllm.py.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -152,6 +153,13 @@ TEST_F(AgentEngineTest, EveryUpdateRunsInsideTheSidecarsCommitPoint) {
   EXPECT_EQ(engine_.updates_loaded(), 3u) << "the engine was updated without a commit";
   refuse = false;
   ASSERT_TRUE(EngineServes("m1", 4)) << EngineOf("m1").last_error;
+  // The commit ends after the member's status names the version, so the
+  // last end may still be on its way.
+  auto ended = [&] {
+    std::vector<CommitPointDouble::Call> c = sidecar.calls();
+    return std::count_if(c.begin(), c.end(), [](const auto& x) { return !x.begin; });
+  };
+  ASSERT_TRUE(WaitFor([&] { return ended() >= 4; }, 30)) << ended() << " commits ended";
   // Begin/end pairs, in order; the refused begins have no end.
   std::vector<CommitPointDouble::Call> calls = sidecar.calls();
   uint64_t ends = 0;
