@@ -1072,9 +1072,12 @@ class AgentCli(unittest.TestCase):
             _, err = publish3.communicate(timeout=60)
             self.assertEqual(publish3.returncode, 0, err)
             # Members try A and B in turn, at most ~1.1 s apart with standbys
-            # (agent/daemon/dial_backoff.h), not after a backoff grown to 5 s (which
-            # misses this bound in most runs; agent.DialBackoff.* always).
-            self.assertLess(joined_s - took_over_s, 2.5, "members found B %.1f s after it led" %
+            # (agent/daemon/dial_backoff.h), not after a backoff grown to 5 s.
+            # That bound is agent.DialBackoff.*'s (no clock here: a loaded
+            # machine running sanitized agents took 6.4 s); this one catches
+            # members that stop dialling or back off for tens of seconds. The
+            # figure is printed below.
+            self.assertLess(joined_s - took_over_s, 15, "members found B %.1f s after it led" %
                             (joined_s - took_over_s))
             check_bytes(3)
             # A member whose parent was A does not redial it while no root
