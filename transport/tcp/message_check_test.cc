@@ -416,7 +416,9 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
   if (c.ok()) {
     auto* tcp = dynamic_cast<TcpConnection*>(c->get());
     EXPECT_NE(tcp, nullptr);
-    if (tcp) EXPECT_EQ(tcp->wire_version(), 1);
+    if (tcp) {
+      EXPECT_EQ(tcp->wire_version(), 1);
+    }
     (*c)->Close();
   }
   old_server.join();  // (waits out its 20 s accept when the client gave up)
