@@ -187,6 +187,12 @@ ViewDigest TensorTerm(uint64_t seed) {
   return d;
 }
 
+ViewDigest ComputeElementTerms(const TensorRef& tensor, uint64_t begin, uint64_t end) {
+  uint64_t acc[4] = {0, 0, 0, 0};
+  AccumulateAny(tensor, TensorSeed(*tensor.desc), begin, end, acc);
+  return ViewDigest{{acc[0], acc[1], acc[2], acc[3]}};
+}
+
 ViewDigest ComputeTensorDigest(const TensorRef& tensor) {
   const uint64_t seed = TensorSeed(*tensor.desc);
   ViewDigest d = TensorTerm(seed);

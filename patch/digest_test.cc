@@ -91,8 +91,18 @@ TEST(DigestTest, EveryLoopAddsTheSpecsTerms) {
       other_loop = patch::AccumulateElementsPortable(t, seed, begin, end, floor.lanes.data());
       EXPECT_EQ(fast, expect) << "width " << w << " [" << begin << ", " << end << ")";
       EXPECT_EQ(floor, expect) << "width " << w << " [" << begin << ", " << end << ")";
+      EXPECT_EQ(ComputeElementTerms(t, begin, end), expect) << "width " << w;
     }
   }
+  // A tensor's digest is its term plus the terms of its ranges.
+  OwnedView v;
+  v.Add("t", DType::kBF16, {1000});
+  testing::FillRandom(v.data[0], rng);
+  const TensorRef t = v.View().tensors[0];
+  ViewDigest parts = TensorTerm(TensorSeed(*t.desc));
+  parts += ComputeElementTerms(t, 0, 333);
+  parts += ComputeElementTerms(t, 333, 1000);
+  EXPECT_EQ(parts, ComputeTensorDigest(t));
   if (!other_loop) GTEST_LOG_(INFO) << "this CPU runs the build floor's loop only";
 }
 

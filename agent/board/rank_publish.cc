@@ -92,6 +92,38 @@ struct RankPublisher::State {
   ViewDigest terms, pending_terms;
 };
 
+namespace {
+// The given shards in the owned order, each checked against the range it
+// names: exactly the owned ranges, once each, with the range's byte count.
+Result<std::vector<const RankShard*>> InOwnedOrder(const RankPublisher::State& st,
+                                                   const std::vector<RankShard>& shards) {
+  const std::string who = "rank " + std::to_string(st.rank);
+  TERN_REQUIRE(shards.size() == st.shards.size(), kInvalidArgument, who, ": ", shards.size(),
+               " shards given, it owns ", st.shards.size());
+  std::vector<const RankShard*> given(st.shards.size(), nullptr);
+  for (const RankShard& g : shards) {
+    size_t k = 0;
+    while (k < st.shards.size() &&
+           !(st.shards[k].range.tensor == g.range.tensor &&
+             st.shards[k].range.first_element == g.range.first_element &&
+             st.shards[k].range.element_count == g.range.element_count))
+      ++k;
+    TERN_REQUIRE(k < st.shards.size(), kInvalidArgument, who, ": shard ",
+                 RangeText(g.range.first_element, g.range.element_count), " of ",
+                 g.range.tensor.substr(0, 200), " is not one it owns");
+    TERN_REQUIRE(given[k] == nullptr, kInvalidArgument, who, ": shard ",
+                 RangeText(g.range.first_element, g.range.element_count), " of ", g.range.tensor,
+                 " given twice");
+    TERN_REQUIRE(g.data != nullptr && g.bytes == st.shards[k].prev.size(), kInvalidArgument, who,
+                 ": shard ", RangeText(g.range.first_element, g.range.element_count), " of ",
+                 g.range.tensor, " has ", g.bytes, " bytes at ", g.data, ", want ",
+                 st.shards[k].prev.size(), " bytes");
+    given[k] = &g;
+  }
+  return given;
+}
+}  // namespace
+
 RankPublisher::RankPublisher(std::unique_ptr<State> state) : state_(std::move(state)) {}
 RankPublisher::~RankPublisher() = default;
 
@@ -143,29 +175,7 @@ Result<RankPart> RankPublisher::Encode(uint64_t version, const std::vector<RankS
   const std::string who = "rank " + std::to_string(st.rank);
   TERN_REQUIRE(version > st.version, kMismatch, who, ": version ", version,
                " is not newer than its previous view's ", st.version);
-  TERN_REQUIRE(shards.size() == st.shards.size(), kInvalidArgument, who, ": ", shards.size(),
-               " shards given, it owns ", st.shards.size());
-  // The given shards in the owned order.
-  std::vector<const RankShard*> given(st.shards.size(), nullptr);
-  for (const RankShard& g : shards) {
-    size_t k = 0;
-    while (k < st.shards.size() &&
-           !(st.shards[k].range.tensor == g.range.tensor &&
-             st.shards[k].range.first_element == g.range.first_element &&
-             st.shards[k].range.element_count == g.range.element_count))
-      ++k;
-    TERN_REQUIRE(k < st.shards.size(), kInvalidArgument, who, ": shard ",
-                 RangeText(g.range.first_element, g.range.element_count), " of ",
-                 g.range.tensor.substr(0, 200), " is not one it owns");
-    TERN_REQUIRE(given[k] == nullptr, kInvalidArgument, who, ": shard ",
-                 RangeText(g.range.first_element, g.range.element_count), " of ", g.range.tensor,
-                 " given twice");
-    TERN_REQUIRE(g.data != nullptr && g.bytes == st.shards[k].prev.size(), kInvalidArgument, who,
-                 ": shard ", RangeText(g.range.first_element, g.range.element_count), " of ",
-                 g.range.tensor, " has ", g.bytes, " bytes at ", g.data, ", want ",
-                 st.shards[k].prev.size(), " bytes");
-    given[k] = &g;
-  }
+  TERN_ASSIGN_OR_RETURN(std::vector<const RankShard*> given, InOwnedOrder(st, shards));
   RankPart part;
   part.rank = st.rank;
   part.world_size = st.world_size;
@@ -231,10 +241,25 @@ Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>
                ": send its parts as usual");
   TERN_REQUIRE(base_version >= 1, kInvalidArgument, who, ": resume from version 0: a new ",
                "publisher already holds the zero view (send its part as usual)");
-  // The zero view is the previous one here: the part's terms after are the
-  // base's, and Committed makes its bytes the previous view.
-  TERN_RETURN_IF_ERROR(Encode(base_version, base).status());
-  Committed();
+  TERN_ASSIGN_OR_RETURN(std::vector<const RankShard*> given, InOwnedOrder(st, base));
+  // The base's element terms, hashed directly (one pass, the digest's
+  // vector loop), and its bytes as the previous view.
+  ViewDigest terms;
+  for (size_t k = 0; k < st.shards.size(); ++k) {
+    const State::Shard& s = st.shards[k];
+    const TensorDesc& d = st.layout[s.tensor];
+    const auto* p = static_cast<const uint8_t*>(given[k]->data);
+    const uint64_t first = s.range.first_element;
+    terms += ComputeElementTerms(TensorRef{&d, AsTensorBase(p, d.dtype, first)}, first,
+                                 first + s.range.element_count);
+  }
+  for (size_t k = 0; k < st.shards.size(); ++k) {
+    const auto* p = static_cast<const uint8_t*>(given[k]->data);
+    st.shards[k].prev.assign(p, p + given[k]->bytes);
+  }
+  st.version = base_version;
+  st.terms = terms;
+  st.has_pending = false;
   return Status::Ok();
 }
 

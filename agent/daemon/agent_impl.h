@@ -392,6 +392,16 @@ class AgentImpl final : public Agent {
   uint64_t next_generation_ GUARDED_BY(ranks_mu_) = 1;
   // Generation -> outcome, for the callers still waiting (the last 64).
   std::map<uint64_t, Status> rank_outcomes_ GUARDED_BY(ranks_mu_);
+  // Each rank's shards and their terms in the last version committed from
+  // ranks (its part's target): a resumed part's base is checked against
+  // them before it joins. Lost on a restart or takeover (then the
+  // assembly's digest check is the one that catches a wrong base).
+  struct RankTerms {
+    std::vector<RankShardRange> shards;
+    ViewDigest terms;
+  };
+  uint64_t rank_terms_version_ GUARDED_BY(ranks_mu_) = 0;
+  std::map<uint32_t, RankTerms> rank_terms_ GUARDED_BY(ranks_mu_);
 
   // ---- member state (mu_) ----
   BoardId board_id_ GUARDED_BY(mu_){};  // pinned at the first WELCOME (DIR/agent.json)

@@ -152,6 +152,16 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
                  kMismatch, "resume: rank ", rank, " starts at version ", part.base_version,
                  ", the other parts at ", a.parts.begin()->second.base_version,
                  "; nothing taken: resume from that version's bytes");
+    // Its base against what its part of that version committed, when this
+    // root committed it: a wrong base would otherwise fail every rank's
+    // part at the assembly's digest check.
+    if (auto known = rank_terms_.find(rank); rank_terms_version_ == part.base_version &&
+                                               known != rank_terms_.end() &&
+                                               known->second.shards == part.shards)
+      TERN_REQUIRE(known->second.terms == part.base_terms, kMismatch, "resume: rank ", rank,
+                   "'s base is not version ", part.base_version,
+                   "'s bytes of its shards (their digest terms differ from its committed "
+                   "part's); nothing taken: resume from a view serving ", part.base_version);
   }
   if (!assembly_) {
     assembly_.emplace();
@@ -181,6 +191,8 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
     for (auto& [r, p] : a.parts) parts.push_back(std::move(p));
     const uint32_t world = a.world_size;
     a.parts.clear();
+    std::map<uint32_t, RankTerms> committed_terms;
+    for (const RankPart& p : parts) committed_terms[p.rank] = {p.shards, p.target_terms};
     lock.Unlock();
     Status s;
     {
@@ -188,6 +200,10 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
       s = CommitRankParts(std::move(parts), version, world);
     }
     lock.Lock();
+    if (s.ok()) {
+      rank_terms_version_ = version;
+      rank_terms_ = std::move(committed_terms);
+    }
     rank_outcomes_[generation] = s;
     while (rank_outcomes_.size() > kKeptOutcomes) rank_outcomes_.erase(rank_outcomes_.begin());
     assembly_.reset();

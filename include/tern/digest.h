@@ -59,6 +59,12 @@ TERN_EXPORT uint64_t TensorSeed(const TensorDesc& desc);
 TERN_EXPORT ViewDigest ElementHash(uint64_t seed, uint64_t index, uint64_t value);
 TERN_EXPORT ViewDigest TensorTerm(uint64_t seed);
 
+// The element terms of elements [begin, end) of one tensor (no
+// TensorTerm): what a shard adds to D. tensor.data is indexed by the
+// tensor's element numbers; only [begin, end) is read. Single-threaded, the
+// CPU's fastest loop (ComputeDigest's).
+TERN_EXPORT ViewDigest ComputeElementTerms(const TensorRef& tensor, uint64_t begin, uint64_t end);
+
 // Full digest (the scrub path): multi-threaded over `pool`.
 TERN_EXPORT ViewDigest ComputeDigest(const ServeView& view, ThreadPool& pool);
 // Digest of one tensor alone (TensorTerm included); D(view) is the lane sum

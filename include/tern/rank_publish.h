@@ -48,6 +48,7 @@ struct RankShardRange {
   std::string tensor;
   uint64_t first_element = 0;
   uint64_t element_count = 0;
+  bool operator==(const RankShardRange&) const = default;
 };
 
 // One shard's current serve-view bytes (Encode's input; borrowed for the call).
@@ -102,8 +103,8 @@ class TERN_EXPORT RankPublisher {
   // `base` holds this rank's shards (the ranges Create named, any order) as
   // of `base_version`, the board's HEAD, read from a view that serves it
   // (a member's slot, the root's DIR/current). Their digest terms are
-  // computed by encoding them against the zero view (one pass over the
-  // bytes, records dropped); then Encode(version, current) makes the part
+  // hashed directly (one pass over the bytes, the view digest's vector
+  // loop) and the bytes copied as the previous view; then Encode(version, current) makes the part
   // the root still gathers (the C API's tern_rank_publisher_resume and
   // Python's Publisher.resume send it as a resume, which the root refuses
   // with kMismatch when that version is no longer open). Only a publisher

@@ -562,7 +562,7 @@ TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern
  * (the ranges create named, any order; `data`/`bytes` as for encode) as
  * of base_version, the board's HEAD, read from a view that serves it (a
  * member's slot, DIR/current); they become the previous view (hashed once
- * by encoding them against zeros). On an empty board pass base_version 0,
+ * directly, one pass). On an empty board pass base_version 0,
  * base NULL and base_count 0: the zero view stays. Then `version` is
  * encoded from `shards` as tern_rank_publisher_encode does (*part_bytes
  * may be NULL) and sent as a resume, waiting for the version's one outcome
@@ -574,7 +574,9 @@ TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern
  * version is not being gathered: if HEAD is `version` it committed, else
  * publish it anew on every rank; this rank's part is there already: wait
  * for the version's outcome; another base than the other ranks': resume
- * from that version's bytes). After a refusal the previous view stays
+ * from that version's bytes; a base that is not that version's bytes of
+ * this rank's shards, when the root committed it from ranks and knows
+ * their terms). After a refusal the previous view stays
  * base's, at base_version: when that is HEAD, this publisher goes on with
  * encode and send as usual. TERN_TIMEOUT: as for send (the part stays; send asks
  * again). TERN_INVALID_ARGUMENT: shards or base not the owned ranges, or

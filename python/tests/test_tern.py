@@ -433,6 +433,13 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
     with pytest.raises(tern.Error) as e:  # without resuming, its zero view is not HEAD's
         publisher(1).resume(2, mine(1, w2), base_version=0, base=None)
     assert e.value.code == tern.Code.MISMATCH, str(e.value)
+    # A base that is not HEAD's bytes (here the new version's own): the
+    # root knows the terms rank 1's part of version 1 committed and refuses
+    # it before it joins; rank 0's part still waits.
+    with pytest.raises(tern.Error) as e:
+        publisher(1).resume(2, mine(1, w2), base_version=1, base=mine(1, w2))
+    assert e.value.code == tern.Code.MISMATCH and "is not version 1's bytes" in str(e.value), str(e.value)
+    assert t0.is_alive() and _rank_job(root, 2, 0)
     base = {n: served.tensor(n) for n in rows[1]}
     size = restarted.resume(2, mine(1, w2), base_version=1, base=mine(1, base))
     assert size > 0 and restarted.version == 2
