@@ -19,6 +19,7 @@ struct VllmDouble::Impl {
   mutable std::mutex mu;
   std::condition_variable stopping_cv;
   bool stopping = false;
+  uint64_t hangs_ended = 0;  // EndHangs() calls
   std::map<std::string, std::pair<Fault, uint32_t>> faults;
   std::string weight_version = "default";
   bool initialized = false;
@@ -76,10 +77,13 @@ VllmDouble::VllmDouble() : impl_(std::make_unique<Impl>()) {
                   "Call to collective_rpc method failed: Worker failed with error "
                   "'tern: bad update: double: tensor x is missing'");
             return;
-          case Fault::kHang:
-            impl_->stopping_cv.wait_for(lock, std::chrono::milliseconds(hang_ms.load()),
-                                        [this] { return impl_->stopping; });
+          case Fault::kHang: {
+            const uint64_t ended = impl_->hangs_ended;
+            impl_->stopping_cv.wait_for(lock, std::chrono::milliseconds(hang_ms.load()), [&] {
+              return impl_->stopping || impl_->hangs_ended != ended;
+            });
             break;  // then answer as usual, as a slow engine does
+          }
           case Fault::kDie:
             // The reply is cut (a provider that gives up closes the
             // connection) and the port closes behind it.
@@ -177,6 +181,14 @@ VllmDouble::VllmDouble() : impl_(std::make_unique<Impl>()) {
 }
 
 VllmDouble::~VllmDouble() { Stop(); }
+
+void VllmDouble::EndHangs() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->hangs_ended;
+  }
+  impl_->stopping_cv.notify_all();
+}
 
 void VllmDouble::Stop() {
   {

@@ -27,7 +27,7 @@ namespace tern::agent::testing {
 enum class Fault {
   kFail,       // HTTP 500, a worker failure
   kBadUpdate,  // HTTP 500 whose message starts "tern: bad update: "
-  kHang,       // answers only after hang_ms (or at Stop)
+  kHang,       // answers only after hang_ms (or at EndHangs or Stop)
   kDie,        // the engine dies: the reply is cut and the port closes
 };
 
@@ -43,6 +43,8 @@ class VllmDouble {
   void Inject(const std::string& route, Fault fault, uint32_t times = 1);
 
   std::atomic<uint32_t> hang_ms{5000};
+  // Requests hanging now answer at once (as usual, as a slow engine does).
+  void EndHangs();
   std::atomic<bool> cache_busy{false};
 
   std::string weight_version() const;

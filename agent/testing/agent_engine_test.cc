@@ -31,7 +31,7 @@ class AgentEngineTest : public AgentSystemFixture {
       o.engine = "vllm";
       o.engine_url = engine_.url();
       o.engine_attempts = attempts;
-      o.engine_update_timeout_ms = 5000;
+      o.engine_update_timeout_ms = update_timeout_ms_;
       o.engine_sidecar = sidecar;
       o.engine_sidecar_token = "side-token";
     });
@@ -45,6 +45,7 @@ class AgentEngineTest : public AgentSystemFixture {
     return WaitFor([&] { return EngineOf(name).version == version; }, seconds);
   }
 
+  uint32_t update_timeout_ms_ = 5000;
   VllmDouble engine_;
 };
 
@@ -182,12 +183,15 @@ TEST_F(AgentEngineTest, EveryUpdateRunsInsideTheSidecarsCommitPoint) {
 // until the engine is done with it.
 TEST_F(AgentEngineTest, TheSpareIsNotRewrittenWhileTheEngineReadsIt) {
   spare_grace_ms_ = 50;
+  update_timeout_ms_ = 120000;  // the update hangs until EndHangs below
   Setup();
   StartRoot();
   StartMember("m1", "us");
   Publish(1);
   ASSERT_TRUE(EngineServes("m1", 1)) << EngineOf("m1").last_error;
-  engine_.hang_ms = 3000;
+  // Hangs until the checks below are done (not on a clock: a loaded
+  // machine took longer than a 3 s hang to get there).
+  engine_.hang_ms = 120000;
   engine_.Inject("/update_weights", Fault::kHang, 1);
   Publish(2);
   ASSERT_TRUE(AllServe(2)) << Lagging(2);
@@ -201,6 +205,7 @@ TEST_F(AgentEngineTest, TheSpareIsNotRewrittenWhileTheEngineReadsIt) {
   ASSERT_EQ(EngineOf("m1").state, "updating");
   EXPECT_EQ(FirstDifference(slot2, steps_[2]), "") << "the spare was rewritten under the engine";
   // Then the engine gets version 2 and version 3 from the other slot.
+  engine_.EndHangs();
   ASSERT_TRUE(EngineServes("m1", 3)) << EngineOf("m1").last_error;
   EXPECT_EQ(Logged("m1", "rewrites it now"), 0u);
   EXPECT_EQ(EngineOf("m1").updates_failed, 0u);
