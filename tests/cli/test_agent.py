@@ -182,6 +182,12 @@ class AgentCli(unittest.TestCase):
     def served(self, root):
         return {m["id"]: m["version"] for m in self.status(root)["members"]}
 
+    def all_at(self, root, version, count):
+        """The root lists `count` members, each serving `version` (not only
+        those listed now: one dropped for missed heartbeats is missing)."""
+        served = self.served(root)
+        return len(served) == count and all(x == version for x in served.values())
+
     @staticmethod
     def tensors(path):
         """name -> (dtype, shape, bytes) of every tensor of a checkpoint dir."""
@@ -233,7 +239,7 @@ class AgentCli(unittest.TestCase):
             for v in (1, 2):
                 r = self.publish(root, self.step(v - 1), v)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                wait_for(lambda: all(x == v for x in self.served(root).values()), 60, "version %d served" % v)
+                wait_for(lambda: self.all_at(root, v, len(members)), 60, "version %d served" % v)
                 for name, m in members.items():
                     self.assertTrue(self.same_bytes(m.dir, self.step(v - 1)), "%s at version %d" % (name, v))
             self.assertNotIn("bad", self.served(root))
@@ -314,7 +320,7 @@ class AgentCli(unittest.TestCase):
             wait_for(lambda: len(self.served(root)) == 2, 30, "two members joined")
             r = self.publish(root, self.step(0), 1)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 1 for x in self.served(root).values()), 60, "version 1 served")
+            wait_for(lambda: self.all_at(root, 1, 2), 60, "version 1 served")
 
             # Key set 1: B, revoking A, signed by A.
             ks1 = key("ks1.keyset")
@@ -354,7 +360,7 @@ class AgentCli(unittest.TestCase):
             wait_for(lambda: len(self.served(root)) == 2, 60, "the members joined again")
             r = self.publish(root, self.step(1), 2)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 2 for x in self.served(root).values()), 60, "version 2 (signed by B) served")
+            wait_for(lambda: self.all_at(root, 2, 2), 60, "version 2 (signed by B) served")
             for name, m in members.items():
                 self.assertTrue(self.same_bytes(m.dir, self.step(1)), name)
             self.assertIn("carries a keyframe", read(root.log.name))
@@ -442,7 +448,7 @@ class AgentCli(unittest.TestCase):
             wait_for(lambda: len(self.served(root)) == 2, 30, "two members joined")
             r = self.publish(root, self.step(0), 1)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 1 for x in self.served(root).values()), 60, "version 1 served")
+            wait_for(lambda: self.all_at(root, 1, 2), 60, "version 1 served")
 
             ks1, forged = key("ks1.keyset"), key("forged.keyset")
             subprocess.run([TERN, "keys", "rotate", "--old-key", a_pem, "--new-key", key("B.pub"), "--revoke",
@@ -465,7 +471,7 @@ class AgentCli(unittest.TestCase):
             self.assertEqual(read(a_pem), read(a_pem))  # still A: the next publish is signed by A
             r = self.publish(root, self.step(1), 2)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 2 for x in self.served(root).values()), 60, "version 2 (A) served")
+            wait_for(lambda: self.all_at(root, 2, 2), 60, "version 2 (A) served")
 
             r = push("--key-set", ks1, "--signing-key-file", key("B.pem"))
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -477,7 +483,7 @@ class AgentCli(unittest.TestCase):
             self.assertEqual(os.stat(os.path.join(root.dir, "signing-key.pem")).st_mode & 0o777, 0o600)
             r = self.publish(root, self.step(2), 3)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 3 for x in self.served(root).values()), 60, "version 3 (B) served")
+            wait_for(lambda: self.all_at(root, 3, 2), 60, "version 3 (B) served")
             for name, m in members.items():
                 self.assertTrue(self.same_bytes(m.dir, self.step(2)), name)
             self.assertIn("carries a keyframe", read(root.log.name))
@@ -493,7 +499,7 @@ class AgentCli(unittest.TestCase):
             wait_for(lambda: len(self.served(root)) == 2, 60, "the members joined again")
             r = self.publish(root, self.step(3), 4)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 4 for x in self.served(root).values()), 60, "version 4 (B) served")
+            wait_for(lambda: self.all_at(root, 4, 2), 60, "version 4 (B) served")
             for name, m in members.items():
                 self.assertTrue(self.same_bytes(m.dir, self.step(3)), name)
                 self.assertNotIn("revoked key id", read(m.log.name), name)
@@ -602,7 +608,7 @@ class AgentCli(unittest.TestCase):
             for v in (1, 2):
                 r = self.publish(root, self.step(v - 1), v)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                wait_for(lambda: all(x == v for x in self.served(root).values()), 60, "version %d" % v)
+                wait_for(lambda: self.all_at(root, v, len(serving) + 1), 60, "version %d" % v)
                 for m in serving:
                     self.assertTrue(self.same_bytes(m.dir, self.step(v - 1)), "%s at %d" % (m.log.name, v))
             self.assertFalse(os.path.lexists(os.path.join(relay.dir, "current")))
@@ -706,7 +712,7 @@ class AgentCli(unittest.TestCase):
             self.assertNotIn("intra-cluster on", verbs.startup_line)
             r = self.publish(root, self.step(0), 1)
             self.assertEqual(r.returncode, 0, r.stderr)
-            wait_for(lambda: all(x == 1 for x in self.served(root).values()), 60, "version 1 served")
+            wait_for(lambda: self.all_at(root, 1, 2), 60, "version 1 served")
             for m in (tcp, verbs):
                 self.assertTrue(self.same_bytes(m.dir, self.step(0)), m.log.name)
             with open(verbs.log.name) as f:
@@ -1037,12 +1043,13 @@ class AgentCli(unittest.TestCase):
 
             # A dies: no resign, its lease lapses. B leads within the lease
             # plus a margin (lease refresh every lease/3, B polls every 200
-            # ms, then recovers the board from etcd).
+            # ms, then recovers the board from etcd; the margin is wide for
+            # sanitized agents on a loaded machine).
             killed_at = time.time()
             self.assertEqual(a.kill(), -signal.SIGKILL)
             b.wait_started(30)
             took_over_s = b.started_at - killed_at
-            self.assertLess(took_over_s, lease_s + 3, "B led %.1f s after A died" % took_over_s)
+            self.assertLess(took_over_s, lease_s + 13, "B led %.1f s after A died" % took_over_s)
 
             # Nothing published was lost, and HEAD stays strictly increasing.
             r = subprocess.run([TERN, "status", "--board", b.admin], capture_output=True, text=True,
@@ -1065,7 +1072,8 @@ class AgentCli(unittest.TestCase):
                 now = time.time() - killed_at
                 if joined_s is None and len(served) == len(members):
                     joined_s = now
-                if joined_s is not None and all(x == 3 for x in served.values()):
+                if joined_s is not None and len(served) == len(members) and all(
+                        x == 3 for x in served.values()):
                     served_s = now
                 self.assertLess(time.time(), deadline, "timed out waiting for version 3 through B: %s" % served)
                 time.sleep(0.05)

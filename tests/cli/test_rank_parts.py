@@ -81,8 +81,9 @@ def run_rank(rank, world, board, token_file, ca_file=None, cert_file=None, key_f
     ca_pem, cert_pem, key_pem = pem(ca_file), pem(cert_file), pem(key_file)
     rows = rows_of(rank, world)
     pub = tern.Publisher(rank=rank, world_size=world, board=board, token=token, layout=LAYOUT,
-                         shards=rows, gather_timeout_s=3, timeout_s=60, segment_elements=256,
+                         shards=rows, gather_timeout_s=10, timeout_s=60, segment_elements=256,
                          ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem)
+    print(json.dumps({"ready": True}), flush=True)  # imports done: the parts leave together
     for line in sys.stdin:
         cmd, v = line.split()
         assert cmd == "publish"
@@ -187,6 +188,10 @@ class RankParts(unittest.TestCase):
                   self.token_file] + ([ca_file] if ca_file else []) + (list(cert) if cert else []),
                  log, stdin=True)
         self.procs.append(p)
+        # Ready before the test asks for a part: a rank still importing
+        # numpy and tern on a loaded machine made the other's part wait
+        # past the gather timeout.
+        self.assertEqual(json.loads(p.line(60)), {"ready": True})
         return p
 
     def publish(self, procs, version):
