@@ -870,20 +870,25 @@ static void test_rank_publishers(const char* dir) {
 /* ABI 1.3: epochs in status and events. A supersede renumbers below a
  * wrong HEAD (5000 -> 2) into epoch 1; only the epochs tell the new
  * version 2 from a number the bare versions would order below 5000. */
+/* The agent emits a version's event after its status names the version:
+ * polled for up to 30 s. */
 static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch) {
-  tern_events* batch = NULL;
   int found = 0;
-  if (tern_agent_wait_events(agent, 0, 1024, 0, &batch) != TERN_OK) return 0;
-  for (size_t i = 0; i < tern_events_count(batch); ++i) {
-    tern_event e;
-    e.struct_size = sizeof e;
-    if (tern_events_get(batch, i, &e) != TERN_OK) break;
-    if (e.kind == kind && e.version == version) {
-      *epoch = e.epoch;
-      found = 1;
+  for (int tries = 0; !found && tries < 600; ++tries) {
+    tern_events* batch = NULL;
+    if (tries > 0) sleep_ms(50);
+    if (tern_agent_wait_events(agent, 0, 1024, 0, &batch) != TERN_OK) return 0;
+    for (size_t i = 0; i < tern_events_count(batch); ++i) {
+      tern_event e;
+      e.struct_size = sizeof e;
+      if (tern_events_get(batch, i, &e) != TERN_OK) break;
+      if (e.kind == kind && e.version == version) {
+        *epoch = e.epoch;
+        found = 1;
+      }
     }
+    tern_events_free(batch);
   }
-  tern_events_free(batch);
   return found;
 }
 

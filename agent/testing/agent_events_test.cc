@@ -212,7 +212,9 @@ TEST_F(AgentEventsTest, ModelFilesEventsAndHookEndToEnd) {
   // A long poll waits for the next version and returns with it.
   const uint64_t last = ev["last_seq"];
   nlohmann::json polled;
-  std::thread poll([&] { polled = Events(*members_["m1"].agent, last, 5000); });
+  // (It returns with the first event: the long bound only covers a slow
+  // publish and transfer.)
+  std::thread poll([&] { polled = Events(*members_["m1"].agent, last, 60000); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const std::string v4 = (dir_ / "trace" / "v4").string();
   CopyChanging(v3, v4, {"model.norm.weight"});

@@ -89,8 +89,9 @@ TEST_F(AgentFreshnessTest, ACutOffMemberGoesStaleWithinTheBoundAndFreshAfterReco
   const double took_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Within the bound of the last beacon it had (one interval before the
-  // cut, or less), plus the test's polling and a loaded machine's slack.
-  EXPECT_LE(took_s, (kStaleAfterMs + kIntervalMs) * 1e-3 + 1.0) << Describe("cut");
+  // cut, or less), plus the test's polling and a loaded machine's slack
+  // (the member's tick runs late under a sanitizer beside other tests).
+  EXPECT_LE(took_s, (kStaleAfterMs + kIntervalMs) * 1e-3 + 5.0) << Describe("cut");
   EXPECT_GT(FreshnessOf("cut").last_beacon_age_s, kStaleAfterMs * 1e-3) << "stale early";
   EXPECT_EQ(FreshnessOf("cut").stale_reason, "cut off");
   Publish(2);  // it cannot hear of this one
