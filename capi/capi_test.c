@@ -869,9 +869,9 @@ static void test_rank_publishers(const char* dir) {
 
 /* ABI 1.3: epochs in status and events. A supersede renumbers below a
  * wrong HEAD (5000 -> 2) into epoch 1; only the epochs tell the new
- * version 2 from a number the bare versions would order below 5000. */
-/* The agent emits a version's event after its status names the version:
- * polled for up to 30 s. */
+ * version 2 from a number the bare versions would order below 5000.
+ * The agent emits a version's event after its status names the version,
+ * so the event is polled for up to 30 s. */
 static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch) {
   int found = 0;
   for (int tries = 0; !found && tries < 600; ++tries) {

@@ -246,16 +246,13 @@ Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>
   // vector loop), and its bytes as the previous view.
   ViewDigest terms;
   for (size_t k = 0; k < st.shards.size(); ++k) {
-    const State::Shard& s = st.shards[k];
+    State::Shard& s = st.shards[k];
     const TensorDesc& d = st.layout[s.tensor];
     const auto* p = static_cast<const uint8_t*>(given[k]->data);
     const uint64_t first = s.range.first_element;
     terms += ComputeElementTerms(TensorRef{&d, AsTensorBase(p, d.dtype, first)}, first,
                                  first + s.range.element_count);
-  }
-  for (size_t k = 0; k < st.shards.size(); ++k) {
-    const auto* p = static_cast<const uint8_t*>(given[k]->data);
-    st.shards[k].prev.assign(p, p + given[k]->bytes);
+    s.prev.assign(p, p + given[k]->bytes);
   }
   st.version = base_version;
   st.terms = terms;

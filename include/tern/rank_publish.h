@@ -104,10 +104,11 @@ class TERN_EXPORT RankPublisher {
   // of `base_version`, the board's HEAD, read from a view that serves it
   // (a member's slot, the root's DIR/current). Their digest terms are
   // hashed directly (one pass over the bytes, the view digest's vector
-  // loop) and the bytes copied as the previous view; then Encode(version, current) makes the part
-  // the root still gathers (the C API's tern_rank_publisher_resume and
-  // Python's Publisher.resume send it as a resume, which the root refuses
-  // with kMismatch when that version is no longer open). Only a publisher
+  // loop) and the bytes copied as the previous view; then
+  // Encode(version, current) makes the part the root still gathers (the C
+  // API's tern_rank_publisher_resume and Python's Publisher.resume send it
+  // as a resume, which the root refuses with kMismatch when that version
+  // is no longer open). Only a publisher
   // that has committed nothing (kMismatch otherwise: send its parts as
   // usual); kInvalidArgument for base_version 0 (a fresh publisher already
   // holds the zero view) or shards that are not the ones it owns.
