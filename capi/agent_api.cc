@@ -298,6 +298,19 @@ void tern_tensor_init(tern_tensor* tensor) {
   tensor->struct_size = sizeof *tensor;
 }
 
+tern_code tern_view_digest(const tern_tensor* tensors, size_t count, uint64_t out[4]) {
+  return Guard([&]() -> Status {
+    TERN_REQUIRE(tensors != nullptr, kInvalidArgument, "view_digest: tensors is NULL");
+    TERN_REQUIRE(out != nullptr, kInvalidArgument, "view_digest: out is NULL");
+    TERN_REQUIRE(count >= 1 && count <= tern::kMaxPublishTensors, kInvalidArgument,
+                 "view_digest: count ", count, ": want 1..", tern::kMaxPublishTensors);
+    TERN_ASSIGN_OR_RETURN(std::vector<tern::PublishTensor> list, ReadTensors(tensors, count));
+    TERN_ASSIGN_OR_RETURN(tern::ViewDigest d, tern::DigestOfTensors(list));
+    for (int l = 0; l < 4; ++l) out[l] = d.lanes[l];
+    return Status::Ok();
+  });
+}
+
 tern_code tern_agent_publish_tensors(tern_agent* a, uint64_t version, const tern_tensor* tensors,
                                      size_t count) {
   return Guard([&] {

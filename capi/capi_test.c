@@ -594,6 +594,9 @@ static int file_ends_with(const char* path, const void* want, size_t n) {
 
 /* Publishing from the caller's memory: refusals naming what is wrong, then
  * two versions that reach a member bit for bit. */
+static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch,
+                              uint64_t* digest);
+
 static void test_publish_tensors(const char* dir) {
   enum { kCount = 4096 };
   char root_dir[300], member_dir[300], served[340];
@@ -687,8 +690,32 @@ static void test_publish_tensors(const char* dir) {
   if (member != NULL) {
     CHECK(wait_served(member, 2));
     CHECK(file_ends_with(served, w, sizeof w));
-    tern_agent_free(member);
   }
+  /* ABI 1.4: the digest of tensors in memory is the served version's (the
+   * one its signed manifest binds); one flipped bit changes it. */
+  uint64_t mine[4], event_digest[4];
+  uint32_t epoch = 9;
+  CHECK(tern_view_digest(t, 1, mine) == TERN_OK);
+  CHECK(served_event_epoch(member != NULL ? member : root, TERN_EVENT_VERSION_SERVED, 2, &epoch,
+                           event_digest));
+  CHECK(memcmp(mine, event_digest, sizeof mine) == 0);
+  w[5] ^= 0x40;
+  uint64_t flipped[4];
+  CHECK(tern_view_digest(t, 1, flipped) == TERN_OK);
+  for (int l = 0; l < 4; ++l) CHECK(flipped[l] != mine[l]); /* every lane moves */
+  w[5] ^= 0x40;
+  CHECK_CODE(tern_view_digest(NULL, 1, mine), TERN_INVALID_ARGUMENT, "view_digest: tensors is NULL");
+  CHECK_CODE(tern_view_digest(t, 0, mine), TERN_INVALID_ARGUMENT, "view_digest: count 0");
+  CHECK_CODE(tern_view_digest(t, 1, NULL), TERN_INVALID_ARGUMENT, "view_digest: out is NULL");
+  t[1].name = "model.w";
+  CHECK_CODE(tern_view_digest(t, 2, mine), TERN_INVALID_ARGUMENT,
+             "view_digest: tensor model.w is given twice");
+  t[1].name = "model.other";
+  t[0].bytes = sizeof w - 2;
+  CHECK_CODE(tern_view_digest(t, 1, mine), TERN_INVALID_ARGUMENT,
+             "view_digest: tensor model.w has 8190 bytes");
+  t[0].bytes = sizeof w;
+  if (member != NULL) tern_agent_free(member);
   tern_agent_free(root);
 }
 
@@ -872,7 +899,8 @@ static void test_rank_publishers(const char* dir) {
  * version 2 from a number the bare versions would order below 5000.
  * The agent emits a version's event after its status names the version,
  * so the event is polled for up to 30 s. */
-static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch) {
+static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch,
+                              uint64_t* digest) {
   int found = 0;
   for (int tries = 0; !found && tries < 600; ++tries) {
     tern_events* batch = NULL;
@@ -884,6 +912,7 @@ static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uin
       if (tern_events_get(batch, i, &e) != TERN_OK) break;
       if (e.kind == kind && e.version == version) {
         *epoch = e.epoch;
+        if (digest != NULL) memcpy(digest, e.digest, sizeof e.digest);
         found = 1;
       }
     }
@@ -975,14 +1004,14 @@ static void test_supersede_epochs(const char* dir) {
 
   /* Events carry the epoch of their version. */
   uint32_t epoch = 99;
-  CHECK(served_event_epoch(root, TERN_EVENT_VERSION_PUBLISHED, 5000, &epoch) && epoch == 0);
+  CHECK(served_event_epoch(root, TERN_EVENT_VERSION_PUBLISHED, 5000, &epoch, NULL) && epoch == 0);
   epoch = 99;
-  CHECK(served_event_epoch(root, TERN_EVENT_VERSION_PUBLISHED, 2, &epoch) && epoch == 1);
+  CHECK(served_event_epoch(root, TERN_EVENT_VERSION_PUBLISHED, 2, &epoch, NULL) && epoch == 1);
   epoch = 99;
-  CHECK(member != NULL && served_event_epoch(member, TERN_EVENT_VERSION_SERVED, 5000, &epoch) &&
+  CHECK(member != NULL && served_event_epoch(member, TERN_EVENT_VERSION_SERVED, 5000, &epoch, NULL) &&
         epoch == 0);
   epoch = 99;
-  CHECK(member != NULL && served_event_epoch(member, TERN_EVENT_VERSION_SERVED, 2, &epoch) &&
+  CHECK(member != NULL && served_event_epoch(member, TERN_EVENT_VERSION_SERVED, 2, &epoch, NULL) &&
         epoch == 1);
   /* Over the admin port, too (GET /events' JSON). */
   char* text = malloc(1 << 20);

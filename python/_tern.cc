@@ -201,6 +201,51 @@ void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
 }
 
 // An agent in this process (tern_agent).
+// (name, dtype, shape, data pointer, bytes) per tensor as tern_tensors, the
+// pointers into buffers the caller (tern/_core.py) keeps alive for the call:
+// read in place, nothing copied here. Owns the strings the views point at.
+struct TensorViews {
+  std::vector<std::string> names, dtypes;
+  std::vector<std::vector<uint64_t>> shapes;
+  std::vector<tern_tensor> views;
+
+  TensorViews(const py::list& tensors, const char* who) {
+    const size_t n = tensors.size();
+    names.resize(n);
+    dtypes.resize(n);
+    shapes.resize(n);
+    views.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto t = tensors[i].cast<py::tuple>();
+      if (t.size() != 5)
+        throw py::value_error(std::string(who) + ": want (name, dtype, shape, data, bytes)");
+      names[i] = t[0].cast<std::string>();
+      dtypes[i] = t[1].cast<std::string>();
+      shapes[i] = t[2].cast<std::vector<uint64_t>>();
+      tern_tensor_init(&views[i]);
+      views[i].name = names[i].c_str();
+      views[i].dtype = dtypes[i].c_str();
+      views[i].shape = shapes[i].empty() ? nullptr : shapes[i].data();
+      views[i].ndim = static_cast<uint32_t>(shapes[i].size());
+      views[i].data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
+      views[i].bytes = t[4].cast<uint64_t>();
+    }
+  }
+};
+
+// D(view) of tensors in this process's memory: the four lanes.
+py::tuple ViewDigest(const py::list& tensors) {
+  const TensorViews t(tensors, "view_digest");
+  uint64_t lanes[4] = {};
+  tern_code code;
+  {
+    py::gil_scoped_release release;
+    code = tern_view_digest(t.views.data(), t.views.size(), lanes);
+  }
+  Check(code);
+  return py::make_tuple(lanes[0], lanes[1], lanes[2], lanes[3]);
+}
+
 class Agent {
  public:
   explicit Agent(const py::dict& kw) {
@@ -231,32 +276,14 @@ class Agent {
     }
     Check(code);
   }
-  // tensors: (name, dtype, shape, data pointer, bytes) per tensor, the
-  // pointers into buffers the caller (tern/_core.py) keeps alive for the
-  // call: read in place, nothing copied here.
+  // tensors: (name, dtype, shape, data pointer, bytes) per tensor (see
+  // TensorViews).
   void PublishTensors(uint64_t version, const py::list& tensors) {
-    const size_t n = tensors.size();
-    std::vector<std::string> names(n), dtypes(n);
-    std::vector<std::vector<uint64_t>> shapes(n);
-    std::vector<tern_tensor> views(n);
-    for (size_t i = 0; i < n; ++i) {
-      auto t = tensors[i].cast<py::tuple>();
-      if (t.size() != 5) throw py::value_error("publish_tensors: want (name, dtype, shape, data, bytes)");
-      names[i] = t[0].cast<std::string>();
-      dtypes[i] = t[1].cast<std::string>();
-      shapes[i] = t[2].cast<std::vector<uint64_t>>();
-      tern_tensor_init(&views[i]);
-      views[i].name = names[i].c_str();
-      views[i].dtype = dtypes[i].c_str();
-      views[i].shape = shapes[i].empty() ? nullptr : shapes[i].data();
-      views[i].ndim = static_cast<uint32_t>(shapes[i].size());
-      views[i].data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
-      views[i].bytes = t[4].cast<uint64_t>();
-    }
+    const TensorViews t(tensors, "publish_tensors");
     tern_code code;
     {
       py::gil_scoped_release release;
-      code = tern_agent_publish_tensors(Handle(), version, views.data(), views.size());
+      code = tern_agent_publish_tensors(Handle(), version, t.views.data(), t.views.size());
     }
     Check(code);
   }
@@ -600,6 +627,8 @@ PYBIND11_MODULE(_tern, m) {
   m.def("version", &tern_version, "tern's release, e.g. '0.1.0'.");
   m.def("abi_version", &tern_abi_version, "The loaded libtern's ABI: (major << 16) | minor.");
   m.attr("ABI_VERSION") = static_cast<uint32_t>(TERN_ABI_VERSION);
+  m.def("view_digest", &ViewDigest, py::arg("tensors"),
+        "D(view) of (name, dtype, shape, address, bytes) tensors: four lanes.");
   m.def("code_name", [](int code) { return std::string(tern_code_name(code)); });
 
   py::class_<Agent>(m, "Agent")

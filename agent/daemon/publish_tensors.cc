@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <thread>
+
+#include "tern/thread_pool.h"
 
 namespace tern::agent {
 namespace {
@@ -14,25 +17,25 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
   return s + "]";
 }
 
-Status CheckOne(const PublishTensor& t) {
-  TERN_REQUIRE(!t.name.empty(), kInvalidArgument, "publish_tensors: a tensor has an empty name");
+Status CheckOne(const PublishTensor& t, const char* who) {
+  TERN_REQUIRE(!t.name.empty(), kInvalidArgument, who, ": a tensor has an empty name");
   TERN_REQUIRE(t.name.size() <= kMaxPublishTensorName, kInvalidArgument,
-               "publish_tensors: a tensor name of ", t.name.size(), " bytes (at most ",
+               who, ": a tensor name of ", t.name.size(), " bytes (at most ",
                kMaxPublishTensorName, ")");
   const std::string& n = t.name;
   TERN_REQUIRE(DTypeValid(static_cast<uint8_t>(t.dtype)), kInvalidArgument,
-               "publish_tensors: tensor ", n, " has an unknown dtype code ",
+               who, ": tensor ", n, " has an unknown dtype code ",
                static_cast<int>(t.dtype));
-  TERN_REQUIRE(t.shape.size() <= kMaxPublishTensorRank, kInvalidArgument, "publish_tensors: tensor ",
+  TERN_REQUIRE(t.shape.size() <= kMaxPublishTensorRank, kInvalidArgument, who, ": tensor ",
                n, " has ", t.shape.size(), " dimensions (at most ", kMaxPublishTensorRank, ")");
   auto elements = CheckedElements(t.dtype, t.shape);
   if (!elements.ok())
-    return TERN_ERROR(kInvalidArgument, "publish_tensors: tensor ", n, " shape ", ShapeText(t.shape),
+    return TERN_ERROR(kInvalidArgument, who, ": tensor ", n, " shape ", ShapeText(t.shape),
                       ": ", elements.status().message());
   const uint64_t want = DTypeBytes(t.dtype, *elements);
-  TERN_REQUIRE(t.bytes == want, kInvalidArgument, "publish_tensors: tensor ", n, " has ", t.bytes,
+  TERN_REQUIRE(t.bytes == want, kInvalidArgument, who, ": tensor ", n, " has ", t.bytes,
                " bytes, but ", DTypeName(t.dtype), " ", ShapeText(t.shape), " is ", want, " bytes");
-  TERN_REQUIRE(t.data != nullptr || t.bytes == 0, kInvalidArgument, "publish_tensors: tensor ", n,
+  TERN_REQUIRE(t.data != nullptr || t.bytes == 0, kInvalidArgument, who, ": tensor ", n,
                " has a null data pointer");
   return Status::Ok();
 }
@@ -40,18 +43,18 @@ Status CheckOne(const PublishTensor& t) {
 }  // namespace
 
 Result<std::unique_ptr<BorrowedView>> ViewOfTensors(const std::vector<PublishTensor>& tensors,
-                                                    const ServeView* served) {
-  TERN_REQUIRE(!tensors.empty(), kInvalidArgument, "publish_tensors: no tensors");
-  TERN_REQUIRE(tensors.size() <= kMaxPublishTensors, kInvalidArgument, "publish_tensors: ",
+                                                    const ServeView* served, const char* who) {
+  TERN_REQUIRE(!tensors.empty(), kInvalidArgument, who, ": no tensors");
+  TERN_REQUIRE(tensors.size() <= kMaxPublishTensors, kInvalidArgument, who, ": ",
                tensors.size(), " tensors (at most ", kMaxPublishTensors, ")");
-  for (const PublishTensor& t : tensors) TERN_RETURN_IF_ERROR(CheckOne(t));
+  for (const PublishTensor& t : tensors) TERN_RETURN_IF_ERROR(CheckOne(t, who));
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
   for (size_t i = 1; i < order.size(); ++i)
     TERN_REQUIRE(tensors[order[i]].name != tensors[order[i - 1]].name, kInvalidArgument,
-                 "publish_tensors: tensor ", tensors[order[i]].name, " is given twice");
+                 who, ": tensor ", tensors[order[i]].name, " is given twice");
   if (served != nullptr) {
     // Both sorted by name: one merge finds the first difference.
     const auto& have = served->tensors;
@@ -60,14 +63,14 @@ Result<std::unique_ptr<BorrowedView>> ViewOfTensors(const std::vector<PublishTen
       const PublishTensor* t = i < order.size() ? &tensors[order[i]] : nullptr;
       const TensorDesc* d = j < have.size() ? have[j].desc : nullptr;
       if (d == nullptr || (t != nullptr && t->name < d->name))
-        return TERN_ERROR(kMismatch, "publish_tensors: tensor ", t->name,
+        return TERN_ERROR(kMismatch, who, ": tensor ", t->name,
                           " is not in the served layout (", have.size(), " tensors)");
       if (t == nullptr || d->name < t->name)
-        return TERN_ERROR(kMismatch, "publish_tensors: tensor ", d->name,
+        return TERN_ERROR(kMismatch, who, ": tensor ", d->name,
                           " of the served layout is missing");
-      TERN_REQUIRE(t->dtype == d->dtype, kMismatch, "publish_tensors: tensor ", t->name, " is ",
+      TERN_REQUIRE(t->dtype == d->dtype, kMismatch, who, ": tensor ", t->name, " is ",
                    DTypeName(t->dtype), ", the served layout has ", DTypeName(d->dtype));
-      TERN_REQUIRE(t->shape == d->shape, kMismatch, "publish_tensors: tensor ", t->name,
+      TERN_REQUIRE(t->shape == d->shape, kMismatch, who, ": tensor ", t->name,
                    " has shape ", ShapeText(t->shape), ", the served layout has ",
                    ShapeText(d->shape));
       ++i;
@@ -88,3 +91,14 @@ Result<std::unique_ptr<BorrowedView>> ViewOfTensors(const std::vector<PublishTen
 }
 
 }  // namespace tern::agent
+
+namespace tern {
+
+Result<ViewDigest> DigestOfTensors(const std::vector<PublishTensor>& tensors, unsigned threads) {
+  TERN_ASSIGN_OR_RETURN(auto view, agent::ViewOfTensors(tensors, nullptr, "view_digest"));
+  if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  ThreadPool pool(threads);
+  return ComputeDigest(view->view, pool);
+}
+
+}  // namespace tern

@@ -1,7 +1,8 @@
 // The serve view of a publish from memory (Agent::PublishTensors): the
 // caller's tensors checked and borrowed as a ServeView, in digest order.
 //
-// Checks, each refused with one message naming the tensor:
+// Checks, each refused with one message naming the tensor (prefixed with
+// `who`, the caller's name):
 //  * every tensor alone (kInvalidArgument): a non-empty name of at most
 //    kMaxPublishTensorName bytes, a known dtype, at most
 //    kMaxPublishTensorRank dimensions, a shape whose size fits
@@ -35,6 +36,7 @@ struct BorrowedView {
 };
 
 Result<std::unique_ptr<BorrowedView>> ViewOfTensors(const std::vector<PublishTensor>& tensors,
-                                                    const ServeView* served);
+                                                    const ServeView* served,
+                                                    const char* who = "publish_tensors");
 
 }  // namespace tern::agent

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tern/digest.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -83,6 +85,25 @@ TEST_F(PublishTensorsTest, RefusesAnotherLayoutThanTheServedOne) {
                 "tensor w.a has shape [3, 2], the served layout has [2, 3]");
   tensors_.back().shape = {2, 3};
   EXPECT_TRUE(Check(&served).ok());
+}
+
+// DigestOfTensors (tern/agent.h): the digest of the same view by the
+// per-tensor route, whatever order the tensors come in; one changed bit
+// moves it; refusals say "view_digest".
+TEST_F(PublishTensorsTest, DigestOfTensorsIsTheViewsDigest) {
+  const TensorDesc da{"w.a", DType::kBF16, {2, 3}}, db{"w.b", DType::kF32, {2}};
+  ViewDigest want = ComputeTensorDigest({&da, a_.data()});
+  want += ComputeTensorDigest({&db, b_.data()});
+  auto d = DigestOfTensors(tensors_, 2);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(*d, want);
+  std::swap(tensors_[0], tensors_[1]);
+  EXPECT_EQ(*DigestOfTensors(tensors_), want);
+  a_[5] ^= 0x10;
+  EXPECT_NE(*DigestOfTensors(tensors_), want);
+  tensors_[1].name = "w.a";
+  ExpectRefused(DigestOfTensors(tensors_).status(), Code::kInvalidArgument,
+                "view_digest: tensor w.a is given twice");
 }
 
 }  // namespace

@@ -468,6 +468,15 @@ inline constexpr size_t kMaxPublishTensors = 1'000'000;
 inline constexpr size_t kMaxPublishTensorName = 4096;
 inline constexpr size_t kMaxPublishTensorRank = 8;
 
+// D(view) of a whole serve view held in the caller's memory: what an engine
+// that applied a version in place checks against the version's signed
+// digest (the manifest binds it: docs/security.md). Every tensor of the view,
+// each once, any order; checked as PublishTensors checks them, errors
+// prefixed "view_digest". Reads the bytes in place on up to `threads`
+// threads (0: one per core, at most 8). Thread safety: a pure function.
+TERN_EXPORT Result<ViewDigest> DigestOfTensors(const std::vector<PublishTensor>& tensors,
+                                               unsigned threads = 0);
+
 class TERN_EXPORT Agent {
  public:
   // Opens DIR (recovering the board and the served version), listens, and

@@ -73,7 +73,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 3
+#define TERN_ABI_VERSION_MINOR 4
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -262,6 +262,18 @@ TERN_API void tern_tensor_init(tern_tensor* tensor);
  * (a second waits). */
 TERN_API tern_code tern_agent_publish_tensors(tern_agent* agent, uint64_t version,
                                               const tern_tensor* tensors, size_t count);
+
+/* ABI 1.4: D(view), the digest of a whole serve view in the caller's memory
+ * (docs/format/patch.md "Digest"), into out[4] (lanes as in tern_event's
+ * digest). An engine that applied a version to its own tensors in place
+ * compares it with the version's digest, which the root's signed manifest
+ * binds: equal means its tensors are the version, bit for bit. `tensors`:
+ * every tensor of the view, each once, any order, as for
+ * tern_agent_publish_tensors (the same stride rule and checks:
+ * TERN_INVALID_ARGUMENT naming the tensor, "view_digest: ..."). Reads the
+ * bytes in place on up to 8 threads; blocks for the hash (about a memcpy of
+ * the view per thread). Needs no agent. Any thread. */
+TERN_API tern_code tern_view_digest(const tern_tensor* tensors, size_t count, uint64_t out[4]);
 
 /* The figures a scheduler polls. Written up to out->struct_size. */
 typedef struct tern_status {

@@ -384,13 +384,13 @@ _DTYPES = {
 }
 
 
-def _tensor_entry(name: str, t) -> tuple:
+def _tensor_entry(name: str, t, who: str = "publish_tensors") -> tuple:
     """(name, safetensors dtype, shape, address, bytes) of a contiguous CPU
-    buffer, without copying it."""
+    buffer, without copying it. `who` prefixes errors."""
     kind = type(t).__module__.split(".")[0]
     if kind == "torch":
         if t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"publish_tensors: {name!r} must be a contiguous CPU tensor")
+            raise ValueError(f"{who}: {name!r} must be a contiguous CPU tensor")
         dtype = str(t.dtype).replace("torch.", "")
         return (name, _DTYPES.get(dtype, dtype), list(t.shape), t.data_ptr(),
                 t.numel() * t.element_size())
@@ -398,11 +398,26 @@ def _tensor_entry(name: str, t) -> tuple:
         import numpy as np
         a = t if isinstance(t, np.ndarray) else np.asarray(t)
         if not a.flags.c_contiguous:
-            raise ValueError(f"publish_tensors: {name!r} must be a C-contiguous array")
+            raise ValueError(f"{who}: {name!r} must be a C-contiguous array")
         dtype = str(a.dtype)
         return (name, _DTYPES.get(dtype, dtype.upper()), list(a.shape),
                 a.__array_interface__["data"][0], a.nbytes)
-    raise ValueError(f"publish_tensors: {name!r} is a {type(t).__name__}, not a tensor or array")
+    raise ValueError(f"{who}: {name!r} is a {type(t).__name__}, not a tensor or array")
+
+
+def view_digest(tensors: Mapping[str, Any]) -> str:
+    """D(view) of a whole serve view held in this process's memory
+    ("tern1:" + 64 hex digits, the form Version.digest and `tern digest`
+    use): `tensors` maps every tensor name of the view to a contiguous CPU
+    torch.Tensor or NumPy array, read in place (GIL released). Equal to a
+    version's digest, which the root's signed manifest binds, exactly when
+    the tensors are that version bit for bit (docs/format/patch.md
+    "Digest"; a checksum: authenticity comes from the signature)."""
+    entries, keep = [], []
+    for name, t in tensors.items():
+        entries.append(_tensor_entry(str(name), t, "view_digest"))
+        keep.append(t)  # alive until the call returns
+    return _digest(_tern.view_digest(entries))
 
 
 def _timeout_ms(seconds: float, most: float) -> int:

@@ -13,9 +13,9 @@ PyTorch tensors when torch imports, NumPy arrays otherwise.
 """
 import json
 import os
-from typing import Dict, Iterator, List, MutableMapping, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple, Union
 
-from ._core import _DTYPES, Agent, Client
+from ._core import _DTYPES, Agent, Client, view_digest
 from ._errors import Code, Error
 
 try:
@@ -145,7 +145,26 @@ class Version:
             idx = _changed(_flat(old), _flat(new))
             yield name, idx, _flat(new)[idx]
 
-    def apply_to(self, tensors: MutableMapping) -> int:
+    def verify(self, tensors: Mapping) -> None:
+        """Checks that `tensors` (name -> contiguous CPU torch.Tensor or
+        NumPy array) hold this version bit for bit, against its digest — the
+        one the root's signed manifest binds, which the member checked
+        before serving (docs/security.md) — not against the slot. `tensors`
+        must hold every tensor of the version's view (others in it are
+        ignored): Error(NOT_FOUND) names one it lacks. Error(MISMATCH) when
+        the digest differs. Reads every byte once (GIL released)."""
+        view = self._file_of()
+        missing = [n for n in sorted(view) if n not in tensors]
+        if missing:
+            raise _error(Code.NOT_FOUND, f"verify: version {self.version}'s view has {len(view)} "
+                                         f"tensors; the tensors given lack {missing[0]!r}"
+                                         + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        got = view_digest({n: tensors[n] for n in view})
+        if got != self.digest:
+            raise _error(Code.MISMATCH, f"verify: the tensors' digest {got} is not version "
+                                        f"{self.version}'s signed digest {self.digest}")
+
+    def apply_to(self, tensors: MutableMapping, *, verify_digest: Optional[bool] = None) -> int:
         """Writes this version into `tensors` (name -> torch.Tensor or NumPy
         array, contiguous, holding the previous version) in place: only the
         elements whose bits differ are written. Every named tensor is checked
@@ -153,7 +172,13 @@ class Version:
         writing, each tensor is compared bit for bit with the slot, and the
         slot must still be served (else Error(UNAVAILABLE): the member moved
         on while this read; the subscriber's next version then carries every
-        tensor). Returns the number of elements written."""
+        tensor). Then, with `verify_digest` (None: when `tensors` holds every
+        tensor of the view), `verify(tensors)`: the whole view against the
+        version's signed digest (Error(MISMATCH) if it differs, e.g. a
+        tensor the caller changed that this version did not). Returns the
+        number of elements written."""
+        if verify_digest is None:
+            verify_digest = all(n in tensors for n in self._file_of())
         names = self.tensor_names()
         for name in names:
             if name not in tensors:
@@ -183,6 +208,12 @@ class Version:
             raise _error(Code.UNAVAILABLE, f"apply_to: the member moved past version {self.version} "
                                            "while it was read; apply the next version (it carries "
                                            "every tensor)")
+        if verify_digest:
+            try:
+                self.verify(tensors)
+            except Error:
+                self._subscriber._resync = True  # the next version rewrites every tensor
+                raise
         return written
 
 

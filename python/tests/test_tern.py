@@ -166,6 +166,44 @@ def test_apply_to_checks_everything_before_writing(fleet, tmp_path):
                            before[k].view(torch.int16) if before[k].dtype == torch.bfloat16 else before[k])
 
 
+def test_apply_to_verifies_the_whole_view_against_the_signed_digest(fleet, tmp_path):
+    root, member = fleet
+    w1 = model(11)
+    root.publish(checkpoint(tmp_path / "d1.safetensors", w1), 1)
+    sub = tern.Subscriber(member)
+    got = sub.next(timeout_s=60)
+    held = {k: v.clone() for k, v in w1.items()}
+    # The digest of tensors in memory is the version's (its manifest's).
+    assert tern.view_digest(held) == got.digest
+    got.verify(held)
+    with pytest.raises(tern.Error) as e:
+        got.verify({k: v for k, v in held.items() if k != "norm.weight"})
+    assert e.value.code == tern.Code.NOT_FOUND and "'norm.weight'" in str(e.value)
+    # The caller's copy drifts in a tensor the next version does not touch:
+    # the bit-for-bit check of the changed tensors cannot see it, the digest does.
+    held["layer.1.weight"].view(-1).view(torch.int16)[17] ^= 1
+    w2 = step(w1, 0.01, 12, names=("layer.0.weight",))
+    root.publish(checkpoint(tmp_path / "d2.safetensors", w2), 2)
+    got = sub.next(timeout_s=60)
+    assert got.version == 2 and got.changed_tensors == ("layer.0.weight",)
+    assert got.apply_to(held, verify_digest=False) > 0  # asked not to: no digest check
+    with pytest.raises(tern.Error) as e:
+        got.apply_to(held)
+    assert e.value.code == tern.Code.MISMATCH and "signed digest" in str(e.value)
+    # After a failed check the next version carries every tensor and repairs the copy.
+    w3 = step(w2, 0.01, 13, names=("layer.0.weight",))
+    root.publish(checkpoint(tmp_path / "d3.safetensors", w3), 3)
+    got = sub.next(timeout_s=60)
+    assert got.version == 3 and got.all_tensors
+    got.apply_to(held)
+    assert tern.view_digest(held) == got.digest
+    # The dtype is part of a tensor's identity: the same bits as I16 are another view.
+    assert tern.view_digest({k: v.view(torch.int16).numpy() if v.dtype == torch.bfloat16 else v.numpy()
+                             for k, v in held.items()}) != got.digest  # I16 is another dtype
+    with pytest.raises(ValueError, match="view_digest: 'x' must be a contiguous CPU tensor"):
+        tern.view_digest({"x": torch.zeros(4, 4).t()})
+
+
 def test_errors_carry_codes(fleet, tmp_path):
     root, member = fleet
     w = model(5)
