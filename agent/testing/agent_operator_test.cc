@@ -90,7 +90,8 @@ TEST_F(AgentOperatorTest, ARemovedMemberIsDroppedAtOnceAndRefusedForAWhile) {
   Publish(1);
   ASSERT_TRUE(AllServe(1)) << Lagging(1);
 
-  ASSERT_TRUE(root_->RemoveMember("m2", 1500).ok());
+  // Refused for 5 s: the check 600 ms in holds on a loaded machine.
+  ASSERT_TRUE(root_->RemoveMember("m2", 5000).ok());
   EXPECT_FALSE(Has("m2"));
   EXPECT_EQ(EventsOf(AgentEvent::Kind::kMemberRemoved, "m2"), 1u);
   EXPECT_TRUE(ChildrenOf("m2").empty());
