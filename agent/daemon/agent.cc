@@ -428,11 +428,14 @@ Status AgentImpl::InitEngine() {
                                            [this](std::string_view line) { Log(std::string(line)); },
                                            std::move(commit));
   uint64_t served = 0;
+  uint32_t served_epoch = 0;
   {
     MutexLock lock(mu_);
     served = store_version_;
+    served_epoch = store_epoch_;
   }
-  if (const std::string slot = CurrentSlot(); served > 0 && !slot.empty()) engine_->Prime(served, slot);
+  if (const std::string slot = CurrentSlot(); served > 0 && !slot.empty())
+    engine_->Prime(served, served_epoch, slot);
   engine_->Start();
   return Status::Ok();
 }

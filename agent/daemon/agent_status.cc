@@ -147,7 +147,9 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
     const AgentEngineStatus& e = s.engine;
     j["engine"] = {{"engine", e.engine},
                    {"version", e.version},
+                   {"epoch", e.epoch},
                    {"target_version", e.target_version},
+                   {"target_epoch", e.target_epoch},
                    {"state", e.state},
                    {"last_error", e.last_error},
                    {"updates_ok", e.updates_ok},
@@ -228,6 +230,11 @@ std::string AgentImpl::MetricsText() const {
           static_cast<double>(e.version));
     gauge("tern_agent_engine_lag_versions", "Served version minus the engine's (0 when not behind).",
           s.served_version > e.version ? static_cast<double>(s.served_version - e.version) : 0.0);
+    // By position (epoch, version): after a supersede the engine may be on a
+    // withdrawn number above the served one, which the lag shows as 0.
+    gauge("tern_agent_engine_behind",
+          "1 while the engine's (epoch, version) is before the served one's, else 0.",
+          std::pair{e.epoch, e.version} < std::pair{s.served_epoch, s.served_version} ? 1.0 : 0.0);
     counter("tern_agent_engine_updates_total", "Engine updates by outcome.", e.updates_ok,
             {{"result", "ok"}});
     counter("tern_agent_engine_updates_total", "Engine updates by outcome.", e.updates_failed,

@@ -60,18 +60,20 @@ EngineDriver::EngineDriver(EventRing& ring, SlotLease& lease, std::unique_ptr<En
 
 EngineDriver::~EngineDriver() { Stop(); }
 
-void EngineDriver::Prime(uint64_t version, std::string slot_dir) {
+void EngineDriver::Prime(uint64_t version, uint32_t epoch, std::string slot_dir) {
   if (version == 0) return;
   MutexLock lock(mu_);
   AgentEvent e;
   e.kind = AgentEvent::Kind::kVersionServed;
   e.version = version;
+  e.epoch = epoch;
   e.slot_dir = std::move(slot_dir);
   e.all_tensors = true;
   target_ = std::move(e);
   full_ = true;
   last_seen_ = version;
   status_.target_version = version;
+  status_.target_epoch = epoch;
 }
 
 void EngineDriver::Start() {
@@ -96,11 +98,15 @@ void EngineDriver::Note(const AgentEvent& e, bool gap) {
   if (gap || e.all_tensors || last_seen_ == 0) full_ = true;
   if (!full_) changed_.insert(e.changed_tensors.begin(), e.changed_tensors.end());
   last_seen_ = e.version;
-  if (e.version <= status_.version) {
+  // Compared as positions (epoch, version): a supersede renumbers below a
+  // withdrawn HEAD, so a lower number of a later epoch is newer.
+  const auto event_at = std::pair{e.epoch, e.version};
+  const auto engine_at = std::pair{status_.epoch, status_.version};
+  if (event_at <= engine_at) {
     // The engine already serves it or a newer one (older events still in
     // the ring, or an engine started from this slot): nothing to load; when
     // it is the engine's version, the next update's changes count from here.
-    if (e.version == status_.version) {
+    if (event_at == engine_at) {
       full_ = false;
       changed_.clear();
       target_.reset();
@@ -109,14 +115,17 @@ void EngineDriver::Note(const AgentEvent& e, bool gap) {
   }
   target_ = e;
   status_.target_version = e.version;
+  status_.target_epoch = e.epoch;
 }
 
 void EngineDriver::MaybeUpdate() {
   EngineUpdate u;
+  uint32_t epoch = 0;  // the target's
   {
     MutexLock lock(mu_);
     if (!target_ || clock_.NowUs() < not_before_us_) return;
     u.version = target_->version;
+    epoch = target_->epoch;
     u.base_version = status_.version;
     u.slot_dir = target_->slot_dir;
     if (!full_ && status_.version != 0) u.changed = std::vector<std::string>(changed_.begin(), changed_.end());
@@ -155,6 +164,7 @@ void EngineDriver::MaybeUpdate() {
   MutexLock lock(mu_);
   if (r.ok() && !overridden && r->version == u.version) {
     status_.version = r->version;
+    status_.epoch = epoch;
     status_.state = "serving";
     status_.last_error.clear();
     ++status_.updates_ok;
@@ -165,7 +175,7 @@ void EngineDriver::MaybeUpdate() {
     not_before_us_ = 0;
     // Versions served while it ran keep their changes pending (the set may
     // name more than needed, never less); otherwise nothing is.
-    if (target_ && target_->version == u.version) {
+    if (target_ && target_->version == u.version && target_->epoch == epoch) {
       target_.reset();
       changed_.clear();
       full_ = false;
@@ -192,7 +202,10 @@ void EngineDriver::MaybeUpdate() {
                          " after loading " + std::to_string(u.version);
   }
   if (overridden || r.ok()) full_ = true;  // what the engine holds is not known
-  if (r.ok() && !overridden) status_.version = r->version;
+  if (r.ok() && !overridden) {
+    status_.version = r->version;
+    status_.epoch = 0;  // a number the member did not give it: epoch not known
+  }
   backoff_ms_ = backoff_ms_ == 0 ? options_.backoff_min_ms
                                  : std::min(options_.backoff_max_ms, backoff_ms_ * 2);
   not_before_us_ = clock_.NowUs() + uint64_t{backoff_ms_} * 1000;
@@ -210,10 +223,13 @@ void EngineDriver::Loop() {
     MutexLock lock(mu_);
     if (v.ok()) {
       status_.version = v->value_or(0);
+      status_.epoch = 0;  // the engine names no epoch
       status_.state = "serving";
       if (target_ && target_->version == status_.version) {
         // Primed with the version the engine already serves: trust its
-        // name (it was started from that slot or loaded it through us).
+        // name (it was started from that slot or loaded it through us),
+        // and so the epoch the member serves it in.
+        status_.epoch = target_->epoch;
         target_.reset();
         full_ = false;
       }

@@ -12,7 +12,12 @@
 // coalesced into the next one. A failed update leaves the engine on its old
 // version (the adapter's contract), is logged and counted, and is retried
 // after a backoff (1 s doubling to 30 s) or as soon as a newer version is
-// served.
+// served. Newer means a later position (epoch, version): after a supersede
+// (docs/agent/board.md §4a) the member serves a lower number of a later
+// epoch, and the engine, still on the withdrawn number, loads it. The
+// status names the epoch of the engine's version (0 when the engine serves
+// a number the member did not give it), which the sidecar compares with
+// HEAD's.
 //
 // The slot lease. The engine reads the version's tensors from the slot
 // DIR/current points at; the member rewrites that slot once it is the spare
@@ -104,9 +109,10 @@ class EngineDriver {
   EngineDriver(const EngineDriver&) = delete;
   EngineDriver& operator=(const EngineDriver&) = delete;
 
-  // Before Start: the version the member serves now and its slot, loaded
-  // (every tensor) unless the engine already says it serves it.
-  void Prime(uint64_t version, std::string slot_dir) EXCLUDES(mu_);
+  // Before Start: the version the member serves now (and its board epoch)
+  // and its slot, loaded (every tensor) unless the engine already says it
+  // serves it.
+  void Prime(uint64_t version, uint32_t epoch, std::string slot_dir) EXCLUDES(mu_);
   void Start();
   // Returns once an update in flight has ended (its own deadlines bound it).
   void Stop();

@@ -542,7 +542,20 @@ TEST(MemberStatus, EpochsAreReadWhenPresentAndTellAWithdrawnNumber) {
                             "engine": {"version": 1000000}})");
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->superseded());
+  // ... or a withdrawn number below HEAD's (the new epoch went past it):
+  // only the engine's epoch tells it from a version that merely lags.
+  v = ParseMemberStatus(R"({"served_version": 3000, "head": 3000, "head_epoch": 1, "served_epoch": 1,
+                            "engine": {"version": 2500, "epoch": 0}})");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->served_epoch, 0u);
+  EXPECT_TRUE(v->superseded());
+  v = ParseMemberStatus(R"({"served_version": 3000, "head": 3000, "head_epoch": 1, "served_epoch": 1,
+                            "engine": {"version": 2500, "epoch": 1}})");
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->superseded()) << "a lagging engine of HEAD's epoch";
   for (const char* bad : {R"({"served_version": 3, "head": 3, "head_epoch": -1})",
+                          R"({"served_version": 3, "head": 3, "engine": {"version": 3, "epoch": -1}})",
+                          R"({"served_version": 3, "head": 3, "engine": {"version": 3, "epoch": 4294967296}})",
                           R"({"served_version": 3, "head": 3, "served_epoch": "1"})",
                           R"({"served_version": 3, "head": 3, "head_epoch": 4294967296})"})
     EXPECT_EQ(ParseMemberStatus(bad).status().code(), Code::kCorrupt) << bad;

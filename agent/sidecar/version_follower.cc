@@ -37,6 +37,16 @@ Result<MemberVersions> ParseMemberStatus(std::string_view json) {
                  "member /status ", key, " is not a 32-bit unsigned number");
     *out = it->get<uint32_t>();
   }
+  // The engine's version is served in its own epoch (the one the member
+  // served it in when the engine loaded it): a withdrawn number the engine
+  // still serves is older than HEAD even when it is below HEAD's number.
+  if (auto e = j.find("engine"); e != j.end()) {
+    if (auto it = e->find("epoch"); it != e->end()) {
+      TERN_REQUIRE(it->is_number_unsigned() && it->get<uint64_t>() <= UINT32_MAX, kCorrupt,
+                   "member /status engine.epoch is not a 32-bit unsigned number");
+      v.served_epoch = it->get<uint32_t>();
+    }
+  }
   if (auto f = j.find("freshness"); f != j.end()) {
     TERN_REQUIRE(f->is_object(), kCorrupt, "member /status freshness is not an object");
     if (auto s = f->find("stale"); s != f->end()) {

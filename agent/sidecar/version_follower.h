@@ -46,12 +46,15 @@ struct MemberVersions {
   bool stale = false;
   std::string stale_reason;
   // Board epochs (docs/agent/board.md §4a; absent from an older member's
-  // /status: 0): HEAD's and the served version's. Versions are positions
-  // (epoch, version); a supersede renumbers below a withdrawn HEAD.
+  // /status: 0): HEAD's and the served version's (driving its engine: the
+  // engine's version's, engine.epoch, when the member names it). Versions
+  // are positions (epoch, version); a supersede renumbers below a
+  // withdrawn HEAD.
   uint32_t head_epoch = 0, served_epoch = 0;
-  // The served number was withdrawn by a supersede: the member serves a
-  // version of an epoch below HEAD's, or (driving its engine) the engine
-  // serves a number above HEAD's, which only a withdrawn version can be.
+  // The served number was withdrawn by a supersede: it is of an epoch below
+  // HEAD's, or (driving its engine, a member that names no engine.epoch)
+  // the engine serves a number above HEAD's, which only a withdrawn version
+  // can be.
   // Such a number must satisfy no version constraint, however large.
   bool superseded() const {
     return served_epoch < head_epoch || (engine && head != 0 && served > head);
@@ -60,8 +63,9 @@ struct MemberVersions {
 
 // The fields of a member's /status JSON: served_version and head (kCorrupt
 // when absent or not non-negative integers), engine.version (optional; when
-// present it is the served version), head_epoch and served_epoch
-// (optional; kCorrupt when not 32-bit unsigned), and freshness.stale,
+// present it is the served version), head_epoch, served_epoch and
+// engine.epoch (optional; kCorrupt when not 32-bit unsigned; engine.epoch,
+// when present, is the served epoch), and freshness.stale,
 // freshness.stale_reason (optional; kCorrupt when of another type).
 Result<MemberVersions> ParseMemberStatus(std::string_view json);
 // One decimal version, surrounding whitespace allowed (kCorrupt otherwise).

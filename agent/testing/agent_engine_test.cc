@@ -34,6 +34,7 @@ class AgentEngineTest : public AgentSystemFixture {
       o.engine_update_timeout_ms = update_timeout_ms_;
       o.engine_sidecar = sidecar;
       o.engine_sidecar_token = "side-token";
+      o.admin_listen = "127.0.0.1:0";  // /metrics
     });
   }
   AgentEngineStatus EngineOf(const std::string& name) {
@@ -208,6 +209,50 @@ TEST_F(AgentEngineTest, TheSpareIsNotRewrittenWhileTheEngineReadsIt) {
   engine_.EndHangs();
   ASSERT_TRUE(EngineServes("m1", 3)) << EngineOf("m1").last_error;
   EXPECT_EQ(Logged("m1", "rewrites it now"), 0u);
+  EXPECT_EQ(EngineOf("m1").updates_failed, 0u);
+}
+
+// A supersede (docs/agent/board.md §4a) renumbers below a withdrawn HEAD:
+// the member re-bases onto a lower number of a later epoch, and its engine,
+// still on the withdrawn number, loads it too (the driver compares
+// positions, not numbers: it used to take the lower number for an old
+// event and leave the engine on the withdrawn version). The status names
+// the engine's epoch, which the sidecar compares with HEAD's.
+TEST_F(AgentEngineTest, AnEngineOnAWithdrawnNumberFollowsTheSupersede) {
+  Setup();
+  StartRoot();
+  StartMember("m1", "us");
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+  ASSERT_TRUE(EngineServes("m1", 1)) << EngineOf("m1").last_error;
+  // The wrong number, served and loaded.
+  ASSERT_TRUE(root_->Publish(NextStep(), 5000).ok());
+  ASSERT_TRUE(AllServe(5000)) << Lagging(5000);
+  ASSERT_TRUE(EngineServes("m1", 5000)) << EngineOf("m1").last_error;
+  EXPECT_EQ(EngineOf("m1").epoch, 0u);
+  // The way back: version 2 of epoch 1.
+  const std::string right = NextStep();
+  Status s = root_->Supersede(right, 2);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  ASSERT_TRUE(EngineServes("m1", 2)) << EngineOf("m1").last_error << "; the engine is on "
+                                     << EngineOf("m1").version;
+  const AgentEngineStatus e = EngineOf("m1");
+  EXPECT_EQ(e.epoch, 1u);
+  EXPECT_EQ(e.target_epoch, 1u);
+  EXPECT_EQ(engine_.weight_version(), "2");
+  EXPECT_EQ(FirstDifference(members_["m1"].dir + "/current", right), "");
+  auto json = nlohmann::json::parse(AgentSnapshotJson(members_["m1"].agent->Snapshot()));
+  EXPECT_EQ(json["engine"]["version"], 2);
+  EXPECT_EQ(json["engine"]["epoch"], 1);
+  EXPECT_EQ(json["head_epoch"], 1);
+  auto metrics = AgentMetricsText(members_["m1"].agent->Snapshot().admin_address, {});
+  ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
+  EXPECT_NE(metrics->find("tern_agent_engine_behind 0"), std::string::npos) << *metrics;
+  // And on with patches in the new epoch.
+  ASSERT_TRUE(root_->Publish(NextStep(), 3).ok());
+  ASSERT_TRUE(EngineServes("m1", 3)) << EngineOf("m1").last_error;
+  EXPECT_EQ(EngineOf("m1").epoch, 1u);
   EXPECT_EQ(EngineOf("m1").updates_failed, 0u);
 }
 

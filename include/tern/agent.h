@@ -375,7 +375,14 @@ struct AgentFreshness {
 struct AgentEngineStatus {
   std::string engine;           // "vllm" or "sglang"
   uint64_t version = 0;         // the version the engine says it serves (0: none known)
+  // The board epoch of `version` (docs/agent/board.md §4a): the one the
+  // member served it in when the engine loaded it. 0 also when not known
+  // (an engine found serving a number the member did not give it). The
+  // engine's own status names no epoch; with it, (epoch, version) tells a
+  // withdrawn number from a new one below or above it.
+  uint32_t epoch = 0;
   uint64_t target_version = 0;  // the newest version the member served for it
+  uint32_t target_epoch = 0;    // and its epoch
   // "starting", "serving", "updating", "waiting" (the slot moved on),
   // "failed" (retrying after a backoff), "unreachable"
   std::string state;
