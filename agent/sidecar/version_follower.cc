@@ -140,6 +140,14 @@ void VersionFollower::Run() {
       stale_reason = polled->stale_reason;
       superseded = polled->superseded();
       gate_.SetHead(polled->head, polled->head_epoch);
+      if (superseded) {
+        // Before the commit: from the moment the gate may admit on the
+        // polled number, a withdrawn one must already be flagged. Cleared
+        // only after the commit (below), so a withdrawn number still
+        // applied is never unflagged either.
+        std::lock_guard<std::mutex> early(mu_);
+        superseded_early_ = true;
+      }
       if (polled->served != 0 && gate_.applied() != polled->served) {
         Status s = gate_.CommitIfUnchanged(polled->served, commits_seen, options_.drain_timeout_ms);
         if (!s.ok()) error = s.ToString();
@@ -158,6 +166,7 @@ void VersionFollower::Run() {
     stale_ = stale;
     stale_reason_ = stale_reason;
     superseded_ = superseded;
+    superseded_early_ = false;
     cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [&] { return stop_; });
   }
 }
@@ -180,7 +189,7 @@ bool VersionFollower::member_stale(std::string* reason) const {
 
 bool VersionFollower::superseded() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return superseded_;
+  return superseded_ || superseded_early_;
 }
 
 std::string VersionFollower::last_error() const {

@@ -101,7 +101,9 @@ class VersionFollower {
   bool member_stale(std::string* reason) const;
   // Whether the last poll found the served number withdrawn by a supersede
   // (MemberVersions::superseded); false after a failed poll and for a
-  // version file (it carries no epoch).
+  // version file (it carries no epoch). Set before the gate commits the
+  // polled number and cleared after, so that neither the old nor the new
+  // number is ever admitted unflagged while it is withdrawn.
   bool superseded() const;
 
  private:
@@ -119,6 +121,7 @@ class VersionFollower {
   bool stale_ = false;
   std::string stale_reason_;
   bool superseded_ = false;
+  bool superseded_early_ = false;  // this poll's, while its commit runs
 };
 
 }  // namespace tern::agent
