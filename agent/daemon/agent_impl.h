@@ -224,6 +224,11 @@ class AgentImpl final : public Agent {
 
   // ---- agent_ranks.cc ----
   Status GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume);
+  // The digest terms of a resumed part's shards in the root's own view of
+  // its base version: nullopt unless the root serves that version and each
+  // shard is an element range of a tensor with the part's layout (the
+  // assembly's checks speak then). Takes publish_mu_ so the view holds still.
+  std::optional<ViewDigest> BaseTermsInOwnView(const RankPart& part) EXCLUDES(publish_mu_, ranks_mu_);
   // Joins and commits the parts of one version (PublishRankPart).
   // Fails the version being gathered (kCancelled) and refuses new parts,
   // so that Stop need not wait for a gathering deadline.
@@ -394,8 +399,8 @@ class AgentImpl final : public Agent {
   std::map<uint64_t, Status> rank_outcomes_ GUARDED_BY(ranks_mu_);
   // Each rank's shards and their terms in the last version committed from
   // ranks (its part's target): a resumed part's base is checked against
-  // them before it joins. Lost on a restart or takeover (then the
-  // assembly's digest check is the one that catches a wrong base).
+  // them before it joins when the root's own view of the base version is
+  // not there to hash (BaseTermsInOwnView). Lost on a restart or takeover.
   struct RankTerms {
     std::vector<RankShardRange> shards;
     ViewDigest terms;

@@ -123,6 +123,11 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
                part.rank, " (world size ", part.world_size, ")");
   const uint64_t version = part.version;
   const uint32_t rank = part.rank;
+  // Hashed before the part joins, outside ranks_mu_ (a shard's bytes at
+  // about a memcpy's speed): the terms committed parts left (rank_terms_)
+  // are lost on a restart or a takeover, the root's view is not.
+  const std::optional<ViewDigest> own_terms =
+      resume ? BaseTermsInOwnView(part) : std::optional<ViewDigest>();
   MutexLock lock(ranks_mu_);
   TERN_REQUIRE(!ranks_closed_, kCancelled, "publish from ranks: the agent is stopping");
   const auto now = std::chrono::steady_clock::now();
@@ -152,12 +157,18 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
                  kMismatch, "resume: rank ", rank, " starts at version ", part.base_version,
                  ", the other parts at ", a.parts.begin()->second.base_version,
                  "; nothing taken: resume from that version's bytes");
-    // Its base against what its part of that version committed, when this
-    // root committed it: a wrong base would otherwise fail every rank's
-    // part at the assembly's digest check.
-    if (auto known = rank_terms_.find(rank); rank_terms_version_ == part.base_version &&
-                                               known != rank_terms_.end() &&
-                                               known->second.shards == part.shards)
+    // Its base against the root's own view of that version, or else what
+    // its part of that version committed, when this root committed it: a
+    // wrong base would otherwise fail every rank's part at the assembly's
+    // digest check.
+    if (own_terms)
+      TERN_REQUIRE(*own_terms == part.base_terms, kMismatch, "resume: rank ", rank,
+                   "'s base is not version ", part.base_version,
+                   "'s bytes of its shards (their digest terms differ from the root's view); "
+                   "nothing taken: resume from a view serving ", part.base_version);
+    else if (auto known = rank_terms_.find(rank); rank_terms_version_ == part.base_version &&
+                                                    known != rank_terms_.end() &&
+                                                    known->second.shards == part.shards)
       TERN_REQUIRE(known->second.terms == part.base_terms, kMismatch, "resume: rank ", rank,
                    "'s base is not version ", part.base_version,
                    "'s bytes of its shards (their digest terms differ from its committed "
@@ -226,6 +237,29 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
   // Committing: bounded by the publish itself.
   ranks_cv_.Wait([&]() REQUIRES(ranks_mu_) { return rank_outcomes_.count(generation) > 0; });
   return rank_outcomes_[generation];
+}
+
+std::optional<ViewDigest> AgentImpl::BaseTermsInOwnView(const RankPart& part) {
+  MutexLock publish_lock(publish_mu_);
+  if (part.base_version == 0 || store_->version() != part.base_version) return std::nullopt;
+  OpenOptions open;
+  open.env = &env_;
+  auto current = Checkpoint::Open(store_->current_path(), open);
+  if (!current.ok()) return std::nullopt;
+  const ServeView& view = (*current)->view();
+  ViewDigest terms;
+  for (const RankShardRange& r : part.shards) {
+    const TensorRef* t = view.Find(r.tensor);
+    if (t == nullptr) return std::nullopt;
+    const auto said = std::find_if(part.layout.begin(), part.layout.end(),
+                                   [&](const TensorDesc& d) { return d.name == r.tensor; });
+    if (said == part.layout.end() || !said->SameLayout(*t->desc)) return std::nullopt;
+    const uint64_t n = t->desc->elements();
+    if (r.element_count == 0 || r.first_element > n || r.element_count > n - r.first_element)
+      return std::nullopt;
+    terms += ComputeElementTerms(*t, r.first_element, r.first_element + r.element_count);
+  }
+  return terms;
 }
 
 void AgentImpl::CloseRankParts() {

@@ -129,6 +129,74 @@ TEST_P(AgentRankWorldTest, RanksCommitVersionsThatReachMembersBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(World, AgentRankWorldTest, ::testing::Values(2u, 4u));
 
+// A restarted root has forgotten the terms each rank's part committed (they
+// live in memory); it hashes the resumed part's shards in its own view of
+// the base version instead, before the part joins: a wrong base is refused
+// at once (kMismatch, naming the rank), the waiting part of rank 0 is not
+// failed, and the right base then commits the version with it.
+TEST_F(AgentRankPublishTest, AWrongResumeBaseIsRefusedAtOnceAfterARootRestart) {
+  tweak_ = [](AgentOptions& o) {
+    if (o.id != "root") return;
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = "rank-token";
+  };
+  StartRoot();
+  const std::string v1 = NextStep();
+  MakeRanks(2, v1);
+  for (const Status& s : PublishFromRanks(1, v1, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  root_->Stop();
+  root_.reset();
+  transports_.erase("root");
+  StartRoot();  // same DIR: HEAD 1, the rank terms gone
+  ASSERT_EQ(root_->Snapshot().head, 1u);
+  AgentClientOptions client;
+  client.token = "rank-token";
+  client.timeout_ms = 60000;
+  const std::string admin = root_->Snapshot().admin_address;
+
+  // Version 2: rank 0 sends its part and waits; rank 1's process restarted.
+  const std::string v2 = NextStep();
+  auto c1 = Checkpoint::Open(v1);
+  auto c2 = Checkpoint::Open(v2);
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  auto rank0 = std::async(std::launch::async, [&] {
+    auto part = ranks_[0]->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 0, 2)));
+    return part.ok() ? root_->PublishRankPart(std::move(part).value(), 60000) : part.status();
+  });
+  // Rank 1 resumes from `base`, sending until rank 0's part is being
+  // gathered (before, the root answers "not being gathered").
+  auto resume_from = [&](const std::string& base) {
+    auto fresh = RankPublisher::Create(1, 2, layout_, RowShards(layout_, 1, 2), {});
+    EXPECT_TRUE(fresh.ok());
+    auto b = Checkpoint::Open(base);
+    EXPECT_TRUE(b.ok());
+    Status r = (*fresh)->Resume(1, ShardsIn((*b)->view(), RowShards(layout_, 1, 2)));
+    if (!r.ok()) return r;
+    auto part = (*fresh)->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 1, 2)));
+    if (!part.ok()) return part.status();
+    auto bytes = EncodeRankPart(*part);
+    if (!bytes.ok()) return bytes.status();
+    for (int i = 0; i < 1500; ++i) {
+      Status s = ResumeRankPart(admin, *bytes, 2, 1, 60000, client);
+      if (s.message().find("not being gathered") == std::string::npos) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return TERN_ERROR(kTimeout, "rank 0's part was never gathered");
+  };
+  Status wrong = resume_from(v2);  // the new version's own bytes, not version 1's
+  EXPECT_EQ(wrong.code(), Code::kMismatch) << wrong.ToString();
+  EXPECT_NE(wrong.message().find("rank 1's base is not version 1's bytes"), std::string::npos)
+      << wrong.ToString();
+  EXPECT_EQ(rank0.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout)
+      << "rank 0's part was failed by rank 1's wrong resume";
+  Status right = resume_from(v1);
+  EXPECT_TRUE(right.ok()) << right.ToString();
+  Status s0 = rank0.get();
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  EXPECT_EQ(root_->Snapshot().head, 2u);
+  EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), v2), "");
+}
+
 TEST_F(AgentRankPublishTest, ARankThatNeverSendsLeavesNoVersionAndIsNamed) {
   StartRoot();
   const std::string v1 = NextStep();
