@@ -166,11 +166,12 @@ tern_code tern_rank_publisher_send(tern_rank_publisher* p, tern_client* client) 
     // A timeout says nothing of the outcome: the part stays, and sending it
     // again asks the root (which answers a committed part's outcome).
     if (s.code() == tern::Code::kTimeout) return s;
-    if (s.ok()) p->publisher->Committed();
-    else p->publisher->Abandon();
+    // Committed fails only if the publisher's own records cannot be applied
+    // (the version is on the board; this publisher must be resumed anew).
+    const tern::Status after = s.ok() ? p->publisher->Committed() : (p->publisher->Abandon(), s);
     p->pending.reset();
     p->pending_bytes.clear();
-    return s;
+    return after;
   });
 }
 
@@ -204,13 +205,10 @@ tern_code tern_rank_publisher_resume(tern_rank_publisher* p, tern_client* client
     // As send: a timeout keeps the part (send asks again); otherwise the
     // outcome is final and the previous view is base's unless it committed.
     if (s.code() == tern::Code::kTimeout) return s;
-    if (s.ok())
-      p->publisher->Committed();
-    else
-      p->publisher->Abandon();
+    const tern::Status after = s.ok() ? p->publisher->Committed() : (p->publisher->Abandon(), s);
     p->pending.reset();
     p->pending_bytes.clear();
-    return s;
+    return after;
   });
 }
 

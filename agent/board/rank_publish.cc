@@ -7,6 +7,8 @@
 #include <string>
 #include <tuple>
 
+#include "tern/thread_pool.h"
+
 namespace tern {
 namespace {
 
@@ -84,12 +86,22 @@ struct RankPublisher::State {
   struct Shard {
     RankShardRange range;
     uint32_t tensor = 0;
-    std::vector<uint8_t> prev, pending;
+    std::vector<uint8_t> prev;
+    // The pending part's records of this shard: [first, end) of
+    // pending_records.
+    size_t first_record = 0, end_record = 0;
   };
   std::vector<Shard> shards;
   uint64_t version = 0, pending_version = 0;
   bool has_pending = false;
+  // Set when a commit could not advance the previous view: every call but
+  // Resume on a new publisher is refused with it.
+  Status broken = Status::Ok();
   ViewDigest terms, pending_terms;
+  // The pending part's records, applied to prev on Committed(): the
+  // changes only (~the part's bytes), not a copy of the new shards.
+  std::vector<SegmentRecord> pending_records;
+  std::unique_ptr<ThreadPool> pool;  // Apply's, one thread, made at the first commit
 };
 
 namespace {
@@ -173,6 +185,7 @@ Result<std::unique_ptr<RankPublisher>> RankPublisher::Create(uint32_t rank, uint
 Result<RankPart> RankPublisher::Encode(uint64_t version, const std::vector<RankShard>& shards) {
   State& st = *state_;
   const std::string who = "rank " + std::to_string(st.rank);
+  TERN_RETURN_IF_ERROR(st.broken);
   TERN_REQUIRE(version > st.version, kMismatch, who, ": version ", version,
                " is not newer than its previous view's ", st.version);
   TERN_ASSIGN_OR_RETURN(std::vector<const RankShard*> given, InOwnedOrder(st, shards));
@@ -191,8 +204,11 @@ Result<RankPart> RankPublisher::Encode(uint64_t version, const std::vector<RankS
     old_view.tensors.push_back({&d, nullptr});
     new_view.tensors.push_back({&d, nullptr});
   }
+  st.pending_records.clear();
+  st.has_pending = false;
   for (size_t k = 0; k < st.shards.size(); ++k) {
-    const State::Shard& s = st.shards[k];
+    State::Shard& s = st.shards[k];
+    s.first_record = s.end_record = part.records.size();
     const DType dtype = st.layout[s.tensor].dtype;
     const uint64_t first = s.range.first_element, count = s.range.element_count;
     old_view.tensors[s.tensor].data = AsTensorBase(s.prev.data(), dtype, first);
@@ -208,30 +224,70 @@ Result<RankPart> RankPublisher::Encode(uint64_t version, const std::vector<RankS
       target += rec.digest_delta;
       part.records.push_back(std::move(rec));
     }
+    s.end_record = part.records.size();
     part.shards.push_back(s.range);
   }
   part.target_terms = target;
-  // Kept aside until the root commits: the caller's buffers may change.
-  for (size_t k = 0; k < st.shards.size(); ++k) {
-    const auto* p = static_cast<const uint8_t*>(given[k]->data);
-    st.shards[k].pending.assign(p, p + given[k]->bytes);
-  }
+  // Kept until the root commits (the caller's buffers may change by then):
+  // the changes, which Committed() applies to the previous view.
+  st.pending_records = part.records;
   st.pending_version = version;
   st.pending_terms = target;
   st.has_pending = true;
   return part;
 }
 
-void RankPublisher::Committed() {
+Status RankPublisher::Committed() {
   State& st = *state_;
-  if (!st.has_pending) return;
-  for (State::Shard& s : st.shards) s.prev.swap(s.pending);
+  TERN_RETURN_IF_ERROR(st.broken);
+  if (!st.has_pending) return Status::Ok();
+  st.has_pending = false;
+  // Each shard's records as a patch of their own (two shards of one tensor
+  // need two base pointers), applied in place to its previous bytes: the
+  // records were encoded from exactly these bytes, so this cannot refuse
+  // them short of a bug or no memory; then the publisher is unusable.
+  Status applied = Status::Ok();
+  for (State::Shard& s : st.shards) {
+    if (s.first_record == s.end_record) continue;
+    if (!st.pool) st.pool = std::make_unique<ThreadPool>(1);
+    ServeView descs;
+    MutableServeView view;
+    for (const TensorDesc& d : st.layout) {
+      descs.tensors.push_back({&d, nullptr});
+      view.tensors.push_back({&d, nullptr});
+    }
+    view.tensors[s.tensor].data = const_cast<uint8_t*>(
+        AsTensorBase(s.prev.data(), st.layout[s.tensor].dtype, s.range.first_element));
+    PatchBuilder builder(descs, st.version, st.pending_version, ViewDigest{}, st.options.format_version);
+    for (size_t r = s.first_record; r < s.end_record && applied.ok(); ++r)
+      applied = builder.Add(std::move(st.pending_records[r]));
+    if (!applied.ok()) break;
+    auto patch = builder.Finish();
+    if (!patch.ok()) {
+      applied = patch.status();
+      break;
+    }
+    ApplyOptions options;
+    options.exclusive_view = true;  // the publisher's own bytes
+    applied = Apply(view, *patch, ViewDigest{}, *st.pool, options);
+    if (!applied.ok()) break;
+  }
+  st.pending_records.clear();
+  if (!applied.ok()) {
+    st.broken = TERN_ERROR(kInternal, "rank ", st.rank, ": its previous view could not be advanced to version ",
+                           st.pending_version, " (", applied.message().substr(0, 300),
+                           "); create a new publisher and Resume it from HEAD's bytes");
+    return st.broken;
+  }
   st.version = st.pending_version;
   st.terms = st.pending_terms;
-  st.has_pending = false;
+  return Status::Ok();
 }
 
-void RankPublisher::Abandon() { state_->has_pending = false; }
+void RankPublisher::Abandon() {
+  state_->has_pending = false;
+  state_->pending_records.clear();
+}
 
 Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>& base) {
   State& st = *state_;
@@ -257,6 +313,7 @@ Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>
   st.version = base_version;
   st.terms = terms;
   st.has_pending = false;
+  st.pending_records.clear();
   return Status::Ok();
 }
 

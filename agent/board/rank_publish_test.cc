@@ -118,7 +118,7 @@ TEST_P(RankPublishTest, PartsAssembleIntoTheWholeViewsPatch) {
     EXPECT_EQ(applied, target);
     EXPECT_EQ(root.bytes, model_.bytes) << "v" << v;
     root_digest = applied;
-    for (auto& r : ranks_) r->Committed();
+    for (auto& r : ranks_) ASSERT_TRUE(r->Committed().ok());
     if (v > 1) {
       EXPECT_LT(patch->size(), model_.View().total_bytes() / 4) << "a sparse patch";
     }
@@ -207,7 +207,7 @@ TEST(RankPublisherTest, RefusesBadShards) {
   (*p)->Abandon();
   EXPECT_EQ((*p)->version(), 0u);
   ASSERT_TRUE((*p)->Encode(1, shards).ok());
-  (*p)->Committed();
+  ASSERT_TRUE((*p)->Committed().ok());
   EXPECT_EQ((*p)->version(), 1u);
   EXPECT_EQ((*p)->Encode(1, shards).status().code(), Code::kMismatch);
 }
@@ -224,7 +224,7 @@ TEST_P(RankPublishTest, ARestartedRankResumesFromHeadsBytes) {
   auto v1 = AssembleRankParts(model_.layout, 0, 1, head, Parts(1), world_, nullptr);
   ASSERT_TRUE(v1.ok()) << v1.status().ToString();
   ASSERT_TRUE(Apply(root_view, *v1, head, pool_, &head).ok());
-  for (auto& r : ranks_) r->Committed();
+  for (auto& r : ranks_) ASSERT_TRUE(r->Committed().ok());
 
   const uint32_t last = world_ - 1;
   RankPublisherOptions o;
@@ -251,7 +251,7 @@ TEST_P(RankPublishTest, ARestartedRankResumesFromHeadsBytes) {
   ASSERT_TRUE(Apply(root_view, *v2, head, pool_, &head).ok());
   EXPECT_EQ(head, target);
   EXPECT_EQ(root.bytes, model_.bytes);
-  ranks_[last]->Committed();
+  ASSERT_TRUE(ranks_[last]->Committed().ok());
   EXPECT_EQ(ranks_[last]->version(), 2u);
 
   // Only a publisher that has committed nothing resumes; bad input is named.

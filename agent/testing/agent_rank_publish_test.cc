@@ -79,7 +79,7 @@ class AgentRankPublishTest : public agent_test::AgentSystemFixture {
         auto part = ranks_[r]->Encode(version, ShardsIn((*c)->view(), RowShards(layout_, r, world)));
         if (!part.ok()) return part.status();
         Status s = root_->PublishRankPart(std::move(part).value(), timeout_ms);
-        if (s.ok()) ranks_[r]->Committed();
+        if (s.ok()) s = ranks_[r]->Committed();
         else ranks_[r]->Abandon();
         return s;
       }));
@@ -289,7 +289,7 @@ TEST_F(AgentRankPublishTest, RecordsThatContradictTheirDigestDeltasAreRefusedBef
   auto twin = RankPublisher::Create(1, 2, layout_, RowShards(layout_, 1, 2), o);
   ASSERT_TRUE(twin.ok());
   ASSERT_TRUE((*twin)->Encode(1, ShardsIn((*c1)->view(), RowShards(layout_, 1, 2))).ok());
-  (*twin)->Committed();
+  ASSERT_TRUE((*twin)->Committed().ok());
   const SegmentRecord& first = honest->records.front();
   const TensorDesc& d = layout_[first.tensor_index];
   const TensorRef* t = (*c2)->view().Find(d.name);

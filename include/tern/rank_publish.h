@@ -16,9 +16,12 @@
 // over its shards), advanced by each committed part's digest deltas, so a
 // publish hashes nothing but the changed elements. Encode cuts each shard
 // into segments of segment_elements, encodes them (EncodeSegment, format 1
-// or 2) and keeps the new bytes aside; Committed() makes them the previous
-// view once the root committed the version, Abandon() drops them (the root
-// refused or timed out: the previous view stays the root's).
+// or 2) and keeps the records (the changes, not a copy of the shards);
+// Committed() applies them to the previous view once the root committed
+// the version (a decode of the changes: cheaper than copying the shards,
+// and the publisher holds one copy of its shards, not two), Abandon()
+// drops them (the root refused or timed out: the previous view stays the
+// root's).
 //
 // Errors: kInvalidArgument (rank >= world_size, a shard of an unknown
 // tensor, out of the tensor's range, overlapping another of this rank's,
@@ -95,8 +98,11 @@ class TERN_EXPORT RankPublisher {
   // as Create's, any order). One Encode is pending at a time: a second
   // replaces the first.
   Result<RankPart> Encode(uint64_t version, const std::vector<RankShard>& shards);
-  // The root committed the pending part: its bytes are the previous view now.
-  void Committed();
+  // The root committed the pending part: its records are applied to the
+  // previous view, which is the part's version now. Fails (kInternal) only
+  // if its own records cannot be applied (no memory, a bug); the publisher
+  // then refuses every call: make a new one and Resume it from HEAD.
+  Status Committed();
   // The root did not commit it: the previous view stays.
   void Abandon();
   // A rank whose process restarted mid-version rebuilds its previous view:
