@@ -200,7 +200,6 @@ void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
   o->trusted_keys_count = s->key_ptrs.size();
 }
 
-// An agent in this process (tern_agent).
 // (name, dtype, shape, data pointer, bytes) per tensor as tern_tensors, the
 // pointers into buffers the caller (tern/_core.py) keeps alive for the call:
 // read in place, nothing copied here. Owns the strings the views point at.
@@ -246,6 +245,7 @@ py::tuple ViewDigest(const py::list& tensors) {
   return py::make_tuple(lanes[0], lanes[1], lanes[2], lanes[3]);
 }
 
+// An agent in this process (tern_agent).
 class Agent {
  public:
   explicit Agent(const py::dict& kw) {

@@ -150,16 +150,27 @@ void Sidecar::Impl::Versioned(const httplib::Request& req, httplib::Response& re
   // below HEAD's, or its signed HEAD beacon is of a later board epoch,
   // docs/agent/board.md §4a): that number, however large, must not satisfy
   // a version constraint until the member re-bases.
-  if (lane->Target()) {
+  auto withdrawn = [&] {
+    if (!lane->Target()) return false;
     const ReplicaState s = State();
-    if (s.superseded || (s.member_stale && s.stale_reason == "superseded")) {
-      Refused("superseded");
-      res.set_header("Retry-After", "1");
-      return Reply(res, 409, NotReadyBody(*lane, gate.applied()));
-    }
+    return s.superseded || (s.member_stale && s.stale_reason == "superseded");
+  };
+  if (withdrawn()) {
+    Refused("superseded");
+    res.set_header("Retry-After", "1");
+    return Reply(res, 409, NotReadyBody(*lane, gate.applied()));
   }
 
   VersionGate::Admission admission = gate.Admit(*lane, options.catchup_wait_ms);
+  // Again once admitted: Admit may have waited out the commit of a number
+  // a supersede withdrew, whose flag the follower raised before that
+  // commit began (VersionFollower::superseded).
+  if (admission.ticket && withdrawn()) {
+    admission.ticket.reset();
+    Refused("superseded");
+    res.set_header("Retry-After", "1");
+    return Reply(res, 409, NotReadyBody(*lane, gate.applied()));
+  }
   if (admission.waited)
     Count("tern_sidecar_catchup_waits_total",
           "Requests that waited for their version to be applied.", {});

@@ -167,9 +167,9 @@ TEST_F(AgentRankPublishTest, AWrongResumeBaseIsRefusedAtOnceAfterARootRestart) {
   // gathered (before, the root answers "not being gathered").
   auto resume_from = [&](const std::string& base) {
     auto fresh = RankPublisher::Create(1, 2, layout_, RowShards(layout_, 1, 2), {});
-    EXPECT_TRUE(fresh.ok());
+    if (!fresh.ok()) return fresh.status();
     auto b = Checkpoint::Open(base);
-    EXPECT_TRUE(b.ok());
+    if (!b.ok()) return b.status();
     Status r = (*fresh)->Resume(1, ShardsIn((*b)->view(), RowShards(layout_, 1, 2)));
     if (!r.ok()) return r;
     auto part = (*fresh)->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 1, 2)));

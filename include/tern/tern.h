@@ -562,7 +562,10 @@ TERN_API tern_code tern_rank_publisher_encode(tern_rank_publisher* publisher, ui
  * sending it again asks the root (a part the root committed is answered
  * TERN_OK, not published twice). Any other error (the root's code and
  * reason, naming the ranks that did not send): the part is abandoned and
- * the previous view stays; encode the next attempt again.
+ * the previous view stays; encode the next attempt again. TERN_INTERNAL
+ * after the root committed (the version is on the board): this publisher
+ * could not apply its own part to its previous view (no memory, a bug)
+ * and refuses every later call; make a new one and resume it from HEAD.
  * TERN_INVALID_ARGUMENT when nothing is encoded.
  * Serialized with encode on one publisher; any thread. */
 TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern_client* client);
@@ -587,8 +590,9 @@ TERN_API tern_code tern_rank_publisher_send(tern_rank_publisher* publisher, tern
  * publish it anew on every rank; this rank's part is there already: wait
  * for the version's outcome; another base than the other ranks': resume
  * from that version's bytes; a base that is not that version's bytes of
- * this rank's shards, when the root committed it from ranks and knows
- * their terms). After a refusal the previous view stays
+ * this rank's shards, checked against the root's own view of that version
+ * when it serves it, else against the terms of the parts it committed it
+ * from). After a refusal the previous view stays
  * base's, at base_version: when that is HEAD, this publisher goes on with
  * encode and send as usual. TERN_TIMEOUT: as for send (the part stays; send asks
  * again). TERN_INVALID_ARGUMENT: shards or base not the owned ranges, or

@@ -173,12 +173,24 @@ class Version:
         slot must still be served (else Error(UNAVAILABLE): the member moved
         on while this read; the subscriber's next version then carries every
         tensor). Then, with `verify_digest` (None: when `tensors` holds every
-        tensor of the view), `verify(tensors)`: the whole view against the
+        tensor of the view, each a contiguous CPU tensor or array; True:
+        required, refused before anything is written), `verify(tensors)`:
+        the whole view against the
         version's signed digest (Error(MISMATCH) if it differs, e.g. a
         tensor the caller changed that this version did not). Returns the
         number of elements written."""
+        view = self._file_of()
         if verify_digest is None:
-            verify_digest = all(n in tensors for n in self._file_of())
+            # Only a whole view in host memory can be hashed here.
+            verify_digest = all(n in tensors and _hashable(tensors[n]) for n in view)
+        elif verify_digest:
+            for n in sorted(view):  # refused before anything is written
+                if n not in tensors:
+                    raise _error(Code.NOT_FOUND, f"apply_to: verify_digest needs every tensor of "
+                                                 f"version {self.version}'s view; {n!r} is not given")
+                if not _hashable(tensors[n]):
+                    raise _error(Code.INVALID_ARGUMENT, f"apply_to: verify_digest: {n!r} is not a "
+                                                        "contiguous CPU tensor or array")
         names = self.tensor_names()
         for name in names:
             if name not in tensors:
@@ -358,6 +370,14 @@ def _check_same(name, held, new, version):
     if held.dtype != new.dtype or tuple(held.shape) != tuple(new.shape):
         raise _error(Code.MISMATCH, f"{name!r} is {_describe(held)} here, {_describe(new)} in "
                                     f"version {version}")
+
+
+def _hashable(t) -> bool:
+    """Whether view_digest can read `t` in place: a contiguous CPU tensor or
+    a C-contiguous NumPy array."""
+    if _is_torch(t):
+        return t.device.type == "cpu" and t.is_contiguous()
+    return isinstance(t, np.ndarray) and t.flags.c_contiguous
 
 
 def _check_writable(name, t):

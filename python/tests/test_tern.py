@@ -186,6 +186,11 @@ def test_apply_to_verifies_the_whole_view_against_the_signed_digest(fleet, tmp_p
     root.publish(checkpoint(tmp_path / "d2.safetensors", w2), 2)
     got = sub.next(timeout_s=60)
     assert got.version == 2 and got.changed_tensors == ("layer.0.weight",)
+    before = held["layer.0.weight"].clone()
+    with pytest.raises(tern.Error) as e:  # asked for without the whole view: refused first
+        got.apply_to({k: v for k, v in held.items() if k != "norm.weight"}, verify_digest=True)
+    assert e.value.code == tern.Code.NOT_FOUND and "verify_digest" in str(e.value)
+    assert torch.equal(held["layer.0.weight"].view(torch.int16), before.view(torch.int16))
     assert got.apply_to(held, verify_digest=False) > 0  # asked not to: no digest check
     with pytest.raises(tern.Error) as e:
         got.apply_to(held)
