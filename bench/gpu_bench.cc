@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
     // Format 2 (CONTEXT records decode against the view on the device).
     DiffOptions v2;
     v2.format_version = 2;
+    v2.nibble_coding = false;  // the GPU apply takes versions 1 and 2 (patch_walk.cc)
     auto patch2 = Diff(base_view, next_view, v2, pool, &base_digest);
     Die(patch2.status(), "Diff format 2");
     auto info2 = Inspect(*patch2);

@@ -85,13 +85,21 @@ Result<PatchInfo> Inspect(std::span<const uint8_t> patch) {
   for (const RecordView& r : p.records) {
     // CONTEXT positions are class ranks: without the base only their streams
     // can be checked (the rest is checked when the record is applied).
-    const int w = p.tensors[r.h.tensor_index].width_bits;
-    Status s = r.h.encoding == patch::kContext
-                   ? patch::ValidateContextStreams(r, w)
-                   : patch::DecodeRecord(r, w, [](uint64_t, uint64_t) {});
+    const patch::ManifestTensor& mt = p.tensors[r.h.tensor_index];
+    uint64_t changed = r.h.changed_count;
+    Status s;
+    if (r.h.encoding == patch::kContext) {
+      s = patch::ValidateContextStreams(r, mt.code_bits);
+    } else if (mt.nibbles) {
+      auto elements = patch::RecordChangedElements(r, mt);  // decodes the streams
+      s = elements.status();
+      if (s.ok()) changed = *elements;
+    } else {
+      s = patch::DecodeRecord(r, mt.code_bits, [](uint64_t, uint64_t) {});
+    }
     if (!s.ok()) return RecordContext(s, p, r);
     TensorPatchInfo& t = info.tensors[r.h.tensor_index];
-    t.changed_elements += r.h.changed_count;
+    t.changed_elements += changed;
     t.segments++;
     t.sparse_segments += r.h.encoding == patch::kSparse;
     t.dense_segments += r.h.encoding == patch::kDense;
@@ -161,6 +169,7 @@ PatchInfo HeadInfo(const ParsedPatch& p) {
     t.dtype = mt.desc.dtype;
     t.shape = mt.desc.shape;
     t.elements = mt.elements;
+    t.nibbles = mt.nibbles;
     info.elements += mt.elements;
     info.tensors.push_back(std::move(t));
   }
@@ -205,11 +214,15 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
   std::optional<ChangeArena> staged;  // each record's changes: position in the segment, new value
   if (staging) staged.emplace(p);
   std::vector<ViewDigest> partial(p.records.size());
+  // Changes staged per record: its changed_count, or fewer for a
+  // nibble-coded record (an element's nibbles fold into one change).
+  std::vector<uint64_t> staged_count(staging ? p.records.size() : 0);
   TERN_RETURN_IF_ERROR(ForEachRecord(p, pool, [&](uint64_t k) {
     const RecordView& r = p.records[k];
+    const patch::ManifestTensor& mt = p.tensors[r.h.tensor_index];
     const uint8_t* data = view.tensors[r.h.tensor_index].data;
     const uint64_t seed = seeds[r.h.tensor_index];
-    const uint64_t first = r.h.first_element;
+    const uint64_t first = patch::RecordFirst(r, mt);
     uint64_t* acc = partial[k].lanes.data();
     return patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() -> Status {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
@@ -231,8 +244,8 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
           patch::AddElementChange(seed, first + pos[j], old_value, new_value, sum);
           value[j] = new_value;
         };
-        TERN_RETURN_IF_ERROR(patch::DecodeRecordOnBase(
-            r, W, data, p.tensors[r.h.tensor_index].context,
+        TERN_RETURN_IF_ERROR(patch::DecodeElementChanges<W>(
+            r, mt, data,
             [&](uint64_t p_in_seg, uint64_t delta) {
               if (n < cap) {
                 pos[n] = static_cast<uint32_t>(p_in_seg);
@@ -248,7 +261,8 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
               }
               ++n;
             }));
-        TERN_ASSERT(n == cap, "decoder accepted a wrong changed count");
+        TERN_ASSERT(n == cap || (mt.nibbles && n < cap), "decoder accepted a wrong changed count");
+        staged_count[k] = n;
         while (done < n) consume(done++);
         for (int l = 0; l < 4; ++l) acc[l] = sum[l];
         return Status::Ok();
@@ -260,11 +274,9 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         const uint64_t new_value = (old_value + delta) & kMask;
         patch::AddElementChange(seed, first + pos, old_value, new_value, sum);
       };
-      Status s = patch::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
-                                           [&](uint64_t pos, uint64_t delta) {
-                                             if (batch.Push(pos, delta))
-                                               batch.Flush(address, add, false);
-                                           });
+      Status s = patch::DecodeElementChanges<W>(r, mt, data, [&](uint64_t pos, uint64_t delta) {
+        if (batch.Push(pos, delta)) batch.Flush(address, add, false);
+      });
       batch.Flush(address, add, false);
       for (int l = 0; l < 4; ++l) acc[l] = sum[l];
       return s;
@@ -283,12 +295,12 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
       const uint64_t k = records - 1 - rk;
       const RecordView& r = p.records[k];
       uint8_t* data = view.tensors[r.h.tensor_index].data;
-      const uint64_t first = r.h.first_element;
+      const uint64_t first = patch::RecordFirst(r, p.tensors[r.h.tensor_index]);
       patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
         const uint32_t* pos = staged->positions(k);
         const uint64_t* value = staged->values(k);
         uint8_t* base = data + first * W / 8;
-        for (uint64_t j = r.h.changed_count; j-- > 0;) {
+        for (uint64_t j = staged_count[k]; j-- > 0;) {
           if (j >= kPrefetchAhead)
             __builtin_prefetch(base + uint64_t{pos[j - kPrefetchAhead]} * W / 8, 1);
           patch::StoreElement<W>(data, first + pos[j], value[j]);
@@ -302,9 +314,10 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
   // Pass 2: the same, already validated, bytes again; now write.
   Status written = ForEachRecord(p, pool, [&](uint64_t k) {
     const RecordView& r = p.records[k];
+    const patch::ManifestTensor& mt = p.tensors[r.h.tensor_index];
     uint8_t* data = view.tensors[r.h.tensor_index].data;
-    const uint64_t first = r.h.first_element;
-    return patch::DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+    const uint64_t first = patch::RecordFirst(r, mt);
+    return patch::DispatchWidth(mt.width_bits, [&]<int W>() {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
       ChangeBatch batch;
       auto address = [&](uint64_t pos) { return data + (first + pos) * W / 8; };
@@ -313,12 +326,11 @@ Status ApplyWithStaging(MutableServeView& view, const ParsedPatch& p, const View
         patch::StoreElement<W>(data, i, (patch::LoadElement<W>(data, i) + delta) & kMask);
       };
       // A CONTEXT record reads each block's base before it emits a change
-      // there, so writing the changes it has emitted is safe (context_codec.h).
-      Status s = patch::DecodeRecordOnBase(r, W, data, p.tensors[r.h.tensor_index].context,
-                                           [&](uint64_t pos, uint64_t delta) {
-                                             if (batch.Push(pos, delta))
-                                               batch.Flush(address, write, true);
-                                           });
+      // there, and a nibble-coded element is read before it is passed on, so
+      // writing the changes already passed is safe (DecodeElementChanges).
+      Status s = patch::DecodeElementChanges<W>(r, mt, data, [&](uint64_t pos, uint64_t delta) {
+        if (batch.Push(pos, delta)) batch.Flush(address, write, true);
+      });
       batch.Flush(address, write, true);
       return s;
     });
@@ -337,14 +349,19 @@ namespace {
 // A decode error before `limit` changes drops the changes still in the ring
 // (an error after them does not matter: they decoded). O(1) memory.
 template <int W, class Fn>
-Status DecodePrefetched(const RecordView& r, const uint8_t* segment, uint64_t limit, uint64_t* passed, Fn&& fn) {
+Status DecodePrefetched(const RecordView& r, const ManifestTensor& mt, const uint8_t* tensor, uint64_t limit,
+                        uint64_t* passed, Fn&& fn) {
+  const uint8_t* segment = tensor + RecordFirst(r, mt) * W / 8;
   constexpr uint64_t kRing = kPrefetchAhead;
   static_assert((kRing & (kRing - 1)) == 0);
   uint32_t ring_pos[kRing];  // relative to the segment: < 2^24
   uint64_t ring_delta[kRing];
   uint64_t n = 0, done = 0;
   uintptr_t last_line = ~uintptr_t{0};
-  Status s = DecodeRecord(r, W, [&](uint64_t pos, uint64_t delta) {
+  // Not CONTEXT (those go through ApplyExclusiveKeepingChanges). A
+  // nibble-coded element is read before it is passed on, and written only
+  // kRing changes later.
+  Status s = DecodeElementChanges<W>(r, mt, tensor, [&](uint64_t pos, uint64_t delta) {
     if (n >= limit) return;
     if (n >= kRing) {
       fn(ring_pos[done % kRing], ring_delta[done % kRing]);
@@ -378,14 +395,20 @@ void UndoChanges(MutableServeView& view, const ParsedPatch& p, const std::vector
     const uint64_t k = records - 1 - rk;
     if (applied[k] == 0) return;
     const RecordView& r = p.records[k];
+    const ManifestTensor& mt = p.tensors[r.h.tensor_index];
     uint8_t* data = view.tensors[r.h.tensor_index].data;
-    const uint64_t first = r.h.first_element;
+    const uint64_t first = RecordFirst(r, mt);
     uint64_t undone = 0;
-    DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
+    DispatchWidth(mt.width_bits, [&]<int W>() {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+      if (mt.nibbles) {
+        UndoNibbleChanges<W>(r, data, applied[k]);
+        undone = applied[k];
+        return;
+      }
       // The decode is deterministic: it yields the same leading changes that
       // were applied before it failed (if it did); that status is known.
-      DecodePrefetched<W>(r, data + first * W / 8, applied[k], &undone, [&](uint64_t pos, uint64_t delta) {
+      DecodePrefetched<W>(r, mt, data, applied[k], &undone, [&](uint64_t pos, uint64_t delta) {
         const uint64_t i = first + pos;
         StoreElement<W>(data, i, (LoadElement<W>(data, i) - delta) & kMask);
       }).IgnoreError();
@@ -440,7 +463,7 @@ Status ApplyExclusiveKeepingChanges(MutableServeView& view, const ParsedPatch& p
     pool.ParallelFor(p.records.size(), [&](uint64_t k) {
       const RecordView& r = p.records[k];
       uint8_t* data = view.tensors[r.h.tensor_index].data;
-      const uint64_t first = r.h.first_element;
+      const uint64_t first = RecordFirst(r, p.tensors[r.h.tensor_index]);
       DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() {
         constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
         const uint32_t* pos = kept.positions(k);
@@ -468,15 +491,16 @@ Status ApplyExclusive(MutableServeView& view, const ParsedPatch& p, const ViewDi
   std::vector<uint64_t> applied(p.records.size(), 0);  // changes written, per record: what a failure undoes
   Status s = ForEachRecord(p, pool, [&](uint64_t k) {
     const RecordView& r = p.records[k];
+    const ManifestTensor& mt = p.tensors[r.h.tensor_index];
     uint8_t* data = view.tensors[r.h.tensor_index].data;
     const uint64_t seed = seeds[r.h.tensor_index];
-    const uint64_t first = r.h.first_element;
-    return DispatchWidth(p.tensors[r.h.tensor_index].width_bits, [&]<int W>() -> Status {
+    const uint64_t first = RecordFirst(r, mt);
+    return DispatchWidth(mt.width_bits, [&]<int W>() -> Status {
       constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
       uint64_t sum[4] = {};
       // Read, hash and write each change in one visit to its line. A failing
       // record keeps what it wrote (counted in applied[k]) for UndoChanges.
-      Status st = DecodePrefetched<W>(r, data + first * W / 8, ~uint64_t{0}, &applied[k],
+      Status st = DecodePrefetched<W>(r, mt, data, ~uint64_t{0}, &applied[k],
                                       [&](uint64_t pos, uint64_t delta) {
                                         const uint64_t i = first + pos;
                                         const uint64_t old_value = LoadElement<W>(data, i);

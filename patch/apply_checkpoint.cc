@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "patch/apply_internal.h"
+#include "patch/apply_record.h"
 #include "patch/container.h"
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
@@ -52,7 +53,8 @@ Result<ApplyCheckpointResult> ApplyCheckpoint(const Checkpoint& base, std::span<
       return TERN_ERROR(kInternal, "full re-digest of the result disagrees with the patch: ", scrub.ToString(),
                         " vs ", result.target_digest.ToString());
   }
-  for (const patch::RecordView& r : parsed.records) result.changed_elements += r.h.changed_count;
+  for (const patch::RecordView& r : parsed.records)  // decoded once already: cannot fail now
+    result.changed_elements += patch::RecordChangedElements(r, parsed.tensors[r.h.tensor_index]).value();
   result.apply_s = SecondsSince(t);
 
   t = std::chrono::steady_clock::now();

@@ -36,8 +36,13 @@ Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
   for (uint32_t t = 0; t < m.tensor_count; ++t) {
     TERN_REQUIRE(n - at >= kTensorEntryFixedBytes, kCorrupt, "manifest: truncated tensor entry ", t);
     const uint16_t name_bytes = DecodeFixed16(p + at);
-    const uint8_t dtype = p[at + 2], rank = p[at + 3];
-    TERN_REQUIRE(DecodeFixed32(p + at + 4) == 0, kCorrupt, "manifest: tensor ", t, " reserved field not zero");
+    const uint8_t dtype = p[at + 2], rank = p[at + 3], coding = p[at + 4];
+    TERN_REQUIRE(p[at + 5] == 0 && p[at + 6] == 0 && p[at + 7] == 0, kCorrupt, "manifest: tensor ", t,
+                 " reserved field not zero");
+    TERN_REQUIRE(coding == kCodingElements || (coding == kCodingNibbles && out->format_version >= kFormatVersion3),
+                 kCorrupt, "manifest: tensor ", t,
+                 out->format_version >= kFormatVersion3 ? " unknown coding " : " reserved field not zero",
+                 out->format_version >= kFormatVersion3 ? std::to_string(coding) : std::string());
     TERN_REQUIRE(name_bytes >= 1 && name_bytes <= kMaxNameBytes, kCorrupt, "manifest: tensor ", t,
                  " name length ", name_bytes);
     TERN_REQUIRE(DTypeValid(dtype), kCorrupt, "manifest: tensor ", t, " unknown dtype code ", int{dtype});
@@ -62,6 +67,16 @@ Status ParseManifest(const uint8_t* p, uint64_t n, ParsedPatch* out) {
                  "manifest: tensor names not strictly sorted at '", mt.desc.name, "'");
     mt.width_bits = ElementBits(mt.desc.dtype);
     mt.context = ContextFieldOf(mt.desc.dtype);
+    mt.code_bits = mt.width_bits;
+    mt.code_elements = mt.elements;
+    if (coding == kCodingNibbles) {
+      TERN_REQUIRE(NibbleCodable(mt.desc.dtype), kCorrupt, "manifest: tensor '", mt.desc.name, "' (",
+                   DTypeName(mt.desc.dtype), ") cannot be coded as nibbles");
+      mt.nibbles = true;
+      mt.code_bits = 4;
+      mt.code_elements = mt.elements * static_cast<uint64_t>(mt.width_bits / 4);  // elements <= 2^59
+      mt.context = ContextField{};  // no CONTEXT records
+    }
     out->tensors.push_back(std::move(mt));
   }
   TERN_REQUIRE(at == n, kCorrupt, "manifest: ", n - at, " trailing bytes");
@@ -84,8 +99,8 @@ Status WalkHead(std::span<const uint8_t> in, bool prefix, ParsedPatch* out, uint
   std::memcpy(&fh, p, sizeof(fh));
   TERN_REQUIRE(std::memcmp(fh.magic, kMagic, 8) == 0, kCorrupt, "not a tern patch (bad magic)");
   TERN_REQUIRE(XXH3_64bits(p, 24) == fh.checksum, kCorrupt, "patch file header checksum mismatch");
-  TERN_REQUIRE(fh.version == kFormatVersion1 || fh.version == kFormatVersion2, kUnsupported,
-               "patch format version ", fh.version, " (this build reads versions 1 and 2)");
+  TERN_REQUIRE(fh.version >= kFormatVersion1 && fh.version <= kNewestFormatVersion, kUnsupported,
+               "patch format version ", fh.version, " (this build reads versions 1 to 3)");
   TERN_REQUIRE(fh.flags == 0 && fh.reserved == 0, kCorrupt, "patch header: reserved bits not zero");
   TERN_REQUIRE(fh.manifest_bytes >= sizeof(ManifestFixed) && fh.manifest_bytes <= kMaxManifestBytes, kCorrupt,
                "patch header: manifest size ", fh.manifest_bytes, " out of range");
@@ -143,7 +158,7 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
       if (prefix) return stop(cursor.at);
       // ParseRecord's own error names what is missing.
       const ManifestTensor& mt = out->tensors[cursor.tensor];
-      auto rec_again = ParseRecord(p + cursor.at, size - cursor.at, mt.width_bits, nullptr,
+      auto rec_again = ParseRecord(p + cursor.at, size - cursor.at, mt.code_bits, nullptr,
                                    out->format_version >= kFormatVersion2 && mt.context.ok);
       TERN_ASSERT(!rec_again.ok(), "NextRecord found a complete record incomplete");
       return rec_again.status().WithContext("tensor '" + mt.desc.name + "'");
@@ -170,6 +185,22 @@ Status Walk(std::span<const uint8_t> in, ParsedPatch* out, uint64_t* verified) {
 }
 
 }  // namespace
+
+bool NibbleCodable(DType dtype) {
+  switch (dtype) {
+    case DType::kU8:
+    case DType::kI8:
+    case DType::kU16:
+    case DType::kI16:
+    case DType::kU32:
+    case DType::kI32:
+    case DType::kU64:
+    case DType::kI64:
+      return true;
+    default:
+      return false;
+  }
+}
 
 Result<ParsedPatch> ParsePatch(std::span<const uint8_t> patch) {
   ParsedPatch out;
@@ -205,7 +236,7 @@ Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPat
   const uint64_t available = in.size() - c->at;
   if (available < sizeof(RecordHeader)) return NextRecordResult::kIncomplete;
   uint64_t need = 0;
-  auto parsed = ParseRecord(in.data() + c->at, available, mt.width_bits, &need,
+  auto parsed = ParseRecord(in.data() + c->at, available, mt.code_bits, &need,
                             head.format_version >= kFormatVersion2 && mt.context.ok);
   if (!parsed.ok()) {
     if (need > available) return NextRecordResult::kIncomplete;
@@ -214,13 +245,21 @@ Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPat
   const RecordHeader& h = parsed->h;
   TERN_REQUIRE(h.tensor_index == c->tensor, kCorrupt, "segment record out of order: tensor index ",
                h.tensor_index, " where ", c->tensor, " ('", mt.desc.name, "') was expected");
-  TERN_REQUIRE(h.first_element >= c->next_free && h.element_count <= mt.elements &&
-                   h.first_element <= mt.elements - h.element_count,
+  TERN_REQUIRE(h.first_element >= c->next_free && h.element_count <= mt.code_elements &&
+                   h.first_element <= mt.code_elements - h.element_count,
                kCorrupt, "tensor '", mt.desc.name, "': segment at element ", h.first_element,
                " overlaps or exceeds the tensor");
-  if (mt.width_bits == 4)
+  if (mt.nibbles) {
+    // Whole elements of the dtype, so that a record's changes are changes
+    // of its own elements (and records never share one).
+    const uint64_t per = mt.nibbles_per_element();
+    TERN_REQUIRE(h.first_element % per == 0 && h.element_count % per == 0, kCorrupt, "tensor '",
+                 mt.desc.name, "': nibble-coded segment not aligned to its ", DTypeName(mt.desc.dtype),
+                 " elements");
+  }
+  if (mt.code_bits == 4)
     TERN_REQUIRE(h.first_element % 2 == 0 &&
-                     (h.element_count % 2 == 0 || h.first_element + h.element_count == mt.elements),
+                     (h.element_count % 2 == 0 || h.first_element + h.element_count == mt.code_elements),
                  kCorrupt, "tensor '", mt.desc.name, "': packed 4-bit segment not byte aligned");
   c->next_free = h.first_element + h.element_count;
   c->at += parsed->total_bytes;
@@ -232,7 +271,16 @@ Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPat
 std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,
                                 uint64_t target_version, const ViewDigest& base_digest,
                                 const ViewDigest& target_digest,
-                                const std::vector<std::span<const uint8_t>>& records, uint16_t format_version) {
+                                const std::vector<std::span<const uint8_t>>& records, uint16_t format_version,
+                                const std::vector<bool>& nibbles) {
+  TERN_ASSERT(nibbles.empty() || nibbles.size() == descs.size());
+  bool any_nibbles = false;
+  for (size_t t = 0; t < nibbles.size(); ++t)
+    if (nibbles[t]) {
+      TERN_ASSERT(format_version >= kFormatVersion2 && NibbleCodable(descs[t].dtype), "nibble coding of '",
+                  descs[t].name, "' in a format-", format_version, " patch");
+      any_nibbles = true;
+    }
   std::vector<uint64_t> segments(descs.size(), 0);
   for (const auto& r : records) {
     RecordHeader h;
@@ -255,7 +303,10 @@ std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t b
     PutFixed16(&manifest, static_cast<uint16_t>(d.name.size()));
     manifest.push_back(static_cast<uint8_t>(d.dtype));
     manifest.push_back(static_cast<uint8_t>(d.shape.size()));
-    PutFixed32(&manifest, 0);
+    manifest.push_back(!nibbles.empty() && nibbles[t] ? kCodingNibbles : kCodingElements);
+    manifest.push_back(0);
+    manifest.push_back(0);
+    manifest.push_back(0);
     manifest.insert(manifest.end(), d.name.begin(), d.name.end());
     for (uint64_t x : d.shape) PutFixed64(&manifest, x);
     PutFixed64(&manifest, d.elements());
@@ -268,7 +319,7 @@ std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t b
   FileHeader fh{};
   std::memcpy(fh.magic, kMagic, 8);
   TERN_ASSERT(format_version == kFormatVersion1 || format_version == kFormatVersion2);
-  fh.version = format_version;
+  fh.version = any_nibbles ? kFormatVersion3 : format_version;
   fh.manifest_bytes = manifest.size();
   fh.checksum = XXH3_64bits(&fh, 24);
   out.resize(sizeof(fh));

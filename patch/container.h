@@ -16,11 +16,24 @@ namespace tern::patch {
 
 struct ManifestTensor {
   TensorDesc desc;
-  uint64_t elements = 0;
+  uint64_t elements = 0;  // of its dtype
   uint64_t segment_count = 0;
-  int width_bits = 0;
-  ContextField context;  // the dtype's exponent field (CONTEXT records)
+  int width_bits = 0;     // its dtype's element width: the view's and the digest's
+  ContextField context;   // the dtype's exponent field (CONTEXT records)
+  // How its records see its bytes (the coding byte, version 3): code_bits-wide
+  // elements, code_elements of them. width_bits and elements, except for a
+  // tensor coded as nibbles: 4 and elements * width_bits / 4 (and no CONTEXT).
+  bool nibbles = false;
+  int code_bits = 0;
+  uint64_t code_elements = 0;
+  // Nibbles per element of the dtype (1 when not coded as nibbles).
+  uint64_t nibbles_per_element() const { return nibbles ? static_cast<uint64_t>(width_bits / 4) : 1; }
 };
+
+// Whether a tensor of this dtype may be coded as nibbles (version 3): the
+// integer dtypes of 8 bits or more, which hold packed 4-bit codes (NVFP4 and
+// MXFP4 codes as U8, INT4 as I32).
+bool NibbleCodable(DType dtype);
 
 struct ParsedPatch {
   uint16_t format_version = 0;
@@ -60,12 +73,15 @@ Result<NextRecordResult> NextRecord(std::span<const uint8_t> in, const ParsedPat
 
 // Writes a patch; `records` are complete records sorted by (tensor, first
 // element) with disjoint ranges (our invariant: asserted).
-// format_version: 1 or 2 (records with CONTEXT need 2).
+// format_version: 1 or 2 (records with CONTEXT need 2). nibbles: empty, or
+// per tensor whether its records code it as nibbles (format 2 only); the
+// header then says version 3 when any does.
 std::vector<uint8_t> WritePatch(const std::vector<TensorDesc>& descs, uint64_t base_version,
                                 uint64_t target_version, const ViewDigest& base_digest,
                                 const ViewDigest& target_digest,
                                 const std::vector<std::span<const uint8_t>>& records,
-                                uint16_t format_version = kFormatVersion1);
+                                uint16_t format_version = kFormatVersion1,
+                                const std::vector<bool>& nibbles = {});
 
 // kMismatch naming the first tensor whose name, dtype or shape differs.
 Status CheckLayout(const std::vector<ManifestTensor>& tensors, const std::vector<const TensorDesc*>& view);

@@ -143,6 +143,37 @@ Status CheckSameLayout(const ServeView& a, const ServeView& b) {
   return Status::Ok();
 }
 
+// The nibble changes of a segment's element changes (format 3's coding of
+// packed 4-bit codes): each changed element's nibbles that differ, with
+// their deltas mod 16, positions relative to the segment in nibbles, still
+// increasing. Reads the old value of each changed element again (the changes
+// are sparse, so this costs little next to the compare).
+template <int W>
+void NibbleChanges(const uint8_t* old_data, uint64_t first, const ChangeList& c, ChangeList* out) {
+  constexpr uint64_t kMask = W == 64 ? ~uint64_t{0} : (uint64_t{1} << W) - 1;
+  constexpr uint64_t kPer = W / 4;
+  out->n = 0;
+  if (out->positions.size() < c.n * kPer) {
+    out->positions.resize(c.n * kPer);
+    out->deltas.resize(c.n * kPer);
+  }
+  for (uint64_t j = 0; j < c.n; ++j) {
+    const uint64_t a = patch::LoadElement<W>(old_data, first + c.positions[j]);
+    const uint64_t b = (a + c.deltas[j]) & kMask;
+    for (uint64_t q = 0; q < kPer; ++q) {
+      const uint64_t x = (a >> (4 * q)) & 15, y = (b >> (4 * q)) & 15;
+      if (x == y) continue;
+      out->positions[out->n] = c.positions[j] * kPer + q;
+      out->deltas[out->n] = (y - x) & 15;
+      ++out->n;
+    }
+  }
+}
+
+// Nibble coding is tried for segments with at most one change in this many
+// elements (EncodeRange).
+constexpr uint64_t kNibbleMaxDensity = 16;
+
 // Elements per part when a segment is compared and its old bytes hashed in
 // one pass: the hash reads each part while the compare has just brought it
 // into L1/L2 (32 kB of BF16), instead of a second pass over the old view
@@ -152,10 +183,18 @@ constexpr uint64_t kHashPartElements = uint64_t{1} << 14;
 // Shared by Diff (whose arguments are validated) and EncodeSegment.
 // old_digest: null, or where the element terms of the old range are added
 // (patch::AccumulateElements), read in the same pass as the compare.
+// nibble_record: null, or where the same changes coded as nibbles go (a
+// record of the segment's count * width / 4 nibbles; the caller checked that
+// this fits a record and that the dtype is NibbleCodable). Only for a segment
+// with at most 1 change in kNibbleMaxDensity elements, else *nibble_dense is
+// set to 1: packed codes change sparsely (0.02-0.4% a step), a dense segment (a
+// keyframe's) gains nothing from nibbles, and the nibble changes of a dense
+// segment would take up to width / 4 times the element changes' scratch.
 SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32_t tensor_index,
                           uint64_t seed, uint64_t first, uint64_t count, uint16_t format_version,
                           int max_context_classes = patch::kMaxClasses,
-                          uint64_t* old_digest = nullptr) {
+                          uint64_t* old_digest = nullptr, std::vector<uint8_t>* nibble_record = nullptr,
+                          uint8_t* nibble_dense = nullptr) {
   thread_local ChangeList changes;  // scratch reused; CollectChanges grows it
   changes.n = 0;
   SegmentRecord rec;
@@ -182,6 +221,16 @@ SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32
   if (changes.n != 0)
     patch::EncodeRecord(changes.positions.data(), changes.deltas.data(), changes.n, w, tensor_index,
                         first, count, &rec.bytes, base);
+  if (nibble_record != nullptr && changes.n > count / kNibbleMaxDensity) *nibble_dense = 1;
+  if (nibble_record != nullptr && changes.n != 0 && *nibble_dense == 0) {
+    thread_local ChangeList nibbles;
+    patch::DispatchWidth(w, [&]<int W>() {
+      if constexpr (W >= 8) NibbleChanges<W>(old_t.data, first, changes, &nibbles);
+    });
+    const uint64_t per = static_cast<uint64_t>(w / 4);
+    patch::EncodeRecord(nibbles.positions.data(), nibbles.deltas.data(), nibbles.n, 4, tensor_index,
+                        first * per, count * per, nibble_record);
+  }
   return rec;
 }
 
@@ -248,25 +297,50 @@ Result<std::vector<uint8_t>> Diff(const ServeView& old_view, const ServeView& ne
     const uint64_t seg = SegmentSizeFor(d.dtype, options.segment_elements);
     for (uint64_t b = 0; b < n; b += seg) items.push_back({t, b, std::min(seg, n - b)});
   }
+  // Format 2 also codes each integer tensor (where packed 4-bit codes live)
+  // as nibbles and keeps, per tensor, the smaller of the two codings (a
+  // nibble-coded patch is format version 3, docs/format/patch.md §3.2).
+  std::vector<bool> try_nibbles(descs.size(), false);
+  if (options.format_version >= patch::kFormatVersion2 && options.nibble_coding)
+    for (size_t t = 0; t < descs.size(); ++t)
+      try_nibbles[t] = patch::NibbleCodable(descs[t].dtype) &&
+                       SegmentSizeFor(descs[t].dtype, options.segment_elements) *
+                               static_cast<uint64_t>(ElementBits(descs[t].dtype) / 4) <=
+                           kMaxSegmentElements;
   std::vector<SegmentRecord> records(items.size());
+  std::vector<std::vector<uint8_t>> nibble_records(items.size());
+  std::vector<uint8_t> nibble_dense(items.size(), 0);  // not vector<bool>: written by parallel items
   std::vector<ViewDigest> old_parts(hash_old ? items.size() : 0);
   pool.ParallelFor(items.size(), [&](uint64_t k) {
     const Item& it = items[k];
     records[k] = EncodeRange(old_view.tensors[it.tensor], new_view.tensors[it.tensor], it.tensor, seeds[it.tensor],
                              it.first, it.count, options.format_version, options.max_context_classes,
-                             hash_old ? old_parts[k].lanes.data() : nullptr);
+                             hash_old ? old_parts[k].lanes.data() : nullptr,
+                             try_nibbles[it.tensor] ? &nibble_records[k] : nullptr,
+                             &nibble_dense[k]);
   });
+  std::vector<uint64_t> element_bytes(descs.size(), 0), nibble_bytes(descs.size(), 0);
+  for (size_t k = 0; k < items.size(); ++k) {
+    element_bytes[items[k].tensor] += records[k].bytes.size();
+    nibble_bytes[items[k].tensor] += nibble_records[k].size();
+    if (nibble_dense[k]) try_nibbles[items[k].tensor] = false;  // one coding per tensor
+  }
+  std::vector<bool> nibbles(descs.size(), false);
+  for (size_t t = 0; t < descs.size(); ++t)
+    nibbles[t] = try_nibbles[t] && element_bytes[t] != 0 && nibble_bytes[t] < element_bytes[t];
   for (const ViewDigest& p : old_parts) old_total += p;
   if (old_digest != nullptr) *old_digest = old_total;
   const ViewDigest base = base_digest ? *base_digest : old_total;
   ViewDigest target = base;
   std::vector<std::span<const uint8_t>> spans;
-  for (const SegmentRecord& r : records) {
+  for (size_t k = 0; k < records.size(); ++k) {
+    const SegmentRecord& r = records[k];
     target += r.digest_delta;
-    if (!r.bytes.empty()) spans.emplace_back(r.bytes);
+    const std::vector<uint8_t>& bytes = nibbles[items[k].tensor] ? nibble_records[k] : r.bytes;
+    if (!bytes.empty()) spans.emplace_back(bytes);
   }
   return patch::WritePatch(descs, options.base_version, options.target_version, base, target, spans,
-                           options.format_version);
+                           options.format_version, nibbles);
 }
 
 PatchBuilder::PatchBuilder(const ServeView& layout, uint64_t base_version, uint64_t target_version,

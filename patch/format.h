@@ -1,4 +1,4 @@
-// Constants and fixed-size layouts of "tern patch format" versions 1 and 2.
+// Constants and fixed-size layouts of "tern patch format" versions 1 to 3.
 // The normative text is docs/format/patch.md; keep the two in step.
 #pragma once
 
@@ -16,10 +16,18 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr char kMagic[8] = {'T', 'E', 'R', 'N', 'P', 'T', 'C', 'H'};
 inline constexpr char kTrailerMagic[8] = {'T', 'E', 'R', 'N', 'E', 'N', 'D', '1'};
 // Version 2 adds the CONTEXT encoding (positions and values coded given the
-// base); everything else is version 1's. Readers accept both.
+// base); version 3 adds tensors coded as packed 4-bit elements (the tensor
+// entry's coding byte). Everything else is version 1's. Readers accept all
+// three; a writer asked for format 2 writes version 3 exactly when it codes a
+// tensor as nibbles (so that an older reader refuses it as a newer version).
 inline constexpr uint16_t kFormatVersion1 = 1;
 inline constexpr uint16_t kFormatVersion2 = 2;
-inline constexpr uint16_t kNewestFormatVersion = kFormatVersion2;
+inline constexpr uint16_t kFormatVersion3 = 3;
+inline constexpr uint16_t kNewestFormatVersion = kFormatVersion3;
+
+// A tensor entry's coding byte (version 3): how its records see its bytes.
+inline constexpr uint8_t kCodingElements = 0;  // elements of its dtype (versions 1 and 2)
+inline constexpr uint8_t kCodingNibbles = 1;   // packed 4-bit elements (integer dtypes of 8+ bits)
 
 // Bounds a reader enforces before allocating or looping (spec "Limits").
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
@@ -65,8 +73,9 @@ struct ManifestFixed {
 static_assert(sizeof(ManifestFixed) == 88);
 static_assert(offsetof(ManifestFixed, base_digest) == 16 && offsetof(ManifestFixed, tensor_count) == 80);
 
-// Per tensor entry: u16 name_bytes, u8 dtype, u8 rank, u32 reserved(0), name,
-// rank x u64 shape, u64 elements, u64 segment_count.
+// Per tensor entry: u16 name_bytes, u8 dtype, u8 rank, u8 coding (0 before
+// version 3), u8[3] reserved (0), name, rank x u64 shape, u64 elements, u64
+// segment_count.
 inline constexpr size_t kTensorEntryFixedBytes = 8;
 
 inline constexpr size_t kChecksumBytes = format::kRecordChecksumBytes;

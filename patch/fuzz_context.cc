@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TERN_ASSERT(pos < n && !seen[pos], "position out of range or repeated");
     TERN_ASSERT(delta != 0 && (w == 64 || delta >> w == 0), "delta zero or wider than the element");
     seen[pos] = 1;
-    fast.push_back({0, pos, delta});
+    fast.push_back({0, pos, delta, w});
   });
   if (s.ok()) TERN_ASSERT(fast.size() == r->h.changed_count, "changed count not honoured");
   if (s.ok() && r->h.encoding == kContext) TERN_ASSERT(ValidateContextStreams(*r, w).ok(), "base-free check stricter");

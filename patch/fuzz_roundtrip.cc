@@ -14,8 +14,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tern;
   if (size < 2) return 0;
-  static constexpr DType kTypes[] = {DType::kF4, DType::kU8, DType::kBF16, DType::kF32, DType::kF64, DType::kF8E4M3};
-  const DType dt = kTypes[data[0] % 6];
+  // U8 and I32 may be coded as nibbles by format 2 (packed 4-bit codes).
+  static constexpr DType kTypes[] = {DType::kF4,  DType::kU8,     DType::kBF16, DType::kF32,
+                                     DType::kF64, DType::kF8E4M3, DType::kI32};
+  const DType dt = kTypes[data[0] % 7];
   const uint16_t format = data[1] & 0x80 ? 2 : 1;
   // Format 2 takes CONTEXT only for records with enough changes to pay for
   // its tables: its segments are longer.

@@ -25,6 +25,7 @@ struct GoldenCase {
   uint64_t segment_elements;          // generator only
   uint16_t format = 1;                // the patch's format version
   double push = 0;                    // generator only: > 0, float tensors follow testing::PhysicalStep
+  bool nibble_steps = false;          // generator only: integer tensors follow testing::MutateNibbles
 };
 
 inline std::vector<GoldenCase> Cases() {
@@ -49,6 +50,16 @@ inline std::vector<GoldenCase> Cases() {
        2048,
        2,
        0.05},
+      // Format 3 (written by a format-2 writer): packed 4-bit codes coded
+      // as nibbles, two a U8 and eight an I32, beside a tensor coded by
+      // elements.
+      {"packed_nibbles",
+       {{"a.codes", DType::kU8, {4, 40}}, {"b.qweight", DType::kI32, {60}}, {"c.f32", DType::kF32, {30}}},
+       0.1,
+       64,
+       3,
+       0,
+       true},
   };
 }
 

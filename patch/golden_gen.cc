@@ -1,5 +1,6 @@
 // One-off generator of the golden patch files: `golden_gen DIR [CASE...]`;
-// `golden_gen --fuzz-seeds tests/fuzz/corpus` writes the format-2 fuzz seeds.
+// `golden_gen --fuzz-seeds tests/fuzz/corpus` writes the format-2 and -3 fuzz
+// seeds.
 // Run once when adding a case, naming it (existing files are never
 // rewritten: a case's files are frozen once committed, see golden_test).
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "tern/thread_pool.h"
 #include "patch/golden_cases.h"
+#include "patch/container.h"
 #include "patch/context_codec.h"
 #include "patch/test_util.h"
 #include "tern/patch.h"
@@ -60,6 +62,22 @@ int WriteFuzzSeeds(const std::string& corpus) {
     WriteFile(corpus + "/patch_roundtrip/v2_" + std::string(DTypeName(dt)), seed);
     ++written;
   }
+  // patch_roundtrip: packed 4-bit codes (U8 = 1, I32 = 6) moved nibble by
+  // nibble, so that format 2 codes them as nibbles (version 3).
+  for (uint8_t ti : {uint8_t{1}, uint8_t{6}}) {
+    const DType dt = ti == 1 ? DType::kU8 : DType::kI32;
+    const uint64_t n = 4000 / (ElementBits(dt) / 8);
+    testing::OwnedView a;
+    a.Add("t", dt, {n});
+    testing::FillRandom(a.data[0], rng);
+    testing::OwnedView b = a;
+    testing::MutateNibbles(b.data[0], ElementBits(dt), n, 0.02, rng);
+    std::vector<uint8_t> seed = {ti, 0x80 | 63};
+    seed.insert(seed.end(), a.data[0].begin(), a.data[0].end());
+    seed.insert(seed.end(), b.data[0].begin(), b.data[0].end());
+    WriteFile(corpus + "/patch_roundtrip/v3_" + std::string(DTypeName(dt)), seed);
+    ++written;
+  }
   std::printf("%d fuzz seeds\n", written);
   return 0;
 }
@@ -90,11 +108,13 @@ int main(int argc, char** argv) {
     testing::OwnedView b = a;
     for (size_t t = 0; t < b.descs.size(); ++t) {
       if (physical(t)) testing::PhysicalMutate(b.data[t], b.descs[t].dtype, b.descs[t].elements(), c.push, rng);
+      else if (c.nibble_steps && patch::NibbleCodable(b.descs[t].dtype))
+        testing::MutateNibbles(b.data[t], ElementBits(b.descs[t].dtype), b.descs[t].elements(), c.density, rng);
       else if (c.density < 0) testing::FillRandom(b.data[t], rng);
       else testing::Mutate(b.data[t], ElementBits(b.descs[t].dtype), b.descs[t].elements(), c.density, rng);
     }
     DiffOptions opt;
-    opt.format_version = c.format;
+    opt.format_version = c.format == 3 ? 2 : c.format;  // version 3 is what format 2 writes for nibbles
     opt.segment_elements = c.segment_elements;
     opt.base_version = 100;
     opt.target_version = 101;

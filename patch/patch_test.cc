@@ -37,11 +37,13 @@ std::vector<patch::RefChange> FastChanges(std::span<const uint8_t> patch, const 
   if (!p.ok()) return out;
   for (const auto& r : p->records) {
     const patch::ManifestTensor& mt = p->tensors[r.h.tensor_index];
-    Status s =
-        patch::DecodeRecordOnBase(r, mt.width_bits, base.data[r.h.tensor_index].data(), mt.context,
-                                  [&](uint64_t pos, uint64_t d) {
-                                    out.push_back({r.h.tensor_index, r.h.first_element + pos, d});
-                                  });
+    auto emit = [&](uint64_t pos, uint64_t d) {
+      out.push_back({r.h.tensor_index, r.h.first_element + pos, d, mt.code_bits});
+    };
+    // A nibble-coded record's changes are nibbles, as the reference reports them.
+    Status s = mt.nibbles ? patch::DecodeRecord(r, 4, emit)
+                          : patch::DecodeRecordOnBase(r, mt.width_bits, base.data[r.h.tensor_index].data(),
+                                                      mt.context, emit);
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
   return SortedChanges(out);
@@ -91,7 +93,7 @@ std::vector<uint8_t> CheckRoundTripFormat(const OwnedView& old_view, const Owned
     EXPECT_EQ(SortedChanges(*ref), FastChanges(*patch, old_view));
     OwnedView by_ref = old_view;
     for (const auto& c : *ref) {
-      const int w = ElementBits(by_ref.descs[c.tensor].dtype);
+      const int w = c.width;
       auto& d = by_ref.data[c.tensor];
       testing::Set(d, w, c.element,
                    (testing::Get(d, w, c.element) + c.delta) & patch::WidthMask(w));
@@ -102,17 +104,21 @@ std::vector<uint8_t> CheckRoundTripFormat(const OwnedView& old_view, const Owned
   EXPECT_TRUE(info.ok()) << info.status().ToString();
   if (info.ok()) {
     uint64_t changed = 0;
+    bool nibbles = false;
     for (size_t t = 0; t < old_view.descs.size(); ++t) {
+      // Elements of the dtype, however the records code them.
       const int w = ElementBits(old_view.descs[t].dtype);
       for (uint64_t i = 0; i < old_view.descs[t].elements(); ++i)
         changed += testing::Get(old_view.data[t], w, i) != testing::Get(new_view.data[t], w, i);
+      nibbles |= info->tensors[t].nibbles;
     }
     EXPECT_EQ(info->changed_elements, changed);
     EXPECT_EQ(info->base_version, 7u);
     EXPECT_EQ(info->patch_bytes, patch->size());
     EXPECT_EQ(info->container_bytes + info->position_bytes + info->value_bytes + info->header_bytes, patch->size());
-    EXPECT_EQ(info->format_version, format);
+    EXPECT_EQ(info->format_version, nibbles ? 3 : format);
     if (format == 1) {
+      EXPECT_FALSE(nibbles);
       uint64_t context = 0;
       for (const auto& t : info->tensors) context += t.context_segments;
       EXPECT_EQ(context, 0u);
@@ -190,6 +196,9 @@ TEST(PatchTest, SquashEqualsDirectAndCancels) {
     DiffOptions o1, o2;
     o1.base_version = 1, o1.target_version = 2, o2.base_version = 2, o2.target_version = 3;
     o2.segment_elements = 777;  // segmentation may differ between the inputs
+    // Format 1: what squashes without the base whatever the dtype (format 2
+    // may code U8 by nibbles in one patch and by elements in the next).
+    o1.format_version = o2.format_version = 1;
     auto ab = Diff(a.View(), b.View(), o1, pool), bc = Diff(b.View(), c.View(), o2, pool);
     ASSERT_TRUE(ab.ok() && bc.ok());
     std::vector<std::span<const uint8_t>> chain = {*ab, *bc};
@@ -766,6 +775,412 @@ TEST(PatchFormat2Test, SquashNeedsTheBase) {
   // Out of order: the second patch's base is not the first's target.
   std::vector<std::span<const uint8_t>> wrong = {*bc, *ab};
   EXPECT_EQ(SquashOnBase(a.View(), wrong, DiffOptions{}, pool).status().code(), Code::kMismatch);
+}
+
+// ---- Format 3: packed 4-bit codes coded as nibbles -------------------------
+
+// Packed 4-bit codes as a quantized view holds them: two a byte (NVFP4 and
+// MXFP4 codes as U8), eight an I32 (INT4), and U16/U64 for the widths in
+// between and at the top, random; with a BF16 tensor of physical values
+// beside them (whose records take CONTEXT) unless `floats` is false. A step
+// moves the codes by testing::MutateNibbles.
+OwnedView PackedCodes(std::mt19937_64& rng, bool floats = true, uint64_t u8_bytes = 6000, uint64_t i32_words = 6000) {
+  OwnedView v;
+  if (floats) v.Add("a.scale", DType::kBF16, {20000});
+  v.Add("b.weight_packed", DType::kU8, {u8_bytes});
+  v.Add("c.qweight", DType::kI32, {i32_words});
+  v.Add("d.u16", DType::kU16, {3000});
+  v.Add("e.u64", DType::kU64, {1500});
+  for (size_t t = 0; t < v.descs.size(); ++t) {
+    if (v.descs[t].dtype == DType::kBF16) testing::PhysicalFill(v.data[t], DType::kBF16, v.descs[t].elements(), rng);
+    else testing::FillRandom(v.data[t], rng);
+  }
+  return v;
+}
+
+OwnedView NibbleStep(const OwnedView& a, double density, std::mt19937_64& rng) {
+  OwnedView b = a;
+  for (size_t t = 0; t < b.descs.size(); ++t) {
+    if (b.descs[t].dtype == DType::kBF16)
+      testing::PhysicalMutate(b.data[t], DType::kBF16, b.descs[t].elements(), 0.01, rng);
+    else
+      testing::MutateNibbles(b.data[t], ElementBits(b.descs[t].dtype), b.descs[t].elements(), density, rng);
+  }
+  return b;
+}
+
+TEST(PatchFormat3Test, PackedCodesAreCodedAsNibblesAndRoundTripOnEveryPath) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(31);
+  const OwnedView a = PackedCodes(rng);
+  for (double density : {0.001, 0.01, 0.3}) {
+    for (uint64_t seg : {uint64_t{64}, uint64_t{777}, uint64_t{1} << 20}) {
+      SCOPED_TRACE("density " + std::to_string(density) + " segment " + std::to_string(seg));
+      const OwnedView b = NibbleStep(a, density, rng);
+      const std::vector<uint8_t> v1 = CheckRoundTripFormat(a, b, seg, pool, 1);
+      const std::vector<uint8_t> v2 = CheckRoundTripFormat(a, b, seg, pool, 2);
+      auto i1 = Inspect(v1);
+      auto i2 = Inspect(v2);
+      ASSERT_TRUE(i1.ok() && i2.ok());
+      EXPECT_FALSE(i2->tensors[0].nibbles) << "BF16 is never coded as nibbles";
+      // CONTEXT needs records with enough changes to pay for its tables.
+      if (seg == uint64_t{1} << 20) EXPECT_GT(i2->tensors[0].context_segments, 0u) << "CONTEXT and nibbles in one patch";
+      // Dense steps stay coded by elements (a segment with more than one
+      // change in 16 elements is not tried).
+      const bool sparse = density < 0.05;
+      EXPECT_EQ(i2->format_version, sparse ? 3 : 2);
+      for (size_t t = 1; t < i2->tensors.size(); ++t) {
+        SCOPED_TRACE(i2->tensors[t].name);
+        ASSERT_GT(i1->tensors[t].changed_elements, 0u);
+        EXPECT_EQ(i2->tensors[t].changed_elements, i1->tensors[t].changed_elements) << "counted in elements";
+        EXPECT_EQ(i2->tensors[t].nibbles, sparse);
+        EXPECT_FALSE(i1->tensors[t].nibbles);
+        // Smaller than the same changes coded as bytes or words: what the
+        // encoder chose it for (and what the codes gain).
+        if (sparse) EXPECT_LT(i2->tensors[t].total_bytes(), i1->tensors[t].total_bytes());
+      }
+    }
+  }
+  // The option leaves format 2 at version 2.
+  const OwnedView b = NibbleStep(a, 0.01, rng);
+  DiffOptions off;
+  off.nibble_coding = false;
+  auto p = Diff(a.View(), b.View(), off, pool);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(Inspect(*p)->format_version, 2);
+}
+
+// The largest nibble record: a U64 segment of 2^20 elements is 2^24 nibbles,
+// the record limit.
+TEST(PatchFormat3Test, TheLargestNibbleRecordIsAtTheRecordLimit) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(36);
+  OwnedView a;
+  a.Add("w", DType::kU64, {uint64_t{1} << 20});
+  testing::FillRandom(a.data[0], rng);
+  OwnedView b = a;
+  testing::MutateNibbles(b.data[0], 64, uint64_t{1} << 20, 0.002, rng);
+  CheckRoundTripFormat(a, b, uint64_t{1} << 20, pool, 2);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  ASSERT_TRUE(patch.ok());
+  auto parsed = patch::ParsePatch(*patch);
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_TRUE(parsed->tensors[0].nibbles);
+  ASSERT_EQ(parsed->records.size(), 1u);
+  EXPECT_EQ(parsed->records[0].h.element_count, patch::kMaxSegmentElements);
+}
+
+TEST(PatchFormat3Test, AStaleViewFailsOnEveryPathAndIsLeftAsItWas) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(32);
+  // With a CONTEXT tensor the exclusive apply keeps its changes
+  // (ApplyExclusiveKeepingChanges); without one it undoes nibble by nibble.
+  for (bool floats : {true, false}) {
+    SCOPED_TRACE(floats ? "with CONTEXT records" : "nibble records only");
+    const OwnedView a = PackedCodes(rng, floats);
+    const OwnedView b = NibbleStep(a, 0.02, rng);
+    DiffOptions opt;
+    // Several records a tensor, so a failure comes after others were
+    // written; long enough for CONTEXT where there are floats.
+    opt.segment_elements = floats ? 8192 : 256;
+    auto patch = Diff(a.View(), b.View(), opt, pool);
+    ASSERT_TRUE(patch.ok());
+    ASSERT_EQ(Inspect(*patch)->format_version, 3);
+    ASSERT_EQ(ContextSegments(*patch) > 0, floats);
+    const ViewDigest claimed = ComputeDigest(a.View(), pool);
+    // The caller's view differs from a where the patch changes it (its
+    // digest is stale): nibbles fold against other values, so the target
+    // digest fails after records were written, and each path must restore
+    // the view exactly.
+    OwnedView other = a;
+    for (size_t t = 0; t < other.descs.size(); ++t) {
+      const int w = ElementBits(a.descs[t].dtype);
+      if (a.descs[t].dtype == DType::kBF16) continue;
+      for (uint64_t i = 0; i < other.descs[t].elements(); i += 3)
+        if (testing::Get(a.data[t], w, i) != testing::Get(b.data[t], w, i))
+          testing::Set(other.data[t], 4, i * static_cast<uint64_t>(w / 4), rng() & 15);
+    }
+    const auto before = other.data;
+    MutableServeView mv = other.Mutable();
+    const Status s = Apply(mv, *patch, claimed, pool);
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+    EXPECT_EQ(other.data, before);
+    EXPECT_EQ(Apply(mv, *patch, claimed, pool, ApplyOptions{.exclusive_view = true}).ToString(), s.ToString());
+    EXPECT_EQ(other.data, before);
+    EXPECT_EQ(patch::ApplyWithStaging(mv, *patch, claimed, pool, nullptr, 0).ToString(), s.ToString());
+    EXPECT_EQ(other.data, before);
+    // The streaming apply discards its view on error; it fails the same way.
+    OwnedView streamed = other;
+    MutableServeView sv = streamed.Mutable();
+    PatchStreamApply stream(sv, claimed, pool);
+    Status ss = stream.Feed(std::span<const uint8_t>(patch->data(), patch->size() / 2));
+    if (ss.ok()) ss = stream.Finish(*patch);
+    EXPECT_EQ(ss.code(), Code::kCorrupt) << ss.ToString();
+    // And on the right view, fed in pieces, it applies.
+    OwnedView right = a;
+    MutableServeView rv = right.Mutable();
+    PatchStreamApply good(rv, claimed, pool);
+    ASSERT_TRUE(good.Feed(std::span<const uint8_t>(patch->data(), patch->size() / 2)).ok());
+    EXPECT_GT(good.records_written(), 0u);
+    ViewDigest d;
+    ASSERT_TRUE(good.Finish(*patch, &d).ok());
+    EXPECT_EQ(right.data, b.data);
+    EXPECT_EQ(d, ComputeDigest(b.View(), pool));
+  }
+}
+
+// Re-seals record k's checksum after `forge` changed its bytes, and the
+// trailer's checksum over every record's.
+std::vector<uint8_t> ForgeRecord(std::vector<uint8_t> patch, size_t k,
+                                 const std::function<void(uint8_t* record, uint64_t bytes)>& forge) {
+  const auto parsed = patch::ParsePatch(patch).value();
+  std::vector<uint64_t> sums;
+  for (size_t i = 0; i < parsed.records.size(); ++i) {
+    const patch::RecordView& r = parsed.records[i];
+    const uint64_t at = static_cast<uint64_t>(r.table - patch.data()) - sizeof(patch::RecordHeader);
+    uint64_t sum = r.checksum;
+    if (i == k) {
+      forge(patch.data() + at, r.total_bytes);
+      sum = XXH3_64bits(patch.data() + at, r.total_bytes - 8);
+      std::memcpy(patch.data() + at + r.total_bytes - 8, &sum, 8);
+    }
+    sums.push_back(sum);
+  }
+  uint64_t manifest_bytes, manifest_sum;
+  std::memcpy(&manifest_bytes, patch.data() + 16, 8);
+  std::memcpy(&manifest_sum, patch.data() + 32 + manifest_bytes, 8);
+  std::vector<uint8_t> buf(patch.end() - 24, patch.end() - 16);  // the trailer magic
+  const uint64_t n = sums.size();
+  auto put = [&](uint64_t x) {
+    buf.insert(buf.end(), reinterpret_cast<const uint8_t*>(&x), reinterpret_cast<const uint8_t*>(&x) + 8);
+  };
+  put(n);
+  put(manifest_sum);
+  for (uint64_t c : sums) put(c);
+  const uint64_t trailer_sum = XXH3_64bits(buf.data(), buf.size());
+  std::memcpy(patch.data() + patch.size() - 8, &trailer_sum, 8);
+  return patch;
+}
+
+// A nibble record whose header claims one change more or less than its
+// streams hold fails while it decodes, after the ring of the exclusive path
+// has written part of it: the undo must take back exactly those elements,
+// nibble by nibble (and the record's last, half-folded element not at all).
+TEST(PatchFormat3Test, ARecordFailingMidwayIsUndoneExactly) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(37);
+  const OwnedView a = PackedCodes(rng, /*floats=*/false);
+  const OwnedView b = NibbleStep(a, 0.04, rng);
+  DiffOptions opt;
+  opt.segment_elements = 4096;
+  auto patch = Diff(a.View(), b.View(), opt, pool);
+  ASSERT_TRUE(patch.ok());
+  ASSERT_EQ(ContextSegments(*patch), 0u);
+  const auto parsed = patch::ParsePatch(*patch).value();
+  const ViewDigest base = ComputeDigest(a.View(), pool);
+  int forged = 0;
+  for (size_t k = 0; k < parsed.records.size(); ++k) {
+    const patch::RecordView& r = parsed.records[k];
+    if (!parsed.tensors[r.h.tensor_index].nibbles || r.h.encoding != patch::kSparse || r.h.changed_count < 100)
+      continue;
+    for (int more : {1, -1}) {
+      SCOPED_TRACE("record " + std::to_string(k) + (more > 0 ? " +1" : " -1"));
+      const auto bad = ForgeRecord(*patch, k, [&](uint8_t* rec, uint64_t) {
+        uint64_t count;
+        std::memcpy(&count, rec + 24, 8);
+        count += more;
+        std::memcpy(rec + 24, &count, 8);
+      });
+      OwnedView by_default = a, by_exclusive = a;
+      MutableServeView dv = by_default.Mutable(), ev = by_exclusive.Mutable();
+      const Status expected = Apply(dv, bad, base, pool);
+      EXPECT_EQ(expected.code(), Code::kCorrupt) << expected.ToString();
+      EXPECT_EQ(by_default.data, a.data);
+      EXPECT_EQ(Apply(ev, bad, base, pool, ApplyOptions{.exclusive_view = true}).ToString(), expected.ToString());
+      EXPECT_EQ(by_exclusive.data, a.data);
+    }
+    ++forged;
+  }
+  EXPECT_GE(forged, 3);
+}
+
+TEST(PatchFormat3Test, EveryBitFlipAndTruncationIsRejected) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(33);
+  OwnedView a;
+  a.Add("codes", DType::kU8, {400});
+  a.Add("qweight", DType::kI32, {100});
+  for (auto& d : a.data) testing::FillRandom(d, rng);
+  OwnedView b = a;
+  for (size_t t = 0; t < 2; ++t)
+    testing::MutateNibbles(b.data[t], ElementBits(b.descs[t].dtype), b.descs[t].elements(), 0.03, rng);
+  DiffOptions opt;
+  opt.segment_elements = 128;
+  const std::vector<uint8_t> patch = Diff(a.View(), b.View(), opt, pool).value();
+  ASSERT_EQ(Inspect(patch)->format_version, 3);
+  ASSERT_LT(patch.size(), 1500u);
+  const ViewDigest base = ComputeDigest(a.View(), pool);
+  OwnedView work = a;
+  MutableServeView mv = work.Mutable();
+  for (size_t bit = 0; bit < patch.size() * 8; ++bit) {
+    std::vector<uint8_t> bad = patch;
+    bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
+    Status s = patch::ApplyWithStaging(mv, bad, base, pool, nullptr, bit % 2 ? 0 : 1 << 20);
+    ASSERT_FALSE(s.ok()) << "bit " << bit;
+    EXPECT_TRUE(s.code() == Code::kCorrupt || s.code() == Code::kUnsupported) << s.ToString();
+    ASSERT_EQ(work.data, a.data) << "bit " << bit;
+    EXPECT_EQ(Apply(mv, bad, base, pool, ApplyOptions{.exclusive_view = true}).ToString(), s.ToString());
+    ASSERT_EQ(work.data, a.data) << "bit " << bit;
+    EXPECT_FALSE(Inspect(bad).ok()) << "bit " << bit;
+  }
+  for (size_t cut = 0; cut < patch.size(); ++cut) {
+    EXPECT_EQ(Apply(mv, std::span<const uint8_t>(patch.data(), cut), base, pool).code(), Code::kCorrupt);
+    ASSERT_EQ(work.data, a.data);
+  }
+  ASSERT_TRUE(Apply(mv, patch, base, pool).ok());
+  EXPECT_EQ(work.data, b.data);
+}
+
+// Rewrites a manifest byte (offset in the manifest) and the header's
+// version, then seals the header, manifest and trailer checksums again: a
+// well-formed container that breaks only the rule under test.
+std::vector<uint8_t> ForgeManifest(std::vector<uint8_t> patch, uint64_t offset, uint8_t value, uint16_t version) {
+  const auto parsed = patch::ParsePatch(patch).value();
+  std::vector<uint64_t> sums;
+  for (const auto& r : parsed.records) sums.push_back(r.checksum);
+  uint64_t manifest_bytes;
+  std::memcpy(&manifest_bytes, patch.data() + 16, 8);
+  patch[32 + offset] = value;
+  std::memcpy(patch.data() + 8, &version, 2);
+  const uint64_t header_sum = XXH3_64bits(patch.data(), 24);
+  std::memcpy(patch.data() + 24, &header_sum, 8);
+  const uint64_t manifest_sum = XXH3_64bits(patch.data() + 32, manifest_bytes);
+  std::memcpy(patch.data() + 32 + manifest_bytes, &manifest_sum, 8);
+  std::vector<uint8_t> buf(patch.end() - 24, patch.end() - 16);  // the trailer magic
+  const uint64_t n = sums.size();
+  buf.insert(buf.end(), reinterpret_cast<const uint8_t*>(&n), reinterpret_cast<const uint8_t*>(&n) + 8);
+  buf.insert(buf.end(), reinterpret_cast<const uint8_t*>(&manifest_sum),
+             reinterpret_cast<const uint8_t*>(&manifest_sum) + 8);
+  for (uint64_t c : sums)
+    buf.insert(buf.end(), reinterpret_cast<const uint8_t*>(&c), reinterpret_cast<const uint8_t*>(&c) + 8);
+  const uint64_t trailer_sum = XXH3_64bits(buf.data(), buf.size());
+  std::memcpy(patch.data() + patch.size() - 8, &trailer_sum, 8);
+  return patch;
+}
+
+TEST(PatchFormat3Test, TheCodingByteIsChecked) {
+  ThreadPool pool(1);
+  std::mt19937_64 rng(34);
+  OwnedView a;
+  a.Add("codes", DType::kU8, {256});
+  a.Add("w", DType::kBF16, {64});
+  for (auto& d : a.data) testing::FillRandom(d, rng);
+  OwnedView b = a;
+  testing::Set(b.data[0], 4, 5, testing::Get(b.data[0], 4, 5) ^ 1);
+  testing::Set(b.data[0], 4, 100, testing::Get(b.data[0], 4, 100) ^ 8);
+  testing::Set(b.data[1], 16, 3, testing::Get(b.data[1], 16, 3) + 1);
+  DiffOptions opt;
+  opt.segment_elements = 64;
+  const std::vector<uint8_t> v3 = Diff(a.View(), b.View(), opt, pool).value();
+  ASSERT_EQ(Inspect(v3)->format_version, 3);
+  ASSERT_TRUE(Inspect(v3)->tensors[0].nibbles);
+  opt.format_version = 1;
+  const std::vector<uint8_t> v1 = Diff(a.View(), b.View(), opt, pool).value();
+  // The sealing alone changes nothing.
+  EXPECT_TRUE(Inspect(ForgeManifest(v3, 92, 1, 3)).ok());
+  // "codes" is entry 0: its coding byte is manifest byte 88 + 4; "w" starts
+  // after entry 0's name (5 bytes), shape (8) and counts (16).
+  const uint64_t w_coding = 88 + 8 + 5 + 8 + 16 + 4;
+  struct Bad {
+    std::vector<uint8_t> patch;
+    Code code;
+    const char* text;
+  };
+  const std::vector<Bad> bad = {
+      {ForgeManifest(v3, 92, 1, 2), Code::kCorrupt, "reserved field not zero"},  // coding before version 3
+      {ForgeManifest(v3, 92, 2, 3), Code::kCorrupt, "unknown coding 2"},
+      {ForgeManifest(v3, 93, 1, 3), Code::kCorrupt, "reserved field not zero"},
+      {ForgeManifest(v3, w_coding, 1, 3), Code::kCorrupt, "cannot be coded as nibbles"},  // BF16
+      // Element records read as nibbles: 64 one-byte elements are 128 nibbles,
+      // so the second record (first element 64) starts mid-tensor, misaligned.
+      {ForgeManifest(v1, 92, 1, 3), Code::kCorrupt, ""},
+      {ForgeManifest(v3, 92, 1, 4), Code::kUnsupported, "version 4"},
+  };
+  for (size_t k = 0; k < bad.size(); ++k) {
+    SCOPED_TRACE(k);
+    auto info = Inspect(bad[k].patch);
+    ASSERT_FALSE(info.ok());
+    EXPECT_EQ(info.status().code(), bad[k].code) << info.status().ToString();
+    EXPECT_NE(info.status().ToString().find(bad[k].text), std::string::npos) << info.status().ToString();
+  }
+  // Records of nibbles read as bytes may well parse (here both changes lie
+  // in the first record, whose 128 nibbles fit the 256 bytes), but they do
+  // not reach the target, and the view is left as it was.
+  const std::vector<uint8_t> as_bytes = ForgeManifest(v3, 92, 0, 3);
+  OwnedView work = a;
+  MutableServeView mv = work.Mutable();
+  const Status s = Apply(mv, as_bytes, ComputeDigest(a.View(), pool), pool);
+  EXPECT_EQ(s.code(), Code::kCorrupt) << s.ToString();
+  EXPECT_EQ(work.data, a.data);
+}
+
+TEST(PatchFormat3Test, SquashKeepsTheCodingOrNeedsTheBase) {
+  ThreadPool pool(2);
+  std::mt19937_64 rng(35);
+  const OwnedView a = PackedCodes(rng, /*floats=*/false);  // no CONTEXT: squashes without the base
+  const OwnedView b = NibbleStep(a, 0.01, rng);
+  const OwnedView c = NibbleStep(b, 0.01, rng);
+  DiffOptions o1, o2;
+  o1.base_version = 1, o1.target_version = 2, o2.base_version = 2, o2.target_version = 3;
+  o2.segment_elements = 4000;
+  auto ab = Diff(a.View(), b.View(), o1, pool), bc = Diff(b.View(), c.View(), o2, pool);
+  ASSERT_TRUE(ab.ok() && bc.ok());
+  const ViewDigest da = ComputeDigest(a.View(), pool);
+  auto check = [&](const std::vector<uint8_t>& ac, uint16_t version) {
+    auto info = Inspect(ac);
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    EXPECT_EQ(info->format_version, version);
+    EXPECT_EQ(info->base_version, 1u);
+    EXPECT_EQ(info->target_version, 3u);
+    OwnedView work = a;
+    MutableServeView mv = work.Mutable();
+    ASSERT_TRUE(Apply(mv, ac, da, pool).ok());
+    EXPECT_EQ(work.data, c.data);
+  };
+  // Both code the packed tensors as nibbles: nibble deltas add.
+  std::vector<std::span<const uint8_t>> chain = {*ab, *bc};
+  auto ac = Squash(chain, pool);
+  ASSERT_TRUE(ac.ok()) << ac.status().ToString();
+  check(*ac, 3);
+  EXPECT_TRUE(Inspect(*ac)->tensors[1].nibbles);
+  // One codes them by elements: only the base can join the two.
+  DiffOptions f1 = o2;
+  f1.format_version = 1;
+  auto bc1 = Diff(b.View(), c.View(), f1, pool);
+  ASSERT_TRUE(bc1.ok());
+  std::vector<std::span<const uint8_t>> mixed = {*ab, *bc1};
+  auto refused = Squash(mixed, pool);
+  EXPECT_EQ(refused.status().code(), Code::kUnsupported);
+  EXPECT_NE(refused.status().ToString().find("differently"), std::string::npos) << refused.status().ToString();
+  auto on_base = SquashOnBase(a.View(), mixed, DiffOptions{}, pool);
+  ASSERT_TRUE(on_base.ok()) << on_base.status().ToString();
+  check(*on_base, 3);
+  // A patch that leaves the packed tensors alone codes them by neither: it
+  // squashes with one that codes them as nibbles.
+  OwnedView d = b;
+  d.data[3] = c.data[3];  // only the U64 tensor moves
+  auto bd = Diff(b.View(), d.View(), o2, pool);
+  ASSERT_TRUE(bd.ok());
+  ASSERT_FALSE(Inspect(*bd)->tensors[0].nibbles);
+  ASSERT_TRUE(Inspect(*bd)->tensors[3].nibbles);
+  std::vector<std::span<const uint8_t>> quiet = {*ab, *bd};
+  auto ad = Squash(quiet, pool);
+  ASSERT_TRUE(ad.ok()) << ad.status().ToString();
+  EXPECT_TRUE(Inspect(*ad)->tensors[0].nibbles);
+  OwnedView work = a;
+  MutableServeView mv = work.Mutable();
+  ASSERT_TRUE(Apply(mv, *ad, da, pool).ok());
+  EXPECT_EQ(work.data, d.data);
 }
 
 }  // namespace

@@ -159,8 +159,11 @@ Result<std::vector<RefChange>> ReferenceDecode(std::span<const uint8_t> patch, c
   std::vector<RefChange> out;
   for (const RecordView& r : p.records) {
     const RecordHeader& h = r.h;
-    const int w = p.tensors[h.tensor_index].width_bits;
-    auto emit = [&](uint64_t pos, uint64_t delta) { out.push_back({h.tensor_index, h.first_element + pos, delta}); };
+    // A nibble-coded tensor's records are 4-bit elements (§3.2): so are its changes.
+    const int w = p.tensors[h.tensor_index].code_bits;
+    auto emit = [&](uint64_t pos, uint64_t delta) {
+      out.push_back({h.tensor_index, h.first_element + pos, delta, w});
+    };
     uint64_t changed = 0;
     if (h.encoding == kContext) {
       TERN_RETURN_IF_ERROR(DecodeContextRecord(r, p.tensors[h.tensor_index],

@@ -15,8 +15,11 @@ namespace tern::patch {
 
 struct RefChange {
   uint32_t tensor;
-  uint64_t element;  // absolute element index in the tensor
-  uint64_t delta;    // (new - old) mod 2^w, non-zero
+  uint64_t element;  // absolute element index in the tensor, in elements of `width` bits
+  uint64_t delta;    // (new - old) mod 2^width, non-zero
+  // The element width the records code: the dtype's, or 4 for a tensor
+  // coded as nibbles (format 3), whose elements are then its nibbles.
+  int width = 0;
   bool operator==(const RefChange&) const = default;
 };
 

@@ -1,5 +1,6 @@
 // Squash: joining consecutive patches a->b, b->c, ... into a->z, without the
-// base (formats without CONTEXT segments) or with it (SquashOnBase).
+// base (patches without CONTEXT segments or nibble-coded tensors) or with it
+// (SquashOnBase).
 #include <algorithm>
 
 #include "patch/container.h"
@@ -32,6 +33,29 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
     TERN_REQUIRE(parsed[i - 1].target_digest == parsed[i].base_digest, kMismatch, "patch ", i + 1,
                  " does not start where patch ", i, " ends (digests do not chain)");
   }
+  // Nibble deltas add per nibble and element deltas per element, but the
+  // two do not add to each other without the base (the carries between
+  // nibbles depend on it): a tensor squashes without the base when every
+  // patch that changes it codes it the same way, and keeps that coding.
+  std::vector<bool> nibbles(first.tensors.size(), false);
+  bool any_nibbles = false;
+  for (size_t t = 0; t < first.tensors.size(); ++t) {
+    size_t coder = parsed.size();  // the first patch that changes tensor t
+    for (size_t i = 0; i < parsed.size(); ++i) {
+      const patch::ManifestTensor& mt = parsed[i].tensors[t];
+      if (mt.segment_count == 0) continue;
+      if (coder == parsed.size()) {
+        coder = i;
+        nibbles[t] = mt.nibbles;
+        continue;
+      }
+      TERN_REQUIRE(mt.nibbles == nibbles[t], kUnsupported, "patch ", coder + 1, " and patch ", i + 1,
+                   " code tensor '", mt.desc.name,
+                   "' differently (as nibbles in one, by elements in the other): squashing them needs the "
+                   "base view (SquashOnBase)");
+    }
+    any_nibbles |= nibbles[t];
+  }
   // Per tensor: every patch's changes as (element, delta), summed mod 2^w.
   const size_t tensors = first.tensors.size();
   std::vector<std::vector<std::vector<uint8_t>>> out_records(tensors);
@@ -40,7 +64,7 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
   for (const auto& p : parsed)
     for (const RecordView& r : p.records) by_tensor[r.h.tensor_index].push_back(&r);
   pool.ParallelFor(tensors, [&](uint64_t t) {
-    const int w = first.tensors[t].width_bits;
+    const int w = nibbles[t] ? 4 : first.tensors[t].width_bits;
     const uint64_t mask = patch::WidthMask(w);
     std::vector<std::pair<uint64_t, uint64_t>> changes;
     for (const RecordView* r : by_tensor[t]) {
@@ -62,8 +86,10 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
       i = j;
     }
     changes.resize(n);
-    const uint64_t seg = uint64_t{1} << 20;  // even, so packed 4-bit segments stay byte aligned
-    const uint64_t elements = first.tensors[t].elements;
+    const uint64_t seg = uint64_t{1} << 20;  // a multiple of 16: 4-bit segments start on a byte, nibble-coded ones on an element
+    const uint64_t elements =  // a multiple of seg's alignment
+        nibbles[t] ? first.tensors[t].elements * static_cast<uint64_t>(first.tensors[t].width_bits / 4)
+                   : first.tensors[t].elements;
     std::vector<uint64_t> pos, delta;
     for (size_t i = 0; i < n;) {
       const uint64_t seg_first = changes[i].first / seg * seg;
@@ -85,8 +111,10 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
     for (const auto& r : recs) spans.emplace_back(r);
   std::vector<TensorDesc> out_descs;
   for (const auto& t : first.tensors) out_descs.push_back(t.desc);
+  // Version 1, or 3 when a tensor stays nibble-coded (WritePatch).
   return patch::WritePatch(out_descs, first.base_version, parsed.back().target_version,
-                           first.base_digest, parsed.back().target_digest, spans);
+                           first.base_digest, parsed.back().target_digest, spans,
+                           any_nibbles ? patch::kFormatVersion2 : patch::kFormatVersion1, nibbles);
 }
 
 

@@ -41,6 +41,24 @@ inline void Mutate(std::vector<uint8_t>& d, int w, uint64_t n, double density, s
   }
 }
 
+// A step of packed 4-bit codes (two a byte, eight an I32; w >= 8): each of
+// the n w-bit elements changes with probability `density`, one of its
+// nibbles by +-1 mod 16 (so 15 -> 0 wraps with no carry into the next
+// nibble), and a second one time in four: how quantized codes move when the
+// master weights cross a rounding step.
+inline void MutateNibbles(std::vector<uint8_t>& d, int w, uint64_t n, double density, std::mt19937_64& rng) {
+  std::bernoulli_distribution pick(density), second(0.25);
+  const uint64_t per = static_cast<uint64_t>(w / 4);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!pick(rng)) continue;
+    const int changes = second(rng) ? 2 : 1;
+    for (int c = 0; c < changes; ++c) {
+      const uint64_t nib = i * per + rng() % per;
+      Set(d, 4, nib, (Get(d, 4, nib) + (rng() % 2 ? 1 : 15)) & 15);
+    }
+  }
+}
+
 // A step with the physics of a served float view: exponent fields fall off
 // geometrically from the top one (most elements are large), and an element
 // changes with probability ~ push / ulp, doubling per binade down. Mostly

@@ -25,6 +25,7 @@ void PrintJson(const PatchInfo& info) {
                        {"shape", t.shape},
                        {"elements", t.elements},
                        {"changed_elements", t.changed_elements},
+                       {"nibbles", t.nibbles},
                        {"segments", t.segments},
                        {"sparse_segments", t.sparse_segments},
                        {"dense_segments", t.dense_segments},
@@ -71,7 +72,7 @@ void PrintTable(const PatchInfo& info, bool all) {
     }
     std::string name = t.name.size() > 52 ? "..." + t.name.substr(t.name.size() - 49) : t.name;
     std::printf("%-52s %-8s %14llu %12llu %8.4f %11llu %11llu %9llu %8.2f\n", name.c_str(),
-                std::string(DTypeName(t.dtype)).c_str(),
+                (std::string(DTypeName(t.dtype)) + (t.nibbles ? "/nib" : "")).c_str(),
                 static_cast<unsigned long long>(t.elements),
                 static_cast<unsigned long long>(t.changed_elements),
                 t.elements ? 100.0 * t.changed_elements / t.elements : 0.0,

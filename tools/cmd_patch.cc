@@ -132,7 +132,8 @@ Status SquashCmd(const SquashArgs& a) {
   if (a.base_path.empty()) {
     TERN_REQUIRE(
         a.format_version_flag->count() == 0, kInvalidArgument,
-        "tern squash: --format-version needs --base (without the base a squash is format 1)");
+        "tern squash: --format-version needs --base (without the base a squash keeps its inputs' "
+        "codings: format 1, or version 3 for tensors coded as nibbles)");
     auto squashed = tern::Squash(spans, pool);
     if (squashed.status().code() == Code::kUnsupported)
       return squashed.status().WithContext("pass the first patch's base checkpoint with --base");
@@ -193,8 +194,9 @@ void AddDiff(CLI::App& tern, Dispatch& dispatch) {
   a->target_version_flag = AddUnsigned(*cmd, "--target-version", a->target_version,
                                        "version number of NEW (default: its metadata, else 0)", "");
   AddUnsigned(*cmd, "--format-version", a->format_version,
-              "patch format: 1, or 2 (positions and values coded given the base: smaller, slower to "
-              "apply, squashed only with the base; docs/format/patch.md)",
+              "patch format: 1, or 2 (positions and values coded given the base, packed 4-bit codes "
+              "as nibbles, which the file then calls version 3: smaller, slower to apply, squashed "
+              "only with the base; docs/format/patch.md)",
               std::to_string(kDefaultPatchFormat))
       ->check(CLI::Range(1, 2));
   AddForceFlag(*cmd, a->force, "replace an existing patch file");

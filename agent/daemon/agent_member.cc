@@ -552,7 +552,9 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   const bool prepared = store_->spare_ready() || store_->advancing();
   if (ref.kind != ObjectKind::kKeyframe) {
     if (auto head = InspectHead(bytes); head.ok() && head->has_value()) {
-      format = (*head)->format_version;
+      // Version 3 is what format 2's writer emits when it codes a tensor as
+      // nibbles: the same format for the root's choice.
+      format = (*head)->format_version == 3 ? 2 : (*head)->format_version;
       for (const TensorPatchInfo& t : (*head)->tensors) view_bytes += DTypeBytes(t.dtype, t.elements);
     }
   }

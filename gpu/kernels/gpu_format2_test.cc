@@ -312,6 +312,7 @@ TEST(GpuDevice, ShardedIslandRefusesTogether) {
   DiffOptions opt;
   opt.segment_elements = 1000;
   opt.format_version = 2;
+  opt.nibble_coding = false;
   auto p2 = Diff(a.View(), b.View(), opt, pool);
   ASSERT_TRUE(p2.ok());
   int unsupported = 0;

@@ -77,6 +77,7 @@ TEST(GpuPatchWalk, FindsEveryRecordOfValidPatches) {
     opt.segment_elements = 1000;
     opt.base_version = 7;
     opt.target_version = 8;
+    opt.nibble_coding = false;  // the GPU apply takes versions 1 and 2 (patch_walk.cc)
     auto patch = Diff(a.View(), b.View(), opt, pool);
     ASSERT_TRUE(patch.ok());
     auto walked = gpu::WalkPatch(*patch);
@@ -105,7 +106,7 @@ TEST(GpuPatchWalk, RejectsDamagedAndTruncatedPatches) {
   ThreadPool pool(2);
   testing::OwnedView a = MixedView(rng, 1024), b(a.View());
   MutateAll(b, 0.01, rng);
-  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{.nibble_coding = false}, pool);
   ASSERT_TRUE(patch.ok());
   for (size_t at : {size_t{3}, size_t{40}, patch->size() / 2, patch->size() - 1}) {
     std::vector<uint8_t> bad = *patch;
@@ -152,6 +153,7 @@ TEST(GpuDevice, ApplyMatchesCpuAtEveryDensity) {
       MutateAll(b, density, rng);
       DiffOptions opt;
       opt.segment_elements = 4099;
+      opt.nibble_coding = false;
       auto patch = Diff(a.View(), b.View(), opt, pool);
       ASSERT_TRUE(patch.ok());
       DeviceView d(a.View());
@@ -182,7 +184,7 @@ TEST(GpuDevice, ApplyRefusesAndLeavesTheViewUntouched) {
   testing::OwnedView a = MixedView(rng, 20000), b(a.View()), c(a.View());
   MutateAll(b, 0.01, rng);
   MutateAll(c, 0.001, rng);
-  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{.nibble_coding = false}, pool);
   ASSERT_TRUE(patch.ok());
   const ViewDigest da = ComputeDigest(a.View(), pool);
   // Wrong base digest: refused before any work.
@@ -245,6 +247,7 @@ TEST(GpuPatchWalk, BrokenStreamsPassFramingButNotDecoding) {
     MutateAll(b, density, rng);
     DiffOptions opt;
     opt.segment_elements = 2000;
+    opt.nibble_coding = false;
     auto patch = Diff(a.View(), b.View(), opt, pool);
     ASSERT_TRUE(patch.ok());
     const std::vector<uint8_t> bad = BreakOneRecordsStreams(*patch, rng);
@@ -267,6 +270,7 @@ TEST(GpuDevice, ApplyRejectsBadStreamsFoundOnlyByDecoding) {
     MutateAll(b, density, rng);
     DiffOptions opt;
     opt.segment_elements = 2000;
+    opt.nibble_coding = false;
     auto patch = Diff(a.View(), b.View(), opt, pool);
     ASSERT_TRUE(patch.ok());
     const std::vector<uint8_t> bad = BreakOneRecordsStreams(*patch, rng);
@@ -288,7 +292,7 @@ TEST(GpuDevice, RefusesViewsTheDeviceCannotAddress) {
   ThreadPool pool(2);
   testing::OwnedView a = MixedView(rng, 4096), b(a.View());
   MutateAll(b, 0.01, rng);
-  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{.nibble_coding = false}, pool);
   ASSERT_TRUE(patch.ok());
   const ViewDigest da = ComputeDigest(a.View(), pool);
   // Pageable host memory: refused before any kernel could fault on it.
@@ -369,7 +373,7 @@ TEST(GpuDevice, IslandOfOneRankAppliesTheRootsPatch) {
   ThreadPool pool(2);
   testing::OwnedView a = MixedView(rng, 20000), b(a.View());
   MutateAll(b, 0.01, rng);
-  auto patch = Diff(a.View(), b.View(), DiffOptions{}, pool);
+  auto patch = Diff(a.View(), b.View(), DiffOptions{.nibble_coding = false}, pool);
   ASSERT_TRUE(patch.ok());
   auto id = NcclIsland::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status().ToString();

@@ -88,6 +88,7 @@ inline Result<std::vector<uint8_t>> DiffFormat2(const testing::OwnedView& a, con
   DiffOptions opt;
   opt.segment_elements = segment_elements;
   opt.format_version = 2;
+  opt.nibble_coding = false;  // the GPU apply takes versions 1 and 2 (patch_walk.cc)
   auto patch = Diff(a.View(), b.View(), opt, pool);
   if (!patch.ok()) return patch;
   auto info = Inspect(*patch);

@@ -88,6 +88,11 @@ TEST(GpuContextOps, GoldenPatchesDecodeAsTheReference) {
     const std::vector<uint8_t> base = ReadFile(stem + ".base"), target = ReadFile(stem + ".target"),
                                patch = ReadFile(stem + ".patch");
     auto wp = WalkPatch(patch);
+    if (c.format == 3) {
+      // Nibble-coded tensors are applied on the host for now: refused, by name.
+      EXPECT_EQ(wp.status().code(), Code::kUnsupported) << c.file;
+      continue;
+    }
     ASSERT_TRUE(wp.ok()) << c.file << ": " << wp.status().ToString();
     std::vector<uint64_t> offset;  // of each tensor in the .base/.target files
     uint64_t at = 0;

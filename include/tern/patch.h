@@ -1,5 +1,5 @@
 // The tern patch codec: lossless, bit-exact patches between two serve views.
-// Format: docs/format/patch.md ("tern patch format", versions 1 and 2).
+// Format: docs/format/patch.md ("tern patch format", versions 1 to 3).
 //
 // A patch holds, per tensor, segments (contiguous element ranges) of changes
 // in bit-pattern space: delta = (new - old) mod 2^w on each element's raw
@@ -42,9 +42,15 @@ struct DiffOptions {
   uint64_t base_version = 0;
   uint64_t target_version = 0;
   // Patch format to write (docs/format/patch.md): 1, or 2, whose segments
-  // may code positions and values given the base view (CONTEXT). Readers
-  // accept both; format 2 needs the base to squash (SquashOnBase).
+  // may code positions and values given the base view (CONTEXT), and whose
+  // integer tensors are coded as nibbles where that is smaller (packed 4-bit
+  // codes; the file then says version 3). Readers accept every version;
+  // format 2 needs the base to squash (SquashOnBase).
   uint16_t format_version = kDefaultPatchFormat;
+  // Format 2: whether integer tensors may be coded as nibbles where that is
+  // smaller (version 3). False for a reader that takes versions 1 and 2
+  // only (today's GPU apply, gpu/host/patch_walk.cc).
+  bool nibble_coding = true;
   // Format 2: the most classes a CONTEXT segment may use, 2 .. 16. Fewer
   // decode and encode faster for a few percent more bytes (8 instead of 16
   // on datagen BF16: ~1% larger, decode ~20% faster; docs/benchmarks-journal.md).
@@ -114,6 +120,9 @@ struct TensorPatchInfo {
   uint64_t segments = 0;          // records in the patch (0: unchanged tensor)
   uint64_t sparse_segments = 0, dense_segments = 0, raw_segments = 0;
   uint64_t context_segments = 0;  // format 2: coded given the base
+  // Format 3: the tensor's records code its bytes as packed 4-bit elements
+  // (changed_elements still counts elements of its dtype).
+  bool nibbles = false;
   uint64_t position_bytes = 0;    // positions streams
   uint64_t value_bytes = 0;       // values streams (+ RAW payloads)
   uint64_t header_bytes = 0;      // record headers, code tables, checksums

@@ -176,6 +176,58 @@ class PatchCommands(unittest.TestCase):
         self.assertTrue(same_checkpoint(out, new))
         os.remove(out)
 
+    def test_packed_codes_are_coded_as_nibbles(self):
+        # Packed 4-bit codes (two a U8, eight an I32) moved one nibble at a
+        # time: format 2 codes them as nibbles, which the file calls version 3.
+        import random
+        rng = random.Random(7)
+        steps = [{
+            "codes": ("U8", [4096], bytes(rng.getrandbits(8) for _ in range(4096))),
+            "qweight": ("I32", [1024], bytes(rng.getrandbits(8) for _ in range(4096))),
+        }]
+        for _ in range(2):
+            step = {}
+            for name, (dt, shape, data) in steps[-1].items():
+                data = bytearray(data)
+                for _ in range(len(data) // 100):
+                    nib = rng.randrange(2 * len(data))
+                    byte, high = nib // 2, nib % 2
+                    v = (data[byte] >> (4 * high)) & 15
+                    v2 = (v + rng.choice((1, 15))) & 15
+                    data[byte] = (data[byte] & (0x0F if high else 0xF0)) | (v2 << (4 * high))
+                step[name] = (dt, shape, bytes(data))
+            steps.append(step)
+        files = []
+        for i, t in enumerate(steps):
+            files.append(self.path(f"packed{i}.safetensors"))
+            write_safetensors(files[-1], t, {"format": "pt"})
+        p01 = self.diff(files[0], files[1], "packed01.patch")
+        p12 = self.diff(files[1], files[2], "packed12.patch")
+        info = json.loads(run("inspect", p01, "--json").stdout)
+        self.assertEqual(info["format_version"], 3)
+        self.assertEqual([t["nibbles"] for t in info["tensors"]], [True, True])
+        self.assertIn("U8/nib", run("inspect", p01).stdout)
+        v1 = self.path("packed01-v1.patch")
+        if os.path.exists(v1):
+            os.remove(v1)
+        run("diff", files[0], files[1], "-o", v1, "--format-version", 1)
+        info1 = json.loads(run("inspect", v1, "--json").stdout)
+        self.assertEqual(info1["changed_elements"], info["changed_elements"])
+        self.assertLess(info["patch_bytes"], info1["patch_bytes"])
+        out = self.path("packed-out.safetensors")
+        run("apply", files[0], p01, "-o", out)
+        self.assertTrue(same_checkpoint(out, files[1]))
+        os.remove(out)
+        # Both code the tensors as nibbles: they squash without the base.
+        squashed = self.path("packed02.patch")
+        if os.path.exists(squashed):
+            os.remove(squashed)
+        run("squash", p01, p12, "-o", squashed)
+        self.assertEqual(json.loads(run("inspect", squashed, "--json").stdout)["format_version"], 3)
+        run("apply", files[0], squashed, "-o", out)
+        self.assertTrue(same_checkpoint(out, files[2]))
+        os.remove(out)
+
     def test_squash_equals_chain(self):
         # diff writes format 2 by default: its squash needs the first base.
         p01 = self.diff(self.steps[0], self.steps[1], "s01.patch")
