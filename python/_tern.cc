@@ -202,13 +202,14 @@ void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
 
 // (name, dtype, shape, data pointer, bytes) per tensor as tern_tensors, the
 // pointers into buffers the caller (tern/_core.py) keeps alive for the call:
-// read in place, nothing copied here. Owns the strings the views point at.
+// read in place, nothing copied here; or, without data, (name, dtype, shape)
+// (a layout). Owns the strings the views point at.
 struct TensorViews {
   std::vector<std::string> names, dtypes;
   std::vector<std::vector<uint64_t>> shapes;
   std::vector<tern_tensor> views;
 
-  TensorViews(const py::list& tensors, const char* who) {
+  TensorViews(const py::list& tensors, const char* who, bool with_data = true) {
     const size_t n = tensors.size();
     names.resize(n);
     dtypes.resize(n);
@@ -216,8 +217,9 @@ struct TensorViews {
     views.resize(n);
     for (size_t i = 0; i < n; ++i) {
       auto t = tensors[i].cast<py::tuple>();
-      if (t.size() != 5)
-        throw py::value_error(std::string(who) + ": want (name, dtype, shape, data, bytes)");
+      if (t.size() != (with_data ? 5u : 3u))
+        throw py::value_error(std::string(who) + (with_data ? ": want (name, dtype, shape, data, bytes)"
+                                                            : ": a layout entry is (name, dtype, shape)"));
       names[i] = t[0].cast<std::string>();
       dtypes[i] = t[1].cast<std::string>();
       shapes[i] = t[2].cast<std::vector<uint64_t>>();
@@ -226,6 +228,7 @@ struct TensorViews {
       views[i].dtype = dtypes[i].c_str();
       views[i].shape = shapes[i].empty() ? nullptr : shapes[i].data();
       views[i].ndim = static_cast<uint32_t>(shapes[i].size());
+      if (!with_data) continue;
       views[i].data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
       views[i].bytes = t[4].cast<uint64_t>();
     }
@@ -515,22 +518,8 @@ class RankPublisher {
     }
     if (timeout_ms != 0) co.timeout_ms = timeout_ms;
     Check(tern_client_open(address.c_str(), &co, &client_));
-    const size_t n = layout.size();
-    std::vector<std::string> names(n), dtypes(n);
-    std::vector<std::vector<uint64_t>> shapes(n);
-    std::vector<tern_tensor> tensors(n);
-    for (size_t i = 0; i < n; ++i) {
-      auto t = layout[i].cast<py::tuple>();
-      if (t.size() != 3) throw py::value_error("Publisher: a layout entry is (name, dtype, shape)");
-      names[i] = t[0].cast<std::string>();
-      dtypes[i] = t[1].cast<std::string>();
-      shapes[i] = t[2].cast<std::vector<uint64_t>>();
-      tern_tensor_init(&tensors[i]);
-      tensors[i].name = names[i].c_str();
-      tensors[i].dtype = dtypes[i].c_str();
-      tensors[i].shape = shapes[i].empty() ? nullptr : shapes[i].data();
-      tensors[i].ndim = static_cast<uint32_t>(shapes[i].size());
-    }
+    const TensorViews tensors_in(layout, "Publisher", /*with_data=*/false);
+    const std::vector<tern_tensor>& tensors = tensors_in.views;
     std::vector<std::string> shard_names;
     std::vector<tern_shard> owned;
     ReadShards(shards, false, &shard_names, &owned);

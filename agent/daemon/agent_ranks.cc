@@ -161,18 +161,20 @@ Status AgentImpl::GatherRankPart(RankPart part, uint32_t timeout_ms, bool resume
     // its part of that version committed, when this root committed it: a
     // wrong base would otherwise fail every rank's part at the assembly's
     // digest check.
-    if (own_terms)
-      TERN_REQUIRE(*own_terms == part.base_terms, kMismatch, "resume: rank ", rank,
-                   "'s base is not version ", part.base_version,
-                   "'s bytes of its shards (their digest terms differ from the root's view); "
-                   "nothing taken: resume from a view serving ", part.base_version);
-    else if (auto known = rank_terms_.find(rank); rank_terms_version_ == part.base_version &&
-                                                    known != rank_terms_.end() &&
-                                                    known->second.shards == part.shards)
-      TERN_REQUIRE(known->second.terms == part.base_terms, kMismatch, "resume: rank ", rank,
-                   "'s base is not version ", part.base_version,
-                   "'s bytes of its shards (their digest terms differ from its committed "
-                   "part's); nothing taken: resume from a view serving ", part.base_version);
+    std::optional<ViewDigest> expected = own_terms;
+    const char* against = "the root's view";
+    if (!expected) {
+      if (auto known = rank_terms_.find(rank); rank_terms_version_ == part.base_version &&
+                                                 known != rank_terms_.end() &&
+                                                 known->second.shards == part.shards) {
+        expected = known->second.terms;
+        against = "its committed part's";
+      }
+    }
+    if (expected)
+      TERN_REQUIRE(*expected == part.base_terms, kMismatch, "resume: rank ", rank, "'s base is not version ",
+                   part.base_version, "'s bytes of its shards (their digest terms differ from ", against,
+                   "); nothing taken: resume from a view serving ", part.base_version);
   }
   if (!assembly_) {
     assembly_.emplace();
