@@ -171,7 +171,7 @@ void NibbleChanges(const uint8_t* old_data, uint64_t first, const ChangeList& c,
 }
 
 // Nibble coding is tried for segments with at most one change in this many
-// elements (EncodeRange).
+// elements, or one change (EncodeRange).
 constexpr uint64_t kNibbleMaxDensity = 16;
 
 // Elements per part when a segment is compared and its old bytes hashed in
@@ -221,7 +221,8 @@ SegmentRecord EncodeRange(const TensorRef& old_t, const TensorRef& new_t, uint32
   if (changes.n != 0)
     patch::EncodeRecord(changes.positions.data(), changes.deltas.data(), changes.n, w, tensor_index,
                         first, count, &rec.bytes, base);
-  if (nibble_record != nullptr && changes.n > count / kNibbleMaxDensity) *nibble_dense = 1;
+  // At least one change is allowed, so a short tail segment does not veto.
+  if (nibble_record != nullptr && changes.n > std::max<uint64_t>(count / kNibbleMaxDensity, 1)) *nibble_dense = 1;
   if (nibble_record != nullptr && changes.n != 0 && *nibble_dense == 0) {
     thread_local ChangeList nibbles;
     patch::DispatchWidth(w, [&]<int W>() {
