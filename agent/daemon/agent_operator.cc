@@ -8,6 +8,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "agent/daemon/admin_jobs.h"
 #include "agent/daemon/agent_impl.h"
 #include "agent/ops/admin_http.h"
 #include "base/text.h"
@@ -154,11 +155,7 @@ namespace {
 
 Status Post(const std::string& admin_address, std::string_view path, const nlohmann::json& body,
             const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
+  agent::AdminClientOptions o = agent::AdminRequestOf(options);
   o.timeout_ms = options.timeout_ms;
   return agent::AdminPost(admin_address, path, body.dump(), o).status();
 }

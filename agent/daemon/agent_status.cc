@@ -9,6 +9,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "agent/daemon/admin_jobs.h"
 #include "agent/daemon/agent_impl.h"
 #include "agent/daemon/engine_driver.h"
 #include "agent/daemon/serve_hook.h"
@@ -471,60 +472,43 @@ Status AgentImpl::StartAdmin() {
 }  // namespace tern::agent
 
 namespace tern {
+namespace {
+
+Result<std::string> Get(const std::string& admin_address, std::string_view path,
+                        const AgentClientOptions& options) {
+  agent::AdminClientOptions o = agent::AdminRequestOf(options);
+  o.timeout_ms = options.timeout_ms;
+  return agent::AdminGet(admin_address, path, o);
+}
+
+}  // namespace
 
 Status PublishToRoot(const std::string& admin_address, const std::string& checkpoint_path,
                      uint64_t version, const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
   agent::PublishFlags flags;
   flags.force = options.force;
   flags.supersede = options.supersede;
-  return agent::PublishAndWait(admin_address, checkpoint_path, version, flags, o,
-                               options.timeout_ms);
+  return agent::PublishAndWait(admin_address, checkpoint_path, version, flags,
+                               agent::AdminRequestOf(options), options.timeout_ms);
 }
 
 Result<std::string> AgentStatusJson(const std::string& admin_address, const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
-  o.timeout_ms = options.timeout_ms;
-  return agent::AdminGet(admin_address, "/status", o);
+  return Get(admin_address, "/status", options);
 }
 
 Result<std::string> AgentMetricsText(const std::string& admin_address, const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
-  o.timeout_ms = options.timeout_ms;
-  return agent::AdminGet(admin_address, "/metrics", o);
+  return Get(admin_address, "/metrics", options);
 }
 
 Result<std::string> AgentPublishJobsJson(const std::string& admin_address,
                                          const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
-  o.timeout_ms = options.timeout_ms;
-  return agent::AdminGet(admin_address, "/publish", o);
+  return Get(admin_address, "/publish", options);
 }
 
 Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t after_seq,
                                     uint32_t max_events, uint32_t timeout_ms,
                                     const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
+  agent::AdminClientOptions o = agent::AdminRequestOf(options);
   // The long poll runs inside the request: give the reply that long on top.
   o.timeout_ms = options.timeout_ms + timeout_ms;
   return agent::AdminGet(admin_address,

@@ -4,33 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
-#include <thread>
 #include <utility>
 
 namespace tern::agent {
-namespace {
-
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-const char* StateName(PublishJobs::State s) {
-  switch (s) {
-    case PublishJobs::State::kRunning:
-      return "running";
-    case PublishJobs::State::kPublished:
-      return "published";
-    case PublishJobs::State::kFailed:
-      return "failed";
-  }
-  return "?";
-}
-
-AdminResponse Text(int status, std::string line) {
-  return AdminResponse{status, "text/plain", std::move(line) + "\n"};
-}
-
-}  // namespace
 
 PublishJobs::PublishJobs(PublishFn publish) : publish_(std::move(publish)) {}
 
@@ -53,14 +29,14 @@ Result<PublishJobs::Job> PublishJobs::Start(const std::string& checkpoint, uint6
   if (running_) {
     const Job& r = jobs_.back();
     TERN_REQUIRE(r.version == version && r.checkpoint == checkpoint && r.supersede == supersede,
-                 kAlreadyExists,
-                 "publish: version ", r.version,
+                 kAlreadyExists, "publish: version ", r.version,
                  " is still being published (GET /publish shows "
                  "when it ends); one publish at a time");
   } else {
     // The previous job's thread has finished its work; reap it before the next.
     if (thread_.joinable()) thread_.join();
-    jobs_.push_back(Job{version, checkpoint, supersede, State::kRunning, Status::Ok(), NowS(), 0});
+    jobs_.push_back(
+        Job{version, checkpoint, supersede, State::kRunning, Status::Ok(), JobClockS(), 0});
     while (jobs_.size() > kMaxJobs) jobs_.pop_front();
     running_ = true;
     thread_ = std::thread(
@@ -82,7 +58,7 @@ void PublishJobs::Run(std::string checkpoint, uint64_t version, bool supersede) 
   Job& j = jobs_.back();
   j.state = s.ok() ? State::kPublished : State::kFailed;
   j.status = std::move(s);
-  j.finished_s = NowS();
+  j.finished_s = JobClockS();
   running_ = false;
   cv_.SignalAll();
 }
@@ -100,12 +76,12 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
          nlohmann::json j = nlohmann::json::parse(req.body, nullptr, false);
          if (!j.is_object() || !j.contains("checkpoint") || !j["checkpoint"].is_string() ||
              !j.contains("version") || !j["version"].is_number_unsigned())
-           return Text(400,
-                       "expected {\"checkpoint\": PATH, \"version\": N[, \"force\": true]"
-                       "[, \"supersede\": true]}");
+           return TextAnswer(400,
+                             "expected {\"checkpoint\": PATH, \"version\": N[, \"force\": true]"
+                             "[, \"supersede\": true]}");
          for (const char* flag : {"force", "supersede"})
            if (j.contains(flag) && !j[flag].is_boolean())
-             return Text(400, std::string("\"") + flag + "\" must be true or false");
+             return TextAnswer(400, std::string("\"") + flag + "\" must be true or false");
          const uint64_t version = j["version"].get<uint64_t>();
          std::string checkpoint = j["checkpoint"].get<std::string>();
          PublishFlags flags;
@@ -114,38 +90,24 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
          if (admit) {
            auto admitted = admit(checkpoint, version, flags);
            if (!admitted.ok())
-             return Text(AdminHttpStatusOf(admitted.status()), admitted.status().ToString());
+             return TextAnswer(AdminHttpStatusOf(admitted.status()), admitted.status().ToString());
            checkpoint = std::move(*admitted);
          }
          auto job = Start(checkpoint, version, wait_ms, flags.supersede);
          if (!job.ok())
-           return Text(job.status().code() == Code::kAlreadyExists ? 409 : 503,
-                       job.status().ToString());
-         if (job->state == State::kRunning) {
-           nlohmann::json out = {{"publishing", version}, {"state", "running"}};
-           return AdminResponse{202, "application/json", out.dump() + "\n"};
-         }
-         if (job->state == State::kFailed)
-           return Text(AdminHttpStatusOf(job->status), job->status.ToString());
-         nlohmann::json out = {{"published", version}};
-         return AdminResponse{200, "application/json", out.dump() + "\n"};
+           return TextAnswer(job.status().code() == Code::kAlreadyExists ? 409 : 503,
+                             job.status().ToString());
+         return JobAnswer(job->state, job->status, version,
+                          {{"publishing", version}, {"state", "running"}});
        },
        /*mutating=*/true});
   routes.push_back(
       {"GET", "/publish", [this](const AdminRequest&) {
-         const double now = NowS();
          nlohmann::json jobs = nlohmann::json::array();
          for (const Job& job : Recent()) {
-           nlohmann::json o = {
-               {"version", job.version},
-               {"checkpoint", job.checkpoint},
-               {"state", StateName(job.state)},
-               {"seconds", (job.state == State::kRunning ? now : job.finished_s) - job.started_s}};
+           nlohmann::json o = {{"version", job.version}, {"checkpoint", job.checkpoint}};
+           AddJobOutcome(o, job.state, job.status, job.started_s, job.finished_s);
            if (job.supersede) o["supersede"] = true;
-           if (job.state == State::kFailed) {
-             o["code"] = static_cast<unsigned>(job.status.code());
-             o["error"] = job.status.message();
-           }
            jobs.push_back(std::move(o));
          }
          nlohmann::json out = {{"jobs", std::move(jobs)}};
@@ -157,61 +119,43 @@ std::vector<AdminRoute> PublishJobs::Routes(uint32_t wait_ms, AdmitFn admit) {
 Status PublishAndWait(const std::string& admin_address, const std::string& checkpoint,
                       uint64_t version, const PublishFlags& flags,
                       const AdminClientOptions& request, uint32_t timeout_ms) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto left_ms = [&] {
-    return static_cast<uint32_t>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
-  };
-  AdminClientOptions o = request;
-  o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
+  JobPoll poll{admin_address, "/publish", request,
+               std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms)};
   nlohmann::json body = {{"checkpoint", checkpoint}, {"version", version}};
   if (flags.force) body["force"] = true;
   if (flags.supersede) body["supersede"] = true;
-  TERN_ASSIGN_OR_RETURN(std::string reply, AdminPost(admin_address, "/publish", body.dump(), o));
+  TERN_ASSIGN_OR_RETURN(std::string reply, AdminPost(admin_address, "/publish", body.dump(),
+                                                     UntilDeadline(request, poll.deadline)));
   nlohmann::json r = nlohmann::json::parse(reply, nullptr, false);
   if (r.is_object() && r.contains("published")) return Status::Ok();
   TERN_REQUIRE(r.is_object() && r.contains("publishing"), kProtocol,
                "publish: unexpected answer from the root: ", reply.substr(0, 200));
   // Running: poll, slowly at first, at most every second.
-  uint32_t pause_ms = 100;
-  for (;;) {
-    const uint32_t left = left_ms();
-    if (left == 0)
-      return TERN_ERROR(kTimeout, "publish: version ", version, " is still being published on ",
-                        admin_address, " after ", timeout_ms / 1000.0,
-                        " s (`tern status` shows when it lands)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pause_ms, left)));
-    pause_ms = std::min<uint32_t>(pause_ms * 2, 1000);
-    o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
-    auto state = AdminGet(admin_address, "/publish", o);
-    // A root busy publishing may answer slowly: keep polling until our deadline.
-    if (!state.ok() &&
-        (state.status().code() == Code::kTimeout || state.status().code() == Code::kUnavailable))
-      continue;
-    TERN_RETURN_IF_ERROR(state.status());
-    nlohmann::json s = nlohmann::json::parse(*state, nullptr, false);
-    TERN_REQUIRE(s.is_object() && s.contains("jobs") && s["jobs"].is_array(), kProtocol,
-                 "publish: unexpected GET /publish answer: ", state->substr(0, 200));
-    // The newest job for this version (the root may have resolved the path).
-    const nlohmann::json* mine = nullptr;
-    for (const auto& j : s["jobs"])
-      if (j.is_object() && j.contains("version") && j["version"].is_number_unsigned() &&
-          j["version"].get<uint64_t>() == version)
-        mine = &j;
-    TERN_REQUIRE(mine != nullptr, kNotFound,
-                 "publish: the root no longer knows the job for version ", version,
-                 " (did it restart?); `tern status` shows whether it was published");
-    const std::string st = mine->value("state", std::string());
-    if (st == "published") return Status::Ok();
-    if (st == "failed") {
-      const unsigned code = mine->value("code", 0u);
-      const Code c = code > 0 && code <= static_cast<unsigned>(Code::kAuth)
-                         ? static_cast<Code>(code)
-                         : Code::kInternal;
-      return Status(c, mine->value("error", std::string("publish failed on the root")));
-    }
-  }
+  return PollJob(
+      poll,
+      [&](const std::string& answer) -> std::optional<Status> {
+        nlohmann::json s = nlohmann::json::parse(answer, nullptr, false);
+        if (!s.is_object() || !s.contains("jobs") || !s["jobs"].is_array())
+          return TERN_ERROR(kProtocol,
+                            "publish: unexpected GET /publish answer: ", answer.substr(0, 200));
+        // The newest job for this version (the root may have resolved the path).
+        const nlohmann::json* mine = nullptr;
+        for (const auto& j : s["jobs"])
+          if (j.is_object() && j.contains("version") && j["version"].is_number_unsigned() &&
+              j["version"].get<uint64_t>() == version)
+            mine = &j;
+        if (mine == nullptr)
+          return TERN_ERROR(kNotFound, "publish: the root no longer knows the job for version ",
+                            version,
+                            " (did it restart?); `tern status` shows whether it was "
+                            "published");
+        return JobOutcomeOf(*mine, "publish failed on the root");
+      },
+      [&] {
+        return TERN_ERROR(kTimeout, "publish: version ", version, " is still being published on ",
+                          admin_address, " after ", timeout_ms / 1000.0,
+                          " s (`tern status` shows when it lands)");
+      });
 }
 
 }  // namespace tern::agent

@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/daemon/admin_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
@@ -57,7 +58,7 @@ class PublishJobs {
       std::function<Status(const std::string& checkpoint, uint64_t version, bool supersede)>;
   static constexpr size_t kMaxJobs = 16;  // finished jobs kept for GET /publish
 
-  enum class State { kRunning, kPublished, kFailed };
+  using State = JobState;
   struct Job {
     uint64_t version = 0;
     std::string checkpoint;

@@ -180,5 +180,37 @@ TEST_F(PublishJobsTest, TheSupersedeFlagReachesAdmissionAndThePublish) {
   EXPECT_EQ(p.supersedes.load(), 2);
 }
 
+// The client reads a job's outcome from the root's JSON (admin_jobs.h):
+// whatever the fields hold, it gets a Status or keeps waiting, never a throw.
+TEST(JobOutcomeTest, ReadsEveryShapeOfAnswerWithoutThrowing) {
+  using nlohmann::json;
+  EXPECT_FALSE(JobOutcomeOf(json{{"state", "running"}}, "x").has_value());
+  EXPECT_FALSE(JobOutcomeOf(json::object(), "x").has_value());
+  EXPECT_TRUE(JobOutcomeOf(json{{"state", "published"}}, "x")->ok());
+  auto failed = JobOutcomeOf(json{{"state", "failed"}, {"code", static_cast<unsigned>(Code::kMismatch)},
+                                  {"error", "rank 3 sent other bytes"}},
+                             "x");
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_EQ(failed->code(), Code::kMismatch);
+  EXPECT_EQ(failed->message(), "rank 3 sent other bytes");
+  // A code this build does not know, or not a number, reads as kInternal;
+  // a missing or non-text reason as the fallback.
+  for (const json& code : {json(9999), json("7"), json(-1), json(nullptr)}) {
+    auto f = JobOutcomeOf(json{{"state", "failed"}, {"code", code}, {"error", 5}}, "fell back");
+    ASSERT_TRUE(f.has_value()) << code;
+    EXPECT_EQ(f->code(), Code::kInternal) << code;
+    EXPECT_EQ(f->message(), "fell back") << code;
+  }
+  // What AddJobOutcome writes, JobOutcomeOf reads back.
+  json o = json::object();
+  AddJobOutcome(o, JobState::kFailed, Status(Code::kTimeout, "slow"), 1.0, 3.5);
+  EXPECT_EQ(o["seconds"], 2.5);
+  EXPECT_EQ(o["state"], "failed");
+  auto back = JobOutcomeOf(o, "x");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->code(), Code::kTimeout);
+  EXPECT_EQ(back->message(), "slow");
+}
+
 }  // namespace
 }  // namespace tern::agent

@@ -14,26 +14,6 @@
 namespace tern::agent {
 namespace {
 
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-const char* StateName(RankPartJobs::State s) {
-  switch (s) {
-    case RankPartJobs::State::kRunning:
-      return "running";
-    case RankPartJobs::State::kPublished:
-      return "published";
-    case RankPartJobs::State::kFailed:
-      return "failed";
-  }
-  return "?";
-}
-
-AdminResponse Text(int status, std::string line) {
-  return AdminResponse{status, "text/plain", std::move(line) + "\n"};
-}
-
 // A query parameter as a whole unsigned number in [lo, hi]; `fallback` when absent.
 bool NumberParam(const AdminRequest& req, const char* name, uint64_t lo, uint64_t hi,
                  uint64_t fallback, uint64_t* out) {
@@ -45,17 +25,6 @@ bool NumberParam(const AdminRequest& req, const char* name, uint64_t lo, uint64_
   const std::string& s = it->second;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
   return ec == std::errc() && end == s.data() + s.size() && *out >= lo && *out <= hi;
-}
-
-AdminResponse Answer(const RankPartJobs::Job& job) {
-  if (job.state == RankPartJobs::State::kRunning) {
-    nlohmann::json out = {{"publishing", job.version}, {"rank", job.rank}, {"state", "running"}};
-    return AdminResponse{202, "application/json", out.dump() + "\n"};
-  }
-  if (job.state == RankPartJobs::State::kFailed)
-    return Text(AdminHttpStatusOf(job.status), job.status.ToString());
-  nlohmann::json out = {{"published", job.version}};
-  return AdminResponse{200, "application/json", out.dump() + "\n"};
 }
 
 }  // namespace
@@ -117,7 +86,7 @@ Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash,
     }
     reap.swap(done_threads_);
     Entry& e = jobs_[key];
-    e.job = Job{key.first, key.second, State::kRunning, Status::Ok(), part_hash, NowS(), 0};
+    e.job = Job{key.first, key.second, State::kRunning, Status::Ok(), part_hash, JobClockS(), 0};
     e.seq = next_seq_++;
     ++running_;
     e.thread =
@@ -127,12 +96,11 @@ Result<RankPartJobs::Job> RankPartJobs::Start(RankPart part, uint64_t part_hash,
     ReapLocked();
   }
   const uint64_t seq = jobs_[key].seq;
-  cv_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
-                [&]() REQUIRES(mu_) {
-                  auto j = jobs_.find(key);
-                  return j == jobs_.end() || j->second.seq != seq ||
-                         j->second.job.state != State::kRunning;
-                });
+  cv_.WaitUntil(
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms), [&]() REQUIRES(mu_) {
+        auto j = jobs_.find(key);
+        return j == jobs_.end() || j->second.seq != seq || j->second.job.state != State::kRunning;
+      });
   auto j = jobs_.find(key);
   TERN_REQUIRE(j != jobs_.end() && j->second.seq == seq, kUnavailable, "publish from ranks: rank ",
                key.second, "'s part of version ", key.first,
@@ -151,7 +119,7 @@ void RankPartJobs::Run(Key key, uint64_t seq, RankPart part, uint32_t timeout_ms
   if (it != jobs_.end() && it->second.seq == seq) {
     it->second.job.state = s.ok() ? State::kPublished : State::kFailed;
     it->second.job.status = std::move(s);
-    it->second.job.finished_s = NowS();
+    it->second.job.finished_s = JobClockS();
   }
   cv_.SignalAll();
 }
@@ -171,21 +139,23 @@ std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
        [this, wait_ms](const AdminRequest& req) {
          uint64_t timeout_ms = 0;
          if (!NumberParam(req, "timeout_ms", 1, 600000, kDefaultRankPartTimeoutMs, &timeout_ms))
-           return Text(400, "timeout_ms must be a whole number of ms from 1 to 600000");
+           return TextAnswer(400, "timeout_ms must be a whole number of ms from 1 to 600000");
          uint64_t resume = 0;
          if (!NumberParam(req, "resume", 0, 1, 0, &resume))
-           return Text(400, "resume must be 0 or 1");
+           return TextAnswer(400, "resume must be 0 or 1");
          auto part = DecodeRankPart(std::span<const uint8_t>(
              reinterpret_cast<const uint8_t*>(req.body.data()), req.body.size()));
-         if (!part.ok()) return Text(400, part.status().ToString());
+         if (!part.ok()) return TextAnswer(400, part.status().ToString());
          auto job = Start(std::move(part).value(), Xxh3(req.body.data(), req.body.size()),
                           static_cast<uint32_t>(timeout_ms), wait_ms, resume == 1);
          if (!job.ok()) {
            const Code c = job.status().code();
-           return Text(c == Code::kAlreadyExists || c == Code::kMismatch ? 409 : 503,
-                       job.status().ToString());
+           return TextAnswer(c == Code::kAlreadyExists || c == Code::kMismatch ? 409 : 503,
+                             job.status().ToString());
          }
-         return Answer(*job);
+         return JobAnswer(
+             job->state, job->status, job->version,
+             {{"publishing", job->version}, {"rank", job->rank}, {"state", "running"}});
        },
        /*mutating=*/true, /*private_read=*/false, kMaxRankPartRouteBytes});
   routes.push_back({"GET", "/publish/rank-part",
@@ -194,19 +164,11 @@ std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
                       if (!NumberParam(req, "version", 1, UINT64_MAX, 0, &version) ||
                           !NumberParam(req, "rank", 0, UINT32_MAX, UINT64_MAX, &rank) ||
                           version == 0 || rank == UINT64_MAX)
-                        return Text(400, "want ?version=V&rank=R");
+                        return TextAnswer(400, "want ?version=V&rank=R");
                       auto job = Find(version, static_cast<uint32_t>(rank));
-                      if (!job.ok()) return Text(404, job.status().ToString());
-                      nlohmann::json o = {
-                          {"version", job->version},
-                          {"rank", job->rank},
-                          {"state", StateName(job->state)},
-                          {"seconds", (job->state == State::kRunning ? NowS() : job->finished_s) -
-                                          job->started_s}};
-                      if (job->state == State::kFailed) {
-                        o["code"] = static_cast<unsigned>(job->status.code());
-                        o["error"] = job->status.message();
-                      }
+                      if (!job.ok()) return TextAnswer(404, job.status().ToString());
+                      nlohmann::json o = {{"version", job->version}, {"rank", job->rank}};
+                      AddJobOutcome(o, job->state, job->status, job->started_s, job->finished_s);
                       return AdminResponse{200, "application/json", o.dump() + "\n"};
                     },
                     /*mutating=*/false, /*private_read=*/true});
@@ -216,15 +178,15 @@ std::vector<AdminRoute> RankPartJobs::Routes(uint32_t wait_ms) {
 Status SendRankPartAndWait(const std::string& admin_address, const std::vector<uint8_t>& part,
                            uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
                            const AdminClientOptions& request, uint32_t timeout_ms, bool resume) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto left_ms = [&] {
-    return static_cast<uint32_t>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
-  };
-  AdminClientOptions o = request;
+  JobPoll poll{
+      admin_address,
+      "/publish/rank-part?version=" + std::to_string(version) + "&rank=" + std::to_string(rank),
+      request,
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms),
+      /*first_pause_ms=*/50,
+      /*max_pause_ms=*/500};
+  AdminClientOptions o = UntilDeadline(request, poll.deadline);
   o.content_type = "application/octet-stream";
-  o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
   const std::string_view body(reinterpret_cast<const char*>(part.data()), part.size());
   auto posted = AdminPost(admin_address,
                           "/publish/rank-part?timeout_ms=" + std::to_string(gather_timeout_ms) +
@@ -241,65 +203,39 @@ Status SendRankPartAndWait(const std::string& admin_address, const std::vector<u
   if (r.is_object() && r.contains("published")) return Status::Ok();
   TERN_REQUIRE(r.is_object() && r.contains("publishing"), kProtocol,
                "publish from ranks: unexpected answer from the root: ", reply.substr(0, 200));
-  const std::string poll =
-      "/publish/rank-part?version=" + std::to_string(version) + "&rank=" + std::to_string(rank);
-  uint32_t pause_ms = 50;
-  for (;;) {
-    const uint32_t left = left_ms();
-    if (left == 0)
-      return TERN_ERROR(kTimeout, "publish from ranks: version ", version, " is still being gathered or published on ",
-                        admin_address, " after ", timeout_ms / 1000.0, " s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pause_ms, left)));
-    pause_ms = std::min<uint32_t>(pause_ms * 2, 500);
-    o.timeout_ms = std::min(request.timeout_ms, std::max<uint32_t>(left_ms(), 1));
-    auto state = AdminGet(admin_address, poll, o);
-    // A root busy publishing may answer slowly: keep polling until our deadline.
-    if (!state.ok() &&
-        (state.status().code() == Code::kTimeout || state.status().code() == Code::kUnavailable))
-      continue;
-    TERN_RETURN_IF_ERROR(state.status());
-    nlohmann::json s = nlohmann::json::parse(*state, nullptr, false);
-    TERN_REQUIRE(s.is_object() && s.contains("state") && s["state"].is_string(), kProtocol,
-                 "publish from ranks: unexpected GET answer: ", state->substr(0, 200));
-    const std::string st = s["state"].get<std::string>();
-    if (st == "published") return Status::Ok();
-    if (st == "failed") {
-      const unsigned code = s.value("code", 0u);
-      const Code c = code > 0 && code <= static_cast<unsigned>(Code::kAuth) ? static_cast<Code>(code)
-                                                                          : Code::kInternal;
-      return Status(c, s.value("error", std::string("publish from ranks failed on the root")));
-    }
-  }
+  return PollJob(
+      poll,
+      [](const std::string& answer) -> std::optional<Status> {
+        nlohmann::json s = nlohmann::json::parse(answer, nullptr, false);
+        if (!s.is_object() || !s.contains("state") || !s["state"].is_string())
+          return TERN_ERROR(kProtocol,
+                            "publish from ranks: unexpected GET answer: ", answer.substr(0, 200));
+        return JobOutcomeOf(s, "publish from ranks failed on the root");
+      },
+      [&] {
+        return TERN_ERROR(kTimeout, "publish from ranks: version ", version,
+                          " is still being gathered or published on ", admin_address, " after ",
+                          timeout_ms / 1000.0, " s");
+      });
 }
 
 }  // namespace tern::agent
 
 namespace tern {
-namespace {
-
-agent::AdminClientOptions RequestOptions(const AgentClientOptions& options) {
-  agent::AdminClientOptions o;
-  o.token = options.token;
-  o.ca_pem = options.ca_pem;
-  o.cert_pem = options.cert_pem;
-  o.key_pem = options.key_pem;
-  return o;
-}
-
-}  // namespace
 
 Status SendRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
                     uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
                     const AgentClientOptions& options) {
   return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms,
-                                    RequestOptions(options), options.timeout_ms);
+                                    agent::AdminRequestOf(options), options.timeout_ms);
 }
 
 Status ResumeRankPart(const std::string& admin_address, const std::vector<uint8_t>& part,
                       uint64_t version, uint32_t rank, uint32_t gather_timeout_ms,
                       const AgentClientOptions& options) {
   return agent::SendRankPartAndWait(admin_address, part, version, rank, gather_timeout_ms,
-                                    RequestOptions(options), options.timeout_ms, /*resume=*/true);
+                                    agent::AdminRequestOf(options), options.timeout_ms,
+                                    /*resume=*/true);
 }
 
 }  // namespace tern

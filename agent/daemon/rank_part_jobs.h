@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/daemon/admin_jobs.h"
 #include "agent/ops/admin_http.h"
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
@@ -61,7 +62,7 @@ class RankPartJobs {
   static constexpr size_t kMaxRunning = 256;
   static constexpr size_t kMaxKept = 1024;
 
-  enum class State { kRunning, kPublished, kFailed };
+  using State = JobState;
   struct Job {
     uint64_t version = 0;
     uint32_t rank = 0;
