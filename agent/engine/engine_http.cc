@@ -82,6 +82,22 @@ std::string ClipEngineText(std::string_view s) {
   return std::string(s.substr(0, kMessageBytesMax)) + (s.size() > kMessageBytesMax ? "..." : "");
 }
 
+Result<std::optional<uint64_t>> ServedWeightVersion(const std::string& body,
+                                                    const std::string& route) {
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  TERN_REQUIRE(j.is_object() && j.contains("weight_version"), kProtocol, "engine: GET ", route,
+               ": no weight_version in ", ClipEngineText(body));
+  const auto& v = j["weight_version"];
+  if (v.is_null()) return std::optional<uint64_t>();
+  TERN_REQUIRE(v.is_string(), kProtocol, "engine: GET ", route, ": weight_version is not a string");
+  const std::string text = v.get<std::string>();
+  uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    return std::optional<uint64_t>();  // a name, not one of our versions
+  return std::optional<uint64_t>(n);
+}
+
 std::string EngineErrorText(const std::string& body) {
   auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_object()) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -50,6 +51,15 @@ std::string ClipEngineText(std::string_view s);
 // {"error": "..."}, {"message": "..."}, {"detail": ...}), else the raw body;
 // clipped.
 std::string EngineErrorText(const std::string& body);
+
+// The weight version an engine says it serves, from the JSON object its
+// info route answered (vLLM's GET /weight_info, SGLang's /model_info):
+// {"weight_version": "<n>"} is version n; null, or a name that is not a
+// whole number ("default", SGLang's --weight-version), is none of ours
+// (nullopt). kProtocol, naming `route`, for a reply without the field or
+// with a field that is not a string.
+Result<std::optional<uint64_t>> ServedWeightVersion(const std::string& body,
+                                                    const std::string& route);
 
 // JSON text; invalid UTF-8 is replaced, not thrown.
 std::string DumpEngineJson(const nlohmann::json& j);

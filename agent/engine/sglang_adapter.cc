@@ -1,6 +1,5 @@
 #include "agent/engine/sglang_adapter.h"
 
-#include <charconv>
 #include <nlohmann/json.hpp>
 
 namespace tern::agent {
@@ -73,19 +72,8 @@ Result<std::optional<uint64_t>> SglangAdapter::ServedVersionLocked() {
     s = Step("GET", info_route_, "", options_.step_timeout_ms, &reply);
   }
   TERN_RETURN_IF_ERROR(s);
-  auto j = nlohmann::json::parse(reply.body, nullptr, false);
-  TERN_REQUIRE(j.is_object() && j.contains("weight_version"), kProtocol, "engine: GET ",
-               info_route_, ": no weight_version in ", ClipEngineText(reply.body));
-  const auto& v = j["weight_version"];
-  if (v.is_null()) return std::optional<uint64_t>();
-  TERN_REQUIRE(v.is_string(), kProtocol, "engine: GET ", info_route_,
-               ": weight_version is not a string");
-  const std::string text = v.get<std::string>();
-  uint64_t n = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    return std::optional<uint64_t>();  // "default" (SGLang's --weight-version) or another name
-  return std::optional<uint64_t>(n);
+  // "default" (SGLang's --weight-version) reads as none of ours.
+  return ServedWeightVersion(reply.body, info_route_);
 }
 
 Status SglangAdapter::Attempt(const EngineUpdate& update, EngineUpdateReport* report) {

@@ -1,4 +1,3 @@
-#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "agent/engine/engine_adapter.h"
@@ -103,19 +102,7 @@ Result<std::optional<uint64_t>> VllmAdapter::ServedVersion() {
 Result<std::optional<uint64_t>> VllmAdapter::ServedVersionLocked() {
   Reply reply;
   TERN_RETURN_IF_ERROR(Step("GET", "/weight_info", "", options_.step_timeout_ms, &reply));
-  auto j = nlohmann::json::parse(reply.body, nullptr, false);
-  TERN_REQUIRE(j.is_object() && j.contains("weight_version"), kProtocol,
-               "engine: GET /weight_info: no weight_version in ", Clip(reply.body));
-  const auto& v = j["weight_version"];
-  if (v.is_null()) return std::optional<uint64_t>();
-  TERN_REQUIRE(v.is_string(), kProtocol,
-               "engine: GET /weight_info: weight_version is not a string");
-  const std::string s = v.get<std::string>();
-  uint64_t n = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size())
-    return std::optional<uint64_t>();  // a name, not one of our versions
-  return std::optional<uint64_t>(n);
+  return ServedWeightVersion(reply.body, "/weight_info");
 }
 
 Status VllmAdapter::Attempt(const EngineUpdate& update, bool full, EngineUpdateReport* report,

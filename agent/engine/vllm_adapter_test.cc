@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "agent/engine/engine_adapter.h"
+#include "agent/engine/engine_http.h"
 #include "agent/engine/vllm_double.h"
 
 namespace tern::agent {
@@ -317,6 +318,26 @@ TEST_F(VllmAdapterTest, ServedVersionReadsNamesThatAreNotVersionsAsNone) {
   auto v = a->ServedVersion();
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(**v, UINT64_MAX);
+}
+
+// Both adapters read the served version with ServedWeightVersion: a reply
+// the engine cannot have meant is kProtocol naming the route, never a
+// version.
+TEST(ServedWeightVersionTest, RefusesRepliesWithoutAStringVersion) {
+  for (const char* body : {"", "[]", "{}", "{\"weight_version\": 7}",
+                           "{\"weight_version\": [\"7\"]}", "{\"weight_version\": true}",
+                           "{\"weight_version\": \"7\""}) {
+    auto v = ServedWeightVersion(body, "/model_info");
+    ASSERT_FALSE(v.ok()) << body;
+    EXPECT_EQ(v.status().code(), Code::kProtocol) << body;
+    EXPECT_NE(v.status().message().find("GET /model_info"), std::string::npos) << v.status().ToString();
+  }
+  auto none = ServedWeightVersion("{\"weight_version\": null}", "/weight_info");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  auto seven = ServedWeightVersion("{\"weight_version\": \"7\", \"x\": 1}", "/weight_info");
+  ASSERT_TRUE(seven.ok());
+  EXPECT_EQ(**seven, 7u);
 }
 
 }  // namespace
