@@ -21,12 +21,14 @@
 #include "tern/connect.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/pipe.h"
+#include "transport/tcp/raw_peer_testing.h"
 #include "transport/test_certs.h"
 
 namespace tern::tcp {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testpeer;
 
 class BadInput : public ::testing::Test {
  protected:
@@ -40,11 +42,7 @@ class BadInput : public ::testing::Test {
     o.header_timeout_ms = 300;
     o.idle_timeout_ms = 3000;
     if (tweak) tweak(o);
-    o.log = [this](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu_);
-      log_ += std::string(line) + "\n";
-      cv_.notify_all();
-    };
+    o.log = log_.Sink();
     client_options_ = o;
     client_options_.log = [](std::string_view) {};
     if (tls) {
@@ -67,50 +65,10 @@ class BadInput : public ::testing::Test {
     });
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     listener_ = std::move(l).value();
-    port_ = std::stoi(listener_->address().substr(listener_->address().rfind(':') + 1));
+    port_ = PortOf(listener_->address());
   }
 
-  // rcvbuf_bytes > 0: a small receive buffer (set before connect, so the
-  // kernel does not autotune it) for peers that do not read.
-  int Raw(int rcvbuf_bytes = 0) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    // Blocking sends and receives of these tests end within 20 s even when
-    // the server neither answers nor hangs up.
-    const timeval bound{20, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound);
-    if (rcvbuf_bytes > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_bytes, sizeof rcvbuf_bytes);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    return fd;
-  }
-
-  // True when the server closes fd within the timeout (reads drain to EOF).
-  static bool ClosedByServer(int fd, std::chrono::milliseconds timeout, std::string* got = nullptr) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    char buf[4096];
-    while (std::chrono::steady_clock::now() < end) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return true;
-      if (got) got->append(buf, n);
-    }
-    return false;
-  }
-
-  bool LogHas(const std::string& needle) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 20s, [&] { return log_.find(needle) != std::string::npos; });
-  }
-  // The log so far (appended to on backend threads: read under the lock).
-  std::string Log() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return log_;
-  }
+  int Raw(int rcvbuf_bytes = 0) { return RawConnect(port_, rcvbuf_bytes); }
 
   // A well-behaved client still gets through.
   void ExpectStillServing() {
@@ -127,25 +85,14 @@ class BadInput : public ::testing::Test {
 
   static std::string Header(FrameType type, uint32_t payload, uint64_t a0 = 0, uint64_t a1 = 0,
                             uint8_t version = kMinVersion) {
-    FrameHeader h;
-    h.version = version;
-    h.type = type;
-    h.payload_bytes = payload;
-    h.arg[0] = a0;
-    h.arg[1] = a1;
-    uint8_t raw[kHeaderBytes];
-    EncodeHeader(h, raw);
-    return std::string(reinterpret_cast<char*>(raw), kHeaderBytes);
-  }
-  static void Send(int fd, const std::string& s) {
-    ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
+    return RawHeader(version, type, payload, a0, a1);
   }
 
   // The server's handlers use these: declared before server_, so that they
   // outlive it (handlers, the log among them, run until it is destroyed).
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string log_;
+  LogCapture log_;
   std::vector<std::string> messages_;
   TcpOptions client_options_;
   int port_ = 0;
@@ -156,9 +103,9 @@ class BadInput : public ::testing::Test {
 TEST_F(BadInput, GarbageIsRejected) {
   Serve(false);
   int fd = Raw();
-  Send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(64, 'z'));
+  SendAll(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(64, 'z'));
   EXPECT_TRUE(ClosedByServer(fd, 20s));
-  EXPECT_TRUE(LogHas("bad frame magic")) << Log();
+  EXPECT_TRUE(log_.Has("bad frame magic")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -166,7 +113,7 @@ TEST_F(BadInput, GarbageIsRejected) {
 TEST_F(BadInput, OtherProtocolVersionIsToldAndRejected) {
   Serve(false);
   int fd = Raw();
-  Send(fd, Header(FrameType::kHello, 0, 1, PackStream(0, 1), /*version=*/9));
+  SendAll(fd, Header(FrameType::kHello, 0, 1, PackStream(0, 1), /*version=*/9));
   std::string reply;
   EXPECT_TRUE(ClosedByServer(fd, 20s, &reply));
   ASSERT_GE(reply.size(), kHeaderBytes);
@@ -175,7 +122,7 @@ TEST_F(BadInput, OtherProtocolVersionIsToldAndRejected) {
   EXPECT_EQ(h.type, FrameType::kHelloAck);
   EXPECT_EQ(h.arg[1], static_cast<uint64_t>(Code::kProtocol));
   EXPECT_NE(reply.find("version 9"), std::string::npos);
-  EXPECT_TRUE(LogHas("version 9")) << Log();
+  EXPECT_TRUE(log_.Has("version 9")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -184,10 +131,10 @@ TEST_F(BadInput, SlowlorisAndSilentPeersAreCutOff) {
   Serve(false);
   int silent = Raw();
   int slow = Raw();
-  Send(slow, Header(FrameType::kHello, 0, 5, PackStream(0, 1)).substr(0, 10));
+  SendAll(slow, Header(FrameType::kHello, 0, 5, PackStream(0, 1)).substr(0, 10));
   EXPECT_TRUE(ClosedByServer(silent, 20s));
   EXPECT_TRUE(ClosedByServer(slow, 20s));
-  EXPECT_TRUE(LogHas("waiting for hello")) << Log();
+  EXPECT_TRUE(log_.Has("waiting for hello")) << log_.Text();
   ::close(silent);
   ::close(slow);
   ExpectStillServing();
@@ -196,8 +143,8 @@ TEST_F(BadInput, SlowlorisAndSilentPeersAreCutOff) {
 TEST_F(BadInput, HalfOpenMultiStreamConnectionExpires) {
   Serve(false);
   int fd = Raw();
-  Send(fd, Header(FrameType::kHello, 0, 77, PackStream(0, 4)));  // 3 streams never come
-  EXPECT_TRUE(LogHas("1 of 4 streams")) << Log();
+  SendAll(fd, Header(FrameType::kHello, 0, 77, PackStream(0, 4)));  // 3 streams never come
+  EXPECT_TRUE(log_.Has("1 of 4 streams")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -205,27 +152,15 @@ TEST_F(BadInput, HalfOpenMultiStreamConnectionExpires) {
 class Established : public BadInput {
  protected:
   // A raw socket that completed the one-stream handshake.
-  int Handshaken(int rcvbuf_bytes = 0) {
-    int fd = Raw(rcvbuf_bytes);
-    Send(fd, Header(FrameType::kHello, 0, 1234, PackStream(0, 1)));
-    char buf[kHeaderBytes];
-    size_t got = 0;
-    while (got < kHeaderBytes) {
-      ssize_t n = ::recv(fd, buf + got, kHeaderBytes - got, 0);
-      if (n <= 0) break;
-      got += n;
-    }
-    EXPECT_EQ(got, kHeaderBytes);
-    return fd;
-  }
+  int Handshaken(int rcvbuf_bytes = 0) { return RawHandshake(port_, kMinVersion, rcvbuf_bytes); }
 };
 
 TEST_F(Established, OversizedFrameIsRejectedBeforeAllocation) {
   Serve(false);
   int fd = Handshaken();
-  Send(fd, Header(FrameType::kMessage, 0xFFFFFFF0u));
+  SendAll(fd, Header(FrameType::kMessage, 0xFFFFFFF0u));
   EXPECT_TRUE(ClosedByServer(fd, 20s));
-  EXPECT_TRUE(LogHas("payload bytes")) << Log();
+  EXPECT_TRUE(log_.Has("payload bytes")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -233,9 +168,9 @@ TEST_F(Established, OversizedFrameIsRejectedBeforeAllocation) {
 TEST_F(Established, GarbageAfterHandshakeIsRejected) {
   Serve(false);
   int fd = Handshaken();
-  Send(fd, std::string(kHeaderBytes, '\xAB'));
+  SendAll(fd, std::string(kHeaderBytes, '\xAB'));
   EXPECT_TRUE(ClosedByServer(fd, 20s));
-  EXPECT_TRUE(LogHas("dropping connection")) << Log();
+  EXPECT_TRUE(log_.Has("dropping connection")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -261,10 +196,9 @@ TEST_F(Established, PeerThatNeverReadsItsAcksIsCutOff) {
       }
       sent += static_cast<size_t>(n);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    refused = refused || log_.find("does not read") != std::string::npos;
+    refused = refused || log_.Text().find("does not read") != std::string::npos;
   }
-  EXPECT_TRUE(LogHas("peer does not read what we send")) << Log();
+  EXPECT_TRUE(log_.Has("peer does not read what we send")) << log_.Text();
   EXPECT_TRUE(ClosedByServer(fd, 20s));
   ::close(fd);
   ExpectStillServing();
@@ -275,7 +209,7 @@ TEST_F(Established, PeerThatNeverReadsItsAcksIsCutOff) {
 TEST_F(Established, SlowPayloadTrickleIsCutOff) {
   Serve(false, [](TcpOptions& o) { o.min_frame_bytes_per_s = 1000; });
   int fd = Handshaken();
-  Send(fd, Header(FrameType::kMessage, 2000));  // allowed: 300 ms + 2 s
+  SendAll(fd, Header(FrameType::kMessage, 2000));  // allowed: 300 ms + 2 s
   const auto t0 = std::chrono::steady_clock::now();
   bool closed = false;
   while (!closed && std::chrono::steady_clock::now() - t0 < 20s) {
@@ -288,7 +222,7 @@ TEST_F(Established, SlowPayloadTrickleIsCutOff) {
   }
   EXPECT_TRUE(closed);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 2s);
-  EXPECT_TRUE(LogHas("below the minimum rate")) << Log();
+  EXPECT_TRUE(log_.Has("below the minimum rate")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -301,11 +235,11 @@ TEST_F(Established, LargeFrameAboveTheMinimumRateIsDelivered) {
   Serve(false, [](TcpOptions& o) { o.min_frame_bytes_per_s = 256 << 10; });
   int fd = Handshaken();
   constexpr uint32_t kBytes = 4 << 20;
-  Send(fd, Header(FrameType::kMessage, kBytes));
+  SendAll(fd, Header(FrameType::kMessage, kBytes));
   const std::string piece(64 << 10, 'm');
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t sent = 0; sent < kBytes; sent += piece.size()) {
-    Send(fd, piece);
+    SendAll(fd, piece);
     std::this_thread::sleep_for(20ms);  // ~3 MiB/s: 1.3 s in all, above the minimum
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -314,18 +248,18 @@ TEST_F(Established, LargeFrameAboveTheMinimumRateIsDelivered) {
     EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] {
       return std::any_of(messages_.begin(), messages_.end(),
                          [](const std::string& m) { return m.size() == kBytes; });
-    })) << "sent in " << took << " s; log:\n" << log_;
+    })) << "sent in " << took << " s; log:\n" << log_.Text();
   }
-  EXPECT_EQ(Log().find("below the minimum rate"), std::string::npos) << Log();
+  EXPECT_EQ(log_.Text().find("below the minimum rate"), std::string::npos) << log_.Text();
   ::close(fd);
 }
 
 TEST_F(Established, PartialHeaderTimesOut) {
   Serve(false);
   int fd = Handshaken();
-  Send(fd, Header(FrameType::kPing, 0).substr(0, 20));
+  SendAll(fd, Header(FrameType::kPing, 0).substr(0, 20));
   EXPECT_TRUE(ClosedByServer(fd, 20s));
-  EXPECT_TRUE(LogHas("partial frame header")) << Log();
+  EXPECT_TRUE(log_.Has("partial frame header")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -333,9 +267,9 @@ TEST_F(Established, PartialHeaderTimesOut) {
 TEST_F(BadInput, PlaintextPeerOnATlsEndpointIsRejected) {
   Serve(true);
   int fd = Raw();
-  Send(fd, Header(FrameType::kHello, 0, 1, PackStream(0, 1)));
+  SendAll(fd, Header(FrameType::kHello, 0, 1, PackStream(0, 1)));
   EXPECT_TRUE(ClosedByServer(fd, 20s));
-  EXPECT_TRUE(LogHas("TLS handshake failed")) << Log();
+  EXPECT_TRUE(log_.Has("TLS handshake failed")) << log_.Text();
   ::close(fd);
   ExpectStillServing();
 }
@@ -364,8 +298,8 @@ TEST_F(BadInput, StreamsOfOneConnectionShareOneTlsIdentity) {
   auto first = open_stream(pki.client, 0);
   auto second = open_stream(pki.other_client, 1);
   ASSERT_TRUE(first && second);
-  EXPECT_TRUE(LogHas("from another TLS identity")) << Log();
-  EXPECT_TRUE(LogHas("1 of 2 streams")) << Log();  // the first expires, never assembled
+  EXPECT_TRUE(log_.Has("from another TLS identity")) << log_.Text();
+  EXPECT_TRUE(log_.Has("1 of 2 streams")) << log_.Text();  // the first expires, never assembled
   ExpectStillServing();
 }
 
@@ -379,7 +313,7 @@ TEST_F(BadInput, WrongTlsCredentialsAreRejected) {
   auto c = ConnectWait(**t, listener_->address(), {}, 30000, RetryPolicy{1, 10, 10});
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Code::kAuth) << c.status().ToString();
-  EXPECT_TRUE(LogHas("TLS handshake failed")) << Log();
+  EXPECT_TRUE(log_.Has("TLS handshake failed")) << log_.Text();
   ExpectStillServing();
 }
 

@@ -22,56 +22,19 @@
 #include "tern/tcp_transport.h"
 #include "transport/tcp/connection.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/raw_peer_testing.h"
 
 namespace tern::tcp {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::string Header(uint8_t version, FrameType type, uint32_t payload_bytes, uint64_t a0 = 0,
-                   uint64_t a1 = 0, uint64_t a2 = 0) {
-  FrameHeader h;
-  h.version = version;
-  h.type = type;
-  h.payload_bytes = payload_bytes;
-  h.arg[0] = a0;
-  h.arg[1] = a1;
-  h.arg[2] = a2;
-  uint8_t raw[kHeaderBytes];
-  EncodeHeader(h, raw);
-  return std::string(reinterpret_cast<char*>(raw), kHeaderBytes);
-}
-
-void Send(int fd, const std::string& s) {
-  ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
-}
-
-// Reads exactly n bytes (blocking, bounded by the socket's receive timeout).
-std::string Receive(int fd, size_t n) {
-  std::string out(n, '\0');
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::recv(fd, out.data() + got, n - got, 0);
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  out.resize(got);
-  return out;
-}
-
-// Blocking sends and receives of these tests end within 20 s even when the
-// other side neither answers nor hangs up.
-void BoundWaits(int fd) {
-  const timeval bound{20, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound);
-}
+using namespace testpeer;
 
 // The version-2 MESSAGE header, pinned: the payload `hello` (whose XXH3-64
 // docs/format/tcp.md §4 also gives for a CHUNK) rides in arg2.
 TEST(MessageWire, Version2MessageHeaderMatchesTheSpec) {
   EXPECT_EQ(MessageCheck("hello"), 0x9555e8555c62dcfdull);
-  const std::string raw = Header(2, FrameType::kMessage, 5, 0, 0, MessageCheck("hello"));
+  const std::string raw = RawHeader(2, FrameType::kMessage, 5, 0, 0, MessageCheck("hello"));
   const uint8_t spec[kHeaderBytes] = {
       0x54, 0x45, 0x52, 0x4e, 0x02, 0x03, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0xd1, 0xdf, 0x8a, 0x88,
       0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
@@ -117,11 +80,7 @@ class MessageWireServer : public ::testing::Test {
   void Serve(const std::function<void(TcpOptions&)>& tweak = nullptr) {
     TcpOptions o = Quick();
     if (tweak) tweak(o);
-    o.log = [this](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu_);
-      log_ += std::string(line) + "\n";
-      cv_.notify_all();
-    };
+    o.log = log_.Sink();
     auto t = NewTcpTransport(o);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     server_ = std::move(t).value();
@@ -147,7 +106,7 @@ class MessageWireServer : public ::testing::Test {
     });
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     listener_ = std::move(l).value();
-    port_ = std::stoi(listener_->address().substr(listener_->address().rfind(':') + 1));
+    port_ = PortOf(listener_->address());
   }
 
   static TcpOptions Quick() {
@@ -164,10 +123,7 @@ class MessageWireServer : public ::testing::Test {
                                            ConnectionHandlers handlers = {}) {
     TcpOptions o = Quick();
     if (tweak) tweak(o);
-    o.log = [this](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu_);
-      client_log_ += std::string(line) + "\n";
-    };
+    o.log = client_log_.Sink();
     auto t = NewTcpTransport(o);
     if (!t.ok()) return t.status();
     client_ = std::move(t).value();
@@ -181,8 +137,8 @@ class MessageWireServer : public ::testing::Test {
     std::unique_lock<std::mutex> lock(mu_);
     EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] {
       return std::find(messages_.begin(), messages_.end(), "ping") != messages_.end();
-    })) << log_;
-    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return echoes_ > 0; })) << log_;
+    })) << log_.Text();
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return echoes_ > 0; })) << log_.Text();
   }
   ConnectionHandlers CountEchoes() {
     ConnectionHandlers h;
@@ -205,57 +161,13 @@ class MessageWireServer : public ::testing::Test {
     return tcp ? tcp->wire_version() : 0;
   }
 
-  bool LogHas(const std::string& needle) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 20s, [&] { return log_.find(needle) != std::string::npos; });
-  }
-  std::string Log() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return log_;
-  }
-  std::string ClientLog() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return client_log_;
-  }
-
-  // A raw one-stream peer that completed the handshake in `version`.
-  int Handshaken(uint8_t version) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    BoundWaits(fd);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    Send(fd, Header(version, FrameType::kHello, 0, 1234, PackStream(0, 1)));
-    const std::string ack = Receive(fd, kHeaderBytes);
-    FrameHeader h;
-    EXPECT_EQ(ack.size(), kHeaderBytes);
-    if (ack.size() == kHeaderBytes) {
-      EXPECT_TRUE(DecodeHeader(reinterpret_cast<const uint8_t*>(ack.data()), &h).ok());
-      EXPECT_EQ(h.version, version);
-      EXPECT_EQ(h.arg[1], 0u) << "hello refused";
-    }
-    return fd;
-  }
-
-  // True when the server closes fd within 20 s (reads drain to EOF).
-  static bool ClosedByServer(int fd) {
-    const auto end = std::chrono::steady_clock::now() + 20s;
-    char buf[4096];
-    while (std::chrono::steady_clock::now() < end) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      if (::recv(fd, buf, sizeof buf, 0) <= 0) return true;
-    }
-    return false;
-  }
+  int Handshaken(uint8_t version) { return RawHandshake(port_, version); }
 
   // Declared before the transports: their handlers use these until the
   // transports are destroyed.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string log_, client_log_;
+  LogCapture log_, client_log_;
   std::vector<std::string> messages_;
   std::vector<Status> closed_;
   int echoes_ = 0;
@@ -272,15 +184,15 @@ TEST_F(MessageWireServer, CorruptedPayloadIsRefusedAndNotDelivered) {
   Serve();
   int fd = Handshaken(2);
   const std::string good = "first control message";
-  Send(fd, Header(2, FrameType::kMessage, good.size(), 0, 0, MessageCheck(good)) + good);
+  SendAll(fd, RawHeader(2, FrameType::kMessage, good.size(), 0, 0, MessageCheck(good)) + good);
   std::string bad = "second control message";
   const uint64_t sent_sum = MessageCheck(bad);
   bad[7] ^= 0x04;  // "second " -> "second$"
-  Send(fd, Header(2, FrameType::kMessage, bad.size(), 0, 0, sent_sum) + bad);
-  EXPECT_TRUE(ClosedByServer(fd));
+  SendAll(fd, RawHeader(2, FrameType::kMessage, bad.size(), 0, 0, sent_sum) + bad);
+  EXPECT_TRUE(ClosedByServer(fd, 20s));
   ::close(fd);
   std::unique_lock<std::mutex> lock(mu_);
-  ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return !closed_.empty(); })) << log_;
+  ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return !closed_.empty(); })) << log_.Text();
   EXPECT_EQ(closed_[0].code(), Code::kCorrupt) << closed_[0].ToString();
   const std::string why = closed_[0].message();
   EXPECT_NE(why.find("stream 0, frame 2 "), std::string::npos) << why;
@@ -290,7 +202,7 @@ TEST_F(MessageWireServer, CorruptedPayloadIsRefusedAndNotDelivered) {
                 static_cast<unsigned long long>(MessageCheck(bad)));
   EXPECT_NE(why.find(sums[0]), std::string::npos) << why;
   EXPECT_NE(why.find(sums[1]), std::string::npos) << why;
-  EXPECT_NE(log_.find("message check mismatch"), std::string::npos) << log_;
+  EXPECT_TRUE(log_.Has("message check mismatch")) << log_.Text();
   // The good message was delivered, the corrupted one was not.
   EXPECT_EQ(messages_, std::vector<std::string>{good});
 }
@@ -299,10 +211,10 @@ TEST_F(MessageWireServer, CorruptedPayloadIsRefusedAndNotDelivered) {
 TEST_F(MessageWireServer, FrameInAnotherVersionThanTheConnectionsIsRefused) {
   Serve();
   int fd = Handshaken(1);
-  Send(fd, Header(2, FrameType::kPing, 0));
-  EXPECT_TRUE(ClosedByServer(fd));
+  SendAll(fd, RawHeader(2, FrameType::kPing, 0));
+  EXPECT_TRUE(ClosedByServer(fd, 20s));
   ::close(fd);
-  EXPECT_TRUE(LogHas("is in wire version 2, the connection's is 1")) << Log();
+  EXPECT_TRUE(log_.Has("is in wire version 2, the connection's is 1")) << log_.Text();
 }
 
 TEST_F(MessageWireServer, Version2BothSides) {
@@ -323,8 +235,8 @@ TEST_F(MessageWireServer, Version2ClientFallsBackToAVersion1Server) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(VersionOf(*c), 1);
   EXPECT_EQ(VersionOf(Accepted()), 1);
-  EXPECT_TRUE(LogHas("peer speaks wire protocol version 2, this side speaks 1..1")) << Log();
-  EXPECT_NE(ClientLog().find("dialling again"), std::string::npos) << ClientLog();
+  EXPECT_TRUE(log_.Has("peer speaks wire protocol version 2, this side speaks 1..1")) << log_.Text();
+  EXPECT_NE(client_log_.Text().find("dialling again"), std::string::npos) << client_log_.Text();
   ExpectMessagesFlow(**c);
 }
 
@@ -334,7 +246,7 @@ TEST_F(MessageWireServer, Version1ClientToAVersion2Server) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(VersionOf(*c), 1);
   EXPECT_EQ(VersionOf(Accepted()), 1);
-  EXPECT_EQ(ClientLog().find("dialling again"), std::string::npos) << ClientLog();
+  EXPECT_EQ(client_log_.Text().find("dialling again"), std::string::npos) << client_log_.Text();
   ExpectMessagesFlow(**c);
 }
 
@@ -345,7 +257,7 @@ TEST_F(MessageWireServer, MinimumVersion2ServerRefusesAVersion1Client) {
   EXPECT_EQ(c.status().code(), Code::kProtocol) << c.status().ToString();
   EXPECT_NE(c.status().message().find("version 1, below this side's minimum 2"), std::string::npos)
       << c.status().ToString();
-  EXPECT_TRUE(LogHas("below this side's minimum 2")) << Log();
+  EXPECT_TRUE(log_.Has("below this side's minimum 2")) << log_.Text();
   // A version-2 client is served.
   auto ok = Dial(nullptr, CountEchoes());
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
@@ -382,7 +294,7 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
       if (::poll(&p, 1, 20000) <= 0) return;
       int fd = ::accept(listen_fd, nullptr, nullptr);
       BoundWaits(fd);
-      const std::string hello = Receive(fd, kHeaderBytes);
+      const std::string hello = ReceiveExactly(fd, kHeaderBytes);
       if (hello.size() != kHeaderBytes) {
         ::close(fd);
         return;
@@ -391,14 +303,14 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
       if (hello[4] == 1) {
         FrameHeader h;
         if (DecodeHeader(reinterpret_cast<const uint8_t*>(hello.data()), &h).ok()) {
-          Send(fd, Header(1, FrameType::kHelloAck, 0, h.arg[0], 0));
-          Receive(fd, kHeaderBytes);  // until the client hangs up
+          SendAll(fd, RawHeader(1, FrameType::kHelloAck, 0, h.arg[0], 0));
+          ReceiveExactly(fd, kHeaderBytes);  // until the client hangs up
         }
       } else {
         const std::string reason = "peer speaks wire protocol version " +
                                    std::to_string(int{static_cast<uint8_t>(hello[4])}) +
                                    ", this side speaks 1";
-        Send(fd, Header(1, FrameType::kHelloAck, reason.size(), 0,
+        SendAll(fd, RawHeader(1, FrameType::kHelloAck, reason.size(), 0,
                         static_cast<uint64_t>(Code::kProtocol)) +
                      reason);
       }

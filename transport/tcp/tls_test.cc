@@ -8,11 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 
 #include "tern/connect.h"
 #include "tern/tcp_transport.h"
+#include "transport/tcp/raw_peer_testing.h"
 #include "transport/test_certs.h"
 
 namespace tern::tcp {
@@ -41,11 +40,7 @@ class TlsIdentity : public ::testing::Test {
     TcpOptions o;
     o.streams = 2;
     o.handshake_timeout_ms = 20000;
-    o.log = [this](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu_);
-      log_ += std::string(line) + "\n";
-      cv_.notify_all();
-    };
+    o.log = log_.Sink();
     TcpOptions c = o;
     c.log = [](std::string_view) {};
     o.tls = server;
@@ -60,15 +55,6 @@ class TlsIdentity : public ::testing::Test {
     TERN_ASSIGN_OR_RETURN(
         conn_, ConnectWait(*client_, listener_->address(), {}, 30000, RetryPolicy{1, 10, 10}));
     return Status::Ok();
-  }
-
-  bool LogHas(const std::string& needle) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 20s, [&] { return log_.find(needle) != std::string::npos; });
-  }
-  std::string Log() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return log_;
   }
 
   static TlsConfig Mint(const std::string& name, const std::string& sans,
@@ -87,9 +73,7 @@ class TlsIdentity : public ::testing::Test {
   std::unique_ptr<Transport> server_, client_;
   std::unique_ptr<Listener> listener_;
   std::shared_ptr<Connection> conn_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::string log_;
+  testpeer::LogCapture log_;
 };
 
 void ExpectRefused(const Status& st, const std::string& why) {
@@ -184,9 +168,9 @@ TEST_F(TlsIdentity, AServerMayAllowOnlyNamedClients) {
   EXPECT_EQ(refused.code(), Code::kAuth) << refused.ToString();
   EXPECT_NE(refused.message().find("the server refused our TLS certificate"), std::string::npos)
       << refused.ToString();
-  EXPECT_TRUE(LogHas(
+  EXPECT_TRUE(log_.Has(
       "names DNS:other-client.tern.test: none of the allowed clients (client.tern.test, 10.1.1.1)"))
-      << Log();
+      << log_.Text();
 }
 
 TEST_F(TlsIdentity, AServerMayPinItsClients) {
@@ -197,7 +181,7 @@ TEST_F(TlsIdentity, AServerMayPinItsClients) {
   Status refused = Dial(server, pki_.other_client);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.code(), Code::kAuth) << refused.ToString();
-  EXPECT_TRUE(LogHas("which is not pinned")) << Log();
+  EXPECT_TRUE(log_.Has("which is not pinned")) << log_.Text();
 }
 
 TEST_F(TlsIdentity, MalformedNamesAndPinsAreRefusedAtLoad) {
