@@ -592,6 +592,51 @@ static int file_ends_with(const char* path, const void* want, size_t n) {
   return ok;
 }
 
+/* A root (with an admin port when token is not NULL) and one member that
+ * joined it trusting the root's key, in DIR/NAME-root and DIR/NAME-member.
+ * 0 when the root did not start (nothing to free); the member may be NULL
+ * (a failed CHECK says so). */
+struct fleet {
+  tern_agent* root;
+  tern_agent* member;
+  char admin[128]; /* the root's admin address, when token was given */
+  char member_dir[300];
+};
+
+static int fleet_start(const char* dir, const char* name, const char* token, struct fleet* f) {
+  memset(f, 0, sizeof *f);
+  char root_dir[300];
+  snprintf(root_dir, sizeof root_dir, "%s/%s-root", dir, name);
+  snprintf(f->member_dir, sizeof f->member_dir, "%s/%s-member", dir, name);
+  tern_agent_options o;
+  base_options(&o, root_dir);
+  if (token != NULL) {
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = token;
+  }
+  CHECK(tern_agent_start(&o, &f->root) == TERN_OK);
+  if (f->root == NULL) return 0;
+  char addr[128], key[4096];
+  size_t len = 0;
+  CHECK(tern_agent_listen_address(f->root, addr, sizeof addr, &len) == TERN_OK);
+  if (token != NULL)
+    CHECK(tern_agent_admin_address(f->root, f->admin, sizeof f->admin, &len) == TERN_OK);
+  CHECK(tern_agent_public_key_pem(f->root, key, sizeof key, &len) == TERN_OK);
+  const char* keys[1] = {key};
+  base_options(&o, f->member_dir);
+  o.root = 0;
+  o.join = addr;
+  o.trusted_keys_pem = keys;
+  o.trusted_keys_count = 1;
+  CHECK(tern_agent_start(&o, &f->member) == TERN_OK);
+  return 1;
+}
+
+static void fleet_free(struct fleet* f) {
+  if (f->member != NULL) tern_agent_free(f->member);
+  tern_agent_free(f->root);
+}
+
 /* Publishing from the caller's memory: refusals naming what is wrong, then
  * two versions that reach a member bit for bit. */
 static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uint32_t* epoch,
@@ -599,27 +644,12 @@ static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uin
 
 static void test_publish_tensors(const char* dir) {
   enum { kCount = 4096 };
-  char root_dir[300], member_dir[300], served[340];
-  snprintf(root_dir, sizeof root_dir, "%s/mem-root", dir);
-  snprintf(member_dir, sizeof member_dir, "%s/mem-member", dir);
-  snprintf(served, sizeof served, "%s/current/model.safetensors", member_dir);
-  tern_agent_options o;
-  base_options(&o, root_dir);
-  tern_agent* root = NULL;
-  CHECK(tern_agent_start(&o, &root) == TERN_OK);
-  if (root == NULL) return;
-  char addr[128], key[4096];
-  size_t len = 0;
-  CHECK(tern_agent_listen_address(root, addr, sizeof addr, &len) == TERN_OK);
-  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
-  const char* keys[1] = {key};
-  base_options(&o, member_dir);
-  o.root = 0;
-  o.join = addr;
-  o.trusted_keys_pem = keys;
-  o.trusted_keys_count = 1;
-  tern_agent* member = NULL;
-  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+  char served[340];
+  struct fleet f;
+  if (!fleet_start(dir, "mem", NULL, &f)) return;
+  tern_agent* root = f.root;
+  tern_agent* member = f.member;
+  snprintf(served, sizeof served, "%s/current/model.safetensors", f.member_dir);
 
   /* The weights, as a trainer holds them: one BF16 tensor in its memory. */
   static uint16_t w[kCount];
@@ -715,8 +745,7 @@ static void test_publish_tensors(const char* dir) {
   CHECK_CODE(tern_view_digest(t, 1, mine), TERN_INVALID_ARGUMENT,
              "view_digest: tensor model.w has 8190 bytes");
   t[0].bytes = sizeof w;
-  if (member != NULL) tern_agent_free(member);
-  tern_agent_free(root);
+  fleet_free(&f);
 }
 
 /* Trainer ranks (ABI 1.2): two rank publishers, each on its own thread,
@@ -742,30 +771,13 @@ static void* send_rank(void* arg) {
 
 static void test_rank_publishers(const char* dir) {
   enum { kCount = 4096 };
-  char root_dir[300], member_dir[300], served[340];
-  snprintf(root_dir, sizeof root_dir, "%s/rank-root", dir);
-  snprintf(member_dir, sizeof member_dir, "%s/rank-member", dir);
-  snprintf(served, sizeof served, "%s/current/model.safetensors", member_dir);
-  tern_agent_options o;
-  base_options(&o, root_dir);
-  o.admin_listen = "127.0.0.1:0";
-  o.admin_token = "rank-token";
-  tern_agent* root = NULL;
-  CHECK(tern_agent_start(&o, &root) == TERN_OK);
-  if (root == NULL) return;
-  char addr[128], admin[128], key[4096];
-  size_t len = 0;
-  CHECK(tern_agent_listen_address(root, addr, sizeof addr, &len) == TERN_OK);
-  CHECK(tern_agent_admin_address(root, admin, sizeof admin, &len) == TERN_OK);
-  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
-  const char* keys[1] = {key};
-  base_options(&o, member_dir);
-  o.root = 0;
-  o.join = addr;
-  o.trusted_keys_pem = keys;
-  o.trusted_keys_count = 1;
-  tern_agent* member = NULL;
-  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+  char served[340];
+  struct fleet f;
+  if (!fleet_start(dir, "rank", "rank-token", &f)) return;
+  tern_agent* root = f.root;
+  tern_agent* member = f.member;
+  const char* admin = f.admin;
+  snprintf(served, sizeof served, "%s/current/model.safetensors", f.member_dir);
 
   static uint16_t w[kCount];
   for (uint32_t i = 0; i < kCount; ++i) w[i] = tiny_bf16((float)(i % 241u) / 32.0f);
@@ -890,8 +902,7 @@ static void test_rank_publishers(const char* dir) {
   CHECK(st.head == 2);
   for (int r = 0; r < 2; ++r) tern_rank_publisher_free(jobs[r].pub);
   tern_client_free(client);
-  if (member != NULL) tern_agent_free(member);
-  tern_agent_free(root);
+  fleet_free(&f);
 }
 
 /* ABI 1.3: epochs in status and events. A supersede renumbers below a
@@ -922,35 +933,18 @@ static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uin
 }
 
 static void test_supersede_epochs(const char* dir) {
-  char root_dir[300], member_dir[300], v1[300], v2[300], v3[300];
-  snprintf(root_dir, sizeof root_dir, "%s/epoch-root", dir);
-  snprintf(member_dir, sizeof member_dir, "%s/epoch-member", dir);
+  char v1[300], v2[300], v3[300];
   snprintf(v1, sizeof v1, "%s/e1.safetensors", dir);
   snprintf(v2, sizeof v2, "%s/e2.safetensors", dir);
   snprintf(v3, sizeof v3, "%s/e3.safetensors", dir);
   CHECK(tiny_write_checkpoint(v1, 4096, 11) == 0);
   CHECK(tiny_write_checkpoint(v2, 4096, 12) == 0);
   CHECK(tiny_write_checkpoint(v3, 4096, 13) == 0);
-  tern_agent_options o;
-  base_options(&o, root_dir);
-  o.admin_listen = "127.0.0.1:0";
-  o.admin_token = "right";
-  tern_agent* root = NULL;
-  CHECK(tern_agent_start(&o, &root) == TERN_OK);
-  if (root == NULL) return;
-  char addr[128], admin[128], key[4096];
-  size_t len = 0;
-  CHECK(tern_agent_listen_address(root, addr, sizeof addr, &len) == TERN_OK);
-  CHECK(tern_agent_admin_address(root, admin, sizeof admin, &len) == TERN_OK);
-  CHECK(tern_agent_public_key_pem(root, key, sizeof key, &len) == TERN_OK);
-  const char* keys[1] = {key};
-  base_options(&o, member_dir);
-  o.root = 0;
-  o.join = addr;
-  o.trusted_keys_pem = keys;
-  o.trusted_keys_count = 1;
-  tern_agent* member = NULL;
-  CHECK(tern_agent_start(&o, &member) == TERN_OK);
+  struct fleet f;
+  if (!fleet_start(dir, "epoch", "right", &f)) return;
+  tern_agent* root = f.root;
+  tern_agent* member = f.member;
+  const char* admin = f.admin;
 
   CHECK(tern_agent_publish(root, v1, 1) == TERN_OK);
   CHECK(tern_agent_publish(root, v2, 5000) == TERN_OK); /* the wrong number */
@@ -1016,13 +1010,13 @@ static void test_supersede_epochs(const char* dir) {
   /* Over the admin port, too (GET /events' JSON). */
   char* text = malloc(1 << 20);
   if (text != NULL) {
+    size_t len = 0;
     CHECK(tern_client_events_json(client, 0, 1024, 0, text, 1 << 20, &len) == TERN_OK);
     CHECK(strstr(text, "\"epoch\":1") != NULL || strstr(text, "\"epoch\": 1") != NULL);
     free(text);
   }
   tern_client_free(client);
-  if (member != NULL) tern_agent_free(member);
-  tern_agent_free(root);
+  fleet_free(&f);
 }
 
 int main(void) {
