@@ -12,33 +12,16 @@
 #include <thread>
 
 #include "agent/etcd/etcd_key_sets.h"
-#include "agent/testing/etcd_test_server.h"
+#include "agent/testing/etcd_suite.h"
 
 namespace tern::agent {
 namespace {
 
-class EtcdBoardLogTest : public ::testing::Test {
+class EtcdBoardLogTest : public SharedEtcdTest<EtcdBoardLogTest> {
  protected:
-  static void SetUpTestSuite() {
-    auto s = EtcdTestServer::Start();
-    if (s.ok()) {
-      server_ = std::move(*s);
-    } else {
-      start_error_ = new Status(s.status());
-    }
-  }
-  static void TearDownTestSuite() {
-    server_.reset();
-    delete start_error_;
-    start_error_ = nullptr;
-  }
   void SetUp() override {
-    if (server_ == nullptr) {
-      if (start_error_ && start_error_->code() == Code::kUnsupported) {
-        GTEST_SKIP() << start_error_->ToString();
-      }
-      FAIL() << (start_error_ ? start_error_->ToString() : "no etcd");
-    }
+    SharedEtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     // A prefix per test: the tests share one etcd.
     prefix_ = std::string("/b/") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     auto c = EtcdClient::Create(Etcd());
@@ -47,7 +30,7 @@ class EtcdBoardLogTest : public ::testing::Test {
   }
   static EtcdOptions Etcd(uint32_t timeout_ms = 3000) {
     EtcdOptions o;
-    o.endpoints = {server_->endpoint()};
+    o.endpoints = {etcd().endpoint()};
     o.timeout_ms = timeout_ms;
     o.log = [](std::string_view) {};
     return o;
@@ -82,13 +65,9 @@ class EtcdBoardLogTest : public ::testing::Test {
     return out;
   }
 
-  static std::unique_ptr<EtcdTestServer> server_;
-  static Status* start_error_;
   std::string prefix_;
   std::unique_ptr<EtcdClient> raw_;
 };
-std::unique_ptr<EtcdTestServer> EtcdBoardLogTest::server_;
-Status* EtcdBoardLogTest::start_error_ = nullptr;
 
 using Names = std::vector<std::pair<uint64_t, uint32_t>>;
 

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <thread>
 
+#include "agent/testing/etcd_suite.h"
 #include "agent/testing/etcd_test_server.h"
 
 namespace tern::agent {
@@ -51,36 +52,15 @@ bool WaitFor(Pred pred, milliseconds limit) {
   EtcdTestServer& var = **var##_started
 
 // One etcd for the tests that do not stop it; each test uses its own keys.
-class EtcdTest : public ::testing::Test {
+class EtcdTest : public SharedEtcdTest<EtcdTest> {
  protected:
-  static void SetUpTestSuite() {
-    auto s = EtcdTestServer::Start();
-    if (s.ok()) {
-      server_ = std::move(*s);
-    } else {
-      start_error_ = new Status(s.status());
-    }
-  }
-  static void TearDownTestSuite() {
-    server_.reset();
-    delete start_error_;
-    start_error_ = nullptr;
-  }
   void SetUp() override {
-    if (server_ == nullptr) {
-      if (start_error_ && start_error_->code() == Code::kUnsupported) {
-        GTEST_SKIP() << start_error_->ToString();
-      }
-      FAIL() << (start_error_ ? start_error_->ToString() : "no etcd");
-    }
-    client_ = MustClient(OptionsFor(*server_));
+    SharedEtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    client_ = MustClient(OptionsFor(etcd()));
   }
-  static std::unique_ptr<EtcdTestServer> server_;
-  static Status* start_error_;
   std::unique_ptr<EtcdClient> client_;
 };
-std::unique_ptr<EtcdTestServer> EtcdTest::server_;
-Status* EtcdTest::start_error_ = nullptr;
 
 TEST_F(EtcdTest, PutGetRoundTripsBinaryKeysAndValues) {
   const std::string key = std::string("bin/\0\xff\x01k", 8);
@@ -182,7 +162,7 @@ TEST_F(EtcdTest, TxnCompareAndSwapLetsExactlyOneWriterWin) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
-      auto c = EtcdClient::Create(OptionsFor(*server_));
+      auto c = EtcdClient::Create(OptionsFor(etcd()));
       if (!c.ok()) {
         ++errors;
         return;
@@ -365,15 +345,15 @@ TEST(EtcdClientTest, RefusesWhatIsNotAnEtcdGateway) {
 }
 
 TEST_F(EtcdTest, NextEndpointAfterAConnectionFailure) {
-  EtcdOptions o = OptionsFor(*server_, 500);
-  o.endpoints = {"127.0.0.1:1", server_->endpoint()};
+  EtcdOptions o = OptionsFor(etcd(), 500);
+  o.endpoints = {"127.0.0.1:1", etcd().endpoint()};
   std::vector<std::string> lines;
   o.log = [&](std::string_view line) { lines.emplace_back(line); };
   auto c = EtcdClient::Create(o);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->Put("ep/k", "v").status().code(), Code::kUnavailable);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_NE(lines[0].find("next request goes to " + server_->endpoint()), std::string::npos)
+  EXPECT_NE(lines[0].find("next request goes to " + etcd().endpoint()), std::string::npos)
       << lines[0];
   auto r = (*c)->Put("ep/k", "v");
   EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -393,13 +373,13 @@ ElectionOptions Candidate(const std::string& prefix, const std::string& id, int6
 }
 
 TEST_F(EtcdTest, OneLeaderAtATime) {
-  auto a = Election::Campaign(OptionsFor(*server_), Candidate("el1", "a", 5), SteadyClock(), 5000);
+  auto a = Election::Campaign(OptionsFor(etcd()), Candidate("el1", "a", 5), SteadyClock(), 5000);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_TRUE((*a)->IsLeader());
   auto who = Election::Leader(*client_, "el1");
   ASSERT_TRUE(who.ok());
   EXPECT_EQ(*who, "a");
-  auto b = Election::Campaign(OptionsFor(*server_), Candidate("el1", "b", 5), SteadyClock(), 600);
+  auto b = Election::Campaign(OptionsFor(etcd()), Candidate("el1", "b", 5), SteadyClock(), 600);
   EXPECT_EQ(b.status().code(), Code::kTimeout) << b.status().ToString();
   EXPECT_NE(b.status().message().find("held by 'a'"), std::string::npos);
   // b's lease was revoked on giving up: nothing of b is left behind.
@@ -407,18 +387,18 @@ TEST_F(EtcdTest, OneLeaderAtATime) {
   ASSERT_TRUE(who.ok());
   EXPECT_EQ(*who, "a");
   // An argument check.
-  EXPECT_EQ(Election::Campaign(OptionsFor(*server_), Candidate("el1", "", 5), SteadyClock(), 0)
+  EXPECT_EQ(Election::Campaign(OptionsFor(etcd()), Candidate("el1", "", 5), SteadyClock(), 0)
                 .status()
                 .code(),
             Code::kInvalidArgument);
 }
 
 TEST_F(EtcdTest, ResignHandsOverAtOnce) {
-  auto a = Election::Campaign(OptionsFor(*server_), Candidate("el2", "a", 30), SteadyClock(), 5000);
+  auto a = Election::Campaign(OptionsFor(etcd()), Candidate("el2", "a", 30), SteadyClock(), 5000);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   Result<std::unique_ptr<Election>> b = Status(Code::kInternal, "not run");
   std::thread standby([&] {
-    b = Election::Campaign(OptionsFor(*server_), Candidate("el2", "b", 30), SteadyClock(), 20000,
+    b = Election::Campaign(OptionsFor(etcd()), Candidate("el2", "b", 30), SteadyClock(), 20000,
                            50);
   });
   std::this_thread::sleep_for(milliseconds(300));
@@ -443,7 +423,7 @@ TEST_F(EtcdTest, StandbyTakesOverWhenTheLeadersLeaseLapses) {
   ASSERT_TRUE(t.ok() && t->succeeded);
   const auto start = steady_clock::now();
   auto b =
-      Election::Campaign(OptionsFor(*server_), Candidate("el3", "b", 5), SteadyClock(), 15000, 50);
+      Election::Campaign(OptionsFor(etcd()), Candidate("el3", "b", 5), SteadyClock(), 15000, 50);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   const auto waited = steady_clock::now() - start;
   EXPECT_GE(waited, milliseconds(1000)) << "took over before the dead leader's lease lapsed";
@@ -459,7 +439,7 @@ TEST_F(EtcdTest, LeaderLearnsItLostWhenItsLeaseIsRevoked) {
   Status why;
   std::atomic<Election*> self{nullptr};
   Status resigned_from_callback(Code::kInternal, "not called");
-  auto a = Election::Campaign(OptionsFor(*server_),
+  auto a = Election::Campaign(OptionsFor(etcd()),
                               Candidate("el4", "a", 3,
                                         [&](const Status& s) {
                                           // Resign from on_lost must not deadlock.
@@ -493,7 +473,7 @@ TEST_F(EtcdTest, LeaderLearnsItLostWhenItsLeaseIsRevoked) {
   ASSERT_TRUE(fenced.ok());
   EXPECT_FALSE(fenced->succeeded) << "a deposed leader's fenced write must fail";
   // A new leader gets another fence: the old one still fails.
-  auto b = Election::Campaign(OptionsFor(*server_), Candidate("el4", "b", 3), SteadyClock(), 5000);
+  auto b = Election::Campaign(OptionsFor(etcd()), Candidate("el4", "b", 3), SteadyClock(), 5000);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   fenced = client_->Txn({fence}, {EtcdOp::Put("el4/data", "3")}, {});
   ASSERT_TRUE(fenced.ok());
