@@ -94,8 +94,19 @@ def _digest(v):
 
 
 class _OperatorCalls:
-    """A root's scheduler calls, in-process (Agent) or over its admin port
-    (Client): both call the same native names."""
+    """A root's scheduler calls and status, in-process (Agent) or over its
+    admin port (Client): both call the same native names."""
+
+    async def publish_async(self, checkpoint: str, version: int) -> None:
+        """`publish` on the event loop's default executor."""
+        await asyncio.get_running_loop().run_in_executor(None, self.publish, checkpoint, version)
+
+    def status(self) -> Status:
+        return Status(**self._native.status())
+
+    def status_json(self) -> dict:
+        """GET /status's JSON (docs/agent/operations.md), parsed."""
+        return json.loads(self._native.status_json())
 
     def drain_member(self, id: str) -> None:
         """Root: `id` relays for nobody from now on (its children move at
@@ -153,17 +164,6 @@ class Agent(_OperatorCalls):
             entries.append(_tensor_entry(str(name), t))
             keep.append(t)  # alive until the call returns
         self._native.publish_tensors(int(version), entries)
-
-    async def publish_async(self, checkpoint: str, version: int) -> None:
-        """`publish` on the event loop's default executor."""
-        await asyncio.get_running_loop().run_in_executor(None, self.publish, checkpoint, version)
-
-    def status(self) -> Status:
-        return Status(**self._native.status())
-
-    def status_json(self) -> dict:
-        """GET /status's JSON (docs/agent/operations.md), parsed."""
-        return json.loads(self._native.status_json())
 
     def public_key_pem(self) -> str:
         """Root: the public key members must trust."""
@@ -234,15 +234,6 @@ class Client(_OperatorCalls):
         Error(TIMEOUT) if the timeout passed first (the root may still
         publish it: look at `publish_jobs()`)."""
         self._native.publish(str(checkpoint), int(version))
-
-    async def publish_async(self, checkpoint: str, version: int) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.publish, checkpoint, version)
-
-    def status(self) -> Status:
-        return Status(**self._native.status())
-
-    def status_json(self) -> dict:
-        return json.loads(self._native.status_json())
 
     def metrics(self) -> str:
         """GET /metrics: Prometheus text."""

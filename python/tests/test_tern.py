@@ -576,6 +576,21 @@ def zero_copy_weights():
     return w1, step(w1, 0.01, 41, names=("w",))
 
 
+def _expect_zero_copy(capsys, member, what, publish):
+    """Publishes version 1, then version 2 (1% changed) of the zero-copy
+    weights with `publish(version, tensors)`, and checks the process's
+    anonymous memory grew by far less than the tensor during the second."""
+    w1, w2 = zero_copy_weights()
+    publish(1, w1)
+    grew, result = _peak_anon_growth(lambda: publish(2, w2))
+    wait_served(member, 2)
+    part = f" (part {result / 2**20:.2f} MiB)" if isinstance(result, int) else ""
+    with capsys.disabled():
+        print(f"\nzero copy: a {N_ZERO_COPY >> 20} MiB tensor, 1% changed: anonymous memory grew "
+              f"{grew / 2**20:.1f} MiB during {what}{part}")
+    assert grew < N_ZERO_COPY // 4, f"{what} grew anonymous memory by {grew} bytes"
+
+
 def test_publish_tensors_reads_them_in_place(fleet, capsys):
     """Zero copy, measured: Agent.publish_tensors of a 64 MiB tensor (the
     second version, 1% changed) does not copy its bytes: the process's
@@ -583,14 +598,7 @@ def test_publish_tensors_reads_them_in_place(fleet, capsys):
     copy would add 64 MiB; the root's previous view is its served slot, a
     mapped file)."""
     root, member = fleet
-    w1, w2 = zero_copy_weights()
-    root.publish_tensors(1, w1)
-    grew, _ = _peak_anon_growth(lambda: root.publish_tensors(2, w2))
-    wait_served(member, 2)
-    with capsys.disabled():
-        print(f"\nzero copy: a {N_ZERO_COPY >> 20} MiB tensor, 1% changed: anonymous memory grew "
-              f"{grew / 2**20:.1f} MiB during Agent.publish_tensors")
-    assert grew < N_ZERO_COPY // 4, f"publish_tensors grew anonymous memory by {grew} bytes"
+    _expect_zero_copy(capsys, member, "Agent.publish_tensors", root.publish_tensors)
 
 
 def test_publisher_reads_its_rows_in_place(fleet, capsys):
@@ -599,13 +607,6 @@ def test_publisher_reads_its_rows_in_place(fleet, capsys):
     changed, is diffed from the caller's tensor in place and the previous
     view updated where it lies, so memory grows by far less than 64 MiB."""
     root, member = fleet
-    w1, w2 = zero_copy_weights()
     pub = tern.Publisher(rank=0, world_size=1, board=root.admin_address, token=TOKEN,
-                         layout=w1, shards={"w": (0, 4096)})
-    pub.publish(1, w1)
-    grew, size = _peak_anon_growth(lambda: pub.publish(2, w2))
-    wait_served(member, 2)
-    with capsys.disabled():
-        print(f"\nzero copy: a {N_ZERO_COPY >> 20} MiB tensor, 1% changed: anonymous memory grew "
-              f"{grew / 2**20:.1f} MiB during Publisher.publish (part {size / 2**20:.2f} MiB)")
-    assert grew < N_ZERO_COPY // 4, f"Publisher.publish grew anonymous memory by {grew} bytes"
+                         layout=zero_copy_weights()[0], shards={"w": (0, 4096)})
+    _expect_zero_copy(capsys, member, "Publisher.publish", pub.publish)
