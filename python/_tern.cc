@@ -386,35 +386,38 @@ class Agent {
   tern_agent* agent_ = nullptr;
 };
 
+// Opens a client of `address` with the Python side's credentials (None:
+// not given; tern_client_open copies them) and options; raises tern.Error.
+tern_client* OpenClient(const std::string& address, const py::object& token, uint32_t timeout_ms,
+                        const py::object& ca_pem, const py::object& cert_pem,
+                        const py::object& key_pem, bool force = false, bool supersede = false) {
+  tern_client_options o;
+  tern_client_options_init(&o);
+  std::string owned[4];
+  auto text = [&](const py::object& v, std::string& own, const char** field) {
+    if (v.is_none()) return;
+    own = v.cast<std::string>();
+    *field = own.c_str();
+  };
+  text(token, owned[0], &o.token);
+  text(ca_pem, owned[1], &o.ca_pem);
+  text(cert_pem, owned[2], &o.cert_pem);
+  text(key_pem, owned[3], &o.key_pem);
+  if (timeout_ms != 0) o.timeout_ms = timeout_ms;
+  o.force = force ? 1 : 0;
+  o.supersede = supersede ? 1 : 0;
+  tern_client* client = nullptr;
+  Check(tern_client_open(address.c_str(), &o, &client));
+  return client;
+}
+
 // A client of a running agent's admin port (tern_client).
 class Client {
  public:
   Client(const std::string& address, const py::object& token, uint32_t timeout_ms, bool force,
          const py::object& ca_pem, const py::object& cert_pem, const py::object& key_pem,
          bool supersede) {
-    tern_client_options o;
-    tern_client_options_init(&o);
-    std::string token_text, ca_text, cert_text, key_text;
-    if (!token.is_none()) {
-      token_text = token.cast<std::string>();
-      o.token = token_text.c_str();
-    }
-    if (!ca_pem.is_none()) {
-      ca_text = ca_pem.cast<std::string>();
-      o.ca_pem = ca_text.c_str();
-    }
-    if (!cert_pem.is_none()) {
-      cert_text = cert_pem.cast<std::string>();
-      o.cert_pem = cert_text.c_str();
-    }
-    if (!key_pem.is_none()) {
-      key_text = key_pem.cast<std::string>();
-      o.key_pem = key_text.c_str();
-    }
-    if (timeout_ms != 0) o.timeout_ms = timeout_ms;
-    o.force = force ? 1 : 0;
-    o.supersede = supersede ? 1 : 0;
-    Check(tern_client_open(address.c_str(), &o, &client_));
+    client_ = OpenClient(address, token, timeout_ms, ca_pem, cert_pem, key_pem, force, supersede);
   }
   ~Client() { tern_client_free(client_); }
   Client(const Client&) = delete;
@@ -497,27 +500,7 @@ class RankPublisher {
                 uint64_t segment_elements, uint32_t gather_timeout_ms, const std::string& address,
                 const py::object& token, uint32_t timeout_ms, const py::object& ca_pem,
                 const py::object& cert_pem, const py::object& key_pem) {
-    tern_client_options co;
-    tern_client_options_init(&co);
-    std::string token_text, ca_text, cert_text, key_text;
-    if (!token.is_none()) {
-      token_text = token.cast<std::string>();
-      co.token = token_text.c_str();
-    }
-    if (!ca_pem.is_none()) {
-      ca_text = ca_pem.cast<std::string>();
-      co.ca_pem = ca_text.c_str();
-    }
-    if (!cert_pem.is_none()) {
-      cert_text = cert_pem.cast<std::string>();
-      co.cert_pem = cert_text.c_str();
-    }
-    if (!key_pem.is_none()) {
-      key_text = key_pem.cast<std::string>();
-      co.key_pem = key_text.c_str();
-    }
-    if (timeout_ms != 0) co.timeout_ms = timeout_ms;
-    Check(tern_client_open(address.c_str(), &co, &client_));
+    client_ = OpenClient(address, token, timeout_ms, ca_pem, cert_pem, key_pem);
     const TensorViews tensors_in(layout, "Publisher", /*with_data=*/false);
     const std::vector<tern_tensor>& tensors = tensors_in.views;
     std::vector<std::string> shard_names;
