@@ -26,14 +26,6 @@ class SglangDoubleAgentEngineTest : public AgentSystemFixture {
       o.engine_update_timeout_ms = update_timeout_ms;
     });
   }
-  AgentEngineStatus EngineOf(const std::string& name) {
-    auto s = members_[name].agent->Snapshot();
-    EXPECT_TRUE(s.has_engine);
-    return s.engine;
-  }
-  bool EngineServes(const std::string& name, uint64_t version, double seconds = 60) {
-    return WaitFor([&] { return EngineOf(name).version == version; }, seconds);
-  }
   std::string CurrentSlot(const std::string& name) {
     return fs::canonical(members_[name].dir + "/current").string();
   }

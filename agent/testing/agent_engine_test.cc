@@ -37,14 +37,6 @@ class AgentEngineTest : public AgentSystemFixture {
       o.admin_listen = "127.0.0.1:0";  // /metrics
     });
   }
-  AgentEngineStatus EngineOf(const std::string& name) {
-    auto s = members_[name].agent->Snapshot();
-    EXPECT_TRUE(s.has_engine);
-    return s.engine;
-  }
-  bool EngineServes(const std::string& name, uint64_t version, double seconds = 60) {
-    return WaitFor([&] { return EngineOf(name).version == version; }, seconds);
-  }
 
   uint32_t update_timeout_ms_ = 5000;
   VllmDouble engine_;

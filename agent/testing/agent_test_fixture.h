@@ -121,6 +121,17 @@ class AgentSystemFixture : public TraceTest {
     return out;
   }
 
+  // The engine a member drives (--engine): its status, and a wait until it
+  // serves `version`.
+  AgentEngineStatus EngineOf(const std::string& name) {
+    auto s = members_[name].agent->Snapshot();
+    EXPECT_TRUE(s.has_engine) << name << " drives no engine";
+    return s.engine;
+  }
+  bool EngineServes(const std::string& name, uint64_t version, double seconds = 60) {
+    return WaitFor([&] { return EngineOf(name).version == version; }, seconds);
+  }
+
   void ExpectBitwiseEqual(uint64_t version) {
     for (auto& [id, m] : members_) {
       if (!m.agent) continue;
