@@ -278,7 +278,7 @@ def main():
     ap.add_argument("--sim", default="", help="tern_sim (none: no simulation)")
     ap.add_argument("--out", default="", help="write results.json and results.md here")
     ap.add_argument("--work-root", default="/var/tmp")
-    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory, the agents' logs and data included")
     a = ap.parse_args()
     # A TERM unwinds like an INT: the testbed comes down in `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -358,9 +358,11 @@ def main():
                 cfg["name"], fmt(s["patch_bytes"] and s["patch_bytes"] / 1e6), fmt(s["bound_s"]),
                 fmt(s["tern_last_s"]), fmt(s["ratio_to_bound"], "%.1fx bound"), fmt(s.get("a_last_s")),
                 fmt(s.get("d_fetched_s")), fmt(s.get("sim_s"))), flush=True)
-            # Shrink the work dir between configurations.
-            shutil.rmtree(os.path.join(cdir, "agents"), ignore_errors=True)
-            shutil.rmtree(os.path.join(cdir, "islands"), ignore_errors=True)
+            # Shrink the work dir between configurations (--keep: keep the
+            # agents' logs and data for a look afterwards).
+            if not a.keep:
+                shutil.rmtree(os.path.join(cdir, "agents"), ignore_errors=True)
+                shutil.rmtree(os.path.join(cdir, "islands"), ignore_errors=True)
     finally:
         if prefix:
             subprocess.run([WAN, "down", prefix], capture_output=True, env=env)
