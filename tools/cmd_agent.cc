@@ -47,6 +47,7 @@ struct AgentArgs {
   uint32_t beacon_interval_ms = 1000, stale_after_ms = 5000, beacon_max_skew_ms = 30000;
   uint64_t max_lag_versions = 1;
   std::string patch_format = "auto";
+  bool no_patch_nibbles = false;
   uint32_t push_window_bytes = uint32_t{2} << 20;
   unsigned threads = 0;
   std::string malloc_arenas = "auto";
@@ -176,6 +177,7 @@ Status CheckAgent(AgentArgs& a) {
   o.keep_patches = a.keep_patches;
   o.keyframe_every = a.keyframe_every;
   o.patch_format = a.patch_format == "auto" ? 0 : static_cast<uint16_t>(std::stoi(a.patch_format));
+  o.patch_nibbles = !a.no_patch_nibbles;
   o.board_etcd = a.board_etcd;
   o.seed_checkpoint = a.seed;
   o.seed_version = a.seed_version;
@@ -487,6 +489,10 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
                  "faster per byte of view) (docs/agent.md \"Choosing the patch format\")")
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "1", "2"}));
+  cmd.add_flag("--no-patch-nibbles", a->no_patch_nibbles,
+               "root: format 2 codes packed 4-bit codes (NVFP4, MXFP4, INT4) by their bytes, not "
+               "as nibbles, so every patch stays at file version 2: for members whose tern "
+               "predates patch file version 3 (docs/format/patch.md)");
   AddUnsigned(cmd, "--push-window-bytes", a->push_window_bytes,
               "member: bytes of the window per parent into which a new object's first chunks are "
               "pushed without a WANT round trip (0: no push)",

@@ -44,6 +44,7 @@ struct DiffArgs {
   uint16_t format_version = kDefaultPatchFormat;
   const CLI::Option* base_version_flag = nullptr;
   const CLI::Option* target_version_flag = nullptr;
+  bool no_nibbles = false;
   bool force = false;
   unsigned threads = 0;
 };
@@ -55,6 +56,7 @@ Status Diff(const DiffArgs& a) {
   DiffOptions options;
   options.segment_elements = a.segment_elements;
   options.format_version = a.format_version;
+  options.nibble_coding = !a.no_nibbles;
   options.base_version = VersionOf(a.base_version_flag, a.base_version, *old_ckpt);
   options.target_version = VersionOf(a.target_version_flag, a.target_version, *new_ckpt);
   ThreadPool pool(a.threads);
@@ -114,6 +116,8 @@ struct SquashArgs {
   uint64_t segment_elements = 0;
   uint16_t format_version = kDefaultPatchFormat;
   const CLI::Option* format_version_flag = nullptr;
+  const CLI::Option* no_nibbles_flag = nullptr;
+  bool no_nibbles = false;
   bool force = false;
   unsigned threads = 0;
 };
@@ -134,6 +138,9 @@ Status SquashCmd(const SquashArgs& a) {
         a.format_version_flag->count() == 0, kInvalidArgument,
         "tern squash: --format-version needs --base (without the base a squash keeps its inputs' "
         "codings: format 1, or version 3 for tensors coded as nibbles)");
+    TERN_REQUIRE(a.no_nibbles_flag->count() == 0, kInvalidArgument,
+                 "tern squash: --no-nibbles needs --base (without the base a squash keeps its "
+                 "inputs' codings)");
     auto squashed = tern::Squash(spans, pool);
     if (squashed.status().code() == Code::kUnsupported)
       return squashed.status().WithContext("pass the first patch's base checkpoint with --base");
@@ -143,6 +150,7 @@ Status SquashCmd(const SquashArgs& a) {
     DiffOptions options;
     options.segment_elements = a.segment_elements;
     options.format_version = a.format_version;
+    options.nibble_coding = !a.no_nibbles;
     TERN_ASSIGN_OR_RETURN(out, tern::SquashOnBase(base->view(), spans, options, pool));
   }
   TERN_RETURN_IF_ERROR(WriteFileAtomic(a.out, out, a.force));
@@ -199,6 +207,9 @@ void AddDiff(CLI::App& tern, Dispatch& dispatch) {
               "only with the base; docs/format/patch.md)",
               std::to_string(kDefaultPatchFormat))
       ->check(CLI::Range(1, 2));
+  cmd->add_flag("--no-nibbles", a->no_nibbles,
+                "format 2: code packed 4-bit codes by their bytes, not as nibbles, so the file "
+                "stays at version 2 (for readers that predate version 3)");
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return Diff(*a); }});
@@ -242,6 +253,9 @@ void AddSquash(CLI::App& tern, Dispatch& dispatch) {
                                        "with --base: the squash's patch format, 1 or 2",
                                        std::to_string(kDefaultPatchFormat))
                                ->check(CLI::Range(1, 2));
+  a->no_nibbles_flag = cmd->add_flag("--no-nibbles", a->no_nibbles,
+                                     "with --base: format 2 without nibble-coded packed codes "
+                                     "(the squash stays at file version 2)");
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return SquashCmd(*a); }});

@@ -271,6 +271,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     timer.Lap(spans.verify_prev_s);
     DiffOptions diff{options.segment_elements, head, version};
     diff.format_version = options.format_version;
+    diff.nibble_coding = options.nibble_coding;
     // D(prev) is computed in the diff's own pass over prev's bytes and
     // checked here, before the patch is inspected, a keyframe made or
     // anything signed or written: a wrong prev would publish a patch no
@@ -297,6 +298,7 @@ Result<PublishResult> PublishVersion(Board& board, const ManifestSigner& signer,
     for (auto& t : zero.tensors) t.data = zeros.data();
     DiffOptions diff{options.segment_elements, 0, version};
     diff.format_version = options.format_version;
+    diff.nibble_coding = options.nibble_coding;
     TERN_ASSIGN_OR_RETURN(auto keyframe, Diff(zero, next, diff, pool));
     TERN_ASSIGN_OR_RETURN(PatchInfo info, Inspect(Span(keyframe)));
     TERN_REQUIRE(prev == nullptr || info.target_digest == m.target_digest, kInternal,
@@ -367,6 +369,7 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
     TERN_ASSIGN_OR_RETURN(auto base, RebuildView(board, from, layout, pool));
     DiffOptions diff;
     diff.segment_elements = options.segment_elements;
+    diff.nibble_coding = options.nibble_coding;
     squash = SquashOnBase(base->view, chain.parts, diff, pool);
   }
   if (!squash.ok()) return squash.status().WithContext("squash " + ObjectName(ref));

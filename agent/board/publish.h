@@ -53,6 +53,10 @@ struct PublishOptions {
   // The patch and keyframe format (DiffOptions::format_version): 2 is
   // smaller, 1 applies ~4x faster (docs/format/patch.md, docs/agent.md §8).
   uint16_t format_version = kDefaultPatchFormat;
+  // DiffOptions::nibble_coding: format 2 codes packed 4-bit codes as
+  // nibbles where smaller (the file then says version 3). Off: every patch
+  // and keyframe stays at version <= 2, for readers that predate version 3.
+  bool nibble_coding = true;
   uint32_t chunk_bytes = 0;       // 0: DefaultChunkBytes(object size)
   uint64_t created_unix_ms = 0;   // 0: the system clock (informative only)
   // Check D(prev) against prev_digest before anything is signed: a wrong

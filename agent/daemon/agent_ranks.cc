@@ -314,6 +314,7 @@ Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version,
   const bool keyframe_due = head != 0 && board_->KeyframeDue(version, patch->size());
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
+  options.nibble_coding = opt_.patch_nibbles;
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishPatch(*board_, *Signer(), std::move(patch).value(), version, options, pool_));
   TERN_REQUIRE(result.manifest.target_digest == target, kInternal, "publish from ranks: version ",

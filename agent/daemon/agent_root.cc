@@ -416,6 +416,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         MutexLock publish_lock(publish_mu_);
         PublishOptions po;
         po.segment_elements = opt_.segment_elements;
+        po.nibble_coding = opt_.patch_nibbles;
         CatchUpReply reply;
         reply.target = r.target;
         if (r.have > 0) {
@@ -608,6 +609,7 @@ Status AgentImpl::PublishTensors(uint64_t version, const std::vector<PublishTens
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
   if (opt_.patch_format != 0) options.format_version = opt_.patch_format;
+  options.nibble_coding = opt_.patch_nibbles;
   options.keyframe_only = !prev && board_->head() != 0;
   return PublishViewLocked(t0, version, std::move(prev), next->view, /*next_owner=*/nullptr,
                            /*seed_checkpoint=*/"", options, {});
@@ -641,6 +643,7 @@ Status AgentImpl::PublishLocked(double t0, const std::string& checkpoint_path, u
   PublishOptions options;
   options.segment_elements = opt_.segment_elements;
   if (opt_.patch_format != 0) options.format_version = opt_.patch_format;
+  options.nibble_coding = opt_.patch_nibbles;
   // A supersede is the backwards patch(HEAD -> version) from HEAD's view.
   options.supersede = supersede;
   TERN_REQUIRE(!supersede || prev, kUnavailable, "supersede: this root does not serve HEAD ",

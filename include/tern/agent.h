@@ -158,6 +158,12 @@ struct AgentOptions {
   // (docs/agent.md "Choosing the patch format"). 2 is ~0.7x format 1's
   // bytes; 1 applies 2.7-6x faster per byte of view.
   uint16_t patch_format = 0;
+  // Format 2 codes packed 4-bit codes (NVFP4, MXFP4, INT4 in U8/I32
+  // tensors) as nibbles where that is smaller; the patch file then says
+  // version 3 (docs/format/patch.md). false: every patch stays at version
+  // <= 2, for a fleet whose readers predate version 3 (they refuse a
+  // version-3 patch as unsupported, they never misread it).
+  bool patch_nibbles = true;
 
   // ---- Timing ----
   uint32_t heartbeat_ms = 500;

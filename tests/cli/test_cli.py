@@ -227,6 +227,26 @@ class PatchCommands(unittest.TestCase):
         run("apply", files[0], squashed, "-o", out)
         self.assertTrue(same_checkpoint(out, files[2]))
         os.remove(out)
+        # --no-nibbles: format 2 coded by bytes, file version 2, for readers
+        # that predate version 3; larger, and the same changes.
+        v2 = self.path("packed01-v2.patch")
+        run("diff", files[0], files[1], "-o", v2, "--no-nibbles", "--force")
+        info2 = json.loads(run("inspect", v2, "--json").stdout)
+        self.assertEqual(info2["format_version"], 2)
+        self.assertEqual([t["nibbles"] for t in info2["tensors"]], [False, False])
+        self.assertEqual(info2["changed_elements"], info["changed_elements"])
+        self.assertLess(info["patch_bytes"], info2["patch_bytes"])
+        run("apply", files[0], v2, "-o", out)
+        self.assertTrue(same_checkpoint(out, files[1]))
+        os.remove(out)
+        run("squash", p01, p12, "-o", squashed, "--base", files[0], "--no-nibbles", "--force")
+        self.assertEqual(json.loads(run("inspect", squashed, "--json").stdout)["format_version"], 2)
+        run("apply", files[0], squashed, "-o", out)
+        self.assertTrue(same_checkpoint(out, files[2]))
+        os.remove(out)
+        r = run("squash", p01, p12, "-o", squashed, "--no-nibbles", "--force", ok=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--no-nibbles needs --base", r.stderr)
 
     def test_squash_equals_chain(self):
         # diff writes format 2 by default: its squash needs the first base.
