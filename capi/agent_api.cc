@@ -139,6 +139,8 @@ Status ToAgentOptions(const tern_agent_options& c, AgentOptions* o) {
   TERN_REQUIRE(c.patch_format <= 2, kInvalidArgument, "patch_format is ", c.patch_format,
                ": want 0 (the default), 1 or 2");
   o->patch_format = static_cast<uint16_t>(c.patch_format);
+  TERN_RETURN_IF_ERROR(CheckFlag(c.patch_nibbles, "patch_nibbles"));
+  o->patch_nibbles = c.patch_nibbles == 1;
 
   o->heartbeat_ms = c.heartbeat_ms;
   o->dead_after_ms = c.dead_after_ms;
@@ -249,6 +251,7 @@ void tern_agent_options_init(tern_agent_options* c) {
   c->keyframe_every = d.keyframe_every;
   c->segment_elements = d.segment_elements;
   c->patch_format = d.patch_format;
+  c->patch_nibbles = d.patch_nibbles ? 1 : 0;
   c->heartbeat_ms = d.heartbeat_ms;
   c->dead_after_ms = d.dead_after_ms;
   c->spare_grace_ms = d.spare_grace_ms;

@@ -211,6 +211,10 @@ static void test_bad_options(const char* dir) {
   o.patch_format = 3;
   CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "patch_format");
   base_options(&o, dir);
+  CHECK(o.patch_nibbles == 1); /* ABI 1.5; the default */
+  o.patch_nibbles = 2;
+  CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "patch_nibbles is 2");
+  base_options(&o, dir);
   o.transport = NULL; /* tcp+tls, the default, needs its files */
   CHECK_CODE(tern_agent_start(&o, &a), TERN_INVALID_ARGUMENT, "tls_cert_file");
   o.transport = "carrier-pigeon";

@@ -184,6 +184,7 @@ void FillOptions(const py::dict& kw, tern_agent_options* o, OptionStrings* s) {
     else if (key == "dead_after_ms") o->dead_after_ms = u32(k, v);
     else if (key == "spare_grace_ms") o->spare_grace_ms = u32(k, v);
     else if (key == "stream_apply") o->stream_apply = flag(v);
+    else if (key == "patch_nibbles") o->patch_nibbles = flag(v);
     else if (key == "parent_stall_ms") o->parent_stall_ms = u32(k, v);
     else if (key == "relay_probation_ms") o->relay_probation_ms = u32(k, v);
     else if (key == "push_window_bytes") o->push_window_bytes = u32(k, v);

@@ -73,7 +73,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 4
+#define TERN_ABI_VERSION_MINOR 5
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -208,6 +208,12 @@ typedef struct tern_agent_options {
    * a client's certificate (mutual TLS, on top of admin_token); NULL: no
    * client certificate asked for. */
   const char* admin_tls_client_ca_pem;
+
+  /* ABI 1.5. Root: 1 (the default) lets format 2 code packed 4-bit codes
+   * (NVFP4, MXFP4, INT4) as nibbles where smaller, which the patch file
+   * calls version 3; 0 keeps every patch at version 2, for members whose
+   * tern predates version 3 (docs/format/patch.md). 0 or 1. */
+  int patch_nibbles;
 } tern_agent_options;
 
 /* Sets struct_size and every default above. Any thread. */

@@ -78,6 +78,28 @@ def test_bad_options_are_refused_with_their_name(tmp_path):
     assert "data_dir" in str(e.value)
 
 
+@pytest.mark.parametrize("nibbles", [True, False])
+def test_patch_nibbles_keeps_packed_codes_at_file_version_2(tmp_path, nibbles):
+    """patch_nibbles (ABI 1.5): on, format 2 codes packed 4-bit codes whose
+    nibbles moved as nibbles and the patch file says version 3; off, the
+    root's patches stay at version 2 (for members that predate version 3)."""
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 256, size=1 << 16, dtype=np.uint8)
+    moved = codes.copy()
+    at = rng.choice(moved.size, size=moved.size // 200, replace=False)
+    moved[at] ^= np.uint8(0x10)  # the high nibble moved by one code: a byte delta of 16
+    root = tern.Agent(root=True, listen="127.0.0.1:0", data_dir=str(tmp_path / "root"),
+                      transport="tcp", patch_format=2, patch_nibbles=nibbles)
+    try:
+        root.publish_tensors(1, {"codes": codes})
+        root.publish_tensors(2, {"codes": moved})
+    finally:
+        root.close()
+    patch = (tmp_path / "root" / "published" / "patch-1-2").read_bytes()
+    assert patch[:8] == b"TERNPTCH"
+    assert int.from_bytes(patch[8:10], "little") == (3 if nibbles else 2)
+
+
 def test_publish_events_and_subscriber_apply(fleet, tmp_path):
     root, member = fleet
     sub = tern.Subscriber(member)
