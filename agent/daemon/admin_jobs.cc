@@ -47,7 +47,9 @@ void AddJobOutcome(nlohmann::json& o, JobState state, const Status& status, doub
 }
 
 std::optional<Status> JobOutcomeOf(const nlohmann::json& job, const char* fallback) {
-  const std::string state = job.value("state", std::string());
+  const std::string state = job.is_object() && job.contains("state") && job["state"].is_string()
+                                ? job["state"].get<std::string>()
+                                : std::string();
   if (state == "published") return Status::Ok();
   if (state != "failed") return std::nullopt;
   // A code this build does not know reads as kInternal, the reason kept.

@@ -186,6 +186,8 @@ TEST(JobOutcomeTest, ReadsEveryShapeOfAnswerWithoutThrowing) {
   using nlohmann::json;
   EXPECT_FALSE(JobOutcomeOf(json{{"state", "running"}}, "x").has_value());
   EXPECT_FALSE(JobOutcomeOf(json::object(), "x").has_value());
+  EXPECT_FALSE(JobOutcomeOf(json{{"state", 7}}, "x").has_value());
+  EXPECT_FALSE(JobOutcomeOf(json::array(), "x").has_value());
   EXPECT_TRUE(JobOutcomeOf(json{{"state", "published"}}, "x")->ok());
   auto failed = JobOutcomeOf(json{{"state", "failed"}, {"code", static_cast<unsigned>(Code::kMismatch)},
                                   {"error", "rank 3 sent other bytes"}},

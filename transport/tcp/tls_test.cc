@@ -70,10 +70,11 @@ class TlsIdentity : public ::testing::Test {
   }
 
   const testing::TestPki& pki_ = testing::TestCerts();
+  // Before the transports, whose log it is (TearDown resets them first anyway).
+  testpeer::LogCapture log_;
   std::unique_ptr<Transport> server_, client_;
   std::unique_ptr<Listener> listener_;
   std::shared_ptr<Connection> conn_;
-  testpeer::LogCapture log_;
 };
 
 void ExpectRefused(const Status& st, const std::string& why) {
