@@ -186,19 +186,21 @@ TEST(SafetensorsIndex, ParsesAndRejects) {
   }
 }
 
-// Keeps the fuzz seed corpus honest: valid_* seeds parse, bad_* seeds do not.
+// Keeps the fuzz seed corpus honest: valid_* seeds parse, bad_* seeds do
+// not. Inputs a fuzzing run found (merged in, named by their SHA-1) may be
+// either; the replay test runs them.
 TEST(SafetensorsIndex, SeedCorpusMeansWhatItsNamesSay) {
   namespace fs = std::filesystem;
   int seen = 0;
   for (const auto& e : fs::directory_iterator(TERN_INDEX_CORPUS_DIR)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("valid_") && !name.starts_with("bad_")) continue;
     std::ifstream in(e.path(), std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), {});
-    const std::string name = e.path().filename().string();
     auto map = checkpoint::ParseIndex(text);
     if (name.starts_with("valid_")) {
       EXPECT_TRUE(map.ok()) << name << ": " << map.status().ToString();
     } else {
-      EXPECT_TRUE(name.starts_with("bad_")) << name;
       EXPECT_FALSE(map.ok()) << name;
     }
     ++seen;
