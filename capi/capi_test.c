@@ -1023,6 +1023,203 @@ static void test_supersede_epochs(const char* dir) {
   fleet_free(&f);
 }
 
+/* What a client subscription's callback saw (ABI 1.6): every event. */
+typedef struct {
+  pthread_mutex_t mu;
+  uint64_t seq[256], version[256];
+  int kind[256];
+  int count, seq_went_down;
+} event_log;
+static void record_event(void* user, const tern_event* e) {
+  event_log* log = (event_log*)user;
+  pthread_mutex_lock(&log->mu);
+  if (log->count > 0 && e->seq <= log->seq[log->count - 1]) ++log->seq_went_down;
+  if (log->count < 256) {
+    log->seq[log->count] = e->seq;
+    log->version[log->count] = e->version;
+    log->kind[log->count] = e->kind;
+    ++log->count;
+  }
+  pthread_mutex_unlock(&log->mu);
+}
+/* How many logged events are `kind` of `version`, once at least `want` are
+ * (or `ms` passed). */
+static int logged(event_log* log, int kind, uint64_t version, int want, long ms) {
+  int n = 0;
+  for (long waited = 0;; waited += 50) {
+    n = 0;
+    pthread_mutex_lock(&log->mu);
+    for (int i = 0; i < log->count; ++i) n += log->kind[i] == kind && log->version[i] == version;
+    pthread_mutex_unlock(&log->mu);
+    if (n >= want || waited >= ms) return n;
+    sleep_ms(50);
+  }
+}
+
+/* Publishes on a root after a delay, from another thread. */
+typedef struct {
+  tern_agent* root;
+  const char* checkpoint;
+  uint64_t version;
+  long delay_ms;
+  tern_code code;
+} late_publish;
+static void* publish_later(void* arg) {
+  late_publish* p = (late_publish*)arg;
+  sleep_ms(p->delay_ms);
+  p->code = tern_agent_publish(p->root, p->checkpoint, p->version);
+  return NULL;
+}
+
+/* Two batches hold the same events, field by field. */
+static void check_same_events(const tern_events* a, const tern_events* b) {
+  CHECK(tern_events_count(a) == tern_events_count(b));
+  for (size_t i = 0; i < tern_events_count(a) && i < tern_events_count(b); ++i) {
+    tern_event x, y;
+    x.struct_size = sizeof x;
+    y.struct_size = sizeof y;
+    CHECK(tern_events_get(a, i, &x) == TERN_OK && tern_events_get(b, i, &y) == TERN_OK);
+    CHECK(x.seq == y.seq && x.kind == y.kind && x.version == y.version && x.epoch == y.epoch);
+    CHECK(x.all_tensors == y.all_tensors && memcmp(x.digest, y.digest, sizeof x.digest) == 0);
+    CHECK(strcmp(x.member, y.member) == 0 && strcmp(x.slot_dir, y.slot_dir) == 0);
+    CHECK(x.changed_tensor_count == y.changed_tensor_count);
+    for (size_t t = 0; t < x.changed_tensor_count && t < y.changed_tensor_count; ++t)
+      CHECK(strcmp(x.changed_tensors[t], y.changed_tensors[t]) == 0);
+  }
+}
+
+/* ABI 1.6: an agent's events over its admin port, polled and by callback,
+ * equal to its own; a wait longer than one long poll; a wrong token ends a
+ * subscription with TERN_AUTH; a subscription outlives the agent's restart
+ * and follows the new process from its first event. */
+static void test_client_events(const char* dir) {
+  char v1[300], v2[300], v3[300];
+  snprintf(v1, sizeof v1, "%s/ev1.safetensors", dir);
+  snprintf(v2, sizeof v2, "%s/ev2.safetensors", dir);
+  snprintf(v3, sizeof v3, "%s/ev3.safetensors", dir);
+  CHECK(tiny_write_checkpoint(v1, 4096, 21) == 0);
+  CHECK(tiny_write_checkpoint(v2, 4096, 22) == 0);
+  CHECK(tiny_write_checkpoint(v3, 4096, 23) == 0);
+  struct fleet f;
+  if (!fleet_start(dir, "events", "right", &f)) return;
+  CHECK(tern_agent_publish(f.root, v1, 1) == TERN_OK);
+  if (f.member != NULL) CHECK(wait_served(f.member, 1));
+
+  tern_client_options co;
+  tern_client_options_init(&co);
+  co.token = "right";
+  co.timeout_ms = 60000;
+  tern_client* client = NULL;
+  CHECK(tern_client_open(f.admin, &co, &client) == TERN_OK);
+  if (client == NULL) {
+    fleet_free(&f);
+    return;
+  }
+
+  /* Polled: the same events as the agent's own, field by field. */
+  tern_events *remote = NULL, *local = NULL;
+  CHECK(tern_client_wait_events(client, 0, 1024, 0, &remote) == TERN_OK);
+  CHECK(tern_agent_wait_events(f.root, 0, 1024, 0, &local) == TERN_OK);
+  CHECK(tern_events_count(remote) >= 3); /* joined, published 1, served 1 */
+  check_same_events(remote, local);
+  uint64_t newest = 0;
+  tern_event e;
+  e.struct_size = sizeof e;
+  if (tern_events_get(remote, tern_events_count(remote) - 1, &e) == TERN_OK) newest = e.seq;
+  tern_events_free(remote);
+  tern_events_free(local);
+  remote = NULL;
+  CHECK_CODE(tern_client_wait_events(client, 0, 0, 0, &remote), TERN_OUT_OF_RANGE, "max_events");
+  CHECK_CODE(tern_client_wait_events(client, 0, 8, 600001, &remote), TERN_OUT_OF_RANGE,
+             "timeout_ms");
+  CHECK_CODE(tern_client_wait_events(client, 0, 8, 0, NULL), TERN_INVALID_ARGUMENT, "out is NULL");
+  CHECK_CODE(tern_client_wait_events(NULL, 0, 8, 0, &remote), TERN_INVALID_ARGUMENT,
+             "client is NULL");
+  CHECK(remote == NULL);
+
+  /* A wait longer than the port's 5 s long poll gets an event published
+   * after the first poll ended. */
+  late_publish later = {f.root, v2, 2, 5500, TERN_INTERNAL};
+  pthread_t publisher;
+  CHECK(pthread_create(&publisher, NULL, publish_later, &later) == 0);
+  const double t0 = now_s();
+  CHECK(tern_client_wait_events(client, newest, 8, 30000, &remote) == TERN_OK);
+  const double waited = now_s() - t0;
+  pthread_join(publisher, NULL);
+  CHECK(later.code == TERN_OK);
+  CHECK(tern_events_count(remote) >= 1 && waited >= 5.0 && waited < 25);
+  if (tern_events_count(remote) >= 1 && tern_events_get(remote, 0, &e) == TERN_OK)
+    CHECK(e.seq == newest + 1 && e.version == 2);
+  tern_events_free(remote);
+
+  /* The callback form: every event the agent holds, then what comes. */
+  event_log log;
+  memset(&log, 0, sizeof log);
+  pthread_mutex_init(&log.mu, NULL);
+  tern_subscription* sub = NULL;
+  CHECK_CODE(tern_client_subscribe(client, 0, NULL, &log, &sub), TERN_INVALID_ARGUMENT,
+             "fn is NULL");
+  CHECK_CODE(tern_client_subscribe(NULL, 0, record_event, &log, &sub), TERN_INVALID_ARGUMENT,
+             "client is NULL");
+  CHECK_CODE(tern_subscription_result(NULL), TERN_INVALID_ARGUMENT, "subscription is NULL");
+  CHECK(tern_client_subscribe(client, 0, record_event, &log, &sub) == TERN_OK);
+  CHECK(tern_agent_publish(f.root, v3, 3) == TERN_OK);
+  CHECK(logged(&log, TERN_EVENT_VERSION_PUBLISHED, 1, 1, 10000) == 1);
+  CHECK(logged(&log, TERN_EVENT_VERSION_PUBLISHED, 3, 1, 10000) == 1);
+  CHECK(tern_subscription_result(sub) == TERN_OK);
+
+  /* A wrong token ends the thread, with the reason. */
+  co.token = "wrong";
+  tern_client* bad = NULL;
+  CHECK(tern_client_open(f.admin, &co, &bad) == TERN_OK);
+  tern_subscription* refused = NULL;
+  CHECK(tern_client_subscribe(bad, 0, record_event, &log, &refused) == TERN_OK);
+  tern_code ended = TERN_OK;
+  for (int i = 0; i < 200 && ended == TERN_OK; ++i) {
+    ended = tern_subscription_result(refused);
+    if (ended == TERN_OK) sleep_ms(50);
+  }
+  CHECK_CODE(tern_subscription_result(refused), TERN_AUTH, "token");
+  tern_subscription_free(refused);
+  tern_client_free(bad);
+
+  /* The agent goes away: the subscription polls on; a new root on the
+   * same admin port is followed from its first event (seq goes down). */
+  char admin[128];
+  snprintf(admin, sizeof admin, "%s", f.admin);
+  fleet_free(&f);
+  sleep_ms(2500); /* the subscription backs off to 2 s */
+  CHECK(tern_subscription_result(sub) == TERN_OK);
+  char again_dir[300];
+  snprintf(again_dir, sizeof again_dir, "%s/events-again", dir);
+  tern_agent_options o;
+  base_options(&o, again_dir);
+  o.admin_listen = admin;
+  o.admin_token = "right";
+  tern_agent* again = NULL;
+  CHECK(tern_agent_start(&o, &again) == TERN_OK);
+  if (again != NULL) {
+    /* Its own versions 1..3 (seqs 1..6, published and served), seen
+     * whether the subscription's next poll comes before or after the new
+     * process numbered past what it had read (the latter, pinned down:
+     * agent.AgentEventFollower.*). */
+    CHECK(tern_agent_publish(again, v1, 1) == TERN_OK);
+    CHECK(tern_agent_publish(again, v2, 2) == TERN_OK);
+    CHECK(tern_agent_publish(again, v3, 3) == TERN_OK);
+    CHECK(logged(&log, TERN_EVENT_VERSION_PUBLISHED, 1, 2, 15000) == 2);
+    CHECK(logged(&log, TERN_EVENT_VERSION_PUBLISHED, 3, 2, 15000) == 2);
+    pthread_mutex_lock(&log.mu);
+    CHECK(log.seq_went_down == 1);
+    pthread_mutex_unlock(&log.mu);
+  }
+  const double free_start_s = now_s();
+  tern_subscription_free(sub);
+  CHECK(now_s() - free_start_s < 7);
+  pthread_mutex_destroy(&log.mu);
+  tern_client_free(client);
+  tern_agent_free(again);
+}
+
 int main(void) {
   char dir[] = "/tmp/tern-capi-test-XXXXXX";
   if (mkdtemp(dir) == NULL) {
@@ -1037,6 +1234,7 @@ int main(void) {
   test_publish_tensors(dir);
   test_rank_publishers(dir);
   test_supersede_epochs(dir);
+  test_client_events(dir);
   nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   if (failures != 0) {
     fprintf(stderr, "capi_test: %d check(s) failed\n", failures);

@@ -2,6 +2,8 @@
 // events (Agent::WaitEvents; include/tern/tern.h). A wait runs in slices of
 // at most kSliceMs under the handle's shared lock, so that tern_agent_stop,
 // which takes the lock alone, waits at most a slice for a waiter.
+// tern_client_wait_events, tern_client_subscribe (ABI 1.6): the same over
+// an agent's admin port (PollAgentEvents: GET /events parsed).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,7 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 #include "capi/agent_handle.h"
+#include "capi/client_handle.h"
 #include "tern/agent.h"
 
 // A batch: the events and, per event, the C view of its tensor names.
@@ -21,14 +26,26 @@ struct tern_events {
   std::vector<std::vector<const char*>> changed;  // per event, into events[i].changed_tensors
 };
 
+// One of agent or client is set.
 struct tern_subscription {
   static constexpr uint32_t kTag = 0x74537562;  // "tSub"
   uint32_t tag = kTag;
   tern_agent* agent = nullptr;
+  tern_client* client = nullptr;
   tern_event_fn fn = nullptr;
   void* user = nullptr;
   std::atomic<bool> cancel{false};
+  // Why the thread ended (tern_subscription_result); kOk while it runs.
+  mutable tern::Mutex mu;
+  bool ended GUARDED_BY(mu) = false;
+  tern::Status why GUARDED_BY(mu);
   std::thread thread;
+
+  void End(tern::Status status) {
+    tern::MutexLock lock(mu);
+    ended = true;
+    why = std::move(status);
+  }
 };
 
 namespace tern::capi {
@@ -93,13 +110,23 @@ tern_event ToC(const AgentEvent& e, std::vector<const char*>* changed) {
   return c;
 }
 
+// Delivers `events` in order, advancing *after_seq; false once cancelled.
+bool Deliver(tern_subscription* s, const std::vector<AgentEvent>& events, uint64_t* after_seq) {
+  std::vector<const char*> changed;
+  for (const AgentEvent& e : events) {
+    if (s->cancel.load()) return false;
+    const tern_event c = ToC(e, &changed);
+    s->fn(s->user, &c);
+    *after_seq = e.seq;
+  }
+  return true;
+}
+
 // The subscription's thread: waits, delivers, until cancelled or the agent
 // stops (kUnavailable). Too many waiters at once (kResourceExhausted) is
-// retried; any other error ends it, logged nowhere (the agent's log is the
-// caller's): tern.h says the thread ends when the agent stops.
-void RunSubscription(tern_subscription* s, uint64_t after_seq) {
+// retried; any other error ends it, kept for tern_subscription_result.
+Status RunSubscription(tern_subscription* s, uint64_t after_seq) {
   std::vector<AgentEvent> events;
-  std::vector<const char*> changed;
   while (!s->cancel.load()) {
     const Status st = WaitSliced(s->agent, after_seq, kSubscriptionBatch, kSubscriptionWaitMs,
                                  &events, &s->cancel);
@@ -107,12 +134,83 @@ void RunSubscription(tern_subscription* s, uint64_t after_seq) {
       std::this_thread::sleep_for(std::chrono::milliseconds(kSliceMs));
       continue;
     }
-    if (!st.ok()) return;
-    for (const AgentEvent& e : events) {
-      if (s->cancel.load()) return;
-      const tern_event c = ToC(e, &changed);
-      s->fn(s->user, &c);
-      after_seq = e.seq;
+    TERN_RETURN_IF_ERROR(st);
+    if (!Deliver(s, events, &after_seq)) break;
+  }
+  return Status::Ok();
+}
+
+// Over the admin port: AgentEventFollower retries an agent that cannot be
+// reached and follows a restarted one from its first event; any other
+// error ends the thread. A poll's request waits at most
+// kClientPollRequestMsMax beyond its long poll, whatever the client's
+// timeout_ms: tern_subscription_free waits for the poll in flight.
+constexpr uint32_t kClientPollRequestMsMax = 5000;
+
+Status RunClientSubscription(tern_subscription* s, uint64_t after_seq) {
+  AgentClientOptions options = s->client->options;
+  options.timeout_ms = std::min(options.timeout_ms, kClientPollRequestMsMax);
+  AgentEventFollower::Options follow;
+  follow.poll_ms = kSubscriptionWaitMs;
+  follow.max_events = kSubscriptionBatch;
+  follow.backoff_min_ms = kSliceMs;
+  AgentEventFollower follower(s->client->address, std::move(options), after_seq, follow);
+  while (!s->cancel.load()) {
+    TERN_ASSIGN_OR_RETURN(std::vector<AgentEvent> events, follower.Next(s->cancel));
+    if (!Deliver(s, events, &after_seq)) break;
+  }
+  return Status::Ok();
+}
+
+// Starts `s`'s thread on `body`; whatever ends it is kept.
+template <class Body>
+void StartThread(tern_subscription* s, Body body) {
+  s->thread = std::thread([s, body] {
+    Status why;
+    try {
+      why = body();
+    } catch (const std::exception& e) {
+      why = Status(Code::kInternal, std::string("unexpected exception: ") + e.what());
+    } catch (...) {
+      why = Status(Code::kInternal, "unexpected exception of unknown type");
+    }
+    if (why.ok()) why = Status(Code::kCancelled, "the subscription was freed");
+    s->End(std::move(why));
+  });
+}
+
+// A batch of `events`, the C view of each event's names built once.
+std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events) {
+  auto batch = std::make_unique<tern_events>();
+  batch->events = std::move(events);
+  batch->changed.resize(batch->events.size());
+  for (size_t i = 0; i < batch->events.size(); ++i)
+    for (const std::string& name : batch->events[i].changed_tensors)
+      batch->changed[i].push_back(name.c_str());
+  return batch;
+}
+
+// The client's poll form: long polls of at most kPortWaitMsMax until an
+// event or the deadline.
+constexpr uint32_t kPortWaitMsMax = 5000;
+
+Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
+                  uint32_t timeout_ms, std::vector<AgentEvent>* out) {
+  TERN_REQUIRE(max_events >= 1 && max_events <= kMaxEvents, kOutOfRange, "max_events is ",
+               max_events, ": want 1..", kMaxEvents);
+  TERN_REQUIRE(timeout_ms <= kTimeoutMsMax, kOutOfRange, "timeout_ms is ", timeout_ms, ": at most ",
+               kTimeoutMsMax);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const uint32_t wait =
+        static_cast<uint32_t>(std::clamp<int64_t>(left.count(), 0, kPortWaitMsMax));
+    TERN_ASSIGN_OR_RETURN(AgentEventPoll poll,
+                          PollAgentEvents(c->address, after_seq, max_events, wait, c->options));
+    if (!poll.events.empty() || wait == 0) {
+      *out = std::move(poll.events);
+      return Status::Ok();
     }
   }
 }
@@ -135,14 +233,23 @@ tern_code tern_agent_wait_events(tern_agent* a, uint64_t after_seq, uint32_t max
   return Guard([&] {
     TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
     *out = nullptr;
-    auto batch = std::make_unique<tern_events>();
+    std::vector<tern::AgentEvent> events;
     TERN_RETURN_IF_ERROR(
-        tern::capi::WaitSliced(a, after_seq, max_events, timeout_ms, &batch->events, nullptr));
-    batch->changed.resize(batch->events.size());
-    for (size_t i = 0; i < batch->events.size(); ++i)
-      for (const std::string& name : batch->events[i].changed_tensors)
-        batch->changed[i].push_back(name.c_str());
-    *out = batch.release();
+        tern::capi::WaitSliced(a, after_seq, max_events, timeout_ms, &events, nullptr));
+    *out = tern::capi::BatchOf(std::move(events)).release();
+    return Status::Ok();
+  });
+}
+
+tern_code tern_client_wait_events(tern_client* c, uint64_t after_seq, uint32_t max_events,
+                                  uint32_t timeout_ms, tern_events** out) {
+  return Guard([&] {
+    TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
+    *out = nullptr;
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(c));
+    std::vector<tern::AgentEvent> events;
+    TERN_RETURN_IF_ERROR(tern::capi::ClientWait(c, after_seq, max_events, timeout_ms, &events));
+    *out = tern::capi::BatchOf(std::move(events)).release();
     return Status::Ok();
   });
 }
@@ -186,15 +293,39 @@ tern_code tern_agent_subscribe(tern_agent* a, uint64_t after_seq, tern_event_fn 
     s->fn = fn;
     s->user = user;
     tern_subscription* raw = s.get();
-    s->thread = std::thread([raw, after_seq] {
-      try {
-        tern::capi::RunSubscription(raw, after_seq);
-      } catch (...) {
-        // Nothing crosses the boundary; the subscription simply ends.
-      }
-    });
+    tern::capi::StartThread(
+        raw, [raw, after_seq] { return tern::capi::RunSubscription(raw, after_seq); });
     *out = s.release();
     return Status::Ok();
+  });
+}
+
+tern_code tern_client_subscribe(tern_client* c, uint64_t after_seq, tern_event_fn fn, void* user,
+                                tern_subscription** out) {
+  return Guard([&] {
+    TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
+    *out = nullptr;
+    TERN_REQUIRE(fn != nullptr, kInvalidArgument, "fn is NULL");
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(c));
+    auto s = std::make_unique<tern_subscription>();
+    s->client = c;
+    s->fn = fn;
+    s->user = user;
+    tern_subscription* raw = s.get();
+    tern::capi::StartThread(
+        raw, [raw, after_seq] { return tern::capi::RunClientSubscription(raw, after_seq); });
+    *out = s.release();
+    return Status::Ok();
+  });
+}
+
+tern_code tern_subscription_result(const tern_subscription* s) {
+  return Guard([&] {
+    TERN_REQUIRE(s != nullptr, kInvalidArgument, "subscription is NULL");
+    TERN_REQUIRE(s->tag == tern_subscription::kTag, kInvalidArgument,
+                 "subscription is not a tern_subscription (another handle, or one already freed)");
+    tern::MutexLock lock(s->mu);
+    return s->ended ? s->why : Status::Ok();
   });
 }
 

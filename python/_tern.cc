@@ -100,6 +100,28 @@ py::dict EventDict(const tern_event& e) {
   return d;
 }
 
+// A wait's batch as a list of event dicts (the batch freed); raises for a
+// failed wait.
+py::list EventList(tern_code code, tern_events* batch) {
+  if (code != TERN_OK) {
+    tern_events_free(batch);
+    Raise(code);
+  }
+  py::list out;
+  const size_t n = tern_events_count(batch);
+  for (size_t i = 0; i < n; ++i) {
+    tern_event e{};
+    e.struct_size = sizeof e;
+    if (tern_code c = tern_events_get(batch, i, &e); c != TERN_OK) {
+      tern_events_free(batch);
+      Raise(c);
+    }
+    out.append(EventDict(e));
+  }
+  tern_events_free(batch);
+  return out;
+}
+
 // The strings tern_agent_options points at, owned for the start call.
 struct OptionStrings {
   std::vector<std::string> owned;
@@ -344,23 +366,7 @@ class Agent {
       py::gil_scoped_release release;
       code = tern_agent_wait_events(Handle(), after_seq, max_events, timeout_ms, &batch);
     }
-    if (code != TERN_OK) {
-      tern_events_free(batch);
-      Raise(code);
-    }
-    py::list out;
-    const size_t n = tern_events_count(batch);
-    for (size_t i = 0; i < n; ++i) {
-      tern_event e{};
-      e.struct_size = sizeof e;
-      if (tern_code c = tern_events_get(batch, i, &e); c != TERN_OK) {
-        tern_events_free(batch);
-        Raise(c);
-      }
-      out.append(EventDict(e));
-    }
-    tern_events_free(batch);
-    return out;
+    return EventList(code, batch);
   }
   void Stop() {
     if (agent_ == nullptr) return;
@@ -485,6 +491,15 @@ class Client {
     return TextOut([=](char* b, size_t n, size_t* l) {
       return tern_client_events_json(c, after_seq, max_events, timeout_ms, b, n, l);
     });
+  }
+  py::list WaitEvents(uint64_t after_seq, uint32_t max_events, uint32_t timeout_ms) {
+    tern_events* batch = nullptr;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_client_wait_events(client_, after_seq, max_events, timeout_ms, &batch);
+    }
+    return EventList(code, batch);
   }
 
  private:
@@ -642,11 +657,14 @@ PYBIND11_MODULE(_tern, m) {
       .def("publish", &Client::Publish, py::arg("checkpoint"), py::arg("version"))
       .def("drain_member", &Client::DrainMember, py::arg("id"))
       .def("remove_member", &Client::RemoveMember, py::arg("id"), py::arg("rejoin_after_ms"))
-      .def("set_retention", &Client::SetRetention, py::arg("keep_patches"), py::arg("keyframe_every"))
+      .def("set_retention", &Client::SetRetention, py::arg("keep_patches"),
+           py::arg("keyframe_every"))
       .def("status", &Client::Status)
       .def("status_json", &Client::StatusJson)
       .def("metrics", &Client::Metrics)
       .def("publish_jobs_json", &Client::PublishJobsJson)
       .def("events_json", &Client::EventsJson, py::arg("after_seq"), py::arg("max_events"),
+           py::arg("timeout_ms"))
+      .def("wait_events", &Client::WaitEvents, py::arg("after_seq"), py::arg("max_events"),
            py::arg("timeout_ms"));
 }

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/daemon/agent_impl.h"
-#include "agent/daemon/serve_hook.h"
+#include "agent/daemon/event_json.h"
 #include "agent/ops/admin_http.h"
 #include "tern/patch.h"
 
@@ -145,19 +145,8 @@ AdminRoute AgentImpl::EventsRoute() {
                               &events);
     events_listeners_.fetch_sub(1);
     if (!st.ok()) return ErrorResponse(st);
-    nlohmann::json j;
-    j["events"] = nlohmann::json::array();
-    for (const AgentEvent& e : events)
-      j["events"].push_back(nlohmann::json::parse(EventJsonText(e)));
-    // A gap: events after `after` that the ring no longer holds.
-    const uint64_t first = events.empty() ? 0 : events.front().seq;
-    j["gap"] = first > *after + 1 ? first - *after - 1 : 0;
-    // Seqs at or below `after`: the agent restarted (seqs begin at 1 again).
-    j["restarted"] = !events.empty() && first <= *after;
-    j["next"] = events.empty() ? std::min(*after, events_->last_seq()) : events.back().seq;
-    j["last_seq"] = events_->last_seq();
     return AdminResponse{200, "application/json",
-                         j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+                         EventsReplyJson(events, *after, events_->last_seq(), events_->run())};
   };
   return r;
 }

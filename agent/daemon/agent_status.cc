@@ -12,9 +12,10 @@
 #include "agent/daemon/admin_jobs.h"
 #include "agent/daemon/agent_impl.h"
 #include "agent/daemon/engine_driver.h"
-#include "agent/daemon/serve_hook.h"
+#include "agent/daemon/event_json.h"
 #include "agent/daemon/publish_jobs.h"
 #include "agent/daemon/rank_part_jobs.h"
+#include "agent/daemon/serve_hook.h"
 #include "agent/ops/admin_http.h"
 #include "agent/ops/metrics.h"
 #include "base/text.h"
@@ -515,6 +516,16 @@ Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t a
                          "/events?after=" + std::to_string(after_seq) + "&max=" +
                              std::to_string(max_events) + "&timeout_ms=" + std::to_string(timeout_ms),
                          o);
+}
+
+Result<AgentEventPoll> PollAgentEvents(const std::string& admin_address, uint64_t after_seq,
+                                       uint32_t max_events, uint32_t timeout_ms,
+                                       const AgentClientOptions& options) {
+  TERN_REQUIRE(max_events >= 1 && max_events <= agent::kMaxEventsPerWait, kOutOfRange,
+               "events: max_events is ", max_events, ": want 1..", agent::kMaxEventsPerWait);
+  TERN_ASSIGN_OR_RETURN(std::string text,
+                        AgentEventsJson(admin_address, after_seq, max_events, timeout_ms, options));
+  return agent::ParseEventsReply(text, max_events);
 }
 
 std::string AgentSnapshotJson(const AgentSnapshot& snapshot) {

@@ -3,11 +3,29 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <random>
 
 namespace tern::agent {
+namespace {
+
+// 64 bits from the system's entropy: two runs of one agent (a restart)
+// never share a run id in practice.
+std::string NewRunId() {
+  std::random_device rd;
+  const uint64_t x = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(x));
+  return hex;
+}
+
+}  // namespace
 
 EventRing::EventRing(Clock& clock, size_t capacity, size_t max_waiters)
-    : clock_(clock), capacity_(std::max<size_t>(capacity, 1)), max_waiters_(max_waiters) {}
+    : clock_(clock),
+      run_(NewRunId()),
+      capacity_(std::max<size_t>(capacity, 1)),
+      max_waiters_(max_waiters) {}
 
 uint64_t EventRing::Push(AgentEvent e) {
   MutexLock lock(mu_);

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "base/mutex.h"
@@ -53,10 +54,14 @@ class EventRing {
               std::vector<AgentEvent>* out);
   void Close();
   uint64_t last_seq() const;
+  // This ring's run: 16 random hex digits drawn at construction. Seqs
+  // number events per run (GET /events' "run").
+  const std::string& run() const { return run_; }
   size_t waiters() const;  // waiting in Wait now
 
  private:
   Clock& clock_;
+  const std::string run_;
   const size_t capacity_;
   const size_t max_waiters_;
   mutable Mutex mu_;

@@ -9,8 +9,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <nlohmann/json.hpp>
+#include <cstring>
+#include <string>
 #include <vector>
+
+#include "agent/daemon/event_json.h"
 
 extern char** environ;
 
@@ -24,22 +27,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
-
-std::string EventJsonText(const AgentEvent& e) {
-  nlohmann::json j;
-  j["seq"] = e.seq;
-  j["at_s"] = e.at_s;
-  j["kind"] = AgentEventKindName(e.kind);
-  j["version"] = e.version;
-  j["epoch"] = e.epoch;
-  j["digest"] = e.digest.ToString();
-  j["member"] = e.member;
-  j["slot_dir"] = e.slot_dir;
-  j["all_tensors"] = e.all_tensors;
-  j["changed_tensors"] = e.changed_tensors;
-  // Names are the checkpoint's: replace what is not UTF-8 rather than throw.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 ServeHook::ServeHook(EventRing& ring, std::string command, uint32_t timeout_ms, LogFn log)
     : ring_(ring), command_(std::move(command)), timeout_ms_(timeout_ms), log_(std::move(log)) {}

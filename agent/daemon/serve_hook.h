@@ -61,7 +61,4 @@ class ServeHook {
   std::thread thread_;
 };
 
-// The event as the hook and GET /events show it (one JSON object).
-std::string EventJsonText(const AgentEvent& e);
-
 }  // namespace tern::agent

@@ -16,6 +16,7 @@
 // const queries from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -462,7 +463,24 @@ struct AgentEvent {
   bool all_tensors = false;
   std::vector<std::string> changed_tensors;
 };
-TERN_EXPORT const char* AgentEventKindName(AgentEvent::Kind kind);  // "version_served", ...
+// "version_served", ...; "unknown" for a kind this build does not know (an
+// event parsed from a newer agent's GET /events keeps it as Kind 0).
+TERN_EXPORT const char* AgentEventKindName(AgentEvent::Kind kind);
+
+// One GET /events answer, parsed (PollAgentEvents; docs/agent/operations.md
+// "Events").
+struct AgentEventPoll {
+  std::vector<AgentEvent> events;  // oldest first, seq ascending
+  uint64_t gap = 0;                // events after after_seq the agent's ring no longer held
+  bool restarted = false;          // seqs at or below after_seq: the agent's seqs began again
+  uint64_t next = 0;               // the after_seq of the next poll
+  uint64_t last_seq = 0;           // the agent's newest seq
+  // The agent process's run: seqs number events per run, so a poll that
+  // sees another run than the last one missed the new run's first events
+  // when that run had already numbered past after_seq (poll from 0).
+  // "" from an agent older than this field.
+  std::string run;
+};
 
 // One tensor of a serve view in the caller's memory (Agent::PublishTensors):
 // the exact bytes an engine serves, contiguous and row-major, in host memory.
@@ -657,6 +675,56 @@ TERN_EXPORT Result<std::string> AgentPublishJobsJson(const std::string& admin_ad
 TERN_EXPORT Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t after_seq,
                                                 uint32_t max_events, uint32_t timeout_ms,
                                                 const AgentClientOptions& options = {});
+
+// GET /events as AgentEvents: AgentEventsJson parsed (agent/daemon/event_json.h
+// says what is checked; a reply that breaks a rule is kProtocol).
+TERN_EXPORT Result<AgentEventPoll> PollAgentEvents(const std::string& admin_address,
+                                                   uint64_t after_seq, uint32_t max_events,
+                                                   uint32_t timeout_ms,
+                                                   const AgentClientOptions& options = {});
+
+// Follows an agent's events over its admin port, as a scheduler or a
+// process beside an engine does (tern_client_subscribe runs one on its
+// thread; docs/agent/operations.md "Events"). Each Next() is one long poll
+// of GET /events after the events it returned before. An agent that cannot
+// be reached (kUnavailable: nobody listening, a restart, its listeners busy;
+// kTimeout) answers no events once a backoff has passed (backoff_min_ms,
+// doubling to backoff_max_ms, back to the minimum after an answer). An
+// agent that answers with another run than before is a new process whose
+// seqs began again: it is followed from its first event (the poll is made
+// again from 0), so no event of the new run is skipped even when that run
+// numbered past the last seq read before the restart. Any other error
+// (kAuth, kProtocol, kInvalidArgument) is returned: following it again
+// would fail again.
+//
+// Thread safety: one thread at a time; `cancel` may be set from any.
+class TERN_EXPORT AgentEventFollower {
+ public:
+  struct Options {
+    uint32_t poll_ms = 1000;   // each long poll, at most 5000 (the port's bound)
+    uint32_t max_events = 64;  // per poll, 1..1024
+    uint32_t backoff_min_ms = 100;
+    uint32_t backoff_max_ms = 2000;
+  };
+  AgentEventFollower(std::string admin_address, AgentClientOptions client, uint64_t after_seq,
+                     Options options);
+  AgentEventFollower(std::string admin_address, AgentClientOptions client, uint64_t after_seq = 0)
+      : AgentEventFollower(std::move(admin_address), std::move(client), after_seq, Options()) {}
+
+  // The next events, oldest first (none when the poll timed out, the agent
+  // could not be reached, or `cancel` was set during the backoff).
+  Result<std::vector<AgentEvent>> Next(const std::atomic<bool>& cancel);
+  uint64_t after_seq() const { return after_seq_; }
+  const std::string& run() const { return run_; }  // the last answer's ("" before one)
+
+ private:
+  const std::string address_;
+  const AgentClientOptions client_;
+  const Options options_;
+  uint64_t after_seq_;
+  std::string run_;
+  uint32_t backoff_ms_;
+};
 
 // POST /members/drain, /members/remove, /retention on a root's admin port
 // (Agent::DrainMember, RemoveMember, SetRetention; docs/agent/operations.md

@@ -9,7 +9,8 @@
  * read an agent's status, wait for its events (polled, or delivered to a
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
- * (publish through it, read its status, metrics and publish jobs).
+ * (publish through it, read its status, metrics and publish jobs, and its
+ * events as batches or callbacks: ABI 1.6).
  *
  * C99. Link with -ltern (pkg-config tern, or CMake find_package(tern) and
  * the target tern::tern). Only tern_* symbols are exported.
@@ -73,7 +74,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 5
+#define TERN_ABI_VERSION_MINOR 6
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -368,7 +369,7 @@ typedef struct tern_event {
   size_t struct_size;   /* the caller sets sizeof(tern_event) */
   uint64_t seq;         /* consecutive from 1 per agent run; a jump means events were dropped */
   double at_s;          /* the agent's clock */
-  int kind;             /* tern_event_kind */
+  int kind;             /* tern_event_kind; 0 from tern_client_*: a kind a newer agent sent */
   int all_tensors;      /* served/published: the whole view is new (first version, keyframe) */
   uint64_t version;     /* published / served; 0 for membership events */
   uint64_t digest[4];   /* D(version), lanes as in patches; zero for membership events */
@@ -425,6 +426,12 @@ TERN_API tern_code tern_agent_subscribe(tern_agent* agent, uint64_t after_seq, t
  * no-op. Free every subscription of an agent before tern_agent_free of
  * that agent (tern_agent_stop may come first). Not from the callback. */
 TERN_API void tern_subscription_free(tern_subscription* subscription);
+/* ABI 1.6. TERN_OK while the subscription's thread runs; once it ended,
+ * the code that ended it, with its reason as tern_last_error()
+ * (TERN_UNAVAILABLE: the agent stopped; from tern_client_subscribe, an
+ * error it does not retry, e.g. TERN_AUTH). TERN_INVALID_ARGUMENT for a
+ * NULL or foreign handle. Any thread. */
+TERN_API tern_code tern_subscription_result(const tern_subscription* subscription);
 
 /* ---- A client of a running agent's admin port ---- */
 
@@ -481,6 +488,31 @@ TERN_API tern_code tern_client_publish_jobs_json(tern_client* client, char* buf,
 TERN_API tern_code tern_client_events_json(tern_client* client, uint64_t after_seq,
                                            uint32_t max_events, uint32_t timeout_ms, char* buf,
                                            size_t cap, size_t* len);
+/* ABI 1.6. GET /events as a batch (tern_events_count, _get, _free), the
+ * rules of tern_agent_wait_events: the events after `after_seq` (one beyond
+ * the agent's newest, as from before it restarted, counts as 0), oldest
+ * first, at most max_events (1..1024), waiting up to timeout_ms (at most
+ * 600000, as long polls of at most 5 s) for the first; TERN_OK with an empty
+ * batch if none came. A reply that is not GET /events' JSON is
+ * TERN_PROTOCOL naming the field (every count and length bounded). Needs
+ * the token when the agent has one. *out is a new batch on TERN_OK. Any
+ * thread. */
+TERN_API tern_code tern_client_wait_events(tern_client* client, uint64_t after_seq,
+                                           uint32_t max_events, uint32_t timeout_ms,
+                                           tern_events** out);
+/* ABI 1.6. The callback form over the admin port, as tern_agent_subscribe:
+ * a thread the library owns long-polls GET /events (1 s a poll) and calls
+ * `fn` with each event, in order, one at a time. An agent that cannot be
+ * reached (TERN_UNAVAILABLE, TERN_TIMEOUT: a restart, a cut, its listeners
+ * busy) is polled again, backing off from 0.1 s to 2 s; one that came back
+ * as a new process is followed from its first event (its seqs begin at 1
+ * again, so seq goes down once). Any other error ends the thread
+ * (tern_subscription_result says which). Each poll's request waits at most
+ * 5 s beyond its long poll (less with a shorter client timeout_ms), and
+ * tern_subscription_free waits for the poll in flight. Free every
+ * subscription of a client before tern_client_free. Any thread. */
+TERN_API tern_code tern_client_subscribe(tern_client* client, uint64_t after_seq, tern_event_fn fn,
+                                         void* user, tern_subscription** out);
 /* The three root calls above through its admin port (ABI 1.1): POST
  * /members/drain, /members/remove, /retention; they need the token when the
  * root has one (TERN_AUTH). Any thread. */

@@ -245,12 +245,26 @@ class Client(_OperatorCalls):
 
     def events(self, after_seq: int = 0, max_events: int = 256, timeout_s: float = 0.0) -> dict:
         """GET /events, parsed: {"events": [Event...], "gap", "restarted",
-        "next", "last_seq"}. Waits up to `timeout_s` (at most 5: the port's
+        "next", "last_seq", "run"}. Waits up to `timeout_s` (at most 5: the port's
         bound) for the first event; resume with after_seq = "next"."""
         d = json.loads(self._native.events_json(int(after_seq), int(max_events),
                                                 _timeout_ms(timeout_s, 5.0)))
         d["events"] = [Event._from(e) for e in d.get("events", [])]
         return d
+
+    def wait_events(self, after_seq: int = 0, max_events: int = 1024,
+                    timeout_s: float = 0.0) -> List[Event]:
+        """As Agent.wait_events, over the admin port: the events after
+        `after_seq` (one beyond the agent's newest, as from before it
+        restarted, counts as 0), oldest first; waits up to `timeout_s` (at
+        most 600, as long polls of at most 5 s) for the first, with the GIL
+        released, and returns [] if none came. Resume with the last event's
+        `seq`. An event of a kind this library does not know (a newer
+        agent) has kind "unknown". Raises Error(PROTOCOL) for a reply that
+        is not the events' JSON."""
+        return [Event._from(d) for d in
+                self._native.wait_events(int(after_seq), int(max_events),
+                                         _timeout_ms(timeout_s, 600.0))]
 
 
 class Publisher:

@@ -252,6 +252,7 @@ class Subscriber:
         self._resync = True  # the first version carries every tensor
         self._changed: set = set()
         self._latest = None  # the newest served event not yet returned
+        self._run = ""  # the agent process's run, over an admin port
 
     def _served_position(self) -> Tuple[int, int]:
         return self._agent.status().served_position
@@ -263,6 +264,13 @@ class Subscriber:
                 self._resync = True  # dropped from the ring, or the agent restarted
         else:
             d = self._agent.events(self._after, 1024, min(timeout_s, 5.0))
+            run = d.get("run") or ""
+            if run and self._run and run != self._run and self._after:
+                # A new agent process whose seqs began again, perhaps
+                # already past ours: read it from its first event.
+                d = self._agent.events(0, 1024, 0.0)
+                self._resync = True
+            self._run = run or self._run
             events = d["events"]
             if d.get("gap") or d.get("restarted"):
                 self._resync = True

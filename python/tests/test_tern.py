@@ -291,6 +291,12 @@ def test_client_supersede_withdraws_a_wrong_version(fleet, tmp_path):
     over_port = [e.position for e in tern.Client(member.admin_address, token=TOKEN).events()["events"]
                  if e.kind == "version_served"]
     assert over_port == served
+    # ABI 1.6: the same events as batches over the port, field by field.
+    def fields(events):
+        return [(e.seq, e.kind, e.position, e.digest, e.slot_dir, e.all_tensors, e.changed_tensors)
+                for e in events]
+    assert fields(tern.Client(member.admin_address, token=TOKEN).wait_events()) == \
+        fields(member.wait_events())
     v = sub.next(10)
     assert v.position == (1, 2) and v.still_served()
     # Positions, not numbers: version 2 of epoch 0 is not what is served.
@@ -632,3 +638,65 @@ def test_publisher_reads_its_rows_in_place(fleet, capsys):
     pub = tern.Publisher(rank=0, world_size=1, board=root.admin_address, token=TOKEN,
                          layout=zero_copy_weights()[0], shards={"w": (0, 4096)})
     _expect_zero_copy(capsys, member, "Publisher.publish", pub.publish)
+
+
+def test_subscriber_over_a_port_reads_a_restarted_agent_from_its_first_event():
+    """An agent that restarted and numbered past the seq a Subscriber had
+    read answers only its newest events with no gap and no restart flag:
+    the run id says it is a new process, and the Subscriber reads it from
+    its first event and yields the version as all tensors new (what the
+    consumer holds may differ anywhere)."""
+    import http.server
+    import json
+    from urllib.parse import parse_qs, urlparse
+
+    state = {"run": "run-a", "served": [(1, ["w"]), (2, ["w"])], "afters": []}
+
+    def event(seq, version, changed):
+        return {"seq": seq, "at_s": 1.0, "kind": "version_served", "version": version, "epoch": 0,
+                "digest": "tern1:" + "0" * 64, "member": "m", "slot_dir": "/x/views/a",
+                "all_tensors": False, "changed_tensors": changed}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            q = parse_qs(urlparse(self.path).query)
+            after = int(q["after"][0])
+            state["afters"].append(after)
+            held = [event(i + 1, v, c) for i, (v, c) in enumerate(state["served"])]
+            last = len(held)
+            start = 0 if after > last else after
+            out = held[start:]
+            body = json.dumps({"events": out, "gap": 0, "restarted": False,
+                               "next": out[-1]["seq"] if out else min(after, last),
+                               "last_seq": last, "run": state["run"]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        sub = tern.Subscriber(f"127.0.0.1:{server.server_address[1]}")
+        v = sub.next(5)
+        assert v.version == 2 and v.all_tensors  # the first version
+        # Restarted: versions 1..4 of the new run, seqs 1..4; after seq 2 it
+        # would answer 3 and 4 alone.
+        state["run"] = "run-b"
+        state["served"] = [(1, ["a"]), (2, ["b"]), (3, ["c"]), (4, ["d"])]
+        v = sub.next(5)
+        assert v.version == 4 and v.all_tensors, (v, state["afters"])
+        # Asked after 2, saw run-b, asked again from 0; then drained after 4.
+        assert state["afters"] == [0, 2, 2, 0, 4], state["afters"]
+        # The same run again: an ordinary next version, only its tensors.
+        state["served"].append((5, ["e"]))
+        v = sub.next(5)
+        assert v.version == 5 and not v.all_tensors and v.changed_tensors == ("e",)
+    finally:
+        server.shutdown()
+        server.server_close()
