@@ -57,6 +57,11 @@ void AddTransportFlags(CLI::App& cmd, TransportArgs& t) {
            "SO_SNDBUF/SO_RCVBUF per stream (K/M/G suffixes; 0: kernel autotuning)", "0");
   AddUnsigned(cmd, "--idle-timeout-ms", t.idle_timeout_ms,
               "close a connection whose peer is silent this long (at least 100)", "30000");
+  AddCount(cmd, "--min-frame-rate", t.min_frame_bytes_per_s,
+           "bytes a second a frame being received must arrive at, at least: a frame of N bytes "
+           "gets 10 s + N / rate before the connection is closed (K/M/G suffixes; 0: no "
+           "minimum; lower it for a starved machine or a slow link)",
+           "65536");
   AddUnsigned(cmd, "--min-wire-version", t.min_wire_version,
               "oldest TCP wire version to accept, 1 or 2 (2: every peer must checksum its "
               "control messages; docs/format/tcp.md)",
@@ -115,6 +120,7 @@ Result<TcpOptions> TransportOptions(const TransportArgs& t) {
   o.socket_buffer_bytes = t.socket_buffer_bytes;
   o.notsent_lowat_bytes = t.notsent_lowat_bytes;
   o.idle_timeout_ms = t.idle_timeout_ms;
+  o.min_frame_bytes_per_s = t.min_frame_bytes_per_s;
   TERN_REQUIRE(o.idle_timeout_ms >= 100, kInvalidArgument, "--idle-timeout-ms below 100");
   TERN_REQUIRE(t.min_wire_version >= 1, kInvalidArgument, "--min-wire-version 0: want 1 or ",
                NewestWireVersion());

@@ -22,7 +22,8 @@ struct TransportArgs {
   std::string transport, verbs_device, tls_cert, tls_key, tls_ca, tls_pin, tls_server_name,
       tls_allow_client, congestion;
   bool no_tls = false;
-  uint64_t notsent_lowat_bytes = 0, socket_buffer_bytes = 0, idle_timeout_ms = 0;
+  uint64_t notsent_lowat_bytes = 0, socket_buffer_bytes = 0, idle_timeout_ms = 0,
+           min_frame_bytes_per_s = 0;
   uint32_t min_wire_version = 1;
   // Given on the command line (an empty value is not the same as none);
   // null where the command has no such flag.

@@ -30,10 +30,24 @@ fi
 for t in nginx curl zstd ip; do
   command -v "$t" >/dev/null || { echo "run.sh: $t missing: run scripts/install-deps.sh" >&2; exit 1; }
 done
+# The binaries: build/release first, then any other build, a sanitizer's
+# (build/asan, build/tsan, build/fuzz: several times slower, which skews
+# every time measured) only when no other has it, and said so.
 for b in tern:tools/tern agent:tools/tern-agent fwd:tools/wan/tern-wan-fwd sim:bench/sim/tern_sim; do
   var=${b%%:*}
   [ -n "${!var}" ] && continue
-  for f in "$here"/build*/"${b#*:}" "$here"/build/*/"${b#*:}"; do [ -x "$f" ] && { printf -v "$var" %s "$f"; break; }; done
+  sanitized=""
+  for f in "$here"/build/release/"${b#*:}" "$here"/build*/"${b#*:}" "$here"/build/*/"${b#*:}"; do
+    [ -x "$f" ] || continue
+    case $f in
+      "$here"/build/asan/* | "$here"/build/tsan/* | "$here"/build/fuzz/*) : "${sanitized:=$f}" ;;
+      *) printf -v "$var" %s "$f"; break ;;
+    esac
+  done
+  if [ -z "${!var}" ] && [ -n "$sanitized" ]; then
+    echo "run.sh: only a sanitizer build has ${b#*:} ($sanitized): times will be slow; build/release is better" >&2
+    printf -v "$var" %s "$sanitized"
+  fi
   [ -n "${!var}" ] || [ "$var" = sim ] || { echo "run.sh: ${b#*:} not found: build it or pass --$var" >&2; exit 1; }
 done
 [ -n "$sim" ] || echo "run.sh: no tern_sim built: no simulated column" >&2

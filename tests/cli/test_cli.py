@@ -430,7 +430,8 @@ class ExitStatusAndFlags(unittest.TestCase):
         for flag, value in (("--chunk", "4MB"), ("--chunk", "1e6"), ("--rtt-ms", "0x10"),
                             ("--retries", "-1"), ("--streams", "1e1"), ("--rate-hint", "1.5"),
                             ("--idle-timeout-ms", "18446744073709551616"),
-                            ("--min-wire-version", "3")):
+                            ("--min-wire-version", "3"), ("--min-frame-rate", "1.5"),
+                            ("--min-frame-rate", "64KB")):
             cases.append((["xfer", "get", "127.0.0.1:1", "x", "-o", out, "--no-tls",
                            f"{flag}={value}"], [flag, f"'{value}'"]))
         for args, needles in cases:
