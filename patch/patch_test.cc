@@ -1159,6 +1159,17 @@ TEST(PatchFormat3Test, SquashKeepsTheCodingOrNeedsTheBase) {
   ASSERT_TRUE(ac.ok()) << ac.status().ToString();
   check(*ac, 3);
   EXPECT_TRUE(Inspect(*ac)->tensors[1].nibbles);
+  // With nibble coding off the same inputs need the base, which writes
+  // version 2.
+  auto no_nibbles = Squash(chain, pool, /*nibble_coding=*/false);
+  EXPECT_EQ(no_nibbles.status().code(), Code::kUnsupported);
+  EXPECT_NE(no_nibbles.status().ToString().find("nibble coding is off"), std::string::npos)
+      << no_nibbles.status().ToString();
+  DiffOptions plain;
+  plain.nibble_coding = false;
+  auto ac2 = SquashOnBase(a.View(), chain, plain, pool);
+  ASSERT_TRUE(ac2.ok()) << ac2.status().ToString();
+  check(*ac2, 2);
   // One codes them by elements: only the base can join the two.
   DiffOptions f1 = o2;
   f1.format_version = 1;

@@ -12,7 +12,8 @@ namespace tern {
 using patch::ParsedPatch;
 using patch::RecordView;
 
-Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches, ThreadPool& pool) {
+Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches,
+                                    ThreadPool& pool, bool nibble_coding) {
   TERN_REQUIRE(!patches.empty(), kInvalidArgument, "squash needs at least one patch");
   std::vector<ParsedPatch> parsed;
   for (size_t i = 0; i < patches.size(); ++i) {
@@ -54,6 +55,9 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
                    "' differently (as nibbles in one, by elements in the other): squashing them needs the "
                    "base view (SquashOnBase)");
     }
+    TERN_REQUIRE(nibble_coding || !nibbles[t], kUnsupported, "tensor '", first.tensors[t].desc.name,
+                 "' is coded as nibbles and nibble coding is off: squashing it to file version 2 "
+                 "needs the base view (SquashOnBase)");
     any_nibbles |= nibbles[t];
   }
   // Per tensor: every patch's changes as (element, delta), summed mod 2^w.
@@ -116,7 +120,6 @@ Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> pa
                            first.base_digest, parsed.back().target_digest, spans,
                            any_nibbles ? patch::kFormatVersion2 : patch::kFormatVersion1, nibbles);
 }
-
 
 Result<std::vector<uint8_t>> SquashOnBase(const ServeView& base, std::span<const std::span<const uint8_t>> patches,
                                           const DiffOptions& options, ThreadPool& pool) {

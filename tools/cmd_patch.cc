@@ -116,7 +116,6 @@ struct SquashArgs {
   uint64_t segment_elements = 0;
   uint16_t format_version = kDefaultPatchFormat;
   const CLI::Option* format_version_flag = nullptr;
-  const CLI::Option* no_nibbles_flag = nullptr;
   bool no_nibbles = false;
   bool force = false;
   unsigned threads = 0;
@@ -138,10 +137,8 @@ Status SquashCmd(const SquashArgs& a) {
         a.format_version_flag->count() == 0, kInvalidArgument,
         "tern squash: --format-version needs --base (without the base a squash keeps its inputs' "
         "codings: format 1, or version 3 for tensors coded as nibbles)");
-    TERN_REQUIRE(a.no_nibbles_flag->count() == 0, kInvalidArgument,
-                 "tern squash: --no-nibbles needs --base (without the base a squash keeps its "
-                 "inputs' codings)");
-    auto squashed = tern::Squash(spans, pool);
+    // --no-nibbles: inputs with nibble-coded tensors need the base too.
+    auto squashed = tern::Squash(spans, pool, /*nibble_coding=*/!a.no_nibbles);
     if (squashed.status().code() == Code::kUnsupported)
       return squashed.status().WithContext("pass the first patch's base checkpoint with --base");
     TERN_ASSIGN_OR_RETURN(out, std::move(squashed));
@@ -253,9 +250,9 @@ void AddSquash(CLI::App& tern, Dispatch& dispatch) {
                                        "with --base: the squash's patch format, 1 or 2",
                                        std::to_string(kDefaultPatchFormat))
                                ->check(CLI::Range(1, 2));
-  a->no_nibbles_flag = cmd->add_flag("--no-nibbles", a->no_nibbles,
-                                     "with --base: format 2 without nibble-coded packed codes "
-                                     "(the squash stays at file version 2)");
+  cmd->add_flag("--no-nibbles", a->no_nibbles,
+                "no nibble-coded packed codes (the squash stays at file version 2; inputs "
+                "that code some as nibbles then need --base)");
   AddForceFlag(*cmd, a->force, "replace an existing patch file");
   AddThreadsFlag(*cmd, a->threads);
   dispatch.On(cmd, {nullptr, [a] { return SquashCmd(*a); }});

@@ -361,16 +361,10 @@ Result<PublishResult> MakeSquash(Board& board, const ManifestSigner& signer, uin
   TERN_REQUIRE(!board.HasObject(ref), kAlreadyExists, "squash: ", ObjectName(ref), " exists");
   TERN_ASSIGN_OR_RETURN(std::vector<ObjectRef> path, board.CheapestPath(from, to));
   TERN_ASSIGN_OR_RETURN(MappedChain chain, MapChain(board, path));
-  auto squash = Squash(chain.parts, pool);
-  // Without the base a squash keeps its inputs' codings: with nibble coding
-  // off (readers that predate patch version 3), one that came out as
-  // version 3 (its inputs were written before the switch) is re-encoded on
-  // the base instead.
-  if (squash.ok() && !options.nibble_coding) {
-    TERN_ASSIGN_OR_RETURN(PatchInfo squashed, Inspect(Span(*squash)));
-    if (squashed.format_version >= 3)
-      squash = TERN_ERROR(kUnsupported, "squash: nibble-coded inputs with nibble coding off");
-  }
+  // Without the base a squash keeps its inputs' codings; with nibble coding
+  // off (readers that predate patch version 3) nibble-coded inputs (written
+  // before the switch) are kUnsupported and re-encoded on the base below.
+  auto squash = Squash(chain.parts, pool, options.nibble_coding);
   if (squash.status().code() == Code::kUnsupported) {
     // Format-2 objects code changes given their base: rebuild view(from)
     // from the board's own objects and squash on it (format 2 again).

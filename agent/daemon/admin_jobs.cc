@@ -63,11 +63,20 @@ std::optional<Status> JobOutcomeOf(const nlohmann::json& job, const char* fallba
   return Status(c, error);
 }
 
+namespace {
+
+// Milliseconds from now until `deadline` (negative once past).
+int64_t MsUntil(std::chrono::steady_clock::time_point deadline) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                               std::chrono::steady_clock::now())
+      .count();
+}
+
+}  // namespace
+
 AdminClientOptions UntilDeadline(const AdminClientOptions& request,
                                  std::chrono::steady_clock::time_point deadline) {
-  const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           deadline - std::chrono::steady_clock::now())
-                           .count();
+  const int64_t left = MsUntil(deadline);
   AdminClientOptions o = request;
   o.timeout_ms =
       static_cast<uint32_t>(std::clamp<int64_t>(left, 1, std::max<int64_t>(request.timeout_ms, 1)));
@@ -79,9 +88,7 @@ Status PollJob(const JobPoll& poll,
                const std::function<Status()>& timed_out) {
   uint32_t pause_ms = poll.first_pause_ms;
   for (;;) {
-    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             poll.deadline - std::chrono::steady_clock::now())
-                             .count();
+    const int64_t left = MsUntil(poll.deadline);
     if (left <= 0) return timed_out();
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(pause_ms, left)));
     pause_ms = std::min(pause_ms * 2, poll.max_pause_ms);

@@ -229,9 +229,13 @@ class TERN_EXPORT PatchStreamApply {
 // a->b, b->c, ... => a->z, exactly (deltas add mod 2^w), without the base.
 // Layouts must match and digests chain (kMismatch otherwise). Writes format
 // 1. A patch with CONTEXT segments (format 2) cannot be decoded without its
-// base: kUnsupported, use SquashOnBase.
+// base: kUnsupported, use SquashOnBase. A tensor every patch that changes
+// it codes as nibbles (file version 3) stays nibble-coded, unless
+// `nibble_coding` is false (readers that predate version 3): then
+// kUnsupported too, and SquashOnBase with DiffOptions::nibble_coding off
+// writes version 2.
 TERN_EXPORT Result<std::vector<uint8_t>> Squash(std::span<const std::span<const uint8_t>> patches,
-                                                ThreadPool& pool);
+                                                ThreadPool& pool, bool nibble_coding = true);
 
 // The same for patches of any format, given the first patch's base view:
 // applies them in turn to a copy of `base` (one view of memory) and diffs the

@@ -244,9 +244,20 @@ class PatchCommands(unittest.TestCase):
         run("apply", files[0], squashed, "-o", out)
         self.assertTrue(same_checkpoint(out, files[2]))
         os.remove(out)
+        # Without the base, nibble-coded inputs cannot become version 2.
         r = run("squash", p01, p12, "-o", squashed, "--no-nibbles", "--force", ok=False)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("--no-nibbles needs --base", r.stderr)
+        self.assertIn("nibble coding is off", r.stderr)
+        self.assertIn("--base", r.stderr)
+        # Inputs coded by elements squash without it: version 1 (no CONTEXT).
+        e01, e12 = self.path("packed01-f1.patch"), self.path("packed12-f1.patch")
+        run("diff", files[0], files[1], "-o", e01, "--format-version", "1", "--force")
+        run("diff", files[1], files[2], "-o", e12, "--format-version", "1", "--force")
+        run("squash", e01, e12, "-o", squashed, "--no-nibbles", "--force")
+        self.assertEqual(json.loads(run("inspect", squashed, "--json").stdout)["format_version"], 1)
+        run("apply", files[0], squashed, "-o", out)
+        self.assertTrue(same_checkpoint(out, files[2]))
+        os.remove(out)
 
     def test_squash_equals_chain(self):
         # diff writes format 2 by default: its squash needs the first base.
