@@ -191,7 +191,13 @@ std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events) {
 }
 
 // The client's poll form: long polls of at most kPortWaitMsMax until an
-// event or the deadline.
+// event or the deadline. Each request's own deadline is the long poll plus
+// at most kClientPollRequestMsMax (the client's timeout_ms when shorter),
+// so an agent that does not answer costs at most that beyond timeout_ms. A
+// poll that answers with another run than the call's first (the agent
+// restarted during the call) is asked again from seq 0; one that comes
+// back empty sooner than it was asked to wait (an agent that does not
+// wait) is followed by a pause, not at once by the next.
 constexpr uint32_t kPortWaitMsMax = 5000;
 
 Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
@@ -200,18 +206,39 @@ Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
                max_events, ": want 1..", kMaxEvents);
   TERN_REQUIRE(timeout_ms <= kTimeoutMsMax, kOutOfRange, "timeout_ms is ", timeout_ms, ": at most ",
                kTimeoutMsMax);
+  AgentClientOptions options = c->options;
+  options.timeout_ms = std::min(options.timeout_ms, kClientPollRequestMsMax);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto ms_left = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now())
+        .count();
+  };
+  std::string run;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const uint32_t wait =
-        static_cast<uint32_t>(std::clamp<int64_t>(left.count(), 0, kPortWaitMsMax));
+    const uint32_t wait = static_cast<uint32_t>(std::clamp<int64_t>(ms_left(), 0, kPortWaitMsMax));
+    const auto asked = std::chrono::steady_clock::now();
     TERN_ASSIGN_OR_RETURN(AgentEventPoll poll,
-                          PollAgentEvents(c->address, after_seq, max_events, wait, c->options));
-    if (!poll.events.empty() || wait == 0) {
+                          PollAgentEvents(c->address, after_seq, max_events, wait, options));
+    if (!poll.run.empty()) {
+      const bool new_run = !run.empty() && poll.run != run;
+      run = poll.run;
+      if (new_run && after_seq != 0) {
+        after_seq = 0;  // restarted during this call: from its first event
+        continue;
+      }
+    }
+    if (!poll.events.empty() || wait == 0 || ms_left() <= 0) {
       *out = std::move(poll.events);
       return Status::Ok();
     }
+    const int64_t early_ms =
+        static_cast<int64_t>(wait) - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - asked)
+                                         .count();
+    if (early_ms > 0)
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::min<int64_t>({early_ms, kSliceMs, ms_left()})));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "agent/daemon/admin_jobs.h"
@@ -510,8 +511,10 @@ Result<std::string> AgentEventsJson(const std::string& admin_address, uint64_t a
                                     uint32_t max_events, uint32_t timeout_ms,
                                     const AgentClientOptions& options) {
   agent::AdminClientOptions o = agent::AdminRequestOf(options);
-  // The long poll runs inside the request: give the reply that long on top.
-  o.timeout_ms = options.timeout_ms + timeout_ms;
+  // The long poll runs inside the request: give the reply that long on top
+  // (in 64 bits: a client timeout near 2^32 ms must not wrap).
+  o.timeout_ms = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{options.timeout_ms} + timeout_ms,
+                                                          std::numeric_limits<uint32_t>::max()));
   return agent::AdminGet(admin_address,
                          "/events?after=" + std::to_string(after_seq) + "&max=" +
                              std::to_string(max_events) + "&timeout_ms=" + std::to_string(timeout_ms),

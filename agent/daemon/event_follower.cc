@@ -20,11 +20,13 @@ void SleepUnlessCancelled(uint32_t ms, const std::atomic<bool>& cancel) {
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(ms, kSleepSliceMs)));
 }
 
+constexpr uint32_t kBackoffMsMax = 60000;
+
 AgentEventFollower::Options Checked(AgentEventFollower::Options o) {
   o.poll_ms = std::min(o.poll_ms, kPollMsMax);
   o.max_events = std::clamp<uint32_t>(o.max_events, 1, agent::kMaxEventsPerWait);
-  o.backoff_min_ms = std::max<uint32_t>(o.backoff_min_ms, 1);
-  o.backoff_max_ms = std::max(o.backoff_max_ms, o.backoff_min_ms);
+  o.backoff_max_ms = std::clamp<uint32_t>(o.backoff_max_ms, 1, kBackoffMsMax);
+  o.backoff_min_ms = std::clamp<uint32_t>(o.backoff_min_ms, 1, o.backoff_max_ms);
   return o;
 }
 
@@ -41,7 +43,8 @@ AgentEventFollower::AgentEventFollower(std::string admin_address, AgentClientOpt
 Result<std::vector<AgentEvent>> AgentEventFollower::Next(const std::atomic<bool>& cancel) {
   // At most two polls: a new run's answer is asked for again from seq 0,
   // which cannot be a new run a second time.
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 0; attempt < 2 && !cancel.load(); ++attempt) {
+    const auto asked = std::chrono::steady_clock::now();
     auto poll =
         PollAgentEvents(address_, after_seq_, options_.max_events, options_.poll_ms, client_);
     if (!poll.ok()) {
@@ -60,7 +63,21 @@ Result<std::vector<AgentEvent>> AgentEventFollower::Next(const std::atomic<bool>
         continue;
       }
     }
-    if (!poll->events.empty()) after_seq_ = poll->events.back().seq;
+    if (!poll->events.empty()) {
+      after_seq_ = poll->events.back().seq;
+    } else {
+      // Nothing, sooner than the long poll asked (an agent that does not
+      // wait): pause the rest of it, at most a minimum backoff, rather than
+      // ask again at once.
+      const auto waited = std::chrono::steady_clock::now() - asked;
+      const auto rest = std::chrono::milliseconds(options_.poll_ms) - waited;
+      if (rest.count() > 0)
+        SleepUnlessCancelled(
+            static_cast<uint32_t>(std::min<int64_t>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(rest).count(),
+                options_.backoff_min_ms)),
+            cancel);
+    }
     return std::move(poll->events);
   }
   return std::vector<AgentEvent>();

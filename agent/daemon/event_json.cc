@@ -123,16 +123,29 @@ std::string EventJsonText(const AgentEvent& e) {
 }
 
 std::string EventsReplyJson(const std::vector<AgentEvent>& events, uint64_t after_seq,
-                            uint64_t last_seq, std::string_view run) {
+                            uint64_t last_seq, std::string_view run, size_t budget_bytes) {
   Json j;
   j["events"] = Json::array();
-  for (const AgentEvent& e : events) j["events"].push_back(Json::parse(EventJsonText(e)));
+  size_t bytes = 0, written = 0;
+  for (const AgentEvent& e : events) {
+    std::string text = EventJsonText(e);
+    if (written > 0 && bytes + text.size() > budget_bytes) break;  // the next poll's
+    if (text.size() > budget_bytes) {  // the first, too large on its own
+      AgentEvent whole = e;
+      whole.all_tensors = true;
+      whole.changed_tensors.clear();
+      text = EventJsonText(whole);
+    }
+    bytes += text.size();
+    j["events"].push_back(Json::parse(text));
+    ++written;
+  }
   // A gap: events after `after_seq` that the ring no longer holds.
   const uint64_t first = events.empty() ? 0 : events.front().seq;
   j["gap"] = first > after_seq + 1 ? first - after_seq - 1 : 0;
   // Seqs at or below `after_seq`: the agent restarted (seqs begin at 1 again).
   j["restarted"] = !events.empty() && first <= after_seq;
-  j["next"] = events.empty() ? std::min(after_seq, last_seq) : events.back().seq;
+  j["next"] = written == 0 ? std::min(after_seq, last_seq) : events[written - 1].seq;
   j["last_seq"] = last_seq;
   j["run"] = std::string(run);
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);

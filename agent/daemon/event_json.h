@@ -32,10 +32,19 @@ inline constexpr size_t kMaxEventTextBytes = 4096;
 // The event as the hook and GET /events show it (one JSON object).
 std::string EventJsonText(const AgentEvent& e);
 
+// The most a GET /events answer carries, well under a client's 16 MiB
+// reply bound (AdminClientOptions::max_reply_bytes).
+inline constexpr size_t kEventsReplyBytesMax = 4 << 20;
+
 // GET /events' answer for the `events` found after `after_seq`: {"events",
-// "gap", "restarted", "next", "last_seq", "run"}.
+// "gap", "restarted", "next", "last_seq", "run"}. At most `budget_bytes` of
+// events: those that do not fit wait for the next poll ("next" is the last
+// one written), but the first is always written; an event whose names alone
+// pass the budget is written as all_tensors, its names left out (what a
+// reader must assume when it cannot tell).
 std::string EventsReplyJson(const std::vector<AgentEvent>& events, uint64_t after_seq,
-                            uint64_t last_seq, std::string_view run);
+                            uint64_t last_seq, std::string_view run,
+                            size_t budget_bytes = kEventsReplyBytesMax);
 
 // Parses that answer; at most max_events events (1..kMaxEventsPerWait).
 Result<AgentEventPoll> ParseEventsReply(std::string_view text, size_t max_events);

@@ -165,6 +165,34 @@ TEST(EventJson, CountsAndTextAreBounded) {
   EXPECT_NE(ErrorOf(j).find("changed_tensors[0] is 4097 bytes"), std::string::npos);
 }
 
+TEST(EventJson, AReplyStaysWithinItsByteBudgetAndTheRestWaitsForTheNextPoll) {
+  // 100 served events of 1000 names each (about 25 kB each).
+  std::vector<AgentEvent> events;
+  for (uint64_t seq = 1; seq <= 100; ++seq) {
+    AgentEvent e = SomeEvents()[0];
+    e.seq = seq;
+    for (int i = 0; i < 1000; ++i) e.changed_tensors.push_back("model.layers." + std::to_string(i));
+    events.push_back(std::move(e));
+  }
+  const size_t budget = 200 << 10;
+  const std::string text = EventsReplyJson(events, 0, 100, "r", budget);
+  EXPECT_LE(text.size(), budget + 1024);  // the reply's own fields
+  auto p = ParseEventsReply(text, kMaxEventsPerWait);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_GE(p->events.size(), 2u);
+  ASSERT_LT(p->events.size(), 100u);
+  EXPECT_EQ(p->next, p->events.back().seq);  // resume after the last one written
+  EXPECT_EQ(p->last_seq, 100u);
+  EXPECT_EQ(p->events.back().changed_tensors.size(), 1002u);
+  // One event over the budget on its own: written, as all tensors.
+  p = ParseEventsReply(EventsReplyJson(events, 0, 100, "r", 10 << 10), kMaxEventsPerWait);
+  ASSERT_TRUE(p.ok());
+  ASSERT_EQ(p->events.size(), 1u);
+  EXPECT_TRUE(p->events[0].all_tensors);
+  EXPECT_TRUE(p->events[0].changed_tensors.empty());
+  EXPECT_EQ(p->next, 1u);
+}
+
 TEST(EventJson, NotJsonTruncatedAndDeepNestingAreRefused) {
   const std::string good = EventsReplyJson(SomeEvents(), 6, 9, "r");
   for (size_t cut = 0; cut < good.size(); ++cut) {

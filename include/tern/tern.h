@@ -494,9 +494,14 @@ TERN_API tern_code tern_client_events_json(tern_client* client, uint64_t after_s
  * first, at most max_events (1..1024), waiting up to timeout_ms (at most
  * 600000, as long polls of at most 5 s) for the first; TERN_OK with an empty
  * batch if none came. A reply that is not GET /events' JSON is
- * TERN_PROTOCOL naming the field (every count and length bounded). Needs
- * the token when the agent has one. *out is a new batch on TERN_OK. Any
- * thread. */
+ * TERN_PROTOCOL naming the field (every count and length bounded). An
+ * agent that restarts during the call is read from its first event; across
+ * calls the agent's rule above is all there is (one that restarted and
+ * numbered past after_seq answers only its newer events: follow restarts
+ * with tern_client_subscribe). Each request waits at most 5 s beyond its
+ * long poll for an answer (less with a shorter client timeout_ms; connect
+ * and read each), then TERN_TIMEOUT or TERN_UNAVAILABLE. Needs the token
+ * when the agent has one. *out is a new batch on TERN_OK. Any thread. */
 TERN_API tern_code tern_client_wait_events(tern_client* client, uint64_t after_seq,
                                            uint32_t max_events, uint32_t timeout_ms,
                                            tern_events** out);
@@ -508,9 +513,11 @@ TERN_API tern_code tern_client_wait_events(tern_client* client, uint64_t after_s
  * as a new process is followed from its first event (its seqs begin at 1
  * again, so seq goes down once). Any other error ends the thread
  * (tern_subscription_result says which). Each poll's request waits at most
- * 5 s beyond its long poll (less with a shorter client timeout_ms), and
- * tern_subscription_free waits for the poll in flight. Free every
- * subscription of a client before tern_client_free. Any thread. */
+ * 5 s beyond its long poll for the connect and again for the answer (less
+ * with a shorter client timeout_ms), and tern_subscription_free waits for
+ * the poll in flight: about 11 s at worst, against an agent that does not
+ * answer. Free every subscription of a client before tern_client_free. Any
+ * thread. */
 TERN_API tern_code tern_client_subscribe(tern_client* client, uint64_t after_seq, tern_event_fn fn,
                                          void* user, tern_subscription** out);
 /* The three root calls above through its admin port (ABI 1.1): POST

@@ -253,6 +253,7 @@ class Subscriber:
         self._changed: set = set()
         self._latest = None  # the newest served event not yet returned
         self._run = ""  # the agent process's run, over an admin port
+        self._backoff_s = 0.1  # before polling an agent that could not be reached again
 
     def _served_position(self) -> Tuple[int, int]:
         return self._agent.status().served_position
@@ -263,7 +264,19 @@ class Subscriber:
             if events and self._after and events[0].seq != self._after + 1:
                 self._resync = True  # dropped from the ring, or the agent restarted
         else:
-            d = self._agent.events(self._after, 1024, min(timeout_s, 5.0))
+            try:
+                d = self._agent.events(self._after, 1024, min(timeout_s, 5.0))
+            except Error as e:
+                if e.code not in (Code.UNAVAILABLE, Code.TIMEOUT):
+                    raise
+                # The agent cannot be reached (a restart, a cut, its
+                # listeners busy): no events this time, after a backoff
+                # from 0.1 s doubling to 2 s, within the caller's timeout.
+                import time
+                time.sleep(min(self._backoff_s, max(timeout_s, 0.0)))
+                self._backoff_s = min(self._backoff_s * 2, 2.0)
+                return
+            self._backoff_s = 0.1
             run = d.get("run") or ""
             if run and self._run and run != self._run and self._after:
                 # A new agent process whose seqs began again, perhaps

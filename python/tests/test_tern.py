@@ -700,3 +700,9 @@ def test_subscriber_over_a_port_reads_a_restarted_agent_from_its_first_event():
     finally:
         server.shutdown()
         server.server_close()
+    # The agent gone (its port closed): next() waits out its timeout, polling
+    # with a backoff, and returns None rather than raising.
+    t0 = time.monotonic()
+    assert sub.next(1.5) is None
+    assert 1.4 <= time.monotonic() - t0 < 5
+    assert sub._backoff_s > 0.1  # it backed off

@@ -187,7 +187,8 @@ class Agent:
                                                             self.env_extra))
         log.flush()
         cmd = [self.soak.agent_bin, "--listen", self.address, "--admin", self.admin, "--data", self.dir,
-               "--id", self.name, "--no-tls", "--heartbeat-ms", "200"] + self.args
+               "--id", self.name, "--no-tls", "--heartbeat-ms", "200"] + self.args + \
+            list(self.soak.a.agent_flag or [])
         with in_netns(self.ns):
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                          env=dict(os.environ, **self.env_extra), start_new_session=True,
@@ -954,7 +955,12 @@ class Soak:
                 "parent_failed": r"parent \S+ of stripe \d+ failed", "fault_transport": r"TERN_TEST_FAULTS=",
                 "catch_up": r"catch-up: ", "clock_skew": r"skew", "no_space": r"No space|ENOSPC|no space",
                 # a corrupted frame header (the WAN's corrupt_pct, or a fault transport's byte)
-                "wire_corrupt": r"corrupt: "}
+                # (not the two kinds below, which say "corrupt: " too)
+                "wire_corrupt": r"corrupt: (?!\S+: message check mismatch|control message)",
+                # TCP wire version 2 caught a corrupted control message before delivery
+                "message_check": r"message check mismatch",
+                # a corrupted control message that reached the agent (wire version 1)
+                "bad_control": r"bad control message"}
         out = {}
         for x in self.roots + self.members:
             try:
@@ -1092,6 +1098,9 @@ def main():
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="fault kinds to inject, comma-separated (default all: %(default)s)")
     p.add_argument("--keep-work", action="store_true", help="keep the agents' data directories")
+    p.add_argument("--agent-flag", action="append", metavar="FLAG",
+                   help="one more flag for every tern-agent, as one word (repeatable; e.g. "
+                        "--agent-flag=--min-wire-version=2)")
     p.add_argument("--witnesses", type=int, default=0,
                    help="members that no fault restarts (conn_drop and stall still hit them), so that "
                         "lives spanning the run are judged flat (default 0)")
