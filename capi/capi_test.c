@@ -305,14 +305,24 @@ static int wait_served(tern_agent* member, uint64_t version) {
   return 0;
 }
 
+/* n tiny checkpoints DIR/PREFIX1.safetensors .. DIR/PREFIXn.safetensors of
+ * 4096 values, written with steps first_step, first_step + 1, ...; their
+ * paths in path[0..n-1]. */
+static void write_checkpoints(const char* dir, const char* prefix, uint32_t first_step, int n,
+                              char (*path)[300]) {
+  for (int i = 0; i < n; ++i) {
+    snprintf(path[i], 300, "%s/%s%d.safetensors", dir, prefix, i + 1);
+    CHECK(tiny_write_checkpoint(path[i], 4096, first_step + (uint32_t)i) == 0);
+  }
+}
+
 static void test_agents(const char* dir) {
-  char root_dir[300], member_dir[300], v1[300], v2[300];
+  char root_dir[300], member_dir[300], v[2][300];
   snprintf(root_dir, sizeof root_dir, "%s/root", dir);
   snprintf(member_dir, sizeof member_dir, "%s/member", dir);
-  snprintf(v1, sizeof v1, "%s/v1.safetensors", dir);
-  snprintf(v2, sizeof v2, "%s/v2.safetensors", dir);
-  CHECK(tiny_write_checkpoint(v1, 4096, 1) == 0);
-  CHECK(tiny_write_checkpoint(v2, 4096, 2) == 0);
+  write_checkpoints(dir, "v", 1, 2, v);
+  const char* v1 = v[0];
+  const char* v2 = v[1];
 
   tern_agent_options o;
   base_options(&o, root_dir);
@@ -937,13 +947,11 @@ static int served_event_epoch(tern_agent* agent, int kind, uint64_t version, uin
 }
 
 static void test_supersede_epochs(const char* dir) {
-  char v1[300], v2[300], v3[300];
-  snprintf(v1, sizeof v1, "%s/e1.safetensors", dir);
-  snprintf(v2, sizeof v2, "%s/e2.safetensors", dir);
-  snprintf(v3, sizeof v3, "%s/e3.safetensors", dir);
-  CHECK(tiny_write_checkpoint(v1, 4096, 11) == 0);
-  CHECK(tiny_write_checkpoint(v2, 4096, 12) == 0);
-  CHECK(tiny_write_checkpoint(v3, 4096, 13) == 0);
+  char v[3][300];
+  write_checkpoints(dir, "e", 11, 3, v);
+  const char* v1 = v[0];
+  const char* v2 = v[1];
+  const char* v3 = v[2];
   struct fleet f;
   if (!fleet_start(dir, "epoch", "right", &f)) return;
   tern_agent* root = f.root;
@@ -1093,13 +1101,11 @@ static void check_same_events(const tern_events* a, const tern_events* b) {
  * subscription with TERN_AUTH; a subscription outlives the agent's restart
  * and follows the new process from its first event. */
 static void test_client_events(const char* dir) {
-  char v1[300], v2[300], v3[300];
-  snprintf(v1, sizeof v1, "%s/ev1.safetensors", dir);
-  snprintf(v2, sizeof v2, "%s/ev2.safetensors", dir);
-  snprintf(v3, sizeof v3, "%s/ev3.safetensors", dir);
-  CHECK(tiny_write_checkpoint(v1, 4096, 21) == 0);
-  CHECK(tiny_write_checkpoint(v2, 4096, 22) == 0);
-  CHECK(tiny_write_checkpoint(v3, 4096, 23) == 0);
+  char v[3][300];
+  write_checkpoints(dir, "ev", 21, 3, v);
+  const char* v1 = v[0];
+  const char* v2 = v[1];
+  const char* v3 = v[2];
   struct fleet f;
   if (!fleet_start(dir, "events", "right", &f)) return;
   CHECK(tern_agent_publish(f.root, v1, 1) == TERN_OK);

@@ -110,14 +110,13 @@ tern_event ToC(const AgentEvent& e, std::vector<const char*>* changed) {
   return c;
 }
 
-// Delivers `events` in order, advancing *after_seq; false once cancelled.
-bool Deliver(tern_subscription* s, const std::vector<AgentEvent>& events, uint64_t* after_seq) {
+// Delivers `events` in order; false once cancelled (the rest undelivered).
+bool Deliver(tern_subscription* s, const std::vector<AgentEvent>& events) {
   std::vector<const char*> changed;
   for (const AgentEvent& e : events) {
     if (s->cancel.load()) return false;
     const tern_event c = ToC(e, &changed);
     s->fn(s->user, &c);
-    *after_seq = e.seq;
   }
   return true;
 }
@@ -135,7 +134,8 @@ Status RunSubscription(tern_subscription* s, uint64_t after_seq) {
       continue;
     }
     TERN_RETURN_IF_ERROR(st);
-    if (!Deliver(s, events, &after_seq)) break;
+    if (!Deliver(s, events)) break;
+    if (!events.empty()) after_seq = events.back().seq;
   }
   return Status::Ok();
 }
@@ -157,7 +157,7 @@ Status RunClientSubscription(tern_subscription* s, uint64_t after_seq) {
   AgentEventFollower follower(s->client->address, std::move(options), after_seq, follow);
   while (!s->cancel.load()) {
     TERN_ASSIGN_OR_RETURN(std::vector<AgentEvent> events, follower.Next(s->cancel));
-    if (!Deliver(s, events, &after_seq)) break;
+    if (!Deliver(s, events)) break;
   }
   return Status::Ok();
 }
@@ -177,6 +177,25 @@ void StartThread(tern_subscription* s, Body body) {
     if (why.ok()) why = Status(Code::kCancelled, "the subscription was freed");
     s->End(std::move(why));
   });
+}
+
+// What tern_agent_subscribe and tern_client_subscribe share: the checks of
+// `out` and `fn`, the subscription, `attach` naming its source (and
+// refusing a bad handle before any thread starts), and its thread on
+// `run(s)`.
+template <class Attach, class Run>
+Status Subscribe(tern_event_fn fn, void* user, tern_subscription** out, Attach attach, Run run) {
+  TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
+  *out = nullptr;
+  TERN_REQUIRE(fn != nullptr, kInvalidArgument, "fn is NULL");
+  auto s = std::make_unique<tern_subscription>();
+  s->fn = fn;
+  s->user = user;
+  TERN_RETURN_IF_ERROR(attach(*s));
+  tern_subscription* raw = s.get();
+  StartThread(raw, [raw, run] { return run(raw); });
+  *out = s.release();
+  return Status::Ok();
 }
 
 // A batch of `events`, the C view of each event's names built once.
@@ -310,39 +329,31 @@ void tern_events_free(tern_events* events) {
 tern_code tern_agent_subscribe(tern_agent* a, uint64_t after_seq, tern_event_fn fn, void* user,
                                tern_subscription** out) {
   return Guard([&] {
-    TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
-    *out = nullptr;
-    TERN_REQUIRE(fn != nullptr, kInvalidArgument, "fn is NULL");
-    // Refuses a NULL, foreign or stopped agent now rather than in the thread.
-    TERN_RETURN_IF_ERROR(tern::capi::WithAgent(a, [](tern::Agent&) { return Status::Ok(); }));
-    auto s = std::make_unique<tern_subscription>();
-    s->agent = a;
-    s->fn = fn;
-    s->user = user;
-    tern_subscription* raw = s.get();
-    tern::capi::StartThread(
-        raw, [raw, after_seq] { return tern::capi::RunSubscription(raw, after_seq); });
-    *out = s.release();
-    return Status::Ok();
+    return tern::capi::Subscribe(
+        fn, user, out,
+        [a](tern_subscription& s) {
+          // Refuses a NULL, foreign or stopped agent now rather than in the thread.
+          TERN_RETURN_IF_ERROR(tern::capi::WithAgent(a, [](tern::Agent&) { return Status::Ok(); }));
+          s.agent = a;
+          return Status::Ok();
+        },
+        [after_seq](tern_subscription* s) { return tern::capi::RunSubscription(s, after_seq); });
   });
 }
 
 tern_code tern_client_subscribe(tern_client* c, uint64_t after_seq, tern_event_fn fn, void* user,
                                 tern_subscription** out) {
   return Guard([&] {
-    TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
-    *out = nullptr;
-    TERN_REQUIRE(fn != nullptr, kInvalidArgument, "fn is NULL");
-    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(c));
-    auto s = std::make_unique<tern_subscription>();
-    s->client = c;
-    s->fn = fn;
-    s->user = user;
-    tern_subscription* raw = s.get();
-    tern::capi::StartThread(
-        raw, [raw, after_seq] { return tern::capi::RunClientSubscription(raw, after_seq); });
-    *out = s.release();
-    return Status::Ok();
+    return tern::capi::Subscribe(
+        fn, user, out,
+        [c](tern_subscription& s) {
+          TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(c));
+          s.client = c;
+          return Status::Ok();
+        },
+        [after_seq](tern_subscription* s) {
+          return tern::capi::RunClientSubscription(s, after_seq);
+        });
   });
 }
 

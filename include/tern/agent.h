@@ -462,6 +462,8 @@ struct AgentEvent {
   // listed). kVersionPublished: the same, from the root's diff.
   bool all_tensors = false;
   std::vector<std::string> changed_tensors;
+
+  bool operator==(const AgentEvent&) const = default;  // every field
 };
 // "version_served", ...; "unknown" for a kind this build does not know (an
 // event parsed from a newer agent's GET /events keeps it as Kind 0).
