@@ -1096,10 +1096,19 @@ static void check_same_events(const tern_events* a, const tern_events* b) {
   }
 }
 
+/* 16 lower-case hex digits: an agent process's run (ABI 1.7). */
+static int is_run(const char* run) {
+  if (strlen(run) != 16) return 0;
+  for (const char* p = run; *p != 0; ++p)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
+  return 1;
+}
+
 /* ABI 1.6: an agent's events over its admin port, polled and by callback,
  * equal to its own; a wait longer than one long poll; a wrong token ends a
  * subscription with TERN_AUTH; a subscription outlives the agent's restart
- * and follows the new process from its first event. */
+ * and follows the new process from its first event. ABI 1.7: each polled
+ * batch names the agent's run, the same until the agent restarts. */
 static void test_client_events(const char* dir) {
   char v[3][300];
   write_checkpoints(dir, "ev", 21, 3, v);
@@ -1128,6 +1137,11 @@ static void test_client_events(const char* dir) {
   CHECK(tern_agent_wait_events(f.root, 0, 1024, 0, &local) == TERN_OK);
   CHECK(tern_events_count(remote) >= 3); /* joined, published 1, served 1 */
   check_same_events(remote, local);
+  char run[17] = "";
+  CHECK(is_run(tern_events_run(remote)));
+  snprintf(run, sizeof run, "%s", tern_events_run(remote));
+  CHECK(strcmp(tern_events_run(local), "") == 0); /* in process: one handle, one run */
+  CHECK(strcmp(tern_events_run(NULL), "") == 0);
   uint64_t newest = 0;
   tern_event e;
   e.struct_size = sizeof e;
@@ -1156,6 +1170,7 @@ static void test_client_events(const char* dir) {
   CHECK(tern_events_count(remote) >= 1 && waited >= 5.0 && waited < 25);
   if (tern_events_count(remote) >= 1 && tern_events_get(remote, 0, &e) == TERN_OK)
     CHECK(e.seq == newest + 1 && e.version == 2);
+  CHECK(strcmp(tern_events_run(remote), run) == 0);
   tern_events_free(remote);
 
   /* The callback form: every event the agent holds, then what comes. */
@@ -1217,6 +1232,12 @@ static void test_client_events(const char* dir) {
     pthread_mutex_lock(&log.mu);
     CHECK(log.seq_went_down == 1);
     pthread_mutex_unlock(&log.mu);
+    /* A poller across calls sees the restart in the batch's run, empty
+     * batch or not (after_seq 1 was the old process's). */
+    remote = NULL;
+    CHECK(tern_client_wait_events(client, 1, 8, 0, &remote) == TERN_OK);
+    CHECK(is_run(tern_events_run(remote)) && strcmp(tern_events_run(remote), run) != 0);
+    tern_events_free(remote);
   }
   const double free_start_s = now_s();
   tern_subscription_free(sub);

@@ -24,6 +24,7 @@ struct tern_events {
   uint32_t tag = kTag;
   std::vector<tern::AgentEvent> events;
   std::vector<std::vector<const char*>> changed;  // per event, into events[i].changed_tensors
+  std::string run;  // the answering agent process's run, over a port ("" in process)
 };
 
 // One of agent or client is set.
@@ -199,9 +200,10 @@ Status Subscribe(tern_event_fn fn, void* user, tern_subscription** out, Attach a
 }
 
 // A batch of `events`, the C view of each event's names built once.
-std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events) {
+std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events, std::string run = "") {
   auto batch = std::make_unique<tern_events>();
   batch->events = std::move(events);
+  batch->run = std::move(run);
   batch->changed.resize(batch->events.size());
   for (size_t i = 0; i < batch->events.size(); ++i)
     for (const std::string& name : batch->events[i].changed_tensors)
@@ -216,11 +218,12 @@ std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events) {
 // poll that answers with another run than the call's first (the agent
 // restarted during the call) is asked again from seq 0; one that comes
 // back empty sooner than it was asked to wait (an agent that does not
-// wait) is followed by a pause, not at once by the next.
+// wait) is followed by a pause, not at once by the next. *run: the run of
+// the last answer ("" from an agent older than the field).
 constexpr uint32_t kPortWaitMsMax = 5000;
 
 Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
-                  uint32_t timeout_ms, std::vector<AgentEvent>* out) {
+                  uint32_t timeout_ms, std::vector<AgentEvent>* out, std::string* run_out) {
   TERN_REQUIRE(max_events >= 1 && max_events <= kMaxEvents, kOutOfRange, "max_events is ",
                max_events, ": want 1..", kMaxEvents);
   TERN_REQUIRE(timeout_ms <= kTimeoutMsMax, kOutOfRange, "timeout_ms is ", timeout_ms, ": at most ",
@@ -249,6 +252,7 @@ Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
     }
     if (!poll.events.empty() || wait == 0 || ms_left() <= 0) {
       *out = std::move(poll.events);
+      *run_out = std::move(poll.run);
       return Status::Ok();
     }
     const int64_t early_ms =
@@ -294,10 +298,17 @@ tern_code tern_client_wait_events(tern_client* c, uint64_t after_seq, uint32_t m
     *out = nullptr;
     TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(c));
     std::vector<tern::AgentEvent> events;
-    TERN_RETURN_IF_ERROR(tern::capi::ClientWait(c, after_seq, max_events, timeout_ms, &events));
-    *out = tern::capi::BatchOf(std::move(events)).release();
+    std::string run;
+    TERN_RETURN_IF_ERROR(
+        tern::capi::ClientWait(c, after_seq, max_events, timeout_ms, &events, &run));
+    *out = tern::capi::BatchOf(std::move(events), std::move(run)).release();
     return Status::Ok();
   });
+}
+
+const char* tern_events_run(const tern_events* events) {
+  if (events == nullptr || events->tag != tern_events::kTag) return "";
+  return events->run.c_str();
 }
 
 size_t tern_events_count(const tern_events* events) {

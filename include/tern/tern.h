@@ -10,7 +10,7 @@
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
  * (publish through it, read its status, metrics and publish jobs, and its
- * events as batches or callbacks: ABI 1.6).
+ * events as batches or callbacks: ABI 1.6, with the agent's run: 1.7).
  *
  * C99. Link with -ltern (pkg-config tern, or CMake find_package(tern) and
  * the target tern::tern). Only tern_* symbols are exported.
@@ -74,7 +74,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 6
+#define TERN_ABI_VERSION_MINOR 7
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -497,14 +497,24 @@ TERN_API tern_code tern_client_events_json(tern_client* client, uint64_t after_s
  * TERN_PROTOCOL naming the field (every count and length bounded). An
  * agent that restarts during the call is read from its first event; across
  * calls the agent's rule above is all there is (one that restarted and
- * numbered past after_seq answers only its newer events: follow restarts
- * with tern_client_subscribe). Each request waits at most 5 s beyond its
+ * numbered past after_seq answers only its newer events: compare each
+ * batch's tern_events_run with the last one's, or follow restarts with
+ * tern_client_subscribe). Each request waits at most 5 s beyond its
  * long poll for an answer (less with a shorter client timeout_ms; connect
  * and read each), then TERN_TIMEOUT or TERN_UNAVAILABLE. Needs the token
  * when the agent has one. *out is a new batch on TERN_OK. Any thread. */
 TERN_API tern_code tern_client_wait_events(tern_client* client, uint64_t after_seq,
                                            uint32_t max_events, uint32_t timeout_ms,
                                            tern_events** out);
+/* ABI 1.7. The run of the agent process that answered a batch of
+ * tern_client_wait_events: 16 hex digits drawn when that process started,
+ * the same in every answer of one process, empty batches included ("" from
+ * an agent older than the field). A run other than the last batch's means
+ * the agent restarted: its seqs began again at 1, so ask again with
+ * after_seq 0 or events of the new process are skipped. "" for a batch of
+ * tern_agent_wait_events (one handle is one run), and for NULL or a
+ * foreign pointer. Valid until tern_events_free. */
+TERN_API const char* tern_events_run(const tern_events* events);
 /* ABI 1.6. The callback form over the admin port, as tern_agent_subscribe:
  * a thread the library owns long-polls GET /events (1 s a poll) and calls
  * `fn` with each event, in order, one at a time. An agent that cannot be
