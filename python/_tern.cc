@@ -102,11 +102,13 @@ py::dict EventDict(const tern_event& e) {
 
 // A wait's batch as a list of event dicts (the batch freed); raises for a
 // failed wait.
-py::list EventList(tern_code code, tern_events* batch) {
+// The batch's events as dicts; *run (when not null) its tern_events_run.
+py::list EventList(tern_code code, tern_events* batch, std::string* run = nullptr) {
   if (code != TERN_OK) {
     tern_events_free(batch);
     Raise(code);
   }
+  if (run != nullptr) *run = tern_events_run(batch);
   py::list out;
   const size_t n = tern_events_count(batch);
   for (size_t i = 0; i < n; ++i) {
@@ -492,14 +494,17 @@ class Client {
       return tern_client_events_json(c, after_seq, max_events, timeout_ms, b, n, l);
     });
   }
-  py::list WaitEvents(uint64_t after_seq, uint32_t max_events, uint32_t timeout_ms) {
+  // (events, run): the run of the agent process that answered.
+  py::tuple WaitEvents(uint64_t after_seq, uint32_t max_events, uint32_t timeout_ms) {
     tern_events* batch = nullptr;
     tern_code code;
     {
       py::gil_scoped_release release;
       code = tern_client_wait_events(client_, after_seq, max_events, timeout_ms, &batch);
     }
-    return EventList(code, batch);
+    std::string run;
+    py::list events = EventList(code, batch, &run);
+    return py::make_tuple(events, run);
   }
 
  private:

@@ -14,8 +14,8 @@ Every failure raises tern.Error with the C API's code (tern.Code).
 Calls that block release the GIL.
 """
 from ._errors import Code, Error
-from ._core import Agent, Client, Event, Publisher, Status, abi_version, version, view_digest
+from ._core import Agent, Client, Event, Events, Publisher, Status, abi_version, version, view_digest
 from ._subscriber import Subscriber, Version
 
-__all__ = ["Agent", "Client", "Code", "Error", "Event", "Publisher", "Status", "Subscriber", "Version",
+__all__ = ["Agent", "Client", "Code", "Error", "Event", "Events", "Publisher", "Status", "Subscriber", "Version",
            "abi_version", "version", "view_digest"]

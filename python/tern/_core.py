@@ -76,6 +76,19 @@ class Event:
                      epoch=int(d.get("epoch", 0)))
 
 
+class Events(list):
+    """A list of Event from Client.wait_events, with `run`: the run of the
+    agent process that answered (16 hex digits, drawn when it started; ""
+    from an agent older than the field). A run other than the last batch's
+    means the agent restarted and its seqs began again at 1: ask again with
+    after_seq 0, or the new process's first events are skipped."""
+    run: str
+
+    def __init__(self, events, run: str = ""):
+        super().__init__(events)
+        self.run = run
+
+
 def _digest(v):
     """The digest's text form ("tern1:" + 64 hex digits of the four 64-bit
     lanes, little-endian, as `tern digest` and GET /events print it) from
@@ -253,18 +266,20 @@ class Client(_OperatorCalls):
         return d
 
     def wait_events(self, after_seq: int = 0, max_events: int = 1024,
-                    timeout_s: float = 0.0) -> List[Event]:
+                    timeout_s: float = 0.0) -> "Events":
         """As Agent.wait_events, over the admin port: the events after
         `after_seq` (one beyond the agent's newest, as from before it
         restarted, counts as 0), oldest first; waits up to `timeout_s` (at
         most 600, as long polls of at most 5 s) for the first, with the GIL
-        released, and returns [] if none came. Resume with the last event's
-        `seq`. An event of a kind this library does not know (a newer
-        agent) has kind "unknown". Raises Error(PROTOCOL) for a reply that
-        is not the events' JSON."""
-        return [Event._from(d) for d in
-                self._native.wait_events(int(after_seq), int(max_events),
-                                         _timeout_ms(timeout_s, 600.0))]
+        released, and returns an empty list if none came. Resume with the
+        last event's `seq` while the result's `run` stays the same (an
+        Events list: a new run is a restarted agent, read it from 0). An
+        event of a kind this library does not know (a newer agent) has kind
+        "unknown". Raises Error(PROTOCOL) for a reply that is not the
+        events' JSON."""
+        events, run = self._native.wait_events(int(after_seq), int(max_events),
+                                               _timeout_ms(timeout_s, 600.0))
+        return Events([Event._from(d) for d in events], run)
 
 
 class Publisher:

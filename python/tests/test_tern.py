@@ -295,8 +295,11 @@ def test_client_supersede_withdraws_a_wrong_version(fleet, tmp_path):
     def fields(events):
         return [(e.seq, e.kind, e.position, e.digest, e.slot_dir, e.all_tensors, e.changed_tensors)
                 for e in events]
-    assert fields(tern.Client(member.admin_address, token=TOKEN).wait_events()) == \
-        fields(member.wait_events())
+    batch = tern.Client(member.admin_address, token=TOKEN).wait_events()
+    assert fields(batch) == fields(member.wait_events())
+    assert len(batch.run) == 16 and int(batch.run, 16) >= 0  # ABI 1.7: the agent's run
+    later = tern.Client(member.admin_address, token=TOKEN).wait_events(batch[-1].seq)
+    assert later.run == batch.run
     v = sub.next(10)
     assert v.position == (1, 2) and v.still_served()
     # Positions, not numbers: version 2 of epoch 0 is not what is served.
@@ -697,6 +700,15 @@ def test_subscriber_over_a_port_reads_a_restarted_agent_from_its_first_event():
         state["served"].append((5, ["e"]))
         v = sub.next(5)
         assert v.version == 5 and not v.all_tensors and v.changed_tensors == ("e",)
+        # Client.wait_events (ABI 1.7) names each batch's run, empty or not,
+        # so a poller across calls sees the restart that the seqs hide.
+        client = tern.Client(f"127.0.0.1:{server.server_address[1]}")
+        batch = client.wait_events(4)
+        assert isinstance(batch, tern.Events) and batch.run == "run-b"
+        assert [e.version for e in batch] == [5]
+        state["run"] = "run-c"
+        batch = client.wait_events(5)
+        assert batch == [] and batch.run == "run-c"
     finally:
         server.shutdown()
         server.server_close()
