@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
 
+#include "agent/board/rank_publish_testing.h"
 #include "tern/thread_pool.h"
 
 namespace tern {
@@ -94,8 +96,9 @@ struct RankPublisher::State {
   std::vector<Shard> shards;
   uint64_t version = 0, pending_version = 0;
   bool has_pending = false;
-  // Set when a commit could not advance the previous view: every call but
-  // Resume on a new publisher is refused with it.
+  // Set when a commit could not advance the previous view (some shards may
+  // have advanced, others not): every call is refused with it, Resume
+  // too; a new publisher is resumed instead.
   Status broken = Status::Ok();
   ViewDigest terms, pending_terms;
   // The pending part's records, applied to prev on Committed(): the
@@ -292,6 +295,7 @@ void RankPublisher::Abandon() {
 Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>& base) {
   State& st = *state_;
   const std::string who = "rank " + std::to_string(st.rank);
+  TERN_RETURN_IF_ERROR(st.broken);
   TERN_REQUIRE(st.version == 0, kMismatch, who, ": resume is for a publisher that has committed ",
                "nothing since it was created; this one holds version ", st.version,
                ": send its parts as usual");
@@ -318,6 +322,12 @@ Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>
 }
 
 uint64_t RankPublisher::version() const { return state_->version; }
+
+void RankPublisherTestPeer::DamagePendingRecords(RankPublisher& p) {
+  // A changed segment placed past its tensor's end: PatchBuilder refuses it.
+  for (SegmentRecord& r : p.state_->pending_records)
+    if (!r.bytes.empty()) r.first_element = std::numeric_limits<uint64_t>::max() / 4;
+}
 
 ViewDigest ZeroViewDigest(const std::vector<TensorDesc>& layout) {
   ViewDigest d;

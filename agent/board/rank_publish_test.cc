@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/board/rank_publish_testing.h"
 #include "tern/patch.h"
 #include "tern/thread_pool.h"
 
@@ -210,6 +211,45 @@ TEST(RankPublisherTest, RefusesBadShards) {
   ASSERT_TRUE((*p)->Committed().ok());
   EXPECT_EQ((*p)->version(), 1u);
   EXPECT_EQ((*p)->Encode(1, shards).status().code(), Code::kMismatch);
+}
+
+// A commit whose own records cannot be applied (no input does this: a bug
+// or an allocation failure would) leaves a publisher whose previous view
+// may be half advanced: every call is refused with one error that says
+// what to do, Resume included, and a new publisher resumes from HEAD.
+TEST(RankPublisherTest, AFailedCommitRefusesEveryCallAfterIt) {
+  Model m(3);
+  const std::vector<RankShardRange> owned = ShardsOf(0, 1);
+  auto p = RankPublisher::Create(0, 1, m.layout, owned);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_TRUE((*p)->Encode(1, CurrentShards(m, owned)).ok());
+  ASSERT_TRUE((*p)->Committed().ok());
+  const Model v1 = m;
+  m.Step(4);
+  ASSERT_TRUE((*p)->Encode(2, CurrentShards(m, owned)).ok());
+  RankPublisherTestPeer::DamagePendingRecords(**p);
+  const Status failed = (*p)->Committed();
+  ASSERT_EQ(failed.code(), Code::kInternal) << failed.ToString();
+  EXPECT_NE(failed.message().find("rank 0: its previous view could not be advanced to version 2"),
+            std::string::npos)
+      << failed.message();
+  EXPECT_NE(failed.message().find("create a new publisher and Resume it"), std::string::npos);
+  EXPECT_EQ((*p)->version(), 1u);
+  auto same = [&](const Status& s) {
+    return s.code() == failed.code() && s.message() == failed.message();
+  };
+  m.Step(5);
+  EXPECT_TRUE(same((*p)->Encode(3, CurrentShards(m, owned)).status()));
+  EXPECT_TRUE(same((*p)->Committed()));
+  EXPECT_TRUE(same((*p)->Resume(1, CurrentShards(v1, owned))));
+  // What the message says to do: a new publisher resumed from HEAD (1).
+  auto fresh = RankPublisher::Create(0, 1, m.layout, owned);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*fresh)->Resume(1, CurrentShards(v1, owned)).ok());
+  auto part = (*fresh)->Encode(2, CurrentShards(m, owned));
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  EXPECT_TRUE((*fresh)->Committed().ok());
+  EXPECT_EQ((*fresh)->version(), 2u);
 }
 
 // The last rank's process restarts after version 1 committed: a new

@@ -101,7 +101,8 @@ class TERN_EXPORT RankPublisher {
   // The root committed the pending part: its records are applied to the
   // previous view, which is the part's version now. Fails (kInternal) only
   // if its own records cannot be applied (no memory, a bug); the publisher
-  // then refuses every call: make a new one and Resume it from HEAD.
+  // then refuses every call, Resume included: make a new one and Resume
+  // it from HEAD.
   Status Committed();
   // The root did not commit it: the previous view stays.
   void Abandon();
@@ -125,6 +126,7 @@ class TERN_EXPORT RankPublisher {
   struct State;
 
  private:
+  friend struct RankPublisherTestPeer;  // agent/board/rank_publish_testing.h
   explicit RankPublisher(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
