@@ -109,7 +109,11 @@ struct LinkStats {
   bool parent = false; // this node's parent link, else a child's
   uint32_t stripe = 0, stripes = 1;
   uint64_t bytes_in = 0, bytes_out = 0;
-  uint64_t chunks_in = 0, chunks_out = 0;  // verified chunks received / acknowledged chunks sent
+  // Verified chunks received / chunks sent that the child acknowledged. A
+  // send the child cancelled because another parent's copy came first
+  // (striping: kNotFound) is not counted, so a striped parent's chunks_out
+  // can be below the chunks its child assembled.
+  uint64_t chunks_in = 0, chunks_out = 0;
   uint64_t retries = 0;     // chunks sent again (transport kCorrupt)
   uint64_t bad_chunks = 0;  // chunks received that failed SHA-256
   // Parent links: bytes of the last completed object received here over the

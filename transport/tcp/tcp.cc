@@ -285,10 +285,16 @@ class TcpTransport final : public Transport {
       Status st = tcp::ReadFull(*pipe, raw, kHeaderBytes, deadline, clock_);
       if (!st.ok() && tls_ && (st.code() == Code::kUnavailable || st.code() == Code::kAuth)) {
         // In TLS 1.3 the server judges our certificate after our side of the
-        // handshake is done; an alert or a hang-up here is almost always
-        // that verdict (its alert can be lost to a reset).
-        return TERN_ERROR(kAuth, "the server refused our TLS certificate (signed by another CA, "
-                                 "or not among the clients it allows or pins?): ", st.message());
+        // handshake is done; an alert or a hang-up here is usually that
+        // verdict (its alert can be lost to a reset). A bare hang-up can
+        // also be a server that died or a connection cut just then (the WAN
+        // soak sees those when a relay is killed): say both.
+        return TERN_ERROR(
+            kAuth,
+            "the server refused our TLS certificate (signed by another CA, "
+            "or not among the clients it allows or pins?)",
+            st.code() == Code::kAuth ? "" : ", or it went away right after the handshake", ": ",
+            st.message());
       }
       if (!st.ok()) return st.WithContext("waiting for the server's hello");
       FrameHeader h;
