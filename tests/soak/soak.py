@@ -2,7 +2,10 @@
 """The fault-injection soak of tern-agent (issue 23 §5; docs/soak.md).
 
 A real etcd, a root and a standby root over it, and members in several
-regions, all `tern-agent` processes on 127.0.0.1 (plain TCP). Versions are
+regions, all `tern-agent` processes on 127.0.0.1. As a deployment runs them:
+mutual TLS between the agents and etcd over TLS with client certificates
+(a CA and certificates made for the run; --plain for TCP and plain HTTP
+etcd); the admin ports are on loopback (the roots' with a token). Versions are
 published continuously with `tern publish` while faults are injected on a
 seeded schedule, one kind after another in a shuffled round:
 
@@ -54,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
@@ -187,7 +191,7 @@ class Agent:
                                                             self.env_extra))
         log.flush()
         cmd = [self.soak.agent_bin, "--listen", self.address, "--admin", self.admin, "--data", self.dir,
-               "--id", self.name, "--no-tls", "--heartbeat-ms", "200"] + self.args + \
+               "--id", self.name, "--heartbeat-ms", "200"] + self.soak.tls_flags(self.host) + self.args + \
             list(self.soak.a.agent_flag or [])
         with in_netns(self.ns):
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
@@ -282,6 +286,7 @@ class Soak:
         self.next_version = 1
         self.filler = None
         self.wan = None  # WAN mode: {"prefix", "hosts": [(name, region, NetNs, address)], "regions"}
+        self.pki = None  # TLS: {"ca": path, address: (cert path, key path)}
 
     def elapsed(self):
         return now() - self.t0
@@ -310,6 +315,55 @@ class Soak:
         i = (version - 1) % period
         return i if i < s else period - i
 
+    def make_pki(self, addresses):
+        """A CA and one certificate per host address (IP SAN, server and
+        client use), for the agents' mutual TLS and etcd's. Backdated by an
+        hour (openssl under libfaketime, when there is one), as a real
+        fleet's certificates were issued before it started: the clock_skew
+        fault sets a member's wall clock up to 300 s back, and a certificate
+        issued "now" would not be valid yet on it."""
+        d = os.path.join(self.work, "pki")
+        os.makedirs(d)
+        lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
+        env = dict(os.environ, **({"LD_PRELOAD": lib, "FAKETIME": "-3600s", "FAKETIME_DONT_RESET": "1"}
+                                  if lib else {}))
+
+        def openssl(*args):
+            subprocess.run(["openssl", *args], cwd=d, env=env, check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "3",
+                "-subj", "/CN=tern-soak-ca", "-keyout", "ca.key", "-out", "ca.pem")
+        self.pki = {"ca": os.path.join(d, "ca.pem")}
+        for i, addr in enumerate(sorted(set(addresses))):
+            name = "host%d" % i
+            with open(os.path.join(d, name + ".cnf"), "w") as f:
+                f.write("subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n" % addr)
+            openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+                    "/CN=" + addr, "-keyout", name + ".key", "-out", name + ".csr")
+            openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                    "-days", "3", "-extfile", name + ".cnf", "-out", name + ".pem")
+            self.pki[addr] = (os.path.join(d, name + ".pem"), os.path.join(d, name + ".key"))
+        self.note("TLS: a CA and %d host certificate(s) in %s (backdated 1 h: %s)" %
+                  (len(self.pki) - 1, d, "yes" if lib else "no, no libfaketime"))
+
+    def tls_flags(self, address):
+        """tern-agent's transport flags for an agent on this host address."""
+        if self.pki is None:
+            return ["--no-tls"]
+        cert, key = self.pki[address]
+        return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", self.pki["ca"]]
+
+    def etcd_flags(self, address):
+        """A root's etcd flags: etcd over TLS with this host's certificate as
+        the client certificate, or plain HTTP (--plain; off loopback only
+        with --etcd-insecure)."""
+        if self.pki is None:
+            return (["--board-etcd", "etcd://%s/tern/soak" % self.etcd.endpoint] +
+                    (["--etcd-insecure"] if self.wan else []))
+        cert, key = self.pki[address]
+        return ["--board-etcd", "etcds://%s/tern/soak" % self.etcd.endpoint, "--etcd-cacert", self.pki["ca"],
+                "--etcd-cert", cert, "--etcd-key", key]
+
     def step_path(self, i):
         return os.path.join(self.work, "trace", "step-%06d" % i)
 
@@ -324,13 +378,18 @@ class Soak:
         self.note("trace: %d steps of %s parameters" % (self.a.steps, self.a.params))
         if self.a.wan:
             self.wan_up()
+        if not self.a.plain:
+            self.make_pki([h[3] for h in self.wan["hosts"]] if self.wan else ["127.0.0.1"])
+        etcd_host = self.wan["hosts"][0][3] if self.wan else "127.0.0.1"
+        etcd_tls = None if self.pki is None else {"ca": self.pki["ca"], "cert": self.pki[etcd_host][0],
+                                                  "key": self.pki[etcd_host][1]}
+        if self.a.wan:
             # etcd in the first host, next to root-a; root-b reaches it over
             # the region's link.
-            _, _, ns0, addr0 = self.wan["hosts"][0]
-            with ns0:
-                self.etcd = EtcdServer.start(self.work, host=addr0)
+            with self.wan["hosts"][0][2]:
+                self.etcd = EtcdServer.start(self.work, host=etcd_host, tls=etcd_tls)
         else:
-            self.etcd = EtcdServer.start(self.work)
+            self.etcd = EtcdServer.start(self.work, tls=etcd_tls)
         for name, text in (("admin.token", "soak-admin\n"), ("join.token", "soak-join\n")):
             with open(os.path.join(self.work, name), "w") as f:
                 f.write(text)
@@ -338,18 +397,13 @@ class Soak:
         subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", key], check=True,
                        capture_output=True)
         root_region = self.wan["hosts"][0][1] if self.wan else "r0"
-        root_args = ["--root", "--region", root_region, "--board-etcd", "etcd://%s/tern/soak" % self.etcd.endpoint,
-                     "--etcd-lease-s", "2", "--signing-key", key,
+        root_args = ["--root", "--region", root_region, "--etcd-lease-s", "2", "--signing-key", key,
                      "--admin-token-file", os.path.join(self.work, "admin.token"),
                      "--join-token-file", os.path.join(self.work, "join.token")]
-        if self.wan:
-            # etcd in a testbed host is off loopback: plain HTTP only when
-            # said so (the testbed is namespaces on this machine; etcd over
-            # TLS is tested by cli_agent, not here).
-            root_args.append("--etcd-insecure")
         for i, name in enumerate(("root-a", "root-b")):
             place = {"ns": self.wan["hosts"][i][2], "host": self.wan["hosts"][i][3]} if self.wan else {}
-            self.roots.append(Agent(self, name, root_args, os.path.join(self.work, name), root=True, **place))
+            args = root_args + self.etcd_flags(place.get("host", "127.0.0.1"))
+            self.roots.append(Agent(self, name, args, os.path.join(self.work, name), root=True, **place))
         self.roots[0].start()
         if not self.roots[0].wait_started(60):
             raise RuntimeError("root-a did not start (logs/root-a.log)")
@@ -391,8 +445,9 @@ class Soak:
         if self.a.witnesses:
             self.note("witnesses (never restarted by a fault): " +
                       ", ".join(m.name for m in self.members if m.witness))
-        self.note("etcd %s, roots %s (standby %s), %d members in %d regions%s, %s on a %d MiB tmpfs" %
-                  (self.etcd.endpoint, self.roots[0].address, self.roots[1].address, len(self.members),
+        self.note("etcd %s%s, roots %s (standby %s), %d members in %d regions%s, %s on a %d MiB tmpfs" %
+                  (self.etcd.endpoint, " (plain)" if self.pki is None else " (TLS, client certificates)",
+                   self.roots[0].address, self.roots[1].address, len(self.members),
                    self.a.regions, " (WAN testbed %s)" % self.wan["prefix"] if self.wan else "",
                    self.tmpfs_member.name, self.a.tmpfs_mb))
 
@@ -960,7 +1015,9 @@ class Soak:
                 # TCP wire version 2 caught a corrupted control message before delivery
                 "message_check": r"message check mismatch",
                 # a corrupted control message that reached the agent (wire version 1)
-                "bad_control": r"bad control message"}
+                "bad_control": r"bad control message",
+                # a TLS record or handshake failed (the WAN's corrupted bytes, a connection cut mid-record)
+                "tls_errors": r"TLS|SSL"}
         out = {}
         for x in self.roots + self.members:
             try:
@@ -992,6 +1049,10 @@ class Soak:
               (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "PASSED" if r["passed"] else "FAILED",
                r["elapsed_s"], self.a.seed, self.a.members, self.a.regions, self.a.params, self.a.publish_every_s,
                self.a.fault_every_s, " ".join(r["loadavg"])), "",
+              "Security as deployed: %s." % (
+                  "**off** (--plain: plain TCP, etcd over plain HTTP)" if self.a.plain
+                  else "mutual TLS between the agents, etcd over TLS with client certificates, admin ports "
+                       "on loopback (the roots' with a token)"), "",
               "| check | result |", "|---|---|"]
         md += ["| %s | %s |" % (k, "not judged" if v is None else "ok" if v else "**FAILED**")
                for k, v in r["checks"].items()]
@@ -1097,6 +1158,9 @@ def main():
                         "record the samples)")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="fault kinds to inject, comma-separated (default all: %(default)s)")
+    p.add_argument("--plain", action="store_true",
+                   help="plain TCP between the agents (--no-tls) and plain HTTP to etcd, instead of mutual TLS "
+                        "and etcd over TLS with client certificates")
     p.add_argument("--keep-work", action="store_true", help="keep the agents' data directories")
     p.add_argument("--agent-flag", action="append", metavar="FLAG",
                    help="one more flag for every tern-agent, as one word (repeatable; e.g. "
@@ -1153,6 +1217,7 @@ def main():
         soak.note("interrupted")
     except Exception as e:  # report what happened, then clean up
         soak.note("soak error: %r" % e)
+        traceback.print_exc()
     finally:
         codes = soak.cleanup()
     if report is None:
