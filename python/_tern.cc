@@ -100,9 +100,8 @@ py::dict EventDict(const tern_event& e) {
   return d;
 }
 
-// A wait's batch as a list of event dicts (the batch freed); raises for a
-// failed wait.
-// The batch's events as dicts; *run (when not null) its tern_events_run.
+// A wait's batch as a list of event dicts (the batch freed), and *run
+// (when not null) its tern_events_run; raises for a failed wait.
 py::list EventList(tern_code code, tern_events* batch, std::string* run = nullptr) {
   if (code != TERN_OK) {
     tern_events_free(batch);

@@ -507,9 +507,10 @@ TERN_API tern_code tern_client_wait_events(tern_client* client, uint64_t after_s
                                            uint32_t max_events, uint32_t timeout_ms,
                                            tern_events** out);
 /* ABI 1.7. The run of the agent process that answered a batch of
- * tern_client_wait_events: 16 hex digits drawn when that process started,
- * the same in every answer of one process, empty batches included ("" from
- * an agent older than the field). A run other than the last batch's means
+ * tern_client_wait_events: an opaque text of at most 64 bytes (16 hex
+ * digits from this version's agents) drawn when that process started, the
+ * same in every answer of one process, empty batches included ("" from an
+ * agent older than the field); compare it, do not parse it. A run other than the last batch's means
  * the agent restarted: its seqs began again at 1, so ask again with
  * after_seq 0 or events of the new process are skipped. "" for a batch of
  * tern_agent_wait_events (one handle is one run), and for NULL or a

@@ -78,8 +78,9 @@ class Event:
 
 class Events(list):
     """A list of Event from Client.wait_events, with `run`: the run of the
-    agent process that answered (16 hex digits, drawn when it started; ""
-    from an agent older than the field). A run other than the last batch's
+    agent process that answered (opaque, drawn when it started: 16 hex
+    digits from this version's agents; "" from an agent older than the
+    field; compare it, do not parse it). A run other than the last batch's
     means the agent restarted and its seqs began again at 1: ask again with
     after_seq 0, or the new process's first events are skipped."""
     run: str

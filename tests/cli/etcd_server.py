@@ -130,8 +130,10 @@ class EtcdServer:
                 with opener.open("%s://%s/health" % (scheme, self.endpoint), timeout=0.5) as r:
                     if r.status == 200 and b'"true"' in r.read():
                         return
-            except OSError:
-                pass
+            except OSError as e:  # not up yet; a certificate mistake is said now, not retried
+                why = getattr(e, "reason", e)
+                if isinstance(why, ssl.SSLCertVerificationError):
+                    raise AssertionError("etcd's certificate was refused: %s" % why) from e
             time.sleep(0.05)
         raise AssertionError("etcd not healthy after %d s: %s" % (seconds, self._log_tail()))
 

@@ -329,7 +329,9 @@ class Soak:
                                   if lib else {}))
 
         def openssl(*args):
-            subprocess.run(["openssl", *args], cwd=d, env=env, check=True, capture_output=True)
+            r = subprocess.run(["openssl", *args], cwd=d, env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError("openssl %s: %s" % (args[0], r.stderr.strip()[-400:]))
 
         openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "3",
                 "-subj", "/CN=tern-soak-ca", "-keyout", "ca.key", "-out", "ca.pem")
