@@ -250,7 +250,9 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
   auto refuse = [&](int code, std::string_view reason, std::string why, bool plain = false) {
     options.log("admin: refused " + peer + ": " + why);
     backend.Reset();
-    if (down->total == 0 && (!options.tls || plain)) {
+    const bool answered = down->total != 0;
+    up.reset(), down.reset();  // not held through the lingering close
+    if (!answered && (!options.tls || plain)) {
       client_bytes += RefuseAndClose(std::move(client), code, reason, why, wake_read.fd, true);
     }
   };
@@ -263,7 +265,11 @@ void AdminGuard::Impl::Relay(Fd client, std::string peer) {
   bool up_closed = false;  // the backend takes no more bytes
   for (;;) {
     if (down->eof && down->len == 0) {  // the answer is through; httplib closed
-      if (!up->eof) {
+      const bool unread = !up->eof;
+      // The buffers are done with: freed before a lingering close, which
+      // can take seconds, so that a connection past its answer holds none.
+      up.reset(), down.reset();
+      if (unread) {
         ::shutdown(client.fd, SHUT_WR);
         client_bytes += LingerDrain(client.fd, wake_read.fd);
       }
