@@ -135,4 +135,11 @@ bool IsLoopbackHost(const std::string& host) {
   return false;
 }
 
+bool IsTlsCertificateAlert(std::string_view openssl_error) {
+  if (openssl_error.find("alert") == std::string_view::npos) return false;
+  for (std::string_view about : {"certificate", "unknown ca", "access denied", "handshake failure"})
+    if (openssl_error.find(about) != std::string_view::npos) return true;
+  return false;
+}
+
 }  // namespace tern

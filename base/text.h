@@ -54,4 +54,14 @@ std::string FormatHostPort(const HostPort& address);
 // "localhost" are not resolved (false).
 bool IsLoopbackHost(const std::string& host);
 
+// Whether an OpenSSL error text is the peer's alert about our certificate,
+// its verdict on it: "tlsv13 alert certificate required", "tlsv1 alert
+// unknown ca", "sslv3 alert bad certificate", "... certificate unknown",
+// "... unsupported certificate", "... access denied", and "sslv3 alert
+// handshake failure", which OpenSSL sends when its verify callback refuses a
+// certificate. Not a record that failed on the wire ("... alert bad record
+// mac"), nor a hang-up. Shared by the transport's TLS and the admin client,
+// which both tell a refusal (kAuth) from a broken link (kUnavailable).
+bool IsTlsCertificateAlert(std::string_view openssl_error);
+
 }  // namespace tern

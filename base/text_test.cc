@@ -88,5 +88,27 @@ TEST(TextTest, IsLoopbackHost) {
   }
 }
 
+// The texts OpenSSL 3 gives (SSL_R_* reason strings after "TLS: " or an
+// error-queue prefix), as the transport and the admin client see them.
+TEST(TextTest, IsTlsCertificateAlert) {
+  for (const char* yes : {"TLS: error:0A00045C:SSL routines::tlsv13 alert certificate required",
+                          "TLS: error:0A000418:SSL routines::tlsv1 alert unknown ca",
+                          "TLS: error:0A000412:SSL routines::sslv3 alert bad certificate",
+                          "error:0A000416:SSL routines::sslv3 alert certificate unknown",
+                          "error:0A000413:SSL routines::sslv3 alert unsupported certificate",
+                          "TLS: error:0A000419:SSL routines::tlsv1 alert access denied",
+                          "TLS: error:0A000410:SSL routines::sslv3 alert handshake failure"}) {
+    EXPECT_TRUE(IsTlsCertificateAlert(yes)) << yes;
+  }
+  for (const char* no :
+       {"", "TLS: error:0A000119:SSL routines::decryption failed or bad record mac",
+        "TLS: error:0A000414:SSL routines::sslv3 alert bad record mac",
+        "TLS: error:0A00010B:SSL routines::wrong version number", "connection closed by peer",
+        "TLS: error:0A000086:SSL routines::certificate verify failed",  // ours, not an alert
+        "TLS: error:0A000126:SSL routines::unexpected eof while reading"}) {
+    EXPECT_FALSE(IsTlsCertificateAlert(no)) << no;
+  }
+}
+
 }  // namespace
 }  // namespace tern

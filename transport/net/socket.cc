@@ -65,14 +65,11 @@ Status WaitFd(int fd, bool want_write, uint64_t deadline_us, Clock& clock) {
   }
 }
 
-namespace {
-Status IoError(const Pipe& pipe, const IoResult& r) {
+Status PipeError(const Pipe& pipe, const IoResult& r) {
   if (r.io == Io::kEof) return TERN_ERROR(kUnavailable, "connection closed by peer");
-  if (pipe.encrypted() && r.error.rfind("TLS: ", 0) == 0) return TERN_ERROR(kAuth, r.error);
+  if (pipe.encrypted() && IsTlsCertificateAlert(r.error)) return TERN_ERROR(kAuth, r.error);
   return TERN_ERROR(kUnavailable, r.error);
 }
-
-}  // namespace
 
 Status ReadFull(Pipe& pipe, void* buf, size_t size, uint64_t deadline_us, Clock& clock) {
   size_t got = 0;
@@ -83,7 +80,7 @@ Status ReadFull(Pipe& pipe, void* buf, size_t size, uint64_t deadline_us, Clock&
     } else if (r.io == Io::kWantRead || r.io == Io::kWantWrite) {
       TERN_RETURN_IF_ERROR(WaitFd(pipe.fd(), r.io == Io::kWantWrite, deadline_us, clock));
     } else {
-      return IoError(pipe, r);
+      return PipeError(pipe, r);
     }
   }
   return Status::Ok();
@@ -98,7 +95,7 @@ Status WriteFull(Pipe& pipe, const void* buf, size_t size, uint64_t deadline_us,
     } else if (r.io == Io::kWantRead || r.io == Io::kWantWrite) {
       TERN_RETURN_IF_ERROR(WaitFd(pipe.fd(), r.io == Io::kWantWrite, deadline_us, clock));
     } else {
-      return IoError(pipe, r);
+      return PipeError(pipe, r);
     }
   }
   return Status::Ok();

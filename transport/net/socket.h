@@ -53,8 +53,16 @@ class Pipe {
 // Takes ownership of a connected non-blocking socket.
 std::unique_ptr<Pipe> NewPlainPipe(int fd);
 
+// The status of a pipe's failed read or write (kEof or kError): kAuth only
+// when the peer's TLS alert refuses our certificate (IsTlsCertificateAlert:
+// a verdict that arrives at the first read after a TLS 1.3 handshake);
+// kUnavailable for a hang-up, a reset or a TLS record that failed (bytes
+// corrupted or cut on the wire), which are the link's and prove nothing
+// against the peer. The message is the pipe's error text.
+Status PipeError(const Pipe& pipe, const IoResult& r);
+
 // Blocking-with-deadline helpers for handshakes. Failures: kTimeout at the
-// deadline, kUnavailable for a closed or broken link, kAuth for a TLS error.
+// deadline, otherwise PipeError's.
 Status ReadFull(Pipe& pipe, void* buf, size_t size, uint64_t deadline_us, Clock& clock);
 Status WriteFull(Pipe& pipe, const void* buf, size_t size, uint64_t deadline_us, Clock& clock);
 // Waits for readability (want_write false) or writability; kTimeout at deadline.

@@ -392,13 +392,10 @@ bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_pr
                                               : TERN_ERROR(kUnavailable, "peer closed mid-frame"));
       return false;
     }
-    // A TLS error here, after the hello exchange (where a certificate
-    // verdict arrives: tcp.cc), is a record that failed: corrupted on the
-    // wire or cut. The link's fault, not proof against the peer: the same
-    // kUnavailable as a reset, so that a relay is not taken for a liar.
-    Status why = s.pipe->encrypted() && io.error.rfind("TLS: ", 0) == 0
-                     ? TERN_ERROR(kUnavailable, "TLS record from ", peer_, " failed: ", io.error)
-                     : TERN_ERROR(kUnavailable, "read from ", peer_, ": ", io.error);
+    // A TLS record that failed here (corrupted on the wire or cut) is the
+    // link's fault, not proof against the peer: PipeError makes it the
+    // same kUnavailable as a reset, so that a relay is not taken for a liar.
+    Status why = PipeError(*s.pipe, io).WithContext("read from " + peer_);
     Fail(why, why);
     return false;
   }

@@ -5,6 +5,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,10 +16,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include <openssl/err.h>
-#include <openssl/evp.h>
-#include <openssl/ssl.h>
-#include <openssl/x509.h>
+#include "base/text.h"
 
 namespace tern::tcp {
 
@@ -169,7 +170,14 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
       while (WaitFd(fd, false, until, clock).ok() && ::recv(fd, sink, sizeof sink, 0) > 0) {
       }
     }
-    return TERN_ERROR(kAuth, "TLS handshake failed: ", why);
+    // kAuth for a verdict on a certificate: ours refusing the peer's
+    // (check.failure) or the peer's alert refusing ours. A handshake cut
+    // short, a record corrupted on the wire or a peer that does not speak
+    // TLS is the link's: kUnavailable, as on an established connection
+    // (PipeError), so that a relay is not taken for a liar.
+    const bool verdict = !check.failure.empty() || IsTlsCertificateAlert(why);
+    if (verdict) return TERN_ERROR(kAuth, "TLS handshake failed: ", why);
+    return TERN_ERROR(kUnavailable, "TLS handshake failed: ", why);
   }
   pipe->RecordPeer();
   return std::unique_ptr<Pipe>(std::move(pipe));

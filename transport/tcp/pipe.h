@@ -22,6 +22,7 @@ using net::Io;
 using net::IoResult;
 using net::NewPlainPipe;
 using net::Pipe;
+using net::PipeError;
 using net::ReadFull;
 using net::WaitFd;
 using net::WriteFull;

@@ -52,19 +52,6 @@ uint32_t ChooseTcpStreams(const TcpOptions& o) {
 
 namespace {
 
-// An OpenSSL error text that is an alert about our certificate: the
-// peer's verdict on it ("tlsv13 alert certificate required", "tlsv1 alert
-// unknown ca", "sslv3 alert bad certificate", "... certificate unknown",
-// "... access denied", and "sslv3 alert handshake failure", which OpenSSL
-// sends when its verify callback refuses a certificate), not a record that
-// failed on the wire ("... alert bad record mac").
-bool IsCertificateAlert(std::string_view error) {
-  if (error.find("alert") == std::string_view::npos) return false;
-  for (std::string_view about : {"certificate", "unknown ca", "access denied", "handshake failure"})
-    if (error.find(about) != std::string_view::npos) return true;
-  return false;
-}
-
 // ---- listening and connecting ----------------------------------------------
 
 // Shared by a listener, its accept thread and the handshake threads, which
@@ -296,29 +283,27 @@ class TcpTransport final : public Transport {
     for (auto& pipe : pipes) {
       uint8_t raw[kHeaderBytes];
       Status st = tcp::ReadFull(*pipe, raw, kHeaderBytes, deadline, clock_);
-      if (!st.ok() && tls_ && (st.code() == Code::kUnavailable || st.code() == Code::kAuth)) {
-        // In TLS 1.3 the server judges our certificate after our side of the
-        // handshake is done, so its verdict arrives here: an alert about
-        // the certificate is a refusal (kAuth). A bare hang-up is usually
-        // one whose alert was lost to a reset, but also a server that died
-        // or a connection cut just then; any other TLS failure (a record
-        // that fails its MAC: corrupted on the wire) is the link's. Those
-        // are kUnavailable, so that no one takes a dead or unlucky peer for
-        // one that refused us (or, in the agent, for a liar).
-        if (st.code() == Code::kAuth && IsCertificateAlert(st.message())) {
-          return TERN_ERROR(kAuth,
-                            "the server refused our TLS certificate (signed by another CA, "
-                            "or not among the clients it allows or pins?): ",
-                            st.message());
-        }
-        if (st.code() == Code::kUnavailable) {
-          return TERN_ERROR(kUnavailable,
-                            "the connection closed right after the TLS handshake: the server "
-                            "refused our TLS certificate (signed by another CA, or not among the "
-                            "clients it allows or pins?) and its alert was lost, or it went away: ",
-                            st.message());
-        }
-        return TERN_ERROR(kUnavailable, "TLS failed right after the handshake: ", st.message());
+      if (!st.ok() && tls_ && st.code() == Code::kAuth) {
+        // In TLS 1.3 the server judges our certificate after our side of
+        // the handshake is done, so its verdict arrives here, as an alert
+        // (PipeError makes only that kAuth).
+        return TERN_ERROR(kAuth,
+                          "the server refused our TLS certificate (signed by another CA, "
+                          "or not among the clients it allows or pins?): ",
+                          st.message());
+      }
+      if (!st.ok() && tls_ && st.code() == Code::kUnavailable) {
+        // A bare hang-up is usually a refusal whose alert was lost to a
+        // reset, but also a server that died or a connection cut just then,
+        // and a record that failed its MAC was corrupted on the wire. All
+        // kUnavailable, so that no one takes a dead or unlucky peer for one
+        // that refused us (or, in the agent, for a liar).
+        return TERN_ERROR(kUnavailable,
+                          "the connection failed right after the TLS handshake: the server "
+                          "refused our TLS certificate (signed by another CA, or not among the "
+                          "clients it allows or pins?) and its alert was lost, or it went away, "
+                          "or a record failed on the wire: ",
+                          st.message());
       }
       if (!st.ok()) return st.WithContext("waiting for the server's hello");
       FrameHeader h;

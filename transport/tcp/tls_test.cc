@@ -3,15 +3,19 @@
 // certificate from the same CA, the client's own), checks IP SANs for an IP
 // dial, honours pins; a server narrows its clients by name or pin. Every
 // case runs the real backend on 127.0.0.1.
-#include "transport/tcp/tls_identity.h"
-
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <thread>
 
 #include "tern/connect.h"
 #include "tern/tcp_transport.h"
 #include "transport/tcp/raw_peer_testing.h"
+#include "transport/tcp/tls_identity.h"
 #include "transport/test_certs.h"
 
 namespace tern::tcp {
@@ -211,6 +215,49 @@ TEST_F(TlsIdentity, MalformedNamesAndPinsAreRefusedAtLoad) {
   auto pin = ParseSha256Pin("sha256:" + std::string(64, 'F'));
   ASSERT_TRUE(pin.ok());
   EXPECT_EQ(*pin, std::string(32, '\xff'));
+}
+
+// A port that does not speak TLS fails the client's handshake with
+// kUnavailable, not kAuth: no certificate was judged, and the agent's relay
+// reads kAuth from a parent as evidence against it (docs/transport.md).
+TEST_F(TlsIdentity, APlainPortFailsTheHandshakeAsTheLinksFault) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  // Answers every stream's ClientHello with a plain HTTP reply and closes.
+  std::thread plain([fd] {
+    for (int i = 0; i < 2; ++i) {
+      const int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      char sink[4096];
+      (void)!::recv(c, sink, sizeof sink, 0);
+      static const char kReply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+      (void)!::send(c, kReply, sizeof kReply - 1, MSG_NOSIGNAL);
+      ::close(c);
+    }
+  });
+  TcpOptions o;
+  o.streams = 1;
+  o.handshake_timeout_ms = 20000;
+  o.log = [](std::string_view) {};
+  o.tls = pki_.client;
+  auto client = NewTcpTransport(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto c = ConnectWait(**client, "127.0.0.1:" + std::to_string(ntohs(a.sin_port)), {}, 30000,
+                       RetryPolicy{1, 10, 10});
+  ::shutdown(fd, SHUT_RDWR);
+  plain.join();
+  ::close(fd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kUnavailable) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("TLS handshake failed"), std::string::npos)
+      << c.status().ToString();
 }
 
 }  // namespace
