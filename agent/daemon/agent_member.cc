@@ -117,10 +117,13 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
       Post([this, ref, part_path, bytes] { MemberObjectPrefix(ref, part_path, bytes); });
     };
   }
-  cb.on_parent_failed = [this](uint32_t stripe, const Status& why) {
+  cb.on_parent_failed = [this](uint32_t stripe, const Status& why, ParentLoss loss) {
     MutexLock lock(mu_);
-    // Dropped for chunks that failed verification: the root hears of it.
-    if (why.code() == Code::kAuth && stripe < watch_.size()) watch_[stripe].failed_auth = true;
+    // Dropped for content that failed verification: the root hears of it.
+    // A TLS certificate refused at the dial (kAuth, kLink) is not that: a
+    // misconfigured or impostor parent is planned around when it stalls.
+    if (loss == ParentLoss::kBadContent && stripe < watch_.size())
+      watch_[stripe].failed_auth = true;
     if (stripe >= parent_redial_.size() || stripe >= parents_.parents.size()) return;
     // Dial again with backoff unless the root moves us meanwhile (it
     // re-plans when the parent is gone for good). The first failure is

@@ -71,7 +71,7 @@ void RelayNode::Impl::Handle(Event& e) {
                               : TERN_ERROR(kInvalidArgument, "stripe ", e.stripe, " of ", e.stripes,
                                            " (at most ", kMaxStripes, " stripes)");
         calls.push_back([this, s = e.stripe, st] {
-          if (callbacks.on_parent_failed) callbacks.on_parent_failed(s, st);
+          if (callbacks.on_parent_failed) callbacks.on_parent_failed(s, st, ParentLoss::kLink);
         });
         return;
       }
@@ -225,15 +225,15 @@ void RelayNode::Impl::CloseLink(Link& link) {
   for (const ObjectRef& ref : draining) RetireIfDrained(ref);
 }
 
-void RelayNode::Impl::FailParent(Link& link, Status why) {
+void RelayNode::Impl::FailParent(Link& link, Status why, ParentLoss loss) {
   const uint32_t stripe = link.stats.stripe;
   const bool current = parent_of[stripe] == link.id;
   Log(internal::StrCat("relay: parent ", link.stats.peer, " (stripe ", stripe,
                        ") failed: ", why.ToString()));
   CloseLink(link);
   if (current) {
-    calls.push_back([this, stripe, why = std::move(why)] {
-      if (callbacks.on_parent_failed) callbacks.on_parent_failed(stripe, why);
+    calls.push_back([this, stripe, why = std::move(why), loss] {
+      if (callbacks.on_parent_failed) callbacks.on_parent_failed(stripe, why, loss);
     });
   }
 }

@@ -21,9 +21,10 @@
 // bounds) never crash or hang the node: the message is refused with a logged
 // reason and, where the peer broke the protocol, its connection is closed.
 // A corrupt chunk is asked for again; a parent whose chunks fail SHA-256
-// bad_chunks_max times is dropped and reported (on_parent_failed, kAuth) so
-// the lead re-plans. A parent connection that fails is reported the same way
-// (its status); the node does not re-dial by itself: SetParent again.
+// bad_chunks_max times is dropped and reported (on_parent_failed, kAuth,
+// ParentLoss::kBadContent) so the lead re-plans. A parent connection that
+// fails is reported too (its status, kLink); the node does not re-dial by
+// itself: SetParent again.
 //
 // Bounds: objects held <= max_objects, children <= max_children, chunk
 // windows per parent link and object <= window_chunks and <= window_bytes
@@ -86,6 +87,15 @@ struct RelayOptions {
   uint32_t push_window_bytes = uint32_t{2} << 20;
 };
 
+// Why a parent link ended, for on_parent_failed. Only kBadContent is
+// evidence against the parent; a TLS certificate refused at the dial (by
+// either side: a configuration fault, or an impostor at that address) is
+// kLink, with its kAuth status.
+enum class ParentLoss : uint8_t {
+  kLink,        // the dial failed or the connection ended, or the parent broke the protocol
+  kBadContent,  // it sent a forged manifest, or a hash list or chunks failing their signed hashes
+};
+
 struct RelayCallbacks {
   // A verified manifest from a parent, before any byte of it is accepted:
   // return false to refuse (the lead's replay check). Null: accept.
@@ -99,9 +109,10 @@ struct RelayCallbacks {
   // Every chunk verified; the file is renamed to its final path (not synced:
   // nothing reads a received object after a restart).
   std::function<void(const ObjectRef&, const std::string& path)> on_object_complete;
-  // The parent link of `stripe` ended (closed, failed, or dropped for bad
-  // chunks: kAuth). Not called for a link SetParent replaced.
-  std::function<void(uint32_t stripe, const Status&)> on_parent_failed;
+  // The parent link of `stripe` ended: closed, failed, or dropped (`loss`
+  // says whether for content that failed verification). Not called for a
+  // link SetParent replaced.
+  std::function<void(uint32_t stripe, const Status&, ParentLoss loss)> on_parent_failed;
 };
 
 struct LinkStats {

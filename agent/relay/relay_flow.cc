@@ -47,7 +47,10 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     Log("relay: " + c.status.ToString());
     return;
   }
-  if (!c.status.ok()) return FailParent(link, c.status);  // forged or foreign: drop the parent
+  if (!c.status.ok()) {  // forged or foreign: drop the parent
+    return FailParent(link, c.status,
+                      c.status.code() == Code::kAuth ? ParentLoss::kBadContent : ParentLoss::kLink);
+  }
   if (retired.count(c.ref)) {
     Log("relay: " + ObjectName(c.ref) + " offered while its last sends drain; ignored");
     return;
@@ -114,8 +117,10 @@ void RelayNode::Impl::OnHashes(Link& link, std::string_view payload) {
   if (list.size() < o.count()) return;
   if (ChunkHashRoot(list) != o.meta.chunk_hashes_root) {
     list.clear();
-    return FailParent(link, TERN_ERROR(kAuth, "hash list of ", ObjectName(o.ref),
-                                       " does not match its signed root"));
+    return FailParent(
+        link,
+        TERN_ERROR(kAuth, "hash list of ", ObjectName(o.ref), " does not match its signed root"),
+        ParentLoss::kBadContent);
   }
   o.hashes = std::move(list);
   list.clear();
@@ -218,8 +223,10 @@ bool RelayNode::Impl::CheckLandedChunk(Link& link, Object& obj, FromParent& fp, 
     Log(internal::StrCat("relay: chunk ", i, " of ", ObjectName(obj.ref), " from ",
                          link.stats.peer, " failed SHA-256; asking again"));
     if (++link.bad_chunks >= options.bad_chunks_max) {
-      FailParent(link, TERN_ERROR(kAuth, "parent ", link.stats.peer, " sent ", link.bad_chunks,
-                                  " chunks that failed SHA-256"));
+      FailParent(link,
+                 TERN_ERROR(kAuth, "parent ", link.stats.peer, " sent ", link.bad_chunks,
+                            " chunks that failed SHA-256"),
+                 ParentLoss::kBadContent);
       return false;
     }
     return true;

@@ -216,7 +216,8 @@ struct RelayNode::Impl {
     return it == links.end() ? nullptr : it->second.get();
   }
   void CloseLink(Link& link) REQUIRES(mu);
-  void FailParent(Link& link, Status why) REQUIRES(mu);
+  // kLink unless `loss` says the parent sent content that failed verification.
+  void FailParent(Link& link, Status why, ParentLoss loss = ParentLoss::kLink) REQUIRES(mu);
   void DropPeer(Link& link, const Status& why) REQUIRES(mu);
   void Send(Link& link, std::string message) REQUIRES(mu) {
     if (link.conn) link.conn->SendMessage(std::move(message), [](Status) {});

@@ -124,9 +124,9 @@ struct Node {
       std::lock_guard<std::mutex> lock(mu);
       prefixes.push_back({part, bytes});
     };
-    cb.on_parent_failed = [this](uint32_t stripe, const Status& st) {
+    cb.on_parent_failed = [this](uint32_t stripe, const Status& st, ParentLoss loss) {
       std::lock_guard<std::mutex> lock(mu);
-      failures.push_back({stripe, st});
+      failures.push_back({stripe, st, loss});
     };
     relay = std::make_unique<RelayNode>(*t, env, base + "/" + name + "/objects", verifier, board,
                                         [name](std::string_view line) {
@@ -153,7 +153,11 @@ struct Node {
   }
   Status LastFailure() {
     std::lock_guard<std::mutex> lock(mu);
-    return failures.empty() ? Status::Ok() : failures.back().second;
+    return failures.empty() ? Status::Ok() : failures.back().why;
+  }
+  ParentLoss LastLoss() {
+    std::lock_guard<std::mutex> lock(mu);
+    return failures.empty() ? ParentLoss::kLink : failures.back().loss;
   }
   // The stats of this node's link to/from `peer`.
   LinkStats Link(const std::string& peer, bool parent) const {
@@ -169,7 +173,12 @@ struct Node {
   std::mutex mu;
   std::vector<std::string> completed;
   std::vector<std::pair<std::string, uint64_t>> prefixes;  // on_prefix_verified
-  std::vector<std::pair<uint32_t, Status>> failures;
+  struct Failure {
+    uint32_t stripe;
+    Status why;
+    ParentLoss loss;
+  };
+  std::vector<Failure> failures;
   std::unique_ptr<RelayNode> relay;  // last: destroyed first
 };
 
@@ -435,6 +444,7 @@ TEST_F(RelayTest, NodeOnTwoTransportsServesChildrenOnEach) {
   on_main->relay->SetParent(0, 1, "mid@lan", &stranger);
   ASSERT_TRUE(WaitFor([&] { return on_main->Failures() > 0; }));
   EXPECT_EQ(on_main->LastFailure().code(), Code::kInvalidArgument);
+  EXPECT_EQ(on_main->LastLoss(), ParentLoss::kLink);
 }
 
 // SUBSCRIBE carries the version the child serves, and a parent offers it
@@ -699,6 +709,7 @@ TEST_F(RelayTest, ResumesFromItsBitmapAfterTheParentChanges) {
   relay.Hangup();
   ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
   EXPECT_EQ(c->LastFailure().code(), Code::kUnavailable);
+  EXPECT_EQ(c->LastLoss(), ParentLoss::kLink);
   c->relay->SetParent(0, 1, "root");
   ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
   EXPECT_EQ(Stored("c", o), o.data);
@@ -786,6 +797,7 @@ TEST_F(RelayTest, ParentSendingBadChunksRepeatedlyIsReported) {
   relay.SendChunk(0, true).IgnoreError();
   ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
   EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
+  EXPECT_EQ(c->LastLoss(), ParentLoss::kBadContent);
   EXPECT_EQ(c->Verified(o.ref), 0u);
   // A good parent then serves the chunks the bad one never got right.
   auto root = MakeNode("root");
@@ -832,6 +844,7 @@ TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
     relay.OfferAndHashes(forged);
     ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
     EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
+    EXPECT_EQ(c->LastLoss(), ParentLoss::kBadContent);
     EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
   }
   {
@@ -845,6 +858,7 @@ TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
     relay.OfferAndHashes(*signer_.Sign(other));
     ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
     EXPECT_EQ(c->LastFailure().code(), Code::kMismatch);
+    EXPECT_EQ(c->LastLoss(), ParentLoss::kLink);
     EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
   }
   {
@@ -886,6 +900,7 @@ TEST_F(RelayTest, WrongHashListDropsTheParent) {
   relay.Send(EncodeHashes(h));
   ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
   EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
+  EXPECT_EQ(c->LastLoss(), ParentLoss::kBadContent);
   EXPECT_FALSE(c->relay->Progress(o.ref)->hashes_verified);
 }
 
