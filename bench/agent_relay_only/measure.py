@@ -27,11 +27,11 @@ import tempfile
 import threading
 import time
 
-# The CLI tests' throwaway PKI and the WAN driver's checkpoint reader.
+# The tests' throwaway PKI and the WAN driver's checkpoint reader.
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "..", "tests", "cli"), os.path.join(HERE, "..", "agent_wan")]
 from driver import tensors  # noqa: E402
-from test_agent import make_pki  # noqa: E402
+from pki import node_pki  # noqa: E402
 
 
 def wait_for(cond, seconds, what):
@@ -140,7 +140,7 @@ def main():
 
     tmp = a.keep or tempfile.mkdtemp(prefix="tern-relay-only-")
     os.makedirs(tmp, exist_ok=True)
-    make_pki(tmp)
+    node_pki(tmp)
     trace = a.trace or os.path.join(tmp, "trace")
     if not os.path.isdir(trace):
         subprocess.run([a.tern, "datagen", "--out", trace, "--params", a.params, "--steps", str(a.versions),

@@ -42,6 +42,10 @@ import sys
 import time
 import urllib.request
 
+# The tests' throwaway PKI (tests/cli/pki.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "cli"))
+from pki import node_pki  # noqa: E402
+
 
 def parse_wan_config(path):
     regions, links = [], {}
@@ -119,22 +123,6 @@ def machine_cpu_s():
     return (total - f[3] - f[4]) / os.sysconf("SC_CLK_TCK"), total / os.sysconf("SC_CLK_TCK")
 
 
-def make_pki(d, addresses):
-    def openssl(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-            "-subj", "/CN=tern-bench-ca", "-keyout", "ca.key", "-out", "ca.pem")
-    with open(os.path.join(d, "node.cnf"), "w") as f:
-        f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n" %
-                ",".join(["IP:127.0.0.1"] + ["IP:" + a for a in addresses]))
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=node",
-            "-keyout", "node.key", "-out", "node.csr")
-    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days",
-            "2", "-extfile", "node.cnf", "-out", "node.pem")
-    return ["--tls-cert", os.path.join(d, "node.pem"), "--tls-key", os.path.join(d, "node.key"),
-            "--tls-ca", os.path.join(d, "ca.pem")]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", required=True, help="the testbed's hosts file (NAME NS ADDRESS lines)")
@@ -166,7 +154,7 @@ def main():
                     "--lr", a.lr, "--threads", "1"], check=True, capture_output=True)
     print("datagen: %s parameters, %d steps in %.1f s" % (a.params, a.steps, time.time() - t0), flush=True)
 
-    sec = ["--no-tls"] if a.no_tls else make_pki(a.work, [h[2] for h in hosts])
+    sec = ["--no-tls"] if a.no_tls else node_pki(a.work, [h[2] for h in hosts])
     common = [a.agent, "--heartbeat-ms", "200"] + sec + a.agent_args.split()
     agents = []
     try:

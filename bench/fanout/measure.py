@@ -44,8 +44,9 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "agent_wan"))
-from driver import Agent, machine_cpu_s, make_pki, parse_wan_config, proc_cpu_s, tensors  # noqa: E402
+sys.path[:0] = [os.path.join(HERE, "..", "agent_wan"), os.path.join(HERE, "..", "..", "tests", "cli")]
+from driver import Agent, machine_cpu_s, parse_wan_config, proc_cpu_s, tensors  # noqa: E402
+from pki import node_pki  # noqa: E402
 
 HTTP_PORT = 8080
 MAX_VERSIONS = 64
@@ -174,7 +175,7 @@ def run_tern(a, hosts, regions, steps, work):
     root_name, root_ns, root_addr = hosts[0]
     root_region = region_of(root_name)
     relay_only = a.shape == "relay"
-    sec = ["--no-tls"] if a.no_tls else make_pki(work, [h[2] for h in hosts])
+    sec = ["--no-tls"] if a.no_tls else node_pki(work, [h[2] for h in hosts])
     common = [a.agent, "--heartbeat-ms", "200"] + sec + a.agent_args.split()
     agents = []
     rows = []

@@ -32,6 +32,7 @@ import time
 import unittest
 
 from etcd_server import EtcdServer, die_with_parent, free_ports
+from pki import Ca, node_pki
 
 TERN = None
 AGENT = None
@@ -54,17 +55,6 @@ def make_signing_keys(d, names):
         openssl("genpkey", "-algorithm", "ed25519", "-out", k + ".pem", cwd=d)
         openssl("pkey", "-in", k + ".pem", "-pubout", "-out", k + ".pub", cwd=d)
     return lambda name: os.path.join(d, name)
-
-
-def make_pki(d):
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-days", "2", "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    with open(os.path.join(d, "node.cnf"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=node",
-            "-keyout", "node.key", "-out", "node.csr", cwd=d)
-    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "node.cnf", "-out", "node.pem", cwd=d)
 
 
 def read(path):
@@ -158,7 +148,7 @@ class AgentCli(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp_ctx = tempfile.TemporaryDirectory(prefix="tern-agent-cli-")
         cls.tmp = cls.tmp_ctx.name
-        make_pki(cls.tmp)
+        node_pki(cls.tmp)
         subprocess.run([TERN, "datagen", "--out", os.path.join(cls.tmp, "trace"), "--params", "2M",
                         "--steps", "4", "--lr", "1e-5", "--threads", "1"], check=True, capture_output=True)
         with open(os.path.join(cls.tmp, "join.token"), "w") as f:
@@ -848,13 +838,7 @@ class AgentCli(unittest.TestCase):
         publishes. The flag without --admin-tls-cert is a usage error."""
         d = self.tmp
         if not os.path.exists(os.path.join(d, "rogue.pem")):
-            openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                    "-days", "2", "-subj", "/CN=rogue-ca", "-keyout", "rogue-ca.key", "-out",
-                    "rogue-ca.pem", cwd=d)
-            openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
-                    "/CN=rogue", "-keyout", "rogue.key", "-out", "rogue.csr", cwd=d)
-            openssl("x509", "-req", "-in", "rogue.csr", "-CA", "rogue-ca.pem", "-CAkey", "rogue-ca.key",
-                    "-CAcreateserial", "-days", "2", "-extfile", "node.cnf", "-out", "rogue.pem", cwd=d)
+            Ca(d, "rogue-ca").issue("rogue", ["IP:127.0.0.1", "DNS:localhost"])
         tls = ["--admin-tls-cert", os.path.join(d, "node.pem"),
                "--admin-tls-key", os.path.join(d, "node.key")]
         client_ca = ["--admin-tls-client-ca", os.path.join(d, "ca.pem")]

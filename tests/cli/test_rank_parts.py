@@ -30,6 +30,8 @@ import unittest
 import urllib.error
 import urllib.request
 
+from pki import node_pki
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = None
 
@@ -259,9 +261,7 @@ class RankParts(unittest.TestCase):
         self.assertEqual(served, {n: t.tobytes() for n, t in weights(3).items()})
 
     def test_over_tls(self):
-        sys.path.insert(0, HERE)
-        from test_agent import make_pki
-        make_pki(self.tmp)
+        node_pki(self.tmp)
         _, root_addr, admin = self.agent("root", [
             "--root", "--admin", "127.0.0.1:0", "--admin-token-file", self.token_file,
             "--admin-tls-cert", os.path.join(self.tmp, "node.pem"),
@@ -280,9 +280,7 @@ class RankParts(unittest.TestCase):
         """--admin-tls-client-ca: a rank without a client certificate is
         refused saying so; with one the CA signed (tern.Publisher's
         cert_pem/key_pem) it publishes."""
-        sys.path.insert(0, HERE)
-        from test_agent import make_pki
-        make_pki(self.tmp)
+        node_pki(self.tmp)
         ca = os.path.join(self.tmp, "ca.pem")
         _, root_addr, admin = self.agent("root", [
             "--root", "--admin", "127.0.0.1:0", "--admin-token-file", self.token_file,

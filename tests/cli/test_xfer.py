@@ -25,28 +25,20 @@ import sys
 import tempfile
 import unittest
 
+from pki import Ca
+
 TERN = None
 LOOPBACK_UCX = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
 
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 def make_pki(d):
     """A CA, a server certificate for 127.0.0.1, a client certificate, another
-    host's server certificate (all P-256, one CA), and a rogue CA."""
-    for ca in ("ca", "rogue"):
-        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                "-days", "2", "-subj", "/CN=" + ca, "-keyout", ca + ".key", "-out", ca + ".pem", cwd=d)
-    for who, names in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:client.tern.test"),
-                       ("wrong", "DNS:wrong.tern.test,IP:10.9.8.7")):
-        with open(os.path.join(d, who + ".cnf"), "w") as f:
-            f.write("subjectAltName=%s\n" % names)
-        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
-                "/CN=" + who, "-keyout", who + ".key", "-out", who + ".csr", cwd=d)
-        openssl("x509", "-req", "-in", who + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", who + ".cnf", "-out", who + ".pem", cwd=d)
+    host's server certificate (all P-256, one CA, any use), and a rogue CA."""
+    ca = Ca(d)
+    Ca(d, "rogue")
+    for who, names in (("server", ["IP:127.0.0.1", "DNS:localhost"]), ("client", ["DNS:client.tern.test"]),
+                       ("wrong", ["DNS:wrong.tern.test", "IP:10.9.8.7"])):
+        ca.issue(who, names, eku=None)
 
 
 def fingerprint(pem):

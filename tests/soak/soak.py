@@ -62,10 +62,9 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
 from etcd_server import EtcdServer, die_with_parent, free_ports, find_etcd  # noqa: E402
+from pki import Ca, faketime_lib  # noqa: E402
 
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, no proxy
-FAKETIME_LIBS = ["/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-                 "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"]
 WAN_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "wan", "wan.sh")
 KINDS = ["relay_kill", "conn_drop", "stall", "corrupt", "tamper", "root_kill", "disk_full", "clock_skew"]
 SKIP = 77
@@ -322,31 +321,12 @@ class Soak:
         fleet's certificates were issued before it started: the clock_skew
         fault sets a member's wall clock up to 300 s back, and a certificate
         issued "now" would not be valid yet on it."""
-        d = os.path.join(self.work, "pki")
-        os.makedirs(d)
-        lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
-        env = dict(os.environ, **({"LD_PRELOAD": lib, "FAKETIME": "-3600s", "FAKETIME_DONT_RESET": "1"}
-                                  if lib else {}))
-
-        def openssl(*args):
-            r = subprocess.run(["openssl", *args], cwd=d, env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError("openssl %s: %s" % (args[0], r.stderr.strip()[-400:]))
-
-        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "3",
-                "-subj", "/CN=tern-soak-ca", "-keyout", "ca.key", "-out", "ca.pem")
-        self.pki = {"ca": os.path.join(d, "ca.pem")}
+        ca = Ca(os.path.join(self.work, "pki"), "tern-soak-ca", days=3, backdate_s=3600)
+        self.pki = {"ca": ca.pem}
         for i, addr in enumerate(sorted(set(addresses))):
-            name = "host%d" % i
-            with open(os.path.join(d, name + ".cnf"), "w") as f:
-                f.write("subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n" % addr)
-            openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
-                    "/CN=" + addr, "-keyout", name + ".key", "-out", name + ".csr")
-            openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                    "-days", "3", "-extfile", name + ".cnf", "-out", name + ".pem")
-            self.pki[addr] = (os.path.join(d, name + ".pem"), os.path.join(d, name + ".key"))
+            self.pki[addr] = ca.issue("host%d" % i, ["IP:" + addr], cn=addr)
         self.note("TLS: a CA and %d host certificate(s) in %s (backdated 1 h: %s)" %
-                  (len(self.pki) - 1, d, "yes" if lib else "no, no libfaketime"))
+                  (len(self.pki) - 1, ca.dir, "yes" if ca.backdated else "no, no libfaketime"))
 
     def tls_flags(self, address):
         """tern-agent's transport flags for an agent on this host address."""
@@ -708,7 +688,7 @@ class Soak:
             rec["hold_s"] = round(hold_s, 1)
             self.later(hold_s, m.name + ": free the disk", self.free_disk)
         elif kind == "clock_skew":
-            lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
+            lib = faketime_lib()
             m = self.member_pick(exclude=[self.tmpfs_member])
             if lib is None or m is None:
                 rec["skipped"] = "no libfaketime" if lib is None else "no member free"
