@@ -199,8 +199,9 @@ Status Subscribe(tern_event_fn fn, void* user, tern_subscription** out, Attach a
   return Status::Ok();
 }
 
-// A batch of `events`, the C view of each event's names built once.
-std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events, std::string run = "") {
+// A batch of `events` from `run` (tern_events_run: the answering agent
+// process's, "" in process), the C view of each event's names built once.
+std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events, std::string run) {
   auto batch = std::make_unique<tern_events>();
   batch->events = std::move(events);
   batch->run = std::move(run);
@@ -218,12 +219,12 @@ std::unique_ptr<tern_events> BatchOf(std::vector<AgentEvent> events, std::string
 // poll that answers with another run than the call's first (the agent
 // restarted during the call) is asked again from seq 0; one that comes
 // back empty sooner than it was asked to wait (an agent that does not
-// wait) is followed by a pause, not at once by the next. *run: the run of
-// the last answer ("" from an agent older than the field).
+// wait) is followed by a pause, not at once by the next. Returns the last
+// answer: its events and its run ("" from an agent older than the field).
 constexpr uint32_t kPortWaitMsMax = 5000;
 
-Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
-                  uint32_t timeout_ms, std::vector<AgentEvent>* out, std::string* run_out) {
+Result<AgentEventPoll> ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
+                                  uint32_t timeout_ms) {
   TERN_REQUIRE(max_events >= 1 && max_events <= kMaxEvents, kOutOfRange, "max_events is ",
                max_events, ": want 1..", kMaxEvents);
   TERN_REQUIRE(timeout_ms <= kTimeoutMsMax, kOutOfRange, "timeout_ms is ", timeout_ms, ": at most ",
@@ -250,11 +251,7 @@ Status ClientWait(const tern_client* c, uint64_t after_seq, uint32_t max_events,
         continue;
       }
     }
-    if (!poll.events.empty() || wait == 0 || ms_left() <= 0) {
-      *out = std::move(poll.events);
-      *run_out = std::move(poll.run);
-      return Status::Ok();
-    }
+    if (!poll.events.empty() || wait == 0 || ms_left() <= 0) return poll;
     const int64_t early_ms =
         static_cast<int64_t>(wait) - std::chrono::duration_cast<std::chrono::milliseconds>(
                                          std::chrono::steady_clock::now() - asked)
@@ -286,7 +283,7 @@ tern_code tern_agent_wait_events(tern_agent* a, uint64_t after_seq, uint32_t max
     std::vector<tern::AgentEvent> events;
     TERN_RETURN_IF_ERROR(
         tern::capi::WaitSliced(a, after_seq, max_events, timeout_ms, &events, nullptr));
-    *out = tern::capi::BatchOf(std::move(events)).release();
+    *out = tern::capi::BatchOf(std::move(events), /*run=*/"").release();
     return Status::Ok();
   });
 }
@@ -297,11 +294,9 @@ tern_code tern_client_wait_events(tern_client* c, uint64_t after_seq, uint32_t m
     TERN_REQUIRE(out != nullptr, kInvalidArgument, "out is NULL");
     *out = nullptr;
     TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(c));
-    std::vector<tern::AgentEvent> events;
-    std::string run;
-    TERN_RETURN_IF_ERROR(
-        tern::capi::ClientWait(c, after_seq, max_events, timeout_ms, &events, &run));
-    *out = tern::capi::BatchOf(std::move(events), std::move(run)).release();
+    TERN_ASSIGN_OR_RETURN(tern::AgentEventPoll poll,
+                          tern::capi::ClientWait(c, after_seq, max_events, timeout_ms));
+    *out = tern::capi::BatchOf(std::move(poll.events), std::move(poll.run)).release();
     return Status::Ok();
   });
 }
