@@ -1,16 +1,22 @@
 #include "agent/ops/admin_http.h"
 
+#include <dirent.h>
 #include <httplib.h>
 #include <openssl/err.h>
 #include <signal.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -106,6 +112,50 @@ std::optional<uint64_t> ParseContentLength(const std::string& v) {
     n = n * 10 + static_cast<uint64_t>(c - '0');
   }
   return n;
+}
+
+// The private socket's directories that a killed agent left in `dir`
+// (SIGKILL runs no destructor): ours (same owner, 0700, named as mkdtemp
+// makes them), older than kStaleSocketDirS (another agent may be between
+// its mkdtemp and its bind), whose socket nobody listens on (connect
+// refused) or which has none. Removed with unlink + rmdir, which leave
+// anything else in place; at most kMaxSocketDirsScanned entries are looked
+// at per start. Returns how many were removed.
+constexpr int64_t kStaleSocketDirS = 60;
+constexpr uint32_t kMaxSocketDirsScanned = 4096;
+
+uint32_t SweepStaleSocketDirs(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  uint32_t removed = 0, scanned = 0;
+  const int64_t now = static_cast<int64_t>(::time(nullptr));
+  while (const dirent* e = ::readdir(d)) {
+    if (++scanned > kMaxSocketDirsScanned) break;
+    const std::string_view name = e->d_name;
+    if (name.size() != 17 || name.substr(0, 11) != "tern-admin-") continue;
+    const std::string path = dir + "/" + std::string(name);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+        (st.st_mode & 07777) != 0700 || now - static_cast<int64_t>(st.st_mtime) < kStaleSocketDirS)
+      continue;
+    const std::string sock = path + "/http.sock";
+    if (::lstat(sock.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode) || sock.size() >= sizeof(sockaddr_un::sun_path)) continue;
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::memcpy(a.sun_path, sock.c_str(), sock.size() + 1);
+      const bool refused =
+          ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == ECONNREFUSED;
+      ::close(fd);
+      if (!refused) continue;  // a live agent's (or one we cannot judge)
+      if (::unlink(sock.c_str()) != 0) continue;
+    }
+    if (::rmdir(path.c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 struct RouteEntry {
@@ -369,6 +419,10 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
     const char* tmp = std::getenv("TMPDIR");
     dir = tmp && *tmp ? tmp : "/tmp";
   }
+  if (const uint32_t swept = SweepStaleSocketDirs(dir); swept > 0) {
+    options.log("admin: removed " + std::to_string(swept) + " socket director" +
+                (swept == 1 ? "y" : "ies") + " in " + dir + " that killed agents left");
+  }
   std::string templ = dir + "/tern-admin-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) return TERN_ERRNO("admin: mkdtemp in ", dir);
   impl->socket_dir = templ;
@@ -509,6 +563,46 @@ AdminRoute MetricsRoute(std::function<std::string()> render) {
 
 namespace {
 
+// Ends a call at its deadline. httplib bounds each connect, read and write
+// on its own, so a server that sends its head one byte per read timeout
+// would hold a call for ever; ClientImpl::stop() from another thread shuts
+// the socket down (the one cross-thread call httplib supports), and the
+// call fails at once. A connect in progress holds httplib's socket lock, so
+// stop() waits for it: the connect is bounded by the deadline too (the
+// connection timeout), which keeps the whole call within about timeout_ms.
+class CallWatchdog {
+ public:
+  CallWatchdog(httplib::ClientImpl& client, std::chrono::steady_clock::time_point deadline)
+      : thread_([this, &client, deadline] {
+          MutexLock lock(mu_);
+          if (cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return done_; })) return;
+          fired_ = true;
+          client.stop();
+        }) {}
+  ~CallWatchdog() {
+    {
+      MutexLock lock(mu_);
+      done_ = true;
+    }
+    cv_.SignalAll();
+    thread_.join();
+  }
+  CallWatchdog(const CallWatchdog&) = delete;
+  CallWatchdog& operator=(const CallWatchdog&) = delete;
+  // Whether it stopped the call. Call after the call returned.
+  bool fired() {
+    MutexLock lock(mu_);
+    return fired_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  bool done_ GUARDED_BY(mu_) = false;
+  bool fired_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started when the rest is ready
+};
+
 Result<std::string> AdminCall(const char* method, std::string_view address, std::string_view path,
                               std::string_view body, const AdminClientOptions& options) {
   TERN_ASSIGN_OR_RETURN(AdminTarget target, ParseAdminAddress(address));
@@ -563,11 +657,16 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
     httplib::Response res;
     httplib::Error err = httplib::Error::Success;
     if (tls) ERR_clear_error();  // what is queued after send is this request's
-    const bool sent = cli.send(req, res, err);
+    bool sent = false, stopped = false;
+    {
+      CallWatchdog watchdog(cli, deadline);
+      sent = cli.send(req, res, err);
+      stopped = watchdog.fired();
+    }
     TERN_REQUIRE(!too_big, kResourceExhausted, "admin ", where, ": reply over ",
                  options.max_reply_bytes, " bytes");
-    TERN_REQUIRE(!too_slow, kTimeout, "admin ", where, ": reply took over ", options.timeout_ms,
-                 " ms");
+    TERN_REQUIRE(!too_slow && !(stopped && !sent), kTimeout, "admin ", where,
+                 ": no complete reply within ", options.timeout_ms, " ms");
     if (!sent && tls) {
       bool refused = false;
       const std::string why = HttpsClientTls::HandshakeError(&refused);
@@ -579,11 +678,7 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
       // The server's alert about our certificate. Under TLS 1.3 the client
       // finishes its handshake before the server has checked it, so the
       // alert arrives at the first read.
-      if (why.find("alert certificate required") != std::string::npos ||
-          why.find("alert unknown ca") != std::string::npos ||
-          why.find("alert bad certificate") != std::string::npos ||
-          why.find("alert unsupported certificate") != std::string::npos ||
-          why.find("alert certificate unknown") != std::string::npos) {
+      if (IsTlsCertificateAlert(why)) {
         if (options.cert_pem.empty()) {
           return TERN_ERROR(kAuth, "admin ", where,
                             ": the server requires a client certificate and none was given "
