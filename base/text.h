@@ -60,8 +60,9 @@ bool IsLoopbackHost(const std::string& host);
 // "... unsupported certificate", "... access denied", and "sslv3 alert
 // handshake failure", which OpenSSL sends when its verify callback refuses a
 // certificate. Not a record that failed on the wire ("... alert bad record
-// mac"), nor a hang-up. Shared by the transport's TLS and the admin client,
-// which both tell a refusal (kAuth) from a broken link (kUnavailable).
+// mac"), nor a hang-up. Shared by the transport's TLS, the admin client
+// and the etcd client, which all tell a refusal (kAuth) from a broken link
+// (kUnavailable).
 bool IsTlsCertificateAlert(std::string_view openssl_error);
 
 }  // namespace tern

@@ -285,11 +285,7 @@ struct EtcdClient::Impl {
                         " and name ", ep.host, " in its subjectAltName");
     }
     // Alerts that say etcd refused our certificate, or the lack of one.
-    const bool refused_us =
-        tls_detail.find("certificate required") != std::string::npos ||
-        tls_detail.find("alert bad certificate") != std::string::npos ||
-        tls_detail.find("alert unknown ca") != std::string::npos ||
-        tls_detail.find("alert handshake failure") != std::string::npos;
+    const bool refused_us = IsTlsCertificateAlert(tls_detail);
     if (ep.tls && refused_us) {
       return TERN_ERROR(kAuth, "etcd ", where, ": etcd refused the TLS handshake", detail,
                         tls->has_client_cert()

@@ -1,6 +1,7 @@
 #include "agent/ops/admin_http.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <httplib.h>
 #include <openssl/err.h>
 #include <signal.h>
@@ -116,45 +117,65 @@ std::optional<uint64_t> ParseContentLength(const std::string& v) {
 
 // The private socket's directories that a killed agent left in `dir`
 // (SIGKILL runs no destructor): ours (same owner, 0700, named as mkdtemp
-// makes them), older than kStaleSocketDirS (another agent may be between
-// its mkdtemp and its bind), whose socket nobody listens on (connect
-// refused) or which has none. Removed with unlink + rmdir, which leave
-// anything else in place; at most kMaxSocketDirsScanned entries are looked
-// at per start. Returns how many were removed.
+// makes them), whose socket nobody listens on (a connect refused at once),
+// and older than kStaleSocketDirS by the file system's clock (`fs_now`: the
+// mtime of the directory this start just made), so that a process whose
+// clock is skewed cannot take another agent's socket for dead between its
+// bind and its listen. A directory without a socket is left alone (its
+// agent may be between mkdtemp and bind). Everything is reached through
+// directory descriptors opened without following links, and the connect
+// through /proc/self/fd, so a link swapped into a shared, non-sticky
+// directory leads nowhere; the connect is non-blocking, so a live agent
+// that does not accept (stopped, wedged, its backlog full) is left alone
+// without a wait. At most kMaxSocketDirsScanned directories named so are
+// looked at per start. Returns how many were removed.
 constexpr int64_t kStaleSocketDirS = 60;
-constexpr uint32_t kMaxSocketDirsScanned = 4096;
+constexpr uint32_t kMaxSocketDirsScanned = 256;
 
-uint32_t SweepStaleSocketDirs(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  uint32_t removed = 0, scanned = 0;
-  const int64_t now = static_cast<int64_t>(::time(nullptr));
+// Whether nobody listens on the socket `name` in directory `dir_fd`.
+bool NobodyListens(int dir_fd, const char* name) {
+  const std::string path = "/proc/self/fd/" + std::to_string(dir_fd) + "/" + name;
+  sockaddr_un a{};
+  if (path.size() >= sizeof a.sun_path) return false;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  const bool refused =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == ECONNREFUSED;
+  ::close(fd);
+  return refused;
+}
+
+uint32_t SweepStaleSocketDirs(const std::string& dir, int64_t fs_now) {
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return 0;
+  const int list_fd = ::dup(dir_fd);
+  DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
+  if (d == nullptr) {
+    if (list_fd >= 0) ::close(list_fd);
+    ::close(dir_fd);
+    return 0;
+  }
+  uint32_t removed = 0, looked = 0;
   while (const dirent* e = ::readdir(d)) {
-    if (++scanned > kMaxSocketDirsScanned) break;
     const std::string_view name = e->d_name;
     if (name.size() != 17 || name.substr(0, 11) != "tern-admin-") continue;
-    const std::string path = dir + "/" + std::string(name);
-    struct stat st;
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
-        (st.st_mode & 07777) != 0700 || now - static_cast<int64_t>(st.st_mtime) < kStaleSocketDirS)
-      continue;
-    const std::string sock = path + "/http.sock";
-    if (::lstat(sock.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode) || sock.size() >= sizeof(sockaddr_un::sun_path)) continue;
-      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd < 0) continue;
-      sockaddr_un a{};
-      a.sun_family = AF_UNIX;
-      std::memcpy(a.sun_path, sock.c_str(), sock.size() + 1);
-      const bool refused =
-          ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == ECONNREFUSED;
-      ::close(fd);
-      if (!refused) continue;  // a live agent's (or one we cannot judge)
-      if (::unlink(sock.c_str()) != 0) continue;
-    }
-    if (::rmdir(path.c_str()) == 0) ++removed;
+    if (++looked > kMaxSocketDirsScanned) break;
+    const int sub = ::openat(dir_fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) continue;
+    struct stat st, sock;
+    const bool stale =
+        ::fstat(sub, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 07777) == 0700 &&
+        fs_now - static_cast<int64_t>(st.st_mtime) >= kStaleSocketDirS &&
+        ::fstatat(sub, "http.sock", &sock, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(sock.st_mode) &&
+        sock.st_uid == ::geteuid() && NobodyListens(sub, "http.sock");
+    const bool emptied = stale && ::unlinkat(sub, "http.sock", 0) == 0;
+    ::close(sub);
+    if (emptied && ::unlinkat(dir_fd, e->d_name, AT_REMOVEDIR) == 0) ++removed;
   }
   ::closedir(d);
+  ::close(dir_fd);
   return removed;
 }
 
@@ -419,12 +440,14 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options,
     const char* tmp = std::getenv("TMPDIR");
     dir = tmp && *tmp ? tmp : "/tmp";
   }
-  if (const uint32_t swept = SweepStaleSocketDirs(dir); swept > 0) {
-    options.log("admin: removed " + std::to_string(swept) + " socket director" +
-                (swept == 1 ? "y" : "ies") + " in " + dir + " that killed agents left");
-  }
   std::string templ = dir + "/tern-admin-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) return TERN_ERRNO("admin: mkdtemp in ", dir);
+  if (struct stat made; ::stat(templ.c_str(), &made) == 0) {
+    if (const uint32_t swept = SweepStaleSocketDirs(dir, made.st_mtime); swept > 0) {
+      options.log("admin: removed " + std::to_string(swept) + " socket director" +
+                  (swept == 1 ? "y" : "ies") + " in " + dir + " that killed agents left");
+    }
+  }
   impl->socket_dir = templ;
   impl->socket_path = templ + "/http.sock";
   if (impl->socket_path.size() >= 100) {  // sockaddr_un::sun_path is 108 bytes
@@ -564,20 +587,28 @@ AdminRoute MetricsRoute(std::function<std::string()> render) {
 namespace {
 
 // Ends a call at its deadline. httplib bounds each connect, read and write
-// on its own, so a server that sends its head one byte per read timeout
-// would hold a call for ever; ClientImpl::stop() from another thread shuts
-// the socket down (the one cross-thread call httplib supports), and the
-// call fails at once. A connect in progress holds httplib's socket lock, so
-// stop() waits for it: the connect is bounded by the deadline too (the
-// connection timeout), which keeps the whole call within about timeout_ms.
+// on its own (and holds its socket lock through a TLS handshake, so even
+// its ClientImpl::stop() waits that out): a server sending its head, or
+// its handshake, a byte per read timeout would hold a call for ever. The
+// watchdog keeps a duplicate of the call's socket (httplib's socket
+// options hook hands it over as soon as it is made) and shuts the
+// connection down at the deadline: every read, write and handshake step
+// on it then fails at once. The duplicate keeps the descriptor from being
+// reused while the watchdog may still shut it down.
 class CallWatchdog {
  public:
-  CallWatchdog(httplib::ClientImpl& client, std::chrono::steady_clock::time_point deadline)
-      : thread_([this, &client, deadline] {
+  explicit CallWatchdog(std::chrono::steady_clock::time_point deadline)
+      : thread_([this, deadline] {
           MutexLock lock(mu_);
           if (cv_.WaitUntil(deadline, [this]() REQUIRES(mu_) { return done_; })) return;
           fired_ = true;
-          client.stop();
+          // A socket not made or not connected yet ignores a shutdown
+          // (ENOTCONN; httplib bounds the connect by the same timeout):
+          // tried again every 20 ms until it takes or the call returns.
+          while (fd_ < 0 || ::shutdown(fd_, SHUT_RDWR) != 0) {
+            const auto again = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+            if (cv_.WaitUntil(again, [this]() REQUIRES(mu_) { return done_; })) return;
+          }
         }) {}
   ~CallWatchdog() {
     {
@@ -586,10 +617,20 @@ class CallWatchdog {
     }
     cv_.SignalAll();
     thread_.join();
+    MutexLock lock(mu_);
+    if (fd_ >= 0) ::close(fd_);
   }
   CallWatchdog(const CallWatchdog&) = delete;
   CallWatchdog& operator=(const CallWatchdog&) = delete;
-  // Whether it stopped the call. Call after the call returned.
+
+  // For httplib's set_socket_options: called with each socket it makes
+  // (one per call: keep-alive is off), before it connects.
+  void Watch(int fd) {
+    MutexLock lock(mu_);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  }
+  // Whether the deadline passed before the call returned.
   bool fired() {
     MutexLock lock(mu_);
     return fired_;
@@ -600,6 +641,7 @@ class CallWatchdog {
   CondVar cv_{&mu_};
   bool done_ GUARDED_BY(mu_) = false;
   bool fired_ GUARDED_BY(mu_) = false;
+  int fd_ GUARDED_BY(mu_) = -1;
   std::thread thread_;  // last: started when the rest is ready
 };
 
@@ -659,14 +701,17 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
     if (tls) ERR_clear_error();  // what is queued after send is this request's
     bool sent = false, stopped = false;
     {
-      CallWatchdog watchdog(cli, deadline);
+      CallWatchdog watchdog(deadline);
+      cli.set_socket_options([&watchdog](socket_t fd) { watchdog.Watch(fd); });
       sent = cli.send(req, res, err);
       stopped = watchdog.fired();
     }
     TERN_REQUIRE(!too_big, kResourceExhausted, "admin ", where, ": reply over ",
                  options.max_reply_bytes, " bytes");
-    TERN_REQUIRE(!too_slow && !(stopped && !sent), kTimeout, "admin ", where,
-                 ": no complete reply within ", options.timeout_ms, " ms");
+    // Also when httplib took the shutdown for the end of a body without a
+    // length: what came may be cut short.
+    TERN_REQUIRE(!too_slow && !stopped, kTimeout, "admin ", where, ": no complete reply within ",
+                 options.timeout_ms, " ms");
     if (!sent && tls) {
       bool refused = false;
       const std::string why = HttpsClientTls::HandshakeError(&refused);

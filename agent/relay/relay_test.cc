@@ -717,6 +717,25 @@ TEST_F(RelayTest, ResumesFromItsBitmapAfterTheParentChanges) {
   EXPECT_EQ(c->Link("root", true).chunks_in, 7u);
 }
 
+// A dial refused over a certificate (kAuth, by either side) says nothing
+// about what the parent would send: the loss is the link's, so the agent
+// does not report the parent as sending bad chunks.
+TEST_F(RelayTest, ACertificateRefusedAtTheDialIsALinkLoss) {
+  auto root = MakeNode("root");
+  const TestObject o = Publish(*root);
+  FaultPolicy refused;
+  refused.refuse_connects = 1;
+  refused.refuse_code = Code::kAuth;
+  auto c = MakeNode("c", {}, refused);
+  c->relay->SetParent(0, 1, "root");
+  ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
+  EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
+  EXPECT_EQ(c->LastLoss(), ParentLoss::kLink);
+  c->relay->SetParent(0, 1, "root");  // the next dial is let through
+  ASSERT_TRUE(WaitFor([&] { return c->Complete(); }));
+  EXPECT_EQ(Stored("c", o), o.data);
+}
+
 // A relay that rewrites a chunk and its XXH3: the transport passes it, the
 // SHA-256 check refuses it, and the chunk is asked for again.
 TEST_F(RelayTest, ChunkFailingSha256IsFetchedAgain) {

@@ -23,8 +23,11 @@ namespace tern {
 
 struct FaultPolicy {
   uint64_t seed = 1;
-  // Connect() fails with kUnavailable for the first N attempts.
+  // Connect() fails for the first N attempts, with refuse_code
+  // (kUnavailable: nobody answered; kAuth: as a TLS dial whose certificate
+  // was refused, by either side).
   uint32_t refuse_connects = 0;
+  Code refuse_code = Code::kUnavailable;
   // A connection made or accepted here is closed (kUnavailable) once more
   // than this many bytes (messages + chunks, sent and received) crossed it;
   // 0 = never. Applies to the first `drop_connections` connections that

@@ -309,7 +309,7 @@ class FaultTransportImpl final : public FaultTransport {
       MutexLock lock(shared_->mu);
       if (shared_->connects++ < shared_->policy.refuse_connects) {
         ++shared_->stats.refused;
-        done(TERN_ERROR(kUnavailable, "fault: connection to ", address, " refused"));
+        done(Status(shared_->policy.refuse_code, "fault: connection to " + address + " refused"));
         return;
       }
     }

@@ -394,7 +394,8 @@ bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_pr
     }
     // A TLS record that failed here (corrupted on the wire or cut) is the
     // link's fault, not proof against the peer: PipeError makes it the
-    // same kUnavailable as a reset, so that a relay is not taken for a liar.
+    // same kUnavailable as a reset (kAuth only for an alert refusing our
+    // certificate, which comes right after the handshake if at all).
     Status why = PipeError(*s.pipe, io).WithContext("read from " + peer_);
     Fail(why, why);
     return false;
@@ -478,8 +479,7 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
       *blocked = io.io == Io::kWantWrite;
       return true;
     }
-    Status why = TERN_ERROR(kUnavailable, "write to ", peer_, ": ",
-                            io.io == Io::kEof ? "connection closed" : io.error);
+    Status why = PipeError(*s.pipe, io).WithContext("write to " + peer_);
     Fail(why, why);
     return false;
   }

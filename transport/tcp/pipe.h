@@ -45,8 +45,10 @@ class TlsContext {
 // Runs the TLS handshake on a connected non-blocking socket by the deadline;
 // takes ownership of fd either way. A client checks the server's certificate
 // against the configured server name, else dialled_host (a server ignores
-// it). Failures are kAuth (credentials or identity, with the reason) or
-// kTimeout.
+// it). Failures: kAuth for a verdict on a certificate (ours on the peer's,
+// or the peer's alert on ours), with the reason; kUnavailable for a
+// handshake cut short or corrupted, or a peer that does not speak TLS;
+// kTimeout at the deadline.
 Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool server,
                                            const std::string& dialled_host, uint64_t deadline_us,
                                            Clock& clock);

@@ -230,6 +230,13 @@ TEST_F(TlsIdentity, APlainPortFailsTheHandshakeAsTheLinksFault) {
   ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(::listen(fd, 8), 0);
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  TcpOptions o;
+  o.streams = 1;
+  o.handshake_timeout_ms = 20000;
+  o.log = [](std::string_view) {};
+  o.tls = pki_.client;
+  auto client = NewTcpTransport(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
   // Answers every stream's ClientHello with a plain HTTP reply and closes.
   std::thread plain([fd] {
     for (int i = 0; i < 2; ++i) {
@@ -242,13 +249,6 @@ TEST_F(TlsIdentity, APlainPortFailsTheHandshakeAsTheLinksFault) {
       ::close(c);
     }
   });
-  TcpOptions o;
-  o.streams = 1;
-  o.handshake_timeout_ms = 20000;
-  o.log = [](std::string_view) {};
-  o.tls = pki_.client;
-  auto client = NewTcpTransport(o);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
   auto c = ConnectWait(**client, "127.0.0.1:" + std::to_string(ntohs(a.sin_port)), {}, 30000,
                        RetryPolicy{1, 10, 10});
   ::shutdown(fd, SHUT_RDWR);
