@@ -20,6 +20,7 @@
 #include "agent/etcd/etcd.h"
 #include "agent/etcd/etcd_board_log.h"
 #include "agent/testing/etcd_test_server.h"
+#include "base/loopback_testing.h"
 #include "tern/clock.h"
 #include "tern/version_manifest.h"
 
@@ -226,17 +227,10 @@ TEST(EtcdSecurityTest, TokensFromTheGatewayAreCheckedAndRenewedAtMostOnce) {
 
 // A TLS handshake that never completes ends within the request deadline.
 TEST(EtcdSecurityTest, AStalledTlsHandshakeEndsWithinTheDeadline) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);  // the kernel accepts; nobody ever answers
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  testnet::LoopbackListener listener(4);  // the kernel accepts; nobody ever answers
+  ASSERT_TRUE(listener.ok());
   EtcdOptions o;
-  o.endpoints = {"https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
+  o.endpoints = {"https://" + listener.address()};
   o.timeout_ms = 500;
   auto c = Client(o);
   const auto start = steady_clock::now();
@@ -244,7 +238,6 @@ TEST(EtcdSecurityTest, AStalledTlsHandshakeEndsWithinTheDeadline) {
   const auto took = steady_clock::now() - start;
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
   EXPECT_LT(took, milliseconds(2500));
-  ::close(fd);
 }
 
 #define START_ETCD(var, options)                                                  \

@@ -23,6 +23,7 @@
 
 #include "agent/ops/admin_test_util.h"
 #include "agent/ops/metrics.h"
+#include "base/loopback_testing.h"
 #include "base/text.h"
 #include "transport/test_certs.h"
 
@@ -415,21 +416,14 @@ TEST_F(AdminTest, ClientBoundsReplySizeAndTime) {
 TEST(AdminClient, ATricklingServerIsCutAtTheDeadline) {
   for (const bool tls : {false, true}) {
     SCOPED_TRACE(tls ? "https" : "http");
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    ASSERT_EQ(::listen(fd, 4), 0);
-    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    testnet::LoopbackListener listener(4);
+    ASSERT_TRUE(listener.ok());
     std::atomic<bool> stop{false};
     // An HTTP head that never ends, or a TLS handshake record of 16 KiB.
     const std::string bytes = tls ? std::string("\x16\x03\x03\x40\x00", 5) + std::string(4000, '\0')
                                   : "HTTP/1.1 200 OK\r\nX-Pad: " + std::string(4000, 'a');
     std::thread trickle([&] {
-      const int c = ::accept(fd, nullptr, nullptr);
+      const int c = ::accept(listener.fd(), nullptr, nullptr);
       if (c < 0) return;
       for (size_t i = 0; i < bytes.size() && !stop; ++i) {
         if (::send(c, &bytes[i], 1, MSG_NOSIGNAL) != 1) break;
@@ -438,14 +432,12 @@ TEST(AdminClient, ATricklingServerIsCutAtTheDeadline) {
       ::close(c);
     });
     const auto t0 = Clock::now();
-    auto r = AdminGet(
-        std::string(tls ? "https://" : "") + "127.0.0.1:" + std::to_string(ntohs(a.sin_port)),
-        "/status", WithTimeout(1000));
+    auto r = AdminGet(std::string(tls ? "https://" : "") + listener.address(), "/status",
+                      WithTimeout(1000));
     const auto took = Clock::now() - t0;
     stop = true;
-    ::shutdown(fd, SHUT_RDWR);
+    ::shutdown(listener.fd(), SHUT_RDWR);
     trickle.join();
-    ::close(fd);
     EXPECT_EQ(r.status().code(), Code::kTimeout) << r.status().ToString();
     EXPECT_NE(r.status().message().find("no complete reply within 1000 ms"), std::string::npos)
         << r.status().ToString();
@@ -454,16 +446,7 @@ TEST(AdminClient, ATricklingServerIsCutAtTheDeadline) {
 }
 
 TEST(AdminClient, NobodyListeningIsUnavailable) {
-  // A port that was just free: bind, read it, close.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  auto r = AdminGet("127.0.0.1:" + std::to_string(ntohs(a.sin_port)), "/status", WithTimeout(1000));
+  auto r = AdminGet(testnet::UnusedLoopbackAddress(), "/status", WithTimeout(1000));
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
   EXPECT_EQ(AdminGet("127.0.0.1:1", "/bad path").status().code(), Code::kInvalidArgument);
   // A query of names, numbers, '=', '&', '.', '-' and percent escapes goes

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/loopback_testing.h"
 #include "tern/connect.h"
 #include "tern/tcp_transport.h"
 #include "transport/tcp/connection.h"
@@ -279,14 +280,9 @@ TEST_F(MessageWireServer, MinimumVersion2ClientDoesNotFallBack) {
 // hello with a version-1 HELLO_ACK of code 14 and connection id 0 (it could
 // not decode the hello), and accepts a version-1 hello.
 TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
-  int listen_fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(listen_fd, 4), 0);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  testnet::LoopbackListener listener(4);
+  ASSERT_TRUE(listener.ok());
+  const int listen_fd = listener.fd();
   std::vector<uint8_t> offered;
   std::thread old_server([&] {
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -322,8 +318,7 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
   o.log = [](std::string_view) {};
   auto t = NewTcpTransport(o);
   ASSERT_TRUE(t.ok());
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  auto c = ConnectWait(**t, address, {}, 30000, RetryPolicy{1, 10, 10});
+  auto c = ConnectWait(**t, listener.address(), {}, 30000, RetryPolicy{1, 10, 10});
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (c.ok()) {
     auto* tcp = dynamic_cast<TcpConnection*>(c->get());
@@ -334,7 +329,6 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
     (*c)->Close();
   }
   old_server.join();  // (waits out its 20 s accept when the client gave up)
-  ::close(listen_fd);
   EXPECT_EQ(offered, (std::vector<uint8_t>{2, 1}));
 }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <thread>
 
+#include "base/loopback_testing.h"
 #include "tern/connect.h"
 #include "tern/tcp_transport.h"
 #include "transport/tcp/raw_peer_testing.h"
@@ -221,15 +222,8 @@ TEST_F(TlsIdentity, MalformedNamesAndPinsAreRefusedAtLoad) {
 // kUnavailable, not kAuth: no certificate was judged, and the agent's relay
 // reads kAuth from a parent as evidence against it (docs/transport.md).
 TEST_F(TlsIdentity, APlainPortFailsTheHandshakeAsTheLinksFault) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 8), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  testnet::LoopbackListener listener;
+  ASSERT_TRUE(listener.ok());
   TcpOptions o;
   o.streams = 1;
   o.handshake_timeout_ms = 20000;
@@ -238,7 +232,7 @@ TEST_F(TlsIdentity, APlainPortFailsTheHandshakeAsTheLinksFault) {
   auto client = NewTcpTransport(o);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   // Answers every stream's ClientHello with a plain HTTP reply and closes.
-  std::thread plain([fd] {
+  std::thread plain([fd = listener.fd()] {
     for (int i = 0; i < 2; ++i) {
       const int c = ::accept(fd, nullptr, nullptr);
       if (c < 0) return;
@@ -249,11 +243,9 @@ TEST_F(TlsIdentity, APlainPortFailsTheHandshakeAsTheLinksFault) {
       ::close(c);
     }
   });
-  auto c = ConnectWait(**client, "127.0.0.1:" + std::to_string(ntohs(a.sin_port)), {}, 30000,
-                       RetryPolicy{1, 10, 10});
-  ::shutdown(fd, SHUT_RDWR);
+  auto c = ConnectWait(**client, listener.address(), {}, 30000, RetryPolicy{1, 10, 10});
+  ::shutdown(listener.fd(), SHUT_RDWR);
   plain.join();
-  ::close(fd);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Code::kUnavailable) << c.status().ToString();
   EXPECT_NE(c.status().message().find("TLS handshake failed"), std::string::npos)
