@@ -120,8 +120,11 @@ Result<RelayNode*> AgentImpl::EnsureRelay(const BoardId& board) {
   cb.on_parent_failed = [this](uint32_t stripe, const Status& why, ParentLoss loss) {
     MutexLock lock(mu_);
     // Dropped for content that failed verification: the root hears of it.
-    // A TLS certificate refused at the dial (kAuth, kLink) is not that: a
-    // misconfigured or impostor parent is planned around when it stalls.
+    // A TLS certificate refused at the dial, or a manifest signed by a key
+    // this member does not trust (kAuth, kLink), is not that: a
+    // misconfigured or impostor parent is planned around when it stalls, and
+    // a key set this member has not applied yet arrives on its control
+    // connection.
     if (loss == ParentLoss::kBadContent && stripe < watch_.size())
       watch_[stripe].failed_auth = true;
     if (stripe >= parent_redial_.size() || stripe >= parents_.parents.size()) return;

@@ -127,8 +127,19 @@ TEST_F(KeySetTest, RotationRevokesTheOldKeyForManifestsBeaconsAndKeySets) {
   const std::string beacon_a = *SignBeacon(a_, Beacon());
   ASSERT_TRUE(verifier_.Verify(manifest_a).ok());
   ASSERT_TRUE(VerifyBeacon(verifier_, beacon_a).ok());
-  // B signed by nobody trusted yet.
-  EXPECT_EQ(verifier_.Verify(*b_.Sign(Manifest(2))).status().code(), Code::kAuth);
+  // B signed by nobody trusted yet. The verifier says which refusal it was:
+  // the key, not the bytes.
+  SignerStanding signer = SignerStanding::kTrusted;
+  EXPECT_EQ(verifier_.Verify(*b_.Sign(Manifest(2)), &signer).status().code(), Code::kAuth);
+  EXPECT_EQ(signer, SignerStanding::kUnknown);
+  ASSERT_TRUE(verifier_.Verify(manifest_a, &signer).ok());
+  EXPECT_EQ(signer, SignerStanding::kTrusted);
+  std::string altered = manifest_a;
+  altered.back() ^= 1;  // a bit of the signature
+  EXPECT_EQ(verifier_.Verify(altered, &signer).status().code(), Code::kAuth);
+  EXPECT_EQ(signer, SignerStanding::kTrusted);  // a trusted key id, the bytes altered
+  EXPECT_EQ(verifier_.Verify(manifest_a.substr(0, 10), &signer).status().code(), Code::kCorrupt);
+  EXPECT_EQ(signer, SignerStanding::kNotRead);
 
   const std::string ks1 = *SignKeySet(a_, MakeKeySet(1, {{b_.public_key(), 0}}, {a_.key_id()}));
   auto applied = ApplyKeySet(verifier_, ks1);
@@ -142,8 +153,10 @@ TEST_F(KeySetTest, RotationRevokesTheOldKeyForManifestsBeaconsAndKeySets) {
   EXPECT_TRUE(VerifyBeacon(verifier_, *SignBeacon(b_, Beacon())).ok());
   // Everything A signs now, old or new, is refused, naming A's key id.
   for (const std::string& s : {manifest_a, *a_.Sign(Manifest(3))}) {
-    const Status st = verifier_.Verify(s).status();
+    signer = SignerStanding::kTrusted;
+    const Status st = verifier_.Verify(s, &signer).status();
     EXPECT_EQ(st.code(), Code::kAuth);
+    EXPECT_EQ(signer, SignerStanding::kRevoked);
     EXPECT_NE(st.message().find("revoked key id " + KeyIdHex(a_.key_id())), std::string::npos)
         << st.ToString();
   }
@@ -213,8 +226,10 @@ TEST_F(KeySetTest, ExpiredKeysSignNothing) {
   now_ms_ = kWallMs + 1000;  // not_after is the last valid millisecond
   EXPECT_TRUE(verifier_.Verify(manifest_b).ok());
   now_ms_ = kWallMs + 1001;
-  const Status st = verifier_.Verify(manifest_b).status();
+  SignerStanding signer = SignerStanding::kTrusted;
+  const Status st = verifier_.Verify(manifest_b, &signer).status();
   EXPECT_EQ(st.code(), Code::kAuth);
+  EXPECT_EQ(signer, SignerStanding::kExpired);
   EXPECT_NE(st.message().find("key id " + KeyIdHex(b_.key_id()) + ", expired"), std::string::npos)
       << st.ToString();
   EXPECT_EQ(VerifyBeacon(verifier_, *SignBeacon(b_, Beacon())).status().code(), Code::kAuth);

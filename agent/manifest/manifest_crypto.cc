@@ -360,24 +360,36 @@ Status ManifestVerifier::AddTrustedKeyPem(std::string_view pem) {
   return AddTrustedKey(pub);
 }
 
-Status ManifestVerifier::VerifyFramed(std::string_view in, size_t body, const char* what) const {
+Status ManifestVerifier::VerifyFramed(std::string_view in, size_t body, const char* what,
+                                      SignerStanding* signer) const {
+  SignerStanding ignored;
+  SignerStanding& standing = signer != nullptr ? *signer : ignored;
   ManifestKeyId id;
   std::memcpy(id.data(), in.data() + body, id.size());
   const uint64_t now = NowUnixMs();
   std::shared_ptr<void> pkey;
   {
     MutexLock l(state_->mu);
-    TERN_REQUIRE(!state_->revoked.count(id), kAuth, what, " signed by revoked key id ",
-                 KeyIdHex(id), " (key set ", state_->seq, ")");
+    if (state_->revoked.count(id)) {
+      standing = SignerStanding::kRevoked;
+      return TERN_ERROR(kAuth, what, " signed by revoked key id ", KeyIdHex(id), " (key set ",
+                        state_->seq, ")");
+    }
     for (const State::Key& k : state_->keys) {
       if (k.id != id) continue;
-      TERN_REQUIRE(k.not_after_unix_ms == 0 || now <= k.not_after_unix_ms, kAuth, what,
-                   " signed by key id ", KeyIdHex(id), ", expired at ", k.not_after_unix_ms,
-                   " ms (now ", now, ")");
+      if (k.not_after_unix_ms != 0 && now > k.not_after_unix_ms) {
+        standing = SignerStanding::kExpired;
+        return TERN_ERROR(kAuth, what, " signed by key id ", KeyIdHex(id), ", expired at ",
+                          k.not_after_unix_ms, " ms (now ", now, ")");
+      }
       pkey = k.pkey;
     }
-    TERN_REQUIRE(pkey != nullptr, kAuth, what, " signed by an untrusted key id ", KeyIdHex(id),
-                 " (key set ", state_->seq, ")");
+    if (pkey == nullptr) {
+      standing = SignerStanding::kUnknown;
+      return TERN_ERROR(kAuth, what, " signed by an untrusted key id ", KeyIdHex(id), " (key set ",
+                        state_->seq, ")");
+    }
+    standing = SignerStanding::kTrusted;  // whatever the signature says below
   }
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
   TERN_REQUIRE(ctx != nullptr, kResourceExhausted, "EVP_MD_CTX_new: ", OpenSslErrors());
@@ -399,11 +411,13 @@ Result<std::string_view> ManifestVerifier::VerifyRecord(std::string_view in) con
   TERN_REQUIRE(in.substr(0, kRecordMagicBytes) != kManifestMagic, kCorrupt,
                "a manifest is not a signed record");
   const size_t body = in.size() - kManifestTrailerBytes;
-  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "record"));
+  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "record", nullptr));
   return in.substr(0, body);
 }
 
-Result<VersionManifest> ManifestVerifier::Verify(std::string_view in) const {
+Result<VersionManifest> ManifestVerifier::Verify(std::string_view in,
+                                                 SignerStanding* signer) const {
+  if (signer != nullptr) *signer = SignerStanding::kNotRead;
   // Framing first (the length follows from the object count), then the
   // signature, and only then the full parse: the parser sees untrusted bytes
   // only after a trusted key vouched for them, or in DecodeManifest's
@@ -413,7 +427,7 @@ Result<VersionManifest> ManifestVerifier::Verify(std::string_view in) const {
   TERN_ASSIGN_OR_RETURN(const size_t body, ManifestBytesOf(in));  // header layout, §2
   TERN_REQUIRE(in.size() == body + kManifestTrailerBytes, kCorrupt, "signed manifest of ",
                body + kManifestTrailerBytes, " bytes by its header, got ", in.size());
-  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "manifest"));
+  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "manifest", signer));
   return DecodeManifest(in.substr(0, body));
 }
 

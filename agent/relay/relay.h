@@ -88,12 +88,16 @@ struct RelayOptions {
 };
 
 // Why a parent link ended, for on_parent_failed. Only kBadContent is
-// evidence against the parent; a TLS certificate refused at the dial (by
-// either side: a configuration fault, or an impostor at that address) is
-// kLink, with its kAuth status.
+// evidence against the parent. kLink keeps its kAuth status for a TLS
+// certificate refused at the dial (by either side: a configuration fault, or
+// an impostor at that address) and for a manifest signed by a key this node
+// does not trust (SignerStanding, tern/version_manifest.h: a key set it has
+// not learned yet, a key revoked or expired by its clock): the parent relays
+// what the root signed, so that is this node's key set, not the parent.
 enum class ParentLoss : uint8_t {
   kLink,        // the dial failed or the connection ended, or the parent broke the protocol
-  kBadContent,  // it sent a forged manifest, or a hash list or chunks failing their signed hashes
+  kBadContent,  // a manifest whose signature a trusted key id does not vouch for, or a
+                // hash list or chunks failing their signed hashes
 };
 
 struct RelayCallbacks {

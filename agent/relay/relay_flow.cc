@@ -18,9 +18,12 @@ RelayNode::Impl::CheckedOffer RelayNode::Impl::CheckOffer(std::string_view paylo
     return c;
   }
   c.offer = std::move(*offer);
-  auto m = verifier.Verify(c.offer.signed_manifest);
+  SignerStanding signer = SignerStanding::kNotRead;
+  auto m = verifier.Verify(c.offer.signed_manifest, &signer);
   if (!m.ok()) {
     c.status = m.status().WithContext("OFFER manifest");
+    if (m.status().code() == Code::kAuth && signer == SignerStanding::kTrusted)
+      c.loss = ParentLoss::kBadContent;
     return c;
   }
   c.manifest = std::move(*m);
@@ -47,10 +50,9 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     Log("relay: " + c.status.ToString());
     return;
   }
-  if (!c.status.ok()) {  // forged or foreign: drop the parent
-    return FailParent(link, c.status,
-                      c.status.code() == Code::kAuth ? ParentLoss::kBadContent : ParentLoss::kLink);
-  }
+  if (!c.status.ok())
+    return FailParent(link, c.status, c.loss);  // forged, foreign, or a key
+                                                // this side does not trust
   if (retired.count(c.ref)) {
     Log("relay: " + ObjectName(c.ref) + " offered while its last sends drain; ignored");
     return;

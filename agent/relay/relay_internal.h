@@ -205,6 +205,10 @@ struct RelayNode::Impl {
   struct CheckedOffer {
     Status status;
     bool refused_by_lead = false;
+    // kBadContent only for a signature a trusted key id does not vouch for;
+    // a key this side does not trust (yet, or any more) is not the parent's
+    // doing: it relays what the root signed.
+    ParentLoss loss = ParentLoss::kLink;
     agent::Offer offer;
     VersionManifest manifest;
     ObjectRef ref;

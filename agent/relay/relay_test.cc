@@ -852,7 +852,9 @@ TEST_F(RelayTest, ChunkCorruptedOnTheWireIsResent) {
 
 TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
   const TestObject o = MakeObject(signer_, board_, 4096, 4096);
-  // Signed by a key the child does not trust.
+  // Signed by a key the child does not trust: refused, but a link loss, not
+  // evidence against the parent (it relays what the root signed; the child's
+  // key set may be behind a rotation).
   auto mallory = std::move(ManifestSigner::FromSeed(Seed(9))).value();
   const std::string forged = *mallory.Sign(o.manifest);
   {
@@ -863,6 +865,25 @@ TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
     relay.OfferAndHashes(forged);
     ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
     EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
+    EXPECT_NE(c->LastFailure().message().find("untrusted key id"), std::string::npos)
+        << c->LastFailure().ToString();
+    EXPECT_EQ(c->LastLoss(), ParentLoss::kLink);
+    EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
+  }
+  {
+    // A trusted key id whose signature does not verify (one bit of it
+    // flipped): the parent altered what it relays.
+    std::string altered = o.signed_manifest;
+    altered.back() ^= 1;
+    ScriptedParent relay(net_, "relay1", o);
+    auto c = MakeNode("c1");
+    c->relay->SetParent(0, 1, "relay1");
+    ASSERT_TRUE(relay.WaitSubscribed());
+    relay.OfferAndHashes(altered);
+    ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
+    EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
+    EXPECT_NE(c->LastFailure().message().find("signature does not verify"), std::string::npos)
+        << c->LastFailure().ToString();
     EXPECT_EQ(c->LastLoss(), ParentLoss::kBadContent);
     EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
   }

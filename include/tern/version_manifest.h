@@ -211,6 +211,20 @@ struct TrustedKey {
   bool operator==(const TrustedKey&) const = default;
 };
 
+// Where the key that signed some bytes stands in a verifier's key set, as
+// Verify judged it. A refusal (kAuth) with kTrusted is a signature that does
+// not verify: the bytes were altered or forged under a trusted key id. The
+// others refuse the key whatever the bytes: signed by a key this side has
+// not learned yet (its key set is behind), or before a rotation, or judged
+// by a clock past the key's expiry.
+enum class SignerStanding : uint8_t {
+  kNotRead,  // the framing failed before the key id was read
+  kTrusted,  // an active, unexpired key of the current set
+  kUnknown,  // not in the current set
+  kRevoked,
+  kExpired,
+};
+
 class TERN_EXPORT ManifestVerifier {
  public:
   ManifestVerifier();
@@ -244,8 +258,11 @@ class TERN_EXPORT ManifestVerifier {
 
   // The manifest, only when signed_bytes is a canonical manifest signed by a
   // trusted key. kCorrupt: bad framing or manifest; kAuth: unknown, revoked
-  // or expired key id, or bad signature.
-  Result<VersionManifest> Verify(std::string_view signed_bytes) const;
+  // or expired key id, or bad signature. `signer`, when given, says which,
+  // judged under the same lock as the verdict (a key set applied meanwhile
+  // cannot split them).
+  Result<VersionManifest> Verify(std::string_view signed_bytes,
+                                 SignerStanding* signer = nullptr) const;
   // The record inside bytes made by ManifestSigner::SignRecord, only when a
   // trusted key signed them (a view into signed_bytes). kCorrupt: shorter
   // than a magic and the trailer, or a manifest's magic; kAuth: unknown,
@@ -255,7 +272,8 @@ class TERN_EXPORT ManifestVerifier {
 
  private:
   // bytes[0, body) + key_id signed by a trusted key; `what` names it in errors.
-  Status VerifyFramed(std::string_view bytes, size_t body, const char* what) const;
+  Status VerifyFramed(std::string_view bytes, size_t body, const char* what,
+                      SignerStanding* signer) const;
   struct State;  // manifest_crypto.cc: the key set under a mutex
   std::unique_ptr<State> state_;
 };
