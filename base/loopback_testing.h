@@ -52,9 +52,10 @@ class LoopbackListener {
 
 // "127.0.0.1:PORT" of a port that was free a moment ago: bound, read,
 // closed. A dial there is refused unless something took the port since.
+// Empty when no socket could be bound.
 inline std::string UnusedLoopbackAddress() {
   LoopbackListener l(1);
-  return l.address();
+  return l.ok() ? l.address() : std::string();
 }
 
 }  // namespace tern::testnet

@@ -2,12 +2,8 @@
 // https, --client-cert-auth and auth enabled (agent/testing/etcd_test_server.h
 // makes the certificates); skipped only when there is no etcd binary. Also
 // the client's secure-by-default rule, which needs no etcd.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>

@@ -362,7 +362,7 @@ Status ManifestVerifier::AddTrustedKeyPem(std::string_view pem) {
 
 Status ManifestVerifier::VerifyFramed(std::string_view in, size_t body, const char* what,
                                       SignerStanding* signer) const {
-  SignerStanding ignored;
+  SignerStanding ignored = SignerStanding::kNotRead;
   SignerStanding& standing = signer != nullptr ? *signer : ignored;
   ManifestKeyId id;
   std::memcpy(id.data(), in.data() + body, id.size());

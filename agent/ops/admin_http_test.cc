@@ -446,7 +446,9 @@ TEST(AdminClient, ATricklingServerIsCutAtTheDeadline) {
 }
 
 TEST(AdminClient, NobodyListeningIsUnavailable) {
-  auto r = AdminGet(testnet::UnusedLoopbackAddress(), "/status", WithTimeout(1000));
+  const std::string unused = testnet::UnusedLoopbackAddress();
+  ASSERT_FALSE(unused.empty());
+  auto r = AdminGet(unused, "/status", WithTimeout(1000));
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
   EXPECT_EQ(AdminGet("127.0.0.1:1", "/bad path").status().code(), Code::kInvalidArgument);
   // A query of names, numbers, '=', '&', '.', '-' and percent escapes goes

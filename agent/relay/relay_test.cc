@@ -871,6 +871,44 @@ TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
     EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
   }
   {
+    // The publisher's key revoked, or expired, in this child's key set (a
+    // member ahead of its parent in a rotation; a clock past the key's
+    // expiry): refused as a link loss too. And a manifest cut short, refused
+    // before any key is read.
+    auto other = std::move(ManifestSigner::FromSeed(Seed(10))).value();
+    ManifestVerifier revoked, expired;
+    ASSERT_TRUE(
+        revoked.ReplaceKeys(1, {TrustedKey{other.public_key(), 0}}, {signer_.key_id()}).ok());
+    ASSERT_TRUE(expired.ReplaceKeys(1, {TrustedKey{signer_.public_key(), 1}}, {}).ok());
+    struct Case {
+      const char* name;
+      const ManifestVerifier& verifier;
+      std::string manifest;
+      Code code;
+      const char* says;
+    };
+    const Case cases[] = {
+        {"revoked", revoked, o.signed_manifest, Code::kAuth, "revoked key id"},
+        {"expired", expired, o.signed_manifest, Code::kAuth, "expired at 1 ms"},
+        {"cut", verifier_, o.signed_manifest.substr(0, o.signed_manifest.size() - 1),
+         Code::kCorrupt, "bytes by its header"},
+    };
+    for (const Case& k : cases) {
+      SCOPED_TRACE(k.name);
+      const std::string parent = std::string("relay-") + k.name;
+      ScriptedParent relay(net_, parent, o);
+      Node c(net_, env_, k.verifier, board_, std::string("c-") + k.name, base_);
+      c.relay->SetParent(0, 1, parent);
+      ASSERT_TRUE(relay.WaitSubscribed());
+      relay.OfferAndHashes(k.manifest);
+      ASSERT_TRUE(WaitFor([&] { return c.Failures() == 1; }));
+      EXPECT_EQ(c.LastFailure().code(), k.code);
+      EXPECT_NE(c.LastFailure().message().find(k.says), std::string::npos)
+          << c.LastFailure().ToString();
+      EXPECT_EQ(c.LastLoss(), ParentLoss::kLink);
+    }
+  }
+  {
     // A trusted key id whose signature does not verify (one bit of it
     // flipped): the parent altered what it relays.
     std::string altered = o.signed_manifest;

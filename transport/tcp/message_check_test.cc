@@ -283,6 +283,12 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
   testnet::LoopbackListener listener(4);
   ASSERT_TRUE(listener.ok());
   const int listen_fd = listener.fd();
+  // Before the thread: a failed ASSERT must not leave it joinable.
+  TcpOptions o;
+  o.streams = 1;
+  o.log = [](std::string_view) {};
+  auto t = NewTcpTransport(o);
+  ASSERT_TRUE(t.ok());
   std::vector<uint8_t> offered;
   std::thread old_server([&] {
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -313,11 +319,6 @@ TEST(MessageWire, Version2ClientFallsBackToTheShippedVersion1Server) {
       ::close(fd);
     }
   });
-  TcpOptions o;
-  o.streams = 1;
-  o.log = [](std::string_view) {};
-  auto t = NewTcpTransport(o);
-  ASSERT_TRUE(t.ok());
   auto c = ConnectWait(**t, listener.address(), {}, 30000, RetryPolicy{1, 10, 10});
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (c.ok()) {
