@@ -852,78 +852,52 @@ TEST_F(RelayTest, ChunkCorruptedOnTheWireIsResent) {
 
 TEST_F(RelayTest, ForgedOrForeignManifestsAreRefused) {
   const TestObject o = MakeObject(signer_, board_, 4096, 4096);
-  // Signed by a key the child does not trust: refused, but a link loss, not
-  // evidence against the parent (it relays what the root signed; the child's
-  // key set may be behind a rotation).
+  // Every refusal of the manifest itself. Only a trusted key id whose
+  // signature does not verify (one bit of it flipped: the parent altered
+  // what it relays) is evidence against the parent. A key the child does not
+  // trust is a link loss: the parent relays what the root signed, and the
+  // child's key set may be behind a rotation (unknown key), ahead of its
+  // parent (revoked), or its clock past the key's expiry. So is a manifest
+  // cut short, refused before any key is read.
   auto mallory = std::move(ManifestSigner::FromSeed(Seed(9))).value();
-  const std::string forged = *mallory.Sign(o.manifest);
-  {
-    ScriptedParent relay(net_, "relay", o);
-    auto c = MakeNode("c");
-    c->relay->SetParent(0, 1, "relay");
+  auto other = std::move(ManifestSigner::FromSeed(Seed(10))).value();
+  ManifestVerifier revoked, expired;
+  ASSERT_TRUE(revoked.ReplaceKeys(1, {TrustedKey{other.public_key(), 0}}, {signer_.key_id()}).ok());
+  ASSERT_TRUE(expired.ReplaceKeys(1, {TrustedKey{signer_.public_key(), 1}}, {}).ok());
+  std::string altered = o.signed_manifest;
+  altered.back() ^= 1;
+  struct Case {
+    const char* name;
+    const ManifestVerifier& verifier;
+    std::string manifest;
+    Code code;
+    const char* says;
+    ParentLoss loss;
+  };
+  const Case cases[] = {
+      {"untrusted", verifier_, *mallory.Sign(o.manifest), Code::kAuth, "untrusted key id",
+       ParentLoss::kLink},
+      {"revoked", revoked, o.signed_manifest, Code::kAuth, "revoked key id", ParentLoss::kLink},
+      {"expired", expired, o.signed_manifest, Code::kAuth, "expired at 1 ms", ParentLoss::kLink},
+      {"cut", verifier_, o.signed_manifest.substr(0, o.signed_manifest.size() - 1), Code::kCorrupt,
+       "bytes by its header", ParentLoss::kLink},
+      {"altered", verifier_, altered, Code::kAuth, "signature does not verify",
+       ParentLoss::kBadContent},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const std::string parent = std::string("relay-") + k.name;
+    ScriptedParent relay(net_, parent, o);
+    Node c(net_, env_, k.verifier, board_, std::string("c-") + k.name, base_);
+    c.relay->SetParent(0, 1, parent);
     ASSERT_TRUE(relay.WaitSubscribed());
-    relay.OfferAndHashes(forged);
-    ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
-    EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
-    EXPECT_NE(c->LastFailure().message().find("untrusted key id"), std::string::npos)
-        << c->LastFailure().ToString();
-    EXPECT_EQ(c->LastLoss(), ParentLoss::kLink);
-    EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
-  }
-  {
-    // The publisher's key revoked, or expired, in this child's key set (a
-    // member ahead of its parent in a rotation; a clock past the key's
-    // expiry): refused as a link loss too. And a manifest cut short, refused
-    // before any key is read.
-    auto other = std::move(ManifestSigner::FromSeed(Seed(10))).value();
-    ManifestVerifier revoked, expired;
-    ASSERT_TRUE(
-        revoked.ReplaceKeys(1, {TrustedKey{other.public_key(), 0}}, {signer_.key_id()}).ok());
-    ASSERT_TRUE(expired.ReplaceKeys(1, {TrustedKey{signer_.public_key(), 1}}, {}).ok());
-    struct Case {
-      const char* name;
-      const ManifestVerifier& verifier;
-      std::string manifest;
-      Code code;
-      const char* says;
-    };
-    const Case cases[] = {
-        {"revoked", revoked, o.signed_manifest, Code::kAuth, "revoked key id"},
-        {"expired", expired, o.signed_manifest, Code::kAuth, "expired at 1 ms"},
-        {"cut", verifier_, o.signed_manifest.substr(0, o.signed_manifest.size() - 1),
-         Code::kCorrupt, "bytes by its header"},
-    };
-    for (const Case& k : cases) {
-      SCOPED_TRACE(k.name);
-      const std::string parent = std::string("relay-") + k.name;
-      ScriptedParent relay(net_, parent, o);
-      Node c(net_, env_, k.verifier, board_, std::string("c-") + k.name, base_);
-      c.relay->SetParent(0, 1, parent);
-      ASSERT_TRUE(relay.WaitSubscribed());
-      relay.OfferAndHashes(k.manifest);
-      ASSERT_TRUE(WaitFor([&] { return c.Failures() == 1; }));
-      EXPECT_EQ(c.LastFailure().code(), k.code);
-      EXPECT_NE(c.LastFailure().message().find(k.says), std::string::npos)
-          << c.LastFailure().ToString();
-      EXPECT_EQ(c.LastLoss(), ParentLoss::kLink);
-    }
-  }
-  {
-    // A trusted key id whose signature does not verify (one bit of it
-    // flipped): the parent altered what it relays.
-    std::string altered = o.signed_manifest;
-    altered.back() ^= 1;
-    ScriptedParent relay(net_, "relay1", o);
-    auto c = MakeNode("c1");
-    c->relay->SetParent(0, 1, "relay1");
-    ASSERT_TRUE(relay.WaitSubscribed());
-    relay.OfferAndHashes(altered);
-    ASSERT_TRUE(WaitFor([&] { return c->Failures() == 1; }));
-    EXPECT_EQ(c->LastFailure().code(), Code::kAuth);
-    EXPECT_NE(c->LastFailure().message().find("signature does not verify"), std::string::npos)
-        << c->LastFailure().ToString();
-    EXPECT_EQ(c->LastLoss(), ParentLoss::kBadContent);
-    EXPECT_EQ(c->relay->Progress(o.ref).status().code(), Code::kNotFound);
+    relay.OfferAndHashes(k.manifest);
+    ASSERT_TRUE(WaitFor([&] { return c.Failures() == 1; }));
+    EXPECT_EQ(c.LastFailure().code(), k.code);
+    EXPECT_NE(c.LastFailure().message().find(k.says), std::string::npos)
+        << c.LastFailure().ToString();
+    EXPECT_EQ(c.LastLoss(), k.loss);
+    EXPECT_EQ(c.relay->Progress(o.ref).status().code(), Code::kNotFound);
   }
   {
     // Trusted key, another board.
