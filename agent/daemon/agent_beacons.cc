@@ -119,6 +119,7 @@ void AgentImpl::FreshnessSnapshotLocked(AgentSnapshot& s) const {
   f.beacons_accepted = count(BeaconVerdict::kAccepted);
   f.beacons_malformed = count(BeaconVerdict::kMalformed);
   f.beacons_forged = count(BeaconVerdict::kForged);
+  f.beacons_untrusted = count(BeaconVerdict::kUntrusted);
   f.beacons_foreign = count(BeaconVerdict::kForeign);
   f.beacons_replayed = count(BeaconVerdict::kReplayed);
   f.beacons_skewed = count(BeaconVerdict::kSkewed);

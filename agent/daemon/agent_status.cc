@@ -139,12 +139,14 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                       {"root_id", f.root_id},
                       {"clock_skew_ms", f.clock_skew_ms},
                       {"clock_skew_exceeded", f.clock_skew_exceeded},
-                      {"beacons", {{"accepted", f.beacons_accepted},
-                                   {"malformed", f.beacons_malformed},
-                                   {"forged", f.beacons_forged},
-                                   {"foreign", f.beacons_foreign},
-                                   {"replayed", f.beacons_replayed},
-                                   {"skewed", f.beacons_skewed}}}};
+                      {"beacons",
+                       {{"accepted", f.beacons_accepted},
+                        {"malformed", f.beacons_malformed},
+                        {"forged", f.beacons_forged},
+                        {"untrusted", f.beacons_untrusted},
+                        {"foreign", f.beacons_foreign},
+                        {"replayed", f.beacons_replayed},
+                        {"skewed", f.beacons_skewed}}}};
   }
   if (s.has_engine) {
     const AgentEngineStatus& e = s.engine;
@@ -266,8 +268,9 @@ std::string AgentImpl::MetricsText() const {
           static_cast<double>(f.clock_skew_ms) * 1e-3);
     const std::pair<const char*, uint64_t> verdicts[] = {
         {"accepted", f.beacons_accepted}, {"malformed", f.beacons_malformed},
-        {"forged", f.beacons_forged},     {"foreign", f.beacons_foreign},
-        {"replayed", f.beacons_replayed}, {"skewed", f.beacons_skewed}};
+        {"forged", f.beacons_forged},     {"untrusted", f.beacons_untrusted},
+        {"foreign", f.beacons_foreign},   {"replayed", f.beacons_replayed},
+        {"skewed", f.beacons_skewed}};
     for (const auto& [verdict, n] : verdicts)
       counter("tern_agent_beacons_total", "HEAD beacons received, by verdict.", n,
               {{"verdict", verdict}});

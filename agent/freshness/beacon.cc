@@ -83,12 +83,14 @@ Result<std::string> SignBeacon(const ManifestSigner& signer, const HeadBeacon& b
   return signer.SignRecord(record);
 }
 
-Result<HeadBeacon> VerifyBeacon(const ManifestVerifier& verifier, std::string_view signed_bytes) {
+Result<HeadBeacon> VerifyBeacon(const ManifestVerifier& verifier, std::string_view signed_bytes,
+                                SignerStanding* signer) {
+  if (signer != nullptr) *signer = SignerStanding::kNotRead;
   TERN_REQUIRE(signed_bytes.size() <= kMaxSignedBeaconBytes, kCorrupt, "signed HEAD beacon of ",
                signed_bytes.size(), " bytes (at most ", kMaxSignedBeaconBytes, ")");
   TERN_REQUIRE(signed_bytes.substr(0, kRecordMagicBytes) == kBeaconMagic, kCorrupt,
                "not a HEAD beacon (bad magic)");
-  TERN_ASSIGN_OR_RETURN(std::string_view record, verifier.VerifyRecord(signed_bytes));
+  TERN_ASSIGN_OR_RETURN(std::string_view record, verifier.VerifyRecord(signed_bytes, signer));
   return DecodeBeacon(record);
 }
 

@@ -63,7 +63,9 @@ Result<HeadBeacon> DecodeBeacon(std::string_view bytes);
 Result<std::string> SignBeacon(const ManifestSigner& signer, const HeadBeacon& b);
 // The beacon, only when a trusted key signed it (kAuth otherwise); kCorrupt
 // for malformed bytes, refused before any signature check when longer than
-// kMaxSignedBeaconBytes.
-Result<HeadBeacon> VerifyBeacon(const ManifestVerifier& verifier, std::string_view signed_bytes);
+// kMaxSignedBeaconBytes. `signer`, when given, says where the signing key
+// stands (ManifestVerifier::Verify; kNotRead when the framing failed first).
+Result<HeadBeacon> VerifyBeacon(const ManifestVerifier& verifier, std::string_view signed_bytes,
+                                SignerStanding* signer = nullptr);
 
 }  // namespace tern::agent

@@ -10,6 +10,8 @@ const char* BeaconVerdictName(BeaconVerdict v) {
     case BeaconVerdict::kAccepted: return "accepted";
     case BeaconVerdict::kMalformed: return "malformed";
     case BeaconVerdict::kForged: return "forged";
+    case BeaconVerdict::kUntrusted:
+      return "untrusted";
     case BeaconVerdict::kForeign: return "foreign";
     case BeaconVerdict::kReplayed: return "replayed";
     case BeaconVerdict::kSkewed: return "skewed";
@@ -20,11 +22,13 @@ const char* BeaconVerdictName(BeaconVerdict v) {
 BeaconVerdict FreshnessTracker::Offer(const ManifestVerifier& verifier,
                                       std::string_view signed_beacon, const BoardId& board,
                                       uint64_t now_us, uint64_t wall_unix_ms, std::string* why) {
-  auto b = VerifyBeacon(verifier, signed_beacon);
+  SignerStanding signer = SignerStanding::kNotRead;
+  auto b = VerifyBeacon(verifier, signed_beacon, &signer);
   if (!b.ok()) {
     *why = b.status().ToString();
-    return Count(b.status().code() == Code::kAuth ? BeaconVerdict::kForged
-                                                  : BeaconVerdict::kMalformed);
+    if (b.status().code() != Code::kAuth) return Count(BeaconVerdict::kMalformed);
+    return Count(signer == SignerStanding::kTrusted ? BeaconVerdict::kForged
+                                                    : BeaconVerdict::kUntrusted);
   }
   if (board == BoardId{} || b->board_id != board) {
     *why = "a beacon of another board";

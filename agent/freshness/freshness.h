@@ -3,7 +3,12 @@
 //
 // Offer checks one signed beacon and says why it is refused, or accepts it:
 //   malformed  not a well-formed signed beacon;
-//   forged     not signed by a trusted key;
+//   forged     under a key id this member trusts, with a signature that
+//              does not verify: altered or forged bytes;
+//   untrusted  signed by a key this member does not trust now: one it has
+//              not learned yet (its key set is behind a rotation), a
+//              revoked one, or one expired by this member's clock. Its own
+//              state as much as the sender's, so counted apart from forged;
 //   foreign    signed for another board;
 //   replayed   not newer than the last accepted: (incarnation, seq) must
 //              increase lexicographically, so a standby that takes over (a
@@ -43,8 +48,16 @@ struct FreshnessOptions {
   uint64_t max_lag_versions = 1;
 };
 
-enum class BeaconVerdict : uint8_t { kAccepted, kMalformed, kForged, kForeign, kReplayed, kSkewed };
-inline constexpr size_t kBeaconVerdicts = 6;
+enum class BeaconVerdict : uint8_t {
+  kAccepted,
+  kMalformed,
+  kForged,
+  kUntrusted,
+  kForeign,
+  kReplayed,
+  kSkewed,
+};
+inline constexpr size_t kBeaconVerdicts = 7;
 const char* BeaconVerdictName(BeaconVerdict v);  // "accepted", "forged", ...
 
 struct Freshness {

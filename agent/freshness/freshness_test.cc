@@ -235,7 +235,7 @@ TEST_F(Tracker, RefusesReplaysForgeriesAndOtherBoardsAndCountsThem) {
   EXPECT_EQ(Offer(At(7, 5), 1), BeaconVerdict::kReplayed);  // the same again
   EXPECT_EQ(Offer(At(7, 4), 2), BeaconVerdict::kReplayed);  // an older one
   const ManifestSigner mallory = Signer(2);
-  EXPECT_EQ(Offer(At(7, 6), 3, kWallMs, &mallory), BeaconVerdict::kForged);
+  EXPECT_EQ(Offer(At(7, 6), 3, kWallMs, &mallory), BeaconVerdict::kUntrusted);
   HeadBeacon other = At(7, 6);
   other.board_id[0] ^= 1;
   EXPECT_EQ(Offer(other, 4), BeaconVerdict::kForeign);
@@ -250,9 +250,51 @@ TEST_F(Tracker, RefusesReplaysForgeriesAndOtherBoardsAndCountsThem) {
   EXPECT_EQ(f.seq, 5u);  // refusals moved nothing
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kAccepted)], 1u);
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kReplayed)], 2u);
-  EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kForged)], 1u);
+  EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kUntrusted)], 1u);
+  EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kForged)], 0u);
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kForeign)], 2u);
   EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kMalformed)], 1u);
+}
+
+// A refused signature is sorted by where its key stands in this member's
+// key set: a signature that does not verify under a key id it trusts is
+// forged; a key it does not trust now (one a rotation brought that it has
+// not learned yet, one expired by its clock, one revoked) is "untrusted",
+// which is as much the member's own state as the sender's.
+TEST_F(Tracker, RefusedSignaturesAreForgedOnlyUnderATrustedKeyId) {
+  const ManifestSigner next = Signer(3), mallory = Signer(2);
+  uint64_t now_ms = kWallMs;
+  trusted_.SetWallClock([&now_ms] { return now_ms; });
+  std::string why;
+  EXPECT_EQ(Offer(At(7, 1), 0, kWallMs, &next), BeaconVerdict::kUntrusted);  // not learned yet
+  std::string under_root = *SignBeacon(mallory, At(7, 1));
+  const std::string by_root = *SignBeacon(root_, At(7, 1));
+  under_root.replace(under_root.size() - kManifestTrailerBytes, 8,
+                     by_root.substr(by_root.size() - kManifestTrailerBytes, 8));
+  EXPECT_EQ(tracker_.Offer(trusted_, under_root, Sample().board_id, 0, kWallMs, &why),
+            BeaconVerdict::kForged);
+  EXPECT_NE(why.find("signature does not verify"), std::string::npos) << why;
+
+  // Key set 1: the root's key expires at kWallMs, the next one is added.
+  ASSERT_TRUE(
+      trusted_.ReplaceKeys(1, {{root_.public_key(), kWallMs}, {next.public_key(), 0}}, {}).ok());
+  ASSERT_EQ(Offer(At(7, 1), 1), BeaconVerdict::kAccepted);
+  now_ms = kWallMs + 1;
+  EXPECT_EQ(Offer(At(7, 2), 2, now_ms), BeaconVerdict::kUntrusted);  // expired by our clock
+  ASSERT_EQ(Offer(At(7, 2), 2, now_ms, &next), BeaconVerdict::kAccepted);
+  // Key set 2 revokes the root's key.
+  ASSERT_TRUE(trusted_.ReplaceKeys(2, {{next.public_key(), 0}}, {root_.key_id()}).ok());
+  EXPECT_EQ(
+      tracker_.Offer(trusted_, *SignBeacon(root_, At(7, 3)), Sample().board_id, 3, now_ms, &why),
+      BeaconVerdict::kUntrusted);
+  EXPECT_NE(why.find("revoked key id"), std::string::npos) << why;
+
+  const Freshness f = tracker_.Report(3, 42, 0);
+  EXPECT_EQ(f.seq, 2u);  // refusals moved nothing
+  EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kAccepted)], 2u);
+  EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kForged)], 1u);
+  EXPECT_EQ(f.beacons[size_t(BeaconVerdict::kUntrusted)], 3u);
+  EXPECT_STREQ(BeaconVerdictName(BeaconVerdict::kUntrusted), "untrusted");
 }
 
 TEST_F(Tracker, ANewIncarnationIsAcceptedAtOnceAndTheDeposedRootNeverAgain) {

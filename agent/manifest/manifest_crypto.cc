@@ -405,13 +405,15 @@ Status ManifestVerifier::VerifyFramed(std::string_view in, size_t body, const ch
   return Status::Ok();
 }
 
-Result<std::string_view> ManifestVerifier::VerifyRecord(std::string_view in) const {
+Result<std::string_view> ManifestVerifier::VerifyRecord(std::string_view in,
+                                                        SignerStanding* signer) const {
+  if (signer != nullptr) *signer = SignerStanding::kNotRead;
   TERN_REQUIRE(in.size() >= kRecordMagicBytes + kManifestTrailerBytes, kCorrupt,
                "signed record of ", in.size(), " bytes is too short");
   TERN_REQUIRE(in.substr(0, kRecordMagicBytes) != kManifestMagic, kCorrupt,
                "a manifest is not a signed record");
   const size_t body = in.size() - kManifestTrailerBytes;
-  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "record", nullptr));
+  TERN_RETURN_IF_ERROR(VerifyFramed(in, body, "record", signer));
   return in.substr(0, body);
 }
 

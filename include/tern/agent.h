@@ -372,8 +372,11 @@ struct AgentFreshness {
   // The root's wall time minus ours at the last validly signed beacon.
   int64_t clock_skew_ms = 0;
   bool clock_skew_exceeded = false;
-  // Member: beacons received, by verdict; root: beacons sent (all members).
-  uint64_t beacons_accepted = 0, beacons_malformed = 0, beacons_forged = 0,
+  // Member: beacons received, by verdict (agent/freshness/freshness.h):
+  // forged = a trusted key id whose signature does not verify; untrusted =
+  // a key not trusted now (not learned yet, revoked, expired by our clock).
+  // Root: beacons sent (all members).
+  uint64_t beacons_accepted = 0, beacons_malformed = 0, beacons_forged = 0, beacons_untrusted = 0,
            beacons_foreign = 0, beacons_replayed = 0, beacons_skewed = 0;
   uint64_t beacons_sent = 0;
 };

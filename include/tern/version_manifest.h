@@ -266,9 +266,10 @@ class TERN_EXPORT ManifestVerifier {
   // The record inside bytes made by ManifestSigner::SignRecord, only when a
   // trusted key signed them (a view into signed_bytes). kCorrupt: shorter
   // than a magic and the trailer, or a manifest's magic; kAuth: unknown,
-  // revoked or expired key id, or bad signature. The caller parses the
-  // record.
-  Result<std::string_view> VerifyRecord(std::string_view signed_bytes) const;
+  // revoked or expired key id, or bad signature; `signer` as for Verify.
+  // The caller parses the record.
+  Result<std::string_view> VerifyRecord(std::string_view signed_bytes,
+                                        SignerStanding* signer = nullptr) const;
 
  private:
   // bytes[0, body) + key_id signed by a trusted key; `what` names it in errors.
