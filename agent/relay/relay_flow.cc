@@ -50,9 +50,8 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     Log("relay: " + c.status.ToString());
     return;
   }
-  if (!c.status.ok())
-    return FailParent(link, c.status, c.loss);  // forged, foreign, or a key
-                                                // this side does not trust
+  // Forged, foreign, or signed by a key this side does not trust.
+  if (!c.status.ok()) return FailParent(link, c.status, c.loss);
   if (retired.count(c.ref)) {
     Log("relay: " + ObjectName(c.ref) + " offered while its last sends drain; ignored");
     return;

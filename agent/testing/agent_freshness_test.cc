@@ -5,6 +5,7 @@
 // root's link) are refused and counted, and blocking the real ones makes a
 // member stale, never fresh; a clock past the skew bound is reported. A
 // standby's takeover is in agent_test.cc (StandbyRootTakesOverThroughEtcd).
+// A rotation that reaches a relay before its children recovers the same way.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,12 +14,14 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "agent/control/control_wire.h"
 #include "agent/freshness/beacon.h"
 #include "agent/ops/admin_http.h"
 #include "agent/testing/agent_test_fixture.h"
+#include "tern/key_set.h"
 
 namespace tern {
 namespace {
@@ -308,6 +311,94 @@ TEST_F(AgentFreshnessTest, ABeaconOfALaterEpochMakesAMemberStaleSuperseded) {
   EXPECT_TRUE(f.stale);
   EXPECT_EQ(f.beacon_head, 1u);
   EXPECT_EQ(f.lag_versions, 0u);
+}
+
+// A rotation whose key set reaches a relay before its children: the root's
+// transport drops the KEY_SETS message to the two children (member_conns_
+// is ordered by id: "a", "b", then "relay"), so the relay trusts the new
+// key and they do not. The relay passes on what the new key signed; the
+// children refuse it as a key they do not trust, which is no fault of the
+// relay's (never reported as bad chunks), and count the new key's beacons
+// as untrusted, not forged. Those refused beacons make them stale ("cut
+// off"), so they dial the root again, learn the key set with the WELCOME,
+// and serve the version bit for bit.
+TEST_F(AgentFreshnessTest, ChildrenBehindARotationBlameNoRelayAndCatchUp) {
+  constexpr uint32_t kSlowStaleMs = 4000;  // the window in which they disagree
+  const ManifestSigner key_a = std::move(ManifestSigner::Generate()).value();
+  const ManifestSigner key_b = std::move(ManifestSigner::Generate()).value();
+  const std::string a_pem = *key_a.PrivateKeyPem();
+  CaptureLogs([a_pem](AgentOptions& o) {
+    o.beacon_interval_ms = kIntervalMs;
+    o.stale_after_ms = kSlowStaleMs;
+    o.signing_key_pem = a_pem;  // only a root reads it
+  });
+  struct Drop {
+    std::mutex mu;
+    int to_drop = 0, dropped = 0;
+  };
+  auto drop = std::make_shared<Drop>();
+  FaultPolicy policy;
+  policy.rewrite_message = [drop](std::string m) -> std::vector<std::string> {
+    if (m.empty() || uint8_t(m[0]) != uint8_t(agent::ControlType::kKeySets)) return {m};
+    auto msg = agent::DecodeControl(m);
+    if (!msg.ok() || !std::holds_alternative<agent::KeySets>(*msg)) return {m};
+    std::lock_guard<std::mutex> lock(drop->mu);
+    if (drop->to_drop == 0) return {m};
+    --drop->to_drop;
+    ++drop->dropped;
+    return {};
+  };
+  StartRoot(/*root_fanout=*/1, &policy);
+  StartMember("relay", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  for (const char* name : {"a", "b"}) StartMember(name, "eu");
+  auto parent_of = [&](const std::string& id) {
+    for (const auto& m : root_->Snapshot().members)
+      if (m.id == id) return m.parent;
+    return std::string("(not joined)");
+  };
+  ASSERT_TRUE(WaitFor([&] { return parent_of("a") == "relay" && parent_of("b") == "relay"; }, 30))
+      << "a under " << parent_of("a") << ", b under " << parent_of("b");
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
+
+  KeySet ks;
+  ks.seq = 1;
+  ks.keys = {TrustedKey{key_b.public_key(), 0}};
+  ks.revoked = {key_a.key_id()};
+  const std::string signed_ks = *SignKeySet(key_a, ks);
+  {
+    std::lock_guard<std::mutex> lock(drop->mu);
+    drop->to_drop = 2;
+  }
+  ASSERT_TRUE(root_->RotateKeys(signed_ks, *key_b.PrivateKeyPem()).ok());
+  ASSERT_TRUE(WaitFor([&] { return Logged("relay", "key set 1 applied") == 1; }, 10));
+  {
+    std::lock_guard<std::mutex> lock(drop->mu);
+    ASSERT_EQ(drop->dropped, 2);
+  }
+  // Well inside kSlowStaleMs of their last accepted beacon: they have not
+  // dialled again yet.
+  EXPECT_EQ(Logged("a", "key set 1 applied") + Logged("b", "key set 1 applied"), 0u);
+  Publish(2);
+
+  ASSERT_TRUE(AllServe(2)) << Lagging(2);
+  ExpectBitwiseEqual(2);
+  size_t refused = 0;
+  for (const char* name : {"a", "b"}) {
+    EXPECT_EQ(Logged(name, "key set 1 applied"), 1u) << name;
+    refused += Logged(name, "untrusted key id");
+    const AgentFreshness f = FreshnessOf(name);
+    EXPECT_GE(f.beacons_untrusted, 1u) << Describe(name);
+    EXPECT_EQ(f.beacons_forged, 0u) << Describe(name);
+  }
+  EXPECT_GE(refused, 1u) << "no child logged refusing the new key's manifest or beacons";
+  for (const auto& m : root_->Snapshot().members)
+    EXPECT_NE(m.demoted_for, "bad chunks") << m.id << " was blamed for the children's key set";
+
+  Publish(3);
+  ASSERT_TRUE(AllServe(3)) << Lagging(3);
+  ExpectBitwiseEqual(3);
 }
 
 }  // namespace
