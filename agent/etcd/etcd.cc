@@ -292,7 +292,12 @@ struct EtcdClient::Impl {
                             ? ": etcd does not accept our client certificate (--etcd-cert): is it "
                               "signed by a CA in etcd's --trusted-ca-file?"
                             : ": etcd wants a client certificate (--client-cert-auth): give "
-                              "--etcd-cert and --etcd-key");
+                              "--etcd-cert and --etcd-key",
+                        // Also what a TLS 1.2 peer sends when no version or
+                        // suite is shared: say so rather than guess.
+                        tls_detail.find("handshake failure") != std::string::npos
+                            ? " (or etcd shares no TLS version or cipher suite with this client)"
+                            : "");
     }
     std::string hint;
     if (ep.tls && err == httplib::Error::SSLConnection) {

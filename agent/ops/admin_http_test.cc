@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -650,6 +652,43 @@ TEST_F(AdminTest, MutualTlsNeedsAClientCertificateFromTheCa) {
   plain.cert_pem = Slurp(pki.client.cert_file);
   plain.key_pem = Slurp(pki.client.key_file);
   EXPECT_EQ(AdminGet("127.0.0.1:1", "/status", plain).status().code(), Code::kInvalidArgument);
+}
+
+// A TLS 1.2 server that shares no cipher suite with the client sends the
+// same "handshake failure" alert a TLS 1.2 server sends for a missing client
+// certificate: the client says both, and does not claim either.
+TEST(AdminClient, AHandshakeFailureAlertNamesBothLikelyCauses) {
+  const auto& pki = Pki();
+  ASSERT_TRUE(pki.ok);
+  testnet::LoopbackListener listener;
+  ASSERT_TRUE(listener.ok());
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_server_method()),
+                                                        &SSL_CTX_free);
+  ASSERT_NE(ctx, nullptr);
+  ASSERT_EQ(SSL_CTX_set_max_proto_version(ctx.get(), TLS1_2_VERSION), 1);
+  ASSERT_EQ(SSL_CTX_use_certificate_chain_file(ctx.get(), pki.server.cert_file.c_str()), 1);
+  ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx.get(), pki.server.key_file.c_str(), SSL_FILETYPE_PEM),
+            1);
+  // A pre-shared-key suite: no client offers it without a PSK of its own.
+  ASSERT_EQ(SSL_CTX_set_cipher_list(ctx.get(), "PSK-AES128-CBC-SHA"), 1);
+  std::thread server([&] {
+    const int fd = ::accept(listener.fd(), nullptr, nullptr);
+    if (fd < 0) return;
+    SSL* ssl = SSL_new(ctx.get());
+    SSL_set_fd(ssl, fd);
+    EXPECT_NE(SSL_accept(ssl), 1) << "the handshake should have found no shared cipher";
+    ERR_clear_error();
+    SSL_free(ssl);
+    ::close(fd);
+  });
+  auto r = AdminGet("https://" + listener.address(), "/status", Trusting(pki.server.ca_file));
+  server.join();
+  EXPECT_EQ(r.status().code(), Code::kAuth) << r.status().ToString();
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("handshake failure"), std::string::npos) << m;
+  EXPECT_NE(m.find("it may require a client certificate"), std::string::npos) << m;
+  EXPECT_NE(m.find("shares no TLS version or cipher suite"), std::string::npos) << m;
+  EXPECT_EQ(m.find("the server requires a client certificate"), std::string::npos) << m;
 }
 
 TEST(AdminStart, RefusesABadClientCa) {
