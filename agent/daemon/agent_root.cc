@@ -263,7 +263,7 @@ Status AgentImpl::InitRoot() {
   {
     MutexLock lock(mu_);
     membership_ = std::make_unique<Membership>(root_info, plan, uint64_t{opt_.dead_after_ms} * 1000,
-                                               probation);
+                                               probation, uint64_t{opt_.parent_stall_ms} * 1000);
     FormatChoiceOptions format;
     format.forced_format = opt_.patch_format;
     format_chooser_.emplace(format);

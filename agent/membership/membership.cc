@@ -21,8 +21,11 @@ topology::Member ToTopologyMember(const MemberInfo& info) {
 }
 
 Membership::Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us,
-                       ProbationOptions probation)
-    : root_info_(std::move(root_info)), dead_after_us_(dead_after_us), probation_(probation) {
+                       ProbationOptions probation, uint64_t parent_stall_us)
+    : root_info_(std::move(root_info)),
+      dead_after_us_(dead_after_us),
+      parent_stall_us_(parent_stall_us),
+      probation_(probation) {
   auto empty = topology::MakePlan(ToTopologyMember(root_info_), {}, options);
   if (empty.ok()) {
     plan_ = std::move(empty).value();
@@ -55,6 +58,7 @@ Status Membership::Join(const MemberInfo& info, uint64_t served_version, uint64_
   rec.info = info;
   rec.joined_us = now_us;
   rec.last_seen_us = now_us;
+  rec.bytes_in_moved_us = now_us;
   rec.served_version = served_version;
   members_.emplace(info.id, std::move(rec));
   notify->push_back(info.id);
@@ -74,6 +78,7 @@ void Membership::Leave(const std::string& id, std::vector<std::string>* notify) 
 Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, uint64_t now_us) {
   auto it = members_.find(id);
   if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
+  if (hb.bytes_in != it->second.last.bytes_in) it->second.bytes_in_moved_us = now_us;
   it->second.last = hb;
   it->second.last_seen_us = now_us;
   it->second.served_version = hb.served_version;
@@ -111,10 +116,23 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
   auto parent = members_.find(report.parent_id);
   TERN_REQUIRE(parent != members_.end(), kMismatch, "'", report.parent_id, "' is not joined");
   const uint64_t reported = parent->second.stall_reported_us;
-  if (report.fault == ParentFault::kStalled)
+  if (report.fault == ParentFault::kStalled) {
     TERN_REQUIRE(reported == 0 || now_us > reported + dead_after_us_, kMismatch, "'",
                  report.parent_id, "' reported its own parent stalled ",
                  (now_us - std::min(now_us, reported)) / 1000, " ms ago: it starves too");
+    // The relative rule: the parent's own heartbeats, heard well inside the
+    // reporter's stall time, show no byte in for all of it.
+    const MemberRecord& p = parent->second;
+    const uint64_t heard_within = std::min(dead_after_us_, parent_stall_us_ / 2);
+    const bool heard = now_us <= p.last_seen_us + heard_within;
+    const bool flat = p.bytes_in_moved_us + parent_stall_us_ <= now_us;
+    TERN_REQUIRE(
+        parent_stall_us_ == 0 || !heard || !flat || p.served_version > it->second.served_version,
+        kMismatch, "'", report.parent_id, "' has received nothing itself for ",
+        (now_us - p.bytes_in_moved_us) / 1000,
+        " ms by its heartbeats and holds nothing newer than version ", it->second.served_version,
+        ": it starves too");
+  }
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;
   RecordDemotion(probation_, report.fault, now_us, &parent->second.probation);

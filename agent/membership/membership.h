@@ -40,14 +40,19 @@ struct MemberRecord {
   bool draining = false;
   RelayProbation probation;
   uint64_t stall_reported_us = 0;  // when it last reported its own parent stalled (0: never)
+  // When its heartbeats' bytes_in last grew (from joined_us): a parent that
+  // has received nothing itself has nothing to forward (ReportParent).
+  uint64_t bytes_in_moved_us = 0;
 };
 
 class Membership {
  public:
   // root: the root agent as a tree node (its id and data address are in
   // root_info). Bad options: the first Join reports them (kInvalidArgument).
+  // parent_stall_us: the members' --parent-stall-ms (0: the relative rule
+  // of ReportParent off).
   Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us,
-             ProbationOptions probation = {});
+             ProbationOptions probation = {}, uint64_t parent_stall_us = 0);
 
   // Adds a member; the ids whose PARENTS must be (re)sent are appended to
   // *notify (the new member itself, first). kAlreadyExists for a joined id
@@ -71,8 +76,20 @@ class Membership {
   // Refused, changing nothing: kNotFound (reporter not joined),
   // kMismatch for a stale report (that is not its parent in that
   // stripe any more), a report on the root, or a stall report on a parent
-  // that itself reported a stall within dead_after_us (it starves too: the
-  // fault is further up, and its own report names it).
+  // that starves too, so the fault is further up:
+  //  - it reported its own parent stalled within dead_after_us (its report
+  //    names the one above), or
+  //  - by its own heartbeats (the relative rule): it was heard from within
+  //    min(dead_after_us, parent_stall_us / 2), its bytes_in has not grown
+  //    for parent_stall_us (the reporter's stall time: the members share
+  //    --parent-stall-ms), and it serves (relay-only: holds) nothing newer
+  //    than the reporter, so it has had nothing to forward. A parent that
+  //    stopped (no heartbeat) or that receives but does not forward is
+  //    still planned around. This
+  //    needs no report from it, so the order in which a starving chain's
+  //    reports arrive no longer decides who is demoted. A serving parent
+  //    that holds a complete newer object it has not applied yet is
+  //    excused too: its child reports again after its next stall time.
   Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
                       std::vector<std::string>* notify);
   // The operator drains a member ahead of taking it away (a scheduler's
@@ -114,6 +131,7 @@ class Membership {
   Status init_status_;  // bad plan options, reported by Join
   topology::Plan plan_;
   uint64_t dead_after_us_;
+  uint64_t parent_stall_us_;
   ProbationOptions probation_;
   uint64_t epoch_ = 0;
   // "region/cluster backend backend" pairs already noted by ParentsOf.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 
 namespace tern::agent {
 namespace {
@@ -310,6 +311,79 @@ TEST(Membership, ParentReportPlansAroundTheParentOnly) {
   EXPECT_EQ(m.ReportParent("e", {0, bad, ParentFault::kStalled}, 2001, &notify).code(),
             Code::kMismatch);
   EXPECT_TRUE(notify.empty());
+}
+
+// The relative rule: a stall report on a parent whose own heartbeats show it
+// received nothing for the stall time, and which holds nothing newer than
+// the reporter, is refused whatever the order of the reports (the parent
+// starves too). A parent that received, holds a newer version, or was not
+// heard from recently is planned around as before.
+TEST(Membership, AParentThatStarvesByItsHeartbeatsIsNotBlamed) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  constexpr uint64_t kDead = 3000, kStall = 10000;
+  auto hb = [](uint64_t bytes_in, uint64_t served) {
+    agent::Heartbeat h;
+    h.bytes_in = bytes_in;
+    h.served_version = served;
+    return h;
+  };
+  auto fresh = [&](uint64_t joined_at) {
+    auto m = std::make_unique<Membership>(Info("root", "us"), o, kDead, ProbationOptions{}, kStall);
+    std::vector<std::string> notify;
+    for (std::string id : {"a", "b", "c", "d", "e"})
+      EXPECT_TRUE(m->Join(Info(id, "eu"), 1, joined_at, &notify).ok());
+    // a under the root; b, c under a; d, e under b.
+    EXPECT_EQ(m->ParentsOf("d")->parents[0].id, "b");
+    return m;
+  };
+  std::vector<std::string> notify;
+
+  // Version 2 is due from t=100000; b took its last byte at 95000 and has
+  // had none since, by heartbeats every 500 us. d reports b first.
+  auto m = fresh(0);
+  ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), 95000).ok());
+  for (uint64_t t = 95500; t <= 110000; t += 500)
+    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), t).ok());
+  Status s = m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify);
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  EXPECT_NE(s.message().find("'b' has received nothing itself for 15 ms"), std::string::npos)
+      << s.ToString();
+  EXPECT_FALSE(m->members().at("b").demoted);
+  EXPECT_TRUE(notify.empty());
+  // Bad chunks are no stall: b is planned around at once.
+  ASSERT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kBadChunks}, 110200, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // b received within the stall time (it takes bytes but sends d none).
+  m = fresh(0);
+  for (uint64_t t = 95000; t <= 110000; t += 500)
+    ASSERT_TRUE(m->Heartbeat("b", hb(t < 105000 ? 4096 : 8192, 1), t).ok());
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // b holds version 2 (serves it) and sends d nothing.
+  m = fresh(0);
+  for (uint64_t t = 95000; t <= 110000; t += 500)
+    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 2), t).ok());
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // b fell silent (stopped) before the stall time's second half: its flat
+  // heartbeats are no evidence of what it does now.
+  m = fresh(0);
+  for (uint64_t t = 95000; t <= 104000; t += 500)
+    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), t).ok());
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // The rule off (parent_stall_us 0): planned around as before.
+  Membership off(Info("root", "us"), o, kDead);
+  for (std::string id : {"a", "b", "c", "d", "e"})
+    ASSERT_TRUE(off.Join(Info(id, "eu"), 1, 0, &notify).ok());
+  for (uint64_t t = 95000; t <= 110000; t += 500)
+    ASSERT_TRUE(off.Heartbeat("b", hb(4096, 1), t).ok());
+  EXPECT_TRUE(off.ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
 }
 
 TEST(Membership, EachStripesRateGoesToThatStripesParent) {
