@@ -513,7 +513,9 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "2000", 3'600'000);
   AddUnsigned(
       cmd, "--parent-stall-ms", a->parent_stall_ms,
-      "member: report a parent that sends nothing this long while a version is due (0: never)",
+      "member: report a parent that sends nothing this long while a version is due (0: never); "
+      "root: judge those reports by the parent's own heartbeats over this long (give every "
+      "agent the same value)",
       "10000");
   AddUnsigned(cmd, "--relay-probation-ms", a->relay_probation_ms,
               "root: a relay demoted for its children's reports relays again after this long "

@@ -120,18 +120,21 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
     TERN_REQUIRE(reported == 0 || now_us > reported + dead_after_us_, kMismatch, "'",
                  report.parent_id, "' reported its own parent stalled ",
                  (now_us - std::min(now_us, reported)) / 1000, " ms ago: it starves too");
-    // The relative rule: the parent's own heartbeats, heard well inside the
-    // reporter's stall time, show no byte in for all of it.
-    const MemberRecord& p = parent->second;
+    // The relative rule: the parent's own last heartbeat, heard well inside
+    // the reporter's stall time, shows no byte in for a whole stall time;
+    // excused for one more stall time at most, so a parent that cannot
+    // receive (or hangs off a root that starves it) is moved after all.
+    const MemberRecord& rec = parent->second;
     const uint64_t heard_within = std::min(dead_after_us_, parent_stall_us_ / 2);
-    const bool heard = now_us <= p.last_seen_us + heard_within;
-    const bool flat = p.bytes_in_moved_us + parent_stall_us_ <= now_us;
-    TERN_REQUIRE(
-        parent_stall_us_ == 0 || !heard || !flat || p.served_version > it->second.served_version,
-        kMismatch, "'", report.parent_id, "' has received nothing itself for ",
-        (now_us - p.bytes_in_moved_us) / 1000,
-        " ms by its heartbeats and holds nothing newer than version ", it->second.served_version,
-        ": it starves too");
+    const bool heard = now_us <= rec.last_seen_us + heard_within;
+    const bool flat = rec.bytes_in_moved_us + parent_stall_us_ <= rec.last_seen_us;
+    const bool recent = now_us < rec.bytes_in_moved_us + 2 * parent_stall_us_;
+    TERN_REQUIRE(parent_stall_us_ == 0 || !heard || !flat || !recent ||
+                     rec.served_version > it->second.served_version,
+                 kMismatch, "'", report.parent_id, "' has received nothing itself for ",
+                 (now_us - rec.bytes_in_moved_us) / 1000,
+                 " ms by its heartbeats and holds nothing newer than version ",
+                 it->second.served_version, ": it starves too");
   }
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;

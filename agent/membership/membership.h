@@ -80,16 +80,22 @@ class Membership {
   //  - it reported its own parent stalled within dead_after_us (its report
   //    names the one above), or
   //  - by its own heartbeats (the relative rule): it was heard from within
-  //    min(dead_after_us, parent_stall_us / 2), its bytes_in has not grown
-  //    for parent_stall_us (the reporter's stall time: the members share
-  //    --parent-stall-ms), and it serves (relay-only: holds) nothing newer
-  //    than the reporter, so it has had nothing to forward. A parent that
-  //    stopped (no heartbeat) or that receives but does not forward is
-  //    still planned around. This
-  //    needs no report from it, so the order in which a starving chain's
-  //    reports arrive no longer decides who is demoted. A serving parent
-  //    that holds a complete newer object it has not applied yet is
-  //    excused too: its child reports again after its next stall time.
+  //    min(dead_after_us, parent_stall_us / 2), its last heartbeat shows
+  //    no growth of bytes_in for parent_stall_us, it serves (relay-only:
+  //    holds) nothing newer than the reporter, so it had nothing to
+  //    forward, and it has been flat for less than 2 * parent_stall_us.
+  //    This needs no report from the parent, so the order in which a
+  //    starving chain's reports arrive no longer decides who is demoted;
+  //    the bound moves a parent that cannot receive at all (or starves
+  //    under the root, which is never planned around) one stall time
+  //    later than before. A parent that stopped (no heartbeat), receives
+  //    but does not forward, or holds a newer version is planned around
+  //    as before. parent_stall_us is the root's --parent-stall-ms, taken
+  //    as the reporter's (agents are meant to share it). Limits: bytes_in
+  //    counts every stripe, so with stripes > 1 a parent starving on one
+  //    stripe only is not flat; versions are compared without the board
+  //    epoch (heartbeats carry none), so after a supersede a parent on the
+  //    new epoch with a lower number counts as holding nothing newer.
   Status ReportParent(const std::string& id, const ParentReport& report, uint64_t now_us,
                       std::vector<std::string>* notify);
   // The operator drains a member ahead of taking it away (a scheduler's

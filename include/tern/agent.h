@@ -185,7 +185,10 @@ struct AgentOptions {
   // Member: a parent that sends no byte for this long while a version is
   // due (HEAD is newer than what this member serves or holds) is reported
   // to the root, which plans around it; 0: never report stalls (chunks
-  // that fail verification are reported regardless).
+  // that fail verification are reported regardless). Root: taken as its
+  // members' value when it judges a stall report by the parent's own
+  // heartbeats (docs/agent.md §4; 0: that rule off), so give every agent
+  // of a board the same value.
   uint32_t parent_stall_ms = 10000;
   // Root: a relay demoted for its children's reports relays again after
   // this long without further reports; each repeat doubles the wait, up to
