@@ -293,10 +293,10 @@ struct EtcdClient::Impl {
                               "signed by a CA in etcd's --trusted-ca-file?"
                             : ": etcd wants a client certificate (--client-cert-auth): give "
                               "--etcd-cert and --etcd-key",
-                        // Also what a TLS 1.2 peer sends when no version or
+                        // Also what a TLS 1.2 peer sends when no cipher
                         // suite is shared: say so rather than guess.
                         tls_detail.find("handshake failure") != std::string::npos
-                            ? " (or etcd shares no TLS version or cipher suite with this client)"
+                            ? " (or etcd shares no cipher suite with this client)"
                             : "");
     }
     std::string hint;

@@ -58,6 +58,7 @@ enum class BeaconVerdict : uint8_t {
   kSkewed,
 };
 inline constexpr size_t kBeaconVerdicts = 7;
+static_assert(size_t(BeaconVerdict::kSkewed) + 1 == kBeaconVerdicts);
 const char* BeaconVerdictName(BeaconVerdict v);  // "accepted", "forged", ...
 
 struct Freshness {

@@ -230,7 +230,7 @@ TEST_F(Tracker, BehindWhenTheSignedHeadIsMoreThanTheLagAhead) {
   EXPECT_EQ(f.lag_versions, 2u);
 }
 
-TEST_F(Tracker, RefusesReplaysForgeriesAndOtherBoardsAndCountsThem) {
+TEST_F(Tracker, RefusesReplaysUnknownKeysAndOtherBoardsAndCountsThem) {
   ASSERT_EQ(Offer(At(7, 5), 0), BeaconVerdict::kAccepted);
   EXPECT_EQ(Offer(At(7, 5), 1), BeaconVerdict::kReplayed);  // the same again
   EXPECT_EQ(Offer(At(7, 4), 2), BeaconVerdict::kReplayed);  // an older one

@@ -723,20 +723,20 @@ Result<std::string> AdminCall(const char* method, std::string_view address, std:
       // The server's alert about our certificate. Under TLS 1.3 the client
       // finishes its handshake before the server has checked it, so the
       // alert arrives at the first read.
-      // "handshake failure" is the alert a TLS 1.2 server sends for a
-      // missing certificate, but also when it shares no version or cipher
-      // suite with us: say both rather than guess.
-      if (IsTlsCertificateAlert(why) && why.find("handshake failure") != std::string::npos) {
-        return TERN_ERROR(kAuth, "admin ", where, ": the server refused the TLS handshake: ", why,
-                          options.cert_pem.empty()
-                              ? " (it may require a client certificate, and none was given "
-                                "(--admin-cert, --admin-key); or it shares no TLS version or "
-                                "cipher suite with this client)"
-                              : " (it may have refused our client certificate (is --admin-cert "
-                                "signed by the CA it trusts?); or it shares no TLS version or "
-                                "cipher suite with this client)");
-      }
       if (IsTlsCertificateAlert(why)) {
+        // "handshake failure" is what a TLS 1.2 server sends for a missing
+        // certificate, but also when it shares no cipher suite (or group,
+        // or signature algorithm) with us: say both rather than guess.
+        if (why.find("handshake failure") != std::string::npos) {
+          return TERN_ERROR(kAuth, "admin ", where, ": the server refused the TLS handshake: ", why,
+                            options.cert_pem.empty()
+                                ? " (it may require a client certificate, and none was given "
+                                  "(--admin-cert, --admin-key); or it shares no cipher suite "
+                                  "with this client)"
+                                : " (it may have refused our client certificate (is --admin-cert "
+                                  "signed by the CA it trusts?); or it shares no cipher suite "
+                                  "with this client)");
+        }
         if (options.cert_pem.empty()) {
           return TERN_ERROR(kAuth, "admin ", where,
                             ": the server requires a client certificate and none was given "

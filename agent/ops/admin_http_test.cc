@@ -656,7 +656,7 @@ TEST_F(AdminTest, MutualTlsNeedsAClientCertificateFromTheCa) {
 
 // A TLS 1.2 server that shares no cipher suite with the client sends the
 // same "handshake failure" alert a TLS 1.2 server sends for a missing client
-// certificate: the client says both, and does not claim either.
+// certificate: the client names both causes and claims neither.
 TEST(AdminClient, AHandshakeFailureAlertNamesBothLikelyCauses) {
   const auto& pki = Pki();
   ASSERT_TRUE(pki.ok);
@@ -670,8 +670,11 @@ TEST(AdminClient, AHandshakeFailureAlertNamesBothLikelyCauses) {
   ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx.get(), pki.server.key_file.c_str(), SSL_FILETYPE_PEM),
             1);
   // A pre-shared-key suite: no client offers it without a PSK of its own.
-  ASSERT_EQ(SSL_CTX_set_cipher_list(ctx.get(), "PSK-AES128-CBC-SHA"), 1);
+  if (SSL_CTX_set_cipher_list(ctx.get(), "PSK-AES128-CBC-SHA") != 1)
+    GTEST_SKIP() << "this OpenSSL offers no PSK-AES128-CBC-SHA to a server";
   std::thread server([&] {
+    pollfd pfd{listener.fd(), POLLIN, 0};
+    if (::poll(&pfd, 1, 30'000) != 1) return;  // the client never dialled: its error says why
     const int fd = ::accept(listener.fd(), nullptr, nullptr);
     if (fd < 0) return;
     SSL* ssl = SSL_new(ctx.get());
@@ -687,7 +690,7 @@ TEST(AdminClient, AHandshakeFailureAlertNamesBothLikelyCauses) {
   const std::string& m = r.status().message();
   EXPECT_NE(m.find("handshake failure"), std::string::npos) << m;
   EXPECT_NE(m.find("it may require a client certificate"), std::string::npos) << m;
-  EXPECT_NE(m.find("shares no TLS version or cipher suite"), std::string::npos) << m;
+  EXPECT_NE(m.find("shares no cipher suite"), std::string::npos) << m;
   EXPECT_EQ(m.find("the server requires a client certificate"), std::string::npos) << m;
 }
 

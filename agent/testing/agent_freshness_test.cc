@@ -323,7 +323,7 @@ TEST_F(AgentFreshnessTest, ABeaconOfALaterEpochMakesAMemberStaleSuperseded) {
 // off"), so they dial the root again, learn the key set with the WELCOME,
 // and serve the version bit for bit.
 TEST_F(AgentFreshnessTest, ChildrenBehindARotationBlameNoRelayAndCatchUp) {
-  constexpr uint32_t kSlowStaleMs = 4000;  // the window in which they disagree
+  constexpr uint32_t kSlowStaleMs = 8000;  // the window in which they disagree
   const ManifestSigner key_a = std::move(ManifestSigner::Generate()).value();
   const ManifestSigner key_b = std::move(ManifestSigner::Generate()).value();
   const std::string a_pem = *key_a.PrivateKeyPem();
@@ -331,6 +331,10 @@ TEST_F(AgentFreshnessTest, ChildrenBehindARotationBlameNoRelayAndCatchUp) {
     o.beacon_interval_ms = kIntervalMs;
     o.stale_after_ms = kSlowStaleMs;
     o.signing_key_pem = a_pem;  // only a root reads it
+    // A relay that withholds a due version is reported stalled after this
+    // (the documented cost of a lagging key set): out of this test's reach,
+    // so that only a report of bad chunks could demote it here.
+    o.parent_stall_ms = 60'000;
   });
   struct Drop {
     std::mutex mu;
@@ -384,17 +388,27 @@ TEST_F(AgentFreshnessTest, ChildrenBehindARotationBlameNoRelayAndCatchUp) {
 
   ASSERT_TRUE(AllServe(2)) << Lagging(2);
   ExpectBitwiseEqual(2);
+  // Lines of `id` that contain both parts.
+  auto logged_both = [&](const std::string& id, const std::string& x, const std::string& y) {
+    std::lock_guard<std::mutex> lock(log_->mu);
+    size_t n = 0;
+    for (const auto& l : log_->lines)
+      n += l.rfind("[" + id + "] ", 0) == 0 && l.find(x) != std::string::npos &&
+           l.find(y) != std::string::npos;
+    return n;
+  };
   size_t refused = 0;
   for (const char* name : {"a", "b"}) {
     EXPECT_EQ(Logged(name, "key set 1 applied"), 1u) << name;
-    refused += Logged(name, "untrusted key id");
+    EXPECT_EQ(Logged(name, "to the root: bad chunks"), 0u) << name << " blamed the relay";
+    refused += logged_both(name, "OFFER manifest", "untrusted key id");
     const AgentFreshness f = FreshnessOf(name);
     EXPECT_GE(f.beacons_untrusted, 1u) << Describe(name);
     EXPECT_EQ(f.beacons_forged, 0u) << Describe(name);
   }
-  EXPECT_GE(refused, 1u) << "no child logged refusing the new key's manifest or beacons";
+  EXPECT_GE(refused, 1u) << "no child logged refusing the relay's OFFER of the new key's manifest";
   for (const auto& m : root_->Snapshot().members)
-    EXPECT_NE(m.demoted_for, "bad chunks") << m.id << " was blamed for the children's key set";
+    if (m.id == "relay") EXPECT_EQ(m.demotions, 0u) << "the relay was planned around";
 
   Publish(3);
   ASSERT_TRUE(AllServe(3)) << Lagging(3);
