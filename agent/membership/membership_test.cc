@@ -338,14 +338,18 @@ TEST(Membership, AParentThatStarvesByItsHeartbeatsIsNotBlamed) {
     EXPECT_EQ(m->ParentsOf("d")->parents[0].id, "b");
     return m;
   };
+  // b's heartbeats every 500 us over [from, to], bytes_in as bytes_at(t) says.
+  auto beat = [&](Membership& on, uint64_t from, uint64_t to, auto bytes_at, uint64_t served) {
+    for (uint64_t t = from; t <= to; t += 500)
+      ASSERT_TRUE(on.Heartbeat("b", hb(bytes_at(t), served), t).ok());
+  };
+  auto flat = [](uint64_t) { return uint64_t{4096}; };
   std::vector<std::string> notify;
 
   // Version 2 is due from t=100000; b took its last byte at 95000 and has
   // had none since, by heartbeats every 500 us. d reports b first.
   auto m = fresh(0);
-  ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), 95000).ok());
-  for (uint64_t t = 95500; t <= 110000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), t).ok());
+  beat(*m, 95000, 110000, flat, 1);
   Status s = m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify);
   EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
   EXPECT_NE(s.message().find("'b' has received nothing itself for 15 ms"), std::string::npos)
@@ -360,34 +364,30 @@ TEST(Membership, AParentThatStarvesByItsHeartbeatsIsNotBlamed) {
   // cannot receive (or starves under the root, which is never planned
   // around), and is moved after all.
   m = fresh(0);
-  for (uint64_t t = 95000; t <= 110000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), t).ok());
+  beat(*m, 95000, 110000, flat, 1);
   EXPECT_EQ(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).code(),
             Code::kMismatch);
-  for (uint64_t t = 110500; t <= 115000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), t).ok());
+  beat(*m, 110500, 115000, flat, 1);
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 115100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 
   // b received within the stall time (it takes bytes but sends d none).
   m = fresh(0);
-  for (uint64_t t = 95000; t <= 110000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(t < 105000 ? 4096 : 8192, 1), t).ok());
+  beat(
+      *m, 95000, 110000, [](uint64_t t) { return uint64_t{t < 105000 ? 4096u : 8192u}; }, 1);
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 
   // b holds version 2 (serves it) and sends d nothing.
   m = fresh(0);
-  for (uint64_t t = 95000; t <= 110000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 2), t).ok());
+  beat(*m, 95000, 110000, flat, 2);
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 
   // b fell silent (stopped) before the stall time's second half: its flat
   // heartbeats are no evidence of what it does now.
   m = fresh(0);
-  for (uint64_t t = 95000; t <= 104000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1), t).ok());
+  beat(*m, 95000, 104000, flat, 1);
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 
@@ -395,8 +395,7 @@ TEST(Membership, AParentThatStarvesByItsHeartbeatsIsNotBlamed) {
   Membership off(Info("root", "us"), o, kDead);
   for (std::string id : {"a", "b", "c", "d", "e"})
     ASSERT_TRUE(off.Join(Info(id, "eu"), 1, 0, &notify).ok());
-  for (uint64_t t = 95000; t <= 110000; t += 500)
-    ASSERT_TRUE(off.Heartbeat("b", hb(4096, 1), t).ok());
+  beat(off, 95000, 110000, flat, 1);
   EXPECT_TRUE(off.ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
 }
 

@@ -161,12 +161,13 @@ class AgentSystemFixture : public TraceTest {
     };
   }
 
-  // Captured lines of agent `id` that contain `part`.
-  size_t Logged(const std::string& id, const std::string& part) {
+  // Captured lines of agent `id` that contain `part` (and `also`, if given).
+  size_t Logged(const std::string& id, const std::string& part, const std::string& also = "") {
     std::lock_guard<std::mutex> lock(log_->mu);
     size_t n = 0;
     for (const auto& l : log_->lines)
-      n += l.rfind("[" + id + "] ", 0) == 0 && l.find(part) != std::string::npos;
+      n += l.rfind("[" + id + "] ", 0) == 0 && l.find(part) != std::string::npos &&
+           l.find(also) != std::string::npos;
     return n;
   }
 
