@@ -96,7 +96,8 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     fp.offered_us = env.clock().NowUs();
     link.from.emplace(c.ref, std::move(fp));
   }
-  FillWindows(link, *it->second);
+  // No windows yet: AfterOffer first marks the chunks this parent pushes,
+  // then asks for the rest.
 }
 
 void RelayNode::Impl::OnHashes(Link& link, std::string_view payload) {

@@ -272,7 +272,10 @@ struct RelayNode::Impl {
   void OpenPushWindow(Link& link) REQUIRES(mu);
   void OnPush(Link& link, std::string_view payload) REQUIRES(mu);
   void OnPushed(const Event& e) REQUIRES(mu);
+  // After OnOffer: marks the chunks the PUSH announced (MarkPushed), then
+  // opens windows for the rest.
   void AfterOffer(uint64_t link_id, const ObjectRef& ref) REQUIRES(mu);
+  void MarkPushed(Link& link) REQUIRES(mu);
   void DrainPush(Link& link) REQUIRES(mu);
   // Parent side: which chunks of `obj` go unasked to `link`, and PUSH.
   std::vector<std::pair<uint32_t, uint64_t>> PlanPush(Link& link, const Object& obj) REQUIRES(mu);

@@ -84,27 +84,42 @@ void RelayNode::Impl::OnPushed(const Event& e) {
 
 void RelayNode::Impl::AfterOffer(uint64_t link_id, const ObjectRef& ref) {
   Link* link = Find(link_id);
-  if (!link || !link->push_in) return;
-  PushIn& p = *link->push_in;
-  if (!p.announced || p.offered || !(p.ref == ref)) return;
+  if (!link) return;
+  if (link->push_in && link->push_in->announced && !link->push_in->offered &&
+      link->push_in->ref == ref) {
+    MarkPushed(*link);
+    if (!(link = Find(link_id))) return;  // the PUSH did not fit: the parent was dropped
+  }
+  // Only now the windows: an object whose hash list another stripe's parent
+  // already sent is asked for at once, and the chunks this parent is
+  // pushing must not be asked for again (they would cross twice).
+  auto obj = objects.find(ref);
+  if (obj != objects.end() && link->from.count(ref) && !obj->second->complete) {
+    FillWindows(*link, *obj->second);
+  }
+}
+
+void RelayNode::Impl::MarkPushed(Link& link) {
+  PushIn& p = *link.push_in;
+  const ObjectRef ref = p.ref;
   p.offered = true;
   auto obj = objects.find(ref);
-  auto fp = link->from.find(ref);
-  if (obj != objects.end() && fp != link->from.end()) {
+  auto fp = link.from.find(ref);
+  if (obj != objects.end() && fp != link.from.end()) {
     const ManifestObject& m = obj->second->meta;
-    const auto layout = PushLayout(m, link->stats.stripe, link->stats.stripes, p.count);
+    const auto layout = PushLayout(m, link.stats.stripe, link.stats.stripes, p.count);
     const uint64_t end = layout.empty() ? 0
                                         : layout.back().second + obj->second->Length(layout.back().first);
     if (layout.size() != p.count || end > p.bytes) {
-      return FailParent(*link, TERN_ERROR(kProtocol, "PUSH of ", p.count, " chunks of ",
-                                          ObjectName(ref), " does not fit the stripe or the ",
-                                          p.bytes, "-byte push window"));
+      return FailParent(
+          link, TERN_ERROR(kProtocol, "PUSH of ", p.count, " chunks of ", ObjectName(ref),
+                           " does not fit the stripe or the ", p.bytes, "-byte push window"));
     }
     for (const auto& [i, off] : layout) {
       if (!obj->second->verified[i]) fp->second.pushed.insert(i);
     }
   }
-  DrainPush(*link);
+  DrainPush(link);
 }
 
 void RelayNode::Impl::DrainPush(Link& link) {
