@@ -201,8 +201,9 @@ def wait_for(cond, seconds, what):
 
 
 def start_vllm(name, root, port, work):
+    # VLLM_RPC_BASE_PATH: its ZMQ sockets go with the work directory, not /tmp.
     env = dict(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO",
-               TOKENIZERS_PARALLELISM="false")
+               TOKENIZERS_PARALLELISM="false", VLLM_RPC_BASE_PATH=work)
     cmd = [sys.executable, "-c",
            "from vllm.entrypoints.launchers.api_server.entry import main; main()",
            "--model", os.path.join(root, "current"), "--served-model-name", "tern",

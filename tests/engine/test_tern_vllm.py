@@ -298,8 +298,11 @@ def free_port():
 
 def start_engine(root, log_path):
     port = free_port()
+    # VLLM_RPC_BASE_PATH: vLLM's ZMQ sockets go in the work directory, which
+    # the test removes (by default they are left in /tmp, ~20 a run).
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_LOGGING_LEVEL="INFO", TOKENIZERS_PARALLELISM="false")
+               VLLM_LOGGING_LEVEL="INFO", TOKENIZERS_PARALLELISM="false",
+               VLLM_RPC_BASE_PATH=os.path.dirname(log_path))
     # The module, not the `vllm` script: that one asks for the "vllm"
     # distribution's version, and the CPU build is "vllm-cpu".
     cmd = [sys.executable, "-c", "from vllm.entrypoints.launchers.api_server.entry import main; main()",
@@ -551,6 +554,7 @@ def tied_embeddings(work):
     process (LLM, the same backend through collective_rpc): one engine at
     a time, the server is stopped by now."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_RPC_BASE_PATH"] = work  # its sockets go with the work directory
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
