@@ -505,7 +505,8 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "only). A relay holds its windows and its children's while an object passes; a "
               "link carries at most this much per round trip",
               "67108864", uint64_t{1} << 32);
-  AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms, "member heartbeat period", "500");
+  AddUnsigned(cmd, "--heartbeat-ms", a->heartbeat_ms,
+              "root: the members' heartbeat period (members take the root's once joined)", "500");
   AddUnsigned(cmd, "--dead-after-ms", a->dead_after_ms, "root: drop a member silent this long", "3000");
   AddUnsigned(cmd, "--spare-grace-ms", a->spare_grace_ms,
               "member: readers of DIR/current keep the version switched away from this long, then "
@@ -513,9 +514,9 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "2000", 3'600'000);
   AddUnsigned(
       cmd, "--parent-stall-ms", a->parent_stall_ms,
-      "member: report a parent that sends nothing this long while a version is due (0: never); "
-      "root: judge those reports by the parent's own heartbeats over this long (give every "
-      "agent the same value)",
+      "root: members report a parent that sends nothing this long while a version is due "
+      "(0: never), and the root judges those reports by the parent's own heartbeats over this "
+      "long; members take the root's value once joined",
       "10000");
   AddUnsigned(cmd, "--relay-probation-ms", a->relay_probation_ms,
               "root: a relay demoted for its children's reports relays again after this long "

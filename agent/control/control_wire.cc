@@ -143,6 +143,7 @@ void PutBody(Writer& w, const Welcome& m) {
   w.U64(m.head);
   w.U32(m.heartbeat_ms);
   w.U32(m.stripes);
+  w.U32(m.parent_stall_ms);
   w.Str(m.fetch_address, 0, kMaxControlIdBytes, "fetch address");
 }
 void PutBody(Writer& w, const Reject& m) { w.Str(m.reason, 0, kMaxControlTextBytes, "reason"); }
@@ -253,6 +254,7 @@ Welcome GetBody<Welcome>(Reader& r) {
   m.head = r.U64("head");
   m.heartbeat_ms = r.U32("heartbeat_ms");
   m.stripes = r.U32("stripes");
+  m.parent_stall_ms = r.U32("parent_stall_ms");
   if (r.ok() && m.heartbeat_ms == 0) r.Fail("heartbeat_ms 0");
   if (r.ok() && (m.stripes < 1 || m.stripes > kMaxControlParents)) r.Fail("stripes outside 1..8");
   m.fetch_address = r.Str(0, kMaxControlIdBytes, "fetch address");

@@ -32,7 +32,7 @@ namespace tern::agent {
 // 5: BEACON (signed HEAD beacons, root -> member).
 // 6: KEY_SETS (the chain of signed key sets, root -> member).
 // 7: HEARTBEAT gained the apply rate per patch format.
-inline constexpr uint16_t kControlProtocol = 7;
+inline constexpr uint16_t kControlProtocol = 8;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -96,8 +96,12 @@ struct Hello {
 struct Welcome {
   BoardId board_id{};
   uint64_t head = 0;
-  uint32_t heartbeat_ms = 0;  // 1..
-  uint32_t stripes = 1;       // 1..8
+  // The board's timing, the root's flags: members heartbeat every
+  // heartbeat_ms and report a parent that brings nothing for
+  // parent_stall_ms (0: never), whatever their own flags say.
+  uint32_t heartbeat_ms = 0;     // 1..
+  uint32_t stripes = 1;          // 1..8
+  uint32_t parent_stall_ms = 0;  // protocol 8
   // Where catch-up objects are fetched from (the root's object service);
   // empty: none (catch-up unavailable).
   std::string fetch_address;

@@ -16,7 +16,7 @@ std::vector<ControlMessage> Samples() {
   hello.board_id[0] = 7;
   hello.served_version = 42;
   hello.join_token = "secret";
-  Welcome welcome{hello.board_id, 43, 1000, 2, "127.0.0.1:7009"};
+  Welcome welcome{hello.board_id, 43, 1000, 2, 10000, "127.0.0.1:7009"};
   Heartbeat hb{9,     42,    43,    1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}},
                2.5e9, 6.5e8};
   Parents parents{5, {{0, "root", "127.0.0.1:7000", false}, {1, "m-2", "10.0.0.2:7102", true}}};
@@ -141,10 +141,10 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 6;  // the protocol before the apply rates
+  hello[4] = 7;  // the protocol before WELCOME carried the stall time
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("control protocol 6 (this agent speaks 7;"),
+  EXPECT_NE(r.status().message().find("control protocol 7 (this agent speaks 8;"),
             std::string::npos)
       << r.status().message();
 }
@@ -211,7 +211,7 @@ TEST(ControlWire, EncodeRefusesWhatDecodeWouldRefuse) {
   Heartbeat hb;
   hb.rtt_to_parent_s = -1;
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1, ""}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EncodeControl(Welcome{{}, 1, 0, 1, 0, ""}).status().code(), Code::kInvalidArgument);
   hb.rtt_to_parent_s = 0;
   hb.rtt_to_root_s = std::numeric_limits<double>::infinity();
   EXPECT_EQ(EncodeControl(hb).status().code(), Code::kInvalidArgument);

@@ -354,7 +354,12 @@ void AgentImpl::WorkLoop() {
 }
 
 void AgentImpl::TickLoop() {
-  const uint64_t tick_us = std::max<uint64_t>(1000, uint64_t{opt_.heartbeat_ms} * 1000 / 2);
+  // Twice per heartbeat: the root's (WELCOME) once a member joined, read
+  // again at every step so that a new root's takes effect at once.
+  const auto tick_us = [this] {
+    const uint32_t board = board_heartbeat_ms_.load();
+    return std::max<uint64_t>(1000, uint64_t{board ? board : opt_.heartbeat_ms} * 1000 / 2);
+  };
   for (;;) {
     {
       MutexLock lock(mu_);
@@ -366,8 +371,10 @@ void AgentImpl::TickLoop() {
       MemberTick();
     }
     // Sleep in short steps so that Stop returns promptly.
-    for (uint64_t slept = 0; slept < tick_us; slept += 20000) {
-      clock_.SleepUs(std::min<uint64_t>(20000, tick_us - slept));
+    for (uint64_t slept = 0, tick = tick_us(); slept < tick; tick = tick_us()) {
+      const uint64_t step = std::min<uint64_t>(20000, tick - slept);
+      clock_.SleepUs(step);
+      slept += step;
       MutexLock lock(mu_);
       if (stopping_) return;
     }

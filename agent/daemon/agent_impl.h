@@ -436,6 +436,10 @@ class AgentImpl final : public Agent {
   std::string dial_address_ GUARDED_BY(mu_);                 // the one being dialled
   Parents parents_ GUARDED_BY(mu_);
   uint32_t stripes_ GUARDED_BY(mu_) = 1;
+  // Member: the board's timing from WELCOME (the root's --heartbeat-ms and
+  // --parent-stall-ms), which rules over this agent's own flags once joined.
+  uint32_t board_parent_stall_ms_ GUARDED_BY(mu_) = 0;
+  std::atomic<uint32_t> board_heartbeat_ms_{0};  // 0: not joined yet (TickLoop: opt_'s)
   uint64_t heartbeat_seq_ GUARDED_BY(mu_) = 0;
   double last_apply_s_ GUARDED_BY(mu_) = 0;
   // Member: its apply rate per format (1, 2), for the root's format choice

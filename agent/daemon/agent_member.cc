@@ -324,6 +324,19 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         NoteHeadLocked(known_head_epoch_, w->head);
         fetch_address_ = w->fetch_address;
         stripes_ = w->stripes;
+        // The root's timing rules: its dead-after counts this member's
+        // heartbeats, and its stall rule assumes its own stall time.
+        if (board_heartbeat_ms_.load() != w->heartbeat_ms ||
+            board_parent_stall_ms_ != w->parent_stall_ms) {
+          if (w->heartbeat_ms != opt_.heartbeat_ms || w->parent_stall_ms != opt_.parent_stall_ms) {
+            Log("the root's timing rules: heartbeat every " + std::to_string(w->heartbeat_ms) +
+                " ms, a parent reported after " + std::to_string(w->parent_stall_ms) +
+                " ms without a byte (this agent's flags said " + std::to_string(opt_.heartbeat_ms) +
+                " and " + std::to_string(opt_.parent_stall_ms) + " ms)");
+          }
+          board_heartbeat_ms_ = w->heartbeat_ms;
+          board_parent_stall_ms_ = w->parent_stall_ms;
+        }
         Log("joined; HEAD " + std::to_string(w->head) +
             (opt_.relay_only ? ", relay-only, holding " : ", serving ") +
             std::to_string(VersionLocked()));

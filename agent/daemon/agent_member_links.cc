@@ -130,7 +130,7 @@ void AgentImpl::MemberProbeParents() {
 
 // Under mu_. A version is due when HEAD is newer than what this member
 // serves and nothing it holds reaches HEAD; a parent whose link brings no
-// byte for parent_stall_ms while one is due, or that the relay dropped for
+// byte for the root's parent_stall_ms (WELCOME) while one is due, or that the relay dropped for
 // chunks failing verification, is reported (again at most once per stall
 // time: the root ignores a report on a parent that starves too, and that
 // parent's own report names the one above).
@@ -170,8 +170,8 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
     std::optional<ParentFault> fault;
     if (bad_chunks) {
       fault = ParentFault::kBadChunks;
-    } else if (opt_.parent_stall_ms > 0 &&
-               now - w.progress_us > uint64_t{opt_.parent_stall_ms} * 1000) {
+    } else if (board_parent_stall_ms_ > 0 &&
+               now - w.progress_us > uint64_t{board_parent_stall_ms_} * 1000) {
       fault = ParentFault::kStalled;
     }
     if (!fault) continue;

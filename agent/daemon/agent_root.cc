@@ -360,6 +360,7 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
           w.head = board_->head();
           w.heartbeat_ms = opt_.heartbeat_ms;
           w.stripes = opt_.stripes;
+          w.parent_stall_ms = opt_.parent_stall_ms;
           w.fetch_address = fetch_server_ ? fetch_server_->address() : "";
           Send(out, conn, w);
           // Before any HEAD or catch-up: the member verifies those with the

@@ -90,8 +90,8 @@ class Membership {
   //    under the root, which is never planned around) one stall time
   //    later than before. A parent that stopped (no heartbeat), receives
   //    but does not forward, or holds a newer version is planned around
-  //    as before. parent_stall_us is the root's --parent-stall-ms, taken
-  //    as the reporter's (agents are meant to share it). Limits: bytes_in
+  //    as before. parent_stall_us is the root's --parent-stall-ms, which
+  //    its members report by (WELCOME carries it). Limits: bytes_in
   //    counts every stripe, so with stripes > 1 a parent starving on one
   //    stripe only is not flat; versions are compared without the board
   //    epoch (heartbeats carry none), so after a supersede a parent on the

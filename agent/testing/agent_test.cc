@@ -725,10 +725,12 @@ TEST_F(AgentSystemTest, RoundTripsAreMeasuredAndShown) {
 // children move, nobody else does), and every member still serves every
 // version bit for bit. After its probation it may relay again, and no edge
 // moves for that.
+// The stall time is the root's, from WELCOME: the members' own flag says
+// never report.
 TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
   tweak_ = [](AgentOptions& o) {
     o.dead_after_ms = 20'000;  // the stalled relay's heartbeats are late too
-    o.parent_stall_ms = 800;
+    o.parent_stall_ms = o.id == "root" ? 800 : 0;
     // Long enough that the children's move (slow on a loaded machine
     // running sanitized agents) ends before the probation does.
     o.relay_probation_ms = 15'000;
@@ -782,6 +784,26 @@ TEST_F(AgentSystemTest, StalledParentIsReportedAndPlannedAround) {
     EXPECT_EQ(m.demoted_for, "stalled");
   }
   for (const auto& m : root_->Snapshot().members) EXPECT_EQ(m.parent, parents[m.id]) << m.id;
+}
+
+// A member heartbeats at the root's pace (WELCOME), not its own: at its own
+// 5 s the root's 1 s dead-after would drop it between any two heartbeats.
+TEST_F(AgentSystemTest, MembersHeartbeatAtTheRootsPace) {
+  CaptureLogs([](AgentOptions& o) {
+    if (o.id == "root") return;  // 100 ms, dead after 1000 ms (BaseOptions)
+    o.heartbeat_ms = 5'000;
+    o.dead_after_ms = 20'000;
+  });
+  StartRoot();
+  StartMember("m", "eu");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  EXPECT_TRUE(WaitFor(
+      [&] { return Logged("m", "the root's timing rules: heartbeat every 100 ms") == 1; }, 10));
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // four dead-after times
+  EXPECT_EQ(Logged("root", "member m silent for"), 0u);
+  EXPECT_EQ(root_->Snapshot().members.size(), 1u);
+  Publish(1);
+  ASSERT_TRUE(AllServe(1)) << Lagging(1);
 }
 
 // After a re-plan a member's SUBSCRIBE tells its new parent the version it

@@ -167,6 +167,8 @@ struct AgentOptions {
   bool patch_nibbles = true;
 
   // ---- Timing ----
+  // Root: the board's heartbeat period; members take it from WELCOME (a
+  // member's own value is used only until it joins).
   uint32_t heartbeat_ms = 500;
   uint32_t dead_after_ms = 3000;  // a member silent this long leaves the plan
   // A member brings its spare view up to the served version this long after
@@ -182,13 +184,13 @@ struct AgentOptions {
   // switch (docs/agent/apply.md "Streaming apply"). false: applied whole
   // once complete.
   bool stream_apply = true;
-  // Member: a parent that sends no byte for this long while a version is
-  // due (HEAD is newer than what this member serves or holds) is reported
-  // to the root, which plans around it; 0: never report stalls (chunks
-  // that fail verification are reported regardless). Root: taken as its
-  // members' value when it judges a stall report by the parent's own
-  // heartbeats (docs/agent.md §4; 0: that rule off), so give every agent
-  // of a board the same value.
+  // Root, for the whole board (members take it from WELCOME; their own
+  // value is not used): a member reports a parent that sends no byte for
+  // this long while a version is due (HEAD is newer than what it serves
+  // or holds), and the root plans around it; 0: no stall reports (chunks
+  // that fail verification are reported regardless). The root judges a
+  // stall report by the parent's own heartbeats over this long
+  // (docs/agent.md §4; 0: that rule off).
   uint32_t parent_stall_ms = 10000;
   // Root: a relay demoted for its children's reports relays again after
   // this long without further reports; each repeat doubles the wait, up to

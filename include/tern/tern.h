@@ -175,12 +175,12 @@ typedef struct tern_agent_options {
   uint32_t patch_format;     /* 0: auto (chosen per version); 1 or 2: forced */
 
   /* Timing; defaults as tern-agent's. */
-  uint32_t heartbeat_ms;       /* default 500 */
+  uint32_t heartbeat_ms;       /* default 500; members take the root's */
   uint32_t dead_after_ms;      /* default 3000 */
   uint32_t spare_grace_ms;     /* default 2000 */
   int stream_apply;            /* default 1 */
   uint32_t parent_stall_ms;    /* default 10000; 0: never report (root: the
-                                  heartbeat rule off); same on every agent */
+                                  heartbeat rule off); members take the root's */
   uint32_t relay_probation_ms; /* default 60000 */
   uint32_t push_window_bytes;  /* default 2 MiB; at most 64 MiB */
   uint32_t threads;            /* apply/diff threads; 0: the hardware's */

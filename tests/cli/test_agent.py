@@ -511,7 +511,9 @@ class AgentCli(unittest.TestCase):
         root = Agent(self.tmp, "dm-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
                                            "--admin-token-file", os.path.join(self.tmp, "admin.token"),
                                            "--root-fanout", "1", "--dead-after-ms", "60000",
-                                           "--relay-probation-ms", "600000"] + tok)
+                                           "--relay-probation-ms", "600000",
+                                           # the board's stall time: members take the root's
+                                           "--parent-stall-ms", "500"] + tok)
         agents = [root]
         try:
             common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
@@ -519,7 +521,7 @@ class AgentCli(unittest.TestCase):
             relay = Agent(self.tmp, "dm-relay", common)
             agents.append(relay)
             wait_for(lambda: len(self.served(root)) == 1, 30, "the relay joined")
-            leaf = Agent(self.tmp, "dm-leaf", common + ["--parent-stall-ms", "500"])
+            leaf = Agent(self.tmp, "dm-leaf", common)
             agents.append(leaf)
             wait_for(lambda: len(self.served(root)) == 2, 30, "the leaf joined")
             members = {m["id"]: m for m in self.status(root)["members"]}
