@@ -79,6 +79,13 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   auto it = members_.find(id);
   if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
   if (hb.bytes_in != it->second.last.bytes_in) it->second.bytes_in_moved_us = now_us;
+  auto& samples = it->second.bytes_in_samples;
+  samples.emplace_back(now_us, hb.bytes_in);
+  const uint64_t keep_us = 2 * std::max(parent_stall_us_, dead_after_us_);
+  while (samples.size() > MemberRecord::kMaxBytesInSamples ||
+         (samples.size() > 1 && samples.front().first + keep_us < now_us)) {
+    samples.pop_front();
+  }
   it->second.last = hb;
   it->second.last_seen_us = now_us;
   it->second.served_version = hb.served_version;
@@ -141,6 +148,30 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
   RecordDemotion(probation_, report.fault, now_us, &parent->second.probation);
   Replan(std::move(next), notify);
   return Status::Ok();
+}
+
+std::string Membership::StallEvidence(const std::string& id, uint64_t now_us) const {
+  auto it = members_.find(id);
+  if (it == members_.end()) return "";
+  const MemberRecord& rec = it->second;
+  std::string out = "its last heartbeat " +
+                    std::to_string((now_us - std::min(now_us, rec.last_seen_us)) / 1000) +
+                    " ms ago";
+  if (!rec.bytes_in_samples.empty()) {
+    // The growth from the newest sample at least one stall time older than
+    // the last (else the oldest kept) to the last.
+    const uint64_t window_us = parent_stall_us_ ? parent_stall_us_ : dead_after_us_;
+    const auto& last = rec.bytes_in_samples.back();
+    auto from = rec.bytes_in_samples.front();
+    for (const auto& s : rec.bytes_in_samples) {
+      if (s.first + window_us > last.first) break;
+      from = s;
+    }
+    out += ", bytes in +" + std::to_string(last.second - std::min(last.second, from.second)) +
+           " over the " + std::to_string((last.first - from.first) / 1000) + " ms before it";
+  }
+  out += ", serving " + std::to_string(rec.served_version);
+  return out;
 }
 
 Status Membership::Drain(const std::string& id, std::vector<std::string>* notify) {

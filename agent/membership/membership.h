@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -43,6 +44,10 @@ struct MemberRecord {
   // When its heartbeats' bytes_in last grew (from joined_us): a parent that
   // has received nothing itself has nothing to forward (ReportParent).
   uint64_t bytes_in_moved_us = 0;
+  // Its heartbeats' (heard_us, bytes_in) over the last two stall times (at
+  // most kMaxBytesInSamples): how much it received before a report on it.
+  std::deque<std::pair<uint64_t, uint64_t>> bytes_in_samples;
+  static constexpr size_t kMaxBytesInSamples = 256;
 };
 
 class Membership {
@@ -122,6 +127,11 @@ class Membership {
   Result<Parents> ParentsOf(const std::string& id, std::vector<std::string>* notes = nullptr);
   static constexpr size_t kMaxBackendNotes = 256;
   void MarkSent(const std::string& id, uint64_t epoch);
+
+  // A parent's own figures when a report on it is acted on, for the log:
+  // when it was last heard, what its bytes_in grew by over the stall time
+  // before that, and what it serves. Empty for an id not joined.
+  std::string StallEvidence(const std::string& id, uint64_t now_us) const;
 
   bool Has(const std::string& id) const { return members_.count(id) != 0; }
   const std::map<std::string, MemberRecord>& members() const { return members_; }

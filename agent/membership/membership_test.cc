@@ -399,6 +399,33 @@ TEST(Membership, AParentThatStarvesByItsHeartbeatsIsNotBlamed) {
   EXPECT_TRUE(off.ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
 }
 
+// What the root logs of a parent when it acts on a report: what the
+// parent's own heartbeats say it received over the stall time before.
+TEST(Membership, StallEvidenceSaysWhatTheParentReceived) {
+  constexpr uint64_t kDead = 3000, kStall = 10000;
+  Membership m(Info("root", "us"), Options(2), kDead, ProbationOptions{}, kStall);
+  std::vector<std::string> notify;
+  ASSERT_TRUE(m.Join(Info("b", "eu"), 1, 0, &notify).ok());
+  EXPECT_EQ(m.StallEvidence("nobody", 0), "");
+  EXPECT_EQ(m.StallEvidence("b", 2000), "its last heartbeat 2 ms ago, serving 1");
+  agent::Heartbeat hb;
+  hb.served_version = 1;
+  for (uint64_t t = 95000; t <= 110000; t += 500) {
+    hb.bytes_in = t < 105000 ? 4096 : 4096 + 3000;  // 3000 bytes in at 105000
+    ASSERT_TRUE(m.Heartbeat("b", hb, t).ok());
+  }
+  EXPECT_EQ(m.StallEvidence("b", 112000),
+            "its last heartbeat 2 ms ago, bytes in +3000 over the 10 ms before it, serving 1");
+  // Bounded: a long run of heartbeats keeps at most 256, and none older
+  // than two stall times.
+  for (uint64_t t = 110500; t <= 500000; t += 50) ASSERT_TRUE(m.Heartbeat("b", hb, t).ok());
+  const auto& samples = m.members().at("b").bytes_in_samples;
+  EXPECT_LE(samples.size(), MemberRecord::kMaxBytesInSamples);
+  EXPECT_GE(samples.front().first + 2 * kStall, 500000u);
+  EXPECT_EQ(m.StallEvidence("b", 500000),
+            "its last heartbeat 0 ms ago, bytes in +0 over the 10 ms before it, serving 1");
+}
+
 TEST(Membership, EachStripesRateGoesToThatStripesParent) {
   Membership m(Info("root", "us"), Options(/*fanout=*/2, /*stripes=*/2), 1000);
   std::vector<std::string> notify;
