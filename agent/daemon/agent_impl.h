@@ -51,6 +51,7 @@
 #include "agent/daemon/dial_backoff.h"
 #include "agent/daemon/event_ring.h"
 #include "agent/daemon/publish_jobs.h"
+#include "agent/daemon/stall_watch.h"
 #include "agent/etcd/etcd.h"
 #include "agent/etcd/etcd_board_log.h"
 #include "agent/etcd/etcd_key_sets.h"
@@ -525,8 +526,8 @@ class AgentImpl final : public Agent {
   // Per stripe: the parent's progress as the relay's link counters show it.
   struct StripeWatch {
     std::string parent_id;
-    uint64_t bytes_in = 0, bad_chunks = 0;
-    uint64_t progress_us = 0;  // when bytes_in last moved, the watch began, or we reported
+    StallWatch stall;  // stall_watch.h
+    uint64_t bad_chunks = 0;
     bool failed_auth = false;  // the relay dropped it for chunks that failed verification
   };
   std::vector<StripeWatch> watch_ GUARDED_BY(mu_);

@@ -130,7 +130,8 @@ void AgentImpl::MemberProbeParents() {
 
 // Under mu_. A version is due when HEAD is newer than what this member
 // serves and nothing it holds reaches HEAD; a parent whose link brings no
-// byte for the root's parent_stall_ms (WELCOME) while one is due, or that the relay dropped for
+// byte for the root's parent_stall_ms (WELCOME) while one is due, or bytes
+// but no whole verified chunk for twice that (stall_watch.h), or that the relay dropped for
 // chunks failing verification, is reported (again at most once per stall
 // time: the root ignores a report on a parent that starves too, and that
 // parent's own report names the one above).
@@ -147,35 +148,33 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
   for (uint32_t s = 0; s < n; ++s) {
     StripeWatch& w = watch_[s];
     const ParentRef& p = parents_.parents[s];
-    uint64_t bytes = 0, bad = 0;
+    uint64_t bytes = 0, wire = 0, bad = 0;
     for (const auto& l : stats)
       if (l.parent && l.stripe == s) {
         bytes += l.bytes_in;
+        wire += l.wire_bytes_in;
         bad += l.bad_chunks;
       }
     if (w.parent_id != p.id) {
       w = StripeWatch{};
       w.parent_id = p.id;
-      w.bytes_in = bytes;
+      w.stall = StallWatch{bytes, wire, now, now};
       w.bad_chunks = bad;
-      w.progress_us = now;
       continue;
     }
-    const bool moved = bytes != w.bytes_in;
     const bool bad_chunks = bad > w.bad_chunks || w.failed_auth;
-    w.bytes_in = bytes;
     w.bad_chunks = bad;
     w.failed_auth = false;
-    if (moved || !due) w.progress_us = now;
+    const bool stalled =
+        ParentStalled(w.stall, bytes, wire, due, now, uint64_t{board_parent_stall_ms_} * 1000);
     std::optional<ParentFault> fault;
     if (bad_chunks) {
       fault = ParentFault::kBadChunks;
-    } else if (board_parent_stall_ms_ > 0 &&
-               now - w.progress_us > uint64_t{board_parent_stall_ms_} * 1000) {
+      w.stall.verified_us = w.stall.wire_us = now;
+    } else if (stalled) {
       fault = ParentFault::kStalled;
     }
     if (!fault) continue;
-    w.progress_us = now;
     Log("reporting parent " + p.id + " of stripe " + std::to_string(s) +
         " to the root: " + ParentFaultName(*fault) + " (at version " +
         std::to_string(VersionLocked()) + ", HEAD " + std::to_string(known_head_) + ")");

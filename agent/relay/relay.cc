@@ -371,7 +371,10 @@ Result<ObjectProgress> RelayNode::Progress(const ObjectRef& ref) const {
 std::vector<LinkStats> RelayNode::Stats() const {
   MutexLock lock(impl_->mu);
   std::vector<LinkStats> out;
-  for (auto& [id, link] : impl_->links) out.push_back(link->stats);
+  for (auto& [id, link] : impl_->links) {
+    out.push_back(link->stats);
+    if (link->parent && link->conn) out.back().wire_bytes_in = link->conn->chunk_bytes_received();
+  }
   return out;
 }
 

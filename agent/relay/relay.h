@@ -129,6 +129,11 @@ struct LinkStats {
   // (striping: kNotFound) is not counted, so a striped parent's chunks_out
   // can be below the chunks its child assembled.
   uint64_t chunks_in = 0, chunks_out = 0;
+  // Parent links: chunk bytes the transport has taken off this link's
+  // connection so far, whole chunks or not (Connection::chunk_bytes_received;
+  // 0 where the backend does not count them): a slow link's progress
+  // between two verified chunks. Not in Totals.
+  uint64_t wire_bytes_in = 0;
   uint64_t retries = 0;     // chunks sent again (transport kCorrupt)
   uint64_t bad_chunks = 0;  // chunks received that failed SHA-256
   // Parent links: bytes of the last completed object received here over the

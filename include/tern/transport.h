@@ -132,6 +132,13 @@ class Connection {
   // not called again.
   virtual void CancelReceive(uint64_t transfer_id) = 0;
 
+  // Bytes of chunks received into open windows on this connection so far,
+  // counted as they arrive, before a chunk is whole: a slow link's progress,
+  // where on_landed says only "whole" (a 4 MiB chunk at 300 kB/s lands
+  // after 14 s). Never decreases. 0 where the backend does not count them
+  // (UCX and verbs land a chunk in one operation).
+  virtual uint64_t chunk_bytes_received() const { return 0; }
+
   // One-sided writes (kCapOneSidedWrite): the owner exports a region as an
   // opaque key, ships it in a message, and the peer Writes into it.
   virtual Result<std::string> ExportRegion(const MemoryRegion& region);

@@ -145,6 +145,7 @@ class FaultConnection final : public Connection {
   std::string peer_address() const override { return inner_->peer_address(); }
   uint32_t capabilities() const override { return inner_->capabilities(); }
   std::string Describe() const override { return "fault(" + inner_->Describe() + ")"; }
+  uint64_t chunk_bytes_received() const override { return inner_->chunk_bytes_received(); }
 
   void SendMessage(std::string payload, Completion done) override {
     if (Silenced(*state_)) return Complete(done, Status::Ok());

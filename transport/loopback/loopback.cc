@@ -44,6 +44,9 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   explicit Endpoint(std::string peer_name) : peer_name_(std::move(peer_name)) {}
 
   std::string peer_address() const override { return peer_name_; }
+  uint64_t chunk_bytes_received() const override {
+    return chunk_bytes_received_.load(std::memory_order_relaxed);
+  }
   uint32_t capabilities() const override { return kCapChunkChecksum; }
   std::string Describe() const override { return "loopback"; }
 
@@ -206,6 +209,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
   }
 
  private:
+  std::atomic<uint64_t> chunk_bytes_received_{0};
   LandingWait OffDelivery() EXCLUDES(mu_) {
     MutexLock lock(mu_);
     return LandingWait{std::this_thread::get_id() != thread_id_, 0};
@@ -248,6 +252,7 @@ class Endpoint final : public Connection, public std::enable_shared_from_this<En
     Status result = landing.status();
     if (landing.ok()) {
       std::memcpy(landing->dst, static_cast<const uint8_t*>(c.src.base) + c.src_offset, c.length);
+      chunk_bytes_received_.fetch_add(c.length, std::memory_order_relaxed);  // one copy: whole
       sender->EndCopy();
       result = windows_.Finish(*landing, Status::Ok(), item.xxh3);
     } else {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tern/tcp_transport.h"
 #include "tern/connect.h"
@@ -32,6 +33,12 @@ using namespace testpeer;
 
 class BadInput : public ::testing::Test {
  protected:
+  // Before the server goes: accepted_ must not outlive it.
+  void TearDown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepted_.reset();
+  }
+
   void Serve(bool tls, const std::function<void(TcpOptions&)>& tweak = nullptr) {
     TcpOptions o;
     o.streams = 2;
@@ -55,6 +62,11 @@ class BadInput : public ::testing::Test {
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     server_ = std::move(t).value();
     auto l = server_->Listen("127.0.0.1:0", [this](std::shared_ptr<Connection> c) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        accepted_ = c;
+        cv_.notify_all();
+      }
       ConnectionHandlers h;
       h.on_message = [this, c](std::string m) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -94,6 +106,7 @@ class BadInput : public ::testing::Test {
   std::condition_variable cv_;
   LogCapture log_;
   std::vector<std::string> messages_;
+  std::shared_ptr<Connection> accepted_;  // the last connection the server accepted
   TcpOptions client_options_;
   int port_ = 0;
   std::unique_ptr<Transport> server_;
@@ -252,6 +265,39 @@ TEST_F(Established, LargeFrameAboveTheMinimumRateIsDelivered) {
   }
   EXPECT_EQ(log_.Text().find("below the minimum rate"), std::string::npos) << log_.Text();
   ::close(fd);
+}
+
+// A chunk's bytes count as they come off the socket, before it is whole
+// (a slow link's progress); bytes for no open window do not count.
+TEST_F(Established, ChunkBytesCountAsTheyArrive) {
+  Serve(false, [](TcpOptions& o) { o.min_frame_bytes_per_s = 1; });
+  int fd = Handshaken();
+  std::shared_ptr<Connection> c;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return accepted_ != nullptr; }));
+    c = accepted_;
+  }
+  constexpr uint32_t kBytes = 1 << 20;
+  std::vector<uint8_t> window(kBytes);
+  auto region = server_->RegisterMemory(window.data(), window.size(), MemoryKind::kHost);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ASSERT_TRUE(c->PostReceive(7, *region, 0, kBytes, [](uint64_t, uint64_t) {}).ok());
+  EXPECT_EQ(c->chunk_bytes_received(), 0u);
+  // A whole chunk for a window never posted: read, refused, not counted.
+  SendAll(fd, Header(FrameType::kChunk, 4096, /*transfer*/ 8, /*offset*/ 0) + std::string(4096, 'x'));
+  // A quarter of chunk 7's bytes, then a pause: counted already.
+  SendAll(fd, Header(FrameType::kChunk, kBytes, 7, 0) + std::string(kBytes / 4, 'c'));
+  auto counted = [&](uint64_t n) {
+    for (int i = 0; i < 2000 && c->chunk_bytes_received() != n; ++i) std::this_thread::sleep_for(10ms);
+    return c->chunk_bytes_received();
+  };
+  EXPECT_EQ(counted(kBytes / 4), kBytes / 4);
+  SendAll(fd, std::string(kBytes / 4, 'c'));
+  EXPECT_EQ(counted(kBytes / 2), kBytes / 2);
+  ::close(fd);
+  c->CancelReceive(7);
+  ASSERT_TRUE(server_->DeregisterMemory(*region).ok());
 }
 
 TEST_F(Established, PartialHeaderTimesOut) {

@@ -377,6 +377,7 @@ bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_pr
       io_lock.unlock();
       if (io.io == Io::kOk && io.bytes > 0) {
         r.got += io.bytes;
+        if (r.landing) chunk_bytes_received_.fetch_add(io.bytes, std::memory_order_relaxed);
         *last_progress_us = clock_.NowUs();
         if (r.got == r.h.payload_bytes && !FinishFrame(s, r)) return false;
         continue;

@@ -111,6 +111,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
                      uint64_t length_bytes, ChunkLanded on_landed) override;
   void CancelReceive(uint64_t transfer_id) override;
   void Close() override;
+  uint64_t chunk_bytes_received() const override {
+    return chunk_bytes_received_.load(std::memory_order_relaxed);
+  }
 
   // Chunks each stream has written, in index order (tests, diagnostics).
   std::vector<uint64_t> StreamChunkCounts() const;
@@ -121,6 +124,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void Fail(Status ops, Status closed);
 
  private:
+  // Payload bytes read into open windows, as they come off the sockets.
+  std::atomic<uint64_t> chunk_bytes_received_{0};
   struct Reader;
 
   // Queues f on s; refused (an error), f is left as it was.
