@@ -32,6 +32,7 @@ namespace tern::agent {
 // 5: BEACON (signed HEAD beacons, root -> member).
 // 6: KEY_SETS (the chain of signed key sets, root -> member).
 // 7: HEARTBEAT gained the apply rate per patch format.
+// 8: WELCOME gained parent_stall_ms; members keep the root's timing.
 inline constexpr uint16_t kControlProtocol = 8;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
@@ -96,9 +97,10 @@ struct Hello {
 struct Welcome {
   BoardId board_id{};
   uint64_t head = 0;
-  // The board's timing, the root's flags: members heartbeat every
-  // heartbeat_ms and report a parent that brings nothing for
-  // parent_stall_ms (0: never), whatever their own flags say.
+  // The board's timing, the root's flags, whatever the members' own say:
+  // members tick twice per heartbeat_ms (a HEARTBEAT each tick) and report
+  // a parent that brings no byte for parent_stall_ms, or no whole chunk for
+  // twice that (0: never).
   uint32_t heartbeat_ms = 0;     // 1..
   uint32_t stripes = 1;          // 1..8
   uint32_t parent_stall_ms = 0;  // protocol 8

@@ -329,10 +329,13 @@ void AgentImpl::MemberOnControl(ControlMessage msg) {
         if (board_heartbeat_ms_.load() != w->heartbeat_ms ||
             board_parent_stall_ms_ != w->parent_stall_ms) {
           if (w->heartbeat_ms != opt_.heartbeat_ms || w->parent_stall_ms != opt_.parent_stall_ms) {
+            const auto stall = [](uint32_t ms) {
+              return ms == 0 ? std::string("never") : "after " + std::to_string(ms) + " ms";
+            };
             Log("the root's timing rules: heartbeat every " + std::to_string(w->heartbeat_ms) +
-                " ms, a parent reported after " + std::to_string(w->parent_stall_ms) +
-                " ms without a byte (this agent's flags said " + std::to_string(opt_.heartbeat_ms) +
-                " and " + std::to_string(opt_.parent_stall_ms) + " ms)");
+                " ms, a stalled parent reported " + stall(w->parent_stall_ms) +
+                " (this agent's flags said " + std::to_string(opt_.heartbeat_ms) + " ms and " +
+                stall(opt_.parent_stall_ms) + ")");
           }
           board_heartbeat_ms_ = w->heartbeat_ms;
           board_parent_stall_ms_ = w->parent_stall_ms;

@@ -33,7 +33,9 @@ constexpr bool ParentStalled(StallWatch& w, uint64_t verified_bytes, uint64_t wi
   if (verified_moved || !due) w.verified_us = now_us;
   if (wire_moved || verified_moved || !due) w.wire_us = now_us;
   if (stall_us == 0) return false;
-  const bool stalled = now_us - w.wire_us > stall_us || now_us - w.verified_us > 2 * stall_us;
+  // As sums, not differences: a time stored from a later look never
+  // underflows into a stall.
+  const bool stalled = now_us > w.wire_us + stall_us || now_us > w.verified_us + 2 * stall_us;
   if (stalled) w.verified_us = w.wire_us = now_us;
   return stalled;
 }

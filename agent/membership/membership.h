@@ -44,8 +44,9 @@ struct MemberRecord {
   // When its heartbeats' bytes_in last grew (from joined_us): a parent that
   // has received nothing itself has nothing to forward (ReportParent).
   uint64_t bytes_in_moved_us = 0;
-  // Its heartbeats' (heard_us, bytes_in) over the last two stall times (at
-  // most kMaxBytesInSamples): how much it received before a report on it.
+  // Its heartbeats' (heard_us, bytes_in) over the last two stall times (or
+  // two dead-after times, if longer; at most kMaxBytesInSamples): how much
+  // it received before a report on it.
   std::deque<std::pair<uint64_t, uint64_t>> bytes_in_samples;
   static constexpr size_t kMaxBytesInSamples = 256;
 };
@@ -54,8 +55,8 @@ class Membership {
  public:
   // root: the root agent as a tree node (its id and data address are in
   // root_info). Bad options: the first Join reports them (kInvalidArgument).
-  // parent_stall_us: the members' --parent-stall-ms (0: the relative rule
-  // of ReportParent off).
+  // parent_stall_us: the root's --parent-stall-ms, which its members report
+  // by (WELCOME carries it; 0: no stall reports, the relative rule off).
   Membership(MemberInfo root_info, topology::PlanOptions options, uint64_t dead_after_us,
              ProbationOptions probation = {}, uint64_t parent_stall_us = 0);
 

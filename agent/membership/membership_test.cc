@@ -416,14 +416,18 @@ TEST(Membership, StallEvidenceSaysWhatTheParentReceived) {
   }
   EXPECT_EQ(m.StallEvidence("b", 112000),
             "its last heartbeat 2 ms ago, bytes in +3000 over the 10 ms before it, serving 1");
-  // Bounded: a long run of heartbeats keeps at most 256, and none older
-  // than two stall times.
-  for (uint64_t t = 110500; t <= 500000; t += 50) ASSERT_TRUE(m.Heartbeat("b", hb, t).ok());
+  // Bounded by age: every 100 us, only the last two stall times' (20 ms:
+  // 201 samples) are kept.
+  for (uint64_t t = 110500; t <= 500000; t += 100) ASSERT_TRUE(m.Heartbeat("b", hb, t).ok());
   const auto& samples = m.members().at("b").bytes_in_samples;
-  EXPECT_LE(samples.size(), MemberRecord::kMaxBytesInSamples);
-  EXPECT_GE(samples.front().first + 2 * kStall, 500000u);
-  EXPECT_EQ(m.StallEvidence("b", 500000),
-            "its last heartbeat 0 ms ago, bytes in +0 over the 10 ms before it, serving 1");
+  EXPECT_EQ(samples.size(), 201u);
+  EXPECT_EQ(samples.front().first, 480000u);
+  // And by count: every 10 us, 256 samples (2.55 ms) at most.
+  for (uint64_t t = 500010; t <= 600000; t += 10) ASSERT_TRUE(m.Heartbeat("b", hb, t).ok());
+  EXPECT_EQ(samples.size(), MemberRecord::kMaxBytesInSamples);
+  EXPECT_EQ(samples.front().first, 600000u - 255 * 10);
+  EXPECT_EQ(m.StallEvidence("b", 600000),
+            "its last heartbeat 0 ms ago, bytes in +0 over the 2 ms before it, serving 1");
 }
 
 TEST(Membership, EachStripesRateGoesToThatStripesParent) {

@@ -35,8 +35,11 @@ class BadInput : public ::testing::Test {
  protected:
   // Before the server goes: accepted_ must not outlive it.
   void TearDown() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    accepted_.reset();
+    std::shared_ptr<Connection> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = std::move(accepted_);
+    }
   }
 
   void Serve(bool tls, const std::function<void(TcpOptions&)>& tweak = nullptr) {
