@@ -469,7 +469,6 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         return it != membership_->members().end() && it->second.demoted;
       };
       const bool was_demoted = demoted();
-      const std::string evidence = membership_->StallEvidence(report->parent_id, clock_.NowUs());
       Status s = membership_->ReportParent(*member_id, *report, clock_.NowUs(), &notify);
       if (s.ok() && !was_demoted && demoted())
         EmitMember(AgentEvent::Kind::kMemberDemoted, report->parent_id);
@@ -478,7 +477,8 @@ void AgentImpl::RootOnControl(const std::shared_ptr<Connection>& conn, std::stri
         Log(*member_id + " reported its parent " + report->parent_id + " in stripe " +
             std::to_string(report->stripe) + " (" + ParentFaultName(report->fault) +
             "); planned around it, moved " + std::to_string(notify.size()) + " member(s); " +
-            report->parent_id + ": " + evidence);
+            report->parent_id + ": " +
+            membership_->StallEvidence(report->parent_id, clock_.NowUs()));
       } else {
         Log("ignoring " + *member_id + "'s report on " + report->parent_id + " (" +
             ParentFaultName(report->fault) + "): " + s.message());
