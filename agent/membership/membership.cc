@@ -171,6 +171,9 @@ std::string Membership::StallEvidence(const std::string& id, uint64_t now_us) co
            " over the " + std::to_string((last.first - from.first) / 1000) + " ms before it";
   }
   out += ", serving " + std::to_string(rec.served_version);
+  if (rec.stall_reported_us != 0)
+    out += ", its own report of a stalled parent " +
+           std::to_string((now_us - std::min(now_us, rec.stall_reported_us)) / 1000) + " ms ago";
   return out;
 }
 

@@ -131,7 +131,8 @@ class Membership {
 
   // A parent's own figures when a report on it is acted on, for the log:
   // when it was last heard, what its bytes_in grew by over the stall time
-  // before that, and what it serves. Empty for an id not joined.
+  // before that, what it serves, and when it last reported its own parent
+  // stalled (if ever). Empty for an id not joined.
   std::string StallEvidence(const std::string& id, uint64_t now_us) const;
 
   bool Has(const std::string& id) const { return members_.count(id) != 0; }

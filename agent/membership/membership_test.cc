@@ -428,6 +428,12 @@ TEST(Membership, StallEvidenceSaysWhatTheParentReceived) {
   EXPECT_EQ(samples.front().first, 600000u - 255 * 10);
   EXPECT_EQ(m.StallEvidence("b", 600000),
             "its last heartbeat 0 ms ago, bytes in +0 over the 2 ms before it, serving 1");
+  // A report of its own (refused: the root is not planned around) shows.
+  EXPECT_EQ(m.ReportParent("b", {0, "root", ParentFault::kStalled}, 603000, &notify).code(),
+            Code::kMismatch);
+  EXPECT_EQ(m.StallEvidence("b", 607000),
+            "its last heartbeat 7 ms ago, bytes in +0 over the 2 ms before it, serving 1, its own "
+            "report of a stalled parent 4 ms ago");
 }
 
 TEST(Membership, EachStripesRateGoesToThatStripesParent) {
