@@ -5,7 +5,13 @@ testbed that bench/fanout/fanout.py brought up (tools/wan/wan.sh).
 tern first: `tern-agent --root` in the first host, a member in every other
 host (`--relay-only` for the dissemination shape), every version of the trace
 published with `tern publish`. Per version:
-  * publish_s: how long `tern publish` took (diff, encode, write, HEAD);
+  * ready_s: from `tern publish` being called to the version's object being
+    ready on the root (ctime of DIR/published/<object>: written, hashed and
+    signed, just before the root offers it); every time below counts from
+    that moment, the one the physical bound starts at;
+  * publish_s: how long `tern publish` took to return (diff, encode, write,
+    HEAD, and the root's own apply and syncs after it offered the object: on
+    an idle machine members may hold the object before it returns);
   * first/last (status): the root's /status first showing one member / every
     member at the version (a member heartbeats the moment it holds or
     serves it: one member-to-root one-way trip plus up to one poll period);
@@ -99,6 +105,16 @@ def object_time(member_dir, version):
         t = os.stat(p).st_ctime
         best = t if best is None else min(best, t)
     return best
+
+
+def root_object_ready(root_dir, version):
+    """ctime of the object the root published for `version` (its patch, or
+    the keyframe for a version without one), or None."""
+    for pattern in ("patch-*-%d" % version, "keyframe-%d-%d" % (version, version)):
+        paths = glob.glob(os.path.join(root_dir, "published", pattern))
+        if paths:
+            return min(os.stat(p).st_ctime for p in paths)
+    return None
 
 
 def run_all(jobs):
@@ -224,9 +240,9 @@ def run_tern(a, hosts, regions, steps, work):
                 s = status()
                 at = [m["version"] for m in s["members"]]
                 if first is None and any(x >= v for x in at):
-                    first = now - t_pub
+                    first = now
                 if len(at) == len(members) and all(x >= v for x in at):
-                    last = now - t_pub
+                    last = now
                     break
                 time.sleep(a.poll_ms / 1e3)
             cpu = {x.name: proc_cpu_s(x.proc.pid) - cpu0[x.name] for x in agents}
@@ -236,6 +252,13 @@ def run_tern(a, hosts, regions, steps, work):
             if last is None:
                 rows.append(dict(version=v, failed="not held by every member within %g s" % a.deadline_s))
                 break
+            # Times count from the object being ready on the root (not from
+            # `tern publish` returning, which can come after members hold it).
+            t_ready = root_object_ready(root.dir, v)
+            if t_ready is None:
+                raise SystemExit("version %d: no object in %s/published" % (v, root.dir))
+            first -= t_ready
+            last -= t_ready
             disk = {}
             for m in members:
                 if relay_only:
@@ -243,7 +266,7 @@ def run_tern(a, hosts, regions, steps, work):
                 else:
                     st = os.path.join(m.dir, "views", "state.json")
                     t = os.stat(st).st_mtime if json.load(open(st))["version"] == v else None
-                disk[m.name] = t - t_pub if t is not None else None
+                disk[m.name] = t - t_ready if t is not None else None
             rv = None
             for _ in range(100):
                 rv = next(x for x in status()["versions"] if x["version"] == v)
@@ -277,7 +300,11 @@ def run_tern(a, hosts, regions, steps, work):
                     per_region[region_of(n)] = max(per_region.get(region_of(n), 0), t)
             rows.append(dict(
                 version=v, keyframe=rv["patch_bytes"] == 0, shipped=rv["patch_bytes"] or rv["keyframe_bytes"],
-                view=rv["view_bytes"], publish_s=t_pub - t_start, first_status=first, last_status=last,
+                view=rv["view_bytes"], publish_s=t_pub - t_start, ready_s=t_ready - t_start,
+                # The root's own spans (GET /status): from the object written
+                # (ready) to it offered: the board record, then OFFER and HEAD.
+                offered_after_ready_s=(rv.get("publish") or {}).get("record_s", 0) +
+                (rv.get("publish") or {}).get("announce_s", 0), first_status=first, last_status=last,
                 first_disk=min(known) if len(known) == len(members) else None,
                 last_disk=max(known) if len(known) == len(members) else None,
                 last_by_region=per_region, critical_path=path, wan_bytes=wan,
@@ -287,10 +314,13 @@ def run_tern(a, hosts, regions, steps, work):
                 patch_format=rv.get("patch_format"), format_reason=rv.get("format_reason"),
                 predicted_s={1: rv.get("predicted_f1_s"), 2: rv.get("predicted_f2_s")},
                 load=os.getloadavg()[0]))
-            print("tern version %d: %s %.3f MB format %s, last member %s %.3f s after publish returned; "
-                  "%d/%d verified; load %.1f; %s" % (
+            print("tern version %d: %s %.3f MB format %s, ready %.3f s after publish was called (offered %.3f s "
+                  "after ready; the call returned after %.3f s), last member %s %.3f s after ready; %d/%d verified; "
+                  "load %.1f; %s" % (
                       v, "keyframe" if rows[-1]["keyframe"] else "patch", rows[-1]["shipped"] / 1e6,
-                      rows[-1]["patch_format"], "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1,
+                      rows[-1]["patch_format"], rows[-1]["ready_s"], rows[-1]["offered_after_ready_s"],
+                      rows[-1]["publish_s"],
+                      "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1,
                       len(members) - len(bad), len(members), rows[-1]["load"], rows[-1]["format_reason"]),
                   flush=True)
             if v < len(steps):

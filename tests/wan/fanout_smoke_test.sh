@@ -6,7 +6,8 @@
 # island with curl on the same testbed. Fails if a member does not serve
 # (chain) or hold (relay-only) every version bit for bit, if an island's
 # download differs, or if tern's publish -> last member (median of the patch
-# versions) is not faster than (a)'s last island. ~1.5 min.
+# versions, timed from the patch being ready on the root) is not faster than
+# (a)'s last island. ~1.5 min.
 # Usage: fanout_smoke_test.sh RUN_SH TERN TERN_AGENT TERN_WAN_FWD
 set -euo pipefail
 run=$1 tern=$2 agent=$3 fwd=$4
