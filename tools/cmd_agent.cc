@@ -49,6 +49,7 @@ struct AgentArgs {
   std::string patch_format = "auto";
   bool no_patch_nibbles = false;
   uint32_t push_window_bytes = uint32_t{2} << 20;
+  uint32_t tcp_streams = 0;
   unsigned threads = 0;
   std::string malloc_arenas = "auto";
   int arenas = 0;  // parsed --malloc-arenas
@@ -122,6 +123,7 @@ Status CheckAgent(AgentArgs& a) {
   TERN_REQUIRE(a.root || !a.trust_keys.empty(), kInvalidArgument,
                "a member needs --trust-key PEM (the root writes DIR/public-key.pem)");
   TERN_ASSIGN_OR_RETURN(a.options, TransportOptions(a.transport));
+  a.options.streams = a.tcp_streams;
   TERN_REQUIRE(a.transport_intra.empty() == a.listen_intra.empty(), kInvalidArgument,
                "give both or neither of --transport-intra NAME and --listen-intra HOST:PORT");
   TERN_REQUIRE(a.transport_intra.empty() || !a.cluster.empty(), kInvalidArgument,
@@ -497,6 +499,12 @@ void AddAgentFlags(CLI::App& cmd, Dispatch& dispatch) {
               "member: bytes of the window per parent into which a new object's first chunks are "
               "pushed without a WANT round trip (0: no push)",
               "2097152", 64u << 20);
+  AddUnsigned(cmd, "--tcp-streams", a->tcp_streams,
+              "TCP streams per link this agent dials (1-64; 0: 8). With BBR each stream keeps "
+              "its own share of the link's rate after a large object, and a small patch goes "
+              "out on one stream at that share: fewer streams send small patches faster over "
+              "long links (docs/transport.md, \"Streams and BBR\")",
+              "0", 64);
   AddUnsigned(cmd, "--window-chunks", a->agent.window_chunks,
               "member: chunk windows open per parent link and object", "16", 4096)
       ->check(CLI::Range(1, 4096));

@@ -765,6 +765,49 @@ class AgentCli(unittest.TestCase):
             self.assertIn("--malloc-arenas", r.stderr, bad)
             self.assertFalse(os.path.exists(os.path.join(self.tmp, "arenas-refused")), bad)
 
+    def test_tcp_streams_sets_the_streams_a_member_dials(self):
+        """--tcp-streams N: every connection the agent dials has N streams
+        (counted as the member's established sockets to the root's port);
+        0, the default, keeps 8. Out-of-range values are a usage error."""
+        for bad in ("65", "x", "-1"):
+            r = subprocess.run([AGENT, "--root", "--listen", "127.0.0.1:0", "--no-tls", "--data",
+                                os.path.join(self.tmp, "streams-refused"), "--tcp-streams", bad],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, "%r: %s" % (bad, r.stderr))
+            self.assertIn("--tcp-streams", r.stderr, bad)
+
+        def sockets_to(port, pid):
+            out = subprocess.run(["ss", "-Htnp", "state", "established", "( dport = :%d )" % port],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+            return sum(1 for line in out.splitlines() if "pid=%d," % pid in line)
+
+        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
+        root = Agent(self.tmp, "st-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                           "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        agents = [root]
+        try:
+            common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
+                      "--region", "eu"] + tok
+            one = Agent(self.tmp, "st-one", common + ["--tcp-streams", "1"])
+            agents.append(one)
+            default = Agent(self.tmp, "st-default", common)
+            agents.append(default)
+            wait_for(lambda: len(self.served(root)) == 2, 30, "both members joined")
+            r = self.publish(root, self.step(0), 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            wait_for(lambda: self.all_at(root, 1, 2), 60, "both members serve version 1")
+            port = int(root.address.rsplit(":", 1)[1])
+            # Its connections to the root (measured: 3 sockets with one
+            # stream each, 8 with the default).
+            n_one, n_default = sockets_to(port, one.proc.pid), sockets_to(port, default.proc.pid)
+            print("sockets to the root: --tcp-streams 1: %d, default: %d" % (n_one, n_default))
+            self.assertGreaterEqual(n_one, 1)
+            self.assertLessEqual(n_one, 3, "st-one has %d sockets to the root" % n_one)
+            self.assertGreaterEqual(n_default, 8, "st-default has %d sockets to the root" % n_default)
+        finally:
+            for a in reversed(agents):
+                a.stop()
+
     def test_admin_port_over_tls(self):
         """--admin-tls-cert/--admin-tls-key: the root prints an https://
         admin address; `tern publish` and `tern status` reach it with

@@ -15,7 +15,9 @@
 # device to tern-wan-fwd, which applies each region pair's delay, rate and
 # loss (this kernel has no netem). Host REGION-I of the Rth region is
 # 10.R.I.2. Nothing is created in the caller's namespace. docs/wan.md has the
-# config format and the measured accuracy.
+# config format and the measured accuracy. TERN_WAN_SYSCTL: more
+# "key=value" sysctls set in every host namespace (an experiment's knob, e.g.
+# net.ipv4.tcp_slow_start_after_idle=0).
 set -euo pipefail
 
 STATE_ROOT=/run/tern-wan
@@ -140,7 +142,7 @@ cmd_up() {
       ip -n "$rt" link set "h$((r + 1))x$i" mtu "$MTU" up
       nsx "$ns" sh -c "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 \
         net.ipv4.tcp_congestion_control=$CC net.ipv4.tcp_no_metrics_save=1 \
-        net.ipv4.tcp_rmem='4096 131072 67108864' net.ipv4.tcp_wmem='4096 16384 67108864'"
+        net.ipv4.tcp_rmem='4096 131072 67108864' net.ipv4.tcp_wmem='4096 16384 67108864' ${TERN_WAN_SYSCTL:-}"
       ip -n "$ns" link set lo up
       ip -n "$ns" addr add "$addr/24" dev eth0
       ip -n "$ns" link set eth0 mtu "$MTU" up
