@@ -259,7 +259,8 @@ class ScriptedParent {
   bool WaitWant(uint32_t i, int times = 1) {
     return WaitFor([&] {
       std::lock_guard<std::mutex> lock(mu_);
-      return wanted_[i] >= times;
+      auto it = wanted_.find(i);  // no entry for a chunk only waited on
+      return it != wanted_.end() && it->second >= times;
     });
   }
   // Into chunk i's window, or (push_offset) into the child's push window.

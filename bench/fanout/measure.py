@@ -8,13 +8,18 @@ published with `tern publish`. Per version:
   * ready_s: from `tern publish` being called to the version's object being
     ready on the root (ctime of DIR/published/<object>: written, hashed and
     signed, just before the root offers it); every time below counts from
-    that moment, the one the physical bound starts at;
+    that moment, the one the physical bound starts at. File times come from
+    the kernel's coarse clock (up to a tick, 1-10 ms, behind time.time());
+    disk-to-disk differences cancel it, differences with time.time() do not;
   * publish_s: how long `tern publish` took to return (diff, encode, write,
     HEAD, and the root's own apply and syncs after it offered the object: on
     an idle machine members may hold the object before it returns);
   * first/last (status): the root's /status first showing one member / every
     member at the version (a member heartbeats the moment it holds or
     serves it: one member-to-root one-way trip plus up to one poll period);
+    polled only once `tern publish` returned, so never below returned -
+    ready (up to a second at N=16 here): the disk times below are the
+    measure;
   * first/last (disk), what the table reports: a serving member's commit
     (mtime of DIR/views/state.json), a relay-only member's object complete
     (ctime of DIR/objects/<object>: the relay renames the .part file once
@@ -257,7 +262,7 @@ def run_tern(a, hosts, regions, steps, work):
             t_ready = root_object_ready(root.dir, v)
             if t_ready is None:
                 raise SystemExit("version %d: no object in %s/published" % (v, root.dir))
-            first -= t_ready
+            first = first - t_ready if first is not None else None
             last -= t_ready
             disk = {}
             for m in members:

@@ -776,9 +776,15 @@ class AgentCli(unittest.TestCase):
             self.assertEqual(r.returncode, 2, "%r: %s" % (bad, r.stderr))
             self.assertIn("--tcp-streams", r.stderr, bad)
 
+        import shutil
+        if not shutil.which("ss"):
+            self.skipTest("no ss (scripts/install-deps.sh installs iproute2)")
+
         def sockets_to(port, pid):
             out = subprocess.run(["ss", "-Htnp", "state", "established", "( dport = :%d )" % port],
                                  capture_output=True, text=True, timeout=30, check=True).stdout
+            if out.strip() and "pid=" not in out:
+                self.skipTest("ss shows no process ids here")
             return sum(1 for line in out.splitlines() if "pid=%d," % pid in line)
 
         tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
@@ -797,8 +803,9 @@ class AgentCli(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             wait_for(lambda: self.all_at(root, 1, 2), 60, "both members serve version 1")
             port = int(root.address.rsplit(":", 1)[1])
-            # Its connections to the root (measured: 3 sockets with one
-            # stream each, 8 with the default).
+            # Control connection, relay link and round-trip probe: 3 sockets
+            # with one stream; 8-24 with the default (a link not yet up
+            # counts nothing).
             n_one, n_default = sockets_to(port, one.proc.pid), sockets_to(port, default.proc.pid)
             print("sockets to the root: --tcp-streams 1: %d, default: %d" % (n_one, n_default))
             self.assertGreaterEqual(n_one, 1)
