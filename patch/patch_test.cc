@@ -832,7 +832,9 @@ TEST(PatchFormat3Test, PackedCodesAreCodedAsNibblesAndRoundTripOnEveryPath) {
       ASSERT_TRUE(i1.ok() && i2.ok());
       EXPECT_FALSE(i2->tensors[0].nibbles) << "BF16 is never coded as nibbles";
       // CONTEXT needs records with enough changes to pay for its tables.
-      if (seg == uint64_t{1} << 20) EXPECT_GT(i2->tensors[0].context_segments, 0u) << "CONTEXT and nibbles in one patch";
+      if (seg == uint64_t{1} << 20) {
+        EXPECT_GT(i2->tensors[0].context_segments, 0u) << "CONTEXT and nibbles in one patch";
+      }
       // Dense steps stay coded by elements (a segment with more than one
       // change in 16 elements is not tried).
       bool any_nibbles = false;
@@ -854,13 +856,19 @@ TEST(PatchFormat3Test, PackedCodesAreCodedAsNibblesAndRoundTripOnEveryPath) {
             changed += testing::Get(a.data[t], w, i) != testing::Get(b.data[t], w, i);
           tried &= changed <= std::max<uint64_t>(count / 16, 1);
         }
-        if (density <= 0.01 && seg == uint64_t{1} << 20) EXPECT_TRUE(tried);
-        if (density > 0.1) EXPECT_FALSE(tried);
+        if (density <= 0.01 && seg == uint64_t{1} << 20) {
+          EXPECT_TRUE(tried);
+        }
+        if (density > 0.1) {
+          EXPECT_FALSE(tried);
+        }
         EXPECT_EQ(i2->tensors[t].nibbles, tried);
         any_nibbles |= i2->tensors[t].nibbles;
         // Smaller than the same changes coded as bytes or words: what the
         // encoder chose it for (and what the codes gain).
-        if (tried) EXPECT_LT(i2->tensors[t].total_bytes(), i1->tensors[t].total_bytes());
+        if (tried) {
+          EXPECT_LT(i2->tensors[t].total_bytes(), i1->tensors[t].total_bytes());
+        }
       }
       EXPECT_EQ(i2->format_version, any_nibbles ? 3 : 2);
     }
