@@ -101,24 +101,13 @@ def diff_links(after, before):
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
 
 
-def object_time(member_dir, version):
-    """ctime of the complete object that brought a relay-only member to
-    `version` (renamed from .part once verified), or None."""
-    best = None
-    for p in glob.glob(os.path.join(member_dir, "objects", "*-%d" % version)):
-        t = os.stat(p).st_ctime
-        best = t if best is None else min(best, t)
-    return best
-
-
-def root_object_ready(root_dir, version):
-    """ctime of the object the root published for `version` (its patch, or
-    the keyframe for a version without one), or None."""
-    for pattern in ("patch-*-%d" % version, "keyframe-%d-%d" % (version, version)):
-        paths = glob.glob(os.path.join(root_dir, "published", pattern))
-        if paths:
-            return min(os.stat(p).st_ctime for p in paths)
-    return None
+def object_time(agent_dir, version, folder="objects"):
+    """ctime of the first complete object that brings `version` into
+    agent_dir/folder, or None: a relay-only member's objects (renamed from
+    .part once verified), or the root's DIR/published (its patch, written
+    before the keyframe of the same version)."""
+    paths = glob.glob(os.path.join(agent_dir, folder, "*-%d" % version))
+    return min((os.stat(p).st_ctime for p in paths), default=None)
 
 
 def run_all(jobs):
@@ -269,7 +258,7 @@ def run_tern(a, hosts, regions, steps, work):
                 break
             # Times count from the object being ready on the root (not from
             # `tern publish` returning, which can come after members hold it).
-            t_ready = root_object_ready(root.dir, v)
+            t_ready = object_time(root.dir, v, "published")
             if t_ready is None:
                 raise SystemExit("version %d: no object in %s/published" % (v, root.dir))
             first = first - t_ready if first is not None else None

@@ -163,6 +163,17 @@ class AgentCli(unittest.TestCase):
     def step(self, n):
         return os.path.join(self.tmp, "trace", "step-%06d" % n)
 
+    def token_root(self, name):
+        """A root in region us with the class's join and admin tokens."""
+        return Agent(self.tmp, name, ["--root", "--region", "us", "--admin", "127.0.0.1:0",
+                                      "--admin-token-file", os.path.join(self.tmp, "admin.token"),
+                                      "--join-token-file", os.path.join(self.tmp, "join.token")])
+
+    def joining(self, root, region="eu"):
+        """A member's flags to join `root` (as token_root started it)."""
+        return ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
+                "--region", region, "--join-token-file", os.path.join(self.tmp, "join.token")]
+
     def publish(self, root, path, version, token=True):
         args = [TERN, "publish", "--board", root.admin, path, "--version", str(version)]
         if token:
@@ -586,13 +597,10 @@ class AgentCli(unittest.TestCase):
             self.assertLessEqual(len((r.stderr + r.stdout).strip().splitlines()), 3, r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "ro-refused", "current")))
 
-        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
-        root = Agent(self.tmp, "ro-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
-                                           "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        root = self.token_root("ro-root")
         agents = [root]
         try:
-            common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
-                      "--region", "eu"] + tok
+            common = self.joining(root)
             relay = Agent(self.tmp, "ro-relay", common + ["--relay-only", "--admin", "127.0.0.1:0"])
             agents.append(relay)
             self.assertIn("relay-only member ro-relay listening", relay.startup_line)
@@ -787,13 +795,10 @@ class AgentCli(unittest.TestCase):
                 self.skipTest("ss shows no process ids here")
             return sum(1 for line in out.splitlines() if "pid=%d," % pid in line)
 
-        tok = ["--join-token-file", os.path.join(self.tmp, "join.token")]
-        root = Agent(self.tmp, "st-root", ["--root", "--region", "us", "--admin", "127.0.0.1:0",
-                                           "--admin-token-file", os.path.join(self.tmp, "admin.token")] + tok)
+        root = self.token_root("st-root")
         agents = [root]
         try:
-            common = ["--join", root.address, "--trust-key", os.path.join(root.dir, "public-key.pem"),
-                      "--region", "eu"] + tok
+            common = self.joining(root)
             one = Agent(self.tmp, "st-one", common + ["--tcp-streams", "1"])
             agents.append(one)
             default = Agent(self.tmp, "st-default", common)
