@@ -1,5 +1,6 @@
 // The TCP connection engine (see connection.h): one I/O thread per stream,
-// chunks pulled by whichever stream is free, ACK on the carrying stream.
+// chunks pulled by the stream that finishes them first, ACK on the carrying
+// stream.
 #include "transport/tcp/connection.h"
 
 #include <openssl/crypto.h>
@@ -62,6 +63,8 @@ TcpConnection::TcpConnection(std::vector<std::unique_ptr<Pipe>> pipes, std::stri
     s->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     streams_.push_back(std::move(s));
   }
+  MutexLock lock(mu_);
+  views_.resize(streams_.size());
 }
 
 void TcpConnection::SetHandlers(ConnectionHandlers handlers) {
@@ -405,23 +408,48 @@ bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_pr
   return true;
 }
 
-// Stream choice. Chunks wait in one queue; stream k takes one only while
-// streams 0..k-1 are all full (their sockets took no more at the last
-// write). So an object that fits in the first stream's window (congestion
-// window plus TCP_NOTSENT_LOWAT) goes out on that stream alone, the one that
-// carried every earlier object and whose window is open, instead of landing
-// on a stream that never sent and starts from the initial window (10
-// segments: one round trip per doubling, measured on the WAN testbed,
-// docs/agent.md §8). A bulk transfer fills stream 0, then 1, and so on, and
-// engages every stream as before. A stream that turns full wakes the next
-// one if chunks are waiting.
-bool TcpConnection::MayTakeChunk(const Stream& s) const {
-  for (uint32_t j = 0; j < s.index; ++j) {
-    const Stream& before = *streams_[j];
-    if (!before.full.load(std::memory_order_relaxed) && !before.stop.load(std::memory_order_relaxed))
-      return false;
+// Stream choice. Chunks wait in one queue, and a stream whose socket has
+// room asks for the next one (ChooseChunkStream, stream_choice.h, has the
+// rules and their reasons). In a connection's first transfer the streams
+// fill in index order: an object that fits in stream 0's window (congestion
+// window plus TCP_NOTSENT_LOWAT) goes out on it alone instead of on a
+// stream that never sent and starts from the initial window (10 segments,
+// one round trip per doubling; measured on the WAN testbed, docs/agent.md
+// §8), and a bulk transfer engages stream 1 when stream 0 fills, and so on.
+// Once several streams have carried chunks, each chunk goes to the warm
+// stream whose pacing finishes it first. Under BBR a stream that shared a
+// bulk transfer paces at its share of the link, about rate / N, and keeps
+// that estimate between objects; a small object that stayed on stream 0
+// went at that share (docs/transport.md, "Streams and BBR"). Spread over
+// the warm streams by their pacing rates and unsent bytes, it goes at their
+// sum. Other streams' sockets are read here (TCP_INFO, under mu_): their
+// descriptors stay open until the connection is destroyed (Fail only shuts
+// them down), and the kernel serialises the read with their owners' writes.
+ChunkChoice TcpConnection::ChooseFor(const Stream& s, uint64_t bytes) {
+  uint32_t warm_open = 0;
+  for (uint32_t i = 0; i < streams_.size(); ++i) {
+    const Stream& t = *streams_[i];
+    StreamView& v = views_[i];
+    v = StreamView{};
+    v.open = &t == &s || (!t.full.load(std::memory_order_relaxed) &&
+                          !t.stop.load(std::memory_order_relaxed));
+    v.warm = t.chunks_sent.load(std::memory_order_relaxed) > 0;
+    warm_open += v.open && v.warm;
   }
-  return true;
+  // Rates matter only where two warm streams could take the chunk.
+  if (warm_open >= 2 && views_[s.index].warm) {
+    for (uint32_t i = 0; i < streams_.size(); ++i) {
+      StreamView& v = views_[i];
+      if (!v.open || !v.warm) continue;
+      const Stream& t = *streams_[i];
+      SendState st;
+      if (ReadSendState(t.pipe->fd(), &st)) {
+        v.pacing_bytes_per_s = st.pacing_bytes_per_s;
+        v.backlog_bytes = st.notsent_bytes + t.unwritten_bytes.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  return ChooseChunkStream(views_, s.index, bytes);
 }
 
 std::vector<uint64_t> TcpConnection::StreamChunkCounts() const {
@@ -443,13 +471,23 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
           s.control.pop_front();
         }
       }
-      if (!cur && MayTakeChunk(s)) {
-        MutexLock lock(mu_);
-        if (!chunks_.empty()) {
-          cur = std::move(chunks_.front());
-          chunks_.pop_front();
-          s.chunks_sent.fetch_add(1, std::memory_order_relaxed);
+      if (!cur) {
+        int wake = -1;
+        {
+          MutexLock lock(mu_);
+          if (!chunks_.empty()) {
+            const ChunkChoice choice = ChooseFor(s, kHeaderBytes + chunks_.front().size);
+            if (choice.take) {
+              cur = std::move(chunks_.front());
+              chunks_.pop_front();
+              s.unwritten_bytes.store(kHeaderBytes + cur->size, std::memory_order_relaxed);
+              s.chunks_sent.fetch_add(1, std::memory_order_relaxed);
+            } else {
+              wake = choice.wake;
+            }
+          }
         }
+        if (wake >= 0 && static_cast<uint32_t>(wake) != s.index) streams_[wake]->Wake();
       }
       if (!cur) return true;
     }
@@ -469,6 +507,9 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
     if (io.io == Io::kOk) {
       f.sent += io.bytes;
       *last_write_us = clock_.NowUs();
+      if (f.data != nullptr) {
+        s.unwritten_bytes.store(kHeaderBytes + f.size - f.sent, std::memory_order_relaxed);
+      }
       if (f.sent == kHeaderBytes + f.size) {
         Completion done = std::move(f.on_written);
         cur.reset();
@@ -507,13 +548,19 @@ void TcpConnection::RunStream(Stream& s) {
     want_write_for_read_ = false;
     if (!ReadSome(s, *reader, &more, &last_progress_us)) break;
     if (!WriteSome(s, cur, &blocked, &last_write_us)) break;
-    if (blocked != s.full.exchange(blocked) && blocked && s.index + 1 < streams_.size()) {
+    // A stream that fills hands the waiting chunks to the others: each may
+    // have declined them in its favour.
+    if (blocked != s.full.exchange(blocked) && blocked && streams_.size() > 1) {
       bool waiting;
       {
         MutexLock lock(mu_);
         waiting = !chunks_.empty();
       }
-      if (waiting) streams_[s.index + 1]->Wake();
+      if (waiting) {
+        for (auto& other : streams_) {
+          if (other.get() != &s) other->Wake();
+        }
+      }
     }
 
     const uint64_t now = clock_.NowUs();

@@ -24,6 +24,7 @@
 #include "transport/window_table.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/pipe.h"
+#include "transport/tcp/stream_choice.h"
 
 namespace tern::tcp {
 
@@ -66,9 +67,12 @@ struct Stream {
   std::deque<OutFrame> control GUARDED_BY(mu);  // acks, pings, messages
   std::atomic<bool> stop{false};
   // The socket took no more bytes at the last write (send buffer or
-  // TCP_NOTSENT_LOWAT reached): the next stream may take chunks.
+  // TCP_NOTSENT_LOWAT reached): other streams take the chunks.
   std::atomic<bool> full{false};
   std::atomic<uint64_t> chunks_sent{0};
+  // Bytes of the frame the stream's thread holds that the socket has not
+  // yet taken (its own backlog above the kernel's unsent bytes).
+  std::atomic<uint64_t> unwritten_bytes{0};
   // Held by the stream thread around each socket read and write; Fail()
   // passes it once after setting stop, so once a connection has failed no
   // I/O touches registered memory (chunk sources, receive windows) again:
@@ -117,6 +121,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   // Chunks each stream has written, in index order (tests, diagnostics).
   std::vector<uint64_t> StreamChunkCounts() const;
+  // Stream i's socket, for tests that shape one stream (SO_MAX_PACING_RATE).
+  int StreamSocketForTesting(uint32_t i) const { return streams_.at(i)->pipe->fd(); }
   uint8_t wire_version() const { return wire_version_; }
 
   // Ends the connection once: pending operations get `ops`, on_closed gets
@@ -136,9 +142,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool FinishFrame(Stream& s, Reader& r);
   bool ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us);
   bool WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blocked, uint64_t* last_write_us);
-  // Whether stream s may take a queued chunk: every stream before it is
-  // full (or stopped). See the stream choice in connection.cc.
-  bool MayTakeChunk(const Stream& s) const;
+  // Whether stream s takes the queued chunk of `bytes`, else which stream
+  // should (stream_choice.h; the stream choice in connection.cc).
+  ChunkChoice ChooseFor(const Stream& s, uint64_t bytes) REQUIRES(mu_);
   void RunStream(Stream& s);
 
   const std::string peer_;
@@ -164,6 +170,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   transport::WindowTable windows_{"tcp"};
   std::map<uint64_t, Completion> pending_ GUARDED_BY(mu_);
   std::deque<OutFrame> chunks_ GUARDED_BY(mu_);
+  std::vector<StreamView> views_ GUARDED_BY(mu_);  // ChooseFor's scratch
   uint64_t next_op_ GUARDED_BY(mu_) = 1;
 };
 

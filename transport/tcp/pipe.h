@@ -57,4 +57,12 @@ Result<std::unique_ptr<Pipe>> TlsHandshake(const TlsContext& tls, int fd, bool s
 // use (the requested one if the kernel took it, else its default).
 std::string TuneSocket(int fd, const TcpOptions& options);
 
+// The sending side of a stream's socket as the kernel sees it (TCP_INFO);
+// false where it says nothing (send_state.cc).
+struct SendState {
+  uint64_t pacing_bytes_per_s = 0;  // 0: no rate yet
+  uint64_t notsent_bytes = 0;       // written by us, not yet sent
+};
+bool ReadSendState(int fd, SendState* out);
+
 }  // namespace tern::tcp

@@ -1,14 +1,22 @@
 // Which of a connection's streams carries a chunk (connection.cc, "Stream
-// choice"): objects that fit in the first stream's window stay on it, so
-// they never start on a stream that has not sent before (initial window);
-// a bulk transfer that fills a stream spreads over the others.
+// choice"; the policy in stream_choice.h): objects that fit in the first
+// stream's window stay on it, so they never start on a stream that has not
+// sent before (initial window); a bulk transfer that fills a stream spreads
+// over the others; once several streams are warm, each chunk goes to the
+// one whose pacing finishes it first.
+#include "transport/tcp/stream_choice.h"
+
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <condition_variable>
 #include <cstring>
 #include <future>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "tern/connect.h"
@@ -17,6 +25,75 @@
 
 namespace tern::tcp {
 namespace {
+
+StreamView View(bool open, bool warm, uint64_t rate = 0, uint64_t backlog = 0) {
+  StreamView v;
+  v.open = open;
+  v.warm = warm;
+  v.pacing_bytes_per_s = rate;
+  v.backlog_bytes = backlog;
+  return v;
+}
+
+// A connection's first transfer: streams in index order, the next one only
+// when those before it are full.
+TEST(ChooseChunkStream, ColdStreamsFillInIndexOrder) {
+  std::vector<StreamView> v(4, View(true, false));
+  EXPECT_TRUE(ChooseChunkStream(v, 0, 100).take);
+  ChunkChoice c = ChooseChunkStream(v, 2, 100);
+  EXPECT_FALSE(c.take);
+  EXPECT_EQ(c.wake, 0);
+  v[0].open = false;  // stream 0 full
+  EXPECT_TRUE(ChooseChunkStream(v, 1, 100).take);
+  EXPECT_FALSE(ChooseChunkStream(v, 2, 100).take);
+  // The asking stream has room, whatever its view's last state says.
+  EXPECT_TRUE(ChooseChunkStream(v, 0, 100).take);
+}
+
+// A cold stream waits while any warm one has room, even a later one.
+TEST(ChooseChunkStream, ColdStreamsWaitWhileAWarmOneHasRoom) {
+  std::vector<StreamView> v = {View(false, true, 1000), View(true, false), View(true, true, 1000)};
+  ChunkChoice c = ChooseChunkStream(v, 1, 100);
+  EXPECT_FALSE(c.take);
+  EXPECT_EQ(c.wake, 2);
+  v[2].open = false;  // every warm stream full: the first cold one starts
+  EXPECT_TRUE(ChooseChunkStream(v, 1, 100).take);
+}
+
+// Warm streams: the one whose pacing finishes the chunk first.
+TEST(ChooseChunkStream, WarmStreamsByPacingRateAndBacklog) {
+  // Stream 0 paced at a third of stream 2's share (BBR after a bulk
+  // transfer that stream 2 carried more of).
+  std::vector<StreamView> v = {View(true, true, 3'700'000), View(true, true, 3'500'000),
+                               View(true, true, 8'100'000)};
+  ChunkChoice c = ChooseChunkStream(v, 0, 64 << 10);
+  EXPECT_FALSE(c.take);
+  EXPECT_EQ(c.wake, 2);
+  EXPECT_TRUE(ChooseChunkStream(v, 2, 64 << 10).take);
+  // Once stream 2 holds two chunks unsent, stream 0 finishes the next first.
+  v[2].backlog_bytes = 128 << 10;
+  c = ChooseChunkStream(v, 2, 64 << 10);
+  EXPECT_FALSE(c.take);
+  EXPECT_EQ(c.wake, 0);
+  EXPECT_TRUE(ChooseChunkStream(v, 0, 64 << 10).take);
+  // Stream 1 is within the slack of stream 0: it takes it rather than hand
+  // it on (two streams must not keep handing a chunk to each other).
+  EXPECT_TRUE(ChooseChunkStream(v, 1, 64 << 10).take);
+  // A full stream is passed over however fast it is.
+  v[2].backlog_bytes = 0;
+  v[2].open = false;
+  EXPECT_TRUE(ChooseChunkStream(v, 0, 64 << 10).take);
+}
+
+// Without a rate from the kernel for every open warm stream, index order.
+TEST(ChooseChunkStream, UnknownRatesFallBackToIndexOrder) {
+  std::vector<StreamView> v = {View(true, true, 0), View(true, true, 9'000'000)};
+  ChunkChoice c = ChooseChunkStream(v, 1, 100);
+  EXPECT_FALSE(c.take);
+  EXPECT_EQ(c.wake, 0);
+  EXPECT_TRUE(ChooseChunkStream(v, 0, 100).take);
+  EXPECT_FALSE(ChooseChunkStream(v, 5, 100).take);  // no such stream
+}
 
 class StreamChoice : public ::testing::Test {
  protected:
@@ -135,6 +212,74 @@ TEST_F(StreamChoice, BulkTransferSpreadsOverStreamsThatFill) {
   EXPECT_EQ(total, kChunks);
   EXPECT_GE(used, 2u) << "a bulk transfer that fills stream 0 must engage more streams";
   accepted_->CancelReceive(2);
+}
+
+// Warm streams, all but the last paced at 1 MB/s and that one at 8 MB/s
+// (SO_MAX_PACING_RATE caps what the kernel paces at), with room for 4 MiB
+// unsent each: small chunks go to the fast one, which finishes each
+// sooner, though the first has room. They stayed on the first warm stream
+// (index order) until 2026-12-05: under BBR that could be a stream paced
+// at a small share of the link.
+TEST_F(StreamChoice, SmallChunksGoToTheWarmStreamThatFinishesThemFirst) {
+  Start(16 << 10);
+  auto* tcp = dynamic_cast<TcpConnection*>(conn_.get());
+  ASSERT_NE(tcp, nullptr);
+  constexpr uint64_t kBig = 256 << 10, kBigChunks = 128, kSmall = 64 << 10, kSmallChunks = 4;
+  std::vector<uint8_t> src(kBig * kBigChunks + kSmall * kSmallChunks, 5), dst(src.size());
+  auto s = client_->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
+  auto d = server_->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
+  ASSERT_TRUE(s.ok() && d.ok());
+  ASSERT_TRUE(accepted_->PostReceive(3, *d, 0, dst.size(), nullptr).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t completed = 0, failed = 0;
+  auto send = [&](uint64_t offset, uint64_t length) {
+    ChunkSend c;
+    c.src = *s;
+    c.src_offset = offset;
+    c.length = length;
+    c.transfer_id = 3;
+    c.dst_offset = offset;
+    conn_->SendChunk(c, [&](Status st) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++completed;
+      failed += !st.ok();
+      cv.notify_all();
+    });
+  };
+  auto wait_for = [&](uint64_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return completed == n; });
+  };
+  // Warm several streams: a bulk transfer through sockets that hold 16 KiB
+  // unsent fills them one after another (BulkTransferSpreadsOverStreamsThatFill).
+  for (uint64_t i = 0; i < kBigChunks; ++i) send(i * kBig, kBig);
+  ASSERT_TRUE(wait_for(kBigChunks));
+  const std::vector<uint64_t> warm = Counts();
+  const std::string counts = ::testing::PrintToString(warm);
+  int fast = -1;
+  for (uint32_t i = 0; i < warm.size(); ++i) {
+    if (warm[i] > 0) fast = static_cast<int>(i);
+  }
+  ASSERT_GT(fast, 0) << "the bulk transfer warmed one stream: the test's premise failed " << counts;
+  for (uint32_t i = 0; i < warm.size(); ++i) {
+    if (warm[i] == 0) continue;
+    const int fd = tcp->StreamSocketForTesting(i);
+    const int lowat = 4 << 20;
+    ASSERT_EQ(::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat), 0);
+    // Lowers the pacing rate at once; an idle socket's rate rises only
+    // with its next acknowledgement, so each stream is capped once.
+    const uint32_t rate = static_cast<int>(i) == fast ? 8'000'000 : 1'000'000;
+    ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate), 0);
+  }
+  for (uint64_t i = 0; i < kSmallChunks; ++i) send(kBig * kBigChunks + i * kSmall, kSmall);
+  ASSERT_TRUE(wait_for(kBigChunks + kSmallChunks));
+  EXPECT_EQ(failed, 0u);
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+  std::vector<uint64_t> want = warm;
+  want[fast] += kSmallChunks;
+  EXPECT_EQ(Counts(), want) << "stream " << fast << " is paced at 8 MB/s, the other warm ones at 1 MB/s";
+  accepted_->CancelReceive(3);
 }
 
 }  // namespace
