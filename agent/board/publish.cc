@@ -15,7 +15,6 @@
 namespace tern::agent {
 namespace {
 
-constexpr uint64_t kSmallObjectBytes = uint64_t{16} << 20;
 
 // Read-only zero bytes for the zero view: an anonymous private mapping
 // reads as the kernel's shared zero page, so a keyframe's base costs no
@@ -199,10 +198,6 @@ Result<std::unique_ptr<RebuiltView>> RebuildView(Board& board, uint64_t version,
 }
 
 }  // namespace
-
-uint32_t DefaultChunkBytes(uint64_t object_bytes) {
-  return object_bytes < kSmallObjectBytes ? uint32_t{1} << 20 : uint32_t{4} << 20;
-}
 
 Result<ManifestObject> DescribeObject(const ObjectRef& ref, std::span<const uint8_t> bytes,
                                       uint32_t chunk_bytes, ThreadPool& pool) {

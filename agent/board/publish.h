@@ -108,9 +108,6 @@ struct PublishResult {
   PublishSpans spans;
 };
 
-// 4 MiB, or 1 MiB for objects under 16 MiB (docs/agent/board.md §3).
-uint32_t DefaultChunkBytes(uint64_t object_bytes);
-
 // The manifest entry for an object: size, chunking, Merkle root over the
 // SHA-256 of its chunks (hashed over the pool).
 Result<ManifestObject> DescribeObject(const ObjectRef& ref, std::span<const uint8_t> bytes,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/manifest/object_ref.h"
 #include "base/coding.h"
 #include "base/hash.h"
 #include "tern/transport.h"
@@ -622,6 +623,28 @@ TEST(VersionManifest, GoldenSpecExample) {
   EXPECT_EQ(hex, kGolden);
   if (hex != kGolden)  // the new bytes, 32 a line, as the spec shows them
     for (size_t i = 0; i < hex.size(); i += 64) std::printf("%s\n", hex.substr(i, 64).c_str());
+}
+
+// The root's default chunking: small objects in at least 8 chunks (64 KiB
+// .. 1 MiB, powers of two), so relays cut through and a connection spreads
+// them over its streams; 4 MiB from 16 MiB up.
+TEST(DefaultChunkBytes, SmallObjectsGetAtLeastEightChunks) {
+  using agent::DefaultChunkBytes;
+  EXPECT_EQ(DefaultChunkBytes(1), 64u << 10);
+  EXPECT_EQ(DefaultChunkBytes(222'000), 64u << 10);    // a 0.22 MB patch: 4 chunks
+  EXPECT_EQ(DefaultChunkBytes(512u << 10), 64u << 10);  // exactly 8
+  EXPECT_EQ(DefaultChunkBytes(1'000'000), 64u << 10);   // 16 chunks
+  EXPECT_EQ(DefaultChunkBytes(1u << 20), 128u << 10);   // 8
+  EXPECT_EQ(DefaultChunkBytes((2u << 20) - 1), 128u << 10);
+  EXPECT_EQ(DefaultChunkBytes(8u << 20), 1u << 20);
+  EXPECT_EQ(DefaultChunkBytes((16u << 20) - 1), 1u << 20);  // 16 chunks: the cap
+  EXPECT_EQ(DefaultChunkBytes(16u << 20), 4u << 20);
+  EXPECT_EQ(DefaultChunkBytes(uint64_t{1} << 40), 4u << 20);
+  for (uint64_t bytes = 1; bytes < (16u << 20); bytes = bytes * 3 + 7) {
+    const uint64_t chunk = DefaultChunkBytes(bytes);
+    EXPECT_TRUE(chunk >= (64u << 10) && chunk <= (1u << 20) && (chunk & (chunk - 1)) == 0) << bytes;
+    EXPECT_TRUE(chunk == (64u << 10) || chunk == (1u << 20) || (bytes - 1) / chunk + 1 >= 8) << bytes;
+  }
 }
 
 }  // namespace

@@ -21,6 +21,15 @@ std::string ObjectName(const ObjectRef& ref) {
 
 std::string ModelFileObjectName(const Sha256Hash& sha256) { return "files/" + Hex(sha256); }
 
+uint32_t DefaultChunkBytes(uint64_t object_bytes) {
+  constexpr uint64_t kSmallObjectBytes = uint64_t{16} << 20;
+  constexpr uint32_t kMinChunks = 8;
+  if (object_bytes >= kSmallObjectBytes) return uint32_t{4} << 20;
+  uint32_t chunk = uint32_t{64} << 10;
+  while (chunk < (uint32_t{1} << 20) && uint64_t{chunk} * 2 * kMinChunks <= object_bytes) chunk *= 2;
+  return chunk;
+}
+
 Status ValidateObjectRef(const ObjectRef& ref) {
   switch (ref.kind) {
     case ObjectKind::kKeyframe:

@@ -8,16 +8,11 @@
 #include <deque>
 #include <vector>
 
+#include "agent/manifest/object_ref.h"
 #include "tern/status.h"
 
 namespace tern::agent {
 namespace {
-
-// The board's chunk size for an object (agent/board/publish.h
-// DefaultChunkBytes, docs/agent/board.md §3): 1 MiB under 16 MiB, else 4 MiB.
-double ChunkBytesFor(uint64_t object_bytes) {
-  return object_bytes < (uint64_t{16} << 20) ? double(1 << 20) : double(4 << 20);
-}
 
 // Member m's apply rate for `format` in bytes of view per second: measured,
 // else estimated from the other format's; 0 when it measured neither.
@@ -82,7 +77,7 @@ FormatPrediction PredictFormat(const topology::Plan& plan,
   const size_t stripes = plan.parent.size();
   if (stripes == 0 || view_bytes == 0) return out;
   const double share = double(size_bytes) / double(stripes);
-  const double chunk = std::min(share, ChunkBytesFor(size_bytes));
+  const double chunk = std::min(share, double(DefaultChunkBytes(size_bytes)));
   // A node's uplink is shared by its children in every stripe.
   std::map<std::string, uint32_t> fanout;
   for (const auto& stripe : plan.parent)

@@ -42,6 +42,7 @@ it onto the previous version it holds and checks the SHA-256 of the result.
 """
 import argparse
 import glob
+import http.client
 import hashlib
 import json
 import os
@@ -205,8 +206,19 @@ def run_tern(a, hosts, regions, steps, work):
             m.wait_started()
 
         def status():
-            with urllib.request.urlopen("http://%s/status" % root.admin, timeout=5) as r:
-                return json.loads(r.read())
+            # Polled every few ms on a machine the run keeps busy: an
+            # answer cut short (the admin port's guard closing a request
+            # that outlasted its timeout, "busy" when its connections are
+            # taken) is tried again, a few times, rather than ending a run.
+            for attempt in range(5):
+                try:
+                    with urllib.request.urlopen("http://%s/status" % root.admin, timeout=5) as r:
+                        return json.loads(r.read())
+                except (OSError, http.client.HTTPException) as e:
+                    if attempt == 4:
+                        raise
+                    print("status of the root: %s; trying again" % e, file=sys.stderr)
+                    time.sleep(0.2)
 
         deadline = time.time() + 90
         while len(status()["members"]) < len(members):

@@ -237,7 +237,7 @@ struct Simulator::Impl {
   }
 
   // The root's chunking: the scenario's, or what the agent publishes with
-  // (agent::DefaultChunkBytes: 1 MiB below 16 MiB, 4 MiB above).
+  // (agent::DefaultChunkBytes).
   uint64_t ChunkBytes(double object_bytes) const {
     return sc.chunk_bytes ? sc.chunk_bytes
                           : agent::DefaultChunkBytes(static_cast<uint64_t>(object_bytes));
