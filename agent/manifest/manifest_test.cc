@@ -643,7 +643,12 @@ TEST(DefaultChunkBytes, SmallObjectsGetAtLeastEightChunks) {
   for (uint64_t bytes = 1; bytes < (16u << 20); bytes = bytes * 3 + 7) {
     const uint64_t chunk = DefaultChunkBytes(bytes);
     EXPECT_TRUE(chunk >= (64u << 10) && chunk <= (1u << 20) && (chunk & (chunk - 1)) == 0) << bytes;
-    EXPECT_TRUE(chunk == (64u << 10) || chunk == (1u << 20) || (bytes - 1) / chunk + 1 >= 8) << bytes;
+    const uint64_t chunks = (bytes - 1) / chunk + 1;
+    if (bytes >= (512u << 10)) {
+      EXPECT_TRUE(chunks >= 8 && chunks <= 16) << bytes << ": " << chunks;
+    } else {
+      EXPECT_EQ(chunk, 64u << 10) << bytes;
+    }
   }
 }
 

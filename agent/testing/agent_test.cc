@@ -230,7 +230,7 @@ TEST_F(AgentSystemTest, SpareIsPreparedAfterTheGracePeriod) {
 // members log records applied before the last chunk, and serve the version
 // bit for bit. With --no-stream-apply (stream_apply false) nothing streams.
 TEST_F(AgentSystemTest, PatchOfManyChunksStreamsIntoTheSpare) {
-  // Patches of a few MB (1 MiB chunks) instead of the fixture's ~100 kB.
+  // Patches of a few MB (8 to 16 chunks) instead of the fixture's ~100 kB.
   TraceConfig config;
   auto shape = ChooseModelShape(6'000'000);
   ASSERT_TRUE(shape.ok()) << shape.status().ToString();

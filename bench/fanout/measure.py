@@ -214,7 +214,7 @@ def run_tern(a, hosts, regions, steps, work):
                 try:
                     with urllib.request.urlopen("http://%s/status" % root.admin, timeout=5) as r:
                         return json.loads(r.read())
-                except (OSError, http.client.HTTPException) as e:
+                except (OSError, http.client.HTTPException, ValueError) as e:
                     if attempt == 4:
                         raise
                     print("status of the root: %s; trying again" % e, file=sys.stderr)

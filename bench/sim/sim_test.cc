@@ -333,7 +333,10 @@ TEST(Sim, PatchBytesFollowTheMeasuredBitsPerChange) {
   EXPECT_EQ(c.bits_per_change.At(1e-6), 13.77);  // clamped
   s.format = "int3";
   EXPECT_FALSE(PatchBytes(s, c).ok());
-  EXPECT_NEAR(*ViewBytes(Scenario{.params = 1e12, .format = "fp8"}, c), 1.03125e12, 1);
+  Scenario fp8;
+  fp8.params = 1e12;
+  fp8.format = "fp8";
+  EXPECT_NEAR(*ViewBytes(fp8, c), 1.03125e12, 1);
 }
 
 TEST(Sim, FluidSharesTheSourceMaxMin) {

@@ -1,5 +1,8 @@
 // The TCP backend: N parallel streams per connection with chunks striped over
-// them (stream k takes chunks only while streams 0..k-1 are full), autotuned socket buffers, BBR when the kernel has it, an XXH3-64 checksum
+// them (in a connection's first transfer stream k takes chunks only while
+// streams 0..k-1 are full; once warm, each chunk goes to the stream whose
+// pacing finishes it first), autotuned socket buffers, BBR when the kernel
+// has it, an XXH3-64 checksum
 // and an acknowledgement per chunk, and optional TLS 1.3 with mutual
 // authentication. Wire format: docs/format/tcp.md.
 //

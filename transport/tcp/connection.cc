@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/wire_status.h"
 
@@ -128,7 +129,9 @@ void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
                            static_cast<uint32_t>(c.length));
     f.data = data;
     f.size = c.length;
+    f.op = op;
     chunks_.push_back(std::move(f));
+    queued_chunks_.store(chunks_.size(), std::memory_order_relaxed);
     pending_[op] = std::move(done);
   }
   for (auto& s : streams_) s->Wake();
@@ -165,6 +168,7 @@ void TcpConnection::Fail(Status ops, Status closed) {
     close_status_ = ops;
     pending.swap(pending_);
     chunks_.clear();
+    queued_chunks_.store(0, std::memory_order_relaxed);
   }
   // The windows stay known: CancelReceive must still wait for a stream that
   // is mid-chunk into one before the caller may free the memory.
@@ -422,11 +426,30 @@ bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_pr
 // that estimate between objects; a small object that stayed on stream 0
 // went at that share (docs/transport.md, "Streams and BBR"). Spread over
 // the warm streams by their pacing rates and unsent bytes, it goes at their
-// sum. Other streams' sockets are read here (TCP_INFO, under mu_): their
-// descriptors stay open until the connection is destroyed (Fail only shuts
-// them down), and the kernel serialises the read with their owners' writes.
+// sum. The asking stream reads the warm streams' sockets (TCP_INFO) before
+// it takes mu_ (a read takes that socket's lock, which its owner holds while
+// it writes): their descriptors stay open until the connection is destroyed
+// (Fail only shuts them down). A stream that handed a chunk to another
+// takes it itself if it is still first in the queue kHandOffUs later (the
+// other may be busy in a callback), so a hand-off costs at most that.
+void TcpConnection::ReadSendStates(Stream& s) {
+  s.send_states.assign(streams_.size(), SendState{});
+  if (queued_chunks_.load(std::memory_order_relaxed) == 0) return;
+  if (s.chunks_sent.load(std::memory_order_relaxed) == 0) return;
+  uint32_t warm = 0;
+  for (const auto& t : streams_) warm += t->chunks_sent.load(std::memory_order_relaxed) > 0;
+  if (warm < 2) return;
+  for (uint32_t i = 0; i < streams_.size(); ++i) {
+    const Stream& t = *streams_[i];
+    if (t.chunks_sent.load(std::memory_order_relaxed) == 0 ||
+        t.stop.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    if (!ReadSendState(t.pipe->fd(), &s.send_states[i])) s.send_states[i] = SendState{};
+  }
+}
+
 ChunkChoice TcpConnection::ChooseFor(const Stream& s, uint64_t bytes) {
-  uint32_t warm_open = 0;
   for (uint32_t i = 0; i < streams_.size(); ++i) {
     const Stream& t = *streams_[i];
     StreamView& v = views_[i];
@@ -434,19 +457,10 @@ ChunkChoice TcpConnection::ChooseFor(const Stream& s, uint64_t bytes) {
     v.open = &t == &s || (!t.full.load(std::memory_order_relaxed) &&
                           !t.stop.load(std::memory_order_relaxed));
     v.warm = t.chunks_sent.load(std::memory_order_relaxed) > 0;
-    warm_open += v.open && v.warm;
-  }
-  // Rates matter only where two warm streams could take the chunk.
-  if (warm_open >= 2 && views_[s.index].warm) {
-    for (uint32_t i = 0; i < streams_.size(); ++i) {
-      StreamView& v = views_[i];
-      if (!v.open || !v.warm) continue;
-      const Stream& t = *streams_[i];
-      SendState st;
-      if (ReadSendState(t.pipe->fd(), &st)) {
-        v.pacing_bytes_per_s = st.pacing_bytes_per_s;
-        v.backlog_bytes = st.notsent_bytes + t.unwritten_bytes.load(std::memory_order_relaxed);
-      }
+    if (i < s.send_states.size() && s.send_states[i].pacing_bytes_per_s > 0) {
+      v.pacing_bytes_per_s = s.send_states[i].pacing_bytes_per_s;
+      v.backlog_bytes =
+          s.send_states[i].notsent_bytes + t.unwritten_bytes.load(std::memory_order_relaxed);
     }
   }
   return ChooseChunkStream(views_, s.index, bytes);
@@ -471,25 +485,37 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
           s.control.pop_front();
         }
       }
-      if (!cur) {
+      if (!cur && queued_chunks_.load(std::memory_order_relaxed) == 0) s.declined_op = 0;
+      if (!cur && queued_chunks_.load(std::memory_order_relaxed) > 0) {
+        ReadSendStates(s);
         int wake = -1;
         {
           MutexLock lock(mu_);
           if (!chunks_.empty()) {
-            const ChunkChoice choice = ChooseFor(s, kHeaderBytes + chunks_.front().size);
+            const uint64_t head = chunks_.front().op, now = clock_.NowUs();
+            const ChunkChoice choice =
+                head == s.declined_op && now - s.declined_us >= kHandOffUs
+                    ? ChunkChoice{true, -1}
+                    : ChooseFor(s, kHeaderBytes + chunks_.front().size);
             if (choice.take) {
               cur = std::move(chunks_.front());
               chunks_.pop_front();
-              s.unwritten_bytes.store(kHeaderBytes + cur->size, std::memory_order_relaxed);
+              queued_chunks_.store(chunks_.size(), std::memory_order_relaxed);
               s.chunks_sent.fetch_add(1, std::memory_order_relaxed);
+              s.declined_op = 0;
             } else {
               wake = choice.wake;
+              if (head != s.declined_op) {
+                s.declined_op = head;
+                s.declined_us = now;
+              }
             }
           }
         }
         if (wake >= 0 && static_cast<uint32_t>(wake) != s.index) streams_[wake]->Wake();
       }
       if (!cur) return true;
+      s.unwritten_bytes.store(kHeaderBytes + cur->size - cur->sent, std::memory_order_relaxed);
     }
     OutFrame& f = *cur;
     IoResult io;
@@ -507,9 +533,7 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
     if (io.io == Io::kOk) {
       f.sent += io.bytes;
       *last_write_us = clock_.NowUs();
-      if (f.data != nullptr) {
-        s.unwritten_bytes.store(kHeaderBytes + f.size - f.sent, std::memory_order_relaxed);
-      }
+      s.unwritten_bytes.store(kHeaderBytes + f.size - f.sent, std::memory_order_relaxed);
       if (f.sent == kHeaderBytes + f.size) {
         Completion done = std::move(f.on_written);
         cur.reset();
@@ -538,8 +562,17 @@ void TcpConnection::RunStream(Stream& s) {
   while (!s.stop) {
     pollfd fds[2] = {{s.pipe->fd(), POLLIN, 0}, {s.wake_fd, POLLIN, 0}};
     if (blocked || want_write_for_read_) fds[0].events |= POLLOUT;
-    const int wait_ms = (more || s.pipe->HasBuffered()) ? 0 : 50;
-    if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) break;
+    // A stream that handed a chunk on looks again after kHandOffUs.
+    const int wait_ms = (more || s.pipe->HasBuffered()) ? 0
+                        : s.declined_op != 0 ? static_cast<int>(kHandOffUs / 1000)
+                                             : 50;
+    if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) {
+      // Leaving without Fail would leave a stream that looks open to the
+      // stream choice and serves nobody.
+      Status why = TERN_ERROR(kInternal, "poll on a stream to ", peer_, ": ", std::strerror(errno));
+      Fail(why, why);
+      break;
+    }
     if (fds[1].revents & POLLIN) {
       uint64_t n;
       [[maybe_unused]] ssize_t rc = ::read(s.wake_fd, &n, sizeof n);

@@ -53,8 +53,14 @@ struct OutFrame {
   const uint8_t* data = nullptr;
   uint64_t size = 0;
   uint64_t sent = 0;  // over header + data
+  uint64_t op = 0;    // a chunk's operation number (0 for other frames)
   Completion on_written;
 };
+
+// How long a chunk handed to another stream may wait for it before the
+// stream that handed it on takes it back (the other may be busy in a
+// callback, or slow to be scheduled on a loaded machine).
+inline constexpr uint64_t kHandOffUs = 10'000;
 
 OutFrame MakeFrame(uint8_t version, FrameType type, uint64_t a0 = 0, uint64_t a1 = 0,
                    uint64_t a2 = 0, uint64_t a3 = 0, uint32_t payload_bytes = 0);
@@ -73,6 +79,12 @@ struct Stream {
   // Bytes of the frame the stream's thread holds that the socket has not
   // yet taken (its own backlog above the kernel's unsent bytes).
   std::atomic<uint64_t> unwritten_bytes{0};
+  // The stream's thread's own: the other streams' sockets as it last read
+  // them, and the chunk it last handed to another stream and when (it takes
+  // that chunk itself if it is still first in the queue kHandOffUs later).
+  std::vector<SendState> send_states;
+  uint64_t declined_op = 0;
+  uint64_t declined_us = 0;
   // Held by the stream thread around each socket read and write; Fail()
   // passes it once after setting stop, so once a connection has failed no
   // I/O touches registered memory (chunk sources, receive windows) again:
@@ -142,6 +154,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool FinishFrame(Stream& s, Reader& r);
   bool ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us);
   bool WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blocked, uint64_t* last_write_us);
+  // Reads the sockets of the warm streams (stream_choice.h) into
+  // s.send_states when two or more could take a waiting chunk; outside mu_.
+  void ReadSendStates(Stream& s);
   // Whether stream s takes the queued chunk of `bytes`, else which stream
   // should (stream_choice.h; the stream choice in connection.cc).
   ChunkChoice ChooseFor(const Stream& s, uint64_t bytes) REQUIRES(mu_);
@@ -170,6 +185,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   transport::WindowTable windows_{"tcp"};
   std::map<uint64_t, Completion> pending_ GUARDED_BY(mu_);
   std::deque<OutFrame> chunks_ GUARDED_BY(mu_);
+  std::atomic<uint64_t> queued_chunks_{0};  // chunks_.size(), read without mu_
   std::vector<StreamView> views_ GUARDED_BY(mu_);  // ChooseFor's scratch
   uint64_t next_op_ GUARDED_BY(mu_) = 1;
 };
