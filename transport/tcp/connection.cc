@@ -131,7 +131,7 @@ void TcpConnection::SendChunk(const ChunkSend& c, Completion done) {
     f.size = c.length;
     f.op = op;
     chunks_.push_back(std::move(f));
-    queued_chunks_.store(chunks_.size(), std::memory_order_relaxed);
+    queued_chunks_.store(chunks_.size(), std::memory_order_release);
     pending_[op] = std::move(done);
   }
   for (auto& s : streams_) s->Wake();
@@ -168,7 +168,7 @@ void TcpConnection::Fail(Status ops, Status closed) {
     close_status_ = ops;
     pending.swap(pending_);
     chunks_.clear();
-    queued_chunks_.store(0, std::memory_order_relaxed);
+    queued_chunks_.store(0, std::memory_order_release);
   }
   // The windows stay known: CancelReceive must still wait for a stream that
   // is mid-chunk into one before the caller may free the memory.
@@ -431,18 +431,22 @@ bool TcpConnection::ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_pr
 // it writes): their descriptors stay open until the connection is destroyed
 // (Fail only shuts them down). A stream that handed a chunk to another
 // takes it itself if it is still first in the queue kHandOffUs later (the
-// other may be busy in a callback), so a hand-off costs at most that.
+// other may be busy in a callback), so a hand-off between warm streams costs
+// at most that (by the connection's clock: a frozen test clock turns the
+// bound off, and the stream looks again every 10 ms).
 void TcpConnection::ReadSendStates(Stream& s) {
   s.send_states.assign(streams_.size(), SendState{});
-  if (queued_chunks_.load(std::memory_order_relaxed) == 0) return;
+  if (queued_chunks_.load(std::memory_order_acquire) == 0) return;
   if (s.chunks_sent.load(std::memory_order_relaxed) == 0) return;
   uint32_t warm = 0;
   for (const auto& t : streams_) warm += t->chunks_sent.load(std::memory_order_relaxed) > 0;
   if (warm < 2) return;
   for (uint32_t i = 0; i < streams_.size(); ++i) {
     const Stream& t = *streams_[i];
+    // Full streams cannot take the chunk, and their owners are writing.
     if (t.chunks_sent.load(std::memory_order_relaxed) == 0 ||
-        t.stop.load(std::memory_order_relaxed)) {
+        t.stop.load(std::memory_order_relaxed) ||
+        (&t != &s && t.full.load(std::memory_order_relaxed))) {
       continue;
     }
     if (!ReadSendState(t.pipe->fd(), &s.send_states[i])) s.send_states[i] = SendState{};
@@ -485,27 +489,32 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
           s.control.pop_front();
         }
       }
-      if (!cur && queued_chunks_.load(std::memory_order_relaxed) == 0) s.declined_op = 0;
-      if (!cur && queued_chunks_.load(std::memory_order_relaxed) > 0) {
+      if (!cur && queued_chunks_.load(std::memory_order_acquire) == 0) s.declined_op = 0;
+      if (!cur && queued_chunks_.load(std::memory_order_acquire) > 0) {
         ReadSendStates(s);
         int wake = -1;
         {
           MutexLock lock(mu_);
           if (!chunks_.empty()) {
             const uint64_t head = chunks_.front().op, now = clock_.NowUs();
+            // Only a warm stream takes back what it handed on: a cold one
+            // declined by the rules of a first transfer, which hold
+            // however long the stream it named takes to be scheduled.
+            const bool warm = s.chunks_sent.load(std::memory_order_relaxed) > 0;
             const ChunkChoice choice =
-                head == s.declined_op && now - s.declined_us >= kHandOffUs
+                warm && head == s.declined_op && now - s.declined_us >= kHandOffUs
                     ? ChunkChoice{true, -1}
                     : ChooseFor(s, kHeaderBytes + chunks_.front().size);
             if (choice.take) {
               cur = std::move(chunks_.front());
               chunks_.pop_front();
-              queued_chunks_.store(chunks_.size(), std::memory_order_relaxed);
+              queued_chunks_.store(chunks_.size(), std::memory_order_release);
+              s.unwritten_bytes.store(kHeaderBytes + cur->size, std::memory_order_relaxed);
               s.chunks_sent.fetch_add(1, std::memory_order_relaxed);
               s.declined_op = 0;
             } else {
               wake = choice.wake;
-              if (head != s.declined_op) {
+              if (warm && head != s.declined_op) {
                 s.declined_op = head;
                 s.declined_us = now;
               }
@@ -569,7 +578,8 @@ void TcpConnection::RunStream(Stream& s) {
     if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) {
       // Leaving without Fail would leave a stream that looks open to the
       // stream choice and serves nobody.
-      Status why = TERN_ERROR(kInternal, "poll on a stream to ", peer_, ": ", std::strerror(errno));
+      const int err = errno;
+      Status why = TERN_ERROR(kInternal, "poll on a stream to ", peer_, ": ", std::strerror(err));
       Fail(why, why);
       break;
     }

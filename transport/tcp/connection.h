@@ -57,8 +57,8 @@ struct OutFrame {
   Completion on_written;
 };
 
-// How long a chunk handed to another stream may wait for it before the
-// stream that handed it on takes it back (the other may be busy in a
+// How long a chunk a warm stream handed to another may wait for it before
+// the stream that handed it on takes it back (the other may be busy in a
 // callback, or slow to be scheduled on a loaded machine).
 inline constexpr uint64_t kHandOffUs = 10'000;
 

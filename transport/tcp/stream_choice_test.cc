@@ -172,6 +172,16 @@ TEST_F(StreamChoice, SmallObjectsStayOnTheFirstStream) {
 // first stream fills and the others take over; every byte lands.
 TEST_F(StreamChoice, BulkTransferSpreadsOverStreamsThatFill) {
   Start(16 << 10);
+  // Stream 0 paced at 2 MB/s, so that it fills whatever the loopback's
+  // speed: unpaced, it drained as fast as it was written in 1 of 15-60 runs
+  // on a loaded machine, and carried every chunk (the premise, not the
+  // choice, failed).
+  auto* tcp = dynamic_cast<TcpConnection*>(conn_.get());
+  ASSERT_NE(tcp, nullptr);
+  const uint32_t rate = 2'000'000;
+  ASSERT_EQ(::setsockopt(tcp->StreamSocketForTesting(0), SOL_SOCKET, SO_MAX_PACING_RATE, &rate,
+                         sizeof rate),
+            0);
   constexpr uint64_t kChunk = 256 << 10, kChunks = 128;
   std::vector<uint8_t> src(kChunk * kChunks), dst(src.size());
   std::mt19937_64 rng(3);
@@ -252,7 +262,12 @@ TEST_F(StreamChoice, SmallChunksGoToTheWarmStreamThatFinishesThemFirst) {
     return cv.wait_for(lock, std::chrono::seconds(30), [&] { return completed == n; });
   };
   // Warm several streams: a bulk transfer through sockets that hold 16 KiB
-  // unsent fills them one after another (BulkTransferSpreadsOverStreamsThatFill).
+  // unsent fills them one after another, stream 0 paced at 2 MB/s so that
+  // it fills (BulkTransferSpreadsOverStreamsThatFill).
+  const uint32_t slow = 2'000'000;
+  ASSERT_EQ(::setsockopt(tcp->StreamSocketForTesting(0), SOL_SOCKET, SO_MAX_PACING_RATE, &slow,
+                         sizeof slow),
+            0);
   for (uint64_t i = 0; i < kBigChunks; ++i) send(i * kBig, kBig);
   ASSERT_TRUE(wait_for(kBigChunks));
   const std::vector<uint64_t> warm = Counts();
