@@ -11,9 +11,9 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -118,26 +118,82 @@ class StreamChoice : public ::testing::Test {
     auto c = ConnectWait(*client_, listener_->address(), {}, 60000, RetryPolicy{1, 10, 10});
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     conn_ = *c;
+    tcp_ = dynamic_cast<TcpConnection*>(conn_.get());
+    ASSERT_NE(tcp_, nullptr);
     std::unique_lock<std::mutex> lock(mu_);
     ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(20), [&] { return accepted_ != nullptr; }));
   }
   void TearDown() override {
+    if (accepted_ && posted_) accepted_->CancelReceive(kTransfer);
     if (conn_) conn_->Close();
     if (accepted_) accepted_->Close();
     if (listener_) listener_->Close();
   }
-  std::vector<uint64_t> Counts() {
-    auto* tcp = dynamic_cast<TcpConnection*>(conn_.get());
-    EXPECT_NE(tcp, nullptr);
-    return tcp ? tcp->StreamChunkCounts() : std::vector<uint64_t>{};
-  }
 
+  // One transfer of `src` into a zeroed buffer of its size on the other
+  // side: both registered, the receive posted.
+  void Post(std::vector<uint8_t> src) {
+    src_ = std::move(src);
+    dst_.assign(src_.size(), 0);
+    auto s = client_->RegisterMemory(src_.data(), src_.size(), MemoryKind::kHost);
+    auto d = server_->RegisterMemory(dst_.data(), dst_.size(), MemoryKind::kHost);
+    ASSERT_TRUE(s.ok() && d.ok());
+    src_region_ = *s;
+    ASSERT_TRUE(accepted_->PostReceive(kTransfer, *d, 0, dst_.size(), nullptr).ok());
+    posted_ = true;
+  }
+  // Sends src_[offset, offset + length) to the same place in dst_; the
+  // completion is counted.
+  void Send(uint64_t offset, uint64_t length) {
+    ChunkSend c;
+    c.src = src_region_;
+    c.src_offset = offset;
+    c.length = length;
+    c.transfer_id = kTransfer;
+    c.dst_offset = offset;
+    conn_->SendChunk(c, [this](Status st) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++completed_;
+      failed_ += !st.ok();
+      cv_.notify_all();
+    });
+  }
+  // Whether n sends have completed within the limit.
+  bool WaitFor(uint64_t n, std::chrono::seconds limit = std::chrono::seconds(30)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return completed_ == n; });
+  }
+  uint64_t Failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+  }
+  bool Landed() const { return std::memcmp(src_.data(), dst_.data(), src_.size()) == 0; }
+
+  // Caps what the kernel paces the stream's socket at (SO_MAX_PACING_RATE).
+  // Lowers the rate at once; an idle socket's rate rises again only with
+  // its next acknowledgement.
+  ::testing::AssertionResult Pace(uint32_t stream, uint32_t bytes_per_s) {
+    if (::setsockopt(tcp_->StreamSocketForTesting(stream), SOL_SOCKET, SO_MAX_PACING_RATE,
+                     &bytes_per_s, sizeof bytes_per_s) != 0) {
+      return ::testing::AssertionFailure()
+             << "SO_MAX_PACING_RATE on stream " << stream << ": " << std::strerror(errno);
+    }
+    return ::testing::AssertionSuccess();
+  }
+  std::vector<uint64_t> Counts() { return tcp_->StreamChunkCounts(); }
+
+  static constexpr uint64_t kTransfer = 1;
   std::unique_ptr<Transport> server_, client_;
   std::unique_ptr<Listener> listener_;
   std::shared_ptr<Connection> conn_;
+  TcpConnection* tcp_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Connection> accepted_;
+  std::vector<uint8_t> src_, dst_;
+  MemoryRegion src_region_;
+  bool posted_ = false;
+  uint64_t completed_ = 0, failed_ = 0;
 };
 
 // One small object at a time (a relay forwarding a small patch): every
@@ -145,27 +201,16 @@ class StreamChoice : public ::testing::Test {
 // woke first.
 TEST_F(StreamChoice, SmallObjectsStayOnTheFirstStream) {
   Start(1 << 20);
-  std::vector<uint8_t> src(64 << 10, 7), dst(src.size());
-  auto s = client_->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
-  auto d = server_->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
-  ASSERT_TRUE(s.ok() && d.ok());
-  ASSERT_TRUE(accepted_->PostReceive(1, *d, 0, dst.size(), nullptr).ok());
-  constexpr int kChunks = 40;
-  for (int i = 0; i < kChunks; ++i) {
-    std::promise<Status> done;
-    ChunkSend c;
-    c.src = *s;
-    c.length = src.size();
-    c.transfer_id = 1;
-    conn_->SendChunk(c, [&](Status st) { done.set_value(st); });
-    auto f = done.get_future();
-    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-    ASSERT_TRUE(f.get().ok());
+  constexpr uint64_t kChunk = 64 << 10, kChunks = 40;
+  Post(std::vector<uint8_t>(kChunk, 7));
+  for (uint64_t i = 0; i < kChunks; ++i) {
+    Send(0, kChunk);
+    ASSERT_TRUE(WaitFor(i + 1, std::chrono::seconds(20)));
   }
+  EXPECT_EQ(Failed(), 0u);
   std::vector<uint64_t> want(8, 0);
   want[0] = kChunks;
   EXPECT_EQ(Counts(), want);
-  accepted_->CancelReceive(1);
 }
 
 // Many chunks at once through sockets that hold little unsent data: the
@@ -176,43 +221,16 @@ TEST_F(StreamChoice, BulkTransferSpreadsOverStreamsThatFill) {
   // speed: unpaced, it drained as fast as it was written in 1 of 15-60 runs
   // on a loaded machine, and carried every chunk (the premise, not the
   // choice, failed).
-  auto* tcp = dynamic_cast<TcpConnection*>(conn_.get());
-  ASSERT_NE(tcp, nullptr);
-  const uint32_t rate = 2'000'000;
-  ASSERT_EQ(::setsockopt(tcp->StreamSocketForTesting(0), SOL_SOCKET, SO_MAX_PACING_RATE, &rate,
-                         sizeof rate),
-            0);
+  ASSERT_TRUE(Pace(0, 2'000'000));
   constexpr uint64_t kChunk = 256 << 10, kChunks = 128;
-  std::vector<uint8_t> src(kChunk * kChunks), dst(src.size());
+  std::vector<uint8_t> src(kChunk * kChunks);
   std::mt19937_64 rng(3);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
-  auto s = client_->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
-  auto d = server_->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
-  ASSERT_TRUE(s.ok() && d.ok());
-  ASSERT_TRUE(accepted_->PostReceive(2, *d, 0, dst.size(), nullptr).ok());
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t completed = 0, failed = 0;
-  for (uint64_t i = 0; i < kChunks; ++i) {
-    ChunkSend c;
-    c.src = *s;
-    c.src_offset = i * kChunk;
-    c.length = kChunk;
-    c.transfer_id = 2;
-    c.dst_offset = i * kChunk;
-    conn_->SendChunk(c, [&](Status st) {
-      std::lock_guard<std::mutex> lock(mu);
-      ++completed;
-      failed += !st.ok();
-      cv.notify_all();
-    });
-  }
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return completed == kChunks; }));
-  }
-  EXPECT_EQ(failed, 0u);
-  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+  Post(std::move(src));
+  for (uint64_t i = 0; i < kChunks; ++i) Send(i * kChunk, kChunk);
+  ASSERT_TRUE(WaitFor(kChunks, std::chrono::seconds(60)));
+  EXPECT_EQ(Failed(), 0u);
+  EXPECT_TRUE(Landed());
   const auto counts = Counts();
   uint64_t total = 0, used = 0;
   for (uint64_t n : counts) {
@@ -221,7 +239,6 @@ TEST_F(StreamChoice, BulkTransferSpreadsOverStreamsThatFill) {
   }
   EXPECT_EQ(total, kChunks);
   EXPECT_GE(used, 2u) << "a bulk transfer that fills stream 0 must engage more streams";
-  accepted_->CancelReceive(2);
 }
 
 // Warm streams, all but the last paced at 1 MB/s and that one at 8 MB/s
@@ -232,75 +249,42 @@ TEST_F(StreamChoice, BulkTransferSpreadsOverStreamsThatFill) {
 // at a small share of the link.
 TEST_F(StreamChoice, SmallChunksGoToTheWarmStreamThatFinishesThemFirst) {
   Start(16 << 10);
-  auto* tcp = dynamic_cast<TcpConnection*>(conn_.get());
-  ASSERT_NE(tcp, nullptr);
   constexpr uint64_t kBig = 256 << 10, kBigChunks = 128, kSmall = 64 << 10, kSmallChunks = 4;
-  std::vector<uint8_t> src(kBig * kBigChunks + kSmall * kSmallChunks, 5), dst(src.size());
-  auto s = client_->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
-  auto d = server_->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
-  ASSERT_TRUE(s.ok() && d.ok());
-  ASSERT_TRUE(accepted_->PostReceive(3, *d, 0, dst.size(), nullptr).ok());
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t completed = 0, failed = 0;
-  auto send = [&](uint64_t offset, uint64_t length) {
-    ChunkSend c;
-    c.src = *s;
-    c.src_offset = offset;
-    c.length = length;
-    c.transfer_id = 3;
-    c.dst_offset = offset;
-    conn_->SendChunk(c, [&](Status st) {
-      std::lock_guard<std::mutex> lock(mu);
-      ++completed;
-      failed += !st.ok();
-      cv.notify_all();
-    });
-  };
-  auto wait_for = [&](uint64_t n) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return completed == n; });
-  };
+  Post(std::vector<uint8_t>(kBig * kBigChunks + kSmall * kSmallChunks, 5));
   // Warm several streams: a bulk transfer through sockets that hold 16 KiB
   // unsent fills them one after another, stream 0 paced at 2 MB/s so that
   // it fills (BulkTransferSpreadsOverStreamsThatFill).
-  const uint32_t slow = 2'000'000;
-  ASSERT_EQ(::setsockopt(tcp->StreamSocketForTesting(0), SOL_SOCKET, SO_MAX_PACING_RATE, &slow,
-                         sizeof slow),
-            0);
-  for (uint64_t i = 0; i < kBigChunks; ++i) send(i * kBig, kBig);
-  ASSERT_TRUE(wait_for(kBigChunks));
+  ASSERT_TRUE(Pace(0, 2'000'000));
+  for (uint64_t i = 0; i < kBigChunks; ++i) Send(i * kBig, kBig);
+  ASSERT_TRUE(WaitFor(kBigChunks));
   const std::vector<uint64_t> warm = Counts();
-  const std::string counts = ::testing::PrintToString(warm);
   int fast = -1;
   for (uint32_t i = 0; i < warm.size(); ++i) {
     if (warm[i] > 0) fast = static_cast<int>(i);
   }
-  ASSERT_GT(fast, 0) << "the bulk transfer warmed one stream: the test's premise failed " << counts;
+  ASSERT_GT(fast, 0) << "the bulk transfer warmed one stream: the test's premise failed "
+                     << ::testing::PrintToString(warm);
   for (uint32_t i = 0; i < warm.size(); ++i) {
     if (warm[i] == 0) continue;
-    const int fd = tcp->StreamSocketForTesting(i);
     const int lowat = 4 << 20;
-    ASSERT_EQ(::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat), 0);
-    // Lowers the pacing rate at once; an idle socket's rate rises only
-    // with its next acknowledgement, so each stream is capped once.
-    const uint32_t rate = static_cast<int>(i) == fast ? 8'000'000 : 1'000'000;
-    ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate), 0);
+    ASSERT_EQ(::setsockopt(tcp_->StreamSocketForTesting(i), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
+                           sizeof lowat),
+              0);
+    ASSERT_TRUE(Pace(i, static_cast<int>(i) == fast ? 8'000'000 : 1'000'000));
   }
   SendState fast_state;
-  if (!ReadSendState(tcp->StreamSocketForTesting(fast), &fast_state) ||
+  if (!ReadSendState(tcp_->StreamSocketForTesting(fast), &fast_state) ||
       fast_state.pacing_bytes_per_s == 0) {
-    accepted_->CancelReceive(3);
     GTEST_SKIP() << "the kernel reports no pacing rate (TCP_INFO): the choice falls back to index order";
   }
-  for (uint64_t i = 0; i < kSmallChunks; ++i) send(kBig * kBigChunks + i * kSmall, kSmall);
-  ASSERT_TRUE(wait_for(kBigChunks + kSmallChunks));
-  EXPECT_EQ(failed, 0u);
-  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+  for (uint64_t i = 0; i < kSmallChunks; ++i) Send(kBig * kBigChunks + i * kSmall, kSmall);
+  ASSERT_TRUE(WaitFor(kBigChunks + kSmallChunks));
+  EXPECT_EQ(Failed(), 0u);
+  EXPECT_TRUE(Landed());
   std::vector<uint64_t> want = warm;
   want[fast] += kSmallChunks;
-  EXPECT_EQ(Counts(), want) << "stream " << fast << " is paced at 8 MB/s, the other warm ones at 1 MB/s";
-  accepted_->CancelReceive(3);
+  EXPECT_EQ(Counts(), want) << "stream " << fast
+                            << " is paced at 8 MB/s, the other warm ones at 1 MB/s";
 }
 
 }  // namespace
