@@ -75,9 +75,11 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def link_bytes(state_dir, regions):
-    """{"us->eu": bytes, ...}: the forwarder's per-direction counters (it
-    prints them on SIGUSR1; regions are numbered from 1 in config order)."""
+def link_stats(state_dir, regions):
+    """({"us->eu": bytes, ...}, {"us->eu lost": packets, "us->eu queue_drops":
+    packets, ...}): the forwarder's per-direction counters (it prints them on
+    SIGUSR1; regions are numbered from 1 in config order). The drops count
+    links inside a region too ("ap->ap"); the bytes do not."""
     log = os.path.join(state_dir, "fwd.log")
     size0 = os.path.getsize(log)
     os.kill(int(open(os.path.join(state_dir, "fwd.pid")).read()), signal.SIGUSR1)
@@ -90,16 +92,67 @@ def link_bytes(state_dir, regions):
             text = f.read()
         if text.count("\nlink ") + text.startswith("link ") >= len(regions) * (len(regions) - 1) // 2 * 2:
             break
-    out = {}
-    for m in re.finditer(r"^link (\d+)->(\d+) .*?bytes=(\d+)", text, re.M):
+    out, drops = {}, {}
+    for m in re.finditer(r"^link (\d+)->(\d+) .*?bytes=(\d+) lost=(\d+) queue_drops=(\d+)", text, re.M):
         a, b = int(m.group(1)), int(m.group(2))
+        key = "%s->%s" % (regions[a - 1], regions[b - 1])
         if a != b:
-            out["%s->%s" % (regions[a - 1], regions[b - 1])] = int(m.group(3))
-    return out
+            out[key] = int(m.group(3))
+        # The forwarder's random loss and its drop-tail queue.
+        drops[key + " lost"] = int(m.group(4))
+        drops[key + " queue_drops"] = int(m.group(5))
+    return out, drops
+
+
+def link_bytes(state_dir, regions):
+    return link_stats(state_dir, regions)[0]
 
 
 def diff_links(after, before):
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+
+
+# The kernel's TCP loss counters kept per version and host (/proc/net/snmp and
+# /proc/net/netstat of the host's namespace): where a version was slow, did a
+# stream lose packets, and did it recover by fast retransmit, a tail-loss
+# probe or a retransmission timeout (RFC 6298: 200 ms or more, doubled on
+# each repeat)?
+TCP_COUNTERS = ("Tcp:RetransSegs", "TcpExt:TCPTimeouts", "TcpExt:TCPLossProbes", "TcpExt:TCPLossProbeRecovery",
+                "TcpExt:TCPFastRetrans", "TcpExt:TCPSlowStartRetrans", "TcpExt:TCPLostRetransmit",
+                "TcpExt:TCPSpuriousRTOs", "TcpExt:TCPSackRecovery")
+
+
+def tcp_counters(hosts):
+    """{host: {counter: value}} for TCP_COUNTERS, read in each host's namespace."""
+    out = {}
+    for name, ns, _ in hosts:
+        r = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            continue
+        got = {}
+        lines = r.stdout.splitlines()
+        # Each group is a header line ("Tcp: RtoAlgorithm ...") then a value line.
+        for head, vals in zip(lines, lines[1:]):
+            h, v = head.split(), vals.split()
+            if not h or not v or h[0] != v[0] or not h[0].endswith(":") or v[1:2] and not v[1].lstrip("-").isdigit():
+                continue
+            for k, x in zip(h[1:], v[1:]):
+                key = h[0] + k
+                if key in TCP_COUNTERS:
+                    got[key.split(":")[1]] = int(x)
+        out[name] = got
+    return out
+
+
+def diff_tcp(after, before):
+    """Per host, the counters that grew; hosts with none left out."""
+    out = {}
+    for host, c in after.items():
+        d = {k: v - before.get(host, {}).get(k, 0) for k, v in c.items() if v > before.get(host, {}).get(k, 0)}
+        if d:
+            out[host] = d
+    return out
 
 
 def object_time(agent_dir, version, folder="objects"):
@@ -230,7 +283,8 @@ def run_tern(a, hosts, regions, steps, work):
         for v, ckpt in enumerate(steps, start=1):
             cpu0 = {x.name: proc_cpu_s(x.proc.pid) for x in agents}
             mach0 = machine_cpu_s()
-            links0 = link_bytes(a.state, regions)
+            links0, drops0 = link_stats(a.state, regions)
+            tcp0 = tcp_counters(hosts)
             t_start = time.time()
             # Polled while `tern publish` runs: members may hold the version
             # before the call returns (it returns after the root's own apply).
@@ -264,7 +318,9 @@ def run_tern(a, hosts, regions, steps, work):
             cpu = {x.name: proc_cpu_s(x.proc.pid) - cpu0[x.name] for x in agents}
             mach1 = machine_cpu_s()
             time.sleep(0.3)  # the last ACKs cross
-            wan = diff_links(link_bytes(a.state, regions), links0)
+            links1, drops1 = link_stats(a.state, regions)
+            wan, drops = diff_links(links1, links0), diff_links(drops1, drops0)
+            tcp = diff_tcp(tcp_counters(hosts), tcp0)
             if last is None:
                 rows.append(dict(version=v, failed="not held by every member within %g s" % a.deadline_s))
                 break
@@ -323,7 +379,7 @@ def run_tern(a, hosts, regions, steps, work):
                 (rv.get("publish") or {}).get("announce_s", 0), first_status=first, last_status=last,
                 first_disk=min(known) if len(known) == len(members) else None,
                 last_disk=max(known) if len(known) == len(members) else None,
-                last_by_region=per_region, critical_path=path, wan_bytes=wan,
+                last_by_region=per_region, critical_path=path, wan_bytes=wan, wan_drops=drops, tcp_loss=tcp,
                 cpu_s=cpu, disk=disk, machine_busy=(mach1[0] - mach0[0]) / max(mach1[1] - mach0[1], 1e-9),
                 verified=len(members) - len(bad), bad=bad,
                 # The root's format choice (docs/agent.md §6a) and its prediction.
@@ -339,6 +395,16 @@ def run_tern(a, hosts, regions, steps, work):
                       "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1,
                       len(members) - len(bad), len(members), rows[-1]["load"], rows[-1]["format_reason"]),
                   flush=True)
+            if tcp or drops:
+                total = {}
+                for c in tcp.values():
+                    for k, x in c.items():
+                        total[k] = total.get(k, 0) + x
+                print("   loss: forwarder %s; TCP %s; timeouts at %s" % (
+                    " ".join("%s=%d" % kv for kv in sorted(drops.items())) or "none",
+                    " ".join("%s=%d" % kv for kv in sorted(total.items())) or "none",
+                    " ".join("%s=%d" % (h, c["TCPTimeouts"]) for h, c in sorted(tcp.items())
+                             if c.get("TCPTimeouts")) or "none"), flush=True)
             if v < len(steps):
                 time.sleep(a.gap_s)
         # Apply CPU per member and version, from the member's own log line.
