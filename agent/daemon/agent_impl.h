@@ -212,9 +212,11 @@ class AgentImpl final : public Agent {
   // PublishViewLocked's tail, and a version assembled from ranks': offer
   // the objects of the version just recorded and send HEAD, then serve it
   // here, retention (docs/agent/board.md §4, "The root's publish, in
-  // order"). Fills versions_[version].publish with the spans.
-  Status ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
-                                uint64_t view_bytes, const std::string& seed_checkpoint,
+  // order"). Fills versions_[version].publish with the spans; published_s:
+  // when PublishVersion / PublishPatch returned (the version recorded).
+  Status ServeAndAnnounceLocked(double t0, double published_s, uint64_t version,
+                                const PublishResult& result, uint64_t view_bytes,
+                                const std::string& seed_checkpoint,
                                 const std::vector<SlotFile>& slot_files) REQUIRES(publish_mu_);
   // ServeAndAnnounceLocked's own apply: DIR/current to the version just
   // recorded (Seed, the keyframe, or Advance by the patch).

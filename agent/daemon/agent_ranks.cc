@@ -319,7 +319,7 @@ Status AgentImpl::CommitRankParts(std::vector<RankPart> parts, uint64_t version,
                         PublishPatch(*board_, *Signer(), std::move(patch).value(), version, options, pool_));
   TERN_REQUIRE(result.manifest.target_digest == target, kInternal, "publish from ranks: version ",
                version, " recorded with another target digest than its parts'");
-  TERN_RETURN_IF_ERROR(ServeAndAnnounceLocked(t0, version, result, view_bytes, "", {}));
+  TERN_RETURN_IF_ERROR(ServeAndAnnounceLocked(t0, NowS(), version, result, view_bytes, "", {}));
   if (keyframe_due) {
     // A late keyframe from the board's own objects (the root never held the
     // version's full view before it applied the patch).

@@ -19,9 +19,11 @@ namespace {
 // "prepare 0.012, verify_prev 0.030, ...": the publish log line's stages.
 std::string PublishSpansText(const AgentPublishSpans& s) {
   const std::pair<const char*, double> stages[] = {
-      {"prepare", s.prepare_s}, {"verify_prev", s.verify_prev_s}, {"diff", s.diff_s},
-      {"keyframe", s.keyframe_s}, {"hash", s.hash_s},         {"sign", s.sign_s},
-      {"write", s.write_s},     {"record", s.record_s},       {"announce", s.announce_s},
+      {"prepare", s.prepare_s}, {"verify_prev", s.verify_prev_s},
+      {"diff", s.diff_s},       {"keyframe", s.keyframe_s},
+      {"hash", s.hash_s},       {"sign", s.sign_s},
+      {"write", s.write_s},     {"record", s.record_s},
+      {"handoff", s.handoff_s}, {"announce", s.announce_s},
       {"apply", s.apply_s},     {"retain", s.retain_s}};
   std::string text;
   for (const auto& [name, seconds] : stages) {
@@ -695,13 +697,15 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
   TERN_ASSIGN_OR_RETURN(PublishResult result,
                         PublishVersion(*board_, *Signer(), prev ? &prev->view() : nullptr,
                                        store_->digest(), next, version, chosen, pool_));
+  const double published_s = NowS();
   prev.reset();
   next_owner.reset();
   {
     MutexLock lock(mu_);
     format_chooser_->NotePublished(choice.format, result.patch_bytes);
   }
-  Status s = ServeAndAnnounceLocked(t0, version, result, view_bytes, seed_checkpoint, slot_files);
+  Status s = ServeAndAnnounceLocked(t0, published_s, version, result, view_bytes, seed_checkpoint,
+                                    slot_files);
   MutexLock lock(mu_);
   if (auto it = versions_.find(version); it != versions_.end()) {
     it->second.patch_format = choice.format;
@@ -714,8 +718,9 @@ Status AgentImpl::PublishViewLocked(double t0, uint64_t version, std::unique_ptr
   return s;
 }
 
-Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const PublishResult& result,
-                                         uint64_t view_bytes, const std::string& seed_checkpoint,
+Status AgentImpl::ServeAndAnnounceLocked(double t0, double published_s, uint64_t version,
+                                         const PublishResult& result, uint64_t view_bytes,
+                                         const std::string& seed_checkpoint,
                                          const std::vector<SlotFile>& slot_files) {
   // PublishVersion / PublishPatch returned: the objects are synced and the
   // version recorded. Offer and announce it first; the root's own apply
@@ -724,7 +729,8 @@ Status AgentImpl::ServeAndAnnounceLocked(double t0, uint64_t version, const Publ
   const double recorded_s = NowS();
   AgentPublishSpans spans;
   const PublishSpans& b = result.spans;
-  spans.prepare_s = std::max(0.0, recorded_s - t0 - b.total_s);
+  spans.handoff_s = std::max(0.0, recorded_s - published_s);
+  spans.prepare_s = std::max(0.0, published_s - t0 - b.total_s);
   spans.verify_prev_s = b.verify_prev_s;
   spans.diff_s = b.diff_s;
   spans.keyframe_s = b.keyframe_s;

@@ -165,6 +165,11 @@ TEST_F(AgentPublishOrderTest, RootsOwnApplyFollowsTheOffer) {
   EXPECT_GT(p.offered_s, 0);
   EXPECT_GT(p.apply_s, 0);
   EXPECT_LE(p.offered_s + p.apply_s, p.total_s + 1e-6);
+  // The stages before the offer account for all of it, none twice (the
+  // board's spans run on its Env's clock, the rest on the agent's).
+  const double stages = p.prepare_s + p.verify_prev_s + p.diff_s + p.keyframe_s + p.hash_s +
+                        p.sign_s + p.write_s + p.record_s + p.handoff_s + p.announce_s;
+  EXPECT_NEAR(stages, p.offered_s, 0.01);
 }
 
 }  // namespace

@@ -136,7 +136,7 @@ def summarize(cfg, res, changed):
              per_version=[dict(version=r["version"], patch_format=r.get("patch_format"), shipped=r["shipped"],
                                last_s=r["last_disk"], predicted_s=r.get("predicted_s"), load=r.get("load"),
                                reason=r.get("format_reason"), wan_drops=r.get("wan_drops"),
-                               tcp_loss=r.get("tcp_loss")) for r in patches],
+                               tcp_loss=r.get("tcp_loss"), root_spans=r.get("root_spans")) for r in patches],
              agents_cpu_s=median([sum(r["cpu_s"].values()) for r in patches]),
              root_cpu_s=median([r["cpu_s"].get("root") for r in patches]),
              member_cpu_s_max=median([max(v for k, v in r["cpu_s"].items() if k != "root") for r in patches]),

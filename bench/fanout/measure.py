@@ -374,9 +374,12 @@ def run_tern(a, hosts, regions, steps, work):
                 version=v, keyframe=rv["patch_bytes"] == 0, shipped=rv["patch_bytes"] or rv["keyframe_bytes"],
                 view=rv["view_bytes"], publish_s=t_pub - t_start, ready_s=t_ready - t_start,
                 # The root's own spans (GET /status): from the object written
-                # (ready) to it offered: the board record, then OFFER and HEAD.
-                offered_after_ready_s=(rv.get("publish") or {}).get("record_s", 0) +
-                (rv.get("publish") or {}).get("announce_s", 0), first_status=first, last_status=last,
+                # (ready) to it offered: the board record, the hand-off (the
+                # agent's lock), then OFFER and HEAD.
+                offered_after_ready_s=sum((rv.get("publish") or {}).get(k, 0)
+                                          for k in ("record_s", "handoff_s", "announce_s")),
+                root_spans=rv.get("publish"),
+                first_status=first, last_status=last,
                 first_disk=min(known) if len(known) == len(members) else None,
                 last_disk=max(known) if len(known) == len(members) else None,
                 last_by_region=per_region, critical_path=path, wan_bytes=wan, wan_drops=drops, tcp_loss=tcp,
@@ -395,6 +398,11 @@ def run_tern(a, hosts, regions, steps, work):
                       "holding" if relay_only else "serving", rows[-1]["last_disk"] or -1,
                       len(members) - len(bad), len(members), rows[-1]["load"], rows[-1]["format_reason"]),
                   flush=True)
+            spans = rv.get("publish") or {}
+            if rows[-1]["offered_after_ready_s"] > 0.05:
+                print("   the root offered it late: %s" % " ".join(
+                    "%s %.3f s" % (k[:-2], spans[k]) for k in ("write_s", "record_s", "handoff_s", "announce_s") if k in spans),
+                      flush=True)
             if tcp or drops:
                 total = {}
                 for c in tcp.values():

@@ -333,6 +333,9 @@ struct AgentPublishSpans {
   double sign_s = 0;
   double write_s = 0;        // object files written and fsynced
   double record_s = 0;       // the board record and its sync
+  // From the record to the offer: the checkpoints released and the agent's
+  // lock taken (to note the format chosen), which its other work may hold.
+  double handoff_s = 0;
   double announce_s = 0;     // objects offered to the relay, HEAD sent
   double offered_s = 0;      // call -> offered and announced (the sum so far)
   double apply_s = 0;        // the root's own apply into DIR/current
