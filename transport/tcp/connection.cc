@@ -560,6 +560,30 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
   }
 }
 
+int TcpConnection::IdleWaitMs(const Reader& reader, bool writing, uint64_t last_progress_us,
+                              uint64_t last_write_us) {
+  const uint64_t idle_us = options_.idle_timeout_ms * 1000;
+  uint64_t next_us = last_progress_us + idle_us + 1;  // the peer silent too long
+  if (!writing) next_us = std::min(next_us, last_write_us + idle_us / 3 + 1);  // a ping due
+  if (reader.header_got > 0 && !reader.in_payload) {
+    next_us = std::min(next_us, reader.header_start_us + options_.header_timeout_ms * 1000 + 1);
+  }
+  if (reader.in_payload && options_.min_frame_bytes_per_s > 0) {
+    next_us =
+        std::min(next_us, reader.header_start_us + FrameAllowedUs(reader.h.payload_bytes) + 1);
+  }
+  const uint64_t now = clock_.NowUs();
+  const uint64_t wait_us = next_us > now ? std::min(next_us - now, kIdlePollCapUs) : 0;
+  return static_cast<int>((wait_us + 999) / 1000);
+}
+
+uint64_t TcpConnection::FrameAllowedUs(uint64_t payload_bytes) const {
+  // 64-bit before the multiply: a 4 MiB frame times 10^6 overflows 32 bits
+  // (it gave a 4 MiB chunk 10 s instead of 74 s at 64 KiB/s).
+  return options_.header_timeout_ms * 1000 +
+         payload_bytes * 1000000 / options_.min_frame_bytes_per_s;
+}
+
 void TcpConnection::RunStream(Stream& s) {
   stream_owner_ = this;
   auto reader = std::make_unique<Reader>();
@@ -571,10 +595,15 @@ void TcpConnection::RunStream(Stream& s) {
   while (!s.stop) {
     pollfd fds[2] = {{s.pipe->fd(), POLLIN, 0}, {s.wake_fd, POLLIN, 0}};
     if (blocked || want_write_for_read_) fds[0].events |= POLLOUT;
-    // A stream that handed a chunk on looks again after kHandOffUs.
-    const int wait_ms = (more || s.pipe->HasBuffered()) ? 0
-                        : s.declined_op != 0 ? static_cast<int>(kHandOffUs / 1000)
-                                             : 50;
+    // A stream that handed a chunk on looks again after kHandOffUs; an idle
+    // one sleeps until its next deadline (the checks below), at most
+    // kIdlePollCapUs.
+    int wait_ms = 0;
+    if (!more && !s.pipe->HasBuffered()) {
+      wait_ms = s.declined_op != 0
+                    ? static_cast<int>(kHandOffUs / 1000)
+                    : IdleWaitMs(*reader, cur.has_value(), last_progress_us, last_write_us);
+    }
     if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) {
       // Leaving without Fail would leave a stream that looks open to the
       // stream choice and serves nobody.
@@ -614,11 +643,7 @@ void TcpConnection::RunStream(Stream& s) {
       break;
     }
     if (reader->in_payload && options_.min_frame_bytes_per_s > 0) {
-      // 64-bit before the multiply: a 4 MiB frame times 10^6 overflows 32 bits
-      // (it gave a 4 MiB chunk 10 s instead of 74 s at 64 KiB/s).
-      const uint64_t allowed_us =
-          options_.header_timeout_ms * 1000 +
-          uint64_t{reader->h.payload_bytes} * 1000000 / options_.min_frame_bytes_per_s;
+      const uint64_t allowed_us = FrameAllowedUs(reader->h.payload_bytes);
       if (now - reader->header_start_us > allowed_us) {
         ProtocolFailure(TERN_ERROR(kTimeout, "frame of ", reader->h.payload_bytes,
                                    " bytes still incomplete after ", allowed_us / 1000,

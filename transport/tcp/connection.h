@@ -62,6 +62,14 @@ struct OutFrame {
 // callback, or slow to be scheduled on a loaded machine).
 inline constexpr uint64_t kHandOffUs = 10'000;
 
+// The longest an idle stream sleeps in poll: it wakes for its socket, its
+// wake-up fd or its next deadline (ping, the peer's silence, a partial
+// frame), and at least this often besides, so that a missed wake-up costs
+// at most this much. Every 50 ms until 2026-12-05: 20 wake-ups a second
+// per idle stream thread (an idle agent with 8 streams per link woke
+// 600-1,700 times a second; docs/benchmarks.md).
+inline constexpr uint64_t kIdlePollCapUs = 1'000'000;
+
 OutFrame MakeFrame(uint8_t version, FrameType type, uint64_t a0 = 0, uint64_t a1 = 0,
                    uint64_t a2 = 0, uint64_t a3 = 0, uint32_t payload_bytes = 0);
 
@@ -153,6 +161,12 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool StartPayload(Stream& s, Reader& r);
   bool FinishFrame(Stream& s, Reader& r);
   bool ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us);
+  // How long RunStream's poll may sleep with nothing to do: until the
+  // first of its deadlines, at most kIdlePollCapUs (rounded up to a ms).
+  int IdleWaitMs(const Reader& r, bool writing, uint64_t last_progress_us, uint64_t last_write_us);
+  // How long a frame of this payload may take from its first header byte
+  // (header_timeout_ms, then min_frame_bytes_per_s).
+  uint64_t FrameAllowedUs(uint64_t payload_bytes) const;
   bool WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blocked, uint64_t* last_write_us);
   // Reads the sockets of the warm streams (stream_choice.h) into
   // s.send_states when two or more could take a waiting chunk; outside mu_.

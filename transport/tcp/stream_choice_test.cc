@@ -14,8 +14,11 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -285,6 +288,35 @@ TEST_F(StreamChoice, SmallChunksGoToTheWarmStreamThatFinishesThemFirst) {
   want[fast] += kSmallChunks;
   EXPECT_EQ(Counts(), want) << "stream " << fast
                             << " is paced at 8 MB/s, the other warm ones at 1 MB/s";
+}
+
+// Voluntary context switches of every thread of this process: how often
+// they slept and woke.
+uint64_t ProcessWakeUps() {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) total += std::stoull(line.substr(24));
+    }
+  }
+  return total;
+}
+
+// An idle connection's stream threads sleep until a deadline (a ping is due
+// every idle_timeout_ms / 3) or at most kIdlePollCapUs, not every 50 ms:
+// 2 x 8 stream threads woke ~320 times a second before 2026-12-05.
+TEST_F(StreamChoice, IdleStreamsSleepUntilTheirNextDeadline) {
+  Start(1 << 20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the handshake's last frames
+  const uint64_t before = ProcessWakeUps();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const uint64_t woke = ProcessWakeUps() - before;
+  // 16 threads at one wake-up a second for 2 s, plus slack for the other
+  // threads of a test process (the watchdog's).
+  EXPECT_LT(woke, 100u) << "16 idle stream threads woke " << woke << " times in 2 s";
 }
 
 }  // namespace
