@@ -132,27 +132,20 @@ def tcp_counters(hosts):
             continue
         got = {}
         lines = r.stdout.splitlines()
-        # Each group is a header line ("Tcp: RtoAlgorithm ...") then a value line.
-        for head, vals in zip(lines, lines[1:]):
-            h, v = head.split(), vals.split()
-            if not h or not v or h[0] != v[0] or not h[0].endswith(":") or v[1:2] and not v[1].lstrip("-").isdigit():
-                continue
-            for k, x in zip(h[1:], v[1:]):
-                key = h[0] + k
-                if key in TCP_COUNTERS:
-                    got[key.split(":")[1]] = int(x)
+        # Both files are pairs of lines: a header ("Tcp: RtoAlgorithm ...")
+        # then its values ("Tcp: 1 ...").
+        for head, vals in zip(lines[::2], lines[1::2]):
+            group, *names = head.split()
+            for k, x in zip(names, vals.split()[1:]):
+                if group + k in TCP_COUNTERS:
+                    got[k] = int(x)
         out[name] = got
     return out
 
 
 def diff_tcp(after, before):
     """Per host, the counters that grew; hosts with none left out."""
-    out = {}
-    for host, c in after.items():
-        d = {k: v - before.get(host, {}).get(k, 0) for k, v in c.items() if v > before.get(host, {}).get(k, 0)}
-        if d:
-            out[host] = d
-    return out
+    return {h: d for h, c in after.items() if (d := diff_links(c, before.get(h, {})))}
 
 
 def object_time(agent_dir, version, folder="objects"):
