@@ -560,18 +560,25 @@ bool TcpConnection::WriteSome(Stream& s, std::optional<OutFrame>& cur, bool* blo
   }
 }
 
-int TcpConnection::IdleWaitMs(const Reader& reader, bool writing, uint64_t last_progress_us,
-                              uint64_t last_write_us) {
+TcpConnection::StreamDeadlines TcpConnection::Deadlines(const Reader& reader, bool writing,
+                                                        uint64_t last_progress_us,
+                                                        uint64_t last_write_us) const {
   const uint64_t idle_us = options_.idle_timeout_ms * 1000;
-  uint64_t next_us = last_progress_us + idle_us + 1;  // the peer silent too long
-  if (!writing) next_us = std::min(next_us, last_write_us + idle_us / 3 + 1);  // a ping due
+  StreamDeadlines d;
+  d.silent_us = last_progress_us + idle_us;
+  if (!writing) d.ping_us = last_write_us + idle_us / 3;
   if (reader.header_got > 0 && !reader.in_payload) {
-    next_us = std::min(next_us, reader.header_start_us + options_.header_timeout_ms * 1000 + 1);
+    d.header_us = reader.header_start_us + options_.header_timeout_ms * 1000;
   }
   if (reader.in_payload && options_.min_frame_bytes_per_s > 0) {
-    next_us =
-        std::min(next_us, reader.header_start_us + FrameAllowedUs(reader.h.payload_bytes) + 1);
+    d.frame_us = reader.header_start_us + FrameAllowedUs(reader.h.payload_bytes);
   }
+  return d;
+}
+
+int TcpConnection::IdleWaitMs(const StreamDeadlines& d) const {
+  // Each check fires once the clock is past its deadline: wake 1 us after.
+  const uint64_t next_us = std::min({d.silent_us, d.ping_us, d.header_us, d.frame_us}) + 1;
   const uint64_t now = clock_.NowUs();
   const uint64_t wait_us = next_us > now ? std::min(next_us - now, kIdlePollCapUs) : 0;
   return static_cast<int>((wait_us + 999) / 1000);
@@ -590,7 +597,6 @@ void TcpConnection::RunStream(Stream& s) {
   std::optional<OutFrame> cur;
   uint64_t last_progress_us = clock_.NowUs();
   uint64_t last_write_us = last_progress_us;
-  const uint64_t idle_us = options_.idle_timeout_ms * 1000;
   bool more = false, blocked = false;
   while (!s.stop) {
     pollfd fds[2] = {{s.pipe->fd(), POLLIN, 0}, {s.wake_fd, POLLIN, 0}};
@@ -600,9 +606,10 @@ void TcpConnection::RunStream(Stream& s) {
     // kIdlePollCapUs.
     int wait_ms = 0;
     if (!more && !s.pipe->HasBuffered()) {
-      wait_ms = s.declined_op != 0
-                    ? static_cast<int>(kHandOffUs / 1000)
-                    : IdleWaitMs(*reader, cur.has_value(), last_progress_us, last_write_us);
+      wait_ms =
+          s.declined_op != 0
+              ? static_cast<int>(kHandOffUs / 1000)
+              : IdleWaitMs(Deadlines(*reader, cur.has_value(), last_progress_us, last_write_us));
     }
     if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) {
       // Leaving without Fail would leave a stream that looks open to the
@@ -635,29 +642,29 @@ void TcpConnection::RunStream(Stream& s) {
       }
     }
 
+    // The same deadlines the poll slept until, from the state the reads and
+    // writes left.
+    const StreamDeadlines due =
+        Deadlines(*reader, cur.has_value(), last_progress_us, last_write_us);
     const uint64_t now = clock_.NowUs();
-    if (reader->header_got > 0 && !reader->in_payload &&
-        now - reader->header_start_us > options_.header_timeout_ms * 1000) {
+    if (now > due.header_us) {
       ProtocolFailure(TERN_ERROR(kTimeout, "partial frame header for more than ",
                                  options_.header_timeout_ms, " ms"));
       break;
     }
-    if (reader->in_payload && options_.min_frame_bytes_per_s > 0) {
-      const uint64_t allowed_us = FrameAllowedUs(reader->h.payload_bytes);
-      if (now - reader->header_start_us > allowed_us) {
-        ProtocolFailure(TERN_ERROR(kTimeout, "frame of ", reader->h.payload_bytes,
-                                   " bytes still incomplete after ", allowed_us / 1000,
-                                   " ms (below the minimum rate of ", options_.min_frame_bytes_per_s,
-                                   " bytes/s)"));
-        break;
-      }
+    if (now > due.frame_us) {
+      ProtocolFailure(TERN_ERROR(
+          kTimeout, "frame of ", reader->h.payload_bytes, " bytes still incomplete after ",
+          (due.frame_us - reader->header_start_us) / 1000, " ms (below the minimum rate of ",
+          options_.min_frame_bytes_per_s, " bytes/s)"));
+      break;
     }
-    if (now - last_progress_us > idle_us) {
+    if (now > due.silent_us) {
       ProtocolFailure(
           TERN_ERROR(kTimeout, "peer silent for more than ", options_.idle_timeout_ms, " ms"));
       break;
     }
-    if (!cur && now - last_write_us > idle_us / 3) {
+    if (now > due.ping_us) {
       PushControl(s, MakeFrame(wire_version_, FrameType::kPing), false).IgnoreError();
       last_write_us = now;
     }

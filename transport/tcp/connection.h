@@ -161,9 +161,20 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   bool StartPayload(Stream& s, Reader& r);
   bool FinishFrame(Stream& s, Reader& r);
   bool ReadSome(Stream& s, Reader& r, bool* more, uint64_t* last_progress_us);
+  // RunStream's deadlines (clock_'s us): past one, its check fires.
+  // kNoDeadline where it does not apply.
+  static constexpr uint64_t kNoDeadline = UINT64_MAX - 1;
+  struct StreamDeadlines {
+    uint64_t silent_us = kNoDeadline;  // the peer silent too long
+    uint64_t ping_us = kNoDeadline;    // a ping due (nothing being written)
+    uint64_t header_us = kNoDeadline;  // a partial frame header
+    uint64_t frame_us = kNoDeadline;   // a frame below the minimum rate
+  };
+  StreamDeadlines Deadlines(const Reader& r, bool writing, uint64_t last_progress_us,
+                            uint64_t last_write_us) const;
   // How long RunStream's poll may sleep with nothing to do: until the
-  // first of its deadlines, at most kIdlePollCapUs (rounded up to a ms).
-  int IdleWaitMs(const Reader& r, bool writing, uint64_t last_progress_us, uint64_t last_write_us);
+  // first deadline, at most kIdlePollCapUs (rounded up to a ms).
+  int IdleWaitMs(const StreamDeadlines& d) const;
   // How long a frame of this payload may take from its first header byte
   // (header_timeout_ms, then min_frame_bytes_per_s).
   uint64_t FrameAllowedUs(uint64_t payload_bytes) const;
