@@ -81,6 +81,31 @@ struct AdminRoute;
 // the patch cannot say or names more than kMaxEventTensors.
 std::vector<std::string> ChangedTensors(std::span<const uint8_t> patch, bool* all);
 
+// The root's publish spans by name, in the order they run: the log line
+// (the stages, which add up to offered_s) and /status (every field, with
+// "_s") read this one list.
+struct PublishSpanField {
+  const char* name;
+  double AgentPublishSpans::*seconds;
+  bool stage;  // one stage of the publish; false: a sum (offered, total)
+};
+inline constexpr PublishSpanField kPublishSpanFields[] = {
+    {"prepare", &AgentPublishSpans::prepare_s, true},
+    {"verify_prev", &AgentPublishSpans::verify_prev_s, true},
+    {"diff", &AgentPublishSpans::diff_s, true},
+    {"keyframe", &AgentPublishSpans::keyframe_s, true},
+    {"hash", &AgentPublishSpans::hash_s, true},
+    {"sign", &AgentPublishSpans::sign_s, true},
+    {"write", &AgentPublishSpans::write_s, true},
+    {"record", &AgentPublishSpans::record_s, true},
+    {"handoff", &AgentPublishSpans::handoff_s, true},
+    {"announce", &AgentPublishSpans::announce_s, true},
+    {"offered", &AgentPublishSpans::offered_s, false},
+    {"apply", &AgentPublishSpans::apply_s, true},
+    {"retain", &AgentPublishSpans::retain_s, true},
+    {"total", &AgentPublishSpans::total_s, false},
+};
+
 // Transport handlers may run after the agent stopped (a connection's
 // on_closed during the transport's own shutdown): each handler holds this
 // gate shared for its whole run and does nothing once it is shut; Stop

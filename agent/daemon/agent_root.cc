@@ -18,18 +18,12 @@ namespace {
 
 // "prepare 0.012, verify_prev 0.030, ...": the publish log line's stages.
 std::string PublishSpansText(const AgentPublishSpans& s) {
-  const std::pair<const char*, double> stages[] = {
-      {"prepare", s.prepare_s}, {"verify_prev", s.verify_prev_s},
-      {"diff", s.diff_s},       {"keyframe", s.keyframe_s},
-      {"hash", s.hash_s},       {"sign", s.sign_s},
-      {"write", s.write_s},     {"record", s.record_s},
-      {"handoff", s.handoff_s}, {"announce", s.announce_s},
-      {"apply", s.apply_s},     {"retain", s.retain_s}};
   std::string text;
-  for (const auto& [name, seconds] : stages) {
+  for (const PublishSpanField& f : kPublishSpanFields) {
+    if (!f.stage) continue;
     if (!text.empty()) text += ", ";
     char figure[32];
-    std::snprintf(figure, sizeof figure, "%s %.3f", name, seconds);
+    std::snprintf(figure, sizeof figure, "%s %.3f", f.name, s.*f.seconds);
     text += figure;
   }
   return text;

@@ -101,13 +101,9 @@ AgentSnapshot AgentImpl::Snapshot() const {
 namespace {
 
 nlohmann::json PublishSpansJson(const AgentPublishSpans& p) {
-  return {{"prepare_s", p.prepare_s}, {"verify_prev_s", p.verify_prev_s},
-          {"diff_s", p.diff_s},       {"keyframe_s", p.keyframe_s},
-          {"hash_s", p.hash_s},       {"sign_s", p.sign_s},
-          {"write_s", p.write_s},     {"record_s", p.record_s},
-          {"handoff_s", p.handoff_s}, {"announce_s", p.announce_s},
-          {"offered_s", p.offered_s}, {"apply_s", p.apply_s},
-          {"retain_s", p.retain_s},   {"total_s", p.total_s}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const PublishSpanField& f : kPublishSpanFields) j[std::string(f.name) + "_s"] = p.*f.seconds;
+  return j;
 }
 
 nlohmann::json ToJson(const AgentSnapshot& s) {
