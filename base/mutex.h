@@ -2,12 +2,19 @@
 // std::condition_variable and std::shared_mutex with the capability
 // attributes Clang's thread-safety analysis needs (base/thread_annotations.h;
 // leveldb's port::Mutex and abseil's absl::Mutex do the same). Same
-// semantics, same cost: each is the std type inside.
+// semantics, same cost: each is the std type inside. A Mutex may also be
+// watched (LockWatch): who held it how long, for the one lock whose holders
+// others wait on (the agent's).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <shared_mutex>
+#include <source_location>
+#include <string>
+#include <vector>
 
 #include "base/thread_annotations.h"
 
@@ -15,28 +22,91 @@ namespace tern {
 
 class CondVar;
 
+// Hold times of one Mutex (Mutex::Watch): each hold of slow_us or more is
+// counted, the longest kept, the newest kSlowHolds kept in order, each with
+// where it was taken (MutexLock's caller), how much of it the holder spent on
+// a CPU, and how often it left the CPU: blocked (a voluntary switch: I/O,
+// another lock, a sleep) or preempted (an involuntary one: the machine was
+// busy). Time waiting on a CondVar is not holding. Real time (steady clock),
+// not an Env's: a hold is a cost paid by the machine. The holder's
+// bookkeeping is two reads each of the steady clock and of its thread's
+// rusage (a system call).
+class LockWatch {
+ public:
+  static constexpr size_t kSlowHolds = 16;
+  struct Hold {
+    std::string site;  // "agent_root.cc:812 PublishViewLocked"
+    uint64_t held_us = 0;
+    uint64_t cpu_us = 0;  // of held_us, the holder's thread on a CPU
+    uint64_t blocked = 0;    // voluntary context switches while held
+    uint64_t preempted = 0;  // involuntary ones
+    uint64_t seq = 0;  // 1, 2, ...: the slow holds in the order they ended
+  };
+  struct Stats {
+    uint64_t slow_holds = 0;
+    Hold longest;              // held_us 0: none yet
+    std::vector<Hold> recent;  // oldest first, at most kSlowHolds
+  };
+
+  explicit LockWatch(uint64_t slow_us) : slow_us_(slow_us) {}
+  LockWatch(const LockWatch&) = delete;
+  LockWatch& operator=(const LockWatch&) = delete;
+
+  Stats Read() const;
+  // The slow holds after seq `after` (those still kept), oldest first.
+  std::vector<Hold> Since(uint64_t after) const;
+
+ private:
+  friend class Mutex;
+  friend class CondVar;
+  // Both with the watched mutex held, so the holder's fields need no lock.
+  void Taken(const std::source_location& at);
+  void Released();
+
+  const uint64_t slow_us_;
+  uint64_t since_ns_ = 0;
+  uint64_t since_cpu_us_ = 0, since_blocked_ = 0, since_preempted_ = 0;
+  std::source_location at_;
+  mutable std::mutex stats_mu_;  // taken only on a slow hold and by readers
+  Stats stats_;
+};
+
 class CAPABILITY("mutex") Mutex {
  public:
   Mutex() = default;
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
-  void Lock() ACQUIRE() { mu_.lock(); }
-  void Unlock() RELEASE() { mu_.unlock(); }
+  // `at` names the holder for a LockWatch; MutexLock passes its caller's.
+  void Lock(const std::source_location& at = std::source_location::current()) ACQUIRE() {
+    mu_.lock();
+    if (watch_) watch_->Taken(at);
+  }
+  void Unlock() RELEASE() {
+    if (watch_) watch_->Released();
+    mu_.unlock();
+  }
   // For the analysis only: states that the caller holds this mutex (a
   // callback that its caller runs with the mutex held).
   void AssertHeld() const ASSERT_CAPABILITY(this) {}
+  // Before any thread takes this mutex; `w` outlives it.
+  void Watch(LockWatch* w) { watch_ = w; }
 
  private:
   friend class CondVar;
   std::mutex mu_;
+  LockWatch* watch_ = nullptr;
 };
 
 // Holds a Mutex for its scope. Unlock/Lock in between release and retake it
 // (the analysis follows both).
 class SCOPED_CAPABILITY MutexLock {
  public:
-  explicit MutexLock(Mutex& mu) ACQUIRE(mu) : mu_(mu) { mu_.Lock(); }
+  explicit MutexLock(Mutex& mu, const std::source_location& at = std::source_location::current())
+      ACQUIRE(mu)
+      : mu_(mu) {
+    mu_.Lock(at);
+  }
   ~MutexLock() RELEASE() {
     if (held_) mu_.Unlock();
   }
@@ -47,8 +117,8 @@ class SCOPED_CAPABILITY MutexLock {
     mu_.Unlock();
     held_ = false;
   }
-  void Lock() ACQUIRE() {
-    mu_.Lock();
+  void Lock(const std::source_location& at = std::source_location::current()) ACQUIRE() {
+    mu_.Lock(at);
     held_ = true;
   }
 
@@ -68,6 +138,7 @@ class CondVar {
 
   // Releases the mutex while waiting; holds it again on return.
   void Wait() {
+    Pause pause(mu_);
     std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
     cv_.wait(lock);
     lock.release();
@@ -82,6 +153,7 @@ class CondVar {
   template <typename Clock, typename Duration, typename Pred>
   bool WaitUntil(const std::chrono::time_point<Clock, Duration>& deadline, Pred pred)
       NO_THREAD_SAFETY_ANALYSIS {
+    Pause pause(mu_);
     std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
     const bool ok = cv_.wait_until(lock, deadline, pred);
     lock.release();
@@ -91,6 +163,22 @@ class CondVar {
   void SignalAll() { cv_.notify_all(); }
 
  private:
+  // A watched mutex's hold ends while its holder waits and begins again,
+  // at the same site, when the wait returns. (pred() runs inside the wait,
+  // with the mutex held, and is not counted: it is a few loads.)
+  struct Pause {
+    explicit Pause(Mutex* mu) : watch(mu->watch_) {
+      if (watch) {
+        at = watch->at_;
+        watch->Released();
+      }
+    }
+    ~Pause() {
+      if (watch) watch->Taken(at);
+    }
+    LockWatch* watch;
+    std::source_location at;
+  };
   Mutex* const mu_;
   std::condition_variable cv_;
 };

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "agent/daemon/agent_impl.h"
@@ -44,7 +45,36 @@ AgentImpl::AgentImpl(const AgentOptions& options)
       clock_(env_.clock()),
       log_(options.log ? options.log : StderrLog()),
       pool_(options.threads),
-      events_(std::make_unique<EventRing>(clock_)) {}
+      events_(std::make_unique<EventRing>(clock_)) {
+  mu_.Watch(&lock_watch_);
+}
+
+void AgentImpl::LogSlowLockHolds() {
+  auto log = [this](const char* whose, const LockWatch& watch, uint64_t* logged) {
+    for (const LockWatch::Hold& h : watch.Since(*logged)) {
+      char held[128];
+      std::snprintf(held, sizeof held,
+                    "%.3f s (%.3f s of it on a CPU; blocked %llu, preempted %llu times)",
+                    h.held_us / 1e6, h.cpu_us / 1e6, static_cast<unsigned long long>(h.blocked),
+                    static_cast<unsigned long long>(h.preempted));
+      std::string line = std::string(whose) + " lock was held " + held + " at " + h.site +
+                         " (every thread that needed it waited)";
+      if (h.seq > *logged + 1)
+        line += "; " + std::to_string(h.seq - *logged - 1) + " earlier slow holds not kept";
+      Log(line);
+      *logged = h.seq;
+    }
+  };
+  log("the agent's", lock_watch_, &lock_logged_seq_);
+  // A member makes its relay when it first joins (under mu_); Stop resets it
+  // after this thread has ended.
+  const RelayNode* relay;
+  {
+    MutexLock lock(mu_);
+    relay = relay_.get();
+  }
+  if (relay) log("the relay's", relay->lock_watch(), &relay_lock_logged_seq_);
+}
 
 AgentImpl::~AgentImpl() { Stop(); }
 
@@ -370,6 +400,7 @@ void AgentImpl::TickLoop() {
     } else {
       MemberTick();
     }
+    LogSlowLockHolds();
     // Sleep in short steps so that Stop returns promptly.
     for (uint64_t slept = 0, tick = tick_us(); slept < tick; tick = tick_us()) {
       const uint64_t step = std::min<uint64_t>(20000, tick - slept);

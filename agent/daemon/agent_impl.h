@@ -182,6 +182,8 @@ class AgentImpl final : public Agent {
   void Post(std::function<void()> work);  // onto the work thread
   void WorkLoop();
   void TickLoop();
+  // Logs mu_'s slow holds since the last call (TickLoop's thread).
+  void LogSlowLockHolds();
   Status StartAdmin();
   Result<std::string> AdmitAdminPublish(const std::string& checkpoint, uint64_t version,
                                         const PublishFlags& flags) const;
@@ -382,6 +384,10 @@ class AgentImpl final : public Agent {
   std::unique_ptr<SlotLease> slot_lease_;
   std::unique_ptr<EngineDriver> engine_;
 
+  // Watches mu_'s holds (base/mutex.h); declared first, it outlives mu_.
+  LockWatch lock_watch_{uint64_t{kSlowAgentLockHoldMs} * 1000};
+  uint64_t lock_logged_seq_ = 0;        // TickLoop's: slow holds logged so far
+  uint64_t relay_lock_logged_seq_ = 0;  // and of the relay's lock
   mutable Mutex mu_;
   CondVar work_cv_{&mu_};
   std::deque<std::function<void()>> work_ GUARDED_BY(mu_);  // bounded by kMaxQueuedWork

@@ -41,6 +41,13 @@ AgentSnapshot AgentImpl::Snapshot() const {
     s.has_engine = true;
     s.engine = engine_->status();
   }
+  {
+    const LockWatch::Stats holds = lock_watch_.Read();
+    s.lock.slow_holds = holds.slow_holds;
+    s.lock.longest_s = holds.longest.held_us / 1e6;
+    s.lock.longest_cpu_s = holds.longest.cpu_us / 1e6;
+    s.lock.longest_at = holds.longest.site;
+  }
   MutexLock lock(mu_);
   s.relay_only = opt_.relay_only;
   s.served_version = store_version_;  // 0 without a store (relay-only)
@@ -144,6 +151,11 @@ nlohmann::json ToJson(const AgentSnapshot& s) {
                         {"replayed", f.beacons_replayed},
                         {"skewed", f.beacons_skewed}}}};
   }
+  j["lock"] = {{"slow_holds", s.lock.slow_holds},
+               {"slow_ms", kSlowAgentLockHoldMs},
+               {"longest_s", s.lock.longest_s},
+               {"longest_cpu_s", s.lock.longest_cpu_s},
+               {"longest_at", s.lock.longest_at}};
   if (s.has_engine) {
     const AgentEngineStatus& e = s.engine;
     j["engine"] = {{"engine", e.engine},
@@ -225,6 +237,11 @@ std::string AgentImpl::MetricsText() const {
   if (s.relay_only)
     gauge("tern_agent_held_version", "Relay-only: the newest version held completely.",
           static_cast<double>(s.held_version));
+  counter("tern_agent_lock_slow_holds_total",
+          "Holds of the agent's lock of 100 ms or more (each logged with where it was taken).",
+          s.lock.slow_holds);
+  gauge("tern_agent_lock_longest_hold_seconds", "The longest hold of the agent's lock so far.",
+        s.lock.longest_s);
   if (s.has_engine) {
     const AgentEngineStatus& e = s.engine;
     gauge("tern_agent_engine_version", "Version the engine beside this member says it serves.",

@@ -378,6 +378,8 @@ std::vector<LinkStats> RelayNode::Stats() const {
   return out;
 }
 
+const LockWatch& RelayNode::lock_watch() const { return impl_->lock_watch; }
+
 LinkTotals RelayNode::Totals() const {
   MutexLock lock(impl_->mu);
   LinkTotals t = impl_->closed_links;

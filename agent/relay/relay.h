@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "agent/relay/data_wire.h"
 #include "tern/env.h"
 #include "tern/log.h"
@@ -60,6 +61,9 @@
 #include "tern/version_manifest.h"
 
 namespace tern::agent {
+
+// A hold of a relay node's lock this long is counted (RelayNode::lock_watch).
+inline constexpr uint64_t kSlowRelayLockHoldUs = 100'000;
 
 struct RelayOptions {
   std::string member_id = "member";  // sent in SUBSCRIBE (1 .. kMaxMemberIdBytes)
@@ -222,6 +226,10 @@ class RelayNode {
   // heartbeat reports, so that the root's *_total counters never go down
   // when a link closes (a child dropping a lying parent, a re-plan).
   LinkTotals Totals() const;
+  // Holds of this node's lock of kSlowRelayLockHoldUs or more (base/mutex.h):
+  // its readers above wait for them, and so does a caller holding its own
+  // lock meanwhile (the agent's tick).
+  const LockWatch& lock_watch() const;
 
   struct Impl;
 

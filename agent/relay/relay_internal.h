@@ -142,6 +142,7 @@ struct RelayNode::Impl {
       : transport(t), env(e), dir(std::move(d)), verifier(v), board(b), log(std::move(l)),
         options(std::move(o)), callbacks(std::move(c)),
         inbox(std::make_shared<Inbox>(std::max<uint32_t>(1, options.inbox_messages_max))) {
+    mu.Watch(&lock_watch);
     options.window_chunks = std::clamp<uint32_t>(options.window_chunks, 1, kMaxWantChunks);
     options.bad_chunks_max = std::max<uint32_t>(1, options.bad_chunks_max);
     if (options.member_id.empty() || options.member_id.size() > kMaxMemberIdBytes) {
@@ -164,6 +165,7 @@ struct RelayNode::Impl {
   // The worker changes the state below with mu held, the readers (Progress,
   // Stats, Totals, address) take it; every method from Handle down runs on
   // the worker with mu held (REQUIRES(mu)).
+  LockWatch lock_watch{kSlowRelayLockHoldUs};  // mu's; declared first, it outlives mu
   mutable Mutex mu;
   std::unique_ptr<Listener> listener GUARDED_BY(mu);
   std::map<ObjectRef, std::shared_ptr<Object>> objects GUARDED_BY(mu);

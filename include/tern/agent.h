@@ -437,7 +437,20 @@ struct AgentSnapshot {
   AgentFreshness freshness;
   bool has_engine = false;
   AgentEngineStatus engine;  // with has_engine
+  // The agent's own lock (docs/agent/operations.md "The agent's lock"):
+  // every hold of kSlowAgentLockHoldMs or more, since the agent started.
+  struct LockHolds {
+    uint64_t slow_holds = 0;
+    double longest_s = 0;    // 0: none
+    double longest_cpu_s = 0;  // of longest_s, the holder on a CPU (the rest: preempted or blocked)
+    std::string longest_at;  // where it was taken: "agent_root.cc:812 PublishViewLocked"
+  } lock;
 };
+
+// A hold of the agent's lock this long or longer is logged and counted: the
+// lock serializes the agent's control work (heartbeats, offers, /status), so
+// every other thread that needs it waited as long.
+inline constexpr uint32_t kSlowAgentLockHoldMs = 100;
 
 // Something that happened at an agent, in the order it happened there
 // (docs/agent/operations.md "Events"). seq numbers an agent's events

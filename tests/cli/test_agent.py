@@ -291,9 +291,17 @@ class AgentCli(unittest.TestCase):
             for name in members:
                 self.assertIn(name, r.stdout)
             self.assertIn("rtt_p ms", r.stdout)
+            # The agent's lock: its slow holds counted, with where the longest was taken.
+            lock = self.status(root)["lock"]
+            self.assertEqual(lock["slow_ms"], 100)
+            self.assertGreaterEqual(lock["slow_holds"], 0)
+            self.assertEqual(lock["longest_at"] == "", lock["slow_holds"] == 0, lock)
             metrics = subprocess.run(["curl", "-sf", "http://%s/metrics" % root.admin], capture_output=True,
                                      text=True, timeout=30)
             if metrics.returncode == 0:
+                holds = re.search(r"^tern_agent_lock_slow_holds_total (\d+)$", metrics.stdout, re.M)
+                self.assertIsNotNone(holds, metrics.stdout)
+                self.assertGreaterEqual(int(holds.group(1)), lock["slow_holds"])
                 self.assertIn('tern_agent_member_version{member="eu-1",region="eu"} 4', metrics.stdout)
                 self.assertIn('tern_agent_member_rtt_to_root_seconds{member="eu-1",region="eu"}', metrics.stdout)
         finally:
