@@ -299,7 +299,17 @@ class AgentImpl final : public Agent {
   void MemberCatchUp(CatchUpReply plan);
   Status SaveMemberState() REQUIRES(mu_);
   Result<RelayNode*> EnsureRelay(const BoardId& board) REQUIRES(mu_);
-  Heartbeat MakeHeartbeatLocked() REQUIRES(mu_);
+  // The relay's link figures, read without mu_ (RelayNode takes its own
+  // lock, which its worker holds while it lands and forwards chunks: read
+  // under mu_, the agent's every thread waited on the relay's worker — up to
+  // 0.33 s per tick while a keyframe passed, docs/agent/operations.md "The
+  // agent's lock"). Empty before the relay exists.
+  struct RelayFigures {
+    std::vector<LinkStats> links;
+    LinkTotals totals;
+  };
+  RelayFigures ReadRelayFigures() EXCLUDES(mu_);
+  Heartbeat MakeHeartbeatLocked(const RelayFigures& relay) REQUIRES(mu_);
   // A patch of `format` over a view of view_bytes was applied in apply_s,
   // onto a prepared spare or not.
   void NoteApplyRateLocked(uint16_t format, uint64_t view_bytes, double apply_s, bool prepared)
@@ -308,7 +318,7 @@ class AgentImpl final : public Agent {
   void MemberProbeParents();
   void MemberOnPong(const std::string& address, const std::shared_ptr<Connection>& conn,
                     uint64_t nonce);
-  void MemberWatchParentsLocked(Outbox& out) REQUIRES(mu_);
+  void MemberWatchParentsLocked(Outbox& out, const std::vector<LinkStats>& links) REQUIRES(mu_);
   double RoundTripOf(uint64_t nonce) const;
   // ---- agent_beacons.cc: signed HEAD beacons and freshness ----
   Status CheckFreshnessOptions() const;

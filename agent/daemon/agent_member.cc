@@ -463,6 +463,7 @@ void AgentImpl::MemberObjectComplete(const ObjectRef& ref, const std::string& pa
 void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
   Outbox out;
   bool newer = false;
+  const RelayFigures figures = ReadRelayFigures();
   {
     MutexLock lock(mu_);
     relay_held_.insert(ref);
@@ -472,7 +473,7 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
       held_version_ = ref.to;
       ForgetOldObjectsLocked(held_version_, 4);
       // The root's lag for this member follows at once.
-      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked(figures));
     }
   }
   Flush(out);
@@ -608,6 +609,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
       double(cpu1.tv_sec - cpu0.tv_sec) + double(cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
   double waited_s = 0;
   Outbox out;
+  const RelayFigures figures = ReadRelayFigures();
   {
     MutexLock lock(mu_);
     if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end())
@@ -630,7 +632,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     // come from the root's catch-up service.
     ForgetOldObjectsLocked(store_version_, 4);
     // Tell the root at once: time-to-serve is measured from this heartbeat.
-    if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+    if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked(figures));
   }
   Flush(out);
   EmitServed(ref.to, store_->digest(), all, std::move(changed));
@@ -658,6 +660,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
                                        m.epoch)
                         : files.status();
   Outbox out;
+  const RelayFigures figures = ReadRelayFigures();
   {
     MutexLock lock(mu_);
     seed_pending_ = false;
@@ -665,7 +668,7 @@ void AgentImpl::MemberSeed(const VersionManifest& m) {
       NoteServedLocked();
       last_apply_s_ = NowS() - t0;
       spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
-      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked());
+      if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked(figures));
     }
   }
   Flush(out);
@@ -809,7 +812,21 @@ std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64
   return forgotten;
 }
 
-Heartbeat AgentImpl::MakeHeartbeatLocked() {
+AgentImpl::RelayFigures AgentImpl::ReadRelayFigures() {
+  const RelayNode* relay;
+  {
+    MutexLock lock(mu_);
+    relay = relay_.get();  // made under mu_ (EnsureRelay); reset only after the threads end
+  }
+  RelayFigures f;
+  if (relay) {
+    f.links = relay->Stats();
+    f.totals = relay->Totals();
+  }
+  return f;
+}
+
+Heartbeat AgentImpl::MakeHeartbeatLocked(const RelayFigures& relay) {
   Heartbeat hb;
   hb.seq = ++heartbeat_seq_;
   hb.served_version = VersionLocked();
@@ -819,8 +836,7 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
       ReportedApplyRates(apply_rate_[0], apply_rate_[1]);
   // Per stripe: the parent's round trip and the rate the last object came
   // at from it; rtt_to_parent_s is the slowest parent's.
-  std::vector<LinkStats> links;
-  if (relay_) links = relay_->Stats();
+  const std::vector<LinkStats>& links = relay.links;
   for (const auto& p : parents_.parents) {
     ParentFigures f;
     if (auto it = probes_.find(p.data_address); it != probes_.end()) f.rtt_s = it->second.rtt_s;
@@ -833,7 +849,7 @@ Heartbeat AgentImpl::MakeHeartbeatLocked() {
   if (relay_) {
     // Totals over every link this member ever had: the root exports them
     // as counters, which must not go down when a link closes.
-    const LinkTotals totals = relay_->Totals();
+    const LinkTotals& totals = relay.totals;
     hb.bytes_in = totals.bytes_in;
     hb.bytes_out = totals.bytes_out;
     hb.chunk_retries = totals.retries + totals.bad_chunks;
@@ -857,6 +873,7 @@ void AgentImpl::MemberTick() {
   bool prepare_spare = false;
   std::shared_ptr<Connection> cut_off;
   bool retry_apply = false;
+  const RelayFigures figures = ReadRelayFigures();
   {
     MutexLock lock(mu_);
     cut_off = MemberCutOffLocked();
@@ -869,7 +886,7 @@ void AgentImpl::MemberTick() {
       retry_apply = true;
     }
     if (root_conn_ && joined_) {
-      Send(out, root_conn_, MakeHeartbeatLocked());
+      Send(out, root_conn_, MakeHeartbeatLocked(figures));
       Send(out, root_conn_, Ping{clock_.NowUs()});
       const uint64_t now_us = clock_.NowUs();
       if (catching_up_ && now_us > catch_up_deadline_us_) {  // no answer came
@@ -918,7 +935,7 @@ void AgentImpl::MemberTick() {
         }
       }
       need_catch_up_check_ = false;
-      MemberWatchParentsLocked(out);
+      MemberWatchParentsLocked(out, figures.links);
     }
     // Not while the root is away: a failed parent would be redialled on
     // every tick (it is often the root itself, dead), and the root we join

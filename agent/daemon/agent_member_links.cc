@@ -135,7 +135,7 @@ void AgentImpl::MemberProbeParents() {
 // chunks failing verification, is reported (again at most once per stall
 // time: the root ignores a report on a parent that starves too, and that
 // parent's own report names the one above).
-void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
+void AgentImpl::MemberWatchParentsLocked(Outbox& out, const std::vector<LinkStats>& stats) {
   if (!relay_ || !root_conn_ || !joined_ || parents_.parents.empty()) return;
   const size_t n = parents_.parents.size();
   if (watch_.size() != n) watch_.assign(n, StripeWatch{});
@@ -144,7 +144,6 @@ void AgentImpl::MemberWatchParentsLocked(Outbox& out) {
   bool due = head > PosLocked() && !catching_up_;
   for (const auto& ref : relay_held_) due &= PosOfLocked(ref.to) < head;
   for (const auto& [v, o] : ready_) due &= PosOfLocked(v) < head;
-  const auto stats = relay_->Stats();
   for (uint32_t s = 0; s < n; ++s) {
     StripeWatch& w = watch_[s];
     const ParentRef& p = parents_.parents[s];
