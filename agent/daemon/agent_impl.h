@@ -548,9 +548,16 @@ class AgentImpl final : public Agent {
   // kKeepVersions behind what this agent serves (the relay's table is
   // bounded: RelayOptions::max_objects).
   std::set<ObjectRef> relay_held_ GUARDED_BY(mu_);
-  // Returns what it forgot (a member's relay leaves complete files behind).
-  std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions)
-      REQUIRES(mu_);
+  // Takes what is kept_versions behind `served` out of relay_held_ and
+  // returns it for ForgetObjects, which the caller runs once it has let go
+  // of mu_: the relay's Forget takes the relay's lock, and a member's unlink
+  // is disk I/O, neither of which the agent's lock should wait on.
+  [[nodiscard]] std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served,
+                                                              uint64_t keep_versions) REQUIRES(mu_);
+  // The relay stops holding each (Forget: it keeps a mapping until the last
+  // send of it completes, so a child being fed loses nothing); a member's
+  // copy is unlinked (the root's objects are the board's: its retention).
+  void ForgetObjects(const std::vector<ObjectRef>& refs) EXCLUDES(mu_);
   // Work thread: adopts the seed checkpoint if `m` (verified, its version
   // the seed's) signs its digest; clears seed_pending_ either way.
   void MemberSeed(const VersionManifest& m);

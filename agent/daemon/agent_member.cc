@@ -464,6 +464,7 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
   Outbox out;
   bool newer = false;
   const RelayFigures figures = ReadRelayFigures();
+  std::vector<ObjectRef> old;
   {
     MutexLock lock(mu_);
     relay_held_.insert(ref);
@@ -471,12 +472,13 @@ void AgentImpl::RelayOnlyObjectComplete(const ObjectRef& ref) {
       newer = true;
       held_epoch_ = PosOfLocked(ref.to).epoch;
       held_version_ = ref.to;
-      ForgetOldObjectsLocked(held_version_, 4);
+      old = ForgetOldObjectsLocked(held_version_, 4);
       // The root's lag for this member follows at once.
       if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked(figures));
     }
   }
   Flush(out);
+  ForgetObjects(old);
   if (newer)
     Log("holding version " + std::to_string(ref.to) + " (" + ObjectName(ref) + "), relay-only");
 }
@@ -610,6 +612,7 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
   double waited_s = 0;
   Outbox out;
   const RelayFigures figures = ReadRelayFigures();
+  std::vector<ObjectRef> old;
   {
     MutexLock lock(mu_);
     if (auto it = complete_at_s_.find(ref.to); it != complete_at_s_.end())
@@ -630,11 +633,12 @@ Status AgentImpl::MemberApplyObject(const ObjectRef& ref, const std::string& pat
     spare_due_us_ = clock_.NowUs() + uint64_t{opt_.spare_grace_ms} * 1000;
     // Children a few versions behind still get these from us; older ones
     // come from the root's catch-up service.
-    ForgetOldObjectsLocked(store_version_, 4);
+    old = ForgetOldObjectsLocked(store_version_, 4);
     // Tell the root at once: time-to-serve is measured from this heartbeat.
     if (root_conn_ && joined_) Send(out, root_conn_, MakeHeartbeatLocked(figures));
   }
   Flush(out);
+  ForgetObjects(old);
   EmitServed(ref.to, store_->digest(), all, std::move(changed));
   MemberForgetModelFiles();
   Log("serving version " + std::to_string(ref.to) + " (" + ObjectName(ref) + ", applied in " +
@@ -791,18 +795,13 @@ void AgentImpl::MemberCatchUp(CatchUpReply plan) {
 
 std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64_t keep_versions) {
   std::vector<ObjectRef> forgotten;
-  if (!relay_) return forgotten;
   for (auto it = relay_held_.begin(); it != relay_held_.end();) {
     // By number within the served epoch; everything leading to a version
     // of an older epoch (withdrawn by a supersede, docs/agent/board.md §4a)
     // too: the supersede's own patch leads into the served epoch and stays.
     const uint32_t epoch = PosOfLocked(it->to).epoch;
-    if (epoch < ServedEpochLocked() || (epoch == ServedEpochLocked() && it->to + keep_versions <= served)) {
-      // A member's copy is unlinked here; the relay keeps its mapping until
-      // the last send of it completes (Forget), so a child being fed loses
-      // nothing. The root's objects are the board's (its retention).
-      relay_->Forget(*it);
-      if (!opt_.root) env_.RemoveFile(objects_dir_ + "/" + ObjectName(*it)).IgnoreError();
+    if (epoch < ServedEpochLocked() ||
+        (epoch == ServedEpochLocked() && it->to + keep_versions <= served)) {
       forgotten.push_back(*it);
       it = relay_held_.erase(it);
     } else {
@@ -810,6 +809,19 @@ std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64
     }
   }
   return forgotten;
+}
+
+void AgentImpl::ForgetObjects(const std::vector<ObjectRef>& refs) {
+  if (refs.empty()) return;
+  RelayNode* relay;
+  {
+    MutexLock lock(mu_);
+    relay = relay_.get();  // relay_held_ had these: the relay exists
+  }
+  for (const ObjectRef& ref : refs) {
+    if (relay) relay->Forget(ref);
+    if (!opt_.root) env_.RemoveFile(objects_dir_ + "/" + ObjectName(ref)).IgnoreError();
+  }
 }
 
 AgentImpl::RelayFigures AgentImpl::ReadRelayFigures() {

@@ -794,12 +794,15 @@ Status AgentImpl::ServeAndAnnounceLocked(double t0, double published_s, uint64_t
   }
   EmitServed(version, result.manifest.target_digest, all, changed);
   std::set<uint64_t> held;
+  std::vector<ObjectRef> old;
   {
     MutexLock lock(mu_);
     // The tree carries the newest versions; older ones are catch-up's.
-    ForgetOldObjectsLocked(version, std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
+    old = ForgetOldObjectsLocked(version,
+                                 std::max<uint64_t>(2, std::min<uint64_t>(opt_.keep_patches, 32)));
     for (const auto& [id, rec] : membership_->members()) held.insert(rec.served_version);
   }
+  ForgetObjects(old);
   // Disk: keep what the retention policy and the members' versions need.
   if (Status s = board_->Retain(held); !s.ok()) Log("retention: " + s.ToString());
   {
