@@ -31,22 +31,18 @@ ThreadUsage ReadThreadUsage() {
 }
 
 // "agent_root.cc:812 PublishViewLocked": the file's last component, the line,
-// and the function's name without its return type, class or arguments.
-std::string SiteText(const std::source_location& at) {
-  const char* file = at.file_name();
+// the function's name (__builtin_FUNCTION: unqualified, no arguments).
+std::string SiteText(const LockSite& at) {
+  const char* file = at.file;
   if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
-  std::string_view fn = at.function_name();
-  if (size_t paren = fn.find('('); paren != std::string_view::npos) fn = fn.substr(0, paren);
-  if (size_t colon = fn.rfind("::"); colon != std::string_view::npos) fn = fn.substr(colon + 2);
-  if (size_t space = fn.rfind(' '); space != std::string_view::npos) fn = fn.substr(space + 1);
-  std::string site = std::string(file) + ":" + std::to_string(at.line());
-  if (!fn.empty()) site += " " + std::string(fn);
+  std::string site = std::string(file) + ":" + std::to_string(at.line);
+  if (at.function[0] != '\0') site += " " + std::string(at.function);
   return site;
 }
 
 }  // namespace
 
-void LockWatch::Taken(const std::source_location& at) {
+void LockWatch::Taken(const LockSite& at) {
   since_ns_ = SteadyNs();
   const ThreadUsage u = ReadThreadUsage();
   since_cpu_us_ = u.cpu_us;

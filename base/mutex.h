@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <mutex>
 #include <shared_mutex>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -21,6 +20,19 @@
 namespace tern {
 
 class CondVar;
+
+// Where a lock was taken: MutexLock's caller, through the default argument
+// Here() (the compilers' __builtin_FILE/LINE/FUNCTION, which Debian's clang
+// 14 has and its std::source_location does not).
+struct LockSite {
+  static constexpr LockSite Here(const char* file = __builtin_FILE(), int line = __builtin_LINE(),
+                                 const char* function = __builtin_FUNCTION()) {
+    return {file, function, line};
+  }
+  const char* file = "";
+  const char* function = "";
+  int line = 0;
+};
 
 // Hold times of one Mutex (Mutex::Watch): each hold of slow_us or more is
 // counted, the longest kept, the newest kSlowHolds kept in order, each with
@@ -60,13 +72,13 @@ class LockWatch {
   friend class Mutex;
   friend class CondVar;
   // Both with the watched mutex held, so the holder's fields need no lock.
-  void Taken(const std::source_location& at);
+  void Taken(const LockSite& at);
   void Released();
 
   const uint64_t slow_us_;
   uint64_t since_ns_ = 0;
   uint64_t since_cpu_us_ = 0, since_blocked_ = 0, since_preempted_ = 0;
-  std::source_location at_;
+  LockSite at_;
   mutable std::mutex stats_mu_;  // taken only on a slow hold and by readers
   Stats stats_;
 };
@@ -78,7 +90,7 @@ class CAPABILITY("mutex") Mutex {
   Mutex& operator=(const Mutex&) = delete;
 
   // `at` names the holder for a LockWatch; MutexLock passes its caller's.
-  void Lock(const std::source_location& at = std::source_location::current()) ACQUIRE() {
+  void Lock(LockSite at = LockSite::Here()) ACQUIRE() {
     mu_.lock();
     if (watch_) watch_->Taken(at);
   }
@@ -102,9 +114,7 @@ class CAPABILITY("mutex") Mutex {
 // (the analysis follows both).
 class SCOPED_CAPABILITY MutexLock {
  public:
-  explicit MutexLock(Mutex& mu, const std::source_location& at = std::source_location::current())
-      ACQUIRE(mu)
-      : mu_(mu) {
+  explicit MutexLock(Mutex& mu, LockSite at = LockSite::Here()) ACQUIRE(mu) : mu_(mu) {
     mu_.Lock(at);
   }
   ~MutexLock() RELEASE() {
@@ -117,7 +127,7 @@ class SCOPED_CAPABILITY MutexLock {
     mu_.Unlock();
     held_ = false;
   }
-  void Lock(const std::source_location& at = std::source_location::current()) ACQUIRE() {
+  void Lock(LockSite at = LockSite::Here()) ACQUIRE() {
     mu_.Lock(at);
     held_ = true;
   }
@@ -177,7 +187,7 @@ class CondVar {
       if (watch) watch->Taken(at);
     }
     LockWatch* watch;
-    std::source_location at;
+    LockSite at;
   };
   Mutex* const mu_;
   std::condition_variable cv_;
