@@ -485,6 +485,12 @@ class AgentImpl final : public Agent {
   uint32_t board_parent_stall_ms_ GUARDED_BY(mu_) = 0;
   std::atomic<uint32_t> board_heartbeat_ms_{0};  // 0: not joined yet (TickLoop: opt_'s)
   uint64_t heartbeat_seq_ GUARDED_BY(mu_) = 0;
+  // The totals the last heartbeat carried: figures read before mu_ may be
+  // older than a heartbeat another thread sent meanwhile, and the root
+  // exports them as counters, which must not go down.
+  struct SentTotals {
+    uint64_t bytes_in = 0, bytes_out = 0, chunk_retries = 0;
+  } sent_totals_ GUARDED_BY(mu_);
   double last_apply_s_ GUARDED_BY(mu_) = 0;
   // Member: its apply rate per format (1, 2), for the root's format choice
   // (HEARTBEAT).
@@ -550,8 +556,8 @@ class AgentImpl final : public Agent {
   std::set<ObjectRef> relay_held_ GUARDED_BY(mu_);
   // Takes what is kept_versions behind `served` out of relay_held_ and
   // returns it for ForgetObjects, which the caller runs once it has let go
-  // of mu_: the relay's Forget takes the relay's lock, and a member's unlink
-  // is disk I/O, neither of which the agent's lock should wait on.
+  // of mu_: a member's unlink is disk I/O, which the agent's lock should not
+  // wait on (the relay's Forget only queues an event for its worker).
   [[nodiscard]] std::vector<ObjectRef> ForgetOldObjectsLocked(uint64_t served,
                                                               uint64_t keep_versions) REQUIRES(mu_);
   // The relay stops holding each (Forget: it keeps a mapping until the last

@@ -862,9 +862,10 @@ Heartbeat AgentImpl::MakeHeartbeatLocked(const RelayFigures& relay) {
     // Totals over every link this member ever had: the root exports them
     // as counters, which must not go down when a link closes.
     const LinkTotals& totals = relay.totals;
-    hb.bytes_in = totals.bytes_in;
-    hb.bytes_out = totals.bytes_out;
-    hb.chunk_retries = totals.retries + totals.bad_chunks;
+    hb.bytes_in = sent_totals_.bytes_in = std::max(sent_totals_.bytes_in, totals.bytes_in);
+    hb.bytes_out = sent_totals_.bytes_out = std::max(sent_totals_.bytes_out, totals.bytes_out);
+    hb.chunk_retries = sent_totals_.chunk_retries =
+        std::max(sent_totals_.chunk_retries, totals.retries + totals.bad_chunks);
     // The rate the last object arrived at from a parent (the planner's
     // figure for this member's downlink as the tree sees it).
     for (const auto& l : links)
