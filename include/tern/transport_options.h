@@ -47,6 +47,10 @@ struct TlsConfig {
 };
 inline constexpr size_t kMaxTlsNames = 64;
 
+// The longest idle or header timeout a TCP transport takes (one year):
+// its deadlines are sums in microseconds, which must not wrap.
+inline constexpr uint64_t kMaxTcpTimeoutMs = 365ull * 24 * 3600 * 1000;
+
 struct TcpOptions {
   // Parallel streams per connection (1..max_streams). 0 = choose: from the
   // bandwidth-delay product when rate_bps_hint and rtt_us_hint are given,
@@ -73,7 +77,7 @@ struct TcpOptions {
   // A peer must complete its hello (and TLS handshake) within this.
   uint64_t handshake_timeout_ms = 10000;
   // Once the first byte of a frame header arrived, the rest must follow
-  // within this (slowloris).
+  // within this (slowloris). At most kMaxTcpTimeoutMs, as idle_timeout_ms.
   uint64_t header_timeout_ms = 10000;
   // No complete frame for this long closes the connection; live peers send
   // keepalives at a third of it.

@@ -74,6 +74,21 @@ TEST(MessageWire, OptionsOutsideTheSpokenVersionsAreRefused) {
   }
 }
 
+TEST(TcpOptionsBounds, TimeoutsTooLongForTheDeadlineSumsAreRefused) {
+  // A stream's deadlines are start + timeout in us: a timeout meant as
+  // "never" (UINT64_MAX) would wrap and fire at once; it is refused instead.
+  for (int which = 0; which < 2; ++which) {
+    TcpOptions o;
+    (which == 0 ? o.idle_timeout_ms : o.header_timeout_ms) = UINT64_MAX;
+    auto t = NewTcpTransport(o);
+    ASSERT_FALSE(t.ok()) << which;
+    EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("one year"), std::string::npos) << t.status().ToString();
+    (which == 0 ? o.idle_timeout_ms : o.header_timeout_ms) = kMaxTcpTimeoutMs;
+    EXPECT_TRUE(NewTcpTransport(o).ok()) << which;
+  }
+}
+
 class MessageWireServer : public ::testing::Test {
  protected:
   // A server with its own options; its log, its messages and how its

@@ -516,6 +516,11 @@ Result<std::unique_ptr<Transport>> NewTcpTransport(TcpOptions options, Clock& cl
   }
   TERN_REQUIRE(options.idle_timeout_ms >= 3 && options.max_streams >= 1, kInvalidArgument,
                "idle timeout below 3 ms or no streams allowed");
+  // A stream's deadlines are start + timeout in microseconds: bounded, no
+  // sum can wrap (a timeout meant as "never" must not fire at once).
+  TERN_REQUIRE(
+      options.idle_timeout_ms <= kMaxTcpTimeoutMs && options.header_timeout_ms <= kMaxTcpTimeoutMs,
+      kInvalidArgument, "idle or header timeout above ", kMaxTcpTimeoutMs, " ms (one year)");
   TERN_REQUIRE(options.min_wire_version >= tcp::kMinVersion &&
                    options.min_wire_version <= options.max_wire_version &&
                    options.max_wire_version <= tcp::kMaxVersion,
