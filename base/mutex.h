@@ -163,6 +163,7 @@ class CondVar {
   template <typename Clock, typename Duration, typename Pred>
   bool WaitUntil(const std::chrono::time_point<Clock, Duration>& deadline, Pred pred)
       NO_THREAD_SAFETY_ANALYSIS {
+    if (pred()) return true;  // no wait: the hold goes on unbroken
     Pause pause(mu_);
     std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
     const bool ok = cv_.wait_until(lock, deadline, pred);

@@ -85,6 +85,23 @@ TEST(LockWatch, WaitingOnACondVarIsNotHolding) {
   EXPECT_NE(s.longest.site.find("mutex_test.cc:"), std::string::npos) << s.longest.site;
 }
 
+TEST(LockWatch, AWaitWhosePredicateHoldsDoesNotSplitTheHold) {
+  LockWatch watch(/*slow_us=*/100'000);
+  Mutex mu;
+  mu.Watch(&watch);
+  CondVar cv(&mu);
+  {
+    MutexLock lock(mu);
+    std::this_thread::sleep_for(milliseconds(60));
+    EXPECT_TRUE(
+        cv.WaitUntil(std::chrono::steady_clock::now() + milliseconds(500), [] { return true; }));
+    std::this_thread::sleep_for(milliseconds(60));
+  }
+  const LockWatch::Stats s = watch.Read();
+  ASSERT_EQ(s.slow_holds, 1u);  // one hold of 120 ms, not two of 60
+  EXPECT_GE(s.longest.held_us, 120'000u);
+}
+
 TEST(LockWatch, KeepsTheNewestHoldsAndTheLongest) {
   LockWatch watch(/*slow_us=*/1);
   Mutex mu;
