@@ -94,6 +94,13 @@ class CAPABILITY("mutex") Mutex {
     mu_.lock();
     if (watch_) watch_->Taken(at);
   }
+  // Takes the mutex only if no one holds it (a handler that must answer
+  // promptly rather than wait out a long hold).
+  bool TryLock(LockSite at = LockSite::Here()) TRY_ACQUIRE(true) {
+    if (!mu_.try_lock()) return false;
+    if (watch_) watch_->Taken(at);
+    return true;
+  }
   void Unlock() RELEASE() {
     if (watch_) watch_->Released();
     mu_.unlock();

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -49,6 +50,31 @@ TEST(LockWatch, AHolderThatComputesIsOnACpu) {
   // Spinning: on a CPU unless the machine preempted it (counted as such);
   // a fraction that survives a busy 2-core CI machine.
   EXPECT_GT(s.longest.cpu_us, 0u);
+}
+
+// TryLock fails while another thread holds the mutex, takes it once free,
+// and a watched hold taken by it is counted like Lock's.
+TEST(LockWatch, TryLockTakesOnlyAFreeMutexAndItsHoldIsWatched) {
+  LockWatch watch(/*slow_us=*/20'000);
+  Mutex mu;
+  mu.Watch(&watch);
+  std::atomic<bool> held{false}, release{false};
+  std::thread holder([&] {
+    MutexLock lock(mu);
+    held = true;
+    while (!release) std::this_thread::sleep_for(milliseconds(1));
+  });
+  while (!held) std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_FALSE(mu.TryLock());
+  release = true;
+  holder.join();
+  ASSERT_TRUE(mu.TryLock());
+  std::this_thread::sleep_for(milliseconds(30));
+  mu.Unlock();
+  const LockWatch::Stats s = watch.Read();
+  ASSERT_GE(s.slow_holds, 1u);
+  EXPECT_NE(s.recent.back().site.find("mutex_test.cc:"), std::string::npos) << s.recent.back().site;
+  EXPECT_GE(s.recent.back().held_us, 30'000u);
 }
 
 TEST(LockWatch, ShortHoldsAndUnwatchedMutexesAreNotCounted) {
