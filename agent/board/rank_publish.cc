@@ -293,7 +293,18 @@ void RankPublisher::Abandon() {
 }
 
 Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>& base) {
-  State& st = *state_;
+  TERN_RETURN_IF_ERROR(CanResume(base_version));
+  TERN_ASSIGN_OR_RETURN(std::vector<const RankShard*> given, InOwnedOrder(*state_, base));
+  size_t k = 0;
+  return ResumeFrom(base_version,
+                    [&](const TensorDesc&, const RankShardRange&, std::span<uint8_t> into) {
+                      std::memcpy(into.data(), given[k++]->data, into.size());
+                      return Status::Ok();
+                    });
+}
+
+Status RankPublisher::CanResume(uint64_t base_version) const {
+  const State& st = *state_;
   const std::string who = "rank " + std::to_string(st.rank);
   TERN_RETURN_IF_ERROR(st.broken);
   TERN_REQUIRE(st.version == 0, kMismatch, who, ": resume is for a publisher that has committed ",
@@ -301,18 +312,29 @@ Status RankPublisher::Resume(uint64_t base_version, const std::vector<RankShard>
                ": send its parts as usual");
   TERN_REQUIRE(base_version >= 1, kInvalidArgument, who, ": resume from version 0: a new ",
                "publisher already holds the zero view (send its part as usual)");
-  TERN_ASSIGN_OR_RETURN(std::vector<const RankShard*> given, InOwnedOrder(st, base));
-  // The base's element terms, hashed directly (one pass, the digest's
-  // vector loop), and its bytes as the previous view.
+  return Status::Ok();
+}
+
+Status RankPublisher::ResumeFrom(uint64_t base_version, const FillFn& fill) {
+  TERN_RETURN_IF_ERROR(CanResume(base_version));
+  State& st = *state_;
+  // The base's bytes straight into the previous view (no second copy of
+  // the shards), then its element terms, hashed directly (one pass, the
+  // digest's vector loop).
   ViewDigest terms;
   for (size_t k = 0; k < st.shards.size(); ++k) {
     State::Shard& s = st.shards[k];
     const TensorDesc& d = st.layout[s.tensor];
-    const auto* p = static_cast<const uint8_t*>(given[k]->data);
+    Status filled = fill(d, s.range, std::span<uint8_t>(s.prev));
+    if (!filled.ok()) {
+      // Back to the zero view it held: what was filled is no one's bytes.
+      for (size_t j = 0; j <= k; ++j)
+        std::fill(st.shards[j].prev.begin(), st.shards[j].prev.end(), 0);
+      return filled;
+    }
     const uint64_t first = s.range.first_element;
-    terms += ComputeElementTerms(TensorRef{&d, AsTensorBase(p, d.dtype, first)}, first,
+    terms += ComputeElementTerms(TensorRef{&d, AsTensorBase(s.prev.data(), d.dtype, first)}, first,
                                  first + s.range.element_count);
-    s.prev.assign(p, p + given[k]->bytes);
   }
   st.version = base_version;
   st.terms = terms;

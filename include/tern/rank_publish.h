@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -120,12 +121,22 @@ class TERN_EXPORT RankPublisher {
   // usual); kInvalidArgument for base_version 0 (a fresh publisher already
   // holds the zero view) or shards that are not the ones it owns.
   Status Resume(uint64_t base_version, const std::vector<RankShard>& base);
+  // Resume with the base's bytes written by `fill` straight into the
+  // previous view: called once per owned range, in the owned order (by
+  // tensor, then first element), with the tensor's layout and a span of
+  // the range's bytes to fill (what a rank fetches from the root:
+  // FetchRankBase in tern/agent.h). A failed fill is returned and leaves
+  // the publisher as it was (the zero view, version 0).
+  using FillFn = std::function<Status(const TensorDesc& tensor, const RankShardRange& range,
+                                      std::span<uint8_t> into)>;
+  Status ResumeFrom(uint64_t base_version, const FillFn& fill);
 
   uint64_t version() const;  // of the previous view
 
   struct State;
 
  private:
+  Status CanResume(uint64_t base_version) const;
   friend struct RankPublisherTestPeer;  // agent/board/rank_publish_testing.h
   explicit RankPublisher(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
