@@ -2,6 +2,7 @@
 #include "agent/daemon/admin_jobs.h"
 
 #include <algorithm>
+#include <charconv>
 #include <thread>
 #include <utility>
 
@@ -21,6 +22,18 @@ const char* JobStateName(JobState s) {
 
 double JobClockS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool NumberParam(const AdminRequest& req, const char* name, uint64_t lo, uint64_t hi,
+                 uint64_t fallback, uint64_t* out) {
+  auto it = req.params.find(name);
+  if (it == req.params.end()) {
+    *out = fallback;
+    return true;
+  }
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && end == s.data() + s.size() && *out >= lo && *out <= hi;
 }
 
 AdminResponse TextAnswer(int status, std::string line) {

@@ -31,6 +31,11 @@ double JobClockS();                    // the steady clock in seconds: a job's s
 
 AdminResponse TextAnswer(int status, std::string line);  // text/plain, one line
 
+// A query parameter as a whole unsigned number in [lo, hi] (false
+// otherwise); `fallback` when absent.
+bool NumberParam(const AdminRequest& req, const char* name, uint64_t lo, uint64_t hi,
+                 uint64_t fallback, uint64_t* out);
+
 // The answer to the POST that started or attached to a job of `version`:
 // 202 with `running` (a JSON object) while it runs, 200 {"published": V}
 // once done, the failure's HTTP status and reason once failed.

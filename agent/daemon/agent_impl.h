@@ -259,6 +259,14 @@ class AgentImpl final : public Agent {
   // shard is an element range of a tensor with the part's layout (the
   // assembly's checks speak then). Takes publish_mu_ so the view holds still.
   std::optional<ViewDigest> BaseTermsInOwnView(const RankPart& part) EXCLUDES(publish_mu_, ranks_mu_);
+  // GET /view/rows (agent/daemon/view_rows.h): the root's own bytes of one
+  // tensor's element range, read under publish_mu_ so that no version is
+  // applied meanwhile. A publish holds that lock for its whole length, so
+  // the handler waits for it at most kViewRowsWaitMs and then answers 503
+  // (ask again): an admin handler must not wait out a publish.
+  AdminRoute ViewRowsRoute();
+  AdminResponse ViewRows(const AdminRequest& req) EXCLUDES(publish_mu_);
+  static constexpr int kViewRowsWaitMs = 1000;
   // Joins and commits the parts of one version (PublishRankPart).
   // Fails the version being gathered (kCancelled) and refuses new parts,
   // so that Stop need not wait for a gathering deadline.

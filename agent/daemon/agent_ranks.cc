@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "agent/board/publish.h"
+#include "agent/daemon/admin_jobs.h"
 #include "agent/daemon/agent_impl.h"
+#include "agent/daemon/view_rows.h"
 #include "tern/patch.h"
 
 namespace tern::agent {
@@ -262,6 +265,37 @@ std::optional<ViewDigest> AgentImpl::BaseTermsInOwnView(const RankPart& part) {
     terms += ComputeElementTerms(*t, r.first_element, r.first_element + r.element_count);
   }
   return terms;
+}
+
+AdminRoute AgentImpl::ViewRowsRoute() {
+  return {"GET", "/view/rows", [this](const AdminRequest& req) { return ViewRows(req); },
+          /*mutating=*/false, /*private_read=*/true};
+}
+
+AdminResponse AgentImpl::ViewRows(const AdminRequest& req) {
+  auto request = ParseViewRowsRequest(req);
+  if (!request.ok()) return TextAnswer(400, request.status().message());
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kViewRowsWaitMs);
+  while (true) {
+    if (publish_mu_.TryLock()) {
+      Result<std::string> rows = TERN_ERROR(kInternal, "");
+      OpenOptions open;
+      open.env = &env_;
+      auto current = Checkpoint::Open(store_->current_path(), open);
+      if (!current.ok())
+        rows = current.status().WithContext("view rows: the root's served view");
+      else
+        rows = ReadViewRows((*current)->view(), store_->version(), *request);
+      publish_mu_.Unlock();
+      if (!rows.ok()) return TextAnswer(ViewRowsHttpStatus(rows.status()), rows.status().message());
+      return AdminResponse{200, "application/octet-stream", std::move(rows).value()};
+    }
+    if (std::chrono::steady_clock::now() >= give_up)
+      return TextAnswer(
+          503, "view rows: the root is publishing a version (its view is changing); ask again");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 void AgentImpl::CloseRankParts() {

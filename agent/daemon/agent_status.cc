@@ -455,6 +455,7 @@ Status AgentImpl::StartAdmin() {
         });
     for (AdminRoute& r : rank_part_jobs_->Routes(AdminOptions{}.request_timeout_ms / 2))
       routes.push_back(std::move(r));
+    routes.push_back(ViewRowsRoute());
   }
   // Secure by default: mutating routes are never open to the network
   // without a token, nor is the token sent over it in clear.

@@ -2,7 +2,6 @@
 #include "agent/daemon/rank_part_jobs.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -12,23 +11,6 @@
 #include "tern/agent.h"
 
 namespace tern::agent {
-namespace {
-
-// A query parameter as a whole unsigned number in [lo, hi]; `fallback` when absent.
-bool NumberParam(const AdminRequest& req, const char* name, uint64_t lo, uint64_t hi,
-                 uint64_t fallback, uint64_t* out) {
-  auto it = req.params.find(name);
-  if (it == req.params.end()) {
-    *out = fallback;
-    return true;
-  }
-  const std::string& s = it->second;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && end == s.data() + s.size() && *out >= lo && *out <= hi;
-}
-
-}  // namespace
-
 RankPartJobs::RankPartJobs(SubmitFn submit) : submit_(std::move(submit)) {}
 
 RankPartJobs::~RankPartJobs() { Join(); }

@@ -5,15 +5,20 @@
 // ranks and overlapping shards are refused.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "agent/daemon/view_rows.h"
 #include "agent/testing/agent_test_fixture.h"
 #include "agent/testing/agent_test_util.h"
 #include "tern/agent.h"
 #include "tern/checkpoint.h"
+#include "tern/env.h"
 #include "tern/rank_publish.h"
 
 namespace tern {
@@ -49,8 +54,57 @@ std::vector<RankShard> ShardsIn(const ServeView& view, const std::vector<RankSha
   return out;
 }
 
+// DefaultEnv whose syncs of a version's objects wait until the test opens
+// the gate: a publish that outlasts a rank's fetch, holding the root's
+// publish lock all along.
+class HeldPublishEnv : public EnvWrapper {
+ public:
+  explicit HeldPublishEnv(Env& target) : EnvWrapper(target) {}
+  void Close() { closed_ = true; }
+  void Open() {
+    std::lock_guard lock(mu_);
+    closed_ = false;
+    cv_.notify_all();
+  }
+  bool held() const { return held_; }
+
+  Result<std::unique_ptr<WritableFile>> OpenWritable(const std::string& path,
+                                                     CreateMode mode) override {
+    TERN_ASSIGN_OR_RETURN(auto file, target().OpenWritable(path, mode));
+    if (path.find("/published/patch-") == std::string::npos) return file;
+    return std::unique_ptr<WritableFile>(std::make_unique<HeldFile>(std::move(file), *this));
+  }
+
+ private:
+  class HeldFile : public WritableFile {
+   public:
+    HeldFile(std::unique_ptr<WritableFile> inner, HeldPublishEnv& env)
+        : inner_(std::move(inner)), env_(env) {}
+    Status Append(std::span<const uint8_t> bytes) override { return inner_->Append(bytes); }
+    Status Sync() override {
+      std::unique_lock lock(env_.mu_);
+      env_.held_ = env_.closed_.load();
+      env_.cv_.wait(lock, [&] { return !env_.closed_; });
+      return inner_->Sync();
+    }
+    Status Close() override { return inner_->Close(); }
+
+   private:
+    std::unique_ptr<WritableFile> inner_;
+    HeldPublishEnv& env_;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> closed_{false}, held_{false};
+};
+
 class AgentRankPublishTest : public agent_test::AgentSystemFixture {
  protected:
+  void TearDown() override {
+    if (held_env_) held_env_->Open();  // a failed test must not leave a publish held
+    AgentSystemFixture::TearDown();
+  }
+
   void MakeRanks(uint32_t world, const std::string& first_step) {
     auto c = Checkpoint::Open(first_step);
     ASSERT_TRUE(c.ok());
@@ -97,6 +151,7 @@ class AgentRankPublishTest : public agent_test::AgentSystemFixture {
 
   std::vector<TensorDesc> layout_;
   std::vector<std::unique_ptr<RankPublisher>> ranks_;
+  std::unique_ptr<HeldPublishEnv> held_env_;  // outlives the agents (TearDown resets them)
 };
 
 class AgentRankWorldTest : public AgentRankPublishTest,
@@ -329,6 +384,149 @@ TEST_F(AgentRankPublishTest, RecordsThatContradictTheirDigestDeltasAreRefusedBef
   ranks_[1]->Abandon();
   for (const Status& s : PublishFromRanks(2, v2, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), v2), "");
+}
+
+// Ranks whose processes restart fetch their base from the root itself
+// (GET /view/rows; FetchRankBase): no member's slot is read. Rank 1 dies
+// while the root gathers version 2 and resumes it from HEAD's bytes the
+// root sent; rank 0 dies between versions and rebases before version 3.
+// Each fetch is many small pieces. A wrong token and a member's admin port
+// are refused, and a refused fetch leaves the publisher at the zero view.
+TEST_F(AgentRankPublishTest, RestartedRanksFetchTheirBaseFromTheRoot) {
+  tweak_ = [](AgentOptions& o) {
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = "rank-token";
+  };
+  StartRoot();
+  StartMember("a", "us");
+  ASSERT_TRUE(WaitFor([&] { return root_->Snapshot().members.size() == 1; }, 30));
+  AgentClientOptions client;
+  client.token = "rank-token";
+  client.timeout_ms = 60000;
+  const std::string admin = root_->Snapshot().admin_address;
+  const std::string v1 = NextStep();
+  MakeRanks(2, v1);
+  auto fresh = [&](uint32_t r) {
+    RankPublisherOptions o;
+    o.segment_elements = 4096;
+    auto p = RankPublisher::Create(r, 2, layout_, RowShards(layout_, r, 2), o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return std::move(p).value();
+  };
+  // An empty board: the zero view a new publisher holds is HEAD's.
+  auto early = fresh(1);
+  auto none = FetchRankBase(admin, *early, client);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(*none, 0u);
+  for (const Status& s : PublishFromRanks(1, v1, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+
+  // Refusals leave the publisher as it was.
+  auto refused = fresh(1);
+  AgentClientOptions wrong = client;
+  wrong.token = "not-the-token";
+  auto bad = FetchRankBase(admin, *refused, wrong);
+  EXPECT_EQ(bad.status().code(), Code::kAuth) << bad.status().ToString();
+  auto member = FetchRankBase(members_["a"].agent->Snapshot().admin_address, *refused, client);
+  EXPECT_EQ(member.status().code(), Code::kInvalidArgument) << member.status().ToString();
+  EXPECT_NE(member.status().message().find("is not a root's admin port"), std::string::npos)
+      << member.status().ToString();
+  EXPECT_EQ(refused->version(), 0u);
+
+  // Version 2: rank 0's part waits at the root; rank 1 comes back, fetches
+  // version 1's rows in 16 KiB pieces and resumes.
+  const std::string v2 = NextStep();
+  auto c2 = Checkpoint::Open(v2);
+  ASSERT_TRUE(c2.ok());
+  auto rank0 = std::async(std::launch::async, [&] {
+    auto part = ranks_[0]->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 0, 2)));
+    if (!part.ok()) return part.status();
+    Status s = root_->PublishRankPart(std::move(part).value(), 60000);
+    if (s.ok())
+      s = ranks_[0]->Committed();
+    else
+      ranks_[0]->Abandon();
+    return s;
+  });
+  ranks_[1] = fresh(1);
+  auto base = agent::FetchRankBaseInPieces(admin, *ranks_[1], client, 16 << 10);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  EXPECT_EQ(*base, 1u);
+  EXPECT_EQ(ranks_[1]->version(), 1u);
+  auto part = ranks_[1]->Encode(2, ShardsIn((*c2)->view(), RowShards(layout_, 1, 2)));
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  auto bytes = EncodeRankPart(*part);
+  ASSERT_TRUE(bytes.ok());
+  Status resumed;
+  for (int i = 0; i < 1500; ++i) {  // until rank 0's part is being gathered
+    resumed = ResumeRankPart(admin, *bytes, 2, 1, 60000, client);
+    if (resumed.message().find("not being gathered") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(resumed.ok()) << resumed.ToString();
+  ASSERT_TRUE(ranks_[1]->Committed().ok());
+  ASSERT_TRUE(rank0.get().ok());
+  EXPECT_EQ(root_->Snapshot().head, 2u);
+
+  // Rank 0 restarts between versions: it rebases, and version 3 commits
+  // from both ranks and reaches the member bit for bit.
+  ranks_[0] = fresh(0);
+  auto head = agent::FetchRankBaseInPieces(admin, *ranks_[0], client, 16 << 10);
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_EQ(*head, 2u);
+  const std::string v3 = NextStep();
+  for (const Status& s : PublishFromRanks(3, v3, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(AllServe(3)) << Lagging(3);
+  ExpectBitwiseEqual(3);
+}
+
+// A fetch while the root publishes (its view is about to change) is
+// answered 503 and asked again until the client's deadline, then fails
+// saying so, leaving the publisher untouched; once the publish ends the
+// same fetch returns the new HEAD.
+TEST_F(AgentRankPublishTest, AFetchDuringALongPublishWaitsThenSaysTheRootWasPublishing) {
+  held_env_ = std::make_unique<HeldPublishEnv>(DefaultEnv());
+  HeldPublishEnv* env = held_env_.get();
+  tweak_ = [env](AgentOptions& o) {
+    o.admin_listen = "127.0.0.1:0";
+    o.admin_token = "rank-token";
+    o.env = env;
+  };
+  StartRoot();
+  const std::string v1 = NextStep();
+  MakeRanks(2, v1);
+  for (const Status& s : PublishFromRanks(1, v1, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  const std::string admin = root_->Snapshot().admin_address;
+  env->Close();
+  const std::string v2 = NextStep();
+  auto publish = std::async(std::launch::async, [&] { return root_->Publish(v2, 2); });
+  ASSERT_TRUE(WaitFor([&] { return env->held(); }, 60)) << "the publish never reached its sync";
+  AgentClientOptions client;
+  client.token = "rank-token";
+  client.timeout_ms = 2500;  // past the root's 1 s wait for its lock, twice
+  auto p = RankPublisher::Create(0, 2, layout_, RowShards(layout_, 0, 2), {});
+  ASSERT_TRUE(p.ok());
+  auto busy = FetchRankBase(admin, **p, client);
+  EXPECT_EQ(busy.status().code(), Code::kTimeout) << busy.status().ToString();
+  EXPECT_NE(
+      busy.status().message().find("the root was publishing a version within the client's 2500 ms"),
+      std::string::npos)
+      << busy.status().ToString();
+  EXPECT_EQ((*p)->version(), 0u);
+  env->Open();
+  ASSERT_TRUE(publish.get().ok());
+  client.timeout_ms = 60000;
+  auto head = FetchRankBase(admin, **p, client);
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_EQ(*head, 2u);
+  // Its bytes are version 2's: the root takes them as rank 0's base.
+  ranks_[0] = std::move(p).value();
+  auto p1 = RankPublisher::Create(1, 2, layout_, RowShards(layout_, 1, 2), {});
+  ASSERT_TRUE(p1.ok());
+  ASSERT_TRUE(FetchRankBase(admin, **p1, client).ok());
+  ranks_[1] = std::move(p1).value();
+  const std::string v3 = NextStep();
+  for (const Status& s : PublishFromRanks(3, v3, All(), 60000)) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(agent_test::FirstDifference((dir_ / "root" / "current").string(), v3), "");
 }
 
 }  // namespace

@@ -791,6 +791,28 @@ TERN_EXPORT Status ResumeRankPart(const std::string& admin_address,
                                   uint32_t gather_timeout_ms,
                                   const AgentClientOptions& options = {});
 
+// A trainer rank whose process restarted rebuilds its previous view from
+// the root (docs/agent/operations.md "Publishing from trainer ranks"):
+// reads the root's HEAD from GET /status and fills `publisher` (a new one,
+// that has committed nothing: RankPublisher::ResumeFrom) with this rank's
+// shards of that version, fetched with GET /view/rows in pieces of at most
+// 8 MiB straight into its previous view (the token is needed: they are
+// the model's bytes). Returns that version: 0 on an empty board (the
+// publisher keeps its zero view). After it the publisher encodes and
+// sends the next version as usual, or resumes the version the root is
+// gathering (ResumeRankPart). A version published while the pieces are
+// fetched starts the fetch again at the new HEAD (kMismatch after four
+// tries); a root busy publishing is asked again until options.timeout_ms
+// (kTimeout), as is a root applying HEAD to its own view; kUnavailable
+// when it serves another version than HEAD until then (it took the board
+// over and has published nothing since: read the base from a member's
+// slot and Resume). A failure leaves
+// the publisher as it was. The root checks the bytes against its digest
+// when the part arrives, as it does every base.
+TERN_EXPORT Result<uint64_t> FetchRankBase(const std::string& admin_address,
+                                           RankPublisher& publisher,
+                                           const AgentClientOptions& options = {});
+
 // The JSON text GET /status serves for `snapshot` (an in-process agent's
 // Snapshot(), for embedders that run no admin port).
 TERN_EXPORT std::string AgentSnapshotJson(const AgentSnapshot& snapshot);
