@@ -910,6 +910,36 @@ static void test_rank_publishers(const char* dir) {
     CHECK(part_bytes > 0 && tern_rank_publisher_version(again) == 2);
     tern_rank_publisher_free(again);
   }
+  /* ABI 1.8: the base fetched from the root itself. A new publisher
+   * rebases to HEAD; a resume from the root of a version nobody gathers is
+   * refused and leaves it holding HEAD's bytes; a wrong token takes nothing. */
+  tern_rank_publisher* fetched = NULL;
+  CHECK(tern_rank_publisher_create(&ro, &fetched) == TERN_OK);
+  if (fetched != NULL) {
+    uint64_t base_version = 99;
+    CHECK_CODE(tern_rank_publisher_rebase(fetched, NULL, &base_version), TERN_INVALID_ARGUMENT,
+               "client");
+    tern_client* wrong = NULL;
+    co.token = "wrong";
+    CHECK(tern_client_open(admin, &co, &wrong) == TERN_OK);
+    CHECK_CODE(tern_rank_publisher_rebase(fetched, wrong, &base_version), TERN_AUTH, "token");
+    tern_client_free(wrong);
+    CHECK(base_version == 99 && tern_rank_publisher_version(fetched) == 0);
+    CHECK(tern_rank_publisher_rebase(fetched, client, &base_version) == TERN_OK);
+    CHECK(base_version == 2 && tern_rank_publisher_version(fetched) == 2);
+    CHECK_CODE(tern_rank_publisher_rebase(fetched, client, NULL), TERN_MISMATCH, "new publisher");
+    tern_rank_publisher_free(fetched);
+  }
+  fetched = NULL;
+  CHECK(tern_rank_publisher_create(&ro, &fetched) == TERN_OK);
+  if (fetched != NULL) {
+    uint64_t part_bytes = 0;
+    CHECK_CODE(
+        tern_rank_publisher_resume_from_root(fetched, client, 3, &jobs[0].shard, 1, &part_bytes),
+        TERN_MISMATCH, "not being gathered");
+    CHECK(part_bytes > 0 && tern_rank_publisher_version(fetched) == 2);
+    tern_rank_publisher_free(fetched);
+  }
   tern_status st;
   st.struct_size = sizeof st;
   CHECK(tern_agent_status(root, &st) == TERN_OK);

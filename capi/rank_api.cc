@@ -109,6 +109,34 @@ Status Create(const tern_rank_publisher_options* options, tern_rank_publisher** 
   return Status::Ok();
 }
 
+// Encodes `version` from `now` on a publisher that holds its base, sends it
+// as a resume and takes the outcome as send does (p->mu held).
+tern::Status EncodeAndResume(tern_rank_publisher* p, tern_client* client, uint64_t version,
+                             const std::vector<tern::RankShard>& now, uint64_t* part_bytes) {
+  TERN_ASSIGN_OR_RETURN(tern::RankPart part, p->publisher->Encode(version, now));
+  TERN_ASSIGN_OR_RETURN(p->pending_bytes, tern::EncodeRankPart(part));
+  if (part_bytes != nullptr) *part_bytes = p->pending_bytes.size();
+  part.records.clear();
+  p->pending = std::move(part);
+  const tern::Status s =
+      tern::ResumeRankPart(client->address, p->pending_bytes, version, p->pending->rank,
+                           p->gather_timeout_ms, client->options);
+  // As send: a timeout keeps the part (send asks again); otherwise the
+  // outcome is final and the previous view is base's unless it committed.
+  if (s.code() == tern::Code::kTimeout) return s;
+  const tern::Status after = s.ok() ? p->publisher->Committed() : (p->publisher->Abandon(), s);
+  p->pending.reset();
+  p->pending_bytes.clear();
+  return after;
+}
+
+tern::Status MustBeNew(tern_rank_publisher* p, const char* call) {
+  TERN_REQUIRE(p->publisher->version() == 0, kMismatch, call, " is for a new publisher (one ",
+               "that has committed nothing); this one holds version ", p->publisher->version(),
+               ": encode and send as usual");
+  return tern::Status::Ok();
+}
+
 }  // namespace
 }  // namespace tern::capi
 
@@ -188,27 +216,45 @@ tern_code tern_rank_publisher_resume(tern_rank_publisher* p, tern_client* client
     if (!zero_base) TERN_RETURN_IF_ERROR(tern::capi::ReadShards(base, base_count, true, &before));
     TERN_RETURN_IF_ERROR(tern::capi::ReadShards(shards, count, true, &now));
     std::lock_guard lock(p->mu);
-    TERN_REQUIRE(p->publisher->version() == 0, kMismatch, "resume is for a new publisher (one ",
-                 "that has committed nothing); this one holds version ", p->publisher->version(),
-                 ": encode and send as usual");
+    TERN_RETURN_IF_ERROR(tern::capi::MustBeNew(p, "resume"));
     p->pending.reset();
     p->pending_bytes.clear();
     if (!zero_base) TERN_RETURN_IF_ERROR(p->publisher->Resume(base_version, before));
-    TERN_ASSIGN_OR_RETURN(tern::RankPart part, p->publisher->Encode(version, now));
-    TERN_ASSIGN_OR_RETURN(p->pending_bytes, tern::EncodeRankPart(part));
-    if (part_bytes != nullptr) *part_bytes = p->pending_bytes.size();
-    part.records.clear();
-    p->pending = std::move(part);
-    const tern::Status s =
-        tern::ResumeRankPart(client->address, p->pending_bytes, version, p->pending->rank,
-                             p->gather_timeout_ms, client->options);
-    // As send: a timeout keeps the part (send asks again); otherwise the
-    // outcome is final and the previous view is base's unless it committed.
-    if (s.code() == tern::Code::kTimeout) return s;
-    const tern::Status after = s.ok() ? p->publisher->Committed() : (p->publisher->Abandon(), s);
+    return tern::capi::EncodeAndResume(p, client, version, now, part_bytes);
+  });
+}
+
+tern_code tern_rank_publisher_rebase(tern_rank_publisher* p, tern_client* client,
+                                     uint64_t* base_version) {
+  return Guard([&]() -> tern::Status {
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(p));
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(client));
+    std::lock_guard lock(p->mu);
+    TERN_RETURN_IF_ERROR(tern::capi::MustBeNew(p, "rebase"));
     p->pending.reset();
     p->pending_bytes.clear();
-    return after;
+    TERN_ASSIGN_OR_RETURN(uint64_t head,
+                          tern::FetchRankBase(client->address, *p->publisher, client->options));
+    if (base_version != nullptr) *base_version = head;
+    return tern::Status::Ok();
+  });
+}
+
+tern_code tern_rank_publisher_resume_from_root(tern_rank_publisher* p, tern_client* client,
+                                               uint64_t version, const tern_shard* shards,
+                                               size_t count, uint64_t* part_bytes) {
+  return Guard([&]() -> tern::Status {
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(p));
+    TERN_RETURN_IF_ERROR(tern::capi::CheckHandle(client));
+    std::vector<tern::RankShard> now;
+    TERN_RETURN_IF_ERROR(tern::capi::ReadShards(shards, count, true, &now));
+    std::lock_guard lock(p->mu);
+    TERN_RETURN_IF_ERROR(tern::capi::MustBeNew(p, "resume"));
+    p->pending.reset();
+    p->pending_bytes.clear();
+    TERN_RETURN_IF_ERROR(
+        tern::FetchRankBase(client->address, *p->publisher, client->options).status());
+    return tern::capi::EncodeAndResume(p, client, version, now, part_bytes);
   });
 }
 

@@ -584,6 +584,35 @@ class RankPublisher {
     Check(code);
     return part_bytes;
   }
+  // The rank's shards of the root's HEAD, fetched from the root
+  // (tern_rank_publisher_rebase); returns that version.
+  uint64_t Rebase() {
+    uint64_t base_version = 0;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_rank_publisher_rebase(publisher_, client_, &base_version);
+    }
+    Check(code);
+    return base_version;
+  }
+  // A restarted rank's part of `version`, its base fetched from the root
+  // (tern_rank_publisher_resume_from_root).
+  uint64_t ResumeFromRoot(uint64_t version, const py::list& shards) {
+    std::vector<std::string> names;
+    std::vector<tern_shard> given;
+    ReadShards(shards, true, &names, &given);
+    uint64_t part_bytes = 0;
+    tern_code code;
+    {
+      py::gil_scoped_release release;
+      code = tern_rank_publisher_resume_from_root(publisher_, client_, version,
+                                                  given.empty() ? nullptr : given.data(),
+                                                  given.size(), &part_bytes);
+    }
+    Check(code);
+    return part_bytes;
+  }
   uint64_t Version() { return tern_rank_publisher_version(publisher_); }
 
  private:
@@ -651,6 +680,9 @@ PYBIND11_MODULE(_tern, m) {
       .def("publish", &RankPublisher::Publish, py::arg("version"), py::arg("shards"))
       .def("resume", &RankPublisher::Resume, py::arg("base_version"), py::arg("base"),
            py::arg("version"), py::arg("shards"))
+      .def("rebase", &RankPublisher::Rebase)
+      .def("resume_from_root", &RankPublisher::ResumeFromRoot, py::arg("version"),
+           py::arg("shards"))
       .def("version", &RankPublisher::Version);
 
   py::class_<Client>(m, "Client")

@@ -5,7 +5,7 @@
  * the options of `tern-agent`), publish a checkpoint or tensors in memory
  * on an in-process root, publish a trainer rank's shards to a root's admin
  * port (ABI 1.2) and resume a rank's part after its process restarted
- * (ABI 1.3),
+ * (ABI 1.3; its base fetched from the root: 1.8),
  * read an agent's status, wait for its events (polled, or delivered to a
  * callback on a thread the library owns); and a client over a running
  * agent's admin port
@@ -74,7 +74,7 @@ extern "C" {
 /* ---- Versions ---- */
 
 #define TERN_ABI_VERSION_MAJOR 1
-#define TERN_ABI_VERSION_MINOR 7
+#define TERN_ABI_VERSION_MINOR 8
 /* (major << 16) | minor, as tern_abi_version() returns it. */
 #define TERN_ABI_VERSION ((TERN_ABI_VERSION_MAJOR << 16) | TERN_ABI_VERSION_MINOR)
 /* Whether a loaded library's tern_abi_version() serves this header. */
@@ -660,6 +660,39 @@ TERN_API tern_code tern_rank_publisher_resume(tern_rank_publisher* publisher, te
                                               size_t base_count, uint64_t version,
                                               const tern_shard* shards, size_t count,
                                               uint64_t* part_bytes);
+
+/* ABI 1.8. A new publisher (one that has committed nothing; else
+ * TERN_MISMATCH) rebuilds its previous view from the root behind `client`:
+ * this rank's shards of the root's HEAD, fetched over its admin port
+ * (GET /view/rows with the client's token, in pieces of at most 8 MiB
+ * written straight into the previous view: no second copy). For a rank
+ * whose process restarted between versions; afterwards encode and send
+ * the next version as usual. *base_version (may be NULL): the version
+ * fetched, 0 on an empty board (the zero view stays). A version the root
+ * publishes while the pieces are fetched starts the fetch again at the new
+ * HEAD (TERN_MISMATCH after four tries); a root busy publishing is asked
+ * again until the client's timeout_ms (TERN_TIMEOUT), as is a root applying
+ * HEAD to its own view; TERN_UNAVAILABLE when it serves another version
+ * than HEAD until then (it took the board over and has published nothing
+ * since: resume from a member's slot with tern_rank_publisher_resume). TERN_AUTH for a missing or
+ * wrong token. Any failure leaves the publisher as it was (version 0, the zero view). The root
+ * checks the bytes against its digest when the next part arrives, as it checks every base.
+ * Serialized with the publisher's other calls; any thread. */
+TERN_API tern_code tern_rank_publisher_rebase(tern_rank_publisher* publisher, tern_client* client,
+                                              uint64_t* base_version);
+
+/* ABI 1.8. tern_rank_publisher_resume with the base fetched from the root
+ * as tern_rank_publisher_rebase fetches it (no base to read from a
+ * member's slot): for a rank whose process restarted while the root was
+ * gathering `version`. Outcomes as tern_rank_publisher_resume's; when the
+ * root refuses the part (TERN_MISMATCH: the version is not being gathered,
+ * or this rank's part is there already) the publisher holds HEAD's bytes
+ * and goes on with encode and send. Serialized with the publisher's other
+ * calls; any thread. */
+TERN_API tern_code tern_rank_publisher_resume_from_root(tern_rank_publisher* publisher,
+                                                        tern_client* client, uint64_t version,
+                                                        const tern_shard* shards, size_t count,
+                                                        uint64_t* part_bytes);
 
 /* The version of this rank's previous view (0 before its first commit).
  * Any thread. */

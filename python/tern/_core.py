@@ -302,7 +302,10 @@ class Publisher:
 
     The first version of an empty board starts from zeros. A rank that
     restarts cannot publish on top of a board it did not publish from (the
-    root refuses: Error(MISMATCH)) until it `resume`s from HEAD's bytes.
+    root refuses: Error(MISMATCH)) until its new Publisher holds HEAD's
+    bytes: `rebase()` fetches them from the root between versions, and
+    `resume(version, tensors)` fetches them and sends the part of a version
+    the root is still gathering.
 
     Thread safety: calls are serialized (one publish at a time)."""
 
@@ -354,24 +357,46 @@ class Publisher:
         entries = self._entries("publish", tensors)
         return self._native.publish(int(version), entries)
 
-    def resume(self, version: int, tensors: Mapping[str, Any], *, base_version: int,
-               base: Optional[Mapping[str, Any]]) -> int:
+    def rebase(self) -> int:
+        """On a new Publisher (one that has published nothing) of a rank
+        whose process restarted between versions: fetches this rank's rows
+        of HEAD from the root (its admin port, with the token; in pieces of
+        at most 8 MiB written straight into the previous view) and returns
+        HEAD, 0 on an empty board. Then `publish` the next version as
+        usual. Error(MISMATCH) on a Publisher that has published, or when
+        HEAD kept moving while the rows were fetched; Error(UNAVAILABLE)
+        when the root serves another version than HEAD (it took the board
+        over and has published nothing since: `resume` with a base read
+        from a member). A failure leaves the Publisher as it was."""
+        return self._native.rebase()
+
+    def resume(self, version: int, tensors: Mapping[str, Any], *,
+               base_version: Optional[int] = None,
+               base: Optional[Mapping[str, Any]] = None) -> int:
         """After this rank's process restarted while the root was gathering
         `version`: sends its part again, from a new Publisher (one that has
-        published nothing). `base` maps each owned tensor to its rows as of
+        published nothing). `tensors` are the rows' bytes of `version` now,
+        as for `publish`. The base, this rank's rows as of HEAD, is fetched
+        from the root as `rebase` does when neither `base_version` nor
+        `base` is given; or `base` maps each owned tensor to its rows as of
         `base_version`, the board's HEAD, read from a view that serves it
         (a member's served slot, e.g. `tern.Subscriber(...).next().tensor`
-        sliced to the rows); on an empty board `base_version=0, base=None`.
-        `tensors` are the rows' bytes of `version` now, as for `publish`.
+        sliced to the rows; on an empty board `base_version=0, base=None`).
         The root takes the part only into its open gathering of `version`;
         Error(MISMATCH) when it refuses (the version committed or failed,
         this rank's part is there already, another base), its message
-        saying what to do; nothing is taken then. Returns the part's size
-        once the version is on the board."""
+        saying what to do; nothing is taken then, and the Publisher holds
+        the base. Returns the part's size once the version is on the
+        board."""
         entries = self._entries("resume", tensors)
+        if base_version is None:
+            if base is not None:
+                raise ValueError("Publisher.resume: a base needs its base_version")
+            return self._native.resume_from_root(int(version), entries)
         if base is None:
             if base_version != 0:
-                raise ValueError("Publisher.resume: base is None only with base_version=0")
+                raise ValueError("Publisher.resume: base is None only with base_version=0 "
+                                 "(or neither, to fetch the base from the root)")
             before = []
         else:
             before = self._entries("resume", base)

@@ -1,6 +1,7 @@
 """tern's Python module against real agents on loopback (plain TCP):
 publish, status, events, the Subscriber's three ways of reading a version,
 errors with their codes, and the GIL released during a long call."""
+import functools
 import os
 import re
 import threading
@@ -467,30 +468,9 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
     root, member = fleet
     sub = tern.Subscriber(member)
     w = model(51)
-    layout = {n: t for n, t in w.items()}
-    rows = {0: {"layer.0.weight": (0, 64), "layer.1.weight": (0, 64), "norm.weight": (0, 128)},
-            1: {"layer.0.weight": (64, 128), "layer.1.weight": (64, 128)}}
-
-    def publisher(r, gather_timeout_s=30):
-        return tern.Publisher(rank=r, world_size=2, board=root.admin_address, token=TOKEN,
-                              layout=layout, shards=rows[r], gather_timeout_s=gather_timeout_s,
-                              segment_elements=4096)
-
-    def mine(r, weights):
-        return {n: (weights[n][a:b] if weights[n].dim() > 1 else weights[n])
-                for n, (a, b) in rows[r].items()}
-
-    def in_thread(call):
-        out = {}
-
-        def run():
-            try:
-                out["size"] = call()
-            except tern.Error as e:
-                out["error"] = e
-        t = threading.Thread(target=run)
-        t.start()
-        return t, out
+    publisher = functools.partial(_rank_publisher, root, w)
+    mine = _mine
+    in_thread = _in_thread
 
     pubs = [publisher(0), publisher(1)]
     threads = [in_thread(lambda r=r: pubs[r].publish(1, mine(r, w))) for r in range(2)]
@@ -520,7 +500,7 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
         publisher(1).resume(2, mine(1, w2), base_version=1, base=mine(1, w2))
     assert e.value.code == tern.Code.MISMATCH and "is not version 1's bytes" in str(e.value), str(e.value)
     assert t0.is_alive() and _rank_job(root, 2, 0)
-    base = {n: served.tensor(n) for n in rows[1]}
+    base = {n: served.tensor(n) for n in _ROWS[1]}
     size = restarted.resume(2, mine(1, w2), base_version=1, base=mine(1, base))
     assert size > 0 and restarted.version == 2
     t0.join()
@@ -551,6 +531,93 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
     wait_served(member, 3)
     got = sub.next(timeout_s=30)
     assert got.tensor("layer.0.weight").view(torch.int16).equal(w3["layer.0.weight"].view(torch.int16))
+
+
+_ROWS = {0: {"layer.0.weight": (0, 64), "layer.1.weight": (0, 64), "norm.weight": (0, 128)},
+         1: {"layer.0.weight": (64, 128), "layer.1.weight": (64, 128)}}
+
+
+def _rank_publisher(root, layout, r, gather_timeout_s=30):
+    """Rank r of two over `layout`'s tensors, owning _ROWS[r]."""
+    return tern.Publisher(rank=r, world_size=2, board=root.admin_address, token=TOKEN,
+                          layout=layout, shards=_ROWS[r], gather_timeout_s=gather_timeout_s,
+                          segment_elements=4096)
+
+
+def _mine(r, weights):
+    """Rank r's rows of `weights`."""
+    return {n: (weights[n][a:b] if weights[n].dim() > 1 else weights[n])
+            for n, (a, b) in _ROWS[r].items()}
+
+
+def _in_thread(call):
+    """Runs call() on a thread: (the thread, {"size": its result} or {"error": tern.Error})."""
+    out = {}
+
+    def run():
+        try:
+            out["size"] = call()
+        except tern.Error as e:
+            out["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def _wait_rank_job(root, version, rank):
+    deadline = time.monotonic() + 30
+    while not _rank_job(root, version, rank):
+        assert time.monotonic() < deadline, f"rank {rank}'s part of {version} never reached the root"
+        time.sleep(0.02)
+
+
+def test_restarted_ranks_fetch_their_base_from_the_root(fleet):
+    """ABI 1.8: a rank whose process restarted gets its rows of HEAD from
+    the root itself (GET /view/rows), not from a member's slot. Rank 1
+    dies while the root gathers version 2 and resumes it with no base
+    given; rank 0 dies between versions and rebases before version 3. The
+    member serves each version bit for bit. A Publisher that has published
+    cannot rebase, and a wrong token takes nothing."""
+    root, member = fleet
+    sub = tern.Subscriber(member)
+    w = model(61)
+    pubs = [_rank_publisher(root, w, 0), _rank_publisher(root, w, 1)]
+    assert pubs[1].rebase() == 0  # an empty board: the zero view is HEAD's
+    threads = [_in_thread(lambda r=r: pubs[r].publish(1, _mine(r, w))) for r in range(2)]
+    for t, out in threads:
+        t.join()
+        assert "error" not in out, out
+
+    w2 = step(w, 0.02, 62, names=("layer.0.weight", "layer.1.weight"))
+    t0, out0 = _in_thread(lambda: pubs[0].publish(2, _mine(0, w2)))
+    _wait_rank_job(root, 2, 0)
+    restarted = _rank_publisher(root, w, 1)
+    assert restarted.resume(2, _mine(1, w2)) > 0 and restarted.version == 2
+    t0.join()
+    assert "error" not in out0, out0
+
+    with pytest.raises(tern.Error) as e:
+        restarted.rebase()
+    assert e.value.code == tern.Code.MISMATCH and "new publisher" in str(e.value), str(e.value)
+    wrong = tern.Publisher(rank=0, world_size=2, board=root.admin_address, token="wrong",
+                           layout=w, shards=_ROWS[0])
+    with pytest.raises(tern.Error) as e:
+        wrong.rebase()
+    assert e.value.code == tern.Code.AUTH and wrong.version == 0, str(e.value)
+
+    pubs = [_rank_publisher(root, w, 0), restarted]
+    assert pubs[0].rebase() == 2 and pubs[0].version == 2
+    w3 = step(w2, 0.02, 63, names=("layer.0.weight", "norm.weight"))
+    threads = [_in_thread(lambda r=r: pubs[r].publish(3, _mine(r, w3))) for r in range(2)]
+    for t, out in threads:
+        t.join()
+        assert "error" not in out, out
+    wait_served(member, 3)
+    got = sub.next(timeout_s=30)
+    while got.version < 3:
+        got = sub.next(timeout_s=30)
+    for name, t in w3.items():
+        assert got.tensor(name).contiguous().view(torch.uint8).equal(t.contiguous().view(torch.uint8)), name
 
 
 def _rank_job(root, version, rank):
