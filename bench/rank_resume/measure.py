@@ -1,5 +1,7 @@
 """Times Publisher.resume of a 32 MiB part (BF16 rows, 1% changed) against
-the same rank's ordinary publish of the next version, on one machine
+the same rank's ordinary publish of the next version; then the same resume
+with the base fetched from the root (resume without a base, ABI 1.8) and a
+rebase alone (a restart between versions), on one machine
 (loopback root, plain TCP). Run from the repository root after the release build:
   PYTHONPATH=build/release/python .venv/bin/python bench/rank_resume/measure.py [WORKDIR]
 (docs/benchmarks.md, "Resuming a restarted rank")."""
@@ -54,7 +56,27 @@ with tern.Agent(root=True, listen="127.0.0.1:0", admin_listen="127.0.0.1:0", adm
     th.join()
     w3 = step(w2, 3)
     n_pub, pub_s = both(3, w3, p0, p1b)
+    # Version 4: rank 1 restarts again and resumes, its base fetched from the root.
+    w4 = step(w3, 4)
+    th = threading.Thread(target=lambda: p0.publish(4, mine(0, w4)))
+    th.start()
+    time.sleep(0.5)
+    p1c = pub(1)
+    t0 = time.monotonic()
+    n_root = p1c.resume(4, mine(1, w4))
+    root_s = time.monotonic() - t0
+    th.join()
+    # Rank 0 restarts between versions: the base alone, then version 5.
+    p0b = pub(0)
+    t0 = time.monotonic()
+    assert p0b.rebase() == 4
+    rebase_s = time.monotonic() - t0
+    n_pub5, pub5_s = both(5, step(w4, 5), p0b, p1c)
     print(f"resume of a 32 MiB part (v2, 1% changed): {resume_s:.3f} s, part {n_resume} bytes")
     print(f"ordinary publish of the next version (v3, 1% changed): {pub_s:.3f} s, part {n_pub} bytes")
     print(f"ratio resume / publish: {resume_s / pub_s:.2f}")
-    assert root.status().head == 3
+    print(f"resume with the base fetched from the root (v4): {root_s:.3f} s, part {n_root} bytes")
+    print(f"rebase alone (32 MiB from the root, at v4): {rebase_s:.3f} s "
+          f"({32 / rebase_s:.0f} MiB/s); the next publish (v5): {pub5_s:.3f} s, part {n_pub5} bytes")
+    print(f"ratio resume from the root / publish: {root_s / pub_s:.2f}")
+    assert root.status().head == 5
