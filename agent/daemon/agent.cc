@@ -68,11 +68,7 @@ void AgentImpl::LogSlowLockHolds() {
   log("the agent's", lock_watch_, &lock_logged_seq_);
   // A member makes its relay when it first joins (under mu_); Stop resets it
   // after this thread has ended.
-  const RelayNode* relay;
-  {
-    MutexLock lock(mu_);
-    relay = relay_.get();
-  }
+  const RelayNode* relay = RelayNow();
   if (relay) log("the relay's", relay->lock_watch(), &relay_lock_logged_seq_);
 }
 
@@ -233,11 +229,7 @@ ConnectionHandlers AgentImpl::Accept(std::shared_ptr<Connection> conn, Transport
       } else if (type >= 0x01 && type <= 0x3F && opt_.root && via == opt_.transport) {
         st->mode = State::kControl;
       } else if (type >= 0x40 && type <= 0x7F) {
-        RelayNode* relay = nullptr;
-        {
-          MutexLock g(mu_);
-          relay = relay_.get();
-        }
+        RelayNode* relay = RelayNow();
         if (relay) {
           st->data = relay->ChildAcceptor(via)(conn);
           st->mode = State::kData;

@@ -317,6 +317,11 @@ class AgentImpl final : public Agent {
     LinkTotals totals;
   };
   RelayFigures ReadRelayFigures() EXCLUDES(mu_);
+  // The relay, or null before it is made. It is made under mu_
+  // (EnsureRelay) and reset only after the agent's threads end, so the
+  // pointer stays good for the calling thread without mu_: callers use it
+  // after releasing mu_, since the relay's calls take its own lock.
+  RelayNode* RelayNow() const EXCLUDES(mu_);
   Heartbeat MakeHeartbeatLocked(const RelayFigures& relay) REQUIRES(mu_);
   // A patch of `format` over a view of view_bytes was applied in apply_s,
   // onto a prepared spare or not.

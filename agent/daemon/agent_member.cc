@@ -813,23 +813,20 @@ std::vector<ObjectRef> AgentImpl::ForgetOldObjectsLocked(uint64_t served, uint64
 
 void AgentImpl::ForgetObjects(const std::vector<ObjectRef>& refs) {
   if (refs.empty()) return;
-  RelayNode* relay;
-  {
-    MutexLock lock(mu_);
-    relay = relay_.get();  // relay_held_ had these: the relay exists
-  }
+  RelayNode* relay = RelayNow();  // relay_held_ had these: the relay exists
   for (const ObjectRef& ref : refs) {
     if (relay) relay->Forget(ref);
     if (!opt_.root) env_.RemoveFile(objects_dir_ + "/" + ObjectName(ref)).IgnoreError();
   }
 }
 
+RelayNode* AgentImpl::RelayNow() const {
+  MutexLock lock(mu_);
+  return relay_.get();
+}
+
 AgentImpl::RelayFigures AgentImpl::ReadRelayFigures() {
-  const RelayNode* relay;
-  {
-    MutexLock lock(mu_);
-    relay = relay_.get();  // made under mu_ (EnsureRelay); reset only after the threads end
-  }
+  const RelayNode* relay = RelayNow();
   RelayFigures f;
   if (relay) {
     f.links = relay->Stats();

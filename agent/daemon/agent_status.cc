@@ -365,11 +365,7 @@ std::string AgentImpl::MetricsText() const {
               v.last_served_s, l);
     }
   }
-  RelayNode* relay = nullptr;
-  {
-    MutexLock lock(mu_);
-    relay = relay_.get();
-  }
+  RelayNode* relay = RelayNow();
   if (relay) {
     for (const auto& l : relay->Stats()) {
       const Labels labels = {{"peer", l.peer}, {"role", l.parent ? "parent" : "child"},
