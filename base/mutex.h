@@ -8,11 +8,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/thread_annotations.h"
@@ -101,6 +103,18 @@ class CAPABILITY("mutex") Mutex {
     if (watch_) watch_->Taken(at);
     return true;
   }
+  // TryLock, asked again every 5 ms until `wait` has passed. Hold the
+  // taken mutex with MutexLock(mu, AdoptLock{}) so that an exception
+  // releases it.
+  bool TryLockFor(std::chrono::milliseconds wait, LockSite at = LockSite::Here())
+      TRY_ACQUIRE(true) NO_THREAD_SAFETY_ANALYSIS {
+    const auto give_up = std::chrono::steady_clock::now() + wait;
+    while (!TryLock(at)) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
   void Unlock() RELEASE() {
     if (watch_) watch_->Released();
     mu_.unlock();
@@ -119,11 +133,16 @@ class CAPABILITY("mutex") Mutex {
 
 // Holds a Mutex for its scope. Unlock/Lock in between release and retake it
 // (the analysis follows both).
+// MutexLock's tag for a mutex the caller holds already (a TryLock that
+// succeeded): the lock releases it at the end of its scope.
+struct AdoptLock {};
+
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu, LockSite at = LockSite::Here()) ACQUIRE(mu) : mu_(mu) {
     mu_.Lock(at);
   }
+  MutexLock(Mutex& mu, AdoptLock) REQUIRES(mu) : mu_(mu) {}
   ~MutexLock() RELEASE() {
     if (held_) mu_.Unlock();
   }

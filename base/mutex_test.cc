@@ -52,9 +52,10 @@ TEST(LockWatch, AHolderThatComputesIsOnACpu) {
   EXPECT_GT(s.longest.cpu_us, 0u);
 }
 
-// TryLock fails while another thread holds the mutex, takes it once free,
-// and a watched hold taken by it is counted like Lock's.
-TEST(LockWatch, TryLockTakesOnlyAFreeMutexAndItsHoldIsWatched) {
+// TryLock and TryLockFor fail while another thread holds the mutex (the
+// latter after its wait), take it once free, and a watched hold taken by
+// them and adopted by a MutexLock is counted like Lock's and released.
+TEST(LockWatch, TryLockTakesOnlyAFreeMutexAndItsAdoptedHoldIsWatched) {
   LockWatch watch(/*slow_us=*/20'000);
   Mutex mu;
   mu.Watch(&watch);
@@ -66,10 +67,17 @@ TEST(LockWatch, TryLockTakesOnlyAFreeMutexAndItsHoldIsWatched) {
   });
   while (!held) std::this_thread::sleep_for(milliseconds(1));
   EXPECT_FALSE(mu.TryLock());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(mu.TryLockFor(milliseconds(30)));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(30));
   release = true;
   holder.join();
+  ASSERT_TRUE(mu.TryLockFor(milliseconds(30)));
+  {
+    MutexLock adopted(mu, AdoptLock{});  // releases it
+    std::this_thread::sleep_for(milliseconds(30));
+  }
   ASSERT_TRUE(mu.TryLock());
-  std::this_thread::sleep_for(milliseconds(30));
   mu.Unlock();
   const LockWatch::Stats s = watch.Read();
   ASSERT_GE(s.slow_holds, 1u);

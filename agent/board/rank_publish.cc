@@ -325,11 +325,21 @@ Status RankPublisher::ResumeFrom(uint64_t base_version, const FillFn& fill) {
   for (size_t k = 0; k < st.shards.size(); ++k) {
     State::Shard& s = st.shards[k];
     const TensorDesc& d = st.layout[s.tensor];
-    Status filled = fill(d, s.range, std::span<uint8_t>(s.prev));
-    if (!filled.ok()) {
-      // Back to the zero view it held: what was filled is no one's bytes.
+    // Back to the zero view it held when a fill fails or throws: what was
+    // filled is no one's bytes.
+    auto zero_filled = [&] {
       for (size_t j = 0; j <= k; ++j)
         std::fill(st.shards[j].prev.begin(), st.shards[j].prev.end(), 0);
+    };
+    Status filled;
+    try {
+      filled = fill(d, s.range, std::span<uint8_t>(s.prev));
+    } catch (...) {
+      zero_filled();
+      throw;
+    }
+    if (!filled.ok()) {
+      zero_filled();
       return filled;
     }
     const uint64_t first = s.range.first_element;

@@ -275,27 +275,24 @@ AdminRoute AgentImpl::ViewRowsRoute() {
 AdminResponse AgentImpl::ViewRows(const AdminRequest& req) {
   auto request = ParseViewRowsRequest(req);
   if (!request.ok()) return TextAnswer(400, request.status().message());
-  const auto give_up =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(kViewRowsWaitMs);
-  while (true) {
-    if (publish_mu_.TryLock()) {
-      Result<std::string> rows = TERN_ERROR(kInternal, "");
-      OpenOptions open;
-      open.env = &env_;
-      auto current = Checkpoint::Open(store_->current_path(), open);
-      if (!current.ok())
-        rows = current.status().WithContext("view rows: the root's served view");
-      else
-        rows = ReadViewRows((*current)->view(), store_->version(), *request);
-      publish_mu_.Unlock();
-      if (!rows.ok()) return TextAnswer(ViewRowsHttpStatus(rows.status()), rows.status().message());
-      return AdminResponse{200, "application/octet-stream", std::move(rows).value()};
-    }
-    if (std::chrono::steady_clock::now() >= give_up)
-      return TextAnswer(
-          503, "view rows: the root is publishing a version (its view is changing); ask again");
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!publish_mu_.TryLockFor(std::chrono::milliseconds(kViewRowsWaitMs)))
+    return TextAnswer(
+        503, "view rows: the root is publishing a version (its view is changing); ask again");
+  MutexLock publish_lock(publish_mu_, AdoptLock{});
+  // The version first: a mismatch needs no open of the view.
+  const uint64_t served = store_->version();
+  Result<std::string> rows = ReadViewRows(ServeView{}, served, *request);
+  if (served == request->version) {
+    OpenOptions open;
+    open.env = &env_;
+    auto current = Checkpoint::Open(store_->current_path(), open);
+    rows = current.ok()
+               ? ReadViewRows((*current)->view(), served, *request)
+               : Result<std::string>(current.status().WithContext("view rows: the root's view"));
   }
+  publish_lock.Unlock();
+  if (!rows.ok()) return TextAnswer(ViewRowsHttpStatus(rows.status()), rows.status().message());
+  return AdminResponse{200, "application/octet-stream", std::move(rows).value()};
 }
 
 void AgentImpl::CloseRankParts() {

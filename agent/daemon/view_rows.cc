@@ -134,13 +134,22 @@ Result<std::pair<uint64_t, uint64_t>> RootVersions(const std::string& address,
                                                    const agent::AdminClientOptions& o) {
   TERN_ASSIGN_OR_RETURN(std::string reply, agent::AdminGet(address, "/status", o));
   const nlohmann::json j = nlohmann::json::parse(reply, nullptr, false);
-  TERN_REQUIRE(j.is_object() && j.value("role", "") == "root", kInvalidArgument,
-               "rank base: ", address, " is not a root's admin port (its status says role ",
-               j.is_object() ? j.value("role", "?") : "?", ")");
+  const std::string role = j.is_object() && j.contains("role") && j["role"].is_string()
+                               ? j["role"].get<std::string>().substr(0, 40)
+                               : "?";
+  TERN_REQUIRE(role == "root", kInvalidArgument, "rank base: ", address,
+               " is not a root's admin port (its status says role ", role, ")");
   TERN_REQUIRE(j.contains("head") && j["head"].is_number_unsigned() &&
                    j.contains("served_version") && j["served_version"].is_number_unsigned(),
                kProtocol, "rank base: the root's status has no head and served_version");
   return std::make_pair(j["head"].get<uint64_t>(), j["served_version"].get<uint64_t>());
+}
+
+// A request worth asking again: the root busy (503: publishing, or its
+// port full), slow, or not answering; not its 500 (a lasting failure).
+bool AskAgain(const Status& s) {
+  if (s.code() == Code::kTimeout) return true;
+  return s.code() == Code::kUnavailable && s.message().find(": 500") == std::string::npos;
 }
 
 // Sleeps `*pause_ms` (then doubles it, up to 500 ms) unless that would
@@ -160,8 +169,11 @@ Result<uint64_t> FetchRankBaseInPieces(const std::string& admin_address, RankPub
                                        const AgentClientOptions& options, uint64_t piece_bytes) {
   TERN_REQUIRE(piece_bytes >= 1 && piece_bytes <= kMaxViewRowsBytes, kInvalidArgument,
                "rank base: pieces of 1..", kMaxViewRowsBytes, " bytes");
+  TERN_REQUIRE(publisher.version() == 0, kMismatch, "rank base: the publisher holds version ",
+               publisher.version(), "; only a new one (that has committed nothing) fetches a base");
   const auto deadline = SteadyClock::now() + std::chrono::milliseconds(options.timeout_ms);
-  AdminClientOptions request = AdminRequestOf(options);
+  const AdminClientOptions status_request = AdminRequestOf(options);
+  AdminClientOptions request = status_request;
   request.max_reply_bytes = piece_bytes + 4096;
   const std::string waited = " within the client's " + std::to_string(options.timeout_ms) + " ms";
   // A version the root published between two pieces is refused by the
@@ -172,16 +184,21 @@ Result<uint64_t> FetchRankBaseInPieces(const std::string& admin_address, RankPub
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     uint64_t head = 0;
     for (uint32_t pause_ms = 20;;) {
-      TERN_ASSIGN_OR_RETURN(auto versions,
-                            RootVersions(admin_address, UntilDeadline(request, deadline)));
-      head = versions.first;
+      auto versions = RootVersions(admin_address, UntilDeadline(status_request, deadline));
+      if (!versions.ok()) {
+        // A whole job restarting: many ranks ask at once, past the port's
+        // connections (503) or workers; ask again until the deadline.
+        if (AskAgain(versions.status()) && PauseBefore(deadline, &pause_ms)) continue;
+        return versions.status().WithContext("rank base: the root's status");
+      }
+      head = versions->first;
       if (head == 0) return uint64_t{0};  // an empty board: the zero view it holds is HEAD's
-      if (versions.second == head) break;
+      if (versions->second == head) break;
       // Applying HEAD to its own view (a moment), or a root that took the
       // board over and has published nothing since (until it does).
       if (!PauseBefore(deadline, &pause_ms))
         return TERN_ERROR(kUnavailable, "rank base: the root at ", admin_address,
-                          " serves version ", versions.second, ", not HEAD ", head, waited,
+                          " serves version ", versions->second, ", not HEAD ", head, waited,
                           " (it took the board over and has published nothing since): resume "
                           "from a member's slot of version ",
                           head);
@@ -202,6 +219,10 @@ Result<uint64_t> FetchRankBaseInPieces(const std::string& admin_address, RankPub
             r.first = range.first_element + done;
             r.count = std::min(per_piece, range.element_count - done);
             const std::string path = ViewRowsPath(r);
+            // The admin client sends at most 1000 bytes of path and query.
+            TERN_REQUIRE(path.size() <= 1000, kInvalidArgument, "rank base: the name of tensor ",
+                         d.name.substr(0, 200), " is too long to ask the root for (", path.size(),
+                         " bytes of query, percent-encoded; at most 1000)");
             const std::string what = "rank base: " + d.name.substr(0, 200) + " elements [" +
                                      std::to_string(r.first) + ", +" + std::to_string(r.count) +
                                      ") of version " + std::to_string(head) + " from " +
@@ -210,8 +231,7 @@ Result<uint64_t> FetchRankBaseInPieces(const std::string& admin_address, RankPub
             bool busy = false;
             for (uint32_t pause_ms = 20;;) {
               piece = AdminGet(admin_address, path, UntilDeadline(request, deadline));
-              const Code c = piece.status().code();
-              if (piece.ok() || (c != Code::kUnavailable && c != Code::kTimeout)) break;
+              if (piece.ok() || !AskAgain(piece.status())) break;
               // The root is publishing (503: its view is changing) or slow to
               // answer: ask again until the deadline.
               busy = busy || piece.status().message().find("publishing") != std::string::npos;

@@ -431,6 +431,8 @@ TEST_F(AgentRankPublishTest, RestartedRanksFetchTheirBaseFromTheRoot) {
   EXPECT_NE(member.status().message().find("is not a root's admin port"), std::string::npos)
       << member.status().ToString();
   EXPECT_EQ(refused->version(), 0u);
+  auto used = FetchRankBase(admin, *ranks_[0], client);  // it committed version 1
+  EXPECT_EQ(used.status().code(), Code::kMismatch) << used.status().ToString();
 
   // Version 2: rank 0's part waits at the root; rank 1 comes back, fetches
   // version 1's rows in 16 KiB pieces and resumes.
@@ -499,6 +501,12 @@ TEST_F(AgentRankPublishTest, AFetchDuringALongPublishWaitsThenSaysTheRootWasPubl
   env->Close();
   const std::string v2 = NextStep();
   auto publish = std::async(std::launch::async, [&] { return root_->Publish(v2, 2); });
+  // Destroyed before `publish`, whose destructor waits for the publish: a
+  // failed assertion below must not leave it held.
+  struct OpenAtExit {
+    HeldPublishEnv* env;
+    ~OpenAtExit() { env->Open(); }
+  } open_at_exit{env};
   ASSERT_TRUE(WaitFor([&] { return env->held(); }, 60)) << "the publish never reached its sync";
   AgentClientOptions client;
   client.token = "rank-token";

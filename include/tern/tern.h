@@ -664,20 +664,26 @@ TERN_API tern_code tern_rank_publisher_resume(tern_rank_publisher* publisher, te
 /* ABI 1.8. A new publisher (one that has committed nothing; else
  * TERN_MISMATCH) rebuilds its previous view from the root behind `client`:
  * this rank's shards of the root's HEAD, fetched over its admin port
- * (GET /view/rows with the client's token, in pieces of at most 8 MiB
- * written straight into the previous view: no second copy). For a rank
- * whose process restarted between versions; afterwards encode and send
- * the next version as usual. *base_version (may be NULL): the version
- * fetched, 0 on an empty board (the zero view stays). A version the root
- * publishes while the pieces are fetched starts the fetch again at the new
- * HEAD (TERN_MISMATCH after four tries); a root busy publishing is asked
- * again until the client's timeout_ms (TERN_TIMEOUT), as is a root applying
- * HEAD to its own view; TERN_UNAVAILABLE when it serves another version
- * than HEAD until then (it took the board over and has published nothing
- * since: resume from a member's slot with tern_rank_publisher_resume). TERN_AUTH for a missing or
- * wrong token. Any failure leaves the publisher as it was (version 0, the zero view). The root
- * checks the bytes against its digest when the next part arrives, as it checks every base.
- * Serialized with the publisher's other calls; any thread. */
+ * (GET /view/rows with the client's token, one request per piece of at
+ * most 8 MiB, each copied into the previous view as it arrives: the
+ * shards are never held twice). For a rank whose process restarted
+ * between versions; afterwards encode and send the next version as
+ * usual. *base_version (may be NULL): the version fetched, 0 on an empty
+ * board (the zero view stays). A version the root publishes while the
+ * pieces are fetched starts the fetch again at the new HEAD (TERN_MISMATCH
+ * after four tries). A root busy publishing, or too busy to answer (many
+ * ranks restarting at once), is asked again until the client's timeout_ms
+ * (TERN_TIMEOUT), as is a root applying HEAD to its own view;
+ * TERN_UNAVAILABLE when it serves another version than HEAD until then (it
+ * took the board over and has published nothing since: resume from a
+ * member's slot with tern_rank_publisher_resume; with the default timeout
+ * that is 10 minutes of asking). TERN_AUTH for a missing or wrong token;
+ * TERN_INVALID_ARGUMENT when the root refuses a piece (its layout differs
+ * from the publisher's; the message says how) or `client` is not a root's
+ * port. Any failure leaves the publisher as it was (version 0, the zero
+ * view). The root checks the bytes against its digest when the next part
+ * arrives, as it checks every base. Serialized with the publisher's other
+ * calls; any thread. */
 TERN_API tern_code tern_rank_publisher_rebase(tern_rank_publisher* publisher, tern_client* client,
                                               uint64_t* base_version);
 

@@ -361,7 +361,7 @@ class Publisher:
         """On a new Publisher (one that has published nothing) of a rank
         whose process restarted between versions: fetches this rank's rows
         of HEAD from the root (its admin port, with the token; in pieces of
-        at most 8 MiB written straight into the previous view) and returns
+        at most 8 MiB, each copied into the previous view as it arrives) and returns
         HEAD, 0 on an empty board. Then `publish` the next version as
         usual. Error(MISMATCH) on a Publisher that has published, or when
         HEAD kept moving while the rows were fetched; Error(UNAVAILABLE)
