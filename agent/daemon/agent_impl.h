@@ -444,6 +444,13 @@ class AgentImpl final : public Agent {
   // Version -> members not yet serving it.
   std::map<uint64_t, std::set<std::string>> waiting_ GUARDED_BY(mu_);
   Mutex publish_mu_ ACQUIRED_BEFORE(mu_);  // one publish at a time (not mu_: it takes seconds)
+  // GET /view/rows' opened view of the version the root serves, opened
+  // once per version rather than per request (a header parse per request
+  // made a rank that owns slices of n tensors pay O(n) per range, O(n^2)
+  // in all); dropped before the root's view changes (ServeOwnLocked), so
+  // it never holds a slot that is being rewritten, nor an old one's files.
+  std::unique_ptr<Checkpoint> rows_view_ GUARDED_BY(publish_mu_);
+  uint64_t rows_view_version_ GUARDED_BY(publish_mu_) = 0;
   // Publishing from ranks (agent_ranks.cc): the version being gathered.
   // ranks_mu_ is never held with publish_mu_ (the committing caller lets go
   // of it first), so it has no order against it.

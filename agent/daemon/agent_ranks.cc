@@ -283,12 +283,19 @@ AdminResponse AgentImpl::ViewRows(const AdminRequest& req) {
   const uint64_t served = store_->version();
   Result<std::string> rows = ReadViewRows(ServeView{}, served, *request);
   if (served == request->version) {
-    OpenOptions open;
-    open.env = &env_;
-    auto current = Checkpoint::Open(store_->current_path(), open);
-    rows = current.ok()
-               ? ReadViewRows((*current)->view(), served, *request)
-               : Result<std::string>(current.status().WithContext("view rows: the root's view"));
+    if (!rows_view_ || rows_view_version_ != served) {
+      rows_view_.reset();
+      OpenOptions open;
+      open.env = &env_;
+      auto current = Checkpoint::Open(store_->current_path(), open);
+      if (current.ok()) {
+        rows_view_ = std::move(current).value();
+        rows_view_version_ = served;
+      } else {
+        rows = current.status().WithContext("view rows: the root's view");
+      }
+    }
+    if (rows_view_) rows = ReadViewRows(rows_view_->view(), served, *request);
   }
   publish_lock.Unlock();
   if (!rows.ok()) return TextAnswer(ViewRowsHttpStatus(rows.status()), rows.status().message());

@@ -831,6 +831,7 @@ Status AgentImpl::ServeOwnLocked(uint64_t version, const PublishResult& result,
                                  const std::optional<ObjectRef>& patch,
                                  const std::string& seed_checkpoint,
                                  const std::vector<SlotFile>& slot_files) {
+  rows_view_.reset();  // GET /view/rows opens the new view when asked
   if ((store_->version() == 0 || !patch) && !seed_checkpoint.empty())
     return store_->Seed(seed_checkpoint, version, result.manifest.target_digest, slot_files,
                         result.manifest.epoch);
