@@ -549,19 +549,10 @@ class RankPublisher {
   // pointers into buffers tern/_core.py keeps alive for the call. Returns
   // the part's size on the wire.
   uint64_t Publish(uint64_t version, const py::list& shards) {
-    std::vector<std::string> names;
-    std::vector<tern_shard> given;
-    ReadShards(shards, true, &names, &given);
-    uint64_t part_bytes = 0;
-    tern_code code;
-    {
-      py::gil_scoped_release release;
-      code = tern_rank_publisher_encode(publisher_, version, given.empty() ? nullptr : given.data(),
-                                        given.size(), &part_bytes);
-      if (code == TERN_OK) code = tern_rank_publisher_send(publisher_, client_);
-    }
-    Check(code);
-    return part_bytes;
+    return WithShards(shards, [&](const tern_shard* given, size_t count, uint64_t* part_bytes) {
+      tern_code code = tern_rank_publisher_encode(publisher_, version, given, count, part_bytes);
+      return code == TERN_OK ? tern_rank_publisher_send(publisher_, client_) : code;
+    });
   }
   // A restarted rank's part of `version` (tern_rank_publisher_resume):
   // `base` its shards as of base_version (empty with base_version 0: the
@@ -599,6 +590,18 @@ class RankPublisher {
   // A restarted rank's part of `version`, its base fetched from the root
   // (tern_rank_publisher_resume_from_root).
   uint64_t ResumeFromRoot(uint64_t version, const py::list& shards) {
+    return WithShards(shards, [&](const tern_shard* given, size_t count, uint64_t* part_bytes) {
+      return tern_rank_publisher_resume_from_root(publisher_, client_, version, given, count,
+                                                  part_bytes);
+    });
+  }
+  uint64_t Version() { return tern_rank_publisher_version(publisher_); }
+
+ private:
+  // Reads `shards` (as for Publish), runs call(shards, count, &part_bytes)
+  // with the GIL released, raises its error, and returns the part's size.
+  template <class Call>
+  static uint64_t WithShards(const py::list& shards, Call call) {
     std::vector<std::string> names;
     std::vector<tern_shard> given;
     ReadShards(shards, true, &names, &given);
@@ -606,16 +609,11 @@ class RankPublisher {
     tern_code code;
     {
       py::gil_scoped_release release;
-      code = tern_rank_publisher_resume_from_root(publisher_, client_, version,
-                                                  given.empty() ? nullptr : given.data(),
-                                                  given.size(), &part_bytes);
+      code = call(given.empty() ? nullptr : given.data(), given.size(), &part_bytes);
     }
     Check(code);
     return part_bytes;
   }
-  uint64_t Version() { return tern_rank_publisher_version(publisher_); }
-
- private:
   static void ReadShards(const py::list& list, bool data, std::vector<std::string>* names,
                          std::vector<tern_shard>* out) {
     const size_t n = list.size();

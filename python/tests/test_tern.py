@@ -469,14 +469,9 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
     sub = tern.Subscriber(member)
     w = model(51)
     publisher = functools.partial(_rank_publisher, root, w)
-    mine = _mine
-    in_thread = _in_thread
 
     pubs = [publisher(0), publisher(1)]
-    threads = [in_thread(lambda r=r: pubs[r].publish(1, mine(r, w))) for r in range(2)]
-    for t, out in threads:
-        t.join()
-        assert "error" not in out, out
+    _publish_all(pubs, 1, w)
     wait_served(member, 1)
     served = sub.next(timeout_s=30)
     assert served.version == 1
@@ -484,24 +479,24 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
     # Version 2: rank 0's part is sent and waits; rank 1's process died
     # before sending and comes back with a new publisher.
     w2 = step(w, 0.02, 52, names=("layer.0.weight", "layer.1.weight"))
-    t0, out0 = in_thread(lambda: pubs[0].publish(2, mine(0, w2)))
+    t0, out0 = _in_thread(lambda: pubs[0].publish(2, _mine(0, w2)))
     deadline = time.monotonic() + 30
     while not _rank_job(root, 2, 0):
         assert time.monotonic() < deadline, "rank 0's part never reached the root"
         time.sleep(0.02)
     restarted = publisher(1)
     with pytest.raises(tern.Error) as e:  # without resuming, its zero view is not HEAD's
-        publisher(1).resume(2, mine(1, w2), base_version=0, base=None)
+        publisher(1).resume(2, _mine(1, w2), base_version=0, base=None)
     assert e.value.code == tern.Code.MISMATCH, str(e.value)
     # A base that is not HEAD's bytes (here the new version's own): the
     # root knows the terms rank 1's part of version 1 committed and refuses
     # it before it joins; rank 0's part still waits.
     with pytest.raises(tern.Error) as e:
-        publisher(1).resume(2, mine(1, w2), base_version=1, base=mine(1, w2))
+        publisher(1).resume(2, _mine(1, w2), base_version=1, base=_mine(1, w2))
     assert e.value.code == tern.Code.MISMATCH and "is not version 1's bytes" in str(e.value), str(e.value)
     assert t0.is_alive() and _rank_job(root, 2, 0)
     base = {n: served.tensor(n) for n in _ROWS[1]}
-    size = restarted.resume(2, mine(1, w2), base_version=1, base=mine(1, base))
+    size = restarted.resume(2, _mine(1, w2), base_version=1, base=_mine(1, base))
     assert size > 0 and restarted.version == 2
     t0.join()
     assert "error" not in out0, out0
@@ -513,19 +508,19 @@ def test_publisher_resume_after_a_rank_restarts(fleet):
 
     # Refusals take nothing. A version nobody gathers:
     with pytest.raises(tern.Error) as e:
-        publisher(1).resume(3, mine(1, w2), base_version=2, base=mine(1, w2))
+        publisher(1).resume(3, _mine(1, w2), base_version=2, base=_mine(1, w2))
     assert e.value.code == tern.Code.MISMATCH and "not being gathered" in str(e.value), str(e.value)
     # Other bytes for rank 0, whose part of version 3 is being gathered:
     w3 = step(w2, 0.02, 53, names=("layer.0.weight",))
-    t0, out0 = in_thread(lambda: pubs[0].publish(3, mine(0, w3)))
+    t0, out0 = _in_thread(lambda: pubs[0].publish(3, _mine(0, w3)))
     deadline = time.monotonic() + 30
     while not _rank_job(root, 3, 0):
         assert time.monotonic() < deadline, "rank 0's part never reached the root"
         time.sleep(0.02)
     with pytest.raises(tern.Error) as e:
-        publisher(0).resume(3, mine(0, w2), base_version=2, base=mine(0, w2))
+        publisher(0).resume(3, _mine(0, w2), base_version=2, base=_mine(0, w2))
     assert e.value.code == tern.Code.MISMATCH and "wait for the version" in str(e.value), str(e.value)
-    assert restarted.publish(3, mine(1, w3)) > 0  # rank 1 as usual: 3 commits with rank 0's part
+    assert restarted.publish(3, _mine(1, w3)) > 0  # rank 1 as usual: 3 commits with rank 0's part
     t0.join()
     assert "error" not in out0, out0
     wait_served(member, 3)
@@ -564,6 +559,16 @@ def _in_thread(call):
     return t, out
 
 
+def _publish_all(pubs, version, weights):
+    """Every rank publishes its rows of `weights` as `version`, each from a
+    thread of its own; asserts none failed."""
+    threads = [_in_thread(lambda p=p, r=r: p.publish(version, _mine(r, weights)))
+               for r, p in enumerate(pubs)]
+    for t, out in threads:
+        t.join()
+        assert "error" not in out, out
+
+
 def _wait_rank_job(root, version, rank):
     deadline = time.monotonic() + 30
     while not _rank_job(root, version, rank):
@@ -583,10 +588,7 @@ def test_restarted_ranks_fetch_their_base_from_the_root(fleet):
     w = model(61)
     pubs = [_rank_publisher(root, w, 0), _rank_publisher(root, w, 1)]
     assert pubs[1].rebase() == 0  # an empty board: the zero view is HEAD's
-    threads = [_in_thread(lambda r=r: pubs[r].publish(1, _mine(r, w))) for r in range(2)]
-    for t, out in threads:
-        t.join()
-        assert "error" not in out, out
+    _publish_all(pubs, 1, w)
 
     w2 = step(w, 0.02, 62, names=("layer.0.weight", "layer.1.weight"))
     t0, out0 = _in_thread(lambda: pubs[0].publish(2, _mine(0, w2)))
@@ -608,10 +610,7 @@ def test_restarted_ranks_fetch_their_base_from_the_root(fleet):
     pubs = [_rank_publisher(root, w, 0), restarted]
     assert pubs[0].rebase() == 2 and pubs[0].version == 2
     w3 = step(w2, 0.02, 63, names=("layer.0.weight", "norm.weight"))
-    threads = [_in_thread(lambda r=r: pubs[r].publish(3, _mine(r, w3))) for r in range(2)]
-    for t, out in threads:
-        t.join()
-        assert "error" not in out, out
+    _publish_all(pubs, 3, w3)
     wait_served(member, 3)
     got = sub.next(timeout_s=30)
     while got.version < 3:
