@@ -278,6 +278,11 @@ def run_tern(a, hosts, regions, steps, work):
             mach0 = machine_cpu_s()
             links0, drops0 = link_stats(a.state, regions)
             tcp0 = tcp_counters(hosts)
+            # The figures the root's format choice reads (its members' last
+            # heartbeats): each edge's rate and round trip as the child saw them.
+            figures = {m["id"]: dict(parent=m["parent"], rtt_to_parent_s=m["rtt_to_parent_s"],
+                                     rate_in_bytes_per_s=m["rate_in_bytes_per_s"],
+                                     last_apply_s=m["last_apply_s"]) for m in status()["members"]}
             t_start = time.time()
             # Polled while `tern publish` runs: members may hold the version
             # before the call returns (it returns after the root's own apply).
@@ -381,6 +386,7 @@ def run_tern(a, hosts, regions, steps, work):
                 # The root's format choice (docs/agent.md §6a) and its prediction.
                 patch_format=rv.get("patch_format"), format_reason=rv.get("format_reason"),
                 predicted_s={1: rv.get("predicted_f1_s"), 2: rv.get("predicted_f2_s")},
+                member_figures=figures,
                 load=os.getloadavg()[0]))
             print("tern version %d: %s %.3f MB format %s, ready %.3f s after publish was called (offered %.3f s "
                   "after ready; the call returned after %.3f s), last member %s %.3f s after ready; %d/%d verified; "
