@@ -7,7 +7,7 @@ Regions (one-way delays modelled on public cloud inter-region round trips;
 rates scaled to this 2-core machine, whose forwarder carries ~1.9 Gbit/s in
 all): the root alone in `us`; members in `ca` (20 ms RTT from us), `eu`
 (80 ms) and `ap` (150 ms), each with loss; hosts inside a region 0.5 ms apart,
-unshaped. --rtt-scale multiplies every delay.
+unshaped. --rtt-scale multiplies every delay, --rate-scale every WAN rate.
 
 Shapes: chain (one serving member per region), relay (N relay-only members
 spread over the three regions: publish -> the last member holding the
@@ -47,43 +47,52 @@ def members_per_region(shape, n):
     return {r: n // 3 + (1 if i < n % 3 else 0) for i, r in enumerate(MEMBER_REGIONS)}
 
 
-def wan_config(per_region, rtt_scale, seed):
+def scaled_mbit(mbit, rate_scale):
+    """A WAN link's rate under --rate-scale (whole Mbit/s, at least 1)."""
+    return max(1, int(round(mbit * rate_scale)))
+
+
+def wan_config(per_region, rtt_scale, seed, rate_scale=1.0):
     lines = ["mtu 1500", "cc bbr", "seed %d" % seed, "region us hosts=1"]
     lines += ["region %s hosts=%d" % (r, per_region[r]) for r in MEMBER_REGIONS]
     for (a, b), (ms, mbit, loss) in LINKS.items():
-        lines.append("link %s %s delay_ms=%g rate_mbit=%d loss_pct=%g" % (a, b, ms * rtt_scale, mbit, loss))
+        lines.append("link %s %s delay_ms=%g rate_mbit=%d loss_pct=%g" % (
+            a, b, ms * rtt_scale, scaled_mbit(mbit, rate_scale), loss))
     lines += ["link %s %s delay_ms=%g" % (r, r, LAN_ONE_WAY_MS) for r in MEMBER_REGIONS if per_region[r] > 1]
     return "\n".join(lines) + "\n"
 
 
-def bound(shipped, per_region, rtt_scale):
+def bound(shipped, per_region, rtt_scale, rate_scale=1.0):
     """Patch bytes over min(root uplink, each region's ingress, each island's
     downlink) + one-way latency to the farthest island."""
     regions = [r for r in MEMBER_REGIONS if per_region[r]]
-    rate_bit = min([LINKS[("us", r)][1] * 1e6 for r in regions] + [FORWARDER_GBIT * 1e9])
+    rate_bit = min([scaled_mbit(LINKS[("us", r)][1], rate_scale) * 1e6 for r in regions] + [FORWARDER_GBIT * 1e9])
     far_s = max(LINKS[("us", r)][0] * rtt_scale / 1e3 + (LAN_ONE_WAY_MS / 1e3 if per_region[r] > 1 else 0)
                 for r in regions)
     return shipped * 8 / rate_bit + far_s
 
 
-def sim_scenario(cfg, patch_bytes, changed, params, fmt):
+def sim_scenario(cfg, patch_bytes, changed, params, fmt, patch_format=2):
     per = cfg["per_region"]
-    appliers = 0 if cfg["shape"] == "relay" else sum(per.values())
     regions = [{"name": "us", "islands": 0, "clusters": 1, "island_downlink_gbit_s": FORWARDER_GBIT,
                 "one_way_ms": LAN_ONE_WAY_MS}]
     regions += [{"name": r, "islands": per[r], "clusters": max(per[r], 1), "island_downlink_gbit_s": FORWARDER_GBIT,
                  "one_way_ms": LAN_ONE_WAY_MS} for r in MEMBER_REGIONS]
-    links = [{"a": a, "b": b, "rate_gbit_s": mbit / 1e3, "one_way_ms": ms * cfg["rtt_scale"], "loss": loss / 100}
+    links = [{"a": a, "b": b, "rate_gbit_s": scaled_mbit(mbit, cfg.get("rate_scale", 1.0)) / 1e3,
+              "one_way_ms": ms * cfg["rtt_scale"], "loss": loss / 100}
              for (a, b), (ms, mbit, loss) in LINKS.items()]
     return {
         "name": "bench/fanout " + cfg["name"],
         "model": {"params": params, "format": "fp8" if fmt.startswith("fp8") else "bf16",
-                  "changed_fraction": changed, "patch_format": 2, "patch_bytes": patch_bytes},
+                  "changed_fraction": changed, "patch_format": patch_format, "patch_bytes": patch_bytes},
         "topology": {"root_region": "us", "root_uplink_gbit_s": FORWARDER_GBIT, "regions": regions, "links": links},
         "plan": {"fanout_max": 4, "root_fanout_max": 8, "stripes": 1},
         "transport": {"chunk_bytes": 0, "window_chunks": 16, "push_window_bytes": 2097152, "streams": 8,
                       "congestion": "bbr"},
-        "hosts": {"apply_cores": 2.0 / max(appliers, 1), "encode_cores": 1, "memcpy_gb_s_per_core": MACHINE_MEMCPY_GB_S,
+        # Each agent applies on a pool of this machine's 2 cores, and every
+        # member's apply shares those 2 (processor sharing in the simulator).
+        "hosts": {"apply_cores": 2.0, "shared_apply_cores": 2.0, "encode_cores": 1,
+                  "memcpy_gb_s_per_core": MACHINE_MEMCPY_GB_S,
                   "about": "the members that apply share this machine's 2 cores"},
         "versions": 1,
     }
@@ -111,10 +120,11 @@ def summarize(cfg, res, changed):
     kf = next((r for r in rows if r["keyframe"]), None)
     per = cfg["per_region"]
     shipped = median([r["shipped"] for r in patches])
-    b = bound(shipped, per, cfg["rtt_scale"]) if shipped else None
+    b = bound(shipped, per, cfg["rtt_scale"], cfg.get("rate_scale", 1.0)) if shipped else None
     last = median([r["last_disk"] for r in patches])
     s = dict(name=cfg["name"], shape=cfg["shape"], members=sum(per.values()), per_region=per,
-             rtt_scale=cfg["rtt_scale"], format=cfg["format"], patch_bytes=shipped,
+             rtt_scale=cfg["rtt_scale"], rate_scale=cfg.get("rate_scale", 1.0), format=cfg["format"],
+             patch_bytes=shipped,
              changed=median(changed) if changed else None,
              view_bytes=rows[0]["view"] if rows else None, bound_s=b, tern_last_s=last,
              tern_last_status_s=median([r["last_status"] for r in patches]),
@@ -164,7 +174,10 @@ def summarize(cfg, res, changed):
 def run_sim(a, cfg, s, work):
     if not a.sim or not s["patch_bytes"]:
         return
-    sc = sim_scenario(cfg, s["patch_bytes"], s["changed"] or 0.01, a.params_n, cfg["format"])
+    # The format the root wrote most (--patch-format auto chooses per version).
+    written = [v["patch_format"] for v in s.get("per_version", []) if v.get("patch_format") in (1, 2)]
+    patch_format = max(set(written), key=written.count) if written else 2
+    sc = sim_scenario(cfg, s["patch_bytes"], s["changed"] or 0.01, a.params_n, cfg["format"], patch_format)
     path = os.path.join(work, "sim-%s.json" % cfg["name"].replace(" ", "_"))
     with open(path, "w") as f:
         json.dump(sc, f, indent=1)
@@ -264,6 +277,8 @@ def main():
     ap.add_argument("--members", default="8 16 32", help="N for the relay shape")
     ap.add_argument("--full-members", default="8", help="N for the full shape (every member applies)")
     ap.add_argument("--rtt-scales", default="1", help="delay multipliers; each runs chain and relay N=16 too")
+    ap.add_argument("--rate-scale", type=float, default=1.0,
+                    help="multiplies every WAN link's rate (0.1: a bandwidth-bound tree, 200 Mbit/s -> 20)")
     ap.add_argument("--params", default="20M")
     ap.add_argument("--lr", default="2e-7", help="2e-7: ~1%% of BF16 values change per step at 20M")
     ap.add_argument("--versions", type=int, default=4, help="published versions (1: the keyframe)")
@@ -305,7 +320,7 @@ def main():
         configs = []
         scales = [float(x) for x in a.rtt_scales.split()]
         for sc in scales:
-            tag = "" if sc == 1 else " rtt x%g" % sc
+            tag = ("" if sc == 1 else " rtt x%g" % sc) + ("" if a.rate_scale == 1 else " rate x%g" % a.rate_scale)
             for shape in a.shapes.split():
                 ns = [0] if shape == "chain" else [int(n) for n in (a.full_members if shape == "full" else
                                                                     a.members).split()]
@@ -319,11 +334,13 @@ def main():
                     # on the same trace (the same versions).
                     for pf in a.patch_formats.split() or [""]:
                         configs.append(dict(name=name + tag + (" format %s" % pf if pf else ""), shape=shape, n=n,
-                                            rtt_scale=sc, format="bf16", patch_format=pf))
+                                            rtt_scale=sc, rate_scale=a.rate_scale, format="bf16",
+                                            patch_format=pf))
         if a.fp8 and "chain" in a.shapes.split():
             traces["fp8"] = (os.path.join(work, "trace-fp8"), datagen(a.tern, os.path.join(work, "trace-fp8"),
                                                                      a.params, a.versions - 1, a.fp8_lr, a.fp8))
-            configs.insert(1, dict(name="chain " + a.fp8, shape="chain", n=0, rtt_scale=1, format=a.fp8))
+            configs.insert(1, dict(name="chain " + a.fp8, shape="chain", n=0, rtt_scale=1, rate_scale=a.rate_scale,
+                                   format=a.fp8))
         for i, cfg in enumerate(configs):
             cfg["per_region"] = members_per_region(cfg["shape"], cfg["n"])
             cfg["versions"] = a.versions
@@ -332,7 +349,7 @@ def main():
             os.makedirs(cdir)
             conf = os.path.join(cdir, "wan.conf")
             with open(conf, "w") as f:
-                f.write(wan_config(cfg["per_region"], cfg["rtt_scale"], seed=1 + i))
+                f.write(wan_config(cfg["per_region"], cfg["rtt_scale"], seed=1 + i, rate_scale=cfg["rate_scale"]))
             prefix = subprocess.run([WAN, "up", conf], capture_output=True, text=True, check=True,
                                     env=env).stdout.strip().split()[-1]
             state = "/run/tern-wan/%s" % prefix

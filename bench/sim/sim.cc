@@ -404,6 +404,12 @@ Result<RunResult> Simulator::Run() {
   TERN_ASSIGN_OR_RETURN(r.view_bytes, ViewBytes(sc, m.costs));
   TERN_ASSIGN_OR_RETURN(r.patch_bytes, PatchBytes(sc, m.costs));
   r.apply_s = m.ApplySeconds(r.view_bytes);
+  // One island's apply in core-seconds, and the share of it left after the
+  // last byte (apply while receiving engages on a patch of several chunks).
+  const double apply_core_s = r.apply_s * sc.apply_cores;
+  const bool streamed =
+      sc.stream_apply && r.patch_bytes > static_cast<double>(m.ChunkBytes(r.patch_bytes));
+  const double apply_tail = streamed ? m.costs.stream_apply_tail : 1.0;
   r.encode_s = r.view_bytes *
                m.costs.encode_per_memcpy[sc.patch_format - 1].At(sc.changed_fraction) / m.Memcpy() /
                sc.encode_cores;
@@ -485,7 +491,9 @@ Result<RunResult> Simulator::Run() {
     std::unordered_map<std::string, std::vector<NodeStripe>> final_nodes;
     std::unordered_map<std::string, std::vector<uint32_t>> held;
     std::set<std::pair<uint32_t, std::string>> new_edges;
-    double t_restart = 0;
+    // The root offers the patch offer_delay_s after it is ready (its board
+    // record): every time below counts from ready.
+    double t_restart = m.costs.offer_delay_s;
     std::set<std::string> failed;
     for (;;) {
       // The next failure inside this version, if any (repairs wait).
@@ -542,6 +550,7 @@ Result<RunResult> Simulator::Run() {
     vr.first_holding_s = kInf;
     std::string last;
     uint32_t last_stripe = 0;
+    std::vector<ApplyJob> applies;
     for (const std::string& id : receivers) {
       if (failed.count(id)) continue;
       auto it = final_nodes.find(id);
@@ -556,10 +565,20 @@ Result<RunResult> Simulator::Run() {
       vr.first_holding_s = std::min(vr.first_holding_s, first);
       if (lastt > vr.last_holding_s || last.empty())
         vr.last_holding_s = lastt, last = id, last_stripe = ls;
+      // Its apply: the share left after the last byte (all of it for a
+      // patch of one chunk), the rest as the chunks arrive.
+      ApplyJob job;
+      job.release0 = first;
+      job.work0 = (1 - apply_tail) * apply_core_s;
+      job.release1 = lastt;
+      job.work1 = apply_tail * apply_core_s;
+      applies.push_back(job);
     }
     if (vr.islands == 0) vr.first_holding_s = 0;
-    vr.first_serving_s = vr.first_holding_s + r.apply_s;
-    vr.last_serving_s = vr.last_holding_s + r.apply_s;
+    const std::vector<double> served =
+        ApplyFinishTimes(applies, sc.apply_cores, sc.shared_apply_cores);
+    vr.first_serving_s = served.empty() ? 0 : *std::min_element(served.begin(), served.end());
+    vr.last_serving_s = served.empty() ? 0 : *std::max_element(served.begin(), served.end());
     vr.last_island = last;
     // The critical path: the last island's ancestors in its last stripe.
     const topology::Plan& p = m.plan();

@@ -137,6 +137,14 @@ Result<Costs> ParseCosts(const std::string& text) {
   TERN_REQUIRE(memcpy_gb > 0, kInvalidArgument, "costs: memcpy_gb_s_per_core must be > 0");
   c.memcpy_bytes_per_s = memcpy_gb * 1e9;
   TERN_RETURN_IF_ERROR(Measured(j, "http_efficiency", &c.http_efficiency));
+  TERN_RETURN_IF_ERROR(Measured(j, "stream_apply_tail_fraction", &c.stream_apply_tail));
+  TERN_REQUIRE(c.stream_apply_tail >= 0 && c.stream_apply_tail <= 1, kInvalidArgument,
+               "costs: stream_apply_tail_fraction must be in [0, 1]");
+  double offer_ms = 0;
+  TERN_RETURN_IF_ERROR(Measured(j, "offer_after_ready_ms", &offer_ms));
+  TERN_REQUIRE(offer_ms >= 0 && offer_ms < 1e6, kInvalidArgument,
+               "costs: offer_after_ready_ms out of range");
+  c.offer_delay_s = offer_ms / 1e3;
   TERN_REQUIRE(c.wan_efficiency > 0 && c.wan_efficiency <= 1 && c.lan_efficiency > 0 &&
                    c.lan_efficiency <= 1 && c.http_efficiency > 0 && c.http_efficiency <= 1,
                kInvalidArgument, "costs: efficiencies must be in (0, 1]");
@@ -238,6 +246,12 @@ Result<Scenario> ParseScenario(const std::string& text) {
   TERN_REQUIRE(s.apply_cores > 0 && s.encode_cores > 0, kInvalidArgument, "cores must be > 0");
   TERN_RETURN_IF_ERROR(Scaled(host, "memcpy_gb_s_per_core", 1e9, &s.memcpy_bytes_per_s));
   TERN_RETURN_IF_ERROR(Num(host, "relay_cores", &s.relay_cores, 0));
+  TERN_RETURN_IF_ERROR(Num(host, "shared_apply_cores", &s.shared_apply_cores, 0));
+  if (host.contains("stream_apply")) {
+    TERN_REQUIRE(host.at("stream_apply").is_boolean(), kInvalidArgument,
+                 "hosts.stream_apply is true or false");
+    s.stream_apply = host.at("stream_apply").get<bool>();
+  }
 
   TERN_RETURN_IF_ERROR(Int(j, "versions", &s.versions));
   TERN_REQUIRE(s.versions >= 1 && s.versions <= 100000, kInvalidArgument, "versions in 1..100000");

@@ -50,6 +50,13 @@ struct Costs {
   Curve encode_per_memcpy[2];
   double memcpy_bytes_per_s = 1e10;
   double http_efficiency = 1.0;  // baseline (a): one HTTP stream per island
+  // Apply while receiving: the share of a patch's apply left after its
+  // last byte when it comes in more than one chunk (the rest runs as its
+  // chunks arrive). 1: none of it overlaps.
+  double stream_apply_tail = 1.0;
+  // The root's time from a patch ready (written and signed) to its OFFER
+  // (the board record): every time the simulator reports counts from ready.
+  double offer_delay_s = 0;
 };
 
 struct RegionSpec {
@@ -108,6 +115,11 @@ struct Scenario {
   std::string congestion = "bbr";  // "bbr": not loss-bound; "cubic": Mathis per stream
   // Islands' CPU for apply (cores), the root's for encode.
   double apply_cores = 16;
+  // > 0: every island's apply shares this many cores (processor sharing), as
+  // on one machine that hosts the whole fleet (the WAN testbed); each apply
+  // still uses at most apply_cores. 0: every island has its own.
+  double shared_apply_cores = 0;
+  bool stream_apply = true;  // the agent's default (--no-stream-apply: false)
   double encode_cores = 32;
   double memcpy_bytes_per_s = 0;  // the hosts' memcpy per core; 0: the costs file's
   // Cores a relay spends forwarding: its sends are capped at

@@ -351,6 +351,59 @@ TEST(Sim, FluidSharesTheSourceMaxMin) {
   EXPECT_NEAR(FluidLastFinish(c, 100), 20.5, 1e-9);
 }
 
+TEST(Sim, AppliesShareTheirCoresByProcessorSharing) {
+  auto job = [](double r0, double w0, double r1, double w1) { return ApplyJob{r0, w0, r1, w1}; };
+  // Own cores: phase 1 starts at the later of its release and phase 0's end.
+  auto own = ApplyFinishTimes({job(0, 1, 2, 1), job(0, 3, 1, 1), job(0, 0, 0.5, 0)}, 1, 0);
+  EXPECT_DOUBLE_EQ(own[0], 3);    // phase 0 done at 1, phase 1 from 2
+  EXPECT_DOUBLE_EQ(own[1], 4);    // phase 0 outlasts the last byte
+  EXPECT_DOUBLE_EQ(own[2], 0.5);  // no work: serving at the last byte
+  // Three jobs on 2 shared cores, each allowed 2: 2/3 of a core each.
+  auto three = ApplyFinishTimes({job(0, 0, 0, 1), job(0, 0, 0, 1), job(0, 0, 0, 1)}, 2, 2);
+  for (double f : three) EXPECT_NEAR(f, 1.5, 1e-12);
+  // Staggered: A alone at 2 cores until B comes at 0.5 (1 core-s left),
+  // then one core each: A done at 1.5, B (1 core-s left) alone at 2 cores.
+  auto staggered = ApplyFinishTimes({job(0, 0, 0, 2), job(0, 0, 0.5, 2)}, 2, 2);
+  EXPECT_NEAR(staggered[0], 1.5, 1e-12);
+  EXPECT_NEAR(staggered[1], 2.0, 1e-12);
+  // A job that is not released holds no core: B runs alone meanwhile.
+  auto apart = ApplyFinishTimes({job(0, 0, 5, 1), job(0, 0, 0, 2)}, 2, 2);
+  EXPECT_NEAR(apart[0], 5.5, 1e-12);
+  EXPECT_NEAR(apart[1], 1.0, 1e-12);
+}
+
+TEST(Sim, ServingCountsTheApplyLeftAfterTheLastByte) {
+  // One island; a 1 GB view (0.5e9 params of BF16) whose apply costs one
+  // memcpy at 1 GB/s on one core: 1 core-second.
+  Costs c = IdealCosts();
+  c.apply_per_memcpy[1].points = {{0.01, 1.0}};
+  c.memcpy_bytes_per_s = 1e9;
+  c.stream_apply_tail = 0.4;
+  Scenario s = OneLink(100e6);  // 0.85 s on the link, 1 MiB chunks
+  s.params = 0.5e9;
+  s.format = "bf16";
+  s.patch_format = 2;
+  s.apply_cores = 1;
+  RunResult r = MustRun(s, c);
+  const VersionResult& v = r.versions[0];
+  EXPECT_NEAR(r.apply_s, 1.0, 1e-9);
+  // Streamed: 0.6 core-s while the chunks arrive (done before the last
+  // byte), 0.4 after it.
+  EXPECT_NEAR(v.last_serving_s, v.last_holding_s + 0.4, 1e-9);
+  s.stream_apply = false;  // --no-stream-apply: the whole apply after it
+  EXPECT_NEAR(MustRun(s, c).versions[0].last_serving_s, v.last_holding_s + 1.0, 1e-9);
+  // A patch of one chunk is applied whole after its last byte.
+  s.stream_apply = true;
+  s.patch_bytes = 1e5;
+  const VersionResult one = MustRun(s, c).versions[0];
+  EXPECT_NEAR(one.last_serving_s, one.last_holding_s + 1.0, 1e-9);
+  // The root offers offer_delay_s after ready: every time moves by it.
+  c.offer_delay_s = 0.007;
+  const VersionResult later = MustRun(s, c).versions[0];
+  EXPECT_NEAR(later.last_holding_s, one.last_holding_s + 0.007, 1e-9);
+  EXPECT_NEAR(later.last_serving_s, one.last_serving_s + 0.007, 1e-9);
+}
+
 TEST(Sim, BadInputsAreRefused) {
   EXPECT_FALSE(ParseScenario("[]").ok());
   EXPECT_FALSE(ParseScenario(R"({"topology": {"root_region": "x", "root_uplink_gbit_s": 1,
@@ -366,6 +419,18 @@ TEST(Sim, BadInputsAreRefused) {
   EXPECT_EQ(ok->root_uplink_bytes_per_s, 1e9);
   EXPECT_EQ(ok->plan.fanout_max, 2u);
   EXPECT_EQ(ok->failures.at.size(), 1u);
+  EXPECT_TRUE(ok->stream_apply);
+  EXPECT_EQ(ok->shared_apply_cores, 0);
+  auto shared = ParseScenario(R"({"topology": {"root_region": "a", "root_uplink_gbit_s": 8,
+      "regions": [{"name": "a", "islands": 2, "island_downlink_gbit_s": 8}]},
+      "hosts": {"apply_cores": 2, "shared_apply_cores": 2, "stream_apply": false}})");
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_EQ(shared->shared_apply_cores, 2);
+  EXPECT_FALSE(shared->stream_apply);
+  EXPECT_FALSE(ParseScenario(R"({"topology": {"root_region": "a", "root_uplink_gbit_s": 8,
+      "regions": [{"name": "a", "islands": 2, "island_downlink_gbit_s": 8}]},
+      "hosts": {"stream_apply": "yes"}})")
+                   .ok());
   // A region pair without a link cannot be planned over.
   Scenario s = OneLink(1e6);
   s.links.clear();
