@@ -149,7 +149,7 @@ void RelayNode::Impl::Handle(Event& e) {
       if (!link) return;
       const auto type = static_cast<DataType>(DataTypeOf(e.payload));
       if (link->parent && type == DataType::kHashes) return OnHashes(*link, e.payload);
-      if (link->parent && type == DataType::kPush) return OnPush(*link, e.payload);
+      if (link->parent && type == DataType::kPush) return OnPush(*link, e.payload, e.at_us);
       if (!link->parent && type == DataType::kPushDone) return OnPushDone(*link, e.payload);
       if (link->parent && type == DataType::kGone) {
         auto g = DecodeGone(e.payload);

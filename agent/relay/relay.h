@@ -141,8 +141,10 @@ struct LinkStats {
   uint64_t retries = 0;     // chunks sent again (transport kCorrupt)
   uint64_t bad_chunks = 0;  // chunks received that failed SHA-256
   // Parent links: bytes of the last completed object received here over the
-  // time from its OFFER to its completion (env clock; 0: none yet). With
-  // cut-through this is the rate the tree delivered, not the link's capacity.
+  // time from its OFFER (for a pushed object: from its PUSH's arrival,
+  // however late the worker got to the OFFER behind it) to its completion
+  // (env clock; 0: none yet). With cut-through this is the rate the tree
+  // delivered, not the link's capacity.
   double last_rate_in_bytes_per_s = 0;
 };
 

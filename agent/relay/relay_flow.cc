@@ -93,6 +93,7 @@ void RelayNode::Impl::OnOffer(Link& link, CheckedOffer& c) {
     fp.window_base = link.next_window_base;
     link.next_window_base += kMaxManifestChunks;  // ids never reused on this connection
     fp.cursor = link.stats.stripe;
+    // When its WANTs go out; a pushed object's bytes came sooner (MarkPushed).
     fp.offered_us = env.clock().NowUs();
     link.from.emplace(c.ref, std::move(fp));
   }

@@ -19,6 +19,7 @@
 
 #include "agent/relay/data_wire.h"
 #include "base/mutex.h"
+#include "tern/clock.h"
 #include "tern/transport.h"
 
 namespace tern::agent {
@@ -41,11 +42,16 @@ struct Event {
   // kAccepted, kSetParent: the transport the link runs on (null: the
   // node's first).
   Transport* via = nullptr;
+  // When it was queued (the inbox's clock): a message's arrival, which the
+  // worker may reach much later (a receive rate counts from the OFFER's).
+  uint64_t at_us = 0;
 };
 
 class Inbox {
  public:
-  explicit Inbox(uint32_t messages_max) : messages_max_(messages_max) {}
+  // clock stamps each event as it is queued; it outlives the inbox's
+  // last push (the node's Env).
+  Inbox(uint32_t messages_max, const Clock& clock) : messages_max_(messages_max), clock_(clock) {}
 
   uint64_t NewLinkId() { return next_link_.fetch_add(1); }
 
@@ -54,6 +60,7 @@ class Inbox {
       MutexLock lock(mu_);
       if (!closed_) {
         if (e.kind == Event::kMessage) ++messages_;
+        e.at_us = clock_.NowUs();
         events_.push_back(std::move(e));
         cv_.Signal();
         return;
@@ -67,6 +74,7 @@ class Inbox {
     if (closed_ || overflowed_.count(link)) return;
     Event e;
     e.link = link;
+    e.at_us = clock_.NowUs();
     if (messages_ >= messages_max_) {
       overflowed_.insert(link);
       e.kind = Event::kOverflow;
@@ -112,6 +120,7 @@ class Inbox {
 
  private:
   const uint32_t messages_max_;
+  const Clock& clock_;
   std::atomic<uint64_t> next_link_{1};
   Mutex mu_;
   CondVar cv_{&mu_};

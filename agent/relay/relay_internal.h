@@ -79,6 +79,9 @@ struct PushIn {
   uint32_t count = 0;
   uint32_t consumed = 0;   // landings copied out or dropped
   std::vector<std::pair<uint64_t, uint64_t>> landed;  // (offset, length) not handled yet
+  // The earliest arrival of the announced PUSH and of its chunks (they may
+  // overtake it); 0: none yet.
+  uint64_t first_us = 0;
   ~PushIn() {
     if (transport && region.handle) transport->DeregisterMemory(region).IgnoreError();
   }
@@ -104,7 +107,11 @@ struct FromParent {
   std::set<uint32_t> open;          // chunks with a window posted on this link
   uint32_t cursor = 0;              // next chunk of this stripe to consider
   std::vector<Sha256Hash> hashes;   // the hash list as it arrives
-  uint64_t offered_us = 0;          // env clock at the OFFER
+  // Where its receive time (last_rate_in_bytes_per_s) starts, env clock:
+  // when the worker took the OFFER and asked for chunks, or, for a pushed
+  // object, when its PUSH (or a chunk ahead of it) arrived, however late
+  // the worker got to the OFFER behind it.
+  uint64_t offered_us = 0;
   uint64_t bytes_in = 0;            // verified bytes of this object over this link
   std::set<uint32_t> pushed;        // due in the push window: not asked for with WANT
 };
@@ -139,9 +146,16 @@ struct Link {
 struct RelayNode::Impl {
   Impl(Transport& t, Env& e, std::string d, const ManifestVerifier& v, BoardId b, LogFn l,
        RelayOptions o, RelayCallbacks c)
-      : transport(t), env(e), dir(std::move(d)), verifier(v), board(b), log(std::move(l)),
-        options(std::move(o)), callbacks(std::move(c)),
-        inbox(std::make_shared<Inbox>(std::max<uint32_t>(1, options.inbox_messages_max))) {
+      : transport(t),
+        env(e),
+        dir(std::move(d)),
+        verifier(v),
+        board(b),
+        log(std::move(l)),
+        options(std::move(o)),
+        callbacks(std::move(c)),
+        inbox(std::make_shared<Inbox>(std::max<uint32_t>(1, options.inbox_messages_max),
+                                      env.clock())) {
     mu.Watch(&lock_watch);
     options.window_chunks = std::clamp<uint32_t>(options.window_chunks, 1, kMaxWantChunks);
     options.bad_chunks_max = std::max<uint32_t>(1, options.bad_chunks_max);
@@ -272,7 +286,7 @@ struct RelayNode::Impl {
 
   // Push (relay_push.cc). Child side of a parent link:
   void OpenPushWindow(Link& link) REQUIRES(mu);
-  void OnPush(Link& link, std::string_view payload) REQUIRES(mu);
+  void OnPush(Link& link, std::string_view payload, uint64_t at_us) REQUIRES(mu);
   void OnPushed(const Event& e) REQUIRES(mu);
   // After OnOffer: marks the chunks the PUSH announced (MarkPushed), then
   // opens windows for the rest.

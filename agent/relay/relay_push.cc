@@ -10,6 +10,7 @@
 // bytes. Memory: one window of push_window_bytes per parent link, announced
 // in SUBSCRIBE; the parent never writes past it (the transport refuses).
 
+#include <algorithm>
 #include <cstring>
 
 #include "agent/relay/relay_internal.h"
@@ -48,7 +49,7 @@ void RelayNode::Impl::OpenPushWindow(Link& link) {
   link.push_in = std::move(p);
 }
 
-void RelayNode::Impl::OnPush(Link& link, std::string_view payload) {
+void RelayNode::Impl::OnPush(Link& link, std::string_view payload, uint64_t at_us) {
   auto m = DecodePush(payload);
   if (!m.ok()) return FailParent(link, m.status());
   PushIn* p = link.push_in.get();
@@ -61,6 +62,8 @@ void RelayNode::Impl::OnPush(Link& link, std::string_view payload) {
     return FailParent(link, TERN_ERROR(kProtocol, p->landed.size(), " chunks pushed before a PUSH of ",
                                        m->count));
   }
+  // Chunks that overtook it came at first_us; otherwise it starts anew.
+  p->first_us = p->landed.empty() || p->first_us == 0 ? at_us : std::min(p->first_us, at_us);
   p->announced = true;
   p->offered = false;
   p->ref = m->object;
@@ -78,6 +81,9 @@ void RelayNode::Impl::OnPushed(const Event& e) {
   if (p.landed.size() >= due) {
     return FailParent(*link, TERN_ERROR(kProtocol, "more chunks pushed than announced"));
   }
+  // The first chunk of a push not announced yet starts its time anew.
+  if (p.first_us == 0 || (!p.announced && p.landed.empty()) || e.at_us < p.first_us)
+    p.first_us = e.at_us;
   p.landed.emplace_back(e.offset, e.length);
   DrainPush(*link);
 }
@@ -118,6 +124,8 @@ void RelayNode::Impl::MarkPushed(Link& link) {
     for (const auto& [i, off] : layout) {
       if (!obj->second->verified[i]) fp->second.pushed.insert(i);
     }
+    // Its bytes began to come with the PUSH (or a chunk ahead of it).
+    if (p.first_us != 0) fp->second.offered_us = std::min(fp->second.offered_us, p.first_us);
   }
   DrainPush(link);
 }
