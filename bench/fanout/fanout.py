@@ -38,7 +38,24 @@ LINKS = {("us", "ca"): (10, 400, 0.01), ("us", "eu"): (40, 400, 0.02), ("us", "a
          ("ca", "eu"): (45, 200, 0.02), ("ca", "ap"): (80, 200, 0.05), ("eu", "ap"): (110, 100, 0.05)}
 LAN_ONE_WAY_MS = 0.5
 FORWARDER_GBIT = 1.9  # docs/wan.md: the forwarder's ceiling, unshaped, on this loaded VM
-MACHINE_MEMCPY_GB_S = 5.6  # bench/sim/scenarios/testbed.json: the AMD VM
+
+
+def memcpy_gb_s(mib=128, reps=5):
+    """This machine's memcpy on one core (C's memmove through ctypes, the best
+    of `reps` over two buffers already touched): the simulator's apply costs
+    are multiples of it. The VMs differ about 2x (docs/benchmarks.md,
+    Machines), so it is measured per run rather than assumed."""
+    import ctypes
+    n = mib << 20
+    src, dst = bytearray(b"\x01") * n, bytearray(n)
+    s, d = (ctypes.c_char * n).from_buffer(src), (ctypes.c_char * n).from_buffer(dst)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        ctypes.memmove(d, s, n)
+        best = min(best, time.perf_counter() - t)
+    del s, d
+    return n / best / 1e9
 
 
 def members_per_region(shape, n):
@@ -72,7 +89,7 @@ def bound(shipped, per_region, rtt_scale, rate_scale=1.0):
     return shipped * 8 / rate_bit + far_s
 
 
-def sim_scenario(cfg, patch_bytes, changed, params, fmt, patch_format=2):
+def sim_scenario(cfg, patch_bytes, changed, params, fmt, patch_format, memcpy):
     per = cfg["per_region"]
     regions = [{"name": "us", "islands": 0, "clusters": 1, "island_downlink_gbit_s": FORWARDER_GBIT,
                 "one_way_ms": LAN_ONE_WAY_MS}]
@@ -92,7 +109,7 @@ def sim_scenario(cfg, patch_bytes, changed, params, fmt, patch_format=2):
         # Each agent applies on a pool of this machine's 2 cores, and every
         # member's apply shares those 2 (processor sharing in the simulator).
         "hosts": {"apply_cores": 2.0, "shared_apply_cores": 2.0, "encode_cores": 1,
-                  "memcpy_gb_s_per_core": MACHINE_MEMCPY_GB_S,
+                  "memcpy_gb_s_per_core": memcpy,
                   "about": "the members that apply share this machine's 2 cores"},
         "versions": 1,
     }
@@ -177,7 +194,8 @@ def run_sim(a, cfg, s, work):
     # The format the root wrote most (--patch-format auto chooses per version).
     written = [v["patch_format"] for v in s.get("per_version", []) if v.get("patch_format") in (1, 2)]
     patch_format = max(set(written), key=written.count) if written else 2
-    sc = sim_scenario(cfg, s["patch_bytes"], s["changed"] or 0.01, a.params_n, cfg["format"], patch_format)
+    sc = sim_scenario(cfg, s["patch_bytes"], s["changed"] or 0.01, a.params_n, cfg["format"], patch_format,
+                      a.memcpy_gb_s)
     path = os.path.join(work, "sim-%s.json" % cfg["name"].replace(" ", "_"))
     with open(path, "w") as f:
         json.dump(sc, f, indent=1)
@@ -205,8 +223,9 @@ def fmt(x, spec="%.3f"):
 
 def markdown(results, meta):
     out = ["# bench/fanout results", "",
-           "commit %s; %s; load before/after %s / %s; command: `%s`" % (
-               meta["commit"], meta["machine"], meta["load_start"], meta["load_end"], meta["command"]), "",
+           "commit %s; %s (memcpy %s GB/s on one core); load before/after %s / %s; command: `%s`" % (
+               meta["commit"], meta["machine"], meta.get("memcpy_gb_s_per_core", "?"), meta["load_start"],
+               meta["load_end"], meta["command"]), "",
            "Times in seconds, medians over the patch versions (v >= 2), from the patch being ready on the root "
            "(tern: its object written and signed, before the root offers it; *ready*: `tern publish` called -> "
            "ready, and in brackets -> returned) or the delta being in the store (d) to the last member holding (relay) or serving (chain, full) "
@@ -312,6 +331,7 @@ def main():
                 machine="%d cores, %s" % (os.cpu_count(), open("/proc/cpuinfo").read().split("model name")[1]
                                           .split("\n")[0].strip(" :\t")),
                 load_start=open("/proc/loadavg").read().split()[0], command=" ".join(sys.argv))
+    a.memcpy_gb_s = meta["memcpy_gb_s_per_core"] = round(memcpy_gb_s(), 2)
     env = dict(os.environ, TERN_WAN_FWD=a.fwd)
     results, failed = [], False
     try:
