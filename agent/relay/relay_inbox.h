@@ -43,7 +43,8 @@ struct Event {
   // node's first).
   Transport* via = nullptr;
   // When it was queued (the inbox's clock): a message's arrival, which the
-  // worker may reach much later (a receive rate counts from the OFFER's).
+  // worker may reach much later (a pushed object's receive rate counts from
+  // its PUSH's).
   uint64_t at_us = 0;
 };
 

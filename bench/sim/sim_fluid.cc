@@ -104,10 +104,9 @@ std::vector<double> ApplyFinishTimes(const std::vector<ApplyJob>& jobs, double c
     const double rate = std::min(cores_per_job, shared_cores / double(running.size()));
     double dt = next_release - t;
     for (size_t i : running) dt = std::min(dt, left[i] / rate);
-    for (size_t i : running) {
-      left[i] -= rate * dt;
-      if (left[i] < 1e-12) left[i] = 0;
-    }
+    // The phase that ends at t + dt ends exactly (no rounding residue
+    // left for another round).
+    for (size_t i : running) left[i] = left[i] <= rate * dt * (1 + 1e-12) ? 0 : left[i] - rate * dt;
     t += dt;
   }
   for (size_t i = 0; i < n; ++i) TERN_ASSERT(phase[i] == 2);  // the bound above holds

@@ -370,6 +370,12 @@ TEST(Sim, AppliesShareTheirCoresByProcessorSharing) {
   auto apart = ApplyFinishTimes({job(0, 0, 5, 1), job(0, 0, 0, 2)}, 2, 2);
   EXPECT_NEAR(apart[0], 5.5, 1e-12);
   EXPECT_NEAR(apart[1], 1.0, 1e-12);
+  // Large works end exactly when they should (no rounding residue left
+  // for extra rounds): A alone, then both at one core, B alone, A's phase
+  // 1 beside B, B alone, B's phase 1 of no work at its release.
+  auto big = ApplyFinishTimes({job(0, 1e6, 1e6, 1e6), job(0.1, 3e6, 5e6, 0)}, 2, 2);
+  EXPECT_NEAR(big[0], 2e6, 1e-3);
+  EXPECT_NEAR(big[1], 5e6, 1e-3);
 }
 
 TEST(Sim, ServingCountsTheApplyLeftAfterTheLastByte) {
