@@ -319,6 +319,8 @@ def main():
     ap.add_argument("--work-root", default="/var/tmp")
     ap.add_argument("--keep", action="store_true", help="keep the work directory, the agents' logs and data included")
     a = ap.parse_args()
+    if not a.rate_scale > 0:
+        ap.error("--rate-scale must be > 0")
     # A TERM unwinds like an INT: the testbed comes down in `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.params_n = float(a.params[:-1]) * {"K": 1e3, "M": 1e6, "G": 1e9}[a.params[-1]] \
