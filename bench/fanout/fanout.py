@@ -185,6 +185,17 @@ def summarize(cfg, res, changed):
         s["d_verified"] = min(r["verified"] for r in base["d"])
         s["d_wan_bytes"] = base["d"][-1]["wan_bytes"]
         s["d_over_tern"] = s["d_fetched_s"] / last if last and s["d_fetched_s"] else None
+    if base.get("c"):
+        c = [r for r in base["c"] if "failed" not in r]
+        s["c_failed"] = next((r["failed"] for r in base["c"] if "failed" in r), None)
+        s["c_bytes"] = median([r["bytes"] for r in c])
+        s["c_held_s"] = median([r["last_held"] for r in c])
+        s["c_applied_s"] = median([r["last_applied"] for r in c])
+        # Like for like: relay-only members hold, serving members apply.
+        s["c_last_s"] = s["c_held_s"] if cfg["shape"] == "relay" else s["c_applied_s"]
+        s["c_verified"] = min([r["verified"] for r in c] or [0])
+        s["c_wan_bytes"] = c[-1]["wan_bytes"] if c else {}
+        s["c_over_tern"] = s["c_last_s"] / last if last and s["c_last_s"] else None
     return s
 
 
@@ -252,8 +263,25 @@ def markdown(results, meta):
                        fmt(s.get("d_applied_s")), fmt(s.get("d_over_tern"), "%.2fx"), fmt(s["agents_cpu_s"], "%.2f"),
                        fmt(s["apply_cpu_s_max"], "%.2f"), fmt(s["machine_busy"] and s["machine_busy"] * 100, "%.0f%%"),
                        "yes" if s["verified"] and s.get("a_verified", s["members"]) == s["members"] and
-                       s.get("d_verified", s["members"]) == s["members"] else "NO",
+                       s.get("d_verified", s["members"]) == s["members"] and
+                       s.get("c_verified", s["members"]) == s["members"] else "NO",
                        fmt(s.get("sim_s")), fmt(s.get("sim_err") and s["sim_err"] * 100, "%+.0f%%")))
+    if any("c_bytes" in s for s in results):
+        out += ["", "Baseline (c): each version's PULSE patch (bench/baselines/pulse.h: index gaps + raw values, "
+                "zstd -1) through the tree the agent's root planned for the same testbed, by tern_relay_blob "
+                "nodes (the agent's relay, chunking, transport and TLS); serving members apply it (PulseApply) "
+                "and check the view's digest. Times from the root's Offer; tern's from the patch ready.", "",
+                "| config | tern patch MB | (c) MB | (c) / tern bytes | tern last | (c) last holding | "
+                "(c) last applied | (c) / tern | verified |", "|" + "---|" * 9]
+        for s in results:
+            if "c_bytes" not in s:
+                continue
+            out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                s["name"], fmt(s["patch_bytes"] and s["patch_bytes"] / 1e6),
+                fmt(s["c_bytes"] and s["c_bytes"] / 1e6),
+                fmt(s["c_bytes"] and s["patch_bytes"] and s["c_bytes"] / s["patch_bytes"], "%.2fx"),
+                fmt(s["tern_last_s"]), fmt(s["c_held_s"]), fmt(s["c_applied_s"]), fmt(s["c_over_tern"], "%.2fx"),
+                "%d/%d" % (s["c_verified"], s["members"]) + (" (%s)" % s["c_failed"] if s.get("c_failed") else "")))
     out += ["", "tern_sim on the same configurations (bench/sim/costs.json, the measured median patch size; "
             "relay: time to the last member holding, chain/full: serving; held: the last member holding the whole "
             "object, for serving members their commit minus the agent's 'applied in'; within 15%: |err| <= 15%):", "",
@@ -303,7 +331,9 @@ def main():
     ap.add_argument("--versions", type=int, default=4, help="published versions (1: the keyframe)")
     ap.add_argument("--fp8", default="fp8-e4m3-block128", help="an FP8 format for one chain run ('' for none)")
     ap.add_argument("--fp8-lr", default="1e-6")
-    ap.add_argument("--baselines", default="a d")
+    ap.add_argument("--baselines", default="a c d",
+                    help="a: full checkpoint star over HTTP; c: a PULSE patch through the same tree; "
+                         "d: every island pulls an XOR+zstd delta from one store")
     ap.add_argument("--gap-s", type=float, default=2)
     ap.add_argument("--deadline-s", type=float, default=120)
     ap.add_argument("--no-tls", action="store_true")
@@ -315,12 +345,17 @@ def main():
     ap.add_argument("--agent", required=True)
     ap.add_argument("--fwd", required=True)
     ap.add_argument("--sim", default="", help="tern_sim (none: no simulation)")
+    ap.add_argument("--relay-blob", default="", help="bench/tern_relay_blob (baseline c)")
     ap.add_argument("--out", default="", help="write results.json and results.md here")
     ap.add_argument("--work-root", default="/var/tmp")
     ap.add_argument("--keep", action="store_true", help="keep the work directory, the agents' logs and data included")
     a = ap.parse_args()
     if not a.rate_scale > 0:
         ap.error("--rate-scale must be > 0")
+    if "c" in a.baselines.split() and not a.relay_blob:
+        print("fanout: no tern_relay_blob (build bench/tern_relay_blob or pass --relay-blob): baseline (c) "
+              "skipped", file=sys.stderr)
+        a.baselines = " ".join(b for b in a.baselines.split() if b != "c")
     # A TERM unwinds like an INT: the testbed comes down in `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.params_n = float(a.params[:-1]) * {"K": 1e3, "M": 1e6, "G": 1e9}[a.params[-1]] \
@@ -385,7 +420,7 @@ def main():
                     "--baselines", a.baselines, "--gap-s", str(a.gap_s), "--deadline-s", str(a.deadline_s),
                     "--agent-args", a.agent_args + (" --patch-format %s" % cfg["patch_format"]
                                                     if cfg.get("patch_format") else "")] + \
-                (["--no-tls"] if a.no_tls else [])
+                (["--no-tls"] if a.no_tls else []) + (["--relay-blob", a.relay_blob] if a.relay_blob else [])
             rc = subprocess.run(argv).returncode
             subprocess.run([WAN, "down", prefix], capture_output=True, env=env)
             prefix = None
@@ -398,10 +433,11 @@ def main():
             s["load"] = open("/proc/loadavg").read().split()[0]
             run_sim(a, cfg, s, cdir)
             results.append(s)
-            print("   %s: patch %s MB, bound %s s, tern last %s s (%s), (a) %s s, (d) fetched %s s, sim %s s" % (
-                cfg["name"], fmt(s["patch_bytes"] and s["patch_bytes"] / 1e6), fmt(s["bound_s"]),
-                fmt(s["tern_last_s"]), fmt(s["ratio_to_bound"], "%.1fx bound"), fmt(s.get("a_last_s")),
-                fmt(s.get("d_fetched_s")), fmt(s.get("sim_s"))), flush=True)
+            print("   %s: patch %s MB, bound %s s, tern last %s s (%s), (a) %s s, (c) %s s, (d) fetched %s s, "
+                  "sim %s s" % (
+                      cfg["name"], fmt(s["patch_bytes"] and s["patch_bytes"] / 1e6), fmt(s["bound_s"]),
+                      fmt(s["tern_last_s"]), fmt(s["ratio_to_bound"], "%.1fx bound"), fmt(s.get("a_last_s")),
+                      fmt(s.get("c_last_s")), fmt(s.get("d_fetched_s")), fmt(s.get("sim_s"))), flush=True)
             # Shrink the work dir between configurations (--keep: keep the
             # agents' logs and data for a look afterwards).
             if not a.keep:

@@ -549,6 +549,116 @@ def run_baselines(a, hosts, regions, steps, work):
     return out
 
 
+def run_pulse_tree(a, hosts, regions, steps, tree, work):
+    """Baseline (c): each version's PULSE patch (index gaps + raw values,
+    zstd; bench/baselines/pulse.h) through the tree the agent's root planned
+    for this testbed, by tern_relay_blob nodes: the same relay code, chunking,
+    transport and TLS as the agents, another object. Serving shapes apply it
+    (PulseApply) and check the view's digest; times from the root's Offer."""
+    d = os.path.join(work, "pulse")
+    os.makedirs(d, exist_ok=True)
+    enc = subprocess.run([a.relay_blob, "encode", "--out", d] + steps, capture_output=True, text=True)
+    if enc.returncode != 0:
+        raise SystemExit("tern_relay_blob encode: %s" % enc.stderr.strip()[-300:])
+    versions = [json.loads(l) for l in enc.stdout.splitlines() if l.strip()]
+    expect = ",".join(v["digest"] for v in versions)
+    root_name = hosts[0][0]
+    addr = {name: address for name, _, address in hosts}
+    # The agents name the root "root" in /status; its host has its own name.
+    parent = {name: tree[name] if tree[name] in addr else root_name for name, _, _ in hosts[1:]}
+    kids = {}
+    for name in parent:
+        kids[parent[name]] = kids.get(parent[name], 0) + 1
+    sec = ["--no-tls"] if a.no_tls else node_pki(d, [h[2] for h in hosts])
+    serving = a.shape != "relay"
+    lines = []  # (name, text, unix time read)
+    cv = threading.Condition()
+    procs = {}
+
+    def reader(name, p):
+        for line in p.stdout:
+            with cv:
+                lines.append((name, line.split(), time.time()))
+                cv.notify_all()
+
+    def wait_for(pred, what, timeout):
+        with cv:
+            if not cv.wait_for(pred, timeout=timeout):
+                raise RuntimeError("baseline (c): %s not within %g s" % (what, timeout))
+
+    try:
+        for name, ns, address in hosts:
+            argv = ["ip", "netns", "exec", ns, a.relay_blob, "node", "--id", name, "--listen", address + ":7500",
+                    "--children", str(kids.get(name, 0)), "--dir", os.path.join(d, name)] + sec
+            if name == root_name:
+                argv.append("--root")
+            else:
+                argv += ["--parent", addr[parent[name]] + ":7500"]
+                if serving:
+                    argv += ["--base", steps[0], "--expect", expect]
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=open(os.path.join(d, name + ".log"), "w"), text=True, bufsize=1)
+            procs[name] = p
+            threading.Thread(target=reader, args=(name, p), daemon=True).start()
+        wait_for(lambda: len({n for n, w, _ in lines if w == ["ready"]}) == len(hosts), "every node ready", 90)
+        rows = []
+        members = [h[0] for h in hosts[1:]]
+        # The agents' tree carried its keyframe (v1) before the patches: the
+        # same bytes go first here, so that both measure warm connections.
+        warm = os.path.join(d, "warm-1.bin")
+        with open(warm, "wb") as f:
+            f.write(os.urandom(sum(os.path.getsize(p) for p in glob.glob(os.path.join(steps[0], "*.safetensors")))))
+        procs[root_name].stdin.write("offer 1 %s\n" % warm)
+        procs[root_name].stdin.flush()
+        wait_for(lambda: len({n for n, w, _ in lines if w[:2] == ["held", "1"]}) == len(members),
+                 "the warm-up object at every member", a.deadline_s * 4)
+        time.sleep(1)
+        for v in versions:
+            links0 = link_bytes(a.state, regions)
+            procs[root_name].stdin.write("offer %d %s\n" % (v["version"], v["path"]))
+            procs[root_name].stdin.flush()
+            key = "applied" if serving else "held"
+            tag = str(v["version"])
+
+            def got(kind):
+                return {n: (float(w[2]), w[3:]) for n, w, _ in lines if len(w) >= 3 and w[0] == kind and w[1] == tag}
+
+            try:
+                wait_for(lambda: len(got(key)) == len(members) and got("offered"), "version %d at every member"
+                         % v["version"], a.deadline_s)
+            except RuntimeError as e:
+                rows.append(dict(version=v["version"], failed=str(e)))
+                print(e, flush=True)
+                break
+            time.sleep(0.3)  # the last ACKs cross
+            wan = diff_links(link_bytes(a.state, regions), links0)
+            t0 = got("offered")[root_name][0]
+            held = {n: t - t0 for n, (t, _) in got("held").items()}
+            applied = {n: t - t0 for n, (t, _) in got("applied").items()}
+            ok = sum(1 for n, (_, rest) in got("applied").items() if rest == ["ok"]) if serving else len(held)
+            rows.append(dict(version=v["version"], bytes=v["bytes"], last_held=max(held.values()),
+                             last_applied=max(applied.values()) if serving else None, verified=ok,
+                             wan_bytes=wan))
+            print("baseline (c) PULSE through the tree, version %d: %.3f MB, last member holding %.3f s%s; %d/%d "
+                  "verified" % (v["version"], v["bytes"] / 1e6, rows[-1]["last_held"],
+                                ", applied+checked %.3f s" % rows[-1]["last_applied"] if serving else "", ok,
+                                len(members)), flush=True)
+            time.sleep(0.5)
+        return rows
+    finally:
+        for p in procs.values():
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "island-xor":
         island_xor(sys.argv[2], sys.argv[3])
@@ -570,17 +680,23 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=120)
     ap.add_argument("--no-tls", action="store_true")
     ap.add_argument("--agent-args", default="")
+    ap.add_argument("--relay-blob", default="", help="tern_relay_blob, for baseline (c)")
     a = ap.parse_args()
     a.baselines = a.baselines.split()
+    if "c" in a.baselines and not a.relay_blob:
+        raise SystemExit("baseline (c) needs --relay-blob (bench/tern_relay_blob)")
     regions, _ = parse_wan_config(a.config)
     hosts = [l.split() for l in open(a.hosts) if l.strip()]
     steps = sorted(glob.glob(os.path.join(a.trace, "step-*")))[:min(a.versions, MAX_VERSIONS)]
     os.makedirs(os.path.join(a.work, "agents"), exist_ok=True)
     rows, tree = run_tern(a, hosts, regions, steps, a.work)
-    base = run_baselines(a, hosts, regions, steps, a.work) if a.baselines else {}
+    base = run_baselines(a, hosts, regions, steps, a.work) if set(a.baselines) & {"a", "d"} else {}
+    if "c" in a.baselines and len(steps) > 1:
+        base["c"] = run_pulse_tree(a, hosts, regions, steps, tree, a.work)
     with open(a.out, "w") as f:
         json.dump(dict(rows=rows, tree=tree, baselines=base), f)
     bad = any("failed" in r or r["verified"] < len(hosts) - 1 for r in rows) or len(rows) < len(steps)
+    bad |= any("failed" in r or r["verified"] < len(hosts) - 1 for r in base.get("c", []))
     return 1 if bad else 0
 
 

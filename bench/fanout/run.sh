@@ -14,11 +14,11 @@
 #   bench/fanout/run.sh --help      (every flag, from bench/fanout/fanout.py)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-args=() tern="" agent="" fwd="" sim=""
+args=() tern="" agent="" fwd="" sim="" relay_blob=""
 while (($#)); do
   case $1 in
     --tern) tern=$2; shift 2 ;; --agent) agent=$2; shift 2 ;;
-    --fwd) fwd=$2; shift 2 ;; --sim) sim=$2; shift 2 ;;
+    --fwd) fwd=$2; shift 2 ;; --sim) sim=$2; shift 2 ;; --relay-blob) relay_blob=$2; shift 2 ;;
     -h | --help) exec python3 "$here/bench/fanout/fanout.py" --help --tern - --agent - --fwd - ;;
     *) args+=("$1"); shift ;;
   esac
@@ -33,7 +33,8 @@ done
 # The binaries: build/release first, then any other build, a sanitizer's
 # (build/asan, build/tsan, build/fuzz: several times slower, which skews
 # every time measured) only when no other has it, and said so.
-for b in tern:tools/tern agent:tools/tern-agent fwd:tools/wan/tern-wan-fwd sim:bench/sim/tern_sim; do
+for b in tern:tools/tern agent:tools/tern-agent fwd:tools/wan/tern-wan-fwd sim:bench/sim/tern_sim \
+  relay_blob:bench/tern_relay_blob; do
   var=${b%%:*}
   [ -n "${!var}" ] && continue
   sanitized=""
@@ -48,7 +49,9 @@ for b in tern:tools/tern agent:tools/tern-agent fwd:tools/wan/tern-wan-fwd sim:b
     echo "run.sh: only a sanitizer build has ${b#*:} ($sanitized): times will be slow; build/release is better" >&2
     printf -v "$var" %s "$sanitized"
   fi
-  [ -n "${!var}" ] || [ "$var" = sim ] || { echo "run.sh: ${b#*:} not found: build it or pass --$var" >&2; exit 1; }
+  [ -n "${!var}" ] || [ "$var" = sim ] || [ "$var" = relay_blob ] ||
+    { echo "run.sh: ${b#*:} not found: build it or pass --$var" >&2; exit 1; }
 done
 [ -n "$sim" ] || echo "run.sh: no tern_sim built: no simulated column" >&2
-exec python3 "$here/bench/fanout/fanout.py" --tern "$tern" --agent "$agent" --fwd "$fwd" --sim "$sim" "${args[@]}"
+exec python3 "$here/bench/fanout/fanout.py" --tern "$tern" --agent "$agent" --fwd "$fwd" --sim "$sim" \
+  --relay-blob "$relay_blob" "${args[@]}"

@@ -7,10 +7,11 @@
 # (chain) or hold (relay-only) every version bit for bit, if an island's
 # download differs, or if tern's publish -> last member (median of the patch
 # versions, timed from the patch being ready on the root) is not faster than
-# (a)'s last island. ~1.5 min.
-# Usage: fanout_smoke_test.sh RUN_SH TERN TERN_AGENT TERN_WAN_FWD
+# (a)'s last island; and baseline (c), a PULSE patch through the same tree
+# (tern_relay_blob), must reach every member verified. ~1.5 min.
+# Usage: fanout_smoke_test.sh RUN_SH TERN TERN_AGENT TERN_WAN_FWD TERN_RELAY_BLOB
 set -euo pipefail
-run=$1 tern=$2 agent=$3 fwd=$4
+run=$1 tern=$2 agent=$3 fwd=$4 relay_blob=$5
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root"; exit 77; }
 [ -c /dev/net/tun ] || { echo "SKIP: no /dev/net/tun"; exit 77; }
 command -v nginx >/dev/null || { echo "SKIP: no nginx (scripts/install-deps.sh installs it)"; exit 77; }
@@ -19,8 +20,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 before=$(ip netns list | grep -c '^tw-' || true)
 rc=0
-"$run" --shapes "chain relay" --members 6 --versions 3 --params 4M --fp8 "" --baselines a --gap-s 1 \
-  --deadline-s 30 --tern "$tern" --agent "$agent" --fwd "$fwd" --out "$work/out" --work-root "$work" |
+"$run" --shapes "chain relay" --members 6 --versions 3 --params 4M --fp8 "" --baselines "a c" --gap-s 1 \
+  --deadline-s 30 --tern "$tern" --agent "$agent" --fwd "$fwd" --relay-blob "$relay_blob" --out "$work/out" \
+  --work-root "$work" |
   tee "$work/log" || rc=$?
 [ "$rc" -eq 0 ] || { echo "FAIL: run.sh exited $rc"; exit 1; }
 python3 - "$work/out/results.json" <<'PY'
@@ -32,6 +34,9 @@ if sorted(r["shape"] for r in rs) != ["chain", "relay"]:
 for r in rs:
     if not r["verified"]:
         bad.append("%s: a member does not hold or serve every version bit for bit" % r["name"])
+    if r.get("c_verified") != r["members"]:
+        bad.append("%s: baseline (c): %s of %d members verified (%s)" % (r["name"], r.get("c_verified"),
+                                                                       r["members"], r.get("c_failed")))
     if r.get("a_verified") != r["members"]:
         bad.append("%s: baseline (a): %s of %d islands verified" % (r["name"], r.get("a_verified"), r["members"]))
     if not r["tern_last_s"] or not r.get("a_last_s") or r["tern_last_s"] >= r["a_last_s"]:
