@@ -13,7 +13,8 @@ Shapes: chain (one serving member per region), relay (N relay-only members
 spread over the three regions: publish -> the last member holding the
 verified object), full (N serving members). Per configuration
 bench/fanout/measure.py runs tern, then baselines (a) full-checkpoint star
-over HTTP and (d) store-pull of XOR+zstd deltas, on the same testbed; then
+over HTTP, (c) a PULSE patch through the same tree (bench/tern_relay_blob)
+and (d) store-pull of XOR+zstd deltas, on the same testbed; then
 tern_sim gets the same topology and the measured patch size.
 """
 import argparse

@@ -39,6 +39,15 @@ all at once (a star over HTTP); (d) per version the store XORs the new
 checkpoint against the previous one and compresses it with zstd (the seed
 system's delta), and every island fetches it with curl, decompresses it, XORs
 it onto the previous version it holds and checks the SHA-256 of the result.
+(c) (bench/tern_relay_blob) per version PULSE's patch of the same
+checkpoints (flat index gaps + raw values, zstd -1) through the tree the
+root planned above: the same relay code, chunking, push window, transport and
+TLS as the agents, one process per host, after a warm-up object of the
+keyframe's size (the agents' tree carried the keyframe first); a serving
+member applies it (PulseApply) and checks the view's digest (the digest the
+agents verify). It times from the root's Offer (tern from the patch ready, a
+few ms earlier) and has no agent around the relay: no board record, no
+manifest lead, no disk commit, which flatters it.
 """
 import argparse
 import glob

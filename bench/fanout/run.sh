@@ -9,7 +9,7 @@
 # a version bit for bit. Every testbed is torn down.
 #
 #   bench/fanout/run.sh [--shapes "chain relay"] [--members "8 16 32"] [--rtt-scales "1"] [--rate-scale 1]
-#       [--params 20M] [--lr 2e-7] [--versions 4] [--fp8 fp8-e4m3-block128] [--baselines "a d"]
+#       [--params 20M] [--lr 2e-7] [--versions 4] [--fp8 fp8-e4m3-block128] [--baselines "a c d"]
 #       [--gap-s 2] [--no-tls] [--out DIR] [--tern PATH] [--agent PATH] [--fwd PATH] [--sim PATH]
 #   bench/fanout/run.sh --help      (every flag, from bench/fanout/fanout.py)
 set -euo pipefail
