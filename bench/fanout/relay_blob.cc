@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/board/publish.h"
 #include "agent/manifest/object_ref.h"
 #include "agent/relay/relay.h"
 #include "bench/baselines/pulse.h"
@@ -248,29 +249,23 @@ Status RunNode(const NodeArgs& a) {
     TERN_REQUIRE(sp != std::string::npos, kInvalidArgument, "offer V FILE, not '", line, "'");
     const uint64_t version = std::stoull(line.substr(6, sp - 6));
     const std::string path = line.substr(sp + 1);
+    const agent::ObjectRef ref{ObjectKind::kPatch, version - 1, version};
+    std::string data;
     TERN_ASSIGN_OR_RETURN(uint64_t bytes, env.FileSize(path));
-    const uint32_t chunk = agent::DefaultChunkBytes(bytes);
-    std::vector<Sha256Hash> hashes;
-    {
-      std::string data;
-      TERN_RETURN_IF_ERROR(ReadFileToString(env, path, bytes, &data));
-      for (uint64_t off = 0; off < bytes; off += chunk) {
-        const uint64_t n = std::min<uint64_t>(chunk, bytes - off);
-        hashes.push_back(Sha256Of({reinterpret_cast<const uint8_t*>(data.data()) + off, n}));
-      }
-    }
+    TERN_RETURN_IF_ERROR(ReadFileToString(env, path, bytes, &data));
+    // The agent's own description of an object (chunking and hashes).
+    TERN_ASSIGN_OR_RETURN(
+        ManifestObject object,
+        agent::DescribeObject(ref, {reinterpret_cast<const uint8_t*>(data.data()), data.size()},
+                              agent::DefaultChunkBytes(bytes), pool));
     VersionManifest m;
     m.board_id = board;
     m.version = version;
     m.parent = version - 1;
-    m.objects.push_back(ManifestObject{ObjectKind::kPatch, version - 1, version, bytes, chunk,
-                                       static_cast<uint32_t>(hashes.size()),
-                                       ChunkHashRoot(hashes)});
+    m.objects.push_back(object);
     TERN_ASSIGN_OR_RETURN(std::string signed_manifest, signer.Sign(m));
     const double t = UnixNow();
-    TERN_RETURN_IF_ERROR(relay.Offer(std::move(signed_manifest),
-                                     agent::ObjectRef{ObjectKind::kPatch, version - 1, version},
-                                     path));
+    TERN_RETURN_IF_ERROR(relay.Offer(std::move(signed_manifest), ref, path));
     char out[64];
     std::snprintf(out, sizeof out, "offered %llu %.6f", static_cast<unsigned long long>(version),
                   t);
