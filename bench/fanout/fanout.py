@@ -457,6 +457,13 @@ def main():
                 json.dump(dict(meta=meta, results=results), f, indent=1)
             with open(os.path.join(a.out, "results.md"), "w") as f:
                 f.write(md)
+            # The figures of this run beside its tables (plot.py; several
+            # runs' results.json together: bench/fanout/reproduce.sh).
+            if results:
+                sys.path.insert(0, HERE)
+                import plot
+                for path in plot.plot_all([os.path.join(a.out, "results.json")], a.out):
+                    print("plot: %s" % path)
         if a.keep:
             print("kept %s" % work)
         else:

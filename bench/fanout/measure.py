@@ -329,7 +329,13 @@ def run_tern(a, hosts, regions, steps, work):
             wan, drops = diff_links(links1, links0), diff_links(drops1, drops0)
             tcp = diff_tcp(tcp_counters(hosts), tcp0)
             if last is None:
-                rows.append(dict(version=v, failed="not held by every member within %g s" % a.deadline_s))
+                behind = sorted("%s at v%s (parent %s)" % (m["id"], m["version"], m["parent"])
+                                for m in (s or {}).get("members", []) if m["version"] < v)
+                joined = len((s or {}).get("members", []))
+                why = "not held by every member within %g s: %d of %d joined, behind: %s" % (
+                    a.deadline_s, joined, len(members), ", ".join(behind) or "none")
+                print("tern version %d FAILED: %s" % (v, why), flush=True)
+                rows.append(dict(version=v, failed=why))
                 break
             # Times count from the object being ready on the root (not from
             # `tern publish` returning, which can come after members hold it).
@@ -459,7 +465,8 @@ def run_baselines(a, hosts, regions, steps, work):
     out = {}
     try:
         idir = os.path.join(work, "islands")
-        os.makedirs(idir, exist_ok=True)
+        for name, _, _ in islands:
+            os.makedirs(os.path.join(idir, name), exist_ok=True)
         want = {}
         if "a" in a.baselines:
             # (a) the last version's full checkpoint (every file) to every island at once.
@@ -472,7 +479,6 @@ def run_baselines(a, hosts, regions, steps, work):
                 want[f] = sha256_file(os.path.join(ckpt, f))
             jobs = []
             for name, ns, _ in islands:
-                os.makedirs(os.path.join(idir, name), exist_ok=True)
                 argv = ["ip", "netns", "exec", ns, "curl", "-sS", "--fail"]
                 for f in files:
                     argv += ["-o", os.path.join(idir, name, f), "%s/full/%s" % (nginx.url, f)]
@@ -710,6 +716,9 @@ def main():
         json.dump(dict(rows=rows, tree=tree, baselines=base), f)
     bad = any("failed" in r or r["verified"] < len(hosts) - 1 for r in rows) or len(rows) < len(steps)
     bad |= any("failed" in r or r["verified"] < len(hosts) - 1 for r in base.get("c", []))
+    # An island of (a) or (d) without the checkpoint bit for bit fails the
+    # run too: a baseline's time is only worth comparing when it delivered.
+    bad |= any(r["verified"] < len(hosts) - 1 for r in base.get("d", []) + ([base["a"]] if "a" in base else []))
     return 1 if bad else 0
 
 
