@@ -166,6 +166,7 @@ void PutBody(Writer& w, const Heartbeat& m) {
   }
   w.F64(m.apply_f1_bytes_per_s);
   w.F64(m.apply_f2_bytes_per_s);
+  w.U64(m.wire_bytes_in);
 }
 void PutBody(Writer& w, const Parents& m) {
   if (m.parents.empty() || m.parents.size() > kMaxControlParents) w.Fail("parents count outside 1..8");
@@ -287,6 +288,7 @@ Heartbeat GetBody<Heartbeat>(Reader& r) {
   }
   m.apply_f1_bytes_per_s = r.F64("format 1 apply rate");
   m.apply_f2_bytes_per_s = r.F64("format 2 apply rate");
+  m.wire_bytes_in = r.U64("wire bytes in");
   return m;
 }
 template <>

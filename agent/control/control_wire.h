@@ -33,7 +33,7 @@ namespace tern::agent {
 // 6: KEY_SETS (the chain of signed key sets, root -> member).
 // 7: HEARTBEAT gained the apply rate per patch format.
 // 8: WELCOME gained parent_stall_ms; members keep the root's timing.
-inline constexpr uint16_t kControlProtocol = 8;
+inline constexpr uint16_t kControlProtocol = 9;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens
 inline constexpr size_t kMaxControlTextBytes = 4096;    // reasons
@@ -139,6 +139,12 @@ struct Heartbeat {
   // (agent/membership/format_choice.h). Finite, >= 0.
   double apply_f1_bytes_per_s = 0;
   double apply_f2_bytes_per_s = 0;
+  // Chunk bytes the transport has taken off this member's parent links as
+  // open now, whole chunks or not (LinkStats::wire_bytes_in; may drop when
+  // a link is dialled again; 0 where the backend does not count): a relay
+  // still receiving its first whole chunk of a slow object shows progress
+  // here before bytes_in moves (protocol 9; ReportParent's relative rule).
+  uint64_t wire_bytes_in = 0;
   bool operator==(const Heartbeat&) const = default;
 };
 

@@ -18,7 +18,7 @@ std::vector<ControlMessage> Samples() {
   hello.join_token = "secret";
   Welcome welcome{hello.board_id, 43, 1000, 2, 10000, "127.0.0.1:7009"};
   Heartbeat hb{9,     42,    43,    1000, 2000, 3, 0.05, 1e8, 0.012, 0.075, {{0.05, 1e8}, {0.01, 0}},
-               2.5e9, 6.5e8};
+               2.5e9, 6.5e8, 0x1122334455667788ull};
   Parents parents{5, {{0, "root", "127.0.0.1:7000", false}, {1, "m-2", "10.0.0.2:7102", true}}};
   Head head{43, std::string(200, 'm')};
   CatchUpRequest req{40, 43};
@@ -99,13 +99,13 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   std::memcpy(hb.data() + 4 + 6 * 8, &nan, 8);
   EXPECT_EQ(DecodeControl(hb).status().code(), Code::kCorrupt);
 
-  // The round trip to the root is a rate-like field too (before the count
-  // and the two apply rates).
+  // The round trip to the root is a rate-like field too (before the count,
+  // the two apply rates and the wire bytes).
   std::string hb_rtt = *EncodeControl(Heartbeat{});
-  std::memcpy(hb_rtt.data() + hb_rtt.size() - 28, &nan, 8);
+  std::memcpy(hb_rtt.data() + hb_rtt.size() - 36, &nan, 8);
   EXPECT_EQ(DecodeControl(hb_rtt).status().code(), Code::kCorrupt);
-  // So are the apply rates per format (the last 16 bytes).
-  for (size_t back : {16, 8}) {
+  // So are the apply rates per format (the 16 bytes before the wire bytes).
+  for (size_t back : {24, 16}) {
     std::string hb_apply = *EncodeControl(Heartbeat{});
     std::memcpy(hb_apply.data() + hb_apply.size() - back, &nan, 8);
     EXPECT_EQ(DecodeControl(hb_apply).status().code(), Code::kCorrupt) << back;
@@ -116,11 +116,11 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
   with_parents.parents = {{0.01, 5}};
   std::string hb_parent = *EncodeControl(with_parents);
   const double negative = -1;
-  std::memcpy(hb_parent.data() + hb_parent.size() - 24, &negative, 8);
+  std::memcpy(hb_parent.data() + hb_parent.size() - 32, &negative, 8);
   EXPECT_EQ(DecodeControl(hb_parent).status().code(), Code::kCorrupt);
   std::string hb_count = *EncodeControl(Heartbeat{});
   const uint32_t nine = 9;
-  std::memcpy(hb_count.data() + hb_count.size() - 20, &nine, 4);
+  std::memcpy(hb_count.data() + hb_count.size() - 28, &nine, 4);
   EXPECT_EQ(DecodeControl(hb_count).status().code(), Code::kCorrupt);
 
   // A parent report with an unknown fault, or a stripe past the last.
@@ -141,10 +141,10 @@ TEST(ControlWire, RefusesUnknownTypeReservedBytesAndBadFields) {
 
   // Another protocol version.
   std::string hello = *EncodeControl(Samples()[0]);
-  hello[4] = 7;  // the protocol before WELCOME carried the stall time
+  hello[4] = 8;  // the protocol before HEARTBEAT carried the wire bytes
   auto r = DecodeControl(hello);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
-  EXPECT_NE(r.status().message().find("control protocol 7 (this agent speaks 8;"),
+  EXPECT_NE(r.status().message().find("control protocol 8 (this agent speaks 9;"),
             std::string::npos)
       << r.status().message();
 }

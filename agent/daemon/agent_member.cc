@@ -866,8 +866,10 @@ Heartbeat AgentImpl::MakeHeartbeatLocked(const RelayFigures& relay) {
     // The rate the last object arrived at from a parent (the planner's
     // figure for this member's downlink as the tree sees it).
     for (const auto& l : links)
-      if (l.parent)
+      if (l.parent) {
         hb.rate_in_bytes_per_s = std::max(hb.rate_in_bytes_per_s, l.last_rate_in_bytes_per_s);
+        hb.wire_bytes_in += l.wire_bytes_in;
+      }
   }
   return hb;
 }

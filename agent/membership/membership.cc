@@ -79,6 +79,7 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   auto it = members_.find(id);
   if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
   if (hb.bytes_in != it->second.last.bytes_in) it->second.bytes_in_moved_us = now_us;
+  if (hb.wire_bytes_in != it->second.last.wire_bytes_in) it->second.wire_moved_us = now_us;
   auto& samples = it->second.bytes_in_samples;
   samples.emplace_back(now_us, hb.bytes_in);
   const uint64_t keep_us = 2 * std::max(parent_stall_us_, dead_after_us_);
@@ -136,12 +137,24 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
     const bool heard = now_us <= rec.last_seen_us + heard_within;
     const bool flat = rec.bytes_in_moved_us + parent_stall_us_ <= rec.last_seen_us;
     const bool recent = now_us < rec.bytes_in_moved_us + 2 * parent_stall_us_;
-    TERN_REQUIRE(parent_stall_us_ == 0 || !heard || !flat || !recent ||
-                     rec.served_version > it->second.served_version,
-                 kMismatch, "'", report.parent_id, "' has received nothing itself for ",
+    const bool newer = rec.served_version > it->second.served_version;
+    TERN_REQUIRE(parent_stall_us_ == 0 || !heard || !flat || !recent || newer, kMismatch, "'",
+                 report.parent_id, "' has received nothing itself for ",
                  (now_us - rec.bytes_in_moved_us) / 1000,
                  " ms by its heartbeats and holds nothing newer than version ",
                  it->second.served_version, ": it starves too");
+    // Mid-chunk: no whole chunk for the stall time, but bytes still coming
+    // off its own parent links within it. A relay forwards verified chunks
+    // only, so over a slow link (a 40 MB object's ten 4 MiB chunks in
+    // flight at once on 8 streams at 10 Mbit/s: ~27 s before the first is
+    // whole) its children get nothing while it receives at line rate.
+    // Moving them would send each its own copy over the same link. As long
+    // as the bytes move, it is excused; once they stop, it is the rule above.
+    const bool mid_chunk = rec.wire_moved_us != 0 && now_us < rec.wire_moved_us + parent_stall_us_;
+    TERN_REQUIRE(parent_stall_us_ == 0 || !heard || !flat || !mid_chunk || newer, kMismatch, "'",
+                 report.parent_id, "' has no whole chunk for ",
+                 (now_us - rec.bytes_in_moved_us) / 1000, " ms but took bytes off its own parent's link ",
+                 (now_us - rec.wire_moved_us) / 1000, " ms ago: it is still receiving a chunk to forward");
   }
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;

@@ -44,6 +44,9 @@ struct MemberRecord {
   // When its heartbeats' bytes_in last grew (from joined_us): a parent that
   // has received nothing itself has nothing to forward (ReportParent).
   uint64_t bytes_in_moved_us = 0;
+  // When its heartbeats' wire_bytes_in last changed (0: never): bytes coming
+  // off its own parent links before a whole chunk of them is verified.
+  uint64_t wire_moved_us = 0;
   // Its heartbeats' (heard_us, bytes_in) over the last two stall times (or
   // two dead-after times, if longer; at most kMaxBytesInSamples): how much
   // it received before a report on it.

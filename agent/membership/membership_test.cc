@@ -399,6 +399,76 @@ TEST(Membership, AParentThatStarvesByItsHeartbeatsIsNotBlamed) {
   EXPECT_TRUE(off.ReportParent("d", {0, "b", ParentFault::kStalled}, 110100, &notify).ok());
 }
 
+// Mid-chunk: a parent with no whole chunk for a stall time (long past the
+// relative rule's one extra stall time) whose heartbeats' wire bytes still
+// move is receiving a chunk to forward, and is excused as long as they
+// move; once they stop for a stall time it is planned around. The slow
+// region head of a 40 MB keyframe at 10 Mbit/s (docs/agent.md §4).
+TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
+  topology::PlanOptions o = Options(2);
+  o.root_fanout_max = 1;
+  constexpr uint64_t kDead = 3000, kStall = 10000;
+  auto hb = [](uint64_t bytes_in, uint64_t wire) {
+    agent::Heartbeat h;
+    h.bytes_in = bytes_in;
+    h.wire_bytes_in = wire;
+    h.served_version = 1;
+    return h;
+  };
+  auto fresh = [&] {
+    auto m = std::make_unique<Membership>(Info("root", "us"), o, kDead, ProbationOptions{}, kStall);
+    std::vector<std::string> notify;
+    for (std::string id : {"a", "b", "c", "d", "e"})
+      EXPECT_TRUE(m->Join(Info(id, "eu"), 1, 0, &notify).ok());
+    EXPECT_EQ(m->ParentsOf("d")->parents[0].id, "b");
+    return m;
+  };
+  // b's last whole chunk came at join (t=0); from t=50000 its transport
+  // takes bytes off its parent link, 1 kB per 500 us heartbeat, until
+  // wire_until; then they stop.
+  auto beat = [&](Membership& on, uint64_t to, uint64_t wire_until) {
+    for (uint64_t t = 50000; t <= to; t += 500)
+      ASSERT_TRUE(on.Heartbeat("b", hb(4096, 1000 * (std::min(t, wire_until) - 49500) / 500), t).ok());
+  };
+  std::vector<std::string> notify;
+
+  // 30 ms without a whole chunk since b's first heartbeat (three stall
+  // times; its bytes_in then first differed from the join's zero) but
+  // bytes coming in: excused, and said why.
+  auto m = fresh();
+  beat(*m, 80000, 80000);
+  Status s = m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify);
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  EXPECT_NE(s.message().find("'b' has no whole chunk for 30 ms but took bytes off its own parent's link 0 ms ago"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_FALSE(m->members().at("b").demoted);
+  EXPECT_TRUE(notify.empty());
+  // Bad chunks are not excused by it.
+  ASSERT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kBadChunks}, 80200, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // The wire bytes stopped at t=65000, more than a stall time before the
+  // report: b is planned around as before.
+  m = fresh();
+  beat(*m, 80000, 65000);
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // Whole chunks moving too (b receives and forwards nothing): as before.
+  m = fresh();
+  for (uint64_t t = 50000; t <= 80000; t += 500)
+    ASSERT_TRUE(m->Heartbeat("b", hb(t, t), t).ok());
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // Not heard from within half a stall time: its wire bytes are old news.
+  m = fresh();
+  beat(*m, 70000, 70000);
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 76000, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+}
+
 // What the root logs of a parent when it acts on a report: what the
 // parent's own heartbeats say it received over the stall time before.
 TEST(Membership, StallEvidenceSaysWhatTheParentReceived) {
