@@ -596,10 +596,27 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
                 lines.append((name, line.split(), time.time()))
                 cv.notify_all()
 
-    def wait_for(pred, what, timeout):
+    def wait_for(pred, what, timeout, version=None):
         with cv:
-            if not cv.wait_for(pred, timeout=timeout):
-                raise RuntimeError("baseline (c): %s not within %g s" % (what, timeout))
+            if cv.wait_for(pred, timeout=timeout):
+                return
+            # Who lacks it, and the last lines its node logged (a parent
+            # that failed, a link dropped): the harness has no root to
+            # re-plan around a stuck node, so say where it stuck.
+            lacking = []
+            if version is not None:
+                have = {n for n, w, _ in lines if w[:2] == ["held", str(version)]}
+                lacking = [n for n in sorted(procs) if n != root_name and n not in have]
+        tails = []
+        for n in lacking[:4]:
+            try:
+                with open(os.path.join(d, n + ".log")) as f:
+                    tail = [l.strip() for l in f.readlines()[-2:] if l.strip()]
+            except OSError:
+                tail = []
+            tails.append("%s: %s" % (n, " | ".join(t[:160] for t in tail) or "nothing logged"))
+        raise RuntimeError("baseline (c): %s not within %g s%s" % (
+            what, timeout, "; %d lack it (%s)" % (len(lacking), "; ".join(tails)) if lacking else ""))
 
     try:
         for name, ns, address in hosts:
@@ -626,7 +643,7 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
         procs[root_name].stdin.write("offer 1 %s\n" % warm)
         procs[root_name].stdin.flush()
         wait_for(lambda: len({n for n, w, _ in lines if w[:2] == ["held", "1"]}) == len(members),
-                 "the warm-up object at every member", a.deadline_s * 4)
+                 "the warm-up object at every member", a.deadline_s * 4, version=1)
         time.sleep(1)
         for v in versions:
             links0 = link_bytes(a.state, regions)
@@ -640,7 +657,7 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
 
             try:
                 wait_for(lambda: len(got(key)) == len(members) and got("offered"), "version %d at every member"
-                         % v["version"], a.deadline_s)
+                         % v["version"], a.deadline_s, version=v["version"])
             except RuntimeError as e:
                 rows.append(dict(version=v["version"], failed=str(e)))
                 print(e, flush=True)

@@ -207,7 +207,12 @@ Status RunNode(const NodeArgs& a) {
   };
   TERN_RETURN_IF_ERROR(CreateDirs(env, a.dir));
   agent::RelayNode relay(
-      *transport, env, a.dir, verifier, board, [](std::string_view) {}, options, cb);
+      *transport, env, a.dir, verifier, board,
+      [](std::string_view line) {  // the relay's own log, to this node's log file
+        std::lock_guard<std::mutex> lock(out_mu);
+        std::cerr << line << std::endl;
+      },
+      options, cb);
   TERN_RETURN_IF_ERROR(relay.Listen(a.listen));
   if (!a.parent.empty()) relay.SetParent(0, 1, a.parent);
   std::atomic<bool> stopping{false};

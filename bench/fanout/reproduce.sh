@@ -15,8 +15,9 @@
 #   sudo bench/fanout/reproduce.sh [--out DIR] [--versions 6] [--quick] [--skip-build] [--no-scale]
 #
 # DIR (default docs/fanout) gets run-1..3/ (each run's results.json and
-# results.md), results.md (all three tables), and fanout_*.png. About 30
-# minutes on a 2-core VM (--quick: 3 versions, N=8/16 only, ~12 minutes).
+# results.md), results.md (all three tables), and fanout_*.png. About 50
+# minutes on a 2-core VM (2026-12-05; --quick: 3 versions, N=8/16 only,
+# the FP8 chain left out; not timed).
 # The work directories go on a tmpfs it mounts (agents' disks at memory
 # speed, as the recorded figures were taken) and unmounts. Exit status 1
 # when any run had a member or island not holding or serving a version bit
@@ -81,6 +82,8 @@ done
     sed '1s/^# .*/## Run '"$n"'/' "$out/run-$n/results.md"
   done
 } >"$out/results.md"
+# One set of plots over the three runs (each run drew its own as well).
+rm -f "$out"/run-*/fanout_*.png
 ((${#results[@]})) && python3 bench/fanout/plot.py --out "$out" "${results[@]}"
 if ((scale)); then
   python3 bench/sim/scale.py --sim build/release/bench/sim/tern_sim $( ((quick)) && echo --quick)
