@@ -33,6 +33,7 @@ namespace tern::agent {
 // 6: KEY_SETS (the chain of signed key sets, root -> member).
 // 7: HEARTBEAT gained the apply rate per patch format.
 // 8: WELCOME gained parent_stall_ms; members keep the root's timing.
+// 9: HEARTBEAT gained wire_bytes_in (the root's mid-chunk excuse).
 inline constexpr uint16_t kControlProtocol = 9;
 inline constexpr size_t kMaxControlIdBytes = 256;       // ids, regions, addresses
 inline constexpr size_t kMaxControlTokenBytes = 1024;   // join tokens

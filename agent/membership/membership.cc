@@ -79,7 +79,8 @@ Status Membership::Heartbeat(const std::string& id, const agent::Heartbeat& hb, 
   auto it = members_.find(id);
   if (it == members_.end()) return TERN_ERROR(kNotFound, "member '", id, "' is not joined");
   if (hb.bytes_in != it->second.last.bytes_in) it->second.bytes_in_moved_us = now_us;
-  if (hb.wire_bytes_in != it->second.last.wire_bytes_in) it->second.wire_moved_us = now_us;
+  // Growth only: a redial restarts the count at zero, which is no progress.
+  if (hb.wire_bytes_in > it->second.last.wire_bytes_in) it->second.wire_moved_us = now_us;
   auto& samples = it->second.bytes_in_samples;
   samples.emplace_back(now_us, hb.bytes_in);
   const uint64_t keep_us = 2 * std::max(parent_stall_us_, dead_after_us_);
@@ -148,9 +149,14 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
     // only, so over a slow link (a 40 MB object's ten 4 MiB chunks in
     // flight at once on 8 streams at 10 Mbit/s: ~27 s before the first is
     // whole) its children get nothing while it receives at line rate.
-    // Moving them would send each its own copy over the same link. As long
-    // as the bytes move, it is excused; once they stop, it is the rule above.
-    const bool mid_chunk = rec.wire_moved_us != 0 && now_us < rec.wire_moved_us + parent_stall_us_;
+    // Moving them would send each its own copy over the same link. While
+    // the bytes grow it is excused, for kMidChunkStallTimes stall times
+    // without a whole chunk at most (a first chunk that slow is a link too
+    // slow to relay on, and a member that reports bytes it never completes
+    // must not keep its place for good); once they stop, the rule above.
+    const bool mid_chunk = rec.wire_moved_us != 0 &&
+                           now_us < rec.wire_moved_us + parent_stall_us_ &&
+                           now_us < rec.bytes_in_moved_us + kMidChunkStallTimes * parent_stall_us_;
     TERN_REQUIRE(parent_stall_us_ == 0 || !heard || !flat || !mid_chunk || newer, kMismatch, "'",
                  report.parent_id, "' has no whole chunk for ",
                  (now_us - rec.bytes_in_moved_us) / 1000, " ms but took bytes off its own parent's link ",

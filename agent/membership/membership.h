@@ -44,7 +44,7 @@ struct MemberRecord {
   // When its heartbeats' bytes_in last grew (from joined_us): a parent that
   // has received nothing itself has nothing to forward (ReportParent).
   uint64_t bytes_in_moved_us = 0;
-  // When its heartbeats' wire_bytes_in last changed (0: never): bytes coming
+  // When its heartbeats' wire_bytes_in last grew (0: never): bytes coming
   // off its own parent links before a whole chunk of them is verified.
   uint64_t wire_moved_us = 0;
   // Its heartbeats' (heard_us, bytes_in) over the last two stall times (or
@@ -56,6 +56,11 @@ struct MemberRecord {
 
 class Membership {
  public:
+  // The longest a parent is excused as mid-chunk (its wire bytes growing,
+  // no whole chunk): this many stall times since its last whole chunk
+  // (ReportParent; docs/agent.md §4).
+  static constexpr uint64_t kMidChunkStallTimes = 6;
+
   // root: the root agent as a tree node (its id and data address are in
   // root_info). Bad options: the first Join reports them (kInvalidArgument).
   // parent_stall_us: the root's --parent-stall-ms, which its members report

@@ -462,10 +462,33 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 
-  // Not heard from within half a stall time: its wire bytes are old news.
+  // Not heard from within min(dead_after, stall / 2): its wire bytes are
+  // old news.
   m = fresh();
   beat(*m, 70000, 70000);
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 76000, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // Bounded: wire bytes growing without a whole chunk for more than
+  // kMidChunkStallTimes stall times (a link too slow to relay on, or a
+  // member reporting bytes it never completes) no longer excuse it.
+  m = fresh();
+  const uint64_t limit =
+      50000 + Membership::kMidChunkStallTimes * kStall;  // b's bytes_in last moved at 50000
+  beat(*m, limit - 1000, limit - 1000);
+  EXPECT_EQ(m->ReportParent("d", {0, "b", ParentFault::kStalled}, limit - 900, &notify).code(),
+            Code::kMismatch);
+  for (uint64_t t = limit - 500; t <= limit + 500; t += 500)  // still growing
+    ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1000 * (t - 49500) / 500), t).ok());
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, limit + 600, &notify).ok());
+  EXPECT_TRUE(m->members().at("b").demoted);
+
+  // Only growth counts: a counter that drops (a redial) or repeats is no
+  // progress.
+  m = fresh();
+  for (uint64_t t = 50000; t <= 80000; t += 500)
+    ASSERT_TRUE(m->Heartbeat("b", hb(4096, t < 60000 ? 100000 - t : 1000), t).ok());
+  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 }
 

@@ -421,7 +421,8 @@ def main():
                     "--baselines", a.baselines, "--gap-s", str(a.gap_s), "--deadline-s", str(a.deadline_s),
                     "--agent-args", a.agent_args + (" --patch-format %s" % cfg["patch_format"]
                                                     if cfg.get("patch_format") else "")] + \
-                (["--no-tls"] if a.no_tls else []) + (["--relay-blob", a.relay_blob] if a.relay_blob else [])
+                (["--no-tls"] if a.no_tls else []) + (["--relay-blob", a.relay_blob] if a.relay_blob else []) + \
+                (["--keep"] if a.keep else [])
             rc = subprocess.run(argv).returncode
             subprocess.run([WAN, "down", prefix], capture_output=True, env=env)
             prefix = None
@@ -444,6 +445,7 @@ def main():
             if not a.keep:
                 shutil.rmtree(os.path.join(cdir, "agents"), ignore_errors=True)
                 shutil.rmtree(os.path.join(cdir, "islands"), ignore_errors=True)
+                shutil.rmtree(os.path.join(cdir, "pulse"), ignore_errors=True)
     finally:
         if prefix:
             subprocess.run([WAN, "down", prefix], capture_output=True, env=env)
@@ -460,10 +462,13 @@ def main():
             # The figures of this run beside its tables (plot.py; several
             # runs' results.json together: bench/fanout/reproduce.sh).
             if results:
-                sys.path.insert(0, HERE)
-                import plot
-                for path in plot.plot_all([os.path.join(a.out, "results.json")], a.out):
-                    print("plot: %s" % path)
+                try:  # a plot that fails costs the plot, not the run's cleanup
+                    sys.path.insert(0, HERE)
+                    import plot
+                    for path in plot.plot_all([os.path.join(a.out, "results.json")], a.out):
+                        print("plot: %s" % path)
+                except Exception as e:
+                    print("plot: failed: %r" % e, file=sys.stderr)
         if a.keep:
             print("kept %s" % work)
         else:

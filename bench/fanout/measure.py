@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -596,7 +597,7 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
                 lines.append((name, line.split(), time.time()))
                 cv.notify_all()
 
-    def wait_for(pred, what, timeout, version=None):
+    def wait_for(pred, what, timeout, version=None, kind="held"):
         with cv:
             if cv.wait_for(pred, timeout=timeout):
                 return
@@ -605,7 +606,7 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
             # re-plan around a stuck node, so say where it stuck.
             lacking = []
             if version is not None:
-                have = {n for n, w, _ in lines if w[:2] == ["held", str(version)]}
+                have = {n for n, w, _ in lines if w[:2] == [kind, str(version)]}
                 lacking = [n for n in sorted(procs) if n != root_name and n not in have]
         tails = []
         for n in lacking[:4]:
@@ -615,8 +616,9 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
             except OSError:
                 tail = []
             tails.append("%s: %s" % (n, " | ".join(t[:160] for t in tail) or "nothing logged"))
-        raise RuntimeError("baseline (c): %s not within %g s%s" % (
-            what, timeout, "; %d lack it (%s)" % (len(lacking), "; ".join(tails)) if lacking else ""))
+        free = shutil.disk_usage(d).free
+        raise RuntimeError("baseline (c): %s not within %g s%s; %.0f MB free in the work directory" % (
+            what, timeout, "; %d lack it (%s)" % (len(lacking), "; ".join(tails)) if lacking else "", free / 1e6))
 
     try:
         for name, ns, address in hosts:
@@ -657,7 +659,7 @@ def run_pulse_tree(a, hosts, regions, steps, tree, work):
 
             try:
                 wait_for(lambda: len(got(key)) == len(members) and got("offered"), "version %d at every member"
-                         % v["version"], a.deadline_s, version=v["version"])
+                         % v["version"], a.deadline_s, version=v["version"], kind=key)
             except RuntimeError as e:
                 rows.append(dict(version=v["version"], failed=str(e)))
                 print(e, flush=True)
@@ -713,6 +715,7 @@ def main():
     ap.add_argument("--no-tls", action="store_true")
     ap.add_argument("--agent-args", default="")
     ap.add_argument("--relay-blob", default="", help="tern_relay_blob, for baseline (c)")
+    ap.add_argument("--keep", action="store_true", help="keep the agents' data and the islands' files")
     a = ap.parse_args()
     a.baselines = a.baselines.split()
     if "c" in a.baselines and not a.relay_blob:
@@ -722,7 +725,16 @@ def main():
     steps = sorted(glob.glob(os.path.join(a.trace, "step-*")))[:min(a.versions, MAX_VERSIONS)]
     os.makedirs(os.path.join(a.work, "agents"), exist_ok=True)
     rows, tree = run_tern(a, hosts, regions, steps, a.work)
+    # The work directory is usually a tmpfs (run.sh --work-root): what a
+    # step no longer needs goes before the next writes its own (at N=32 the
+    # agents' views and objects, (d)'s island copies and (c)'s objects are
+    # ~1.3 GB each; a full tmpfs failed (c) at N=32 before).
+    if not a.keep:
+        for name, _, _ in hosts:
+            shutil.rmtree(os.path.join(a.work, "agents", name), ignore_errors=True)
     base = run_baselines(a, hosts, regions, steps, a.work) if set(a.baselines) & {"a", "d"} else {}
+    if not a.keep:
+        shutil.rmtree(os.path.join(a.work, "islands"), ignore_errors=True)
     if "c" in a.baselines and len(steps) > 1:
         try:
             base["c"] = run_pulse_tree(a, hosts, regions, steps, tree, a.work)

@@ -90,7 +90,7 @@ def plot_time(plt, rows, out):
         ys, xs = [], []
         for i, (_, r) in enumerate(rows):
             if r.get(key):
-                ys.append(i + (k - len(SERIES) / 2) * h)
+                ys.append(i + (k - len(SERIES) / 2 + 0.5) * h)
                 xs.append(r[key])
         if xs:
             ax.barh(ys, xs, height=h, color=colour, label=name)

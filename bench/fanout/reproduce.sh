@@ -52,7 +52,7 @@ if ((quick)); then
 fi
 work=$(mktemp -d /tmp/tern-reproduce.XXXXXX)
 cleanup() {
-  mountpoint -q "$work" && umount "$work"
+  if mountpoint -q "$work"; then umount "$work" || echo "reproduce.sh: could not unmount $work" >&2; fi
   rmdir "$work" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -84,9 +84,11 @@ done
 } >"$out/results.md"
 # One set of plots over the three runs (each run drew its own as well).
 rm -f "$out"/run-*/fanout_*.png
-((${#results[@]})) && python3 bench/fanout/plot.py --out "$out" "${results[@]}"
+if ((${#results[@]})); then
+  python3 bench/fanout/plot.py --out "$out" "${results[@]}" || rc=1
+fi
 if ((scale)); then
-  python3 bench/sim/scale.py --sim build/release/bench/sim/tern_sim $( ((quick)) && echo --quick)
+  python3 bench/sim/scale.py --sim build/release/bench/sim/tern_sim $( ((quick)) && echo --quick) || rc=1
 fi
 echo "reproduce.sh: tables in $out/results.md, plots in $out/fanout_*.png$( ((scale)) && echo ", docs/scale.md and docs/scale/*.png"); exit status $rc"
 exit $rc
