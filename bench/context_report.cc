@@ -73,7 +73,8 @@ Status Run(const Args& a) {
               static_cast<unsigned long long>(config.shape.parameters()), a.lr,
               static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(a.segment));
   std::printf(
-      "| step | changed%% | order-0 bound MB | format 1 MB | f1/bound | format 2 MB | f2/bound | f2/f1 | "
+      "| step | changed%% | order-0 bound MB | format 1 MB | f1/bound | format 2 MB | f2/bound | "
+      "f2/f1 | "
       "exp bound | bucket4 | bucket8 | bucket16 | bucket16, flat positions | exp+prev | "
       "pos bits/chg order-0 -> exp | value bits/chg order-0 -> exp |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -192,16 +193,18 @@ Status Run(const Args& a) {
     const double order0 = (all.PositionBits() + all.ValueBits()) / 8;
     auto mb = [](double bytes) { return bytes / 1e6; };
     std::printf(
-        "| %llu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f (%.3f) | %.3f (%.3f) | %.3f (%.3f) | "
+        "| %llu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f (%.3f) | %.3f (%.3f) | "
+        "%.3f (%.3f) | "
         "%.3f (%.3f) | %.3f (%.3f) | %.3f (%.3f) | %.2f -> %.2f | %.2f -> %.2f |\n",
         static_cast<unsigned long long>(step), 100.0 * double(all.c) / double(all.n), mb(order0),
-        mb(double(p1.size())), double(p1.size()) / order0, mb(double(p2.size())), double(p2.size()) / order0,
-        double(p2.size()) / double(p1.size()), mb(exp_bits / 8), exp_bits / 8 / order0,
-        mb(bucket_bits[0] / 8), bucket_bits[0] / 8 / order0, mb(bucket_bits[1] / 8),
-        bucket_bits[1] / 8 / order0, mb(bucket_bits[2] / 8), bucket_bits[2] / 8 / order0, mb(flat_pos_bits / 8),
-        flat_pos_bits / 8 / order0, mb(prev_bits / 8),
-        prev_bits / 8 / order0, all.PositionBits() / double(all.c), exp_pos_bits / double(all.c),
-        all.ValueBits() / double(all.c), exp_val_bits / double(all.c));
+        mb(double(p1.size())), double(p1.size()) / order0, mb(double(p2.size())),
+        double(p2.size()) / order0, double(p2.size()) / double(p1.size()), mb(exp_bits / 8),
+        exp_bits / 8 / order0, mb(bucket_bits[0] / 8), bucket_bits[0] / 8 / order0,
+        mb(bucket_bits[1] / 8), bucket_bits[1] / 8 / order0, mb(bucket_bits[2] / 8),
+        bucket_bits[2] / 8 / order0, mb(flat_pos_bits / 8), flat_pos_bits / 8 / order0,
+        mb(prev_bits / 8), prev_bits / 8 / order0, all.PositionBits() / double(all.c),
+        exp_pos_bits / double(all.c), all.ValueBits() / double(all.c),
+        exp_val_bits / double(all.c));
     std::fflush(stdout);
   }
   std::printf("\nFormat 2, where the bytes go (bits per changed element):\n\n"

@@ -157,10 +157,11 @@ Status Membership::ReportParent(const std::string& id, const ParentReport& repor
     const bool mid_chunk = rec.wire_moved_us != 0 &&
                            now_us < rec.wire_moved_us + parent_stall_us_ &&
                            now_us < rec.bytes_in_moved_us + kMidChunkStallTimes * parent_stall_us_;
-    TERN_REQUIRE(parent_stall_us_ == 0 || !heard || !flat || !mid_chunk || newer, kMismatch, "'",
-                 report.parent_id, "' has no whole chunk for ",
-                 (now_us - rec.bytes_in_moved_us) / 1000, " ms but took bytes off its own parent's link ",
-                 (now_us - rec.wire_moved_us) / 1000, " ms ago: it is still receiving a chunk to forward");
+    TERN_REQUIRE(
+        parent_stall_us_ == 0 || !heard || !flat || !mid_chunk || newer, kMismatch, "'",
+        report.parent_id, "' has no whole chunk for ", (now_us - rec.bytes_in_moved_us) / 1000,
+        " ms but took bytes off its own parent's link ", (now_us - rec.wire_moved_us) / 1000,
+        " ms ago: it is still receiving a chunk to forward");
   }
   TERN_ASSIGN_OR_RETURN(topology::Plan next, topology::DemoteRelay(plan_, report.parent_id));
   parent->second.demoted = true;

@@ -428,7 +428,8 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
   // wire_until; then they stop.
   auto beat = [&](Membership& on, uint64_t to, uint64_t wire_until) {
     for (uint64_t t = 50000; t <= to; t += 500)
-      ASSERT_TRUE(on.Heartbeat("b", hb(4096, 1000 * (std::min(t, wire_until) - 49500) / 500), t).ok());
+      ASSERT_TRUE(
+          on.Heartbeat("b", hb(4096, 1000 * (std::min(t, wire_until) - 49500) / 500), t).ok());
   };
   std::vector<std::string> notify;
 
@@ -439,8 +440,10 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
   beat(*m, 80000, 80000);
   Status s = m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify);
   EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
-  EXPECT_NE(s.message().find("'b' has no whole chunk for 30 ms but took bytes off its own parent's link 0 ms ago"),
-            std::string::npos)
+  EXPECT_NE(
+      s.message().find(
+          "'b' has no whole chunk for 30 ms but took bytes off its own parent's link 0 ms ago"),
+      std::string::npos)
       << s.ToString();
   EXPECT_FALSE(m->members().at("b").demoted);
   EXPECT_TRUE(notify.empty());
@@ -457,8 +460,7 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
 
   // Whole chunks moving too (b receives and forwards nothing): as before.
   m = fresh();
-  for (uint64_t t = 50000; t <= 80000; t += 500)
-    ASSERT_TRUE(m->Heartbeat("b", hb(t, t), t).ok());
+  for (uint64_t t = 50000; t <= 80000; t += 500) ASSERT_TRUE(m->Heartbeat("b", hb(t, t), t).ok());
   EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
   EXPECT_TRUE(m->members().at("b").demoted);
 
