@@ -157,29 +157,21 @@ Status Run(const Args& a) {
           seg_all.n += seg_exp[e].n;
           seg_all.c += seg_exp[e].c;
         }
-        {  // bucket16's values, the segment's positions in one code
-          double best = 1e300;
-          for (int e0 = 0; e0 < 256; ++e0) {
-            Class b[16];
-            for (int e = 0; e < 256; ++e) b[std::clamp(e0 - e, 0, 15)].Add(seg_exp[e]);
-            double bits = seg_all.PositionBits();
-            for (int c = 0; c < 16; ++c) bits += b[c].ValueBits();
-            best = std::min(best, bits);
-          }
-          flat_pos_bits += best;
-        }
-        // Buckets: the best e0 per segment for each K.
+        // Buckets: the best e0 per segment for each K; with K = 16 also
+        // the best for its values with the segment's positions in one code.
         for (int ki = 0; ki < 3; ++ki) {
           const int k = ks[ki];
-          double best = 1e300;
+          double best = 1e300, best_flat = 1e300;
           for (int e0 = 0; e0 < 256; ++e0) {
             Class b[16];
             for (int e = 0; e < 256; ++e) b[std::clamp(e0 - e, 0, k - 1)].Add(seg_exp[e]);
-            double bits = 0;
-            for (int c = 0; c < k; ++c) bits += b[c].PositionBits() + b[c].ValueBits();
-            best = std::min(best, bits);
+            double pos = 0, val = 0;
+            for (int c = 0; c < k; ++c) pos += b[c].PositionBits(), val += b[c].ValueBits();
+            best = std::min(best, pos + val);
+            best_flat = std::min(best_flat, seg_all.PositionBits() + val);
           }
           bucket_bits[ki] += best;
+          if (k == 16) flat_pos_bits += best_flat;
         }
       }
       for (int e = 0; e < 256; ++e) {

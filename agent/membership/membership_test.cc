@@ -432,6 +432,11 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
           on.Heartbeat("b", hb(4096, 1000 * (std::min(t, wire_until) - 49500) / 500), t).ok());
   };
   std::vector<std::string> notify;
+  // d's stall report on b is taken, and b is planned around.
+  auto PlannedAround = [&](Membership& on, uint64_t at) {
+    EXPECT_TRUE(on.ReportParent("d", {0, "b", ParentFault::kStalled}, at, &notify).ok());
+    EXPECT_TRUE(on.members().at("b").demoted);
+  };
 
   // 30 ms without a whole chunk since b's first heartbeat (three stall
   // times; its bytes_in then first differed from the join's zero) but
@@ -455,21 +460,18 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
   // report: b is planned around as before.
   m = fresh();
   beat(*m, 80000, 65000);
-  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
-  EXPECT_TRUE(m->members().at("b").demoted);
+  PlannedAround(*m, 80100);
 
   // Whole chunks moving too (b receives and forwards nothing): as before.
   m = fresh();
   for (uint64_t t = 50000; t <= 80000; t += 500) ASSERT_TRUE(m->Heartbeat("b", hb(t, t), t).ok());
-  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
-  EXPECT_TRUE(m->members().at("b").demoted);
+  PlannedAround(*m, 80100);
 
   // Not heard from within min(dead_after, stall / 2): its wire bytes are
   // old news.
   m = fresh();
   beat(*m, 70000, 70000);
-  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 76000, &notify).ok());
-  EXPECT_TRUE(m->members().at("b").demoted);
+  PlannedAround(*m, 76000);
 
   // Bounded: wire bytes growing without a whole chunk for more than
   // kMidChunkStallTimes stall times (a link too slow to relay on, or a
@@ -482,16 +484,14 @@ TEST(Membership, AParentStillReceivingItsFirstWholeChunkIsNotBlamed) {
             Code::kMismatch);
   for (uint64_t t = limit - 500; t <= limit + 500; t += 500)  // still growing
     ASSERT_TRUE(m->Heartbeat("b", hb(4096, 1000 * (t - 49500) / 500), t).ok());
-  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, limit + 600, &notify).ok());
-  EXPECT_TRUE(m->members().at("b").demoted);
+  PlannedAround(*m, limit + 600);
 
   // Only growth counts: a counter that drops (a redial) or repeats is no
   // progress.
   m = fresh();
   for (uint64_t t = 50000; t <= 80000; t += 500)
     ASSERT_TRUE(m->Heartbeat("b", hb(4096, t < 60000 ? 100000 - t : 1000), t).ok());
-  EXPECT_TRUE(m->ReportParent("d", {0, "b", ParentFault::kStalled}, 80100, &notify).ok());
-  EXPECT_TRUE(m->members().at("b").demoted);
+  PlannedAround(*m, 80100);
 }
 
 // What the root logs of a parent when it acts on a report: what the

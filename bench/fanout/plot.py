@@ -35,11 +35,6 @@ SERIES = [  # (key in a summarized row, label, colour)
 ]
 
 
-def matplotlib_ticker():
-    import matplotlib.ticker
-    return matplotlib.ticker
-
-
 def load(paths):
     """[(meta, row)] over every run, in the order given."""
     rows = []
@@ -51,7 +46,9 @@ def load(paths):
     return rows
 
 
-def footer(fig, rows):
+def save(plt, fig, rows, out, name):
+    """Writes FIG to OUT/NAME with a footer naming each run's machine, commit,
+    memcpy and command; returns the path."""
     metas = []
     for m, _ in rows:
         if m not in metas:
@@ -59,7 +56,11 @@ def footer(fig, rows):
     lines = ["%s, commit %s, memcpy %s GB/s/core: %s" % (m["machine"], m["commit"], m.get("memcpy_gb_s_per_core", "?"),
                                                           command(m["command"])) for m in metas]
     fig.text(0.01, 0.005, "\n".join(lines[:6]), fontsize=6, va="bottom", family="monospace")
-    return 0.03 + 0.018 * min(len(lines), 6)
+    fig.tight_layout(rect=(0, 0.03 + 0.018 * min(len(lines), 6), 1, 1))
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def command(argv):
@@ -74,10 +75,6 @@ def command(argv):
         else:
             out.append(w)
     return " ".join(out)[:160]
-
-
-def label(r):
-    return r["name"]
 
 
 def plot_time(plt, rows, out):
@@ -95,25 +92,37 @@ def plot_time(plt, rows, out):
         if xs:
             ax.barh(ys, xs, height=h, color=colour, label=name)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([label(r) for _, r in rows], fontsize=8)
+    ax.set_yticklabels([r["name"] for _, r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("seconds from the patch ready to the last member holding (relay) or serving (chain, full); "
                   "median over patch versions", fontsize=8)
     ax.set_title("Cross-region fan-out on the emulated WAN: tern against the baselines")
     ax.grid(axis="x", which="both", alpha=0.3)
-    ax.xaxis.set_major_formatter(matplotlib_ticker().FormatStrFormatter("%g"))
+    from matplotlib.ticker import FormatStrFormatter  # matplotlib is imported by plot_all only
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    bottom = footer(fig, rows)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    path = os.path.join(out, "fanout_time.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, rows, out, "fanout_time.png")
 
 
 def testbed(r):
     return "RTT x%g, WAN rates x%g" % (r.get("rtt_scale", 1), r.get("rate_scale", 1))
+
+
+def line(ax, pts, style, colour, label):
+    """One series of (x, y) points; none: nothing drawn."""
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colour, label=label)
+
+
+def members_axis(ax, ns):
+    """Log axes over the member counts, each count a tick."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ns)
+    ax.set_xticklabels([str(n) for n in ns])
+    ax.grid(which="both", alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def plot_members(plt, rows, out):
@@ -136,38 +145,21 @@ def plot_members(plt, rows, out):
         ax = axes[0][col]
         for key, name, colour in SERIES:
             pts = [(n, by_n[n][key]) for n in ns if by_n[n].get(key)]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colour, label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(n) for n in ns])
+            line(ax, pts, "o-", colour, name)
+        members_axis(ax, ns)
         ax.set_title("relay-only members, %s" % bed, fontsize=9)
         ax.set_ylabel("seconds to the last member holding")
-        ax.grid(which="both", alpha=0.3)
-        ax.legend(fontsize=7)
         ax = axes[1][col]
         for key, name, colour in SERIES[2:6]:
             pts = [(n, by_n[n][key] / by_n[n]["tern_last_s"]) for n in ns if by_n[n].get(key)]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colour, label=name + " / tern")
+            line(ax, pts, "o-", colour, name + " / tern")
         pts = [(n, by_n[n]["tern_last_s"] / by_n[n]["bound_s"]) for n in ns if by_n[n].get("bound_s")]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o--", color="#1f77b4", label="tern / bound")
+        line(ax, pts, "o--", "#1f77b4", "tern / bound")
         ax.axhline(1.3, color="#1f77b4", lw=0.6, ls=":")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(n) for n in ns])
+        members_axis(ax, ns)
         ax.set_xlabel("members (spread over ca/eu/ap)")
         ax.set_ylabel("times tern (tern: times the bound; dotted: 1.3x)")
-        ax.grid(which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    bottom = footer(fig, relay)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    path = os.path.join(out, "fanout_members.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, relay, out, "fanout_members.png")
 
 
 def plot_wan_bytes(plt, rows, out):
@@ -201,12 +193,7 @@ def plot_wan_bytes(plt, rows, out):
     ax.set_title("Bytes on each WAN link, %s (%d members)" % (r["name"], r["members"]))
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    bottom = footer(fig, [(m, r)])
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    path = os.path.join(out, "fanout_wan_bytes.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, [(m, r)], out, "fanout_wan_bytes.png")
 
 
 def plot_sim(plt, rows, out):
@@ -236,12 +223,7 @@ def plot_sim(plt, rows, out):
     ax.set_title("The simulator against the testbed: %d of %d within 15%%" % (inside, len(pts)))
     ax.grid(which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
-    bottom = footer(fig, pts)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    path = os.path.join(out, "fanout_sim.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, pts, out, "fanout_sim.png")
 
 
 def plot_all(paths, out):
