@@ -276,11 +276,21 @@ def run_tern(a, hosts, regions, steps, work):
                     print("status of the root: %s; trying again" % e, file=sys.stderr)
                     time.sleep(0.2)
 
-        deadline = time.time() + 90
+        # 90 s, and 2 s a member beyond 32: the machine starts every agent
+        # at once (64 TLS agents on 2 cores join in about a minute).
+        join_s = 90 + 2 * max(0, len(members) - 32)
+        deadline = time.time() + join_s
+        t_join, last_print = time.time(), time.time()
         while len(status()["members"]) < len(members):
             if time.time() > deadline:
-                raise SystemExit("only %d of %d members joined in 90 s" % (len(status()["members"]), len(members)))
+                raise SystemExit("only %d of %d members joined in %d s" % (len(status()["members"]), len(members),
+                                                                           join_s))
+            if time.time() - last_print > 10:
+                last_print = time.time()
+                print("   %d of %d members joined after %.0f s (load %.1f)" % (
+                    len(status()["members"]), len(members), last_print - t_join, os.getloadavg()[0]))
             time.sleep(0.1)
+        print("   %d members joined in %.1f s" % (len(members), time.time() - t_join))
         time.sleep(1)  # the last joiner's links settle
         by_name = {m.name: m for m in members}
         for v, ckpt in enumerate(steps, start=1):

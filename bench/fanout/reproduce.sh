@@ -4,10 +4,10 @@
 # (root: the testbed uses network namespaces and a TUN device). It installs
 # what it needs (scripts/install-deps.sh), builds the release binaries, and
 # runs, each on a fresh emulated WAN with the same 20M-parameter trace:
-#   1. the testbed's own rates: chain (BF16 and FP8), relay-only N=8/16/32,
+#   1. the testbed's own rates: chain (BF16 and FP8), relay-only N=8/16/32/64,
 #      full N=8, against baselines (a), (c) and (d);
 #   2. every delay doubled: chain and relay N=16;
-#   3. every WAN rate at 1/20 (bandwidth-bound): chain and relay N=8/16/32
+#   3. every WAN rate at 1/20 (bandwidth-bound): chain and relay N=8/16/32/64
 #      against (c) and (d), where the bytes and the store's one uplink show;
 # then draws the measured figures (bench/fanout/plot.py) and runs the scale
 # simulator's sweeps (bench/sim/scale.py: docs/scale.md and its plots).
@@ -15,9 +15,9 @@
 #   sudo bench/fanout/reproduce.sh [--out DIR] [--versions 6] [--quick] [--skip-build] [--no-scale]
 #
 # DIR (default docs/fanout) gets run-1..3/ (each run's results.json and
-# results.md), results.md (all three tables), and fanout_*.png. About 50
-# minutes on a 2-core VM (2026-12-05; --quick: 3 versions, N=8/16 only,
-# the FP8 chain left out; not timed).
+# results.md), results.md (all three tables), and fanout_*.png. About 35
+# minutes on a 2-core VM (2026-12-05, with the build up to date; --quick:
+# 3 versions, N=8/16 only, the FP8 chain left out; not timed).
 # The work directories go on a tmpfs it mounts (agents' disks at memory
 # speed, as the recorded figures were taken) and unmounts. Exit status 1
 # when any run had a member or island not holding or serving a version bit
@@ -46,7 +46,7 @@ if ((build)); then
   cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build/release -j"$(nproc)" --target tern tern-agent tern-wan-fwd tern_sim tern_relay_blob
 fi
-members="8 16 32" fp8=fp8-e4m3-block128
+members="8 16 32 64" fp8=fp8-e4m3-block128
 if ((quick)); then
   members="8 16" versions=3 fp8=""
 fi
@@ -56,9 +56,9 @@ cleanup() {
   rmdir "$work" 2>/dev/null || true
 }
 trap cleanup EXIT
-mount -t tmpfs -o size=4g tmpfs "$work"
+mount -t tmpfs -o size=8g tmpfs "$work"
 mkdir -p "$out"
-rc=0
+rc=0 started=$(date -u +%Y-%m-%dT%H:%MZ)
 run() { # run N ARGS...: one bench/fanout invocation into $out/run-N
   local n=$1
   shift
@@ -75,7 +75,7 @@ done
 {
   echo "# Cross-region fan-out, reproduced"
   echo
-  echo "\`bench/fanout/reproduce.sh\` on $(date -u +%Y-%m-%dT%H:%MZ); plots: fanout_*.png beside this file."
+  echo "\`bench/fanout/reproduce.sh\` from $started to $(date -u +%Y-%m-%dT%H:%MZ); plots: fanout_*.png beside this file."
   for n in 1 2 3; do
     [ -f "$out/run-$n/results.md" ] || continue
     echo
