@@ -10,6 +10,7 @@
 // a MutableServeView's bytes must not overlap.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -53,10 +54,22 @@ class BasicServeView {
   // Tensors must be sorted by name without duplicates (see SortAndCheck).
   std::vector<BasicTensorRef<Byte>> tensors;
 
+  // A binary search over the sorted tensors (a MoE checkpoint's view holds
+  // ~1e5 of them, and `tern cast` looks every one up: a linear scan made
+  // that quadratic). A view built without SortAndCheck still finds its
+  // tensors, by the scan the search falls back to on a miss.
   const BasicTensorRef<Byte>* Find(std::string_view name) const {
-    for (const auto& t : tensors)  // TODO(perf): binary search; views hold ~1e3 tensors
+    if (const auto* t = FindSorted(name)) return t;
+    for (const auto& t : tensors)
       if (t.desc->name == name) return &t;
     return nullptr;
+  }
+  // The binary search alone: right only for a sorted view.
+  const BasicTensorRef<Byte>* FindSorted(std::string_view name) const {
+    auto it = std::lower_bound(
+        tensors.begin(), tensors.end(), name,
+        [](const BasicTensorRef<Byte>& t, std::string_view n) { return t.desc->name < n; });
+    return it != tensors.end() && it->desc->name == name ? &*it : nullptr;
   }
   uint64_t total_bytes() const {
     uint64_t n = 0;
