@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tern {
@@ -29,8 +29,9 @@ TEST(ViewTest, FindReturnsEveryTensorOfASortedViewAndNothingElse) {
     const TensorRef* t = view.Find(d.name);
     ASSERT_NE(t, nullptr) << d.name;
     EXPECT_EQ(t->desc, &d);
-    EXPECT_EQ(view.FindSorted(d.name), t);  // found by the search, not the scan
+    EXPECT_EQ(view.FindSorted(d.name), t);
   }
+  EXPECT_EQ(view.tensors.back().desc->name, "\xff-high-byte");  // byte-wise, as the search compares
   EXPECT_EQ(view.Find(""), nullptr);
   EXPECT_EQ(view.Find("model.layers.0.experts.0"), nullptr);  // a prefix of a name
   EXPECT_EQ(view.Find("model.layers.0.experts.0.w0"), nullptr);
@@ -51,6 +52,18 @@ TEST(ViewTest, FindStillFindsTensorsOfAViewNeverSorted) {
   }
   EXPECT_GT(missed_by_the_search, 0);  // so the scan above is what found them
   EXPECT_EQ(view.Find("absent"), nullptr);
+}
+
+// Find asks the search before it scans: in this (unsorted, duplicated)
+// order the search lands on the second "b" and the scan on the first.
+TEST(ViewTest, FindSearchesBeforeItScans) {
+  const TensorDesc b1{"b", DType::kU8, {1}}, a{"a", DType::kU8, {1}}, b2{"b", DType::kU8, {1}},
+      c{"c", DType::kU8, {1}};
+  ServeView view;
+  for (const TensorDesc* d : {&b1, &a, &b2, &c}) view.tensors.push_back({d, nullptr});
+  ASSERT_NE(view.FindSorted("b"), nullptr);
+  EXPECT_EQ(view.FindSorted("b")->desc, &b2);
+  EXPECT_EQ(view.Find("b")->desc, &b2);
 }
 
 }  // namespace

@@ -18,6 +18,8 @@
 # results.md), results.md (all three tables), and fanout_*.png. About 35
 # minutes on a 2-core VM (2026-12-05, with the build up to date; --quick:
 # 3 versions, N=8/16 only, the FP8 chain left out; not timed).
+# Memory: N=64's 65 agents took the work tmpfs (an 8 GB ceiling) to 3.2 GB
+# and the machine's used memory to 5.8 GB (2026-12-05).
 # The work directories go on a tmpfs it mounts (agents' disks at memory
 # speed, as the recorded figures were taken) and unmounts. Exit status 1
 # when any run had a member or island not holding or serving a version bit
@@ -41,6 +43,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 cd "$here"
+started=$(date -u +%Y-%m-%dT%H:%MZ)
 if ((build)); then
   ./scripts/install-deps.sh
   cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -58,7 +61,7 @@ cleanup() {
 trap cleanup EXIT
 mount -t tmpfs -o size=8g tmpfs "$work"
 mkdir -p "$out"
-rc=0 started=$(date -u +%Y-%m-%dT%H:%MZ)
+rc=0
 run() { # run N ARGS...: one bench/fanout invocation into $out/run-N
   local n=$1
   shift
@@ -75,7 +78,7 @@ done
 {
   echo "# Cross-region fan-out, reproduced"
   echo
-  echo "\`bench/fanout/reproduce.sh\` from $started to $(date -u +%Y-%m-%dT%H:%MZ); plots: fanout_*.png beside this file."
+  echo "\`bench/fanout/reproduce.sh\` from $started (its install and build included) to $(date -u +%Y-%m-%dT%H:%MZ) (its last run's end); plots: fanout_*.png beside this file."
   for n in 1 2 3; do
     [ -f "$out/run-$n/results.md" ] || continue
     echo

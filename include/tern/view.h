@@ -10,10 +10,11 @@
 // a MutableServeView's bytes must not overlap.
 #pragma once
 
-#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tern/dtype.h"
@@ -57,19 +58,28 @@ class BasicServeView {
   // A binary search over the sorted tensors (a MoE checkpoint's view holds
   // ~1e5 of them, and `tern cast` looks every one up: a linear scan made
   // that quadratic). A view built without SortAndCheck still finds its
-  // tensors, by the scan the search falls back to on a miss.
+  // tensors, by the scan the search falls back to on a miss (so a miss
+  // costs a scan: callers that expect many misses should sort and use
+  // FindSorted).
   const BasicTensorRef<Byte>* Find(std::string_view name) const {
     if (const auto* t = FindSorted(name)) return t;
     for (const auto& t : tensors)
       if (t.desc->name == name) return &t;
     return nullptr;
   }
-  // The binary search alone: right only for a sorted view.
+  // The binary search alone: finds every tensor of a sorted view. Written
+  // out rather than std::lower_bound, whose precondition (a sorted range)
+  // Find does not promise: on any order this loop is defined, and misses.
   const BasicTensorRef<Byte>* FindSorted(std::string_view name) const {
-    auto it = std::lower_bound(
-        tensors.begin(), tensors.end(), name,
-        [](const BasicTensorRef<Byte>& t, std::string_view n) { return t.desc->name < n; });
-    return it != tensors.end() && it->desc->name == name ? &*it : nullptr;
+    size_t lo = 0, hi = tensors.size();
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (std::string_view(tensors[mid].desc->name) < name)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    return lo < tensors.size() && tensors[lo].desc->name == name ? &tensors[lo] : nullptr;
   }
   uint64_t total_bytes() const {
     uint64_t n = 0;
