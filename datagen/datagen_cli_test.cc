@@ -146,6 +146,22 @@ TEST_F(DatagenCliTest, QuantizedFormatsWriteTheCastLayoutAndItsConfig) {
   }
 }
 
+TEST_F(DatagenCliTest, ExpertsWriteAnMoeWhoseExpertsTakeMxfp4) {
+  const fs::path out = root_ / "moe";
+  RunResult r = Run("--out " + out.string() +
+                    " --params 400K --experts 4 --steps 1 --seed 3 --threads 2 --format mxfp4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("scale groups re-scaled"), std::string::npos) << r.output;
+  TraceConfig config;
+  config.shape = *ChooseModelShape(400'000, 4);
+  config.seed = 3;
+  config.format = ServeFormat::kQuantized;
+  config.quant = *ParseQuantFormat("mxfp4");
+  ExpectTraceMatches(out, Entries(out), config,
+                     {{"num_local_experts", 4},
+                      {"architectures", nlohmann::json::array({"TernSyntheticMoeForCausalLM"})}});
+}
+
 TEST_F(DatagenCliTest, SaysWhichTensorsAFormatCannotQuantize) {
   // 200K: hidden 64, which 128-groups cannot take.
   RunResult r = Run("--stats-only --params 200K --steps 1 --threads 1 --format int4-g128");
@@ -186,8 +202,8 @@ TEST_F(DatagenCliTest, BadUsageIsAOneLineErrorWithExitStatus2) {
   for (const std::string& args :
        {out + " --params lots", out + " --dtype fp8", out + " --lr -1", out + " --params 10",
         out + " --format fp9", out + " --format nvfp4 --scale-policy sometimes",
-        out + " --format nvfp4 --dtype fp16",
-        std::string("--params 1M"), out + " --beta2 1"}) {
+        out + " --format nvfp4 --dtype fp16", std::string("--params 1M"), out + " --beta2 1",
+        out + " --experts 1025"}) {
     RunResult r = Run(args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("tern datagen: "), std::string::npos) << args << "\n" << r.output;

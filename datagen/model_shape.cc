@@ -17,6 +17,7 @@ constexpr uint64_t kMaxVocab = 32000;
 // holds ~50K parameters).
 constexpr uint64_t kMinParams = 100'000;
 constexpr uint64_t kMaxParams = 1'000'000'000'000;
+constexpr uint64_t kMaxExperts = 1024;
 
 uint64_t RoundUp(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 
@@ -24,20 +25,25 @@ uint64_t PerLayerParams(const ModelShape& s) {
   const uint64_t h = s.hidden_size;
   const uint64_t q_out = s.num_attention_heads * s.head_dim;
   const uint64_t kv_out = s.num_key_value_heads * s.head_dim;
-  return h * q_out + 2 * h * kv_out + q_out * h + 3 * h * s.intermediate_size + 2 * h;
+  const uint64_t mlp = s.num_local_experts == 0
+                           ? 3 * h * s.intermediate_size
+                           : s.num_local_experts * (3 * h * s.intermediate_size + h);  // + router
+  return h * q_out + 2 * h * kv_out + q_out * h + mlp + 2 * h;
 }
 
 uint64_t EmbeddingParams(const ModelShape& s) { return 2 * s.vocab_size * s.hidden_size + s.hidden_size; }
 
 // Everything but the layer count, for hidden size `h` and a budget.
-ModelShape WidthFor(uint64_t h, uint64_t params) {
+ModelShape WidthFor(uint64_t h, uint64_t params, uint64_t experts) {
   ModelShape s;
+  s.num_local_experts = experts;
+  s.num_experts_per_tok = experts == 0 ? 0 : std::clamp<uint64_t>(experts / 2, 1, 4);
   s.hidden_size = h;
   s.head_dim = kHeadDim;
   s.num_attention_heads = h / kHeadDim;
   s.num_key_value_heads = s.num_attention_heads % 4 == 0 ? s.num_attention_heads / 4
                                                          : s.num_attention_heads;
-  s.intermediate_size = RoundUp(8 * h / 3, 64);
+  s.intermediate_size = experts == 0 ? RoundUp(8 * h / 3, 64) : h;
   // Small models would be mostly embedding with a real 32K vocabulary; give
   // the embedding and head ~15% of the budget instead.
   const uint64_t vocab = RoundUp(static_cast<uint64_t>(0.15 * static_cast<double>(params)) /
@@ -68,8 +74,11 @@ Status ModelShape::Validate() const {
   constexpr uint64_t kDimMax = 1 << 20;
   TERN_REQUIRE(hidden_size <= kDimMax && intermediate_size <= kDimMax &&
                    num_hidden_layers <= 65536 && num_attention_heads <= kDimMax &&
-                   head_dim <= kDimMax && vocab_size <= (1u << 24),
+                   head_dim <= kDimMax && vocab_size <= (1u << 24) &&
+                   num_local_experts <= kMaxExperts && num_experts_per_tok <= num_local_experts,
                kInvalidArgument, "model shape dimension out of range");
+  TERN_REQUIRE((num_local_experts == 0) == (num_experts_per_tok == 0), kInvalidArgument,
+               "num_experts_per_tok must be positive exactly when there are experts");
   TERN_REQUIRE(num_attention_heads * head_dim == hidden_size, kInvalidArgument,
                "hidden_size ", hidden_size, " != heads ", num_attention_heads, " x head_dim ",
                head_dim);
@@ -80,9 +89,10 @@ Status ModelShape::Validate() const {
   return Status::Ok();
 }
 
-Result<ModelShape> ChooseModelShape(uint64_t params) {
+Result<ModelShape> ChooseModelShape(uint64_t params, uint64_t experts) {
   TERN_REQUIRE(params >= kMinParams && params <= kMaxParams, kOutOfRange, "--params ", params,
                " outside [1e5, 1e12]");
+  TERN_REQUIRE(experts <= kMaxExperts, kOutOfRange, "--experts ", experts, " past ", kMaxExperts);
   // Pick the width whose natural depth (~hidden/128 layers, as Llama 7B has
   // 4096/32) lands closest to the budget, then fit the depth, then spend the
   // rounding remainder on the vocabulary. Widths past 256 step by 256 so that
@@ -90,7 +100,7 @@ Result<ModelShape> ChooseModelShape(uint64_t params) {
   ModelShape best;
   double best_distance = 1e300;
   for (uint64_t h = kHeadDim; h <= 32768; h += h < 256 ? kHeadDim : 256) {
-    ModelShape s = WidthFor(h, params);
+    ModelShape s = WidthFor(h, params, experts);
     s.num_hidden_layers = std::max<uint64_t>(2, (h + 64) / 128);
     const double d = RatioDistance(s.parameters(), params);
     if (d < best_distance) {
@@ -134,7 +144,7 @@ std::vector<TensorDesc> ModelTensors(const ModelShape& s, DType dtype) {
   const uint64_t q_out = s.num_attention_heads * s.head_dim;
   const uint64_t kv_out = s.num_key_value_heads * s.head_dim;
   std::vector<TensorDesc> out;
-  out.reserve(2 + 9 * s.num_hidden_layers + 2);
+  out.reserve(2 + 10 * s.num_hidden_layers + 2);
   auto add = [&](std::string name, std::vector<uint64_t> shape) {
     out.push_back(TensorDesc{std::move(name), dtype, std::move(shape)});
   };
@@ -147,9 +157,16 @@ std::vector<TensorDesc> ModelTensors(const ModelShape& s, DType dtype) {
     add(p + "self_attn.v_proj.weight", {kv_out, h});
     add(p + "self_attn.o_proj.weight", {h, q_out});
     add(p + "post_attention_layernorm.weight", {h});
-    add(p + "mlp.gate_proj.weight", {s.intermediate_size, h});
-    add(p + "mlp.up_proj.weight", {s.intermediate_size, h});
-    add(p + "mlp.down_proj.weight", {h, s.intermediate_size});
+    if (s.num_local_experts == 0) {
+      add(p + "mlp.gate_proj.weight", {s.intermediate_size, h});
+      add(p + "mlp.up_proj.weight", {s.intermediate_size, h});
+      add(p + "mlp.down_proj.weight", {h, s.intermediate_size});
+    } else {
+      const uint64_t e = s.num_local_experts;
+      add(p + "mlp.router.weight", {e, h});
+      add(p + "mlp.experts.gate_up_proj.weight", {e, 2 * s.intermediate_size, h});
+      add(p + "mlp.experts.down_proj.weight", {e, h, s.intermediate_size});
+    }
   }
   add("model.norm.weight", {h});
   add("lm_head.weight", {s.vocab_size, h});
@@ -160,7 +177,19 @@ nlohmann::ordered_json ModelConfig(const ModelShape& s, DType dtype) {
   const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
                             : dtype == DType::kF16 ? "float16"
                                                    : "float32";
-  // In the order transformers' LlamaConfig writes them.
+  // In the order transformers' LlamaConfig writes them. A mixture of experts
+  // says what it is (tern's synthetic layout, which no engine loads) rather
+  // than pass for a Llama.
+  if (s.num_local_experts > 0) {
+    ModelShape dense = s;
+    dense.num_local_experts = dense.num_experts_per_tok = 0;
+    nlohmann::ordered_json moe = ModelConfig(dense, dtype);
+    moe["architectures"] = {"TernSyntheticMoeForCausalLM"};
+    moe["model_type"] = "tern_synthetic_moe";
+    moe["num_local_experts"] = s.num_local_experts;
+    moe["num_experts_per_tok"] = s.num_experts_per_tok;
+    return moe;
+  }
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"hidden_size", s.hidden_size},

@@ -98,6 +98,44 @@ TEST(QuantTraceTest, ViewIsTheCastLayout) {
   }
 }
 
+// An MoE model: mxfp4 quantizes the fused experts (blocks and E8M0 scales)
+// and keeps the rest BF16, and each step diffs and applies back bit for bit.
+TEST(QuantTraceTest, MixtureOfExpertsTakesMxfp4) {
+  ThreadPool pool(2);
+  TraceConfig c = Config("mxfp4");
+  c.shape = *ChooseModelShape(400'000, 4);
+  auto gen = Make(c, pool);
+  ASSERT_TRUE(gen);
+  uint64_t quantized = 0;
+  for (TensorDesc d : ModelTensors(c.shape, DType::kF32)) {
+    auto plan = PlanQuantTensor(c.quant, d, DefaultQuantKeep());
+    ASSERT_TRUE(plan.ok());
+    const bool expert = d.name.find("mlp.experts.") != std::string::npos;
+    EXPECT_EQ(plan->quantize, expert) << d.name;
+    quantized += plan->quantize;
+    for (const TensorDesc& o : plan->outs) {
+      const TensorDesc* got = FindDesc(gen->view(), o.name);
+      ASSERT_NE(got, nullptr) << o.name;
+      EXPECT_EQ(got->dtype, expert ? DType::kU8 : DType::kBF16) << o.name;
+    }
+  }
+  EXPECT_EQ(quantized, 2 * c.shape.num_hidden_layers);
+  OwnedView replica(gen->view());
+  for (int step = 1; step <= 2; ++step) {
+    const OwnedView base(gen->view());
+    ASSERT_TRUE(gen->Step().ok());
+    EXPECT_GT(gen->last_stats().changed, 0u);
+    DiffOptions options;
+    options.base_version = step - 1;
+    options.target_version = step;
+    auto patch = Diff(base.View(), gen->view(), options, pool);
+    ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+    MutableServeView mv = replica.Mutable();
+    ASSERT_TRUE(Apply(mv, *patch, ComputeDigest(replica.View(), pool), pool).ok());
+    EXPECT_EQ(Bytes(replica.View()), Bytes(gen->view())) << "step " << step;
+  }
+}
+
 TEST(QuantTraceTest, EveryStepDiffsAndAppliesBitwise) {
   ThreadPool pool(2);
   for (const std::string& format : QuantFormatNames()) {

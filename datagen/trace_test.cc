@@ -1,13 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <string>
 #include <vector>
 
-#include "tern/thread_pool.h"
-#include "tern/float_cast.h"
 #include "tern/datagen.h"
+#include "tern/float_cast.h"
+#include "tern/thread_pool.h"
 
 namespace tern {
 namespace {
@@ -94,6 +96,56 @@ TEST(ModelShapeTest, TensorsFollowTheHuggingFaceLayout) {
   EXPECT_NE(json.find("\"num_hidden_layers\": " + std::to_string(s.num_hidden_layers) + ","),
             std::string::npos);
   EXPECT_NE(json.find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+}
+
+// --experts: each layer's MLP is E fused experts and a router, in the
+// [experts, out, in] layout mxfp4 quantizes; the budget counts all of them.
+TEST(ModelShapeTest, MixtureOfExpertsFusesTheExpertsAndCountsThem) {
+  for (uint64_t experts : {uint64_t{2}, uint64_t{8}, uint64_t{64}}) {
+    auto chosen = ChooseModelShape(20'000'000, experts);
+    ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+    const ModelShape& s = *chosen;
+    ASSERT_TRUE(s.Validate().ok());
+    EXPECT_EQ(s.num_local_experts, experts);
+    EXPECT_EQ(s.num_experts_per_tok, std::min<uint64_t>(4, experts / 2));
+    const double ratio = static_cast<double>(s.parameters()) / 20e6;
+    EXPECT_GT(ratio, 0.9) << experts;
+    EXPECT_LT(ratio, 1.1) << experts;
+    const uint64_t h = s.hidden_size, i = s.intermediate_size;
+    uint64_t sum = 0;
+    std::set<std::string> names;
+    for (const TensorDesc& d : ModelTensors(s, DType::kBF16)) {
+      sum += d.elements();
+      names.insert(d.name);
+      EXPECT_EQ(d.name.find("mlp.gate_proj"), std::string::npos) << d.name;
+    }
+    EXPECT_EQ(sum, s.parameters());
+    const std::string last = "model.layers." + std::to_string(s.num_hidden_layers - 1) + ".";
+    auto shape_of = [&](const std::string& name) {
+      for (const TensorDesc& d : ModelTensors(s, DType::kBF16))
+        if (d.name == name) return d.shape;
+      return std::vector<uint64_t>{};
+    };
+    EXPECT_EQ(shape_of(last + "mlp.router.weight"), (std::vector<uint64_t>{experts, h}));
+    EXPECT_EQ(shape_of(last + "mlp.experts.gate_up_proj.weight"),
+              (std::vector<uint64_t>{experts, 2 * i, h}));
+    EXPECT_EQ(shape_of(last + "mlp.experts.down_proj.weight"),
+              (std::vector<uint64_t>{experts, h, i}));
+    const std::string json = ModelConfigJson(s, DType::kBF16);
+    EXPECT_NE(json.find("\"num_local_experts\": " + std::to_string(experts)), std::string::npos);
+    EXPECT_NE(json.find("TernSyntheticMoeForCausalLM"), std::string::npos);
+    EXPECT_EQ(json.find("LlamaForCausalLM"), std::string::npos);
+  }
+  // More experts in the same budget: a narrower model.
+  EXPECT_LT(ChooseModelShape(20'000'000, 64)->hidden_size, Shape(20'000'000).hidden_size);
+  EXPECT_EQ(ChooseModelShape(20'000'000, 1025).status().code(), Code::kOutOfRange);
+  ModelShape bad = *ChooseModelShape(20'000'000, 8);
+  bad.num_experts_per_tok = 0;
+  EXPECT_EQ(bad.Validate().code(), Code::kInvalidArgument);
+  bad.num_experts_per_tok = 9;
+  EXPECT_EQ(bad.Validate().code(), Code::kInvalidArgument);
+  // A dense shape names no experts.
+  EXPECT_EQ(ModelConfigJson(Shape(20'000'000), DType::kBF16).find("experts"), std::string::npos);
 }
 
 TEST(TraceGeneratorTest, ViewMatchesTheLayoutSortedByName) {

@@ -86,7 +86,7 @@ Status CheckMemory(uint64_t bytes) {
 struct DatagenArgs {
   // Flags.
   std::string out, lr_text, format, scale_policy, dtype;
-  uint64_t params = 0, steps = 0, shard_bytes = 0;
+  uint64_t params = 0, steps = 0, shard_bytes = 0, experts = 0;
   unsigned threads = 0;
   bool force = false, stats_only = false;
   // From the flags, by CheckDatagen.
@@ -122,7 +122,7 @@ Status CheckDatagen(DatagenArgs& a) {
   } else {
     TERN_REQUIRE(a.scale_policy == "band", kInvalidArgument, "--scale-policy must be band or fresh");
   }
-  auto shape = ChooseModelShape(a.params);
+  auto shape = ChooseModelShape(a.params, a.experts);
   TERN_REQUIRE(shape.ok(), kInvalidArgument, "--params: ", shape.status().message());
   config.shape = *shape;
   return config.Validate();
@@ -244,7 +244,8 @@ void AddDatagen(CLI::App& tern, Dispatch& dispatch) {
   cmd->footer(
       "Writes consecutive serve-view checkpoints of a transformer whose FP32 master weights\n"
       "follow Adam at RL learning rates. Each version is a Hugging Face checkpoint directory\n"
-      "(model.safetensors or shards, plus config.json of a LlamaForCausalLM). Output is\n"
+      "(model.safetensors or shards, plus config.json of a LlamaForCausalLM, or of tern's\n"
+      "synthetic MoE with --experts, which no engine loads). Output is\n"
       "identical for any --threads and machine. Memory: ~14 bytes per parameter (FP32\n"
       "weights and Adam moments, plus the view).");
   cmd->add_option("-o,--out", a->out,
@@ -252,6 +253,9 @@ void AddDatagen(CLI::App& tern, Dispatch& dispatch) {
                   "--stats-only)")
       ->type_name("DIR");
   AddCount(*cmd, "--params", a->params, "model size in parameters (10M, 1G, ...)", "10M");
+  AddUnsigned(*cmd, "--experts", a->experts,
+              "MoE experts per layer, fused [experts, out, in] as mxfp4 quantizes them (0: dense)",
+              "0", 1024);
   AddUnsigned(*cmd, "--steps", a->steps, "optimizer steps; writes versions 0 (initial) .. STEPS",
               "3", 100'000'000);
   cmd->add_option("--lr", a->lr_text, "Adam learning rate")->check(FiniteArg())->default_val("1e-6");

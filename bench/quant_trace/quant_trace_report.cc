@@ -40,7 +40,7 @@ unsigned ValuesPerElement(DType d, bool quantized) {
 }
 
 // Which group (index into the primary scale tensor) holds code value v of a
-// quantized [out, in] weight.
+// quantized [out, in] weight (out: all rows of a fused [experts, out, in] one).
 uint64_t GroupOf(const QuantSpec& spec, uint64_t out, uint64_t in, uint64_t v) {
   switch (spec.scheme) {
     case QuantScheme::kFp8Tensor:
@@ -115,6 +115,9 @@ struct StepRow {
   double codes_f1_bytes = 0, codes_f2_bytes = 0;
   double codes_f2_stream_bytes = 0;  // its positions and values streams alone (no container, headers, tables)
   double bound0_bytes = 0, bound_nibble_bytes = 0, bound_nibble_rescaled_bytes = 0;
+  // The scale tensors (and zero points) alone: their format 2 patch, and its
+  // position and value streams (what conditioning the scales could shrink).
+  double scales_f2_bytes = 0, scales_f2_stream_bytes = 0;
 };
 
 struct Tally {
@@ -152,8 +155,8 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
                    ? (suffix == ".input_scale" ? 3 : 2)
                    : 3;
       r.spec = &spec;
-      r.out = d.shape[0];
-      r.in = d.shape[1];
+      r.in = d.shape.back();  // a fused [experts, out, in] tensor: experts x out rows
+      r.out = d.elements() / r.in;
       if (plan.quantize && quantized) r.scale_name = plan.outs[1].name;
       bool found = false;
       for (size_t k = 0; k < gen->view().tensors.size(); ++k)
@@ -199,6 +202,19 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
       codes_f2 = static_cast<double>(c2.size());
       TERN_ASSIGN_OR_RETURN(PatchInfo i2, Inspect(c2));
       codes_f2_streams = static_cast<double>(i2.position_bytes + i2.value_bytes);
+    }
+    ServeView base_s, now_s;  // scale tensors
+    for (size_t k = 0; k < now.tensors.size(); ++k)
+      if (quantized && roles[k].kind == 2) {
+        base_s.tensors.push_back(base.View().tensors[k]);
+        now_s.tensors.push_back(now.tensors[k]);
+      }
+    double scales_f2 = 0, scales_f2_streams = 0;
+    if (!base_s.tensors.empty()) {
+      TERN_ASSIGN_OR_RETURN(auto s2, Diff(base_s, now_s, options2, pool));
+      scales_f2 = static_cast<double>(s2.size());
+      TERN_ASSIGN_OR_RETURN(PatchInfo i2, Inspect(s2));
+      scales_f2_streams = static_cast<double>(i2.position_bytes + i2.value_bytes);
     }
     Tally t;
     for (size_t k = 0; k < now.tensors.size(); ++k) {
@@ -280,6 +296,8 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     row.bound0_bytes = bound0;
     row.bound_nibble_bytes = bound_nibble;
     row.bound_nibble_rescaled_bytes = bound_nibble_rescaled;
+    row.scales_f2_bytes = scales_f2;
+    row.scales_f2_stream_bytes = scales_f2_streams;
     rows.push_back(row);
   }
   // Quantization error of the last view against the master, over the
@@ -310,7 +328,7 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
 }
 
 struct Args {
-  uint64_t params = 0, steps = 0, seed = 0;
+  uint64_t params = 0, steps = 0, seed = 0, experts = 0;
   unsigned threads = 0;
   std::string lrs, formats, policies;
   ModelShape shape;  // from --params, by Check
@@ -318,6 +336,8 @@ struct Args {
 
 void AddFlags(CLI::App& app, Args& a) {
   cli::AddCount(app, "--params", a.params, "model size", "20M");
+  cli::AddUnsigned(app, "--experts", a.experts,
+                   "MoE experts per layer (0: dense; mxfp4 quantizes only experts)", "0", 1024);
   cli::AddUnsigned(app, "--steps", a.steps, "optimizer steps per trace (1..1000)", "3", 1000)
       ->check(CLI::Range(uint64_t{1}, uint64_t{1000}).description(""));
   app.add_option("--lrs", a.lrs, "comma-separated learning rates")->default_val("1e-6,1e-5");
@@ -335,7 +355,7 @@ void AddFlags(CLI::App& app, Args& a) {
 }
 
 Status Check(Args& a) {
-  TERN_ASSIGN_OR_RETURN(a.shape, ChooseModelShape(a.params));
+  TERN_ASSIGN_OR_RETURN(a.shape, ChooseModelShape(a.params, a.experts));
   for (const std::string& lr_text : cli::SplitCommas(a.lrs)) {
     char* end = nullptr;
     const double lr = std::strtod(lr_text.c_str(), &end);
@@ -351,9 +371,10 @@ Status Run(const Args& a) {
   const unsigned threads = a.threads;
   ThreadPool pool(static_cast<unsigned>(threads));
   std::printf("model: %" PRIu64 " parameters (hidden %" PRIu64 ", intermediate %" PRIu64
-              ", layers %" PRIu64 ", vocab %" PRIu64 "), %" PRIu64 " steps, seed %" PRIu64 "\n\n",
+              ", layers %" PRIu64 ", vocab %" PRIu64 ", experts %" PRIu64 "), %" PRIu64
+              " steps, seed %" PRIu64 "\n\n",
               shape.parameters(), shape.hidden_size, shape.intermediate_size,
-              shape.num_hidden_layers, shape.vocab_size, steps, seed);
+              shape.num_hidden_layers, shape.vocab_size, shape.num_local_experts, steps, seed);
   std::printf("| lr | format | policy | codes changed | scales changed | kept BF16 changed | "
               "groups whose scale changed | changed codes in those groups | codes rewritten in those groups | "
               "patch MB/step | view MB | patch/view | proj. patch/proj. view | rel. RMSE | "
@@ -397,18 +418,22 @@ Status Run(const Args& a) {
           m.bound0_bytes += r.bound0_bytes / rows.size();
           m.bound_nibble_bytes += r.bound_nibble_bytes / rows.size();
           m.bound_nibble_rescaled_bytes += r.bound_nibble_rescaled_bytes / rows.size();
+          m.scales_f2_bytes += r.scales_f2_bytes / rows.size();
+          m.scales_f2_stream_bytes += r.scales_f2_stream_bytes / rows.size();
         }
         if (m.bound0_bytes > 0) {
           char line[512];
-          std::snprintf(
-              line, sizeof line,
-              "| %s | %s | %s | %.4f | %.4f | %.3f | %.3f | %.3f | %.4f | %.3f | %.4f | %.3f | %.4f | %.3f |\n",
-              lr_text.c_str(), format.c_str(), policy.c_str(), m.codes_f1_bytes / 1e6,
-              m.codes_f2_bytes / 1e6, m.codes_f1_bytes / m.bound0_bytes, m.codes_f2_bytes / m.bound0_bytes,
-              m.codes_f2_stream_bytes / m.bound0_bytes, m.bound0_bytes / 1e6,
-              m.bound_nibble_bytes / m.bound0_bytes, m.bound_nibble_bytes / 1e6,
-              m.bound_nibble_rescaled_bytes / m.bound0_bytes, m.bound_nibble_rescaled_bytes / 1e6,
-              m.bound_nibble_rescaled_bytes / m.codes_f1_bytes);
+          std::snprintf(line, sizeof line,
+                        "| %s | %s | %s | %.4f | %.4f | %.3f | %.3f | %.3f | %.4f | %.3f | %.4f | "
+                        "%.3f | %.4f | %.3f | %.0f | %.0f | %.3f%% |\n",
+                        lr_text.c_str(), format.c_str(), policy.c_str(), m.codes_f1_bytes / 1e6,
+                        m.codes_f2_bytes / 1e6, m.codes_f1_bytes / m.bound0_bytes,
+                        m.codes_f2_bytes / m.bound0_bytes, m.codes_f2_stream_bytes / m.bound0_bytes,
+                        m.bound0_bytes / 1e6, m.bound_nibble_bytes / m.bound0_bytes,
+                        m.bound_nibble_bytes / 1e6, m.bound_nibble_rescaled_bytes / m.bound0_bytes,
+                        m.bound_nibble_rescaled_bytes / 1e6,
+                        m.bound_nibble_rescaled_bytes / m.codes_f1_bytes, m.scales_f2_bytes,
+                        m.scales_f2_stream_bytes, 100 * m.scales_f2_bytes / m.patch2_bytes);
           nibble_table += line;
         }
         auto pct = [](double x) {
@@ -441,7 +466,9 @@ Status Run(const Args& a) {
         "| lr | format | policy | format 1 MB | format 2 MB | f1/order-0 | f2/order-0 | "
         "f2 streams only/order-0 | order-0 bound MB | "
         "given base nibble / order-0 | MB | given nibble + group rescaled / order-0 | MB | "
-        "that / format 1 |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s",
+        "that / format 1 | scale tensors, format 2 B | their streams B | of the whole format 2 "
+        "patch |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s",
         nibble_table.c_str());
   }
   return Status::Ok();

@@ -49,6 +49,14 @@ struct ModelShape {
   uint64_t num_key_value_heads = 0;
   uint64_t head_dim = 0;
   uint64_t vocab_size = 0;
+  // 0: a dense SwiGLU MLP. Otherwise each layer's MLP is this many experts
+  // of intermediate_size, fused as [experts, out, in] tensors
+  // (mlp.experts.gate_up_proj.weight [E, 2I, H], mlp.experts.down_proj.weight
+  // [E, H, I], the layout `tern cast`'s mxfp4 quantizes) with a router
+  // (mlp.router.weight [E, H]). Synthetic: no engine loads this model; it is
+  // the workload for measuring MoE serve views.
+  uint64_t num_local_experts = 0;
+  uint64_t num_experts_per_tok = 0;  // config.json only (how many experts a token uses)
 
   TERN_EXPORT uint64_t parameters() const;
   // kInvalidArgument unless every field is positive and consistent
@@ -60,8 +68,11 @@ struct ModelShape {
 // A shape with about `params` parameters (within a few percent for 1e6 and
 // more): head_dim 64, ~128 hidden units per layer, 4:1 GQA, intermediate
 // ~8/3 hidden, a vocabulary of up to 32000 taking ~15% of small models.
-// kOutOfRange outside [1e5, 1e12].
-TERN_EXPORT Result<ModelShape> ChooseModelShape(uint64_t params);
+// With `experts` > 0 the MLPs are that many experts each (intermediate =
+// hidden, as gpt-oss; 4 or experts/2 of them per token, whichever is
+// smaller) and the budget includes all of them. kOutOfRange outside [1e5,
+// 1e12] parameters or past 1024 experts.
+TERN_EXPORT Result<ModelShape> ChooseModelShape(uint64_t params, uint64_t experts = 0);
 
 // The tensors of `shape` in HF names (model.embed_tokens.weight,
 // model.layers.{i}.self_attn.q_proj.weight, ..., lm_head.weight), in
