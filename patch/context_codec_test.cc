@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <random>
 #include <vector>
 
@@ -18,11 +19,17 @@ TEST(ContextCodecTest, ClassMasksMatchTheBitByBitVersion) {
   for (int classes = 2; classes <= kMaxClasses; ++classes) {
     for (uint64_t n : {uint64_t{1}, uint64_t{63}, uint64_t{64}, uint64_t{65}, uint64_t{1000}, kContextBlock}) {
       for (uint64_t i = 0; i < kContextBlock; ++i) cls[i] = i < n ? static_cast<uint8_t>(rng() % classes) : 0;
+      for (auto& row : fast) std::fill(std::begin(row), std::end(row), ~uint64_t{0});
       ClassMasks(cls, n, classes, fast);
       ClassMasksScalar(cls, n, classes, slow);
       for (int c = 0; c < classes; ++c)
         for (uint64_t j = 0; j < (n + 63) / 64; ++j)
           ASSERT_EQ(fast[c][j], slow[c][j]) << "K " << classes << " n " << n << " class " << c << " word " << j;
+      // Rows past the classes, up to the next power of two, are written as zero.
+      for (int c = classes; c < static_cast<int>(std::bit_ceil(static_cast<unsigned>(classes)));
+           ++c)
+        for (uint64_t j = 0; j < (n + 63) / 64; ++j)
+          ASSERT_EQ(fast[c][j], 0u) << "K " << classes << " row " << c;
     }
   }
 }
@@ -61,13 +68,33 @@ TEST(ContextCodecTest, BaseClassMasksMatchTheDefinition) {
   }
 }
 
+TEST(ContextCodecTest, CountMembersAndRankDirectoryCountEveryWord) {
+  std::mt19937_64 rng(34);
+  alignas(64) uint64_t m[kContextBlockWords];
+  alignas(64) uint16_t before[kContextBlockWords];
+  for (uint64_t& x : m) x = rng() & rng();
+  for (uint64_t words = 0; words <= kContextBlockWords; ++words) {
+    const uint64_t members = RankDirectory(m, words, before);
+    uint64_t want = 0;
+    for (uint64_t j = 0; j < words; ++j) {
+      ASSERT_EQ(before[j], want) << words << " " << j;
+      want += static_cast<uint64_t>(std::popcount(m[j]));
+    }
+    EXPECT_EQ(members, want) << words;
+    EXPECT_EQ(CountMembers(m, words), want) << words;
+  }
+}
+
 TEST(ContextCodecTest, SelectBitFindsTheNthOne) {
   std::mt19937_64 rng(32);
   for (int t = 0; t < 1000; ++t) {
     const uint64_t x = rng() & rng();
     uint64_t r = 0;
-    for (int b = 0; b < 64; ++b)
-      if ((x >> b) & 1) EXPECT_EQ(SelectBit(x, r++), b);
+    for (int b = 0; b < 64; ++b) {
+      if ((x >> b) & 1) {
+        EXPECT_EQ(SelectBit(x, r++), b);
+      }
+    }
   }
 }
 
