@@ -230,7 +230,8 @@ TEST(CastFused, Mxfp4QuantizesExactlyWhatItsConfigSays) {
   ASSERT_TRUE(out.ok());
   // `*` matches one name component, as transformers' and vLLM's patterns do here.
   auto listed = [&](const std::string& module) {
-    for (const std::string& pattern : config.at("modules_to_not_convert")) {
+    for (const nlohmann::json& entry : config.at("modules_to_not_convert")) {
+      const std::string pattern = entry.get<std::string>();
       size_t m = 0, p = 0;
       bool ok = true;
       while (ok && p < pattern.size()) {
@@ -250,7 +251,9 @@ TEST(CastFused, Mxfp4QuantizesExactlyWhatItsConfigSays) {
     const std::string& n = t.desc->name;
     const bool q = n.size() > 7 && (n.substr(n.size() - 7) == "_blocks" || n.substr(n.size() - 7) == "_scales");
     quantized += q;
-    if (q) EXPECT_FALSE(listed(n)) << n << " is quantized but under modules_to_not_convert";
+    if (q) {
+      EXPECT_FALSE(listed(n)) << n << " is quantized but under modules_to_not_convert";
+    }
   }
   EXPECT_EQ(quantized, 4);  // the two expert tensors, blocks and scales
   const TensorRef* q_proj = (*out)->view().Find("model.layers.0.self_attn.q_proj.weight");
