@@ -85,7 +85,11 @@ Status ModelShape::Validate() const {
   TERN_REQUIRE(num_attention_heads % num_key_value_heads == 0, kInvalidArgument,
                "attention heads ", num_attention_heads, " not a multiple of kv heads ",
                num_key_value_heads);
-  TERN_REQUIRE(parameters() < (uint64_t{1} << 50), kInvalidArgument, "model too large");
+  // Experts multiply the MLP by up to 1024: bound the layer before the
+  // layers multiply it (a layer is below 2^53 with the bounds above).
+  TERN_REQUIRE(PerLayerParams(*this) <= (uint64_t{1} << 50) / num_hidden_layers &&
+                   parameters() < (uint64_t{1} << 50),
+               kInvalidArgument, "model too large");
   return Status::Ok();
 }
 
@@ -136,6 +140,10 @@ Result<ModelShape> ChooseModelShape(uint64_t params, uint64_t experts) {
     }
   }
   TERN_RETURN_IF_ERROR(best.Validate());
+  // The narrowest model with this many experts may not fit a small budget.
+  TERN_REQUIRE(experts == 0 || RatioDistance(best.parameters(), params) <= 1.25, kOutOfRange,
+               "--experts ", experts, " does not fit --params ", params, " (the nearest model has ",
+               best.parameters(), " parameters)");
   return best;
 }
 
@@ -144,7 +152,7 @@ std::vector<TensorDesc> ModelTensors(const ModelShape& s, DType dtype) {
   const uint64_t q_out = s.num_attention_heads * s.head_dim;
   const uint64_t kv_out = s.num_key_value_heads * s.head_dim;
   std::vector<TensorDesc> out;
-  out.reserve(2 + 10 * s.num_hidden_layers + 2);
+  out.reserve(2 + 9 * s.num_hidden_layers + 2);
   auto add = [&](std::string name, std::vector<uint64_t> shape) {
     out.push_back(TensorDesc{std::move(name), dtype, std::move(shape)});
   };

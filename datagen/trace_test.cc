@@ -139,6 +139,17 @@ TEST(ModelShapeTest, MixtureOfExpertsFusesTheExpertsAndCountsThem) {
   // More experts in the same budget: a narrower model.
   EXPECT_LT(ChooseModelShape(20'000'000, 64)->hidden_size, Shape(20'000'000).hidden_size);
   EXPECT_EQ(ChooseModelShape(20'000'000, 1025).status().code(), Code::kOutOfRange);
+  // Too many experts for the budget: refused, not a model 12x the size.
+  EXPECT_EQ(ChooseModelShape(1'000'000, 1024).status().code(), Code::kOutOfRange);
+  EXPECT_TRUE(ChooseModelShape(20'000'000, 1024).ok());
+  // Validate bounds what experts multiply (the count would wrap past 2^64).
+  ModelShape huge = *ChooseModelShape(20'000'000, 8);
+  huge.num_local_experts = 1024;
+  huge.hidden_size = huge.intermediate_size = 1 << 20;
+  huge.num_attention_heads = huge.hidden_size / huge.head_dim;
+  huge.num_key_value_heads = huge.num_attention_heads / 4;
+  huge.num_hidden_layers = 16363;
+  EXPECT_EQ(huge.Validate().code(), Code::kInvalidArgument);
   ModelShape bad = *ChooseModelShape(20'000'000, 8);
   bad.num_experts_per_tok = 0;
   EXPECT_EQ(bad.Validate().code(), Code::kInvalidArgument);

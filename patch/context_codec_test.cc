@@ -54,8 +54,14 @@ TEST(ContextCodecTest, BaseClassMasksMatchTheDefinition) {
               want_cls[i] = static_cast<uint8_t>(std::clamp(c, 0, classes - 1));
             }
             ClassMasksScalar(want_cls, n, classes, want);
+            for (auto& row : got) std::fill(std::begin(row), std::end(row), ~uint64_t{0});
             BaseClassMasks<16>(reinterpret_cast<const uint8_t*>(v.data()), first, n, f, e0, classes,
                                cls, got);
+            // Rows past the classes, up to the next power of two: zero.
+            for (int c = classes;
+                 c < static_cast<int>(std::bit_ceil(static_cast<unsigned>(classes))); ++c)
+              for (uint64_t j = 0; j < (n + 63) / 64; ++j)
+                ASSERT_EQ(got[c][j], 0u) << "K " << classes << " n " << n << " row " << c;
             for (int c = 0; c < classes; ++c)
               for (uint64_t j = 0; j < (n + 63) / 64; ++j)
                 ASSERT_EQ(got[c][j], want[c][j])

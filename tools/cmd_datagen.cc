@@ -149,6 +149,10 @@ Status Run(const DatagenArgs& a) {
       static_cast<unsigned long long>(s.num_key_value_heads),
       static_cast<unsigned long long>(s.head_dim), static_cast<unsigned long long>(s.vocab_size),
       static_cast<unsigned long long>(s.parameters()), static_cast<double>(memory_bytes) / 1e9);
+  if (s.num_local_experts > 0)
+    std::printf("experts: %llu per layer (intermediate is each expert's), %llu per token\n",
+                static_cast<unsigned long long>(s.num_local_experts),
+                static_cast<unsigned long long>(s.num_experts_per_tok));
   std::printf("adam: lr %g, beta1 %g, beta2 %g, eps %g, weight decay %g, signal %g, seed %llu\n",
               config.adam.lr, config.adam.beta1, config.adam.beta2, config.adam.eps,
               config.adam.weight_decay, config.signal_to_noise,

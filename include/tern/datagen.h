@@ -39,8 +39,8 @@ namespace tern {
 class ThreadPool;
 
 // A Llama/Qwen-style layout: untied embeddings and LM head, grouped-query
-// attention without biases, SwiGLU MLP, RMSNorm. Field names follow HF's
-// config.json.
+// attention without biases, SwiGLU MLP (or fused experts:
+// num_local_experts), RMSNorm. Field names follow HF's config.json.
 struct ModelShape {
   uint64_t hidden_size = 0;
   uint64_t intermediate_size = 0;
@@ -59,9 +59,10 @@ struct ModelShape {
   uint64_t num_experts_per_tok = 0;  // config.json only (how many experts a token uses)
 
   TERN_EXPORT uint64_t parameters() const;
-  // kInvalidArgument unless every field is positive and consistent
-  // (hidden_size == heads * head_dim, heads a multiple of kv heads) and the
-  // parameter count stays below 2^50.
+  // kInvalidArgument unless every field but the two expert ones is positive
+  // and all are consistent (hidden_size == heads * head_dim, heads a multiple
+  // of kv heads, 0 < num_experts_per_tok <= num_local_experts <= 1024 or
+  // both 0) and the parameter count stays below 2^50.
   TERN_EXPORT Status Validate() const;
 };
 
@@ -69,9 +70,10 @@ struct ModelShape {
 // more): head_dim 64, ~128 hidden units per layer, 4:1 GQA, intermediate
 // ~8/3 hidden, a vocabulary of up to 32000 taking ~15% of small models.
 // With `experts` > 0 the MLPs are that many experts each (intermediate =
-// hidden, as gpt-oss; 4 or experts/2 of them per token, whichever is
-// smaller) and the budget includes all of them. kOutOfRange outside [1e5,
-// 1e12] parameters or past 1024 experts.
+// hidden, as gpt-oss; clamp(experts / 2, 1, 4) of them per token) and the
+// budget includes all of them. kOutOfRange outside [1e5, 1e12] parameters,
+// past 1024 experts, or for more experts than the budget holds (the
+// narrowest such model would be over 1.25x the budget).
 TERN_EXPORT Result<ModelShape> ChooseModelShape(uint64_t params, uint64_t experts = 0);
 
 // The tensors of `shape` in HF names (model.embed_tokens.weight,
@@ -79,8 +81,9 @@ TERN_EXPORT Result<ModelShape> ChooseModelShape(uint64_t params, uint64_t expert
 // layer order (not sorted), all of `dtype`. Linear weights are [out, in].
 TERN_EXPORT std::vector<TensorDesc> ModelTensors(const ModelShape& shape, DType dtype);
 
-// An HF-style config.json ("architectures": ["LlamaForCausalLM"], ...) for
-// `shape` served as `dtype` (torch_dtype), newline-terminated.
+// An HF-style config.json ("architectures": ["LlamaForCausalLM"], ...; with
+// experts, tern's synthetic "TernSyntheticMoeForCausalLM", which no engine
+// loads) for `shape` served as `dtype` (torch_dtype), newline-terminated.
 TERN_EXPORT std::string ModelConfigJson(const ModelShape& shape, DType dtype);
 
 // How the serve view is cast from the master weights.
