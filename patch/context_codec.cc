@@ -94,7 +94,8 @@ template <int P>
 // P bit planes, 2^P classes, everything unrolled so the split stays in
 // registers: P movemask pairs, 2^(P+1) - 2 and/andn, 2^P stores per word.
 template <int P>
-void ClassMasksPlanes(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
+void ClassMasksPlanes(const uint8_t* cls, uint64_t n,
+                      uint64_t masks[kMaxClasses][kContextBlockWords]) {
   const uint64_t words = (n + 63) / 64;
   for (uint64_t j = 0; j < words; ++j) {
     const uint8_t* p = cls + 64 * j;
@@ -158,6 +159,60 @@ void ClassMasks16Planes(const uint8_t* p, ContextField f, uint32_t e0, int class
 
 }  // namespace
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+bool HaveVectorPopcount() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq");
+  }();
+  return have;
+}
+
+// GCC 12's AVX-512 headers warn that their own _mm*_undefined results may
+// be used uninitialized (a known false positive of the intrinsics).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+[[gnu::target("avx512f,avx512vpopcntdq")]] uint64_t CountMembersAvx512(const uint64_t* m,
+                                                                       uint64_t words) {
+  if (words != kContextBlockWords) return CountMembers(m, words);
+  __m512i sum = _mm512_setzero_si512();
+  for (uint64_t v = 0; v < kContextBlockWords; v += 8)
+    sum = _mm512_add_epi64(sum, _mm512_popcnt_epi64(_mm512_loadu_si512(m + v)));
+  return static_cast<uint64_t>(_mm512_reduce_add_epi64(sum));
+}
+
+[[gnu::target("avx512f,avx512vpopcntdq,avx512bw,avx512vl")]] uint64_t RankDirectoryAvx512(
+    const uint64_t* m, uint64_t words, uint16_t* before) {
+  if (words != kContextBlockWords) return RankDirectory(m, words, before);
+  const __m512i zero = _mm512_setzero_si512();
+  // Each vector's eight counts scanned on their own (independent), then
+  // each vector's carry: the totals of the vectors before it.
+  __m512i scan[8];
+  uint64_t total[8];
+  for (int v = 0; v < 8; ++v) {
+    const __m512i c = _mm512_popcnt_epi64(_mm512_loadu_si512(m + 8 * v));
+    __m512i s = _mm512_add_epi64(c, _mm512_alignr_epi64(c, zero, 7));  // + the lane before
+    s = _mm512_add_epi64(s, _mm512_alignr_epi64(s, zero, 6));          // + the two before those
+    s = _mm512_add_epi64(s, _mm512_alignr_epi64(s, zero, 4));          // + the four before
+    scan[v] = _mm512_sub_epi64(s, c);                                  // exclusive
+    total[v] = static_cast<uint64_t>(_mm_cvtsi128_si64(
+        _mm512_castsi512_si128(_mm512_alignr_epi64(zero, s, 7))));  // lane 7: the vector's sum
+  }
+  uint64_t run = 0;
+  for (int v = 0; v < 8; ++v) {
+    const __m512i at = _mm512_add_epi64(scan[v], _mm512_set1_epi64(static_cast<long long>(run)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(before + 8 * v), _mm512_cvtepi64_epi16(at));
+    run += total[v];
+  }
+  return run;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 #if defined(__AVX2__)
 void ClassMasksOfBlock16(const uint8_t* block, ContextField f, uint32_t e0, int classes,
                          uint64_t masks[kMaxClasses][kContextBlockWords]) {
@@ -169,10 +224,10 @@ void ClassMasksOfBlock16(const uint8_t* block, ContextField f, uint32_t e0, int 
 #endif
 
 void ClassMasks(const uint8_t* cls, uint64_t n, int classes, uint64_t masks[kMaxClasses][kContextBlockWords]) {
-  if (classes <= 2) return ClassMasksPlanes<1>(cls, n, classes, masks);
-  if (classes <= 4) return ClassMasksPlanes<2>(cls, n, classes, masks);
-  if (classes <= 8) return ClassMasksPlanes<3>(cls, n, classes, masks);
-  return ClassMasksPlanes<4>(cls, n, classes, masks);
+  if (classes <= 2) return ClassMasksPlanes<1>(cls, n, masks);
+  if (classes <= 4) return ClassMasksPlanes<2>(cls, n, masks);
+  if (classes <= 8) return ClassMasksPlanes<3>(cls, n, masks);
+  return ClassMasksPlanes<4>(cls, n, masks);
 }
 
 void BuildClassValueDecoder(const uint8_t lengths[kSymbols], ClassValueDecoder* d) {

@@ -78,16 +78,27 @@ TEST(ContextCodecTest, CountMembersAndRankDirectoryCountEveryWord) {
   std::mt19937_64 rng(34);
   alignas(64) uint64_t m[kContextBlockWords];
   alignas(64) uint16_t before[kContextBlockWords];
-  for (uint64_t& x : m) x = rng() & rng();
-  for (uint64_t words = 0; words <= kContextBlockWords; ++words) {
-    const uint64_t members = RankDirectory(m, words, before);
-    uint64_t want = 0;
-    for (uint64_t j = 0; j < words; ++j) {
-      ASSERT_EQ(before[j], want) << words << " " << j;
-      want += static_cast<uint64_t>(std::popcount(m[j]));
+  // Random words, then a block all of one class (the largest counts).
+  for (int fill = 0; fill < 2; ++fill) {
+    for (uint64_t& x : m) x = fill == 0 ? rng() & rng() : ~uint64_t{0};
+    for (uint64_t words = 0; words <= kContextBlockWords; ++words) {
+      const uint64_t members = RankDirectory(m, words, before);
+      uint64_t want = 0;
+      for (uint64_t j = 0; j < words; ++j) {
+        ASSERT_EQ(before[j], want) << words << " " << j;
+        want += static_cast<uint64_t>(std::popcount(m[j]));
+      }
+      EXPECT_EQ(members, want) << words;
+      EXPECT_EQ(CountMembers(m, words), want) << words;
+#if TERN_CONTEXT_VPOPCNT
+      if (!HaveVectorPopcount()) continue;  // the scalar loops only, on this CPU
+      alignas(64) uint16_t vector_before[kContextBlockWords];
+      EXPECT_EQ(RankDirectoryAvx512(m, words, vector_before), want) << words;
+      for (uint64_t j = 0; j < words; ++j)
+        ASSERT_EQ(vector_before[j], before[j]) << words << " " << j;
+      EXPECT_EQ(CountMembersAvx512(m, words), want) << words;
+#endif
     }
-    EXPECT_EQ(members, want) << words;
-    EXPECT_EQ(CountMembers(m, words), want) << words;
   }
 }
 
