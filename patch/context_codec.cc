@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>  // AVX2 paths, and AVX-512 ones chosen at run time
 #endif
 
 namespace tern::patch {
@@ -183,8 +183,9 @@ bool HaveVectorPopcount() {
   return static_cast<uint64_t>(_mm512_reduce_add_epi64(sum));
 }
 
-[[gnu::target("avx512f,avx512vpopcntdq,avx512bw,avx512vl")]] uint64_t RankDirectoryAvx512(
-    const uint64_t* m, uint64_t words, uint16_t* before) {
+[[gnu::target("avx512f,avx512vpopcntdq")]] uint64_t RankDirectoryAvx512(const uint64_t* m,
+                                                                        uint64_t words,
+                                                                        uint16_t* before) {
   if (words != kContextBlockWords) return RankDirectory(m, words, before);
   const __m512i zero = _mm512_setzero_si512();
   // Each vector's eight counts scanned on their own (independent), then

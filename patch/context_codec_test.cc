@@ -91,7 +91,10 @@ TEST(ContextCodecTest, CountMembersAndRankDirectoryCountEveryWord) {
       EXPECT_EQ(members, want) << words;
       EXPECT_EQ(CountMembers(m, words), want) << words;
 #if TERN_CONTEXT_VPOPCNT
-      if (!HaveVectorPopcount()) continue;  // the scalar loops only, on this CPU
+      if (!HaveVectorPopcount()) {  // the scalar loops only, on this CPU
+        RecordProperty("vector_popcount", "not on this CPU: only the scalar loops checked");
+        continue;
+      }
       alignas(64) uint16_t vector_before[kContextBlockWords];
       EXPECT_EQ(RankDirectoryAvx512(m, words, vector_before), want) << words;
       for (uint64_t j = 0; j < words; ++j)
