@@ -91,6 +91,14 @@ template <int P>
   }
 }
 
+// Word j of every plane's mask, those past the classes included (zero: no
+// class byte reaches them), so no store waits on a compare and a branch.
+template <int P>
+[[gnu::always_inline]] inline void StoreMasks(const uint64_t m[16], uint64_t j,
+                                              uint64_t masks[kMaxClasses][kContextBlockWords]) {
+  for (int c = 0; c < (1 << P); ++c) masks[c][j] = m[c];
+}
+
 // P bit planes, 2^P classes, everything unrolled so the split stays in
 // registers: P movemask pairs, 2^(P+1) - 2 and/andn, 2^P stores per word.
 template <int P>
@@ -107,9 +115,7 @@ void ClassMasksPlanes(const uint8_t* cls, uint64_t n,
     if constexpr (P > 3) b[3] = Plane<3>(p);
     uint64_t m[16];
     SplitPlanes<P>(b, valid, m);
-    // Every plane's mask, those past `classes` included (zero: no class
-    // byte reaches them), so no store waits on a compare and a branch.
-    for (int c = 0; c < (1 << P); ++c) masks[c][j] = m[c];
+    StoreMasks<P>(m, j, masks);
   }
 }
 
@@ -150,9 +156,7 @@ void ClassMasks16Planes(const uint8_t* p, ContextField f, uint32_t e0, int class
     if constexpr (P > 3) b[3] = PlaneOf<3>(lo, hi);
     uint64_t m[16];
     SplitPlanes<P>(b, ~uint64_t{0}, m);
-    // Every plane's mask, those past `classes` included (zero: no class
-    // byte reaches them), so no store waits on a compare and a branch.
-    for (int c = 0; c < (1 << P); ++c) masks[c][j] = m[c];
+    StoreMasks<P>(m, j, masks);
   }
 }
 #endif

@@ -16,14 +16,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "tests/support/owned_view.h"
-#include "tern/thread_pool.h"
+#include "tern/datagen.h"
 #include "tern/patch.h"
 #include "tern/quant_plan.h"
 #include "tern/quantize.h"
-#include "tern/datagen.h"
+#include "tern/thread_pool.h"
+#include "tests/support/owned_view.h"
 #include "tools/cli_args.h"
 
 namespace tern {
@@ -179,42 +180,46 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     DiffOptions options2 = options;  // format 2: CONTEXT segments for float codes, scales and kept tensors
     options2.format_version = 2;
     TERN_ASSIGN_OR_RETURN(auto patch2, Diff(base.View(), now, options2, pool));
-    // The same step restricted to the quantized tensors (the projections).
-    ServeView base_q, now_q;
-    for (size_t k = 0; k < now.tensors.size(); ++k)
-      if (roles[k].kind != 0) {
-        base_q.tensors.push_back(base.View().tensors[k]);
-        now_q.tensors.push_back(now.tensors[k]);
-      }
-    TERN_ASSIGN_OR_RETURN(auto patch_q, Diff(base_q, now_q, options, pool));
-    ServeView base_c, now_c;  // packed 4-bit code tensors
-    for (size_t k = 0; k < now.tensors.size(); ++k)
-      if (quantized && roles[k].kind == 1 && ValuesPerElement(base.descs[k].dtype, true) > 1) {
-        base_c.tensors.push_back(base.View().tensors[k]);
-        now_c.tensors.push_back(now.tensors[k]);
-      }
+    // The same step restricted to some of the tensors: the base and new
+    // views of the tensors whose role `keep` accepts.
+    auto restricted = [&](auto keep) {
+      std::pair<ServeView, ServeView> views;
+      for (size_t k = 0; k < now.tensors.size(); ++k)
+        if (keep(k)) {
+          views.first.tensors.push_back(base.View().tensors[k]);
+          views.second.tensors.push_back(now.tensors[k]);
+        }
+      return views;
+    };
+    // A format-2 patch's bytes and its position and value streams' bytes.
+    struct Sizes {
+      double bytes = 0, streams = 0;
+    };
+    auto format2 = [&](const std::pair<ServeView, ServeView>& views) -> Result<Sizes> {
+      TERN_ASSIGN_OR_RETURN(auto p2, Diff(views.first, views.second, options2, pool));
+      TERN_ASSIGN_OR_RETURN(PatchInfo i2, Inspect(p2));
+      return Sizes{static_cast<double>(p2.size()),
+                   static_cast<double>(i2.position_bytes + i2.value_bytes)};
+    };
+    // The quantized tensors (the projections).
+    const auto q = restricted([&](size_t k) { return roles[k].kind != 0; });
+    TERN_ASSIGN_OR_RETURN(auto patch_q, Diff(q.first, q.second, options, pool));
+    const auto c = restricted([&](size_t k) {  // packed 4-bit code tensors
+      return quantized && roles[k].kind == 1 && ValuesPerElement(base.descs[k].dtype, true) > 1;
+    });
     double codes_f1 = 0, codes_f2 = 0, codes_f2_streams = 0, bound0 = 0, bound_nibble = 0,
            bound_nibble_rescaled = 0;
-    if (!base_c.tensors.empty()) {
-      TERN_ASSIGN_OR_RETURN(auto c1, Diff(base_c, now_c, options, pool));
-      TERN_ASSIGN_OR_RETURN(auto c2, Diff(base_c, now_c, options2, pool));
+    if (!c.first.tensors.empty()) {
+      TERN_ASSIGN_OR_RETURN(auto c1, Diff(c.first, c.second, options, pool));
       codes_f1 = static_cast<double>(c1.size());
-      codes_f2 = static_cast<double>(c2.size());
-      TERN_ASSIGN_OR_RETURN(PatchInfo i2, Inspect(c2));
-      codes_f2_streams = static_cast<double>(i2.position_bytes + i2.value_bytes);
+      TERN_ASSIGN_OR_RETURN(Sizes c2, format2(c));
+      codes_f2 = c2.bytes;
+      codes_f2_streams = c2.streams;
     }
-    ServeView base_s, now_s;  // scale tensors
-    for (size_t k = 0; k < now.tensors.size(); ++k)
-      if (quantized && roles[k].kind == 2) {
-        base_s.tensors.push_back(base.View().tensors[k]);
-        now_s.tensors.push_back(now.tensors[k]);
-      }
-    double scales_f2 = 0, scales_f2_streams = 0;
-    if (!base_s.tensors.empty()) {
-      TERN_ASSIGN_OR_RETURN(auto s2, Diff(base_s, now_s, options2, pool));
-      scales_f2 = static_cast<double>(s2.size());
-      TERN_ASSIGN_OR_RETURN(PatchInfo i2, Inspect(s2));
-      scales_f2_streams = static_cast<double>(i2.position_bytes + i2.value_bytes);
+    const auto sc = restricted([&](size_t k) { return quantized && roles[k].kind == 2; });
+    Sizes scales;  // scale tensors
+    if (!sc.first.tensors.empty()) {
+      TERN_ASSIGN_OR_RETURN(scales, format2(sc));
     }
     Tally t;
     for (size_t k = 0; k < now.tensors.size(); ++k) {
@@ -289,15 +294,15 @@ Status Measure(const TraceConfig& config, const QuantSpec& spec, uint64_t steps,
     row.patch2_bytes = static_cast<double>(patch2.size());
     row.view_bytes = static_cast<double>(now.total_bytes());
     row.patch_q_bytes = static_cast<double>(patch_q.size());
-    row.view_q_bytes = static_cast<double>(now_q.total_bytes());
+    row.view_q_bytes = static_cast<double>(q.second.total_bytes());
     row.codes_f1_bytes = codes_f1;
     row.codes_f2_bytes = codes_f2;
     row.codes_f2_stream_bytes = codes_f2_streams;
     row.bound0_bytes = bound0;
     row.bound_nibble_bytes = bound_nibble;
     row.bound_nibble_rescaled_bytes = bound_nibble_rescaled;
-    row.scales_f2_bytes = scales_f2;
-    row.scales_f2_stream_bytes = scales_f2_streams;
+    row.scales_f2_bytes = scales.bytes;
+    row.scales_f2_stream_bytes = scales.streams;
     rows.push_back(row);
   }
   // Quantization error of the last view against the master, over the
